@@ -1,0 +1,68 @@
+// IEEE half (f16) and bfloat16 conversions, bit-exact with numpy / ggml (round to nearest even).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace kiln {
+
+inline float fp32_from_bits(uint32_t w) {
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+inline uint32_t fp32_to_bits(float f) {
+  uint32_t w;
+  std::memcpy(&w, &f, sizeof w);
+  return w;
+}
+
+// f16 bits -> f32 (exact, including subnormals, inf and NaN).
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return fp32_from_bits(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0) {
+    if (mant == 0) return fp32_from_bits(sign);
+    // subnormal: normalize
+    exp = 127 - 15 + 1;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    mant &= 0x3ffu;
+    return fp32_from_bits(sign | (exp << 23) | (mant << 13));
+  }
+  return fp32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+}
+
+// f32 -> f16 bits, round to nearest even; overflow -> inf; NaN stays NaN.
+inline uint16_t f32_to_f16(float f) {
+  const uint32_t x = fp32_to_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {  // result is subnormal or zero
+    // value * 2^24 rounded to nearest even, as an integer mantissa
+    const float scaled = fp32_from_bits(abs) * 16777216.0f;  // exact for the range involved
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float rem = scaled - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t r = abs + 0xfffu + ((abs >> 13) & 1u) - 0x38000000u;  // rebias 127->15, round to even
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+inline float bf16_to_f32(uint16_t b) { return fp32_from_bits(static_cast<uint32_t>(b) << 16); }
+
+// f32 -> bf16 bits, round to nearest even; NaN stays quiet NaN.
+inline uint16_t f32_to_bf16(float f) {
+  const uint32_t x = fp32_to_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+}  // namespace kiln

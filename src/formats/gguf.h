@@ -1,0 +1,171 @@
+// GGUF (v2 and v3) reader and writer.
+// The reader validates every field before use: a bad file is an error naming the field, its byte
+// offset and its value, never a crash, a hang, or an allocation sized by an unchecked number.
+// Tensor data is used in place from the memory map (or the caller's buffer for parse()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "formats/mmap.h"
+
+namespace kiln::gguf {
+
+// Metadata value types, numbered as in the GGUF spec.
+enum class ValueType : uint32_t {
+  uint8 = 0,
+  int8 = 1,
+  uint16 = 2,
+  int16 = 3,
+  uint32 = 4,
+  int32 = 5,
+  float32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  uint64 = 10,
+  int64 = 11,
+  float64 = 12,
+};
+const char* value_type_name(ValueType type);
+
+struct Value;
+// An array: every element has elem_type (arrays of arrays nest).
+struct Array {
+  ValueType elem_type = ValueType::uint8;
+  std::vector<Value> items;
+};
+
+// One metadata value. Integers of every width are held widened; `type` keeps the stored width.
+struct Value {
+  ValueType type = ValueType::uint8;
+  std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<Array>> v;
+
+  static Value u8(uint8_t x) { return {ValueType::uint8, uint64_t{x}}; }
+  static Value i8(int8_t x) { return {ValueType::int8, int64_t{x}}; }
+  static Value u16(uint16_t x) { return {ValueType::uint16, uint64_t{x}}; }
+  static Value i16(int16_t x) { return {ValueType::int16, int64_t{x}}; }
+  static Value u32(uint32_t x) { return {ValueType::uint32, uint64_t{x}}; }
+  static Value i32(int32_t x) { return {ValueType::int32, int64_t{x}}; }
+  static Value u64(uint64_t x) { return {ValueType::uint64, x}; }
+  static Value i64(int64_t x) { return {ValueType::int64, x}; }
+  static Value f32(float x) { return {ValueType::float32, double{x}}; }
+  static Value f64(double x) { return {ValueType::float64, x}; }
+  static Value boolean(bool x) { return {ValueType::boolean, x}; }
+  static Value str(std::string x) { return {ValueType::string, std::move(x)}; }
+  static Value array(ValueType elem_type, std::vector<Value> items);
+
+  bool is_integer() const;
+  bool is_float() const { return type == ValueType::float32 || type == ValueType::float64; }
+  const std::string* as_string() const { return std::get_if<std::string>(&v); }
+  const Array* as_array() const;
+  // A short human-readable rendering (arrays abbreviated), for `kiln inspect` and errors.
+  std::string to_display_string(size_t max_items = 8) const;
+};
+
+struct TensorInfo {
+  std::string name;
+  std::vector<int64_t> shape;  // GGUF order: shape[0] is the innermost (contiguous) dimension
+  DType type = DType::f32;
+  uint64_t offset = 0;         // bytes, relative to the start of the data section (aligned)
+  uint64_t n_bytes = 0;        // bytes of the tensor's data
+  const uint8_t* data = nullptr;  // into the file's bytes
+
+  int64_t n_elements() const;
+};
+
+class File {
+ public:
+  // Memory-maps and parses a GGUF file.
+  static Result<File> open(const std::string& path);
+  // Parses GGUF bytes owned by the caller (they must outlive the File). `name` appears in errors.
+  static Result<File> parse(std::span<const uint8_t> bytes, std::string name);
+
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }  // byte offset of the data section
+  const std::string& name() const { return name_; }
+  std::span<const uint8_t> bytes() const { return bytes_; }
+
+  // Metadata in file order.
+  const std::vector<std::pair<std::string, Value>>& metadata() const { return metadata_; }
+  const Value* find(std::string_view key) const;
+
+  // Typed getters: not_found when absent; invalid_argument naming the key when the type is wrong.
+  // Integer getters accept any integer type whose value fits; float getters accept f32/f64 and ints.
+  Result<std::string> get_string(std::string_view key) const;
+  Result<uint64_t> get_uint(std::string_view key) const;
+  Result<int64_t> get_int(std::string_view key) const;
+  Result<double> get_float(std::string_view key) const;
+  Result<bool> get_bool(std::string_view key) const;
+  Result<std::vector<std::string>> get_string_array(std::string_view key) const;
+  Result<std::vector<double>> get_float_array(std::string_view key) const;
+  Result<std::vector<int64_t>> get_int_array(std::string_view key) const;
+  // The same, with a default when the key is absent (a present key of the wrong type is an error).
+  Result<std::string> get_string_or(std::string_view key, std::string fallback) const;
+  Result<uint64_t> get_uint_or(std::string_view key, uint64_t fallback) const;
+  Result<double> get_float_or(std::string_view key, double fallback) const;
+  Result<bool> get_bool_or(std::string_view key, bool fallback) const;
+
+  // "general.architecture", or empty.
+  std::string architecture() const;
+
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find_tensor(std::string_view name) const;
+
+ private:
+  std::shared_ptr<MappedFile> map_;  // null for parse()
+  std::span<const uint8_t> bytes_;
+  std::string name_;
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  std::vector<std::pair<std::string, Value>> metadata_;
+  std::unordered_map<std::string, size_t> metadata_index_;
+  std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> tensor_index_;
+
+  friend class Parser;
+};
+
+// Writes GGUF v3. Metadata and tensors come out in the order they were added.
+class Writer {
+ public:
+  explicit Writer(uint64_t alignment = 32) : alignment_(alignment) {}
+
+  // Adds or replaces a metadata key (replacing keeps its position).
+  void set(std::string key, Value value);
+  // Adds a tensor; `data` is copied. Error: duplicate name, shape/type/byte-count mismatch.
+  Status add_tensor(std::string name, std::vector<int64_t> shape, DType type, std::span<const uint8_t> data);
+
+  // Serialises the whole file into memory.
+  Result<std::vector<uint8_t>> to_bytes() const;
+  // Writes to `path` (via a temporary file renamed into place, so a failure leaves no half file).
+  Status write(const std::string& path) const;
+
+ private:
+  uint64_t alignment_;
+  std::vector<std::pair<std::string, Value>> metadata_;
+  struct PendingTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    DType type;
+    std::vector<uint8_t> data;
+  };
+  std::vector<PendingTensor> tensors_;
+};
+
+// Copies a file's metadata and tensors into a Writer (for round trips and conversions).
+Status copy_into(const File& file, Writer& writer);
+
+}  // namespace kiln::gguf

@@ -1,0 +1,11 @@
+// Subcommand registration: each adds its CLI11 subcommand to `app` and, when it runs, sets `rc`.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kiln::cli {
+
+void register_inspect(CLI::App& app, int& rc);
+void register_tokenize(CLI::App& app, int& rc);
+
+}  // namespace kiln::cli
