@@ -5,11 +5,12 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "kiln/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln: run, optimize, evaluate and serve large language models"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kiln 0.1.0");
+  app.set_version_flag("--version", "kiln " KILN_VERSION_STRING);
   int rc = 0;
   kiln::cli::register_inspect(app, rc);
   kiln::cli::register_tokenize(app, rc);

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Checks kiln's structural rules (DESIGN.md, STYLE.md):
+- an #include in src/<layer>/ only names its own layer or a layer below it;
+- src/ never includes tests/, bench/, dev/ or tools/;
+- no file under src/, include/ or tools/ is longer than 1,000 lines (a big file becomes a folder).
+Exit status 1 with one line per violation."""
+import pathlib
+import re
+import sys
+
+LAYERS = ["core", "formats", "tokenizer", "ops", "backends", "models", "runtime", "server", "quant"]
+# What each layer may include, besides itself (DESIGN.md, "Layers").
+ALLOWED = {
+    "core": set(),
+    "formats": {"core"},
+    "tokenizer": {"core", "formats"},
+    "ops": {"core"},
+    "backends": {"core", "ops"},
+    "models": {"core", "ops", "backends", "formats"},
+    "runtime": {"core", "ops", "backends", "formats", "models", "tokenizer"},
+    "server": {"core", "ops", "backends", "formats", "models", "tokenizer", "runtime"},
+    "quant": {"core", "ops", "backends", "formats", "models", "tokenizer", "runtime"},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+MAX_LINES = 1000
+
+
+def main() -> int:
+    root = pathlib.Path(__file__).resolve().parent.parent
+    problems = []
+    for layer in LAYERS:
+        for path in sorted((root / "src" / layer).rglob("*")):
+            if path.suffix not in {".h", ".hpp", ".cpp", ".cu", ".cuh"}:
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                m = INCLUDE.match(line)
+                if not m:
+                    continue
+                target = m.group(1).split("/")[0]
+                rel = path.relative_to(root)
+                if target in {"tests", "bench", "dev", "tools"}:
+                    problems.append(f"{rel}:{n}: src/ must not include {m.group(1)}")
+                elif target in LAYERS and target != layer and target not in ALLOWED[layer]:
+                    problems.append(f"{rel}:{n}: layer '{layer}' may not include '{m.group(1)}' "
+                                    f"(allowed: {', '.join(sorted(ALLOWED[layer])) or 'nothing'})")
+    for top in ["src", "include", "tools"]:
+        for path in sorted((root / top).rglob("*")):
+            if path.is_file() and path.suffix in {".h", ".hpp", ".cpp", ".cu", ".cuh"}:
+                n = sum(1 for _ in path.open(errors="replace"))
+                if n > MAX_LINES:
+                    problems.append(f"{path.relative_to(root)}: {n} lines (limit {MAX_LINES}: make it a folder)")
+    for p in problems:
+        print(p)
+    print(f"structure: {len(problems)} problem(s)" if problems else "structure: ok")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
