@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (preset `fuzz`: clang, ASan + UBSan) and runs each for a while.
+# Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60). A crash leaves its input in build/fuzz/crashes/.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+secs="${1:-60}"
+"$KILN_ROOT/scripts/install-deps.sh"
+if ! command -v clang++ >/dev/null || ! dpkg-query -W libclang-rt-14-dev >/dev/null 2>&1; then
+  say "installing clang and its fuzzer runtime"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev >/dev/null
+fi
+"$KILN_ROOT/scripts/build.sh" fuzz
+cd "$KILN_ROOT/build/fuzz"
+mkdir -p crashes
+for t in tests/fuzz_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  mkdir -p "corpus/$name"
+  seeds="$KILN_ROOT/tests/fuzz/seeds/$name"
+  say "fuzzing $name for ${secs}s"
+  "$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -artifact_prefix=crashes/ \
+    "corpus/$name" $( [ -d "$seeds" ] && echo "$seeds" ) 2>&1 | tail -n 3
+done

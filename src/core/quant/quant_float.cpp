@@ -1,0 +1,53 @@
+// Plain float types as rows: F32 (a copy), F16 and BF16 (IEEE round to nearest even, core/half.h).
+#include "core/quant/fp_contract_off.h"
+// (the line above must stay first)
+#include <cstring>
+
+#include "core/half.h"
+#include "core/quant/quant_blocks.h"
+
+namespace kiln::quant {
+
+void dequantize_row_f32(const void* src, float* dst, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+void quantize_row_f32(const float* src, void* dst, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+void dequantize_row_f16(const void* src, float* dst, int64_t n) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, 2);
+    dst[i] = f16_to_f32(h);
+  }
+}
+
+void quantize_row_f16(const float* src, void* dst, int64_t n) {
+  auto* bytes = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = f32_to_f16(src[i]);
+    std::memcpy(bytes + 2 * i, &h, 2);
+  }
+}
+
+void dequantize_row_bf16(const void* src, float* dst, int64_t n) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, bytes + 2 * i, 2);
+    dst[i] = bf16_to_f32(b);
+  }
+}
+
+void quantize_row_bf16(const float* src, void* dst, int64_t n) {
+  auto* bytes = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = f32_to_bf16(src[i]);
+    std::memcpy(bytes + 2 * i, &b, 2);
+  }
+}
+
+}  // namespace kiln::quant
