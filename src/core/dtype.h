@@ -55,10 +55,10 @@ using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
 
 struct DTypeInfo {
   DType type;
-  const char* name;         // lower-case GGUF name: "f32", "q4_k", "iq4_nl"
-  int64_t block_size;       // elements per block (1 for plain types)
-  int64_t type_size;        // bytes per block
-  bool is_quantized;        // a block-quant layout
+  const char* name;                // lower-case GGUF name: "f32", "q4_k", "iq4_nl"
+  int64_t block_size;              // elements per block (1 for plain types)
+  int64_t type_size;               // bytes per block
+  bool is_quantized;               // a block-quant layout
   DequantizeRowFn dequantize_row;  // null where kiln has no reference dequantizer yet
   QuantizeRowFn quantize_row;      // null where kiln has no reference quantizer
 };

@@ -44,7 +44,7 @@ inline uint16_t f32_to_f16(float f) {
   const uint32_t abs = x & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero
+  if (abs < 0x38800000u) {                                               // result is subnormal or zero
     // value * 2^24 rounded to nearest even, as an integer mantissa
     const float scaled = fp32_from_bits(abs) * 16777216.0f;  // exact for the range involved
     uint32_t m = static_cast<uint32_t>(scaled);

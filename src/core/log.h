@@ -20,12 +20,20 @@ void log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {
   log_write(level, fmt::format(f, std::forward<Args>(args)...));
 }
 template <class... Args>
-void log_debug(fmt::format_string<Args...> f, Args&&... a) { log(LogLevel::debug, f, std::forward<Args>(a)...); }
+void log_debug(fmt::format_string<Args...> f, Args&&... a) {
+  log(LogLevel::debug, f, std::forward<Args>(a)...);
+}
 template <class... Args>
-void log_info(fmt::format_string<Args...> f, Args&&... a) { log(LogLevel::info, f, std::forward<Args>(a)...); }
+void log_info(fmt::format_string<Args...> f, Args&&... a) {
+  log(LogLevel::info, f, std::forward<Args>(a)...);
+}
 template <class... Args>
-void log_warn(fmt::format_string<Args...> f, Args&&... a) { log(LogLevel::warn, f, std::forward<Args>(a)...); }
+void log_warn(fmt::format_string<Args...> f, Args&&... a) {
+  log(LogLevel::warn, f, std::forward<Args>(a)...);
+}
 template <class... Args>
-void log_error(fmt::format_string<Args...> f, Args&&... a) { log(LogLevel::error, f, std::forward<Args>(a)...); }
+void log_error(fmt::format_string<Args...> f, Args&&... a) {
+  log(LogLevel::error, f, std::forward<Args>(a)...);
+}
 
 }  // namespace kiln

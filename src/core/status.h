@@ -75,7 +75,7 @@ Status resource_exhausted(fmt::format_string<Args...> f, Args&&... args) {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) {
       std::fprintf(stderr, "kiln: Result constructed from an ok Status\n");
@@ -99,7 +99,8 @@ class [[nodiscard]] Result {
  private:
   T& checked() {
     if (!ok()) {
-      std::fprintf(stderr, "kiln: value() of a failed Result: %s\n", std::get<Status>(v_).to_string().c_str());
+      std::fprintf(stderr, "kiln: value() of a failed Result: %s\n",
+                   std::get<Status>(v_).to_string().c_str());
       std::abort();
     }
     return std::get<T>(v_);
@@ -110,7 +111,9 @@ class [[nodiscard]] Result {
 namespace detail {
 inline Status to_status(const Status& s) { return s; }
 template <class T>
-Status to_status(const Result<T>& r) { return r.status(); }
+Status to_status(const Result<T>& r) {
+  return r.status();
+}
 }  // namespace detail
 
 }  // namespace kiln
@@ -119,9 +122,9 @@ Status to_status(const Result<T>& r) { return r.status(); }
 #define KILN_CONCAT(a, b) KILN_CONCAT_INNER(a, b)
 
 // Return the Status of `expr` (a Status or a Result) from the enclosing function when it is not ok.
-#define KILN_TRY(expr)                                               \
-  do {                                                               \
-    auto&& kiln_try_v_ = (expr);                                     \
+#define KILN_TRY(expr)                                                    \
+  do {                                                                    \
+    auto&& kiln_try_v_ = (expr);                                          \
     if (!kiln_try_v_.ok()) return ::kiln::detail::to_status(kiln_try_v_); \
   } while (0)
 
@@ -133,10 +136,10 @@ Status to_status(const Result<T>& r) { return r.status(); }
   lhs = std::move(tmp).value()
 
 // Programmer errors: abort with file:line and the failed condition.
-#define KILN_ASSERT(cond)                                                                    \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
+#define KILN_ASSERT(cond)                                                                       \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
       std::fprintf(stderr, "kiln: assertion failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                          \
-    }                                                                                        \
+      std::abort();                                                                             \
+    }                                                                                           \
   } while (0)

@@ -77,11 +77,28 @@ struct TensorInfo {
   std::string name;
   std::vector<int64_t> shape;  // GGUF order: shape[0] is the innermost (contiguous) dimension
   DType type = DType::f32;
-  uint64_t offset = 0;         // bytes, relative to the start of the data section (aligned)
-  uint64_t n_bytes = 0;        // bytes of the tensor's data
+  uint64_t offset = 0;            // bytes, relative to the start of the data section (aligned)
+  uint64_t n_bytes = 0;           // bytes of the tensor's data
   const uint8_t* data = nullptr;  // into the file's bytes
 
   int64_t n_elements() const;
+};
+
+// Metadata bytes a File holds against the per-process cap (see set_metadata_memory_cap); given
+// back when the File is destroyed. Copies hold (and count) their own share.
+class MetadataCharge {
+ public:
+  MetadataCharge() = default;
+  explicit MetadataCharge(uint64_t already_reserved) : bytes_(already_reserved) {}
+  MetadataCharge(const MetadataCharge& other);
+  MetadataCharge& operator=(const MetadataCharge& other);
+  MetadataCharge(MetadataCharge&& other) noexcept : bytes_(std::exchange(other.bytes_, 0)) {}
+  MetadataCharge& operator=(MetadataCharge&& other) noexcept;
+  ~MetadataCharge();
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  uint64_t bytes_ = 0;
 };
 
 class File {
@@ -93,7 +110,8 @@ class File {
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  uint64_t data_offset() const { return data_offset_; }  // byte offset of the data section
+  uint64_t data_offset() const { return data_offset_; }                  // byte offset of the data section
+  uint64_t tensor_infos_offset() const { return tensor_infos_offset_; }  // byte offset of the tensor infos
   const std::string& name() const { return name_; }
   std::span<const uint8_t> bytes() const { return bytes_; }
 
@@ -130,10 +148,12 @@ class File {
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
+  uint64_t tensor_infos_offset_ = 0;
   std::vector<std::pair<std::string, Value>> metadata_;
   std::unordered_map<std::string, size_t> metadata_index_;
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> tensor_index_;
+  MetadataCharge charge_;
 
   friend class Parser;
 };
@@ -164,6 +184,17 @@ class Writer {
   };
   std::vector<PendingTensor> tensors_;
 };
+
+// The per-process hard cap on the metadata memory (keys, values, strings, arrays, tensor infos;
+// bytes, estimated) that all live Files together may hold. A parse that would exceed it is
+// rejected with resource_exhausted. Default 1 GiB.
+void set_metadata_memory_cap(uint64_t bytes);
+uint64_t metadata_memory_cap();
+// The metadata bytes live Files hold now (against the cap).
+uint64_t metadata_memory_in_use();
+
+// Nested arrays deeper than this (an array of arrays is depth 2) are rejected.
+inline constexpr int kMaxArrayDepth = 8;
 
 // Copies a file's metadata and tensors into a Writer (for round trips and conversions).
 Status copy_into(const File& file, Writer& writer);

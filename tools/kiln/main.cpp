@@ -1,23 +1,26 @@
 // kiln: one binary, one subcommand per job. Each subcommand lives in its own file (cmd_<name>.cpp)
 // and registers itself through commands.h.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 
 #include "commands.h"
 #include "kiln/version.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"kiln: run, optimize, evaluate and serve large language models"};
+  CLI::App app{"kiln: run, optimize, evaluate and serve large language models", "kiln"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln " KILN_VERSION_STRING);
   int rc = 0;
   kiln::cli::register_inspect(app, rc);
-  kiln::cli::register_tokenize(app, rc);
+  if (argc == 1) {
+    std::fputs(app.help().c_str(), stderr);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; a usage error exits 2, as POSIX tools do.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   return rc;
 }
