@@ -16,7 +16,10 @@ for t in tests/fuzz_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   mkdir -p "corpus/$name"
-  seeds="$KILN_ROOT/tests/fuzz/seeds/$name"
+  case "$name" in
+    fuzz_chat_template) seeds="$KILN_ROOT/tests/data/templates" ;;  # the real templates as seeds
+    *) seeds="$KILN_ROOT/tests/fuzz/seeds/$name" ;;
+  esac
   say "fuzzing $name for ${secs}s"
   "$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -artifact_prefix=crashes/ \
     "corpus/$name" $( [ -d "$seeds" ] && echo "$seeds" ) 2>&1 | tail -n 3

@@ -21,10 +21,11 @@ using nlohmann::json;
 
 // A file: u64 LE header length, the header text, then `data_bytes` bytes of the pattern i*7+1.
 std::vector<uint8_t> make_file(const std::string& header, size_t data_bytes) {
-  std::vector<uint8_t> out(8);
+  std::vector<uint8_t> out;
+  out.reserve(8 + header.size() + data_bytes);
   const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
-  out.insert(out.end(), header.begin(), header.end());
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(n >> (8 * i)));
+  for (char c : header) out.push_back(static_cast<uint8_t>(c));
   for (size_t i = 0; i < data_bytes; ++i) out.push_back(static_cast<uint8_t>(i * 7 + 1));
   return out;
 }

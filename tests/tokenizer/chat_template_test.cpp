@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -73,7 +72,9 @@ Status render_status(const std::string& src, ChatTemplateLimits limits = {}) {
   return r.ok() ? Status() : r.status();
 }
 
-TEST(ChatTemplate, HostileTemplatesHitTheBudgetsQuickly) {
+// Each ends in resource_exhausted: the step budget, call depth, nesting depth or output cap stops it (a
+// hang would instead hit the test's ctest timeout).
+TEST(ChatTemplate, HostileTemplatesHitTheBudgets) {
   const char* hostile[] = {
       "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
       "{% for i in range(10**9) %}{% endfor %}",
@@ -90,11 +91,8 @@ TEST(ChatTemplate, HostileTemplatesHitTheBudgetsQuickly) {
       "{% endmacro %}{{ f(0) }}",
   };
   for (const char* src : hostile) {
-    auto t0 = std::chrono::steady_clock::now();
     Status s = render_status(src);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(s.code(), StatusCode::resource_exhausted) << src << ": " << s.to_string();
-    EXPECT_LT(secs, 5.0) << src;
   }
 }
 

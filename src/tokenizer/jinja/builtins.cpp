@@ -1,4 +1,6 @@
 // Attribute/item access, iteration, methods of str/dict, and the global functions HF exposes.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <ctime>
 
@@ -200,13 +202,13 @@ Result<Value> get_item(const Value& obj, const Value& key) {
     if (obj.kind == Kind::list) {
       int64_t n = int64_t(obj.list->size());
       if (k < 0) k += n;
-      if (k < 0 || k >= n) return Value::undefined("[" + std::to_string(key.i) + "]");
+      if (k < 0 || k >= n) return Value::undefined(fmt::format("[{}]", key.i));
       return (*obj.list)[size_t(k)];
     }
     auto offs = code_point_offsets(obj.s);
     int64_t n = int64_t(offs.size()) - 1;
     if (k < 0) k += n;
-    if (k < 0 || k >= n) return Value::undefined("[" + std::to_string(key.i) + "]");
+    if (k < 0 || k >= n) return Value::undefined(fmt::format("[{}]", key.i));
     return Value::string(obj.s.substr(offs[size_t(k)], offs[size_t(k) + 1] - offs[size_t(k)]));
   }
   if (key.kind == Kind::string) return get_attr(obj, key.s);

@@ -339,7 +339,9 @@ static Status json_value(std::string& out, const Value& v, const JsonOptions& op
       !opt.item_sep.empty() ? opt.item_sep : (opt.indent >= 0 ? std::string(",") : ", ");
   const std::string& ksep = !opt.key_sep.empty() ? opt.key_sep : std::string(": ");
   auto newline = [&](int level) {
-    if (opt.indent >= 0) out += "\n" + std::string(size_t(opt.indent) * size_t(level), ' ');
+    if (opt.indent < 0) return;
+    out += '\n';
+    out.append(size_t(opt.indent) * size_t(level), ' ');
   };
   switch (v.kind) {
     case Kind::none: out += "null"; return {};
