@@ -6,5 +6,6 @@
 namespace kiln::cli {
 
 void register_inspect(CLI::App& app, int& rc);
+void register_tokenize(CLI::App& app, int& rc);
 
 }  // namespace kiln::cli

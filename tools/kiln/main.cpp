@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kiln " KILN_VERSION_STRING);
   int rc = 0;
   kiln::cli::register_inspect(app, rc);
+  kiln::cli::register_tokenize(app, rc);
   if (argc == 1) {
     std::fputs(app.help().c_str(), stderr);
     return 2;

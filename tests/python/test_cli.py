@@ -1,0 +1,171 @@
+"""The kiln CLI as a user runs it.
+
+- `kiln inspect` on both test models shows what the `gguf` package reads from them: architecture, the
+  hyper-parameters, vocabulary size, BOS/EOS tokens, the chat template, and (with --tensors) every tensor's
+  type, shape and byte count;
+- bad input (a missing file, a truncated file, a file that is not GGUF, an unknown flag) ends in a one-line
+  error naming what is wrong and a nonzero exit status, never a crash;
+- `kiln tokenize` prints the same ids as the Hugging Face tokenizer built from the same GGUF file.
+"""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import gguf
+
+MODELS = Path(os.environ.get("KILN_MODELS_DIR") or Path.home() / ".cache/kiln/models")
+SMOL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
+KILN = Path(os.environ.get("KILN_BUILD_DIR", "build")) / "tools" / "kiln" / "kiln"
+
+
+def require(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"missing test model {path} (set KILN_MODELS_DIR)")
+    return path
+
+
+def kiln(*args, input=None) -> subprocess.CompletedProcess:
+    assert KILN.exists(), f"build kiln first ({KILN})"
+    env = dict(os.environ, KILN_MODELS_DIR=str(MODELS))
+    return subprocess.run([str(KILN), *map(str, args)], capture_output=True, text=True, env=env, input=input,
+                          timeout=120)
+
+
+def field(r: gguf.GGUFReader, key: str):
+    f = r.fields.get(key)
+    return None if f is None else f.contents()
+
+
+def section(out: str, title: str) -> str:
+    """The lines of one section of the inspect output, from its title line to the next blank line."""
+    m = re.search(rf"^{re.escape(title)}.*?(?=^\s*$|\Z)", out, re.S | re.M)
+    assert m, f"no '{title}' section in:\n{out}"
+    return m.group(0)
+
+
+def display(v) -> str:
+    if isinstance(v, float):
+        return repr(float(np.float32(v))) if v != int(v) else str(int(v))
+    return str(v)
+
+
+@pytest.mark.parametrize("model", [SMOL, GEMMA], ids=["smollm2", "gemma3"])
+def test_inspect_matches_gguf_package(model):
+    r = gguf.GGUFReader(require(model))
+    res = kiln("inspect", "--tensors", model)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    arch = field(r, "general.architecture")
+    assert re.search(rf"^architecture:\s+{arch}$", out, re.M)
+    assert f"{len(r.tensors)} tensors" in out
+
+    # Every hyper-parameter key of the architecture, with its value.
+    hp = section(out, "hyper-parameters:")
+    for key, f in r.fields.items():
+        if key.startswith(arch + ".") and len(f.types) == 1:
+            v = f.contents()
+            m = re.search(rf"^\s+{re.escape(key)}\s+(\S+)$", hp, re.M)
+            assert m, f"{key} missing from hyper-parameters"
+            got = m.group(1)
+            if isinstance(v, float):
+                assert float(got) == pytest.approx(v, rel=1e-6), key
+            else:
+                assert got == str(v), key
+
+    tokens = field(r, "tokenizer.ggml.tokens")
+    tok = section(out, "tokenizer:")
+    assert f"{len(tokens)} tokens" in tok
+    bos, eos = field(r, "tokenizer.ggml.bos_token_id"), field(r, "tokenizer.ggml.eos_token_id")
+    assert f"bos {bos} '{tokens[bos]}'" in tok and f"eos {eos} '{tokens[eos]}'" in tok
+
+    template = field(r, "tokenizer.chat_template")
+    if template is None:
+        assert re.search(r"^chat template:\s+none$", out, re.M)
+    else:
+        assert f"chat template ({len(template.encode())} bytes):\n{template}\n" in out
+
+    rows = {}
+    for line in section(out, "tensors (").splitlines()[2:]:
+        name, dtype, rest = line.split(None, 2)
+        rows[name] = (dtype, rest)
+    assert len(rows) == len(r.tensors)
+    for t in r.tensors:
+        dtype, rest = rows[t.name]
+        assert dtype == t.tensor_type.name.lower(), t.name
+        shape = "[" + ", ".join(str(int(d)) for d in t.shape) + "]"
+        assert rest.startswith(shape), (t.name, rest, shape)
+
+
+def test_inspect_default_model_and_summary():
+    require(SMOL)
+    res = kiln("inspect")
+    assert res.returncode == 0, res.stderr
+    assert str(SMOL) in res.stdout
+    summary = section(res.stdout, "tensors (")
+    counts = sum(int(m) for m in re.findall(r"^\s+\S+\s+(\d+) tensors", summary, re.M))
+    assert counts == len(gguf.GGUFReader(SMOL).tensors)
+
+
+def one_line_error(res: subprocess.CompletedProcess, *needles: str):
+    assert res.returncode not in (0, -6, -11), (res.returncode, res.stderr)  # an error, not a crash
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_inspect_bad_input(tmp_path):
+    one_line_error(kiln("inspect", tmp_path / "nope.gguf"), "not found", "nope.gguf")
+    data = require(SMOL).read_bytes()
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(data[:1000])
+    one_line_error(kiln("inspect", trunc), "trunc.gguf", "offset")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"PK\x03\x04" + data[4:4096])
+    one_line_error(kiln("inspect", junk), "junk.gguf", "magic", "not a GGUF file")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert kiln("inspect", empty).returncode != 0
+
+
+def test_usage_errors():
+    assert kiln().returncode == 2
+    assert kiln("inspect", "--bogus").returncode == 2
+    assert kiln("frobnicate").returncode == 2
+    res = kiln("--help")
+    assert res.returncode == 0
+    for sub in ("inspect", "tokenize"):
+        assert re.search(rf"^\s+{sub}\s", res.stdout, re.M), res.stdout
+    assert kiln("--version").stdout.startswith("kiln ")
+
+
+@pytest.mark.parametrize("model", [SMOL, GEMMA], ids=["smollm2", "gemma3"])
+def test_tokenize_matches_hf(model):
+    from transformers import AutoTokenizer
+
+    require(model)
+    tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+    text = "<|im_start|>user\nHello, wörld! 你好 😀 1234567<|im_end|>\n"
+    expected = tok(text)["input_ids"]
+    res = kiln("tokenize", "-m", model, "--ids", text)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[" + ", ".join(map(str, expected)) + "]"
+    assert res.stderr.strip() == f"{len(expected)} tokens"
+    # Standard input, no BOS, special tokens as text.
+    res = kiln("tokenize", "-m", model, "--ids", "--no-bos", "--no-parse-special", "-", input=text)
+    plain = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert res.stdout.strip() == "[" + ", ".join(map(str, plain)) + "]"
+    # The table view: one "id -> 'piece'" line per token.
+    res = kiln("tokenize", "-m", model, "Hello")
+    rows = res.stdout.strip().splitlines()
+    assert [int(r.split("->")[0]) for r in rows] == tok("Hello")["input_ids"]
+
+
+def test_tokenize_bad_input(tmp_path):
+    one_line_error(kiln("tokenize", "-m", tmp_path / "nope.gguf", "hi"), "nope.gguf")
+    assert kiln("tokenize", "-m", require(SMOL), "--ids", "--pieces", "hi").returncode == 2
+    assert kiln("tokenize", "-m", SMOL).returncode == 2
