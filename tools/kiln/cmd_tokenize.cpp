@@ -10,6 +10,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "tokenizer/load.h"
+#include "tokenizer/unicode.h"
 
 namespace kiln::cli {
 namespace {
@@ -23,24 +24,34 @@ struct TokenizeOptions {
   bool no_parse_special = false;
 };
 
-// A piece shown between quotes with control characters escaped.
+// A piece shown between quotes: control characters escaped, and so is every byte that is not part of a
+// whole UTF-8 character (a byte token, or half of a character split over two tokens).
 std::string quoted(const std::string& s) {
   std::string out = "'";
-  for (unsigned char c : s) {
-    if (c == '\n')
+  uint32_t cp = 0;
+  for (size_t pos = 0; pos < s.size();) {
+    const auto c = static_cast<unsigned char>(s[pos]);
+    const size_t len = unicode::utf8_decode(s, pos, cp);
+    if (len > 1) {
+      out.append(s, pos, len);
+      pos += len;
+      continue;
+    }
+    ++pos;
+    if (c == '\n') {
       out += "\\n";
-    else if (c == '\t')
+    } else if (c == '\t') {
       out += "\\t";
-    else if (c == '\r')
+    } else if (c == '\r') {
       out += "\\r";
-    else if (c == '\'')
-      out += "\\'";
-    else if (c == '\\')
-      out += "\\\\";
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\x{:02x}", c);
-    else
+    } else if (c == '\'' || c == '\\') {
+      out += '\\';
       out += static_cast<char>(c);
+    } else if (len == 0 || c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
   }
   return out + "'";
 }
@@ -63,6 +74,7 @@ Status run_tokenize(const TokenizeOptions& opt) {
   } else {
     for (int32_t id : ids) std::printf("%6d -> %s\n", id, quoted(tok.token_to_piece(id)).c_str());
   }
+  std::fflush(stdout);
   std::fprintf(stderr, "%zu tokens\n", ids.size());
   return Status();
 }
