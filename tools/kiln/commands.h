@@ -7,5 +7,7 @@ namespace kiln::cli {
 
 void register_inspect(CLI::App& app, int& rc);
 void register_tokenize(CLI::App& app, int& rc);
+void register_run(CLI::App& app, int& rc);
+void register_chat(CLI::App& app, int& rc);
 
 }  // namespace kiln::cli

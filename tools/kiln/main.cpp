@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln " KILN_VERSION_STRING);
   int rc = 0;
+  kiln::cli::register_run(app, rc);
+  kiln::cli::register_chat(app, rc);
   kiln::cli::register_inspect(app, rc);
   kiln::cli::register_tokenize(app, rc);
   if (argc == 1) {

@@ -1,0 +1,203 @@
+// The row-wise ops on the CPU (get_rows, norms, rope, softmax, kv_write, gated activations, add/mul, scale,
+// argmax): threads split the rows; arithmetic in f32 except the norms' sums (f64, one per row, cheap).
+#include "backends/cpu/cpu_ops.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/half.h"
+#include "ops/ref/ref.h"
+
+namespace kiln::cpu {
+
+using namespace kiln::ops;
+
+namespace {
+
+// fn(row) over the rows of a tensor with `n_rows` rows, in parallel.
+template <class Fn>
+void for_rows(ThreadPool& pool, int64_t n_rows, Fn&& fn) {
+  pool.parallel_for(
+      n_rows,
+      [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) fn(r);
+      },
+      /*min_chunk=*/8);
+}
+
+const float* f32_row(const Tensor& t, int64_t r) { return reinterpret_cast<const float*>(t.flat_row(r)); }
+float* f32_row_mut(const Tensor& t, int64_t r) { return reinterpret_cast<float*>(t.flat_row(r)); }
+
+void get_rows(ThreadPool& pool, const GetRows& op) {
+  for_rows(pool, static_cast<int64_t>(op.ids.size()),
+           [&](int64_t i) { ref::row_to_f32(op.table, op.table.row(op.ids[i]), f32_row_mut(op.dst, i)); });
+}
+
+void rms_norm(ThreadPool& pool, const RmsNorm& op) {
+  const int64_t n = op.x.ne[0];
+  const auto* w = static_cast<const float*>(op.w.data);
+  const float one = op.add_one ? 1.0f : 0.0f;
+  for_rows(pool, op.x.n_rows(), [&](int64_t r) {
+    const float* x = f32_row(op.x, r);
+    float* y = f32_row_mut(op.dst, r);
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    const auto inv = static_cast<float>(1.0 / std::sqrt(ss / n + op.eps));
+    for (int64_t i = 0; i < n; ++i) y[i] = w ? x[i] * inv * (w[i] + one) : x[i] * inv;
+  });
+}
+
+void layer_norm(ThreadPool& pool, const LayerNorm& op) {
+  const int64_t n = op.x.ne[0];
+  const auto* w = static_cast<const float*>(op.w.data);
+  const auto* b = static_cast<const float*>(op.b.data);
+  for_rows(pool, op.x.n_rows(), [&](int64_t r) {
+    const float* x = f32_row(op.x, r);
+    float* y = f32_row_mut(op.dst, r);
+    double mean = 0.0, var = 0.0;
+    for (int64_t i = 0; i < n; ++i) mean += x[i];
+    mean /= n;
+    for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+    const auto inv = static_cast<float>(1.0 / std::sqrt(var / n + op.eps));
+    const auto m = static_cast<float>(mean);
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+  });
+}
+
+void rope(ThreadPool& pool, const Rope& op) {
+  const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
+  const int32_t half = op.p.n_rot / 2;
+  std::vector<RopeFreq> freq(half);
+  for (int32_t i = 0; i < half; ++i) freq[i] = rope_freq(op.p, i);
+  const bool normal = op.p.layout == RopeLayout::rope_layout_normal;
+  pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) {
+    std::vector<float> cs(2 * half);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int32_t i = 0; i < half; ++i) {
+        // Angles in f64: positions reach 1e5+ and f32 would lose the fraction.
+        const double angle = static_cast<double>(op.positions[t]) * freq[i].theta_scale;
+        cs[2 * i] = static_cast<float>(std::cos(angle) * freq[i].mscale);
+        cs[2 * i + 1] = static_cast<float>(std::sin(angle) * freq[i].mscale);
+      }
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const auto* x = op.x.row_as<const float>(h, t);
+        auto* y = op.dst.row_as<float>(h, t);
+        if (x != y) std::memcpy(y + op.p.n_rot, x + op.p.n_rot, (head_dim - op.p.n_rot) * sizeof(float));
+        for (int32_t i = 0; i < half; ++i) {
+          const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
+          const float xa = x[a], xb = x[b], c = cs[2 * i], s = cs[2 * i + 1];
+          y[a] = xa * c - xb * s;
+          y[b] = xa * s + xb * c;
+        }
+      }
+    }
+  });
+}
+
+void softmax(ThreadPool& pool, const Softmax& op) {
+  const int64_t n = op.x.ne[0];
+  for_rows(pool, op.x.n_rows(), [&](int64_t r) {
+    const float* x = f32_row(op.x, r);
+    float* y = f32_row_mut(op.dst, r);
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i] * op.scale);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += y[i] = std::exp(x[i] * op.scale - mx);
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+  });
+}
+
+void kv_write(ThreadPool& pool, const KvWrite& op) {
+  const int64_t head_dim = op.k.ne[0], n_kv = op.k.ne[1], block_size = op.k_pool.ne[2];
+  for_rows(pool, op.k.ne[2] * n_kv, [&](int64_t th) {
+    const int64_t t = th / n_kv, h = th % n_kv, slot = op.slots[t];
+    for (const auto& [src, pool_t] : {std::pair{&op.k, &op.k_pool}, std::pair{&op.v, &op.v_pool}}) {
+      const auto* x = src->row_as<const float>(h, t);
+      uint8_t* dst = pool_t->row(h, slot % block_size, slot / block_size);
+      if (pool_t->type == DType::f32) {
+        std::memcpy(dst, x, head_dim * sizeof(float));
+      } else {
+        auto* d = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < head_dim; ++i) d[i] = f32_to_f16(x[i]);
+      }
+    }
+  });
+}
+
+void gated_act(ThreadPool& pool, const GatedAct& op) {
+  const int64_t n = op.gate.ne[0];
+  for_rows(pool, op.gate.n_rows(), [&](int64_t r) {
+    const float* g = f32_row(op.gate, r);
+    const float* u = f32_row(op.up, r);
+    float* y = f32_row_mut(op.dst, r);
+    if (op.kind == GluKind::glu_kind_silu) {
+      for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    } else {
+      constexpr float c = 0.7978845608028654f;  // sqrt(2 / pi)
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = g[i];
+        y[i] = 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x))) * u[i];
+      }
+    }
+  });
+}
+
+void binary(ThreadPool& pool, const Binary& op) {
+  const int64_t n = op.a.ne[0];
+  const bool broadcast = op.b.n_rows() == 1, add = op.kind == BinaryKind::binary_kind_add;
+  for_rows(pool, op.a.n_rows(), [&](int64_t r) {
+    const float* a = f32_row(op.a, r);
+    const float* b = f32_row(op.b, broadcast ? 0 : r);
+    float* y = f32_row_mut(op.dst, r);
+    if (add) {
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+    }
+  });
+}
+
+void scale(ThreadPool& pool, const Scale& op) {
+  for_rows(pool, op.x.n_rows(), [&](int64_t r) {
+    const float* x = f32_row(op.x, r);
+    float* y = f32_row_mut(op.dst, r);
+    for (int64_t i = 0; i < op.x.ne[0]; ++i) y[i] = x[i] * op.scale;
+  });
+}
+
+void argmax(ThreadPool& pool, const Argmax& op) {
+  for_rows(pool, op.x.n_rows(), [&](int64_t r) {
+    const float* x = f32_row(op.x, r);
+    int32_t best = 0;
+    for (int64_t i = 1; i < op.x.ne[0]; ++i) {
+      if (x[i] > x[best]) best = static_cast<int32_t>(i);
+    }
+    op.out[r] = best;
+  });
+}
+
+}  // namespace
+
+void run(ThreadPool& pool, const Op& op) {
+  std::visit(
+      [&](const auto& o) {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, GetRows>) get_rows(pool, o);
+        if constexpr (std::is_same_v<T, Matmul>) matmul(pool, o);
+        if constexpr (std::is_same_v<T, RmsNorm>) rms_norm(pool, o);
+        if constexpr (std::is_same_v<T, LayerNorm>) layer_norm(pool, o);
+        if constexpr (std::is_same_v<T, Rope>) rope(pool, o);
+        if constexpr (std::is_same_v<T, Softmax>) softmax(pool, o);
+        if constexpr (std::is_same_v<T, KvWrite>) kv_write(pool, o);
+        if constexpr (std::is_same_v<T, Attention>) attention(pool, o);
+        if constexpr (std::is_same_v<T, GatedAct>) gated_act(pool, o);
+        if constexpr (std::is_same_v<T, Binary>) binary(pool, o);
+        if constexpr (std::is_same_v<T, Scale>) scale(pool, o);
+        if constexpr (std::is_same_v<T, Argmax>) argmax(pool, o);
+      },
+      op);
+}
+
+}  // namespace kiln::cpu

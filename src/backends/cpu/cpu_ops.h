@@ -1,0 +1,26 @@
+// The CPU kernels of every op (cpu_ops.cpp: elementwise, norms, rope; cpu_matmul.cpp; cpu_attention.cpp).
+// Preconditions: ops::check(op) is ok.
+#pragma once
+
+#include "core/thread_pool.h"
+#include "ops/ops.h"
+
+namespace kiln::cpu {
+
+void run(ThreadPool& pool, const ops::Op& op);
+
+void matmul(ThreadPool& pool, const ops::Matmul& op);
+void attention(ThreadPool& pool, const ops::Attention& op);
+
+// sum a[i] * b[i] over n floats, in eight interleaved f32 lanes (vectorisable without reassociation flags).
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,47 @@
+// ThreadPool: a persistent set of worker threads for data-parallel loops. parallel_for splits [0, n) into
+// contiguous chunks, one per thread, the calling thread taking the first; it returns when all are done.
+// One parallel_for at a time per pool (calls from several threads are serialised).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+
+class ThreadPool {
+ public:
+  // n_threads <= 0: default_thread_count(). The pool holds n_threads - 1 workers.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int n_threads() const { return n_threads_; }
+  // fn(begin, end, thread_index) over chunks of [0, n); chunks are at least `min_chunk` long.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t min_chunk = 1);
+
+ private:
+  void worker(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex call_mu_;  // serialises parallel_for
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int job_chunks_ = 0;       // chunks of the current job (<= n_threads_)
+  uint64_t generation_ = 0;  // bumped per job
+  int pending_ = 0;          // workers still running the current job
+  bool stop_ = false;
+};
+
+// Physical cores when the OS says (Linux sysfs topology), else std::thread::hardware_concurrency(); >= 1.
+// KILN_THREADS overrides it.
+int default_thread_count();
+
+}  // namespace kiln

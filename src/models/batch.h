@@ -1,0 +1,35 @@
+// Batch: the input of Model::forward, the one path every token takes (DESIGN.md "The one forward path").
+// A flat list of tokens from any number of sequences: a prefill is many tokens of one sequence, a decode one
+// token of each of many sequences, and a step may mix both. Nothing is padded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+
+namespace kiln {
+
+struct Batch {
+  std::vector<int32_t> tokens;                         // [n_tokens] token ids
+  std::vector<int32_t> positions;                      // [n_tokens] position of each token in its sequence
+  std::vector<int32_t> seq;                            // [n_tokens] index into block_tables
+  std::vector<std::span<const int32_t>> block_tables;  // [n_seqs] each sequence's KV blocks, in order
+  std::vector<int32_t> logit_rows;                     // token indices whose logits are wanted, ascending
+
+  int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  void clear() {
+    tokens.clear();
+    positions.clear();
+    seq.clear();
+    block_tables.clear();
+    logit_rows.clear();
+  }
+};
+
+// Checks the batch's internal consistency (lengths, indices, ascending logit rows, token ids < n_vocab, each
+// position inside its sequence's blocks): invalid_argument / out_of_range naming the field and index.
+Status check_batch(const Batch& batch, int32_t n_vocab, int32_t block_size);
+
+}  // namespace kiln

@@ -1,0 +1,191 @@
+#include "models/blocks.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln::blocks {
+
+Result<Tensor> Arena::f32(int64_t ne0, int64_t ne1, int64_t ne2) {
+  const size_t bytes = (static_cast<size_t>(ne0 * ne1 * ne2) * sizeof(float) + 63) / 64 * 64;
+  if (chunks_.empty() || used_ + bytes > chunks_.back()->size()) {
+    // A new chunk: at least what the whole last pass needed, so a steady state has one chunk.
+    const size_t size = std::max({bytes, peak_, size_t{1} << 20});
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, backend_.allocate(size));
+    chunks_.push_back(std::move(buf));
+    used_ = 0;
+  }
+  void* p = static_cast<uint8_t*>(chunks_.back()->data()) + used_;
+  used_ += bytes;
+  total_used_ += bytes;
+  peak_ = std::max(peak_, total_used_);
+  return make_tensor(DType::f32, p, ne0, ne1, ne2);
+}
+
+void Arena::reset() {
+  if (chunks_.size() > 1) chunks_.clear();  // the next pass allocates one chunk of peak_ bytes
+  used_ = 0;
+  total_used_ = 0;
+}
+
+Result<Tensor> WeightLoader::get_optional(const std::string& name, int64_t ne0, int64_t ne1) {
+  const gguf::TensorInfo* t = file_.find_tensor(name);
+  if (t == nullptr) return Tensor{};
+  return get(name, ne0, ne1);
+}
+
+Result<Tensor> WeightLoader::get(const std::string& name, int64_t ne0, int64_t ne1) {
+  const gguf::TensorInfo* t = file_.find_tensor(name);
+  if (t == nullptr) return not_found("{}: tensor {} is missing", file_.name(), name);
+  const std::vector<int64_t> expected = ne1 > 0 ? std::vector<int64_t>{ne0, ne1} : std::vector<int64_t>{ne0};
+  if (t->shape != expected) {
+    return invalid_argument("{}: tensor {} has shape [{}], expected [{}]", file_.name(), name,
+                            fmt::join(t->shape, ", "), fmt::join(expected, ", "));
+  }
+  if (!backend_.host_memory()) {
+    return unimplemented("{}: backend {} needs weight upload, which is not implemented", file_.name(),
+                         backend_.name());
+  }
+  const DTypeInfo& info = dtype_info(t->type);
+  if (info.dequantize_row == nullptr && t->type != DType::f32) {
+    return unimplemented("{}: tensor {} has type {}, which kiln cannot compute with yet", file_.name(), name,
+                         info.name);
+  }
+  n_params_ += t->n_elements();
+  n_bytes_ += t->n_bytes;
+  return make_tensor(t->type, const_cast<uint8_t*>(t->data), ne0, ne1 > 0 ? ne1 : 1);
+}
+
+Result<int32_t> hparam_int(const gguf::File& file, const std::string& key, std::optional<int32_t> fallback) {
+  if (file.find(key) == nullptr) {
+    if (fallback) return *fallback;
+    return not_found("{}: {} is missing", file.name(), key);
+  }
+  KILN_ASSIGN_OR_RETURN(uint64_t v, file.get_uint(key));
+  if (v == 0 || v > (1u << 30)) return invalid_argument("{}: {} = {} is out of range", file.name(), key, v);
+  return static_cast<int32_t>(v);
+}
+
+Result<float> hparam_float(const gguf::File& file, const std::string& key, std::optional<float> fallback) {
+  if (file.find(key) == nullptr) {
+    if (fallback) return *fallback;
+    return not_found("{}: {} is missing", file.name(), key);
+  }
+  KILN_ASSIGN_OR_RETURN(double v, file.get_float(key));
+  if (!std::isfinite(v)) return invalid_argument("{}: {} = {} is not finite", file.name(), key, v);
+  return static_cast<float>(v);
+}
+
+Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights, const std::string& arch,
+                                  int32_t head_dim, ops::RopeLayout layout) {
+  ops::RopeParams p;
+  p.layout = layout;
+  KILN_ASSIGN_OR_RETURN(p.n_rot, hparam_int(file, arch + ".rope.dimension_count", head_dim));
+  if (p.n_rot > head_dim || p.n_rot % 2 != 0) {
+    return invalid_argument("{}: {}.rope.dimension_count = {} must be even and at most the head size {}",
+                            file.name(), arch, p.n_rot, head_dim);
+  }
+  KILN_ASSIGN_OR_RETURN(p.freq_base, hparam_float(file, arch + ".rope.freq_base", 10000.0f));
+  if (!(p.freq_base > 0))
+    return invalid_argument("{}: {}.rope.freq_base = {} is not > 0", file.name(), arch, p.freq_base);
+  KILN_ASSIGN_OR_RETURN(std::string type, file.get_string_or(arch + ".rope.scaling.type", "none"));
+  KILN_ASSIGN_OR_RETURN(p.factor, hparam_float(file, arch + ".rope.scaling.factor", 1.0f));
+  if (file.find(arch + ".rope.scale_linear") != nullptr) {  // older files
+    KILN_ASSIGN_OR_RETURN(p.factor, hparam_float(file, arch + ".rope.scale_linear", 1.0f));
+    type = "linear";
+  }
+  if (!(p.factor > 0))
+    return invalid_argument("{}: {}.rope.scaling.factor = {} is not > 0", file.name(), arch, p.factor);
+  if (type == "none" || p.factor == 1.0f) {
+    p.scaling = ops::RopeScaling::rope_scaling_none;
+  } else if (type == "linear") {
+    p.scaling = ops::RopeScaling::rope_scaling_linear;
+  } else if (type == "yarn") {
+    p.scaling = ops::RopeScaling::rope_scaling_yarn;
+    KILN_ASSIGN_OR_RETURN(p.original_context,
+                          hparam_int(file, arch + ".rope.scaling.original_context_length", {}));
+    KILN_ASSIGN_OR_RETURN(p.beta_fast, hparam_float(file, arch + ".rope.scaling.yarn_beta_fast", 32.0f));
+    KILN_ASSIGN_OR_RETURN(p.beta_slow, hparam_float(file, arch + ".rope.scaling.yarn_beta_slow", 1.0f));
+    KILN_ASSIGN_OR_RETURN(p.attn_factor, hparam_float(file, arch + ".rope.scaling.attn_factor", 1.0f));
+  } else {
+    return unimplemented("{}: {}.rope.scaling.type = \"{}\" is not supported (none, linear, yarn)",
+                         file.name(), arch, type);
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor factors, weights.get_optional("rope_freqs.weight", p.n_rot / 2));
+  if (factors.data != nullptr) {
+    if (factors.type != DType::f32) return invalid_argument("{}: rope_freqs.weight must be f32", file.name());
+    p.freq_factors = static_cast<const float*>(factors.data);
+  }
+  return p;
+}
+
+StepInfo make_step(const Batch& batch, int32_t block_size) {
+  StepInfo s;
+  s.batch = &batch;
+  s.slots.resize(batch.tokens.size());
+  for (size_t t = 0; t < batch.tokens.size(); ++t) {
+    const int32_t pos = batch.positions[t];
+    s.slots[t] = batch.block_tables[batch.seq[t]][pos / block_size] * block_size + pos % block_size;
+  }
+  return s;
+}
+
+Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const AttentionWeights& w,
+                         const AttentionShape& shape, const ops::RopeParams& rope, const StepInfo& step,
+                         KvBuffers& kv, int32_t layer) {
+  const int64_t n_tokens = x.ne[1], hd = shape.head_dim;
+  const Batch& batch = *step.batch;
+  KILN_ASSIGN_OR_RETURN(Tensor q, arena.f32(hd, shape.n_heads, n_tokens));
+  KILN_ASSIGN_OR_RETURN(Tensor k, arena.f32(hd, shape.n_kv_heads, n_tokens));
+  KILN_ASSIGN_OR_RETURN(Tensor v, arena.f32(hd, shape.n_kv_heads, n_tokens));
+  KILN_TRY(backend.run(ops::Matmul{w.wq, x, reshape(q, hd * shape.n_heads, n_tokens)}));
+  KILN_TRY(backend.run(ops::Matmul{w.wk, x, reshape(k, hd * shape.n_kv_heads, n_tokens)}));
+  KILN_TRY(backend.run(ops::Matmul{w.wv, x, reshape(v, hd * shape.n_kv_heads, n_tokens)}));
+  KILN_TRY(backend.run(ops::Rope{q, batch.positions, rope, q}));
+  KILN_TRY(backend.run(ops::Rope{k, batch.positions, rope, k}));
+  KILN_TRY(backend.run(ops::KvWrite{k, v, kv.k[layer], kv.v[layer], step.slots}));
+  KILN_ASSIGN_OR_RETURN(Tensor a, arena.f32(hd, shape.n_heads, n_tokens));
+  ops::Attention att;
+  att.q = q;
+  att.k_pool = kv.k[layer];
+  att.v_pool = kv.v[layer];
+  att.positions = batch.positions;
+  att.seq = batch.seq;
+  att.block_tables = batch.block_tables;
+  att.scale = shape.scale;
+  att.softcap = shape.softcap;
+  att.window = shape.window;
+  att.dst = a;
+  KILN_TRY(backend.run(att));
+  KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(w.wo.ne[1], n_tokens));
+  KILN_TRY(backend.run(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out}));
+  return out;
+}
+
+Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w_gate,
+                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind) {
+  const int64_t n_tokens = x.ne[1], n_ff = w_gate.ne[1];
+  KILN_ASSIGN_OR_RETURN(Tensor g, arena.f32(n_ff, n_tokens));
+  KILN_ASSIGN_OR_RETURN(Tensor u, arena.f32(n_ff, n_tokens));
+  KILN_TRY(backend.run(ops::Matmul{w_gate, x, g}));
+  KILN_TRY(backend.run(ops::Matmul{w_up, x, u}));
+  KILN_TRY(backend.run(ops::GatedAct{g, u, kind, g}));
+  KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(w_down.ne[1], n_tokens));
+  KILN_TRY(backend.run(ops::Matmul{w_down, g, out}));
+  return out;
+}
+
+Result<Tensor> rms_norm(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w, float eps) {
+  KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(x.ne[0], x.ne[1], x.ne[2]));
+  KILN_TRY(backend.run(ops::RmsNorm{x, w, eps, false, out}));
+  return out;
+}
+
+Result<Tensor> select_rows(Backend& backend, Arena& arena, const Tensor& x, std::span<const int32_t> rows) {
+  KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(x.ne[0], static_cast<int64_t>(rows.size())));
+  KILN_TRY(backend.run(ops::GetRows{x, rows, out}));
+  return out;
+}
+
+}  // namespace kiln::blocks

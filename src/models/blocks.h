@@ -1,0 +1,101 @@
+// Shared building blocks of the architectures: the activation arena, weight lookup with shape checks, and the
+// layers every decoder-only transformer uses (attention over the paged cache, gated FFN). Only what every
+// model needs lives here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/tensor.h"
+#include "formats/gguf.h"
+#include "models/batch.h"
+#include "models/model.h"
+
+namespace kiln::blocks {
+
+// Activation memory for one forward pass: bump-allocated from backend buffers, all released by reset(). After
+// the first pass of a given size it allocates nothing.
+class Arena {
+ public:
+  explicit Arena(Backend& backend) : backend_(backend) {}
+  // A contiguous f32 tensor [ne0, ne1, ne2] from the arena.
+  Result<Tensor> f32(int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1);
+  // Forgets every tensor handed out (keeps the memory; merges chunks into one when there were several).
+  void reset();
+
+ private:
+  Backend& backend_;
+  std::vector<std::unique_ptr<Buffer>> chunks_;
+  size_t used_ = 0;        // bytes used in the last chunk
+  size_t total_used_ = 0;  // bytes handed out since reset()
+  size_t peak_ = 0;        // largest total_used_ seen
+};
+
+// Reads weights (tensor views into the file) and checks their shapes, with errors naming the tensor.
+class WeightLoader {
+ public:
+  WeightLoader(const gguf::File& file, Backend& backend) : file_(file), backend_(backend) {}
+  // The tensor `name` with shape [ne0, ne1] (ne1 = 0: a 1-d tensor [ne0]). not_found when missing,
+  // invalid_argument naming the tensor, its shape and the expected one otherwise.
+  Result<Tensor> get(const std::string& name, int64_t ne0, int64_t ne1 = 0);
+  // The same, or an empty Tensor (data == nullptr) when the file has no such tensor.
+  Result<Tensor> get_optional(const std::string& name, int64_t ne0, int64_t ne1 = 0);
+  int64_t n_params() const { return n_params_; }
+  uint64_t n_bytes() const { return n_bytes_; }
+
+ private:
+  const gguf::File& file_;
+  Backend& backend_;
+  int64_t n_params_ = 0;
+  uint64_t n_bytes_ = 0;
+};
+
+// Hyper-parameter lookup: "{arch}.{key}" as a positive int32 / a finite float, with a default or required.
+Result<int32_t> hparam_int(const gguf::File& file, const std::string& key, std::optional<int32_t> fallback);
+Result<float> hparam_float(const gguf::File& file, const std::string& key, std::optional<float> fallback);
+
+// Reads the RoPE parameters of an architecture: {arch}.rope.dimension_count, freq_base, scaling.type/factor/
+// original_context_length, yarn betas; rope_freqs.weight when present (Llama-3.1 frequency factors).
+Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights, const std::string& arch,
+                                  int32_t head_dim, ops::RopeLayout layout);
+
+// The per-layer weights of a standard attention block.
+struct AttentionWeights {
+  Tensor wq, wk, wv, wo;  // [n_embd, n_heads*head_dim] ... [n_heads*head_dim, n_embd]
+};
+
+struct AttentionShape {
+  int32_t n_heads = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  float scale = 0.0f;    // on q.k, usually 1/sqrt(head_dim)
+  float softcap = 0.0f;  // 0: none
+  int32_t window = 0;    // 0: full attention
+};
+
+// Per-forward values shared by every layer: where each token's K/V goes.
+struct StepInfo {
+  const Batch* batch = nullptr;
+  std::vector<int32_t> slots;  // [n_tokens] block * block_size + offset
+};
+StepInfo make_step(const Batch& batch, int32_t block_size);
+
+// out = Wo · attention(rope(Wq·x), rope(Wk·x), Wv·x) over the paged cache of `layer`.   x: [n_embd,
+// n_tokens].
+Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const AttentionWeights& w,
+                         const AttentionShape& shape, const ops::RopeParams& rope, const StepInfo& step,
+                         KvBuffers& kv, int32_t layer);
+
+// out = Wdown · (act(Wgate·x) * (Wup·x)).   x: [n_embd, n_tokens].
+Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w_gate,
+                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind);
+
+// dst = rms_norm(x) * w
+Result<Tensor> rms_norm(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w, float eps);
+
+// The rows of x (f32 [n, n_tokens]) listed in `rows`, as a new tensor [n, rows.size()].
+Result<Tensor> select_rows(Backend& backend, Arena& arena, const Tensor& x, std::span<const int32_t> rows);
+
+}  // namespace kiln::blocks

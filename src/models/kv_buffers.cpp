@@ -1,0 +1,41 @@
+#include "models/model.h"
+
+namespace kiln {
+
+Result<KvBuffers> KvBuffers::allocate(Backend& backend, const ModelInfo& info, int32_t block_size,
+                                      int32_t n_blocks, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f16) {
+    return invalid_argument("KV cache type {} is not supported (f32, f16)", dtype_name(dtype));
+  }
+  if (block_size <= 0 || n_blocks <= 0) {
+    return invalid_argument("KV cache: block_size = {} and n_blocks = {} must be positive", block_size,
+                            n_blocks);
+  }
+  KvBuffers kv;
+  kv.block_size = block_size;
+  kv.n_blocks = n_blocks;
+  const int64_t elems = int64_t{info.head_dim} * info.n_kv_heads * block_size * n_blocks;
+  const size_t bytes = static_cast<size_t>(elems) * (dtype == DType::f32 ? 4 : 2);
+  for (int32_t l = 0; l < info.n_layers; ++l) {
+    for (std::vector<Tensor>* pools : {&kv.k, &kv.v}) {
+      auto buf = backend.allocate(bytes);
+      if (!buf.ok()) {
+        return resource_exhausted(
+            "KV cache: cannot allocate {} layers x 2 x {:.1f} MiB ({} blocks of {} tokens)", info.n_layers,
+            bytes / 1048576.0, n_blocks, block_size);
+      }
+      pools->push_back(
+          make_tensor(dtype, (*buf)->data(), info.head_dim, info.n_kv_heads, block_size, n_blocks));
+      kv.storage.push_back(std::move(buf).value());
+    }
+  }
+  return kv;
+}
+
+uint64_t KvBuffers::bytes() const {
+  uint64_t total = 0;
+  for (const auto& b : storage) total += b->size();
+  return total;
+}
+
+}  // namespace kiln

@@ -1,0 +1,61 @@
+// Model: one architecture's weights and forward pass. forward() is the only way tokens go through a model
+// (batch.h). Architectures are registered in registry.cpp, one line each; load_model() picks one from the
+// GGUF file's general.architecture.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "formats/gguf.h"
+#include "models/batch.h"
+
+namespace kiln {
+
+// What the runtime needs to know about a loaded model.
+struct ModelInfo {
+  std::string architecture;  // "llama"
+  std::string name;          // general.name, or the file name
+  int32_t n_vocab = 0;
+  int32_t n_ctx_train = 0;  // context length the model was trained for
+  int32_t n_layers = 0;
+  int32_t n_embd = 0;
+  int32_t n_kv_heads = 0;  // per layer (the KV pools' second dimension)
+  int32_t head_dim = 0;    // per head (the KV pools' first dimension)
+  int64_t n_params = 0;    // elements of all weights
+  uint64_t weight_bytes = 0;
+};
+
+// The paged K/V pools of every layer: k[l], v[l] are [head_dim, n_kv_heads, block_size, n_blocks].
+struct KvBuffers {
+  std::vector<Tensor> k, v;  // [n_layers]
+  int32_t block_size = 0;
+  int32_t n_blocks = 0;
+  std::vector<std::unique_ptr<Buffer>> storage;
+
+  // Allocates the pools on `backend`. dtype: f32 or f16.
+  static Result<KvBuffers> allocate(Backend& backend, const ModelInfo& info, int32_t block_size,
+                                    int32_t n_blocks, DType dtype);
+  uint64_t bytes() const;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  // Runs `batch` through the model: writes each token's K/V into `kv` (at its position, through its block
+  // table) and the logits of the rows in batch.logit_rows to `logits` ([logit_rows.size(), n_vocab] f32).
+  virtual Status forward(const Batch& batch, KvBuffers& kv, float* logits) = 0;
+};
+
+// Loads the architecture named by the file's general.architecture. The file must outlive the model (weights
+// are used in place). unimplemented listing the supported architectures for any other.
+Result<std::unique_ptr<Model>> load_model(std::shared_ptr<const gguf::File> file, Backend& backend);
+// The architectures load_model() knows, comma-separated.
+std::string supported_architectures();
+
+}  // namespace kiln

@@ -1,0 +1,42 @@
+// The architecture registry: one line per architecture.
+#include <string_view>
+
+#include "models/model.h"
+
+namespace kiln {
+
+// Each architecture file defines its factory.
+Result<std::unique_ptr<Model>> make_llama(std::shared_ptr<const gguf::File> file, Backend& backend);
+
+namespace {
+
+using Factory = Result<std::unique_ptr<Model>> (*)(std::shared_ptr<const gguf::File>, Backend&);
+struct Entry {
+  std::string_view architecture;
+  Factory make;
+};
+
+constexpr Entry kArchitectures[] = {
+    {"llama", make_llama},
+};
+
+}  // namespace
+
+std::string supported_architectures() {
+  std::string out;
+  for (const Entry& e : kArchitectures)
+    out += std::string(out.empty() ? "" : ", ") + std::string(e.architecture);
+  return out;
+}
+
+Result<std::unique_ptr<Model>> load_model(std::shared_ptr<const gguf::File> file, Backend& backend) {
+  const std::string arch = file->architecture();
+  for (const Entry& e : kArchitectures) {
+    if (e.architecture == arch) return e.make(std::move(file), backend);
+  }
+  if (arch.empty()) return invalid_argument("{}: general.architecture is missing", file->name());
+  return unimplemented("{}: architecture \"{}\" is not supported (supported: {})", file->name(), arch,
+                       supported_architectures());
+}
+
+}  // namespace kiln

@@ -1,0 +1,314 @@
+// check(): operand validation for every op contract in ops.h.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "ops/ops.h"
+
+namespace kiln::ops {
+
+namespace {
+
+bool same_shape(const Tensor& a, const Tensor& b) { return a.ne == b.ne; }
+
+Status need_f32(std::string_view op, std::string_view name, const Tensor& t) {
+  if (t.data == nullptr) return invalid_argument("{}: {} has no data", op, name);
+  if (t.type != DType::f32)
+    return invalid_argument("{}: {} must be f32, not {}", op, name, dtype_name(t.type));
+  if (t.nb[0] != 4) return invalid_argument("{}: {} must be contiguous in its first dimension", op, name);
+  return Status::ok_status();
+}
+
+Status need_same(std::string_view op, std::string_view a_name, const Tensor& a, std::string_view b_name,
+                 const Tensor& b) {
+  if (!same_shape(a, b)) {
+    return invalid_argument("{}: {} is {} but {} is {}", op, a_name, a.describe(), b_name, b.describe());
+  }
+  return Status::ok_status();
+}
+
+Status need_vector(std::string_view op, std::string_view name, const Tensor& t, int64_t n) {
+  if (t.data == nullptr) return Status::ok_status();
+  KILN_TRY(need_f32(op, name, t));
+  if (t.n_elements() != n || t.ne[0] != n) {
+    return invalid_argument("{}: {} is {}, expected f32[{}]", op, name, t.describe(), n);
+  }
+  return Status::ok_status();
+}
+
+Status need_pool(std::string_view op, std::string_view name, const Tensor& pool, int64_t head_dim,
+                 int64_t n_kv) {
+  if (pool.data == nullptr) return invalid_argument("{}: {} has no data", op, name);
+  if (pool.type != DType::f32 && pool.type != DType::f16) {
+    return invalid_argument("{}: {} must be f32 or f16, not {}", op, name, dtype_name(pool.type));
+  }
+  if (!pool.is_contiguous()) return invalid_argument("{}: {} must be contiguous", op, name);
+  if (pool.ne[0] != head_dim || pool.ne[1] != n_kv) {
+    return invalid_argument("{}: {} is {}, expected [{}, {}, block_size, n_blocks]", op, name,
+                            pool.describe(), head_dim, n_kv);
+  }
+  if (pool.ne[2] <= 0) return invalid_argument("{}: {} block_size = {} must be > 0", op, name, pool.ne[2]);
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Status check(const GetRows& op) {
+  if (op.table.data == nullptr) return invalid_argument("get_rows: table has no data");
+  if (dtype_info(op.table.type).dequantize_row == nullptr && op.table.type != DType::f32) {
+    return invalid_argument("get_rows: table type {} has no dequantizer", dtype_name(op.table.type));
+  }
+  KILN_TRY(need_f32("get_rows", "dst", op.dst));
+  if (op.table.ne[2] != 1 || op.table.ne[3] != 1)
+    return invalid_argument("get_rows: table must be 2-d, not {}", op.table.describe());
+  if (op.dst.ne[0] != op.table.ne[0] || op.dst.n_rows() != static_cast<int64_t>(op.ids.size())) {
+    return invalid_argument("get_rows: dst is {}, expected f32[{}, {}]", op.dst.describe(), op.table.ne[0],
+                            op.ids.size());
+  }
+  for (size_t i = 0; i < op.ids.size(); ++i) {
+    if (op.ids[i] < 0 || op.ids[i] >= op.table.ne[1]) {
+      return out_of_range("get_rows: ids[{}] = {} is outside [0, {})", i, op.ids[i], op.table.ne[1]);
+    }
+  }
+  return Status::ok_status();
+}
+
+Status check(const Matmul& op) {
+  if (op.w.data == nullptr) return invalid_argument("matmul: w has no data");
+  const DTypeInfo& info = dtype_info(op.w.type);
+  if (info.dequantize_row == nullptr && op.w.type != DType::f32) {
+    return invalid_argument("matmul: weight type {} has no dequantizer", info.name);
+  }
+  if (op.w.nb[0] != info.type_size || op.w.ne[2] != 1 || op.w.ne[3] != 1) {
+    return invalid_argument("matmul: w must be a 2-d tensor with contiguous rows, not {}", op.w.describe());
+  }
+  KILN_TRY(need_f32("matmul", "x", op.x));
+  KILN_TRY(need_f32("matmul", "dst", op.dst));
+  if (op.x.ne[0] != op.w.ne[0]) {
+    return invalid_argument("matmul: x is {} but w is {} (inner dimensions differ)", op.x.describe(),
+                            op.w.describe());
+  }
+  if (op.dst.ne[0] != op.w.ne[1] || op.dst.n_rows() != op.x.n_rows()) {
+    return invalid_argument("matmul: dst is {}, expected f32[{}, {}]", op.dst.describe(), op.w.ne[1],
+                            op.x.n_rows());
+  }
+  return Status::ok_status();
+}
+
+Status check(const RmsNorm& op) {
+  KILN_TRY(need_f32("rms_norm", "x", op.x));
+  KILN_TRY(need_f32("rms_norm", "dst", op.dst));
+  KILN_TRY(need_same("rms_norm", "x", op.x, "dst", op.dst));
+  KILN_TRY(need_vector("rms_norm", "w", op.w, op.x.ne[0]));
+  if (!(op.eps >= 0.0f) || !std::isfinite(op.eps))
+    return invalid_argument("rms_norm: eps = {} is not >= 0", op.eps);
+  return Status::ok_status();
+}
+
+Status check(const LayerNorm& op) {
+  KILN_TRY(need_f32("layer_norm", "x", op.x));
+  KILN_TRY(need_f32("layer_norm", "dst", op.dst));
+  KILN_TRY(need_same("layer_norm", "x", op.x, "dst", op.dst));
+  KILN_TRY(need_vector("layer_norm", "w", op.w, op.x.ne[0]));
+  KILN_TRY(need_vector("layer_norm", "b", op.b, op.x.ne[0]));
+  if (!(op.eps >= 0.0f) || !std::isfinite(op.eps))
+    return invalid_argument("layer_norm: eps = {} is not >= 0", op.eps);
+  return Status::ok_status();
+}
+
+Status check(const Rope& op) {
+  KILN_TRY(need_f32("rope", "x", op.x));
+  KILN_TRY(need_f32("rope", "dst", op.dst));
+  KILN_TRY(need_same("rope", "x", op.x, "dst", op.dst));
+  const RopeParams& p = op.p;
+  if (p.n_rot <= 0 || p.n_rot % 2 != 0 || p.n_rot > op.x.ne[0]) {
+    return invalid_argument("rope: n_rot = {} must be even and in (0, head_dim = {}]", p.n_rot, op.x.ne[0]);
+  }
+  if (!(p.freq_base > 0.0f) || !std::isfinite(p.freq_base))
+    return invalid_argument("rope: freq_base = {} is not > 0", p.freq_base);
+  if (!(p.factor > 0.0f) || !std::isfinite(p.factor))
+    return invalid_argument("rope: scaling factor = {} is not > 0", p.factor);
+  if ((p.scaling == RopeScaling::rope_scaling_yarn || p.scaling == RopeScaling::rope_scaling_llama3) &&
+      p.original_context <= 0) {
+    return invalid_argument("rope: original_context = {} must be > 0 for yarn / llama3 scaling",
+                            p.original_context);
+  }
+  if (p.scaling == RopeScaling::rope_scaling_llama3 && !(p.high_freq_factor > p.low_freq_factor)) {
+    return invalid_argument("rope: llama3 high_freq_factor = {} must exceed low_freq_factor = {}",
+                            p.high_freq_factor, p.low_freq_factor);
+  }
+  if (static_cast<int64_t>(op.positions.size()) != op.x.ne[2] || op.x.ne[3] != 1) {
+    return invalid_argument("rope: {} positions for x {}", op.positions.size(), op.x.describe());
+  }
+  for (size_t i = 0; i < op.positions.size(); ++i) {
+    if (op.positions[i] < 0) return out_of_range("rope: positions[{}] = {} is negative", i, op.positions[i]);
+  }
+  return Status::ok_status();
+}
+
+Status check(const Softmax& op) {
+  KILN_TRY(need_f32("softmax", "x", op.x));
+  KILN_TRY(need_f32("softmax", "dst", op.dst));
+  KILN_TRY(need_same("softmax", "x", op.x, "dst", op.dst));
+  if (!std::isfinite(op.scale)) return invalid_argument("softmax: scale = {} is not finite", op.scale);
+  return Status::ok_status();
+}
+
+Status check(const KvWrite& op) {
+  KILN_TRY(need_f32("kv_write", "k", op.k));
+  KILN_TRY(need_f32("kv_write", "v", op.v));
+  KILN_TRY(need_same("kv_write", "k", op.k, "v", op.v));
+  KILN_TRY(need_pool("kv_write", "k_pool", op.k_pool, op.k.ne[0], op.k.ne[1]));
+  KILN_TRY(need_pool("kv_write", "v_pool", op.v_pool, op.k.ne[0], op.k.ne[1]));
+  KILN_TRY(need_same("kv_write", "k_pool", op.k_pool, "v_pool", op.v_pool));
+  if (op.k_pool.type != op.v_pool.type) return invalid_argument("kv_write: k_pool and v_pool types differ");
+  if (static_cast<int64_t>(op.slots.size()) != op.k.ne[2]) {
+    return invalid_argument("kv_write: {} slots for k {}", op.slots.size(), op.k.describe());
+  }
+  const int64_t n_slots = op.k_pool.ne[2] * op.k_pool.ne[3];
+  for (size_t i = 0; i < op.slots.size(); ++i) {
+    if (op.slots[i] < 0 || op.slots[i] >= n_slots) {
+      return out_of_range("kv_write: slots[{}] = {} is outside the pool's {} slots", i, op.slots[i], n_slots);
+    }
+  }
+  return Status::ok_status();
+}
+
+Status check(const Attention& op) {
+  KILN_TRY(need_f32("attention", "q", op.q));
+  KILN_TRY(need_f32("attention", "dst", op.dst));
+  KILN_TRY(need_same("attention", "q", op.q, "dst", op.dst));
+  const int64_t head_dim = op.q.ne[0], n_heads = op.q.ne[1], n_tokens = op.q.ne[2];
+  const int64_t n_kv = op.k_pool.ne[1];
+  KILN_TRY(need_pool("attention", "k_pool", op.k_pool, head_dim, n_kv));
+  KILN_TRY(need_pool("attention", "v_pool", op.v_pool, head_dim, n_kv));
+  KILN_TRY(need_same("attention", "k_pool", op.k_pool, "v_pool", op.v_pool));
+  if (n_kv <= 0 || n_heads % n_kv != 0) {
+    return invalid_argument("attention: {} query heads are not a multiple of {} kv heads", n_heads, n_kv);
+  }
+  if (static_cast<int64_t>(op.positions.size()) != n_tokens ||
+      static_cast<int64_t>(op.seq.size()) != n_tokens) {
+    return invalid_argument("attention: {} positions and {} sequence indices for {} tokens",
+                            op.positions.size(), op.seq.size(), n_tokens);
+  }
+  if (!std::isfinite(op.scale) || !(op.softcap >= 0.0f) || op.window < 0) {
+    return invalid_argument("attention: scale = {}, softcap = {}, window = {} out of range", op.scale,
+                            op.softcap, op.window);
+  }
+  const int64_t block_size = op.k_pool.ne[2], n_blocks = op.k_pool.ne[3];
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int32_t s = op.seq[t], pos = op.positions[t];
+    if (s < 0 || s >= static_cast<int64_t>(op.block_tables.size())) {
+      return out_of_range("attention: seq[{}] = {} is outside the {} block tables", t, s,
+                          op.block_tables.size());
+    }
+    if (pos < 0 || pos / block_size >= static_cast<int64_t>(op.block_tables[s].size())) {
+      return out_of_range("attention: positions[{}] = {} is beyond sequence {}'s {} blocks", t, pos, s,
+                          op.block_tables[s].size());
+    }
+  }
+  for (size_t s = 0; s < op.block_tables.size(); ++s) {
+    for (size_t i = 0; i < op.block_tables[s].size(); ++i) {
+      const int32_t b = op.block_tables[s][i];
+      if (b < 0 || b >= n_blocks) {
+        return out_of_range("attention: block_tables[{}][{}] = {} is outside the pool's {} blocks", s, i, b,
+                            n_blocks);
+      }
+    }
+  }
+  return Status::ok_status();
+}
+
+Status check(const GatedAct& op) {
+  KILN_TRY(need_f32("gated_act", "gate", op.gate));
+  KILN_TRY(need_f32("gated_act", "up", op.up));
+  KILN_TRY(need_f32("gated_act", "dst", op.dst));
+  KILN_TRY(need_same("gated_act", "gate", op.gate, "up", op.up));
+  return need_same("gated_act", "gate", op.gate, "dst", op.dst);
+}
+
+Status check(const Binary& op) {
+  KILN_TRY(need_f32("binary", "a", op.a));
+  KILN_TRY(need_f32("binary", "b", op.b));
+  KILN_TRY(need_f32("binary", "dst", op.dst));
+  KILN_TRY(need_same("binary", "a", op.a, "dst", op.dst));
+  if (!same_shape(op.a, op.b) && !(op.b.ne[0] == op.a.ne[0] && op.b.n_rows() == 1)) {
+    return invalid_argument("binary: b is {}, expected {} or [{}]", op.b.describe(), op.a.describe(),
+                            op.a.ne[0]);
+  }
+  return Status::ok_status();
+}
+
+Status check(const Scale& op) {
+  KILN_TRY(need_f32("scale", "x", op.x));
+  KILN_TRY(need_f32("scale", "dst", op.dst));
+  KILN_TRY(need_same("scale", "x", op.x, "dst", op.dst));
+  if (!std::isfinite(op.scale)) return invalid_argument("scale: scale = {} is not finite", op.scale);
+  return Status::ok_status();
+}
+
+Status check(const Argmax& op) {
+  KILN_TRY(need_f32("argmax", "x", op.x));
+  if (static_cast<int64_t>(op.out.size()) != op.x.n_rows() || op.x.ne[0] <= 0) {
+    return invalid_argument("argmax: out has {} entries for x {}", op.out.size(), op.x.describe());
+  }
+  return Status::ok_status();
+}
+
+Status check(const Op& op) {
+  return std::visit([](const auto& o) { return check(o); }, op);
+}
+
+std::string_view op_name(const Op& op) {
+  static constexpr std::string_view names[] = {"get_rows",  "matmul",  "rms_norm", "layer_norm",
+                                               "rope",      "softmax", "kv_write", "attention",
+                                               "gated_act", "binary",  "scale",    "argmax"};
+  static_assert(std::size(names) == std::variant_size_v<Op>);
+  return names[op.index()];
+}
+
+RopeFreq rope_freq(const RopeParams& p, int32_t i) {
+  const double d = p.n_rot;
+  const double base_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / d);
+  double freq = base_freq;
+  double mscale = 1.0;
+  switch (p.scaling) {
+    case RopeScaling::rope_scaling_none: break;
+    case RopeScaling::rope_scaling_linear: freq = base_freq / p.factor; break;
+    case RopeScaling::rope_scaling_llama3: {
+      const double two_pi = 2.0 * std::numbers::pi;
+      const double wavelen = two_pi / base_freq;
+      const double low_wavelen = p.original_context / p.low_freq_factor;
+      const double high_wavelen = p.original_context / p.high_freq_factor;
+      if (wavelen > low_wavelen) {
+        freq = base_freq / p.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth =
+            (p.original_context / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
+        freq = (1.0 - smooth) * base_freq / p.factor + smooth * base_freq;
+      }
+      break;
+    }
+    case RopeScaling::rope_scaling_yarn: {
+      // The dims whose wavelength completes between beta_slow and beta_fast turns over the original context
+      // blend interpolated (freq / factor) and original frequencies linearly.
+      const double two_pi = 2.0 * std::numbers::pi;
+      const double log_base = 2.0 * std::log(static_cast<double>(p.freq_base));
+      auto dim_of = [&](double rotations) {
+        return d * std::log(p.original_context / (rotations * two_pi)) / log_base;
+      };
+      double low = std::max(0.0, std::floor(dim_of(p.beta_fast)));
+      double high = std::min(d - 1.0, std::ceil(dim_of(p.beta_slow)));
+      if (high == low) high += 0.001;
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      const double extrapolate = 1.0 - ramp;
+      freq = base_freq / p.factor * (1.0 - extrapolate) + base_freq * extrapolate;
+      mscale = p.factor > 1.0f ? 0.1 * std::log(static_cast<double>(p.factor)) + 1.0 : 1.0;
+      break;
+    }
+  }
+  if (p.freq_factors != nullptr) freq /= p.freq_factors[i];
+  return {static_cast<float>(freq), static_cast<float>(mscale * p.attn_factor)};
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,180 @@
+// The op contracts: what each op computes, its operands' shapes and types, and check(), which validates a
+// call before any backend runs it. Shapes are written innermost first, as Tensor stores them. Every op writes
+// f32 results; inputs may be non-contiguous views unless a contract says otherwise. The scalar reference of
+// every op is in ops/ref/ (the oracle); backends implement the same contracts (backends/backend.h).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace kiln::ops {
+
+// dst[:, i] = table[:, ids[i]] converted to f32.   table: any type [n, n_rows]; dst: f32 [n, n_ids].
+struct GetRows {
+  Tensor table;
+  std::span<const int32_t> ids;  // [n_ids], each in [0, n_rows)
+  Tensor dst;
+};
+
+// dst[j, i] = sum_k w[k, j] * x[k, i].   w: any type [k, n] (rows contiguous); x: f32 [k, m]; dst: f32 [n,
+// m].
+struct Matmul {
+  Tensor w;
+  Tensor x;
+  Tensor dst;
+};
+
+// dst[:, r] = x[:, r] / sqrt(mean(x[:, r]^2) + eps) * (w (+1 when add_one))   x, dst: f32 [n, rows]; w: f32
+// [n] or none.
+struct RmsNorm {
+  Tensor x;
+  Tensor w;  // data == nullptr: no weight
+  float eps = 1e-6f;
+  bool add_one = false;  // Gemma stores w - 1
+  Tensor dst;
+};
+
+// dst[:, r] = (x - mean) / sqrt(var + eps) * w + b    x, dst: f32 [n, rows]; w, b: f32 [n] or none.
+struct LayerNorm {
+  Tensor x;
+  Tensor w;
+  Tensor b;
+  float eps = 1e-5f;
+  Tensor dst;
+};
+
+enum class RopeLayout : uint8_t {
+  rope_layout_normal,  // rotates pairs (x[2i], x[2i+1]) (GGUF llama)
+  rope_layout_neox,    // rotates pairs (x[i], x[i + n_rot/2]) (NeoX, Qwen, Gemma, HF)
+};
+enum class RopeScaling : uint8_t {
+  rope_scaling_none,
+  rope_scaling_linear,
+  rope_scaling_yarn,
+  rope_scaling_llama3
+};
+
+// Frequencies of RoPE: theta_i = pos * freq_base^(-2i/n_rot), adjusted by the scaling type.
+struct RopeParams {
+  int32_t n_rot = 0;  // rotated dims per head (even, <= head_dim); the rest pass through
+  RopeLayout layout = RopeLayout::rope_layout_normal;
+  float freq_base = 10000.0f;
+  RopeScaling scaling = RopeScaling::rope_scaling_none;
+  float factor = 1.0f;                  // linear / yarn / llama3: context extension factor
+  int32_t original_context = 0;         // yarn / llama3: the pre-extension context length
+  float low_freq_factor = 1.0f;         // llama3
+  float high_freq_factor = 4.0f;        // llama3
+  float beta_fast = 32.0f;              // yarn
+  float beta_slow = 1.0f;               // yarn
+  float attn_factor = 1.0f;             // yarn: extra magnitude scale (mscale) on cos/sin
+  const float* freq_factors = nullptr;  // [n_rot/2] or null: divides each pair's frequency (GGUF rope_freqs)
+};
+
+// Rotary position embedding.  x, dst: f32 [head_dim, n_heads, n_tokens] (dst may alias x).
+struct Rope {
+  Tensor x;
+  std::span<const int32_t> positions;  // [n_tokens], >= 0
+  RopeParams p;
+  Tensor dst;
+};
+
+// dst[:, r] = softmax(x[:, r] * scale).   x, dst: f32 [n, rows].
+struct Softmax {
+  Tensor x;
+  float scale = 1.0f;
+  Tensor dst;
+};
+
+// Writes the K and V rows of new tokens into the paged pools.
+// k, v: f32 [head_dim, n_kv_heads, n_tokens]; k_pool, v_pool: f32 or f16 [head_dim, n_kv_heads, block_size,
+// n_blocks]; token t goes to block slots[t] / block_size, offset slots[t] % block_size.
+struct KvWrite {
+  Tensor k, v;
+  Tensor k_pool, v_pool;
+  std::span<const int32_t> slots;  // [n_tokens], each < n_blocks * block_size
+};
+
+// Causal attention over paged K/V: token t (of sequence seq[t], at position pos[t]) attends to positions
+// 0..pos[t] of its sequence, read from the pools through that sequence's block table (position p is in block
+// table[p / block_size], offset p % block_size). Query head h uses KV head h / (n_heads / n_kv_heads) (GQA).
+// q: f32 [head_dim, n_heads, n_tokens]; pools as in KvWrite; dst: f32 [head_dim, n_heads, n_tokens].
+// scores = q.k * scale (then softcap * tanh(scores / softcap) when softcap > 0); window > 0 keeps only the
+// last `window` positions (sliding-window attention).
+struct Attention {
+  Tensor q;
+  Tensor k_pool, v_pool;
+  std::span<const int32_t> positions;                      // [n_tokens]
+  std::span<const int32_t> seq;                            // [n_tokens] index into block_tables
+  std::span<const std::span<const int32_t>> block_tables;  // [n_seqs]
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  int32_t window = 0;
+  Tensor dst;
+};
+
+enum class GluKind : uint8_t { glu_kind_silu, glu_kind_gelu_tanh };
+// dst = act(gate) * up.   gate, up, dst: f32 [n, rows].
+struct GatedAct {
+  Tensor gate, up;
+  GluKind kind = GluKind::glu_kind_silu;
+  Tensor dst;
+};
+
+enum class BinaryKind : uint8_t { binary_kind_add, binary_kind_mul };
+// dst = a (+|*) b, b broadcast over rows when it has one row.   a, dst: f32 [n, rows]; b: f32 [n, rows] or
+// [n, 1].
+struct Binary {
+  Tensor a, b;
+  BinaryKind kind = BinaryKind::binary_kind_add;
+  Tensor dst;
+};
+
+// dst = x * scale.   x, dst: f32 [n, rows].
+struct Scale {
+  Tensor x;
+  float scale = 1.0f;
+  Tensor dst;
+};
+
+// out[r] = the index of the largest x[:, r] (the first on ties).   x: f32 [n, rows].
+struct Argmax {
+  Tensor x;
+  std::span<int32_t> out;  // [rows]
+};
+
+using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct,
+                        Binary, Scale, Argmax>;
+
+// "matmul", "rms_norm", ...
+std::string_view op_name(const Op& op);
+
+// Validates an op's operands (types, shapes, spans, ranges): invalid_argument naming the op and the operand.
+Status check(const GetRows& op);
+Status check(const Matmul& op);
+Status check(const RmsNorm& op);
+Status check(const LayerNorm& op);
+Status check(const Rope& op);
+Status check(const Softmax& op);
+Status check(const KvWrite& op);
+Status check(const Attention& op);
+Status check(const GatedAct& op);
+Status check(const Binary& op);
+Status check(const Scale& op);
+Status check(const Argmax& op);
+Status check(const Op& op);
+
+// The frequency of rotated pair i (0 <= i < n_rot/2) and the magnitude scale for cos/sin, after scaling.
+// Shared by every backend so all agree on the angles.
+struct RopeFreq {
+  float theta_scale;  // multiply the position by this to get the angle
+  float mscale;       // cos/sin magnitude (yarn attn factor), 1 otherwise
+};
+RopeFreq rope_freq(const RopeParams& p, int32_t i);
+
+}  // namespace kiln::ops

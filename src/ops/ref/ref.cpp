@@ -1,0 +1,246 @@
+#include "ops/ref/ref.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <vector>
+
+#include "core/half.h"
+
+namespace kiln::ops::ref {
+
+void row_to_f32(const Tensor& t, const uint8_t* row, float* out) {
+  if (t.type == DType::f32) {
+    std::memcpy(out, row, t.ne[0] * sizeof(float));
+    return;
+  }
+  dtype_info(t.type).dequantize_row(row, out, t.ne[0]);
+}
+
+double glu_act(GluKind kind, double x) {
+  if (kind == GluKind::glu_kind_silu) return x / (1.0 + std::exp(-x));
+  const double c = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
+}
+
+void get_rows(const GetRows& op) {
+  for (size_t i = 0; i < op.ids.size(); ++i) {
+    row_to_f32(op.table, op.table.row(op.ids[i]),
+               reinterpret_cast<float*>(op.dst.flat_row(static_cast<int64_t>(i))));
+  }
+}
+
+void matmul(const Matmul& op) {
+  const int64_t k = op.w.ne[0], n = op.w.ne[1], m = op.x.n_rows();
+  std::vector<float> w(k);
+  for (int64_t j = 0; j < n; ++j) {
+    row_to_f32(op.w, op.w.row(j), w.data());
+    for (int64_t i = 0; i < m; ++i) {
+      const auto* x = reinterpret_cast<const float*>(op.x.flat_row(i));
+      double acc = 0.0;
+      for (int64_t c = 0; c < k; ++c) acc += static_cast<double>(w[c]) * x[c];
+      reinterpret_cast<float*>(op.dst.flat_row(i))[j] = static_cast<float>(acc);
+    }
+  }
+}
+
+void rms_norm(const RmsNorm& op) {
+  const int64_t n = op.x.ne[0];
+  const auto* w = static_cast<const float*>(op.w.data);
+  for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+    const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
+    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    const double inv = 1.0 / std::sqrt(ss / n + op.eps);
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = w == nullptr ? 1.0 : w[i] + (op.add_one ? 1.0 : 0.0);
+      y[i] = static_cast<float>(x[i] * inv * g);
+    }
+  }
+}
+
+void layer_norm(const LayerNorm& op) {
+  const int64_t n = op.x.ne[0];
+  const auto* w = static_cast<const float*>(op.w.data);
+  const auto* b = static_cast<const float*>(op.b.data);
+  for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+    const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
+    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
+    double mean = 0.0, var = 0.0;
+    for (int64_t i = 0; i < n; ++i) mean += x[i];
+    mean /= n;
+    for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+    const double inv = 1.0 / std::sqrt(var / n + op.eps);
+    for (int64_t i = 0; i < n; ++i) {
+      y[i] = static_cast<float>((x[i] - mean) * inv * (w ? w[i] : 1.0) + (b ? b[i] : 0.0));
+    }
+  }
+}
+
+void rope(const Rope& op) {
+  const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
+  const int32_t half = op.p.n_rot / 2;
+  std::vector<double> in(head_dim);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const auto* x = op.x.row_as<const float>(h, t);
+      auto* y = op.dst.row_as<float>(h, t);
+      for (int64_t i = 0; i < head_dim; ++i) in[i] = x[i];
+      for (int64_t i = op.p.n_rot; i < head_dim; ++i) y[i] = static_cast<float>(in[i]);
+      for (int32_t i = 0; i < half; ++i) {
+        const RopeFreq f = rope_freq(op.p, i);
+        const double angle = static_cast<double>(op.positions[t]) * f.theta_scale;
+        const double c = std::cos(angle) * f.mscale, s = std::sin(angle) * f.mscale;
+        const int64_t a = op.p.layout == RopeLayout::rope_layout_normal ? 2 * i : i;
+        const int64_t b = op.p.layout == RopeLayout::rope_layout_normal ? 2 * i + 1 : i + half;
+        y[a] = static_cast<float>(in[a] * c - in[b] * s);
+        y[b] = static_cast<float>(in[a] * s + in[b] * c);
+      }
+    }
+  }
+}
+
+void softmax(const Softmax& op) {
+  const int64_t n = op.x.ne[0];
+  for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+    const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
+    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(x[i]) * op.scale);
+    double sum = 0.0;
+    std::vector<double> e(n);
+    for (int64_t i = 0; i < n; ++i) sum += e[i] = std::exp(static_cast<double>(x[i]) * op.scale - mx);
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(e[i] / sum);
+  }
+}
+
+namespace {
+
+// Element i of the pool row (head, slot) as f64.
+double pool_at(const Tensor& pool, int64_t head, int64_t slot, int64_t i) {
+  const int64_t block_size = pool.ne[2];
+  const uint8_t* row = pool.row(head, slot % block_size, slot / block_size);
+  if (pool.type == DType::f32) return reinterpret_cast<const float*>(row)[i];
+  return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+}
+
+void pool_store(const Tensor& pool, int64_t head, int64_t slot, const float* src) {
+  const int64_t block_size = pool.ne[2];
+  uint8_t* row = pool.row(head, slot % block_size, slot / block_size);
+  if (pool.type == DType::f32) {
+    std::memcpy(row, src, pool.ne[0] * sizeof(float));
+    return;
+  }
+  auto* h = reinterpret_cast<uint16_t*>(row);
+  for (int64_t i = 0; i < pool.ne[0]; ++i) h[i] = f32_to_f16(src[i]);
+}
+
+}  // namespace
+
+void kv_write(const KvWrite& op) {
+  for (int64_t t = 0; t < op.k.ne[2]; ++t) {
+    for (int64_t h = 0; h < op.k.ne[1]; ++h) {
+      pool_store(op.k_pool, h, op.slots[t], op.k.row_as<const float>(h, t));
+      pool_store(op.v_pool, h, op.slots[t], op.v.row_as<const float>(h, t));
+    }
+  }
+}
+
+void attention(const Attention& op) {
+  const int64_t head_dim = op.q.ne[0], n_heads = op.q.ne[1], n_tokens = op.q.ne[2];
+  const int64_t group = n_heads / op.k_pool.ne[1], block_size = op.k_pool.ne[2];
+  std::vector<double> scores, out(head_dim);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const std::span<const int32_t> table = op.block_tables[op.seq[t]];
+    const int64_t last = op.positions[t];
+    const int64_t first = op.window > 0 ? std::max<int64_t>(0, last - op.window + 1) : 0;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const auto* q = op.q.row_as<const float>(h, t);
+      const int64_t kv_head = h / group;
+      scores.assign(last - first + 1, 0.0);
+      double mx = -INFINITY;
+      for (int64_t p = first; p <= last; ++p) {
+        const int64_t slot = table[p / block_size] * block_size + p % block_size;
+        double s = 0.0;
+        for (int64_t i = 0; i < head_dim; ++i) s += q[i] * pool_at(op.k_pool, kv_head, slot, i);
+        s *= op.scale;
+        if (op.softcap > 0.0f) s = op.softcap * std::tanh(s / op.softcap);
+        scores[p - first] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0.0;
+      for (double& s : scores) sum += s = std::exp(s - mx);
+      std::fill(out.begin(), out.end(), 0.0);
+      for (int64_t p = first; p <= last; ++p) {
+        const int64_t slot = table[p / block_size] * block_size + p % block_size;
+        const double w = scores[p - first] / sum;
+        for (int64_t i = 0; i < head_dim; ++i) out[i] += w * pool_at(op.v_pool, kv_head, slot, i);
+      }
+      auto* y = op.dst.row_as<float>(h, t);
+      for (int64_t i = 0; i < head_dim; ++i) y[i] = static_cast<float>(out[i]);
+    }
+  }
+}
+
+void gated_act(const GatedAct& op) {
+  const int64_t n = op.gate.ne[0];
+  for (int64_t r = 0; r < op.gate.n_rows(); ++r) {
+    const auto* g = reinterpret_cast<const float*>(op.gate.flat_row(r));
+    const auto* u = reinterpret_cast<const float*>(op.up.flat_row(r));
+    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(glu_act(op.kind, g[i]) * u[i]);
+  }
+}
+
+void binary(const Binary& op) {
+  const int64_t n = op.a.ne[0];
+  const bool broadcast = op.b.n_rows() == 1;
+  for (int64_t r = 0; r < op.a.n_rows(); ++r) {
+    const auto* a = reinterpret_cast<const float*>(op.a.flat_row(r));
+    const auto* b = reinterpret_cast<const float*>(op.b.flat_row(broadcast ? 0 : r));
+    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
+    for (int64_t i = 0; i < n; ++i) y[i] = op.kind == BinaryKind::binary_kind_add ? a[i] + b[i] : a[i] * b[i];
+  }
+}
+
+void scale(const Scale& op) {
+  for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+    const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
+    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
+    for (int64_t i = 0; i < op.x.ne[0]; ++i) y[i] = x[i] * op.scale;
+  }
+}
+
+void argmax(const Argmax& op) {
+  for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+    const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
+    int32_t best = 0;
+    for (int64_t i = 1; i < op.x.ne[0]; ++i) {
+      if (x[i] > x[best]) best = static_cast<int32_t>(i);
+    }
+    op.out[r] = best;
+  }
+}
+
+void run(const Op& op) {
+  std::visit(
+      [](const auto& o) {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, GetRows>) get_rows(o);
+        if constexpr (std::is_same_v<T, Matmul>) matmul(o);
+        if constexpr (std::is_same_v<T, RmsNorm>) rms_norm(o);
+        if constexpr (std::is_same_v<T, LayerNorm>) layer_norm(o);
+        if constexpr (std::is_same_v<T, Rope>) rope(o);
+        if constexpr (std::is_same_v<T, Softmax>) softmax(o);
+        if constexpr (std::is_same_v<T, KvWrite>) kv_write(o);
+        if constexpr (std::is_same_v<T, Attention>) attention(o);
+        if constexpr (std::is_same_v<T, GatedAct>) gated_act(o);
+        if constexpr (std::is_same_v<T, Binary>) binary(o);
+        if constexpr (std::is_same_v<T, Scale>) scale(o);
+        if constexpr (std::is_same_v<T, Argmax>) argmax(o);
+      },
+      op);
+}
+
+}  // namespace kiln::ops::ref

@@ -1,0 +1,31 @@
+// The scalar reference of every op: plain loops, f64 accumulation, written to be read, never optimised. It is
+// the oracle the op harness (tests/ops) holds every backend to. Preconditions: ops::check(op) is ok.
+#pragma once
+
+#include "ops/ops.h"
+
+namespace kiln::ops::ref {
+
+void get_rows(const GetRows& op);
+void matmul(const Matmul& op);
+void rms_norm(const RmsNorm& op);
+void layer_norm(const LayerNorm& op);
+void rope(const Rope& op);
+void softmax(const Softmax& op);
+void kv_write(const KvWrite& op);
+void attention(const Attention& op);
+void gated_act(const GatedAct& op);
+void binary(const Binary& op);
+void scale(const Scale& op);
+void argmax(const Argmax& op);
+
+// Runs any op with its reference.
+void run(const Op& op);
+
+// One row of `t` (any type) as f32: `out` holds t.ne[0] values.
+void row_to_f32(const Tensor& t, const uint8_t* row, float* out);
+// The activation of a gated unit: silu(x) = x * sigmoid(x); gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)(x +
+// 0.044715 x^3))).
+double glu_act(GluKind kind, double x);
+
+}  // namespace kiln::ops::ref

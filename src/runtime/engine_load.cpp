@@ -1,0 +1,98 @@
+// Engine setup: the model file, backend, model, tokenizer, chat template and the KV cache sized from the
+// options.
+#include <chrono>
+#include <filesystem>
+
+#include "core/log.h"
+#include "engine_impl.h"
+
+namespace kiln {
+
+Status Engine::Impl::load(const EngineOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  options = opt;
+  if (opt.n_threads < 0) return invalid_argument("n_threads = {} must be >= 0", opt.n_threads);
+  if (opt.n_ctx < 0) return invalid_argument("n_ctx = {} must be >= 0", opt.n_ctx);
+  if (opt.n_seq_max < 1 || opt.n_seq_max > 4096)
+    return invalid_argument("n_seq_max = {} must be in [1, 4096]", opt.n_seq_max);
+  if (opt.max_batch_tokens < 1)
+    return invalid_argument("max_batch_tokens = {} must be >= 1", opt.max_batch_tokens);
+  if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
+    return invalid_argument("kv_block_size = {} must be in [1, 1024]", opt.kv_block_size);
+  }
+  DType kv_type;
+  if (opt.kv_type == "f32") {
+    kv_type = DType::f32;
+  } else if (opt.kv_type == "f16") {
+    kv_type = DType::f16;
+  } else {
+    return invalid_argument("kv_type = \"{}\" is not supported (f32, f16)", opt.kv_type);
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(opt.model_path, ec)) {
+    return unimplemented(
+        "{}: loading a Hugging Face folder for inference is not supported yet; give a GGUF file",
+        opt.model_path);
+  }
+  KILN_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(opt.model_path));
+  file = std::make_shared<const gguf::File>(std::move(f));
+  KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
+  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend));
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(*file));
+  const ModelInfo& mi = model->info();
+  if (tok.n_vocab() != mi.n_vocab) {
+    return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has {} rows", file->name(),
+                            tok.n_vocab(), mi.n_vocab);
+  }
+  tokenizer.emplace(std::move(tok));
+  if (file->find("tokenizer.chat_template") != nullptr) {
+    KILN_ASSIGN_OR_RETURN(std::string src, file->get_string("tokenizer.chat_template"));
+    auto parsed = ChatTemplate::parse(src);
+    if (parsed.ok()) {
+      chat_template.emplace(std::move(parsed).value());
+    } else {
+      log_warn("{}: the chat template cannot be used: {}", file->name(), parsed.status().message());
+    }
+  }
+  const int32_t n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(mi.n_ctx_train, 4096);
+  const int32_t blocks_per_seq = (n_ctx + opt.kv_block_size - 1) / opt.kv_block_size;
+  const int64_t n_blocks = int64_t{blocks_per_seq} * opt.n_seq_max;
+  if (n_blocks > (int64_t{1} << 30))
+    return invalid_argument("n_ctx {} x n_seq_max {} is too large", n_ctx, opt.n_seq_max);
+  KILN_ASSIGN_OR_RETURN(KvBuffers buffers, KvBuffers::allocate(*backend, mi, opt.kv_block_size,
+                                                               static_cast<int32_t>(n_blocks), kv_type));
+  kv = std::make_unique<KvBuffers>(std::move(buffers));
+  KILN_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(static_cast<int32_t>(n_blocks), opt.kv_block_size));
+  kv_cache = std::make_unique<KvCache>(std::move(cache));
+
+  desc.path = opt.model_path;
+  desc.name = mi.name;
+  desc.architecture = mi.architecture;
+  desc.n_vocab = mi.n_vocab;
+  desc.n_ctx = n_ctx;
+  desc.n_ctx_train = mi.n_ctx_train;
+  desc.n_layers = mi.n_layers;
+  desc.n_embd = mi.n_embd;
+  desc.n_params = mi.n_params;
+  desc.weight_bytes = mi.weight_bytes;
+  desc.kv_bytes = kv->bytes();
+  desc.n_threads = backend->n_threads();
+  desc.has_chat_template = chat_template.has_value();
+  desc.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return Status::ok_status();
+}
+
+Result<std::string> Engine::Impl::render_chat(const std::vector<ChatMessage>& messages) const {
+  if (!chat_template) return invalid_argument("{}: the model has no usable chat template", file->name());
+  ChatTemplateInputs in;
+  for (const ChatMessage& m : messages) {
+    if (m.role.empty()) return invalid_argument("chat: a message has no role");
+    in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  }
+  in.add_generation_prompt = true;
+  in.bos_token = tokenizer->bos_id() >= 0 ? tokenizer->token_to_piece(tokenizer->bos_id()) : "";
+  in.eos_token = tokenizer->eos_id() >= 0 ? tokenizer->token_to_piece(tokenizer->eos_id()) : "";
+  return chat_template->render(in);
+}
+
+}  // namespace kiln

@@ -1,0 +1,161 @@
+// Runs kiln's forward pass for tests/python/test_llama_parity.py.
+// usage:
+//   logits_driver logits MODEL OUT.f32 [--chunk N] [--threads T]
+//     stdin: a JSON list of token-id lists, one per sequence. All sequences go through Model::forward
+//     together, one batch per step (with --chunk N each sequence contributes at most N tokens per step, so a
+//     prompt is prefilled in chunks). Writes the f32 logits of every token of every sequence to OUT.f32, in
+//     input order. stdout: {"ok": true, "n_vocab": V, "n_rows": R, "steps": S}
+//   logits_driver generate MODEL N [--threads T]
+//     stdin: a JSON list of prompt id lists. Greedy-generates exactly N tokens for each through the public
+//     Engine API, all requests submitted at once (continuous batching). stdout: {"ok": true, "tokens":
+//     [[...]]}
+// On error: {"ok": false, "error": "..."} and exit status 1.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "formats/gguf.h"
+#include "kiln/kiln.h"
+#include "models/model.h"
+#include "runtime/kv_cache/kv_cache.h"
+
+namespace {
+
+using nlohmann::json;
+
+int fail(const std::string& msg) {
+  std::printf("%s\n", json({{"ok", false}, {"error", msg}}).dump().c_str());
+  return 1;
+}
+
+kiln::Status run_logits(const std::string& model_path, const std::string& out_path, int chunk, int threads,
+                        const std::vector<std::vector<int32_t>>& seqs, json& header) {
+  KILN_ASSIGN_OR_RETURN(kiln::gguf::File f, kiln::gguf::File::open(model_path));
+  auto file = std::make_shared<const kiln::gguf::File>(std::move(f));
+  KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend("cpu", {threads}));
+  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend));
+  const kiln::ModelInfo& info = model->info();
+  constexpr int32_t kBlock = 16;
+  int32_t n_blocks = 0;
+  for (const auto& s : seqs) n_blocks += static_cast<int32_t>((s.size() + kBlock - 1) / kBlock);
+  KILN_ASSIGN_OR_RETURN(kiln::KvBuffers kv,
+                        kiln::KvBuffers::allocate(*backend, info, kBlock, n_blocks, kiln::DType::f32));
+  KILN_ASSIGN_OR_RETURN(kiln::KvCache cache, kiln::KvCache::create(n_blocks, kBlock));
+  std::vector<std::vector<float>> out(seqs.size());
+  std::vector<int32_t> done(seqs.size(), 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    // No prefix sharing here: every token's logits are wanted, so every token is computed.
+    KILN_TRY(cache.add_sequence(static_cast<int64_t>(i), std::span<const int32_t>()).status());
+  }
+  int steps = 0;
+  std::vector<float> logits;
+  for (;;) {
+    kiln::Batch batch;
+    std::vector<std::pair<size_t, int32_t>> parts;  // (sequence, tokens in this step)
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto left = static_cast<int32_t>(seqs[i].size()) - done[i];
+      if (left == 0) continue;
+      const int32_t n = chunk > 0 ? std::min(chunk, left) : left;
+      KILN_TRY(cache.reserve(static_cast<int64_t>(i), n));
+      parts.emplace_back(i, n);
+    }
+    if (parts.empty()) break;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const auto [i, n] = parts[p];
+      batch.block_tables.push_back(cache.block_table(static_cast<int64_t>(i)));
+      for (int32_t j = 0; j < n; ++j) {
+        batch.logit_rows.push_back(batch.n_tokens());
+        batch.tokens.push_back(seqs[i][done[i] + j]);
+        batch.positions.push_back(done[i] + j);
+        batch.seq.push_back(static_cast<int32_t>(p));
+      }
+    }
+    logits.resize(batch.logit_rows.size() * static_cast<size_t>(info.n_vocab));
+    KILN_TRY(model->forward(batch, kv, logits.data()));
+    size_t row = 0;
+    for (const auto& [i, n] : parts) {
+      cache.commit(static_cast<int64_t>(i), std::span<const int32_t>(seqs[i]).subspan(done[i], n));
+      out[i].insert(out[i].end(), logits.begin() + row * info.n_vocab,
+                    logits.begin() + (row + n) * info.n_vocab);
+      row += n;
+      done[i] += n;
+    }
+    ++steps;
+  }
+  std::ofstream os(out_path, std::ios::binary);
+  size_t rows = 0;
+  for (const auto& o : out) {
+    os.write(reinterpret_cast<const char*>(o.data()), static_cast<std::streamsize>(o.size() * sizeof(float)));
+    rows += o.size() / info.n_vocab;
+  }
+  if (!os) return kiln::io_error("cannot write {}", out_path);
+  header = {{"ok", true}, {"n_vocab", info.n_vocab}, {"n_rows", rows}, {"steps", steps}};
+  return kiln::Status::ok_status();
+}
+
+kiln::Status run_generate(const std::string& model_path, int n, int threads,
+                          const std::vector<std::vector<int32_t>>& prompts, json& header) {
+  kiln::EngineOptions opt;
+  opt.model_path = model_path;
+  opt.n_threads = threads;
+  opt.n_seq_max = static_cast<int32_t>(std::max<size_t>(prompts.size(), 1));
+  opt.n_ctx = 1024;
+  KILN_ASSIGN_OR_RETURN(auto engine, kiln::Engine::create(opt));
+  std::vector<std::vector<int32_t>> tokens(prompts.size());
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    kiln::Request req;
+    req.prompt_tokens = prompts[i];
+    req.sampling.temperature = 0;
+    req.sampling.max_tokens = n;
+    req.sampling.ignore_eos = true;
+    KILN_ASSIGN_OR_RETURN(uint64_t id, engine->submit(req, [&tokens, i](const kiln::TokenEvent& ev) {
+      if (ev.token >= 0) tokens[i].push_back(ev.token);
+    }));
+    ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    KILN_ASSIGN_OR_RETURN(kiln::RequestStats st, engine->wait(id));
+    if (st.finish == kiln::FinishReason::error)
+      return kiln::make_status(kiln::StatusCode::internal, "request failed");
+  }
+  header = {{"ok", true}, {"tokens", tokens}};
+  return kiln::Status::ok_status();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  int chunk = 0, threads = 0;
+  std::vector<std::string> pos;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if ((args[i] == "--chunk" || args[i] == "--threads") && i + 1 < args.size()) {
+      (args[i] == "--chunk" ? chunk : threads) = std::stoi(args[i + 1]);
+      ++i;
+    } else {
+      pos.push_back(args[i]);
+    }
+  }
+  if (pos.size() != 3 || (pos[0] != "logits" && pos[0] != "generate")) {
+    return fail("usage: logits_driver logits MODEL OUT.f32 [--chunk N] | generate MODEL N [--threads T]");
+  }
+  std::vector<std::vector<int32_t>> seqs;
+  try {
+    const std::string in((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    seqs = json::parse(in).get<std::vector<std::vector<int32_t>>>();
+  } catch (const std::exception& e) {
+    return fail(std::string("bad stdin: ") + e.what());
+  }
+  json header;
+  const kiln::Status st = pos[0] == "logits" ? run_logits(pos[1], pos[2], chunk, threads, seqs, header)
+                                             : run_generate(pos[1], std::stoi(pos[2]), threads, seqs, header);
+  if (!st.ok()) return fail(st.message());
+  std::printf("%s\n", header.dump().c_str());
+  return 0;
+}

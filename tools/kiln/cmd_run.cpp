@@ -1,0 +1,186 @@
+// kiln run: one generation from a prompt (or, with --chat, from one user message through the chat template).
+// kiln chat: a multi-turn conversation on stdin/stdout.
+// Generated text goes to stdout as it streams; counts, speeds and load time go to stderr.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "kiln/kiln.h"
+
+namespace kiln::cli {
+namespace {
+
+struct GenOptions {
+  std::string model;
+  std::string prompt;
+  std::string system;
+  int32_t n_predict = 256;
+  int32_t n_ctx = 0;
+  int32_t n_threads = 0;
+  std::string kv_type = "f32";
+  bool chat = false;
+  bool quiet = false;
+  SamplingParams sampling;
+};
+
+void add_model_options(CLI::App* cmd, GenOptions& o) {
+  cmd->add_option("-m,--model", o.model, "A GGUF file (default: the default model)");
+  cmd->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: min(model's, 4096))")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  cmd->add_option("--temp", o.sampling.temperature, "Temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", o.sampling.top_k, "Top-k; 0 = off")->capture_default_str();
+  cmd->add_option("--top-p", o.sampling.top_p, "Top-p (nucleus); 1 = off")->capture_default_str();
+  cmd->add_option("--min-p", o.sampling.min_p, "Min-p; 0 = off")->capture_default_str();
+  cmd->add_option("--repeat-penalty", o.sampling.repeat_penalty, "Repetition penalty; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", o.sampling.repeat_last_n, "Tokens the penalties look back at; -1 = all")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o.sampling.presence_penalty, "Presence penalty")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", o.sampling.frequency_penalty, "Frequency penalty")
+      ->capture_default_str();
+  cmd->add_option("-s,--seed", o.sampling.seed, "Random seed")->capture_default_str();
+  cmd->add_option("--stop", o.sampling.stop, "Stop string (repeatable)");
+}
+
+Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
+  EngineOptions eo;
+  KILN_ASSIGN_OR_RETURN(eo.model_path, resolve_model_path(o.model));
+  eo.n_ctx = o.n_ctx;
+  eo.n_threads = o.n_threads;
+  eo.kv_type = o.kv_type;
+  return Engine::create(eo);
+}
+
+// Streams one request's text to stdout; returns its statistics.
+Result<RequestStats> generate(Engine& engine, const Request& req, std::string* reply) {
+  KILN_ASSIGN_OR_RETURN(uint64_t id, engine.submit(req, [reply](const TokenEvent& ev) {
+    if (!ev.text.empty()) {
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+      std::fflush(stdout);
+      if (reply) *reply += ev.text;
+    }
+  }));
+  KILN_ASSIGN_OR_RETURN(RequestStats st, engine.wait(id));
+  if (st.finish == FinishReason::error) return make_status(StatusCode::internal, "generation failed");
+  return st;
+}
+
+void print_stats(const Engine& engine, const RequestStats& st) {
+  const ModelDescription& m = engine.model();
+  const int32_t computed = st.n_prompt - st.n_cached;
+  std::fprintf(stderr, "\n%s: load %.0f ms, %d threads, context %d\n", m.name.c_str(), m.load_ms, m.n_threads,
+               m.n_ctx);
+  std::fprintf(stderr, "prompt:  %d tokens (%d cached) in %.0f ms, %.1f tokens/s\n", st.n_prompt, st.n_cached,
+               st.prefill_ms, st.prefill_ms > 0 ? computed * 1000.0 / st.prefill_ms : 0.0);
+  // The first token comes out of the prefill; the decode rate counts the ones after it.
+  const int32_t decoded = std::max(st.n_generated - 1, 0);
+  std::fprintf(stderr, "decode:  %d tokens in %.0f ms, %.1f tokens/s (finish: %s)\n", st.n_generated,
+               st.decode_ms, st.decode_ms > 0 ? decoded * 1000.0 / st.decode_ms : 0.0,
+               finish_reason_name(st.finish));
+}
+
+Status run_run(GenOptions o) {
+  KILN_ASSIGN_OR_RETURN(auto engine, open_engine(o));
+  Request req;
+  o.sampling.max_tokens = o.n_predict < 0 ? engine->model().n_ctx : o.n_predict;
+  req.sampling = o.sampling;
+  if (o.chat) {
+    if (!o.system.empty()) req.messages.push_back({"system", o.system});
+    req.messages.push_back({"user", o.prompt});
+  } else {
+    req.prompt = o.prompt;
+  }
+  KILN_ASSIGN_OR_RETURN(RequestStats st, generate(*engine, req, nullptr));
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  print_stats(*engine, st);
+  return Status::ok_status();
+}
+
+Status run_chat(GenOptions o) {
+  KILN_ASSIGN_OR_RETURN(auto engine, open_engine(o));
+  if (!engine->model().has_chat_template) {
+    return invalid_argument("{}: the model has no chat template; use kiln run", engine->model().path);
+  }
+  const bool tty = isatty(STDIN_FILENO) != 0;
+  std::vector<ChatMessage> history;
+  if (!o.system.empty()) history.push_back({"system", o.system});
+  const size_t base = history.size();
+  if (tty)
+    std::fprintf(stderr, "kiln chat: %s. /reset starts over, Ctrl-D exits.\n", engine->model().name.c_str());
+  std::string line;
+  for (;;) {
+    if (tty) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (line.empty()) continue;
+    if (line == "/reset") {
+      history.resize(base);
+      if (tty) std::fputs("(conversation reset)\n", stderr);
+      continue;
+    }
+    history.push_back({"user", line});
+    Request req;
+    req.messages = history;
+    req.sampling = o.sampling;
+    req.sampling.max_tokens = o.n_predict < 0 ? engine->model().n_ctx : o.n_predict;
+    std::string reply;
+    auto st = generate(*engine, req, &reply);
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    if (!st.ok()) {
+      history.pop_back();
+      // A conversation that outgrew the context: say so and let the user /reset.
+      std::fprintf(stderr, "kiln chat: error: %s\n", st.status().message().c_str());
+      continue;
+    }
+    history.push_back({"assistant", reply});
+    if (!o.quiet && tty) print_stats(*engine, *st);
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+void register_run(CLI::App& app, int& rc) {
+  auto o = std::make_shared<GenOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt");
+  cmd->add_option("-p,--prompt", o->prompt, "The prompt ('-' reads standard input)")->required();
+  cmd->add_option("-n,--n-predict", o->n_predict,
+                  "Tokens to generate at most; -1 = until the context is full")
+      ->capture_default_str();
+  cmd->add_flag("--chat", o->chat, "Send the prompt as a user message through the model's chat template");
+  cmd->add_option("--system", o->system, "System message (with --chat)");
+  add_model_options(cmd, *o);
+  cmd->callback([o, &rc] {
+    if (o->prompt == "-") {
+      o->prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    }
+    Status s = run_run(*o);
+    if (!s.ok()) rc = report_error("run", s);
+  });
+}
+
+void register_chat(CLI::App& app, int& rc) {
+  auto o = std::make_shared<GenOptions>();
+  CLI::App* cmd =
+      app.add_subcommand("chat", "Chat with a model (reads lines from stdin when it is not a terminal)");
+  cmd->add_option("--system", o->system, "System message");
+  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens per reply at most")->capture_default_str();
+  cmd->add_flag("-q,--quiet", o->quiet, "No speed summary after each reply");
+  add_model_options(cmd, *o);
+  cmd->callback([o, &rc] {
+    Status s = run_chat(*o);
+    if (!s.ok()) rc = report_error("chat", s);
+  });
+}
+
+}  // namespace kiln::cli
