@@ -9,4 +9,5 @@ source "$(dirname "$0")/lib.sh"
 "$KILN_ROOT/scripts/build.sh" release >&2
 kiln="$KILN_ROOT/build/release/tools/kiln/kiln"
 if [ $# -gt 0 ]; then exec "$kiln" "$@"; fi
-exec "$kiln" inspect "$KILN_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+exec "$kiln" run -m "$KILN_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf" --chat --temp 0 -n 64 \
+  -p "Write one sentence about the sea."

@@ -5,7 +5,10 @@
   type, shape and byte count;
 - bad input (a missing file, a truncated file, a file that is not GGUF, an unknown flag) ends in a one-line
   error naming what is wrong and a nonzero exit status, never a crash;
-- `kiln tokenize` prints the same ids as the Hugging Face tokenizer built from the same GGUF file.
+- `kiln tokenize` prints the same ids as the Hugging Face tokenizer built from the same GGUF file;
+- `kiln run` streams only the text to stdout and its speeds to stderr, a seed fixes the text, `kiln chat` holds a
+  conversation read from stdin, and a missing file, an unknown architecture or a prompt too long for the context
+  is a one-line error.
 """
 import os
 import re
@@ -169,3 +172,71 @@ def test_tokenize_bad_input(tmp_path):
     one_line_error(kiln("tokenize", "-m", tmp_path / "nope.gguf", "hi"), "nope.gguf")
     assert kiln("tokenize", "-m", require(SMOL), "--ids", "--pieces", "hi").returncode == 2
     assert kiln("tokenize", "-m", SMOL).returncode == 2
+
+
+# --- kiln run / kiln chat -------------------------------------------------------------------------------------
+
+
+def test_run_greedy_matches_generate_and_reports_speed():
+    require(SMOL)
+    res = kiln("run", "-m", SMOL, "-p", "The capital of France is", "-n", "12", "--temp", "0")
+    assert res.returncode == 0, res.stderr
+    assert "Paris" in res.stdout
+    # stderr: counts, prefill and decode speeds, load time.
+    assert re.search(r"prompt:\s+\d+ tokens \(0 cached\) in \d+ ms, [\d.]+ tokens/s", res.stderr), res.stderr
+    assert re.search(r"decode:\s+12 tokens in \d+ ms, [\d.]+ tokens/s \(finish: length\)", res.stderr), res.stderr
+    assert re.search(r"load \d+ ms", res.stderr)
+    # Generated text only on stdout.
+    assert "tokens/s" not in res.stdout
+
+
+def test_run_same_seed_same_text():
+    require(SMOL)
+    args = ("run", "-m", SMOL, "-p", "Once upon a time", "-n", "24", "--temp", "1.0", "--top-k", "0", "--top-p", "1",
+            "--min-p", "0")
+    a = kiln(*args, "--seed", "7")
+    b = kiln(*args, "--seed", "7")
+    c = kiln(*args, "--seed", "8")
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout
+    assert a.stdout != c.stdout
+
+
+def test_chat_holds_three_turns_from_stdin():
+    require(SMOL)
+    turns = "My name is Alice.\nWhat is 2+2?\nWhat is my name?\n"
+    res = kiln("chat", "-m", SMOL, "--temp", "0", "-n", "32", input=turns)
+    assert res.returncode == 0, res.stderr
+    assert "4" in res.stdout
+    # One speed summary per turn; each turn's prompt holds the whole conversation so far, and the part already
+    # computed in the previous turn comes from the prefix cache.
+    prompts = [(int(n), int(c)) for n, c in re.findall(r"prompt:\s+(\d+) tokens \((\d+) cached\)", res.stderr)]
+    decoded = [int(n) for n in re.findall(r"decode:\s+(\d+) tokens", res.stderr)]
+    assert len(prompts) == 3 and len(decoded) == 3, res.stderr
+    assert prompts[0][1] == 0
+    for k in (1, 2):
+        assert prompts[k][0] > prompts[k - 1][0] + decoded[k - 1] - 2, prompts
+        assert prompts[k][1] >= 16, prompts  # at least one whole block reused
+    # /reset forgets the conversation: the question is asked with an empty history again.
+    res = kiln("chat", "-m", SMOL, "--temp", "0", "-n", "8", input="My name is Alice.\n/reset\nMy name is Alice.\n")
+    assert res.returncode == 0, res.stderr
+    prompts = [int(n) for n in re.findall(r"prompt:\s+(\d+) tokens", res.stderr)]
+    assert len(prompts) == 2 and prompts[0] == prompts[1], res.stderr
+
+
+def test_run_bad_input(tmp_path):
+    one_line_error(kiln("run", "-m", tmp_path / "nope.gguf", "-p", "hi"), "nope.gguf")
+    # An architecture kiln does not know: the error lists the supported ones.
+    data = bytearray(require(SMOL).read_bytes())
+    i = data.find(b"general.architecture")
+    assert i > 0
+    j = data.find(b"llama", i)
+    data[j : j + 5] = b"zzzzz"
+    odd = tmp_path / "odd.gguf"
+    odd.write_bytes(bytes(data))
+    one_line_error(kiln("run", "-m", odd, "-p", "hi"), "zzzzz", "supported: llama")
+    # A prompt longer than the context.
+    one_line_error(kiln("run", "-m", SMOL, "-c", "16", "-p", "word " * 40), "context is 16")
+    # Bad sampling parameters are named.
+    one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "--top-p", "1.5"), "top_p")
+    assert kiln("run", "-m", SMOL).returncode == 2  # -p is required

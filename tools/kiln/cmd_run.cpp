@@ -143,7 +143,7 @@ Status run_chat(GenOptions o) {
       continue;
     }
     history.push_back({"assistant", reply});
-    if (!o.quiet && tty) print_stats(*engine, *st);
+    if (!o.quiet) print_stats(*engine, *st);
   }
   return Status::ok_status();
 }
