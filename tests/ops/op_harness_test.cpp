@@ -1,0 +1,804 @@
+// The op harness: every op of ops/ops.h x every input type it accepts x odd shapes x non-contiguous views x
+// every backend make_backend() can give, held to the scalar reference (ops/ref) within a per-op error budget,
+// on fixed-seed random inputs. Also: check() rejects malformed calls naming the operand (one test per op),
+// and a perf table (backend vs reference, median time per call) when KILN_OPS_PERF=1.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/half.h"
+#include "core/quant/quant_blocks.h"
+#include "ops/ops.h"
+#include "ops/ref/ref.h"
+
+namespace kiln {
+namespace {
+
+using namespace kiln::ops;  // NOLINT: the op structs
+
+// ---- error budgets ----
+// matmul, attention: relative L2 |out - ref| / |ref| over the whole dst. A backend accumulates k (<= 1k) f32
+// products against the f64 reference: ~sqrt(k) * 2^-24 ~ 1e-6 expected; 1e-5 leaves room for another
+// summation order (SIMD lanes, split-k, online softmax) and still catches any wrong index, which costs O(1).
+// A dot product of O(1) terms can cancel to near 0 while its rounding error stays ~sqrt(k) ulp of the terms
+// (a 1x1 dst makes that the whole norm): matmul divides by at least unit RMS (its inputs are O(1)).
+// Row-wise ops (get_rows, norms, rope, softmax, gated_act, binary, scale): max |out - ref| / max(1,
+// |ref|max). Values are O(1); f32 arithmetic and f32 exp/tanh/cos differ from the f64 reference by a few ulp
+// (~2.4e-7).
+enum class Metric { rel_l2, max_abs };
+struct Budget {
+  Metric metric;
+  double limit;
+  double ref_rms_floor = 0.0;  // rel_l2 divides by max(|ref|, ref_rms_floor * sqrt(N))
+};
+constexpr Budget kMatmul{Metric::rel_l2, 1e-5, 1.0};
+constexpr Budget kAttention{Metric::rel_l2, 1e-5};
+constexpr Budget kRowWise{Metric::max_abs, 1e-6};
+// argmax: exact index. kv_write: bit-exact pools (f32 copied; f16 rounded to nearest even from the same f32).
+
+// Every op the harness has a case for; EveryOpHasACase fails when the Op variant grows without one.
+constexpr std::string_view kHarnessOps[] = {"get_rows",  "matmul",  "rms_norm", "layer_norm",
+                                            "rope",      "softmax", "kv_write", "attention",
+                                            "gated_act", "binary",  "scale",    "argmax"};
+
+// The weight / table types of matmul and get_rows.
+constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q4_0,  DType::q4_1,
+                                  DType::q5_0, DType::q5_1, DType::q8_0, DType::q2_k,  DType::q3_k,
+                                  DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_nl};
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
+  int32_t integer(int32_t lo, int32_t hi) { return std::uniform_int_distribution<int32_t>(lo, hi)(gen_); }
+  std::vector<int32_t> permutation(int64_t n) {  // of [0, n)
+    std::vector<int32_t> v(n);
+    std::iota(v.begin(), v.end(), 0);
+    std::shuffle(v.begin(), v.end(), gen_);
+    return v;
+  }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+// ---- host tensors ----
+// Storage outside an f32 view holds this NaN: an input read outside its view poisons the result, a dst
+// written outside its view is caught by outside_untouched().
+constexpr uint32_t kPoisonBits = 0x7fc0dead;
+float poison() { return fp32_from_bits(kPoisonBits); }
+
+enum class Layout {
+  contiguous,
+  strided,  // rows 5 floats apart beyond the row, 3 more floats between matrices
+  sliced,   // rows [2, 2 + ne1) of a [ne0, ne1 + 3, ne2] tensor
+};
+constexpr Layout kLayouts[] = {Layout::contiguous, Layout::strided, Layout::sliced};
+const char* layout_name(Layout l) {
+  return l == Layout::contiguous ? "contiguous" : l == Layout::strided ? "strided" : "sliced";
+}
+
+// A tensor view into its own storage (f32 activations, weights of any type, KV pools). Move-only: t.data
+// points into mem.
+struct Host {
+  std::vector<uint8_t> mem;
+  Tensor t;
+  Host() = default;
+  Host(Host&&) = default;
+  Host(const Host&) = delete;
+};
+
+Host clone(const Host& h) {
+  Host c;
+  c.mem = h.mem;
+  c.t = h.t;
+  c.t.data = c.mem.data() + (static_cast<const uint8_t*>(h.t.data) - h.mem.data());
+  return c;
+}
+
+template <class Fn>
+void for_each_element(const Tensor& t, Fn&& fn) {  // fn(float&), in flat order
+  for (int64_t i3 = 0; i3 < t.ne[3]; ++i3)
+    for (int64_t i2 = 0; i2 < t.ne[2]; ++i2)
+      for (int64_t i1 = 0; i1 < t.ne[1]; ++i1) {
+        float* r = t.row_as<float>(i1, i2, i3);
+        for (int64_t i0 = 0; i0 < t.ne[0]; ++i0) fn(r[i0]);
+      }
+}
+
+// Values uniform in [lo, hi] when rng is given, else zeros; poison outside the view.
+Host make_f32(Layout layout, int64_t ne0, int64_t ne1, int64_t ne2, Rng* rng, float lo = -1.0f,
+              float hi = 1.0f) {
+  int64_t row = ne0, mat = ne0 * ne1, lead = 0;
+  if (layout == Layout::strided) row = ne0 + 5, mat = row * ne1 + 3;
+  if (layout == Layout::sliced) mat = ne0 * (ne1 + 3), lead = 2 * ne0;
+  Host h;
+  h.mem.resize(4 * (lead + mat * ne2));
+  for (size_t i = 0; i < h.mem.size(); i += 4) std::memcpy(&h.mem[i], &kPoisonBits, 4);
+  h.t.type = DType::f32;
+  h.t.data = h.mem.data() + 4 * lead;
+  h.t.ne = {ne0, ne1, ne2, 1};
+  h.t.nb = {4, row * 4, mat * 4, mat * ne2 * 4};
+  for_each_element(h.t, [&](float& v) { v = rng ? rng->uniform(lo, hi) : 0.0f; });
+  return h;
+}
+
+Host dense(int64_t ne0, int64_t ne1, int64_t ne2, Rng* rng, float lo = -1.0f, float hi = 1.0f) {
+  return make_f32(Layout::contiguous, ne0, ne1, ne2, rng, lo, hi);
+}
+
+std::vector<float> gather(const Tensor& t) {
+  std::vector<float> v;
+  v.reserve(t.n_elements());
+  for_each_element(t, [&](float& x) { v.push_back(x); });
+  return v;
+}
+
+bool outside_untouched(const Host& h) {
+  Host c = clone(h);
+  for_each_element(c.t, [](float& v) { v = poison(); });
+  for (size_t i = 0; i < c.mem.size(); i += 4) {
+    if (std::memcmp(&c.mem[i], &kPoisonBits, 4) != 0) return false;
+  }
+  return true;
+}
+
+// Offsets of the f16 scale fields in a block of the types without a reference quantizer (random blocks).
+std::vector<size_t> scale_offsets(DType type) {
+  using namespace kiln::quant;  // NOLINT
+  switch (type) {
+    case DType::q2_k: return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
+    case DType::q3_k: return {offsetof(BlockQ3_K, d)};
+    case DType::q4_k: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+    case DType::q5_k: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
+    case DType::q6_k: return {offsetof(BlockQ6_K, d)};
+    case DType::iq4_nl: return {offsetof(BlockIQ4_NL, d)};
+    default: return {};
+  }
+}
+
+// A [k, n] tensor of `type` whose rows are `pad` bytes apart beyond the row (0xff, a NaN in f32/f16). Types
+// with a quantizer hold quantized uniform [-1, 1] values; the others random bytes with small finite f16
+// scales.
+Host make_weights(DType type, int64_t k, int64_t n, int64_t pad, Rng& rng) {
+  const DTypeInfo& info = dtype_info(type);
+  const int64_t row_bytes = k / info.block_size * info.type_size, stride = row_bytes + pad;
+  Host h;
+  h.mem.assign(stride * n, 0xff);
+  h.t = make_tensor(type, h.mem.data(), k, n);
+  h.t.nb[1] = stride;
+  h.t.nb[2] = h.t.nb[3] = stride * n;
+  const std::vector<size_t> scales = scale_offsets(type);
+  EXPECT_TRUE(info.quantize_row != nullptr || !scales.empty()) << "no generator for " << info.name;
+  std::vector<float> v(k);
+  for (int64_t j = 0; j < n; ++j) {
+    uint8_t* row = h.t.row(j);
+    if (info.quantize_row != nullptr) {
+      for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
+      info.quantize_row(v.data(), row, k);
+      continue;
+    }
+    for (int64_t b = 0; b < row_bytes; ++b) row[b] = static_cast<uint8_t>(rng.integer(0, 255));
+    for (int64_t blk = 0; blk < k / info.block_size; ++blk) {
+      for (size_t off : scales) {
+        const uint16_t d = f32_to_f16(rng.uniform(0.004f, 0.02f) * (rng.integer(0, 1) ? 1.0f : -1.0f));
+        std::memcpy(row + blk * info.type_size + off, &d, sizeof d);
+      }
+    }
+  }
+  return h;
+}
+
+// A KV pool [head_dim, n_kv, block_size, n_blocks] of f32 or f16 holding uniform [-1, 1] values.
+Host make_pool(DType type, int64_t head_dim, int64_t n_kv, int64_t block_size, int64_t n_blocks, Rng& rng) {
+  Host h = make_weights(type, head_dim, n_kv * block_size * n_blocks, 0, rng);
+  h.t = make_tensor(type, h.mem.data(), head_dim, n_kv, block_size, n_blocks);
+  return h;
+}
+
+// ---- backends and comparison ----
+struct NamedBackend {
+  std::string name;
+  std::unique_ptr<Backend> backend;
+};
+
+// Every backend make_backend() gives here whose operands are host memory (the harness fills inputs in place).
+const std::vector<NamedBackend>& backends() {
+  static const std::vector<NamedBackend> all = [] {
+    std::vector<NamedBackend> v;
+    for (const char* name : {"cpu", "cuda"}) {
+      BackendOptions options;
+      options.n_threads = 3;  // odd: uneven chunks
+      Result<std::unique_ptr<Backend>> b = make_backend(name, options);
+      if (b.ok() && (*b)->host_memory()) v.push_back({name, std::move(b).value()});
+    }
+    return v;
+  }();
+  return all;
+}
+
+// Runs `op` on `b`: false when it is unsupported (run() must then say unimplemented) or failed.
+bool run_on(Backend& b, const Op& op, const std::string& what) {
+  const bool supported = b.supports(op);
+  const Status s = b.run(op);
+  b.synchronize();
+  if (!supported) {
+    EXPECT_EQ(s.code(), StatusCode::unimplemented) << what;
+    return false;
+  }
+  EXPECT_TRUE(s.ok()) << what << ": " << s.to_string();
+  return s.ok();
+}
+
+struct Error {
+  double rel_l2;   // |out - ref| / max(|ref|, ref_rms_floor * sqrt(N))
+  double max_abs;  // max |out - ref| / max(1, max |ref|)
+};
+Error compare(const std::vector<float>& out, const std::vector<float>& ref, double ref_rms_floor) {
+  double diff2 = 0.0, ref2 = 0.0, max_diff = 0.0, max_ref = 1.0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double d = static_cast<double>(out[i]) - ref[i];
+    diff2 += d * d;
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+    max_diff = std::isnan(d) ? INFINITY : std::max(max_diff, std::fabs(d));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+  }
+  const double floor2 = ref_rms_floor * ref_rms_floor * static_cast<double>(ref.size());
+  return {std::isnan(diff2) ? INFINITY : std::sqrt(diff2 / std::max({ref2, floor2, 1e-30})),
+          max_diff / max_ref};
+}
+
+// Runs make_op(dst) with the reference and on every backend, each into its own copy of `dst`, and holds each
+// backend's dst view to the reference's within `budget`, and the storage around the view to be untouched.
+template <class MakeOp>
+void expect_matches_ref(const std::string& what, const Host& dst, Budget budget, MakeOp&& make_op) {
+  Host want = clone(dst);
+  const Op ref_op = make_op(want.t);
+  const Status valid = check(ref_op);
+  ASSERT_TRUE(valid.ok()) << what << ": " << valid.to_string();
+  ref::run(ref_op);
+  const std::vector<float> ref_values = gather(want.t);
+  for (const NamedBackend& nb : backends()) {
+    Host out = clone(dst);
+    if (!run_on(*nb.backend, make_op(out.t), what)) continue;
+    const Error e = compare(gather(out.t), ref_values, budget.ref_rms_floor);
+    EXPECT_LE(budget.metric == Metric::rel_l2 ? e.rel_l2 : e.max_abs, budget.limit) << nb.name << " " << what;
+    EXPECT_TRUE(outside_untouched(out)) << nb.name << " " << what << ": wrote outside dst";
+  }
+}
+
+// ---- one test per op: backend vs reference ----
+
+// op_name() of every alternative of the Op variant.
+template <size_t... I>
+std::vector<std::string_view> all_op_names(std::index_sequence<I...>) {
+  return {op_name(Op(std::in_place_index<I>))...};
+}
+
+TEST(OpHarness, EveryOpHasACase) {
+  for (std::string_view name : all_op_names(std::make_index_sequence<std::variant_size_v<Op>>())) {
+    EXPECT_NE(std::find(std::begin(kHarnessOps), std::end(kHarnessOps), name), std::end(kHarnessOps)) << name;
+  }
+  EXPECT_FALSE(backends().empty());
+}
+
+TEST(OpHarness, Matmul) {
+  Rng rng(1);
+  struct Shape {
+    int64_t n, m1, m2;  // w rows; x rows = m1 * m2 (x is [k, m1, m2])
+    Layout layout;
+  };
+  const Shape shapes[] = {{1, 1, 1, Layout::contiguous}, {3, 3, 1, Layout::strided},
+                          {7, 4, 3, Layout::sliced},     {33, 7, 1, Layout::contiguous},
+                          {257, 1, 1, Layout::strided},  {257, 5, 1, Layout::sliced}};
+  for (DType type : kWeightTypes) {
+    const DTypeInfo& info = dtype_info(type);
+    const std::vector<int64_t> ks = info.block_size == 1    ? std::vector<int64_t>{1, 7, 33, 257, 64, 3}
+                                    : info.block_size == 32 ? std::vector<int64_t>{32, 96, 288}
+                                                            : std::vector<int64_t>{256, 512};
+    for (size_t s = 0; s < std::size(shapes) * ks.size(); ++s) {
+      const Shape& sh = shapes[s % std::size(shapes)];
+      const int64_t k = ks[s / std::size(shapes)];
+      const int64_t pad = sh.layout == Layout::contiguous ? 0 : 3 * info.type_size;
+      const Host w = make_weights(type, k, sh.n, pad, rng);
+      const Host x = make_f32(sh.layout, k, sh.m1, sh.m2, &rng);
+      const Host dst = make_f32(sh.layout, sh.n, sh.m1, sh.m2, nullptr);
+      const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}", info.name, k, sh.n, k,
+                                           sh.m1, sh.m2, layout_name(sh.layout));
+      expect_matches_ref(what, dst, kMatmul, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d}); });
+    }
+  }
+}
+
+TEST(OpHarness, GetRows) {
+  Rng rng(2);
+  for (DType type : kWeightTypes) {
+    const DTypeInfo& info = dtype_info(type);
+    for (const auto& [n_rows, n_ids] : {std::pair{1, 1}, std::pair{7, 5}, std::pair{33, 17}}) {
+      const int64_t k = info.block_size == 1 ? 7 * n_ids : info.block_size * (n_ids % 3 + 1);
+      const Layout layout = kLayouts[n_ids % 3];
+      const Host table =
+          make_weights(type, k, n_rows, layout == Layout::contiguous ? 0 : info.type_size, rng);
+      std::vector<int32_t> ids(n_ids);
+      for (int32_t& id : ids) id = rng.integer(0, n_rows - 1);  // repeats included
+      ids.back() = n_rows - 1;
+      const Host dst = make_f32(layout, k, n_ids, 1, nullptr);
+      const std::string what = fmt::format("get_rows {} table [{}, {}] {} ids {}", info.name, k, n_rows,
+                                           n_ids, layout_name(layout));
+      expect_matches_ref(what, dst, kRowWise, [&](const Tensor& d) { return Op(GetRows{table.t, ids, d}); });
+    }
+  }
+}
+
+// The shapes of the row-wise ops: [n, r1, r2].
+struct RowShape {
+  int64_t n, r1, r2;
+};
+constexpr RowShape kRowShapes[] = {{1, 1, 1}, {7, 3, 1}, {64, 5, 2}, {257, 3, 1}, {33, 1, 3}};
+
+TEST(OpHarness, RmsNormAndLayerNorm) {
+  Rng rng(3);
+  int i = 0;
+  for (const RowShape& s : kRowShapes) {
+    for (Layout layout : kLayouts) {
+      const Host x = make_f32(layout, s.n, s.r1, s.r2, &rng, -2.0f, 2.0f);
+      const Host w = dense(s.n, 1, 1, &rng, 0.5f, 1.5f);
+      const Host b = dense(s.n, 1, 1, &rng);
+      const Host dst = make_f32(layout, s.n, s.r1, s.r2, nullptr);
+      const int variant = i++ % 3;  // no weight; weight; weight + 1
+      const std::string what =
+          fmt::format("[{}, {}, {}] {} variant {}", s.n, s.r1, s.r2, layout_name(layout), variant);
+      expect_matches_ref("rms_norm " + what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(RmsNorm{x.t, variant ? w.t : Tensor{}, 1e-6f, variant == 2, d});
+      });
+      expect_matches_ref("layer_norm " + what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(LayerNorm{x.t, variant ? w.t : Tensor{}, variant == 2 ? b.t : Tensor{}, 1e-5f, d});
+      });
+    }
+  }
+}
+
+TEST(OpHarness, Rope) {
+  Rng rng(4);
+  const RopeScaling scalings[] = {RopeScaling::rope_scaling_none, RopeScaling::rope_scaling_linear,
+                                  RopeScaling::rope_scaling_yarn, RopeScaling::rope_scaling_llama3};
+  int i = 0;
+  for (RopeLayout rl : {RopeLayout::rope_layout_normal, RopeLayout::rope_layout_neox}) {
+    for (RopeScaling sc : scalings) {
+      for (const auto& [head_dim, n_rot] : {std::pair{64, 32}, std::pair{64, 64}, std::pair{40, 24}}) {
+        RopeParams p;
+        p.n_rot = n_rot;
+        p.layout = rl;
+        p.scaling = sc;
+        p.freq_base = sc == RopeScaling::rope_scaling_llama3 ? 500000.0f : 10000.0f;
+        p.factor = sc == RopeScaling::rope_scaling_llama3 ? 8.0f : 4.0f;
+        p.original_context = sc == RopeScaling::rope_scaling_llama3 ? 8192 : 4096;
+        const Layout layout = kLayouts[i % 3];
+        const bool in_place = i++ % 2 == 1;
+        const int64_t n_heads = 3, n_tokens = 5;
+        const Host x = make_f32(layout, head_dim, n_heads, n_tokens, &rng);
+        const std::vector<int32_t> pos = {0, 1, rng.integer(2, 4000), rng.integer(4000, 40000), 131071};
+        const Host dst = in_place ? clone(x) : make_f32(layout, head_dim, n_heads, n_tokens, nullptr);
+        expect_matches_ref(fmt::format("rope layout {} scaling {} head_dim {} n_rot {} {}{}",
+                                       static_cast<int>(rl), static_cast<int>(sc), head_dim, n_rot,
+                                       layout_name(layout), in_place ? " in place" : ""),
+                           dst, kRowWise, [&](const Tensor& d) {
+                             return Op(Rope{in_place ? d : x.t, pos, p, d});
+                           });
+      }
+    }
+  }
+}
+
+TEST(OpHarness, SoftmaxGatedActBinaryScale) {
+  Rng rng(5);
+  int i = 0;
+  for (const RowShape& s : kRowShapes) {
+    for (Layout layout : kLayouts) {
+      const Host a = make_f32(layout, s.n, s.r1, s.r2, &rng, -6.0f, 6.0f);
+      const Host b = make_f32(layout, s.n, s.r1, s.r2, &rng);
+      const Host b_row = make_f32(layout, s.n, 1, 1, &rng);  // broadcast over rows
+      const Host dst = make_f32(layout, s.n, s.r1, s.r2, nullptr);
+      const float scale = i % 3 == 0 ? 1.0f : i % 3 == 1 ? 0.125f : 1.7f;
+      const auto glu = i % 2 ? GluKind::glu_kind_gelu_tanh : GluKind::glu_kind_silu;
+      const auto kind = i % 2 ? BinaryKind::binary_kind_mul : BinaryKind::binary_kind_add;
+      const bool broadcast = i++ % 4 < 2;
+      const std::string what =
+          fmt::format("[{}, {}, {}] {} scale {} glu {} binary {}{}", s.n, s.r1, s.r2, layout_name(layout),
+                      scale, static_cast<int>(glu), static_cast<int>(kind), broadcast ? " broadcast" : "");
+      expect_matches_ref("softmax " + what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(Softmax{a.t, scale, d});
+      });
+      expect_matches_ref("gated_act " + what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(GatedAct{a.t, b.t, glu, d});
+      });
+      const Tensor& b_used = broadcast ? b_row.t : b.t;
+      expect_matches_ref("binary " + what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(Binary{a.t, b_used, kind, d});
+      });
+      expect_matches_ref("scale " + what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(Scale{a.t, -scale, d});
+      });
+    }
+  }
+}
+
+TEST(OpHarness, Argmax) {
+  Rng rng(6);
+  for (const RowShape& s : kRowShapes) {
+    for (Layout layout : kLayouts) {
+      const Host x = make_f32(layout, s.n, s.r1, s.r2, &rng);
+      std::vector<int32_t> first(x.t.n_rows(), -1);  // rows with a tie on the maximum: the first index wins
+      for (int64_t r = 1; r < x.t.n_rows(); r += 2) {
+        auto* row = reinterpret_cast<float*>(x.t.flat_row(r));
+        const int32_t a = rng.integer(0, s.n - 1), c = rng.integer(0, s.n - 1);
+        row[a] = row[c] = 2.0f;
+        first[r] = std::min(a, c);
+      }
+      std::vector<int32_t> want(x.t.n_rows(), -1);
+      ref::argmax(Argmax{x.t, want});
+      for (size_t r = 1; r < want.size(); r += 2) ASSERT_EQ(want[r], first[r]);
+      for (const NamedBackend& nb : backends()) {
+        std::vector<int32_t> got(want.size(), -1);
+        const std::string what = fmt::format("argmax [{}, {}, {}] {}", s.n, s.r1, s.r2, layout_name(layout));
+        if (run_on(*nb.backend, Argmax{x.t, got}, what)) {
+          EXPECT_EQ(got, want) << nb.name << " " << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(OpHarness, KvWrite) {
+  Rng rng(7);
+  int i = 0;
+  for (DType type : {DType::f32, DType::f16}) {
+    for (int64_t block_size : {1, 4, 16}) {
+      for (const auto& [head_dim, n_kv, n_tokens] :
+           {std::tuple{16, 1, 1}, std::tuple{7, 3, 5}, std::tuple{64, 2, 20}}) {
+        const int64_t n_blocks = (n_tokens + 2 * block_size - 1) / block_size + 1;
+        const Layout layout = kLayouts[i++ % 3];
+        const Host k = make_f32(layout, head_dim, n_kv, n_tokens, &rng);
+        const Host v = make_f32(layout, head_dim, n_kv, n_tokens, &rng);
+        std::vector<int32_t> slots = rng.permutation(n_blocks * block_size);  // distinct, scattered
+        slots.resize(n_tokens);
+        const Host k_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+        const Host v_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+        const std::string what =
+            fmt::format("kv_write {} pool [{}, {}, {}, {}] {} tokens {}", dtype_name(type), head_dim, n_kv,
+                        block_size, n_blocks, n_tokens, layout_name(layout));
+        Host k_want = clone(k_pool), v_want = clone(v_pool);
+        const KvWrite ref_op{k.t, v.t, k_want.t, v_want.t, slots};
+        ASSERT_TRUE(check(ref_op).ok()) << what;
+        ref::kv_write(ref_op);
+        for (int64_t t = 0; t < n_tokens; ++t) {  // the f16 round trip: within half an f16 ulp of the input
+          for (int64_t h = 0; h < n_kv; ++h) {
+            std::vector<float> row(head_dim);
+            ref::row_to_f32(k_want.t, k_want.t.row(h, slots[t] % block_size, slots[t] / block_size),
+                            row.data());
+            for (int64_t e = 0; e < head_dim; ++e) {
+              const float in = k.t.row_as<float>(h, t)[e];
+              ASSERT_LE(std::fabs(row[e] - in),
+                        type == DType::f32 ? 0.0f : std::fabs(in) * 0x1p-11f + 0x1p-25f);
+            }
+          }
+        }
+        for (const NamedBackend& nb : backends()) {
+          Host k_got = clone(k_pool), v_got = clone(v_pool);
+          if (!run_on(*nb.backend, KvWrite{k.t, v.t, k_got.t, v_got.t, slots}, what)) continue;
+          EXPECT_TRUE(k_got.mem == k_want.mem) << nb.name << " " << what << ": k_pool differs";
+          EXPECT_TRUE(v_got.mem == v_want.mem) << nb.name << " " << what << ": v_pool differs";
+        }
+      }
+    }
+  }
+}
+
+TEST(OpHarness, Attention) {
+  Rng rng(8);
+  struct Variant {
+    float softcap;
+    int32_t window;
+  };
+  const Variant variants[] = {{0.0f, 0}, {5.0f, 0}, {0.0f, 5}, {3.0f, 3}};
+  const int64_t seq_len[] = {1, 6, 23, 40};  // K/V positions held per sequence
+  int i = 0;
+  for (DType type : {DType::f32, DType::f16}) {
+    for (const auto& [n_heads, n_kv] :
+         {std::pair{4, 4}, std::pair{6, 2}, std::pair{5, 1}}) {  // group 1, 3, MQA
+      for (int64_t block_size : {1, 4, 16}) {
+        for (const Variant& var : variants) {
+          const int64_t head_dim = std::array<int64_t, 3>{16, 7, 64}[i % 3];
+          const Layout layout = kLayouts[i++ % 3];
+          // Block tables: each sequence takes ceil(len / block_size) blocks of a shuffled pool with spares.
+          int64_t n_blocks = 2;
+          for (int64_t len : seq_len) n_blocks += (len + block_size - 1) / block_size;
+          const std::vector<int32_t> ids = rng.permutation(n_blocks);
+          std::vector<std::span<const int32_t>> tables;
+          size_t next = 0;
+          for (int64_t len : seq_len) {
+            const auto count = static_cast<size_t>((len + block_size - 1) / block_size);
+            tables.emplace_back(ids.data() + next, count);
+            next += count;
+          }
+          // Query tokens: a decode token, a prefill chunk, positions before the end (causality), in mixed
+          // order.
+          std::vector<int32_t> seq = {2, 1, 0, 3, 1, 1, 3}, pos = {22, 3, 0, 39, 5, 4, 17};
+          const auto n_tokens = static_cast<int64_t>(seq.size());
+          const Host k_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+          const Host v_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+          const Host q = make_f32(layout, head_dim, n_heads, n_tokens, &rng, -2.0f, 2.0f);
+          const Host dst = make_f32(layout, head_dim, n_heads, n_tokens, nullptr);
+          const float scale = var.softcap > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(head_dim));
+          const std::string what = fmt::format(
+              "attention {} heads {}/{} head_dim {} block_size {} softcap {} window {} {}", dtype_name(type),
+              n_heads, n_kv, head_dim, block_size, var.softcap, var.window, layout_name(layout));
+          expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
+            return Op(
+                Attention{q.t, k_pool.t, v_pool.t, pos, seq, tables, scale, var.softcap, var.window, d});
+          });
+        }
+      }
+    }
+  }
+}
+
+// ---- check(): malformed calls are rejected, naming the operand ----
+
+// check() and every backend's run() reject `op` with `code` and a message naming the op and `operand`.
+void expect_rejected(const Op& op, StatusCode code, std::string_view operand) {
+  const Status s = check(op);
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  EXPECT_NE(s.message().find(op_name(op)), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(operand), std::string::npos)
+      << "\"" << s.message() << "\" does not name " << operand;
+  for (const NamedBackend& nb : backends())
+    EXPECT_EQ(nb.backend->run(op).code(), code) << nb.name << " " << s.message();
+}
+constexpr StatusCode kInvalid = StatusCode::invalid_argument;
+constexpr StatusCode kRange = StatusCode::out_of_range;
+
+struct Operands {  // f32 operands for the malformed calls
+  Rng rng{9};
+  Host x = dense(8, 4, 2, &rng), y = dense(8, 4, 2, &rng);
+  Host small = dense(8, 3, 2, &rng), vec = dense(7, 1, 1, &rng);
+  Host half = make_pool(DType::f16, 8, 4, 2, 1, rng);  // f16 [8, 4, 2]
+};
+
+TEST(OpCheck, GetRows) {
+  Operands o;
+  const std::vector<int32_t> ids = {0, 3, 1, 2, 0, 1, 2, 3};
+  Tensor table = reshape(o.x.t, 8, 8), none_table = table;
+  none_table.type = DType::iq2_xxs;
+  ASSERT_TRUE(check(GetRows{table, ids, o.y.t}).ok());
+  expect_rejected(GetRows{none_table, ids, o.y.t}, kInvalid, "table");
+  expect_rejected(GetRows{table, ids, o.half.t}, kInvalid, "dst");
+  expect_rejected(GetRows{table, ids, o.small.t}, kInvalid, "dst");
+  const std::vector<int32_t> bad = {0, 8, 1, 2, 0, 1, 2, 3};
+  expect_rejected(GetRows{table, bad, o.y.t}, kRange, "ids[1]");
+}
+
+TEST(OpCheck, Matmul) {
+  Operands o;
+  const Tensor w = reshape(o.x.t, 8, 8), w_none = [&] {
+    Tensor t = w;
+    t.type = DType::iq2_xxs;
+    return t;
+  }();
+  Tensor w_gaps = w;
+  w_gaps.nb[0] = 8;
+  ASSERT_TRUE(check(Matmul{w, o.y.t, o.x.t}).ok());
+  expect_rejected(Matmul{w_none, o.y.t, o.x.t}, kInvalid, "weight");
+  expect_rejected(Matmul{w_gaps, o.y.t, o.x.t}, kInvalid, "w must");
+  expect_rejected(Matmul{w, o.half.t, o.x.t}, kInvalid, "x must be f32");
+  expect_rejected(Matmul{w, o.vec.t, o.x.t}, kInvalid, "x is");
+  expect_rejected(Matmul{w, o.y.t, o.small.t}, kInvalid, "dst");
+}
+
+TEST(OpCheck, RmsNormAndLayerNorm) {
+  Operands o;
+  ASSERT_TRUE(check(RmsNorm{o.x.t, Tensor{}, 1e-6f, false, o.y.t}).ok());
+  expect_rejected(RmsNorm{o.half.t, Tensor{}, 1e-6f, false, o.y.t}, kInvalid, "x must");
+  expect_rejected(RmsNorm{o.x.t, Tensor{}, 1e-6f, false, o.small.t}, kInvalid, "dst");
+  expect_rejected(RmsNorm{o.x.t, o.vec.t, 1e-6f, false, o.y.t}, kInvalid, "w is");
+  expect_rejected(RmsNorm{o.x.t, Tensor{}, -1.0f, false, o.y.t}, kInvalid, "eps");
+  ASSERT_TRUE(check(LayerNorm{o.x.t, Tensor{}, Tensor{}, 1e-5f, o.y.t}).ok());
+  expect_rejected(LayerNorm{o.x.t, o.vec.t, Tensor{}, 1e-5f, o.y.t}, kInvalid, "w is");
+  expect_rejected(LayerNorm{o.x.t, Tensor{}, o.vec.t, 1e-5f, o.y.t}, kInvalid, "b is");
+  expect_rejected(LayerNorm{o.x.t, Tensor{}, Tensor{}, 1e-5f, o.half.t}, kInvalid, "dst");
+}
+
+TEST(OpCheck, Rope) {
+  Operands o;
+  const std::vector<int32_t> pos = {0, 7}, neg = {0, -1}, short_pos = {0};
+  RopeParams p;
+  p.n_rot = 8;
+  ASSERT_TRUE(check(Rope{o.x.t, pos, p, o.y.t}).ok());
+  expect_rejected(Rope{o.half.t, pos, p, o.y.t}, kInvalid, "x must");
+  expect_rejected(Rope{o.x.t, pos, p, o.small.t}, kInvalid, "dst");
+  expect_rejected(Rope{o.x.t, short_pos, p, o.y.t}, kInvalid, "positions");
+  expect_rejected(Rope{o.x.t, neg, p, o.y.t}, kRange, "positions[1]");
+  RopeParams bad = p;
+  bad.n_rot = 5;
+  expect_rejected(Rope{o.x.t, pos, bad, o.y.t}, kInvalid, "n_rot");
+  bad = p;
+  bad.scaling = RopeScaling::rope_scaling_yarn;
+  expect_rejected(Rope{o.x.t, pos, bad, o.y.t}, kInvalid, "original_context");
+  bad.scaling = RopeScaling::rope_scaling_llama3;
+  bad.original_context = 8192;
+  bad.high_freq_factor = 0.5f;
+  expect_rejected(Rope{o.x.t, pos, bad, o.y.t}, kInvalid, "high_freq_factor");
+}
+
+TEST(OpCheck, SoftmaxGatedActBinaryScaleArgmax) {
+  Operands o;
+  expect_rejected(Softmax{o.half.t, 1.0f, o.y.t}, kInvalid, "x must");
+  expect_rejected(Softmax{o.x.t, 1.0f, o.small.t}, kInvalid, "dst");
+  expect_rejected(Softmax{o.x.t, INFINITY, o.y.t}, kInvalid, "scale");
+  expect_rejected(GatedAct{o.x.t, o.small.t, GluKind::glu_kind_silu, o.y.t}, kInvalid, "up");
+  expect_rejected(GatedAct{o.x.t, o.x.t, GluKind::glu_kind_silu, o.small.t}, kInvalid, "dst");
+  expect_rejected(Binary{o.half.t, o.x.t, BinaryKind::binary_kind_add, o.y.t}, kInvalid, "a must");
+  expect_rejected(Binary{o.x.t, o.small.t, BinaryKind::binary_kind_add, o.y.t}, kInvalid, "b is");
+  expect_rejected(Scale{o.x.t, NAN, o.y.t}, kInvalid, "scale");
+  expect_rejected(Scale{o.x.t, 2.0f, o.small.t}, kInvalid, "dst");
+  std::vector<int32_t> out(8), short_out(3);
+  ASSERT_TRUE(check(Argmax{o.x.t, out}).ok());
+  expect_rejected(Argmax{o.x.t, short_out}, kInvalid, "out");
+  expect_rejected(Argmax{o.half.t, out}, kInvalid, "x must");
+}
+
+TEST(OpCheck, KvWrite) {
+  Operands o;  // k, v [8, 4, 2]; pools [8, 4, 2, 3]
+  Rng rng(10);
+  const Host pool = make_pool(DType::f32, 8, 4, 2, 3, rng), pool_h = make_pool(DType::f16, 8, 4, 2, 3, rng);
+  const Host narrow = make_pool(DType::f32, 8, 2, 2, 3, rng);
+  Host bf = make_pool(DType::f16, 8, 4, 2, 3, rng);
+  bf.t.type = DType::bf16;
+  const std::vector<int32_t> slots = {0, 5}, bad = {0, 6}, one = {0};
+  ASSERT_TRUE(check(KvWrite{o.x.t, o.y.t, pool.t, pool.t, slots}).ok());
+  expect_rejected(KvWrite{o.x.t, o.half.t, pool.t, pool.t, slots}, kInvalid, "v must");
+  expect_rejected(KvWrite{o.x.t, o.small.t, pool.t, pool.t, slots}, kInvalid, "v is");
+  expect_rejected(KvWrite{o.x.t, o.y.t, bf.t, pool.t, slots}, kInvalid, "k_pool");
+  expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, narrow.t, slots}, kInvalid, "v_pool");
+  expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool_h.t, slots}, kInvalid, "types differ");
+  expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool.t, one}, kInvalid, "slots");
+  expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool.t, bad}, kRange, "slots[1]");
+}
+
+TEST(OpCheck, Attention) {
+  Operands o;  // q [8, 4, 2]; pools [8, 2, 2, 3]: 2 kv heads, block_size 2, 3 blocks
+  Rng rng(11);
+  const Host pool = make_pool(DType::f32, 8, 2, 2, 3, rng), pool3 = make_pool(DType::f32, 8, 3, 2, 3, rng);
+  const std::vector<int32_t> t0 = {0}, t1 = {2, 1}, t_bad = {2, 3};
+  const std::vector<std::span<const int32_t>> tables = {t0, t1}, bad_tables = {t0, t_bad};
+  const std::vector<int32_t> pos = {1, 3}, seq = {0, 1}, far = {1, 4}, neg = {-1, 3}, seq_bad = {0, 2},
+                             one = {1};
+  auto op = [&](auto&&... changes) {
+    Attention a{o.x.t, pool.t, pool.t, pos, seq, tables, 0.35f, 0.0f, 0, o.y.t};
+    (changes(a), ...);
+    return Op(a);
+  };
+  ASSERT_TRUE(check(op()).ok());
+  expect_rejected(op([&](Attention& a) { a.q = o.half.t; }), kInvalid, "q must");
+  expect_rejected(op([&](Attention& a) { a.dst = o.small.t; }), kInvalid, "dst");
+  expect_rejected(op([&](Attention& a) { a.k_pool = a.v_pool = pool3.t; }), kInvalid, "kv heads");
+  expect_rejected(op([&](Attention& a) { a.v_pool = pool3.t; }), kInvalid, "v_pool");
+  expect_rejected(op([&](Attention& a) { a.positions = one; }), kInvalid, "positions");
+  expect_rejected(op([&](Attention& a) { a.positions = far; }), kRange, "positions[1]");
+  expect_rejected(op([&](Attention& a) { a.positions = neg; }), kRange, "positions[0]");
+  expect_rejected(op([&](Attention& a) { a.seq = seq_bad; }), kRange, "seq[1]");
+  expect_rejected(op([&](Attention& a) { a.block_tables = bad_tables; }), kRange, "block_tables[1][1]");
+  Tensor no_blocks = pool.t;  // block_size 0: rejected before any position / block_size
+  no_blocks.ne[2] = 0;
+  no_blocks.nb[3] = 0;
+  expect_rejected(op([&](Attention& a) { a.k_pool = a.v_pool = no_blocks; }), kInvalid, "block_size");
+  expect_rejected(op([&](Attention& a) { a.window = -1; }), kInvalid, "window");
+  expect_rejected(op([&](Attention& a) { a.softcap = -1.0f; }), kInvalid, "softcap");
+}
+
+// ---- perf: KILN_OPS_PERF=1 ----
+
+// Median wall time of fn() in microseconds over `reps` runs after one warm-up.
+double median_us(const std::function<void()>& fn, int reps) {
+  fn();
+  std::vector<double> t(reps);
+  for (double& v : t) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    v = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[reps / 2];
+}
+
+TEST(OpHarness, Perf) {
+  const char* env = std::getenv("KILN_OPS_PERF");
+  if (env == nullptr || std::string_view(env) != "1") return;
+  Rng rng(12);
+  std::vector<NamedBackend> timed;  // default options: the thread count a user gets
+  for (const NamedBackend& nb : backends()) timed.push_back({nb.name, make_backend(nb.name).value()});
+  for (const NamedBackend& nb : timed) fmt::print("{}: {} threads\n", nb.name, nb.backend->n_threads());
+  fmt::print("{:<10} {:<7} {:<34} {:<5} {:>12} {:>12} {:>8}\n", "op", "type", "shape", "back", "backend us",
+             "ref us", "ref/back");
+  auto row = [&](std::string_view op, std::string_view type, const std::string& shape, const Op& run_op) {
+    for (const NamedBackend& nb : timed) {
+      if (!nb.backend->supports(run_op)) continue;
+      const double back = median_us(
+          [&] {
+            EXPECT_TRUE(nb.backend->run(run_op).ok());
+            nb.backend->synchronize();
+          },
+          15);
+      const double ref_us = median_us([&] { ref::run(run_op); }, 3);
+      fmt::print("{:<10} {:<7} {:<34} {:<5} {:>12.1f} {:>12.1f} {:>8.1f}\n", op, type, shape, nb.name, back,
+                 ref_us, ref_us / back);
+    }
+  };
+  // matmul: w [1536, 576] (an FFN down projection of a 576-wide model; k a multiple of 256 for the k-quants).
+  for (DType type : kWeightTypes) {
+    const Host w = make_weights(type, 1536, 576, 0, rng);
+    for (int64_t m : {1, 64}) {
+      const Host x = dense(1536, m, 1, &rng), d = dense(576, m, 1, nullptr);
+      row("matmul", dtype_name(type), fmt::format("w [1536, 576] x [1536, {}]", m), Matmul{w.t, x.t, d.t});
+    }
+  }
+  const Host a = dense(576, 64, 1, &rng), b = dense(576, 64, 1, &rng);
+  const Host d = dense(576, 64, 1, nullptr), w = dense(576, 1, 1, &rng);
+  const std::string shape = "[576, 64]";
+  std::vector<int32_t> ids(64);
+  for (int32_t& id : ids) id = rng.integer(0, 4095);
+  for (DType type : {DType::f32, DType::f16, DType::q8_0, DType::q4_k, DType::q6_k}) {
+    const Host table = make_weights(type, 512, 4096, 0, rng);
+    const Host rows = dense(512, 64, 1, nullptr);
+    row("get_rows", dtype_name(type), "table [512, 4096] 64 ids", GetRows{table.t, ids, rows.t});
+  }
+  row("rms_norm", "f32", shape, RmsNorm{a.t, w.t, 1e-6f, false, d.t});
+  row("layer_norm", "f32", shape, LayerNorm{a.t, w.t, w.t, 1e-5f, d.t});
+  row("softmax", "f32", shape, Softmax{a.t, 1.0f, d.t});
+  row("gated_act", "f32", shape, GatedAct{a.t, b.t, GluKind::glu_kind_silu, d.t});
+  row("binary", "f32", shape, Binary{a.t, b.t, BinaryKind::binary_kind_add, d.t});
+  row("scale", "f32", shape, Scale{a.t, 0.5f, d.t});
+  std::vector<int32_t> best(1);
+  const Host logits = dense(49152, 1, 1, &rng);
+  row("argmax", "f32", "[49152, 1]", Argmax{logits.t, best});
+  // Attention: 9 heads / 3 KV heads, head_dim 64, one sequence of 512 positions in blocks of 16.
+  const Host q = dense(64, 9, 64, &rng), o = dense(64, 9, 64, nullptr);
+  std::vector<int32_t> pos(64), seq(64, 0), table(32), slots(64);
+  std::iota(table.begin(), table.end(), 0);
+  std::iota(pos.begin(), pos.end(), 448);
+  std::iota(slots.begin(), slots.end(), 448);
+  const std::vector<std::span<const int32_t>> tables = {table};
+  RopeParams p;
+  p.n_rot = 64;
+  p.layout = RopeLayout::rope_layout_neox;
+  row("rope", "f32", "[64, 9, 64] neox", Rope{q.t, pos, p, o.t});
+  for (DType type : {DType::f32, DType::f16}) {
+    const Host k_pool = make_pool(type, 64, 3, 16, 32, rng), v_pool = make_pool(type, 64, 3, 16, 32, rng);
+    const Host kv = dense(64, 3, 64, &rng);
+    row("kv_write", dtype_name(type), "[64, 3, 64] into [64, 3, 16, 32]",
+        KvWrite{kv.t, kv.t, k_pool.t, v_pool.t, slots});
+    for (int64_t n : {1, 64}) {
+      const Host qn = dense(64, 9, n, &rng), on = dense(64, 9, n, nullptr);
+      const std::span<const int32_t> pn(pos.data() + 64 - n, n), sn(seq.data(), n);
+      row("attention", dtype_name(type), fmt::format("9/3 heads x 64, {} tokens, 512 pos", n),
+          Attention{qn.t, k_pool.t, v_pool.t, pn, sn, tables, 0.125f, 0.0f, 0, on.t});
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
