@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Prefill and decode speed of `kiln run` beside llama.cpp (llama-cpp-python), same GGUF, same threads, one run.
+
+usage: bench/cpu_generate.py [--model PATH] [--threads T] [--prompt-tokens P] [--gen N] [--reps R]
+Run it with the test venv's Python (scripts/setup-venv.sh makes it; llama-cpp-python is in it) after
+`scripts/build.sh release`. Prints one table: tokens/s for each engine, kiln / llama.cpp, and the decode speed
+the machine's memory bandwidth allows (weights bytes read once per token; bandwidth measured here with numpy).
+"""
+import argparse
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = Path(os.environ.get("KILN_MODELS_DIR") or Path.home() / ".cache/kiln/models")
+KILN = Path(os.environ.get("KILN_BIN", ROOT / "build/release/tools/kiln/kiln"))
+TEXT = ("The lighthouse keeper wrote down the weather every morning: wind, cloud, the colour of the sea. "
+        "Over thirty years the notebooks filled a shelf, then a cupboard, then the small room under the stairs. ")
+
+
+def kiln_run(model, prompt, threads, n):
+    res = subprocess.run([str(KILN), "run", "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
+                          "-t", str(threads), "-c", "2048"], capture_output=True, text=True, check=True)
+    pre = re.search(r"prompt:\s+(\d+) tokens \(\d+ cached\) in (\d+) ms, ([\d.]+) tokens/s", res.stderr)
+    dec = re.search(r"decode:\s+(\d+) tokens in (\d+) ms, ([\d.]+) tokens/s", res.stderr)
+    return int(pre.group(1)), float(pre.group(3)), float(dec.group(3))
+
+
+def llama_cpp_run(llm, tokens, n):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(tokens)
+    t1 = time.perf_counter()
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    t2 = time.perf_counter()
+    for _ in range(n - 1):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    t3 = time.perf_counter()
+    return len(tokens) / (t1 - t0), (n - 1) / (t3 - t2)
+
+
+def memory_bandwidth_gbs():
+    a = np.ones(64 << 20, dtype=np.float32)  # 256 MiB
+    b = np.empty_like(a)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = max(best, 2 * a.nbytes / (time.perf_counter() - t0))  # read + write
+    return best / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=args.model, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads,
+                n_batch=512, logits_all=False, verbose=False)
+    tokens = llm.tokenize((TEXT * 40).encode(), add_bos=False)[: args.prompt_tokens]
+    prompt = llm.detokenize(tokens).decode()
+    k_pre, k_dec, l_pre, l_dec = [], [], [], []
+    for _ in range(args.reps):  # interleaved so both see the same machine state
+        n_prompt, p, d = kiln_run(args.model, prompt, args.threads, args.gen)
+        k_pre.append(p)
+        k_dec.append(d)
+        p, d = llama_cpp_run(llm, llm.tokenize(prompt.encode(), add_bos=False), args.gen)
+        l_pre.append(p)
+        l_dec.append(d)
+    weight_bytes = Path(args.model).stat().st_size
+    bw = memory_bandwidth_gbs()
+    print(f"model {Path(args.model).name}, {args.threads} threads, prompt {n_prompt} tokens, {args.gen} generated, "
+          f"best of {args.reps}")
+    print(f"{'':10} {'kiln tok/s':>12} {'llama.cpp tok/s':>16} {'kiln/llama.cpp':>15}")
+    for name, k, l in (("prefill", max(k_pre), max(l_pre)), ("decode", max(k_dec), max(l_dec))):
+        print(f"{name:10} {k:12.1f} {l:16.1f} {k / l:15.2f}")
+    print(f"memory bandwidth {bw:.1f} GB/s (numpy copy): decode limit ~{bw * 1e9 / weight_bytes:.0f} tok/s "
+          f"for {weight_bytes / 1e6:.0f} MB of weights; kiln decode is {max(k_dec) / (bw * 1e9 / weight_bytes):.1%} of it")
+
+
+if __name__ == "__main__":
+    main()
