@@ -133,15 +133,15 @@ StepInfo make_step(const Batch& batch, int32_t block_size) {
 
 Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const AttentionWeights& w,
                          const AttentionShape& shape, const ops::RopeParams& rope, const StepInfo& step,
-                         KvBuffers& kv, int32_t layer) {
+                         KvBuffers& kv, int32_t layer, bool quantize_x) {
   const int64_t n_tokens = x.ne[1], hd = shape.head_dim;
   const Batch& batch = *step.batch;
   KILN_ASSIGN_OR_RETURN(Tensor q, arena.f32(hd, shape.n_heads, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor k, arena.f32(hd, shape.n_kv_heads, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor v, arena.f32(hd, shape.n_kv_heads, n_tokens));
-  KILN_TRY(backend.run(ops::Matmul{w.wq, x, reshape(q, hd * shape.n_heads, n_tokens)}));
-  KILN_TRY(backend.run(ops::Matmul{w.wk, x, reshape(k, hd * shape.n_kv_heads, n_tokens)}));
-  KILN_TRY(backend.run(ops::Matmul{w.wv, x, reshape(v, hd * shape.n_kv_heads, n_tokens)}));
+  KILN_TRY(backend.run(ops::Matmul{w.wq, x, reshape(q, hd * shape.n_heads, n_tokens), quantize_x}));
+  KILN_TRY(backend.run(ops::Matmul{w.wk, x, reshape(k, hd * shape.n_kv_heads, n_tokens), quantize_x}));
+  KILN_TRY(backend.run(ops::Matmul{w.wv, x, reshape(v, hd * shape.n_kv_heads, n_tokens), quantize_x}));
   KILN_TRY(backend.run(ops::Rope{q, batch.positions, rope, q}));
   KILN_TRY(backend.run(ops::Rope{k, batch.positions, rope, k}));
   KILN_TRY(backend.run(ops::KvWrite{k, v, kv.k[layer], kv.v[layer], step.slots}));
@@ -159,20 +159,20 @@ Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const 
   att.dst = a;
   KILN_TRY(backend.run(att));
   KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(w.wo.ne[1], n_tokens));
-  KILN_TRY(backend.run(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out}));
+  KILN_TRY(backend.run(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out, quantize_x}));
   return out;
 }
 
 Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w_gate,
-                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind) {
+                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind, bool quantize_x) {
   const int64_t n_tokens = x.ne[1], n_ff = w_gate.ne[1];
   KILN_ASSIGN_OR_RETURN(Tensor g, arena.f32(n_ff, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor u, arena.f32(n_ff, n_tokens));
-  KILN_TRY(backend.run(ops::Matmul{w_gate, x, g}));
-  KILN_TRY(backend.run(ops::Matmul{w_up, x, u}));
+  KILN_TRY(backend.run(ops::Matmul{w_gate, x, g, quantize_x}));
+  KILN_TRY(backend.run(ops::Matmul{w_up, x, u, quantize_x}));
   KILN_TRY(backend.run(ops::GatedAct{g, u, kind, g}));
   KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(w_down.ne[1], n_tokens));
-  KILN_TRY(backend.run(ops::Matmul{w_down, g, out}));
+  KILN_TRY(backend.run(ops::Matmul{w_down, g, out, quantize_x}));
   return out;
 }
 

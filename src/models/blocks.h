@@ -86,11 +86,12 @@ StepInfo make_step(const Batch& batch, int32_t block_size);
 // n_tokens].
 Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const AttentionWeights& w,
                          const AttentionShape& shape, const ops::RopeParams& rope, const StepInfo& step,
-                         KvBuffers& kv, int32_t layer);
+                         KvBuffers& kv, int32_t layer, bool quantize_x);
 
 // out = Wdown · (act(Wgate·x) * (Wup·x)).   x: [n_embd, n_tokens].
 Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w_gate,
-                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind);
+                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind,
+                         bool quantize_x);
 
 // dst = rms_norm(x) * w
 Result<Tensor> rms_norm(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w, float eps);

@@ -25,8 +25,8 @@ struct LlamaLayer {
 
 class Llama final : public Model {
  public:
-  Llama(std::shared_ptr<const gguf::File> file, Backend& backend)
-      : file_(std::move(file)), backend_(backend), arena_(backend) {}
+  Llama(std::shared_ptr<const gguf::File> file, Backend& backend, const ModelOptions& options)
+      : file_(std::move(file)), backend_(backend), arena_(backend), options_(options) {}
 
   Status load() {
     const gguf::File& f = *file_;
@@ -95,17 +95,18 @@ class Llama final : public Model {
     arena_.reset();
     const int64_t n = batch.n_tokens(), e = info_.n_embd;
     const blocks::StepInfo step = blocks::make_step(batch, kv.block_size);
+    const bool qx = options_.quantize_activations;
     KILN_ASSIGN_OR_RETURN(Tensor x, arena_.f32(e, n));  // [n_embd, n_tokens] the residual stream
     KILN_TRY(backend_.run(ops::GetRows{tok_embd_, batch.tokens, x}));
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       const LlamaLayer& L = layers_[l];
       KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, x, L.attn_norm, eps_));
       KILN_ASSIGN_OR_RETURN(Tensor att,
-                            blocks::attention(backend_, arena_, h, L.attn, shape_, rope_, step, kv, l));
+                            blocks::attention(backend_, arena_, h, L.attn, shape_, rope_, step, kv, l, qx));
       KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
       KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
       KILN_ASSIGN_OR_RETURN(Tensor ffn, blocks::gated_ffn(backend_, arena_, h, L.ffn_gate, L.ffn_up,
-                                                          L.ffn_down, ops::GluKind::glu_kind_silu));
+                                                          L.ffn_down, ops::GluKind::glu_kind_silu, qx));
       KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
     }
     if (batch.logit_rows.empty()) return Status::ok_status();
@@ -113,7 +114,7 @@ class Llama final : public Model {
     KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, sel, output_norm_, eps_));
     const Tensor out =
         make_tensor(DType::f32, logits, info_.n_vocab, static_cast<int64_t>(batch.logit_rows.size()));
-    KILN_TRY(backend_.run(ops::Matmul{output_, h, out}));
+    KILN_TRY(backend_.run(ops::Matmul{output_, h, out, qx}));
     backend_.synchronize();
     return Status::ok_status();
   }
@@ -122,6 +123,7 @@ class Llama final : public Model {
   std::shared_ptr<const gguf::File> file_;
   Backend& backend_;
   blocks::Arena arena_;
+  ModelOptions options_;
   ModelInfo info_;
   blocks::AttentionShape shape_;
   ops::RopeParams rope_;
@@ -133,8 +135,9 @@ class Llama final : public Model {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> make_llama(std::shared_ptr<const gguf::File> file, Backend& backend) {
-  auto m = std::make_unique<Llama>(std::move(file), backend);
+Result<std::unique_ptr<Model>> make_llama(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                          const ModelOptions& options) {
+  auto m = std::make_unique<Llama>(std::move(file), backend, options);
   KILN_TRY(m->load());
   return std::unique_ptr<Model>(std::move(m));
 }

@@ -6,11 +6,12 @@
 namespace kiln {
 
 // Each architecture file defines its factory.
-Result<std::unique_ptr<Model>> make_llama(std::shared_ptr<const gguf::File> file, Backend& backend);
+Result<std::unique_ptr<Model>> make_llama(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                          const ModelOptions& options);
 
 namespace {
 
-using Factory = Result<std::unique_ptr<Model>> (*)(std::shared_ptr<const gguf::File>, Backend&);
+using Factory = Result<std::unique_ptr<Model>> (*)(std::shared_ptr<const gguf::File>, Backend&, const ModelOptions&);
 struct Entry {
   std::string_view architecture;
   Factory make;
@@ -29,10 +30,11 @@ std::string supported_architectures() {
   return out;
 }
 
-Result<std::unique_ptr<Model>> load_model(std::shared_ptr<const gguf::File> file, Backend& backend) {
+Result<std::unique_ptr<Model>> load_model(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                          const ModelOptions& options) {
   const std::string arch = file->architecture();
   for (const Entry& e : kArchitectures) {
-    if (e.architecture == arch) return e.make(std::move(file), backend);
+    if (e.architecture == arch) return e.make(std::move(file), backend, options);
   }
   if (arch.empty()) return invalid_argument("{}: general.architecture is missing", file->name());
   return unimplemented("{}: architecture \"{}\" is not supported (supported: {})", file->name(), arch,

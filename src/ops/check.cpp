@@ -267,6 +267,27 @@ std::string_view op_name(const Op& op) {
   return names[op.index()];
 }
 
+DType activation_type(DType w) {
+  switch (w) {
+    case DType::q4_0:
+    case DType::q5_0:
+    case DType::q8_0:
+    case DType::iq4_nl:
+      return DType::q8_0;
+    case DType::q4_1:
+    case DType::q5_1:
+      return DType::q8_1;
+    case DType::q2_k:
+    case DType::q3_k:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k:
+      return DType::q8_k;
+    default:
+      return DType::f32;
+  }
+}
+
 RopeFreq rope_freq(const RopeParams& p, int32_t i) {
   const double d = p.n_rot;
   const double base_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / d);

@@ -37,7 +37,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   KILN_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(opt.model_path));
   file = std::make_shared<const gguf::File>(std::move(f));
   KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
-  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend));
+  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, ModelOptions{opt.quantize_activations}));
   KILN_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(*file));
   const ModelInfo& mi = model->info();
   if (tok.n_vocab() != mi.n_vocab) {

@@ -317,9 +317,11 @@ TEST(OpHarness, Matmul) {
       const Host w = make_weights(type, k, sh.n, pad, rng);
       const Host x = make_f32(sh.layout, k, sh.m1, sh.m2, &rng);
       const Host dst = make_f32(sh.layout, sh.n, sh.m1, sh.m2, nullptr);
-      const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}", info.name, k, sh.n, k,
-                                           sh.m1, sh.m2, layout_name(sh.layout));
-      expect_matches_ref(what, dst, kMatmul, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d}); });
+      for (bool qx : {false, true}) {
+        const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n, k,
+                                             sh.m1, sh.m2, layout_name(sh.layout), qx ? " quantize_x" : "");
+        expect_matches_ref(what, dst, kMatmul, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d, qx}); });
+      }
     }
   }
 }
@@ -754,6 +756,10 @@ TEST(OpHarness, Perf) {
     for (int64_t m : {1, 64}) {
       const Host x = dense(1536, m, 1, &rng), d = dense(576, m, 1, nullptr);
       row("matmul", dtype_name(type), fmt::format("w [1536, 576] x [1536, {}]", m), Matmul{w.t, x.t, d.t});
+      if (ops::activation_type(type) != DType::f32) {
+        row("matmul", dtype_name(type), fmt::format("w [1536, 576] x [1536, {}] qx", m),
+            Matmul{w.t, x.t, d.t, true});
+      }
     }
   }
   const Host a = dense(576, 64, 1, &rng), b = dense(576, 64, 1, &rng);

@@ -4,12 +4,15 @@
    <= 1e-4 over >= 256 positions of PARITY_TEXT; greedy 16-token continuations of 3 prompts identical.
 2. kiln vs llama.cpp (llama-cpp-python, same GGUF): teacher-forced over >= 1,000 positions, top-1 agreement
    >= 95%, mean KL(llama.cpp || kiln) <= 5e-3, and every top-1 disagreement a near tie in llama.cpp's logits;
-   greedy 32-token continuations identical on >= 5 of 10 prompts, every divergence at a near tie.
-   llama.cpp rounds activations to 8 bits inside its quantized matmuls, so its logits carry noise of ~0.1 (median)
-   to ~0.3 (95th percentile) at the top token; it is compared statistically, not elementwise. The exact reference
-   measures top-1 96.6%, mean KL 2.6e-3, largest tie gap 0.23 (greedy: 0.38), 6 of 10 identical (SmolLM2 Q4_1).
-3. Batch invariance: a prompt alone vs inside a batch of 8 sequences of different lengths (greedy tokens equal,
-   logits within 1e-4) and fed whole vs 7 tokens per step (logits within 1e-4).
+   greedy 32-token continuations identical on >= 6 of 10 prompts, every divergence at a near tie. Both of kiln's
+   matmul modes are held to it: exact f32 activations and 8-bit activations (quantize_x, the engine default).
+   llama.cpp rounds activations to 8 bits inside its quantized matmuls (and its K/V to f16), so its logits carry
+   noise of ~0.1 (median) to ~0.3 (95th percentile) at the top token; it is compared statistically, not
+   elementwise. Measured on SmolLM2 Q4_1: the exact f64 reference gets top-1 96.6%, mean KL 2.6e-3, 6 of 10
+   greedy identical; kiln exact the same figures; kiln quantize_x top-1 96.1%, mean KL 3.3e-3, 7 of 10. A bar of
+   97% / 8 of 10 is out of reach of an exact implementation on this model.
+3. Batch invariance, in both modes: a prompt alone vs inside a batch of 8 sequences of different lengths (greedy
+   tokens equal, logits within 1e-4) and fed whole vs 7 tokens per step (logits within 1e-4).
 The reference itself is checked against llama.cpp on the same figures (test_reference_matches_llama_cpp; the
 full 1,000-position check runs with `python tests/python/test_llama_parity.py`).
 
@@ -40,11 +43,12 @@ REF_REL_L2 = 1e-4  # per-position ||kiln - ref|| / ||ref||
 N_REF_GREEDY = 16  # generated tokens compared with llama_ref, for the first 3 prompts
 WINDOW = 544  # tokens per teacher-forced window; N_WINDOWS * WINDOW >= 1,000 positions
 N_WINDOWS = 2
-MIN_TOP1 = 0.95  # vs llama.cpp: fraction of positions with the same argmax
+MIN_TOP1 = 0.95  # kiln (8-bit activations, the engine default) vs llama.cpp: fraction of positions, same argmax
+MIN_TOP1_EXACT = 0.95  # exact f32 kiln (and the f64 reference) vs llama.cpp
 MAX_MEAN_KL = 5e-3  # vs llama.cpp: mean KL(llama.cpp || kiln), nats
 NEAR_TIE = 0.5  # vs llama.cpp: a disagreement is a near tie when llama.cpp prefers its pick by <= this (logits)
 N_GREEDY = 32  # vs llama.cpp: generated tokens per prompt
-MIN_GREEDY_MATCH = 5  # of len(PROMPTS) prompts whose first N_GREEDY tokens must be identical
+MIN_GREEDY_MATCH = 6  # of len(PROMPTS) prompts whose first N_GREEDY tokens must be identical
 BATCH_TOL = 1e-4  # max abs logit difference for batch / chunk invariance
 
 
@@ -107,9 +111,10 @@ def run_driver(args: list, stdin_obj, timeout: int = 600) -> dict:
     return reply
 
 
-def kiln_logits(seqs: list[list[int]], out: Path, chunk: int | None = None) -> list[np.ndarray]:
-    """kiln's logits of every token of every sequence (one batch), as float32 [len(seq), n_vocab] per sequence."""
-    args = ["logits", model_path(), out, "--threads", THREADS]
+def kiln_logits(seqs: list[list[int]], out: Path, chunk: int | None = None, quantize_x: bool = False) -> list[np.ndarray]:
+    """kiln's logits of every token of every sequence (one batch), as float32 [len(seq), n_vocab] per sequence.
+    quantize_x: matmuls on 8-bit activations (the engine's default, llama.cpp's arithmetic); else exact f32."""
+    args = ["logits", model_path(), out, "--threads", THREADS] + (["--quantize-x"] if quantize_x else [])
     if chunk is not None:
         args += ["--chunk", chunk]
     reply = run_driver(args, seqs)
@@ -123,8 +128,9 @@ def kiln_logits(seqs: list[list[int]], out: Path, chunk: int | None = None) -> l
     return [rows[offsets[i] : offsets[i + 1]] for i in range(len(seqs))]
 
 
-def kiln_generate(prompts: list[list[int]], n: int) -> list[list[int]]:
-    reply = run_driver(["generate", model_path(), n, "--threads", THREADS], prompts)
+def kiln_generate(prompts: list[list[int]], n: int, quantize_x: bool = False) -> list[list[int]]:
+    reply = run_driver(["generate", model_path(), n, "--threads", THREADS] + (["--quantize-x"] if quantize_x else []),
+                       prompts)
     tokens = reply["tokens"]
     assert len(tokens) == len(prompts) and all(len(t) == n for t in tokens), f"driver returned {tokens}"
     return tokens
@@ -233,6 +239,12 @@ def kiln_windows(inputs, tmp_path_factory) -> list[np.ndarray]:
     return kiln_logits(inputs.windows, tmp_path_factory.mktemp("kiln") / "windows.f32")
 
 
+@pytest.fixture(scope="module")
+def kiln_windows_qx(inputs, tmp_path_factory) -> list[np.ndarray]:
+    """The same with 8-bit activations in the matmuls, as llama.cpp computes them."""
+    return kiln_logits(inputs.windows, tmp_path_factory.mktemp("kiln") / "windows_qx.f32", quantize_x=True)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Tests
 
@@ -248,7 +260,7 @@ def test_reference_matches_llama_cpp(ref_logits, llama_cpp_windows):
     """The oracle itself: llama_ref agrees with llama.cpp on the figures kiln is held to."""
     s = compare_stats(llama_cpp_windows[0][:N_REF_POSITIONS], ref_logits)
     line = report("llama_ref vs llama.cpp", s)
-    assert s["top1"] >= MIN_TOP1 and s["kl"].mean() <= MAX_MEAN_KL and s["gap"].max() <= NEAR_TIE, line
+    assert s["top1"] >= MIN_TOP1_EXACT and s["kl"].mean() <= MAX_MEAN_KL and s["gap"].max() <= NEAR_TIE, line
 
 
 def test_kiln_matches_reference_logits(kiln_windows, ref_logits):
@@ -269,8 +281,16 @@ def test_kiln_matches_reference_greedy(ref, inputs):
         )
 
 
-def test_kiln_matches_llama_cpp_teacher_forced(kiln_windows, llama_cpp_windows):
+def test_kiln_exact_vs_llama_cpp_teacher_forced(kiln_windows, llama_cpp_windows):
+    """Exact f32 kiln (== the reference) against llama.cpp: held to the reference's own figures."""
     s = compare_stats(np.concatenate(llama_cpp_windows), np.concatenate(kiln_windows))
+    line = report("kiln exact vs llama.cpp (teacher-forced)", s)
+    assert s["top1"] >= MIN_TOP1_EXACT and s["kl"].mean() <= MAX_MEAN_KL, line
+    assert s["gap"].max() <= NEAR_TIE, f"{line}; position {int(s['gap'].argmax())} is no near tie"
+
+
+def test_kiln_matches_llama_cpp_teacher_forced(kiln_windows_qx, llama_cpp_windows):
+    s = compare_stats(np.concatenate(llama_cpp_windows), np.concatenate(kiln_windows_qx))
     line = report("kiln vs llama.cpp (teacher-forced)", s)
     assert s["n"] >= 1000
     assert s["top1"] >= MIN_TOP1, line
@@ -284,8 +304,9 @@ def gap_at(llama_cpp: LlamaCpp, prompt: list[int], want: list[int], got: list[in
     return float(last[want[j]] - last[got[j]])
 
 
-def test_kiln_matches_llama_cpp_greedy(inputs, llama_cpp):
-    kiln = kiln_generate(inputs.prompts, N_GREEDY)
+@pytest.mark.parametrize("qx", [False, True], ids=["exact", "quantize_x"])
+def test_kiln_matches_llama_cpp_greedy(inputs, llama_cpp, qx):
+    kiln = kiln_generate(inputs.prompts, N_GREEDY, quantize_x=qx)
     same, lines, worst_gap = 0, [], 0.0
     for i, p in enumerate(inputs.prompts):
         want = llama_cpp.greedy(p, N_GREEDY)
@@ -299,7 +320,8 @@ def test_kiln_matches_llama_cpp_greedy(inputs, llama_cpp):
                 f"  prompt {i} {PROMPTS[i]!r} differs at token {first_diff} (llama.cpp gap {gap:.3f}): "
                 f"kiln {inputs.tokenizer.decode(kiln[i])!r} vs llama.cpp {inputs.tokenizer.decode(want)!r}"
             )
-    print(f"kiln vs llama.cpp (greedy {N_GREEDY} tokens): identical on {same} of {len(PROMPTS)} prompts")
+    mode = "quantize_x" if qx else "exact"
+    print(f"kiln {mode} vs llama.cpp (greedy {N_GREEDY} tokens): identical on {same} of {len(PROMPTS)} prompts")
     print("\n".join(lines))
     assert same >= MIN_GREEDY_MATCH, "\n".join(lines)
     assert worst_gap <= NEAR_TIE, "a divergence is no near tie:\n" + "\n".join(lines)
@@ -314,25 +336,27 @@ def batch_mates(inputs) -> tuple[list[int], list[list[int]]]:
     return p, others
 
 
-def test_batch_invariance_logits(inputs, tmp_path):
+@pytest.mark.parametrize("qx", [False, True], ids=["exact", "quantize_x"])
+def test_batch_invariance_logits(inputs, tmp_path, qx):
     p, others = batch_mates(inputs)
-    alone = kiln_logits([p], tmp_path / "alone.f32")[0]
+    alone = kiln_logits([p], tmp_path / "alone.f32", quantize_x=qx)[0]
     batch = others[:3] + [p] + others[3:]
-    in_batch = kiln_logits(batch, tmp_path / "batch.f32")[3]
+    in_batch = kiln_logits(batch, tmp_path / "batch.f32", quantize_x=qx)[3]
     diff = float(np.abs(alone - in_batch).max())
     print(f"batch invariance: P ({len(p)} tokens) alone vs in a batch of 8: max abs logit diff {diff:.3e}")
     assert diff <= BATCH_TOL
 
-    chunked = kiln_logits([p], tmp_path / "chunked.f32", chunk=7)[0]
+    chunked = kiln_logits([p], tmp_path / "chunked.f32", chunk=7, quantize_x=qx)[0]
     diff = float(np.abs(alone - chunked).max())
     print(f"chunk invariance: P whole vs 7 tokens per step: max abs logit diff {diff:.3e}")
     assert diff <= BATCH_TOL
 
 
-def test_batch_invariance_greedy(inputs):
+@pytest.mark.parametrize("qx", [False, True], ids=["exact", "quantize_x"])
+def test_batch_invariance_greedy(inputs, qx):
     p, others = batch_mates(inputs)
-    alone = kiln_generate([p], N_GREEDY)[0]
-    in_batch = kiln_generate(others[:3] + [p] + others[3:], N_GREEDY)[3]
+    alone = kiln_generate([p], N_GREEDY, quantize_x=qx)[0]
+    in_batch = kiln_generate(others[:3] + [p] + others[3:], N_GREEDY, quantize_x=qx)[3]
     assert alone == in_batch, f"alone {alone} vs in a batch of 8 {in_batch}"
 
 

@@ -1,5 +1,7 @@
 // Runs kiln's forward pass for tests/python/test_llama_parity.py.
 // usage:
+// Every mode takes --quantize-x: matmuls on 8-bit activations (the engine's default); without it, exact f32;
+// and --kv-f16: an f16 KV cache (default f32).
 //   logits_driver logits MODEL OUT.f32 [--chunk N] [--threads T]
 //     stdin: a JSON list of token-id lists, one per sequence. All sequences go through Model::forward
 //     together, one batch per step (with --chunk N each sequence contributes at most N tokens per step, so a
@@ -33,18 +35,21 @@ int fail(const std::string& msg) {
   return 1;
 }
 
+bool g_quantize_x = false;
+kiln::DType g_kv_type = kiln::DType::f32;
+
 kiln::Status run_logits(const std::string& model_path, const std::string& out_path, int chunk, int threads,
                         const std::vector<std::vector<int32_t>>& seqs, json& header) {
   KILN_ASSIGN_OR_RETURN(kiln::gguf::File f, kiln::gguf::File::open(model_path));
   auto file = std::make_shared<const kiln::gguf::File>(std::move(f));
   KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend("cpu", {threads}));
-  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend));
+  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x}));
   const kiln::ModelInfo& info = model->info();
   constexpr int32_t kBlock = 16;
   int32_t n_blocks = 0;
   for (const auto& s : seqs) n_blocks += static_cast<int32_t>((s.size() + kBlock - 1) / kBlock);
   KILN_ASSIGN_OR_RETURN(kiln::KvBuffers kv,
-                        kiln::KvBuffers::allocate(*backend, info, kBlock, n_blocks, kiln::DType::f32));
+                        kiln::KvBuffers::allocate(*backend, info, kBlock, n_blocks, g_kv_type));
   KILN_ASSIGN_OR_RETURN(kiln::KvCache cache, kiln::KvCache::create(n_blocks, kBlock));
   std::vector<std::vector<float>> out(seqs.size());
   std::vector<int32_t> done(seqs.size(), 0);
@@ -105,6 +110,8 @@ kiln::Status run_generate(const std::string& model_path, int n, int threads,
   opt.n_threads = threads;
   opt.n_seq_max = static_cast<int32_t>(std::max<size_t>(prompts.size(), 1));
   opt.n_ctx = 1024;
+  opt.quantize_activations = g_quantize_x;
+  opt.kv_type = kiln::dtype_name(g_kv_type);
   KILN_ASSIGN_OR_RETURN(auto engine, kiln::Engine::create(opt));
   std::vector<std::vector<int32_t>> tokens(prompts.size());
   std::vector<uint64_t> ids;
@@ -138,6 +145,10 @@ int main(int argc, char** argv) {
     if ((args[i] == "--chunk" || args[i] == "--threads") && i + 1 < args.size()) {
       (args[i] == "--chunk" ? chunk : threads) = std::stoi(args[i + 1]);
       ++i;
+    } else if (args[i] == "--kv-f16") {
+      g_kv_type = kiln::DType::f16;
+    } else if (args[i] == "--quantize-x") {
+      g_quantize_x = true;
     } else {
       pos.push_back(args[i]);
     }

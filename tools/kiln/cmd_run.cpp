@@ -25,6 +25,7 @@ struct GenOptions {
   std::string kv_type = "f32";
   bool chat = false;
   bool quiet = false;
+  bool exact = false;
   SamplingParams sampling;
 };
 
@@ -49,6 +50,8 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
       ->capture_default_str();
   cmd->add_option("-s,--seed", o.sampling.seed, "Random seed")->capture_default_str();
   cmd->add_option("--stop", o.sampling.stop, "Stop string (repeatable)");
+  cmd->add_flag("--exact", o.exact,
+                "Exact f32 activations in every matmul (default: 8-bit activations with integer dot products)");
 }
 
 Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
@@ -57,6 +60,7 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
   eo.n_ctx = o.n_ctx;
   eo.n_threads = o.n_threads;
   eo.kv_type = o.kv_type;
+  eo.quantize_activations = !o.exact;
   return Engine::create(eo);
 }
 

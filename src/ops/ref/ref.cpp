@@ -1,5 +1,6 @@
 #include "ops/ref/ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -32,11 +33,24 @@ void get_rows(const GetRows& op) {
 
 void matmul(const Matmul& op) {
   const int64_t k = op.w.ne[0], n = op.w.ne[1], m = op.x.n_rows();
+  // x as the products see it: rounded through the activation format under quantize_x.
+  std::vector<float> xs(static_cast<size_t>(k * m));
+  const DType act = op.quantize_x ? activation_type(op.w.type) : DType::f32;
+  std::vector<uint8_t> q(act == DType::f32 ? 0 : static_cast<size_t>(dtype_row_bytes(act, k).value()));
+  for (int64_t i = 0; i < m; ++i) {
+    const auto* x = reinterpret_cast<const float*>(op.x.flat_row(i));
+    if (act == DType::f32) {
+      std::copy(x, x + k, xs.data() + i * k);
+    } else {
+      dtype_info(act).quantize_row(x, q.data(), k);
+      dtype_info(act).dequantize_row(q.data(), xs.data() + i * k, k);
+    }
+  }
   std::vector<float> w(k);
   for (int64_t j = 0; j < n; ++j) {
     row_to_f32(op.w, op.w.row(j), w.data());
     for (int64_t i = 0; i < m; ++i) {
-      const auto* x = reinterpret_cast<const float*>(op.x.flat_row(i));
+      const float* x = xs.data() + i * k;
       double acc = 0.0;
       for (int64_t c = 0; c < k; ++c) acc += static_cast<double>(w[c]) * x[c];
       reinterpret_cast<float*>(op.dst.flat_row(i))[j] = static_cast<float>(acc);
