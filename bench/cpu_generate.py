@@ -3,7 +3,8 @@
 
 usage: bench/cpu_generate.py [--model PATH] [--threads T] [--prompt-tokens P] [--gen N] [--reps R]
 Run it with the test venv's Python (scripts/setup-venv.sh makes it; llama-cpp-python is in it) after
-`scripts/build.sh release`. Prints one table: tokens/s for each engine, kiln / llama.cpp, and the decode speed
+`scripts/build.sh release`. Prints one table: tokens/s for llama.cpp and for kiln in both matmul modes (exact f32 activations, the default,
+and --quantize-activations), each as a ratio to llama.cpp, and the decode speed
 the machine's memory bandwidth allows (weights bytes read once per token; bandwidth measured here with numpy).
 """
 import argparse
@@ -22,9 +23,9 @@ TEXT = ("The lighthouse keeper wrote down the weather every morning: wind, cloud
         "Over thirty years the notebooks filled a shelf, then a cupboard, then the small room under the stairs. ")
 
 
-def kiln_run(model, prompt, threads, n):
-    res = subprocess.run([str(KILN), "run", "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
-                          "-t", str(threads), "-c", "2048"], capture_output=True, text=True, check=True)
+def kiln_run(model, prompt, threads, n, extra):
+    res = subprocess.run([str(KILN), "run", "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0", "--ignore-eos",
+                          "-t", str(threads), "-c", "2048", *extra], capture_output=True, text=True, check=True)
     pre = re.search(r"prompt:\s+(\d+) tokens \(\d+ cached\) in (\d+) ms, ([\d.]+) tokens/s", res.stderr)
     dec = re.search(r"decode:\s+(\d+) tokens in (\d+) ms, ([\d.]+) tokens/s", res.stderr)
     return int(pre.group(1)), float(pre.group(3)), float(dec.group(3))
@@ -69,11 +70,14 @@ def main():
                 n_batch=512, logits_all=False, verbose=False)
     tokens = llm.tokenize((TEXT * 40).encode(), add_bos=False)[: args.prompt_tokens]
     prompt = llm.detokenize(tokens).decode()
-    k_pre, k_dec, l_pre, l_dec = [], [], [], []
-    for _ in range(args.reps):  # interleaved so both see the same machine state
-        n_prompt, p, d = kiln_run(args.model, prompt, args.threads, args.gen)
-        k_pre.append(p)
-        k_dec.append(d)
+    modes = {"kiln": [], "kiln -qa": ["--quantize-activations"]}
+    k_pre, k_dec = {m: [] for m in modes}, {m: [] for m in modes}
+    l_pre, l_dec = [], []
+    for _ in range(args.reps):  # interleaved so every engine sees the same machine state
+        for mode, extra in modes.items():
+            n_prompt, p, d = kiln_run(args.model, prompt, args.threads, args.gen, extra)
+            k_pre[mode].append(p)
+            k_dec[mode].append(d)
         p, d = llama_cpp_run(llm, llm.tokenize(prompt.encode(), add_bos=False), args.gen)
         l_pre.append(p)
         l_dec.append(d)
@@ -81,11 +85,15 @@ def main():
     bw = memory_bandwidth_gbs()
     print(f"model {Path(args.model).name}, {args.threads} threads, prompt {n_prompt} tokens, {args.gen} generated, "
           f"best of {args.reps}")
-    print(f"{'':10} {'kiln tok/s':>12} {'llama.cpp tok/s':>16} {'kiln/llama.cpp':>15}")
-    for name, k, l in (("prefill", max(k_pre), max(l_pre)), ("decode", max(k_dec), max(l_dec))):
-        print(f"{name:10} {k:12.1f} {l:16.1f} {k / l:15.2f}")
-    print(f"memory bandwidth {bw:.1f} GB/s (numpy copy): decode limit ~{bw * 1e9 / weight_bytes:.0f} tok/s "
-          f"for {weight_bytes / 1e6:.0f} MB of weights; kiln decode is {max(k_dec) / (bw * 1e9 / weight_bytes):.1%} of it")
+    print(f"{'':10} {'engine':10} {'tok/s':>8} {'vs llama.cpp':>13}")
+    limit = bw * 1e9 / weight_bytes
+    for name, k, l in (("prefill", k_pre, max(l_pre)), ("decode", k_dec, max(l_dec))):
+        print(f"{name:10} {'llama.cpp':10} {l:8.1f} {1.0:13.2f}")
+        for mode in modes:
+            print(f"{name:10} {mode:10} {max(k[mode]):8.1f} {max(k[mode]) / l:13.2f}")
+    print(f"memory bandwidth {bw:.1f} GB/s (numpy copy): decode limit ~{limit:.0f} tok/s for {weight_bytes / 1e6:.0f} MB "
+          f"of weights; best kiln decode {max(max(v) for v in k_dec.values()) / limit:.1%} of it, llama.cpp "
+          f"{max(l_dec) / limit:.1%}")
 
 
 if __name__ == "__main__":

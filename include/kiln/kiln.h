@@ -32,9 +32,9 @@ struct EngineOptions {
   int32_t kv_block_size = 16;      // tokens per KV cache block
   std::string kv_type = "f32";     // "f32" or "f16"
   std::string backend = "cpu";
-  // Matmuls on 8-bit quantized activations with integer dot products, as llama.cpp does (faster; ~1e-3
-  // relative error per product). false: exact f32 activations.
-  bool quantize_activations = true;
+  // Matmuls on 8-bit quantized activations with integer dot products, as llama.cpp does (faster decode;
+  // ~1e-3 relative error per product). false: exact f32 activations.
+  bool quantize_activations = false;
 };
 
 struct ChatMessage {

@@ -5,7 +5,7 @@
 2. kiln vs llama.cpp (llama-cpp-python, same GGUF): teacher-forced over >= 1,000 positions, top-1 agreement
    >= 95%, mean KL(llama.cpp || kiln) <= 5e-3, and every top-1 disagreement a near tie in llama.cpp's logits;
    greedy 32-token continuations identical on >= 6 of 10 prompts, every divergence at a near tie. Both of kiln's
-   matmul modes are held to it: exact f32 activations and 8-bit activations (quantize_x, the engine default).
+   matmul modes are held to it: exact f32 activations and 8-bit activations (quantize_x, `kiln run --quantize-activations`).
    llama.cpp rounds activations to 8 bits inside its quantized matmuls (and its K/V to f16), so its logits carry
    noise of ~0.1 (median) to ~0.3 (95th percentile) at the top token; it is compared statistically, not
    elementwise. Measured on SmolLM2 Q4_1: the exact f64 reference gets top-1 96.6%, mean KL 2.6e-3, 6 of 10
@@ -43,7 +43,7 @@ REF_REL_L2 = 1e-4  # per-position ||kiln - ref|| / ||ref||
 N_REF_GREEDY = 16  # generated tokens compared with llama_ref, for the first 3 prompts
 WINDOW = 544  # tokens per teacher-forced window; N_WINDOWS * WINDOW >= 1,000 positions
 N_WINDOWS = 2
-MIN_TOP1 = 0.95  # kiln (8-bit activations, the engine default) vs llama.cpp: fraction of positions, same argmax
+MIN_TOP1 = 0.95  # kiln (8-bit activations) vs llama.cpp: fraction of positions, same argmax
 MIN_TOP1_EXACT = 0.95  # exact f32 kiln (and the f64 reference) vs llama.cpp
 MAX_MEAN_KL = 5e-3  # vs llama.cpp: mean KL(llama.cpp || kiln), nats
 NEAR_TIE = 0.5  # vs llama.cpp: a disagreement is a near tie when llama.cpp prefers its pick by <= this (logits)
@@ -113,7 +113,7 @@ def run_driver(args: list, stdin_obj, timeout: int = 600) -> dict:
 
 def kiln_logits(seqs: list[list[int]], out: Path, chunk: int | None = None, quantize_x: bool = False) -> list[np.ndarray]:
     """kiln's logits of every token of every sequence (one batch), as float32 [len(seq), n_vocab] per sequence.
-    quantize_x: matmuls on 8-bit activations (the engine's default, llama.cpp's arithmetic); else exact f32."""
+    quantize_x: matmuls on 8-bit activations (as llama.cpp computes); else exact f32."""
     args = ["logits", model_path(), out, "--threads", THREADS] + (["--quantize-x"] if quantize_x else [])
     if chunk is not None:
         args += ["--chunk", chunk]

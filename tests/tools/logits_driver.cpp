@@ -1,6 +1,6 @@
 // Runs kiln's forward pass for tests/python/test_llama_parity.py.
 // usage:
-// Every mode takes --quantize-x: matmuls on 8-bit activations (the engine's default); without it, exact f32;
+// Every mode takes --quantize-x: matmuls on 8-bit activations; without it, exact f32 (the default);
 // and --kv-f16: an f16 KV cache (default f32).
 //   logits_driver logits MODEL OUT.f32 [--chunk N] [--threads T]
 //     stdin: a JSON list of token-id lists, one per sequence. All sequences go through Model::forward

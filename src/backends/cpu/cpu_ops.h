@@ -5,6 +5,14 @@
 #include "core/thread_pool.h"
 #include "ops/ops.h"
 
+// Hot loops are compiled for AVX2 and for baseline x86-64 and picked at load time from cpuid (GCC/Clang
+// target_clones); elsewhere they are compiled once. The per-ISA SIMD layer replaces this.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define KILN_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KILN_CPU_CLONES
+#endif
+
 namespace kiln::cpu {
 
 void run(ThreadPool& pool, const ops::Op& op);
