@@ -90,8 +90,7 @@ Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const 
 
 // out = Wdown · (act(Wgate·x) * (Wup·x)).   x: [n_embd, n_tokens].
 Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w_gate,
-                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind,
-                         bool quantize_x);
+                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind, bool quantize_x);
 
 // dst = rms_norm(x) * w
 Result<Tensor> rms_norm(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w, float eps);

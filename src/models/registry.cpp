@@ -11,7 +11,8 @@ Result<std::unique_ptr<Model>> make_llama(std::shared_ptr<const gguf::File> file
 
 namespace {
 
-using Factory = Result<std::unique_ptr<Model>> (*)(std::shared_ptr<const gguf::File>, Backend&, const ModelOptions&);
+using Factory = Result<std::unique_ptr<Model>> (*)(std::shared_ptr<const gguf::File>, Backend&,
+                                                   const ModelOptions&);
 struct Entry {
   std::string_view architecture;
   Factory make;

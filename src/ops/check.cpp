@@ -272,19 +272,15 @@ DType activation_type(DType w) {
     case DType::q4_0:
     case DType::q5_0:
     case DType::q8_0:
-    case DType::iq4_nl:
-      return DType::q8_0;
+    case DType::iq4_nl: return DType::q8_0;
     case DType::q4_1:
-    case DType::q5_1:
-      return DType::q8_1;
+    case DType::q5_1: return DType::q8_1;
     case DType::q2_k:
     case DType::q3_k:
     case DType::q4_k:
     case DType::q5_k:
-    case DType::q6_k:
-      return DType::q8_k;
-    default:
-      return DType::f32;
+    case DType::q6_k: return DType::q8_k;
+    default: return DType::f32;
   }
 }
 

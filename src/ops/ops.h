@@ -22,10 +22,10 @@ struct GetRows {
   Tensor dst;
 };
 
-// dst[j, i] = sum_k w[k, j] * x[k, i].   w: any type [k, n] (rows contiguous); x: f32 [k, m]; dst: f32 [n, m].
-// quantize_x: each x row is first rounded to the weight type's activation format (activation_type(): q8_0, q8_1
-// or q8_K blocks, as llama.cpp does), so the products become integer dot products — faster, at ~1e-3 relative
-// error. Weight types without one (f32, f16, bf16) ignore it.
+// dst[j, i] = sum_k w[k, j] * x[k, i].   w: any type [k, n] (rows contiguous); x: f32 [k, m]; dst: f32 [n,
+// m]. quantize_x: each x row is first rounded to the weight type's activation format (activation_type():
+// q8_0, q8_1 or q8_K blocks, as llama.cpp does), so the products become integer dot products — faster, at
+// ~1e-3 relative error. Weight types without one (f32, f16, bf16) ignore it.
 struct Matmul {
   Tensor w;
   Tensor x;

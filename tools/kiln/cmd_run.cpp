@@ -51,9 +51,10 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-s,--seed", o.sampling.seed, "Random seed")->capture_default_str();
   cmd->add_option("--stop", o.sampling.stop, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", o.sampling.ignore_eos, "Keep generating after end-of-generation tokens");
-  cmd->add_flag("--quantize-activations", o.quantize_activations,
-                "8-bit activations with integer dot products in the matmuls, as llama.cpp does (faster decode, "
-                "~1e-3 relative error; default: exact f32)");
+  cmd->add_flag(
+      "--quantize-activations", o.quantize_activations,
+      "8-bit activations with integer dot products in the matmuls, as llama.cpp does (faster decode, "
+      "~1e-3 relative error; default: exact f32)");
 }
 
 Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {

@@ -1,10 +1,11 @@
 // matmul on the CPU: dst[j, i] = w[:, j] . x[:, i]. Threads split the weight rows (groups of kRows).
-// - f32 activations: each thread dequantizes kRows weight rows at a time into its own f32 buffer and reuses them
+// - f32 activations: each thread dequantizes kRows weight rows at a time into its own f32 buffer and reuses
+// them
 //   for every activation row, so a weight byte is read once per call however many tokens the batch holds; f32
 //   weights are used in place.
 // - quantize_x: the activation rows are quantized once per call to the weight type's activation format; q4_0,
-//   q4_1 and q8_0 weights then take integer dot products block by block (dot_int8_rows); the other types use the
-//   f32 path on the rounded activations (the same result, without the speed).
+//   q4_1 and q8_0 weights then take integer dot products block by block (dot_int8_rows); the other types use
+//   the f32 path on the rounded activations (the same result, without the speed).
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
@@ -54,12 +55,12 @@ void matmul_f32(ThreadPool& pool, const ops::Matmul& op, XRow x_row) {
       /*min_chunk=*/4);
 }
 
-// The integer path works on unpacked rows: int8 quants [k], one f32 scale per 32-block [nb], and for weights with
-// a minimum (q4_1) one f32 minimum per block. A weight row is unpacked once and reused for every token.
+// The integer path works on unpacked rows: int8 quants [k], one f32 scale per 32-block [nb], and for weights
+// with a minimum (q4_1) one f32 minimum per block. A weight row is unpacked once and reused for every token.
 struct Int8Row {
-  std::vector<int8_t> q;    // [k]
-  std::vector<float> d;     // [nb] block scales
-  std::vector<float> m;     // [nb] weight minimums (q4_1), or activation d * sum(q) (q8_1); empty when unused
+  std::vector<int8_t> q;  // [k]
+  std::vector<float> d;   // [nb] block scales
+  std::vector<float> m;   // [nb] weight minimums (q4_1), or activation d * sum(q) (q8_1); empty when unused
 };
 
 // Unpacks weight row `src` of type `t` (q4_0, q4_1, q8_0); false for any other type.
@@ -95,7 +96,8 @@ bool unpack_weight_row(DType t, const uint8_t* src, int64_t nb, Int8Row& out) {
   return true;
 }
 
-// Unpacks an activation row quantized to q8_0 or q8_1; for q8_1, m[b] = d * sum of the block's quants (exact sum).
+// Unpacks an activation row quantized to q8_0 or q8_1; for q8_1, m[b] = d * sum of the block's quants (exact
+// sum).
 void unpack_activation_row(DType t, const uint8_t* src, int64_t nb, Int8Row& out) {
   out.q.resize(nb * kQK);
   out.d.resize(nb);
@@ -169,7 +171,8 @@ void matmul(ThreadPool& pool, const ops::Matmul& op) {
         Int8Row wr;
         for (int64_t j = j0; j < j1; ++j) {
           unpack_weight_row(op.w.type, op.w.row(j), nb, wr);
-          for (int64_t i = 0; i < m; ++i) reinterpret_cast<float*>(op.dst.flat_row(i))[j] = dot_int8_rows(wr, xr[i], nb);
+          for (int64_t i = 0; i < m; ++i)
+            reinterpret_cast<float*>(op.dst.flat_row(i))[j] = dot_int8_rows(wr, xr[i], nb);
         }
       },
       /*min_chunk=*/16);
