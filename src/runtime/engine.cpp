@@ -4,6 +4,8 @@
 // was in the batch, streams their text and retires the finished ones (their KV blocks go back to the pool).
 // When the cache has no block for a sequence, the newest other running request is preempted: its blocks are
 // freed and it goes back to the front of the queue, to be recomputed from its tokens so far.
+#include <openssl/crypto.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -37,6 +39,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+  // libcrypto initialises itself on first use, on whichever thread: do it here, on the caller's thread, whose
+  // state libcrypto releases at exit, rather than on the engine thread.
+  if (OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr) != 1) {
+    return make_status(StatusCode::internal, "cannot initialise libcrypto (SHA-256 for the KV cache)");
+  }
   auto impl = std::make_unique<Impl>();
   KILN_TRY(impl->load(options));
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -154,6 +161,7 @@ void Engine::Impl::loop() {
   open.insert(open.end(), running.begin(), running.end());
   for (auto& s : open) finish(*s, FinishReason::cancelled, "");
   running.clear();
+  OPENSSL_thread_stop();  // libcrypto's per-thread state of this thread (the KV cache hashes blocks here)
 }
 
 void Engine::Impl::admit() {
