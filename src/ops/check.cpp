@@ -158,6 +158,9 @@ Status check(const KvWrite& op) {
   KILN_TRY(need_f32("kv_write", "k", op.k));
   KILN_TRY(need_f32("kv_write", "v", op.v));
   KILN_TRY(need_same("kv_write", "k", op.k, "v", op.v));
+  if (op.k.ne[3] != 1)
+    return invalid_argument("kv_write: k is {}, expected 3-d [head_dim, n_kv_heads, n_tokens]",
+                            op.k.describe());
   KILN_TRY(need_pool("kv_write", "k_pool", op.k_pool, op.k.ne[0], op.k.ne[1]));
   KILN_TRY(need_pool("kv_write", "v_pool", op.v_pool, op.k.ne[0], op.k.ne[1]));
   KILN_TRY(need_same("kv_write", "k_pool", op.k_pool, "v_pool", op.v_pool));
@@ -183,6 +186,13 @@ Status check(const Attention& op) {
   KILN_TRY(need_pool("attention", "k_pool", op.k_pool, head_dim, n_kv));
   KILN_TRY(need_pool("attention", "v_pool", op.v_pool, head_dim, n_kv));
   KILN_TRY(need_same("attention", "k_pool", op.k_pool, "v_pool", op.v_pool));
+  if (op.k_pool.type != op.v_pool.type) {
+    return invalid_argument("attention: k_pool is {} but v_pool is {}", dtype_name(op.k_pool.type),
+                            dtype_name(op.v_pool.type));
+  }
+  if (op.q.ne[3] != 1)
+    return invalid_argument("attention: q is {}, expected 3-d [head_dim, n_heads, n_tokens]",
+                            op.q.describe());
   if (n_kv <= 0 || n_heads % n_kv != 0) {
     return invalid_argument("attention: {} query heads are not a multiple of {} kv heads", n_heads, n_kv);
   }

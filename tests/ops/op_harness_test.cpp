@@ -679,6 +679,10 @@ TEST(OpCheck, KvWrite) {
   expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool_h.t, slots}, kInvalid, "types differ");
   expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool.t, one}, kInvalid, "slots");
   expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool.t, bad}, kRange, "slots[1]");
+  Tensor k4 = o.x.t;
+  k4.ne[3] = 2;
+  k4.ne[2] = 1;
+  expect_rejected(KvWrite{k4, k4, pool.t, pool.t, one}, kInvalid, "expected 3-d");
 }
 
 TEST(OpCheck, Attention) {
@@ -710,6 +714,12 @@ TEST(OpCheck, Attention) {
   expect_rejected(op([&](Attention& a) { a.k_pool = a.v_pool = no_blocks; }), kInvalid, "block_size");
   expect_rejected(op([&](Attention& a) { a.window = -1; }), kInvalid, "window");
   expect_rejected(op([&](Attention& a) { a.softcap = -1.0f; }), kInvalid, "softcap");
+  const Host pool_h = make_pool(DType::f16, 8, 2, 2, 3, rng);
+  expect_rejected(op([&](Attention& a) { a.v_pool = pool_h.t; }), kInvalid, "v_pool is f16");
+  Tensor q4 = o.x.t;  // a 4-d q: the kernels read only the first [.., .., ..] slice
+  q4.ne[3] = 2;
+  q4.ne[2] = 1;
+  expect_rejected(op([&](Attention& a) { a.q = a.dst = q4; }), kInvalid, "expected 3-d");
 }
 
 // ---- perf: KILN_OPS_PERF=1 ----
