@@ -318,8 +318,9 @@ TEST(OpHarness, Matmul) {
       const Host x = make_f32(sh.layout, k, sh.m1, sh.m2, &rng);
       const Host dst = make_f32(sh.layout, sh.n, sh.m1, sh.m2, nullptr);
       for (bool qx : {false, true}) {
-        const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n, k,
-                                             sh.m1, sh.m2, layout_name(sh.layout), qx ? " quantize_x" : "");
+        const std::string what =
+            fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n, k, sh.m1, sh.m2,
+                        layout_name(sh.layout), qx ? " quantize_x" : "");
         expect_matches_ref(what, dst, kMatmul, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d, qx}); });
       }
     }
