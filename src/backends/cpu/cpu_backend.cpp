@@ -51,9 +51,4 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options.n_threads);
 }
 
-Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options) {
-  if (name == "cpu") return make_cpu_backend(options);
-  return not_found("backend \"{}\" is not available (available: cpu)", name);
-}
-
 }  // namespace kiln
