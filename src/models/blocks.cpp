@@ -142,6 +142,8 @@ Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const 
   KILN_TRY(backend.run(ops::Matmul{w.wq, x, reshape(q, hd * shape.n_heads, n_tokens), quantize_x}));
   KILN_TRY(backend.run(ops::Matmul{w.wk, x, reshape(k, hd * shape.n_kv_heads, n_tokens), quantize_x}));
   KILN_TRY(backend.run(ops::Matmul{w.wv, x, reshape(v, hd * shape.n_kv_heads, n_tokens), quantize_x}));
+  if (w.q_norm.data != nullptr) KILN_TRY(backend.run(ops::RmsNorm{q, w.q_norm, shape.norm_eps, false, q}));
+  if (w.k_norm.data != nullptr) KILN_TRY(backend.run(ops::RmsNorm{k, w.k_norm, shape.norm_eps, false, k}));
   KILN_TRY(backend.run(ops::Rope{q, batch.positions, rope, q}));
   KILN_TRY(backend.run(ops::Rope{k, batch.positions, rope, k}));
   KILN_TRY(backend.run(ops::KvWrite{k, v, kv.k[layer], kv.v[layer], step.slots}));

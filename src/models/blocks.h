@@ -64,15 +64,17 @@ Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights,
 // The per-layer weights of a standard attention block.
 struct AttentionWeights {
   Tensor wq, wk, wv, wo;  // [n_embd, n_heads*head_dim] ... [n_heads*head_dim, n_embd]
+  Tensor q_norm, k_norm;  // [head_dim] RMSNorm of each query / key head before RoPE (Gemma 3, Qwen3), or none
 };
 
 struct AttentionShape {
   int32_t n_heads = 0;
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
-  float scale = 0.0f;    // on q.k, usually 1/sqrt(head_dim)
-  float softcap = 0.0f;  // 0: none
-  int32_t window = 0;    // 0: full attention
+  float scale = 0.0f;      // on q.k, usually 1/sqrt(head_dim)
+  float softcap = 0.0f;    // 0: none
+  int32_t window = 0;      // 0: full attention
+  float norm_eps = 1e-6f;  // of q_norm / k_norm
 };
 
 // Per-forward values shared by every layer: where each token's K/V goes.

@@ -8,6 +8,8 @@ namespace kiln {
 // Each architecture file defines its factory.
 Result<std::unique_ptr<Model>> make_llama(std::shared_ptr<const gguf::File> file, Backend& backend,
                                           const ModelOptions& options);
+Result<std::unique_ptr<Model>> make_gemma3(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                           const ModelOptions& options);
 
 namespace {
 
@@ -20,6 +22,7 @@ struct Entry {
 
 constexpr Entry kArchitectures[] = {
     {"llama", make_llama},
+    {"gemma3", make_gemma3},
 };
 
 }  // namespace

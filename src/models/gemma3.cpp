@@ -1,0 +1,175 @@
+// Gemma 3: pre- and post-norms around attention and FFN (RMSNorm; GGUF stores the weights with Gemma's "+1"
+// already added), the embedding scaled by sqrt(n_embd), RMSNorm of each query and key head (QK-norm), NeoX
+// RoPE, GeGLU (tanh GELU), attention scaled by 1/sqrt(head_dim), and layers interleaved five sliding-window
+// (local RoPE base) to one global (global RoPE base, with the model's RoPE scaling). Output head tied to the
+// embedding unless output.weight exists.
+//
+// Tensors (GGUF names, shapes innermost first):
+//   token_embd.weight [n_embd, n_vocab]   output_norm.weight [n_embd]   output.weight [n_embd, n_vocab]?
+//   blk.N.attn_norm / post_attention_norm / ffn_norm / post_ffw_norm.weight [n_embd]
+//   blk.N.attn_q.weight [n_embd, n_head*hd]   blk.N.attn_k/v.weight [n_embd, n_kv*hd]   attn_output
+//   [n_head*hd, n_embd] blk.N.attn_q_norm / attn_k_norm.weight [hd] blk.N.ffn_gate/up.weight [n_embd, n_ff]
+//   blk.N.ffn_down.weight [n_ff, n_embd]
+#include <cmath>
+
+#include "models/blocks.h"
+#include "models/model.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr int32_t kSwaPattern = 6;  // of every 6 layers, the first 5 use the sliding window
+
+struct Gemma3Layer {
+  Tensor attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+  blocks::AttentionWeights attn;
+  Tensor ffn_gate, ffn_up, ffn_down;
+  bool sliding = false;
+};
+
+class Gemma3 final : public Model {
+ public:
+  Gemma3(std::shared_ptr<const gguf::File> file, Backend& backend, const ModelOptions& options)
+      : file_(std::move(file)), backend_(backend), arena_(backend), options_(options) {}
+
+  Status load() {
+    const gguf::File& f = *file_;
+    const std::string a = "gemma3";
+    info_.architecture = a;
+    KILN_ASSIGN_OR_RETURN(info_.name, f.get_string_or("general.name", f.name()));
+    KILN_ASSIGN_OR_RETURN(info_.n_embd, blocks::hparam_int(f, a + ".embedding_length", {}));
+    KILN_ASSIGN_OR_RETURN(info_.n_layers, blocks::hparam_int(f, a + ".block_count", {}));
+    KILN_ASSIGN_OR_RETURN(n_ff_, blocks::hparam_int(f, a + ".feed_forward_length", {}));
+    KILN_ASSIGN_OR_RETURN(shape_.n_heads, blocks::hparam_int(f, a + ".attention.head_count", {}));
+    KILN_ASSIGN_OR_RETURN(shape_.n_kv_heads,
+                          blocks::hparam_int(f, a + ".attention.head_count_kv", shape_.n_heads));
+    KILN_ASSIGN_OR_RETURN(info_.n_ctx_train, blocks::hparam_int(f, a + ".context_length", 32768));
+    KILN_ASSIGN_OR_RETURN(eps_, blocks::hparam_float(f, a + ".attention.layer_norm_rms_epsilon", 1e-6f));
+    KILN_ASSIGN_OR_RETURN(window_, blocks::hparam_int(f, a + ".attention.sliding_window", 4096));
+    if (shape_.n_heads % shape_.n_kv_heads != 0) {
+      return invalid_argument("{}: head_count {} is not a multiple of head_count_kv {}", f.name(),
+                              shape_.n_heads, shape_.n_kv_heads);
+    }
+    KILN_ASSIGN_OR_RETURN(shape_.head_dim, blocks::hparam_int(f, a + ".attention.key_length", 256));
+    KILN_ASSIGN_OR_RETURN(int32_t v_dim,
+                          blocks::hparam_int(f, a + ".attention.value_length", shape_.head_dim));
+    if (v_dim != shape_.head_dim) {
+      return unimplemented("{}: value_length {} differs from key_length {}", f.name(), v_dim,
+                           shape_.head_dim);
+    }
+    shape_.scale = 1.0f / std::sqrt(static_cast<float>(shape_.head_dim));
+    shape_.norm_eps = eps_;
+    info_.head_dim = shape_.head_dim;
+    info_.n_kv_heads = shape_.n_kv_heads;
+
+    blocks::WeightLoader w(f, backend_);
+    const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
+    if (embd == nullptr || embd->shape.size() != 2) {
+      return invalid_argument("{}: token_embd.weight is missing or not 2-d", f.name());
+    }
+    info_.n_vocab = static_cast<int32_t>(embd->shape[1]);
+    const int64_t e = info_.n_embd, hd = shape_.head_dim, q_dim = int64_t{shape_.n_heads} * hd,
+                  kv_dim = int64_t{shape_.n_kv_heads} * hd;
+    KILN_ASSIGN_OR_RETURN(tok_embd_, w.get("token_embd.weight", e, info_.n_vocab));
+    KILN_ASSIGN_OR_RETURN(output_norm_, w.get("output_norm.weight", e));
+    KILN_ASSIGN_OR_RETURN(output_, w.get_optional("output.weight", e, info_.n_vocab));
+    if (output_.data == nullptr) output_ = tok_embd_;
+    KILN_ASSIGN_OR_RETURN(rope_global_,
+                          blocks::read_rope(f, w, a, shape_.head_dim, ops::RopeLayout::rope_layout_neox));
+    rope_local_ = rope_global_;  // local layers: their own base, no scaling
+    rope_local_.scaling = ops::RopeScaling::rope_scaling_none;
+    rope_local_.factor = 1.0f;
+    rope_local_.freq_factors = nullptr;
+    KILN_ASSIGN_OR_RETURN(rope_local_.freq_base,
+                          blocks::hparam_float(f, a + ".rope.freq_base_swa", 10000.0f));
+    layers_.resize(info_.n_layers);
+    for (int32_t l = 0; l < info_.n_layers; ++l) {
+      Gemma3Layer& L = layers_[l];
+      const std::string p = "blk." + std::to_string(l) + ".";
+      L.sliding = l % kSwaPattern < kSwaPattern - 1;
+      KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.post_attn_norm, w.get(p + "post_attention_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.post_ffn_norm, w.get(p + "post_ffw_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.attn.wq, w.get(p + "attn_q.weight", e, q_dim));
+      KILN_ASSIGN_OR_RETURN(L.attn.wk, w.get(p + "attn_k.weight", e, kv_dim));
+      KILN_ASSIGN_OR_RETURN(L.attn.wv, w.get(p + "attn_v.weight", e, kv_dim));
+      KILN_ASSIGN_OR_RETURN(L.attn.wo, w.get(p + "attn_output.weight", q_dim, e));
+      KILN_ASSIGN_OR_RETURN(L.attn.q_norm, w.get(p + "attn_q_norm.weight", hd));
+      KILN_ASSIGN_OR_RETURN(L.attn.k_norm, w.get(p + "attn_k_norm.weight", hd));
+      KILN_ASSIGN_OR_RETURN(L.ffn_gate, w.get(p + "ffn_gate.weight", e, n_ff_));
+      KILN_ASSIGN_OR_RETURN(L.ffn_up, w.get(p + "ffn_up.weight", e, n_ff_));
+      KILN_ASSIGN_OR_RETURN(L.ffn_down, w.get(p + "ffn_down.weight", n_ff_, e));
+    }
+    info_.n_params = w.n_params();
+    info_.weight_bytes = w.n_bytes();
+    return Status::ok_status();
+  }
+
+  const ModelInfo& info() const override { return info_; }
+
+  Status forward(const Batch& batch, KvBuffers& kv, float* logits) override {
+    KILN_TRY(check_batch(batch, info_.n_vocab, kv.block_size));
+    if (static_cast<int32_t>(kv.k.size()) != info_.n_layers) {
+      return invalid_argument("forward: KV buffers have {} layers, the model {}", kv.k.size(),
+                              info_.n_layers);
+    }
+    arena_.reset();
+    const int64_t n = batch.n_tokens(), e = info_.n_embd;
+    const bool qx = options_.quantize_activations;
+    const blocks::StepInfo step = blocks::make_step(batch, kv.block_size);
+    KILN_ASSIGN_OR_RETURN(Tensor x, arena_.f32(e, n));  // [n_embd, n_tokens] the residual stream
+    KILN_TRY(backend_.run(ops::GetRows{tok_embd_, batch.tokens, x}));
+    KILN_TRY(backend_.run(ops::Scale{x, std::sqrt(static_cast<float>(e)), x}));
+    for (int32_t l = 0; l < info_.n_layers; ++l) {
+      const Gemma3Layer& L = layers_[l];
+      blocks::AttentionShape shape = shape_;
+      shape.window = L.sliding ? window_ : 0;
+      KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, x, L.attn_norm, eps_));
+      KILN_ASSIGN_OR_RETURN(Tensor att,
+                            blocks::attention(backend_, arena_, h, L.attn, shape,
+                                              L.sliding ? rope_local_ : rope_global_, step, kv, l, qx));
+      KILN_TRY(backend_.run(ops::RmsNorm{att, L.post_attn_norm, eps_, false, att}));
+      KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
+      KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
+      KILN_ASSIGN_OR_RETURN(Tensor ffn, blocks::gated_ffn(backend_, arena_, h, L.ffn_gate, L.ffn_up,
+                                                          L.ffn_down, ops::GluKind::glu_kind_gelu_tanh, qx));
+      KILN_TRY(backend_.run(ops::RmsNorm{ffn, L.post_ffn_norm, eps_, false, ffn}));
+      KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
+    }
+    if (batch.logit_rows.empty()) return Status::ok_status();
+    KILN_ASSIGN_OR_RETURN(Tensor sel, blocks::select_rows(backend_, arena_, x, batch.logit_rows));
+    KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, sel, output_norm_, eps_));
+    const Tensor out =
+        make_tensor(DType::f32, logits, info_.n_vocab, static_cast<int64_t>(batch.logit_rows.size()));
+    KILN_TRY(backend_.run(ops::Matmul{output_, h, out, qx}));
+    backend_.synchronize();
+    return Status::ok_status();
+  }
+
+ private:
+  std::shared_ptr<const gguf::File> file_;
+  Backend& backend_;
+  blocks::Arena arena_;
+  ModelOptions options_;
+  ModelInfo info_;
+  blocks::AttentionShape shape_;
+  ops::RopeParams rope_global_, rope_local_;
+  int32_t n_ff_ = 0;
+  int32_t window_ = 0;
+  float eps_ = 1e-6f;
+  Tensor tok_embd_, output_norm_, output_;
+  std::vector<Gemma3Layer> layers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> make_gemma3(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                           const ModelOptions& options) {
+  auto m = std::make_unique<Gemma3>(std::move(file), backend, options);
+  KILN_TRY(m->load());
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace kiln
