@@ -1,5 +1,6 @@
 // make_backend: the one place that lists the backends.
 #include "backends/backend.h"
+
 #include "backends/cpu/cpu_backend.h"
 
 namespace kiln {
