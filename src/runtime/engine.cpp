@@ -299,6 +299,7 @@ void Engine::Impl::sample_and_emit(const std::shared_ptr<Seq>& sp, std::span<con
     running.erase(std::find(running.begin(), running.end(), sp));
     finish(s, reason, error);
   };
+  if (s.params.max_tokens == 0) return retire(FinishReason::length, "");  // prefill only
   auto sampled = s.sampler->sample(row_logits, s.tokens);
   if (!sampled.ok()) return retire(FinishReason::error, sampled.status().message());
   if (s.stats.n_generated == 0) s.t_first = std::chrono::steady_clock::now();

@@ -96,6 +96,16 @@ TEST(Engine, MaxTokensAndStopStrings) {
   EXPECT_EQ(st->finish, FinishReason::length);
   EXPECT_EQ(a.finals, 1);
   EXPECT_NE(a.text.find("Paris"), std::string::npos) << a.text;
+  // max_tokens 0: the prompt is computed, nothing is generated.
+  Collected z;
+  id = engine().submit(greedy("The capital of France is", 0), collect(z));
+  ASSERT_TRUE(id.ok());
+  st = engine().wait(*id);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->n_generated, 0);
+  EXPECT_EQ(st->finish, FinishReason::length);
+  EXPECT_TRUE(z.tokens.empty());
+  EXPECT_EQ(z.finals, 1);
   // The same request stopped at "Paris": the text ends before it.
   Request r = greedy("The capital of France is", 16);
   r.sampling.stop = {"Paris"};
