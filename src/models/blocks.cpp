@@ -165,17 +165,76 @@ Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const 
   return out;
 }
 
-Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w_gate,
-                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind, bool quantize_x) {
-  const int64_t n_tokens = x.ne[1], n_ff = w_gate.ne[1];
+Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const FfnWeights& w,
+                         ops::GluKind kind, bool quantize_x) {
+  const int64_t n_tokens = x.ne[1], n_ff = w.gate.ne[1];
   KILN_ASSIGN_OR_RETURN(Tensor g, arena.f32(n_ff, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor u, arena.f32(n_ff, n_tokens));
-  KILN_TRY(backend.run(ops::Matmul{w_gate, x, g, quantize_x}));
-  KILN_TRY(backend.run(ops::Matmul{w_up, x, u, quantize_x}));
+  KILN_TRY(backend.run(ops::Matmul{w.gate, x, g, quantize_x}));
+  KILN_TRY(backend.run(ops::Matmul{w.up, x, u, quantize_x}));
   KILN_TRY(backend.run(ops::GatedAct{g, u, kind, g}));
-  KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(w_down.ne[1], n_tokens));
-  KILN_TRY(backend.run(ops::Matmul{w_down, g, out, quantize_x}));
+  KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(w.down.ne[1], n_tokens));
+  KILN_TRY(backend.run(ops::Matmul{w.down, g, out, quantize_x}));
   return out;
+}
+
+Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info) {
+  const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
+  if (embd == nullptr || embd->shape.size() != 2) {
+    return invalid_argument("{}: token_embd.weight is missing or not 2-d", file.name());
+  }
+  if (embd->shape[1] <= 0 || embd->shape[1] > (int64_t{1} << 30)) {
+    return invalid_argument("{}: token_embd.weight has {} rows", file.name(), embd->shape[1]);
+  }
+  info.n_vocab = static_cast<int32_t>(embd->shape[1]);
+  EmbeddingWeights w;
+  KILN_ASSIGN_OR_RETURN(w.tok_embd, weights.get("token_embd.weight", info.n_embd, info.n_vocab));
+  KILN_ASSIGN_OR_RETURN(w.output_norm, weights.get("output_norm.weight", info.n_embd));
+  KILN_ASSIGN_OR_RETURN(w.output, weights.get_optional("output.weight", info.n_embd, info.n_vocab));
+  if (w.output.data == nullptr) w.output = w.tok_embd;  // tied
+  return w;
+}
+
+Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string& prefix, int64_t n_embd,
+                                        const AttentionShape& shape, bool qk_norm) {
+  const int64_t hd = shape.head_dim, q_dim = shape.n_heads * hd, kv_dim = shape.n_kv_heads * hd;
+  AttentionWeights w;
+  KILN_ASSIGN_OR_RETURN(w.wq, weights.get(prefix + "attn_q.weight", n_embd, q_dim));
+  KILN_ASSIGN_OR_RETURN(w.wk, weights.get(prefix + "attn_k.weight", n_embd, kv_dim));
+  KILN_ASSIGN_OR_RETURN(w.wv, weights.get(prefix + "attn_v.weight", n_embd, kv_dim));
+  KILN_ASSIGN_OR_RETURN(w.wo, weights.get(prefix + "attn_output.weight", q_dim, n_embd));
+  if (qk_norm) {
+    KILN_ASSIGN_OR_RETURN(w.q_norm, weights.get(prefix + "attn_q_norm.weight", hd));
+    KILN_ASSIGN_OR_RETURN(w.k_norm, weights.get(prefix + "attn_k_norm.weight", hd));
+  }
+  return w;
+}
+
+Result<FfnWeights> load_ffn(WeightLoader& weights, const std::string& prefix, int64_t n_embd, int64_t n_ff) {
+  FfnWeights w;
+  KILN_ASSIGN_OR_RETURN(w.gate, weights.get(prefix + "ffn_gate.weight", n_embd, n_ff));
+  KILN_ASSIGN_OR_RETURN(w.up, weights.get(prefix + "ffn_up.weight", n_embd, n_ff));
+  KILN_ASSIGN_OR_RETURN(w.down, weights.get(prefix + "ffn_down.weight", n_ff, n_embd));
+  return w;
+}
+
+Status check_forward(const Batch& batch, const KvBuffers& kv, const ModelInfo& info) {
+  KILN_TRY(check_batch(batch, info.n_vocab, kv.block_size));
+  if (static_cast<int32_t>(kv.k.size()) != info.n_layers) {
+    return invalid_argument("forward: KV buffers have {} layers, the model {}", kv.k.size(), info.n_layers);
+  }
+  return Status::ok_status();
+}
+
+Status output_logits(Backend& backend, Arena& arena, const Tensor& x, const Batch& batch,
+                     const EmbeddingWeights& w, float eps, int32_t n_vocab, float* logits, bool quantize_x) {
+  if (batch.logit_rows.empty()) return Status::ok_status();
+  KILN_ASSIGN_OR_RETURN(Tensor sel, select_rows(backend, arena, x, batch.logit_rows));
+  KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(backend, arena, sel, w.output_norm, eps));
+  const Tensor out = make_tensor(DType::f32, logits, n_vocab, static_cast<int64_t>(batch.logit_rows.size()));
+  KILN_TRY(backend.run(ops::Matmul{w.output, h, out, quantize_x}));
+  backend.synchronize();
+  return Status::ok_status();
 }
 
 Result<Tensor> rms_norm(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w, float eps) {

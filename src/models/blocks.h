@@ -61,6 +61,15 @@ Result<float> hparam_float(const gguf::File& file, const std::string& key, std::
 Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights, const std::string& arch,
                                   int32_t head_dim, ops::RopeLayout layout);
 
+// The embedding, the final norm and the output head (the embedding itself when output.weight is absent).
+struct EmbeddingWeights {
+  Tensor tok_embd;     // [n_embd, n_vocab]
+  Tensor output_norm;  // [n_embd]
+  Tensor output;       // [n_embd, n_vocab]
+};
+// Reads them and sets info.n_vocab from token_embd.weight.
+Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info);
+
 // The per-layer weights of a standard attention block.
 struct AttentionWeights {
   Tensor wq, wk, wv, wo;  // [n_embd, n_heads*head_dim] ... [n_heads*head_dim, n_embd]
@@ -77,6 +86,18 @@ struct AttentionShape {
   float norm_eps = 1e-6f;  // of q_norm / k_norm
 };
 
+// blk.N.attn_{q,k,v,output}.weight of layer `prefix` ("blk.N."), and attn_{q,k}_norm.weight when qk_norm.
+Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string& prefix, int64_t n_embd,
+                                        const AttentionShape& shape, bool qk_norm);
+
+// The weights of a gated FFN.
+struct FfnWeights {
+  Tensor gate, up;  // [n_embd, n_ff]
+  Tensor down;      // [n_ff, n_embd]
+};
+// blk.N.ffn_{gate,up,down}.weight.
+Result<FfnWeights> load_ffn(WeightLoader& weights, const std::string& prefix, int64_t n_embd, int64_t n_ff);
+
 // Per-forward values shared by every layer: where each token's K/V goes.
 struct StepInfo {
   const Batch* batch = nullptr;
@@ -91,11 +112,20 @@ Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const 
                          KvBuffers& kv, int32_t layer, bool quantize_x);
 
 // out = Wdown · (act(Wgate·x) * (Wup·x)).   x: [n_embd, n_tokens].
-Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w_gate,
-                         const Tensor& w_up, const Tensor& w_down, ops::GluKind kind, bool quantize_x);
+Result<Tensor> gated_ffn(Backend& backend, Arena& arena, const Tensor& x, const FfnWeights& w,
+                         ops::GluKind kind, bool quantize_x);
 
 // dst = rms_norm(x) * w
 Result<Tensor> rms_norm(Backend& backend, Arena& arena, const Tensor& x, const Tensor& w, float eps);
+
+// What every forward() checks first: the batch against the model's vocabulary, the KV buffers against its
+// layers.
+Status check_forward(const Batch& batch, const KvBuffers& kv, const ModelInfo& info);
+
+// The logits of batch.logit_rows: those rows of the residual stream x [n_embd, n_tokens], final RMSNorm,
+// output head, into `logits` [logit_rows.size(), n_vocab].
+Status output_logits(Backend& backend, Arena& arena, const Tensor& x, const Batch& batch,
+                     const EmbeddingWeights& w, float eps, int32_t n_vocab, float* logits, bool quantize_x);
 
 // The rows of x (f32 [n, n_tokens]) listed in `rows`, as a new tensor [n, rows.size()].
 Result<Tensor> select_rows(Backend& backend, Arena& arena, const Tensor& x, std::span<const int32_t> rows);

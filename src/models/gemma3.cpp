@@ -24,7 +24,7 @@ constexpr int32_t kSwaPattern = 6;  // of every 6 layers, the first 5 use the sl
 struct Gemma3Layer {
   Tensor attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
   blocks::AttentionWeights attn;
-  Tensor ffn_gate, ffn_up, ffn_down;
+  blocks::FfnWeights ffn;
   bool sliding = false;
 };
 
@@ -64,17 +64,7 @@ class Gemma3 final : public Model {
     info_.n_kv_heads = shape_.n_kv_heads;
 
     blocks::WeightLoader w(f, backend_);
-    const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
-    if (embd == nullptr || embd->shape.size() != 2) {
-      return invalid_argument("{}: token_embd.weight is missing or not 2-d", f.name());
-    }
-    info_.n_vocab = static_cast<int32_t>(embd->shape[1]);
-    const int64_t e = info_.n_embd, hd = shape_.head_dim, q_dim = int64_t{shape_.n_heads} * hd,
-                  kv_dim = int64_t{shape_.n_kv_heads} * hd;
-    KILN_ASSIGN_OR_RETURN(tok_embd_, w.get("token_embd.weight", e, info_.n_vocab));
-    KILN_ASSIGN_OR_RETURN(output_norm_, w.get("output_norm.weight", e));
-    KILN_ASSIGN_OR_RETURN(output_, w.get_optional("output.weight", e, info_.n_vocab));
-    if (output_.data == nullptr) output_ = tok_embd_;
+    KILN_ASSIGN_OR_RETURN(embd_, blocks::load_embeddings(f, w, info_));
     KILN_ASSIGN_OR_RETURN(rope_global_,
                           blocks::read_rope(f, w, a, shape_.head_dim, ops::RopeLayout::rope_layout_neox));
     rope_local_ = rope_global_;  // local layers: their own base, no scaling
@@ -87,20 +77,14 @@ class Gemma3 final : public Model {
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       Gemma3Layer& L = layers_[l];
       const std::string p = "blk." + std::to_string(l) + ".";
+      const int64_t e = info_.n_embd;
       L.sliding = l % kSwaPattern < kSwaPattern - 1;
       KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", e));
       KILN_ASSIGN_OR_RETURN(L.post_attn_norm, w.get(p + "post_attention_norm.weight", e));
       KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", e));
       KILN_ASSIGN_OR_RETURN(L.post_ffn_norm, w.get(p + "post_ffw_norm.weight", e));
-      KILN_ASSIGN_OR_RETURN(L.attn.wq, w.get(p + "attn_q.weight", e, q_dim));
-      KILN_ASSIGN_OR_RETURN(L.attn.wk, w.get(p + "attn_k.weight", e, kv_dim));
-      KILN_ASSIGN_OR_RETURN(L.attn.wv, w.get(p + "attn_v.weight", e, kv_dim));
-      KILN_ASSIGN_OR_RETURN(L.attn.wo, w.get(p + "attn_output.weight", q_dim, e));
-      KILN_ASSIGN_OR_RETURN(L.attn.q_norm, w.get(p + "attn_q_norm.weight", hd));
-      KILN_ASSIGN_OR_RETURN(L.attn.k_norm, w.get(p + "attn_k_norm.weight", hd));
-      KILN_ASSIGN_OR_RETURN(L.ffn_gate, w.get(p + "ffn_gate.weight", e, n_ff_));
-      KILN_ASSIGN_OR_RETURN(L.ffn_up, w.get(p + "ffn_up.weight", e, n_ff_));
-      KILN_ASSIGN_OR_RETURN(L.ffn_down, w.get(p + "ffn_down.weight", n_ff_, e));
+      KILN_ASSIGN_OR_RETURN(L.attn, blocks::load_attention(w, p, e, shape_, /*qk_norm=*/true));
+      KILN_ASSIGN_OR_RETURN(L.ffn, blocks::load_ffn(w, p, e, n_ff_));
     }
     info_.n_params = w.n_params();
     info_.weight_bytes = w.n_bytes();
@@ -110,17 +94,13 @@ class Gemma3 final : public Model {
   const ModelInfo& info() const override { return info_; }
 
   Status forward(const Batch& batch, KvBuffers& kv, float* logits) override {
-    KILN_TRY(check_batch(batch, info_.n_vocab, kv.block_size));
-    if (static_cast<int32_t>(kv.k.size()) != info_.n_layers) {
-      return invalid_argument("forward: KV buffers have {} layers, the model {}", kv.k.size(),
-                              info_.n_layers);
-    }
+    KILN_TRY(blocks::check_forward(batch, kv, info_));
     arena_.reset();
     const int64_t n = batch.n_tokens(), e = info_.n_embd;
     const bool qx = options_.quantize_activations;
     const blocks::StepInfo step = blocks::make_step(batch, kv.block_size);
     KILN_ASSIGN_OR_RETURN(Tensor x, arena_.f32(e, n));  // [n_embd, n_tokens] the residual stream
-    KILN_TRY(backend_.run(ops::GetRows{tok_embd_, batch.tokens, x}));
+    KILN_TRY(backend_.run(ops::GetRows{embd_.tok_embd, batch.tokens, x}));
     KILN_TRY(backend_.run(ops::Scale{x, std::sqrt(static_cast<float>(e)), x}));
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       const Gemma3Layer& L = layers_[l];
@@ -133,19 +113,12 @@ class Gemma3 final : public Model {
       KILN_TRY(backend_.run(ops::RmsNorm{att, L.post_attn_norm, eps_, false, att}));
       KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
       KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
-      KILN_ASSIGN_OR_RETURN(Tensor ffn, blocks::gated_ffn(backend_, arena_, h, L.ffn_gate, L.ffn_up,
-                                                          L.ffn_down, ops::GluKind::glu_kind_gelu_tanh, qx));
+      KILN_ASSIGN_OR_RETURN(
+          Tensor ffn, blocks::gated_ffn(backend_, arena_, h, L.ffn, ops::GluKind::glu_kind_gelu_tanh, qx));
       KILN_TRY(backend_.run(ops::RmsNorm{ffn, L.post_ffn_norm, eps_, false, ffn}));
       KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
     }
-    if (batch.logit_rows.empty()) return Status::ok_status();
-    KILN_ASSIGN_OR_RETURN(Tensor sel, blocks::select_rows(backend_, arena_, x, batch.logit_rows));
-    KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, sel, output_norm_, eps_));
-    const Tensor out =
-        make_tensor(DType::f32, logits, info_.n_vocab, static_cast<int64_t>(batch.logit_rows.size()));
-    KILN_TRY(backend_.run(ops::Matmul{output_, h, out, qx}));
-    backend_.synchronize();
-    return Status::ok_status();
+    return blocks::output_logits(backend_, arena_, x, batch, embd_, eps_, info_.n_vocab, logits, qx);
   }
 
  private:
@@ -159,7 +132,7 @@ class Gemma3 final : public Model {
   int32_t n_ff_ = 0;
   int32_t window_ = 0;
   float eps_ = 1e-6f;
-  Tensor tok_embd_, output_norm_, output_;
+  blocks::EmbeddingWeights embd_;
   std::vector<Gemma3Layer> layers_;
 };
 

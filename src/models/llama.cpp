@@ -20,7 +20,7 @@ namespace {
 struct LlamaLayer {
   Tensor attn_norm, ffn_norm;
   blocks::AttentionWeights attn;
-  Tensor ffn_gate, ffn_up, ffn_down;
+  blocks::FfnWeights ffn;
 };
 
 class Llama final : public Model {
@@ -52,32 +52,18 @@ class Llama final : public Model {
     info_.n_kv_heads = shape_.n_kv_heads;
 
     blocks::WeightLoader w(f, backend_);
-    const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
-    if (embd == nullptr || embd->shape.size() != 2) {
-      return invalid_argument("{}: token_embd.weight is missing or not 2-d", f.name());
-    }
-    info_.n_vocab = static_cast<int32_t>(embd->shape[1]);
-    const int64_t e = info_.n_embd, q_dim = int64_t{shape_.n_heads} * shape_.head_dim,
-                  kv_dim = int64_t{shape_.n_kv_heads} * shape_.head_dim;
-    KILN_ASSIGN_OR_RETURN(tok_embd_, w.get("token_embd.weight", e, info_.n_vocab));
-    KILN_ASSIGN_OR_RETURN(output_norm_, w.get("output_norm.weight", e));
-    KILN_ASSIGN_OR_RETURN(output_, w.get_optional("output.weight", e, info_.n_vocab));
-    if (output_.data == nullptr) output_ = tok_embd_;  // tied embeddings
+    KILN_ASSIGN_OR_RETURN(embd_, blocks::load_embeddings(f, w, info_));
     KILN_ASSIGN_OR_RETURN(rope_,
                           blocks::read_rope(f, w, a, shape_.head_dim, ops::RopeLayout::rope_layout_normal));
     layers_.resize(info_.n_layers);
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       LlamaLayer& L = layers_[l];
       const std::string p = "blk." + std::to_string(l) + ".";
+      const int64_t e = info_.n_embd;
       KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", e));
-      KILN_ASSIGN_OR_RETURN(L.attn.wq, w.get(p + "attn_q.weight", e, q_dim));
-      KILN_ASSIGN_OR_RETURN(L.attn.wk, w.get(p + "attn_k.weight", e, kv_dim));
-      KILN_ASSIGN_OR_RETURN(L.attn.wv, w.get(p + "attn_v.weight", e, kv_dim));
-      KILN_ASSIGN_OR_RETURN(L.attn.wo, w.get(p + "attn_output.weight", q_dim, e));
+      KILN_ASSIGN_OR_RETURN(L.attn, blocks::load_attention(w, p, e, shape_, /*qk_norm=*/false));
       KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", e));
-      KILN_ASSIGN_OR_RETURN(L.ffn_gate, w.get(p + "ffn_gate.weight", e, n_ff_));
-      KILN_ASSIGN_OR_RETURN(L.ffn_up, w.get(p + "ffn_up.weight", e, n_ff_));
-      KILN_ASSIGN_OR_RETURN(L.ffn_down, w.get(p + "ffn_down.weight", n_ff_, e));
+      KILN_ASSIGN_OR_RETURN(L.ffn, blocks::load_ffn(w, p, e, n_ff_));
     }
     info_.n_params = w.n_params();
     info_.weight_bytes = w.n_bytes();
@@ -87,17 +73,13 @@ class Llama final : public Model {
   const ModelInfo& info() const override { return info_; }
 
   Status forward(const Batch& batch, KvBuffers& kv, float* logits) override {
-    KILN_TRY(check_batch(batch, info_.n_vocab, kv.block_size));
-    if (static_cast<int32_t>(kv.k.size()) != info_.n_layers) {
-      return invalid_argument("forward: KV buffers have {} layers, the model {}", kv.k.size(),
-                              info_.n_layers);
-    }
+    KILN_TRY(blocks::check_forward(batch, kv, info_));
     arena_.reset();
     const int64_t n = batch.n_tokens(), e = info_.n_embd;
     const blocks::StepInfo step = blocks::make_step(batch, kv.block_size);
     const bool qx = options_.quantize_activations;
     KILN_ASSIGN_OR_RETURN(Tensor x, arena_.f32(e, n));  // [n_embd, n_tokens] the residual stream
-    KILN_TRY(backend_.run(ops::GetRows{tok_embd_, batch.tokens, x}));
+    KILN_TRY(backend_.run(ops::GetRows{embd_.tok_embd, batch.tokens, x}));
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       const LlamaLayer& L = layers_[l];
       KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, x, L.attn_norm, eps_));
@@ -105,18 +87,11 @@ class Llama final : public Model {
                             blocks::attention(backend_, arena_, h, L.attn, shape_, rope_, step, kv, l, qx));
       KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
       KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
-      KILN_ASSIGN_OR_RETURN(Tensor ffn, blocks::gated_ffn(backend_, arena_, h, L.ffn_gate, L.ffn_up,
-                                                          L.ffn_down, ops::GluKind::glu_kind_silu, qx));
+      KILN_ASSIGN_OR_RETURN(Tensor ffn,
+                            blocks::gated_ffn(backend_, arena_, h, L.ffn, ops::GluKind::glu_kind_silu, qx));
       KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
     }
-    if (batch.logit_rows.empty()) return Status::ok_status();
-    KILN_ASSIGN_OR_RETURN(Tensor sel, blocks::select_rows(backend_, arena_, x, batch.logit_rows));
-    KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, sel, output_norm_, eps_));
-    const Tensor out =
-        make_tensor(DType::f32, logits, info_.n_vocab, static_cast<int64_t>(batch.logit_rows.size()));
-    KILN_TRY(backend_.run(ops::Matmul{output_, h, out, qx}));
-    backend_.synchronize();
-    return Status::ok_status();
+    return blocks::output_logits(backend_, arena_, x, batch, embd_, eps_, info_.n_vocab, logits, qx);
   }
 
  private:
@@ -129,7 +104,7 @@ class Llama final : public Model {
   ops::RopeParams rope_;
   int32_t n_ff_ = 0;
   float eps_ = 1e-5f;
-  Tensor tok_embd_, output_norm_, output_;
+  blocks::EmbeddingWeights embd_;
   std::vector<LlamaLayer> layers_;
 };
 
