@@ -107,6 +107,11 @@ class File {
   static Result<File> open(const std::string& path);
   // Parses GGUF bytes owned by the caller (they must outlive the File). `name` appears in errors.
   static Result<File> parse(std::span<const uint8_t> bytes, std::string name);
+  // A File built in memory (a Hugging Face folder seen as GGUF): each tensor's `data` points into memory that
+  // `owner` keeps alive (memory maps, converted buffers), and n_bytes must match its shape and type.
+  // Errors: a duplicate key or tensor name, a tensor without data or whose byte count is wrong.
+  static Result<File> assemble(std::string name, std::vector<std::pair<std::string, Value>> metadata,
+                               std::vector<TensorInfo> tensors, std::shared_ptr<const void> owner);
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
@@ -142,7 +147,8 @@ class File {
   const TensorInfo* find_tensor(std::string_view name) const;
 
  private:
-  std::shared_ptr<MappedFile> map_;  // null for parse()
+  std::shared_ptr<MappedFile> map_;    // null for parse()
+  std::shared_ptr<const void> owner_;  // assemble(): what tensor data points into
   std::span<const uint8_t> bytes_;
   std::string name_;
   uint32_t version_ = 0;

@@ -470,6 +470,33 @@ Result<File> File::parse(std::span<const uint8_t> bytes, std::string name) {
   return f;
 }
 
+Result<File> File::assemble(std::string name, std::vector<std::pair<std::string, Value>> metadata,
+                            std::vector<TensorInfo> tensors, std::shared_ptr<const void> owner) {
+  File f;
+  f.name_ = std::move(name);
+  f.owner_ = std::move(owner);
+  f.version_ = 3;
+  for (size_t i = 0; i < metadata.size(); ++i) {
+    if (!f.metadata_index_.emplace(metadata[i].first, i).second)
+      return invalid_argument("{}: metadata key {} is repeated", f.name_, metadata[i].first);
+  }
+  f.metadata_ = std::move(metadata);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = tensors[i];
+    const DTypeInfo& info = dtype_info(t.type);
+    const int64_t n = t.n_elements();
+    if (t.data == nullptr || t.shape.empty() || n <= 0 || n % info.block_size != 0 ||
+        t.n_bytes != static_cast<uint64_t>(n / info.block_size) * static_cast<uint64_t>(info.type_size)) {
+      return invalid_argument("{}: tensor {} has no data or {} bytes for its shape and type {}", f.name_,
+                              t.name, t.n_bytes, info.name);
+    }
+    if (!f.tensor_index_.emplace(t.name, i).second)
+      return invalid_argument("{}: tensor {} is repeated", f.name_, t.name);
+  }
+  f.tensors_ = std::move(tensors);
+  return f;
+}
+
 Result<File> File::open(const std::string& path) {
   KILN_ASSIGN_OR_RETURN(MappedFile m, MappedFile::open(path));
   auto map = std::make_shared<MappedFile>(std::move(m));

@@ -57,6 +57,14 @@ Result<Tensor> WeightLoader::get(const std::string& name, int64_t ne0, int64_t n
   return make_tensor(t->type, const_cast<uint8_t*>(t->data), ne0, ne1 > 0 ? ne1 : 1);
 }
 
+Result<Tensor> WeightLoader::get_bias(const std::string& name, int64_t n) {
+  KILN_ASSIGN_OR_RETURN(Tensor b, get_optional(name, n));
+  if (b.data != nullptr && b.type != DType::f32)
+    return invalid_argument("{}: tensor {} has type {}, biases must be f32", file_.name(), name,
+                            dtype_name(b.type));
+  return b;
+}
+
 Result<int32_t> hparam_int(const gguf::File& file, const std::string& key, std::optional<int32_t> fallback) {
   if (file.find(key) == nullptr) {
     if (fallback) return *fallback;
@@ -78,7 +86,7 @@ Result<float> hparam_float(const gguf::File& file, const std::string& key, std::
 }
 
 Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights, const std::string& arch,
-                                  int32_t head_dim, ops::RopeLayout layout) {
+                                  int32_t head_dim, ops::RopeLayout layout, int32_t n_ctx) {
   ops::RopeParams p;
   p.layout = layout;
   KILN_ASSIGN_OR_RETURN(p.n_rot, hparam_int(file, arch + ".rope.dimension_count", head_dim));
@@ -112,9 +120,16 @@ Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights,
     return unimplemented("{}: {}.rope.scaling.type = \"{}\" is not supported (none, linear, yarn)",
                          file.name(), arch, type);
   }
-  KILN_ASSIGN_OR_RETURN(Tensor factors, weights.get_optional("rope_freqs.weight", p.n_rot / 2));
+  std::string factors_name = "rope_freqs.weight";
+  if (file.find_tensor("rope_factors_short.weight") != nullptr) {  // longrope
+    KILN_ASSIGN_OR_RETURN(const int32_t orig,
+                          hparam_int(file, arch + ".rope.scaling.original_context_length", {}));
+    KILN_ASSIGN_OR_RETURN(p.attn_factor, hparam_float(file, arch + ".rope.scaling.attn_factor", 1.0f));
+    factors_name = n_ctx > orig ? "rope_factors_long.weight" : "rope_factors_short.weight";
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor factors, weights.get_optional(factors_name, p.n_rot / 2));
   if (factors.data != nullptr) {
-    if (factors.type != DType::f32) return invalid_argument("{}: rope_freqs.weight must be f32", file.name());
+    if (factors.type != DType::f32) return invalid_argument("{}: {} must be f32", file.name(), factors_name);
     p.freq_factors = static_cast<const float*>(factors.data);
   }
   return p;
@@ -142,6 +157,11 @@ Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const 
   KILN_TRY(backend.run(ops::Matmul{w.wq, x, reshape(q, hd * shape.n_heads, n_tokens), quantize_x}));
   KILN_TRY(backend.run(ops::Matmul{w.wk, x, reshape(k, hd * shape.n_kv_heads, n_tokens), quantize_x}));
   KILN_TRY(backend.run(ops::Matmul{w.wv, x, reshape(v, hd * shape.n_kv_heads, n_tokens), quantize_x}));
+  for (auto [b, t] : {std::pair{&w.bq, &q}, {&w.bk, &k}, {&w.bv, &v}}) {
+    if (b->data == nullptr) continue;
+    const Tensor flat = reshape(*t, t->ne[0] * t->ne[1], n_tokens);
+    KILN_TRY(backend.run(ops::Binary{flat, *b, ops::BinaryKind::binary_kind_add, flat}));
+  }
   if (w.q_norm.data != nullptr) KILN_TRY(backend.run(ops::RmsNorm{q, w.q_norm, shape.norm_eps, false, q}));
   if (w.k_norm.data != nullptr) KILN_TRY(backend.run(ops::RmsNorm{k, w.k_norm, shape.norm_eps, false, k}));
   KILN_TRY(backend.run(ops::Rope{q, batch.positions, rope, q}));
@@ -162,6 +182,8 @@ Result<Tensor> attention(Backend& backend, Arena& arena, const Tensor& x, const 
   KILN_TRY(backend.run(att));
   KILN_ASSIGN_OR_RETURN(Tensor out, arena.f32(w.wo.ne[1], n_tokens));
   KILN_TRY(backend.run(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out, quantize_x}));
+  if (w.bo.data != nullptr)
+    KILN_TRY(backend.run(ops::Binary{out, w.bo, ops::BinaryKind::binary_kind_add, out}));
   return out;
 }
 
@@ -199,10 +221,22 @@ Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string
                                         const AttentionShape& shape, bool qk_norm) {
   const int64_t hd = shape.head_dim, q_dim = shape.n_heads * hd, kv_dim = shape.n_kv_heads * hd;
   AttentionWeights w;
-  KILN_ASSIGN_OR_RETURN(w.wq, weights.get(prefix + "attn_q.weight", n_embd, q_dim));
-  KILN_ASSIGN_OR_RETURN(w.wk, weights.get(prefix + "attn_k.weight", n_embd, kv_dim));
-  KILN_ASSIGN_OR_RETURN(w.wv, weights.get(prefix + "attn_v.weight", n_embd, kv_dim));
+  KILN_ASSIGN_OR_RETURN(Tensor qkv,
+                        weights.get_optional(prefix + "attn_qkv.weight", n_embd, q_dim + 2 * kv_dim));
+  if (qkv.data != nullptr) {
+    w.wq = slice_rows(qkv, 0, q_dim);
+    w.wk = slice_rows(qkv, q_dim, kv_dim);
+    w.wv = slice_rows(qkv, q_dim + kv_dim, kv_dim);
+  } else {
+    KILN_ASSIGN_OR_RETURN(w.wq, weights.get(prefix + "attn_q.weight", n_embd, q_dim));
+    KILN_ASSIGN_OR_RETURN(w.wk, weights.get(prefix + "attn_k.weight", n_embd, kv_dim));
+    KILN_ASSIGN_OR_RETURN(w.wv, weights.get(prefix + "attn_v.weight", n_embd, kv_dim));
+  }
   KILN_ASSIGN_OR_RETURN(w.wo, weights.get(prefix + "attn_output.weight", q_dim, n_embd));
+  KILN_ASSIGN_OR_RETURN(w.bq, weights.get_bias(prefix + "attn_q.bias", q_dim));
+  KILN_ASSIGN_OR_RETURN(w.bk, weights.get_bias(prefix + "attn_k.bias", kv_dim));
+  KILN_ASSIGN_OR_RETURN(w.bv, weights.get_bias(prefix + "attn_v.bias", kv_dim));
+  KILN_ASSIGN_OR_RETURN(w.bo, weights.get_bias(prefix + "attn_output.bias", n_embd));
   if (qk_norm) {
     KILN_ASSIGN_OR_RETURN(w.q_norm, weights.get(prefix + "attn_q_norm.weight", hd));
     KILN_ASSIGN_OR_RETURN(w.k_norm, weights.get(prefix + "attn_k_norm.weight", hd));
@@ -212,7 +246,14 @@ Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string
 
 Result<FfnWeights> load_ffn(WeightLoader& weights, const std::string& prefix, int64_t n_embd, int64_t n_ff) {
   FfnWeights w;
-  KILN_ASSIGN_OR_RETURN(w.gate, weights.get(prefix + "ffn_gate.weight", n_embd, n_ff));
+  KILN_ASSIGN_OR_RETURN(w.gate, weights.get_optional(prefix + "ffn_gate.weight", n_embd, n_ff));
+  if (w.gate.data == nullptr) {
+    KILN_ASSIGN_OR_RETURN(Tensor gate_up, weights.get(prefix + "ffn_up.weight", n_embd, 2 * n_ff));
+    w.gate = slice_rows(gate_up, 0, n_ff);
+    w.up = slice_rows(gate_up, n_ff, n_ff);
+    KILN_ASSIGN_OR_RETURN(w.down, weights.get(prefix + "ffn_down.weight", n_ff, n_embd));
+    return w;
+  }
   KILN_ASSIGN_OR_RETURN(w.up, weights.get(prefix + "ffn_up.weight", n_embd, n_ff));
   KILN_ASSIGN_OR_RETURN(w.down, weights.get(prefix + "ffn_down.weight", n_ff, n_embd));
   return w;

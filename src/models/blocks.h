@@ -42,6 +42,8 @@ class WeightLoader {
   Result<Tensor> get(const std::string& name, int64_t ne0, int64_t ne1 = 0);
   // The same, or an empty Tensor (data == nullptr) when the file has no such tensor.
   Result<Tensor> get_optional(const std::string& name, int64_t ne0, int64_t ne1 = 0);
+  // An optional f32 [n] bias (empty when absent; invalid_argument when of another type).
+  Result<Tensor> get_bias(const std::string& name, int64_t n);
   int64_t n_params() const { return n_params_; }
   uint64_t n_bytes() const { return n_bytes_; }
 
@@ -57,9 +59,11 @@ Result<int32_t> hparam_int(const gguf::File& file, const std::string& key, std::
 Result<float> hparam_float(const gguf::File& file, const std::string& key, std::optional<float> fallback);
 
 // Reads the RoPE parameters of an architecture: {arch}.rope.dimension_count, freq_base, scaling.type/factor/
-// original_context_length, yarn betas; rope_freqs.weight when present (Llama-3.1 frequency factors).
+// original_context_length, yarn betas; rope_freqs.weight when present (Llama-3.1 frequency factors); Phi-3's
+// longrope: rope_factors_long.weight when n_ctx > {arch}.rope.scaling.original_context_length, else
+// rope_factors_short.weight, with {arch}.rope.scaling.attn_factor.
 Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights, const std::string& arch,
-                                  int32_t head_dim, ops::RopeLayout layout);
+                                  int32_t head_dim, ops::RopeLayout layout, int32_t n_ctx = 0);
 
 // The embedding, the final norm and the output head (the embedding itself when output.weight is absent).
 struct EmbeddingWeights {
@@ -73,6 +77,7 @@ Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& w
 // The per-layer weights of a standard attention block.
 struct AttentionWeights {
   Tensor wq, wk, wv, wo;  // [n_embd, n_heads*head_dim] ... [n_heads*head_dim, n_embd]
+  Tensor bq, bk, bv, bo;  // f32 [rows of the matching weight] biases (Qwen2), or none
   Tensor q_norm, k_norm;  // [head_dim] RMSNorm of each query / key head before RoPE (Gemma 3, Qwen3), or none
 };
 
@@ -86,7 +91,9 @@ struct AttentionShape {
   float norm_eps = 1e-6f;  // of q_norm / k_norm
 };
 
-// blk.N.attn_{q,k,v,output}.weight of layer `prefix` ("blk.N."), and attn_{q,k}_norm.weight when qk_norm.
+// blk.N.attn_{q,k,v,output}.weight of layer `prefix` ("blk.N."), or Q, K and V as row slices of a fused
+// attn_qkv.weight [n_embd, (n_heads + 2 n_kv_heads) head_dim] (Phi-3); attn_{q,k,v,output}.bias when present;
+// attn_{q,k}_norm.weight when qk_norm.
 Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string& prefix, int64_t n_embd,
                                         const AttentionShape& shape, bool qk_norm);
 
@@ -95,7 +102,8 @@ struct FfnWeights {
   Tensor gate, up;  // [n_embd, n_ff]
   Tensor down;      // [n_ff, n_embd]
 };
-// blk.N.ffn_{gate,up,down}.weight.
+// blk.N.ffn_{gate,up,down}.weight, or gate and up as the row halves of a fused ffn_up.weight [n_embd, 2 n_ff]
+// when there is no ffn_gate.weight (Phi-3: gate first).
 Result<FfnWeights> load_ffn(WeightLoader& weights, const std::string& prefix, int64_t n_embd, int64_t n_ff);
 
 // Per-forward values shared by every layer: where each token's K/V goes.

@@ -12,8 +12,8 @@
 //   blk.N.ffn_down.weight [n_ff, n_embd]
 #include <cmath>
 
+#include "models/architecture.h"
 #include "models/blocks.h"
-#include "models/model.h"
 
 namespace kiln {
 
@@ -58,7 +58,9 @@ class Gemma3 final : public Model {
       return unimplemented("{}: value_length {} differs from key_length {}", f.name(), v_dim,
                            shape_.head_dim);
     }
-    shape_.scale = 1.0f / std::sqrt(static_cast<float>(shape_.head_dim));
+    KILN_ASSIGN_OR_RETURN(shape_.scale,
+                          blocks::hparam_float(f, a + ".attention.scale",
+                                               1.0f / std::sqrt(static_cast<float>(shape_.head_dim))));
     shape_.norm_eps = eps_;
     info_.head_dim = shape_.head_dim;
     info_.n_kv_heads = shape_.n_kv_heads;
@@ -138,11 +140,66 @@ class Gemma3 final : public Model {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> make_gemma3(std::shared_ptr<const gguf::File> file, Backend& backend,
-                                           const ModelOptions& options) {
+namespace {
+
+Result<std::unique_ptr<Model>> make(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                    const ModelOptions& options) {
   auto m = std::make_unique<Gemma3>(std::move(file), backend, options);
   KILN_TRY(m->load());
   return std::unique_ptr<Model>(std::move(m));
 }
+
+// config.json: sliding_window, the per-layer-type RoPE bases, query_pre_attn_scalar; layer_types must follow
+// the five-local-one-global pattern the GGUF architecture assumes.
+Status hf_metadata(const hf::ModelConfig& cfg, hf_import::Metadata& md) {
+  KILN_ASSIGN_OR_RETURN(const int64_t window, cfg.get_positive_or("sliding_window", 4096));
+  md.set_u32("attention.sliding_window", window);
+  double local_base = 10000.0;
+  if (cfg.has("rope_local_base_freq")) {
+    KILN_ASSIGN_OR_RETURN(local_base, cfg.get_float("rope_local_base_freq"));
+  } else if (const nlohmann::json* rp = cfg.find("rope_parameters");
+             rp != nullptr && rp->contains("sliding_attention")) {
+    KILN_ASSIGN_OR_RETURN(
+        local_base,
+        hf::JsonObject((*rp)["sliding_attention"], cfg.source()).get_float_or("rope_theta", 10000.0));
+  }
+  md.set_f32("rope.freq_base_swa", local_base);
+  KILN_ASSIGN_OR_RETURN(const int64_t head_dim, cfg.head_dim());
+  KILN_ASSIGN_OR_RETURN(const double qpas,
+                        cfg.get_float_or("query_pre_attn_scalar", static_cast<double>(head_dim)));
+  if (!(qpas > 0)) return invalid_argument("{}: query_pre_attn_scalar {} is not > 0", cfg.source(), qpas);
+  md.set_f32("attention.scale", 1.0 / std::sqrt(qpas));
+  for (std::string_view k : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (cfg.has(k)) return unimplemented("{}: {} is not supported for gemma3", cfg.source(), k);
+  }
+  if (const nlohmann::json* lt = cfg.find("layer_types"); lt != nullptr && lt->is_array()) {
+    for (size_t l = 0; l < lt->size(); ++l) {
+      const bool sliding = (*lt)[l] == "sliding_attention";
+      if (sliding != (l % kSwaPattern < kSwaPattern - 1)) {
+        return unimplemented("{}: layer_types[{}] breaks the 5 sliding : 1 global pattern gemma3 assumes",
+                             cfg.source(), l);
+      }
+    }
+  }
+  return Status::ok_status();
+}
+
+// Gemma stores RMSNorm weights as w - 1; GGUF stores w.
+void add_one(std::span<float> v, int64_t, const hf::ModelConfig&) {
+  for (float& x : v) x += 1.0f;
+}
+
+constexpr std::string_view kHfClasses[] = {"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"};
+constexpr hf_import::Rename kRenames[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+};
+constexpr hf_import::TensorEdit kEdits[] = {{"norm.weight", add_one}};
+
+}  // namespace
+
+extern const Architecture kGemma3 = {
+    make, {.hf_classes = kHfClasses, .metadata = hf_metadata, .renames = kRenames, .edits = kEdits}};
 
 }  // namespace kiln

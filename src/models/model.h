@@ -56,6 +56,9 @@ struct ModelOptions {
   // Matmuls round activations to 8-bit blocks and take integer dot products with quantized weights
   // (ops::Matmul::quantize_x): several times faster on the CPU, ~1e-3 relative error. false: exact f32.
   bool quantize_activations = false;
+  // The context the model will serve (0: unknown). Long-context RoPE variants (Phi-3 longrope) pick their
+  // frequencies from it, as llama.cpp does.
+  int32_t n_ctx = 0;
 };
 
 // Loads the architecture named by the file's general.architecture. The file must outlive the model (weights
@@ -64,5 +67,11 @@ Result<std::unique_ptr<Model>> load_model(std::shared_ptr<const gguf::File> file
                                           const ModelOptions& options = {});
 // The architectures load_model() knows, comma-separated.
 std::string supported_architectures();
+
+// A Hugging Face folder (config.json + safetensors) as a GGUF file in memory, with the tensor names and
+// metadata of the GGUF architecture that config.json's class maps to (models/hf_import.h); load_model() runs
+// it, and gguf::copy_into() + Writer save it. force_f32: every tensor as f32 (else as stored; 1-d tensors
+// f32). Errors: an unsupported class (listing the supported ones), and the folder's own errors.
+Result<std::shared_ptr<const gguf::File>> import_hf_folder(const std::string& dir, bool force_f32 = false);
 
 }  // namespace kiln

@@ -267,7 +267,10 @@ void Engine::Impl::step() {
       batch.logit_rows.push_back(batch.n_tokens() - 1);
     }
   }
-  logits.resize(batch.logit_rows.size() * static_cast<size_t>(desc.n_vocab));
+  // Rows of the model's n_vocab; sampling sees the tokenizer's first desc.n_vocab (HF embeddings are often
+  // padded past the vocabulary).
+  const size_t stride = static_cast<size_t>(model->info().n_vocab);
+  logits.resize(batch.logit_rows.size() * stride);
   Status st = model->forward(batch, *kv, logits.data());
   if (!st.ok()) {
     log_error("engine: forward failed: {}", st.message());
@@ -285,8 +288,7 @@ void Engine::Impl::step() {
                      std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.n_computed), p.n));
     s.n_computed += p.n;
     if (s.pending() > 0) continue;  // a prefill chunk: no logits yet
-    const std::span<const float> row_logits(logits.data() + row * desc.n_vocab,
-                                            static_cast<size_t>(desc.n_vocab));
+    const std::span<const float> row_logits(logits.data() + row * stride, static_cast<size_t>(desc.n_vocab));
     ++row;
     sample_and_emit(p.s, row_logits);
   }

@@ -5,6 +5,8 @@
 
 #include "core/log.h"
 #include "engine_impl.h"
+#include "formats/hf_config.h"
+#include "tokenizer/load.h"
 
 namespace kiln {
 
@@ -29,32 +31,30 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     return invalid_argument("kv_type = \"{}\" is not supported (f32, f16)", opt.kv_type);
   }
   std::error_code ec;
-  if (std::filesystem::is_directory(opt.model_path, ec)) {
-    return unimplemented(
-        "{}: loading a Hugging Face folder for inference is not supported yet; give a GGUF file",
-        opt.model_path);
+  const bool folder = std::filesystem::is_directory(opt.model_path, ec);
+  if (folder) {
+    KILN_ASSIGN_OR_RETURN(file, import_hf_folder(opt.model_path));
+  } else {
+    KILN_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(opt.model_path));
+    file = std::make_shared<const gguf::File>(std::move(f));
   }
-  KILN_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(opt.model_path));
-  file = std::make_shared<const gguf::File>(std::move(f));
   KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
-  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, ModelOptions{opt.quantize_activations}));
-  KILN_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(*file));
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
+  // The context decides Phi-3's LongRoPE factors, so it is fixed before the model loads.
+  int32_t n_ctx_train = 4096;
+  if (const std::string arch = file->architecture(); file->find(arch + ".context_length") != nullptr) {
+    KILN_ASSIGN_OR_RETURN(const uint64_t c, file->get_uint(arch + ".context_length"));
+    n_ctx_train = static_cast<int32_t>(std::min<uint64_t>(c, 1u << 30));
+  }
+  const int32_t n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(n_ctx_train, 4096);
+  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, ModelOptions{opt.quantize_activations, n_ctx}));
   const ModelInfo& mi = model->info();
-  if (tok.n_vocab() != mi.n_vocab) {
-    return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has {} rows", file->name(),
-                            tok.n_vocab(), mi.n_vocab);
+  if (tok.n_vocab() > mi.n_vocab) {
+    return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has only {} rows",
+                            file->name(), tok.n_vocab(), mi.n_vocab);
   }
   tokenizer.emplace(std::move(tok));
-  if (file->find("tokenizer.chat_template") != nullptr) {
-    KILN_ASSIGN_OR_RETURN(std::string src, file->get_string("tokenizer.chat_template"));
-    auto parsed = ChatTemplate::parse(src);
-    if (parsed.ok()) {
-      chat_template.emplace(std::move(parsed).value());
-    } else {
-      log_warn("{}: the chat template cannot be used: {}", file->name(), parsed.status().message());
-    }
-  }
-  const int32_t n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(mi.n_ctx_train, 4096);
+  KILN_TRY(load_chat_template(opt.model_path, folder));
   const int32_t blocks_per_seq = (n_ctx + opt.kv_block_size - 1) / opt.kv_block_size;
   const int64_t n_blocks = int64_t{blocks_per_seq} * opt.n_seq_max;
   if (n_blocks > (int64_t{1} << 30))
@@ -68,7 +68,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.path = opt.model_path;
   desc.name = mi.name;
   desc.architecture = mi.architecture;
-  desc.n_vocab = mi.n_vocab;
+  desc.n_vocab = tokenizer->n_vocab();
   desc.n_ctx = n_ctx;
   desc.n_ctx_train = mi.n_ctx_train;
   desc.n_layers = mi.n_layers;
@@ -79,6 +79,25 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.n_threads = backend->n_threads();
   desc.has_chat_template = chat_template.has_value();
   desc.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return Status::ok_status();
+}
+
+Status Engine::Impl::load_chat_template(const std::string& path, bool folder) {
+  std::string src;
+  if (folder) {
+    KILN_ASSIGN_OR_RETURN(hf::ModelFolder f, hf::ModelFolder::open(path));
+    if (f.tokenizer_config && f.tokenizer_config->chat_template() != nullptr)
+      src = f.tokenizer_config->chat_template()->source;
+  } else if (file->find("tokenizer.chat_template") != nullptr) {
+    KILN_ASSIGN_OR_RETURN(src, file->get_string("tokenizer.chat_template"));
+  }
+  if (src.empty()) return Status::ok_status();
+  auto parsed = ChatTemplate::parse(src);
+  if (parsed.ok()) {
+    chat_template.emplace(std::move(parsed).value());
+  } else {
+    log_warn("{}: the chat template cannot be used: {}", path, parsed.status().message());
+  }
   return Status::ok_status();
 }
 

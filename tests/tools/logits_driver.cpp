@@ -1,7 +1,8 @@
 // Runs kiln's forward pass for tests/python/test_llama_parity.py.
 // usage:
 // Every mode takes --quantize-x: matmuls on 8-bit activations; without it, exact f32 (the default);
-// and --kv-f16: an f16 KV cache (default f32).
+// --kv-f16: an f16 KV cache (default f32); --f32: a Hugging Face folder MODEL imported with every tensor as
+// f32. MODEL is a GGUF file or a Hugging Face folder.
 //   logits_driver logits MODEL OUT.f32 [--chunk N] [--threads T]
 //     stdin: a JSON list of token-id lists, one per sequence. All sequences go through Model::forward
 //     together, one batch per step (with --chunk N each sequence contributes at most N tokens per step, so a
@@ -13,6 +14,7 @@
 //     [[...]]}
 // On error: {"ok": false, "error": "..."} and exit status 1.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -36,12 +38,18 @@ int fail(const std::string& msg) {
 }
 
 bool g_quantize_x = false;
+bool g_force_f32 = false;  // --f32: a Hugging Face folder imported with every tensor as f32
 kiln::DType g_kv_type = kiln::DType::f32;
 
 kiln::Status run_logits(const std::string& model_path, const std::string& out_path, int chunk, int threads,
                         const std::vector<std::vector<int32_t>>& seqs, json& header) {
-  KILN_ASSIGN_OR_RETURN(kiln::gguf::File f, kiln::gguf::File::open(model_path));
-  auto file = std::make_shared<const kiln::gguf::File>(std::move(f));
+  std::shared_ptr<const kiln::gguf::File> file;
+  if (std::filesystem::is_directory(model_path)) {
+    KILN_ASSIGN_OR_RETURN(file, kiln::import_hf_folder(model_path, g_force_f32));
+  } else {
+    KILN_ASSIGN_OR_RETURN(kiln::gguf::File f, kiln::gguf::File::open(model_path));
+    file = std::make_shared<const kiln::gguf::File>(std::move(f));
+  }
   KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend("cpu", {threads}));
   KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x}));
   const kiln::ModelInfo& info = model->info();
@@ -149,6 +157,8 @@ int main(int argc, char** argv) {
       g_kv_type = kiln::DType::f16;
     } else if (args[i] == "--quantize-x") {
       g_quantize_x = true;
+    } else if (args[i] == "--f32") {
+      g_force_f32 = true;
     } else {
       pos.push_back(args[i]);
     }

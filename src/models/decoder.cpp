@@ -1,0 +1,160 @@
+#include "models/decoder.h"
+
+#include <cmath>
+
+#include "models/blocks.h"
+#include "models/moe.h"
+
+namespace kiln::blocks {
+
+namespace {
+
+struct DecoderLayer {
+  Tensor attn_norm, ffn_norm;  // [n_embd]
+  AttentionWeights attn;
+  FfnWeights ffn;  // dense layers
+  MoeWeights moe;  // expert layers (moe.gate_inp.data != nullptr)
+};
+
+class Decoder final : public Model {
+ public:
+  Decoder(std::shared_ptr<const gguf::File> file, Backend& backend, const ModelOptions& options,
+          DecoderTraits traits)
+      : file_(std::move(file)),
+        backend_(backend),
+        arena_(backend),
+        options_(options),
+        traits_(std::move(traits)) {}
+
+  Status load() {
+    const gguf::File& f = *file_;
+    const std::string& a = traits_.arch;
+    info_.architecture = a;
+    KILN_ASSIGN_OR_RETURN(info_.name, f.get_string_or("general.name", f.name()));
+    KILN_ASSIGN_OR_RETURN(info_.n_embd, hparam_int(f, a + ".embedding_length", {}));
+    KILN_ASSIGN_OR_RETURN(info_.n_layers, hparam_int(f, a + ".block_count", {}));
+    KILN_ASSIGN_OR_RETURN(shape_.n_heads, hparam_int(f, a + ".attention.head_count", {}));
+    KILN_ASSIGN_OR_RETURN(shape_.n_kv_heads, hparam_int(f, a + ".attention.head_count_kv", shape_.n_heads));
+    KILN_ASSIGN_OR_RETURN(info_.n_ctx_train,
+                          hparam_int(f, a + ".context_length", traits_.n_ctx_train_default));
+    KILN_ASSIGN_OR_RETURN(eps_, hparam_float(f, a + ".attention.layer_norm_rms_epsilon", 1e-5f));
+    if (shape_.n_heads % shape_.n_kv_heads != 0) {
+      return invalid_argument("{}: head_count {} is not a multiple of head_count_kv {}", f.name(),
+                              shape_.n_heads, shape_.n_kv_heads);
+    }
+    const int32_t hd_default = info_.n_embd % shape_.n_heads == 0 ? info_.n_embd / shape_.n_heads : 0;
+    KILN_ASSIGN_OR_RETURN(shape_.head_dim,
+                          hparam_int(f, a + ".attention.key_length",
+                                     hd_default > 0 ? std::optional(hd_default) : std::nullopt));
+    KILN_ASSIGN_OR_RETURN(const int32_t v_dim, hparam_int(f, a + ".attention.value_length", shape_.head_dim));
+    if (v_dim != shape_.head_dim)
+      return unimplemented("{}: value_length {} differs from key_length {}", f.name(), v_dim,
+                           shape_.head_dim);
+    KILN_ASSIGN_OR_RETURN(shape_.window, hparam_int(f, a + ".attention.sliding_window", 0));
+    shape_.scale = 1.0f / std::sqrt(static_cast<float>(shape_.head_dim));
+    shape_.norm_eps = eps_;
+    info_.head_dim = shape_.head_dim;
+    info_.n_kv_heads = shape_.n_kv_heads;
+
+    WeightLoader w(f, backend_);
+    KILN_ASSIGN_OR_RETURN(embd_, load_embeddings(f, w, info_));
+    KILN_ASSIGN_OR_RETURN(rope_, read_rope(f, w, a, shape_.head_dim, traits_.rope_layout, options_.n_ctx));
+    KILN_TRY(read_moe_shape(f));
+    layers_.resize(info_.n_layers);
+    for (int32_t l = 0; l < info_.n_layers; ++l) {
+      DecoderLayer& L = layers_[l];
+      const std::string p = "blk." + std::to_string(l) + ".";
+      const int64_t e = info_.n_embd;
+      KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.attn, load_attention(w, p, e, shape_, traits_.qk_norm));
+      KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", e));
+      if (f.find_tensor(p + "ffn_gate_inp.weight") != nullptr) {
+        if (moe_.n_expert == 0) return invalid_argument("{}: {}.expert_count is missing", f.name(), a);
+        const bool shared = f.find_tensor(p + "ffn_gate_shexp.weight") != nullptr;
+        KILN_ASSIGN_OR_RETURN(L.moe, load_moe(w, p, e, moe_, shared));
+      } else {
+        KILN_ASSIGN_OR_RETURN(const int32_t n_ff, hparam_int(f, a + ".feed_forward_length", {}));
+        KILN_ASSIGN_OR_RETURN(L.ffn, load_ffn(w, p, e, n_ff));
+      }
+    }
+    info_.n_params = w.n_params();
+    info_.weight_bytes = w.n_bytes();
+    return Status::ok_status();
+  }
+
+  const ModelInfo& info() const override { return info_; }
+
+  Status forward(const Batch& batch, KvBuffers& kv, float* logits) override {
+    KILN_TRY(check_forward(batch, kv, info_));
+    arena_.reset();
+    const int64_t n = batch.n_tokens(), e = info_.n_embd;
+    const StepInfo step = make_step(batch, kv.block_size);
+    const bool qx = options_.quantize_activations;
+    KILN_ASSIGN_OR_RETURN(Tensor x, arena_.f32(e, n));  // [n_embd, n_tokens] the residual stream
+    KILN_TRY(backend_.run(ops::GetRows{embd_.tok_embd, batch.tokens, x}));
+    for (int32_t l = 0; l < info_.n_layers; ++l) {
+      const DecoderLayer& L = layers_[l];
+      KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(backend_, arena_, x, L.attn_norm, eps_));
+      KILN_ASSIGN_OR_RETURN(Tensor att,
+                            attention(backend_, arena_, h, L.attn, shape_, rope_, step, kv, l, qx));
+      KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
+      KILN_ASSIGN_OR_RETURN(h, rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
+      Tensor ffn;
+      if (L.moe.gate_inp.data != nullptr) {
+        KILN_ASSIGN_OR_RETURN(ffn, moe_ffn(backend_, arena_, h, L.moe, moe_, qx));
+      } else {
+        KILN_ASSIGN_OR_RETURN(ffn, gated_ffn(backend_, arena_, h, L.ffn, ops::GluKind::glu_kind_silu, qx));
+      }
+      KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
+    }
+    return output_logits(backend_, arena_, x, batch, embd_, eps_, info_.n_vocab, logits, qx);
+  }
+
+ private:
+  // {arch}.expert_count / expert_used_count / expert_feed_forward_length (else feed_forward_length) /
+  // expert_shared_feed_forward_length / expert_weights_norm; n_expert 0 when the model has no experts.
+  Status read_moe_shape(const gguf::File& f) {
+    const std::string& a = traits_.arch;
+    if (f.find(a + ".expert_count") == nullptr) return Status::ok_status();
+    KILN_ASSIGN_OR_RETURN(moe_.n_expert, hparam_int(f, a + ".expert_count", {}));
+    KILN_ASSIGN_OR_RETURN(moe_.n_used, hparam_int(f, a + ".expert_used_count", {}));
+    if (moe_.n_used > moe_.n_expert) {
+      return invalid_argument("{}: expert_used_count {} > expert_count {}", f.name(), moe_.n_used,
+                              moe_.n_expert);
+    }
+    std::optional<int32_t> dense_ff;
+    if (f.find(a + ".feed_forward_length") != nullptr) {
+      KILN_ASSIGN_OR_RETURN(dense_ff, hparam_int(f, a + ".feed_forward_length", {}));
+    }
+    KILN_ASSIGN_OR_RETURN(moe_.n_ff_exp, hparam_int(f, a + ".expert_feed_forward_length", dense_ff));
+    KILN_ASSIGN_OR_RETURN(moe_.n_ff_shexp,
+                          hparam_int(f, a + ".expert_shared_feed_forward_length", moe_.n_ff_exp));
+    KILN_ASSIGN_OR_RETURN(moe_.normalize,
+                          f.get_bool_or(a + ".expert_weights_norm", traits_.expert_weights_norm));
+    return Status::ok_status();
+  }
+
+  std::shared_ptr<const gguf::File> file_;
+  Backend& backend_;
+  Arena arena_;
+  ModelOptions options_;
+  DecoderTraits traits_;
+  ModelInfo info_;
+  AttentionShape shape_;
+  ops::RopeParams rope_;
+  MoeShape moe_;
+  float eps_ = 1e-5f;
+  EmbeddingWeights embd_;
+  std::vector<DecoderLayer> layers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> make_decoder(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                            const ModelOptions& options, const DecoderTraits& traits) {
+  auto m = std::make_unique<Decoder>(std::move(file), backend, options, traits);
+  KILN_TRY(m->load());
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace kiln::blocks
