@@ -54,6 +54,7 @@ class Decoder final : public Model {
     shape_.scale = 1.0f / std::sqrt(static_cast<float>(shape_.head_dim));
     shape_.norm_eps = eps_;
     info_.head_dim = shape_.head_dim;
+    info_.kv_window = shape_.window;
     info_.n_kv_heads = shape_.n_kv_heads;
 
     WeightLoader w(f, backend_);

@@ -26,7 +26,9 @@ struct ModelInfo {
   int32_t n_embd = 0;
   int32_t n_kv_heads = 0;  // per layer (the KV pools' second dimension)
   int32_t head_dim = 0;    // per head (the KV pools' first dimension)
-  int64_t n_params = 0;    // elements of all weights
+  int32_t kv_window =
+      0;                 // every layer attends only to the last kv_window positions (0: some layer reads all)
+  int64_t n_params = 0;  // elements of all weights
   uint64_t weight_bytes = 0;
 };
 

@@ -216,11 +216,18 @@ Status check(const Attention& op) {
       return out_of_range("attention: positions[{}] = {} is beyond sequence {}'s {} blocks", t, pos, s,
                           op.block_tables[s].size());
     }
+    const int64_t first = op.window > 0 ? std::max<int64_t>(0, pos - op.window + 1) : 0;
+    for (int64_t i = first / block_size; i <= pos / block_size; ++i) {
+      if (op.block_tables[s][i] == kFreedBlock) {
+        return out_of_range("attention: token {} (position {}) reads block_tables[{}][{}], which is freed", t,
+                            pos, s, i);
+      }
+    }
   }
   for (size_t s = 0; s < op.block_tables.size(); ++s) {
     for (size_t i = 0; i < op.block_tables[s].size(); ++i) {
       const int32_t b = op.block_tables[s][i];
-      if (b < 0 || b >= n_blocks) {
+      if (b != kFreedBlock && (b < 0 || b >= n_blocks)) {
         return out_of_range("attention: block_tables[{}][{}] = {} is outside the pool's {} blocks", s, i, b,
                             n_blocks);
       }

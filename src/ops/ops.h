@@ -111,7 +111,10 @@ struct KvWrite {
 // table[p / block_size], offset p % block_size). Query head h uses KV head h / (n_heads / n_kv_heads) (GQA).
 // q: f32 [head_dim, n_heads, n_tokens]; pools as in KvWrite; dst: f32 [head_dim, n_heads, n_tokens].
 // scores = q.k * scale (then softcap * tanh(scores / softcap) when softcap > 0); window > 0 keeps only the
-// last `window` positions (sliding-window attention).
+// last `window` positions (sliding-window attention). Table entries below every token's window may be
+// kFreedBlock.
+// A block-table entry whose block was given back (sliding window: no token of the batch reaches it).
+inline constexpr int32_t kFreedBlock = -1;
 struct Attention {
   Tensor q;
   Tensor k_pool, v_pool;

@@ -287,6 +287,10 @@ void Engine::Impl::step() {
     kv_cache->commit(static_cast<int64_t>(s.id),
                      std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.n_computed), p.n));
     s.n_computed += p.n;
+    if (const int32_t window = model->info().kv_window; window > 0) {
+      // Positions below the next token's window are never read again.
+      kv_cache->release_before(static_cast<int64_t>(s.id), s.n_computed - window + 1);
+    }
     if (s.pending() > 0) continue;  // a prefill chunk: no logits yet
     const std::span<const float> row_logits(logits.data() + row * stride, static_cast<size_t>(desc.n_vocab));
     ++row;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/ops.h"
 #include "runtime/kv_cache/block_pool.h"
 
 namespace kiln {
@@ -426,4 +427,29 @@ TEST(KvCache, RandomizedStress) {
 }
 
 }  // namespace
+TEST(KvCache, ReleaseBeforeFreesOnlyBlocksOutsideTheWindow) {
+  KvCache kv(8, 4);
+  ASSERT_EQ(prefill(kv, 1, iota_tokens(10, 0)), 0);  // blocks [0..3] [4..7] [8 9 . .]
+  const std::vector<int32_t> t = table_of(kv, 1);
+  EXPECT_EQ(kv.release_before(1, 3), 0);  // position 3 is still read
+  EXPECT_EQ(kv.release_before(1, 4), 1);
+  EXPECT_EQ(kv.release_before(1, 4), 0);  // idempotent
+  EXPECT_EQ(kv.block_table(1)[0], ops::kFreedBlock);
+  EXPECT_EQ(kv.block_table(1)[1], t[1]);
+  EXPECT_EQ(kv.pool().n_used(), 2);
+  EXPECT_EQ(kv.pool().n_cached(), 1);  // the full block waits in the LRU list
+  ASSERT_TRUE(kv.check_invariants().ok());
+  // Never past the committed tokens: the block being written stays.
+  EXPECT_EQ(kv.release_before(1, 100), 1);
+  EXPECT_EQ(kv.block_table(1)[2], t[2]);
+  ASSERT_TRUE(kv.check_invariants().ok());
+  // A new sequence with the same prefix finds the released full blocks.
+  ASSERT_EQ(prefill(kv, 2, iota_tokens(10, 0)), 8);
+  EXPECT_EQ(table_of(kv, 2)[0], t[0]);
+  kv.free_sequence(1);
+  kv.free_sequence(2);
+  EXPECT_EQ(kv.pool().n_used(), 0);
+  ASSERT_TRUE(kv.check_invariants().ok());
+}
+
 }  // namespace kiln

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "ops/ops.h"
+
 namespace kiln {
 
 KvCache::KvCache(int32_t n_blocks, int32_t block_size) : block_size_(block_size), pool_(n_blocks) {
@@ -83,8 +85,24 @@ void KvCache::free_sequence(int64_t seq) {
   auto it = seqs_.find(seq);
   KILN_ASSERT(it != seqs_.end());
   const std::vector<int32_t>& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) pool_.release(*b);
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+    if (*b != ops::kFreedBlock) pool_.release(*b);
+  }
   seqs_.erase(it);
+}
+
+int32_t KvCache::release_before(int64_t seq, int32_t pos) {
+  auto it = seqs_.find(seq);
+  KILN_ASSERT(it != seqs_.end());
+  Sequence& s = it->second;
+  // Never the block being written: only blocks whose every position is committed and below pos.
+  const int32_t limit = std::min(pos, static_cast<int32_t>(s.tokens.size())) / block_size_;
+  int32_t n = 0;
+  for (; s.n_released < limit; ++s.n_released, ++n) {
+    pool_.release(s.blocks[s.n_released]);
+    s.blocks[s.n_released] = ops::kFreedBlock;
+  }
+  return n;
 }
 
 std::span<const int32_t> KvCache::block_table(int64_t seq) const { return get(seq).blocks; }
@@ -121,6 +139,11 @@ Status KvCache::check_invariants() const {
     }
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       const int32_t b = s.blocks[i];
+      if ((b == ops::kFreedBlock) != (i < static_cast<size_t>(s.n_released))) {
+        return broken(fmt::format("sequence {}: entry {} is {} but {} leading blocks are released", id, i, b,
+                                  s.n_released));
+      }
+      if (b == ops::kFreedBlock) continue;
       if (b < 0 || b >= n) return broken(fmt::format("sequence {}: block id {} outside [0, {})", id, b, n));
       if (pool_.state(b) != BlockState::block_state_used) {
         return broken(fmt::format("sequence {}: block {} at index {} is not in use", id, b, i));

@@ -3,8 +3,9 @@
 // every layer's K/V storage [n_blocks, block_size, n_kv_heads, head_dim].
 //
 // Invariants (checked by check_invariants(), on top of the pool's own):
-//  1. Block tables are append-only while a sequence lives; its blocks are released (tail first) only by
-//     free_sequence().
+//  1. Block tables are append-only while a sequence lives; its blocks are released (tail first) by
+//     free_sequence(), and, for sliding-window models, a leading run of them by release_before(), which
+//     leaves ops::kFreedBlock in their table entries.
 //  2. A block appears at most once in a table, and its pool ref count equals the number of tables holding
 //     it (the cache is the pool's only user).
 //  3. reserved capacity (table length * block_size) >= committed tokens (n_tokens).
@@ -49,6 +50,11 @@ class KvCache {
   // Releases the sequence's blocks, tail first, so the LRU list evicts the tail of a prefix before its
   // head. Precondition (assert): the sequence exists.
   void free_sequence(int64_t seq);
+  // Gives back the blocks that hold only positions < pos (no layer reads them again when every layer attends
+  // to a window that starts at pos or later); their table entries become ops::kFreedBlock. Full blocks stay
+  // hashed in the pool's LRU list for prefix reuse until evicted. Returns the blocks released by this call.
+  // Precondition (assert): the sequence exists.
+  int32_t release_before(int64_t seq, int32_t pos);
 
   bool has_sequence(int64_t seq) const { return seqs_.contains(seq); }
   int32_t n_sequences() const { return static_cast<int32_t>(seqs_.size()); }
@@ -69,7 +75,8 @@ class KvCache {
 
  private:
   struct Sequence {
-    std::vector<int32_t> blocks;    // [n_reserved_blocks] block table
+    std::vector<int32_t> blocks;    // [n_reserved_blocks] block table; [0, n_released) are kFreedBlock
+    int32_t n_released = 0;         // leading blocks given back by release_before()
     std::vector<int32_t> tokens;    // [n_tokens] committed token ids
     std::vector<BlockHash> hashes;  // [n_tokens / block_size] chained hashes of the full blocks
   };

@@ -1,0 +1,270 @@
+"""Every supported architecture, as a random-weight tiny model made by transformers from a config in this file.
+
+For each architecture (odd head counts, GQA ratio 3, a 49,152-token vocabulary: SmolLM2's tokenizer, saved into
+every folder):
+1. kiln on the Hugging Face folder (f32 safetensors) vs transformers in f32 over a 64-token prompt: max abs logit
+   difference <= 1e-3;
+2. greedy 32-token continuations of that prompt: identical (kiln's engine vs transformers' generate);
+3. `kiln convert` to GGUF (weights as stored, f32): kiln on the GGUF gives the same logits (<= 1e-5);
+4. a BF16 copy of the folder: kiln vs transformers in f32 on the same bf16-rounded weights, <= 1e-3 (agreement to
+   bf16 precision: the only difference from the f32 model is the rounding of the weights);
+5. the converted GGUF in llama.cpp (llama-cpp-python): the same greedy continuation as kiln. Mistral is left out
+   there: llama.cpp's "llama" architecture ignores a sliding window.
+Plus: `kiln convert --type q8_0` read back by the `gguf` package and by kiln, an unsupported class named with the
+supported ones, and the shape of the converted file's metadata.
+Weights are drawn with a larger spread than training init (initializer_range 0.1) so that logits are not near
+ties everywhere, which a random model at 0.02 would be. Run with -s for the figures.
+"""
+import copy
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import test_llama_parity as lp
+from parity_text import PARITY_TEXT
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+KILN = Path(os.environ.get("KILN_BUILD_DIR", "build")) / "tools" / "kiln" / "kiln"
+SMOLLM = lp.MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+N_PROMPT = 64
+N_GREEDY = 32
+LOGIT_TOL = 1e-3
+GGUF_TOL = 1e-5
+
+COMMON = dict(
+    hidden_size=72,
+    intermediate_size=100,
+    num_hidden_layers=2,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=512,
+    initializer_range=0.1,
+    rms_norm_eps=1e-5,
+)
+
+
+def configs(vocab: int) -> dict:
+    T = transformers
+    c = dict(COMMON, vocab_size=vocab)
+    return {
+        "llama": T.LlamaConfig(**c),
+        "llama3.2": T.LlamaConfig(
+            **c,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        "mistral": T.MistralConfig(**c, sliding_window=16),
+        "qwen2": T.Qwen2Config(**c, tie_word_embeddings=True),
+        "qwen2.5-yarn": T.Qwen2Config(
+            **c,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+        "qwen3": T.Qwen3Config(**c, head_dim=16),
+        "gemma3": T.Gemma3TextConfig(
+            **dict(c, num_hidden_layers=7), head_dim=16, query_pre_attn_scalar=16, sliding_window=16
+        ),
+        "phi3": T.Phi3Config(
+            **dict(c, max_position_embeddings=16384),
+            pad_token_id=0,
+            original_max_position_embeddings=4096,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.05 * i for i in range(4)],
+                "long_factor": [2.0 + 0.5 * i for i in range(4)],
+                "original_max_position_embeddings": 4096,
+            },
+        ),
+        "mixtral": T.MixtralConfig(**c, num_local_experts=5, num_experts_per_tok=2),
+        "qwen2moe": T.Qwen2MoeConfig(
+            **c, num_experts=5, num_experts_per_tok=2, moe_intermediate_size=40, shared_expert_intermediate_size=56
+        ),
+        "qwen3moe": T.Qwen3MoeConfig(
+            **c, head_dim=16, num_experts=5, num_experts_per_tok=2, moe_intermediate_size=40, norm_topk_prob=True
+        ),
+    }
+
+
+ARCHS = ["llama", "llama3.2", "mistral", "qwen2", "qwen2.5-yarn", "qwen3", "gemma3", "phi3", "mixtral", "qwen2moe",
+         "qwen3moe"]
+NOT_IN_LLAMA_CPP = {"mistral": "llama.cpp's llama architecture has no sliding window"}
+
+
+def run_kiln(*args, expect_ok=True) -> subprocess.CompletedProcess:
+    if not KILN.exists():
+        pytest.fail(f"missing {KILN} (build the kiln target; set KILN_BUILD_DIR)")
+    proc = subprocess.run([str(KILN), *map(str, args)], capture_output=True, text=True, timeout=600)
+    if expect_ok:
+        assert proc.returncode == 0, f"kiln {args} failed: {proc.stderr[-2000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    if not SMOLLM.exists():
+        pytest.skip(f"missing {SMOLLM} (scripts/fetch-models.sh)")
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    tok = AutoTokenizer.from_pretrained(str(SMOLLM.parent), gguf_file=SMOLLM.name)
+    tok.save_pretrained(str(out))
+    return out, tok
+
+
+def save_folder(model, tok_dir: Path, out: Path, dtype) -> Path:
+    copy.deepcopy(model).to(dtype).save_pretrained(str(out))
+    for f in tok_dir.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def kiln_logits(model_path: Path, ids: list[int], out: Path, extra=()) -> np.ndarray:
+    reply = lp.run_driver(["logits", model_path, out, "--threads", lp.THREADS, *extra], [ids])
+    return np.fromfile(out, dtype="<f4").reshape(-1, int(reply["n_vocab"]))
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request, tokenizer_dir, tmp_path_factory):
+    tok_dir, tok = tokenizer_dir
+    name = request.param
+    torch.manual_seed(1234)
+    cfg = configs(len(tok))[name]
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    root = tmp_path_factory.mktemp(name.replace(".", "_"))
+    folder = save_folder(model, tok_dir, root / "f32", torch.float32)
+    ids = tok(PARITY_TEXT)["input_ids"][:N_PROMPT]
+    assert len(ids) == N_PROMPT
+    return dict(name=name, model=model, folder=folder, root=root, ids=ids, tok_dir=tok_dir)
+
+
+def test_folder_logits_match_transformers(arch):
+    ref = hf_logits(arch["model"], arch["ids"])
+    got = kiln_logits(arch["folder"], arch["ids"], arch["root"] / "kiln.f32")
+    diff = np.abs(ref - got).max()
+    print(f"\n{arch['name']}: kiln folder vs transformers f32, max abs {diff:.2e} (logit scale {np.abs(ref).max():.1f})")
+    assert diff <= LOGIT_TOL
+    arch["kiln_logits"] = got
+
+
+def hf_greedy(model, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=N_GREEDY, do_sample=False, min_new_tokens=N_GREEDY)
+    return out[0, len(ids):].tolist()
+
+
+def test_greedy_matches_transformers(arch):
+    ref = hf_greedy(arch["model"], arch["ids"])
+    got = lp.run_driver(["generate", arch["folder"], N_GREEDY, "--threads", lp.THREADS], [arch["ids"]])["tokens"][0]
+    arch["kiln_greedy"] = got
+    assert got == ref, f"{arch['name']}: first difference at {next(i for i in range(N_GREEDY) if got[i] != ref[i])}"
+
+
+def test_converted_gguf_gives_the_same_logits(arch):
+    out = arch["root"] / "model.gguf"
+    run_kiln("convert", arch["folder"], out)
+    got = kiln_logits(out, arch["ids"], arch["root"] / "gguf.f32")
+    ref = kiln_logits(arch["folder"], arch["ids"], arch["root"] / "kiln2.f32")
+    diff = np.abs(ref - got).max()
+    print(f"\n{arch['name']}: converted GGUF vs folder, max abs {diff:.2e}")
+    assert diff <= GGUF_TOL
+    arch["gguf"] = out
+
+
+def test_bf16_copy_agrees_to_bf16_precision(arch):
+    model = arch["model"]
+    bf16 = save_folder(model, arch["tok_dir"], arch["root"] / "bf16", torch.bfloat16)
+    rounded = copy.deepcopy(model)  # the same weights rounded to bf16, f32 arithmetic (RoPE buffers untouched)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    ref = hf_logits(rounded, arch["ids"])
+    got = kiln_logits(bf16, arch["ids"], arch["root"] / "bf16.f32")
+    orig = hf_logits(model, arch["ids"])
+    diff, drift = np.abs(ref - got).max(), np.abs(orig - got).max()
+    print(f"\n{arch['name']}: BF16 folder vs transformers on the rounded weights, max abs {diff:.2e} "
+          f"(vs the f32 model: {drift:.2e})")
+    assert diff <= LOGIT_TOL
+
+
+def test_converted_gguf_greedy_in_llama_cpp(arch):
+    if arch["name"] in NOT_IN_LLAMA_CPP:
+        pytest.skip(NOT_IN_LLAMA_CPP[arch["name"]])
+    llama_cpp = pytest.importorskip("llama_cpp")
+    out = arch["root"] / "llama_cpp.gguf"
+    run_kiln("convert", arch["folder"], out)
+    llm = llama_cpp.Llama(model_path=str(out), n_ctx=256, n_threads=int(lp.THREADS), verbose=False)
+    llm.reset()
+    llm.eval(arch["ids"])
+    got = []
+    for _ in range(N_GREEDY):
+        logits = np.asarray(llm.eval_logits[-1])
+        t = int(np.argmax(logits))
+        got.append(t)
+        llm.eval([t])
+    kiln = lp.run_driver(["generate", out, N_GREEDY, "--threads", lp.THREADS], [arch["ids"]])["tokens"][0]
+    assert got == kiln, f"{arch['name']}: llama.cpp {got} vs kiln {kiln}"
+
+
+def test_q8_0_conversion_reads_back(tokenizer_dir, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    tok_dir, tok = tokenizer_dir
+    torch.manual_seed(7)
+    cfg = transformers.Qwen2Config(**dict(COMMON, hidden_size=96, num_attention_heads=6, num_key_value_heads=2),
+                                   vocab_size=len(tok))
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    folder = save_folder(model, tok_dir, tmp_path / "f32", torch.float32)
+    out = tmp_path / "q8.gguf"
+    run_kiln("convert", folder, out, "--type", "q8_0")
+    r = gguf.GGUFReader(str(out))
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    assert types["token_embd.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
+    assert types["blk.0.ffn_down.weight"] == "F16"  # 100-wide rows: not a multiple of 32
+    fields = {f.name for f in r.fields.values()}
+    for key in ("general.architecture", "qwen2.block_count", "tokenizer.ggml.model", "tokenizer.ggml.tokens",
+                "tokenizer.ggml.merges", "tokenizer.ggml.pre"):
+        assert key in fields, key
+    ids = tok(PARITY_TEXT)["input_ids"][:N_PROMPT]
+    ref = hf_logits(model, ids)
+    got = kiln_logits(out, ids, tmp_path / "q8.f32")
+    rel = np.linalg.norm(ref - got) / np.linalg.norm(ref)
+    print(f"\nq8_0 conversion: relative L2 of the logits {rel:.2e}")
+    assert rel < 2e-2
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "model_type": "foo"}))
+    proc = run_kiln("convert", tmp_path, tmp_path / "x.gguf", expect_ok=False)
+    assert proc.returncode != 0
+    assert "FooForCausalLM" in proc.stderr and "Qwen2ForCausalLM" in proc.stderr and "LlamaForCausalLM" in proc.stderr
+
+
+def test_bad_convert_type_is_an_error(tmp_path):
+    proc = run_kiln("convert", tmp_path, tmp_path / "x.gguf", "--type", "q3_x", expect_ok=False)
+    assert proc.returncode != 0 and "q3_x" in proc.stderr
