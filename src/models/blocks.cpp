@@ -8,7 +8,17 @@
 namespace kiln::blocks {
 
 Result<Tensor> Arena::f32(int64_t ne0, int64_t ne1, int64_t ne2) {
-  const size_t bytes = (static_cast<size_t>(ne0 * ne1 * ne2) * sizeof(float) + 63) / 64 * 64;
+  KILN_ASSIGN_OR_RETURN(void* p, allocate(static_cast<size_t>(ne0 * ne1 * ne2) * sizeof(float)));
+  return make_tensor(DType::f32, p, ne0, ne1, ne2);
+}
+
+Result<std::span<int32_t>> Arena::i32(int64_t n) {
+  KILN_ASSIGN_OR_RETURN(void* p, allocate(static_cast<size_t>(n) * sizeof(int32_t)));
+  return std::span<int32_t>(static_cast<int32_t*>(p), static_cast<size_t>(n));
+}
+
+Result<void*> Arena::allocate(size_t size_bytes) {
+  const size_t bytes = (size_bytes + 63) / 64 * 64;
   if (chunks_.empty() || used_ + bytes > chunks_.back()->size()) {
     // A new chunk: at least what the whole last pass needed, so a steady state has one chunk.
     const size_t size = std::max({bytes, peak_, size_t{1} << 20});
@@ -20,7 +30,7 @@ Result<Tensor> Arena::f32(int64_t ne0, int64_t ne1, int64_t ne2) {
   used_ += bytes;
   total_used_ += bytes;
   peak_ = std::max(peak_, total_used_);
-  return make_tensor(DType::f32, p, ne0, ne1, ne2);
+  return p;
 }
 
 void Arena::reset() {
@@ -36,9 +46,16 @@ Result<Tensor> WeightLoader::get_optional(const std::string& name, int64_t ne0, 
 }
 
 Result<Tensor> WeightLoader::get(const std::string& name, int64_t ne0, int64_t ne1) {
+  return get_shape(name, ne1 > 0 ? std::vector<int64_t>{ne0, ne1} : std::vector<int64_t>{ne0});
+}
+
+Result<Tensor> WeightLoader::get(const std::string& name, int64_t ne0, int64_t ne1, int64_t ne2) {
+  return get_shape(name, {ne0, ne1, ne2});
+}
+
+Result<Tensor> WeightLoader::get_shape(const std::string& name, const std::vector<int64_t>& expected) {
   const gguf::TensorInfo* t = file_.find_tensor(name);
   if (t == nullptr) return not_found("{}: tensor {} is missing", file_.name(), name);
-  const std::vector<int64_t> expected = ne1 > 0 ? std::vector<int64_t>{ne0, ne1} : std::vector<int64_t>{ne0};
   if (t->shape != expected) {
     return invalid_argument("{}: tensor {} has shape [{}], expected [{}]", file_.name(), name,
                             fmt::join(t->shape, ", "), fmt::join(expected, ", "));
@@ -54,7 +71,8 @@ Result<Tensor> WeightLoader::get(const std::string& name, int64_t ne0, int64_t n
   }
   n_params_ += t->n_elements();
   n_bytes_ += t->n_bytes;
-  return make_tensor(t->type, const_cast<uint8_t*>(t->data), ne0, ne1 > 0 ? ne1 : 1);
+  return make_tensor(t->type, const_cast<uint8_t*>(t->data), expected[0],
+                     expected.size() > 1 ? expected[1] : 1, expected.size() > 2 ? expected[2] : 1);
 }
 
 Result<Tensor> WeightLoader::get_bias(const std::string& name, int64_t n) {

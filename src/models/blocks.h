@@ -22,10 +22,15 @@ class Arena {
   explicit Arena(Backend& backend) : backend_(backend) {}
   // A contiguous f32 tensor [ne0, ne1, ne2] from the arena.
   Result<Tensor> f32(int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1);
+  // n int32 values from the arena (indices ops read or write, e.g. expert ids).
+  Result<std::span<int32_t>> i32(int64_t n);
   // Forgets every tensor handed out (keeps the memory; merges chunks into one when there were several).
   void reset();
 
  private:
+  // `bytes` (rounded up to 64) of backend memory.
+  Result<void*> allocate(size_t bytes);
+
   Backend& backend_;
   std::vector<std::unique_ptr<Buffer>> chunks_;
   size_t used_ = 0;        // bytes used in the last chunk
@@ -40,6 +45,8 @@ class WeightLoader {
   // The tensor `name` with shape [ne0, ne1] (ne1 = 0: a 1-d tensor [ne0]). not_found when missing,
   // invalid_argument naming the tensor, its shape and the expected one otherwise.
   Result<Tensor> get(const std::string& name, int64_t ne0, int64_t ne1 = 0);
+  // A 3-d tensor [ne0, ne1, ne2] (e.g. the stacked expert matrices of an MoE layer), errors as above.
+  Result<Tensor> get(const std::string& name, int64_t ne0, int64_t ne1, int64_t ne2);
   // The same, or an empty Tensor (data == nullptr) when the file has no such tensor.
   Result<Tensor> get_optional(const std::string& name, int64_t ne0, int64_t ne1 = 0);
   // An optional f32 [n] bias (empty when absent; invalid_argument when of another type).
@@ -48,6 +55,8 @@ class WeightLoader {
   uint64_t n_bytes() const { return n_bytes_; }
 
  private:
+  Result<Tensor> get_shape(const std::string& name, const std::vector<int64_t>& expected);
+
   const gguf::File& file_;
   Backend& backend_;
   int64_t n_params_ = 0;

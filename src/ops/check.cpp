@@ -240,8 +240,12 @@ Status check(const GatedAct& op) {
   KILN_TRY(need_f32("gated_act", "gate", op.gate));
   KILN_TRY(need_f32("gated_act", "up", op.up));
   KILN_TRY(need_f32("gated_act", "dst", op.dst));
-  KILN_TRY(need_same("gated_act", "gate", op.gate, "up", op.up));
-  return need_same("gated_act", "gate", op.gate, "dst", op.dst);
+  KILN_TRY(need_same("gated_act", "up", op.up, "dst", op.dst));
+  if (!same_shape(op.gate, op.up) && !(op.gate.ne[0] == 1 && op.gate.n_rows() == op.up.n_rows())) {
+    return invalid_argument("gated_act: gate is {} but up is {} (expected the same shape or [1, {}])",
+                            op.gate.describe(), op.up.describe(), op.up.n_rows());
+  }
+  return Status::ok_status();
 }
 
 Status check(const Binary& op) {
@@ -272,14 +276,82 @@ Status check(const Argmax& op) {
   return Status::ok_status();
 }
 
+Status check(const MoeRoute& op) {
+  KILN_TRY(need_f32("moe_route", "logits", op.logits));
+  KILN_TRY(need_f32("moe_route", "weights", op.weights));
+  const int64_t n_expert = op.logits.ne[0], n_used = op.weights.ne[0], n_tokens = op.logits.n_rows();
+  if (n_used < 1 || n_used > n_expert || op.weights.n_rows() != n_tokens) {
+    return invalid_argument("moe_route: weights is {}, expected f32[n_used in [1, {}], {}]",
+                            op.weights.describe(), n_expert, n_tokens);
+  }
+  if (static_cast<int64_t>(op.ids.size()) != n_used * n_tokens) {
+    return invalid_argument("moe_route: ids has {} entries, expected n_used * n_tokens = {}", op.ids.size(),
+                            n_used * n_tokens);
+  }
+  return Status::ok_status();
+}
+
+Status check(const MoeMatmul& op) {
+  if (op.w.data == nullptr) return invalid_argument("moe_matmul: w has no data");
+  const DTypeInfo& info = dtype_info(op.w.type);
+  if (info.dequantize_row == nullptr && op.w.type != DType::f32) {
+    return invalid_argument("moe_matmul: weight type {} has no dequantizer", info.name);
+  }
+  if (op.w.nb[0] != info.type_size || op.w.ne[3] != 1) {
+    return invalid_argument(
+        "moe_matmul: w must be a 3-d tensor [k, n, n_expert] with contiguous rows, not {}", op.w.describe());
+  }
+  KILN_TRY(need_f32("moe_matmul", "x", op.x));
+  KILN_TRY(need_f32("moe_matmul", "dst", op.dst));
+  const int64_t n_used = op.dst.ne[1], n_tokens = op.dst.ne[2];
+  if (op.dst.ne[0] != op.w.ne[1] || op.dst.ne[3] != 1) {
+    return invalid_argument("moe_matmul: dst is {}, expected f32[{}, n_used, n_tokens]", op.dst.describe(),
+                            op.w.ne[1]);
+  }
+  if (op.x.ne[0] != op.w.ne[0] || (op.x.ne[1] != 1 && op.x.ne[1] != n_used) || op.x.ne[2] != n_tokens ||
+      op.x.ne[3] != 1) {
+    return invalid_argument("moe_matmul: x is {}, expected f32[{}, 1 or {}, {}] for w {} and dst {}",
+                            op.x.describe(), op.w.ne[0], n_used, n_tokens, op.w.describe(),
+                            op.dst.describe());
+  }
+  if (static_cast<int64_t>(op.ids.size()) != n_used * n_tokens) {
+    return invalid_argument("moe_matmul: ids has {} entries, expected n_used * n_tokens = {}", op.ids.size(),
+                            n_used * n_tokens);
+  }
+  for (size_t i = 0; i < op.ids.size(); ++i) {
+    if (op.ids[i] < 0 || op.ids[i] >= op.w.ne[2]) {
+      return out_of_range("moe_matmul: ids[{}] = {} is outside [0, {})", i, op.ids[i], op.w.ne[2]);
+    }
+  }
+  return Status::ok_status();
+}
+
+Status check(const WeightedSum& op) {
+  KILN_TRY(need_f32("weighted_sum", "y", op.y));
+  KILN_TRY(need_f32("weighted_sum", "w", op.w));
+  KILN_TRY(need_f32("weighted_sum", "dst", op.dst));
+  const int64_t n = op.y.ne[0], n_slots = op.y.ne[1], n_tokens = op.y.ne[2];
+  if (op.y.ne[3] != 1) {
+    return invalid_argument("weighted_sum: y is {}, expected 3-d [n, n_slots, n_tokens]", op.y.describe());
+  }
+  if (op.w.ne[0] != n_slots || op.w.n_rows() != n_tokens) {
+    return invalid_argument("weighted_sum: w is {}, expected f32[{}, {}]", op.w.describe(), n_slots,
+                            n_tokens);
+  }
+  if (op.dst.ne[0] != n || op.dst.n_rows() != n_tokens) {
+    return invalid_argument("weighted_sum: dst is {}, expected f32[{}, {}]", op.dst.describe(), n, n_tokens);
+  }
+  return Status::ok_status();
+}
+
 Status check(const Op& op) {
   return std::visit([](const auto& o) { return check(o); }, op);
 }
 
 std::string_view op_name(const Op& op) {
-  static constexpr std::string_view names[] = {"get_rows",  "matmul",  "rms_norm", "layer_norm",
-                                               "rope",      "softmax", "kv_write", "attention",
-                                               "gated_act", "binary",  "scale",    "argmax"};
+  static constexpr std::string_view names[] = {
+      "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",      "softmax",    "kv_write",    "attention",
+      "gated_act", "binary", "scale",    "argmax",     "moe_route", "moe_matmul", "weighted_sum"};
   static_assert(std::size(names) == std::variant_size_v<Op>);
   return names[op.index()];
 }

@@ -127,8 +127,9 @@ struct Attention {
   Tensor dst;
 };
 
-enum class GluKind : uint8_t { glu_kind_silu, glu_kind_gelu_tanh };
-// dst = act(gate) * up.   gate, up, dst: f32 [n, rows].
+enum class GluKind : uint8_t { glu_kind_silu, glu_kind_gelu_tanh, glu_kind_sigmoid };
+// dst = act(gate) * up.   up, dst: f32 [n, rows]; gate: f32 [n, rows], or [1, rows]: one gate per row,
+// broadcast over it (dst[:, r] = act(gate[0, r]) * up[:, r], e.g. a shared expert's sigmoid gate).
 struct GatedAct {
   Tensor gate, up;
   GluKind kind = GluKind::glu_kind_silu;
@@ -157,8 +158,41 @@ struct Argmax {
   std::span<int32_t> out;  // [rows]
 };
 
+// Mixture-of-experts routing: per token t, p = softmax(logits[:, t]); the n_used experts of largest p
+// (ranked by logit, which orders them the same; ties: the lower expert index first) go to ids[s + n_used * t]
+// in descending order, s = 0..n_used-1, and weights[s, t] = p[ids[s + n_used * t]], divided by the sum of the
+// n_used chosen p when `normalize`.   logits: f32 [n_expert, n_tokens]; weights: f32 [n_used, n_tokens]
+// (n_used = weights.ne[0], 1 <= n_used <= n_expert).
+struct MoeRoute {
+  Tensor logits;
+  std::span<int32_t> ids;  // [n_used * n_tokens]
+  Tensor weights;
+  bool normalize = false;
+};
+
+// Matmul with one expert's matrix per (slot, token): dst[j, s, t] = sum_k w[k, j, e] * x[k, s or 0, t] with
+// e = ids[s + n_used * t].   w: any Matmul weight type [k, n, n_expert], expert e the slab e (rows
+// contiguous); x: f32 [k, n_x, n_tokens], n_x = 1 (every slot reads the token's one row) or n_used; dst: f32
+// [n, n_used, n_tokens]. quantize_x as in Matmul.
+struct MoeMatmul {
+  Tensor w;
+  Tensor x;
+  std::span<const int32_t> ids;  // [n_used * n_tokens], each in [0, n_expert)
+  Tensor dst;
+  bool quantize_x = false;
+};
+
+// dst[:, t] = sum over s = 0..n_slots-1 (in that order) of w[s, t] * y[:, s, t] (the experts' outputs mixed
+// by their routing weights).   y: f32 [n, n_slots, n_tokens]; w: f32 [n_slots, n_tokens];
+// dst: f32 [n, n_tokens], not overlapping y.
+struct WeightedSum {
+  Tensor y;
+  Tensor w;
+  Tensor dst;
+};
+
 using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct,
-                        Binary, Scale, Argmax>;
+                        Binary, Scale, Argmax, MoeRoute, MoeMatmul, WeightedSum>;
 
 // "matmul", "rms_norm", ...
 std::string_view op_name(const Op& op);
@@ -176,6 +210,9 @@ Status check(const GatedAct& op);
 Status check(const Binary& op);
 Status check(const Scale& op);
 Status check(const Argmax& op);
+Status check(const MoeRoute& op);
+Status check(const MoeMatmul& op);
+Status check(const WeightedSum& op);
 Status check(const Op& op);
 
 // The frequency of rotated pair i (0 <= i < n_rot/2) and the magnitude scale for cos/sin, after scaling.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -36,6 +37,7 @@ using namespace kiln::ops;  // NOLINT: the op structs
 // summation order (SIMD lanes, split-k, online softmax) and still catches any wrong index, which costs O(1).
 // A dot product of O(1) terms can cancel to near 0 while its rounding error stays ~sqrt(k) ulp of the terms
 // (a 1x1 dst makes that the whole norm): matmul divides by at least unit RMS (its inputs are O(1)).
+// moe_matmul: as matmul (each product is one). weighted_sum, moe_route's weights: as the row-wise ops.
 // Row-wise ops (get_rows, norms, rope, softmax, gated_act, binary, scale): max |out - ref| / max(1,
 // |ref|max). Values are O(1); f32 arithmetic and f32 exp/tanh/cos differ from the f64 reference by a few ulp
 // (~2.4e-7).
@@ -48,12 +50,13 @@ struct Budget {
 constexpr Budget kMatmul{Metric::rel_l2, 1e-5, 1.0};
 constexpr Budget kAttention{Metric::rel_l2, 1e-5};
 constexpr Budget kRowWise{Metric::max_abs, 1e-6};
-// argmax: exact index. kv_write: bit-exact pools (f32 copied; f16 rounded to nearest even from the same f32).
+// argmax, moe_route's ids: exact indices. kv_write: bit-exact pools (f32 copied; f16 rounded to nearest even
+// from the same f32).
 
 // Every op the harness has a case for; EveryOpHasACase fails when the Op variant grows without one.
-constexpr std::string_view kHarnessOps[] = {"get_rows",  "matmul",  "rms_norm", "layer_norm",
-                                            "rope",      "softmax", "kv_write", "attention",
-                                            "gated_act", "binary",  "scale",    "argmax"};
+constexpr std::string_view kHarnessOps[] = {
+    "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",      "softmax",    "kv_write",    "attention",
+    "gated_act", "binary", "scale",    "argmax",     "moe_route", "moe_matmul", "weighted_sum"};
 
 // The weight / table types of matmul and get_rows.
 constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q4_0,  DType::q4_1,
@@ -414,10 +417,12 @@ TEST(OpHarness, SoftmaxGatedActBinaryScale) {
     for (Layout layout : kLayouts) {
       const Host a = make_f32(layout, s.n, s.r1, s.r2, &rng, -6.0f, 6.0f);
       const Host b = make_f32(layout, s.n, s.r1, s.r2, &rng);
-      const Host b_row = make_f32(layout, s.n, 1, 1, &rng);  // broadcast over rows
+      const Host b_row = make_f32(layout, s.n, 1, 1, &rng);                      // broadcast over rows
+      const Host gate_row = make_f32(layout, 1, s.r1, s.r2, &rng, -6.0f, 6.0f);  // one gate per row
       const Host dst = make_f32(layout, s.n, s.r1, s.r2, nullptr);
       const float scale = i % 3 == 0 ? 1.0f : i % 3 == 1 ? 0.125f : 1.7f;
-      const auto glu = i % 2 ? GluKind::glu_kind_gelu_tanh : GluKind::glu_kind_silu;
+      const GluKind glu =
+          std::array{GluKind::glu_kind_silu, GluKind::glu_kind_gelu_tanh, GluKind::glu_kind_sigmoid}[i % 3];
       const auto kind = i % 2 ? BinaryKind::binary_kind_mul : BinaryKind::binary_kind_add;
       const bool broadcast = i++ % 4 < 2;
       const std::string what =
@@ -428,6 +433,9 @@ TEST(OpHarness, SoftmaxGatedActBinaryScale) {
       });
       expect_matches_ref("gated_act " + what, dst, kRowWise, [&](const Tensor& d) {
         return Op(GatedAct{a.t, b.t, glu, d});
+      });
+      expect_matches_ref("gated_act per-row gate " + what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(GatedAct{gate_row.t, b.t, glu, d});
       });
       const Tensor& b_used = broadcast ? b_row.t : b.t;
       expect_matches_ref("binary " + what, dst, kRowWise, [&](const Tensor& d) {
@@ -560,6 +568,111 @@ TEST(OpHarness, Attention) {
   }
 }
 
+TEST(OpHarness, MoeRoute) {
+  Rng rng(13);
+  const std::array<int64_t, 3> shapes[] = {{1, 1, 1},  {8, 2, 5},   {8, 8, 3},
+                                           {60, 4, 7}, {128, 8, 2}, {3, 2, 33}};
+  int i = 0;
+  for (const auto& [n_expert, n_used, n_tokens] : shapes) {
+    for (bool normalize : {false, true}) {
+      const Layout layout = kLayouts[i++ % 3];
+      const Host logits = make_f32(layout, n_expert, n_tokens, 1, &rng, -3.0f, 3.0f);
+      for (int64_t t = 1; t < n_tokens && n_expert > 1; t += 2) {  // a tie on the largest logit
+        const int32_t a = rng.integer(0, n_expert - 1), c = (a + rng.integer(1, n_expert - 1)) % n_expert;
+        logits.t.row_as<float>(t)[a] = logits.t.row_as<float>(t)[c] = 4.0f;
+      }
+      const Host weights = make_f32(layout, n_used, n_tokens, 1, nullptr);
+      Host want_w = clone(weights);
+      std::vector<int32_t> want(n_used * n_tokens, -1);
+      const MoeRoute ref_op{logits.t, want, want_w.t, normalize};
+      ASSERT_TRUE(check(ref_op).ok());
+      ref::moe_route(ref_op);
+      for (int64_t t = 0; t < n_tokens;
+           ++t) {  // descending logits, ties by index; normalized weights sum to 1
+        const auto* x = logits.t.row_as<const float>(t);
+        double sum = 0.0;
+        for (int64_t s = 0; s < n_used; ++s) {
+          const int32_t e = want[s + n_used * t];
+          sum += want_w.t.row_as<float>(t)[s];
+          if (s > 0) {
+            const int32_t prev = want[s - 1 + n_used * t];
+            ASSERT_TRUE(x[prev] > x[e] || (x[prev] == x[e] && prev < e)) << t << " " << s;
+          }
+        }
+        if (normalize) {
+          ASSERT_NEAR(sum, 1.0, 1e-6);
+        }
+      }
+      const std::string what = fmt::format("moe_route [{}, {}] n_used {} {}{}", n_expert, n_tokens, n_used,
+                                           layout_name(layout), normalize ? " normalize" : "");
+      for (const NamedBackend& nb : backends()) {
+        std::vector<int32_t> got(want.size(), -1);
+        Host got_w = clone(weights);
+        if (!run_on(*nb.backend, MoeRoute{logits.t, got, got_w.t, normalize}, what)) continue;
+        EXPECT_EQ(got, want) << nb.name << " " << what;
+        EXPECT_LE(compare(gather(got_w.t), gather(want_w.t), 0.0).max_abs, kRowWise.limit)
+            << nb.name << " " << what;
+        EXPECT_TRUE(outside_untouched(got_w)) << nb.name << " " << what << ": wrote outside weights";
+      }
+    }
+  }
+}
+
+TEST(OpHarness, MoeMatmul) {
+  Rng rng(14);
+  struct Shape {
+    int64_t n, n_expert, n_used, n_tokens;
+  };
+  const Shape shapes[] = {{1, 1, 1, 1}, {7, 4, 2, 5}, {33, 8, 3, 6}, {5, 60, 4, 3}};
+  int i = 0;
+  for (DType type : kWeightTypes) {
+    const DTypeInfo& info = dtype_info(type);
+    const std::vector<int64_t> ks = info.block_size == 1    ? std::vector<int64_t>{7, 33}
+                                    : info.block_size == 32 ? std::vector<int64_t>{32, 96}
+                                                            : std::vector<int64_t>{256};
+    for (int64_t k : ks) {
+      for (const Shape& sh : shapes) {
+        const Layout layout = kLayouts[i % 3];
+        const bool shared_x = i++ % 2 == 0;  // x [k, 1, n_tokens] or [k, n_used, n_tokens]
+        Host w =
+            make_weights(type, k, sh.n * sh.n_expert, layout == Layout::contiguous ? 0 : info.type_size, rng);
+        w.t.ne = {k, sh.n, sh.n_expert, 1};
+        w.t.nb[2] = w.t.nb[1] * sh.n;
+        w.t.nb[3] = w.t.nb[2] * sh.n_expert;
+        std::vector<int32_t> ids(sh.n_used * sh.n_tokens);  // repeats and unused experts included
+        for (int32_t& id : ids) id = rng.integer(0, static_cast<int32_t>(sh.n_expert) - 1);
+        ids.back() = static_cast<int32_t>(sh.n_expert) - 1;
+        const Host x = make_f32(layout, k, shared_x ? 1 : sh.n_used, sh.n_tokens, &rng);
+        const Host dst = make_f32(layout, sh.n, sh.n_used, sh.n_tokens, nullptr);
+        for (bool qx : {false, true}) {
+          const std::string what =
+              fmt::format("moe_matmul {} w [{}, {}, {}] x {} n_used {} {}{}", info.name, k, sh.n, sh.n_expert,
+                          x.t.describe(), sh.n_used, layout_name(layout), qx ? " quantize_x" : "");
+          expect_matches_ref(what, dst, kMatmul, [&](const Tensor& d) {
+            return Op(MoeMatmul{w.t, x.t, ids, d, qx});
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(OpHarness, WeightedSum) {
+  Rng rng(15);
+  int i = 0;
+  for (const RowShape& s : kRowShapes) {  // [n, n_slots, n_tokens]
+    for (Layout layout : kLayouts) {
+      const Host y = make_f32(layout, s.n, s.r1, s.r2 + i++ % 3, &rng, -2.0f, 2.0f);
+      const Host w = make_f32(layout, s.r1, y.t.ne[2], 1, &rng, 0.0f, 1.0f);
+      const Host dst = make_f32(layout, s.n, y.t.ne[2], 1, nullptr);
+      expect_matches_ref(fmt::format("weighted_sum y {} {}", y.t.describe(), layout_name(layout)), dst,
+                         kRowWise, [&](const Tensor& d) {
+                           return Op(WeightedSum{y.t, w.t, d});
+                         });
+    }
+  }
+}
+
 // ---- check(): malformed calls are rejected, naming the operand ----
 
 // check() and every backend's run() reject `op` with `code` and a message naming the op and `operand`.
@@ -662,6 +775,44 @@ TEST(OpCheck, SoftmaxGatedActBinaryScaleArgmax) {
   ASSERT_TRUE(check(Argmax{o.x.t, out}).ok());
   expect_rejected(Argmax{o.x.t, short_out}, kInvalid, "out");
   expect_rejected(Argmax{o.half.t, out}, kInvalid, "x must");
+}
+
+TEST(OpCheck, MoeRouteMoeMatmulWeightedSum) {
+  Operands o;  // logits [8, 8 tokens]; w [8, 4, 2 experts]; y [8, 4 slots, 2 tokens]
+  const Host weights = dense(2, 8, 1, &o.rng), few = dense(2, 7, 1, &o.rng), many = dense(9, 8, 1, &o.rng);
+  std::vector<int32_t> ids(16), short_ids(15);
+  ASSERT_TRUE(check(MoeRoute{o.x.t, ids, weights.t, true}).ok());
+  expect_rejected(MoeRoute{o.half.t, ids, weights.t, true}, kInvalid, "logits must");
+  expect_rejected(MoeRoute{o.x.t, ids, few.t, true}, kInvalid, "weights is");
+  expect_rejected(MoeRoute{o.x.t, ids, many.t, true}, kInvalid, "weights is");
+  expect_rejected(MoeRoute{o.x.t, short_ids, weights.t, true}, kInvalid, "ids has");
+  const Tensor w = reshape(o.x.t, 8, 4, 2);
+  Tensor w_none = w, w_gaps = w;
+  w_none.type = DType::iq2_xxs;
+  w_gaps.nb[0] = 8;
+  const Host x1 = dense(8, 1, 3, &o.rng), x2 = dense(8, 2, 3, &o.rng), x3 = dense(8, 3, 3, &o.rng);
+  const Host dst = dense(4, 2, 3, nullptr), wide = dense(5, 2, 3, nullptr);
+  const std::vector<int32_t> e = {0, 1, 1, 1, 0, 0}, e_short = {0, 1}, e_bad = {0, 1, 2, 1, 0, 0};
+  ASSERT_TRUE(check(MoeMatmul{w, x1.t, e, dst.t}).ok());
+  ASSERT_TRUE(check(MoeMatmul{w, x2.t, e, dst.t}).ok());
+  expect_rejected(MoeMatmul{w_none, x1.t, e, dst.t}, kInvalid, "weight type");
+  expect_rejected(MoeMatmul{w_gaps, x1.t, e, dst.t}, kInvalid, "w must");
+  expect_rejected(MoeMatmul{w, o.half.t, e, dst.t}, kInvalid, "x must be f32");
+  expect_rejected(MoeMatmul{w, x3.t, e, dst.t}, kInvalid, "x is");
+  expect_rejected(MoeMatmul{w, x1.t, e, wide.t}, kInvalid, "dst is");
+  expect_rejected(MoeMatmul{w, x1.t, e_short, dst.t}, kInvalid, "ids has");
+  expect_rejected(MoeMatmul{w, x1.t, e_bad, dst.t}, kRange, "ids[2]");
+  const Host mix = dense(4, 2, 1, &o.rng), mix3 = dense(3, 2, 1, &o.rng), out = dense(8, 2, 1, nullptr);
+  Tensor y4 = o.x.t;
+  y4.ne = {8, 4, 1, 2};
+  ASSERT_TRUE(check(WeightedSum{o.x.t, mix.t, out.t}).ok());
+  expect_rejected(WeightedSum{o.half.t, mix.t, out.t}, kInvalid, "y must");
+  expect_rejected(WeightedSum{o.x.t, mix3.t, out.t}, kInvalid, "w is");
+  expect_rejected(WeightedSum{o.x.t, mix.t, o.small.t}, kInvalid, "dst is");
+  expect_rejected(WeightedSum{y4, mix.t, out.t}, kInvalid, "expected 3-d");
+  const Host gate_row = dense(1, 4, 2, &o.rng), gate_bad = dense(2, 4, 2, &o.rng);
+  ASSERT_TRUE(check(GatedAct{gate_row.t, o.x.t, GluKind::glu_kind_sigmoid, o.y.t}).ok());
+  expect_rejected(GatedAct{gate_bad.t, o.x.t, GluKind::glu_kind_sigmoid, o.y.t}, kInvalid, "gate is");
 }
 
 TEST(OpCheck, KvWrite) {

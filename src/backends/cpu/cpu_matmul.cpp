@@ -1,11 +1,12 @@
-// matmul on the CPU: dst[j, i] = w[:, j] . x[:, i]. Threads split the weight rows (groups of kRows).
+// matmul and moe_matmul on the CPU, one driver for both: a list of products (weight matrix, x row, dst row)
+// grouped by matrix (one group for matmul; one per expert in use for moe_matmul, so each expert's weights are
+// read once per call however many tokens chose it). Threads split (group, weight rows) work items.
 // - f32 activations: each thread dequantizes kRows weight rows at a time into its own f32 buffer and reuses
-// them
-//   for every activation row, so a weight byte is read once per call however many tokens the batch holds; f32
-//   weights are used in place.
-// - quantize_x: the activation rows are quantized once per call to the weight type's activation format; q4_0,
-//   q4_1 and q8_0 weights then take integer dot products block by block (dot_int8_rows); the other types use
-//   the f32 path on the rounded activations (the same result, without the speed).
+//   them for every x row of the group; f32 weights are used in place.
+// - quantize_x: the x rows are quantized once per call to the weight type's activation format; q4_0, q4_1 and
+//   q8_0 weights then take integer dot products block by block (dot_int8_rows); the other types use the f32
+//   path on the rounded activations (the same result, without the speed).
+#include <numeric>
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
@@ -24,30 +25,40 @@ constexpr int64_t kRows = 4;  // weight rows per group
 // dot_f32, compiled per ISA (see KILN_CPU_CLONES).
 KILN_CPU_CLONES float dot_f32_dispatch(const float* a, const float* b, int64_t n) { return dot_f32(a, b, n); }
 
-// f32 activations [k, m] (rows `x_row(i)`), weights dequantized per group.
-template <class XRow>
-void matmul_f32(ThreadPool& pool, const ops::Matmul& op, XRow x_row) {
-  const int64_t k = op.w.ne[0], n = op.w.ne[1], m = op.x.n_rows();
-  const bool in_place = op.w.type == DType::f32;
+// The products of one call: group a multiplies weight matrix w[:, :, mats[a]] with the x rows
+// x_rows[start[a] .. start[a+1]) into the dst rows y_rows[same]. Rows are flat row indices of x and dst.
+struct Products {
+  Tensor w;  // [k, n, n_mats], rows contiguous
+  std::vector<int32_t> mats;
+  std::vector<int64_t> start;  // [mats.size() + 1]
+  std::vector<int64_t> x_rows, y_rows;
+  const uint8_t* w_row(int64_t a, int64_t j) const { return w.row(j, mats[a]); }
+};
+
+// f32 activations: x row i is x_row(i), dst row i is y_row(i) (i a flat row index of x / dst).
+template <class XRow, class YRow>
+void matmul_f32(ThreadPool& pool, const Products& pr, XRow x_row, YRow y_row) {
+  const int64_t k = pr.w.ne[0], n = pr.w.ne[1];
+  const bool in_place = pr.w.type == DType::f32;
   const int64_t n_groups = (n + kRows - 1) / kRows;
   pool.parallel_for(
-      n_groups,
+      static_cast<int64_t>(pr.mats.size()) * n_groups,
       [&](int64_t g0, int64_t g1, int) {
         std::vector<float> buf(in_place ? 0 : kRows * k);  // [kRows, k]
         const float* rows[kRows];
-        for (int64_t g = g0; g < g1; ++g) {
-          const int64_t j0 = g * kRows, nj = std::min(kRows, n - j0);
+        for (int64_t item = g0; item < g1; ++item) {
+          const int64_t a = item / n_groups, j0 = item % n_groups * kRows, nj = std::min(kRows, n - j0);
           for (int64_t r = 0; r < nj; ++r) {
             if (in_place) {
-              rows[r] = op.w.row_as<const float>(j0 + r);
+              rows[r] = reinterpret_cast<const float*>(pr.w_row(a, j0 + r));
             } else {
-              ops::ref::row_to_f32(op.w, op.w.row(j0 + r), buf.data() + r * k);
+              ops::ref::row_to_f32(pr.w, pr.w_row(a, j0 + r), buf.data() + r * k);
               rows[r] = buf.data() + r * k;
             }
           }
-          for (int64_t i = 0; i < m; ++i) {
-            const float* x = x_row(i);
-            auto* y = reinterpret_cast<float*>(op.dst.flat_row(i)) + j0;
+          for (int64_t e = pr.start[a]; e < pr.start[a + 1]; ++e) {
+            const float* x = x_row(pr.x_rows[e]);
+            float* y = y_row(pr.y_rows[e]) + j0;
             for (int64_t r = 0; r < nj; ++r) y[r] = dot_f32_dispatch(rows[r], x, k);
           }
         }
@@ -135,47 +146,86 @@ KILN_CPU_CLONES float dot_int8_rows(const Int8Row& w, const Int8Row& x, int64_t 
 
 bool has_int8_kernel(DType w) { return w == DType::q4_0 || w == DType::q4_1 || w == DType::q8_0; }
 
-}  // namespace
-
-void matmul(ThreadPool& pool, const ops::Matmul& op) {
-  const int64_t k = op.w.ne[0], n = op.w.ne[1], m = op.x.n_rows();
-  const DType act = op.quantize_x ? ops::activation_type(op.w.type) : DType::f32;
+// Runs the products: x: f32 [k, ...] and dst: f32 [n, ...], addressed by flat row.
+void run_products(ThreadPool& pool, const Products& pr, const Tensor& x_t, const Tensor& dst_t,
+                  bool quantize_x) {
+  const int64_t k = pr.w.ne[0], m = x_t.n_rows();
+  auto y_row = [&](int64_t i) { return reinterpret_cast<float*>(dst_t.flat_row(i)); };
+  const DType act = quantize_x ? ops::activation_type(pr.w.type) : DType::f32;
   if (act == DType::f32) {
-    matmul_f32(pool, op, [&](int64_t i) { return reinterpret_cast<const float*>(op.x.flat_row(i)); });
+    auto x_row = [&](int64_t i) { return reinterpret_cast<const float*>(x_t.flat_row(i)); };
+    matmul_f32(pool, pr, x_row, y_row);
     return;
   }
-  // Quantize every activation row once and unpack it: [m] rows of int8 quants + block scales (+ sums).
+  // Quantize every x row once and unpack it: [m] rows of int8 quants + block scales (+ sums).
   const DTypeInfo& ai = dtype_info(act);
   const int64_t row_bytes = k / ai.block_size * ai.type_size;
   std::vector<uint8_t> xq(static_cast<size_t>(m * row_bytes));
   pool.parallel_for(m, [&](int64_t i0, int64_t i1, int) {
     for (int64_t i = i0; i < i1; ++i) {
-      ai.quantize_row(reinterpret_cast<const float*>(op.x.flat_row(i)), xq.data() + i * row_bytes, k);
+      ai.quantize_row(reinterpret_cast<const float*>(x_t.flat_row(i)), xq.data() + i * row_bytes, k);
     }
   });
-  if (!has_int8_kernel(op.w.type)) {
+  if (!has_int8_kernel(pr.w.type)) {
     // No integer kernel for this type yet: the rounded activations through the f32 path (the same result).
     std::vector<float> xs(static_cast<size_t>(m * k));
     for (int64_t i = 0; i < m; ++i) ai.dequantize_row(xq.data() + i * row_bytes, xs.data() + i * k, k);
-    matmul_f32(pool, op, [&](int64_t i) { return xs.data() + i * k; });
+    auto x_row = [&](int64_t i) { return static_cast<const float*>(xs.data() + i * k); };
+    matmul_f32(pool, pr, x_row, y_row);
     return;
   }
-  const int64_t nb = k / kQK;
+  const int64_t nb = k / kQK, n = pr.w.ne[1];
   std::vector<Int8Row> xr(static_cast<size_t>(m));
   pool.parallel_for(m, [&](int64_t i0, int64_t i1, int) {
     for (int64_t i = i0; i < i1; ++i) unpack_activation_row(act, xq.data() + i * row_bytes, nb, xr[i]);
   });
   pool.parallel_for(
-      n,
-      [&](int64_t j0, int64_t j1, int) {
+      static_cast<int64_t>(pr.mats.size()) * n,
+      [&](int64_t i0, int64_t i1, int) {
         Int8Row wr;
-        for (int64_t j = j0; j < j1; ++j) {
-          unpack_weight_row(op.w.type, op.w.row(j), nb, wr);
-          for (int64_t i = 0; i < m; ++i)
-            reinterpret_cast<float*>(op.dst.flat_row(i))[j] = dot_int8_rows(wr, xr[i], nb);
+        for (int64_t item = i0; item < i1; ++item) {
+          const int64_t a = item / n, j = item % n;
+          unpack_weight_row(pr.w.type, pr.w_row(a, j), nb, wr);
+          for (int64_t e = pr.start[a]; e < pr.start[a + 1]; ++e) {
+            y_row(pr.y_rows[e])[j] = dot_int8_rows(wr, xr[pr.x_rows[e]], nb);
+          }
         }
       },
       /*min_chunk=*/16);
+}
+
+}  // namespace
+
+void matmul(ThreadPool& pool, const ops::Matmul& op) {
+  const int64_t m = op.x.n_rows();
+  Products pr{op.w, {0}, {0, m}, std::vector<int64_t>(m), {}};
+  std::iota(pr.x_rows.begin(), pr.x_rows.end(), 0);
+  pr.y_rows = pr.x_rows;
+  run_products(pool, pr, op.x, op.dst, op.quantize_x);
+}
+
+void moe_matmul(ThreadPool& pool, const ops::MoeMatmul& op) {
+  const int64_t n_expert = op.w.ne[2], n_used = op.dst.ne[1];
+  const auto n_pairs = static_cast<int64_t>(op.ids.size());
+  const bool shared_x = op.x.ne[1] == 1;  // x [k, 1, n_tokens]: x row t serves every slot of token t
+  // Group the pairs p = s + n_used * t (dst flat row p) by expert: a counting sort, p ascending per expert.
+  // Expert e's pairs are entries [first[e], first[e + 1]) of the sorted list.
+  std::vector<int64_t> first(n_expert + 1, 0);
+  for (int32_t e : op.ids) ++first[e + 1];
+  for (int64_t e = 0; e < n_expert; ++e) first[e + 1] += first[e];
+  Products pr{op.w, {}, {0}, std::vector<int64_t>(n_pairs), std::vector<int64_t>(n_pairs)};
+  std::vector<int64_t> fill(first.begin(), first.end() - 1);
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    const int64_t at = fill[op.ids[p]]++;
+    pr.x_rows[at] = shared_x ? p / n_used : p;
+    pr.y_rows[at] = p;
+  }
+  for (int64_t e = 0; e < n_expert; ++e) {
+    if (first[e + 1] == first[e]) continue;  // unused experts cost nothing
+    pr.mats.push_back(static_cast<int32_t>(e));
+    pr.start.push_back(first[e + 1]);
+  }
+  run_products(pool, pr, op.x, op.dst, op.quantize_x);
 }
 
 }  // namespace kiln::cpu

@@ -1,7 +1,9 @@
 // The row-wise ops on the CPU (get_rows, norms, rope, softmax, kv_write, gated activations, add/mul, scale,
-// argmax): threads split the rows; arithmetic in f32 except the norms' sums (f64, one per row, cheap).
+// argmax, moe_route, weighted_sum): threads split the rows; arithmetic in f32 except the norms' and
+// softmaxes' sums (f64, one per row, cheap).
 #include "backends/cpu/cpu_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -127,13 +129,19 @@ void kv_write(ThreadPool& pool, const KvWrite& op) {
 }
 
 void gated_act(ThreadPool& pool, const GatedAct& op) {
-  const int64_t n = op.gate.ne[0];
-  for_rows(pool, op.gate.n_rows(), [&](int64_t r) {
+  const int64_t n = op.up.ne[0];
+  const bool per_row = op.gate.ne[0] == 1;  // one gate per row (or n == 1)
+  for_rows(pool, op.up.n_rows(), [&](int64_t r) {
     const float* g = f32_row(op.gate, r);
     const float* u = f32_row(op.up, r);
     float* y = f32_row_mut(op.dst, r);
-    if (op.kind == GluKind::glu_kind_silu) {
+    if (per_row) {
+      const float a = static_cast<float>(ref::glu_act(op.kind, g[0]));
+      for (int64_t i = 0; i < n; ++i) y[i] = a * u[i];
+    } else if (op.kind == GluKind::glu_kind_silu) {
       for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    } else if (op.kind == GluKind::glu_kind_sigmoid) {
+      for (int64_t i = 0; i < n; ++i) y[i] = u[i] / (1.0f + std::exp(-g[i]));
     } else {
       constexpr float c = 0.7978845608028654f;  // sqrt(2 / pi)
       for (int64_t i = 0; i < n; ++i) {
@@ -178,6 +186,50 @@ void argmax(ThreadPool& pool, const Argmax& op) {
   });
 }
 
+void moe_route(ThreadPool& pool, const MoeRoute& op) {
+  const int64_t n_expert = op.logits.ne[0], n_used = op.weights.ne[0];
+  for_rows(pool, op.logits.n_rows(), [&](int64_t t) {
+    const float* x = f32_row(op.logits, t);
+    float mx = -INFINITY;
+    for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, x[e]);
+    double sum = 0.0;
+    for (int64_t e = 0; e < n_expert; ++e) sum += std::exp(x[e] - mx);
+    // Top n_used by repeated maximum over the untaken experts (ties: the lower index), as the reference.
+    int32_t* ids = op.ids.data() + n_used * t;
+    float* w = f32_row_mut(op.weights, t);
+    double chosen = 0.0;
+    for (int64_t s = 0; s < n_used; ++s) {
+      auto taken = [&](int64_t e) { return std::find(ids, ids + s, e) != ids + s; };
+      int64_t best = 0;
+      while (taken(best)) ++best;
+      for (int64_t e = best + 1; e < n_expert; ++e) {
+        if (x[e] > x[best] && !taken(e)) best = e;
+      }
+      ids[s] = static_cast<int32_t>(best);
+      chosen += w[s] = std::exp(x[best] - mx);
+    }
+    const auto inv = static_cast<float>(1.0 / (op.normalize ? chosen : sum));
+    for (int64_t s = 0; s < n_used; ++s) w[s] *= inv;
+  });
+}
+
+void weighted_sum(ThreadPool& pool, const WeightedSum& op) {
+  const int64_t n = op.y.ne[0], n_slots = op.y.ne[1];
+  for_rows(pool, op.y.ne[2], [&](int64_t t) {
+    const float* w = f32_row(op.w, t);
+    float* d = f32_row_mut(op.dst, t);
+    for (int64_t s = 0; s < n_slots; ++s) {
+      const auto* y = op.y.row_as<const float>(s, t);
+      if (s == 0) {
+        for (int64_t i = 0; i < n; ++i) d[i] = w[0] * y[i];
+      } else {
+        for (int64_t i = 0; i < n; ++i) d[i] += w[s] * y[i];
+      }
+    }
+    if (n_slots == 0) std::fill(d, d + n, 0.0f);
+  });
+}
+
 }  // namespace
 
 void run(ThreadPool& pool, const Op& op) {
@@ -196,6 +248,9 @@ void run(ThreadPool& pool, const Op& op) {
         if constexpr (std::is_same_v<T, Binary>) binary(pool, o);
         if constexpr (std::is_same_v<T, Scale>) scale(pool, o);
         if constexpr (std::is_same_v<T, Argmax>) argmax(pool, o);
+        if constexpr (std::is_same_v<T, MoeRoute>) moe_route(pool, o);
+        if constexpr (std::is_same_v<T, MoeMatmul>) moe_matmul(pool, o);
+        if constexpr (std::is_same_v<T, WeightedSum>) weighted_sum(pool, o);
       },
       op);
 }

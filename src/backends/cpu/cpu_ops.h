@@ -1,4 +1,5 @@
-// The CPU kernels of every op (cpu_ops.cpp: elementwise, norms, rope; cpu_matmul.cpp; cpu_attention.cpp).
+// The CPU kernels of every op (cpu_ops.cpp: elementwise, norms, rope, MoE routing and mixing; cpu_matmul.cpp:
+// matmul, moe_matmul; cpu_attention.cpp).
 // Preconditions: ops::check(op) is ok.
 #pragma once
 
@@ -18,6 +19,7 @@ namespace kiln::cpu {
 void run(ThreadPool& pool, const ops::Op& op);
 
 void matmul(ThreadPool& pool, const ops::Matmul& op);
+void moe_matmul(ThreadPool& pool, const ops::MoeMatmul& op);
 void attention(ThreadPool& pool, const ops::Attention& op);
 
 // sum a[i] * b[i] over n floats, in eight interleaved f32 lanes (vectorisable without reassociation flags).

@@ -20,6 +20,7 @@ void row_to_f32(const Tensor& t, const uint8_t* row, float* out) {
 
 double glu_act(GluKind kind, double x) {
   if (kind == GluKind::glu_kind_silu) return x / (1.0 + std::exp(-x));
+  if (kind == GluKind::glu_kind_sigmoid) return 1.0 / (1.0 + std::exp(-x));
   const double c = std::sqrt(2.0 / std::numbers::pi);
   return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
 }
@@ -198,12 +199,13 @@ void attention(const Attention& op) {
 }
 
 void gated_act(const GatedAct& op) {
-  const int64_t n = op.gate.ne[0];
-  for (int64_t r = 0; r < op.gate.n_rows(); ++r) {
+  const int64_t n = op.up.ne[0];
+  const bool per_row = op.gate.ne[0] == 1;  // one gate per row (or n == 1: the same)
+  for (int64_t r = 0; r < op.up.n_rows(); ++r) {
     const auto* g = reinterpret_cast<const float*>(op.gate.flat_row(r));
     const auto* u = reinterpret_cast<const float*>(op.up.flat_row(r));
     auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
-    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(glu_act(op.kind, g[i]) * u[i]);
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(glu_act(op.kind, g[per_row ? 0 : i]) * u[i]);
   }
 }
 
@@ -237,6 +239,68 @@ void argmax(const Argmax& op) {
   }
 }
 
+void moe_route(const MoeRoute& op) {
+  const int64_t n_expert = op.logits.ne[0], n_used = op.weights.ne[0];
+  std::vector<double> p(n_expert);
+  std::vector<bool> taken(n_expert);
+  for (int64_t t = 0; t < op.logits.n_rows(); ++t) {
+    const auto* x = reinterpret_cast<const float*>(op.logits.flat_row(t));
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, static_cast<double>(x[e]));
+    for (int64_t e = 0; e < n_expert; ++e) sum += p[e] = std::exp(x[e] - mx);
+    for (int64_t e = 0; e < n_expert; ++e) p[e] /= sum;
+    // Selection by repeated maximum: the first untaken expert, replaced only by a strictly larger logit.
+    std::fill(taken.begin(), taken.end(), false);
+    int32_t* ids = op.ids.data() + n_used * t;
+    double chosen = 0.0;
+    for (int64_t s = 0; s < n_used; ++s) {
+      int64_t best = 0;
+      while (taken[best]) ++best;
+      for (int64_t e = best + 1; e < n_expert; ++e) {
+        if (!taken[e] && x[e] > x[best]) best = e;
+      }
+      taken[best] = true;
+      ids[s] = static_cast<int32_t>(best);
+      chosen += p[best];
+    }
+    auto* w = reinterpret_cast<float*>(op.weights.flat_row(t));
+    for (int64_t s = 0; s < n_used; ++s) w[s] = static_cast<float>(p[ids[s]] / (op.normalize ? chosen : 1.0));
+  }
+}
+
+void moe_matmul(const MoeMatmul& op) {
+  // Each (slot, token) is a Matmul of its expert's slab with one x row.
+  const int64_t n_used = op.dst.ne[1], n_tokens = op.dst.ne[2];
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t s = 0; s < n_used; ++s) {
+      Tensor w = op.w;
+      w.data = op.w.row(0, op.ids[s + n_used * t]);
+      w.ne[2] = 1;
+      Tensor x = op.x, dst = op.dst;
+      x.data = op.x.row(op.x.ne[1] == 1 ? 0 : s, t);
+      x.ne[1] = x.ne[2] = 1;
+      dst.data = op.dst.row(s, t);
+      dst.ne[1] = dst.ne[2] = 1;
+      matmul(Matmul{w, x, dst, op.quantize_x});
+    }
+  }
+}
+
+void weighted_sum(const WeightedSum& op) {
+  const int64_t n = op.y.ne[0], n_slots = op.y.ne[1];
+  std::vector<double> acc(n);
+  for (int64_t t = 0; t < op.y.ne[2]; ++t) {
+    const auto* w = reinterpret_cast<const float*>(op.w.flat_row(t));
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t s = 0; s < n_slots; ++s) {
+      const auto* y = op.y.row_as<const float>(s, t);
+      for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<double>(w[s]) * y[i];
+    }
+    auto* d = reinterpret_cast<float*>(op.dst.flat_row(t));
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(acc[i]);
+  }
+}
+
 void run(const Op& op) {
   std::visit(
       [](const auto& o) {
@@ -253,6 +317,9 @@ void run(const Op& op) {
         if constexpr (std::is_same_v<T, Binary>) binary(o);
         if constexpr (std::is_same_v<T, Scale>) scale(o);
         if constexpr (std::is_same_v<T, Argmax>) argmax(o);
+        if constexpr (std::is_same_v<T, MoeRoute>) moe_route(o);
+        if constexpr (std::is_same_v<T, MoeMatmul>) moe_matmul(o);
+        if constexpr (std::is_same_v<T, WeightedSum>) weighted_sum(o);
       },
       op);
 }

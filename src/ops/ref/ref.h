@@ -18,6 +18,9 @@ void gated_act(const GatedAct& op);
 void binary(const Binary& op);
 void scale(const Scale& op);
 void argmax(const Argmax& op);
+void moe_route(const MoeRoute& op);
+void moe_matmul(const MoeMatmul& op);
+void weighted_sum(const WeightedSum& op);
 
 // Runs any op with its reference.
 void run(const Op& op);
@@ -25,7 +28,7 @@ void run(const Op& op);
 // One row of `t` (any type) as f32: `out` holds t.ne[0] values.
 void row_to_f32(const Tensor& t, const uint8_t* row, float* out);
 // The activation of a gated unit: silu(x) = x * sigmoid(x); gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)(x +
-// 0.044715 x^3))).
+// 0.044715 x^3))); sigmoid(x) = 1 / (1 + exp(-x)).
 double glu_act(GluKind kind, double x);
 
 }  // namespace kiln::ops::ref
