@@ -13,7 +13,7 @@ struct DecoderLayer {
   Tensor attn_norm, ffn_norm;  // [n_embd]
   AttentionWeights attn;
   FfnWeights ffn;  // dense layers
-  MoeWeights moe;  // expert layers (moe.gate_inp.data != nullptr)
+  MoeWeights moe;  // expert layers (moe.router.data != nullptr)
 };
 
 class Decoder final : public Model {
@@ -101,7 +101,7 @@ class Decoder final : public Model {
       KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
       KILN_ASSIGN_OR_RETURN(h, rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
       Tensor ffn;
-      if (L.moe.gate_inp.data != nullptr) {
+      if (L.moe.router.data != nullptr) {
         KILN_ASSIGN_OR_RETURN(ffn, moe_ffn(backend_, arena_, h, L.moe, moe_, qx));
       } else {
         KILN_ASSIGN_OR_RETURN(ffn, gated_ffn(backend_, arena_, h, L.ffn, ops::GluKind::glu_kind_silu, qx));
