@@ -119,6 +119,13 @@ Result<PreTokenizer> PreTokenizer::from_gguf_name(std::string_view pre) {
   return unimplemented("tokenizer.ggml.pre = \"{}\": kiln has no pre-tokenizer for it", pre);
 }
 
+std::vector<std::string> PreTokenizer::patterns() const {
+  std::vector<std::string> out;
+  out.reserve(regexes_.size());
+  for (const Regex& r : regexes_) out.push_back(r.pattern());
+  return out;
+}
+
 Status PreTokenizer::split(std::string_view text, std::vector<std::string_view>& out) const {
   if (regexes_.empty()) {
     if (!text.empty()) out.push_back(text);

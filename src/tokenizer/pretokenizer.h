@@ -37,6 +37,8 @@ class PreTokenizer {
   static Result<PreTokenizer> from_gguf_name(std::string_view pre);
 
   bool empty() const { return regexes_.empty(); }
+  // The regex sources, in the order they are applied.
+  std::vector<std::string> patterns() const;
   void add(Regex regex) { regexes_.push_back(std::move(regex)); }
   // Splits `text` (valid UTF-8) into pieces (views into `text`), concatenating back to it.
   Status split(std::string_view text, std::vector<std::string_view>& out) const;

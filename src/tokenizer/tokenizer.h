@@ -164,6 +164,9 @@ class Tokenizer {
   // token that produces output. False (nothing appended) for an invalid id.
   bool append_piece(int32_t id, bool skip_special, bool first, std::string& out) const;
 
+  // The whole vocabulary, read-only (for exporters such as write_gguf_tokenizer).
+  const tokenizer_detail::Vocab& vocab() const { return *v_; }
+
  private:
   explicit Tokenizer(std::shared_ptr<const tokenizer_detail::Vocab> v) : v_(std::move(v)) {}
   void encode_segment(std::string_view segment, bool at_start, std::vector<int32_t>& out) const;
