@@ -16,8 +16,8 @@ namespace kiln {
 struct ConvertOptions {
   std::string input;   // a Hugging Face folder (config.json, safetensors, tokenizer.json)
   std::string output;  // the GGUF file to write (written to a temporary name and renamed: never half a file)
-  // "f32", "f16", "bf16", "q8_0"; empty: as stored (F32 / F16 / BF16). 1-d tensors and expert routers stay f32;
-  // q8_0 rows whose length is not a multiple of 32 fall back to f16.
+  // "f32", "f16", "bf16", "q8_0"; empty: as stored (F32 / F16 / BF16). 1-d tensors and expert routers stay
+  // f32; q8_0 rows whose length is not a multiple of 32 fall back to f16.
   std::string type;
   // Called after each tensor: (tensors done, tensors in all).
   std::function<void(size_t, size_t)> progress;

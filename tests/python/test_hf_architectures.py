@@ -216,18 +216,10 @@ def test_bf16_copy_agrees_to_bf16_precision(arch):
 def test_converted_gguf_greedy_in_llama_cpp(arch):
     if arch["name"] in NOT_IN_LLAMA_CPP:
         pytest.skip(NOT_IN_LLAMA_CPP[arch["name"]])
-    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp")
     out = arch["root"] / "llama_cpp.gguf"
     run_kiln("convert", arch["folder"], out)
-    llm = llama_cpp.Llama(model_path=str(out), n_ctx=256, n_threads=int(lp.THREADS), verbose=False)
-    llm.reset()
-    llm.eval(arch["ids"])
-    got = []
-    for _ in range(N_GREEDY):
-        logits = np.asarray(llm.eval_logits[-1])
-        t = int(np.argmax(logits))
-        got.append(t)
-        llm.eval([t])
+    got = lp.LlamaCpp(out, n_ctx=256).greedy(arch["ids"], N_GREEDY)
     kiln = lp.run_driver(["generate", out, N_GREEDY, "--threads", lp.THREADS], [arch["ids"]])["tokens"][0]
     assert got == kiln, f"{arch['name']}: llama.cpp {got} vs kiln {kiln}"
 

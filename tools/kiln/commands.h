@@ -9,5 +9,6 @@ void register_inspect(CLI::App& app, int& rc);
 void register_tokenize(CLI::App& app, int& rc);
 void register_run(CLI::App& app, int& rc);
 void register_chat(CLI::App& app, int& rc);
+void register_convert(CLI::App& app, int& rc);
 
 }  // namespace kiln::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   kiln::cli::register_chat(app, rc);
   kiln::cli::register_inspect(app, rc);
   kiln::cli::register_tokenize(app, rc);
+  kiln::cli::register_convert(app, rc);
   if (argc == 1) {
     std::fputs(app.help().c_str(), stderr);
     return 2;

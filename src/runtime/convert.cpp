@@ -1,0 +1,93 @@
+// kiln convert: a Hugging Face folder through hf_import (the model code's own view of it), its tensors cast
+// to the requested type, its tokenizer and chat template as GGUF keys.
+#include "kiln/convert.h"
+
+#include <optional>
+#include <vector>
+
+#include "core/dtype.h"
+#include "formats/gguf.h"
+#include "formats/hf_config.h"
+#include "models/model.h"
+#include "tokenizer/gguf_export.h"
+#include "tokenizer/load.h"
+
+namespace kiln {
+
+namespace {
+
+Result<std::optional<DType>> parse_type(const std::string& type) {
+  if (type.empty()) return std::optional<DType>();
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0}) {
+    if (type == dtype_name(t)) return std::optional<DType>(t);
+  }
+  return invalid_argument("convert: type \"{}\" is not supported (f32, f16, bf16, q8_0)", type);
+}
+
+// The type tensor `t` is written as.
+DType target_type(const gguf::TensorInfo& t, std::optional<DType> wanted) {
+  if (!wanted || t.shape.size() < 2 || t.name.ends_with("ffn_gate_inp.weight")) return t.type;
+  if (*wanted == DType::q8_0 && t.shape[0] % dtype_info(DType::q8_0).block_size != 0) return DType::f16;
+  return *wanted;
+}
+
+// `t` re-encoded as `type`, row by row through f32.
+std::vector<uint8_t> cast(const gguf::TensorInfo& t, DType type) {
+  const DTypeInfo& src = dtype_info(t.type);
+  const DTypeInfo& dst = dtype_info(type);
+  const int64_t ne0 = t.shape[0], rows = t.n_elements() / ne0;
+  const size_t src_row = static_cast<size_t>(ne0 / src.block_size * src.type_size);
+  const size_t dst_row = static_cast<size_t>(ne0 / dst.block_size * dst.type_size);
+  std::vector<uint8_t> out(dst_row * static_cast<size_t>(rows));
+  std::vector<float> row(static_cast<size_t>(ne0));
+  for (int64_t r = 0; r < rows; ++r) {
+    src.dequantize_row(t.data + r * src_row, row.data(), ne0);
+    dst.quantize_row(row.data(), out.data() + r * dst_row, ne0);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ConvertStats> convert_model(const ConvertOptions& options) {
+  KILN_ASSIGN_OR_RETURN(const std::optional<DType> wanted, parse_type(options.type));
+  if (options.output.empty()) return invalid_argument("convert: no output file given");
+  KILN_ASSIGN_OR_RETURN(const std::shared_ptr<const gguf::File> file, import_hf_folder(options.input));
+  KILN_ASSIGN_OR_RETURN(const Tokenizer tok, load_tokenizer(options.input));
+  KILN_ASSIGN_OR_RETURN(const hf::ModelFolder folder, hf::ModelFolder::open(options.input));
+  std::optional<std::string> chat_template;
+  if (folder.tokenizer_config && folder.tokenizer_config->chat_template() != nullptr)
+    chat_template = folder.tokenizer_config->chat_template()->source;
+  const gguf::TensorInfo* embd = file->find_tensor("token_embd.weight");
+  if (embd == nullptr || embd->shape.size() != 2)
+    return invalid_argument("{}: the model has no 2-d token embedding", options.input);
+
+  gguf::Writer w;
+  for (const auto& [k, v] : file->metadata()) w.set(k, v);
+  w.set("general.file_type", gguf::Value::u32(0));  // replaced below once the types are known
+  KILN_TRY(write_gguf_tokenizer(tok, w, static_cast<int32_t>(embd->shape[1]), chat_template));
+  ConvertStats stats;
+  stats.architecture = file->architecture();
+  const size_t total = file->tensors().size();
+  for (const gguf::TensorInfo& t : file->tensors()) {
+    const DType type = target_type(t, wanted);
+    if (type == t.type) {
+      KILN_TRY(w.add_tensor(t.name, t.shape, t.type, {t.data, t.n_bytes}));
+      stats.tensor_bytes += t.n_bytes;
+    } else {
+      const std::vector<uint8_t> bytes = cast(t, type);
+      KILN_TRY(w.add_tensor(t.name, t.shape, type, bytes));
+      stats.tensor_bytes += bytes.size();
+    }
+    ++stats.n_tensors;
+    if (options.progress) options.progress(stats.n_tensors, total);
+  }
+  // llama.cpp's file type ids (LLAMA_FTYPE_*): the type most weights have.
+  const DType main = wanted.value_or(embd->type);
+  const uint32_t ftype = main == DType::f32 ? 0 : main == DType::f16 ? 1 : main == DType::q8_0 ? 7 : 32;
+  w.set("general.file_type", gguf::Value::u32(ftype));
+  KILN_TRY(w.write(options.output));
+  return stats;
+}
+
+}  // namespace kiln
