@@ -84,10 +84,12 @@ class [[nodiscard]] Result {
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
-  const Status& status() const {
+  const Status& status() const& {
     static const Status ok_status;
     return ok() ? ok_status : std::get<Status>(v_);
   }
+  // By value on a temporary, so `KILN_TRY(f().status())` never holds a reference into a destroyed Result.
+  Status status() && { return ok() ? Status() : std::move(std::get<Status>(v_)); }
   T& value() & { return checked(); }
   const T& value() const& { return const_cast<Result*>(this)->checked(); }
   T&& value() && { return std::move(checked()); }

@@ -226,6 +226,7 @@ struct Pending {
 // The GGUF name of an HF tensor, or "" when the tensor is not part of the text model.
 Result<std::string> gguf_name(std::string_view n, const HfSpec& spec, const std::string& cls,
                               std::map<std::string, Pending>& stacks, const safetensors::Tensor* t) {
+  const std::string full(n);
   for (std::string_view p : {"model.language_model.", "language_model.model.", "model."}) {
     if (starts_with(n, p)) {
       n.remove_prefix(p.size());
@@ -238,7 +239,6 @@ Result<std::string> gguf_name(std::string_view n, const HfSpec& spec, const std:
   for (std::string_view skip : {"vision_tower.", "vision_model.", "multi_modal_projector.", "rotary_emb."}) {
     if (starts_with(n, skip)) return std::string();
   }
-  const std::string full(n);
   if (!starts_with(n, "layers.")) return unimplemented("tensor {} has no GGUF name for {}", full, cls);
   n.remove_prefix(7);
   const std::optional<int64_t> layer = take_index(n);
@@ -434,7 +434,8 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
       const int64_t rows = pt.shape.size() == 2 ? pt.shape[1] : pt.shape[0];
       const int64_t heads = is_q ? n_heads : n_kv;
       if (rows % (2 * heads) != 0)
-        return invalid_argument("{}: {} has {} rows for {} heads", dir, pt.name, rows, heads);
+        return invalid_argument("{}: {} has {} rows, not a multiple of 2 x {} heads", dir, pt.name, rows,
+                                heads);
       const size_t row_bytes = (pt.shape.size() == 2 ? static_cast<size_t>(pt.shape[0]) : 1) * elem;
       bytes = permute_rows(view, heads, rows, row_bytes);
       view = bytes;

@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "backends/backend.h"
 #include "core/dtype.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
@@ -53,6 +54,12 @@ Result<ConvertStats> convert_model(const ConvertOptions& options) {
   KILN_ASSIGN_OR_RETURN(const std::optional<DType> wanted, parse_type(options.type));
   if (options.output.empty()) return invalid_argument("convert: no output file given");
   KILN_ASSIGN_OR_RETURN(const std::shared_ptr<const gguf::File> file, import_hf_folder(options.input));
+  {
+    // The model code checks every tensor it needs (present, shaped as the hyper-parameters say) before
+    // anything is written: a file kiln could not run is not written.
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> cpu, make_backend("cpu", BackendOptions{1}));
+    KILN_ASSIGN_OR_RETURN(const std::unique_ptr<Model> model, load_model(file, *cpu));
+  }
   KILN_ASSIGN_OR_RETURN(const Tokenizer tok, load_tokenizer(options.input));
   KILN_ASSIGN_OR_RETURN(const hf::ModelFolder folder, hf::ModelFolder::open(options.input));
   std::optional<std::string> chat_template;

@@ -260,3 +260,65 @@ def test_unsupported_architecture_is_named(tmp_path):
 def test_bad_convert_type_is_an_error(tmp_path):
     proc = run_kiln("convert", tmp_path, tmp_path / "x.gguf", "--type", "q3_x", expect_ok=False)
     assert proc.returncode != 0 and "q3_x" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def small_llama(tokenizer_dir, tmp_path_factory):
+    tok_dir, tok = tokenizer_dir
+    torch.manual_seed(3)
+    model = transformers.AutoModelForCausalLM.from_config(configs(len(tok))["llama"]).eval()
+    folder = save_folder(model, tok_dir, tmp_path_factory.mktemp("small") / "f32", torch.float32)
+    return model, folder, tok
+
+
+def test_sharded_folder_gives_the_same_logits(small_llama, tmp_path):
+    model, folder, tok = small_llama
+    sharded = tmp_path / "sharded"
+    copy.deepcopy(model).save_pretrained(str(sharded), max_shard_size="2MB")
+    assert (sharded / "model.safetensors.index.json").exists()
+    for f in folder.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, sharded / f.name)
+    ids = tok(PARITY_TEXT)["input_ids"][:16]
+    a = kiln_logits(folder, ids, tmp_path / "a.f32")
+    b = kiln_logits(sharded, ids, tmp_path / "b.f32")
+    assert np.array_equal(a, b)
+
+
+def test_kiln_run_on_a_folder(small_llama):
+    _, folder, _ = small_llama
+    proc = run_kiln("run", "-m", folder, "-p", "The sea", "-n", "8", "--temp", "0", "--ignore-eos")
+    assert proc.stdout.strip(), proc.stderr
+    proc = run_kiln("run", "-m", folder, "-p", "Hello", "-n", "4", "--temp", "0", "--chat")
+    assert "prompt" in proc.stderr
+
+
+def rewrite_safetensors(src: Path, dst: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(src / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "case,edit,expect",
+    [
+        ("missing", lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "blk.1.ffn_up.weight is missing"),
+        ("misshapen", lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 72)}),
+         "blk.0.attn_k.weight has 8 rows"),
+        ("unknown", lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.zeros(4, 4)}),
+         "model.layers.0.mlp.extra.weight has no GGUF name"),
+        ("int", lambda t: t.update({"model.norm.weight": torch.zeros(72, dtype=torch.int32)}), "I32"),
+    ],
+)
+def test_bad_folders_are_named_errors(small_llama, tmp_path, case, edit, expect):
+    _, folder, _ = small_llama
+    bad = tmp_path / case
+    rewrite_safetensors(folder, bad, edit)
+    proc = run_kiln("run", "-m", bad, "-p", "x", "-n", "1", expect_ok=False)
+    assert proc.returncode != 0 and expect in proc.stderr, proc.stderr
+    proc = run_kiln("convert", bad, tmp_path / "out.gguf", expect_ok=False)
+    assert proc.returncode != 0 and expect in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.gguf").exists()
