@@ -71,9 +71,9 @@ struct HfSpec {
   // embedding_length, block_count, feed_forward_length, attention.head_count(_kv), key/value_length,
   // layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count and rope scaling linear/yarn/llama3).
   Status (*metadata)(const hf::ModelConfig& cfg, Metadata& md) = nullptr;
-  std::span<const Rename> renames;    // consulted before the common names
-  std::span<const TensorEdit> edits;  // f32 edits of matching tensors (Gemma's 1 + w norms)
-  bool permute_qk = false;            // Q/K rows from HF's half-split RoPE order to GGUF's interleaved pairs
+  std::span<const Rename> renames = {};    // consulted before the common names
+  std::span<const TensorEdit> edits = {};  // f32 edits of matching tensors (Gemma's 1 + w norms)
+  bool permute_qk = false;  // Q/K rows from HF's half-split RoPE order to GGUF's interleaved pairs
 };
 
 struct Options {
