@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -173,21 +174,37 @@ class Writer {
   void set(std::string key, Value value);
   // Adds a tensor; `data` is copied. Error: duplicate name, shape/type/byte-count mismatch.
   Status add_tensor(std::string name, std::vector<int64_t> shape, DType type, std::span<const uint8_t> data);
+  // Fills a tensor's bytes (exactly its size, zeroed) when the file is written: write() then holds one tensor
+  // in memory at a time. An error from `fill` aborts the write (no file is left).
+  using TensorFill = std::function<Status(std::span<uint8_t> out)>;
+  // Adds a tensor whose bytes `fill` produces at write time. Errors as add_tensor().
+  Status add_tensor_lazy(std::string name, std::vector<int64_t> shape, DType type, TensorFill fill);
 
   // Serialises the whole file into memory.
   Result<std::vector<uint8_t>> to_bytes() const;
-  // Writes to `path` (via a temporary file renamed into place, so a failure leaves no half file).
+  // Writes to `path` (via a temporary file renamed into place, so a failure leaves no half file), streaming
+  // the tensors.
   Status write(const std::string& path) const;
 
  private:
-  uint64_t alignment_;
-  std::vector<std::pair<std::string, Value>> metadata_;
   struct PendingTensor {
     std::string name;
     std::vector<int64_t> shape;
     DType type;
-    std::vector<uint8_t> data;
+    uint64_t n_bytes;           // of the data
+    std::vector<uint8_t> data;  // add_tensor()
+    TensorFill fill;            // add_tensor_lazy()
   };
+  // The byte count a tensor of this name, shape and type has, or the error add_tensor() reports.
+  Result<uint64_t> check_tensor(const std::string& name, const std::vector<int64_t>& shape, DType type) const;
+  // Magic, counts, metadata, tensor infos and the padding up to the data section.
+  Result<std::vector<uint8_t>> header() const;
+  // The tensor's bytes: its own, or filled into `scratch`.
+  Status tensor_bytes(const PendingTensor& t, std::vector<uint8_t>& scratch,
+                      std::span<const uint8_t>& out) const;
+
+  uint64_t alignment_;
+  std::vector<std::pair<std::string, Value>> metadata_;
   std::vector<PendingTensor> tensors_;
 };
 

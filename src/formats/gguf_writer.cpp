@@ -1,4 +1,5 @@
 // GGUF v3 writer: metadata in insertion order, tensor data aligned, files written via temp + rename.
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -125,8 +126,8 @@ void Writer::set(std::string key, Value value) {
   metadata_.emplace_back(std::move(key), std::move(value));
 }
 
-Status Writer::add_tensor(std::string name, std::vector<int64_t> shape, DType type,
-                          std::span<const uint8_t> data) {
+Result<uint64_t> Writer::check_tensor(const std::string& name, const std::vector<int64_t>& shape,
+                                      DType type) const {
   if (name.empty()) return invalid_argument("gguf writer: tensor name is empty");
   for (const auto& t : tensors_) {
     if (t.name == name) return invalid_argument("gguf writer: tensor '{}': duplicate name", name);
@@ -147,16 +148,41 @@ Status Writer::add_tensor(std::string name, std::vector<int64_t> shape, DType ty
   if (row != 0 && rows > std::numeric_limits<int64_t>::max() / row) {
     return invalid_argument("gguf writer: tensor '{}': byte size overflows", name);
   }
-  if (static_cast<uint64_t>(row * rows) != data.size()) {
-    return invalid_argument("gguf writer: tensor '{}': {} {} elements need {} bytes, got {}", name, n,
-                            dtype_name(type), row * rows, data.size());
+  return static_cast<uint64_t>(row * rows);
+}
+
+Status Writer::add_tensor(std::string name, std::vector<int64_t> shape, DType type,
+                          std::span<const uint8_t> data) {
+  KILN_ASSIGN_OR_RETURN(const uint64_t n_bytes, check_tensor(name, shape, type));
+  if (n_bytes != data.size()) {
+    return invalid_argument("gguf writer: tensor '{}': shape [{}] of {} needs {} bytes, got {}", name,
+                            fmt::join(shape, ", "), dtype_name(type), n_bytes, data.size());
   }
   tensors_.push_back(
-      {std::move(name), std::move(shape), type, std::vector<uint8_t>(data.begin(), data.end())});
+      {std::move(name), std::move(shape), type, n_bytes, std::vector<uint8_t>(data.begin(), data.end()), {}});
   return {};
 }
 
-Result<std::vector<uint8_t>> Writer::to_bytes() const {
+Status Writer::add_tensor_lazy(std::string name, std::vector<int64_t> shape, DType type, TensorFill fill) {
+  KILN_ASSIGN_OR_RETURN(const uint64_t n_bytes, check_tensor(name, shape, type));
+  if (!fill) return invalid_argument("gguf writer: tensor '{}': no fill function", name);
+  tensors_.push_back({std::move(name), std::move(shape), type, n_bytes, {}, std::move(fill)});
+  return {};
+}
+
+Status Writer::tensor_bytes(const PendingTensor& t, std::vector<uint8_t>& scratch,
+                            std::span<const uint8_t>& out) const {
+  if (!t.fill) {
+    out = t.data;
+    return {};
+  }
+  scratch.assign(t.n_bytes, 0);
+  KILN_TRY(t.fill(scratch));
+  out = scratch;
+  return {};
+}
+
+Result<std::vector<uint8_t>> Writer::header() const {
   if (alignment_ == 0 || (alignment_ & (alignment_ - 1)) != 0 || alignment_ > UINT32_MAX) {
     return invalid_argument("gguf writer: alignment {} is not a power of two", alignment_);
   }
@@ -195,27 +221,56 @@ Result<std::vector<uint8_t>> Writer::to_bytes() const {
     for (int64_t d : t.shape) out.put(static_cast<uint64_t>(d));
     out.put(static_cast<uint32_t>(t.type));
     out.put(offset);
-    offset += (t.data.size() + alignment_ - 1) / alignment_ * alignment_;
+    offset += (t.n_bytes + alignment_ - 1) / alignment_ * alignment_;
   }
   out.pad_to(alignment_);
+  return bytes;
+}
+
+Result<std::vector<uint8_t>> Writer::to_bytes() const {
+  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, header());
+  Out out(bytes);
+  std::vector<uint8_t> scratch;
   for (const auto& t : tensors_) {
-    bytes.insert(bytes.end(), t.data.begin(), t.data.end());
+    std::span<const uint8_t> data;
+    KILN_TRY(tensor_bytes(t, scratch, data));
+    bytes.insert(bytes.end(), data.begin(), data.end());
     out.pad_to(alignment_);
   }
   return bytes;
 }
 
 Status Writer::write(const std::string& path) const {
-  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, to_bytes());
+  KILN_ASSIGN_OR_RETURN(const std::vector<uint8_t> head, header());
   std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) return io_error("gguf writer: cannot create '{}': {}", tmp, std::strerror(errno));
-  size_t n = std::fwrite(bytes.data(), 1, bytes.size(), f);
-  bool flushed = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  bool closed = std::fclose(f) == 0;
-  if (n != bytes.size() || !flushed || !closed) {
+  // The header, then each tensor (produced now when lazy: one in memory at a time) and its padding.
+  uint64_t written = 0;
+  Status st;
+  auto put = [&](std::span<const uint8_t> b) {
+    if (st.ok() && std::fwrite(b.data(), 1, b.size(), f) != b.size())
+      st =
+          io_error("gguf writer: writing '{}' failed after {} bytes: {}", tmp, written, std::strerror(errno));
+    written += b.size();
+  };
+  put(head);
+  std::vector<uint8_t> scratch;
+  const std::vector<uint8_t> zeros(alignment_, 0);
+  for (const auto& t : tensors_) {
+    if (!st.ok()) break;
+    std::span<const uint8_t> data;
+    st = tensor_bytes(t, scratch, data);
+    if (!st.ok()) break;
+    put(data);
+    put(std::span<const uint8_t>(zeros).first((alignment_ - written % alignment_) % alignment_));
+  }
+  const bool flushed = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  const bool closed = std::fclose(f) == 0;
+  if (st.ok() && (!flushed || !closed)) st = io_error("gguf writer: flushing '{}' failed", tmp);
+  if (!st.ok()) {
     std::remove(tmp.c_str());
-    return io_error("gguf writer: writing '{}' failed after {} of {} bytes", tmp, n, bytes.size());
+    return st;
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -2,6 +2,7 @@
 // to the requested type, its tokenizer and chat template as GGUF keys.
 #include "kiln/convert.h"
 
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -32,20 +33,19 @@ DType target_type(const gguf::TensorInfo& t, std::optional<DType> wanted) {
   return *wanted;
 }
 
-// `t` re-encoded as `type`, row by row through f32.
-std::vector<uint8_t> cast(const gguf::TensorInfo& t, DType type) {
+// `t` re-encoded as `type` into `out` (its byte size), row by row through f32.
+void cast(const gguf::TensorInfo& t, DType type, std::span<uint8_t> out) {
   const DTypeInfo& src = dtype_info(t.type);
   const DTypeInfo& dst = dtype_info(type);
   const int64_t ne0 = t.shape[0], rows = t.n_elements() / ne0;
   const size_t src_row = static_cast<size_t>(ne0 / src.block_size * src.type_size);
   const size_t dst_row = static_cast<size_t>(ne0 / dst.block_size * dst.type_size);
-  std::vector<uint8_t> out(dst_row * static_cast<size_t>(rows));
+  KILN_ASSERT(out.size() == dst_row * static_cast<size_t>(rows));
   std::vector<float> row(static_cast<size_t>(ne0));
   for (int64_t r = 0; r < rows; ++r) {
     src.dequantize_row(t.data + r * src_row, row.data(), ne0);
     dst.quantize_row(row.data(), out.data() + r * dst_row, ne0);
   }
-  return out;
 }
 
 }  // namespace
@@ -76,18 +76,21 @@ Result<ConvertStats> convert_model(const ConvertOptions& options) {
   ConvertStats stats;
   stats.architecture = file->architecture();
   const size_t total = file->tensors().size();
+  // Each tensor is produced while the file is written (one in memory at a time): copied from the folder's
+  // memory maps, or cast.
   for (const gguf::TensorInfo& t : file->tensors()) {
     const DType type = target_type(t, wanted);
-    if (type == t.type) {
-      KILN_TRY(w.add_tensor(t.name, t.shape, t.type, {t.data, t.n_bytes}));
-      stats.tensor_bytes += t.n_bytes;
-    } else {
-      const std::vector<uint8_t> bytes = cast(t, type);
-      KILN_TRY(w.add_tensor(t.name, t.shape, type, bytes));
-      stats.tensor_bytes += bytes.size();
-    }
-    ++stats.n_tensors;
-    if (options.progress) options.progress(stats.n_tensors, total);
+    KILN_TRY(
+        w.add_tensor_lazy(t.name, t.shape, type, [&t, type, &stats, &options, total](std::span<uint8_t> out) {
+          if (type == t.type) {
+            std::memcpy(out.data(), t.data, out.size());
+          } else {
+            cast(t, type, out);
+          }
+          stats.tensor_bytes += out.size();
+          if (options.progress) options.progress(++stats.n_tensors, total);
+          return Status();
+        }));
   }
   // llama.cpp's file type ids (LLAMA_FTYPE_*): the type most weights have.
   const DType main = wanted.value_or(embd->type);

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "formats/gguf.h"
 #include "gguf_test_util.h"
@@ -66,6 +68,50 @@ TEST(GgufModel, RoundTripThroughWriter) {
   EXPECT_EQ(again->version(), 3u);
   expect_same_file(*orig, *again);
   std::filesystem::remove(out);
+}
+
+TEST(GgufModel, LazyTensorsStreamTheSameFile) {
+  Writer eager, lazy;
+  std::vector<uint8_t> a(40), b(6);  // 10 f32, 3 f16: b needs padding
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(200 + i);
+  for (Writer* w : {&eager, &lazy}) w->set("general.architecture", Value::str("test"));
+  ASSERT_TRUE(eager.add_tensor("a", {10}, DType::f32, a).ok());
+  ASSERT_TRUE(eager.add_tensor("b", {3}, DType::f16, b).ok());
+  int calls = 0;
+  auto fill_from = [&calls](const std::vector<uint8_t>& src) {
+    return [&calls, &src](std::span<uint8_t> out) {
+      ++calls;
+      if (out.size() != src.size())
+        return invalid_argument("fill: {} bytes asked, {} held", out.size(), src.size());
+      std::memcpy(out.data(), src.data(), out.size());
+      return Status();
+    };
+  };
+  ASSERT_TRUE(lazy.add_tensor_lazy("a", {10}, DType::f32, fill_from(a)).ok());
+  ASSERT_TRUE(lazy.add_tensor_lazy("b", {3}, DType::f16, fill_from(b)).ok());
+  EXPECT_FALSE(lazy.add_tensor_lazy("c", {3}, DType::f16, nullptr).ok());
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  ASSERT_TRUE(eager.write(dir + "/kiln_eager.gguf").ok());
+  ASSERT_TRUE(lazy.write(dir + "/kiln_lazy.gguf").ok());
+  EXPECT_EQ(calls, 2);
+  auto read = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read(dir + "/kiln_eager.gguf"), read(dir + "/kiln_lazy.gguf"));
+  EXPECT_EQ(eager.to_bytes().value(), lazy.to_bytes().value());
+  // A fill that fails aborts the write and leaves no file.
+  Writer failing;
+  ASSERT_TRUE(
+      failing
+          .add_tensor_lazy("x", {4}, DType::f32, [](std::span<uint8_t>) { return io_error("source gone"); })
+          .ok());
+  const Status st = failing.write(dir + "/kiln_failing.gguf");
+  EXPECT_EQ(st.message(), "source gone");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/kiln_failing.gguf"));
+  std::filesystem::remove(dir + "/kiln_eager.gguf");
+  std::filesystem::remove(dir + "/kiln_lazy.gguf");
 }
 
 TEST(GgufModel, WriterRejectsBadTensors) {
