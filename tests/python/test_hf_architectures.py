@@ -322,3 +322,23 @@ def test_bad_folders_are_named_errors(small_llama, tmp_path, case, edit, expect)
     proc = run_kiln("convert", bad, tmp_path / "out.gguf", expect_ok=False)
     assert proc.returncode != 0 and expect in proc.stderr, proc.stderr
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_gemma3_multimodal_folder_runs_its_text_model(tmp_path):
+    """Gemma3ForConditionalGeneration: the text model runs (language_model.* tensors); the vision tower and
+    projector are left out."""
+    T = transformers
+    torch.manual_seed(5)
+    text = T.Gemma3TextConfig(**dict(COMMON, num_hidden_layers=2), vocab_size=1000, head_dim=16,
+                              query_pre_attn_scalar=16, sliding_window=16)
+    vision = T.SiglipVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                  image_size=28, patch_size=14)
+    cfg = T.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                         image_token_index=999, boi_token_index=997, eoi_token_index=998)
+    model = T.Gemma3ForConditionalGeneration(cfg).eval()
+    model.save_pretrained(str(tmp_path / "mm"))
+    ids = list(range(2, 2 + N_PROMPT))
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0].numpy()
+    got = kiln_logits(tmp_path / "mm", ids, tmp_path / "mm.f32")
+    assert np.abs(ref - got).max() <= LOGIT_TOL
