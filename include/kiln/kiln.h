@@ -24,7 +24,7 @@
 namespace kiln {
 
 struct EngineOptions {
-  std::string model_path;          // a GGUF file
+  std::string model_path;          // a GGUF file or a Hugging Face folder
   int32_t n_threads = 0;           // CPU threads; 0: physical cores
   int32_t n_ctx = 0;               // tokens per sequence (prompt + output); 0: min(training context, 4096)
   int32_t n_seq_max = 1;           // sequences decoded together; more requests wait in a queue

@@ -30,7 +30,7 @@ struct GenOptions {
 };
 
 void add_model_options(CLI::App* cmd, GenOptions& o) {
-  cmd->add_option("-m,--model", o.model, "A GGUF file (default: the default model)");
+  cmd->add_option("-m,--model", o.model, "A GGUF file or a Hugging Face folder (default: the default model)");
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: min(model's, 4096))")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
