@@ -311,10 +311,6 @@ std::vector<uint8_t> permute_rows(std::span<const uint8_t> src, int64_t n_heads,
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // Where an assembled tensor goes in the file: globals first, then the layers in order, then the output.
 std::tuple<int, int64_t, std::string> order_key(const std::string& name) {
   if (starts_with(name, "blk.")) {
@@ -346,6 +342,76 @@ Result<Pending> check_stack(const std::string& name, Pending st, int64_t n_exper
 }
 
 }  // namespace
+
+// What materialize() needs to know about the import.
+struct Context {
+  const std::string& dir;
+  const HfSpec& spec;
+  const Options& options;
+  const hf::ModelConfig& cfg;
+  int64_t n_heads, n_kv;
+};
+
+// The GGUF tensor for `pt`: in place in the safetensors map when nothing changes, else converted into a
+// buffer `storage` keeps (f32 widening and edits, stacked experts, permuted Q/K rows).
+Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Storage& storage) {
+  gguf::TensorInfo info;
+  info.name = pt.name;
+  info.shape = pt.shape;
+  const safetensors::Tensor* first = pt.src != nullptr ? pt.src : pt.experts[0];
+  const std::optional<DType> dt = first->kiln_dtype();
+  if (!dt || (*dt != DType::f32 && *dt != DType::f16 && *dt != DType::bf16)) {
+    return unimplemented("{}: tensor {} has type {} (F32, F16, BF16 are supported)", ctx.dir, first->name,
+                         dtype_name(first->dtype));
+  }
+  const TensorEdit* edit = nullptr;
+  for (const TensorEdit& e : ctx.spec.edits) {
+    if (pt.name.ends_with(e.suffix)) edit = &e;
+  }
+  const bool to_float = ctx.options.force_f32 || pt.shape.size() == 1 || edit != nullptr;
+  info.type = to_float ? DType::f32 : *dt;
+  const size_t elem = to_float ? sizeof(float) : static_cast<size_t>(dtype_info(*dt).type_size);
+  // The bytes in the output type, in place when nothing changes.
+  std::vector<uint8_t> bytes;
+  std::span<const uint8_t> view;
+  const std::vector<const safetensors::Tensor*> parts =
+      pt.src != nullptr ? std::vector<const safetensors::Tensor*>{pt.src} : pt.experts;
+  for (const safetensors::Tensor* part : parts) {
+    if (to_float) {
+      KILN_ASSIGN_OR_RETURN(std::vector<float> v, to_f32(*part));
+      if (edit != nullptr) edit->apply(v, pt.shape[0], ctx.cfg);
+      const auto* b = reinterpret_cast<const uint8_t*>(v.data());
+      bytes.insert(bytes.end(), b, b + v.size() * sizeof(float));
+    } else if (parts.size() > 1) {
+      bytes.insert(bytes.end(), part->data.begin(), part->data.end());
+    } else {
+      view = part->data;
+    }
+  }
+  if (!bytes.empty()) view = bytes;
+  const bool is_q = pt.name.ends_with("attn_q.weight") || pt.name.ends_with("attn_q.bias");
+  const bool is_k = pt.name.ends_with("attn_k.weight") || pt.name.ends_with("attn_k.bias");
+  if (ctx.spec.permute_qk && (is_q || is_k)) {
+    const int64_t rows = pt.shape.size() == 2 ? pt.shape[1] : pt.shape[0];
+    const int64_t heads = is_q ? ctx.n_heads : ctx.n_kv;
+    if (rows % (2 * heads) != 0)
+      return invalid_argument("{}: {} has {} rows, not a multiple of 2 x {} heads", ctx.dir, pt.name, rows,
+                              heads);
+    const size_t row_bytes = (pt.shape.size() == 2 ? static_cast<size_t>(pt.shape[0]) : 1) * elem;
+    bytes = permute_rows(view, heads, rows, row_bytes);
+    view = bytes;
+  }
+  if (!bytes.empty()) {
+    storage.buffers.push_back(std::move(bytes));
+    view = storage.buffers.back();
+  }
+  info.data = view.data();
+  info.n_bytes = view.size();
+  if (static_cast<int64_t>(info.n_bytes) != product(info.shape) * static_cast<int64_t>(elem))
+    return invalid_argument("{}: tensor {} has {} bytes for shape [{}]", ctx.dir, pt.name, info.n_bytes,
+                            fmt::join(info.shape, ", "));
+  return info;
+}
 
 Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const SpecLookup& spec_for,
                                                  const Options& options) {
@@ -393,62 +459,9 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
   }
 
   std::vector<gguf::TensorInfo> infos;
+  const Context ctx{dir, spec, options, cfg, n_heads, n_kv};
   for (const Pending& pt : pending) {
-    gguf::TensorInfo info;
-    info.name = pt.name;
-    info.shape = pt.shape;
-    const safetensors::Tensor* first = pt.src != nullptr ? pt.src : pt.experts[0];
-    const std::optional<DType> dt = first->kiln_dtype();
-    if (!dt || (*dt != DType::f32 && *dt != DType::f16 && *dt != DType::bf16)) {
-      return unimplemented("{}: tensor {} has type {} (F32, F16, BF16 are supported)", dir, first->name,
-                           dtype_name(first->dtype));
-    }
-    const TensorEdit* edit = nullptr;
-    for (const TensorEdit& e : spec.edits) {
-      if (pt.name.ends_with(e.suffix)) edit = &e;
-    }
-    const bool to_float = options.force_f32 || pt.shape.size() == 1 || edit != nullptr;
-    info.type = to_float ? DType::f32 : *dt;
-    const size_t elem = to_float ? sizeof(float) : static_cast<size_t>(dtype_info(*dt).type_size);
-    // The bytes in the output type, in place when nothing changes.
-    std::vector<uint8_t> bytes;
-    std::span<const uint8_t> view;
-    const std::vector<const safetensors::Tensor*> parts =
-        pt.src != nullptr ? std::vector<const safetensors::Tensor*>{pt.src} : pt.experts;
-    for (const safetensors::Tensor* part : parts) {
-      if (to_float) {
-        KILN_ASSIGN_OR_RETURN(std::vector<float> v, to_f32(*part));
-        if (edit != nullptr) edit->apply(v, pt.shape[0], cfg);
-        const auto* b = reinterpret_cast<const uint8_t*>(v.data());
-        bytes.insert(bytes.end(), b, b + v.size() * sizeof(float));
-      } else if (parts.size() > 1) {
-        bytes.insert(bytes.end(), part->data.begin(), part->data.end());
-      } else {
-        view = part->data;
-      }
-    }
-    if (!bytes.empty()) view = bytes;
-    const bool is_q = pt.name.ends_with("attn_q.weight") || pt.name.ends_with("attn_q.bias");
-    const bool is_k = pt.name.ends_with("attn_k.weight") || pt.name.ends_with("attn_k.bias");
-    if (spec.permute_qk && (is_q || is_k)) {
-      const int64_t rows = pt.shape.size() == 2 ? pt.shape[1] : pt.shape[0];
-      const int64_t heads = is_q ? n_heads : n_kv;
-      if (rows % (2 * heads) != 0)
-        return invalid_argument("{}: {} has {} rows, not a multiple of 2 x {} heads", dir, pt.name, rows,
-                                heads);
-      const size_t row_bytes = (pt.shape.size() == 2 ? static_cast<size_t>(pt.shape[0]) : 1) * elem;
-      bytes = permute_rows(view, heads, rows, row_bytes);
-      view = bytes;
-    }
-    if (!bytes.empty()) {
-      storage->buffers.push_back(std::move(bytes));
-      view = storage->buffers.back();
-    }
-    info.data = view.data();
-    info.n_bytes = view.size();
-    if (static_cast<int64_t>(info.n_bytes) != product(info.shape) * static_cast<int64_t>(elem))
-      return invalid_argument("{}: tensor {} has {} bytes for shape [{}]", dir, pt.name, info.n_bytes,
-                              fmt::join(info.shape, ", "));
+    KILN_ASSIGN_OR_RETURN(gguf::TensorInfo info, materialize(pt, ctx, *storage));
     infos.push_back(std::move(info));
   }
   for (auto& [name, values] : md.tensors()) {
