@@ -5,6 +5,8 @@ every folder):
 1. kiln on the Hugging Face folder (f32 safetensors) vs transformers in f32 over a 64-token prompt: max abs logit
    difference <= 1e-3;
 2. greedy 32-token continuations of that prompt: identical (kiln's engine vs transformers' generate);
+   (phi3 uses LongRoPE's short factors, phi3-long its long ones: the sequence, and the context kiln serves, are
+   past original_max_position_embeddings);
 3. `kiln convert` to GGUF (weights as stored, f32): kiln on the GGUF gives the same logits (<= 1e-5);
 4. a BF16 copy of the folder: kiln vs transformers in f32 on the same bf16-rounded weights, <= 1e-3 (agreement to
    bf16 precision: the only difference from the f32 model is the rounding of the weights);
@@ -94,6 +96,18 @@ def configs(vocab: int) -> dict:
                 "original_max_position_embeddings": 4096,
             },
         ),
+        "phi3-long": T.Phi3Config(
+            **dict(c, max_position_embeddings=512),
+            pad_token_id=0,
+            original_max_position_embeddings=32,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.05 * i for i in range(4)],
+                "long_factor": [2.0 + 0.5 * i for i in range(4)],
+                "original_max_position_embeddings": 32,
+            },
+        ),
         "mixtral": T.MixtralConfig(**c, num_local_experts=5, num_experts_per_tok=2),
         "qwen2moe": T.Qwen2MoeConfig(
             **c, num_experts=5, num_experts_per_tok=2, moe_intermediate_size=40, shared_expert_intermediate_size=56
@@ -104,8 +118,8 @@ def configs(vocab: int) -> dict:
     }
 
 
-ARCHS = ["llama", "llama3.2", "mistral", "qwen2", "qwen2.5-yarn", "qwen3", "gemma3", "phi3", "mixtral", "qwen2moe",
-         "qwen3moe"]
+ARCHS = ["llama", "llama3.2", "mistral", "qwen2", "qwen2.5-yarn", "qwen3", "gemma3", "phi3", "phi3-long", "mixtral",
+         "qwen2moe", "qwen3moe"]
 NOT_IN_LLAMA_CPP = {"mistral": "llama.cpp's llama architecture has no sliding window"}
 
 
@@ -197,17 +211,23 @@ def test_converted_gguf_gives_the_same_logits(arch):
     arch["gguf"] = out
 
 
-def test_bf16_copy_agrees_to_bf16_precision(arch):
-    model = arch["model"]
-    bf16 = save_folder(model, arch["tok_dir"], arch["root"] / "bf16", torch.bfloat16)
-    rounded = copy.deepcopy(model)  # the same weights rounded to bf16, f32 arithmetic (RoPE buffers untouched)
+def rounded_copy_diff(model, tok_dir: Path, root: Path, ids: list[int], dtype) -> tuple[float, float]:
+    """kiln on a `dtype` copy of the folder vs transformers in f32 on the same rounded weights, and vs the
+    unrounded model: (max abs, max abs)."""
+    name = str(dtype).split(".")[-1]
+    folder = save_folder(model, tok_dir, root / name, dtype)
+    rounded = copy.deepcopy(model)  # the same weights rounded to dtype, f32 arithmetic (RoPE buffers untouched)
     with torch.no_grad():
         for p in rounded.parameters():
-            p.copy_(p.to(torch.bfloat16).to(torch.float32))
-    ref = hf_logits(rounded, arch["ids"])
-    got = kiln_logits(bf16, arch["ids"], arch["root"] / "bf16.f32")
-    orig = hf_logits(model, arch["ids"])
-    diff, drift = np.abs(ref - got).max(), np.abs(orig - got).max()
+            p.copy_(p.to(dtype).to(torch.float32))
+    ref = hf_logits(rounded, ids)
+    got = kiln_logits(folder, ids, root / f"{name}.f32")
+    orig = hf_logits(model, ids)
+    return np.abs(ref - got).max(), np.abs(orig - got).max()
+
+
+def test_bf16_copy_agrees_to_bf16_precision(arch):
+    diff, drift = rounded_copy_diff(arch["model"], arch["tok_dir"], arch["root"], arch["ids"], torch.bfloat16)
     print(f"\n{arch['name']}: BF16 folder vs transformers on the rounded weights, max abs {diff:.2e} "
           f"(vs the f32 model: {drift:.2e})")
     assert diff <= LOGIT_TOL
@@ -283,6 +303,14 @@ def test_sharded_folder_gives_the_same_logits(small_llama, tmp_path):
     a = kiln_logits(folder, ids, tmp_path / "a.f32")
     b = kiln_logits(sharded, ids, tmp_path / "b.f32")
     assert np.array_equal(a, b)
+
+
+def test_f16_copy_agrees_to_f16_precision(small_llama, tmp_path):
+    model, folder, tok = small_llama
+    ids = tok(PARITY_TEXT)["input_ids"][:N_PROMPT]
+    diff, drift = rounded_copy_diff(model, folder, tmp_path, ids, torch.float16)
+    print(f"\nF16 folder vs transformers on the rounded weights, max abs {diff:.2e} (vs the f32 model: {drift:.2e})")
+    assert diff <= LOGIT_TOL
 
 
 def test_kiln_run_on_a_folder(small_llama):

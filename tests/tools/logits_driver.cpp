@@ -38,6 +38,8 @@ int fail(const std::string& msg) {
 }
 
 bool g_quantize_x = false;
+// The context the model is told it serves (the engine's default): picks Phi-3's LongRoPE factors.
+constexpr int32_t kContext = 4096;
 bool g_force_f32 = false;  // --f32: a Hugging Face folder imported with every tensor as f32
 kiln::DType g_kv_type = kiln::DType::f32;
 
@@ -51,7 +53,7 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
     file = std::make_shared<const kiln::gguf::File>(std::move(f));
   }
   KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend("cpu", {threads}));
-  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x}));
+  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x, kContext}));
   const kiln::ModelInfo& info = model->info();
   constexpr int32_t kBlock = 16;
   int32_t n_blocks = 0;
