@@ -370,3 +370,29 @@ def test_gemma3_multimodal_folder_runs_its_text_model(tmp_path):
         ref = model(input_ids=torch.tensor([ids])).logits[0].numpy()
     got = kiln_logits(tmp_path / "mm", ids, tmp_path / "mm.f32")
     assert np.abs(ref - got).max() <= LOGIT_TOL
+
+
+def test_embedding_padded_past_the_vocabulary(tokenizer_dir, tmp_path):
+    """HF models often have more embedding rows than tokens (Qwen: 151,936 rows, 151,665 tokens): kiln samples
+    only real tokens, and `kiln convert` pads the GGUF token list so llama.cpp accepts the file."""
+    gguf = pytest.importorskip("gguf")
+    tok_dir, tok = tokenizer_dir
+    torch.manual_seed(11)
+    cfg = configs(len(tok) + 7)["qwen2"]
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ids = tok(PARITY_TEXT)["input_ids"][:16]
+    with torch.no_grad():  # padding rows along the last hidden state: they win the full argmax
+        h = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0, -1]
+        model.lm_head.weight[len(tok):] = 10 * h
+        assert int(model(torch.tensor([ids])).logits[0, -1].argmax()) >= len(tok)
+    folder = save_folder(model, tok_dir, tmp_path / "f32", torch.float32)
+    got = lp.run_driver(["generate", folder, 8, "--threads", lp.THREADS], [ids])["tokens"][0]
+    assert all(0 <= t < len(tok) for t in got), got
+    out = tmp_path / "padded.gguf"
+    run_kiln("convert", folder, out)
+    r = gguf.GGUFReader(str(out))
+    tokens = r.fields["tokenizer.ggml.tokens"]
+    assert len(tokens.data) == len(tok) + 7
+    assert bytes(tokens.parts[tokens.data[-1]]).decode() == f"[PAD{len(tok) + 6}]"
+    pytest.importorskip("llama_cpp")
+    lp.LlamaCpp(out, n_ctx=64).greedy(ids, 2)  # loads and runs
