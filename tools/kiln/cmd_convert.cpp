@@ -1,4 +1,6 @@
 // kiln convert HF_DIR OUT.gguf [--type f32|f16|bf16|q8_0]: a Hugging Face folder as a GGUF file.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -13,10 +15,12 @@ namespace {
 
 Status run_convert(ConvertOptions opt) {
   const auto t0 = std::chrono::steady_clock::now();
-  opt.progress = [](size_t done, size_t total) {
-    std::fprintf(stderr, "\rconvert: %zu/%zu tensors", done, total);
-    if (done == total) std::fprintf(stderr, "\n");
-  };
+  if (isatty(fileno(stderr))) {  // a progress line on a terminal; logs get the summary only
+    opt.progress = [](size_t done, size_t total) {
+      std::fprintf(stderr, "\rconvert: %zu/%zu tensors", done, total);
+      if (done == total) std::fprintf(stderr, "\n");
+    };
+  }
   KILN_ASSIGN_OR_RETURN(const ConvertStats st, convert_model(opt));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "convert: wrote %s (%s, %zu tensors, %.1f MiB of weights) in %.1f s\n",
