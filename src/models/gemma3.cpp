@@ -172,6 +172,12 @@ Status hf_metadata(const hf::ModelConfig& cfg, hf_import::Metadata& md) {
   for (std::string_view k : {"attn_logit_softcapping", "final_logit_softcapping"}) {
     if (cfg.has(k)) return unimplemented("{}: {} is not supported for gemma3", cfg.source(), k);
   }
+  for (std::string_view k : {"sliding_window_pattern", "_sliding_window_pattern"}) {
+    if (!cfg.has(k)) continue;
+    KILN_ASSIGN_OR_RETURN(const int64_t pattern, cfg.get_positive(k));
+    if (pattern != kSwaPattern)
+      return unimplemented("{}: {} = {} (gemma3 is 5 sliding : 1 global, pattern 6)", cfg.source(), k, pattern);
+  }
   if (const nlohmann::json* lt = cfg.find("layer_types"); lt != nullptr && lt->is_array()) {
     for (size_t l = 0; l < lt->size(); ++l) {
       const bool sliding = (*lt)[l] == "sliding_attention";
