@@ -103,6 +103,35 @@ Result<float> hparam_float(const gguf::File& file, const std::string& key, std::
   return static_cast<float>(v);
 }
 
+Status read_hparams(const gguf::File& f, const std::string& a, const HparamDefaults& d, ModelInfo& info,
+                    AttentionShape& shape) {
+  info.architecture = a;
+  KILN_ASSIGN_OR_RETURN(info.name, f.get_string_or("general.name", f.name()));
+  KILN_ASSIGN_OR_RETURN(info.n_embd, hparam_int(f, a + ".embedding_length", {}));
+  KILN_ASSIGN_OR_RETURN(info.n_layers, hparam_int(f, a + ".block_count", {}));
+  KILN_ASSIGN_OR_RETURN(info.n_ctx_train, hparam_int(f, a + ".context_length", d.n_ctx_train));
+  KILN_ASSIGN_OR_RETURN(shape.n_heads, hparam_int(f, a + ".attention.head_count", {}));
+  KILN_ASSIGN_OR_RETURN(shape.n_kv_heads, hparam_int(f, a + ".attention.head_count_kv", shape.n_heads));
+  KILN_ASSIGN_OR_RETURN(shape.norm_eps, hparam_float(f, a + ".attention.layer_norm_rms_epsilon", d.norm_eps));
+  if (shape.n_heads % shape.n_kv_heads != 0) {
+    return invalid_argument("{}: head_count {} is not a multiple of head_count_kv {}", f.name(),
+                            shape.n_heads, shape.n_kv_heads);
+  }
+  std::optional<int32_t> hd = d.head_dim > 0 ? std::optional(d.head_dim) : std::nullopt;
+  if (!hd && info.n_embd % shape.n_heads == 0) hd = info.n_embd / shape.n_heads;
+  KILN_ASSIGN_OR_RETURN(shape.head_dim, hparam_int(f, a + ".attention.key_length", hd));
+  KILN_ASSIGN_OR_RETURN(const int32_t v_dim, hparam_int(f, a + ".attention.value_length", shape.head_dim));
+  if (v_dim != shape.head_dim) {
+    return unimplemented("{}: value_length {} differs from key_length {}", f.name(), v_dim, shape.head_dim);
+  }
+  KILN_ASSIGN_OR_RETURN(shape.scale, hparam_float(f, a + ".attention.scale",
+                                                  1.0f / std::sqrt(static_cast<float>(shape.head_dim))));
+  KILN_ASSIGN_OR_RETURN(shape.window, hparam_int(f, a + ".attention.sliding_window", d.window));
+  info.head_dim = shape.head_dim;
+  info.n_kv_heads = shape.n_kv_heads;
+  return Status::ok_status();
+}
+
 Result<ops::RopeParams> read_rope(const gguf::File& file, WeightLoader& weights, const std::string& arch,
                                   int32_t head_dim, ops::RopeLayout layout, int32_t n_ctx) {
   ops::RopeParams p;
@@ -269,10 +298,9 @@ Result<FfnWeights> load_ffn(WeightLoader& weights, const std::string& prefix, in
     KILN_ASSIGN_OR_RETURN(Tensor gate_up, weights.get(prefix + "ffn_up.weight", n_embd, 2 * n_ff));
     w.gate = slice_rows(gate_up, 0, n_ff);
     w.up = slice_rows(gate_up, n_ff, n_ff);
-    KILN_ASSIGN_OR_RETURN(w.down, weights.get(prefix + "ffn_down.weight", n_ff, n_embd));
-    return w;
+  } else {
+    KILN_ASSIGN_OR_RETURN(w.up, weights.get(prefix + "ffn_up.weight", n_embd, n_ff));
   }
-  KILN_ASSIGN_OR_RETURN(w.up, weights.get(prefix + "ffn_up.weight", n_embd, n_ff));
   KILN_ASSIGN_OR_RETURN(w.down, weights.get(prefix + "ffn_down.weight", n_ff, n_embd));
   return w;
 }

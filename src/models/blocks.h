@@ -100,6 +100,21 @@ struct AttentionShape {
   float norm_eps = 1e-6f;  // of q_norm / k_norm
 };
 
+// Per-architecture defaults for read_hparams().
+struct HparamDefaults {
+  int32_t n_ctx_train = 4096;
+  float norm_eps = 1e-5f;
+  int32_t head_dim = 0;  // 0: embedding_length / head_count
+  int32_t window = 0;    // 0: full attention
+};
+
+// What every decoder reads from "{arch}.*": general.name, embedding_length, block_count, context_length,
+// attention.head_count(_kv) (GQA must divide), attention.key_length (= value_length),
+// attention.layer_norm_rms_epsilon (also the QK-norm epsilon), attention.scale (default 1/sqrt(head_dim)),
+// attention.sliding_window. Fills info's name, architecture, sizes, head_dim and n_kv_heads, and `shape`.
+Status read_hparams(const gguf::File& file, const std::string& arch, const HparamDefaults& defaults,
+                    ModelInfo& info, AttentionShape& shape);
+
 // blk.N.attn_{q,k,v,output}.weight of layer `prefix` ("blk.N."), or Q, K and V as row slices of a fused
 // attn_qkv.weight [n_embd, (n_heads + 2 n_kv_heads) head_dim] (Phi-3); attn_{q,k,v,output}.bias when present;
 // attn_{q,k}_norm.weight when qk_norm.

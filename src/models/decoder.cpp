@@ -1,7 +1,5 @@
 #include "models/decoder.h"
 
-#include <cmath>
-
 #include "models/blocks.h"
 #include "models/moe.h"
 
@@ -29,33 +27,8 @@ class Decoder final : public Model {
   Status load() {
     const gguf::File& f = *file_;
     const std::string& a = traits_.arch;
-    info_.architecture = a;
-    KILN_ASSIGN_OR_RETURN(info_.name, f.get_string_or("general.name", f.name()));
-    KILN_ASSIGN_OR_RETURN(info_.n_embd, hparam_int(f, a + ".embedding_length", {}));
-    KILN_ASSIGN_OR_RETURN(info_.n_layers, hparam_int(f, a + ".block_count", {}));
-    KILN_ASSIGN_OR_RETURN(shape_.n_heads, hparam_int(f, a + ".attention.head_count", {}));
-    KILN_ASSIGN_OR_RETURN(shape_.n_kv_heads, hparam_int(f, a + ".attention.head_count_kv", shape_.n_heads));
-    KILN_ASSIGN_OR_RETURN(info_.n_ctx_train,
-                          hparam_int(f, a + ".context_length", traits_.n_ctx_train_default));
-    KILN_ASSIGN_OR_RETURN(eps_, hparam_float(f, a + ".attention.layer_norm_rms_epsilon", 1e-5f));
-    if (shape_.n_heads % shape_.n_kv_heads != 0) {
-      return invalid_argument("{}: head_count {} is not a multiple of head_count_kv {}", f.name(),
-                              shape_.n_heads, shape_.n_kv_heads);
-    }
-    const int32_t hd_default = info_.n_embd % shape_.n_heads == 0 ? info_.n_embd / shape_.n_heads : 0;
-    KILN_ASSIGN_OR_RETURN(shape_.head_dim,
-                          hparam_int(f, a + ".attention.key_length",
-                                     hd_default > 0 ? std::optional(hd_default) : std::nullopt));
-    KILN_ASSIGN_OR_RETURN(const int32_t v_dim, hparam_int(f, a + ".attention.value_length", shape_.head_dim));
-    if (v_dim != shape_.head_dim)
-      return unimplemented("{}: value_length {} differs from key_length {}", f.name(), v_dim,
-                           shape_.head_dim);
-    KILN_ASSIGN_OR_RETURN(shape_.window, hparam_int(f, a + ".attention.sliding_window", 0));
-    shape_.scale = 1.0f / std::sqrt(static_cast<float>(shape_.head_dim));
-    shape_.norm_eps = eps_;
-    info_.head_dim = shape_.head_dim;
-    info_.kv_window = shape_.window;
-    info_.n_kv_heads = shape_.n_kv_heads;
+    KILN_TRY(read_hparams(f, a, {.n_ctx_train = traits_.n_ctx_train_default}, info_, shape_));
+    info_.kv_window = shape_.window;  // every layer has the same window
 
     WeightLoader w(f, backend_);
     KILN_ASSIGN_OR_RETURN(embd_, load_embeddings(f, w, info_));
@@ -95,11 +68,11 @@ class Decoder final : public Model {
     KILN_TRY(backend_.run(ops::GetRows{embd_.tok_embd, batch.tokens, x}));
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       const DecoderLayer& L = layers_[l];
-      KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(backend_, arena_, x, L.attn_norm, eps_));
+      KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(backend_, arena_, x, L.attn_norm, shape_.norm_eps));
       KILN_ASSIGN_OR_RETURN(Tensor att,
                             attention(backend_, arena_, h, L.attn, shape_, rope_, step, kv, l, qx));
       KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
-      KILN_ASSIGN_OR_RETURN(h, rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
+      KILN_ASSIGN_OR_RETURN(h, rms_norm(backend_, arena_, x, L.ffn_norm, shape_.norm_eps));
       Tensor ffn;
       if (L.moe.router.data != nullptr) {
         KILN_ASSIGN_OR_RETURN(ffn, moe_ffn(backend_, arena_, h, L.moe, moe_, qx));
@@ -108,7 +81,7 @@ class Decoder final : public Model {
       }
       KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
     }
-    return output_logits(backend_, arena_, x, batch, embd_, eps_, info_.n_vocab, logits, qx);
+    return output_logits(backend_, arena_, x, batch, embd_, shape_.norm_eps, info_.n_vocab, logits, qx);
   }
 
  private:
@@ -144,7 +117,6 @@ class Decoder final : public Model {
   AttentionShape shape_;
   ops::RopeParams rope_;
   MoeShape moe_;
-  float eps_ = 1e-5f;
   EmbeddingWeights embd_;
   std::vector<DecoderLayer> layers_;
 };

@@ -36,34 +36,9 @@ class Gemma3 final : public Model {
   Status load() {
     const gguf::File& f = *file_;
     const std::string a = "gemma3";
-    info_.architecture = a;
-    KILN_ASSIGN_OR_RETURN(info_.name, f.get_string_or("general.name", f.name()));
-    KILN_ASSIGN_OR_RETURN(info_.n_embd, blocks::hparam_int(f, a + ".embedding_length", {}));
-    KILN_ASSIGN_OR_RETURN(info_.n_layers, blocks::hparam_int(f, a + ".block_count", {}));
+    KILN_TRY(blocks::read_hparams(
+        f, a, {.n_ctx_train = 32768, .norm_eps = 1e-6f, .head_dim = 256, .window = 4096}, info_, shape_));
     KILN_ASSIGN_OR_RETURN(n_ff_, blocks::hparam_int(f, a + ".feed_forward_length", {}));
-    KILN_ASSIGN_OR_RETURN(shape_.n_heads, blocks::hparam_int(f, a + ".attention.head_count", {}));
-    KILN_ASSIGN_OR_RETURN(shape_.n_kv_heads,
-                          blocks::hparam_int(f, a + ".attention.head_count_kv", shape_.n_heads));
-    KILN_ASSIGN_OR_RETURN(info_.n_ctx_train, blocks::hparam_int(f, a + ".context_length", 32768));
-    KILN_ASSIGN_OR_RETURN(eps_, blocks::hparam_float(f, a + ".attention.layer_norm_rms_epsilon", 1e-6f));
-    KILN_ASSIGN_OR_RETURN(window_, blocks::hparam_int(f, a + ".attention.sliding_window", 4096));
-    if (shape_.n_heads % shape_.n_kv_heads != 0) {
-      return invalid_argument("{}: head_count {} is not a multiple of head_count_kv {}", f.name(),
-                              shape_.n_heads, shape_.n_kv_heads);
-    }
-    KILN_ASSIGN_OR_RETURN(shape_.head_dim, blocks::hparam_int(f, a + ".attention.key_length", 256));
-    KILN_ASSIGN_OR_RETURN(int32_t v_dim,
-                          blocks::hparam_int(f, a + ".attention.value_length", shape_.head_dim));
-    if (v_dim != shape_.head_dim) {
-      return unimplemented("{}: value_length {} differs from key_length {}", f.name(), v_dim,
-                           shape_.head_dim);
-    }
-    KILN_ASSIGN_OR_RETURN(shape_.scale,
-                          blocks::hparam_float(f, a + ".attention.scale",
-                                               1.0f / std::sqrt(static_cast<float>(shape_.head_dim))));
-    shape_.norm_eps = eps_;
-    info_.head_dim = shape_.head_dim;
-    info_.n_kv_heads = shape_.n_kv_heads;
 
     blocks::WeightLoader w(f, backend_);
     KILN_ASSIGN_OR_RETURN(embd_, blocks::load_embeddings(f, w, info_));
@@ -107,20 +82,21 @@ class Gemma3 final : public Model {
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       const Gemma3Layer& L = layers_[l];
       blocks::AttentionShape shape = shape_;
-      shape.window = L.sliding ? window_ : 0;
-      KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, x, L.attn_norm, eps_));
+      shape.window = L.sliding ? shape_.window : 0;  // global layers see everything
+      KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, x, L.attn_norm, shape_.norm_eps));
       KILN_ASSIGN_OR_RETURN(Tensor att,
                             blocks::attention(backend_, arena_, h, L.attn, shape,
                                               L.sliding ? rope_local_ : rope_global_, step, kv, l, qx));
-      KILN_TRY(backend_.run(ops::RmsNorm{att, L.post_attn_norm, eps_, false, att}));
+      KILN_TRY(backend_.run(ops::RmsNorm{att, L.post_attn_norm, shape_.norm_eps, false, att}));
       KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
-      KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(backend_, arena_, x, L.ffn_norm, eps_));
+      KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(backend_, arena_, x, L.ffn_norm, shape_.norm_eps));
       KILN_ASSIGN_OR_RETURN(
           Tensor ffn, blocks::gated_ffn(backend_, arena_, h, L.ffn, ops::GluKind::glu_kind_gelu_tanh, qx));
-      KILN_TRY(backend_.run(ops::RmsNorm{ffn, L.post_ffn_norm, eps_, false, ffn}));
+      KILN_TRY(backend_.run(ops::RmsNorm{ffn, L.post_ffn_norm, shape_.norm_eps, false, ffn}));
       KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
     }
-    return blocks::output_logits(backend_, arena_, x, batch, embd_, eps_, info_.n_vocab, logits, qx);
+    return blocks::output_logits(backend_, arena_, x, batch, embd_, shape_.norm_eps, info_.n_vocab, logits,
+                                 qx);
   }
 
  private:
@@ -132,15 +108,9 @@ class Gemma3 final : public Model {
   blocks::AttentionShape shape_;
   ops::RopeParams rope_global_, rope_local_;
   int32_t n_ff_ = 0;
-  int32_t window_ = 0;
-  float eps_ = 1e-6f;
   blocks::EmbeddingWeights embd_;
   std::vector<Gemma3Layer> layers_;
 };
-
-}  // namespace
-
-namespace {
 
 Result<std::unique_ptr<Model>> make(std::shared_ptr<const gguf::File> file, Backend& backend,
                                     const ModelOptions& options) {
@@ -176,7 +146,8 @@ Status hf_metadata(const hf::ModelConfig& cfg, hf_import::Metadata& md) {
     if (!cfg.has(k)) continue;
     KILN_ASSIGN_OR_RETURN(const int64_t pattern, cfg.get_positive(k));
     if (pattern != kSwaPattern)
-      return unimplemented("{}: {} = {} (gemma3 is 5 sliding : 1 global, pattern 6)", cfg.source(), k, pattern);
+      return unimplemented("{}: {} = {} (gemma3 is 5 sliding : 1 global, pattern 6)", cfg.source(), k,
+                           pattern);
   }
   if (const nlohmann::json* lt = cfg.find("layer_types"); lt != nullptr && lt->is_array()) {
     for (size_t l = 0; l < lt->size(); ++l) {
@@ -191,7 +162,7 @@ Status hf_metadata(const hf::ModelConfig& cfg, hf_import::Metadata& md) {
 }
 
 // Gemma stores RMSNorm weights as w - 1; GGUF stores w.
-void add_one(std::span<float> v, int64_t, const hf::ModelConfig&) {
+void add_one(std::span<float> v) {
   for (float& x : v) x += 1.0f;
 }
 

@@ -280,16 +280,14 @@ int64_t product(const std::vector<int64_t>& s) {
   return n;
 }
 
-// The tensor's values as f32 (F32, F16, BF16 sources).
-Result<std::vector<float>> to_f32(const safetensors::Tensor& t) {
-  const std::optional<DType> dt = t.kiln_dtype();
-  if (!dt || (*dt != DType::f32 && *dt != DType::f16 && *dt != DType::bf16))
-    return unimplemented("tensor {} has type {} (F32, F16, BF16 are supported)", t.name, dtype_name(t.dtype));
+// The tensor's values as f32. Precondition: an F32, F16 or BF16 tensor (materialize() checks).
+std::vector<float> to_f32(const safetensors::Tensor& t) {
+  const DType dt = *t.kiln_dtype();
   std::vector<float> out(static_cast<size_t>(t.n_elements));
-  if (*dt == DType::f32) {
+  if (dt == DType::f32) {
     std::memcpy(out.data(), t.data.data(), out.size() * sizeof(float));
   } else {
-    dtype_info(*dt).dequantize_row(t.data.data(), out.data(), t.n_elements);
+    dtype_info(dt).dequantize_row(t.data.data(), out.data(), t.n_elements);
   }
   return out;
 }
@@ -348,8 +346,7 @@ struct Context {
   const std::string& dir;
   const HfSpec& spec;
   const Options& options;
-  const hf::ModelConfig& cfg;
-  int64_t n_heads, n_kv;
+  int64_t n_heads, n_kv;  // query and KV heads (Q/K permutation)
 };
 
 // The GGUF tensor for `pt`: in place in the safetensors map when nothing changes, else converted into a
@@ -378,8 +375,8 @@ Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Stor
       pt.src != nullptr ? std::vector<const safetensors::Tensor*>{pt.src} : pt.experts;
   for (const safetensors::Tensor* part : parts) {
     if (to_float) {
-      KILN_ASSIGN_OR_RETURN(std::vector<float> v, to_f32(*part));
-      if (edit != nullptr) edit->apply(v, pt.shape[0], ctx.cfg);
+      std::vector<float> v = to_f32(*part);
+      if (edit != nullptr) edit->apply(v);
       const auto* b = reinterpret_cast<const uint8_t*>(v.data());
       bytes.insert(bytes.end(), b, b + v.size() * sizeof(float));
     } else if (parts.size() > 1) {
@@ -459,7 +456,7 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
   }
 
   std::vector<gguf::TensorInfo> infos;
-  const Context ctx{dir, spec, options, cfg, n_heads, n_kv};
+  const Context ctx{dir, spec, options, n_heads, n_kv};
   for (const Pending& pt : pending) {
     KILN_ASSIGN_OR_RETURN(gguf::TensorInfo info, materialize(pt, ctx, *storage));
     infos.push_back(std::move(info));

@@ -51,11 +51,10 @@ class Metadata {
   std::vector<std::pair<std::string, std::vector<float>>> tensors_;
 };
 
-// A change applied to one tensor as it is imported. f32 [ne0, ne1] values in GGUF order, in place.
+// A change applied to one tensor's values as it is imported (the tensor becomes f32).
 struct TensorEdit {
-  std::string_view suffix;  // GGUF name suffix it applies to ("attn_norm.weight")
-  // Edits the values; `ne0` is the innermost dimension.
-  void (*apply)(std::span<float> values, int64_t ne0, const hf::ModelConfig& cfg);
+  std::string_view suffix;                 // GGUF name suffix it applies to ("norm.weight")
+  void (*apply)(std::span<float> values);  // edits the values in place, in GGUF order
 };
 
 // One HF module-name suffix (after "model.layers.N.") renamed to a GGUF one (after "blk.N.").

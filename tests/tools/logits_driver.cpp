@@ -53,7 +53,8 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
     file = std::make_shared<const kiln::gguf::File>(std::move(f));
   }
   KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend("cpu", {threads}));
-  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x, kContext}));
+  KILN_ASSIGN_OR_RETURN(auto model,
+                        kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x, kContext}));
   const kiln::ModelInfo& info = model->info();
   constexpr int32_t kBlock = 16;
   int32_t n_blocks = 0;
