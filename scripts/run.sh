@@ -5,8 +5,8 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 "$KILN_ROOT/scripts/install-deps.sh"
-"$KILN_ROOT/scripts/fetch-models.sh"
-"$KILN_ROOT/scripts/build.sh" release >&2
+"$KILN_ROOT/scripts/fetch-models.sh" --default-only
+"$KILN_ROOT/scripts/build.sh" release kiln >&2  # the CLI only: tests build with scripts/test.sh
 kiln="$KILN_ROOT/build/release/tools/kiln/kiln"
 if [ $# -gt 0 ]; then exec "$kiln" "$@"; fi
 exec "$kiln" run -m "$KILN_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf" --chat --temp 0 -n 64 \

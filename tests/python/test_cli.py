@@ -148,10 +148,9 @@ def test_usage_errors():
 
 @pytest.mark.parametrize("model", [SMOL, GEMMA], ids=["smollm2", "gemma3"])
 def test_tokenize_matches_hf(model):
-    from transformers import AutoTokenizer
+    from hf_cache import hf_tokenizer
 
-    require(model)
-    tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+    tok = hf_tokenizer(require(model))
     text = "<|im_start|>user\nHello, wörld! 你好 😀 1234567<|im_end|>\n"
     expected = tok(text)["input_ids"]
     res = kiln("tokenize", "-m", model, "--ids", text)

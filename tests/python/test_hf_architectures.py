@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import test_llama_parity as lp
+import parity_lib as lp
 from parity_text import PARITY_TEXT
 
 torch = pytest.importorskip("torch")
@@ -136,10 +136,10 @@ def run_kiln(*args, expect_ok=True) -> subprocess.CompletedProcess:
 def tokenizer_dir(tmp_path_factory):
     if not SMOLLM.exists():
         pytest.skip(f"missing {SMOLLM} (scripts/fetch-models.sh)")
-    from transformers import AutoTokenizer
+    from hf_cache import hf_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
-    tok = AutoTokenizer.from_pretrained(str(SMOLLM.parent), gguf_file=SMOLLM.name)
+    tok = hf_tokenizer(SMOLLM)
     tok.save_pretrained(str(out))
     return out, tok
 
@@ -239,9 +239,12 @@ def test_converted_gguf_greedy_in_llama_cpp(arch):
     pytest.importorskip("llama_cpp")
     out = arch["root"] / "llama_cpp.gguf"
     run_kiln("convert", arch["folder"], out)
-    got = lp.LlamaCpp(out, n_ctx=256).greedy(arch["ids"], N_GREEDY)
+    llama = lp.LlamaCpp(out, n_ctx=256, kv_f32=True)  # f32 weights and K/V: llama.cpp computes as kiln does
+    got = llama.greedy(arch["ids"], N_GREEDY)
     kiln = lp.run_driver(["generate", out, N_GREEDY, "--threads", lp.THREADS], [arch["ids"]])["tokens"][0]
-    assert got == kiln, f"{arch['name']}: llama.cpp {got} vs kiln {kiln}"
+    # Identical, but for a divergence at an f32 tie (llama.cpp's SIMD summation order moves with its build).
+    div = lp.greedy_divergences(llama.logits, [arch["ids"]], [got], [kiln])
+    assert all(gap <= lp.F32_TIE for _, _, gap in div), f"{arch['name']}: llama.cpp {got} vs kiln {kiln}: {div}"
 
 
 def test_q8_0_conversion_reads_back(tokenizer_dir, tmp_path):

@@ -1,330 +1,253 @@
-"""Whole-model parity of kiln's CPU forward pass (llama architecture) on a real GGUF file.
+"""Whole-model parity of kiln's CPU forward pass (llama architecture) on a real GGUF file (SmolLM2-135M Q4_1).
 
-1. kiln vs llama_ref (numpy, float64, same dequantized weights): per-position relative L2 error of the logits
-   <= 1e-4 over >= 256 positions of PARITY_TEXT; greedy 16-token continuations of 3 prompts identical.
-2. kiln vs llama.cpp (llama-cpp-python, same GGUF): teacher-forced over >= 1,000 positions, top-1 agreement
-   >= 95%, mean KL(llama.cpp || kiln) <= 5e-3, and every top-1 disagreement a near tie in llama.cpp's logits;
-   greedy 32-token continuations identical on >= 6 of 10 prompts, every divergence at a near tie. Both of kiln's
-   matmul modes are held to it: exact f32 activations and 8-bit activations (quantize_x, `kiln run --quantize-activations`).
-   llama.cpp rounds activations to 8 bits inside its quantized matmuls (and its K/V to f16), so its logits carry
-   noise of ~0.1 (median) to ~0.3 (95th percentile) at the top token; it is compared statistically, not
-   elementwise. Measured on SmolLM2 Q4_1: the exact f64 reference gets top-1 96.6%, mean KL 2.6e-3, 6 of 10
-   greedy identical; kiln exact the same figures; kiln quantize_x top-1 96.1%, mean KL 3.3e-3, 7 of 10. A bar of
-   97% / 8 of 10 is out of reach of an exact implementation on this model.
-3. Batch invariance, in both modes: a prompt alone vs inside a batch of 8 sequences of different lengths (greedy
+The exact path (f32 activations) is held to oracles that compute on identical weights and do not move:
+1. llama_ref (numpy, float64, weights dequantized by the `gguf` package): relative L2 error of the logits <= 1e-4 at
+   each of 256 teacher-forced positions; greedy 16-token continuations of 3 prompts identical.
+2. transformers in f32, the GGUF dequantized by its own loader: relative L2 <= 1e-4 at each of 1,088 positions
+   (2 fresh windows of 544); greedy 32-token continuations of 10 prompts identical, a divergence allowed only at
+   an f32 tie (transformers prefers its token by <= 1e-2). The two oracles agree with each other to 1e-4.
+Against llama.cpp (llama-cpp-python, built from source for the machine at hand, so its rounding moves with the
+build) only what holds for any build is asserted:
+3. on the same weights dequantized to f32 (f32 K/V), where llama.cpp computes as kiln does: teacher-forced top-1
+   >= 99% and mean KL <= 1e-4 over 1,088 positions; greedy continuations of 10 prompts identical but at f32 ties.
+4. on the Q4_1 file, where llama.cpp rounds activations to 8 bits in its matmuls (and K/V to f16): kiln, in both
+   matmul modes, is no further from it than llama.cpp's own f32 run is (top-1 at most 1 point lower, mean KL at
+   most 1.2x, 2x for the 8-bit mode whose rounding adds to llama.cpp's: parity_lib.within_spread), and every top-1 disagreement and greedy divergence is a near tie in
+   llama.cpp's logits (<= 0.5).
+5. kiln's 8-bit-activation mode (`--quantize-activations`) costs no more quality against the exact oracle than
+   llama.cpp's quantized arithmetic does (top-1 at most 1 point lower, KL at most 1.2x).
+6. Batch invariance, in both modes: a prompt alone vs inside a batch of 8 sequences of different lengths (greedy
    tokens equal, logits within 1e-4) and fed whole vs 7 tokens per step (logits within 1e-4).
-The reference itself is checked against llama.cpp on the same figures (test_reference_matches_llama_cpp; the
-full 1,000-position check runs with `python tests/python/test_llama_parity.py`).
+Every model and the peer load once per session. Run with -s to see the measured figures, which explain the gap
+to llama.cpp's quantized run: it is llama.cpp's own rounding (its f32 run disagrees with it as much as kiln does).
 
-kiln side: the logits_driver program (KILN_BUILD_DIR/tests/logits_driver). Models: KILN_MODELS_DIR
-(default ~/.cache/kiln/models); model file KILN_PARITY_MODEL (default SmolLM2-135M-Instruct.Q4_1.gguf).
-Run with -s to see the measured figures.
+Models: KILN_MODELS_DIR (default ~/.cache/kiln/models); model file KILN_PARITY_MODEL (default
+SmolLM2-135M-Instruct.Q4_1.gguf).
 """
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_ref import Model  # noqa: E402
-from parity_text import PARITY_TEXT, PROMPTS  # noqa: E402
+import parity_lib as pl
+from gguf_dequant import dequantize_gguf
+from llama_ref import Model
 
-MODELS = Path(os.environ.get("KILN_MODELS_DIR") or Path.home() / ".cache/kiln/models")
 MODEL_NAME = os.environ.get("KILN_PARITY_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf")
-DRIVER = Path(os.environ.get("KILN_BUILD_DIR", "build")) / "tests" / "logits_driver"
-THREADS = 2
 
 N_REF_POSITIONS = 256  # teacher-forced positions compared with llama_ref
-REF_REL_L2 = 1e-4  # per-position ||kiln - ref|| / ||ref||
+REF_REL_L2 = 1e-4  # per-position ||kiln - oracle|| / ||oracle||, for both oracles
 N_REF_GREEDY = 16  # generated tokens compared with llama_ref, for the first 3 prompts
 WINDOW = 544  # tokens per teacher-forced window; N_WINDOWS * WINDOW >= 1,000 positions
 N_WINDOWS = 2
-MIN_TOP1 = 0.95  # kiln (8-bit activations) vs llama.cpp: fraction of positions, same argmax
-MIN_TOP1_EXACT = 0.95  # exact f32 kiln (and the f64 reference) vs llama.cpp
-MAX_MEAN_KL = 5e-3  # vs llama.cpp: mean KL(llama.cpp || kiln), nats
-NEAR_TIE = 0.5  # vs llama.cpp: a disagreement is a near tie when llama.cpp prefers its pick by <= this (logits)
-N_GREEDY = 32  # vs llama.cpp: generated tokens per prompt
-MIN_GREEDY_MATCH = 6  # of len(PROMPTS) prompts whose first N_GREEDY tokens must be identical
+N_GREEDY = 32  # generated tokens per prompt, vs transformers and llama.cpp
+MIN_TOP1_F32 = 0.99  # kiln vs llama.cpp on the same weights in f32
+MAX_MEAN_KL_F32 = 1e-4
+NEAR_TIE = 0.5  # logits: a disagreement with llama.cpp's quantized run is a near tie within its rounding noise
 BATCH_TOL = 1e-4  # max abs logit difference for batch / chunk invariance
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Inputs
+# Session fixtures: each model, oracle and peer loads once
 
 
-def model_path() -> Path:
-    path = MODELS / MODEL_NAME
-    if not path.exists():
-        pytest.fail(f"missing test model {path} (set KILN_MODELS_DIR / KILN_PARITY_MODEL)")
-    return path
+@pytest.fixture(scope="session")
+def path():
+    return pl.model_file(MODEL_NAME)
 
 
-def gguf_add_bos(path: Path) -> tuple[bool, int]:
-    """(tokenizer.ggml.add_bos_token, bos id) from the GGUF metadata; llama.cpp's default for BPE models is off."""
-    import gguf
-
-    fields = gguf.GGUFReader(str(path)).fields
-    add_bos = fields.get("tokenizer.ggml.add_bos_token")
-    bos = fields.get("tokenizer.ggml.bos_token_id")
-    return (bool(add_bos.contents()) if add_bos else False), (int(bos.contents()) if bos else -1)
+@pytest.fixture(scope="session")
+def inputs(path) -> pl.Inputs:
+    return pl.Inputs(path, WINDOW, N_WINDOWS)
 
 
-class Inputs:
-    """Token ids shared by the tests: text windows and prompts, BOS added as llama.cpp adds it for this model."""
-
-    def __init__(self, path: Path):
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        self.add_bos, self.bos = gguf_add_bos(path)
-        text = self.encode(PARITY_TEXT)
-        need = N_WINDOWS * WINDOW
-        assert len(text) >= need, f"PARITY_TEXT has {len(text)} tokens, the tests need {need}"
-        self.windows = [text[i * WINDOW : (i + 1) * WINDOW] for i in range(N_WINDOWS)]  # fresh sequences
-        self.prompts = [self.encode(p) for p in PROMPTS]
-
-    def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ([self.bos] if self.add_bos else []) + ids
+@pytest.fixture(scope="session")
+def ref(path) -> Model:
+    return Model(path)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# kiln driver
-
-
-def run_driver(args: list, stdin_obj, timeout: int = 600) -> dict:
-    if not DRIVER.exists():
-        pytest.fail(f"missing driver {DRIVER} (build the logits_driver target; set KILN_BUILD_DIR)")
-    proc = subprocess.run(
-        [str(DRIVER), *map(str, args)], input=json.dumps(stdin_obj).encode(), capture_output=True, timeout=timeout
-    )
-    lines = [l for l in proc.stdout.decode().split("\n") if l.strip()]
-    assert lines, f"logits_driver printed nothing; rc={proc.returncode} stderr={proc.stderr.decode()[-2000:]}"
-    reply = json.loads(lines[-1])
-    assert reply.get("ok") and proc.returncode == 0, (
-        f"logits_driver {args[0]} failed: rc={proc.returncode} reply={reply} stderr={proc.stderr.decode()[-2000:]}"
-    )
-    return reply
-
-
-def kiln_logits(seqs: list[list[int]], out: Path, chunk: int | None = None, quantize_x: bool = False) -> list[np.ndarray]:
-    """kiln's logits of every token of every sequence (one batch), as float32 [len(seq), n_vocab] per sequence.
-    quantize_x: matmuls on 8-bit activations (as llama.cpp computes); else exact f32."""
-    args = ["logits", model_path(), out, "--threads", THREADS] + (["--quantize-x"] if quantize_x else [])
-    if chunk is not None:
-        args += ["--chunk", chunk]
-    reply = run_driver(args, seqs)
-    n_rows, n_vocab = int(reply["n_rows"]), int(reply["n_vocab"])
-    assert n_rows == sum(map(len, seqs)), f"driver wrote n_rows={n_rows}, expected {sum(map(len, seqs))}"
-    data = np.fromfile(out, dtype="<f4")
-    assert data.size == n_rows * n_vocab, f"{out}: {data.size} floats, expected {n_rows} x {n_vocab}"
-    assert np.isfinite(data).all(), "kiln logits contain inf or NaN"
-    rows = data.reshape(n_rows, n_vocab)
-    offsets = np.cumsum([0] + [len(s) for s in seqs])
-    return [rows[offsets[i] : offsets[i + 1]] for i in range(len(seqs))]
-
-
-def kiln_generate(prompts: list[list[int]], n: int, quantize_x: bool = False) -> list[list[int]]:
-    reply = run_driver(["generate", model_path(), n, "--threads", THREADS] + (["--quantize-x"] if quantize_x else []),
-                       prompts)
-    tokens = reply["tokens"]
-    assert len(tokens) == len(prompts) and all(len(t) == n for t in tokens), f"driver returned {tokens}"
-    return tokens
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# llama.cpp
-
-
-class LlamaCpp:
-    """llama-cpp-python on the same GGUF: all-token logits of a fresh sequence, and greedy decoding."""
-
-    def __init__(self, path: Path, n_ctx: int):
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            pytest.fail("llama-cpp-python is not installed (pip install -r scripts/requirements-test.txt)")
-        self.llm = Llama(
-            model_path=str(path), n_ctx=n_ctx, n_batch=512, logits_all=True, n_threads=THREADS, verbose=False
-        )
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.llm.tokenize(text.encode(), add_bos=True, special=False)  # add_bos: as the vocab asks
-
-    def logits(self, tokens: list[int]) -> np.ndarray:
-        self.llm.reset()
-        self.llm.eval(tokens)
-        return np.array(self.llm.scores[: len(tokens)], dtype=np.float32)  # [n, n_vocab]
-
-    def greedy(self, prompt: list[int], n: int) -> list[int]:
-        self.llm.reset()
-        self.llm.eval(prompt)
-        out = []
-        for _ in range(n):
-            out.append(int(np.argmax(self.llm.scores[self.llm.n_tokens - 1])))
-            if len(out) < n:
-                self.llm.eval([out[-1]])
-        return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Metrics
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def compare_stats(ref: np.ndarray, test: np.ndarray) -> dict:
-    """Top-1 agreement, KL(ref || test) per position (float64), relative L2 per position."""
-    assert ref.shape == test.shape, f"shape {test.shape} vs reference {ref.shape}"
-    lp, lq = log_softmax(ref), log_softmax(test)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
-    r64, t64 = ref.astype(np.float64), test.astype(np.float64)
-    rel = np.linalg.norm(t64 - r64, axis=-1) / np.linalg.norm(r64, axis=-1)
-    ref_top, test_top = ref.argmax(-1), test.argmax(-1)
-    rows = np.arange(len(ref))
-    gap = ref[rows, ref_top].astype(np.float64) - ref[rows, test_top]  # [n] >= 0; 0 where the tops agree
-    return {"top1": float((ref_top == test_top).mean()), "kl": kl, "rel": rel, "n": len(ref), "gap": gap}
-
-
-def report(label: str, s: dict) -> str:
-    line = (
-        f"{label}: positions={s['n']} top1={s['top1']:.4f} mean_KL={s['kl'].mean():.3e} max_KL={s['kl'].max():.3e} "
-        f"rel_L2 max={s['rel'].max():.3e} (position {int(s['rel'].argmax())}) mean={s['rel'].mean():.3e} "
-        f"largest_tie_gap={s['gap'].max():.3f}"
-    )
-    print(line)
-    return line
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Fixtures (module: the models load once)
-
-
-@pytest.fixture(scope="module")
-def inputs() -> Inputs:
-    return Inputs(model_path())
-
-
-@pytest.fixture(scope="module")
-def ref() -> Model:
-    return Model(model_path())
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ref_logits(ref, inputs) -> np.ndarray:
     return ref.logits(inputs.windows[0][:N_REF_POSITIONS])  # [N_REF_POSITIONS, n_vocab] float64
 
 
-@pytest.fixture(scope="module")
-def llama_cpp(inputs) -> LlamaCpp:
-    return LlamaCpp(model_path(), n_ctx=max(2048, WINDOW + 64))
+@pytest.fixture(scope="session")
+def hf(path) -> pl.Transformers:
+    return pl.Transformers(path)
 
 
-@pytest.fixture(scope="module")
-def llama_cpp_windows(llama_cpp, inputs) -> list[np.ndarray]:
-    return [llama_cpp.logits(w) for w in inputs.windows]
+@pytest.fixture(scope="session")
+def hf_windows(hf, inputs) -> np.ndarray:
+    return np.concatenate([hf.logits(w) for w in inputs.windows])  # [N_WINDOWS * WINDOW, n_vocab]
 
 
-@pytest.fixture(scope="module")
-def kiln_windows(inputs, tmp_path_factory) -> list[np.ndarray]:
-    """kiln's logits of all text windows, fed together as one batch."""
-    return kiln_logits(inputs.windows, tmp_path_factory.mktemp("kiln") / "windows.f32")
+@pytest.fixture(scope="session")
+def llama_q(path) -> pl.LlamaCpp:
+    return pl.LlamaCpp(path, n_ctx=1024)
 
 
-@pytest.fixture(scope="module")
-def kiln_windows_qx(inputs, tmp_path_factory) -> list[np.ndarray]:
+@pytest.fixture(scope="session")
+def llama_q_windows(llama_q, inputs) -> np.ndarray:
+    return np.concatenate([llama_q.logits(w) for w in inputs.windows])
+
+
+@pytest.fixture(scope="session")
+def llama_f32(path, tmp_path_factory) -> pl.LlamaCpp:
+    """llama.cpp on the same weights dequantized to f32, K/V in f32: llama.cpp computing as kiln does."""
+    return pl.LlamaCpp(dequantize_gguf(path, tmp_path_factory.mktemp("f32") / "model-f32.gguf"), n_ctx=1024,
+                       kv_f32=True)
+
+
+@pytest.fixture(scope="session")
+def llama_f32_windows(llama_f32, inputs) -> np.ndarray:
+    return np.concatenate([llama_f32.logits(w) for w in inputs.windows])
+
+
+@pytest.fixture(scope="session")
+def spread(llama_f32_windows, llama_q_windows) -> dict:
+    """llama.cpp against itself: its f32 run vs its quantized run on the same weights."""
+    return pl.compare_stats(llama_f32_windows, llama_q_windows)
+
+
+@pytest.fixture(scope="session")
+def kiln_windows(path, inputs, tmp_path_factory) -> np.ndarray:
+    """kiln's exact logits of all text windows, fed together as one batch."""
+    out = tmp_path_factory.mktemp("kiln") / "windows.f32"
+    return np.concatenate(pl.kiln_logits(path, inputs.windows, out))
+
+
+@pytest.fixture(scope="session")
+def kiln_windows_qx(path, inputs, tmp_path_factory) -> np.ndarray:
     """The same with 8-bit activations in the matmuls, as llama.cpp computes them."""
-    return kiln_logits(inputs.windows, tmp_path_factory.mktemp("kiln") / "windows_qx.f32", quantize_x=True)
+    out = tmp_path_factory.mktemp("kiln") / "windows_qx.f32"
+    return np.concatenate(pl.kiln_logits(path, inputs.windows, out, quantize_x=True))
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf, inputs) -> list[list[int]]:
+    return [hf.greedy(p, N_GREEDY) for p in inputs.prompts]
+
+
+@pytest.fixture(scope="session")
+def kiln_greedy(path, inputs) -> dict[bool, list[list[int]]]:
+    """kiln's greedy continuations of every prompt, all in one engine, per matmul mode (quantize_x: True/False)."""
+    return {qx: pl.kiln_generate(path, inputs.prompts, N_GREEDY, quantize_x=qx) for qx in (False, True)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Tests
+# The exact path against the oracles
 
 
-def test_prompt_tokens_match_llama_cpp(inputs, llama_cpp):
-    """The prompts' ids (BOS rule included) are llama.cpp's own. (Both sides always get the same ids; on the long
-    text llama.cpp's pre-tokenizer splits a blank line before a digit unlike Hugging Face's: no concern here.)"""
-    for text, ids in zip(PROMPTS, inputs.prompts):
-        assert ids == llama_cpp.tokenize(text), f"prompt {text!r}"
-
-
-def test_reference_matches_llama_cpp(ref_logits, llama_cpp_windows):
-    """The oracle itself: llama_ref agrees with llama.cpp on the figures kiln is held to."""
-    s = compare_stats(llama_cpp_windows[0][:N_REF_POSITIONS], ref_logits)
-    line = report("llama_ref vs llama.cpp", s)
-    assert s["top1"] >= MIN_TOP1_EXACT and s["kl"].mean() <= MAX_MEAN_KL and s["gap"].max() <= NEAR_TIE, line
+def test_oracles_agree(ref_logits, hf_windows):
+    """transformers (its own dequantizer, f32) and llama_ref (the gguf package's, f64) agree: both are oracles."""
+    s = pl.compare_stats(ref_logits, hf_windows[:N_REF_POSITIONS])
+    line = pl.report("transformers vs llama_ref", s)
+    assert s["rel"].max() <= REF_REL_L2, line
 
 
 def test_kiln_matches_reference_logits(kiln_windows, ref_logits):
-    s = compare_stats(ref_logits, kiln_windows[0][:N_REF_POSITIONS])
-    line = report("kiln vs llama_ref", s)
-    worst = int(s["rel"].argmax())
-    assert s["rel"].max() <= REF_REL_L2, f"{line}; worst position {worst} exceeds {REF_REL_L2}"
+    s = pl.compare_stats(ref_logits, kiln_windows[:N_REF_POSITIONS])
+    line = pl.report("kiln vs llama_ref", s)
+    assert s["rel"].max() <= REF_REL_L2, f"{line}; worst position {int(s['rel'].argmax())} exceeds {REF_REL_L2}"
 
 
-def test_kiln_matches_reference_greedy(ref, inputs):
+def test_kiln_matches_transformers_logits(kiln_windows, hf_windows):
+    s = pl.compare_stats(hf_windows, kiln_windows)
+    line = pl.report("kiln vs transformers f32", s)
+    assert s["n"] >= 1000
+    assert s["rel"].max() <= REF_REL_L2, f"{line}; worst position {int(s['rel'].argmax())} exceeds {REF_REL_L2}"
+    assert s["gap"].max() <= pl.F32_TIE, f"{line}; a top-1 disagreement at position {int(s['gap'].argmax())}"
+
+
+def test_kiln_matches_reference_greedy(path, ref, inputs):
     prompts = inputs.prompts[:3]
-    kiln = kiln_generate(prompts, N_REF_GREEDY)
+    kiln = pl.kiln_generate(path, prompts, N_REF_GREEDY)
     for i, p in enumerate(prompts):
         want = ref.greedy(p, N_REF_GREEDY)
         assert kiln[i] == want, (
-            f"prompt {PROMPTS[i]!r}: kiln {kiln[i]} ({inputs.tokenizer.decode(kiln[i])!r}) vs "
+            f"prompt {inputs.texts[i]!r}: kiln {kiln[i]} ({inputs.tokenizer.decode(kiln[i])!r}) vs "
             f"llama_ref {want} ({inputs.tokenizer.decode(want)!r})"
         )
 
 
-def test_kiln_exact_vs_llama_cpp_teacher_forced(kiln_windows, llama_cpp_windows):
-    """Exact f32 kiln (== the reference) against llama.cpp: held to the reference's own figures."""
-    s = compare_stats(np.concatenate(llama_cpp_windows), np.concatenate(kiln_windows))
-    line = report("kiln exact vs llama.cpp (teacher-forced)", s)
-    assert s["top1"] >= MIN_TOP1_EXACT and s["kl"].mean() <= MAX_MEAN_KL, line
-    assert s["gap"].max() <= NEAR_TIE, f"{line}; position {int(s['gap'].argmax())} is no near tie"
+def check_greedy(label: str, inputs, want, got, logits_of, tie: float) -> list:
+    """Prints how many continuations are identical; fails unless every divergence is within `tie` (logits) in the
+    logits of the side that produced `want`. Returns the divergences."""
+    div = pl.greedy_divergences(logits_of, inputs.prompts, want, got)
+    lines = [f"  prompt {i} {inputs.texts[i]!r} differs at token {j} (gap {g:.4f}): kiln "
+             f"{inputs.tokenizer.decode(got[i])!r} vs {inputs.tokenizer.decode(want[i])!r}" for i, j, g in div]
+    print(f"{label} (greedy {N_GREEDY} tokens): identical on {len(want) - len(div)} of {len(want)} prompts")
+    print("\n".join(lines))
+    assert all(g <= tie for _, _, g in div), f"a divergence is no tie (> {tie}):\n" + "\n".join(lines)
+    return div
 
 
-def test_kiln_matches_llama_cpp_teacher_forced(kiln_windows_qx, llama_cpp_windows):
-    s = compare_stats(np.concatenate(llama_cpp_windows), np.concatenate(kiln_windows_qx))
-    line = report("kiln vs llama.cpp (teacher-forced)", s)
+def test_kiln_matches_transformers_greedy(hf, inputs, hf_greedy, kiln_greedy):
+    check_greedy("kiln exact vs transformers f32", inputs, hf_greedy, kiln_greedy[False], hf.logits, pl.F32_TIE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Against llama.cpp: what holds for any build of it
+
+
+def test_prompt_tokens_match_llama_cpp(inputs, llama_q):
+    """The prompts' ids (BOS rule included) are llama.cpp's own. (Both sides always get the same ids; on the long
+    text llama.cpp's pre-tokenizer splits a blank line before a digit unlike Hugging Face's: no concern here.)"""
+    for text, ids in zip(inputs.texts, inputs.prompts):
+        assert ids == llama_q.tokenize(text), f"prompt {text!r}"
+
+
+def test_kiln_matches_llama_cpp_f32(inputs, kiln_windows, kiln_greedy, llama_f32, llama_f32_windows):
+    s = pl.compare_stats(llama_f32_windows, kiln_windows)
+    line = pl.report("kiln exact vs llama.cpp f32, same weights (teacher-forced)", s)
     assert s["n"] >= 1000
-    assert s["top1"] >= MIN_TOP1, line
-    assert s["kl"].mean() <= MAX_MEAN_KL, line
-    assert s["gap"].max() <= NEAR_TIE, f"{line}; position {int(s['gap'].argmax())} is no near tie"
+    assert s["top1"] >= MIN_TOP1_F32 and s["kl"].mean() <= MAX_MEAN_KL_F32, line
+    want = [llama_f32.greedy(p, N_GREEDY) for p in inputs.prompts]
+    check_greedy("kiln exact vs llama.cpp f32, same weights", inputs, want, kiln_greedy[False], llama_f32.logits,
+                 pl.F32_TIE)
 
 
-def gap_at(llama_cpp: LlamaCpp, prompt: list[int], want: list[int], got: list[int], j: int) -> float:
-    """How much llama.cpp prefers its token want[j] over got[j] after prompt + want[:j] (logits)."""
-    last = llama_cpp.logits(prompt + want[:j])[-1]
-    return float(last[want[j]] - last[got[j]])
+def test_llama_cpp_spread(spread, ref_logits, llama_q_windows, hf_windows):
+    """llama.cpp's quantized run against its own f32 run, and against both oracles: the yardstick for the rest."""
+    line = pl.report("llama.cpp f32 vs llama.cpp Q4_1 (its own spread)", spread)
+    assert spread["n"] >= 1000 and spread["gap"].max() <= NEAR_TIE, line
+    s = pl.compare_stats(hf_windows, llama_q_windows)
+    line = pl.report("transformers f32 vs llama.cpp Q4_1", s)
+    assert pl.within_spread(s, spread) and s["gap"].max() <= NEAR_TIE, line
+    s = pl.compare_stats(llama_q_windows[:N_REF_POSITIONS], ref_logits)
+    line = pl.report("llama_ref vs llama.cpp Q4_1", s)
+    assert s["kl"].mean() <= pl.KL_RATIO * spread["kl"].mean() and s["gap"].max() <= NEAR_TIE, line
 
 
 @pytest.mark.parametrize("qx", [False, True], ids=["exact", "quantize_x"])
-def test_kiln_matches_llama_cpp_greedy(inputs, llama_cpp, qx):
-    kiln = kiln_generate(inputs.prompts, N_GREEDY, quantize_x=qx)
-    same, lines, worst_gap = 0, [], 0.0
-    for i, p in enumerate(inputs.prompts):
-        want = llama_cpp.greedy(p, N_GREEDY)
-        first_diff = next((j for j in range(N_GREEDY) if kiln[i][j] != want[j]), None)
-        same += first_diff is None
-        if first_diff is not None:
-            # llama.cpp's logits for the shared prefix: kiln's pick must be within NEAR_TIE of llama.cpp's.
-            gap = gap_at(llama_cpp, p, want, kiln[i], first_diff)
-            worst_gap = max(worst_gap, gap)
-            lines.append(
-                f"  prompt {i} {PROMPTS[i]!r} differs at token {first_diff} (llama.cpp gap {gap:.3f}): "
-                f"kiln {inputs.tokenizer.decode(kiln[i])!r} vs llama.cpp {inputs.tokenizer.decode(want)!r}"
-            )
-    mode = "quantize_x" if qx else "exact"
-    print(f"kiln {mode} vs llama.cpp (greedy {N_GREEDY} tokens): identical on {same} of {len(PROMPTS)} prompts")
-    print("\n".join(lines))
-    assert same >= MIN_GREEDY_MATCH, "\n".join(lines)
-    assert worst_gap <= NEAR_TIE, "a divergence is no near tie:\n" + "\n".join(lines)
+def test_kiln_matches_llama_cpp_teacher_forced(kiln_windows, kiln_windows_qx, llama_q_windows, spread, qx):
+    s = pl.compare_stats(llama_q_windows, kiln_windows_qx if qx else kiln_windows)
+    line = pl.report(f"kiln {'quantize_x' if qx else 'exact'} vs llama.cpp Q4_1 (teacher-forced)", s)
+    assert s["n"] >= 1000
+    assert pl.within_spread(s, spread, pl.ROUNDED_KL_RATIO if qx else pl.KL_RATIO), (
+        f"{line}; llama.cpp's own spread: top1={spread['top1']:.4f} mean_KL={spread['kl'].mean():.3e}")
+    assert s["gap"].max() <= NEAR_TIE, f"{line}; position {int(s['gap'].argmax())} is no near tie"
+
+
+def test_quantize_x_costs_no_more_than_llama_cpp(kiln_windows_qx, llama_q_windows, hf_windows):
+    """The fast path against the exact oracle, beside llama.cpp's quantized arithmetic against the same oracle."""
+    ours = pl.compare_stats(hf_windows, kiln_windows_qx)
+    theirs = pl.compare_stats(hf_windows, llama_q_windows)
+    line = (pl.report("kiln quantize_x vs transformers f32", ours) + "\n"
+            + pl.report("llama.cpp Q4_1 vs transformers f32", theirs))
+    assert ours["top1"] >= theirs["top1"] - pl.TOP1_SLACK, line
+    assert ours["kl"].mean() <= pl.KL_RATIO * theirs["kl"].mean(), line
+
+
+@pytest.mark.parametrize("qx", [False, True], ids=["exact", "quantize_x"])
+def test_kiln_matches_llama_cpp_greedy(inputs, kiln_greedy, llama_q, qx):
+    want = [llama_q.greedy(p, N_GREEDY) for p in inputs.prompts]
+    check_greedy(f"kiln {'quantize_x' if qx else 'exact'} vs llama.cpp Q4_1", inputs, want, kiln_greedy[qx],
+                 llama_q.logits, NEAR_TIE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batch invariance
 
 
 def batch_mates(inputs) -> tuple[list[int], list[list[int]]]:
@@ -337,58 +260,24 @@ def batch_mates(inputs) -> tuple[list[int], list[list[int]]]:
 
 
 @pytest.mark.parametrize("qx", [False, True], ids=["exact", "quantize_x"])
-def test_batch_invariance_logits(inputs, tmp_path, qx):
+def test_batch_invariance_logits(path, inputs, tmp_path, qx):
     p, others = batch_mates(inputs)
-    alone = kiln_logits([p], tmp_path / "alone.f32", quantize_x=qx)[0]
+    alone = pl.kiln_logits(path, [p], tmp_path / "alone.f32", quantize_x=qx)[0]
     batch = others[:3] + [p] + others[3:]
-    in_batch = kiln_logits(batch, tmp_path / "batch.f32", quantize_x=qx)[3]
+    in_batch = pl.kiln_logits(path, batch, tmp_path / "batch.f32", quantize_x=qx)[3]
     diff = float(np.abs(alone - in_batch).max())
     print(f"batch invariance: P ({len(p)} tokens) alone vs in a batch of 8: max abs logit diff {diff:.3e}")
     assert diff <= BATCH_TOL
 
-    chunked = kiln_logits([p], tmp_path / "chunked.f32", chunk=7, quantize_x=qx)[0]
+    chunked = pl.kiln_logits(path, [p], tmp_path / "chunked.f32", chunk=7, quantize_x=qx)[0]
     diff = float(np.abs(alone - chunked).max())
     print(f"chunk invariance: P whole vs 7 tokens per step: max abs logit diff {diff:.3e}")
     assert diff <= BATCH_TOL
 
 
 @pytest.mark.parametrize("qx", [False, True], ids=["exact", "quantize_x"])
-def test_batch_invariance_greedy(inputs, qx):
+def test_batch_invariance_greedy(path, inputs, qx):
     p, others = batch_mates(inputs)
-    alone = kiln_generate([p], N_GREEDY, quantize_x=qx)[0]
-    in_batch = kiln_generate(others[:3] + [p] + others[3:], N_GREEDY, quantize_x=qx)[3]
+    alone = pl.kiln_generate(path, [p], N_GREEDY, quantize_x=qx)[0]
+    in_batch = pl.kiln_generate(path, others[:3] + [p] + others[3:], N_GREEDY, quantize_x=qx)[3]
     assert alone == in_batch, f"alone {alone} vs in a batch of 8 {in_batch}"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Full check of the reference alone (no kiln): python tests/python/test_llama_parity.py
-
-
-def main() -> None:
-    import time
-
-    path = model_path()
-    inp = Inputs(path)
-    t0 = time.time()
-    lcpp = LlamaCpp(path, n_ctx=max(2048, WINDOW + 64))
-    lc = [lcpp.logits(w) for w in inp.windows]
-    t1 = time.time()
-    model = Model(path)
-    t2 = time.time()
-    rf = [model.logits(w) for w in inp.windows]
-    t3 = time.time()
-    print(f"add_bos={inp.add_bos}; llama.cpp load+eval {t1 - t0:.1f}s; ref load {t2 - t1:.1f}s; eval {t3 - t2:.1f}s")
-    print("prompt ids equal llama.cpp's:", all(ids == lcpp.tokenize(p) for p, ids in zip(PROMPTS, inp.prompts)))
-    report("llama_ref vs llama.cpp (teacher-forced)", compare_stats(np.concatenate(lc), np.concatenate(rf)))
-    same = 0
-    for i, p in enumerate(inp.prompts):
-        a, b = lcpp.greedy(p, N_GREEDY), model.greedy(p, N_GREEDY)
-        same += a == b
-        j = next((j for j in range(N_GREEDY) if a[j] != b[j]), None)
-        where = "same" if j is None else f"differs at {j}, llama.cpp gap {gap_at(lcpp, p, a, b, j):.3f}"
-        print(f"prompt {i}: {where}: {inp.tokenizer.decode(b)!r}")
-    print(f"llama_ref vs llama.cpp (greedy {N_GREEDY} tokens): identical on {same} of {len(PROMPTS)} prompts")
-
-
-if __name__ == "__main__":
-    main()

@@ -53,10 +53,9 @@ _HF = {}
 def hf_tokenizer(name: str):
     """transformers' tokenizer built from the GGUF file (cached for the module)."""
     if name not in _HF:
-        from transformers import AutoTokenizer
+        from hf_cache import hf_tokenizer as build
 
-        path = model_path(name)
-        _HF[name] = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        _HF[name] = build(model_path(name))
     return _HF[name]
 
 
