@@ -40,10 +40,12 @@ class Backend {
 };
 
 struct BackendOptions {
-  int n_threads = 0;  // CPU: 0 = default_thread_count()
+  int n_threads = 0;  // CPU: 0 = default_thread_count(); at most kMaxThreadsPerCore per core (16 at least)
 };
+inline constexpr int kMaxThreadsPerCore = 4;
 
-// "cpu" (always) or "cuda" (when built with it). not_found naming the available ones otherwise.
+// "cpu" (always) or "cuda" (when built with it). not_found naming the available ones otherwise; a thread
+// count out of range is invalid_argument.
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options = {});
 
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "formats/gguf.h"
+#include "formats/output_file.h"
 
 namespace kiln::gguf {
 
@@ -242,9 +243,9 @@ Result<std::vector<uint8_t>> Writer::to_bytes() const {
 
 Status Writer::write(const std::string& path) const {
   KILN_ASSIGN_OR_RETURN(const std::vector<uint8_t> head, header());
-  std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return io_error("gguf writer: cannot create '{}': {}", tmp, std::strerror(errno));
+  KILN_ASSIGN_OR_RETURN(OutputFile out, OutputFile::create(path));
+  std::FILE* f = out.stream();
+  const std::string& tmp = out.temp_path();
   // The header, then each tensor (produced now when lazy: one in memory at a time) and its padding.
   uint64_t written = 0;
   Status st;
@@ -265,20 +266,8 @@ Status Writer::write(const std::string& path) const {
     put(data);
     put(std::span<const uint8_t>(zeros).first((alignment_ - written % alignment_) % alignment_));
   }
-  const bool flushed = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (st.ok() && (!flushed || !closed)) st = io_error("gguf writer: flushing '{}' failed", tmp);
-  if (!st.ok()) {
-    std::remove(tmp.c_str());
-    return st;
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    return io_error("gguf writer: renaming '{}' to '{}' failed: {}", tmp, path, ec.message());
-  }
-  return {};
+  if (!st.ok()) return st;  // `out` removes the temporary file
+  return out.commit();
 }
 
 Status copy_into(const File& file, Writer& writer) {

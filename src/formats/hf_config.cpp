@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "formats/folder.h"
 #include "formats/json_file.h"
 
 namespace kiln::hf {
@@ -375,6 +376,10 @@ Result<ModelFolder> ModelFolder::open(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return not_found("model folder not found: {}", dir);
   const fs::path d(dir);
+  for (const char* name : {"config.json", "tokenizer_config.json", "chat_template.jinja",
+                           "generation_config.json", "tokenizer.json"}) {
+    KILN_TRY(check_in_folder(dir, (d / name).string()));
+  }
   KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load((d / "config.json").string()));
   ModelFolder f{dir, std::move(config), std::nullopt, std::nullopt, std::nullopt};
   if (fs::exists(d / "tokenizer_config.json", ec)) {

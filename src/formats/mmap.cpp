@@ -12,7 +12,8 @@
 namespace kiln {
 
 Result<MappedFile> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO or a device in place of a model file is refused below instead of blocking open().
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return not_found("file not found: {}", path);
     return io_error("cannot open {}: {}", path, std::strerror(errno));

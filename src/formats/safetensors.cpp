@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "formats/folder.h"
 #include "formats/json_file.h"
 
 namespace kiln::safetensors {
@@ -359,6 +360,7 @@ Result<Model> Model::open_index(const std::string& index_path) {
   m.shards_.reserve(shard_names.size());  // no reallocation after: tensors_ points into shards_
   for (const std::string& shard : shard_names) {
     const std::string path = (dir / shard).string();
+    KILN_TRY(check_in_folder(dir.string(), path));
     auto f = File::open(path);
     if (!f.ok()) {
       if (f.status().code() == StatusCode::not_found) {
@@ -403,6 +405,8 @@ Result<Model> Model::open_dir(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return not_found("model folder not found: {}", dir);
   const fs::path d(dir);
+  for (const char* name : {"model.safetensors.index.json", "model.safetensors"})
+    KILN_TRY(check_in_folder(dir, (d / name).string()));
   if (fs::exists(d / "model.safetensors.index.json", ec)) {
     return open_index((d / "model.safetensors.index.json").string());
   }
@@ -417,7 +421,10 @@ Result<Model> Model::open_dir(const std::string& dir) {
   }
   std::sort(safetensors_files.begin(), safetensors_files.end());
   if (ec) return io_error("cannot list {}: {}", dir, ec.message());
-  if (safetensors_files.size() == 1) return open_file(safetensors_files[0]);
+  if (safetensors_files.size() == 1) {
+    KILN_TRY(check_in_folder(dir, safetensors_files[0]));
+    return open_file(safetensors_files[0]);
+  }
   if (safetensors_files.size() > 1) {
     return invalid_argument(
         "{}: {} .safetensors files but no model.safetensors.index.json to say which is which", dir,

@@ -109,6 +109,12 @@ Status read_hparams(const gguf::File& f, const std::string& a, const HparamDefau
   KILN_ASSIGN_OR_RETURN(info.name, f.get_string_or("general.name", f.name()));
   KILN_ASSIGN_OR_RETURN(info.n_embd, hparam_int(f, a + ".embedding_length", {}));
   KILN_ASSIGN_OR_RETURN(info.n_layers, hparam_int(f, a + ".block_count", {}));
+  // Every layer has tensors of its own: a count beyond the file's tensors is false, and would size per-layer
+  // arrays (weights, KV buffers) from a number the file cannot back.
+  if (static_cast<size_t>(info.n_layers) > f.tensors().size()) {
+    return invalid_argument("{}: {}.block_count = {} but the file holds only {} tensors", f.name(), a,
+                            info.n_layers, f.tensors().size());
+  }
   KILN_ASSIGN_OR_RETURN(info.n_ctx_train, hparam_int(f, a + ".context_length", d.n_ctx_train));
   KILN_ASSIGN_OR_RETURN(shape.n_heads, hparam_int(f, a + ".attention.head_count", {}));
   KILN_ASSIGN_OR_RETURN(shape.n_kv_heads, hparam_int(f, a + ".attention.head_count_kv", shape.n_heads));

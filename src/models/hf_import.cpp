@@ -9,6 +9,7 @@
 #include <map>
 #include <numbers>
 
+#include "formats/folder.h"
 #include "formats/safetensors.h"
 
 namespace kiln::hf_import {
@@ -412,8 +413,9 @@ Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Stor
 
 Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const SpecLookup& spec_for,
                                                  const Options& options) {
-  KILN_ASSIGN_OR_RETURN(hf::ModelConfig top,
-                        hf::ModelConfig::load((std::filesystem::path(dir) / "config.json").string()));
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  KILN_TRY(check_in_folder(dir, config_path));
+  KILN_ASSIGN_OR_RETURN(hf::ModelConfig top, hf::ModelConfig::load(config_path));
   KILN_ASSIGN_OR_RETURN(const hf::ModelConfig cfg, text_config(top));
   KILN_ASSIGN_OR_RETURN(const std::string cls, top.architecture());
   KILN_ASSIGN_OR_RETURN(const auto found, spec_for(cls));

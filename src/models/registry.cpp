@@ -50,7 +50,12 @@ Result<std::unique_ptr<Model>> load_model(std::shared_ptr<const gguf::File> file
   for (const Entry& e : kArchitectures) {
     if (e.gguf_name == arch) return e.arch->make(std::move(file), backend, options);
   }
-  if (arch.empty()) return invalid_argument("{}: general.architecture is missing", file->name());
+  if (arch.empty()) {
+    if (file->find("general.architecture") == nullptr)
+      return invalid_argument("{}: general.architecture is missing", file->name());
+    KILN_TRY(file->get_string("general.architecture").status());  // a value of the wrong type, named
+    return invalid_argument("{}: general.architecture is empty", file->name());
+  }
   return unimplemented("{}: architecture \"{}\" is not supported (supported: {})", file->name(), arch,
                        supported_architectures());
 }

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
+#include "formats/output_file.h"
 #include "models/model.h"
 #include "tokenizer/gguf_export.h"
 #include "tokenizer/load.h"
@@ -53,6 +54,11 @@ void cast(const gguf::TensorInfo& t, DType type, std::span<uint8_t> out) {
 Result<ConvertStats> convert_model(const ConvertOptions& options) {
   KILN_ASSIGN_OR_RETURN(const std::optional<DType> wanted, parse_type(options.type));
   if (options.output.empty()) return invalid_argument("convert: no output file given");
+  // Before any work: the output may not be a device, a link, a folder or one of the folder's own files.
+  if (Status s = check_output_path(options.output); !s.ok())
+    return Status(s.code(), "convert: " + s.message());
+  if (Status s = check_output_not_input(options.output, options.input); !s.ok())
+    return Status(s.code(), "convert: " + s.message());
   KILN_ASSIGN_OR_RETURN(const std::shared_ptr<const gguf::File> file, import_hf_folder(options.input));
   {
     // The model code checks every tensor it needs (present, shaped as the hyper-parameters say) before
@@ -88,7 +94,8 @@ Result<ConvertStats> convert_model(const ConvertOptions& options) {
             cast(t, type, out);
           }
           stats.tensor_bytes += out.size();
-          if (options.progress) options.progress(++stats.n_tensors, total);
+          ++stats.n_tensors;
+          if (options.progress) options.progress(stats.n_tensors, total);
           return Status();
         }));
   }

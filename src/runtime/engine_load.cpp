@@ -10,11 +10,19 @@
 
 namespace kiln {
 
+namespace {
+// The longest context an engine serves (2^24 tokens): far past any model's, small enough that no size derived
+// from it overflows.
+constexpr int32_t kMaxContext = 1 << 24;
+}  // namespace
+
 Status Engine::Impl::load(const EngineOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   options = opt;
   if (opt.n_threads < 0) return invalid_argument("n_threads = {} must be >= 0", opt.n_threads);
-  if (opt.n_ctx < 0) return invalid_argument("n_ctx = {} must be >= 0", opt.n_ctx);
+  if (opt.n_ctx < 0 || opt.n_ctx > kMaxContext)
+    return invalid_argument("n_ctx = {} must be in [0, {}] tokens (0 = the model's, at most 4096)", opt.n_ctx,
+                            kMaxContext);
   if (opt.n_seq_max < 1 || opt.n_seq_max > 4096)
     return invalid_argument("n_seq_max = {} must be in [1, 4096]", opt.n_seq_max);
   if (opt.max_batch_tokens < 1)
@@ -39,7 +47,6 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     file = std::make_shared<const gguf::File>(std::move(f));
   }
   KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
-  KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
   // The context decides Phi-3's LongRoPE factors, so it is fixed before the model loads.
   int32_t n_ctx_train = 4096;
   if (const std::string arch = file->architecture(); file->find(arch + ".context_length") != nullptr) {
@@ -47,7 +54,9 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     n_ctx_train = static_cast<int32_t>(std::min<uint64_t>(c, 1u << 30));
   }
   const int32_t n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(n_ctx_train, 4096);
+  // The model before the tokenizer: what a file is (its architecture) is the first thing to report on.
   KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, ModelOptions{opt.quantize_activations, n_ctx}));
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
   const ModelInfo& mi = model->info();
   if (tok.n_vocab() > mi.n_vocab) {
     return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has only {} rows",
@@ -55,8 +64,8 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   }
   tokenizer.emplace(std::move(tok));
   KILN_TRY(load_chat_template(opt.model_path, folder));
-  const int32_t blocks_per_seq = (n_ctx + opt.kv_block_size - 1) / opt.kv_block_size;
-  const int64_t n_blocks = int64_t{blocks_per_seq} * opt.n_seq_max;
+  const int64_t blocks_per_seq = (int64_t{n_ctx} + opt.kv_block_size - 1) / opt.kv_block_size;
+  const int64_t n_blocks = blocks_per_seq * opt.n_seq_max;
   if (n_blocks > (int64_t{1} << 30))
     return invalid_argument("n_ctx {} x n_seq_max {} is too large", n_ctx, opt.n_seq_max);
   KILN_ASSIGN_OR_RETURN(KvBuffers buffers, KvBuffers::allocate(*backend, mi, opt.kv_block_size,

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "formats/folder.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
 #include "formats/json_file.h"
@@ -17,6 +18,8 @@ Result<Tokenizer> load_tokenizer(const std::string& path) {
     if (!fs::exists(tokenizer_json, ec)) return not_found("{}: no tokenizer.json in the folder", path);
     std::optional<nlohmann::json> config;
     const fs::path config_path = dir / "tokenizer_config.json";
+    KILN_TRY(check_in_folder(path, tokenizer_json.string()));
+    KILN_TRY(check_in_folder(path, config_path.string()));
     if (fs::exists(config_path, ec)) {
       // Validated by TokenizerConfig (types of bos_token, add_bos_token...), then passed on raw.
       KILN_ASSIGN_OR_RETURN(hf::TokenizerConfig tc, hf::TokenizerConfig::load(config_path.string()));

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -32,9 +33,9 @@ struct GenOptions {
 void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model, "A GGUF file or a Hugging Face folder (default: the default model)");
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: min(model's, 4096))")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
   cmd->add_option("--temp", o.sampling.temperature, "Temperature; 0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", o.sampling.top_k, "Top-k; 0 = off")->capture_default_str();
@@ -69,7 +70,9 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
 
 // Streams one request's text to stdout; returns its statistics.
 Result<RequestStats> generate(Engine& engine, const Request& req, std::string* reply) {
-  KILN_ASSIGN_OR_RETURN(uint64_t id, engine.submit(req, [reply](const TokenEvent& ev) {
+  std::string error;  // the engine's reason when the request ends in an error
+  KILN_ASSIGN_OR_RETURN(uint64_t id, engine.submit(req, [reply, &error](const TokenEvent& ev) {
+    if (ev.finish == FinishReason::error) error = ev.error;
     if (!ev.text.empty()) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);
@@ -77,7 +80,9 @@ Result<RequestStats> generate(Engine& engine, const Request& req, std::string* r
     }
   }));
   KILN_ASSIGN_OR_RETURN(RequestStats st, engine.wait(id));
-  if (st.finish == FinishReason::error) return make_status(StatusCode::internal, "generation failed");
+  if (st.finish == FinishReason::error)
+    return make_status(StatusCode::internal, "generation failed: {}",
+                       error.empty() ? "no reason given" : error);
   return st;
 }
 
@@ -163,6 +168,7 @@ void register_run(CLI::App& app, int& rc) {
   cmd->add_option("-p,--prompt", o->prompt, "The prompt ('-' reads standard input)")->required();
   cmd->add_option("-n,--n-predict", o->n_predict,
                   "Tokens to generate at most; -1 = until the context is full")
+      ->check(CLI::Range(-1, std::numeric_limits<int32_t>::max()))
       ->capture_default_str();
   cmd->add_flag("--chat", o->chat, "Send the prompt as a user message through the model's chat template");
   cmd->add_option("--system", o->system, "System message (with --chat)");
@@ -181,7 +187,9 @@ void register_chat(CLI::App& app, int& rc) {
   CLI::App* cmd =
       app.add_subcommand("chat", "Chat with a model (reads lines from stdin when it is not a terminal)");
   cmd->add_option("--system", o->system, "System message");
-  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens per reply at most")->capture_default_str();
+  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens per reply at most; -1 = until the context is full")
+      ->check(CLI::Range(-1, std::numeric_limits<int32_t>::max()))
+      ->capture_default_str();
   cmd->add_flag("-q,--quiet", o->quiet, "No speed summary after each reply");
   add_model_options(cmd, *o);
   cmd->callback([o, &rc] {

@@ -4,12 +4,14 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "formats/output_file.h"
 #include "kiln/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln: run, optimize, evaluate and serve large language models", "kiln"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln " KILN_VERSION_STRING);
+  kiln::install_output_cleanup_handlers();  // an interrupted convert leaves no temporary file behind
   int rc = 0;
   kiln::cli::register_run(app, rc);
   kiln::cli::register_chat(app, rc);
