@@ -89,6 +89,19 @@ TEST(ChatTemplate, HostileTemplatesHitTheBudgets) {
       "{% macro f(n) %}{{ [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[f(n + "
       "1)]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]] }}"
       "{% endmacro %}{{ f(0) }}",
+      // Few steps, each touching 16 MB: the budget charges the bytes an operation touches.
+      "{% set s = 'a' * 16000000 %}{% for i in range(100000) %}{% if s|length > 0 %}{% endif %}{% endfor %}",
+      "{% set s = 'a' * 16000000 %}{% for i in range(100000) %}{% if 'b' in s %}{% endif %}{% endfor %}",
+      "{% set s = 'a' * 16000000 %}{% set t = 'a' * 16000000 %}{% for i in range(100000) %}{% if s == t %}"
+      "{% endif %}{% endfor %}",
+      "{% set s = 'a' * 16000000 %}{% for i in range(100000) %}{% if s.startswith('b') %}{% endif %}{% "
+      "endfor %}",
+      // Outputs that would be built before the output cap was checked (std::bad_alloc, SIGABRT).
+      "{{ ('\n' * 300)|indent('a' * 10000000, blank=true) }}",
+      "{% set s = 'a' * 16000000 %}{{ s|list|length }}{{ s|list|length }}{{ s|list|length }}{{ s|list|length "
+      "}}"
+      "{{ s|list|length }}",
+      "{% set s = 'a' * 16000000 %}{% for c in s %}{% endfor %}",
   };
   for (const char* src : hostile) {
     Status s = render_status(src);

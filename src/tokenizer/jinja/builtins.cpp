@@ -272,6 +272,11 @@ Result<List> iterate(const Value& v) {
       return keys;
     }
     case Kind::string: {
+      // One value per character (~100 bytes each): a long string would turn into gigabytes.
+      if (v.s.size() > kMaxIteratedStringBytes) {
+        return resource_exhausted("iterating over a string of {} bytes (more than {}) is not supported",
+                                  v.s.size(), kMaxIteratedStringBytes);
+      }
       List chars;
       auto offs = code_point_offsets(v.s);
       for (size_t k = 0; k + 1 < offs.size(); ++k)

@@ -95,7 +95,7 @@ Result<Value> tojson_filter(const Value& v, const CallArgs& a) {
   return Value::string(std::move(s));
 }
 
-Result<Value> indent_filter(const Value& v, const CallArgs& a) {
+Result<Value> indent_filter(Interp& in, const Value& v, const CallArgs& a, const Expr* at) {
   std::string pad(4, ' ');
   if (const Value* w = arg(a, 0, "width")) {
     if (w->kind == Kind::integer)
@@ -105,10 +105,12 @@ Result<Value> indent_filter(const Value& v, const CallArgs& a) {
   }
   const Value* first = arg(a, 1, "first");
   const Value* blank = arg(a, 2, "blank");
-  std::vector<std::string> lines = py_split(to_str(v) + "\n", nullptr, -1);
-  // splitlines() on s + "\n" (lines split on "\n" only; the last empty piece dropped).
-  lines.clear();
   std::string s = to_str(v) + "\n";
+  // The result's size at most (every line indented, and the first), checked before it is built.
+  const size_t n_lines = size_t(std::count(s.begin(), s.end(), '\n'));
+  KILN_TRY(in.check_size(s.size() + (n_lines + 1) * pad.size(), at));
+  // splitlines() on s + "\n" (lines split on "\n" only; the last empty piece dropped).
+  std::vector<std::string> lines;
   for (size_t p = 0; p < s.size();) {
     size_t q = s.find('\n', p);
     lines.push_back(s.substr(p, q - p));
@@ -424,7 +426,7 @@ Result<Value> apply_filter(Interp& in, const std::string& name, const Value& v, 
     return call_method(in, Value::string(to_str(v)), "replace", margs, at);
   }
   if (name == "tojson") return tojson_filter(v, a);
-  if (name == "indent") return indent_filter(v, a);
+  if (name == "indent") return indent_filter(in, v, a, at);
   if (name == "min" || name == "max") return minmax(v, a, name == "max");
   if (name == "sum") return sum_filter(v, a);
   if (name == "map") return map_filter(in, v, a, at);

@@ -26,6 +26,25 @@ Status Interp::charge(int64_t steps, const Expr* at) {
   return {};
 }
 
+Status Interp::charge_touch(std::initializer_list<const Value*> operands, const CallArgs* args,
+                            const Expr* at) {
+  auto cost = [](const Value& v) -> int64_t {
+    switch (v.kind) {
+      case Kind::string: return int64_t(v.s.size() >> 10);
+      case Kind::list: return v.list ? int64_t(v.list->size()) : 0;
+      case Kind::dict: return v.dict ? int64_t(v.dict->items.size()) : 0;
+      default: return 0;
+    }
+  };
+  int64_t steps = 0;
+  for (const Value* v : operands) steps += cost(*v);
+  if (args != nullptr) {
+    for (const Value& v : args->pos) steps += cost(v);
+    for (const auto& [name, v] : args->kw) steps += cost(v);
+  }
+  return steps > 0 ? charge(steps, at) : Status();
+}
+
 Status Interp::check_size(size_t bytes, const Expr* at) const {
   if (bytes > limits_.max_output_bytes) {
     return error(at, StatusCode::resource_exhausted,
@@ -342,7 +361,10 @@ Result<Value> Interp::eval_call(const Expr& e) {
   KILN_ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1));
   if (callee.type == ExprType::attr) {
     KILN_ASSIGN_OR_RETURN(Value obj, eval(*callee.kids[0]));
-    if (has_method(obj, callee.name)) return call_method(*this, obj, callee.name, args, &callee);
+    if (has_method(obj, callee.name)) {
+      KILN_TRY(charge_touch({&obj}, &args, &callee));
+      return call_method(*this, obj, callee.name, args, &callee);
+    }
     if (obj.kind == Kind::undefined) {
       return error(&callee, StatusCode::invalid_argument, fmt::format("'{}' is undefined", obj.s));
     }
@@ -370,6 +392,7 @@ Result<Value> Interp::eval_filter(const Expr& e, const Value* input) {
     KILN_ASSIGN_OR_RETURN(v, eval_filter(*e.kids[0], input));
   }
   KILN_ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1));
+  KILN_TRY(charge_touch({&v}, &args, &e));
   auto r = apply_filter(*this, e.name, v, args, &e);
   if (!r.ok() && r.status().message().rfind("template line", 0) != 0) {
     return error(&e, r.status().code(), r.status().message());
@@ -382,6 +405,7 @@ Result<Value> Interp::eval_filter(const Expr& e, const Value* input) {
 Result<Value> Interp::eval_test(const Expr& e) {
   KILN_ASSIGN_OR_RETURN(Value v, eval(*e.kids[0]));
   KILN_ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1));
+  KILN_TRY(charge_touch({&v}, &args, &e));
   auto r = apply_test(*this, e.name, v, args, &e);
   if (!r.ok()) {
     if (r.status().message().rfind("template line", 0) == 0) return r.status();

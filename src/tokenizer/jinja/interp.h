@@ -29,6 +29,10 @@ class Interp {
 
   // Budget hooks for builtins: one step per unit of work; strings no larger than the output cap.
   Status charge(int64_t steps, const Expr* at);
+  // Charges what an operation on these operands may touch, before it runs: one step per KiB of a string, one
+  // per element of a list or dict (not nested). Every filter, test, method, operator and comparison pays it,
+  // so the step budget bounds the bytes a template can scan, not only the steps it takes.
+  Status charge_touch(std::initializer_list<const Value*> operands, const CallArgs* args, const Expr* at);
   Status check_size(size_t bytes, const Expr* at) const;
   const Limits& limits() const { return limits_; }
   Result<Value> call_value(const Value& fn, const CallArgs& args, const Expr* at);
@@ -80,6 +84,8 @@ Result<Value> get_attr(const Value& obj, const std::string& name);
 Result<Value> get_item(const Value& obj, const Value& key);
 Result<Value> get_slice(const Value& obj, const Value& start, const Value& stop, const Value& step);
 // The iteration items of a value: list items, dict keys, string characters (UTF-8 code points).
+// The items of a list, the keys of a dict, the characters of a string (at most kMaxIteratedStringBytes long).
+inline constexpr size_t kMaxIteratedStringBytes = size_t{1} << 20;
 Result<List> iterate(const Value& v);
 void add_global_functions(Frame& globals);
 

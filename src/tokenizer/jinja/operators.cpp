@@ -86,6 +86,7 @@ Result<Value> Interp::eval_binary(const Expr& e) {
   if (op == "and") return truthy(a) ? eval(*e.kids[1]) : a;
   if (op == "or") return truthy(a) ? a : eval(*e.kids[1]);
   KILN_ASSIGN_OR_RETURN(Value b, eval(*e.kids[1]));
+  KILN_TRY(charge_touch({&a, &b}, nullptr, &e));
   auto bad = [&]() {
     return error(
         &e, StatusCode::invalid_argument,
@@ -161,6 +162,7 @@ Result<Value> Interp::eval_compare(const Expr& e) {
   KILN_ASSIGN_OR_RETURN(Value left, eval(*e.kids[0]));
   for (size_t k = 0; k < e.ops.size(); ++k) {
     KILN_ASSIGN_OR_RETURN(Value right, eval(*e.kids[k + 1]));
+    KILN_TRY(charge_touch({&left, &right}, nullptr, &e));
     const std::string& op = e.ops[k];
     bool r = false;
     if (op == "==") {
