@@ -75,7 +75,21 @@ void encode_spm(const Vocab& v, std::string_view segment, bool at_start, std::ve
   }
 }
 
-void generate_spm_merges(Vocab& v, const std::vector<double>& scores) {
+Status generate_spm_merges(Vocab& v, const std::vector<double>& scores, std::string_view source) {
+  uint64_t work = 0;
+  size_t longest = 0;
+  for (size_t id = 0; id < v.keys.size(); ++id) {
+    const uint64_t n = v.keys[id].size();
+    work += n * n;
+    if (n > v.keys[longest].size()) longest = id;
+  }
+  if (work > kMaxSpmSplitWork) {
+    return resource_exhausted(
+        "{}: the vocabulary's tokens are too long to derive merges from (sum of squared lengths {} > {}); "
+        "the "
+        "longest is token {}, {} bytes",
+        source, work, kMaxSpmSplitWork, longest, v.keys[longest].size());
+  }
   // One candidate per split of a token into two vocabulary tokens.
   struct Candidate {
     double score;    // of the merged token: higher merges first
@@ -127,6 +141,7 @@ void generate_spm_merges(Vocab& v, const std::vector<double>& scores) {
                          static_cast<uint32_t>(cands[i].right);
     v.merges.emplace(key, Merge{i, cands[i].merged});
   }
+  return {};
 }
 
 }  // namespace kiln::tokenizer_detail

@@ -119,10 +119,18 @@ Status finalize_vocab(Vocab& v, std::string_view source) {
       return out_of_range("{}: {} token id {} is outside the vocabulary of {} tokens", source, name, id, n);
     }
   }
+  size_t added_bytes = 0;
   for (size_t i = 0; i < v.added.size(); ++i) {
-    if (v.added[i].id < 0 || v.added[i].id >= n) {
+    const AddedToken& t = v.added[i];
+    if (t.id < 0 || t.id >= n) {
       return out_of_range("{}: added token {} (\"{}\") has id {} outside the vocabulary of {} tokens", source,
-                          i, v.added[i].content, v.added[i].id, n);
+                          i, t.content.substr(0, 64), t.id, n);
+    }
+    added_bytes += t.content.size();
+    if (added_bytes > kMaxAddedTokenBytes) {
+      return resource_exhausted(
+          "{}: the added and special tokens hold more than {} bytes of text (token {}, id {}, is {} bytes)",
+          source, kMaxAddedTokenBytes, i, t.id, t.content.size());
     }
   }
   build_pieces(v);

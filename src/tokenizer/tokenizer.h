@@ -107,7 +107,14 @@ Status finalize_vocab(Vocab& v, std::string_view source);
 
 // Merges for a SentencePiece vocabulary that lists none, recovered as Hugging Face does: every split of a
 // token into two vocabulary tokens, best first by `score_of(merged id)`, then longer left part first.
-void generate_spm_merges(Vocab& v, const std::vector<double>& scores);
+// The work is quadratic in each token's length: a vocabulary whose sum of squared token lengths exceeds
+// kMaxSpmSplitWork (real ones: ~2e7) is resource_exhausted before any of it is done.
+inline constexpr uint64_t kMaxSpmSplitWork = uint64_t{1} << 32;
+Status generate_spm_merges(Vocab& v, const std::vector<double>& scores, std::string_view source);
+
+// The text of all added tokens together (the index over them takes ~50 bytes per byte): real vocabularies
+// hold a few hundred KiB.
+inline constexpr size_t kMaxAddedTokenBytes = size_t{4} << 20;
 
 // BPE on one pre-token: `symbols` (ids, in order) are merged by rank, lowest first, leftmost on ties.
 void bpe_merge(const Vocab& v, std::vector<int32_t>& symbols);

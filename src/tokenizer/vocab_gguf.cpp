@@ -147,7 +147,7 @@ Status build_spm(const gguf::File& f, Vocab& v, bool gemma) {
         }
       }
     }
-    tokenizer_detail::generate_spm_merges(v, scores);
+    KILN_TRY(tokenizer_detail::generate_spm_merges(v, scores, f.name()));
   }
   v.spm_escape_spaces = true;
   if (!gemma) {

@@ -325,6 +325,29 @@ TEST(FromGguf, BadMetadataIsAClearError) {
   }
 }
 
+TEST(FromGguf, TokensTooLongToIndexAreRefusedBeforeTheWork) {
+  // One 600,000-character token took 31 s (the SentencePiece merge derivation is quadratic in a token's
+  // length).
+  SpmSpec s = spm_spec();
+  s.tokens.push_back(std::string(600000, 'h'));
+  s.types.push_back(1);
+  s.scores.push_back(-1000);
+  expect_error(spm_writer(s), "too long to derive merges");
+}
+
+TEST(FromHfJson, AddedTokenTextIsBounded) {
+  // One 40 MB control token cost 2.1 GB (the added-token index takes ~50 bytes per byte of text).
+  nlohmann::json j = nlohmann::json::parse(byte_level_json());
+  j["added_tokens"].push_back(
+      {{"id", 263}, {"content", std::string(size_t{8} << 20, 'x')}, {"special", true}});
+  auto tok = Tokenizer::from_hf_json(j.dump());
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().code(), StatusCode::resource_exhausted) << tok.status().message();
+  EXPECT_NE(tok.status().message().find("added and special tokens hold more than"), std::string::npos)
+      << tok.status().message();
+  EXPECT_LT(tok.status().message().size(), 300u);
+}
+
 TEST(FromHfJson, BadJsonIsAClearError) {
   auto err = [](const std::string& text) {
     auto tok = Tokenizer::from_hf_json(text);
