@@ -1,11 +1,10 @@
 // Reading the files of a model folder: only where they resolve inside it.
 //
-// A model folder is often a cloned repository, and a symbolic link in it can point anywhere
-// (chat_template.jinja ->
-// ~/.ssh/id_rsa). Every file kiln reads from a folder goes through check_in_folder: after resolving every
-// link, the file must lie inside the folder. One layout is let through by name: a Hugging Face hub cache
-// snapshot, <repo>/snapshots/<revision>/, whose files are links to <repo>/blobs/; there the boundary is
-// <repo>.
+// A model folder is often a cloned repository, and a symbolic link in it can point anywhere (a
+// chat_template.jinja linked to ~/.ssh/id_rsa). Every file kiln reads from a folder goes through
+// check_in_folder: after resolving every link, the file must lie inside the folder. One layout is let through
+// by name: a Hugging Face hub cache snapshot, <repo>/snapshots/<revision>/, whose files are links to
+// <repo>/blobs/; there the boundary is <repo>.
 #pragma once
 
 #include <string>

@@ -1,21 +1,17 @@
 // Writing an output file without ever destroying what was there by accident.
 //
 // Invariants (every writer of model files: convert, and later quantize / imatrix):
-// - The destination, when it exists, is a regular file (never a device, FIFO, socket, directory or symbolic
-// link)
-//   and is not one of the command's inputs (same device and inode: hard links count).
-// - The bytes go to a fresh temporary file in the destination's directory, created with O_CREAT|O_EXCL under
-// an
-//   unpredictable name (mkstemp), so a link planted there cannot redirect the write.
+// - The destination, when it exists, is a regular file (never a device, FIFO, socket, directory or
+//   symbolic link) and is not one of the command's inputs (same device and inode: hard links count).
+// - The bytes go to a fresh temporary file in the destination's directory, created with O_CREAT|O_EXCL
+//   under an unpredictable name (mkstemp), so a link planted there cannot redirect the write.
 // - The destination is replaced (rename) only once the temporary file is complete and fsync'ed; on any
-// failure,
-//   or when the process is ended by SIGINT/SIGTERM/SIGHUP (install_output_cleanup_handlers), the temporary
-//   file is removed.
+//   failure, or when the process is ended by SIGINT/SIGTERM/SIGHUP (install_output_cleanup_handlers), the
+//   temporary file is removed.
 #pragma once
 
 #include <cstdio>
 #include <string>
-#include <vector>
 
 #include "core/status.h"
 

@@ -76,19 +76,19 @@ void encode_spm(const Vocab& v, std::string_view segment, bool at_start, std::ve
 }
 
 Status generate_spm_merges(Vocab& v, const std::vector<double>& scores, std::string_view source) {
+  // Bounded before any of it is done; the sum stops once over the budget (no overflow).
   uint64_t work = 0;
   size_t longest = 0;
-  for (size_t id = 0; id < v.keys.size(); ++id) {
+  for (size_t id = 0; id < v.keys.size() && work <= kMaxSpmSplitWork; ++id) {
     const uint64_t n = v.keys[id].size();
     work += n * n;
     if (n > v.keys[longest].size()) longest = id;
   }
   if (work > kMaxSpmSplitWork) {
     return resource_exhausted(
-        "{}: the vocabulary's tokens are too long to derive merges from (sum of squared lengths {} > {}); "
-        "the "
-        "longest is token {}, {} bytes",
-        source, work, kMaxSpmSplitWork, longest, v.keys[longest].size());
+        "{}: the vocabulary's tokens are too long to derive merges from (sum of squared lengths over {}); "
+        "the longest is token {}, {} bytes",
+        source, kMaxSpmSplitWork, longest, v.keys[longest].size());
   }
   // One candidate per split of a token into two vocabulary tokens.
   struct Candidate {
