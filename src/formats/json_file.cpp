@@ -14,13 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-// Thrown from the parser callback (nlohmann's only way to stop a parse with a reason); caught in parse().
-struct StructureError : std::exception {
-  explicit StructureError(std::string m) : message(std::move(m)) {}
-  const char* what() const noexcept override { return message.c_str(); }
-  std::string message;
-};
-
 // One open container while parsing. Objects remember their keys (for duplicates) and the last key
 // (for the path in messages).
 struct Frame {
@@ -38,6 +31,55 @@ std::string frames_path(const std::vector<Frame>& frames) {
   }
   return path.empty() ? std::string("/") : path;
 }
+
+// The structure pass of parse(): nesting depth, duplicate keys and syntax, nothing built. A handler method
+// returning false stops the parse.
+struct StructureCheck {
+  std::vector<Frame> frames;
+  std::string error;       // a structure error (depth, duplicate key), with the path
+  size_t error_byte = 0;   // a syntax error: nlohmann's 1-based byte offset
+  std::string error_what;  // ... and its message
+
+  bool open(bool is_object) {
+    frames.push_back(Frame{is_object, {}, {}});
+    if (frames.size() > static_cast<size_t>(kMaxDepth)) {
+      error = fmt::format("nesting deeper than {} levels at {}", kMaxDepth, frames_path(frames));
+      return false;
+    }
+    return true;
+  }
+  bool close() {
+    if (!frames.empty()) frames.pop_back();
+    return true;
+  }
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(size_t) { return open(true); }
+  bool start_array(size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& k) {
+    if (frames.empty()) return true;
+    Frame& top = frames.back();
+    top.last_key = k;
+    if (!top.keys.insert(k).second) {
+      error = fmt::format("duplicate key \"{}\" in the object at {}", top.last_key, frames_path(frames));
+      return false;
+    }
+    return true;
+  }
+  bool parse_error(size_t position, const std::string&, const json::exception& ex) {
+    const auto* pe = dynamic_cast<const json::parse_error*>(&ex);
+    error_byte = pe != nullptr ? pe->byte : position;
+    error_what = ex.what();
+    return false;
+  }
+};
 
 // Strips nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 2: " prefix.
 std::string parse_error_reason(const char* what) {
@@ -90,46 +132,22 @@ std::string preview(const json& value, size_t max_chars) {
 }
 
 Result<json> parse(std::string_view text, std::string_view name) {
-  std::vector<Frame> frames;
-  auto callback = [&frames](int /*depth*/, json::parse_event_t event, json& parsed) -> bool {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        frames.push_back(Frame{event == json::parse_event_t::object_start, {}, {}});
-        if (frames.size() > static_cast<size_t>(kMaxDepth)) {
-          throw StructureError(
-              fmt::format("nesting deeper than {} levels at {}", kMaxDepth, frames_path(frames)));
-        }
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!frames.empty()) frames.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        if (frames.empty() || !parsed.is_string()) break;
-        Frame& top = frames.back();
-        std::string key = parsed.get<std::string>();
-        top.last_key = key;
-        if (!top.keys.insert(std::move(key)).second) {
-          throw StructureError(
-              fmt::format("duplicate key \"{}\" in the object at {}", top.last_key, frames_path(frames)));
-        }
-        break;
-      }
-      case json::parse_event_t::value: break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
-  } catch (const StructureError& e) {
-    return invalid_argument("{}: {}", name, e.message);
-  } catch (const json::parse_error& e) {
-    // e.byte: 1-based offset of the last byte read when the error was found.
-    const LineColumn lc = line_column(text, e.byte > 0 ? e.byte - 1 : 0);
+  // Two linear passes: a SAX pass checks the structure (depth, duplicate keys, syntax) without building
+  // anything, then the plain parser builds the DOM. (nlohmann's callback DOM parser, the one-pass way to do
+  // both, rescans the parent array after every object it closes: quadratic in an array of objects.)
+  StructureCheck check;
+  const bool ok = json::sax_parse(text.begin(), text.end(), &check, json::input_format_t::json,
+                                  /*strict=*/true, /*ignore_comments=*/false);
+  if (!check.error.empty()) return invalid_argument("{}: {}", name, check.error);
+  if (!ok) {
+    // error_byte: 1-based offset of the last byte read when the error was found.
+    const LineColumn lc = line_column(text, check.error_byte > 0 ? check.error_byte - 1 : 0);
     return invalid_argument("{}:{}:{}: invalid JSON: {}", name, lc.line, lc.column,
-                            parse_error_reason(e.what()));
+                            parse_error_reason(check.error_what.c_str()));
+  }
+  try {
+    return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/false);
   } catch (const json::exception& e) {
     return invalid_argument("{}: invalid JSON: {}", name, e.what());
   }

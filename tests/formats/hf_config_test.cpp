@@ -51,6 +51,23 @@ TEST(JsonFile, SyntaxErrorNamesLineAndColumn) {
   expect_has(json_file::parse("{\"a\": NaN}", "n.json").status(), {"n.json:1:"});
 }
 
+TEST(JsonFile, LongArraysOfObjectsParseInLinearTime) {
+  // A tokenizer.json with 300,000 added tokens: nlohmann's callback DOM parser rescanned the parent array
+  // after each object (~90 s here); the structure check now runs as its own SAX pass (well under a second).
+  std::string text = "{\"added_tokens\": [";
+  constexpr int kN = 300000;
+  for (int i = 0; i < kN; ++i)
+    text += fmt::format("{}{{\"id\": {}, \"content\": \"<t{}>\"}}", i ? "," : "", i, i);
+  text += "]}";
+  auto r = json_file::parse(text, "tokenizer.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ((*r)["added_tokens"].size(), size_t{kN});
+  EXPECT_EQ((*r)["added_tokens"][kN - 1]["content"], "<t299999>");
+  // The structure checks still hold inside such an array.
+  text.insert(text.size() - 2, ", {\"id\": 1, \"id\": 2}");
+  expect_has(json_file::parse(text, "tokenizer.json").status(), {"duplicate key \"id\"", "/added_tokens"});
+}
+
 TEST(JsonFile, LineColumn) {
   const auto lc = json_file::line_column("ab\ncd\nef", 7);
   EXPECT_EQ(lc.line, 3);
