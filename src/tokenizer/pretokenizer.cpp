@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <utility>
 
 namespace kiln {
@@ -56,16 +58,34 @@ Result<Regex> Regex::compile(const std::string& pattern) {
   return r;
 }
 
-Status Regex::split(std::string_view text, std::vector<std::string_view>& out) const {
+Status Regex::split(std::string_view text, std::vector<std::string_view>& out, uint64_t* budget) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
       pcre2_match_data_create_from_pattern(code_->code, nullptr), &pcre2_match_data_free);
-  if (!md) return resource_exhausted("pre-tokenizer: out of memory for match data");
+  std::unique_ptr<pcre2_match_context, decltype(&pcre2_match_context_free)> ctx(
+      pcre2_match_context_create(nullptr), &pcre2_match_context_free);
+  if (!md || !ctx) return resource_exhausted("pre-tokenizer: out of memory for match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;   // where the next search starts
   size_t last = 0;  // end of the last piece emitted
   while (pos < text.size()) {
-    // The text was validated once by the caller: skip PCRE2's per-call UTF check.
-    const int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+    // PCRE2 does not say how much work a search took, only that it hit its match limit. So each search
+    // starts with a small limit and doubles it while the limit is hit; every try is charged its whole
+    // limit, which bounds what was spent (at most twice what the search needed, plus the first limit).
+    int rc = 0;
+    for (uint64_t limit = 16;; limit *= 2) {
+      const uint64_t this_try = std::min({limit, *budget, uint64_t{UINT32_MAX}});
+      if (this_try == 0) {
+        return resource_exhausted(
+            "pre-tokenizer regex \"{}\": more than {} + {} per byte of work on a {}-byte text (it backtracks "
+            "without bound here)",
+            pattern_, kRegexWorkBase, kRegexWorkPerByte, text.size());
+      }
+      pcre2_set_match_limit(ctx.get(), static_cast<uint32_t>(this_try));
+      // The text was validated once by the caller: skip PCRE2's per-call UTF check.
+      rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), ctx.get());
+      *budget -= this_try;
+      if (rc != PCRE2_ERROR_MATCHLIMIT) break;
+    }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
@@ -131,10 +151,11 @@ Status PreTokenizer::split(std::string_view text, std::vector<std::string_view>&
     if (!text.empty()) out.push_back(text);
     return Status::ok_status();
   }
+  uint64_t budget = kRegexWorkBase + kRegexWorkPerByte * text.size();
   std::vector<std::string_view> cur{text}, next;
   for (const Regex& r : regexes_) {
     next.clear();
-    for (std::string_view piece : cur) KILN_TRY(r.split(piece, next));
+    for (std::string_view piece : cur) KILN_TRY(r.split(piece, next, &budget));
     cur.swap(next);
   }
   out.insert(out.end(), cur.begin(), cur.end());

@@ -6,10 +6,12 @@
   refused by `convert` and `run`, and nothing of it reaches the output;
 - a model path that is a FIFO (a .gguf, or model.safetensors inside a folder) is an error, not a hang;
 - the convert summary counts the tensors written when stderr is not a terminal.
+Every kiln run here has a 4 GiB address space: an input that a cap misses aborts it.
 The model is a tiny random-weight Llama made by transformers (tokenizer: SmolLM2's).
 """
 import hashlib
 import os
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,9 +26,17 @@ transformers = pytest.importorskip("transformers")
 KILN = Path(os.environ.get("KILN_BUILD_DIR", "build")) / "tools" / "kiln" / "kiln"
 
 
+AS_LIMIT = 4 << 30  # every input here must be handled inside a 4 GiB address space (docs/limits.md)
+
+
+def limit_address_space():
+    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+
+
 def kiln(*args, timeout=60) -> subprocess.CompletedProcess:
     assert KILN.exists(), f"build kiln first ({KILN})"
-    return subprocess.run([str(KILN), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([str(KILN), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit_address_space)
 
 
 def sha(path: Path) -> str:

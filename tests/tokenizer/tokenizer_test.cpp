@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "formats/gguf.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/unicode.h"
 
@@ -138,6 +139,58 @@ TEST(ByteLevelBpe, InvalidUtf8IsReplaced) {
   EXPECT_EQ(tok.decode(ids, false).value(),
             "a\xEF\xBF\xBD"
             "b");
+}
+
+// A regex that backtracks without bound runs out of its work budget, in a fraction of a second, and the
+// tokenizer then encodes the text unsplit: every byte is still there.
+TEST(PreTokenizer, BacktrackingPatternRunsOutOfItsBudget) {
+  std::string text;
+  for (int i = 0; i < 2500; ++i) text += std::string(40, 'a') + "c";
+  text += "b";
+  auto pre = PreTokenizer::from_patterns({"(a|aa)+b"});
+  ASSERT_TRUE(pre.ok()) << pre.status().message();
+  std::vector<std::string_view> pieces;
+  const Status st = pre->split(text, pieces);
+  EXPECT_EQ(st.code(), StatusCode::resource_exhausted);
+  EXPECT_NE(st.message().find("(a|aa)+b"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("102501-byte"), std::string::npos) << st.message();
+
+  nlohmann::json j = nlohmann::json::parse(byte_level_json());
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+b"}}}, {"behavior", "Isolated"}};
+  auto tok = Tokenizer::from_hf_json(j.dump());
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  EXPECT_EQ(tok->decode(tok->encode(text, false, false), false).value(), text);
+}
+
+// The patterns of real tokenizers stay far inside the budget on long runs of one character class, the
+// texts where a pattern with lookahead or nested quantifiers would backtrack.
+TEST(PreTokenizer, RealPatternsFitTheBudget) {
+  const std::vector<std::string> texts = {
+      std::string(100000, ' ') + "x", std::string(100000, '\n') + "x", std::string(100000, '1'),
+      std::string(100000, '!') + "x",
+      [] {
+        std::string s;
+        for (int i = 0; i < 50000; ++i) s += i % 7 ? " \t" : "\r\n";
+        return s + "x";
+      }(),
+      [] {
+        std::string s;
+        for (int i = 0; i < 20000; ++i) s += "it's 12345 \xE4\xBD\xA0 ";
+        return s;
+      }(),
+  };
+  for (const char* name : {"gpt2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-v3"}) {
+    auto pre = PreTokenizer::from_gguf_name(name);
+    ASSERT_TRUE(pre.ok()) << name;
+    for (const std::string& text : texts) {
+      std::vector<std::string_view> pieces;
+      const Status st = pre->split(text, pieces);
+      ASSERT_TRUE(st.ok()) << name << ": " << st.message();
+      std::string joined;
+      for (std::string_view p : pieces) joined += p;
+      EXPECT_EQ(joined, text) << name;
+    }
+  }
 }
 
 TEST(ByteLevelBpe, DecodeRejectsOutOfRangeIds) {
