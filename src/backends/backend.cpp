@@ -8,6 +8,32 @@
 
 namespace kiln {
 
+std::string_view weight_role_name(WeightRole role) {
+  switch (role) {
+    case WeightRole::weight_role_embedding: return "embedding";
+    case WeightRole::weight_role_matmul: return "matmul";
+    case WeightRole::weight_role_expert_matmul: return "expert_matmul";
+    case WeightRole::weight_role_norm: return "norm";
+    case WeightRole::weight_role_bias: return "bias";
+    case WeightRole::weight_role_rope_factors: return "rope_factors";
+  }
+  return "?";
+}
+
+Status Backend::run(const ops::Op& op) {
+  Program program;
+  KILN_TRY(program.add(op));
+  return run(program);
+}
+
+Status check_transfer(std::string_view what, const Tensor& t, size_t bytes) {
+  if (t.data == nullptr) return invalid_argument("{}: the tensor has no data", what);
+  if (!t.is_contiguous()) return invalid_argument("{}: {} is not contiguous", what, t.describe());
+  const auto size = static_cast<size_t>(t.nb[3] * t.ne[3]);
+  if (size != bytes) return invalid_argument("{}: {} holds {} bytes, not {}", what, t.describe(), size, bytes);
+  return Status::ok_status();
+}
+
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options) {
   // More threads than a few per core only cost memory and scheduling (and thousands fail to start at all).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -1,43 +1,86 @@
-// Backend: the narrow interface every compute backend implements. It runs ops (ops/ops.h) on tensors in its
-// own memory, allocates that memory, and says what it supports. No silent fallback: run() on an op the
-// backend does not support returns unimplemented.
+// Backend: the narrow interface every compute backend implements. It owns memory (allocate, upload,
+// download, copy), prepares weights once at load (prepare_weight), and runs the programs models record
+// (ops/program.h), each as a whole. No silent fallback: a program with an op the backend does not support is
+// unimplemented, naming the op.
+//
+// Ordering: run(), upload(), download() and copy() happen in the order they are called, as on one device
+// stream; a device backend may return before the work is done. synchronize() waits for all of it and returns
+// the first error an asynchronous kernel raised. The data of a download() is in host memory only once
+// synchronize() returned ok.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
+#include "core/buffer.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "ops/ops.h"
+#include "ops/program.h"
 
 namespace kiln {
 
-// A block of backend memory; freed when the last owner drops it.
-class Buffer {
- public:
-  virtual ~Buffer() = default;
-  virtual void* data() = 0;
-  virtual size_t size() const = 0;
+// What a weight is used for; a backend may choose its layout by it (e.g. repack matmul weights, keep
+// embeddings in the file's format for row gathers).
+enum class WeightRole : uint8_t {
+  weight_role_embedding,      // get_rows table (and the output head when tied)
+  weight_role_matmul,         // Matmul w
+  weight_role_expert_matmul,  // MoeMatmul w [k, n, n_expert]
+  weight_role_norm,           // RmsNorm / LayerNorm weight or bias vector
+  weight_role_bias,           // Binary add operand
+  weight_role_rope_factors,   // Rope freq_factors
+};
+std::string_view weight_role_name(WeightRole role);
+
+// A weight as a backend holds it, made once at load by prepare_weight().
+struct WeightHandle {
+  std::string name;  // the GGUF tensor name; a row slice of a fused tensor: "blk.0.attn_qkv.weight[q]"
+  WeightRole role = WeightRole::weight_role_matmul;
+  Tensor logical;       // the file's view: GGUF type, shape and bytes in host memory (the mapped file)
+  ops::Weight weight;   // what ops read: a view of `logical` (CPU) or of `storage`, and `prepared`
+  std::unique_ptr<Buffer> storage;                // the backend's copy of the bytes (device memory), or null
+  std::unique_ptr<ops::PreparedWeight> prepared;  // the backend's own layout, or null; weight.prepared -> it
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
-  // Whether run() accepts this op with these operand types.
+  // Whether run() accepts this op with these operand types (destination float types included).
   virtual bool supports(const ops::Op& op) const = 0;
-  // Runs one op. The op is check()ed first; an invalid one is invalid_argument, an unsupported one
-  // unimplemented.
-  virtual Status run(const ops::Op& op) = 0;
-  // `bytes` of memory the ops may use (64-byte aligned). resource_exhausted when it cannot.
+  // Runs the ops of `program` in order, as one unit (the program's ops were check()ed when recorded).
+  // unimplemented naming the first op that supports() refuses, before running any.
+  virtual Status run(const Program& program) = 0;
+  // Runs one op: check()ed (invalid_argument naming the op and operand), then as a program of one.
+  Status run(const ops::Op& op);
+
+  // `bytes` of backend memory (64-byte aligned). resource_exhausted when it cannot.
   virtual Result<std::unique_ptr<Buffer>> allocate(size_t bytes) = 0;
-  // Whether host pointers (e.g. a memory-mapped file) can be used as operands directly.
-  virtual bool host_memory() const = 0;
-  // Waits for every op run so far.
-  virtual void synchronize() = 0;
+  // Host -> `dst` (a contiguous tensor in this backend's memory, `bytes` = its size), and back. invalid_argument
+  // when the sizes differ.
+  virtual Status upload(const Tensor& dst, const void* src, size_t bytes) = 0;
+  virtual Status download(void* dst, const Tensor& src, size_t bytes) = 0;
+  // dst = src, two contiguous tensors of the same type and shape in this backend's memory.
+  virtual Status copy(const Tensor& dst, const Tensor& src) = 0;
+  // Waits for everything issued so far; the first asynchronous error, if any.
+  virtual Status synchronize() = 0;
+
+  // The backend's form of the weight `logical` (a view into host memory that outlives the handle), made once
+  // at load: a device copy, a repacked layout, side tensors such as scales. `name` and `role` say what it is
+  // (the quantization tools map a matmul input back to its weight by name).
+  virtual Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
+                                                               WeightRole role) = 0;
+
   // Worker threads the backend uses (CPU) or 1.
   virtual int n_threads() const { return 1; }
 };
+
+// The check every backend's upload/download/copy makes: `t` is contiguous, in host-visible memory or a buffer
+// of the backend, and holds exactly `bytes`.
+Status check_transfer(std::string_view what, const Tensor& t, size_t bytes);
 
 struct BackendOptions {
   int n_threads = 0;  // CPU: 0 = default_thread_count(); at most kMaxThreadsPerCore per core (16 at least)

@@ -36,10 +36,21 @@ Tensor make_tensor(DType type, void* data, int64_t ne0, int64_t ne1, int64_t ne2
   return t;
 }
 
+Tensor make_tensor(DType type, const Buffer& buffer, size_t offset, int64_t ne0, int64_t ne1, int64_t ne2,
+                   int64_t ne3) {
+  Tensor t = make_tensor(type, static_cast<uint8_t*>(const_cast<Buffer&>(buffer).data()) + offset, ne0, ne1, ne2,
+                         ne3);
+  KILN_ASSERT(offset + static_cast<size_t>(t.nb[3] * ne3) <= buffer.size());
+  t.buffer = &buffer;
+  return t;
+}
+
 Tensor reshape(const Tensor& t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
   KILN_ASSERT(t.is_contiguous());
   KILN_ASSERT(ne0 * ne1 * ne2 * ne3 == t.n_elements());
-  return make_tensor(t.type, t.data, ne0, ne1, ne2, ne3);
+  Tensor r = make_tensor(t.type, t.data, ne0, ne1, ne2, ne3);
+  r.buffer = t.buffer;
+  return r;
 }
 
 Tensor slice_rows(const Tensor& t, int64_t first, int64_t count) {

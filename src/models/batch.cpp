@@ -1,8 +1,13 @@
 #include "models/batch.h"
 
+#include <algorithm>
+
+#include "ops/ops.h"
+
 namespace kiln {
 
-Status check_batch(const Batch& b, int32_t n_vocab, int32_t block_size) {
+Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
+  const int32_t block_size = kv.block_size;
   const size_t n = b.tokens.size();
   if (n == 0) return invalid_argument("batch: no tokens");
   if (b.positions.size() != n || b.seq.size() != n) {
@@ -21,6 +26,24 @@ Status check_batch(const Batch& b, int32_t n_vocab, int32_t block_size) {
         static_cast<size_t>(b.positions[i] / block_size) >= b.block_tables[b.seq[i]].size()) {
       return out_of_range("batch: positions[{}] = {} is beyond sequence {}'s {} blocks", i, b.positions[i],
                           b.seq[i], b.block_tables[b.seq[i]].size());
+    }
+    const std::span<const int32_t> table = b.block_tables[b.seq[i]];
+    const int32_t pos = b.positions[i];
+    const int32_t first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
+    for (int32_t j = first / block_size; j <= pos / block_size; ++j) {
+      if (table[j] == ops::kFreedBlock) {
+        return out_of_range("batch: token {} (position {}) reads block_tables[{}][{}], which is freed", i, pos,
+                            b.seq[i], j);
+      }
+    }
+  }
+  for (size_t s = 0; s < b.block_tables.size(); ++s) {
+    for (size_t j = 0; j < b.block_tables[s].size(); ++j) {
+      const int32_t blk = b.block_tables[s][j];
+      if (blk != ops::kFreedBlock && (blk < 0 || blk >= kv.n_blocks)) {
+        return out_of_range("batch: block_tables[{}][{}] = {} is outside the pool's {} blocks", s, j, blk,
+                            kv.n_blocks);
+      }
     }
   }
   for (size_t i = 0; i < b.logit_rows.size(); ++i) {

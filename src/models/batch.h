@@ -28,8 +28,17 @@ struct Batch {
   }
 };
 
-// Checks the batch's internal consistency (lengths, indices, ascending logit rows, token ids < n_vocab, each
-// position inside its sequence's blocks): invalid_argument / out_of_range naming the field and index.
-Status check_batch(const Batch& batch, int32_t n_vocab, int32_t block_size);
+// The KV pool geometry a batch is checked against.
+struct KvGeometry {
+  int32_t block_size = 0;  // tokens per block
+  int32_t n_blocks = 0;    // blocks in the pool
+  int32_t window = 0;      // every layer attends to the last `window` positions only (0: some layer reads all)
+};
+
+// Checks everything the step's ops will read, once per step (the ops themselves check only shapes): lengths,
+// sequence indices, ascending logit rows, token ids < n_vocab, each position inside its sequence's blocks,
+// every block id inside the pool, and no token reading a freed block (ops::kFreedBlock) inside its window.
+// invalid_argument / out_of_range naming the field and index.
+Status check_batch(const Batch& batch, int32_t n_vocab, const KvGeometry& kv);
 
 }  // namespace kiln

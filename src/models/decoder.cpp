@@ -2,27 +2,24 @@
 
 #include "models/blocks.h"
 #include "models/moe.h"
+#include "ops/program.h"
 
 namespace kiln::blocks {
 
 namespace {
 
 struct DecoderLayer {
-  Tensor attn_norm, ffn_norm;  // [n_embd]
+  ops::Weight attn_norm, ffn_norm;  // [n_embd]
   AttentionWeights attn;
   FfnWeights ffn;  // dense layers
-  MoeWeights moe;  // expert layers (moe.router.data != nullptr)
+  MoeWeights moe;  // expert layers (moe.router.tensor.data != nullptr)
 };
 
-class Decoder final : public Model {
+class Decoder final : public StepModel {
  public:
   Decoder(std::shared_ptr<const gguf::File> file, Backend& backend, const ModelOptions& options,
           DecoderTraits traits)
-      : file_(std::move(file)),
-        backend_(backend),
-        arena_(backend),
-        options_(options),
-        traits_(std::move(traits)) {}
+      : StepModel(backend, options), file_(std::move(file)), traits_(std::move(traits)) {}
 
   Status load() {
     const gguf::File& f = *file_;
@@ -39,9 +36,9 @@ class Decoder final : public Model {
       DecoderLayer& L = layers_[l];
       const std::string p = "blk." + std::to_string(l) + ".";
       const int64_t e = info_.n_embd;
-      KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", WeightRole::weight_role_norm, e));
       KILN_ASSIGN_OR_RETURN(L.attn, load_attention(w, p, e, shape_, traits_.qk_norm));
-      KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", WeightRole::weight_role_norm, e));
       if (f.find_tensor(p + "ffn_gate_inp.weight") != nullptr) {
         if (moe_.n_expert == 0) return invalid_argument("{}: {}.expert_count is missing", f.name(), a);
         const bool shared = f.find_tensor(p + "ffn_gate_shexp.weight") != nullptr;
@@ -53,35 +50,29 @@ class Decoder final : public Model {
     }
     info_.n_params = w.n_params();
     info_.weight_bytes = w.n_bytes();
+    weights_ = w.release();
     return Status::ok_status();
   }
 
-  const ModelInfo& info() const override { return info_; }
-
-  Status forward(const Batch& batch, KvBuffers& kv, float* logits) override {
-    KILN_TRY(check_forward(batch, kv, info_));
-    arena_.reset();
-    const int64_t n = batch.n_tokens(), e = info_.n_embd;
-    const StepInfo step = make_step(batch, kv.block_size);
-    const bool qx = options_.quantize_activations;
-    KILN_ASSIGN_OR_RETURN(Tensor x, arena_.f32(e, n));  // [n_embd, n_tokens] the residual stream
-    KILN_TRY(backend_.run(ops::GetRows{embd_.tok_embd, batch.tokens, x}));
+ protected:
+  Result<Tensor> record(Recorder& r, KvBuffers& kv) override {
+    KILN_ASSIGN_OR_RETURN(Tensor x, embed(r, embd_, info_.n_embd));  // f32 [n_embd, n_tokens] the residual stream
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       const DecoderLayer& L = layers_[l];
-      KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(backend_, arena_, x, L.attn_norm, shape_.norm_eps));
-      KILN_ASSIGN_OR_RETURN(Tensor att,
-                            attention(backend_, arena_, h, L.attn, shape_, rope_, step, kv, l, qx));
-      KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
-      KILN_ASSIGN_OR_RETURN(h, rms_norm(backend_, arena_, x, L.ffn_norm, shape_.norm_eps));
+      Arena::Scope layer(r.arena);  // the layer's scratch is the next layer's
+      KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(r, x, L.attn_norm, shape_.norm_eps));
+      KILN_ASSIGN_OR_RETURN(Tensor att, attention(r, h, L.attn, shape_, rope_, kv, l));
+      KILN_TRY(r.program.add(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
+      KILN_ASSIGN_OR_RETURN(h, rms_norm(r, x, L.ffn_norm, shape_.norm_eps));
       Tensor ffn;
-      if (L.moe.router.data != nullptr) {
-        KILN_ASSIGN_OR_RETURN(ffn, moe_ffn(backend_, arena_, h, L.moe, moe_, qx));
+      if (L.moe.router.tensor.data != nullptr) {
+        KILN_ASSIGN_OR_RETURN(ffn, moe_ffn(r, h, L.moe, moe_));
       } else {
-        KILN_ASSIGN_OR_RETURN(ffn, gated_ffn(backend_, arena_, h, L.ffn, ops::GluKind::glu_kind_silu, qx));
+        KILN_ASSIGN_OR_RETURN(ffn, gated_ffn(r, h, L.ffn, ops::GluKind::glu_kind_silu));
       }
-      KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
+      KILN_TRY(r.program.add(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
     }
-    return output_logits(backend_, arena_, x, batch, embd_, shape_.norm_eps, info_.n_vocab, logits, qx);
+    return output_logits(r, x, embd_, shape_.norm_eps, info_.n_vocab);
   }
 
  private:
@@ -109,13 +100,9 @@ class Decoder final : public Model {
   }
 
   std::shared_ptr<const gguf::File> file_;
-  Backend& backend_;
-  Arena arena_;
-  ModelOptions options_;
   DecoderTraits traits_;
-  ModelInfo info_;
   AttentionShape shape_;
-  ops::RopeParams rope_;
+  RopeConfig rope_;
   MoeShape moe_;
   EmbeddingWeights embd_;
   std::vector<DecoderLayer> layers_;

@@ -22,16 +22,16 @@ namespace {
 constexpr int32_t kSwaPattern = 6;  // of every 6 layers, the first 5 use the sliding window
 
 struct Gemma3Layer {
-  Tensor attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+  ops::Weight attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;  // [n_embd]
   blocks::AttentionWeights attn;
   blocks::FfnWeights ffn;
   bool sliding = false;
 };
 
-class Gemma3 final : public Model {
+class Gemma3 final : public blocks::StepModel {
  public:
   Gemma3(std::shared_ptr<const gguf::File> file, Backend& backend, const ModelOptions& options)
-      : file_(std::move(file)), backend_(backend), arena_(backend), options_(options) {}
+      : StepModel(backend, options), file_(std::move(file)) {}
 
   Status load() {
     const gguf::File& f = *file_;
@@ -45,10 +45,10 @@ class Gemma3 final : public Model {
     KILN_ASSIGN_OR_RETURN(rope_global_,
                           blocks::read_rope(f, w, a, shape_.head_dim, ops::RopeLayout::rope_layout_neox));
     rope_local_ = rope_global_;  // local layers: their own base, no scaling
-    rope_local_.scaling = ops::RopeScaling::rope_scaling_none;
-    rope_local_.factor = 1.0f;
-    rope_local_.freq_factors = nullptr;
-    KILN_ASSIGN_OR_RETURN(rope_local_.freq_base,
+    rope_local_.params.scaling = ops::RopeScaling::rope_scaling_none;
+    rope_local_.params.factor = 1.0f;
+    rope_local_.freq_factors = ops::Weight{};
+    KILN_ASSIGN_OR_RETURN(rope_local_.params.freq_base,
                           blocks::hparam_float(f, a + ".rope.freq_base_swa", 10000.0f));
     layers_.resize(info_.n_layers);
     for (int32_t l = 0; l < info_.n_layers; ++l) {
@@ -56,57 +56,46 @@ class Gemma3 final : public Model {
       const std::string p = "blk." + std::to_string(l) + ".";
       const int64_t e = info_.n_embd;
       L.sliding = l % kSwaPattern < kSwaPattern - 1;
-      KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", e));
-      KILN_ASSIGN_OR_RETURN(L.post_attn_norm, w.get(p + "post_attention_norm.weight", e));
-      KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", e));
-      KILN_ASSIGN_OR_RETURN(L.post_ffn_norm, w.get(p + "post_ffw_norm.weight", e));
+      KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", WeightRole::weight_role_norm, e));
+      KILN_ASSIGN_OR_RETURN(L.post_attn_norm, w.get(p + "post_attention_norm.weight", WeightRole::weight_role_norm, e));
+      KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", WeightRole::weight_role_norm, e));
+      KILN_ASSIGN_OR_RETURN(L.post_ffn_norm, w.get(p + "post_ffw_norm.weight", WeightRole::weight_role_norm, e));
       KILN_ASSIGN_OR_RETURN(L.attn, blocks::load_attention(w, p, e, shape_, /*qk_norm=*/true));
       KILN_ASSIGN_OR_RETURN(L.ffn, blocks::load_ffn(w, p, e, n_ff_));
     }
     info_.n_params = w.n_params();
     info_.weight_bytes = w.n_bytes();
+    weights_ = w.release();
     return Status::ok_status();
   }
 
-  const ModelInfo& info() const override { return info_; }
-
-  Status forward(const Batch& batch, KvBuffers& kv, float* logits) override {
-    KILN_TRY(blocks::check_forward(batch, kv, info_));
-    arena_.reset();
-    const int64_t n = batch.n_tokens(), e = info_.n_embd;
-    const bool qx = options_.quantize_activations;
-    const blocks::StepInfo step = blocks::make_step(batch, kv.block_size);
-    KILN_ASSIGN_OR_RETURN(Tensor x, arena_.f32(e, n));  // [n_embd, n_tokens] the residual stream
-    KILN_TRY(backend_.run(ops::GetRows{embd_.tok_embd, batch.tokens, x}));
-    KILN_TRY(backend_.run(ops::Scale{x, std::sqrt(static_cast<float>(e)), x}));
+ protected:
+  Result<Tensor> record(blocks::Recorder& r, KvBuffers& kv) override {
+    const int64_t e = info_.n_embd;
+    KILN_ASSIGN_OR_RETURN(Tensor x, blocks::embed(r, embd_, e));  // f32 [n_embd, n_tokens] the residual stream
+    KILN_TRY(r.program.add(ops::Scale{x, std::sqrt(static_cast<float>(e)), x}));
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       const Gemma3Layer& L = layers_[l];
+      blocks::Arena::Scope layer(r.arena);  // the layer's scratch is the next layer's
       blocks::AttentionShape shape = shape_;
       shape.window = L.sliding ? shape_.window : 0;  // global layers see everything
-      KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(backend_, arena_, x, L.attn_norm, shape_.norm_eps));
-      KILN_ASSIGN_OR_RETURN(Tensor att,
-                            blocks::attention(backend_, arena_, h, L.attn, shape,
-                                              L.sliding ? rope_local_ : rope_global_, step, kv, l, qx));
-      KILN_TRY(backend_.run(ops::RmsNorm{att, L.post_attn_norm, shape_.norm_eps, false, att}));
-      KILN_TRY(backend_.run(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
-      KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(backend_, arena_, x, L.ffn_norm, shape_.norm_eps));
+      KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(r, x, L.attn_norm, shape_.norm_eps));
       KILN_ASSIGN_OR_RETURN(
-          Tensor ffn, blocks::gated_ffn(backend_, arena_, h, L.ffn, ops::GluKind::glu_kind_gelu_tanh, qx));
-      KILN_TRY(backend_.run(ops::RmsNorm{ffn, L.post_ffn_norm, shape_.norm_eps, false, ffn}));
-      KILN_TRY(backend_.run(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
+          Tensor att, blocks::attention(r, h, L.attn, shape, L.sliding ? rope_local_ : rope_global_, kv, l));
+      KILN_TRY(r.program.add(ops::RmsNorm{att, L.post_attn_norm, shape_.norm_eps, false, att}));
+      KILN_TRY(r.program.add(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
+      KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(r, x, L.ffn_norm, shape_.norm_eps));
+      KILN_ASSIGN_OR_RETURN(Tensor ffn, blocks::gated_ffn(r, h, L.ffn, ops::GluKind::glu_kind_gelu_tanh));
+      KILN_TRY(r.program.add(ops::RmsNorm{ffn, L.post_ffn_norm, shape_.norm_eps, false, ffn}));
+      KILN_TRY(r.program.add(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
     }
-    return blocks::output_logits(backend_, arena_, x, batch, embd_, shape_.norm_eps, info_.n_vocab, logits,
-                                 qx);
+    return blocks::output_logits(r, x, embd_, shape_.norm_eps, info_.n_vocab);
   }
 
  private:
   std::shared_ptr<const gguf::File> file_;
-  Backend& backend_;
-  blocks::Arena arena_;
-  ModelOptions options_;
-  ModelInfo info_;
   blocks::AttentionShape shape_;
-  ops::RopeParams rope_global_, rope_local_;
+  blocks::RopeConfig rope_global_, rope_local_;
   int32_t n_ff_ = 0;
   blocks::EmbeddingWeights embd_;
   std::vector<Gemma3Layer> layers_;

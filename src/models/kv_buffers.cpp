@@ -15,7 +15,7 @@ Result<KvBuffers> KvBuffers::allocate(Backend& backend, const ModelInfo& info, i
   kv.block_size = block_size;
   kv.n_blocks = n_blocks;
   const int64_t elems = int64_t{info.head_dim} * info.n_kv_heads * block_size * n_blocks;
-  const size_t bytes = static_cast<size_t>(elems) * (dtype == DType::f32 ? 4 : 2);
+  const size_t bytes = static_cast<size_t>(elems) * dtype_info(dtype).type_size;
   for (int32_t l = 0; l < info.n_layers; ++l) {
     for (std::vector<Tensor>* pools : {&kv.k, &kv.v}) {
       auto buf = backend.allocate(bytes);
@@ -24,12 +24,17 @@ Result<KvBuffers> KvBuffers::allocate(Backend& backend, const ModelInfo& info, i
             "KV cache: cannot allocate {} layers x 2 x {:.1f} MiB ({} blocks of {} tokens)", info.n_layers,
             bytes / 1048576.0, n_blocks, block_size);
       }
-      pools->push_back(
-          make_tensor(dtype, (*buf)->data(), info.head_dim, info.n_kv_heads, block_size, n_blocks));
+      pools->push_back(make_tensor(dtype, **buf, 0, info.head_dim, info.n_kv_heads, block_size, n_blocks));
       kv.storage.push_back(std::move(buf).value());
     }
   }
   return kv;
+}
+
+Status read_logits(Backend& backend, const Tensor& logits, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(logits.n_elements()));
+  if (!out.empty()) KILN_TRY(backend.download(out.data(), logits, out.size() * sizeof(float)));
+  return backend.synchronize();
 }
 
 uint64_t KvBuffers::bytes() const {

@@ -1,10 +1,12 @@
 // Model: one architecture's weights and forward pass. forward() is the only way tokens go through a model
-// (batch.h). Architectures are registered in registry.cpp, one line each; load_model() picks one from the
-// GGUF file's general.architecture.
+// (batch.h): it records the ops of one step into a program (ops/program.h) that the backend runs as a whole.
+// Architectures are registered in registry.cpp, one line each; load_model() picks one from the GGUF file's
+// general.architecture.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "core/tensor.h"
 #include "formats/gguf.h"
 #include "models/batch.h"
+#include "ops/program.h"
 
 namespace kiln {
 
@@ -49,10 +52,23 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelInfo& info() const = 0;
-  // Runs `batch` through the model: writes each token's K/V into `kv` (at its position, through its block
-  // table) and the logits of the rows in batch.logit_rows to `logits` ([logit_rows.size(), n_vocab] f32).
-  virtual Status forward(const Batch& batch, KvBuffers& kv, float* logits) = 0;
+  // Runs `batch` through the model: checks it once (check_batch), uploads its metadata, records the step's
+  // program and has the backend run it. Writes each token's K/V into `kv` (at its position, through its block
+  // table). Returns the logits of the rows in batch.logit_rows: f32 [n_vocab, logit_rows.size()] in backend
+  // memory, valid until the next forward(). Nothing here waits for the backend: read them with
+  // read_logits() (or Backend::download, then synchronize()).
+  virtual Result<Tensor> forward(const Batch& batch, KvBuffers& kv) = 0;
+  // The program of the last forward() (tests, tools: which ops a step runs, on which operands).
+  virtual const Program& last_program() const = 0;
+  // Every weight as the backend prepared it, in load order, with its GGUF name and role.
+  virtual std::span<const std::unique_ptr<WeightHandle>> weights() const = 0;
+  // The most scratch memory one step has used (the arena's peak), in bytes.
+  virtual size_t peak_scratch_bytes() const = 0;
 };
+
+// Downloads `logits` (forward()'s result) into `out` ([n_logits * n_vocab] f32, resized) and waits for the
+// backend: the step's first asynchronous error, if any, is returned here.
+Status read_logits(Backend& backend, const Tensor& logits, std::vector<float>& out);
 
 struct ModelOptions {
   // Matmuls round activations to 8-bit blocks and take integer dot products with quantized weights

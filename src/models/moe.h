@@ -20,12 +20,12 @@ struct MoeShape {
 
 // The weights of one MoE layer. Expert e's matrices are slab e of the stacked tensors.
 struct MoeWeights {
-  Tensor router;       // ffn_gate_inp [n_embd, n_expert]
-  Tensor gate_exps;    // ffn_gate_exps [n_embd, n_ff_exp, n_expert]
-  Tensor up_exps;      // ffn_up_exps [n_embd, n_ff_exp, n_expert]
-  Tensor down_exps;    // ffn_down_exps [n_ff_exp, n_embd, n_expert]
-  FfnWeights shared;   // ffn_{gate,up,down}_shexp [n_embd, n_ff_shexp] ... or none (data == nullptr)
-  Tensor shared_gate;  // ffn_gate_inp_shexp [n_embd, 1] (stored [n_embd] or [n_embd, 1]), or none
+  ops::Weight router;       // ffn_gate_inp [n_embd, n_expert]
+  ops::Weight gate_exps;    // ffn_gate_exps [n_embd, n_ff_exp, n_expert]
+  ops::Weight up_exps;      // ffn_up_exps [n_embd, n_ff_exp, n_expert]
+  ops::Weight down_exps;    // ffn_down_exps [n_ff_exp, n_embd, n_expert]
+  FfnWeights shared;        // ffn_{gate,up,down}_shexp [n_embd, n_ff_shexp] ... or none (tensor.data == nullptr)
+  ops::Weight shared_gate;  // ffn_gate_inp_shexp [n_embd, 1] (stored [n_embd] or [n_embd, 1]), or none
 };
 
 // blk.N.ffn_gate_inp.weight and blk.N.ffn_{gate,up,down}_exps.weight of layer `prefix` ("blk.N."); with
@@ -38,7 +38,7 @@ Result<MoeWeights> load_moe(WeightLoader& weights, const std::string& prefix, in
 // for token t (ops::MoeRoute), plus sigmoid(shared_gate . x_t) * shared_ffn(x_t) when there is a shared
 // expert (without shared_gate: the shared FFN unscaled).   x: f32 [n_embd, n_tokens]; out: f32 [n_embd,
 // n_tokens].
-Result<Tensor> moe_ffn(Backend& backend, Arena& arena, const Tensor& x, const MoeWeights& w,
-                       const MoeShape& shape, bool quantize_x);
+// The expert ids stay in backend memory: MoeRoute writes them, the MoeMatmuls read them, within the program.
+Result<Tensor> moe_ffn(Recorder& r, const Tensor& x, const MoeWeights& w, const MoeShape& shape);
 
 }  // namespace kiln::blocks

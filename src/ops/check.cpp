@@ -19,6 +19,26 @@ Status need_f32(std::string_view op, std::string_view name, const Tensor& t) {
   return Status::ok_status();
 }
 
+// A float activation destination: f32, f16 or bf16, contiguous in its first dimension.
+Status need_float(std::string_view op, std::string_view name, const Tensor& t) {
+  if (t.data == nullptr) return invalid_argument("{}: {} has no data", op, name);
+  if (!is_float_activation(t.type))
+    return invalid_argument("{}: {} must be f32, f16 or bf16, not {}", op, name, dtype_name(t.type));
+  if (t.nb[0] != dtype_info(t.type).type_size)
+    return invalid_argument("{}: {} must be contiguous in its first dimension", op, name);
+  return Status::ok_status();
+}
+
+// A contiguous i32 tensor of n elements (step metadata, ids).
+Status need_i32(std::string_view op, std::string_view name, const Tensor& t, int64_t n) {
+  if (t.data == nullptr) return invalid_argument("{}: {} has no data", op, name);
+  if (t.type != DType::i32) return invalid_argument("{}: {} must be i32, not {}", op, name, dtype_name(t.type));
+  if (!t.is_contiguous()) return invalid_argument("{}: {} must be contiguous", op, name);
+  if (n >= 0 && t.n_elements() != n)
+    return invalid_argument("{}: {} is {}, expected {} elements", op, name, t.describe(), n);
+  return Status::ok_status();
+}
+
 Status need_same(std::string_view op, std::string_view a_name, const Tensor& a, std::string_view b_name,
                  const Tensor& b) {
   if (!same_shape(a, b)) {
@@ -54,52 +74,49 @@ Status need_pool(std::string_view op, std::string_view name, const Tensor& pool,
 }  // namespace
 
 Status check(const GetRows& op) {
-  if (op.table.data == nullptr) return invalid_argument("get_rows: table has no data");
-  if (dtype_info(op.table.type).dequantize_row == nullptr && op.table.type != DType::f32) {
-    return invalid_argument("get_rows: table type {} has no dequantizer", dtype_name(op.table.type));
+  const Tensor& table = op.table.tensor;
+  if (table.data == nullptr) return invalid_argument("get_rows: table has no data");
+  if (dtype_info(table.type).dequantize_row == nullptr && table.type != DType::f32) {
+    return invalid_argument("get_rows: table type {} has no dequantizer", dtype_name(table.type));
   }
-  KILN_TRY(need_f32("get_rows", "dst", op.dst));
-  if (op.table.ne[2] != 1 || op.table.ne[3] != 1)
-    return invalid_argument("get_rows: table must be 2-d, not {}", op.table.describe());
-  if (op.dst.ne[0] != op.table.ne[0] || op.dst.n_rows() != static_cast<int64_t>(op.ids.size())) {
-    return invalid_argument("get_rows: dst is {}, expected f32[{}, {}]", op.dst.describe(), op.table.ne[0],
-                            op.ids.size());
-  }
-  for (size_t i = 0; i < op.ids.size(); ++i) {
-    if (op.ids[i] < 0 || op.ids[i] >= op.table.ne[1]) {
-      return out_of_range("get_rows: ids[{}] = {} is outside [0, {})", i, op.ids[i], op.table.ne[1]);
-    }
+  KILN_TRY(need_float("get_rows", "dst", op.dst));
+  if (table.ne[2] != 1 || table.ne[3] != 1)
+    return invalid_argument("get_rows: table must be 2-d, not {}", table.describe());
+  KILN_TRY(need_i32("get_rows", "ids", op.ids, -1));
+  if (op.dst.ne[0] != table.ne[0] || op.dst.n_rows() != op.ids.n_elements()) {
+    return invalid_argument("get_rows: dst is {}, expected [{}, {}]", op.dst.describe(), table.ne[0],
+                            op.ids.n_elements());
   }
   return Status::ok_status();
 }
 
 Status check(const Matmul& op) {
-  if (op.w.data == nullptr) return invalid_argument("matmul: w has no data");
-  const DTypeInfo& info = dtype_info(op.w.type);
-  if (info.dequantize_row == nullptr && op.w.type != DType::f32) {
+  const Tensor& w = op.w.tensor;
+  if (w.data == nullptr) return invalid_argument("matmul: w has no data");
+  const DTypeInfo& info = dtype_info(w.type);
+  if (info.dequantize_row == nullptr && w.type != DType::f32) {
     return invalid_argument("matmul: weight type {} has no dequantizer", info.name);
   }
-  if (op.w.nb[0] != info.type_size || op.w.ne[2] != 1 || op.w.ne[3] != 1) {
-    return invalid_argument("matmul: w must be a 2-d tensor with contiguous rows, not {}", op.w.describe());
+  if (w.nb[0] != info.type_size || w.ne[2] != 1 || w.ne[3] != 1) {
+    return invalid_argument("matmul: w must be a 2-d tensor with contiguous rows, not {}", w.describe());
   }
   KILN_TRY(need_f32("matmul", "x", op.x));
-  KILN_TRY(need_f32("matmul", "dst", op.dst));
-  if (op.x.ne[0] != op.w.ne[0]) {
+  KILN_TRY(need_float("matmul", "dst", op.dst));
+  if (op.x.ne[0] != w.ne[0]) {
     return invalid_argument("matmul: x is {} but w is {} (inner dimensions differ)", op.x.describe(),
-                            op.w.describe());
+                            w.describe());
   }
-  if (op.dst.ne[0] != op.w.ne[1] || op.dst.n_rows() != op.x.n_rows()) {
-    return invalid_argument("matmul: dst is {}, expected f32[{}, {}]", op.dst.describe(), op.w.ne[1],
-                            op.x.n_rows());
+  if (op.dst.ne[0] != w.ne[1] || op.dst.n_rows() != op.x.n_rows()) {
+    return invalid_argument("matmul: dst is {}, expected [{}, {}]", op.dst.describe(), w.ne[1], op.x.n_rows());
   }
   return Status::ok_status();
 }
 
 Status check(const RmsNorm& op) {
   KILN_TRY(need_f32("rms_norm", "x", op.x));
-  KILN_TRY(need_f32("rms_norm", "dst", op.dst));
+  KILN_TRY(need_float("rms_norm", "dst", op.dst));
   KILN_TRY(need_same("rms_norm", "x", op.x, "dst", op.dst));
-  KILN_TRY(need_vector("rms_norm", "w", op.w, op.x.ne[0]));
+  KILN_TRY(need_vector("rms_norm", "w", op.w.tensor, op.x.ne[0]));
   if (!(op.eps >= 0.0f) || !std::isfinite(op.eps))
     return invalid_argument("rms_norm: eps = {} is not >= 0", op.eps);
   return Status::ok_status();
@@ -109,8 +126,8 @@ Status check(const LayerNorm& op) {
   KILN_TRY(need_f32("layer_norm", "x", op.x));
   KILN_TRY(need_f32("layer_norm", "dst", op.dst));
   KILN_TRY(need_same("layer_norm", "x", op.x, "dst", op.dst));
-  KILN_TRY(need_vector("layer_norm", "w", op.w, op.x.ne[0]));
-  KILN_TRY(need_vector("layer_norm", "b", op.b, op.x.ne[0]));
+  KILN_TRY(need_vector("layer_norm", "w", op.w.tensor, op.x.ne[0]));
+  KILN_TRY(need_vector("layer_norm", "b", op.b.tensor, op.x.ne[0]));
   if (!(op.eps >= 0.0f) || !std::isfinite(op.eps))
     return invalid_argument("layer_norm: eps = {} is not >= 0", op.eps);
   return Status::ok_status();
@@ -128,21 +145,12 @@ Status check(const Rope& op) {
     return invalid_argument("rope: freq_base = {} is not > 0", p.freq_base);
   if (!(p.factor > 0.0f) || !std::isfinite(p.factor))
     return invalid_argument("rope: scaling factor = {} is not > 0", p.factor);
-  if ((p.scaling == RopeScaling::rope_scaling_yarn || p.scaling == RopeScaling::rope_scaling_llama3) &&
-      p.original_context <= 0) {
-    return invalid_argument("rope: original_context = {} must be > 0 for yarn / llama3 scaling",
-                            p.original_context);
+  if (p.scaling == RopeScaling::rope_scaling_yarn && p.original_context <= 0) {
+    return invalid_argument("rope: original_context = {} must be > 0 for yarn scaling", p.original_context);
   }
-  if (p.scaling == RopeScaling::rope_scaling_llama3 && !(p.high_freq_factor > p.low_freq_factor)) {
-    return invalid_argument("rope: llama3 high_freq_factor = {} must exceed low_freq_factor = {}",
-                            p.high_freq_factor, p.low_freq_factor);
-  }
-  if (static_cast<int64_t>(op.positions.size()) != op.x.ne[2] || op.x.ne[3] != 1) {
-    return invalid_argument("rope: {} positions for x {}", op.positions.size(), op.x.describe());
-  }
-  for (size_t i = 0; i < op.positions.size(); ++i) {
-    if (op.positions[i] < 0) return out_of_range("rope: positions[{}] = {} is negative", i, op.positions[i]);
-  }
+  if (op.x.ne[3] != 1) return invalid_argument("rope: x is {}, expected 3-d", op.x.describe());
+  KILN_TRY(need_i32("rope", "positions", op.positions, op.x.ne[2]));
+  KILN_TRY(need_vector("rope", "freq_factors", op.freq_factors.tensor, p.n_rot / 2));
   return Status::ok_status();
 }
 
@@ -165,15 +173,7 @@ Status check(const KvWrite& op) {
   KILN_TRY(need_pool("kv_write", "v_pool", op.v_pool, op.k.ne[0], op.k.ne[1]));
   KILN_TRY(need_same("kv_write", "k_pool", op.k_pool, "v_pool", op.v_pool));
   if (op.k_pool.type != op.v_pool.type) return invalid_argument("kv_write: k_pool and v_pool types differ");
-  if (static_cast<int64_t>(op.slots.size()) != op.k.ne[2]) {
-    return invalid_argument("kv_write: {} slots for k {}", op.slots.size(), op.k.describe());
-  }
-  const int64_t n_slots = op.k_pool.ne[2] * op.k_pool.ne[3];
-  for (size_t i = 0; i < op.slots.size(); ++i) {
-    if (op.slots[i] < 0 || op.slots[i] >= n_slots) {
-      return out_of_range("kv_write: slots[{}] = {} is outside the pool's {} slots", i, op.slots[i], n_slots);
-    }
-  }
+  KILN_TRY(need_i32("kv_write", "slots", op.slots, op.k.ne[2]));
   return Status::ok_status();
 }
 
@@ -196,42 +196,17 @@ Status check(const Attention& op) {
   if (n_kv <= 0 || n_heads % n_kv != 0) {
     return invalid_argument("attention: {} query heads are not a multiple of {} kv heads", n_heads, n_kv);
   }
-  if (static_cast<int64_t>(op.positions.size()) != n_tokens ||
-      static_cast<int64_t>(op.seq.size()) != n_tokens) {
-    return invalid_argument("attention: {} positions and {} sequence indices for {} tokens",
-                            op.positions.size(), op.seq.size(), n_tokens);
+  KILN_TRY(need_i32("attention", "positions", op.positions, n_tokens));
+  KILN_TRY(need_i32("attention", "seq", op.seq, n_tokens));
+  KILN_TRY(need_i32("attention", "bt_indptr", op.bt_indptr, -1));
+  KILN_TRY(need_i32("attention", "bt_indices", op.bt_indices, -1));
+  if (op.bt_indptr.n_elements() < 2) {
+    return invalid_argument("attention: bt_indptr is {}, expected [n_seqs + 1] with n_seqs >= 1",
+                            op.bt_indptr.describe());
   }
   if (!std::isfinite(op.scale) || !(op.softcap >= 0.0f) || op.window < 0) {
     return invalid_argument("attention: scale = {}, softcap = {}, window = {} out of range", op.scale,
                             op.softcap, op.window);
-  }
-  const int64_t block_size = op.k_pool.ne[2], n_blocks = op.k_pool.ne[3];
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const int32_t s = op.seq[t], pos = op.positions[t];
-    if (s < 0 || s >= static_cast<int64_t>(op.block_tables.size())) {
-      return out_of_range("attention: seq[{}] = {} is outside the {} block tables", t, s,
-                          op.block_tables.size());
-    }
-    if (pos < 0 || pos / block_size >= static_cast<int64_t>(op.block_tables[s].size())) {
-      return out_of_range("attention: positions[{}] = {} is beyond sequence {}'s {} blocks", t, pos, s,
-                          op.block_tables[s].size());
-    }
-    const int64_t first = op.window > 0 ? std::max<int64_t>(0, pos - op.window + 1) : 0;
-    for (int64_t i = first / block_size; i <= pos / block_size; ++i) {
-      if (op.block_tables[s][i] == kFreedBlock) {
-        return out_of_range("attention: token {} (position {}) reads block_tables[{}][{}], which is freed", t,
-                            pos, s, i);
-      }
-    }
-  }
-  for (size_t s = 0; s < op.block_tables.size(); ++s) {
-    for (size_t i = 0; i < op.block_tables[s].size(); ++i) {
-      const int32_t b = op.block_tables[s][i];
-      if (b != kFreedBlock && (b < 0 || b >= n_blocks)) {
-        return out_of_range("attention: block_tables[{}][{}] = {} is outside the pool's {} blocks", s, i, b,
-                            n_blocks);
-      }
-    }
   }
   return Status::ok_status();
 }
@@ -239,7 +214,7 @@ Status check(const Attention& op) {
 Status check(const GatedAct& op) {
   KILN_TRY(need_f32("gated_act", "gate", op.gate));
   KILN_TRY(need_f32("gated_act", "up", op.up));
-  KILN_TRY(need_f32("gated_act", "dst", op.dst));
+  KILN_TRY(need_float("gated_act", "dst", op.dst));
   KILN_TRY(need_same("gated_act", "up", op.up, "dst", op.dst));
   if (!same_shape(op.gate, op.up) && !(op.gate.ne[0] == 1 && op.gate.n_rows() == op.up.n_rows())) {
     return invalid_argument("gated_act: gate is {} but up is {} (expected the same shape or [1, {}])",
@@ -249,13 +224,13 @@ Status check(const GatedAct& op) {
 }
 
 Status check(const Binary& op) {
+  const Tensor& b = op.b.tensor;
   KILN_TRY(need_f32("binary", "a", op.a));
-  KILN_TRY(need_f32("binary", "b", op.b));
-  KILN_TRY(need_f32("binary", "dst", op.dst));
+  KILN_TRY(need_f32("binary", "b", b));
+  KILN_TRY(need_float("binary", "dst", op.dst));
   KILN_TRY(need_same("binary", "a", op.a, "dst", op.dst));
-  if (!same_shape(op.a, op.b) && !(op.b.ne[0] == op.a.ne[0] && op.b.n_rows() == 1)) {
-    return invalid_argument("binary: b is {}, expected {} or [{}]", op.b.describe(), op.a.describe(),
-                            op.a.ne[0]);
+  if (!same_shape(op.a, b) && !(b.ne[0] == op.a.ne[0] && b.n_rows() == 1)) {
+    return invalid_argument("binary: b is {}, expected {} or [{}]", b.describe(), op.a.describe(), op.a.ne[0]);
   }
   return Status::ok_status();
 }
@@ -270,9 +245,8 @@ Status check(const Scale& op) {
 
 Status check(const Argmax& op) {
   KILN_TRY(need_f32("argmax", "x", op.x));
-  if (static_cast<int64_t>(op.out.size()) != op.x.n_rows() || op.x.ne[0] <= 0) {
-    return invalid_argument("argmax: out has {} entries for x {}", op.out.size(), op.x.describe());
-  }
+  if (op.x.ne[0] <= 0) return invalid_argument("argmax: x is {}", op.x.describe());
+  KILN_TRY(need_i32("argmax", "out", op.out, op.x.n_rows()));
   return Status::ok_status();
 }
 
@@ -284,45 +258,34 @@ Status check(const MoeRoute& op) {
     return invalid_argument("moe_route: weights is {}, expected f32[n_used in [1, {}], {}]",
                             op.weights.describe(), n_expert, n_tokens);
   }
-  if (static_cast<int64_t>(op.ids.size()) != n_used * n_tokens) {
-    return invalid_argument("moe_route: ids has {} entries, expected n_used * n_tokens = {}", op.ids.size(),
-                            n_used * n_tokens);
-  }
+  KILN_TRY(need_i32("moe_route", "ids", op.ids, n_used * n_tokens));
   return Status::ok_status();
 }
 
 Status check(const MoeMatmul& op) {
-  if (op.w.data == nullptr) return invalid_argument("moe_matmul: w has no data");
-  const DTypeInfo& info = dtype_info(op.w.type);
-  if (info.dequantize_row == nullptr && op.w.type != DType::f32) {
+  const Tensor& w = op.w.tensor;
+  if (w.data == nullptr) return invalid_argument("moe_matmul: w has no data");
+  const DTypeInfo& info = dtype_info(w.type);
+  if (info.dequantize_row == nullptr && w.type != DType::f32) {
     return invalid_argument("moe_matmul: weight type {} has no dequantizer", info.name);
   }
-  if (op.w.nb[0] != info.type_size || op.w.ne[3] != 1) {
-    return invalid_argument(
-        "moe_matmul: w must be a 3-d tensor [k, n, n_expert] with contiguous rows, not {}", op.w.describe());
+  if (w.nb[0] != info.type_size || w.ne[3] != 1) {
+    return invalid_argument("moe_matmul: w must be a 3-d tensor [k, n, n_expert] with contiguous rows, not {}",
+                            w.describe());
   }
   KILN_TRY(need_f32("moe_matmul", "x", op.x));
   KILN_TRY(need_f32("moe_matmul", "dst", op.dst));
   const int64_t n_used = op.dst.ne[1], n_tokens = op.dst.ne[2];
-  if (op.dst.ne[0] != op.w.ne[1] || op.dst.ne[3] != 1) {
+  if (op.dst.ne[0] != w.ne[1] || op.dst.ne[3] != 1) {
     return invalid_argument("moe_matmul: dst is {}, expected f32[{}, n_used, n_tokens]", op.dst.describe(),
-                            op.w.ne[1]);
+                            w.ne[1]);
   }
-  if (op.x.ne[0] != op.w.ne[0] || (op.x.ne[1] != 1 && op.x.ne[1] != n_used) || op.x.ne[2] != n_tokens ||
+  if (op.x.ne[0] != w.ne[0] || (op.x.ne[1] != 1 && op.x.ne[1] != n_used) || op.x.ne[2] != n_tokens ||
       op.x.ne[3] != 1) {
     return invalid_argument("moe_matmul: x is {}, expected f32[{}, 1 or {}, {}] for w {} and dst {}",
-                            op.x.describe(), op.w.ne[0], n_used, n_tokens, op.w.describe(),
-                            op.dst.describe());
+                            op.x.describe(), w.ne[0], n_used, n_tokens, w.describe(), op.dst.describe());
   }
-  if (static_cast<int64_t>(op.ids.size()) != n_used * n_tokens) {
-    return invalid_argument("moe_matmul: ids has {} entries, expected n_used * n_tokens = {}", op.ids.size(),
-                            n_used * n_tokens);
-  }
-  for (size_t i = 0; i < op.ids.size(); ++i) {
-    if (op.ids[i] < 0 || op.ids[i] >= op.w.ne[2]) {
-      return out_of_range("moe_matmul: ids[{}] = {} is outside [0, {})", i, op.ids[i], op.w.ne[2]);
-    }
-  }
+  KILN_TRY(need_i32("moe_matmul", "ids", op.ids, n_used * n_tokens));
   return Status::ok_status();
 }
 
@@ -346,6 +309,20 @@ Status check(const WeightedSum& op) {
 
 Status check(const Op& op) {
   return std::visit([](const auto& o) { return check(o); }, op);
+}
+
+bool is_float_activation(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+
+const Tensor* float_dst(const Op& op) {
+  return std::visit(
+      []<class T>(const T& o) -> const Tensor* {
+        if constexpr (requires { o.dst; }) {
+          return &o.dst;
+        } else {
+          return nullptr;
+        }
+      },
+      op);
 }
 
 std::string_view op_name(const Op& op) {
@@ -373,7 +350,7 @@ DType activation_type(DType w) {
   }
 }
 
-RopeFreq rope_freq(const RopeParams& p, int32_t i) {
+RopeFreq rope_freq(const RopeParams& p, int32_t i, float freq_factor) {
   const double d = p.n_rot;
   const double base_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / d);
   double freq = base_freq;
@@ -381,20 +358,6 @@ RopeFreq rope_freq(const RopeParams& p, int32_t i) {
   switch (p.scaling) {
     case RopeScaling::rope_scaling_none: break;
     case RopeScaling::rope_scaling_linear: freq = base_freq / p.factor; break;
-    case RopeScaling::rope_scaling_llama3: {
-      const double two_pi = 2.0 * std::numbers::pi;
-      const double wavelen = two_pi / base_freq;
-      const double low_wavelen = p.original_context / p.low_freq_factor;
-      const double high_wavelen = p.original_context / p.high_freq_factor;
-      if (wavelen > low_wavelen) {
-        freq = base_freq / p.factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth =
-            (p.original_context / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
-        freq = (1.0 - smooth) * base_freq / p.factor + smooth * base_freq;
-      }
-      break;
-    }
     case RopeScaling::rope_scaling_yarn: {
       // The dims whose wavelength completes between beta_slow and beta_fast turns over the original context
       // blend interpolated (freq / factor) and original frequencies linearly.
@@ -413,7 +376,7 @@ RopeFreq rope_freq(const RopeParams& p, int32_t i) {
       break;
     }
   }
-  if (p.freq_factors != nullptr) freq /= p.freq_factors[i];
+  freq /= freq_factor;
   return {static_cast<float>(freq), static_cast<float>(mscale * p.attn_factor)};
 }
 

@@ -1,7 +1,16 @@
-// The op contracts: what each op computes, its operands' shapes and types, and check(), which validates a
-// call before any backend runs it. Shapes are written innermost first, as Tensor stores them. Every op writes
-// f32 results; inputs may be non-contiguous views unless a contract says otherwise. The scalar reference of
-// every op is in ops/ref/ (the oracle); backends implement the same contracts (backends/backend.h).
+// The op contracts: what each op computes, its operands' shapes and types, and check(), which validates an
+// op's operands before any backend runs it. Shapes are written innermost first, as Tensor stores them. Inputs
+// may be non-contiguous views unless a contract says otherwise. The scalar reference of every op is in ops/ref/
+// (the oracle); backends implement the same contracts (backends/backend.h).
+//
+// Every operand is a Tensor, step metadata included (token ids, positions, KV slots, block tables, expert
+// ids: i32 tensors in backend memory), so that a backend that does not share the host's memory can run an op
+// without a copy or a synchronisation. check() is O(1): it reads shapes and types, never the data. The values
+// of step metadata are validated once per step, where the step is built (models/step.h); values an op
+// produces on the device (MoeRoute's ids) are valid by construction.
+//
+// Activations: an op's floating-point destination is f32, or f16 / bf16 where the contract says "dst: float",
+// for a backend whose supports() accepts it; the CPU backend keeps f32.
 #pragma once
 
 #include <cstdint>
@@ -15,19 +24,37 @@
 
 namespace kiln::ops {
 
-// dst[:, i] = table[:, ids[i]] converted to f32.   table: any type [n, n_rows]; dst: f32 [n, n_ids].
+// What a backend made of a weight when the model loaded (Backend::prepare_weight): a repacked layout, a tiled
+// or FP8 copy with its scales. Backend-private; only the backend that made it reads it.
+class PreparedWeight {
+ public:
+  virtual ~PreparedWeight() = default;
+};
+
+// A weight operand: the logical tensor (its GGUF type and shape, in memory the backend can read: the mapped
+// file for the CPU, a device copy for a GPU) and the backend's prepared form of it, when it made one.
+// Converts from a plain Tensor (no prepared form), as tests and activations-as-weights use it.
+struct Weight {
+  Tensor tensor;
+  const PreparedWeight* prepared = nullptr;
+  Weight() = default;
+  Weight(const Tensor& t) : tensor(t) {}  // NOLINT(google-explicit-constructor): a plain tensor is a weight
+};
+
+// dst[:, i] = table[:, ids[i]] converted to dst's type.   table: any type [n, n_rows]; ids: i32 [n_ids], each in
+// [0, n_rows); dst: float [n, n_ids].
 struct GetRows {
-  Tensor table;
-  std::span<const int32_t> ids;  // [n_ids], each in [0, n_rows)
+  Weight table;
+  Tensor ids;
   Tensor dst;
 };
 
-// dst[j, i] = sum_k w[k, j] * x[k, i].   w: any type [k, n] (rows contiguous); x: f32 [k, m]; dst: f32 [n,
+// dst[j, i] = sum_k w[k, j] * x[k, i].   w: any type [k, n] (rows contiguous); x: f32 [k, m]; dst: float [n,
 // m]. quantize_x: each x row is first rounded to the weight type's activation format (activation_type():
 // q8_0, q8_1 or q8_K blocks, as llama.cpp does), so the products become integer dot products — faster, at
 // ~1e-3 relative error. Weight types without one (f32, f16, bf16) ignore it.
 struct Matmul {
-  Tensor w;
+  Weight w;
   Tensor x;
   Tensor dst;
   bool quantize_x = false;
@@ -36,11 +63,11 @@ struct Matmul {
 // The block format x is rounded to under Matmul::quantize_x for weights of type `w`; f32 when there is none.
 DType activation_type(DType w);
 
-// dst[:, r] = x[:, r] / sqrt(mean(x[:, r]^2) + eps) * (w (+1 when add_one))   x, dst: f32 [n, rows]; w: f32
-// [n] or none.
+// dst[:, r] = x[:, r] / sqrt(mean(x[:, r]^2) + eps) * (w (+1 when add_one))   x: f32 [n, rows]; dst: float
+// [n, rows]; w: f32 [n] or none.
 struct RmsNorm {
   Tensor x;
-  Tensor w;  // data == nullptr: no weight
+  Weight w;  // tensor.data == nullptr: no weight
   float eps = 1e-6f;
   bool add_one = false;  // Gemma stores w - 1
   Tensor dst;
@@ -49,8 +76,8 @@ struct RmsNorm {
 // dst[:, r] = (x - mean) / sqrt(var + eps) * w + b    x, dst: f32 [n, rows]; w, b: f32 [n] or none.
 struct LayerNorm {
   Tensor x;
-  Tensor w;
-  Tensor b;
+  Weight w;
+  Weight b;
   float eps = 1e-5f;
   Tensor dst;
 };
@@ -59,11 +86,12 @@ enum class RopeLayout : uint8_t {
   rope_layout_normal,  // rotates pairs (x[2i], x[2i+1]) (GGUF llama)
   rope_layout_neox,    // rotates pairs (x[i], x[i + n_rot/2]) (NeoX, Qwen, Gemma, HF)
 };
+// Llama-3's scaling has no case here: its per-pair factors are a rope_freqs tensor (GGUF files carry one;
+// models/hf_import.cpp computes it from config.json), applied through Rope::freq_factors.
 enum class RopeScaling : uint8_t {
   rope_scaling_none,
   rope_scaling_linear,
   rope_scaling_yarn,
-  rope_scaling_llama3
 };
 
 // Frequencies of RoPE: theta_i = pos * freq_base^(-2i/n_rot), adjusted by the scaling type.
@@ -72,21 +100,21 @@ struct RopeParams {
   RopeLayout layout = RopeLayout::rope_layout_normal;
   float freq_base = 10000.0f;
   RopeScaling scaling = RopeScaling::rope_scaling_none;
-  float factor = 1.0f;                  // linear / yarn / llama3: context extension factor
-  int32_t original_context = 0;         // yarn / llama3: the pre-extension context length
-  float low_freq_factor = 1.0f;         // llama3
-  float high_freq_factor = 4.0f;        // llama3
-  float beta_fast = 32.0f;              // yarn
-  float beta_slow = 1.0f;               // yarn
-  float attn_factor = 1.0f;             // yarn: extra magnitude scale (mscale) on cos/sin
-  const float* freq_factors = nullptr;  // [n_rot/2] or null: divides each pair's frequency (GGUF rope_freqs)
+  float factor = 1.0f;           // linear / yarn: context extension factor
+  int32_t original_context = 0;  // yarn: the pre-extension context length
+  float beta_fast = 32.0f;       // yarn
+  float beta_slow = 1.0f;        // yarn
+  float attn_factor = 1.0f;      // yarn, longrope: extra magnitude scale (mscale) on cos/sin
 };
 
-// Rotary position embedding.  x, dst: f32 [head_dim, n_heads, n_tokens] (dst may alias x).
+// Rotary position embedding.  x, dst: f32 [head_dim, n_heads, n_tokens] (dst may alias x); positions: i32
+// [n_tokens], each >= 0; freq_factors: f32 [n_rot/2] or none: divides each pair's frequency (GGUF rope_freqs,
+// Phi-3's long/short factors).
 struct Rope {
   Tensor x;
-  std::span<const int32_t> positions;  // [n_tokens], >= 0
+  Tensor positions;
   RopeParams p;
+  Weight freq_factors;
   Tensor dst;
 };
 
@@ -99,17 +127,21 @@ struct Softmax {
 
 // Writes the K and V rows of new tokens into the paged pools.
 // k, v: f32 [head_dim, n_kv_heads, n_tokens]; k_pool, v_pool: f32 or f16 [head_dim, n_kv_heads, block_size,
-// n_blocks]; token t goes to block slots[t] / block_size, offset slots[t] % block_size.
+// n_blocks]; slots: i32 [n_tokens], each < n_blocks * block_size (vLLM's slot_mapping): token t goes to block
+// slots[t] / block_size, offset slots[t] % block_size.
 struct KvWrite {
   Tensor k, v;
   Tensor k_pool, v_pool;
-  std::span<const int32_t> slots;  // [n_tokens], each < n_blocks * block_size
+  Tensor slots;
 };
 
 // Causal attention over paged K/V: token t (of sequence seq[t], at position pos[t]) attends to positions
 // 0..pos[t] of its sequence, read from the pools through that sequence's block table (position p is in block
 // table[p / block_size], offset p % block_size). Query head h uses KV head h / (n_heads / n_kv_heads) (GQA).
 // q: f32 [head_dim, n_heads, n_tokens]; pools as in KvWrite; dst: f32 [head_dim, n_heads, n_tokens].
+// positions, seq: i32 [n_tokens]. The block tables are flattened (CSR, as FlashInfer's paged layout): sequence
+// s's table is bt_indices[bt_indptr[s] .. bt_indptr[s + 1]); bt_indptr: i32 [n_seqs + 1], bt_indices: i32
+// [total blocks], each a block of the pools or kFreedBlock.
 // scores = q.k * scale (then softcap * tanh(scores / softcap) when softcap > 0); window > 0 keeps only the
 // last `window` positions (sliding-window attention). Table entries below every token's window may be
 // kFreedBlock.
@@ -118,9 +150,9 @@ inline constexpr int32_t kFreedBlock = -1;
 struct Attention {
   Tensor q;
   Tensor k_pool, v_pool;
-  std::span<const int32_t> positions;                      // [n_tokens]
-  std::span<const int32_t> seq;                            // [n_tokens] index into block_tables
-  std::span<const std::span<const int32_t>> block_tables;  // [n_seqs]
+  Tensor positions;
+  Tensor seq;
+  Tensor bt_indptr, bt_indices;
   float scale = 1.0f;
   float softcap = 0.0f;
   int32_t window = 0;
@@ -128,7 +160,7 @@ struct Attention {
 };
 
 enum class GluKind : uint8_t { glu_kind_silu, glu_kind_gelu_tanh, glu_kind_sigmoid };
-// dst = act(gate) * up.   up, dst: f32 [n, rows]; gate: f32 [n, rows], or [1, rows]: one gate per row,
+// dst = act(gate) * up.   up: f32 [n, rows]; dst: float [n, rows]; gate: f32 [n, rows], or [1, rows]: one gate per row,
 // broadcast over it (dst[:, r] = act(gate[0, r]) * up[:, r], e.g. a shared expert's sigmoid gate).
 struct GatedAct {
   Tensor gate, up;
@@ -137,10 +169,11 @@ struct GatedAct {
 };
 
 enum class BinaryKind : uint8_t { binary_kind_add, binary_kind_mul };
-// dst = a (+|*) b, b broadcast over rows when it has one row.   a, dst: f32 [n, rows]; b: f32 [n, rows] or
-// [n, 1].
+// dst = a (+|*) b, b broadcast over rows when it has one row.   a: f32 [n, rows]; dst: float [n, rows]; b: f32
+// [n, rows] or [n, 1] (a bias: a weight).
 struct Binary {
-  Tensor a, b;
+  Tensor a;
+  Weight b;
   BinaryKind kind = BinaryKind::binary_kind_add;
   Tensor dst;
 };
@@ -152,20 +185,20 @@ struct Scale {
   Tensor dst;
 };
 
-// out[r] = the index of the largest x[:, r] (the first on ties).   x: f32 [n, rows].
+// out[r] = the index of the largest x[:, r] (the first on ties).   x: f32 [n, rows]; out: i32 [rows].
 struct Argmax {
   Tensor x;
-  std::span<int32_t> out;  // [rows]
+  Tensor out;
 };
 
 // Mixture-of-experts routing: per token t, p = softmax(logits[:, t]); the n_used experts of largest p
 // (ranked by logit, which orders them the same; ties: the lower expert index first) go to ids[s + n_used * t]
 // in descending order, s = 0..n_used-1, and weights[s, t] = p[ids[s + n_used * t]], divided by the sum of the
-// n_used chosen p when `normalize`.   logits: f32 [n_expert, n_tokens]; weights: f32 [n_used, n_tokens]
-// (n_used = weights.ne[0], 1 <= n_used <= n_expert).
+// n_used chosen p when `normalize`.   logits: f32 [n_expert, n_tokens]; ids: i32 [n_used, n_tokens]; weights:
+// f32 [n_used, n_tokens] (n_used = weights.ne[0], 1 <= n_used <= n_expert).
 struct MoeRoute {
   Tensor logits;
-  std::span<int32_t> ids;  // [n_used * n_tokens]
+  Tensor ids;
   Tensor weights;
   bool normalize = false;
 };
@@ -173,11 +206,11 @@ struct MoeRoute {
 // Matmul with one expert's matrix per (slot, token): dst[j, s, t] = sum_k w[k, j, e] * x[k, s or 0, t] with
 // e = ids[s + n_used * t].   w: any Matmul weight type [k, n, n_expert], expert e the slab e (rows
 // contiguous); x: f32 [k, n_x, n_tokens], n_x = 1 (every slot reads the token's one row) or n_used; dst: f32
-// [n, n_used, n_tokens]. quantize_x as in Matmul.
+// [n, n_used, n_tokens]; ids: i32 [n_used, n_tokens], each in [0, n_expert). quantize_x as in Matmul.
 struct MoeMatmul {
-  Tensor w;
+  Weight w;
   Tensor x;
-  std::span<const int32_t> ids;  // [n_used * n_tokens], each in [0, n_expert)
+  Tensor ids;
   Tensor dst;
   bool quantize_x = false;
 };
@@ -197,7 +230,8 @@ using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWr
 // "matmul", "rms_norm", ...
 std::string_view op_name(const Op& op);
 
-// Validates an op's operands (types, shapes, spans, ranges): invalid_argument naming the op and the operand.
+// Validates an op's operands (types, shapes, scalar parameters), in O(1): invalid_argument naming the op and
+// the operand. Reads no tensor data.
 Status check(const GetRows& op);
 Status check(const Matmul& op);
 Status check(const RmsNorm& op);
@@ -215,12 +249,17 @@ Status check(const MoeMatmul& op);
 Status check(const WeightedSum& op);
 Status check(const Op& op);
 
-// The frequency of rotated pair i (0 <= i < n_rot/2) and the magnitude scale for cos/sin, after scaling.
-// Shared by every backend so all agree on the angles.
+// The frequency of rotated pair i (0 <= i < n_rot/2) and the magnitude scale for cos/sin, after scaling and
+// the pair's freq_factor (1 without factors). Shared by every backend so all agree on the angles.
 struct RopeFreq {
   float theta_scale;  // multiply the position by this to get the angle
-  float mscale;       // cos/sin magnitude (yarn attn factor), 1 otherwise
+  float mscale;       // cos/sin magnitude (yarn / longrope attn factor), 1 otherwise
 };
-RopeFreq rope_freq(const RopeParams& p, int32_t i);
+RopeFreq rope_freq(const RopeParams& p, int32_t i, float freq_factor = 1.0f);
+
+// The float types an op's destination may have (see the top of this file): f32, f16, bf16.
+bool is_float_activation(DType t);
+// The destination of an op, when it has one tensor that is its output (null for KvWrite, Argmax, MoeRoute).
+const Tensor* float_dst(const Op& op);
 
 }  // namespace kiln::ops

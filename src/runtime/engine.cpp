@@ -270,8 +270,7 @@ void Engine::Impl::step() {
   // Rows of the model's n_vocab; sampling sees the tokenizer's first desc.n_vocab (HF embeddings are often
   // padded past the vocabulary).
   const size_t stride = static_cast<size_t>(model->info().n_vocab);
-  logits.resize(batch.logit_rows.size() * stride);
-  Status st = model->forward(batch, *kv, logits.data());
+  Status st = run_forward();
   if (!st.ok()) {
     log_error("engine: forward failed: {}", st.message());
     for (auto& p : parts) {
@@ -296,6 +295,11 @@ void Engine::Impl::step() {
     ++row;
     sample_and_emit(p.s, row_logits);
   }
+}
+
+Status Engine::Impl::run_forward() {
+  KILN_ASSIGN_OR_RETURN(const Tensor step_logits, model->forward(batch, *kv));
+  return read_logits(*backend, step_logits, logits);  // the one point where the engine waits for the backend
 }
 
 void Engine::Impl::sample_and_emit(const std::shared_ptr<Seq>& sp, std::span<const float> row_logits) {

@@ -52,6 +52,8 @@ struct Engine::Impl {
   Status load_chat_template(const std::string& path, bool folder);
   void loop();
   void step();
+  // model->forward(batch) and its logits into `logits` ([logit rows, n_vocab]).
+  Status run_forward();
   void admit();
   void preempt(Seq& s);
   void sample_and_emit(const std::shared_ptr<Seq>& s, std::span<const float> logits);

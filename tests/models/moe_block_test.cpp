@@ -173,9 +173,14 @@ TEST(MoeBlock, MatchesTheFormula) {
           const std::vector<double> want = reference(*layer, shape, x);
           for (bool qx : {false, true}) {
             blocks::Arena arena(*backend);
+            Program program;
+            const blocks::StepTensors step;  // moe_ffn reads no step metadata
+            blocks::Recorder rec{program, arena, step, qx};
             const Tensor xt = make_tensor(DType::f32, x.data(), kEmbd, kTokens);
-            Result<Tensor> out = blocks::moe_ffn(*backend, arena, xt, *w, shape, qx);
+            Result<Tensor> out = blocks::moe_ffn(rec, xt, *w, shape);
             ASSERT_TRUE(out.ok()) << out.status().to_string();
+            ASSERT_TRUE(backend->run(program).ok());
+            ASSERT_TRUE(backend->synchronize().ok());
             double diff2 = 0.0, ref2 = 0.0;
             for (int64_t t = 0; t < kTokens; ++t) {
               for (int64_t i = 0; i < kEmbd; ++i) {

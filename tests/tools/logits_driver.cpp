@@ -91,8 +91,8 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
         batch.seq.push_back(static_cast<int32_t>(p));
       }
     }
-    logits.resize(batch.logit_rows.size() * static_cast<size_t>(info.n_vocab));
-    KILN_TRY(model->forward(batch, kv, logits.data()));
+    KILN_ASSIGN_OR_RETURN(const kiln::Tensor step_logits, model->forward(batch, kv));
+    KILN_TRY(kiln::read_logits(*backend, step_logits, logits));
     size_t row = 0;
     for (const auto& [i, n] : parts) {
       cache.commit(static_cast<int64_t>(i), std::span<const int32_t>(seqs[i]).subspan(done[i], n));

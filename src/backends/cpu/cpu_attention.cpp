@@ -26,12 +26,14 @@ const float* pool_row(const Tensor& pool, int64_t kv_head, int64_t slot, float* 
 void attention(ThreadPool& pool, const ops::Attention& op) {
   const int64_t head_dim = op.q.ne[0], n_heads = op.q.ne[1], n_tokens = op.q.ne[2];
   const int64_t group = n_heads / op.k_pool.ne[1], block_size = op.k_pool.ne[2];
+  const auto positions = op.positions.span_as<const int32_t>(), seq = op.seq.span_as<const int32_t>();
+  const auto indptr = op.bt_indptr.span_as<const int32_t>(), indices = op.bt_indices.span_as<const int32_t>();
   pool.parallel_for(n_tokens * n_heads, [&](int64_t begin, int64_t end, int) {
     std::vector<float> scores, out(head_dim), tmp(head_dim);
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / n_heads, h = th % n_heads, kv_head = h / group;
-      const std::span<const int32_t> table = op.block_tables[op.seq[t]];
-      const int64_t last = op.positions[t];
+      const auto table = indices.subspan(indptr[seq[t]], indptr[seq[t] + 1] - indptr[seq[t]]);
+      const int64_t last = positions[t];
       const int64_t first = op.window > 0 ? std::max<int64_t>(0, last - op.window + 1) : 0;
       const auto* q = op.q.row_as<const float>(h, t);
       scores.resize(last - first + 1);

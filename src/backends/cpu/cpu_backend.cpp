@@ -1,7 +1,7 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <cstdlib>
-#include <new>
+#include <cstring>
 
 #include "backends/cpu/cpu_ops.h"
 
@@ -15,6 +15,7 @@ class HostBuffer final : public Buffer {
   ~HostBuffer() override { std::free(p_); }
   void* data() override { return p_; }
   size_t size() const override { return n_; }
+  bool host_visible() const override { return true; }
 
  private:
   void* p_;
@@ -25,10 +26,19 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int n_threads) : pool_(n_threads) {}
   std::string_view name() const override { return "cpu"; }
-  bool supports(const ops::Op&) const override { return true; }  // every op, every type with a dequantizer
-  Status run(const ops::Op& op) override {
-    KILN_TRY(ops::check(op));
-    cpu::run(pool_, op);
+  // Every op, every weight type with a dequantizer; destinations in f32 only.
+  bool supports(const ops::Op& op) const override {
+    const Tensor* dst = ops::float_dst(op);
+    return dst == nullptr || dst->type == DType::f32;
+  }
+  Status run(const Program& program) override {
+    for (const ops::Op& op : program.ops()) {
+      if (!supports(op)) {
+        return unimplemented("cpu backend: {} with a {} destination is not supported (f32 only)",
+                             ops::op_name(op), dtype_name(ops::float_dst(op)->type));
+      }
+    }
+    for (const ops::Op& op : program.ops()) cpu::run(pool_, op);
     return Status::ok_status();
   }
   Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
@@ -37,8 +47,37 @@ class CpuBackend final : public Backend {
     if (p == nullptr) return resource_exhausted("cpu backend: cannot allocate {} bytes", bytes);
     return std::unique_ptr<Buffer>(new HostBuffer(p, bytes));
   }
-  bool host_memory() const override { return true; }
-  void synchronize() override {}
+  Status upload(const Tensor& dst, const void* src, size_t bytes) override {
+    KILN_TRY(check_transfer("cpu upload", dst, bytes));
+    std::memcpy(dst.data, src, bytes);
+    return Status::ok_status();
+  }
+  Status download(void* dst, const Tensor& src, size_t bytes) override {
+    KILN_TRY(check_transfer("cpu download", src, bytes));
+    std::memcpy(dst, src.data, bytes);
+    return Status::ok_status();
+  }
+  Status copy(const Tensor& dst, const Tensor& src) override {
+    if (dst.type != src.type || dst.ne != src.ne) {
+      return invalid_argument("cpu copy: dst is {} but src is {}", dst.describe(), src.describe());
+    }
+    const auto bytes = static_cast<size_t>(src.nb[3] * src.ne[3]);
+    KILN_TRY(check_transfer("cpu copy", src, bytes));
+    KILN_TRY(check_transfer("cpu copy", dst, bytes));
+    std::memmove(dst.data, src.data, bytes);
+    return Status::ok_status();
+  }
+  Status synchronize() override { return Status::ok_status(); }  // every call above has finished on return
+  // Weights are read in place, from the mapped file.
+  Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
+                                                       WeightRole role) override {
+    auto h = std::make_unique<WeightHandle>();
+    h->name = std::string(name);
+    h->role = role;
+    h->logical = logical;
+    h->weight = ops::Weight(logical);
+    return h;
+  }
   int n_threads() const override { return pool_.n_threads(); }
 
  private:

@@ -198,25 +198,26 @@ void run_products(ThreadPool& pool, const Products& pr, const Tensor& x_t, const
 
 void matmul(ThreadPool& pool, const ops::Matmul& op) {
   const int64_t m = op.x.n_rows();
-  Products pr{op.w, {0}, {0, m}, std::vector<int64_t>(m), {}};
+  Products pr{op.w.tensor, {0}, {0, m}, std::vector<int64_t>(m), {}};
   std::iota(pr.x_rows.begin(), pr.x_rows.end(), 0);
   pr.y_rows = pr.x_rows;
   run_products(pool, pr, op.x, op.dst, op.quantize_x);
 }
 
 void moe_matmul(ThreadPool& pool, const ops::MoeMatmul& op) {
-  const int64_t n_expert = op.w.ne[2], n_used = op.dst.ne[1];
-  const auto n_pairs = static_cast<int64_t>(op.ids.size());
+  const int64_t n_expert = op.w.tensor.ne[2], n_used = op.dst.ne[1];
+  const auto ids = op.ids.span_as<const int32_t>();
+  const auto n_pairs = static_cast<int64_t>(ids.size());
   const bool shared_x = op.x.ne[1] == 1;  // x [k, 1, n_tokens]: x row t serves every slot of token t
   // Group the pairs p = s + n_used * t (dst flat row p) by expert: a counting sort, p ascending per expert.
   // Expert e's pairs are entries [first[e], first[e + 1]) of the sorted list.
   std::vector<int64_t> first(n_expert + 1, 0);
-  for (int32_t e : op.ids) ++first[e + 1];
+  for (int32_t e : ids) ++first[e + 1];
   for (int64_t e = 0; e < n_expert; ++e) first[e + 1] += first[e];
-  Products pr{op.w, {}, {0}, std::vector<int64_t>(n_pairs), std::vector<int64_t>(n_pairs)};
+  Products pr{op.w.tensor, {}, {0}, std::vector<int64_t>(n_pairs), std::vector<int64_t>(n_pairs)};
   std::vector<int64_t> fill(first.begin(), first.end() - 1);
   for (int64_t p = 0; p < n_pairs; ++p) {
-    const int64_t at = fill[op.ids[p]]++;
+    const int64_t at = fill[ids[p]]++;
     pr.x_rows[at] = shared_x ? p / n_used : p;
     pr.y_rows[at] = p;
   }

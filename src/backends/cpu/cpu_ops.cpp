@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/overloaded.h"
 #include "ops/ref/ref.h"
 
 namespace kiln::cpu {
@@ -32,13 +33,15 @@ const float* f32_row(const Tensor& t, int64_t r) { return reinterpret_cast<const
 float* f32_row_mut(const Tensor& t, int64_t r) { return reinterpret_cast<float*>(t.flat_row(r)); }
 
 void get_rows(ThreadPool& pool, const GetRows& op) {
-  for_rows(pool, static_cast<int64_t>(op.ids.size()),
-           [&](int64_t i) { ref::row_to_f32(op.table, op.table.row(op.ids[i]), f32_row_mut(op.dst, i)); });
+  const auto ids = op.ids.span_as<const int32_t>();
+  const Tensor& table = op.table.tensor;
+  for_rows(pool, static_cast<int64_t>(ids.size()),
+           [&](int64_t i) { ref::row_to_f32(table, table.row(ids[i]), f32_row_mut(op.dst, i)); });
 }
 
 void rms_norm(ThreadPool& pool, const RmsNorm& op) {
   const int64_t n = op.x.ne[0];
-  const auto* w = static_cast<const float*>(op.w.data);
+  const auto* w = static_cast<const float*>(op.w.tensor.data);
   const float one = op.add_one ? 1.0f : 0.0f;
   for_rows(pool, op.x.n_rows(), [&](int64_t r) {
     const float* x = f32_row(op.x, r);
@@ -52,8 +55,8 @@ void rms_norm(ThreadPool& pool, const RmsNorm& op) {
 
 void layer_norm(ThreadPool& pool, const LayerNorm& op) {
   const int64_t n = op.x.ne[0];
-  const auto* w = static_cast<const float*>(op.w.data);
-  const auto* b = static_cast<const float*>(op.b.data);
+  const auto* w = static_cast<const float*>(op.w.tensor.data);
+  const auto* b = static_cast<const float*>(op.b.tensor.data);
   for_rows(pool, op.x.n_rows(), [&](int64_t r) {
     const float* x = f32_row(op.x, r);
     float* y = f32_row_mut(op.dst, r);
@@ -70,15 +73,17 @@ void layer_norm(ThreadPool& pool, const LayerNorm& op) {
 void rope(ThreadPool& pool, const Rope& op) {
   const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
   const int32_t half = op.p.n_rot / 2;
+  const auto positions = op.positions.span_as<const int32_t>();
+  const auto* factors = static_cast<const float*>(op.freq_factors.tensor.data);
   std::vector<RopeFreq> freq(half);
-  for (int32_t i = 0; i < half; ++i) freq[i] = rope_freq(op.p, i);
+  for (int32_t i = 0; i < half; ++i) freq[i] = rope_freq(op.p, i, factors != nullptr ? factors[i] : 1.0f);
   const bool normal = op.p.layout == RopeLayout::rope_layout_normal;
   pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) {
     std::vector<float> cs(2 * half);
     for (int64_t t = t0; t < t1; ++t) {
       for (int32_t i = 0; i < half; ++i) {
         // Angles in f64: positions reach 1e5+ and f32 would lose the fraction.
-        const double angle = static_cast<double>(op.positions[t]) * freq[i].theta_scale;
+        const double angle = static_cast<double>(positions[t]) * freq[i].theta_scale;
         cs[2 * i] = static_cast<float>(std::cos(angle) * freq[i].mscale);
         cs[2 * i + 1] = static_cast<float>(std::sin(angle) * freq[i].mscale);
       }
@@ -113,8 +118,9 @@ void softmax(ThreadPool& pool, const Softmax& op) {
 
 void kv_write(ThreadPool& pool, const KvWrite& op) {
   const int64_t head_dim = op.k.ne[0], n_kv = op.k.ne[1], block_size = op.k_pool.ne[2];
+  const auto slots = op.slots.span_as<const int32_t>();
   for_rows(pool, op.k.ne[2] * n_kv, [&](int64_t th) {
-    const int64_t t = th / n_kv, h = th % n_kv, slot = op.slots[t];
+    const int64_t t = th / n_kv, h = th % n_kv, slot = slots[t];
     for (const auto& [src, pool_t] : {std::pair{&op.k, &op.k_pool}, std::pair{&op.v, &op.v_pool}}) {
       const auto* x = src->row_as<const float>(h, t);
       uint8_t* dst = pool_t->row(h, slot % block_size, slot / block_size);
@@ -154,10 +160,11 @@ void gated_act(ThreadPool& pool, const GatedAct& op) {
 
 void binary(ThreadPool& pool, const Binary& op) {
   const int64_t n = op.a.ne[0];
-  const bool broadcast = op.b.n_rows() == 1, add = op.kind == BinaryKind::binary_kind_add;
+  const Tensor& bt = op.b.tensor;
+  const bool broadcast = bt.n_rows() == 1, add = op.kind == BinaryKind::binary_kind_add;
   for_rows(pool, op.a.n_rows(), [&](int64_t r) {
     const float* a = f32_row(op.a, r);
-    const float* b = f32_row(op.b, broadcast ? 0 : r);
+    const float* b = f32_row(bt, broadcast ? 0 : r);
     float* y = f32_row_mut(op.dst, r);
     if (add) {
       for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
@@ -182,7 +189,7 @@ void argmax(ThreadPool& pool, const Argmax& op) {
     for (int64_t i = 1; i < op.x.ne[0]; ++i) {
       if (x[i] > x[best]) best = static_cast<int32_t>(i);
     }
-    op.out[r] = best;
+    op.out.span_as<int32_t>()[r] = best;
   });
 }
 
@@ -195,7 +202,7 @@ void moe_route(ThreadPool& pool, const MoeRoute& op) {
     double sum = 0.0;
     for (int64_t e = 0; e < n_expert; ++e) sum += std::exp(x[e] - mx);
     // Top n_used by repeated maximum over the untaken experts (ties: the lower index), as the reference.
-    int32_t* ids = op.ids.data() + n_used * t;
+    int32_t* ids = op.ids.span_as<int32_t>().data() + n_used * t;
     float* w = f32_row_mut(op.weights, t);
     double chosen = 0.0;
     for (int64_t s = 0; s < n_used; ++s) {
@@ -233,26 +240,25 @@ void weighted_sum(ThreadPool& pool, const WeightedSum& op) {
 }  // namespace
 
 void run(ThreadPool& pool, const Op& op) {
-  std::visit(
-      [&](const auto& o) {
-        using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, GetRows>) get_rows(pool, o);
-        if constexpr (std::is_same_v<T, Matmul>) matmul(pool, o);
-        if constexpr (std::is_same_v<T, RmsNorm>) rms_norm(pool, o);
-        if constexpr (std::is_same_v<T, LayerNorm>) layer_norm(pool, o);
-        if constexpr (std::is_same_v<T, Rope>) rope(pool, o);
-        if constexpr (std::is_same_v<T, Softmax>) softmax(pool, o);
-        if constexpr (std::is_same_v<T, KvWrite>) kv_write(pool, o);
-        if constexpr (std::is_same_v<T, Attention>) attention(pool, o);
-        if constexpr (std::is_same_v<T, GatedAct>) gated_act(pool, o);
-        if constexpr (std::is_same_v<T, Binary>) binary(pool, o);
-        if constexpr (std::is_same_v<T, Scale>) scale(pool, o);
-        if constexpr (std::is_same_v<T, Argmax>) argmax(pool, o);
-        if constexpr (std::is_same_v<T, MoeRoute>) moe_route(pool, o);
-        if constexpr (std::is_same_v<T, MoeMatmul>) moe_matmul(pool, o);
-        if constexpr (std::is_same_v<T, WeightedSum>) weighted_sum(pool, o);
-      },
-      op);
+  // One case per op: an op without a CPU kernel does not compile.
+  std::visit(Overloaded{
+                 [&](const GetRows& o) { get_rows(pool, o); },
+                 [&](const Matmul& o) { matmul(pool, o); },
+                 [&](const RmsNorm& o) { rms_norm(pool, o); },
+                 [&](const LayerNorm& o) { layer_norm(pool, o); },
+                 [&](const Rope& o) { rope(pool, o); },
+                 [&](const Softmax& o) { softmax(pool, o); },
+                 [&](const KvWrite& o) { kv_write(pool, o); },
+                 [&](const Attention& o) { attention(pool, o); },
+                 [&](const GatedAct& o) { gated_act(pool, o); },
+                 [&](const Binary& o) { binary(pool, o); },
+                 [&](const Scale& o) { scale(pool, o); },
+                 [&](const Argmax& o) { argmax(pool, o); },
+                 [&](const MoeRoute& o) { moe_route(pool, o); },
+                 [&](const MoeMatmul& o) { moe_matmul(pool, o); },
+                 [&](const WeightedSum& o) { weighted_sum(pool, o); },
+             },
+             op);
 }
 
 }  // namespace kiln::cpu

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/overloaded.h"
 
 namespace kiln::ops::ref {
 
@@ -18,6 +19,21 @@ void row_to_f32(const Tensor& t, const uint8_t* row, float* out) {
   dtype_info(t.type).dequantize_row(row, out, t.ne[0]);
 }
 
+void store_row(const Tensor& dst, uint8_t* row, const float* v) {
+  const int64_t n = dst.ne[0];
+  auto* h = reinterpret_cast<uint16_t*>(row);
+  switch (dst.type) {
+    case DType::f32: std::memcpy(row, v, n * sizeof(float)); return;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(v[i]);
+      return;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(v[i]);
+      return;
+    default: KILN_ASSERT(false && "store_row: not a float activation type");
+  }
+}
+
 double glu_act(GluKind kind, double x) {
   if (kind == GluKind::glu_kind_silu) return x / (1.0 + std::exp(-x));
   if (kind == GluKind::glu_kind_sigmoid) return 1.0 / (1.0 + std::exp(-x));
@@ -26,17 +42,20 @@ double glu_act(GluKind kind, double x) {
 }
 
 void get_rows(const GetRows& op) {
-  for (size_t i = 0; i < op.ids.size(); ++i) {
-    row_to_f32(op.table, op.table.row(op.ids[i]),
-               reinterpret_cast<float*>(op.dst.flat_row(static_cast<int64_t>(i))));
+  const auto ids = op.ids.span_as<const int32_t>();
+  std::vector<float> row(op.dst.ne[0]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    row_to_f32(op.table.tensor, op.table.tensor.row(ids[i]), row.data());
+    store_row(op.dst, op.dst.flat_row(static_cast<int64_t>(i)), row.data());
   }
 }
 
 void matmul(const Matmul& op) {
-  const int64_t k = op.w.ne[0], n = op.w.ne[1], m = op.x.n_rows();
+  const Tensor& wt = op.w.tensor;
+  const int64_t k = wt.ne[0], n = wt.ne[1], m = op.x.n_rows();
   // x as the products see it: rounded through the activation format under quantize_x.
   std::vector<float> xs(static_cast<size_t>(k * m));
-  const DType act = op.quantize_x ? activation_type(op.w.type) : DType::f32;
+  const DType act = op.quantize_x ? activation_type(wt.type) : DType::f32;
   std::vector<uint8_t> q(act == DType::f32 ? 0 : static_cast<size_t>(dtype_row_bytes(act, k).value()));
   for (int64_t i = 0; i < m; ++i) {
     const auto* x = reinterpret_cast<const float*>(op.x.flat_row(i));
@@ -47,24 +66,25 @@ void matmul(const Matmul& op) {
       dtype_info(act).dequantize_row(q.data(), xs.data() + i * k, k);
     }
   }
-  std::vector<float> w(k);
+  std::vector<float> w(k), y(static_cast<size_t>(n * m));  // y: [n, m]
   for (int64_t j = 0; j < n; ++j) {
-    row_to_f32(op.w, op.w.row(j), w.data());
+    row_to_f32(wt, wt.row(j), w.data());
     for (int64_t i = 0; i < m; ++i) {
       const float* x = xs.data() + i * k;
       double acc = 0.0;
       for (int64_t c = 0; c < k; ++c) acc += static_cast<double>(w[c]) * x[c];
-      reinterpret_cast<float*>(op.dst.flat_row(i))[j] = static_cast<float>(acc);
+      y[i * n + j] = static_cast<float>(acc);
     }
   }
+  for (int64_t i = 0; i < m; ++i) store_row(op.dst, op.dst.flat_row(i), y.data() + i * n);
 }
 
 void rms_norm(const RmsNorm& op) {
   const int64_t n = op.x.ne[0];
-  const auto* w = static_cast<const float*>(op.w.data);
+  const auto* w = static_cast<const float*>(op.w.tensor.data);
+  std::vector<float> y(n);
   for (int64_t r = 0; r < op.x.n_rows(); ++r) {
     const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
-    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
     double ss = 0.0;
     for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
     const double inv = 1.0 / std::sqrt(ss / n + op.eps);
@@ -72,13 +92,14 @@ void rms_norm(const RmsNorm& op) {
       const double g = w == nullptr ? 1.0 : w[i] + (op.add_one ? 1.0 : 0.0);
       y[i] = static_cast<float>(x[i] * inv * g);
     }
+    store_row(op.dst, op.dst.flat_row(r), y.data());
   }
 }
 
 void layer_norm(const LayerNorm& op) {
   const int64_t n = op.x.ne[0];
-  const auto* w = static_cast<const float*>(op.w.data);
-  const auto* b = static_cast<const float*>(op.b.data);
+  const auto* w = static_cast<const float*>(op.w.tensor.data);
+  const auto* b = static_cast<const float*>(op.b.tensor.data);
   for (int64_t r = 0; r < op.x.n_rows(); ++r) {
     const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
     auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
@@ -96,6 +117,8 @@ void layer_norm(const LayerNorm& op) {
 void rope(const Rope& op) {
   const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
   const int32_t half = op.p.n_rot / 2;
+  const auto positions = op.positions.span_as<const int32_t>();
+  const auto* factors = static_cast<const float*>(op.freq_factors.tensor.data);
   std::vector<double> in(head_dim);
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t h = 0; h < n_heads; ++h) {
@@ -104,8 +127,8 @@ void rope(const Rope& op) {
       for (int64_t i = 0; i < head_dim; ++i) in[i] = x[i];
       for (int64_t i = op.p.n_rot; i < head_dim; ++i) y[i] = static_cast<float>(in[i]);
       for (int32_t i = 0; i < half; ++i) {
-        const RopeFreq f = rope_freq(op.p, i);
-        const double angle = static_cast<double>(op.positions[t]) * f.theta_scale;
+        const RopeFreq f = rope_freq(op.p, i, factors != nullptr ? factors[i] : 1.0f);
+        const double angle = static_cast<double>(positions[t]) * f.theta_scale;
         const double c = std::cos(angle) * f.mscale, s = std::sin(angle) * f.mscale;
         const int64_t a = op.p.layout == RopeLayout::rope_layout_normal ? 2 * i : i;
         const int64_t b = op.p.layout == RopeLayout::rope_layout_normal ? 2 * i + 1 : i + half;
@@ -154,10 +177,11 @@ void pool_store(const Tensor& pool, int64_t head, int64_t slot, const float* src
 }  // namespace
 
 void kv_write(const KvWrite& op) {
+  const auto slots = op.slots.span_as<const int32_t>();
   for (int64_t t = 0; t < op.k.ne[2]; ++t) {
     for (int64_t h = 0; h < op.k.ne[1]; ++h) {
-      pool_store(op.k_pool, h, op.slots[t], op.k.row_as<const float>(h, t));
-      pool_store(op.v_pool, h, op.slots[t], op.v.row_as<const float>(h, t));
+      pool_store(op.k_pool, h, slots[t], op.k.row_as<const float>(h, t));
+      pool_store(op.v_pool, h, slots[t], op.v.row_as<const float>(h, t));
     }
   }
 }
@@ -165,10 +189,12 @@ void kv_write(const KvWrite& op) {
 void attention(const Attention& op) {
   const int64_t head_dim = op.q.ne[0], n_heads = op.q.ne[1], n_tokens = op.q.ne[2];
   const int64_t group = n_heads / op.k_pool.ne[1], block_size = op.k_pool.ne[2];
+  const auto positions = op.positions.span_as<const int32_t>(), seq = op.seq.span_as<const int32_t>();
+  const auto indptr = op.bt_indptr.span_as<const int32_t>(), indices = op.bt_indices.span_as<const int32_t>();
   std::vector<double> scores, out(head_dim);
   for (int64_t t = 0; t < n_tokens; ++t) {
-    const std::span<const int32_t> table = op.block_tables[op.seq[t]];
-    const int64_t last = op.positions[t];
+    const auto table = indices.subspan(indptr[seq[t]], indptr[seq[t] + 1] - indptr[seq[t]]);
+    const int64_t last = positions[t];
     const int64_t first = op.window > 0 ? std::max<int64_t>(0, last - op.window + 1) : 0;
     for (int64_t h = 0; h < n_heads; ++h) {
       const auto* q = op.q.row_as<const float>(h, t);
@@ -201,22 +227,25 @@ void attention(const Attention& op) {
 void gated_act(const GatedAct& op) {
   const int64_t n = op.up.ne[0];
   const bool per_row = op.gate.ne[0] == 1;  // one gate per row (or n == 1: the same)
+  std::vector<float> y(n);
   for (int64_t r = 0; r < op.up.n_rows(); ++r) {
     const auto* g = reinterpret_cast<const float*>(op.gate.flat_row(r));
     const auto* u = reinterpret_cast<const float*>(op.up.flat_row(r));
-    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
     for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(glu_act(op.kind, g[per_row ? 0 : i]) * u[i]);
+    store_row(op.dst, op.dst.flat_row(r), y.data());
   }
 }
 
 void binary(const Binary& op) {
   const int64_t n = op.a.ne[0];
-  const bool broadcast = op.b.n_rows() == 1;
+  const Tensor& bt = op.b.tensor;
+  const bool broadcast = bt.n_rows() == 1;
+  std::vector<float> y(n);
   for (int64_t r = 0; r < op.a.n_rows(); ++r) {
     const auto* a = reinterpret_cast<const float*>(op.a.flat_row(r));
-    const auto* b = reinterpret_cast<const float*>(op.b.flat_row(broadcast ? 0 : r));
-    auto* y = reinterpret_cast<float*>(op.dst.flat_row(r));
+    const auto* b = reinterpret_cast<const float*>(bt.flat_row(broadcast ? 0 : r));
     for (int64_t i = 0; i < n; ++i) y[i] = op.kind == BinaryKind::binary_kind_add ? a[i] + b[i] : a[i] * b[i];
+    store_row(op.dst, op.dst.flat_row(r), y.data());
   }
 }
 
@@ -235,7 +264,7 @@ void argmax(const Argmax& op) {
     for (int64_t i = 1; i < op.x.ne[0]; ++i) {
       if (x[i] > x[best]) best = static_cast<int32_t>(i);
     }
-    op.out[r] = best;
+    op.out.span_as<int32_t>()[r] = best;
   }
 }
 
@@ -251,7 +280,7 @@ void moe_route(const MoeRoute& op) {
     for (int64_t e = 0; e < n_expert; ++e) p[e] /= sum;
     // Selection by repeated maximum: the first untaken expert, replaced only by a strictly larger logit.
     std::fill(taken.begin(), taken.end(), false);
-    int32_t* ids = op.ids.data() + n_used * t;
+    int32_t* ids = op.ids.span_as<int32_t>().data() + n_used * t;
     double chosen = 0.0;
     for (int64_t s = 0; s < n_used; ++s) {
       int64_t best = 0;
@@ -271,10 +300,11 @@ void moe_route(const MoeRoute& op) {
 void moe_matmul(const MoeMatmul& op) {
   // Each (slot, token) is a Matmul of its expert's slab with one x row.
   const int64_t n_used = op.dst.ne[1], n_tokens = op.dst.ne[2];
+  const auto ids = op.ids.span_as<const int32_t>();
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t s = 0; s < n_used; ++s) {
-      Tensor w = op.w;
-      w.data = op.w.row(0, op.ids[s + n_used * t]);
+      Tensor w = op.w.tensor;
+      w.data = op.w.tensor.row(0, ids[s + n_used * t]);
       w.ne[2] = 1;
       Tensor x = op.x, dst = op.dst;
       x.data = op.x.row(op.x.ne[1] == 1 ? 0 : s, t);
@@ -302,26 +332,25 @@ void weighted_sum(const WeightedSum& op) {
 }
 
 void run(const Op& op) {
-  std::visit(
-      [](const auto& o) {
-        using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, GetRows>) get_rows(o);
-        if constexpr (std::is_same_v<T, Matmul>) matmul(o);
-        if constexpr (std::is_same_v<T, RmsNorm>) rms_norm(o);
-        if constexpr (std::is_same_v<T, LayerNorm>) layer_norm(o);
-        if constexpr (std::is_same_v<T, Rope>) rope(o);
-        if constexpr (std::is_same_v<T, Softmax>) softmax(o);
-        if constexpr (std::is_same_v<T, KvWrite>) kv_write(o);
-        if constexpr (std::is_same_v<T, Attention>) attention(o);
-        if constexpr (std::is_same_v<T, GatedAct>) gated_act(o);
-        if constexpr (std::is_same_v<T, Binary>) binary(o);
-        if constexpr (std::is_same_v<T, Scale>) scale(o);
-        if constexpr (std::is_same_v<T, Argmax>) argmax(o);
-        if constexpr (std::is_same_v<T, MoeRoute>) moe_route(o);
-        if constexpr (std::is_same_v<T, MoeMatmul>) moe_matmul(o);
-        if constexpr (std::is_same_v<T, WeightedSum>) weighted_sum(o);
-      },
-      op);
+  // One case per op: an op without its reference does not compile.
+  std::visit(Overloaded{
+                 [](const GetRows& o) { get_rows(o); },
+                 [](const Matmul& o) { matmul(o); },
+                 [](const RmsNorm& o) { rms_norm(o); },
+                 [](const LayerNorm& o) { layer_norm(o); },
+                 [](const Rope& o) { rope(o); },
+                 [](const Softmax& o) { softmax(o); },
+                 [](const KvWrite& o) { kv_write(o); },
+                 [](const Attention& o) { attention(o); },
+                 [](const GatedAct& o) { gated_act(o); },
+                 [](const Binary& o) { binary(o); },
+                 [](const Scale& o) { scale(o); },
+                 [](const Argmax& o) { argmax(o); },
+                 [](const MoeRoute& o) { moe_route(o); },
+                 [](const MoeMatmul& o) { moe_matmul(o); },
+                 [](const WeightedSum& o) { weighted_sum(o); },
+             },
+             op);
 }
 
 }  // namespace kiln::ops::ref

@@ -25,6 +25,10 @@ void weighted_sum(const WeightedSum& op);
 // Runs any op with its reference.
 void run(const Op& op);
 
+// Writes the f32 values `v` (dst.ne[0] of them) to a row of a float-activation tensor (f32, f16, bf16),
+// rounding to nearest even.
+void store_row(const Tensor& dst, uint8_t* row, const float* v);
+
 // One row of `t` (any type) as f32: `out` holds t.ne[0] values.
 void row_to_f32(const Tensor& t, const uint8_t* row, float* out);
 // The activation of a gated unit: silu(x) = x * sigmoid(x); gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)(x +

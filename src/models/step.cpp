@@ -1,0 +1,66 @@
+#include "models/step.h"
+
+namespace kiln::blocks {
+
+Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, const ModelInfo& info) {
+  KILN_TRY(check_batch(batch, info.n_vocab, {kv.block_size, kv.n_blocks, info.kv_window}));
+  if (static_cast<int32_t>(kv.k.size()) != info.n_layers) {
+    return invalid_argument("forward: KV buffers have {} layers, the model {}", kv.k.size(), info.n_layers);
+  }
+  const auto n = static_cast<int64_t>(batch.tokens.size());
+  const auto n_seqs = static_cast<int64_t>(batch.block_tables.size());
+  int64_t n_indices = 0;
+  for (const auto& table : batch.block_tables) n_indices += static_cast<int64_t>(table.size());
+  const int64_t n_logits = static_cast<int64_t>(batch.logit_rows.size());
+
+  // Seven arrays packed one after another, each padded to 16 elements (64 bytes).
+  const int64_t sizes[] = {n, n, n, n, n_seqs + 1, n_indices, n_logits};
+  int64_t offsets[std::size(sizes)];
+  int64_t total = 0;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    offsets[i] = total;
+    total += (sizes[i] + 15) / 16 * 16;
+  }
+  host_.assign(static_cast<size_t>(total), 0);
+  int32_t* tokens = host_.data() + offsets[0];
+  int32_t* positions = host_.data() + offsets[1];
+  int32_t* slots = host_.data() + offsets[2];
+  int32_t* seq = host_.data() + offsets[3];
+  int32_t* indptr = host_.data() + offsets[4];
+  int32_t* indices = host_.data() + offsets[5];
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t pos = batch.positions[t], s = batch.seq[t];
+    tokens[t] = batch.tokens[t];
+    positions[t] = pos;
+    slots[t] = batch.block_tables[s][pos / kv.block_size] * kv.block_size + pos % kv.block_size;
+    seq[t] = s;
+  }
+  indptr[0] = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const auto& table = batch.block_tables[s];
+    std::copy(table.begin(), table.end(), indices + indptr[s]);
+    indptr[s + 1] = indptr[s] + static_cast<int32_t>(table.size());
+  }
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host_.data() + offsets[6]);
+
+  const size_t bytes = static_cast<size_t>(total) * sizeof(int32_t);
+  if (!buffer_ || buffer_->size() < bytes) {
+    KILN_ASSIGN_OR_RETURN(buffer_, backend_.allocate(std::max<size_t>(bytes * 2, 4096)));
+  }
+  const Tensor all = make_tensor(DType::i32, *buffer_, 0, total);
+  KILN_TRY(backend_.upload(all, host_.data(), bytes));
+
+  StepTensors st;
+  st.n_tokens = static_cast<int32_t>(n);
+  st.n_seqs = static_cast<int32_t>(n_seqs);
+  st.n_logits = static_cast<int32_t>(n_logits);
+  Tensor* views[] = {&st.tokens, &st.positions, &st.slots, &st.seq, &st.bt_indptr, &st.bt_indices, &st.logit_rows};
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    *views[i] = make_tensor(DType::i32, *buffer_, static_cast<size_t>(offsets[i]) * sizeof(int32_t),
+                            std::max<int64_t>(sizes[i], 1));
+    views[i]->ne[0] = sizes[i];  // an empty array is a 0-element view
+  }
+  return st;
+}
+
+}  // namespace kiln::blocks

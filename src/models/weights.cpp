@@ -1,0 +1,66 @@
+#include "models/weights.h"
+
+#include <fmt/ranges.h>
+
+namespace kiln::blocks {
+
+Result<ops::Weight> WeightLoader::get_optional(const std::string& name, WeightRole role, int64_t ne0,
+                                               int64_t ne1) {
+  if (file_.find_tensor(name) == nullptr) return ops::Weight{};
+  return get(name, role, ne0, ne1);
+}
+
+Result<ops::Weight> WeightLoader::get(const std::string& name, WeightRole role, int64_t ne0, int64_t ne1) {
+  KILN_ASSIGN_OR_RETURN(const Tensor t,
+                        find(name, ne1 > 0 ? std::vector<int64_t>{ne0, ne1} : std::vector<int64_t>{ne0}));
+  return prepare(t, name, role);
+}
+
+Result<ops::Weight> WeightLoader::get(const std::string& name, WeightRole role, int64_t ne0, int64_t ne1,
+                                      int64_t ne2) {
+  KILN_ASSIGN_OR_RETURN(const Tensor t, find(name, {ne0, ne1, ne2}));
+  return prepare(t, name, role);
+}
+
+Result<ops::Weight> WeightLoader::get_bias(const std::string& name, int64_t n) {
+  if (file_.find_tensor(name) == nullptr) return ops::Weight{};
+  KILN_ASSIGN_OR_RETURN(const Tensor b, find(name, {n}));
+  if (b.type != DType::f32)
+    return invalid_argument("{}: tensor {} has type {}, biases must be f32", file_.name(), name, dtype_name(b.type));
+  return prepare(b, name, WeightRole::weight_role_bias);
+}
+
+Result<ops::Weight> WeightLoader::get_rows_of(const std::string& name, const std::string& part, WeightRole role,
+                                              int64_t ne0, int64_t ne1, int64_t first, int64_t count) {
+  KILN_ASSIGN_OR_RETURN(const Tensor t, find(name, {ne0, ne1}));
+  n_params_ -= t.n_elements() - ne0 * count;  // count each row once over the parts
+  n_bytes_ -= static_cast<uint64_t>(t.row_bytes() * (ne1 - count));
+  return prepare(slice_rows(t, first, count), name + "[" + part + "]", role);
+}
+
+Result<Tensor> WeightLoader::find(const std::string& name, const std::vector<int64_t>& expected) {
+  const gguf::TensorInfo* t = file_.find_tensor(name);
+  if (t == nullptr) return not_found("{}: tensor {} is missing", file_.name(), name);
+  if (t->shape != expected) {
+    return invalid_argument("{}: tensor {} has shape [{}], expected [{}]", file_.name(), name,
+                            fmt::join(t->shape, ", "), fmt::join(expected, ", "));
+  }
+  const DTypeInfo& info = dtype_info(t->type);
+  if (info.dequantize_row == nullptr && t->type != DType::f32) {
+    return unimplemented("{}: tensor {} has type {}, which kiln cannot compute with yet", file_.name(), name,
+                         info.name);
+  }
+  n_params_ += t->n_elements();
+  n_bytes_ += t->n_bytes;
+  return make_tensor(t->type, const_cast<uint8_t*>(t->data), expected[0], expected.size() > 1 ? expected[1] : 1,
+                     expected.size() > 2 ? expected[2] : 1);
+}
+
+Result<ops::Weight> WeightLoader::prepare(const Tensor& logical, const std::string& name, WeightRole role) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h, backend_.prepare_weight(logical, name, role));
+  const ops::Weight w = h->weight;
+  handles_.push_back(std::move(h));
+  return w;
+}
+
+}  // namespace kiln::blocks
