@@ -9,8 +9,7 @@ Result<Tensor> Arena::alloc(DType type, int64_t ne0, int64_t ne1, int64_t ne2) {
   // The current chunk, else the next one that fits, else a new one of at least what the whole last step
   // needed (so that a steady state has one chunk).
   while (chunk_ < chunks_.size() && used_ + bytes > chunks_[chunk_]->size()) {
-    total_used_ += chunks_[chunk_]->size() - used_;
-    ++chunk_;
+    ++chunk_;  // the rest of this chunk stays unused until a scope or reset() rewinds to it
     used_ = 0;
   }
   if (chunk_ == chunks_.size()) {

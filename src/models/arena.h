@@ -27,7 +27,8 @@ class Arena {
   Result<Tensor> i32(int64_t ne0, int64_t ne1 = 1) { return alloc(DType::i32, ne0, ne1); }
   // Forgets every tensor handed out (keeps the memory; merges chunks into one when there were several).
   void reset();
-  // Bytes in use now, and the most in use at once since construction.
+  // Bytes handed out and not given back, and the most at once since construction (the size of the one chunk
+  // the arena settles on).
   size_t used_bytes() const { return total_used_; }
   size_t peak_bytes() const { return peak_; }
 
@@ -53,7 +54,7 @@ class Arena {
   std::vector<std::unique_ptr<Buffer>> chunks_;
   size_t chunk_ = 0;       // the chunk allocations come from
   size_t used_ = 0;        // bytes used in chunks_[chunk_]
-  size_t total_used_ = 0;  // bytes in use (chunks before chunk_ count whole)
+  size_t total_used_ = 0;  // bytes handed out and not given back (what one chunk of this size would hold)
   size_t peak_ = 0;        // largest total_used_ seen
 };
 

@@ -1,0 +1,363 @@
+// One forward step as the backend sees it. A recording backend (the CPU backend underneath) keeps every
+// program it runs and the buffers it allocated; on the default model (SmolLM2-135M) and Gemma 3 it shows:
+// - the program of a decode step and of a mixed prefill + decode step, op by op;
+// - that no op holds a host pointer to step data: every i32 operand (ids, positions, slots, block tables,
+//   logit rows) and every activation lies in a buffer the backend allocated, weights in the mapped file;
+// - that the logits equal those of the plain CPU backend, and the backend ran exactly one program per step;
+// - the scratch peak of a step, against the arena's per-layer formula.
+// Also: check_batch refuses every value an op would read out of range, naming it.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/overloaded.h"
+#include "formats/gguf.h"
+#include "models/model.h"
+#include "ops/ops.h"
+
+namespace kiln {
+namespace {
+
+std::string model_path(const char* file) {
+  const char* dir = std::getenv("KILN_MODELS_DIR");
+  const std::string d =
+      dir != nullptr && *dir != '\0' ? dir : std::string(std::getenv("HOME")) + "/.cache/kiln/models";
+  return d + "/" + file;
+}
+
+// Forwards everything to a CPU backend and records the programs and the buffers.
+class RecordingBackend final : public Backend {
+ public:
+  RecordingBackend() : cpu_(make_backend("cpu", BackendOptions{2}).value()) {}
+  std::string_view name() const override { return "recording"; }
+  bool supports(const ops::Op& op) const override { return cpu_->supports(op); }
+  Status run(const Program& program) override {
+    programs.push_back(program.ops());
+    return cpu_->run(program);
+  }
+  Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> b, cpu_->allocate(bytes));
+    buffers.insert(b.get());
+    return b;
+  }
+  Status upload(const Tensor& dst, const void* src, size_t bytes) override {
+    ++uploads;
+    return cpu_->upload(dst, src, bytes);
+  }
+  Status download(void* dst, const Tensor& src, size_t bytes) override { return cpu_->download(dst, src, bytes); }
+  Status copy(const Tensor& dst, const Tensor& src) override { return cpu_->copy(dst, src); }
+  Status synchronize() override { return cpu_->synchronize(); }
+  Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
+                                                       WeightRole role) override {
+    return cpu_->prepare_weight(logical, name, role);
+  }
+
+  std::vector<std::vector<ops::Op>> programs;
+  std::set<const Buffer*> buffers;  // every buffer ever allocated (a freed one stays: addresses only)
+  int uploads = 0;
+
+ private:
+  std::unique_ptr<Backend> cpu_;
+};
+
+// Every tensor operand of an op: (name, tensor, is_weight).
+struct Operand {
+  std::string name;
+  Tensor t;
+  bool weight;
+};
+std::vector<Operand> operands(const ops::Op& op) {
+  using namespace kiln::ops;
+  auto w = [](std::string n, const Weight& x) { return Operand{std::move(n), x.tensor, true}; };
+  auto a = [](std::string n, const Tensor& x) { return Operand{std::move(n), x, false}; };
+  return std::visit(
+      Overloaded{
+          [&](const GetRows& o) -> std::vector<Operand> {
+            // The logits' row gather reads the residual stream: an activation passed as the table.
+            return {Operand{"table", o.table.tensor, o.table.tensor.buffer == nullptr}, a("ids", o.ids),
+                    a("dst", o.dst)};
+          },
+          [&](const Matmul& o) -> std::vector<Operand> { return {w("w", o.w), a("x", o.x), a("dst", o.dst)}; },
+          [&](const RmsNorm& o) -> std::vector<Operand> { return {a("x", o.x), w("w", o.w), a("dst", o.dst)}; },
+          [&](const LayerNorm& o) -> std::vector<Operand> {
+            return {a("x", o.x), w("w", o.w), w("b", o.b), a("dst", o.dst)};
+          },
+          [&](const Rope& o) -> std::vector<Operand> {
+            return {a("x", o.x), a("positions", o.positions), w("freq_factors", o.freq_factors), a("dst", o.dst)};
+          },
+          [&](const Softmax& o) -> std::vector<Operand> { return {a("x", o.x), a("dst", o.dst)}; },
+          [&](const KvWrite& o) -> std::vector<Operand> {
+            return {a("k", o.k), a("v", o.v), a("k_pool", o.k_pool), a("v_pool", o.v_pool), a("slots", o.slots)};
+          },
+          [&](const Attention& o) -> std::vector<Operand> {
+            return {a("q", o.q),           a("k_pool", o.k_pool),       a("v_pool", o.v_pool),
+                    a("positions", o.positions), a("seq", o.seq),     a("bt_indptr", o.bt_indptr),
+                    a("bt_indices", o.bt_indices), a("dst", o.dst)};
+          },
+          [&](const GatedAct& o) -> std::vector<Operand> {
+            return {a("gate", o.gate), a("up", o.up), a("dst", o.dst)};
+          },
+          [&](const Binary& o) -> std::vector<Operand> {
+            return {a("a", o.a), Operand{"b", o.b.tensor, o.b.tensor.buffer == nullptr}, a("dst", o.dst)};
+          },
+          [&](const Scale& o) -> std::vector<Operand> { return {a("x", o.x), a("dst", o.dst)}; },
+          [&](const Argmax& o) -> std::vector<Operand> { return {a("x", o.x), a("out", o.out)}; },
+          [&](const MoeRoute& o) -> std::vector<Operand> {
+            return {a("logits", o.logits), a("ids", o.ids), a("weights", o.weights)};
+          },
+          [&](const MoeMatmul& o) -> std::vector<Operand> {
+            return {w("w", o.w), a("x", o.x), a("ids", o.ids), a("dst", o.dst)};
+          },
+          [&](const WeightedSum& o) -> std::vector<Operand> { return {a("y", o.y), a("w", o.w), a("dst", o.dst)}; },
+      },
+      op);
+}
+
+// Whether [p, p + bytes) lies inside one of `buffers`.
+bool inside(const std::set<const Buffer*>& buffers, const Tensor& t) {
+  if (t.buffer == nullptr || !buffers.contains(t.buffer)) return false;
+  auto* b = const_cast<Buffer*>(t.buffer);
+  const auto* lo = static_cast<const uint8_t*>(b->data());
+  const auto* p = static_cast<const uint8_t*>(t.data);
+  return p >= lo && p <= lo + b->size();
+}
+
+struct Loaded {
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvBuffers> kv;
+};
+Loaded load(Backend& backend, const char* file_name) {
+  Loaded l;
+  auto f = gguf::File::open(model_path(file_name));
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  if (!f.ok()) return l;
+  l.file = std::make_shared<const gguf::File>(std::move(f).value());
+  auto m = load_model(l.file, backend, ModelOptions{false, 256});
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return l;
+  l.model = std::move(m).value();
+  auto kv = KvBuffers::allocate(backend, l.model->info(), 16, 16, DType::f32);
+  EXPECT_TRUE(kv.ok()) << kv.status().to_string();
+  l.kv = std::make_unique<KvBuffers>(std::move(kv).value());
+  return l;
+}
+
+// Sequence 0: 20 positions in blocks {3, 7}; sequence 1: 5 positions in block {9}.
+const std::vector<int32_t> kTable0 = {3, 7}, kTable1 = {9};
+
+// Prefill both sequences' first tokens (positions 0..n-1), the setup of the decode step below.
+Batch prefill(int32_t n0, int32_t n1) {
+  Batch b;
+  b.block_tables = {kTable0, kTable1};
+  for (int32_t i = 0; i < n0; ++i) b.tokens.push_back(100 + i), b.positions.push_back(i), b.seq.push_back(0);
+  for (int32_t i = 0; i < n1; ++i) b.tokens.push_back(200 + i), b.positions.push_back(i), b.seq.push_back(1);
+  b.logit_rows = {n0 - 1, n0 + n1 - 1};
+  return b;
+}
+
+Batch decode() {  // one token of each sequence
+  Batch b;
+  b.block_tables = {kTable0, kTable1};
+  b.tokens = {300, 301};
+  b.positions = {19, 4};
+  b.seq = {0, 1};
+  b.logit_rows = {0, 1};
+  return b;
+}
+
+Batch mixed() {  // a prefill chunk of sequence 1 (positions 5..9), then sequence 0's decode token
+  Batch b;
+  b.block_tables = {kTable0, kTable1};
+  for (int32_t i = 5; i < 10; ++i) b.tokens.push_back(400 + i), b.positions.push_back(i), b.seq.push_back(1);
+  b.tokens.push_back(302), b.positions.push_back(20), b.seq.push_back(0);
+  b.logit_rows = {4, 5};
+  return b;
+}
+
+std::vector<std::string> names(const std::vector<ops::Op>& program) {
+  std::vector<std::string> out;
+  for (const ops::Op& op : program) out.emplace_back(ops::op_name(op));
+  return out;
+}
+
+// Runs the step on the recording backend, checks its program's operands, returns the logits.
+std::vector<float> step(RecordingBackend& rec, Loaded& l, const Batch& batch) {
+  const size_t before = rec.programs.size();
+  const int uploads_before = rec.uploads;
+  Result<Tensor> logits = l.model->forward(batch, *l.kv);
+  EXPECT_TRUE(logits.ok()) << logits.status().to_string();
+  std::vector<float> host;
+  if (!logits.ok()) return host;
+  EXPECT_TRUE(read_logits(rec, *logits, host).ok());
+  EXPECT_EQ(rec.programs.size(), before + 1) << "one program per step";
+  EXPECT_EQ(rec.uploads, uploads_before + 1) << "the step's metadata goes up in one transfer";
+  const std::vector<ops::Op>& program = rec.programs.back();
+  for (size_t i = 0; i < program.size(); ++i) {
+    for (const Operand& o : operands(program[i])) {
+      if (o.t.data == nullptr) continue;  // an absent optional operand
+      if (o.weight) {
+        EXPECT_EQ(o.t.buffer, nullptr) << i << " " << ops::op_name(program[i]) << " " << o.name;
+        continue;
+      }
+      EXPECT_TRUE(inside(rec.buffers, o.t))
+          << "op " << i << " " << ops::op_name(program[i]) << ": operand " << o.name << " " << o.t.describe()
+          << " is not in memory the backend allocated";
+    }
+  }
+  return host;
+}
+
+TEST(StepProgram, DecodeAndMixedStepsOnTheDefaultModel) {
+  RecordingBackend rec;
+  Loaded l = load(rec, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  ASSERT_TRUE(l.model);
+  const int32_t n_layers = l.model->info().n_layers;
+  step(rec, l, prefill(19, 4));
+  const std::vector<float> dec = step(rec, l, decode());
+  const std::vector<std::string> decode_ops = names(rec.programs.back());
+
+  // The program: embedding gather, 16 ops per layer, then the logit rows' gather, the final norm, the head.
+  const std::vector<std::string> layer = {"rms_norm", "matmul", "matmul", "matmul", "rope",   "rope",
+                                          "kv_write", "attention", "matmul", "binary", "rms_norm", "matmul",
+                                          "matmul",   "gated_act", "matmul", "binary"};
+  std::vector<std::string> want = {"get_rows"};
+  for (int32_t i = 0; i < n_layers; ++i) want.insert(want.end(), layer.begin(), layer.end());
+  want.insert(want.end(), {"get_rows", "rms_norm", "matmul"});
+  EXPECT_EQ(decode_ops, want);
+  // Its first layer, printed as the record of what one decode step runs.
+  std::string shown;
+  for (size_t i = 0; i < 1 + layer.size(); ++i) shown += decode_ops[i] + " ";
+  fmt::print("decode step: {} ops; the embedding and layer 0: {}...\n", decode_ops.size(), shown);
+
+  // The mixed step runs the same ops on 6 tokens of two sequences (the KV of the prefill chunk and of the
+  // decode token written, attention reading each sequence's own blocks).
+  const std::vector<float> mix = step(rec, l, mixed());
+  EXPECT_EQ(names(rec.programs.back()), want);
+  const auto& att = std::get<ops::Attention>(rec.programs.back()[8]);
+  EXPECT_EQ(att.q.ne[2], 6);
+  EXPECT_EQ(att.bt_indptr.ne[0], 3);
+  EXPECT_EQ(att.bt_indices.span_as<const int32_t>()[2], 9);
+
+  // The same steps on the plain CPU backend give the same logits, bit for bit.
+  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{2}).value();
+  Loaded plain = load(*cpu, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  ASSERT_TRUE(plain.model);
+  std::vector<float> want_dec, want_mix;
+  for (const auto& [batch, out] : {std::pair{prefill(19, 4), (std::vector<float>*)nullptr},
+                                   std::pair{decode(), &want_dec}, std::pair{mixed(), &want_mix}}) {
+    Result<Tensor> lg = plain.model->forward(batch, *plain.kv);
+    ASSERT_TRUE(lg.ok());
+    std::vector<float> host;
+    ASSERT_TRUE(read_logits(*cpu, *lg, host).ok());
+    if (out != nullptr) *out = host;
+  }
+  EXPECT_EQ(dec, want_dec);
+  EXPECT_EQ(mix, want_mix);
+
+  // The weights as the backend prepared them: named, with their roles, Q/K/V and gate/up whole.
+  const auto handles = l.model->weights();
+  ASSERT_FALSE(handles.empty());
+  EXPECT_EQ(handles.front()->name, "token_embd.weight");
+  EXPECT_EQ(handles.front()->role, WeightRole::weight_role_embedding);
+}
+
+// The scratch of a step: the residual stream and the logits live across layers, each layer's scratch is
+// given back at its end (arena scopes). All sizes 64-byte rounded, as the arena hands them out.
+size_t rounded(int64_t bytes) { return static_cast<size_t>((bytes + 63) / 64 * 64); }
+struct Scratch {
+  size_t x, norm, attention, attention_out, ffn, logits;
+};
+Scratch scratch(const ModelInfo& info, int64_t n_heads, int64_t n_ff, int64_t n, int64_t n_logits) {
+  const int64_t f = sizeof(float), e = info.n_embd, hd = info.head_dim;
+  const int64_t q = n_heads * hd, kvd = int64_t{info.n_kv_heads} * hd;
+  Scratch s;
+  s.x = s.norm = s.attention_out = rounded(e * n * f);
+  s.attention = s.attention_out + 2 * rounded(q * n * f) + 2 * rounded(kvd * n * f);  // out, q, k, v, a
+  s.ffn = rounded(e * n * f) + 2 * rounded(n_ff * n * f);                              // out, gate, up
+  s.logits = n_logits == 0 ? 0 : rounded(info.n_vocab * n_logits * f) + 2 * rounded(e * n_logits * f);
+  return s;
+}
+// With scopes: the residual stream + the largest of one layer (its first norm + attention, or + attention's
+// output + the second norm + the FFN) and the logits.
+size_t peak_scoped(const Scratch& s) {
+  const size_t layer = s.norm + std::max(s.attention, s.attention_out + s.norm + s.ffn);
+  return s.x + std::max(layer, s.logits);
+}
+// Without (one bump allocation over the step): every layer's scratch added up.
+size_t peak_unscoped(const Scratch& s, int32_t n_layers) {
+  return s.x + n_layers * (2 * s.norm + s.attention + s.ffn) + s.logits;
+}
+
+TEST(StepProgram, ScratchPeakIsOneLayer) {
+  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{2}).value();
+  for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
+    Loaded l = load(*cpu, file);
+    ASSERT_TRUE(l.model);
+    Batch b;  // two sequences of 16 tokens
+    b.block_tables = {kTable0, kTable1};
+    for (int32_t i = 0; i < 32; ++i) b.tokens.push_back(i), b.positions.push_back(i % 16), b.seq.push_back(i / 16);
+    b.logit_rows = {15, 31};
+    ASSERT_TRUE(l.model->forward(b, *l.kv).ok());
+    const ModelInfo& info = l.model->info();
+    const std::string& a = info.architecture;
+    const int64_t n_heads = l.file->get_uint(a + ".attention.head_count").value();
+    const int64_t n_ff = l.file->get_uint(a + ".feed_forward_length").value();
+    const Scratch s = scratch(info, n_heads, n_ff, 32, 2);
+    EXPECT_EQ(l.model->peak_scratch_bytes(), peak_scoped(s)) << file;
+    fmt::print("scratch of a 32-token step, {}: {:.2f} MiB with per-layer scopes, {:.2f} MiB without\n", file,
+               peak_scoped(s) / 1048576.0, peak_unscoped(s, info.n_layers) / 1048576.0);
+  }
+  // The same formula for a Llama-3-8B-shaped model (n_embd 4096, 32 heads / 8 KV heads of 128, n_ff 14336,
+  // 32 layers, 128,256 tokens) at a 512-token prefill step with one logit row.
+  ModelInfo l8;
+  l8.n_embd = 4096, l8.head_dim = 128, l8.n_kv_heads = 8, l8.n_vocab = 128256, l8.n_layers = 32;
+  const Scratch big = scratch(l8, 32, 14336, 512, 1);
+  fmt::print("scratch of a 512-token step, Llama-3-8B shapes: {:.1f} MiB with per-layer scopes, {:.1f} MiB "
+             "without\n",
+             peak_scoped(big) / 1048576.0, peak_unscoped(big, l8.n_layers) / 1048576.0);
+  EXPECT_LT(peak_scoped(big) * 10, peak_unscoped(big, l8.n_layers));
+}
+
+TEST(CheckBatch, EveryValueAnOpReadsIsChecked) {
+  const std::vector<int32_t> t0 = {0, 1}, t1 = {2}, bad_block = {0, 5}, freed = {ops::kFreedBlock, 1};
+  auto batch = [&](auto&&... edit) {
+    Batch b;
+    b.block_tables = {t0, t1};
+    b.tokens = {1, 2, 3};
+    b.positions = {0, 5, 1};
+    b.seq = {0, 0, 1};
+    b.logit_rows = {1, 2};
+    (edit(b), ...);
+    return b;
+  };
+  const KvGeometry kv{4, 4, 0};
+  ASSERT_TRUE(check_batch(batch(), 10, kv).ok());
+  auto expect = [&](const Batch& b, StatusCode code, std::string_view needle, KvGeometry g) {
+    const Status s = check_batch(b, 10, g);
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  expect(batch([](Batch& b) { b.tokens[1] = 10; }), StatusCode::out_of_range, "tokens[1]", kv);
+  expect(batch([](Batch& b) { b.positions[1] = 8; }), StatusCode::out_of_range, "positions[1]", kv);
+  expect(batch([](Batch& b) { b.positions[0] = -1; }), StatusCode::out_of_range, "positions[0]", kv);
+  expect(batch([](Batch& b) { b.seq[2] = 2; }), StatusCode::out_of_range, "seq[2]", kv);
+  expect(batch([&](Batch& b) { b.block_tables[0] = bad_block; }), StatusCode::out_of_range,
+         "block_tables[0][1] = 5", kv);
+  expect(batch([&](Batch& b) { b.block_tables[0] = freed; }), StatusCode::out_of_range,
+         "reads block_tables[0][0], which is freed", kv);
+  // Inside a window that starts past the freed block, the same table is fine.
+  EXPECT_TRUE(check_batch(batch([&](Batch& b) { b.block_tables[0] = freed; b.positions[0] = 5; }), 10,
+                          KvGeometry{4, 4, 2})
+                  .ok());
+  expect(batch([](Batch& b) { b.logit_rows = {2, 1}; }), StatusCode::invalid_argument, "logit_rows[1]", kv);
+}
+
+}  // namespace
+}  // namespace kiln
