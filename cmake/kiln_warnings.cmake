@@ -23,6 +23,4 @@ function(kiln_library name)
   add_library(${name} STATIC ${srcs})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(${name} PUBLIC ${ARGN} PRIVATE kiln_warnings)
-  # Rounding must match the references bit for bit: no fused multiply-add contraction.
-  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
 endfunction()

@@ -1,4 +1,5 @@
-// The architecture registry: one line per architecture.
+// The architecture registry: each architecture file defines an Architecture; it is declared below and
+// listed in kArchitectures (two lines per architecture).
 #include <string_view>
 
 #include "models/architecture.h"

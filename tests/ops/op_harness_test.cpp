@@ -703,6 +703,70 @@ TEST(OpHarness, WeightedSum) {
   }
 }
 
+// ---- typed activations: f16 / bf16 destinations ----
+
+// The ops whose contract allows a float destination (f32, f16, bf16). The reference computes in f32 and rounds
+// once to nearest even: its f16 / bf16 output is exactly its f32 output rounded. A backend that declares such
+// a destination in supports() is held to the reference's rounded output (one rounding step, 2^-8 relative for
+// bf16, of the values' magnitude); one that does not must refuse it with unimplemented.
+TEST(OpHarness, FloatDestinations) {
+  Rng rng(21);
+  const Host a = dense(64, 5, 1, &rng), b = dense(64, 5, 1, &rng), w = dense(64, 1, 1, &rng);
+  const Host wm = make_weights(DType::q4_0, 64, 24, 0, rng);
+  const std::vector<int32_t> ids = {3, 0, 3, 1};
+  const Host table = dense(64, 4, 1, &rng);
+  struct Case {
+    std::string name;
+    int64_t ne0, ne1;
+    std::function<Op(const Tensor&)> make;
+  };
+  const std::vector<Case> cases = {
+      {"get_rows", 64, 4, [&](const Tensor& d) { return Op(GetRows{table.t, iv(ids), d}); }},
+      {"matmul", 24, 5, [&](const Tensor& d) { return Op(Matmul{wm.t, a.t, d}); }},
+      {"rms_norm", 64, 5, [&](const Tensor& d) { return Op(RmsNorm{a.t, w.t, 1e-6f, false, d}); }},
+      {"gated_act", 64, 5, [&](const Tensor& d) { return Op(GatedAct{a.t, b.t, GluKind::glu_kind_silu, d}); }},
+      {"binary", 64, 5, [&](const Tensor& d) { return Op(Binary{a.t, b.t, BinaryKind::binary_kind_mul, d}); }},
+  };
+  for (const Case& c : cases) {
+    Host f32 = dense(c.ne0, c.ne1, 1, nullptr);
+    ASSERT_TRUE(check(c.make(f32.t)).ok()) << c.name;
+    ref::run(c.make(f32.t));
+    const std::vector<float> want32 = gather(f32.t);
+    for (DType type : {DType::f16, DType::bf16}) {
+      const std::string what = fmt::format("{} into {}", c.name, dtype_name(type));
+      std::vector<uint16_t> mem(static_cast<size_t>(c.ne0 * c.ne1), 0xFFFF);
+      const Tensor dst = make_tensor(type, mem.data(), c.ne0, c.ne1);
+      const Op op = c.make(dst);
+      ASSERT_TRUE(check(op).ok()) << what;
+      ref::run(op);
+      for (size_t i = 0; i < mem.size(); ++i) {
+        const uint16_t rounded = type == DType::f16 ? f32_to_f16(want32[i]) : f32_to_bf16(want32[i]);
+        ASSERT_EQ(mem[i], rounded) << what << " element " << i;
+      }
+      for (const NamedBackend& nb : backends()) {
+        std::vector<uint16_t> got(mem.size(), 0xFFFF);
+        const Op bop = c.make(make_tensor(type, got.data(), c.ne0, c.ne1));
+        if (!run_on(*nb.backend, bop, what)) continue;
+        double worst = 0.0, scale = 1.0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const auto to_f32 = [&](uint16_t h) { return type == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h); };
+          worst = std::max(worst, std::fabs(static_cast<double>(to_f32(got[i])) - to_f32(mem[i])));
+          scale = std::max(scale, std::fabs(static_cast<double>(want32[i])));
+        }
+        EXPECT_LE(worst / scale, type == DType::f16 ? 1e-3 : 8e-3) << nb.name << " " << what;
+      }
+    }
+  }
+  // An f32 destination runs on every backend: the CPU backend supports all of these.
+  for (const NamedBackend& nb : backends()) {
+    if (nb.name != "cpu") continue;
+    for (const Case& c : cases) {
+      const Host d = dense(c.ne0, c.ne1, 1, nullptr);
+      EXPECT_TRUE(nb.backend->supports(c.make(d.t))) << c.name;
+    }
+  }
+}
+
 // ---- check(): malformed calls are rejected, naming the operand ----
 
 // check() and every backend's run() reject `op` with `code` and a message naming the op and `operand`.

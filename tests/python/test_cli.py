@@ -189,6 +189,17 @@ def test_run_greedy_matches_generate_and_reports_speed():
     assert "tokens/s" not in res.stdout
 
 
+def test_run_into_a_pipe_writes_the_text_exactly():
+    # Into a pipe (or a file), stdout is the generated text and nothing else: the first 12 greedy tokens are a
+    # prefix of the first 24 (a newline added after the text would break that unless the model wrote one).
+    require(SMOL)
+    args = ("run", "-m", SMOL, "-p", "The capital of France is", "--temp", "0")
+    short, long = kiln(*args, "-n", "12"), kiln(*args, "-n", "24")
+    assert short.returncode == 0 and long.returncode == 0, short.stderr + long.stderr
+    assert long.stdout.startswith(short.stdout), (short.stdout, long.stdout)
+    assert len(long.stdout) > len(short.stdout)
+
+
 def test_run_same_seed_same_text():
     require(SMOL)
     args = ("run", "-m", SMOL, "-p", "Once upon a time", "-n", "24", "--temp", "1.0", "--top-k", "0", "--top-p", "1",

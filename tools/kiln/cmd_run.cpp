@@ -112,7 +112,9 @@ Status run_run(GenOptions o) {
     req.prompt = o.prompt;
   }
   KILN_ASSIGN_OR_RETURN(RequestStats st, generate(*engine, req, nullptr));
-  std::fputs("\n", stdout);
+  // On a terminal, end the line for the prompt that follows; into a file or a pipe, the text exactly as
+  // generated (`kiln run ... > f` must not add a newline the model did not write).
+  if (isatty(STDOUT_FILENO) != 0) std::fputs("\n", stdout);
   std::fflush(stdout);
   print_stats(*engine, st);
   return Status::ok_status();

@@ -1,5 +1,5 @@
-// kiln: one binary, one subcommand per job. Each subcommand lives in its own file (cmd_<name>.cpp)
-// and registers itself through commands.h.
+// kiln: one binary, one subcommand per job. Each subcommand lives in its own file (cmd_<name>.cpp) with a
+// register_<name>() declared in commands.h, called below: one line per subcommand.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
