@@ -25,6 +25,7 @@ class HostBuffer final : public Buffer {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  using Backend::run;  // run(op) as well as run(program)
   std::string_view name() const override { return "cpu"; }
   // Every op, every weight type with a dequantizer; destinations in f32 only.
   bool supports(const ops::Op& op) const override {
