@@ -13,6 +13,7 @@
 
 #include "ops/ops.h"
 #include "runtime/kv_cache/block_pool.h"
+#include "runtime/kv_cache/kv_budget.h"
 
 namespace kiln {
 namespace {
@@ -464,6 +465,48 @@ TEST(KvCache, RandomizedStress) {
   while (!live.empty()) free_random();
   EXPECT_EQ(kv.pool().n_used(), 0);
   EXPECT_TRUE(kv.check_invariants().ok());
+}
+
+TEST(KvCacheBudget, ExplicitBudgetIsFlooredToWholeBlocks) {
+  KvBudgetInput in{.budget_bytes = 10'000, .block_bytes = 3'000, .full_blocks = 2, .mem_available = 1};
+  EXPECT_EQ(*kv_blocks_for_budget(in), 3);  // more than full_blocks: all of it, for cached prefixes
+  in.budget_bytes = 2'999;
+  Result<int64_t> none = kv_blocks_for_budget(in);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(none.status().message().find("kv_memory_bytes = 2999 holds no KV block"), std::string::npos)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("3000 bytes"), std::string::npos);
+  in.budget_bytes = uint64_t{1} << 62;
+  in.block_bytes = 1;
+  EXPECT_NE(kv_blocks_for_budget(in).status().message().find("more than"), std::string::npos);
+}
+
+TEST(KvCacheBudget, DefaultIsFullLengthCappedByHalfTheAvailableMemory) {
+  KvBudgetInput in{.budget_bytes = 0, .block_bytes = 1'000, .full_blocks = 64, .mem_available = 1'000'000};
+  EXPECT_EQ(*kv_blocks_for_budget(in), 64);  // room to spare: n_seq_max x n_ctx, as before budgets
+  in.mem_available = 100'000;
+  EXPECT_EQ(*kv_blocks_for_budget(in), 50);  // half of 100 blocks' worth
+  in.mem_available = 10;
+  EXPECT_EQ(*kv_blocks_for_budget(in), 1);
+  in.mem_available.reset();
+  EXPECT_EQ(*kv_blocks_for_budget(in), 64);
+}
+
+TEST(KvCacheBudget, ParsesMemAvailable) {
+  EXPECT_EQ(parse_mem_available("MemTotal:       24684084 kB\nMemFree:        21417296 kB\n"
+                                "MemAvailable:   23670480 kB\nBuffers: 1 kB\n"),
+            uint64_t{23670480} * 1024);
+  EXPECT_EQ(parse_mem_available("MemAvailable: 7 kB"), uint64_t{7168});
+  EXPECT_FALSE(parse_mem_available("MemTotal: 5 kB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("XMemAvailable: 5 kB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("MemAvailable: lots kB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("MemAvailable: 5 MB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("MemAvailable: 99999999999999999999 kB\n").has_value());
+  // This machine's, when it has one, is a positive number of bytes.
+  if (auto m = mem_available_bytes()) {
+    EXPECT_GT(*m, 0u);
+  }
 }
 
 }  // namespace
