@@ -100,7 +100,7 @@ TEST(EngineServing, RequestsLargerThanThePoolAreErrors) {
   auto st = e->wait(*id);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->finish, FinishReason::error);
-  EXPECT_NE(c.error.find("2 blocks of 4 tokens"), std::string::npos) << c.error;
+  EXPECT_NE(c.error.find("holds 8 tokens (2 x 4-token blocks)"), std::string::npos) << c.error;
   EXPECT_NE(c.error.find("--kv-memory"), std::string::npos) << c.error;
   EXPECT_GT(st->n_generated, 0);
   // Too small for a single block is an error at creation.
@@ -108,7 +108,8 @@ TEST(EngineServing, RequestsLargerThanThePoolAreErrors) {
   o.model_path = test::model_path();
   auto none = Engine::create(o);
   ASSERT_FALSE(none.ok());
-  EXPECT_NE(none.status().message().find("kv_memory_bytes = 100 holds no KV block"), std::string::npos);
+  EXPECT_NE(none.status().message().find("kv_memory_bytes = 100 (--kv-memory) holds no KV block"),
+            std::string::npos);
 }
 
 // Two long requests fill both slots; one long request behind them.

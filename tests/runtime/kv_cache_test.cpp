@@ -474,7 +474,8 @@ TEST(KvCacheBudget, ExplicitBudgetIsFlooredToWholeBlocks) {
   Result<int64_t> none = kv_blocks_for_budget(in);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::invalid_argument);
-  EXPECT_NE(none.status().message().find("kv_memory_bytes = 2999 holds no KV block"), std::string::npos)
+  EXPECT_NE(none.status().message().find("kv_memory_bytes = 2999 (--kv-memory) holds no KV block"),
+            std::string::npos)
       << none.status().message();
   EXPECT_NE(none.status().message().find("3000 bytes"), std::string::npos);
   in.budget_bytes = uint64_t{1} << 62;

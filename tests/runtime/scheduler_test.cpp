@@ -283,7 +283,7 @@ TEST(Scheduler, RequestsTooLargeForTheWholeCacheEnd) {
   sim.run();
   ASSERT_TRUE(sim.ended.contains(1));
   EXPECT_EQ(sim.ended[1].reason, EndReason::end_reason_too_large);
-  EXPECT_NE(sim.ended[1].message.find("4 blocks of 4 tokens (16 tokens)"), std::string::npos)
+  EXPECT_NE(sim.ended[1].message.find("holds 16 tokens (4 x 4-token blocks)"), std::string::npos)
       << sim.ended[1].message;
   EXPECT_NE(sim.ended[1].message.find("needs 20 tokens"), std::string::npos) << sim.ended[1].message;
   ASSERT_TRUE(sim.ended.contains(2));

@@ -14,7 +14,8 @@ Result<int64_t> kv_blocks_for_budget(const KvBudgetInput& in) {
     const uint64_t n = in.budget_bytes / in.block_bytes;
     if (n == 0) {
       return invalid_argument(
-          "kv_memory_bytes = {} holds no KV block: one block (K and V of every layer) takes {} bytes",
+          "kv_memory_bytes = {} (--kv-memory) holds no KV block: one block (K and V of every layer) takes {} "
+          "bytes",
           in.budget_bytes, in.block_bytes);
     }
     if (n > static_cast<uint64_t>(kMaxKvBlocks)) {

@@ -157,8 +157,8 @@ void Scheduler::admit_waiting(StepPlan& plan, int32_t& budget) {
 std::string Scheduler::too_large_message(uint64_t id, int32_t n) const {
   const int32_t bs = kv_.block_size();
   const int64_t need = int64_t{reqs_.at(id).n_computed} + n;
-  return fmt::format("the KV cache holds {} blocks of {} tokens ({} tokens) and this request needs {} tokens",
-                     kv_.n_blocks(), bs, int64_t{kv_.n_blocks()} * bs, need);
+  return fmt::format("the KV cache holds {} tokens ({} x {}-token blocks) and this request needs {} tokens",
+                     int64_t{kv_.n_blocks()} * bs, kv_.n_blocks(), bs, need);
 }
 
 void Scheduler::commit(const StepPlan& plan) {
