@@ -8,10 +8,18 @@
 //   auto id = (*engine)->submit(req, [](const kiln::TokenEvent& ev) { std::cout << ev.text; });
 //   (*engine)->wait(*id);
 //
-// Requests run concurrently (continuous batching: up to EngineOptions::n_seq_max at once, the rest queue).
-// Callbacks are called from the engine's thread, in order per request, and must not block for long.
+// Requests run concurrently (continuous batching: up to EngineOptions::n_seq_max at once, the rest queue,
+// first come first served). The KV cache is a pool of blocks sized by a memory budget (kv_memory_bytes);
+// when it runs out, the newest running request is preempted and later recomputed, with the same output.
+// Callbacks are called from the engine's thread, in order per request, and must not block for long; they must
+// not call wait() or drain().
+//
+// A finished request's state (sampler, callback, KV blocks) is released as soon as it finishes, whether or
+// not anyone waits for it. Only its RequestStats are kept for wait(): until wait() takes them, or until
+// EngineOptions::keep_finished requests have finished after it, whichever comes first.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +43,19 @@ struct EngineOptions {
   // Matmuls on 8-bit quantized activations with integer dot products, as llama.cpp does (faster decode;
   // ~1e-3 relative error per product). false: exact f32 activations.
   bool quantize_activations = false;
+  // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
+  // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load
+  // (MemAvailable)), which on a machine with room is exactly n_seq_max x n_ctx. Less than that is fine:
+  // requests share the pool, and when it runs out the newest is preempted and recomputed later. A request
+  // that outgrows the whole pool ends with FinishReason::error; a prompt larger than it is refused by
+  // submit().
+  uint64_t kv_memory_bytes = 0;
+  // Requests waiting for admission (submitted or preempted, not running) at most; submit() beyond that
+  // fails with resource_exhausted (a server answers 429). 0: no limit.
+  int32_t max_queued = 0;
+  // Finished requests whose RequestStats wait() can still return, at most: a request's stats are dropped
+  // when it is waited for or when this many requests have finished after it (see the top of this file).
+  int32_t keep_finished = 1024;
 };
 
 struct ChatMessage {
@@ -48,6 +69,9 @@ struct Request {
   std::vector<int32_t> prompt_tokens;  // token ids as they are
   std::vector<ChatMessage> messages;   // a conversation, rendered with the model's chat template
   SamplingParams sampling;
+  // Prefix-cache namespace: cached KV blocks are shared only between requests with the same salt (empty: the
+  // default namespace). Give each tenant its own, so one cannot learn another's prompts from cache timing.
+  std::string cache_salt;
 };
 
 enum class FinishReason { none, stop, length, cancelled, error };
@@ -67,12 +91,41 @@ struct TokenEvent {
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
 struct RequestStats {
-  int32_t n_prompt = 0;     // prompt tokens
-  int32_t n_cached = 0;     // prompt tokens found in the prefix cache (not recomputed)
-  int32_t n_generated = 0;  // tokens sampled
-  double prefill_ms = 0;    // from admission to the first sampled token
-  double decode_ms = 0;     // from the first sampled token to the end
+  int32_t n_prompt = 0;       // prompt tokens
+  int32_t n_cached = 0;       // prompt tokens found in the prefix cache (not recomputed)
+  int32_t n_generated = 0;    // tokens sampled
+  double queue_ms = 0;        // from submit() to the first admission
+  double prefill_ms = 0;      // from the first admission to the first sampled token
+  double decode_ms = 0;       // from the first sampled token to the end
+  int32_t n_preemptions = 0;  // times its KV blocks were taken back (and recomputed on resume)
   FinishReason finish = FinishReason::none;
+};
+
+// A snapshot of the engine (Engine::metrics()). Counters run from the engine's start; gauges are as of the
+// last step. Latency samples are the most recent ones, oldest first, at most Engine::kLatencySamples each.
+struct EngineMetrics {
+  int32_t n_running = 0;         // requests admitted (holding KV blocks)
+  int32_t n_waiting = 0;         // requests queued for admission, preempted ones included
+  bool draining = false;         // drain() was called: submit() refuses new requests
+  int32_t kv_block_size = 0;     // tokens per block
+  int32_t kv_blocks_total = 0;   // blocks in the pool
+  int32_t kv_blocks_used = 0;    // held by running requests
+  int32_t kv_blocks_cached = 0;  // free but still holding a prefix that later requests may reuse
+  uint64_t kv_bytes_total = 0;   // bytes of the pool
+  uint64_t kv_bytes_used = 0;    // bytes of the used blocks
+  // The prefix cache, in tokens: looked up at each admission (re-admissions after a preemption included)
+  // and found there (not recomputed).
+  uint64_t prefix_cache_queries = 0;
+  uint64_t prefix_cache_hits = 0;
+  uint64_t n_prompt_tokens = 0;     // sum of RequestStats::n_prompt of admitted requests
+  uint64_t n_cached_tokens = 0;     // sum of RequestStats::n_cached (first admissions only)
+  uint64_t n_generated_tokens = 0;  // tokens sampled
+  uint64_t n_preemptions = 0;
+  uint64_t n_finished = 0;      // requests that ended, for any reason
+  uint64_t n_rejected = 0;      // submit() calls refused for a full queue or a drain
+  std::vector<double> ttft_ms;  // from submit() to the first token, per request
+  std::vector<double> itl_ms;   // between two consecutive tokens of one request
+  std::vector<double> e2e_ms;   // from submit() to the end, per request that finished with stop or length
 };
 
 struct ModelDescription {
@@ -80,6 +133,7 @@ struct ModelDescription {
   int32_t n_vocab = 0, n_ctx = 0, n_ctx_train = 0, n_layers = 0, n_embd = 0;
   int64_t n_params = 0;
   uint64_t weight_bytes = 0, kv_bytes = 0;
+  int32_t kv_blocks = 0, kv_block_size = 0;  // the KV pool: blocks of kv_block_size tokens, kv_bytes in all
   int32_t n_threads = 0;
   double load_ms = 0;
   bool has_chat_template = false;
@@ -94,13 +148,25 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Samples kept per latency series in EngineMetrics.
+  static constexpr size_t kLatencySamples = 1024;
+
   // Queues a request. Errors (nothing queued): bad sampling parameters, an empty prompt, a prompt that does
-  // not fit the context, a chat request for a model without a template.
+  // not fit the context or the KV pool, a chat request for a model without a template (invalid_argument or
+  // out_of_range); a full queue (max_queued) or a drain in progress (resource_exhausted, the message says
+  // which). An empty callback streams nothing (wait() still reports the request's end).
   Result<uint64_t> submit(const Request& request, TokenCallback callback);
-  // Stops a request; its callback gets a final event with FinishReason::cancelled. Unknown ids are ignored.
+  // Stops a request, queued or running, at the next step; its callback gets a final event with
+  // FinishReason::cancelled. Unknown and finished ids are ignored.
   void cancel(uint64_t id);
-  // Blocks until the request has finished; its statistics. not_found for an unknown (or already waited) id.
+  // Blocks until the request has finished; its statistics. not_found for an unknown id, one already waited
+  // for, or one whose statistics were dropped (keep_finished newer requests finished since).
   Result<RequestStats> wait(uint64_t id);
+  // Stops admitting: submit() fails from now on (resource_exhausted naming the drain); the queued and running
+  // requests go on to their end. Returns when none is left. invalid_argument when called from a callback (the
+  // engine thread cannot wait for itself).
+  Status drain();
+  EngineMetrics metrics() const;
 
   const ModelDescription& model() const;
   Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) const;

@@ -1,7 +1,12 @@
-// Engine::Impl: the state the engine thread owns (engine.cpp) and its setup (engine_load.cpp).
+// Engine::Impl: the state of one engine. engine.cpp holds the API side (submit, cancel, wait, drain,
+// metrics), engine_step.cpp the engine thread (scheduler plan -> Batch -> forward -> sample -> stream),
+// engine_load.cpp the setup.
+//
+// Threads: API calls take `mu` and touch only the fields under "Shared"; the engine thread owns the rest.
+// A request lives in `incoming` (submitted, not yet seen by the engine thread), then in `live` and the
+// scheduler until it finishes; then only its Outcome remains, for wait(), until taken or dropped.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -16,33 +21,56 @@
 #include "formats/gguf.h"
 #include "kiln/kiln.h"
 #include "models/model.h"
-#include "runtime/kv_cache/kv_cache.h"
 #include "runtime/sampler/sampler.h"
+#include "runtime/scheduler/scheduler.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
 
+using Clock = std::chrono::steady_clock;
+
+// The last `capacity` values pushed, oldest first on read.
+class SampleRing {
+ public:
+  explicit SampleRing(size_t capacity) : capacity_(capacity) {}
+  void push(double v);
+  std::vector<double> ordered() const;
+
+ private:
+  size_t capacity_;
+  size_t next_ = 0;           // where the next value goes once full
+  std::vector<double> data_;  // [min(pushed, capacity)]
+};
+
 struct Engine::Impl {
-  // One request, from submit() to wait().
+  // What wait() reads. Written by the engine thread under mu.
+  struct Outcome {
+    bool finished = false;
+    RequestStats stats;
+  };
+  // One request's engine-side state, from submit() until it finishes.
   struct Seq {
     uint64_t id = 0;
-    std::vector<int32_t> tokens;  // prompt, then the generated tokens
-    int32_t n_prompt = 0;
-    int32_t n_computed = 0;  // leading tokens whose K/V are in the cache
+    std::vector<int32_t> prompt;  // handed to the scheduler (which then owns the tokens) by take_incoming()
+    std::string cache_salt;
     SamplingParams params;
     std::optional<Sampler> sampler;
     std::optional<StreamDecoder> decoder;
     std::optional<StopMatcher> stop;
     TokenCallback callback;
-    bool admitted = false;
-    std::atomic<bool> cancel_requested{false};
-    bool finished = false;  // guarded by Impl::mu
+    std::shared_ptr<Outcome> outcome;
     RequestStats stats;
-    std::chrono::steady_clock::time_point t_admit, t_first;
-
-    int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+    bool admitted = false;                                 // admitted at least once
+    Clock::time_point t_submit, t_admit, t_first, t_last;  // t_last: the latest sampled token
+  };
+  // Counter increments of the engine thread since the last publish (merged into `totals` under mu).
+  struct Delta {
+    uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
+    uint64_t n_prompt_tokens = 0, n_cached_tokens = 0, n_generated_tokens = 0;
+    uint64_t n_preemptions = 0, n_finished = 0;
+    std::vector<double> ttft_ms, itl_ms, e2e_ms;
   };
 
   Status load(const EngineOptions& options);
@@ -50,14 +78,24 @@ struct Engine::Impl {
   // The chat template: tokenizer_config.json (+ chat_template.jinja) of a folder, tokenizer.chat_template of
   // a GGUF file; a template that does not parse is a warning, not an error.
   Status load_chat_template(const std::string& path, bool folder);
+  // Sets kv_block_bytes; the pool's blocks from options.kv_memory_bytes (kv_budget.h).
+  Result<int32_t> size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type);
+
+  // Engine thread (engine_step.cpp).
   void loop();
   void step();
-  // model->forward(batch) and its logits into `logits` ([logit rows, n_vocab]).
+  void take_incoming();
+  void on_plan(const StepPlan& plan);
+  void build_batch(const StepPlan& plan);
+  // The one call into the model: runs `batch`, fills `logits` (f32 [model n_vocab, batch.logit_rows.size()])
+  // and waits for the backend: the step's one synchronisation.
   Status run_forward();
-  void admit();
-  void preempt(Seq& s);
-  void sample_and_emit(const std::shared_ptr<Seq>& s, std::span<const float> logits);
-  void finish(Seq& s, FinishReason reason, const std::string& error);
+  void sample_and_emit(Seq& s, std::span<const float> row_logits);
+  // Ends request `id`: leaves the scheduler (its blocks freed), final callback, Outcome for wait(), state
+  // freed.
+  void finish(uint64_t id, FinishReason reason, const std::string& error);
+  // Under mu: gauges from the scheduler, `delta` merged into `totals`.
+  void publish_locked();
 
   EngineOptions options;
   ModelDescription desc;
@@ -67,21 +105,32 @@ struct Engine::Impl {
   std::optional<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;
   std::unique_ptr<KvBuffers> kv;
-  std::unique_ptr<KvCache> kv_cache;
+  uint64_t kv_block_bytes = 0;  // one block: K and V of every layer
+  bool kv_windowed = false;     // the model's layers all attend to a sliding window (blocks are given back)
 
   // Engine thread only.
-  std::vector<std::shared_ptr<Seq>> running;  // admitted, in admission order
-  std::vector<std::shared_ptr<Seq>> cancelled_in_queue;
+  std::optional<Scheduler> scheduler;
+  std::unordered_map<uint64_t, std::unique_ptr<Seq>> live;  // requests the scheduler holds
   Batch batch;
-  std::vector<float> logits;  // [logit rows, n_vocab]
+  std::vector<float> logits;  // [logit rows, model n_vocab]
+  Delta delta;
 
   // Shared with the API threads, under mu.
-  std::mutex mu;
+  mutable std::mutex mu;
   std::condition_variable work_cv, done_cv;
-  std::deque<std::shared_ptr<Seq>> queue;
-  std::unordered_map<uint64_t, std::shared_ptr<Seq>> all;  // submitted and not yet waited for
-  uint64_t next_id = 1;
+  std::deque<std::unique_ptr<Seq>> incoming;
+  std::vector<uint64_t> cancels;  // ids whose cancel() the engine thread has not seen yet
+  // Open requests, and finished ones whose stats wait() has not taken (at most keep_finished of those).
+  std::unordered_map<uint64_t, std::shared_ptr<Outcome>> outcomes;
+  std::deque<uint64_t> finished_ids;  // the last keep_finished finished ids, oldest first (some taken)
+  int64_t n_open = 0;                 // submitted and not finished
+  bool draining = false;
   bool stop = false;
+  // Counters, and gauges as last published: totals.n_waiting (the scheduler's queue, without `incoming`) is
+  // published when requests are handed over and after each plan, so it never undercounts (max_queued).
+  EngineMetrics totals;
+  SampleRing ttft{Engine::kLatencySamples}, itl{Engine::kLatencySamples}, e2e{Engine::kLatencySamples};
+  uint64_t next_id = 1;
   std::thread thread;
 };
 

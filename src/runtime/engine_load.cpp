@@ -1,11 +1,12 @@
-// Engine setup: the model file, backend, model, tokenizer, chat template and the KV cache sized from the
-// options.
+// Engine setup: the model file, backend, model, tokenizer, chat template, and the KV pool sized by the memory
+// budget (runtime/kv_cache/kv_budget.h) under the scheduler.
 #include <chrono>
 #include <filesystem>
 
 #include "core/log.h"
 #include "engine_impl.h"
 #include "formats/hf_config.h"
+#include "runtime/kv_cache/kv_budget.h"
 #include "tokenizer/load.h"
 
 namespace kiln {
@@ -25,6 +26,9 @@ Status Engine::Impl::load(const EngineOptions& opt) {
                             kMaxContext);
   if (opt.n_seq_max < 1 || opt.n_seq_max > 4096)
     return invalid_argument("n_seq_max = {} must be in [1, 4096]", opt.n_seq_max);
+  if (opt.keep_finished < 0) return invalid_argument("keep_finished = {} must be >= 0", opt.keep_finished);
+  if (opt.max_queued < 0)
+    return invalid_argument("max_queued = {} must be >= 0 (0: no limit)", opt.max_queued);
   if (opt.max_batch_tokens < 1)
     return invalid_argument("max_batch_tokens = {} must be >= 1", opt.max_batch_tokens);
   if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
@@ -64,15 +68,23 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   }
   tokenizer.emplace(std::move(tok));
   KILN_TRY(load_chat_template(opt.model_path, folder));
-  const int64_t blocks_per_seq = (int64_t{n_ctx} + opt.kv_block_size - 1) / opt.kv_block_size;
-  const int64_t n_blocks = blocks_per_seq * opt.n_seq_max;
-  if (n_blocks > (int64_t{1} << 30))
-    return invalid_argument("n_ctx {} x n_seq_max {} is too large", n_ctx, opt.n_seq_max);
-  KILN_ASSIGN_OR_RETURN(KvBuffers buffers, KvBuffers::allocate(*backend, mi, opt.kv_block_size,
-                                                               static_cast<int32_t>(n_blocks), kv_type));
+  KILN_ASSIGN_OR_RETURN(const int32_t n_blocks, size_kv_pool(mi, n_ctx, kv_type));
+  KILN_ASSIGN_OR_RETURN(KvBuffers buffers,
+                        KvBuffers::allocate(*backend, mi, opt.kv_block_size, n_blocks, kv_type));
   kv = std::make_unique<KvBuffers>(std::move(buffers));
-  KILN_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(static_cast<int32_t>(n_blocks), opt.kv_block_size));
-  kv_cache = std::make_unique<KvCache>(std::move(cache));
+  if (kv->bytes() != static_cast<uint64_t>(n_blocks) * kv_block_bytes) {
+    return make_status(StatusCode::internal, "KV cache: {} bytes allocated for {} blocks of {} bytes",
+                       kv->bytes(), n_blocks, kv_block_bytes);
+  }
+  KILN_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(n_blocks, opt.kv_block_size));
+  kv_windowed = mi.kv_window > 0;
+  SchedulerOptions so;
+  so.max_running = opt.n_seq_max;
+  so.max_batch_tokens = opt.max_batch_tokens;
+  so.kv_window = mi.kv_window;
+  KILN_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(so, std::move(cache)));
+  scheduler.emplace(std::move(sched));
+  publish_locked();  // the pool's gauges, before any step (no other thread exists yet)
 
   desc.path = opt.model_path;
   desc.name = mi.name;
@@ -85,10 +97,37 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.n_params = mi.n_params;
   desc.weight_bytes = mi.weight_bytes;
   desc.kv_bytes = kv->bytes();
+  desc.kv_blocks = n_blocks;
+  desc.kv_block_size = opt.kv_block_size;
   desc.n_threads = backend->n_threads();
   desc.has_chat_template = chat_template.has_value();
   desc.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return Status::ok_status();
+}
+
+Result<int32_t> Engine::Impl::size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type) {
+  const int32_t bs = options.kv_block_size;
+  // K and V of every layer: [head_dim, n_kv_heads, block_size] each (models/model.h, KvBuffers).
+  KILN_ASSIGN_OR_RETURN(const int64_t layer_bytes,
+                        dtype_row_bytes(kv_type, int64_t{mi.head_dim} * mi.n_kv_heads * bs));
+  kv_block_bytes = uint64_t{2} * static_cast<uint64_t>(mi.n_layers) * static_cast<uint64_t>(layer_bytes);
+  if (kv_block_bytes == 0) {
+    return invalid_argument("{}: n_layers = {}, n_kv_heads = {}, head_dim = {} leave no room for a KV cache",
+                            file->name(), mi.n_layers, mi.n_kv_heads, mi.head_dim);
+  }
+  KvBudgetInput in;
+  in.budget_bytes = options.kv_memory_bytes;
+  in.block_bytes = kv_block_bytes;
+  in.full_blocks = (int64_t{n_ctx} + bs - 1) / bs * options.n_seq_max;
+  if (in.budget_bytes == 0) in.mem_available = mem_available_bytes();
+  KILN_ASSIGN_OR_RETURN(const int64_t n_blocks, kv_blocks_for_budget(in));
+  if (n_blocks < in.full_blocks && in.budget_bytes == 0) {
+    log_warn(
+        "KV cache: half of the available memory holds {} blocks of {} tokens, fewer than the {} that {} "
+        "sequences of {} tokens need; requests may be preempted (set --kv-memory / kv_memory_bytes)",
+        n_blocks, bs, in.full_blocks, options.n_seq_max, n_ctx);
+  }
+  return static_cast<int32_t>(n_blocks);
 }
 
 Status Engine::Impl::load_chat_template(const std::string& path, bool folder) {

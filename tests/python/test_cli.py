@@ -212,6 +212,28 @@ def test_run_same_seed_same_text():
     assert a.stdout != c.stdout
 
 
+def test_run_kv_memory():
+    require(SMOL)
+    # A size that is not one is a usage error that quotes it.
+    for bad in ("12Q", "-1G", "0", "1.G", "G"):
+        res = kiln("run", "-m", SMOL, "-p", "hi", "--kv-memory", bad)
+        assert res.returncode == 2, (bad, res.stderr)
+        assert f'"{bad}" is not a size' in res.stderr, res.stderr
+    assert "--kv-memory" in kiln("run", "--help").stdout
+    # Too small for one block (16 tokens x 30 layers x K,V x 3 heads x 64 x f32 = 720 KiB).
+    one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "--kv-memory", "100K"), "holds no KV block", "737280 bytes")
+    # Room for the request: the same greedy text as the default pool.
+    args = ("run", "-m", SMOL, "-p", "The capital of France is", "-n", "12", "--temp", "0")
+    base, small = kiln(*args), kiln(*args, "--kv-memory", "1.5M")  # 2 blocks: 32 tokens
+    assert small.returncode == 0, small.stderr
+    assert small.stdout == base.stdout
+    # A request that outgrows the whole pool ends with an error naming it.
+    res = kiln("run", "-m", SMOL, "-p", "The capital of France is", "-n", "40", "--temp", "0", "--ignore-eos",
+               "--kv-memory", "1M")
+    assert res.returncode == 1, res.stderr
+    assert "the KV cache holds 16 tokens (1 x 16-token blocks)" in res.stderr and "--kv-memory" in res.stderr, res.stderr
+
+
 def test_chat_holds_three_turns_from_stdin():
     require(SMOL)
     turns = "My name is Alice.\nWhat is 2+2?\nWhat is my name?\n"

@@ -5,62 +5,27 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "kiln/kiln.h"
+#include "engine_test_util.h"
 
 namespace kiln {
 namespace {
 
-std::string model_path() {
-  const char* dir = std::getenv("KILN_MODELS_DIR");
-  const std::string d =
-      dir != nullptr && *dir != '\0' ? dir : std::string(std::getenv("HOME")) + "/.cache/kiln/models";
-  return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+using test::collect;
+using test::Collected;
+using test::greedy;
 
 Engine& engine() {
   static std::unique_ptr<Engine> e = [] {
     EngineOptions o;
-    o.model_path = model_path();
     o.n_ctx = 256;
     o.n_seq_max = 4;
-    o.n_threads = 2;
-    auto r = Engine::create(o);
-    EXPECT_TRUE(r.ok()) << r.status().message();
-    return r.ok() ? std::move(r).value() : nullptr;
+    return test::make_engine(o);
   }();
   return *e;
-}
-
-struct Collected {
-  std::string text;
-  std::vector<int32_t> tokens;
-  int finals = 0;
-  FinishReason finish = FinishReason::none;
-};
-
-TokenCallback collect(Collected& c) {
-  return [&c](const TokenEvent& ev) {
-    c.text += ev.text;
-    if (ev.token >= 0) c.tokens.push_back(ev.token);
-    if (ev.done) {
-      ++c.finals;
-      c.finish = ev.finish;
-    }
-  };
-}
-
-Request greedy(std::string prompt, int32_t n) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = n;
-  r.sampling.ignore_eos = true;
-  return r;
 }
 
 void expect_error(const Request& r, std::string_view needle) {

@@ -13,6 +13,7 @@
 
 #include "ops/ops.h"
 #include "runtime/kv_cache/block_pool.h"
+#include "runtime/kv_cache/kv_budget.h"
 
 namespace kiln {
 namespace {
@@ -305,6 +306,46 @@ TEST(KvCache, EvictsTheSequenceFreedEarlierFirst) {
   EXPECT_TRUE(kv.check_invariants().ok());
 }
 
+TEST(BlockHash, SaltHashIsSha256OfTheDomainAndTheSalt) {
+  // Expected: Python hashlib.sha256(b"kiln.cache_salt\x00" + b"tenant-a").
+  EXPECT_EQ(hex(salt_hash("tenant-a")), "c95a665b1527199a2046f1c707e8f4eb9b0616af741eda2e6efa7e310e3b6721");
+  EXPECT_NE(salt_hash("tenant-a"), salt_hash("tenant-b"));
+}
+
+TEST(KvCache, CacheSaltSeparatesPrefixNamespaces) {
+  KvCache kv(32, 4);
+  const std::vector<int32_t> a = iota_tokens(10, 100);  // two full blocks before the last token's
+  ASSERT_EQ(*kv.add_sequence(1, a, "tenant-a"), 0);
+  ASSERT_TRUE(kv.reserve(1, 10).ok());
+  kv.commit(1, a);
+  ASSERT_TRUE(kv.check_invariants().ok()) << kv.check_invariants().to_string();
+  const std::vector<int32_t> t1 = table_of(kv, 1);
+  // The salt is the first block's parent.
+  const BlockHash root = salt_hash("tenant-a");
+  EXPECT_EQ(*kv.pool().hash_of(t1[0]), block_hash(&root, std::span(a).first(4)));
+  // Same salt: the prefix is shared. Another salt, or none: nothing is.
+  ASSERT_EQ(*kv.add_sequence(2, a, "tenant-a"), 8);
+  EXPECT_EQ(table_of(kv, 2)[0], t1[0]);
+  EXPECT_EQ(*kv.add_sequence(3, a, "tenant-b"), 0);
+  EXPECT_EQ(*kv.add_sequence(4, a), 0);
+  // An unsalted sequence registers its own blocks, and a salted one does not find them either.
+  ASSERT_TRUE(kv.reserve(4, 10).ok());
+  kv.commit(4, a);
+  const std::vector<int32_t> t4 = table_of(kv, 4);
+  EXPECT_NE(t4[0], t1[0]);
+  EXPECT_EQ(*kv.pool().hash_of(t4[0]), block_hash(nullptr, std::span(a).first(4)));
+  ASSERT_EQ(*kv.add_sequence(5, a), 8);
+  EXPECT_EQ(table_of(kv, 5)[0], t4[0]);
+  EXPECT_EQ(*kv.add_sequence(6, a, "tenant-c"), 0);
+  // After everyone is freed, the salted blocks wait in the LRU list and still answer only their salt.
+  for (int64_t s : {1, 2, 3, 4, 5, 6}) kv.free_sequence(s);
+  ASSERT_TRUE(kv.check_invariants().ok()) << kv.check_invariants().to_string();
+  ASSERT_EQ(*kv.add_sequence(7, a, "tenant-a"), 8);
+  EXPECT_EQ(table_of(kv, 7)[0], t1[0]);
+  EXPECT_EQ(*kv.add_sequence(8, a, "tenant-b"), 0);
+  EXPECT_TRUE(kv.check_invariants().ok()) << kv.check_invariants().to_string();
+}
+
 TEST(KvCache, ReserveIsAllOrNothing) {
   KvCache kv(4, 4);
   ASSERT_EQ(prefill(kv, 1, iota_tokens(5, 0)), 0);  // 2 blocks, the first cached-able
@@ -424,6 +465,49 @@ TEST(KvCache, RandomizedStress) {
   while (!live.empty()) free_random();
   EXPECT_EQ(kv.pool().n_used(), 0);
   EXPECT_TRUE(kv.check_invariants().ok());
+}
+
+TEST(KvCacheBudget, ExplicitBudgetIsFlooredToWholeBlocks) {
+  KvBudgetInput in{.budget_bytes = 10'000, .block_bytes = 3'000, .full_blocks = 2, .mem_available = 1};
+  EXPECT_EQ(*kv_blocks_for_budget(in), 3);  // more than full_blocks: all of it, for cached prefixes
+  in.budget_bytes = 2'999;
+  Result<int64_t> none = kv_blocks_for_budget(in);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(none.status().message().find("kv_memory_bytes = 2999 (--kv-memory) holds no KV block"),
+            std::string::npos)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("3000 bytes"), std::string::npos);
+  in.budget_bytes = uint64_t{1} << 62;
+  in.block_bytes = 1;
+  EXPECT_NE(kv_blocks_for_budget(in).status().message().find("more than"), std::string::npos);
+}
+
+TEST(KvCacheBudget, DefaultIsFullLengthCappedByHalfTheAvailableMemory) {
+  KvBudgetInput in{.budget_bytes = 0, .block_bytes = 1'000, .full_blocks = 64, .mem_available = 1'000'000};
+  EXPECT_EQ(*kv_blocks_for_budget(in), 64);  // room to spare: n_seq_max x n_ctx, as before budgets
+  in.mem_available = 100'000;
+  EXPECT_EQ(*kv_blocks_for_budget(in), 50);  // half of 100 blocks' worth
+  in.mem_available = 10;
+  EXPECT_EQ(*kv_blocks_for_budget(in), 1);
+  in.mem_available.reset();
+  EXPECT_EQ(*kv_blocks_for_budget(in), 64);
+}
+
+TEST(KvCacheBudget, ParsesMemAvailable) {
+  EXPECT_EQ(parse_mem_available("MemTotal:       24684084 kB\nMemFree:        21417296 kB\n"
+                                "MemAvailable:   23670480 kB\nBuffers: 1 kB\n"),
+            uint64_t{23670480} * 1024);
+  EXPECT_EQ(parse_mem_available("MemAvailable: 7 kB"), uint64_t{7168});
+  EXPECT_FALSE(parse_mem_available("MemTotal: 5 kB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("XMemAvailable: 5 kB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("MemAvailable: lots kB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("MemAvailable: 5 MB\n").has_value());
+  EXPECT_FALSE(parse_mem_available("MemAvailable: 99999999999999999999 kB\n").has_value());
+  // This machine's, when it has one, is a positive number of bytes.
+  if (auto m = mem_available_bytes()) {
+    EXPECT_GT(*m, 0u);
+  }
 }
 
 }  // namespace

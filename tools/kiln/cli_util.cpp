@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -31,6 +32,60 @@ Result<std::string> resolve_model_path(const std::string& path) {
     return not_found("the default model is not at {}; run scripts/fetch-models.sh (or pass -m MODEL)", def);
   }
   return def;
+}
+
+Result<uint64_t> parse_byte_size(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return invalid_argument(
+        "\"{}\" is not a size: {} (a number with an optional unit K, M, G or T, powers of 1024, "
+        "such as 512M or 2G)",
+        text, why);
+  };
+  size_t i = 0;
+  uint64_t whole = 0;
+  double frac = 0, scale = 0.1;
+  if (!text.empty() && (text[0] == '-' || text[0] == '+'))
+    return bad("it must be a positive number, no sign");
+  const size_t n_digits_start = i;
+  for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
+    if (whole > (UINT64_MAX - 9) / 10) return bad("it is too large");
+    whole = whole * 10 + static_cast<uint64_t>(text[i] - '0');
+  }
+  if (i == n_digits_start) return bad("it does not start with a number");
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    const size_t frac_start = i;
+    for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i, scale /= 10) {
+      frac += (text[i] - '0') * scale;
+    }
+    if (i == frac_start) return bad("no digits after the decimal point");
+  }
+  int shift = 0;  // log2 of the unit
+  if (i < text.size()) {
+    switch (std::toupper(static_cast<unsigned char>(text[i]))) {
+      case 'K': shift = 10; break;
+      case 'M': shift = 20; break;
+      case 'G': shift = 30; break;
+      case 'T': shift = 40; break;
+      case 'B': shift = -1; break;  // bytes: only "B" may follow
+      default: return bad(fmt::format("unknown unit '{}'", text[i]));
+    }
+    ++i;
+    std::string_view rest = text.substr(i);
+    if (shift < 0) {
+      shift = 0;
+      if (!rest.empty()) return bad(fmt::format("unexpected \"{}\" after the unit", rest));
+    } else if (!rest.empty() && rest != "B" && rest != "b" && rest != "iB" && rest != "ib") {
+      return bad(fmt::format("unexpected \"{}\" after the unit", rest));
+    }
+  }
+  const long double bytes =
+      (static_cast<long double>(whole) + frac) * static_cast<long double>(uint64_t{1} << shift);
+  if (bytes >= static_cast<long double>(uint64_t{1} << 63))
+    return bad("it is too large (at most 2^63 bytes)");
+  const auto out = static_cast<uint64_t>(bytes);
+  if (out == 0) return bad("it must be at least one byte");
+  return out;
 }
 
 int report_error(const char* cmd, const Status& status) {

@@ -1,7 +1,9 @@
 // Helpers shared by the subcommands: the default model, printing errors.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 
@@ -13,6 +15,11 @@ std::string models_dir();
 std::string default_model_path();
 // `path` when given, else the default model; an error (naming the setup script) when it does not exist.
 Result<std::string> resolve_model_path(const std::string& path);
+
+// A size in bytes: a number with an optional fraction and an optional unit K, M, G or T (powers of 1024; "B",
+// "iB" after the unit and lower case are accepted): "512M", "2G", "1.5GiB", "1048576". invalid_argument
+// naming `text` for anything else, zero, a negative number, or more than 2^63 bytes.
+Result<uint64_t> parse_byte_size(std::string_view text);
 
 // Prints "kiln <cmd>: error: <message>" to stderr and returns the exit code for it.
 int report_error(const char* cmd, const Status& status);

@@ -24,6 +24,7 @@ struct GenOptions {
   int32_t n_ctx = 0;
   int32_t n_threads = 0;
   std::string kv_type = "f32";
+  std::string kv_memory;  // --kv-memory SIZE, checked by parse_byte_size; empty: the engine's default
   bool chat = false;
   bool quiet = false;
   bool quantize_activations = false;
@@ -37,6 +38,15 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  cmd->add_option("--kv-memory", o.kv_memory,
+                  "KV cache size, e.g. 512M or 2G (powers of 1024); requests beyond it are preempted and "
+                  "recomputed (default: what the context needs, at most half of the available memory)")
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            auto r = parse_byte_size(s);
+            return r.ok() ? std::string() : r.status().message();
+          },
+          "SIZE"));
   cmd->add_option("--temp", o.sampling.temperature, "Temperature; 0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", o.sampling.top_k, "Top-k; 0 = off")->capture_default_str();
   cmd->add_option("--top-p", o.sampling.top_p, "Top-p (nucleus); 1 = off")->capture_default_str();
@@ -64,6 +74,9 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
   eo.n_ctx = o.n_ctx;
   eo.n_threads = o.n_threads;
   eo.kv_type = o.kv_type;
+  if (!o.kv_memory.empty()) {
+    KILN_ASSIGN_OR_RETURN(eo.kv_memory_bytes, parse_byte_size(o.kv_memory));
+  }
   eo.quantize_activations = o.quantize_activations;
   return Engine::create(eo);
 }

@@ -21,6 +21,19 @@ BlockHash block_hash(const BlockHash* parent, std::span<const int32_t> tokens) {
   return out;
 }
 
+BlockHash salt_hash(std::string_view salt) {
+  KILN_ASSERT(!salt.empty());
+  static constexpr std::string_view kDomain("kiln.cache_salt\0", 16);
+  std::string bytes;
+  bytes.reserve(kDomain.size() + salt.size());
+  bytes.append(kDomain).append(salt);
+  BlockHash out{};
+  unsigned int out_len = 0;
+  int ok = EVP_Digest(bytes.data(), bytes.size(), out.data(), &out_len, EVP_sha256(), nullptr);
+  KILN_ASSERT(ok == 1 && out_len == out.size());
+  return out;
+}
+
 std::string block_hash_short(const BlockHash& h) {
   std::string s;
   for (int i = 0; i < 8; ++i) s += fmt::format("{:02x}", h[i]);

@@ -21,6 +21,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -33,6 +34,12 @@ using BlockHash = std::array<uint8_t, 32>;
 
 // SHA-256 over (parent hash, or 32 zero bytes for the first block) || tokens as little-endian int32.
 BlockHash block_hash(const BlockHash* parent, std::span<const int32_t> tokens);
+
+// The parent hash of the first block of a sequence with a cache salt: SHA-256 of "kiln.cache_salt\0" || salt.
+// Chained from it, the block hashes of sequences with different salts (or none) differ unless SHA-256 is
+// broken, so they never share a block. Precondition: the salt is not empty (an empty salt means no salt: the
+// first block has no parent, as block_hash(nullptr, ...)).
+BlockHash salt_hash(std::string_view salt);
 
 // The first 8 bytes as hex, for messages.
 std::string block_hash_short(const BlockHash& h);

@@ -22,14 +22,21 @@ const KvCache::Sequence& KvCache::get(int64_t seq) const {
   return it->second;
 }
 
-Result<int32_t> KvCache::add_sequence(int64_t seq, std::span<const int32_t> prompt) {
+const BlockHash* KvCache::parent_hash(const Sequence& s, size_t i) {
+  if (i > 0) return &s.hashes[i - 1];
+  return s.root ? &*s.root : nullptr;
+}
+
+Result<int32_t> KvCache::add_sequence(int64_t seq, std::span<const int32_t> prompt,
+                                      std::string_view cache_salt) {
   if (seqs_.contains(seq)) return invalid_argument("kv cache: sequence id {} already exists", seq);
   Sequence s;
+  if (!cache_salt.empty()) s.root = salt_hash(cache_salt);
   // Full blocks strictly before the one holding the last prompt token.
   const size_t n_reusable = prompt.empty() ? 0 : (prompt.size() - 1) / block_size_;
   for (size_t i = 0; i < n_reusable; ++i) {
     auto block_tokens = prompt.subspan(i * block_size_, block_size_);
-    BlockHash h = block_hash(s.hashes.empty() ? nullptr : &s.hashes.back(), block_tokens);
+    BlockHash h = block_hash(parent_hash(s, i), block_tokens);
     std::optional<int32_t> b = pool_.find_cached(h);
     if (!b) break;
     pool_.acquire(*b);
@@ -73,7 +80,7 @@ void KvCache::commit(int64_t seq, std::span<const int32_t> tokens) {
   while (s.hashes.size() < n_full) {
     const size_t i = s.hashes.size();
     std::span<const int32_t> block_tokens(s.tokens.data() + i * block_size_, block_size_);
-    BlockHash h = block_hash(s.hashes.empty() ? nullptr : &s.hashes.back(), block_tokens);
+    BlockHash h = block_hash(parent_hash(s, i), block_tokens);
     s.hashes.push_back(h);
     // A block that became full here was written by this sequence alone (invariant 5): it holds no hash yet.
     // When an equal block is registered already, keep ours unregistered rather than swap mid-flight.
@@ -167,7 +174,7 @@ Status KvCache::check_invariants() const {
     }
     for (size_t i = 0; i < n_full; ++i) {
       std::span<const int32_t> block_tokens(s.tokens.data() + i * block_size_, block_size_);
-      if (block_hash(i == 0 ? nullptr : &s.hashes[i - 1], block_tokens) != s.hashes[i]) {
+      if (block_hash(parent_hash(s, i), block_tokens) != s.hashes[i]) {
         return broken(fmt::format("sequence {}: hash of block {} does not match its tokens", id, i));
       }
     }

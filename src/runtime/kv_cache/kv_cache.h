@@ -10,7 +10,8 @@
 //     it (the cache is the pool's only user).
 //  3. reserved capacity (table length * block_size) >= committed tokens (n_tokens).
 //  4. A sequence keeps the chained hash of each of its full blocks: hashes.size() == n_tokens / block_size,
-//     hashes[i] = block_hash(&hashes[i-1], tokens of block i). Where the pool holds a hash for table[i], it
+//     hashes[i] = block_hash(&hashes[i-1], tokens of block i); the parent of block 0 is salt_hash(salt) for
+//     a sequence added with a cache salt, none without. Where the pool holds a hash for table[i], it
 //     equals hashes[i]; a block may be full and unhashed when an equal block was registered first.
 //  5. Only full blocks are shared: a block past the full ones (partly written or only reserved) has ref
 //     count 1 and no hash. So writing the K/V of new tokens never touches a block another sequence reads.
@@ -19,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -39,7 +42,10 @@ class KvCache {
   // Creates sequence `seq` and shares the cached blocks whose chained hashes match the prompt's leading full
   // blocks, stopping before the block that holds the last prompt token. Returns the number of prompt tokens
   // already present (reused blocks * block_size); they count as committed. invalid_argument for an id in use.
-  Result<int32_t> add_sequence(int64_t seq, std::span<const int32_t> prompt);
+  // cache_salt: a namespace for prefix sharing (a tenant, say); it is mixed into the first block's hash, so
+  // sequences share blocks only when their salts are equal. Empty: the shared default namespace.
+  Result<int32_t> add_sequence(int64_t seq, std::span<const int32_t> prompt,
+                               std::string_view cache_salt = {});
   // Grows the block table so that n_tokens(seq) + n_new_tokens positions fit. All or nothing: on
   // resource_exhausted nothing changed. not_found for an unknown id, invalid_argument for n_new_tokens < 0.
   Status reserve(int64_t seq, int32_t n_new_tokens);
@@ -79,7 +85,10 @@ class KvCache {
     int32_t n_released = 0;         // leading blocks given back by release_before()
     std::vector<int32_t> tokens;    // [n_tokens] committed token ids
     std::vector<BlockHash> hashes;  // [n_tokens / block_size] chained hashes of the full blocks
+    std::optional<BlockHash> root;  // the parent of block 0: salt_hash(cache salt); none without a salt
   };
+  // The parent hash of full block i of s (nullptr: none).
+  static const BlockHash* parent_hash(const Sequence& s, size_t i);
   const Sequence& get(int64_t seq) const;
 
   int32_t block_size_;  // tokens per block

@@ -1,0 +1,239 @@
+// The engine thread. Each step hands new requests and cancels to the scheduler, takes its plan (the rule is
+// at the top of runtime/scheduler/scheduler.h), ends what the plan ended, builds one Batch from the plan's
+// chunks, runs the model (run_forward: the one call into it), commits the written K/V, samples every chunk
+// that reached its request's last token, streams the text and finishes the requests that are done (their
+// blocks go back to the pool at once).
+#include <openssl/crypto.h>
+
+#include <algorithm>
+
+#include "core/log.h"
+#include "engine_impl.h"
+
+namespace kiln {
+
+namespace {
+double ms_between(Clock::time_point t0, Clock::time_point t1) {
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+}  // namespace
+
+void Engine::Impl::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      work_cv.wait(lock,
+                   [&] { return stop || !incoming.empty() || !cancels.empty() || scheduler->has_work(); });
+      if (stop) break;
+    }
+    step();
+  }
+  // Shutting down: every request still open ends as cancelled, oldest first.
+  take_incoming();
+  std::vector<uint64_t> open;
+  for (const auto& [id, s] : live) open.push_back(id);
+  std::sort(open.begin(), open.end());
+  for (uint64_t id : open) finish(id, FinishReason::cancelled, "");
+  OPENSSL_thread_stop();  // libcrypto's per-thread state of this thread (the KV cache hashes blocks here)
+}
+
+void Engine::Impl::take_incoming() {
+  std::lock_guard<std::mutex> lock(mu);
+  while (!incoming.empty()) {
+    std::unique_ptr<Seq> s = std::move(incoming.front());
+    incoming.pop_front();
+    Status st = scheduler->add(s->id, std::move(s->prompt), s->cache_salt);
+    KILN_ASSERT(st.ok());  // ids are unique and submit() refused empty prompts
+    s->prompt = {};
+    live.emplace(s->id, std::move(s));
+  }
+  // Queued or running, a cancelled request ends in this step's plan: it waits for no free slot.
+  for (uint64_t id : cancels) scheduler->cancel(id);
+  cancels.clear();
+  publish_locked();
+}
+
+void Engine::Impl::step() {
+  take_incoming();
+  const StepPlan plan = scheduler->schedule();
+  on_plan(plan);
+  if (!plan.chunks.empty()) {
+    build_batch(plan);
+    Status st = run_forward();
+    if (!st.ok()) {
+      log_error("engine: forward failed: {}", st.message());
+      for (const ScheduledChunk& c : plan.chunks) finish(c.id, FinishReason::error, st.message());
+    } else {
+      scheduler->commit(plan);
+      const auto stride = static_cast<size_t>(model->info().n_vocab);
+      size_t row = 0;
+      for (const ScheduledChunk& c : plan.chunks) {
+        if (!c.sample) continue;  // a prefill chunk short of the last prompt token: no logits yet
+        const std::span<const float> row_logits(logits.data() + row * stride,
+                                                static_cast<size_t>(desc.n_vocab));
+        ++row;
+        sample_and_emit(*live.at(c.id), row_logits);
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  publish_locked();
+}
+
+void Engine::Impl::on_plan(const StepPlan& plan) {
+  const auto now = Clock::now();
+  for (const AdmittedRequest& a : plan.admitted) {
+    Seq& s = *live.at(a.id);
+    delta.prefix_cache_queries += static_cast<uint64_t>(a.n_looked_up);
+    delta.prefix_cache_hits += static_cast<uint64_t>(a.n_cached);
+    if (!a.first_time) continue;
+    s.admitted = true;
+    s.t_admit = now;
+    s.stats.n_cached = a.n_cached;
+    s.stats.queue_ms = ms_between(s.t_submit, now);
+    delta.n_prompt_tokens += static_cast<uint64_t>(s.stats.n_prompt);
+    delta.n_cached_tokens += static_cast<uint64_t>(a.n_cached);
+  }
+  for (uint64_t id : plan.preempted) {
+    Seq& s = *live.at(id);
+    ++s.stats.n_preemptions;
+    ++delta.n_preemptions;
+    log_debug("engine: preempted request {} ({} tokens) for lack of KV blocks", id,
+              scheduler->tokens(id).size());
+  }
+  for (const EndedRequest& e : plan.ended) {
+    if (e.reason == EndReason::end_reason_cancelled) {
+      finish(e.id, FinishReason::cancelled, "");
+    } else {
+      finish(e.id, FinishReason::error, fmt::format("{} (raise --kv-memory / kv_memory_bytes)", e.message));
+    }
+  }
+}
+
+void Engine::Impl::build_batch(const StepPlan& plan) {
+  batch.clear();
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    batch.block_tables.push_back(scheduler->block_table(c.id));
+    const std::span<const int32_t> tokens = scheduler->tokens(c.id);
+    for (int32_t p = c.start; p < c.start + c.n_tokens; ++p) {
+      batch.tokens.push_back(tokens[static_cast<size_t>(p)]);
+      batch.positions.push_back(p);
+      batch.seq.push_back(static_cast<int32_t>(i));
+    }
+    if (c.sample) batch.logit_rows.push_back(batch.n_tokens() - 1);
+  }
+}
+
+Status Engine::Impl::run_forward() {
+  // Rows of the model's n_vocab; sampling sees the tokenizer's first desc.n_vocab (HF embeddings are often
+  // padded past the vocabulary). The logits stay in backend memory until read here: the step's one wait.
+  KILN_ASSIGN_OR_RETURN(const Tensor step_logits, model->forward(batch, *kv));
+  return read_logits(*backend, step_logits, logits);
+}
+
+void Engine::Impl::sample_and_emit(Seq& s, std::span<const float> row_logits) {
+  const uint64_t id = s.id;
+  if (s.params.max_tokens == 0) return finish(id, FinishReason::length, "");  // prefill only
+  const std::span<const int32_t> history = scheduler->tokens(id);
+  auto sampled = s.sampler->sample(row_logits, history);
+  if (!sampled.ok()) return finish(id, FinishReason::error, sampled.status().message());
+  const auto now = Clock::now();
+  if (s.stats.n_generated == 0) {
+    s.t_first = now;
+    delta.ttft_ms.push_back(ms_between(s.t_submit, now));
+  } else {
+    delta.itl_ms.push_back(ms_between(s.t_last, now));
+  }
+  s.t_last = now;
+  const int32_t tok = sampled->token;
+  const auto n_tokens = static_cast<int32_t>(history.size()) + 1;  // with tok
+  ++s.stats.n_generated;
+  ++delta.n_generated_tokens;
+  if (!s.params.ignore_eos && tokenizer->is_eog(tok)) return finish(id, FinishReason::stop, "");
+  auto text = s.decoder->feed(tok);
+  if (!text.ok()) {
+    // As vLLM does when detokenizing fails, the request ends with an error rather than streaming on with a
+    // hole in its text: a client told finish_reason "error" knows the text is incomplete, a skipped token
+    // would go unnoticed. (The sampler draws from the tokenizer's vocabulary, so this is a bug surfacing.)
+    return finish(id, FinishReason::error,
+                  fmt::format("sampled token {} cannot be decoded: {}", tok, text.status().message()));
+  }
+  TokenEvent ev;
+  ev.token = tok;
+  ev.logprob = sampled->logprob;
+  ev.top = std::move(sampled->top);
+  StopMatcher::StopResult r = s.stop->push(*text);
+  ev.text = std::move(r.emit);
+  s.callback(ev);
+  if (r.stopped) return finish(id, FinishReason::stop, "");
+  if (s.stats.n_generated >= s.params.max_tokens || n_tokens >= desc.n_ctx) {
+    return finish(id, FinishReason::length, "");
+  }
+  scheduler->append_token(id, tok);
+}
+
+void Engine::Impl::finish(uint64_t id, FinishReason reason, const std::string& error) {
+  auto node = live.extract(id);
+  KILN_ASSERT(!node.empty());
+  Seq& s = *node.mapped();
+  scheduler->finish(id);  // false when the plan ended it already
+  TokenEvent ev;
+  ev.done = true;
+  ev.finish = reason;
+  ev.error = error;
+  if (reason != FinishReason::error && !s.stop->stopped())
+    ev.text = s.stop->push(s.decoder->flush()).emit + s.stop->flush();
+  const auto now = Clock::now();
+  if (s.admitted) {
+    s.stats.prefill_ms = ms_between(s.t_admit, s.stats.n_generated > 0 ? s.t_first : now);
+    s.stats.decode_ms = s.stats.n_generated > 0 ? ms_between(s.t_first, now) : 0;
+  }
+  s.stats.finish = reason;
+  s.callback(ev);
+  ++delta.n_finished;
+  if (reason == FinishReason::stop || reason == FinishReason::length) {
+    delta.e2e_ms.push_back(ms_between(s.t_submit, now));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    s.outcome->stats = s.stats;
+    s.outcome->finished = true;
+    --n_open;
+    // Keep the stats of the last keep_finished finished requests for wait(); older ones are dropped.
+    finished_ids.push_back(id);
+    while (finished_ids.size() > static_cast<size_t>(options.keep_finished)) {
+      auto old = outcomes.find(finished_ids.front());
+      if (old != outcomes.end() && old->second->finished) outcomes.erase(old);
+      finished_ids.pop_front();
+    }
+    publish_locked();
+  }
+  done_cv.notify_all();
+  // `node` goes out of scope here: the request's sampler, decoder and callback are released.
+}
+
+void Engine::Impl::publish_locked() {
+  const BlockPool& pool = scheduler->kv_cache().pool();
+  totals.n_running = scheduler->n_running();
+  totals.n_waiting = scheduler->n_waiting();
+  totals.kv_block_size = scheduler->kv_cache().block_size();
+  totals.kv_blocks_total = pool.n_blocks();
+  totals.kv_blocks_used = pool.n_used();
+  totals.kv_blocks_cached = pool.n_cached();
+  totals.kv_bytes_total = kv->bytes();
+  totals.kv_bytes_used = static_cast<uint64_t>(pool.n_used()) * kv_block_bytes;
+  totals.prefix_cache_queries += delta.prefix_cache_queries;
+  totals.prefix_cache_hits += delta.prefix_cache_hits;
+  totals.n_prompt_tokens += delta.n_prompt_tokens;
+  totals.n_cached_tokens += delta.n_cached_tokens;
+  totals.n_generated_tokens += delta.n_generated_tokens;
+  totals.n_preemptions += delta.n_preemptions;
+  totals.n_finished += delta.n_finished;
+  for (double v : delta.ttft_ms) ttft.push(v);
+  for (double v : delta.itl_ms) itl.push(v);
+  for (double v : delta.e2e_ms) e2e.push(v);
+  delta = Delta{};
+}
+
+}  // namespace kiln

@@ -1,0 +1,142 @@
+// Scheduler: decides, step by step, which requests run and how many of their tokens, over one KvCache.
+//
+// THE RULE: first come, first served, over one list. The running requests followed by the waiting ones are
+// in arrival order, always (check_invariants() verifies it). Each step spends a budget of max_batch_tokens:
+// running decodes first (one token each), then running prefill chunks, then the head of the waiting queue is
+// admitted while a running slot, budget and free KV blocks remain. When a running request needs a block and
+// none is free, the NEWEST running request is preempted (the last of the running part): its blocks are
+// freed and it becomes the head of the waiting queue, to be recomputed later from its tokens so far (prompt
+// + generated). A step that preempted admits nobody.
+//
+// Consequences: the oldest request always progresses (it is never the victim while a newer one holds
+// blocks), so a request that fits the cache alone always finishes; a request arriving later never delays an
+// earlier one (it is admitted after it, preempted before it, and its prefill comes after the older one's).
+// A request that cannot fit even alone (its tokens need more blocks than the whole cache) ends with
+// end_reason_too_large.
+//
+// Pure bookkeeping: no model, no backend. The caller runs the plan (a Batch through the model), then calls
+// commit(plan), then append_token() or finish() for every chunk with `sample` set.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/kv_cache/kv_cache.h"
+
+namespace kiln {
+
+struct SchedulerOptions {
+  int32_t max_running = 1;         // requests admitted at once (n_seq_max), >= 1
+  int32_t max_batch_tokens = 512;  // tokens computed per step, all requests together, >= 1
+  // Every layer attends only to the last kv_window positions (0: some layer reads all). Blocks wholly below
+  // the window of a request's next token are given back after each commit.
+  int32_t kv_window = 0;
+};
+
+// Positions [start, start + n_tokens) of request `id` are computed this step.
+struct ScheduledChunk {
+  uint64_t id = 0;
+  int32_t start = 0;     // the request's computed tokens before the step
+  int32_t n_tokens = 0;  // >= 1
+  bool sample = false;   // the chunk ends at the request's last known token: its logits give the next token
+};
+
+struct AdmittedRequest {
+  uint64_t id = 0;
+  int32_t n_looked_up = 0;  // tokens of the request when it was admitted (prompt + generated)
+  int32_t n_cached = 0;     // of those, found in the prefix cache (not recomputed)
+  bool first_time = true;   // false: re-admitted after a preemption
+};
+
+enum class EndReason : uint8_t { end_reason_cancelled, end_reason_too_large };
+
+struct EndedRequest {
+  uint64_t id = 0;
+  EndReason reason = EndReason::end_reason_cancelled;
+  std::string message;  // end_reason_too_large: the sizes that do not fit
+};
+
+// One step's decisions. Every id appears in at most one of chunks and ended; a request may be admitted and
+// have a chunk in the same step. Ended requests are gone from the scheduler (their blocks are freed).
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;     // batch order: decodes, then prefill chunks, each oldest first
+  std::vector<AdmittedRequest> admitted;  // in admission (= arrival) order
+  std::vector<uint64_t> preempted;        // back in the waiting queue, their blocks freed
+  std::vector<EndedRequest> ended;        // cancelled, or too large for the cache
+
+  int32_t n_tokens() const;  // sum of chunks' n_tokens, <= max_batch_tokens
+};
+
+class Scheduler {
+ public:
+  // invalid_argument naming the field when an option is out of range.
+  static Result<Scheduler> create(const SchedulerOptions& options, KvCache kv_cache);
+
+  // Queues request `id` (arrival order = call order) with its prompt. cache_salt: KvCache::add_sequence.
+  // invalid_argument for an id in use or an empty prompt.
+  Status add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt = {});
+  // Marks a waiting or running request; the next schedule() ends it (end_reason_cancelled) wherever it is.
+  // false (and nothing happens) for an unknown id.
+  bool cancel(uint64_t id);
+  // The next step's plan (see the rule above). Empty when nothing is queued or running.
+  StepPlan schedule();
+  // The plan's chunks were computed: their K/V are in the cache. Call once per plan, after the forward pass.
+  void commit(const StepPlan& plan);
+  // A token sampled for `id` from its last chunk; it is computed in a later step. Precondition (assert): `id`
+  // is running with all its tokens computed.
+  void append_token(uint64_t id, int32_t token);
+  // Ends request `id` wherever it is and frees its blocks. false for an unknown id.
+  bool finish(uint64_t id);
+
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  int32_t n_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  bool contains(uint64_t id) const { return reqs_.contains(id); }
+  // Prompt + generated tokens of a known request. Valid until the next call that changes it.
+  std::span<const int32_t> tokens(uint64_t id) const;
+  // Leading tokens of `id` whose K/V are in the cache (0 while waiting).
+  int32_t n_computed(uint64_t id) const;
+  // The request's KV blocks; precondition: it is running.
+  std::span<const int32_t> block_table(uint64_t id) const;
+  const KvCache& kv_cache() const { return kv_; }
+  const SchedulerOptions& options() const { return options_; }
+
+  // ok, or internal naming the first broken invariant: the rule's order, every running request (and no
+  // other) has a KV sequence, computed counts match the cache, and the cache's own invariants.
+  Status check_invariants() const;
+
+ private:
+  struct Req {
+    uint64_t arrival = 0;         // position in arrival order
+    std::vector<int32_t> tokens;  // [n_tokens] prompt, then the sampled tokens
+    int32_t n_computed = 0;       // leading tokens whose K/V are in the cache; 0 while waiting
+    std::string cache_salt;
+    bool running = false;
+    bool cancel_requested = false;
+    bool admitted_before = false;
+    int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+  };
+  Scheduler(const SchedulerOptions& options, KvCache kv_cache);
+  // Reserves blocks for n more tokens of `id`, preempting the newest running requests until it fits. false:
+  // `id` itself was the newest and was preempted, or it is alone and too large (then it is in plan.ended).
+  bool reserve_or_preempt(uint64_t id, int32_t n, StepPlan& plan, int32_t& budget);
+  void preempt_newest(StepPlan& plan, int32_t& budget);
+  void end_cancelled(StepPlan& plan);
+  void admit_waiting(StepPlan& plan, int32_t& budget);
+  void end(uint64_t id, EndReason reason, std::string message, StepPlan& plan);
+  std::string too_large_message(uint64_t id, int32_t n) const;
+
+  SchedulerOptions options_;
+  KvCache kv_;
+  std::unordered_map<uint64_t, Req> reqs_;  // every request added and not ended
+  std::vector<uint64_t> running_;           // oldest first; each holds a KvCache sequence
+  std::deque<uint64_t> waiting_;            // oldest first; none holds a KvCache sequence
+  uint64_t next_arrival_ = 0;
+};
+
+}  // namespace kiln

@@ -1,0 +1,62 @@
+// Helpers of the Engine tests: the default model, engines with test options, greedy requests and a callback
+// that collects what a request streamed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace kiln::test {
+
+inline std::string model_path() {
+  const char* dir = std::getenv("KILN_MODELS_DIR");
+  const std::string d =
+      dir != nullptr && *dir != '\0' ? dir : std::string(std::getenv("HOME")) + "/.cache/kiln/models";
+  return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+// An engine on the default model with 2 threads; nullptr (and a test failure) when it cannot be created.
+inline std::unique_ptr<Engine> make_engine(EngineOptions o) {
+  o.model_path = model_path();
+  o.n_threads = 2;
+  auto r = Engine::create(o);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+struct Collected {
+  std::string text;
+  std::vector<int32_t> tokens;
+  int finals = 0;
+  FinishReason finish = FinishReason::none;
+  std::string error;
+};
+
+// Appends every event to `c`. The engine calls it on its thread; read `c` after wait() returns.
+inline TokenCallback collect(Collected& c) {
+  return [&c](const TokenEvent& ev) {
+    c.text += ev.text;
+    if (ev.token >= 0) c.tokens.push_back(ev.token);
+    if (ev.done) {
+      ++c.finals;
+      c.finish = ev.finish;
+      c.error = ev.error;
+    }
+  };
+}
+
+inline Request greedy(std::string prompt, int32_t n) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = n;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+}  // namespace kiln::test

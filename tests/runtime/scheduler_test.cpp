@@ -1,0 +1,350 @@
+// The scheduler driven by a fake model (no weights). The fake keeps a simulated K/V storage — each slot holds
+// the (token, position) written there through the block table — and its next token is a hash of everything a
+// sequence reads back, so a wrong block table, a stale block or a recompute that missed a token changes the
+// output. Covered: admission by free blocks (FCFS, no overtaking), chunked prefill under the token budget,
+// preemption of the newest request and its resume with the same output, cancellation of queued and running
+// requests, requests too large for the cache, prefix-cache salts, and fairness under a flood (requests that
+// arrive later never make an earlier one finish later).
+#include "runtime/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+std::vector<int32_t> prompt_of(int32_t n, int32_t start) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+// Plays one step's plan: writes every chunk's tokens into the simulated storage, then samples each chunk with
+// `sample` set from what its sequence reads back. Returns (id, token) per sampled chunk, in plan order.
+class FakeModel {
+ public:
+  FakeModel(int32_t n_blocks, int32_t block_size)
+      : block_size_(block_size), slots_(static_cast<size_t>(n_blocks) * block_size, Slot{}) {}
+
+  std::vector<std::pair<uint64_t, int32_t>> run(const Scheduler& s, const StepPlan& plan) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      const std::span<const int32_t> table = s.block_table(c.id);
+      for (int32_t p = c.start; p < c.start + c.n_tokens; ++p) slot(table, p) = {s.tokens(c.id)[p], p};
+    }
+    std::vector<std::pair<uint64_t, int32_t>> out;
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (!c.sample) continue;
+      const std::span<const int32_t> table = s.block_table(c.id);
+      uint64_t h = 1469598103934665603ull;
+      for (int32_t p = 0; p < c.start + c.n_tokens; ++p) {
+        const Slot& sl = slot(table, p);
+        EXPECT_EQ(sl.pos, p) << "request " << c.id << " reads a slot written for another position";
+        h = (h ^ static_cast<uint64_t>(sl.token + 7 * p)) * 1099511628211ull;
+      }
+      out.emplace_back(c.id, static_cast<int32_t>(h % 1000) + 1000);
+    }
+    return out;
+  }
+
+ private:
+  struct Slot {
+    int32_t token = -1;
+    int32_t pos = -1;
+  };
+  Slot& slot(std::span<const int32_t> table, int32_t p) {
+    const int32_t b = table[p / block_size_];
+    return slots_[static_cast<size_t>(b) * block_size_ + p % block_size_];
+  }
+  int32_t block_size_;
+  std::vector<Slot> slots_;  // [n_blocks * block_size]
+};
+
+// A scheduler, a fake model and the engine's part: append each sampled token, finish at max_new tokens.
+struct Sim {
+  Sim(int32_t n_blocks, int32_t block_size, SchedulerOptions o)
+      : sched(Scheduler::create(o, KvCache(n_blocks, block_size)).value()), model(n_blocks, block_size) {}
+
+  void add(uint64_t id, std::vector<int32_t> prompt, int32_t max_new, std::string salt = {}) {
+    ASSERT_TRUE(sched.add(id, std::move(prompt), std::move(salt)).ok());
+    max_new_[id] = max_new;
+  }
+
+  StepPlan step() {
+    StepPlan plan = sched.schedule();
+    EXPECT_TRUE(sched.check_invariants().ok()) << sched.check_invariants().to_string();
+    EXPECT_LE(plan.n_tokens(), sched.options().max_batch_tokens);
+    for (const auto& e : plan.ended) ended[e.id] = e;
+    n_preempted += static_cast<int32_t>(plan.preempted.size());
+    const auto sampled = model.run(sched, plan);
+    sched.commit(plan);
+    for (auto [id, tok] : sampled) {
+      out[id].push_back(tok);
+      if (static_cast<int32_t>(out[id].size()) == max_new_[id]) {
+        EXPECT_TRUE(sched.finish(id));
+        finish_step[id] = n_steps;
+      } else {
+        sched.append_token(id, tok);
+      }
+    }
+    EXPECT_TRUE(sched.check_invariants().ok()) << sched.check_invariants().to_string();
+    ++n_steps;
+    return plan;
+  }
+
+  void run(int32_t max_steps = 10000) {
+    while (sched.has_work() && n_steps < max_steps) step();
+    EXPECT_FALSE(sched.has_work()) << "still busy after " << max_steps << " steps";
+  }
+
+  Scheduler sched;
+  FakeModel model;
+  int32_t n_steps = 0, n_preempted = 0;
+  std::map<uint64_t, std::vector<int32_t>> out;  // sampled tokens per request
+  std::map<uint64_t, int32_t> finish_step;
+  std::map<uint64_t, EndedRequest> ended;
+
+ private:
+  std::map<uint64_t, int32_t> max_new_;
+};
+
+SchedulerOptions opts(int32_t max_running, int32_t max_batch_tokens) {
+  SchedulerOptions o;
+  o.max_running = max_running;
+  o.max_batch_tokens = max_batch_tokens;
+  return o;
+}
+
+std::vector<uint64_t> ids_of(const StepPlan& p) {
+  std::vector<uint64_t> v;
+  for (const auto& c : p.chunks) v.push_back(c.id);
+  return v;
+}
+
+TEST(Scheduler, CreateRejectsBadOptions) {
+  EXPECT_NE(Scheduler::create(opts(0, 8), KvCache(4, 4)).status().message().find("max_running = 0"),
+            std::string::npos);
+  EXPECT_NE(Scheduler::create(opts(1, 0), KvCache(4, 4)).status().message().find("max_batch_tokens = 0"),
+            std::string::npos);
+  Sim sim(4, 4, opts(1, 8));
+  EXPECT_EQ(sim.sched.add(1, {}).code(), StatusCode::invalid_argument);
+  ASSERT_TRUE(sim.sched.add(1, {5}).ok());
+  EXPECT_EQ(sim.sched.add(1, {5}).code(), StatusCode::invalid_argument);
+  EXPECT_FALSE(sim.sched.cancel(99));
+  EXPECT_FALSE(sim.sched.finish(99));
+}
+
+TEST(Scheduler, AdmitsByFreeBlocksInArrivalOrder) {
+  Sim sim(8, 4, opts(4, 64));       // 8 blocks of 4 tokens
+  sim.add(1, prompt_of(10, 0), 2);  // 3 blocks each
+  sim.add(2, prompt_of(10, 100), 2);
+  sim.add(3, prompt_of(10, 200), 2);
+  sim.add(4, prompt_of(2, 300), 2);  // 1 block: would fit, but must not overtake 3
+  StepPlan p = sim.step();
+  ASSERT_EQ(p.admitted.size(), 2u);
+  EXPECT_EQ(p.admitted[0].id, 1u);
+  EXPECT_EQ(p.admitted[1].id, 2u);
+  EXPECT_EQ(ids_of(p), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(sim.sched.n_running(), 2);
+  EXPECT_EQ(sim.sched.n_waiting(), 2);  // a slot is free, the blocks are not
+  EXPECT_EQ(sim.sched.kv_cache().pool().n_used(), 6);
+  p = sim.step();  // decodes of 1 and 2; both finish (max_new 2)
+  EXPECT_TRUE(p.admitted.empty());
+  EXPECT_EQ(sim.finish_step.size(), 2u);
+  p = sim.step();  // blocks are back: 3 then 4
+  ASSERT_EQ(p.admitted.size(), 2u);
+  EXPECT_EQ(p.admitted[0].id, 3u);
+  EXPECT_EQ(p.admitted[1].id, 4u);
+  sim.run();
+  EXPECT_EQ(sim.out.size(), 4u);
+  // A slot limit holds as well as the block limit.
+  Sim one(64, 4, opts(1, 64));
+  one.add(1, prompt_of(3, 0), 3);
+  one.add(2, prompt_of(3, 50), 3);
+  p = one.step();
+  EXPECT_EQ(ids_of(p), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(one.sched.n_waiting(), 1);
+}
+
+TEST(Scheduler, ChunksPrefillsUnderTheTokenBudgetAndDecodesFirst) {
+  Sim sim(64, 4, opts(4, 8));
+  sim.add(1, prompt_of(21, 0), 4);
+  std::vector<std::pair<int32_t, int32_t>> chunks;  // (start, n) of request 1
+  for (int i = 0; i < 3; ++i) {
+    StepPlan p = sim.step();
+    ASSERT_EQ(p.chunks.size(), 1u);
+    chunks.emplace_back(p.chunks[0].start, p.chunks[0].n_tokens);
+    EXPECT_EQ(p.chunks[0].sample, i == 2);  // logits only once the prompt is complete
+  }
+  EXPECT_EQ(chunks, (std::vector<std::pair<int32_t, int32_t>>{{0, 8}, {8, 8}, {16, 5}}));
+  ASSERT_EQ(sim.out[1].size(), 1u);
+  // A long prompt arrives while 1 decodes: the decode goes first, the prefill gets the rest of the budget.
+  sim.add(2, prompt_of(30, 100), 2);
+  StepPlan p = sim.step();
+  ASSERT_EQ(p.chunks.size(), 2u);
+  EXPECT_EQ(p.chunks[0].id, 1u);
+  EXPECT_EQ(p.chunks[0].n_tokens, 1);
+  EXPECT_EQ(p.chunks[1].id, 2u);
+  EXPECT_EQ(p.chunks[1].n_tokens, 7);
+  EXPECT_FALSE(p.chunks[1].sample);
+  // An older request's decode goes before a newer one's, and the older prefill before the newer prefill.
+  sim.add(3, prompt_of(30, 200), 2);
+  p = sim.step();
+  EXPECT_EQ(ids_of(p), (std::vector<uint64_t>{1, 2}));  // 1 decodes, 2 takes the remaining 7 tokens
+  EXPECT_EQ(p.n_tokens(), 8);
+  sim.run();
+  EXPECT_EQ(sim.out[2].size(), 2u);
+  EXPECT_EQ(sim.out[3].size(), 2u);
+}
+
+// Outputs of requests run one at a time in a cache large enough: the oracle for batched and preempted runs.
+std::map<uint64_t, std::vector<int32_t>> alone(const std::vector<std::vector<int32_t>>& prompts,
+                                               int32_t max_new) {
+  std::map<uint64_t, std::vector<int32_t>> out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Sim sim(256, 4, opts(1, 512));
+    sim.add(i + 1, prompts[i], max_new);
+    sim.run();
+    out[i + 1] = sim.out[i + 1];
+  }
+  return out;
+}
+
+TEST(Scheduler, PreemptsTheNewestAndResumesWithTheSameOutput) {
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(6, 0), prompt_of(6, 100), prompt_of(6, 200)};
+  const auto expected = alone(prompts, 20);  // 26 tokens each: 7 blocks of 4
+  Sim sim(12, 4, opts(3, 16));               // room for fewer than two
+  for (size_t i = 0; i < prompts.size(); ++i) sim.add(i + 1, prompts[i], 20);
+  bool resumed = false;
+  std::vector<uint64_t> last_preempted;
+  while (sim.sched.has_work()) {
+    ASSERT_LT(sim.n_steps, 1000);
+    const auto out_before = sim.out;
+    StepPlan p = sim.step();
+    for (uint64_t v : p.preempted) {
+      // The victim is newer than every request still running, and becomes the head of the queue.
+      for (const auto& c : p.chunks) EXPECT_LT(c.id, v);
+      EXPECT_FALSE(sim.sched.contains(v) && sim.sched.n_computed(v) != 0);
+    }
+    EXPECT_TRUE(p.preempted.empty() || p.admitted.empty());  // a step that preempted admits nobody
+    if (!last_preempted.empty() && !p.admitted.empty()) {
+      // The first admission after a preemption takes the request preempted last (the head of the queue).
+      EXPECT_EQ(p.admitted[0].id, last_preempted.back());
+      EXPECT_FALSE(p.admitted[0].first_time);
+      // Recomputed from prompt + generated tokens, minus what the prefix cache still holds.
+      EXPECT_EQ(p.admitted[0].n_looked_up, 6 + static_cast<int32_t>(out_before.at(p.admitted[0].id).size()));
+      resumed = true;
+      last_preempted.clear();
+    }
+    if (!p.preempted.empty()) last_preempted = p.preempted;
+  }
+  EXPECT_GT(sim.n_preempted, 0);
+  EXPECT_TRUE(resumed);
+  EXPECT_EQ(sim.out, expected);
+  EXPECT_EQ(sim.sched.kv_cache().pool().n_used(), 0);
+}
+
+TEST(Scheduler, CancelsQueuedAndRunningRequestsAtOnce) {
+  Sim sim(64, 4, opts(1, 64));
+  sim.add(1, prompt_of(5, 0), 1000);
+  sim.add(2, prompt_of(5, 100), 1000);
+  sim.step();
+  sim.step();
+  ASSERT_EQ(sim.sched.n_running(), 1);
+  ASSERT_EQ(sim.sched.n_waiting(), 1);
+  // Queued behind a full slot: ends at the next step, while 1 keeps running.
+  EXPECT_TRUE(sim.sched.cancel(2));
+  StepPlan p = sim.step();
+  ASSERT_EQ(p.ended.size(), 1u);
+  EXPECT_EQ(p.ended[0].id, 2u);
+  EXPECT_EQ(p.ended[0].reason, EndReason::end_reason_cancelled);
+  EXPECT_EQ(ids_of(p), (std::vector<uint64_t>{1}));
+  EXPECT_FALSE(sim.sched.contains(2));
+  // Running: its blocks go back at once.
+  EXPECT_GT(sim.sched.kv_cache().pool().n_used(), 0);
+  EXPECT_TRUE(sim.sched.cancel(1));
+  p = sim.step();
+  ASSERT_EQ(p.ended.size(), 1u);
+  EXPECT_EQ(p.ended[0].id, 1u);
+  EXPECT_TRUE(p.chunks.empty());
+  EXPECT_EQ(sim.sched.kv_cache().pool().n_used(), 0);
+  EXPECT_FALSE(sim.sched.has_work());
+  EXPECT_FALSE(sim.sched.cancel(1));
+}
+
+TEST(Scheduler, RequestsTooLargeForTheWholeCacheEnd) {
+  Sim sim(4, 4, opts(2, 64));  // 16 tokens in all
+  sim.add(1, prompt_of(20, 0), 1);
+  sim.add(2, prompt_of(10, 100), 10);  // fits at first, outgrows the cache while alone
+  sim.add(3, prompt_of(4, 200), 3);
+  sim.run();
+  ASSERT_TRUE(sim.ended.contains(1));
+  EXPECT_EQ(sim.ended[1].reason, EndReason::end_reason_too_large);
+  EXPECT_NE(sim.ended[1].message.find("holds 16 tokens (4 x 4-token blocks)"), std::string::npos)
+      << sim.ended[1].message;
+  EXPECT_NE(sim.ended[1].message.find("needs 20 tokens"), std::string::npos) << sim.ended[1].message;
+  ASSERT_TRUE(sim.ended.contains(2));
+  EXPECT_NE(sim.ended[2].message.find("needs 17 tokens"), std::string::npos) << sim.ended[2].message;
+  EXPECT_EQ(sim.out[2].size(), 7u);  // tokens 11..17 were sampled before the cache ran out
+  EXPECT_EQ(sim.out[3].size(), 3u);
+  EXPECT_FALSE(sim.ended.contains(3));
+}
+
+TEST(Scheduler, CacheSaltSeparatesPrefixHits) {
+  Sim sim(64, 4, opts(1, 64));
+  sim.add(1, prompt_of(13, 0), 1, "a");
+  sim.run();
+  sim.add(2, prompt_of(13, 0), 1, "a");
+  StepPlan p = sim.step();
+  ASSERT_EQ(p.admitted.size(), 1u);
+  EXPECT_EQ(p.admitted[0].n_cached, 12);
+  EXPECT_EQ(p.chunks[0].start, 12);
+  sim.add(3, prompt_of(13, 0), 1, "b");
+  p = sim.step();
+  ASSERT_EQ(p.admitted.size(), 1u);
+  EXPECT_EQ(p.admitted[0].n_cached, 0);
+  EXPECT_EQ(sim.out[1], sim.out[2]);
+  EXPECT_EQ(sim.out[1], sim.out[3]);
+}
+
+// FCFS under a flood: requests that arrive later never make an earlier one finish later (in steps), none
+// starves, and equal requests finish in arrival order. Preemption is reached in both runs.
+TEST(Scheduler, FloodKeepsArrivalOrderAndStarvesNobody) {
+  constexpr int32_t kEarly = 4, kFlood = 60, kNew = 16;
+  auto prompt = [](int32_t i) { return prompt_of(8, 1000 * i); };  // distinct: no prefix hits
+  Sim base(20, 4, opts(4, 16));                                    // 4 x 24 tokens need 24 blocks: preemption
+  for (int32_t i = 1; i <= kEarly; ++i) base.add(i, prompt(i), kNew);
+  base.run();
+  EXPECT_GT(base.n_preempted, 0);
+
+  Sim flood(20, 4, opts(4, 16));
+  for (int32_t i = 1; i <= kEarly; ++i) flood.add(i, prompt(i), kNew);
+  int32_t next = kEarly + 1;
+  for (; next <= kEarly + kFlood / 2; ++next) flood.add(next, prompt(next), kNew);
+  while (flood.sched.has_work()) {
+    ASSERT_LT(flood.n_steps, 5000);
+    if (next <= kEarly + kFlood) {  // more keep arriving, two per step
+      flood.add(next, prompt(next), kNew);
+      ++next;
+      flood.add(next, prompt(next), kNew);
+      ++next;
+    }
+    flood.step();
+  }
+  EXPECT_GT(flood.n_preempted, 0);
+  ASSERT_EQ(static_cast<int32_t>(flood.finish_step.size()), next - 1);  // nobody starved
+  for (int32_t i = 1; i <= kEarly; ++i) {
+    EXPECT_EQ(flood.finish_step[i], base.finish_step[i]) << "request " << i;
+    EXPECT_EQ(flood.out[i], base.out[i]);
+  }
+  for (int32_t i = 2; i < next; ++i) {
+    EXPECT_LE(flood.finish_step[i - 1], flood.finish_step[i]) << "request " << i << " overtook " << i - 1;
+  }
+  EXPECT_TRUE(flood.ended.empty());
+}
+
+}  // namespace
+}  // namespace kiln
