@@ -112,7 +112,7 @@ struct Engine::Impl {
   std::optional<Scheduler> scheduler;
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> live;  // requests the scheduler holds
   Batch batch;
-  std::vector<float> logits;  // [logit rows, model n_vocab]
+  std::vector<float> logits;  // f32 [model n_vocab, logit rows]
   Delta delta;
 
   // Shared with the API threads, under mu.

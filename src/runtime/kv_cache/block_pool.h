@@ -1,5 +1,6 @@
 // BlockPool: the bookkeeping of a paged KV cache's blocks (ids 0..n_blocks-1). The K/V storage itself
-// ([n_blocks, block_size, n_kv_heads, head_dim] per layer) lives elsewhere; a block id indexes its first dim.
+// ([head_dim, n_kv_heads, block_size, n_blocks] per layer, innermost first) lives elsewhere; a block id indexes
+// its last dimension.
 //
 // Invariants (checked by check_invariants()):
 //  1. Every block is in exactly one state: used, free or cached.

@@ -1,6 +1,6 @@
 // KvCache: per-sequence block tables over one BlockPool, with prefix caching by chained block hashes.
 // Token position p of a sequence lives at slot(seq, p) = (block_table[p / block_size], p % block_size) in
-// every layer's K/V storage [n_blocks, block_size, n_kv_heads, head_dim].
+// every layer's K/V storage [head_dim, n_kv_heads, block_size, n_blocks] (innermost first, as every shape).
 //
 // Invariants (checked by check_invariants(), on top of the pool's own):
 //  1. Block tables are append-only while a sequence lives; its blocks are released (tail first) by
