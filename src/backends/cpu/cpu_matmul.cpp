@@ -6,6 +6,7 @@
 // - quantize_x: the x rows are quantized once per call to the weight type's activation format; q4_0, q4_1 and
 //   q8_0 weights then take integer dot products block by block (dot_int8_rows); the other types use the f32
 //   path on the rounded activations (the same result, without the speed).
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
@@ -44,7 +45,10 @@ void matmul_f32(ThreadPool& pool, const Products& pr, XRow x_row, YRow y_row) {
   pool.parallel_for(
       static_cast<int64_t>(pr.mats.size()) * n_groups,
       [&](int64_t g0, int64_t g1, int) {
-        std::vector<float> buf(in_place ? 0 : kRows * k);  // [kRows, k]
+        // [kRows, k], 64-byte aligned: the dot products' 32-byte loads then never straddle a cache line (with
+        // malloc's 16-byte alignment, whether they did changed with the allocation history, by ~7% of a prefill).
+        std::vector<float> storage(in_place ? 0 : kRows * k + 16);
+        float* buf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
         const float* rows[kRows];
         for (int64_t item = g0; item < g1; ++item) {
           const int64_t a = item / n_groups, j0 = item % n_groups * kRows, nj = std::min(kRows, n - j0);
@@ -52,8 +56,8 @@ void matmul_f32(ThreadPool& pool, const Products& pr, XRow x_row, YRow y_row) {
             if (in_place) {
               rows[r] = reinterpret_cast<const float*>(pr.w_row(a, j0 + r));
             } else {
-              ops::ref::row_to_f32(pr.w, pr.w_row(a, j0 + r), buf.data() + r * k);
-              rows[r] = buf.data() + r * k;
+              ops::ref::row_to_f32(pr.w, pr.w_row(a, j0 + r), buf + r * k);
+              rows[r] = buf + r * k;
             }
           }
           for (int64_t e = pr.start[a]; e < pr.start[a + 1]; ++e) {
