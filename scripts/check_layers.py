@@ -3,6 +3,7 @@
 - an #include in src/<layer>/ only names its own layer or a layer below it (src/runtime/scheduler/: only
   core/ and runtime/kv_cache/);
 - src/ never includes tests/, bench/, dev/ or tools/;
+- the public headers (include/kiln/) include only the standard library, fmt and each other: never src/;
 - no file under src/, include/ or tools/ is longer than 1,000 lines (a big file becomes a folder).
 Exit status 1 with one line per violation."""
 import pathlib
@@ -49,6 +50,11 @@ def main() -> int:
                 elif target in LAYERS and target != layer and target not in ALLOWED[layer]:
                     problems.append(f"{rel}:{n}: layer '{layer}' may not include '{m.group(1)}' "
                                     f"(allowed: {', '.join(sorted(ALLOWED[layer])) or 'nothing'})")
+    for path in sorted((root / "include" / "kiln").glob("*.h")):
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            m = INCLUDE.match(line)
+            if m and not m.group(1).startswith("kiln/"):
+                problems.append(f"{path.relative_to(root)}:{n}: a public header may not include \"{m.group(1)}\"")
     for top in ["src", "include", "tools"]:
         for path in sorted((root / top).rglob("*")):
             if path.is_file() and path.suffix in {".h", ".hpp", ".cpp", ".cu", ".cuh"}:

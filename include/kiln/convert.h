@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "core/status.h"
+#include "kiln/status.h"
 
 namespace kiln {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
+#include "kiln/status.h"
 #include "kiln/sampling.h"
 
 namespace kiln {
