@@ -420,6 +420,7 @@ TEST(OpHarness, Rope) {
         p.factor = 4.0f;
         p.original_context = 4096;
         const Host factors = make_f32(Layout::contiguous, n_rot / 2, 1, 1, &rng, 1.0f, 8.0f);
+        const Weight freq_factors = with_factors ? Weight(factors.t) : Weight{};
         const Layout layout = kLayouts[i % 3];
         const bool in_place = i++ % 2 == 1;
         const int64_t n_heads = 3, n_tokens = 5;
@@ -431,8 +432,7 @@ TEST(OpHarness, Rope) {
                                        with_factors ? " freq_factors" : "", head_dim, n_rot,
                                        layout_name(layout), in_place ? " in place" : ""),
                            dst, kRowWise, [&](const Tensor& d) {
-                             return Op(Rope{in_place ? d : x.t, iv(pos), p,
-                                            with_factors ? Weight(factors.t) : Weight{}, d});
+                             return Op(Rope{in_place ? d : x.t, iv(pos), p, freq_factors, d});
                            });
       }
     }
