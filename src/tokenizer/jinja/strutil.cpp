@@ -1,6 +1,7 @@
 #include "tokenizer/jinja/strutil.h"
 
 #include <cctype>
+#include <cstdint>
 
 namespace kiln::jinja {
 
