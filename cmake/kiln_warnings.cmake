@@ -17,6 +17,7 @@ endif()
 # kiln_library(NAME DEPS...): one library per src/ folder, sources globbed from that folder.
 function(kiln_library name)
   file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  list(FILTER srcs EXCLUDE REGEX "/cuda/")  # CUDA code is added by its folder's CMakeLists, with KILN_CUDA only
   if(NOT srcs)
     message(FATAL_ERROR "${name}: no .cpp files in ${CMAKE_CURRENT_SOURCE_DIR}")
   endif()

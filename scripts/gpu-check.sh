@@ -27,6 +27,6 @@ cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CU
 cmake --build build/cuda-dev -j "$(nproc)" -- -k 0 2>&1 | tee "$out/build.log" | tail -3
 build/cuda-dev/tools/kiln/kiln --version | tee -a "$out/machine.txt"
 # The tests that need no model file (the models live on the development machine, not here).
-for t in core_tests ops_tests; do
+for t in core_tests ops_tests cuda_tests; do
   build/cuda-dev/tests/$t --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -2
 done

@@ -2,9 +2,13 @@
 #include "backends/backend.h"
 
 #include <algorithm>
+#include <string>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
+#if defined(KILN_HAVE_CUDA)
+#include "backends/cuda/cuda_backend.h"
+#endif
 
 namespace kiln {
 
@@ -44,7 +48,28 @@ Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const Backe
         options.n_threads, max_threads, kMaxThreadsPerCore, cores);
   }
   if (name == "cpu") return make_cpu_backend(options);
-  return not_found("backend \"{}\" is not available (available: cpu)", name);
+  if (name == "cuda" || name.starts_with("cuda:")) {
+#if defined(KILN_HAVE_CUDA)
+    int device = 0;
+    if (name.size() > 5) {
+      const std::string_view n = name.substr(5);
+      device = -1;
+      if (!n.empty() && n.size() <= 4 && std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        device = std::stoi(std::string(n));
+      if (device < 0) return invalid_argument("backend \"{}\": the device must be cuda:N, N a number", name);
+    }
+    return make_cuda_backend(device, options);
+#else
+    return not_found("backend \"{}\": this build has no CUDA backend (build a `cuda` preset)", name);
+#endif
+  }
+  return not_found("backend \"{}\" is not available (available: cpu{})", name,
+#if defined(KILN_HAVE_CUDA)
+                   ", cuda[:N]"
+#else
+                   ""
+#endif
+  );
 }
 
 }  // namespace kiln

@@ -1,0 +1,140 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace kiln {
+
+namespace {
+
+// A failed CUDA call as a Status naming the call and CUDA's reason.
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok_status();
+  return make_status(StatusCode::internal, "cuda: {} failed: {} ({})", what, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+}
+#define KILN_CUDA_TRY(call) KILN_TRY(cuda_status((call), #call))
+
+class DeviceBuffer final : public Buffer {
+ public:
+  DeviceBuffer(void* p, size_t n, cudaStream_t stream) : p_(p), n_(n), stream_(stream) {}
+  // Stream-ordered: the memory goes back to the pool after the work already queued that may read it.
+  ~DeviceBuffer() override { cudaFreeAsync(p_, stream_); }
+  void* data() override { return p_; }
+  size_t size() const override { return n_; }
+  bool host_visible() const override { return false; }
+
+ private:
+  void* p_;
+  size_t n_;
+  cudaStream_t stream_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, cudaStream_t stream, std::string name) : device_(device), stream_(stream), name_(std::move(name)) {}
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  using Backend::run;
+  std::string_view name() const override { return name_; }
+  bool supports(const ops::Op&) const override { return false; }  // no kernels yet
+  Status run(const Program& program) override {
+    for (const ops::Op& op : program.ops()) {
+      if (!supports(op)) return unimplemented("{}: {} has no CUDA kernel yet", name_, ops::op_name(op));
+    }
+    return Status::ok_status();
+  }
+  Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
+    KILN_TRY(select());
+    void* p = nullptr;
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    if (cudaMallocAsync(&p, rounded, stream_) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+      return resource_exhausted("{}: cannot allocate {} bytes of device memory", name_, bytes);
+    }
+    return std::unique_ptr<Buffer>(new DeviceBuffer(p, bytes, stream_));
+  }
+  Status upload(const Tensor& dst, const void* src, size_t bytes) override {
+    KILN_TRY(check_transfer("cuda upload", dst, bytes));
+    KILN_TRY(select());
+    KILN_CUDA_TRY(cudaMemcpyAsync(dst.data, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return Status::ok_status();
+  }
+  Status download(void* dst, const Tensor& src, size_t bytes) override {
+    KILN_TRY(check_transfer("cuda download", src, bytes));
+    KILN_TRY(select());
+    KILN_CUDA_TRY(cudaMemcpyAsync(dst, src.data, bytes, cudaMemcpyDeviceToHost, stream_));
+    return Status::ok_status();
+  }
+  Status copy(const Tensor& dst, const Tensor& src) override {
+    if (dst.type != src.type || dst.ne != src.ne) {
+      return invalid_argument("cuda copy: dst is {} but src is {}", dst.describe(), src.describe());
+    }
+    const auto bytes = static_cast<size_t>(src.nb[3] * src.ne[3]);
+    KILN_TRY(check_transfer("cuda copy", src, bytes));
+    KILN_TRY(check_transfer("cuda copy", dst, bytes));
+    KILN_TRY(select());
+    KILN_CUDA_TRY(cudaMemcpyAsync(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return Status::ok_status();
+  }
+  Status synchronize() override {
+    KILN_TRY(select());
+    KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return cuda_status(cudaGetLastError(), "a kernel launched earlier");
+  }
+  // A device copy of the weight, uploaded once; ops read it there.
+  Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
+                                                       WeightRole role) override {
+    if (!logical.is_contiguous()) {
+      return invalid_argument("{}: weight {} is not contiguous ({})", name_, name, logical.describe());
+    }
+    const auto bytes = static_cast<size_t>(logical.nb[3] * logical.ne[3]);
+    auto h = std::make_unique<WeightHandle>();
+    h->name = std::string(name);
+    h->role = role;
+    h->logical = logical;
+    KILN_ASSIGN_OR_RETURN(h->storage, allocate(bytes));
+    Tensor device = logical;
+    device.data = h->storage->data();
+    device.buffer = h->storage.get();
+    KILN_TRY(upload(device, logical.data, bytes));
+    h->weight = ops::Weight(device);
+    return h;
+  }
+
+ private:
+  Status select() { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  int device_;
+  cudaStream_t stream_;
+  std::string name_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions&) {
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    return unimplemented("cuda: no usable CUDA driver or device: {} ({})", cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+  }
+  if (count == 0) return unimplemented("cuda: no CUDA device is present");
+  if (device < 0 || device >= count) {
+    return invalid_argument("cuda:{}: there are {} CUDA device(s), numbered from 0", device, count);
+  }
+  KILN_TRY(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+  cudaStream_t stream = nullptr;
+  KILN_TRY(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  // Keep freed memory in the pool between steps instead of returning it to the driver.
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  return std::unique_ptr<Backend>(new CudaBackend(device, stream, "cuda:" + std::to_string(device)));
+}
+
+}  // namespace kiln

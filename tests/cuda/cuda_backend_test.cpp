@@ -1,0 +1,80 @@
+// The CUDA backend's memory model on a real device (built with a `cuda` preset; run by scripts/gpu-check.sh on
+// the GPU machine): device buffers, uploads, downloads and copies round-trip bit for bit in stream order,
+// prepare_weight keeps a device copy of the weight, an op without a kernel is unimplemented naming it, and bad
+// transfers and device names are errors that say what is wrong.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace kiln {
+namespace {
+
+std::unique_ptr<Backend> cuda() {
+  auto b = make_backend("cuda");
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+TEST(CudaBackend, TransfersRoundTripInStreamOrder) {
+  auto b = cuda();
+  ASSERT_NE(b, nullptr);
+  constexpr int64_t n = 1 << 20;  // 4 MiB of f32
+  std::vector<float> host(n), back(n, 0.0f);
+  std::iota(host.begin(), host.end(), 0.5f);
+  auto a = b->allocate(n * sizeof(float)).value();
+  auto c = b->allocate(n * sizeof(float)).value();
+  EXPECT_FALSE(a->host_visible());
+  const Tensor ta = make_tensor(DType::f32, *a, 0, n), tc = make_tensor(DType::f32, *c, 0, n);
+  ASSERT_TRUE(b->upload(ta, host.data(), n * sizeof(float)).ok());
+  ASSERT_TRUE(b->copy(tc, ta).ok());
+  ASSERT_TRUE(b->download(back.data(), tc, n * sizeof(float)).ok());
+  ASSERT_TRUE(b->synchronize().ok());
+  EXPECT_EQ(back, host);
+}
+
+TEST(CudaBackend, PreparedWeightsLiveOnTheDevice) {
+  auto b = cuda();
+  ASSERT_NE(b, nullptr);
+  std::vector<uint16_t> w(64 * 8);
+  std::iota(w.begin(), w.end(), uint16_t{1});
+  const Tensor logical = make_tensor(DType::f16, w.data(), 64, 8);
+  auto h = b->prepare_weight(logical, "blk.0.attn_q.weight", WeightRole::weight_role_matmul);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  const Tensor& dev = (*h)->weight.tensor;
+  EXPECT_NE(dev.data, logical.data);
+  EXPECT_EQ(dev.buffer, (*h)->storage.get());
+  EXPECT_EQ(dev.type, DType::f16);
+  EXPECT_EQ(dev.ne, logical.ne);
+  EXPECT_EQ((*h)->name, "blk.0.attn_q.weight");
+  std::vector<uint16_t> back(w.size());
+  ASSERT_TRUE(b->download(back.data(), dev, back.size() * 2).ok());
+  ASSERT_TRUE(b->synchronize().ok());
+  EXPECT_EQ(back, w);
+}
+
+TEST(CudaBackend, ErrorsSayWhatIsWrong) {
+  auto b = cuda();
+  ASSERT_NE(b, nullptr);
+  auto buf = b->allocate(256).value();
+  const Tensor t = make_tensor(DType::f32, *buf, 0, 64);
+  std::vector<float> host(64);
+  EXPECT_EQ(b->upload(t, host.data(), 100).code(), StatusCode::invalid_argument);
+  // No kernels yet: every op is refused, by name, and nothing runs.
+  std::vector<int32_t> ids = {0};
+  const ops::Op op = ops::Argmax{t, make_tensor(DType::i32, ids.data(), 1)};
+  EXPECT_FALSE(b->supports(op));
+  const Status s = b->run(op);
+  EXPECT_EQ(s.code(), StatusCode::unimplemented);
+  EXPECT_NE(s.message().find("argmax"), std::string::npos) << s.message();
+  auto far = make_backend("cuda:99");
+  EXPECT_EQ(far.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(far.status().message().find("cuda:99"), std::string::npos) << far.status().message();
+  EXPECT_EQ(make_backend("cuda:x").status().code(), StatusCode::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kiln
