@@ -76,5 +76,17 @@ TEST(CudaBackend, ErrorsSayWhatIsWrong) {
   EXPECT_EQ(make_backend("cuda:x").status().code(), StatusCode::invalid_argument);
 }
 
+// A buffer may outlive its backend (the stream is shared): it is freed in order, without an error left behind.
+TEST(CudaBackend, BuffersMayOutliveTheBackend) {
+  auto b = cuda();
+  ASSERT_NE(b, nullptr);
+  std::unique_ptr<Buffer> kept = b->allocate(1 << 20).value();
+  b.reset();
+  kept.reset();
+  auto again = cuda();
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(again->synchronize().ok());
+}
+
 }  // namespace
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <string>
 
 namespace kiln {
@@ -16,11 +17,21 @@ Status cuda_status(cudaError_t e, const char* what) {
 }
 #define KILN_CUDA_TRY(call) KILN_TRY(cuda_status((call), #call))
 
+// The backend's stream, shared with every buffer it allocated: a buffer that outlives the backend still frees
+// in stream order, and the stream is destroyed (after its work finished) when the last owner lets go.
+using Stream = std::shared_ptr<CUstream_st>;
+Stream make_stream_owner(cudaStream_t s) {
+  return Stream(s, [](cudaStream_t st) {
+    cudaStreamSynchronize(st);
+    cudaStreamDestroy(st);
+  });
+}
+
 class DeviceBuffer final : public Buffer {
  public:
-  DeviceBuffer(void* p, size_t n, cudaStream_t stream) : p_(p), n_(n), stream_(stream) {}
+  DeviceBuffer(void* p, size_t n, Stream stream) : p_(p), n_(n), stream_(std::move(stream)) {}
   // Stream-ordered: the memory goes back to the pool after the work already queued that may read it.
-  ~DeviceBuffer() override { cudaFreeAsync(p_, stream_); }
+  ~DeviceBuffer() override { cudaFreeAsync(p_, stream_.get()); }
   void* data() override { return p_; }
   size_t size() const override { return n_; }
   bool host_visible() const override { return false; }
@@ -28,16 +39,13 @@ class DeviceBuffer final : public Buffer {
  private:
   void* p_;
   size_t n_;
-  cudaStream_t stream_;
+  Stream stream_;
 };
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, cudaStream_t stream, std::string name) : device_(device), stream_(stream), name_(std::move(name)) {}
-  ~CudaBackend() override {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
+  CudaBackend(int device, cudaStream_t stream, std::string name)
+      : device_(device), owner_(make_stream_owner(stream)), stream_(stream), name_(std::move(name)) {}
   using Backend::run;
   std::string_view name() const override { return name_; }
   bool supports(const ops::Op&) const override { return false; }  // no kernels yet
@@ -55,7 +63,7 @@ class CudaBackend final : public Backend {
       cudaGetLastError();  // clear the sticky-free error state of a failed allocation
       return resource_exhausted("{}: cannot allocate {} bytes of device memory", name_, bytes);
     }
-    return std::unique_ptr<Buffer>(new DeviceBuffer(p, bytes, stream_));
+    return std::unique_ptr<Buffer>(new DeviceBuffer(p, bytes, owner_));
   }
   Status upload(const Tensor& dst, const void* src, size_t bytes) override {
     KILN_TRY(check_transfer("cuda upload", dst, bytes));
@@ -109,7 +117,8 @@ class CudaBackend final : public Backend {
   Status select() { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
 
   int device_;
-  cudaStream_t stream_;
+  Stream owner_;          // shared with the buffers
+  cudaStream_t stream_;   // owner_.get()
   std::string name_;
 };
 
