@@ -1,0 +1,59 @@
+// cuda::supports and cuda::run: which ops and operand types the kernels take, and the dispatch to them.
+#include "backends/cuda/cuda_kernels.h"
+#include "core/overloaded.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+bool f32(const Tensor& t) { return t.type == DType::f32; }
+bool f32_or_none(const ops::Weight& w) { return w.tensor.data == nullptr || f32(w.tensor); }
+bool pool_type(const Tensor& t) { return t.type == DType::f32 || t.type == DType::f16; }
+
+}  // namespace
+
+bool supports(const ops::Op& op) {
+  if (const Tensor* dst = ops::float_dst(op); dst != nullptr && !ops::is_float_activation(dst->type)) return false;
+  return std::visit(
+      Overloaded{
+          [](const ops::GetRows& o) { return supports_weight_type(o.table.tensor.type); },
+          [](const ops::Matmul& o) { return supports_weight_type(o.w.tensor.type); },
+          [](const ops::MoeMatmul& o) { return supports_weight_type(o.w.tensor.type) && f32(o.dst); },
+          [](const ops::RmsNorm& o) { return f32_or_none(o.w); },
+          [](const ops::LayerNorm& o) { return f32_or_none(o.w) && f32_or_none(o.b) && f32(o.dst); },
+          [](const ops::Rope& o) { return f32(o.dst); },
+          [](const ops::Softmax& o) { return f32(o.dst); },
+          [](const ops::KvWrite& o) { return pool_type(o.k_pool) && pool_type(o.v_pool); },
+          [](const ops::Attention& o) { return pool_type(o.k_pool) && o.k_pool.type == o.v_pool.type && f32(o.dst); },
+          [](const ops::GatedAct&) { return true; },
+          [](const ops::Binary& o) { return f32(o.b.tensor); },
+          [](const ops::Scale& o) { return f32(o.dst); },
+          [](const ops::Argmax&) { return true; },
+          [](const ops::MoeRoute&) { return true; },
+          [](const ops::WeightedSum& o) { return f32(o.dst); },
+      },
+      op);
+}
+
+cudaError_t run(const Context& ctx, const ops::Op& op) {
+  return std::visit(Overloaded{
+                        [&](const ops::GetRows& o) { return get_rows(ctx, o); },
+                        [&](const ops::Matmul& o) { return matmul(ctx, o); },
+                        [&](const ops::MoeMatmul& o) { return moe_matmul(ctx, o); },
+                        [&](const ops::RmsNorm& o) { return rms_norm(ctx, o); },
+                        [&](const ops::LayerNorm& o) { return layer_norm(ctx, o); },
+                        [&](const ops::Rope& o) { return rope(ctx, o); },
+                        [&](const ops::Softmax& o) { return softmax(ctx, o); },
+                        [&](const ops::KvWrite& o) { return kv_write(ctx, o); },
+                        [&](const ops::Attention& o) { return attention(ctx, o); },
+                        [&](const ops::GatedAct& o) { return gated_act(ctx, o); },
+                        [&](const ops::Binary& o) { return binary(ctx, o); },
+                        [&](const ops::Scale& o) { return scale(ctx, o); },
+                        [&](const ops::Argmax& o) { return argmax(ctx, o); },
+                        [&](const ops::MoeRoute& o) { return moe_route(ctx, o); },
+                        [&](const ops::WeightedSum& o) { return weighted_sum(ctx, o); },
+                    },
+                    op);
+}
+
+}  // namespace kiln::cuda

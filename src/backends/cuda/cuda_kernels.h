@@ -1,0 +1,57 @@
+// The CUDA kernels behind the backend (cuda_backend.cpp): one launcher per op, enqueued on the context's
+// stream. Launchers assume ops::check(op) is ok and cuda::supports(op) is true; they return cudaSuccess or the
+// error of a launch or of a scratch allocation (the host code turns it into a Status naming the op). This
+// header is plain C++ over the CUDA runtime's types, so that host code compiled by the C++ compiler and the
+// .cu files compiled by nvcc share it.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "ops/ops.h"
+
+namespace kiln::cuda {
+
+// What a launcher may use besides its op: the stream, a cuBLAS handle bound to it, and scratch memory.
+struct Context {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  int n_sms = 0;  // multiprocessors of the device
+  // Device scratch of at least `bytes`, one buffer per slot (0 .. kScratchSlots-1); valid, in stream order,
+  // until the next request for the same slot. Null when the device is out of memory.
+  void* (*scratch_fn)(void* owner, int slot, size_t bytes) = nullptr;
+  void* owner = nullptr;
+  void* scratch(int slot, size_t bytes) const { return scratch_fn(owner, slot, bytes); }
+};
+inline constexpr int kScratchSlots = 4;
+
+// Whether the kernels take `op` with its operand types (weight types, destination float types, pool types).
+bool supports(const ops::Op& op);
+// Enqueues `op` (dispatches to the launchers below).
+cudaError_t run(const Context& ctx, const ops::Op& op);
+
+// Weight / table types the quantized kernels read (cuda_matmul.cu).
+bool supports_weight_type(DType type);
+
+// cuda_matmul.cu
+cudaError_t get_rows(const Context& ctx, const ops::GetRows& op);
+cudaError_t matmul(const Context& ctx, const ops::Matmul& op);
+cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
+// cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
+cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
+cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op);
+cudaError_t rope(const Context& ctx, const ops::Rope& op);
+cudaError_t softmax(const Context& ctx, const ops::Softmax& op);
+cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
+cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op);
+cudaError_t binary(const Context& ctx, const ops::Binary& op);
+cudaError_t scale(const Context& ctx, const ops::Scale& op);
+cudaError_t argmax(const Context& ctx, const ops::Argmax& op);
+cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op);
+cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
+// cuda_attention.cu
+cudaError_t attention(const Context& ctx, const ops::Attention& op);
+
+}  // namespace kiln::cuda
