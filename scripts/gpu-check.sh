@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the `device` tool, with .gpu-deps carried: scripts/gpu-deps.sh fetches it):
-# unpacks the build dependencies into a prefix, builds the `cuda-dev` preset (sm_90a), runs the C++ tests that
-# need no model file, and writes the logs under $OUT.
-#   usage (as the `device` command): scripts/gpu-check.sh      carry: [".gpu-deps"]
+# unpacks the build dependencies into a prefix, builds the `cuda-dev` preset (sm_90a), then runs the steps
+# named (default: test), writing logs under $OUT.
+#   usage (as the `device` command): scripts/gpu-check.sh [STEP]...      carry: [".gpu-deps"]
+#   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
+#   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
+#   bench     bench/cuda_matmul_bench (GEMV / GEMM kernels against the card's copy bandwidth)
+#   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
+#   models    bench/gpu_models.py + bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/kiln-gpu-out}"
 mkdir -p "$out"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(test)
 deps=/tmp/kiln-deps
 mkdir -p "$deps"
 for f in .gpu-deps/*.deb; do dpkg -x "$f" "$deps"; done
@@ -24,9 +31,29 @@ export OPENSSL_ROOT_DIR="$deps/usr"
 } | tee "$out/machine.txt"
 cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
   2>&1 | tee "$out/configure.log" | tail -3
-cmake --build build/cuda-dev -j "$(nproc)" -- -k 0 2>&1 | tee "$out/build.log" | tail -3
+cmake --build build/cuda-dev -j "$(nproc)" -- -k 0 2>&1 | tee "$out/build.log" | grep -E "error|warning: " | head -40 || true
 build/cuda-dev/tools/kiln/kiln --version | tee -a "$out/machine.txt"
-# The tests that need no model file (the models live on the development machine, not here).
-for t in core_tests ops_tests cuda_tests; do
-  build/cuda-dev/tests/$t --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -2
+bin=build/cuda-dev
+status=0
+for step in "${steps[@]}"; do
+  case "$step" in
+    test)
+      for t in core_tests ops_tests cuda_tests; do
+        "$bin/tests/$t" --gtest_brief=1 >"$out/$t.log" 2>&1 || status=1
+        grep -vE "^\[ *(RUN|OK) " "$out/$t.log" | head -80 || true
+      done
+      ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/tests/ops_tests" --gtest_brief=1 \
+          --gtest_filter='OpHarness.*:-OpHarness.Perf' >"$out/sanitize-$tool.log" 2>&1 || status=1
+        tail -4 "$out/sanitize-$tool.log"
+      done
+      ;;
+    bench) "$bin/bench/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;
+    parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;
+    models) python3 bench/gpu_generate.py --build "$bin" --out "$out" 2>&1 | tee "$out/generate.log" || status=1 ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
 done
+exit $status

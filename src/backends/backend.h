@@ -76,6 +76,12 @@ class Backend {
 
   // Worker threads the backend uses (CPU) or 1.
   virtual int n_threads() const { return 1; }
+  // How Matmul / MoeMatmul::quantize_x rounds: 0 = x through ops::activation_type() exactly as the reference
+  // does (the CPU's q8 blocks); > 0 = the backend's own lower-precision products (a GPU's bf16 / f16 tensor
+  // cores), within this relative L2 error of the exact product.
+  virtual double quantize_x_tolerance() const { return 0.0; }
+  // Free bytes of the backend's own memory (a GPU's), which the KV cache is sized by; 0 for host memory.
+  virtual uint64_t device_memory_free() const { return 0; }
 };
 
 // The check every backend's upload/download/copy makes: `t` is contiguous, in host-visible memory or a buffer

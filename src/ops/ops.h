@@ -50,9 +50,10 @@ struct GetRows {
 };
 
 // dst[j, i] = sum_k w[k, j] * x[k, i].   w: any type [k, n] (rows contiguous); x: f32 [k, m]; dst: float [n,
-// m]. quantize_x: each x row is first rounded to the weight type's activation format (activation_type():
-// q8_0, q8_1 or q8_K blocks, as llama.cpp does), so the products become integer dot products — faster, at
-// ~1e-3 relative error. Weight types without one (f32, f16, bf16) ignore it.
+// m]. quantize_x: the backend may compute the products at lower precision, faster. The CPU rounds each x row
+// to the weight type's activation format (activation_type(): q8_0, q8_1 or q8_K blocks, as llama.cpp does),
+// so the products become integer dot products, at ~1e-3 relative error; weight types without one (f32, f16,
+// bf16) ignore it there. A GPU may use bf16 / f16 tensor cores instead (Backend::quantize_x_tolerance).
 struct Matmul {
   Weight w;
   Tensor x;
@@ -249,13 +250,11 @@ Status check(const MoeMatmul& op);
 Status check(const WeightedSum& op);
 Status check(const Op& op);
 
-// The frequency of rotated pair i (0 <= i < n_rot/2) and the magnitude scale for cos/sin, after scaling and
-// the pair's freq_factor (1 without factors). Shared by every backend so all agree on the angles.
+// The angle of a rotated pair: rope_freq() in ops/rope_freq.h, shared by every backend so all agree.
 struct RopeFreq {
   float theta_scale;  // multiply the position by this to get the angle
   float mscale;       // cos/sin magnitude (yarn / longrope attn factor), 1 otherwise
 };
-RopeFreq rope_freq(const RopeParams& p, int32_t i, float freq_factor = 1.0f);
 
 // The float types an op's destination may have (see the top of this file): f32, f16, bf16.
 bool is_float_activation(DType t);

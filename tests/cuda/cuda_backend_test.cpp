@@ -63,13 +63,20 @@ TEST(CudaBackend, ErrorsSayWhatIsWrong) {
   const Tensor t = make_tensor(DType::f32, *buf, 0, 64);
   std::vector<float> host(64);
   EXPECT_EQ(b->upload(t, host.data(), 100).code(), StatusCode::invalid_argument);
-  // No kernels yet: every op is refused, by name, and nothing runs.
-  std::vector<int32_t> ids = {0};
-  const ops::Op op = ops::Argmax{t, make_tensor(DType::i32, ids.data(), 1)};
+  // An op the kernels do not take (attention past 256 dims a head) is refused, by name, and nothing runs.
+  auto big = b->allocate(4 * 512 * 4).value();
+  std::vector<int32_t> zero = {0, 0}, indptr = {0, 1};
+  const auto i32 = [&](int32_t* p, int64_t n) { return make_tensor(DType::i32, p, n); };
+  const Tensor q = make_tensor(DType::f32, *big, 0, 512, 1, 1);
+  const Tensor dst = make_tensor(DType::f32, *big, 2048, 512, 1, 1);
+  const Tensor pool = make_tensor(DType::f32, *big, 4096, 512, 1, 1, 1);
+  const ops::Op op = ops::Attention{q,          pool, pool, i32(zero.data(), 1), i32(zero.data(), 1),
+                                    i32(indptr.data(), 2), i32(zero.data(), 1), 1.0f, 0.0f, 0, dst};
+  ASSERT_TRUE(ops::check(op).ok()) << ops::check(op).to_string();
   EXPECT_FALSE(b->supports(op));
   const Status s = b->run(op);
   EXPECT_EQ(s.code(), StatusCode::unimplemented);
-  EXPECT_NE(s.message().find("argmax"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("attention"), std::string::npos) << s.message();
   auto far = make_backend("cuda:99");
   EXPECT_EQ(far.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(far.status().message().find("cuda:99"), std::string::npos) << far.status().message();

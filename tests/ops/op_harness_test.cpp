@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 
 #include "backends/backend.h"
 #include "core/half.h"
+#include "core/overloaded.h"
 #include "core/quant/quant_blocks.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
@@ -235,10 +237,11 @@ Host make_pool(DType type, int64_t head_dim, int64_t n_kv, int64_t block_size, i
 struct NamedBackend {
   std::string name;
   std::unique_ptr<Backend> backend;
+  bool host_visible = true;  // its buffers are host memory
 };
 
-// Every backend make_backend() gives here whose memory the host can read and write (the harness fills
-// inputs in place).
+// Every backend make_backend() gives here. The harness fills inputs in host memory; a backend whose memory the
+// host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
 const std::vector<NamedBackend>& backends() {
   static const std::vector<NamedBackend> all = [] {
     std::vector<NamedBackend> v;
@@ -248,23 +251,126 @@ const std::vector<NamedBackend>& backends() {
       Result<std::unique_ptr<Backend>> b = make_backend(name, options);
       if (!b.ok()) continue;
       Result<std::unique_ptr<Buffer>> probe = (*b)->allocate(64);
-      if (probe.ok() && (*probe)->host_visible()) v.push_back({name, std::move(b).value()});
+      if (!probe.ok()) continue;
+      v.push_back({name, std::move(b).value(), (*probe)->host_visible()});
     }
     return v;
   }();
   return all;
 }
 
+// Every tensor operand of an op, weights included (empty ones too: data == nullptr).
+std::vector<Tensor*> operands(Op& op) {
+  return std::visit(
+      Overloaded{
+          [](GetRows& o) { return std::vector<Tensor*>{&o.table.tensor, &o.ids, &o.dst}; },
+          [](Matmul& o) { return std::vector<Tensor*>{&o.w.tensor, &o.x, &o.dst}; },
+          [](RmsNorm& o) { return std::vector<Tensor*>{&o.x, &o.w.tensor, &o.dst}; },
+          [](LayerNorm& o) { return std::vector<Tensor*>{&o.x, &o.w.tensor, &o.b.tensor, &o.dst}; },
+          [](Rope& o) { return std::vector<Tensor*>{&o.x, &o.positions, &o.freq_factors.tensor, &o.dst}; },
+          [](Softmax& o) { return std::vector<Tensor*>{&o.x, &o.dst}; },
+          [](KvWrite& o) { return std::vector<Tensor*>{&o.k, &o.v, &o.k_pool, &o.v_pool, &o.slots}; },
+          [](Attention& o) {
+            return std::vector<Tensor*>{&o.q,   &o.k_pool,    &o.v_pool,     &o.positions,
+                                        &o.seq, &o.bt_indptr, &o.bt_indices, &o.dst};
+          },
+          [](GatedAct& o) { return std::vector<Tensor*>{&o.gate, &o.up, &o.dst}; },
+          [](Binary& o) { return std::vector<Tensor*>{&o.a, &o.b.tensor, &o.dst}; },
+          [](Scale& o) { return std::vector<Tensor*>{&o.x, &o.dst}; },
+          [](Argmax& o) { return std::vector<Tensor*>{&o.x, &o.out}; },
+          [](MoeRoute& o) { return std::vector<Tensor*>{&o.logits, &o.ids, &o.weights}; },
+          [](MoeMatmul& o) { return std::vector<Tensor*>{&o.w.tensor, &o.x, &o.ids, &o.dst}; },
+          [](WeightedSum& o) { return std::vector<Tensor*>{&o.y, &o.w, &o.dst}; },
+      },
+      op);
+}
+
+// The bytes a view spans, from its first element to the end of its last row.
+size_t extent(const Tensor& t) {
+  if (t.n_elements() == 0) return 0;
+  int64_t end = t.row_bytes();
+  for (int d = 1; d < 4; ++d) end += (t.ne[d] - 1) * t.nb[d];
+  return static_cast<size_t>(end);
+}
+
+// The op's operands in `b`'s memory: the host bytes each spans (overlapping spans merged, so aliased operands
+// stay aliased, and the gaps of strided views travel too) uploaded to buffers of `b`, and back to the host
+// after the run, so that what the backend wrote, in the view or outside it, is where the host looks.
+class DeviceCopy {
+ public:
+  DeviceCopy(Backend& b, Op& op) : b_(b) {
+    std::vector<Tensor*> ts;
+    for (Tensor* t : operands(op)) {
+      if (t->data != nullptr && extent(*t) > 0) ts.push_back(t);
+    }
+    std::vector<std::pair<uint8_t*, uint8_t*>> spans;
+    for (Tensor* t : ts) spans.emplace_back(static_cast<uint8_t*>(t->data), static_cast<uint8_t*>(t->data) + extent(*t));
+    std::sort(spans.begin(), spans.end());
+    for (const auto& [lo, hi] : spans) {
+      if (!regions_.empty() && lo <= regions_.back().hi) {
+        regions_.back().hi = std::max(regions_.back().hi, hi);
+      } else {
+        regions_.push_back({lo, hi, nullptr});
+      }
+    }
+    for (Region& r : regions_) {
+      Result<std::unique_ptr<Buffer>> buf = b_.allocate(static_cast<size_t>(r.hi - r.lo));
+      if (!buf.ok()) {
+        status_ = buf.status();
+        return;
+      }
+      r.buf = std::move(buf).value();
+      const Tensor whole = make_tensor(DType::i8, *r.buf, 0, static_cast<int64_t>(r.hi - r.lo));
+      if (status_ = b_.upload(whole, r.lo, static_cast<size_t>(r.hi - r.lo)); !status_.ok()) return;
+    }
+    for (Tensor* t : ts) {
+      auto* p = static_cast<uint8_t*>(t->data);
+      const Region& r = *std::find_if(regions_.begin(), regions_.end(),
+                                      [&](const Region& g) { return p >= g.lo && p < g.hi; });
+      t->data = static_cast<uint8_t*>(r.buf->data()) + (p - r.lo);
+      t->buffer = r.buf.get();
+    }
+  }
+  const Status& status() const { return status_; }
+  // Every region back into host memory (the harness owns it all, inputs included: they come back unchanged).
+  Status copy_back() {
+    for (Region& r : regions_) {
+      const Tensor whole = make_tensor(DType::i8, *r.buf, 0, static_cast<int64_t>(r.hi - r.lo));
+      KILN_TRY(b_.download(r.lo, whole, static_cast<size_t>(r.hi - r.lo)));
+    }
+    return b_.synchronize();
+  }
+
+ private:
+  struct Region {
+    uint8_t* lo;
+    uint8_t* hi;
+    std::unique_ptr<Buffer> buf;
+  };
+  Backend& b_;
+  std::vector<Region> regions_;
+  Status status_;
+};
+
 // Runs `op` on `b`: false when the backend does not claim it (run() must then say unimplemented). An op the
 // backend claims (supports()) must run: a failure there fails the test, it is never skipped.
-bool run_on(Backend& b, const Op& op, const std::string& what) {
+bool run_on(const NamedBackend& nb, const Op& op, const std::string& what) {
+  Backend& b = *nb.backend;
   const bool supported = b.supports(op);
-  const Status s = b.run(op);
-  const Status synced = b.synchronize();
+  Op on_backend = op;
+  std::optional<DeviceCopy> copy;
+  if (!nb.host_visible && supported) {
+    copy.emplace(b, on_backend);
+    EXPECT_TRUE(copy->status().ok()) << what << ": " << copy->status().to_string();
+    if (!copy->status().ok()) return false;
+  }
+  const Status s = b.run(on_backend);
+  Status synced = b.synchronize();
   if (!supported) {
     EXPECT_EQ(s.code(), StatusCode::unimplemented) << what;
     return false;
   }
+  if (copy && synced.ok()) synced = copy->copy_back();
   EXPECT_TRUE(s.ok()) << what << ": the backend claims this op but did not run it: " << s.to_string();
   EXPECT_TRUE(synced.ok()) << what << ": " << synced.to_string();
   return s.ok() && synced.ok();
@@ -288,6 +394,13 @@ Error compare(const std::vector<float>& out, const std::vector<float>& ref, doub
           max_diff / max_ref};
 }
 
+bool quantizes_x(const Op& op) {
+  return std::visit([](const auto& o) {
+    if constexpr (requires { o.quantize_x; }) return o.quantize_x;
+    return false;
+  }, op);
+}
+
 // Runs make_op(dst) with the reference and on every backend, each into its own copy of `dst`, and holds each
 // backend's dst view to the reference's within `budget`, and the storage around the view to be untouched.
 template <class MakeOp>
@@ -298,11 +411,26 @@ void expect_matches_ref(const std::string& what, const Host& dst, Budget budget,
   ASSERT_TRUE(valid.ok()) << what << ": " << valid.to_string();
   ref::run(ref_op);
   const std::vector<float> ref_values = gather(want.t);
+  // A backend with its own quantize_x precision is held to the exact product within its tolerance.
+  std::vector<float> exact_values;
+  if (quantizes_x(ref_op)) {
+    Host exact = clone(dst);
+    Op exact_op = make_op(exact.t);
+    std::visit([](auto& o) { if constexpr (requires { o.quantize_x; }) o.quantize_x = false; }, exact_op);
+    ref::run(exact_op);
+    exact_values = gather(exact.t);
+  }
   for (const NamedBackend& nb : backends()) {
     Host out = clone(dst);
-    if (!run_on(*nb.backend, make_op(out.t), what)) continue;
-    const Error e = compare(gather(out.t), ref_values, budget.ref_rms_floor);
-    EXPECT_LE(budget.metric == Metric::rel_l2 ? e.rel_l2 : e.max_abs, budget.limit) << nb.name << " " << what;
+    if (!run_on(nb, make_op(out.t), what)) continue;
+    const double tolerance = nb.backend->quantize_x_tolerance();
+    if (!exact_values.empty() && tolerance > 0.0) {
+      const Error e = compare(gather(out.t), exact_values, budget.ref_rms_floor);
+      EXPECT_LE(e.rel_l2, tolerance) << nb.name << " " << what << " (against the exact product)";
+    } else {
+      const Error e = compare(gather(out.t), ref_values, budget.ref_rms_floor);
+      EXPECT_LE(budget.metric == Metric::rel_l2 ? e.rel_l2 : e.max_abs, budget.limit) << nb.name << " " << what;
+    }
     EXPECT_TRUE(outside_untouched(out)) << nb.name << " " << what << ": wrote outside dst";
   }
 }
@@ -495,7 +623,7 @@ TEST(OpHarness, Argmax) {
       for (const NamedBackend& nb : backends()) {
         std::vector<int32_t> got(want.size(), -1);
         const std::string what = fmt::format("argmax [{}, {}, {}] {}", s.n, s.r1, s.r2, layout_name(layout));
-        if (run_on(*nb.backend, Argmax{x.t, iv(got)}, what)) {
+        if (run_on(nb, Argmax{x.t, iv(got)}, what)) {
           EXPECT_EQ(got, want) << nb.name << " " << what;
         }
       }
@@ -539,7 +667,7 @@ TEST(OpHarness, KvWrite) {
         }
         for (const NamedBackend& nb : backends()) {
           Host k_got = clone(k_pool), v_got = clone(v_pool);
-          if (!run_on(*nb.backend, KvWrite{k.t, v.t, k_got.t, v_got.t, iv(slots)}, what)) continue;
+          if (!run_on(nb, KvWrite{k.t, v.t, k_got.t, v_got.t, iv(slots)}, what)) continue;
           EXPECT_TRUE(k_got.mem == k_want.mem) << nb.name << " " << what << ": k_pool differs";
           EXPECT_TRUE(v_got.mem == v_want.mem) << nb.name << " " << what << ": v_pool differs";
         }
@@ -638,7 +766,7 @@ TEST(OpHarness, MoeRoute) {
       for (const NamedBackend& nb : backends()) {
         std::vector<int32_t> got(want.size(), -1);
         Host got_w = clone(weights);
-        if (!run_on(*nb.backend, MoeRoute{logits.t, iv(got), got_w.t, normalize}, what)) continue;
+        if (!run_on(nb, MoeRoute{logits.t, iv(got), got_w.t, normalize}, what)) continue;
         EXPECT_EQ(got, want) << nb.name << " " << what;
         EXPECT_LE(compare(gather(got_w.t), gather(want_w.t), 0.0).max_abs, kRowWise.limit)
             << nb.name << " " << what;
@@ -746,7 +874,7 @@ TEST(OpHarness, FloatDestinations) {
       for (const NamedBackend& nb : backends()) {
         std::vector<uint16_t> got(mem.size(), 0xFFFF);
         const Op bop = c.make(make_tensor(type, got.data(), c.ne0, c.ne1));
-        if (!run_on(*nb.backend, bop, what)) continue;
+        if (!run_on(nb, bop, what)) continue;
         double worst = 0.0, scale = 1.0;
         for (size_t i = 0; i < got.size(); ++i) {
           const auto to_f32 = [&](uint16_t h) { return type == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h); };
@@ -981,7 +1109,10 @@ TEST(OpHarness, Perf) {
   if (env == nullptr || std::string_view(env) != "1") return;
   Rng rng(12);
   std::vector<NamedBackend> timed;  // default options: the thread count a user gets
-  for (const NamedBackend& nb : backends()) timed.push_back({nb.name, make_backend(nb.name).value()});
+  for (const NamedBackend& nb : backends()) {
+    // Host-memory backends only: a device backend's time here would be the operands' copies.
+    if (nb.host_visible) timed.push_back({nb.name, make_backend(nb.name).value()});
+  }
   for (const NamedBackend& nb : timed) fmt::print("{}: {} threads\n", nb.name, nb.backend->n_threads());
   fmt::print("{:<10} {:<7} {:<34} {:<5} {:>12} {:>12} {:>8}\n", "op", "type", "shape", "back", "backend us",
              "ref us", "ref/back");

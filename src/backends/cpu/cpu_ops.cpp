@@ -11,6 +11,7 @@
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "ops/ref/ref.h"
+#include "ops/rope_freq.h"
 
 namespace kiln::cpu {
 

@@ -1,9 +1,13 @@
 #include "backends/cuda/cuda_backend.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <memory>
 #include <string>
+
+#include "backends/cuda/cuda_kernels.h"
 
 namespace kiln {
 
@@ -42,18 +46,60 @@ class DeviceBuffer final : public Buffer {
   Stream stream_;
 };
 
+// A cuBLAS handle, destroyed after the work queued on its stream.
+struct CublasDeleter {
+  void operator()(cublasContext* h) const { cublasDestroy(h); }
+};
+using Cublas = std::unique_ptr<cublasContext, CublasDeleter>;
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, cudaStream_t stream, std::string name)
-      : device_(device), owner_(make_stream_owner(stream)), stream_(stream), name_(std::move(name)) {}
+  CudaBackend(int device, cudaStream_t stream, Cublas cublas, int n_sms, std::string name)
+      : device_(device),
+        owner_(make_stream_owner(stream)),
+        stream_(stream),
+        cublas_(std::move(cublas)),
+        name_(std::move(name)) {
+    ctx_.stream = stream_;
+    ctx_.cublas = cublas_.get();
+    ctx_.n_sms = n_sms;
+    ctx_.scratch_fn = [](void* self, int slot, size_t bytes) {
+      return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
+    };
+    ctx_.owner = this;
+  }
+  ~CudaBackend() override {
+    for (Scratch& s : scratch_) {
+      if (s.p != nullptr) cudaFreeAsync(s.p, stream_);
+    }
+  }
   using Backend::run;
   std::string_view name() const override { return name_; }
-  bool supports(const ops::Op&) const override { return false; }  // no kernels yet
+  bool supports(const ops::Op& op) const override { return cuda::supports(op); }
   Status run(const Program& program) override {
     for (const ops::Op& op : program.ops()) {
-      if (!supports(op)) return unimplemented("{}: {} has no CUDA kernel yet", name_, ops::op_name(op));
+      if (!supports(op)) {
+        const Tensor* dst = ops::float_dst(op);
+        return unimplemented("{}: {} with these operand types has no CUDA kernel{}", name_, ops::op_name(op),
+                             dst != nullptr ? fmt::format(" (destination {})", dtype_name(dst->type)) : "");
+      }
+    }
+    KILN_TRY(select());
+    for (const ops::Op& op : program.ops()) {
+      if (const cudaError_t e = cuda::run(ctx_, op); e != cudaSuccess) {
+        cudaGetLastError();
+        return make_status(StatusCode::internal, "{}: {} failed to launch: {} ({})", name_, ops::op_name(op),
+                           cudaGetErrorString(e), cudaGetErrorName(e));
+      }
     }
     return Status::ok_status();
+  }
+  // Matmuls under quantize_x run on tensor cores in bf16 / f16 (cuda_matmul.cu).
+  double quantize_x_tolerance() const override { return 1e-2; }
+  uint64_t device_memory_free() const override {
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    return free;
   }
   Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
     KILN_TRY(select());
@@ -116,10 +162,35 @@ class CudaBackend final : public Backend {
  private:
   Status select() { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
 
+  // Scratch for the kernels (cuda::Context::scratch): grown, never shrunk; the old buffer is freed in stream
+  // order, after the kernels queued before that may still read it.
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  void* scratch(int slot, size_t bytes) {
+    if (slot < 0 || slot >= cuda::kScratchSlots) return nullptr;
+    Scratch& s = scratch_[static_cast<size_t>(slot)];
+    if (bytes <= s.bytes) return s.p;
+    if (s.p != nullptr) cudaFreeAsync(s.p, stream_);
+    s = {};
+    const size_t grown = std::max(bytes, bytes / 4 * 5);  // room for the next, slightly larger step
+    if (cudaMallocAsync(&s.p, grown, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      s.p = nullptr;
+      return nullptr;
+    }
+    s.bytes = grown;
+    return s.p;
+  }
+
   int device_;
   Stream owner_;          // shared with the buffers
   cudaStream_t stream_;   // owner_.get()
+  Cublas cublas_;
   std::string name_;
+  cuda::Context ctx_;
+  std::array<Scratch, cuda::kScratchSlots> scratch_{};
 };
 
 }  // namespace
@@ -137,13 +208,24 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOpti
   KILN_TRY(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
   cudaStream_t stream = nullptr;
   KILN_TRY(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  cublasHandle_t handle = nullptr;
+  if (const cublasStatus_t e = cublasCreate(&handle); e != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(stream);
+    return make_status(StatusCode::internal, "cuda:{}: cublasCreate failed: {}", device, cublasGetStatusString(e));
+  }
+  Cublas cublas(handle);
+  cublasSetStream(handle, stream);
+  int n_sms = 0;
+  KILN_TRY(cuda_status(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device),
+                       "cudaDeviceGetAttribute"));
   // Keep freed memory in the pool between steps instead of returning it to the driver.
   cudaMemPool_t pool = nullptr;
   if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
     uint64_t keep = UINT64_MAX;
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
-  return std::unique_ptr<Backend>(new CudaBackend(device, stream, "cuda:" + std::to_string(device)));
+  return std::unique_ptr<Backend>(
+      new CudaBackend(device, stream, std::move(cublas), n_sms, "cuda:" + std::to_string(device)));
 }
 
 }  // namespace kiln

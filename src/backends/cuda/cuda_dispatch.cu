@@ -24,7 +24,9 @@ bool supports(const ops::Op& op) {
           [](const ops::Rope& o) { return f32(o.dst); },
           [](const ops::Softmax& o) { return f32(o.dst); },
           [](const ops::KvWrite& o) { return pool_type(o.k_pool) && pool_type(o.v_pool); },
-          [](const ops::Attention& o) { return pool_type(o.k_pool) && o.k_pool.type == o.v_pool.type && f32(o.dst); },
+          [](const ops::Attention& o) {
+            return pool_type(o.k_pool) && o.k_pool.type == o.v_pool.type && f32(o.dst) && attention_supported(o);
+          },
           [](const ops::GatedAct&) { return true; },
           [](const ops::Binary& o) { return f32(o.b.tensor); },
           [](const ops::Scale& o) { return f32(o.dst); },

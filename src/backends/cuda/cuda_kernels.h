@@ -25,6 +25,7 @@ struct Context {
   void* owner = nullptr;
   void* scratch(int slot, size_t bytes) const { return scratch_fn(owner, slot, bytes); }
 };
+// Slots 0-2: matmul's dequantized weight, converted x and f32 result; 3: attention's split-KV states.
 inline constexpr int kScratchSlots = 4;
 
 // Whether the kernels take `op` with its operand types (weight types, destination float types, pool types).
@@ -51,7 +52,8 @@ cudaError_t scale(const Context& ctx, const ops::Scale& op);
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op);
 cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op);
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
-// cuda_attention.cu
+// cuda_attention.cu (head_dim <= 256)
+bool attention_supported(const ops::Attention& op);
 cudaError_t attention(const Context& ctx, const ops::Attention& op);
 
 }  // namespace kiln::cuda

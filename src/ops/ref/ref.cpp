@@ -8,6 +8,7 @@
 
 #include "core/half.h"
 #include "core/overloaded.h"
+#include "ops/rope_freq.h"
 
 namespace kiln::ops::ref {
 

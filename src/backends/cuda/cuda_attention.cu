@@ -1,0 +1,236 @@
+// Paged causal attention on CUDA, split-KV ("flash-decoding"): a block serves one token and one KV head, for
+// up to kGroup of the query heads that share that KV head (GQA: each K/V row is read once per group), over one
+// chunk of the token's positions. Each warp takes every n_warps-th position of the chunk: lanes hold the head
+// dims, the scores are warp sums, and the softmax is online (running max and sum). The warps' states merge in
+// shared memory; with one chunk the block writes dst, with several each writes its state and a second kernel
+// merges the chunks in order.
+// Bound: by the K/V bytes read in decode. Prefill rereads K/V per token: a tiled tensor-core kernel replaces
+// this path there.
+#include <algorithm>
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kGroup = 8;      // query heads per block, at most
+constexpr int kWarps = 4;      // warps per block
+constexpr int kMaxHeadDim = 256;
+
+__device__ inline float load(const float* p) { return *p; }
+__device__ inline float load(const __half* p) { return __half2float(*p); }
+
+struct Geometry {
+  int64_t head_dim, n_heads, n_kv, group, block_size, n_tokens;
+  int64_t n_chunks;  // splits of each token's positions
+  float scale, softcap;
+  int32_t window;
+};
+
+// The running softmax state of one query head over the positions seen so far: max m, sum l of exp(s - m), and
+// acc = sum exp(s - m) * v (the lane's dims).
+template <int DPL>
+struct State {
+  float m = -INFINITY, l = 0.0f;
+  float acc[DPL] = {};
+};
+
+template <int DPL>
+__device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) {
+  const float mm = fmaxf(a.m, m);
+  if (mm == -INFINITY) return;
+  const float ca = a.m == -INFINITY ? 0.0f : expf(a.m - mm), cb = m == -INFINITY ? 0.0f : expf(m - mm);
+  a.l = a.l * ca + l * cb;
+  for (int j = 0; j < DPL; ++j) a.acc[j] = a.acc[j] * ca + acc[j] * cb;
+  a.m = mm;
+}
+
+// partial (n_chunks > 1): [n_tokens * n_heads, n_chunks] records of head_dim + 2 floats (acc, m, l).
+template <int DPL, class KV>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
+                     const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial, Geometry g) {
+  extern __shared__ float shm[];  // kWarps x kGroup x (head_dim + 2)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
+  const int64_t b = blockIdx.x;
+  const int64_t t = b / (g.n_kv * groups_per_kv), kvh = (b / groups_per_kv) % g.n_kv;
+  const int64_t h0 = kvh * g.group + (b % groups_per_kv) * kGroup;
+  const int64_t left = kvh * g.group + g.group - h0;  // query heads of this KV head from h0 on
+  const int n_q = static_cast<int>(left < kGroup ? left : kGroup);
+  const int64_t chunk = blockIdx.y;
+
+  const int32_t pos = positions[t];
+  const int32_t* table = bt_indices + bt_indptr[seq[t]];
+  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
+  const int64_t span = int64_t{pos} - lo + 1;
+  const int64_t c0 = lo + span * chunk / g.n_chunks, c1 = lo + span * (chunk + 1) / g.n_chunks;
+
+  float qv[kGroup][DPL];
+  for (int h = 0; h < kGroup; ++h) {
+    const float* qr = h < n_q ? q.row_as<const float>(h0 + h + g.n_heads * t) : nullptr;
+    for (int j = 0; j < DPL; ++j) {
+      const int64_t d = lane + 32 * j;
+      qv[h][j] = (qr != nullptr && d < g.head_dim) ? qr[d] * g.scale : 0.0f;
+    }
+  }
+  State<DPL> st[kGroup];
+  const int64_t row_stride = g.n_kv * g.head_dim;  // between consecutive slots of a block
+  for (int64_t p = c0 + warp; p < c1; p += kWarps) {
+    const int64_t slot = int64_t{table[p / g.block_size]} * g.block_size + p % g.block_size;
+    const KV* kr = k_pool + slot * row_stride + kvh * g.head_dim;
+    const KV* vr = v_pool + slot * row_stride + kvh * g.head_dim;
+    float kv[DPL], vv[DPL];
+    for (int j = 0; j < DPL; ++j) {
+      const int64_t d = lane + 32 * j;
+      kv[j] = d < g.head_dim ? load(kr + d) : 0.0f;
+      vv[j] = d < g.head_dim ? load(vr + d) : 0.0f;
+    }
+    for (int h = 0; h < kGroup; ++h) {
+      if (h >= n_q) break;
+      float s = 0.0f;
+      for (int j = 0; j < DPL; ++j) s += qv[h][j] * kv[j];
+      s = warp_sum(s);
+      if (g.softcap > 0.0f) s = g.softcap * tanhf(s / g.softcap);
+      State<DPL>& a = st[h];
+      const float mm = fmaxf(a.m, s);
+      const float ca = expf(a.m - mm), e = expf(s - mm);
+      a.l = a.l * ca + e;
+      for (int j = 0; j < DPL; ++j) a.acc[j] = a.acc[j] * ca + e * vv[j];
+      a.m = mm;
+    }
+  }
+  // Merge the warps: each writes its states, warp 0 folds them in order.
+  const int64_t rec = g.head_dim + 2;
+  for (int h = 0; h < n_q; ++h) {
+    float* r = shm + (warp * kGroup + h) * rec;
+    for (int j = 0; j < DPL; ++j) {
+      const int64_t d = lane + 32 * j;
+      if (d < g.head_dim) r[d] = st[h].acc[j];
+    }
+    if (lane == 0) r[g.head_dim] = st[h].m, r[g.head_dim + 1] = st[h].l;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  for (int h = 0; h < n_q; ++h) {
+    State<DPL> a;
+    for (int w = 0; w < kWarps; ++w) {
+      const float* r = shm + (w * kGroup + h) * rec;
+      float acc[DPL];
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        acc[j] = d < g.head_dim ? r[d] : 0.0f;
+      }
+      merge(a, r[g.head_dim], r[g.head_dim + 1], acc);
+    }
+    const int64_t row = h0 + h + g.n_heads * t;
+    if (g.n_chunks == 1) {
+      float* y = dst.row_as<float>(row);
+      const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        if (d < g.head_dim) y[d] = a.acc[j] * inv;
+      }
+    } else {
+      float* r = partial + (row * g.n_chunks + chunk) * rec;
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        if (d < g.head_dim) r[d] = a.acc[j];
+      }
+      if (lane == 0) r[g.head_dim] = a.m, r[g.head_dim + 1] = a.l;
+    }
+  }
+}
+
+// One warp per (token, head): folds the chunks' states in order and writes dst.
+template <int DPL>
+__global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= g.n_tokens * g.n_heads) return;
+  const int64_t rec = g.head_dim + 2;
+  State<DPL> a;
+  for (int64_t c = 0; c < g.n_chunks; ++c) {
+    const float* r = partial + (row * g.n_chunks + c) * rec;
+    float acc[DPL];
+    for (int j = 0; j < DPL; ++j) {
+      const int64_t d = lane + 32 * j;
+      acc[j] = d < g.head_dim ? r[d] : 0.0f;
+    }
+    merge(a, r[g.head_dim], r[g.head_dim + 1], acc);
+  }
+  float* y = dst.row_as<float>(row);
+  const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
+  for (int j = 0; j < DPL; ++j) {
+    const int64_t d = lane + 32 * j;
+    if (d < g.head_dim) y[d] = a.acc[j] * inv;
+  }
+}
+
+template <int DPL, class KV>
+cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial) {
+  const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
+  const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv), static_cast<unsigned>(g.n_chunks));
+  const size_t shm = sizeof(float) * kWarps * kGroup * (g.head_dim + 2);
+  auto* kernel = attention_kernel<DPL, KV>;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(shm));
+      e != cudaSuccess) {
+    return e;
+  }
+  kernel<<<grid, kWarps * 32, shm, ctx.stream>>>(
+      rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
+      static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
+      static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
+      rows_of(op.dst), partial, g);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || g.n_chunks == 1) return e;
+  const int64_t rows = g.n_tokens * g.n_heads;
+  merge_chunks_kernel<DPL><<<grid_for(rows, 4), 128, 0, ctx.stream>>>(partial, rows_of(op.dst), g);
+  return cudaGetLastError();
+}
+
+template <class KV>
+cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial) {
+  if (g.head_dim <= 32) return launch<1, KV>(ctx, op, g, partial);
+  if (g.head_dim <= 64) return launch<2, KV>(ctx, op, g, partial);
+  if (g.head_dim <= 128) return launch<4, KV>(ctx, op, g, partial);
+  return launch<8, KV>(ctx, op, g, partial);
+}
+
+}  // namespace
+
+bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHeadDim; }
+
+cudaError_t attention(const Context& ctx, const ops::Attention& op) {
+  Geometry g{};
+  g.head_dim = op.q.ne[0];
+  g.n_heads = op.q.ne[1];
+  g.n_tokens = op.q.ne[2];
+  g.n_kv = op.k_pool.ne[1];
+  g.group = g.n_heads / g.n_kv;
+  g.block_size = op.k_pool.ne[2];
+  g.scale = op.scale;
+  g.softcap = op.softcap;
+  g.window = op.window;
+  if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
+  // Split the positions when the blocks alone would not fill the device twice over. The longest context a
+  // token may see bounds the useful split (at least 64 positions a chunk); the positions live on the device,
+  // so the pool's capacity stands in for it.
+  const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + kGroup - 1) / kGroup);
+  const int64_t capacity = op.k_pool.ne[2] * op.k_pool.ne[3];
+  const int64_t want = (2 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
+  g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + 63) / 64, 64}));
+  float* partial = nullptr;
+  if (g.n_chunks > 1) {
+    const size_t bytes = sizeof(float) * g.n_tokens * g.n_heads * g.n_chunks * (g.head_dim + 2);
+    partial = static_cast<float*>(ctx.scratch(3, bytes));
+    if (partial == nullptr) return cudaErrorMemoryAllocation;
+  }
+  return op.k_pool.type == DType::f16 ? launch_for_head_dim<__half>(ctx, op, g, partial)
+                                      : launch_for_head_dim<float>(ctx, op, g, partial);
+}
+
+}  // namespace kiln::cuda

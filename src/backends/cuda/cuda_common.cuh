@@ -1,0 +1,88 @@
+// Device-side helpers shared by the kernels: row addressing of (possibly strided) tensor views, stores into
+// float destinations of any activation type, block reductions, launch shapes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace kiln::cuda {
+
+// The rows of a tensor view (dims 1..3), as a kernel addresses them: row r of ne[1] * ne[2] * ne[3].
+struct Rows {
+  char* data;
+  int64_t ne1, ne2;
+  int64_t nb1, nb2, nb3;
+  __device__ char* row(int64_t r) const {
+    const int64_t i1 = r % ne1, q = r / ne1;
+    return data + i1 * nb1 + (q % ne2) * nb2 + (q / ne2) * nb3;
+  }
+  template <class T>
+  __device__ T* row_as(int64_t r) const {
+    return reinterpret_cast<T*>(row(r));
+  }
+};
+inline Rows rows_of(const Tensor& t) {
+  return {static_cast<char*>(t.data), t.ne[1], t.ne[2], t.nb[1], t.nb[2], t.nb[3]};
+}
+
+// The activation type of a float destination, as a kernel argument.
+enum class Store : uint8_t { f32, f16, bf16 };
+inline Store store_of(DType t) {
+  return t == DType::f16 ? Store::f16 : t == DType::bf16 ? Store::bf16 : Store::f32;
+}
+// row[i] = v rounded to the destination's type (to nearest even).
+__device__ inline void store(Store s, char* row, int64_t i, float v) {
+  switch (s) {
+    case Store::f32: reinterpret_cast<float*>(row)[i] = v; break;
+    case Store::f16: reinterpret_cast<__half*>(row)[i] = __float2half_rn(v); break;
+    case Store::bf16: reinterpret_cast<__nv_bfloat16*>(row)[i] = __float2bfloat16_rn(v); break;
+  }
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// The sum of v over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread. `smem`
+// holds 32 floats; the block synchronises.
+__device__ inline float block_sum(float v, float* smem) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  __syncthreads();  // smem may still be read by a previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? smem[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ inline float block_max(float v, float* smem) {
+  v = warp_max(v);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? smem[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// Threads per block for a row of n elements: a multiple of 32 in [32, 1024].
+inline int row_threads(int64_t n) {
+  int t = 32;
+  while (t < 1024 && t < n) t *= 2;
+  return t;
+}
+// Blocks for n independent elements at `threads` per block, at most 2^31 - 1 (kernels loop past it).
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : b > 0x7fffffff ? 0x7fffffff : b);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,342 @@
+// The row-wise and elementwise ops on CUDA: norms, RoPE, softmax, KV writes, gated activations, add/mul,
+// scale, argmax, MoE routing and mixing. All are bound by memory traffic: one pass over their operands,
+// f32 arithmetic (double for RoPE angles, as the CPU backend), rows addressed through their views' strides.
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "ops/rope_freq.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+cudaError_t launched() { return cudaGetLastError(); }
+
+// ---- norms: one block per row ----
+
+__global__ void rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
+                                int64_t n_rows) {
+  __shared__ float red[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const float* xr = x.row_as<const float>(r);
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+    char* yr = dst.row(r);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float g = w != nullptr ? w[i] + w_add : 1.0f;
+      store(st, yr, i, xr[i] * inv * g);
+    }
+  }
+}
+
+__global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float* b, int64_t n, float eps,
+                                  int64_t n_rows) {
+  __shared__ float red[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const float* xr = x.row_as<const float>(r);
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    const float mean = block_sum(s, red) / static_cast<float>(n);
+    float v = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+    const float inv = 1.0f / sqrtf(block_sum(v, red) / static_cast<float>(n) + eps);
+    float* yr = dst.row_as<float>(r);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      yr[i] = (xr[i] - mean) * inv * (w != nullptr ? w[i] : 1.0f) + (b != nullptr ? b[i] : 0.0f);
+    }
+  }
+}
+
+// ---- RoPE: one block per token; the pair frequencies computed once per block ----
+
+constexpr int kMaxRopePairs = 512;
+
+__global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const float* factors,
+                            ops::RopeParams p, int64_t head_dim, int64_t n_heads, int64_t n_tokens) {
+  __shared__ ops::RopeFreq freq[kMaxRopePairs];
+  const int32_t half = p.n_rot / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    freq[i] = ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
+  }
+  __syncthreads();
+  const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
+  const int64_t per_head = half + (head_dim - p.n_rot);  // pairs, then pass-through dims
+  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    const double pos = positions[t];
+    for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
+      const int64_t h = c / per_head, i = c % per_head, row = h + n_heads * t;
+      const float* xr = x.row_as<const float>(row);
+      float* yr = dst.row_as<float>(row);
+      if (i >= half) {
+        const int64_t d = p.n_rot + (i - half);
+        yr[d] = xr[d];
+        continue;
+      }
+      const double angle = pos * freq[i].theta_scale;
+      const float cs = static_cast<float>(cos(angle) * freq[i].mscale);
+      const float sn = static_cast<float>(sin(angle) * freq[i].mscale);
+      const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
+      const float xa = xr[a], xb = xr[b];
+      yr[a] = xa * cs - xb * sn;
+      yr[b] = xa * sn + xb * cs;
+    }
+  }
+}
+
+// ---- softmax, argmax: one block per row ----
+
+__global__ void softmax_kernel(Rows x, Rows dst, float scale, int64_t n, int64_t n_rows) {
+  __shared__ float red[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const float* xr = x.row_as<const float>(r);
+    float* yr = dst.row_as<float>(r);
+    float mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, xr[i] * scale);
+    mx = block_max(mx, red);
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += expf(xr[i] * scale - mx);
+    const float inv = 1.0f / block_sum(s, red);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = expf(xr[i] * scale - mx) * inv;
+  }
+}
+
+// Whether (v, i) comes before (bv, bi): larger, or equal and earlier (the first index on ties).
+__device__ inline bool better(float v, int64_t i, float bv, int64_t bi) { return v > bv || (v == bv && i < bi); }
+
+__global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const float* xr = x.row_as<const float>(r);
+    float bv = -INFINITY;
+    int64_t bi = n;  // none yet
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      if (bi == n || better(xr[i], i, bv, bi)) bv = xr[i], bi = i;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (oi != n && (bi == n || better(ov, oi, bv, bi))) bv = ov, bi = oi;
+    }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads();
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+        if (si[w] != n && (bi == n || better(sv[w], si[w], bv, bi))) bv = sv[w], bi = si[w];
+      }
+      out[r] = static_cast<int32_t>(bi);
+    }
+  }
+}
+
+// ---- elementwise: one thread per element ----
+
+__device__ inline float glu(ops::GluKind kind, float g) {
+  switch (kind) {
+    case ops::GluKind::glu_kind_silu: return g / (1.0f + expf(-g));
+    case ops::GluKind::glu_kind_sigmoid: return 1.0f / (1.0f + expf(-g));
+    case ops::GluKind::glu_kind_gelu_tanh: break;
+  }
+  constexpr float c = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
+__global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, bool broadcast,
+                                 int64_t n, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / n, i = e % n;
+    const float g = gate.row_as<const float>(r)[broadcast ? 0 : i];
+    store(st, dst.row(r), i, glu(kind, g) * up.row_as<const float>(r)[i]);
+  }
+}
+
+__global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool b_one_row, int64_t n,
+                              int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / n, i = e % n;
+    const float av = a.row_as<const float>(r)[i], bv = b.row_as<const float>(b_one_row ? 0 : r)[i];
+    store(st, dst.row(r), i, mul ? av * bv : av + bv);
+  }
+}
+
+__global__ void scale_kernel(Rows x, Rows dst, float s, int64_t n, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / n, i = e % n;
+    dst.row_as<float>(r)[i] = x.row_as<const float>(r)[i] * s;
+  }
+}
+
+// ---- KV write: one thread per element of k and v ----
+
+template <class T>
+__device__ inline void put(void* pool, int64_t i, float v);
+template <>
+__device__ inline void put<float>(void* pool, int64_t i, float v) {
+  static_cast<float*>(pool)[i] = v;
+}
+template <>
+__device__ inline void put<__half>(void* pool, int64_t i, float v) {
+  static_cast<__half*>(pool)[i] = __float2half_rn(v);
+}
+
+template <class KT, class VT>
+__global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, const int32_t* slots,
+                                int64_t head_dim, int64_t n_kv, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = e % head_dim, row = e / head_dim;  // row = h + n_kv * t
+    const int64_t h = row % n_kv, t = row / n_kv;
+    // Pools are [head_dim, n_kv, block_size, n_blocks], contiguous: slot s is row s * n_kv + h.
+    const int64_t at = (int64_t{slots[t]} * n_kv + h) * head_dim + d;
+    put<KT>(k_pool, at, k.row_as<const float>(row)[d]);
+    put<VT>(v_pool, at, v.row_as<const float>(row)[d]);
+  }
+}
+
+// ---- MoE routing (one thread per token) and mixing (one thread per output element) ----
+
+__global__ void moe_route_kernel(Rows logits, int32_t* ids, Rows weights, int64_t n_expert, int64_t n_used,
+                                 bool normalize, int64_t n_tokens) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n_tokens; t += int64_t{gridDim.x} * blockDim.x) {
+    const float* x = logits.row_as<const float>(t);
+    float mx = -INFINITY;
+    for (int64_t e = 0; e < n_expert; ++e) mx = fmaxf(mx, x[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < n_expert; ++e) sum += expf(x[e] - mx);
+    int32_t* id = ids + n_used * t;
+    float chosen = 0.0f;
+    // Repeated maximum over the experts not chosen yet: strictly larger logits win, so ties keep the lower
+    // index. "Not chosen" is a scan of the ids so far (n_used is small).
+    for (int64_t s = 0; s < n_used; ++s) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < n_expert; ++e) {
+        bool taken = false;
+        for (int64_t u = 0; u < s; ++u) taken = taken || id[u] == e;
+        if (!taken && (best < 0 || x[e] > x[best])) best = e;
+      }
+      id[s] = static_cast<int32_t>(best);
+      chosen += expf(x[best] - mx) / sum;
+    }
+    float* w = weights.row_as<float>(t);
+    for (int64_t s = 0; s < n_used; ++s) w[s] = expf(x[id[s]] - mx) / sum / (normalize ? chosen : 1.0f);
+  }
+}
+
+__global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t n_slots, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = e / n, i = e % n;
+    const float* wt = w.row_as<const float>(t);
+    float acc = 0.0f;
+    for (int64_t s = 0; s < n_slots; ++s) acc += wt[s] * y.row_as<const float>(s + n_slots * t)[i];
+    dst.row_as<float>(t)[i] = acc;
+  }
+}
+
+}  // namespace
+
+cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op) {
+  const int64_t n = op.x.ne[0], rows = op.x.n_rows();
+  rms_norm_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
+      rows_of(op.x), rows_of(op.dst), store_of(op.dst.type), static_cast<const float*>(op.w.tensor.data), n,
+      op.eps, op.add_one ? 1.0f : 0.0f, rows);
+  return launched();
+}
+
+cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op) {
+  const int64_t n = op.x.ne[0], rows = op.x.n_rows();
+  layer_norm_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
+      rows_of(op.x), rows_of(op.dst), static_cast<const float*>(op.w.tensor.data),
+      static_cast<const float*>(op.b.tensor.data), n, op.eps, rows);
+  return launched();
+}
+
+cudaError_t rope(const Context& ctx, const ops::Rope& op) {
+  if (op.p.n_rot / 2 > kMaxRopePairs) return cudaErrorNotSupported;
+  const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
+  rope_kernel<<<grid_for(n_tokens, 1), kThreads, 0, ctx.stream>>>(
+      rows_of(op.x), rows_of(op.dst), static_cast<const int32_t*>(op.positions.data),
+      static_cast<const float*>(op.freq_factors.tensor.data), op.p, head_dim, n_heads, n_tokens);
+  return launched();
+}
+
+cudaError_t softmax(const Context& ctx, const ops::Softmax& op) {
+  const int64_t n = op.x.ne[0], rows = op.x.n_rows();
+  softmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst), op.scale,
+                                                                       n, rows);
+  return launched();
+}
+
+cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
+  const int64_t n = op.x.ne[0], rows = op.x.n_rows();
+  argmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(rows_of(op.x),
+                                                                      static_cast<int32_t*>(op.out.data), n, rows);
+  return launched();
+}
+
+cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op) {
+  const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
+  gated_act_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(
+      rows_of(op.gate), rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind, op.gate.ne[0] == 1 && n > 1,
+      n, total);
+  return launched();
+}
+
+cudaError_t binary(const Context& ctx, const ops::Binary& op) {
+  const int64_t n = op.a.ne[0], total = n * op.a.n_rows();
+  binary_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(
+      rows_of(op.a), rows_of(op.b.tensor), rows_of(op.dst), store_of(op.dst.type),
+      op.kind == ops::BinaryKind::binary_kind_mul, op.b.tensor.n_rows() == 1, n, total);
+  return launched();
+}
+
+cudaError_t scale(const Context& ctx, const ops::Scale& op) {
+  const int64_t n = op.x.ne[0], total = n * op.x.n_rows();
+  scale_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst), op.scale, n,
+                                                                       total);
+  return launched();
+}
+
+cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
+  const int64_t head_dim = op.k.ne[0], n_kv = op.k.ne[1], total = head_dim * n_kv * op.k.ne[2];
+  const auto* slots = static_cast<const int32_t*>(op.slots.data);
+  const unsigned grid = grid_for(total, kThreads);
+  const bool k16 = op.k_pool.type == DType::f16, v16 = op.v_pool.type == DType::f16;
+  const Rows k = rows_of(op.k), v = rows_of(op.v);
+  if (k16 && v16) {
+    kv_write_kernel<__half, __half><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
+                                                                       slots, head_dim, n_kv, total);
+  } else if (!k16 && !v16) {
+    kv_write_kernel<float, float><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
+                                                                     slots, head_dim, n_kv, total);
+  } else if (k16) {
+    kv_write_kernel<__half, float><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
+                                                                      slots, head_dim, n_kv, total);
+  } else {
+    kv_write_kernel<float, __half><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
+                                                                      slots, head_dim, n_kv, total);
+  }
+  return launched();
+}
+
+cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op) {
+  const int64_t n_tokens = op.logits.n_rows();
+  moe_route_kernel<<<grid_for(n_tokens, 64), 64, 0, ctx.stream>>>(
+      rows_of(op.logits), static_cast<int32_t*>(op.ids.data), rows_of(op.weights), op.logits.ne[0],
+      op.weights.ne[0], op.normalize, n_tokens);
+  return launched();
+}
+
+cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op) {
+  const int64_t n = op.y.ne[0], n_slots = op.y.ne[1], total = n * op.dst.n_rows();
+  weighted_sum_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(rows_of(op.y), rows_of(op.w),
+                                                                              rows_of(op.dst), n, n_slots, total);
+  return launched();
+}
+
+}  // namespace kiln::cuda
