@@ -39,13 +39,16 @@ struct EngineOptions {
   int32_t max_batch_tokens = 512;  // tokens per forward step (prefill chunks are cut to fit)
   int32_t kv_block_size = 16;      // tokens per KV cache block
   std::string kv_type = "f32";     // "f32" or "f16"
+  // Where the model runs: "cpu", "cuda" / "cuda:N" (a build with CUDA), or "auto" (CUDA device 0 when there
+  // is one, else the CPU).
   std::string backend = "cpu";
-  // Matmuls on 8-bit quantized activations with integer dot products, as llama.cpp does (faster decode;
-  // ~1e-3 relative error per product). false: exact f32 activations.
+  // Matmuls at lower precision, faster: on the CPU, 8-bit quantized activations with integer dot products, as
+  // llama.cpp does (~1e-3 relative error per product); on CUDA, bf16 / f16 tensor cores for batches of more
+  // than 8 tokens. false: exact f32 activations.
   bool quantize_activations = false;
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load
-  // (MemAvailable)), which on a machine with room is exactly n_seq_max x n_ctx. Less than that is fine:
+  // (MemAvailable; a GPU's free memory after the weights)), which on a machine with room is exactly n_seq_max x n_ctx. Less than that is fine:
   // requests share the pool, and when it runs out the newest is preempted and recomputed later. A request
   // that outgrows the whole pool ends with FinishReason::error; a prompt larger than it is refused by
   // submit().
@@ -57,6 +60,9 @@ struct EngineOptions {
   // when it is waited for or when this many requests have finished after it (see the top of this file).
   int32_t keep_finished = 1024;
 };
+
+// Whether this build of kiln has CUDA and a CUDA device is usable: what backend "auto" picks.
+bool cuda_available();
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
@@ -135,6 +141,7 @@ struct ModelDescription {
   uint64_t weight_bytes = 0, kv_bytes = 0;
   int32_t kv_blocks = 0, kv_block_size = 0;  // the KV pool: blocks of kv_block_size tokens, kv_bytes in all
   int32_t n_threads = 0;
+  std::string backend;  // the device the model runs on: "cpu", "cuda:0"
   double load_ms = 0;
   bool has_chat_template = false;
 };

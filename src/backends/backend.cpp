@@ -38,6 +38,14 @@ Status check_transfer(std::string_view what, const Tensor& t, size_t bytes) {
   return Status::ok_status();
 }
 
+bool cuda_available() {
+#if defined(KILN_HAVE_CUDA)
+  return cuda_device_present();
+#else
+  return false;
+#endif
+}
+
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options) {
   // More threads than a few per core only cost memory and scheduling (and thousands fail to start at all).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -48,6 +56,12 @@ Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const Backe
         options.n_threads, max_threads, kMaxThreadsPerCore, cores);
   }
   if (name == "cpu") return make_cpu_backend(options);
+  if (name == "auto") {
+#if defined(KILN_HAVE_CUDA)
+    if (Result<std::unique_ptr<Backend>> gpu = make_cuda_backend(0, options); gpu.ok()) return gpu;
+#endif
+    return make_cpu_backend(options);
+  }
   if (name == "cuda" || name.starts_with("cuda:")) {
 #if defined(KILN_HAVE_CUDA)
     int device = 0;
@@ -63,7 +77,7 @@ Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const Backe
     return not_found("backend \"{}\": this build has no CUDA backend (build a `cuda` preset)", name);
 #endif
   }
-  return not_found("backend \"{}\" is not available (available: cpu{})", name,
+  return not_found("backend \"{}\" is not available (available: auto, cpu{})", name,
 #if defined(KILN_HAVE_CUDA)
                    ", cuda[:N]"
 #else

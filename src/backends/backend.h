@@ -88,13 +88,17 @@ class Backend {
 // of the backend, and holds exactly `bytes`.
 Status check_transfer(std::string_view what, const Tensor& t, size_t bytes);
 
+// Whether this build has the CUDA backend and a CUDA device is usable (what "auto" picks).
+bool cuda_available();
+
 struct BackendOptions {
   int n_threads = 0;  // CPU: 0 = default_thread_count(); at most kMaxThreadsPerCore per core (16 at least)
 };
 inline constexpr int kMaxThreadsPerCore = 4;
 
-// "cpu" (always) or "cuda" (when built with it). not_found naming the available ones otherwise; a thread
-// count out of range is invalid_argument.
+// "cpu" (always), "cuda" / "cuda:N" (when built with it), or "auto": CUDA device 0 when this build has CUDA and
+// the device is usable, else the CPU. not_found naming the available ones otherwise; a thread count out of
+// range is invalid_argument.
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options = {});
 
 }  // namespace kiln

@@ -100,6 +100,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.kv_blocks = n_blocks;
   desc.kv_block_size = opt.kv_block_size;
   desc.n_threads = backend->n_threads();
+  desc.backend = std::string(backend->name());
   desc.has_chat_template = chat_template.has_value();
   desc.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return Status::ok_status();
@@ -119,7 +120,10 @@ Result<int32_t> Engine::Impl::size_kv_pool(const ModelInfo& mi, int32_t n_ctx, D
   in.budget_bytes = options.kv_memory_bytes;
   in.block_bytes = kv_block_bytes;
   in.full_blocks = (int64_t{n_ctx} + bs - 1) / bs * options.n_seq_max;
-  if (in.budget_bytes == 0) in.mem_available = mem_available_bytes();
+  if (in.budget_bytes == 0) {
+    const uint64_t device_free = backend->device_memory_free();
+    in.mem_available = device_free > 0 ? std::optional<uint64_t>(device_free) : mem_available_bytes();
+  }
   KILN_ASSIGN_OR_RETURN(const int64_t n_blocks, kv_blocks_for_budget(in));
   if (n_blocks < in.full_blocks && in.budget_bytes == 0) {
     log_warn(

@@ -27,7 +27,9 @@ struct GenOptions {
   std::string kv_memory;  // --kv-memory SIZE, checked by parse_byte_size; empty: the engine's default
   bool chat = false;
   bool quiet = false;
+  std::string device = "auto";
   bool quantize_activations = false;
+  bool exact = false;
   SamplingParams sampling;
 };
 
@@ -35,6 +37,8 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model, "A GGUF file or a Hugging Face folder (default: the default model)");
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: min(model's, 4096))")
       ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("-d,--device", o.device,
+                  "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
@@ -62,10 +66,11 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-s,--seed", o.sampling.seed, "Random seed")->capture_default_str();
   cmd->add_option("--stop", o.sampling.stop, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", o.sampling.ignore_eos, "Keep generating after end-of-generation tokens");
-  cmd->add_flag(
-      "--quantize-activations", o.quantize_activations,
-      "8-bit activations with integer dot products in the matmuls, as llama.cpp does (faster decode, "
-      "~1e-3 relative error; default: exact f32)");
+  auto* qa = cmd->add_flag("--quantize-activations", o.quantize_activations,
+                           "Lower-precision matmuls, faster: on the CPU 8-bit activations with integer dot "
+                           "products, as llama.cpp does (~1e-3 relative error); on CUDA bf16 tensor cores "
+                           "(default: on for CUDA, off for the CPU)");
+  cmd->add_flag("--exact", o.exact, "Exact f32 matmuls on every device (the reference path)")->excludes(qa);
 }
 
 Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
@@ -77,7 +82,10 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
   if (!o.kv_memory.empty()) {
     KILN_ASSIGN_OR_RETURN(eo.kv_memory_bytes, parse_byte_size(o.kv_memory));
   }
-  eo.quantize_activations = o.quantize_activations;
+  eo.backend = o.device;
+  // The GPU's fast path (tensor cores) is its default; the CPU's (8-bit activations) is asked for.
+  const bool on_gpu = o.device.starts_with("cuda") || (o.device == "auto" && cuda_available());
+  eo.quantize_activations = o.quantize_activations || (on_gpu && !o.exact);
   return Engine::create(eo);
 }
 
@@ -102,8 +110,11 @@ Result<RequestStats> generate(Engine& engine, const Request& req, std::string* r
 void print_stats(const Engine& engine, const RequestStats& st) {
   const ModelDescription& m = engine.model();
   const int32_t computed = st.n_prompt - st.n_cached;
-  std::fprintf(stderr, "\n%s: load %.0f ms, %d threads, context %d\n", m.name.c_str(), m.load_ms, m.n_threads,
-               m.n_ctx);
+  const std::string where =
+      m.backend == "cpu" ? fmt::format("cpu, {} threads", m.n_threads) : m.backend;
+  std::fprintf(stderr, "\n%s on %s: load %.0f ms, context %d, weights %.2f GiB, KV cache %.2f GiB\n",
+               m.name.c_str(), where.c_str(), m.load_ms, m.n_ctx, m.weight_bytes / 1073741824.0,
+               m.kv_bytes / 1073741824.0);
   std::fprintf(stderr, "prompt:  %d tokens (%d cached) in %.0f ms, %.1f tokens/s\n", st.n_prompt, st.n_cached,
                st.prefill_ms, st.prefill_ms > 0 ? computed * 1000.0 / st.prefill_ms : 0.0);
   // The first token comes out of the prefill; the decode rate counts the ones after it.

@@ -195,6 +195,11 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+bool cuda_device_present() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions&) {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {

@@ -1,10 +1,8 @@
 // The CUDA backend: device memory from a stream-ordered pool, transfers and programs on one stream, weights
 // uploaded once at load (prepare_weight). Built with the `cuda` presets (KILN_CUDA).
 //
-// Where it stands: the memory model of backends/backend.h is complete (allocate, upload, download, copy,
-// synchronize with the stream's first error, prepare_weight); no op has a kernel yet, so supports() refuses
-// every op and run() answers unimplemented naming the first one. Kernels come op by op, each with its harness
-// case.
+// The kernels live in the .cu files beside it (cuda_kernels.h lists them); supports() says which ops and operand
+// types they take, and run() refuses anything else as unimplemented, naming the op.
 #pragma once
 
 #include <memory>
@@ -15,6 +13,9 @@ namespace kiln {
 
 // Device `device` (cudaGetDeviceCount order). Errors name what is missing: no driver, no device, a device
 // index out of range.
+// Whether a CUDA driver and at least one device are usable.
+bool cuda_device_present();
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions& options);
 
 }  // namespace kiln
