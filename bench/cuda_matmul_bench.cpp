@@ -1,0 +1,160 @@
+// Matmul kernel timings on the CUDA backend against the device's copy bandwidth: Llama-3-8B layer shapes, each
+// weight type, m = 1 .. 64, through the public backend API (prepare_weight, run, synchronize). Prints a
+// markdown table (or JSON lines with --json): us per call, weight GB/s, % of the measured device-to-device copy
+// bandwidth, and TFLOP/s from m = 16. Built with KILN_CUDA (tests/CMakeLists.txt); run on the GPU machine:
+//   build/cuda-dev/tests/cuda_matmul_bench [--json]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/half.h"
+
+namespace kiln {
+namespace {
+
+constexpr int kReps = 200;
+
+// Aborts with the failed call's message: a benchmark has no error path worth more than that.
+template <class T>
+T check(Result<T> r, const char* what) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, r.status().to_string().c_str());
+    std::exit(1);
+  }
+  return std::move(r).value();
+}
+void check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+// Byte offsets of the f16 scale fields in one block, which random bytes must not make huge or NaN.
+std::vector<size_t> scale_offsets(DType type) {
+  switch (type) {
+    case DType::q4_0: case DType::q5_0: case DType::q8_0: return {0};
+    case DType::q4_1: case DType::q4_k: case DType::q5_k: return {0, 2};
+    case DType::q6_k: return {208};
+    default: return {};
+  }
+}
+
+// A [k, n] weight of `type` in host memory: 16-bit floats uniform in [-1, 1], blocks random bytes with small
+// finite scales.
+std::vector<uint8_t> make_weight(DType type, int64_t k, int64_t n, std::mt19937& rng) {
+  const int64_t bytes = dtype_row_bytes(type, k).value() * n;
+  std::vector<uint8_t> mem(static_cast<size_t>(bytes));
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  if (type == DType::f16 || type == DType::bf16) {
+    for (int64_t i = 0; i < bytes / 2; ++i) {
+      const uint16_t h = type == DType::f16 ? f32_to_f16(uni(rng)) : f32_to_bf16(uni(rng));
+      std::memcpy(mem.data() + 2 * i, &h, 2);
+    }
+    return mem;
+  }
+  for (auto& b : mem) b = static_cast<uint8_t>(rng());
+  const int64_t block = dtype_info(type).type_size;
+  for (int64_t off = 0; off < bytes; off += block) {
+    for (size_t s : scale_offsets(type)) {
+      const uint16_t d = f32_to_f16(0.01f * uni(rng));
+      std::memcpy(mem.data() + off + s, &d, 2);
+    }
+  }
+  return mem;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Bytes read + written per second of a 1 GiB device-to-device copy.
+double copy_bandwidth(Backend& b) {
+  constexpr int64_t n = int64_t{1} << 28;  // f32 elements: 1 GiB
+  auto src = check(b.allocate(n * 4), "allocate"), dst = check(b.allocate(n * 4), "allocate");
+  const Tensor ts = make_tensor(DType::f32, *src, 0, n), td = make_tensor(DType::f32, *dst, 0, n);
+  check(b.copy(td, ts), "copy");
+  check(b.synchronize(), "synchronize");
+  constexpr int reps = 20;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) check(b.copy(td, ts), "copy");
+  check(b.synchronize(), "synchronize");
+  return 2.0 * n * 4 * reps / seconds_since(t0);
+}
+
+struct Shape {
+  int64_t k, n;
+};
+
+// One row of the table: `w` (of `w_bytes`) times m columns of x.
+void bench_m(Backend& b, const ops::Weight& w, int64_t w_bytes, int64_t m, double copy_bw, bool json,
+             std::mt19937& rng) {
+  const DType type = w.tensor.type;
+  const Shape sh{w.tensor.ne[0], w.tensor.ne[1]};
+  std::vector<float> xh(static_cast<size_t>(sh.k * m));
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (float& v : xh) v = uni(rng);
+  auto xbuf = check(b.allocate(xh.size() * 4), "allocate"), dbuf = check(b.allocate(sh.n * m * 4), "allocate");
+  const Tensor x = make_tensor(DType::f32, *xbuf, 0, sh.k, m), dst = make_tensor(DType::f32, *dbuf, 0, sh.n, m);
+  check(b.upload(x, xh.data(), xh.size() * 4), "upload");
+  const ops::Matmul op{w, x, dst, false};
+  check(b.run(op), "matmul");
+  check(b.synchronize(), "synchronize");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kReps; ++i) check(b.run(op), "matmul");
+  check(b.synchronize(), "synchronize");
+  const double s = seconds_since(t0) / kReps;
+  const double gbs = static_cast<double>(w_bytes) / s / 1e9;
+  const double pct = 100.0 * static_cast<double>(w_bytes) / s / copy_bw;
+  const double tflops = 2.0 * sh.k * sh.n * m / s / 1e12;
+  if (json) {
+    std::printf("{\"type\":\"%s\",\"k\":%lld,\"n\":%lld,\"m\":%lld,\"us\":%.2f,\"gbs\":%.1f,\"pct_copy\":%.1f,"
+                "\"tflops\":%.2f}\n",
+                dtype_name(type), static_cast<long long>(sh.k), static_cast<long long>(sh.n),
+                static_cast<long long>(m), s * 1e6, gbs, pct, tflops);
+  } else {
+    std::printf("| %-5s | %5lld | %5lld | %2lld | %9.2f | %7.1f | %5.1f | %s |\n", dtype_name(type),
+                static_cast<long long>(sh.k), static_cast<long long>(sh.n), static_cast<long long>(m), s * 1e6,
+                gbs, pct, m >= 16 ? std::to_string(tflops).substr(0, 6).c_str() : "");
+  }
+}
+
+void bench_weight(Backend& b, DType type, Shape sh, double copy_bw, bool json, std::mt19937& rng) {
+  std::vector<uint8_t> host = make_weight(type, sh.k, sh.n, rng);
+  const Tensor logical = make_tensor(type, host.data(), sh.k, sh.n);
+  auto w = check(b.prepare_weight(logical, "w", WeightRole::weight_role_matmul), "prepare_weight");
+  for (int64_t m : {1, 2, 4, 8, 16, 64}) {
+    bench_m(b, w->weight, static_cast<int64_t>(host.size()), m, copy_bw, json, rng);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  using namespace kiln;  // NOLINT
+  const bool json = argc > 1 && std::string_view(argv[1]) == "--json";
+  auto b = check(make_backend("cuda"), "make_backend(cuda)");
+  const double copy_bw = copy_bandwidth(*b);
+  if (json) {
+    std::printf("{\"copy_gbs\":%.1f}\n", copy_bw / 1e9);
+  } else {
+    std::printf("device-to-device copy: %.1f GB/s (read + write)\n\n", copy_bw / 1e9);
+    std::printf("| type  |     k |     n |  m |   us/call |    GB/s | %%copy | TFLOP/s |\n");
+    std::printf("|-------|------:|------:|---:|----------:|--------:|------:|--------:|\n");
+  }
+  std::mt19937 rng(1234);
+  const DType types[] = {DType::bf16, DType::f16, DType::q8_0, DType::q4_0, DType::q4_1,
+                         DType::q5_0, DType::q4_k, DType::q5_k, DType::q6_k};
+  const Shape shapes[] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
+  for (DType t : types) {
+    for (Shape sh : shapes) bench_weight(*b, t, sh, copy_bw, json, rng);
+  }
+  return 0;
+}

@@ -1,0 +1,458 @@
+// GetRows, Matmul and MoeMatmul on the device (contracts: ops/ops.h; dequantization: cuda_quant.cuh).
+//
+// Matmul has three paths, by m = x.n_rows():
+// - m <= kGemvMaxCols (decode): gemv_kernel streams the weight once, dequantizes it in registers and computes
+//   all m columns from that one pass, in f32. Exact (the products of the exactly dequantized weight and x).
+// - m > kGemvMaxCols, quantize_x false: the weight dequantized to f32 (unless it is f32 already), cublasSgemm.
+// - m > kGemvMaxCols, quantize_x true: the weight as bf16 or f16 (dequantized to bf16 unless it is 16-bit
+//   already), x rounded to the same type, cublasGemmEx on tensor cores with f32 accumulation (~1e-3 relative).
+// Every path computes f32 and rounds once to an f16 / bf16 destination.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_quant.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kGemvMaxCols = 8;  // the widest m the GEMV path takes
+constexpr int kGemvWarps = 4;    // warps per block
+constexpr int kGemvRows = 2;     // weight rows per warp: every x value loaded serves both
+constexpr int kGemvUnroll = 4;   // pieces per lane loaded before their products: bytes in flight
+constexpr int kMaxGridY = 65535;
+constexpr int kPieceThreads = 128;  // threads per block of the elementwise kernels (one piece each)
+
+// Scratch slots of one matmul.
+constexpr int kSlotW = 0, kSlotX = 1, kSlotDst = 2;
+
+// The rows of a tensor (dims 1..3 flattened, as Tensor::flat_row) on the device.
+struct Rows {
+  char* data;
+  int64_t ne1, ne2;
+  int64_t nb1, nb2, nb3;
+  __device__ char* row(int64_t r) const {
+    return data + (r % ne1) * nb1 + ((r / ne1) % ne2) * nb2 + (r / (ne1 * ne2)) * nb3;
+  }
+};
+Rows rows_of(const Tensor& t) {
+  return {static_cast<char*>(t.data), t.ne[1], t.ne[2], t.nb[1], t.nb[2], t.nb[3]};
+}
+// A contiguous [ne0, n_rows] matrix of elements of `elem` bytes.
+Rows packed_rows(void* data, int64_t ne0, int64_t n_rows, int elem) {
+  const int64_t ld = ne0 * elem;
+  return {static_cast<char*>(data), n_rows, 1, ld, ld * n_rows, ld * n_rows};
+}
+
+// An i32 [ne0, ne1] index tensor on the device.
+struct Ids {
+  const char* data;
+  int64_t ne0, nb0, nb1;
+  __device__ int32_t operator[](int64_t i) const {
+    return *reinterpret_cast<const int32_t*>(data + (i % ne0) * nb0 + (i / ne0) * nb1);
+  }
+};
+Ids ids_of(const Tensor& t) { return {static_cast<const char*>(t.data), t.ne[0], t.nb[0], t.nb[1]}; }
+
+__device__ __forceinline__ void store_float(char* row, DType type, int64_t j, float v) {
+  if (type == DType::f32) reinterpret_cast<float*>(row)[j] = v;
+  else if (type == DType::f16) reinterpret_cast<__half*>(row)[j] = __float2half_rn(v);
+  else reinterpret_cast<__nv_bfloat16*>(row)[j] = __float2bfloat16_rn(v);
+}
+
+int elem_bytes(DType float_type) { return float_type == DType::f32 ? 4 : 2; }
+
+bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Calls f(std::integral_constant<DType, t>) for a weight type of cuda_quant.cuh.
+template <class F>
+cudaError_t visit_weight_type(DType t, F&& f) {
+  switch (t) {
+#define KILN_CASE(name) \
+  case DType::name: return f(std::integral_constant<DType, DType::name>{});
+    KILN_CUDA_WEIGHT_TYPES(KILN_CASE)
+#undef KILN_CASE
+    default: return cudaErrorNotSupported;
+  }
+}
+
+// ---- GEMV: dst[:, q] = W_q x[:, q] for m <= kGemvMaxCols columns q ----
+
+// Columns q = group * m + c, c < m, of one GEMV launch (group = blockIdx.y, grid-strided).
+struct GemvArgs {
+  const uint8_t* w;      // [k, n] or, with ids, [k, n, n_expert]
+  int64_t w_nb1, w_nb2;  // bytes between rows, between experts
+  int64_t n, k;
+  int m;                 // columns per group: 1 .. kGemvMaxCols
+  int64_t n_groups;
+  bool use_ids;          // MoE: column q uses expert ids[q] (m == 1); else expert 0
+  Ids ids;
+  int64_t x_div;         // column q reads x row q / x_div
+  Rows x;                // f32 rows of k
+  bool x_vec;            // every x row is 16-byte aligned
+  Rows dst;              // rows of n
+  DType dst_type;
+};
+
+// Elements 8p .. 8p+7 of an f32 row.
+__device__ __forceinline__ void load_x8(const float* x, int64_t p, bool vec, float (&v)[8]) {
+  if (vec) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x) + 2 * p);
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x) + 2 * p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __ldg(x + 8 * p + j);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+  return v;
+}
+
+// One warp's partial dot products: acc[r][c] over the pieces lane, lane + 32, ... of its kGemvRows rows.
+// kGemvUnroll pieces per row are loaded and dequantized before their products, to keep loads in flight.
+template <DType T, int A, int kCols>
+__device__ __forceinline__ void gemv_warp(const uint8_t* const (&rows)[kGemvRows], const float* const (&x)[kCols],
+                                          const GemvArgs& a, float (&acc)[kGemvRows][kCols]) {
+  using Q = Quant<T>;
+  const int64_t n_pieces = a.k / 8;
+  for (int64_t base = threadIdx.x % 32; base < n_pieces; base += 32 * kGemvUnroll) {
+    float wv[kGemvUnroll][kGemvRows][8];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t p = base + 32 * u;
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (p < n_pieces) Q::template piece<A>(rows[r], p, wv[u][r]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t p = base + 32 * u;
+      if (p >= n_pieces) break;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= a.m) break;
+        float xv[8];
+        load_x8(x[c], p, a.x_vec, xv);
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[r][c] = fmaf(wv[u][r][j], xv[j], acc[r][c]);
+        }
+      }
+    }
+  }
+  if constexpr (Q::kBlock == 1) {  // float rows whose length is not a multiple of 8
+    for (int64_t e = n_pieces * 8 + threadIdx.x % 32; e < a.k; e += 32) {
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        const float wr = Q::element(rows[r], e);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          if (c < a.m) acc[r][c] = fmaf(wr, __ldg(x[c] + e), acc[r][c]);
+        }
+      }
+    }
+  }
+}
+
+// Block: kGemvWarps warps, each on kGemvRows consecutive rows, lanes splitting k by pieces; grid: (row groups,
+// column groups). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign).
+template <DType T, int A, int kCols>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * kGemvRows;
+  if (row0 >= a.n) return;
+  for (int64_t g = blockIdx.y; g < a.n_groups; g += gridDim.y) {
+    const int64_t q0 = g * a.m;
+    const uint8_t* w = a.w + (a.use_ids ? a.ids[q0] * a.w_nb2 : 0);
+    const uint8_t* rows[kGemvRows];
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) rows[r] = w + std::min(row0 + r, a.n - 1) * a.w_nb1;
+    const float* x[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) x[c] = reinterpret_cast<const float*>(a.x.row((q0 + std::min(c, a.m - 1)) / a.x_div));
+    float acc[kGemvRows][kCols] = {};
+    gemv_warp<T, A, kCols>(rows, x, a, acc);
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const float v = warp_sum(acc[r][c]);
+        if (threadIdx.x % 32 == 0 && c < a.m && row0 + r < a.n) store_float(a.dst.row(q0 + c), a.dst_type, row0 + r, v);
+      }
+    }
+  }
+}
+
+template <DType T, int kCols>
+void launch_gemv_cols(const Context& ctx, const GemvArgs& a, bool natural_align) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kGemvWarps * kGemvRows)),
+                  static_cast<unsigned>(std::min<int64_t>(a.n_groups, kMaxGridY)));
+  if (natural_align) gemv_kernel<T, Quant<T>::kAlign, kCols><<<grid, kGemvWarps * 32, 0, ctx.stream>>>(a);
+  else gemv_kernel<T, Quant<T>::kSafeAlign, kCols><<<grid, kGemvWarps * 32, 0, ctx.stream>>>(a);
+}
+
+// x_vec: the GEMV reads x as float4 when every x row it may read is 16-byte aligned.
+bool rows_aligned16(const Tensor& t) {
+  return aligned(t.data, 16) && t.nb[1] % 16 == 0 && t.nb[2] % 16 == 0 && t.nb[3] % 16 == 0;
+}
+
+cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w) {
+  return visit_weight_type(w.type, [&](auto tag) {
+    constexpr DType T = decltype(tag)::value;
+    const int64_t align = Quant<T>::kAlign;
+    const bool natural = aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
+    if (a.m == 1) launch_gemv_cols<T, 1>(ctx, a, natural);
+    else launch_gemv_cols<T, kGemvMaxCols>(ctx, a, natural);
+    return cudaGetLastError();
+  });
+}
+
+GemvArgs gemv_args(const Tensor& w, const Tensor& x, const Tensor& dst) {
+  GemvArgs a{};
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.w_nb1 = w.nb[1];
+  a.w_nb2 = w.nb[2];
+  a.n = w.ne[1];
+  a.k = w.ne[0];
+  a.x = rows_of(x);
+  a.x_vec = rows_aligned16(x);
+  a.x_div = 1;
+  a.dst = rows_of(dst);
+  a.dst_type = dst.type;
+  return a;
+}
+
+// ---- dequantization of whole rows: GetRows, and the weight of a GEMM into scratch ----
+
+struct DequantArgs {
+  const uint8_t* src;
+  int64_t src_nb1;  // bytes between source rows
+  int64_t ne0;      // elements per row
+  int64_t n_rows;
+  bool use_ids;     // row r of dst is source row ids[r]; else source row r
+  Ids ids;
+  Rows dst;
+  DType dst_type;
+};
+
+// Thread: one piece (8 elements) of one row; grid: (pieces of a row, rows, grid-strided).
+template <DType T, int A>
+__global__ void dequant_rows_kernel(DequantArgs a) {
+  using Q = Quant<T>;
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (8 * p >= a.ne0) return;
+  for (int64_t r = blockIdx.y; r < a.n_rows; r += gridDim.y) {
+    const uint8_t* src = a.src + (a.use_ids ? a.ids[r] : r) * a.src_nb1;
+    char* dst = a.dst.row(r);
+    if (8 * p + 8 <= a.ne0) {
+      float w[8];
+      Q::template piece<A>(src, p, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) store_float(dst, a.dst_type, 8 * p + j, w[j]);
+    } else if constexpr (Q::kBlock == 1) {  // the tail of a float row
+      for (int64_t e = 8 * p; e < a.ne0; ++e) store_float(dst, a.dst_type, e, Q::element(src, e));
+    }
+  }
+}
+
+cudaError_t launch_dequant(const Context& ctx, const DequantArgs& a, DType type) {
+  return visit_weight_type(type, [&](auto tag) {
+    constexpr DType T = decltype(tag)::value;
+    const int64_t align = Quant<T>::kAlign;
+    const dim3 grid(static_cast<unsigned>(ceil_div(ceil_div(a.ne0, 8), kPieceThreads)),
+                    static_cast<unsigned>(std::min<int64_t>(a.n_rows, kMaxGridY)));
+    if (aligned(a.src, align) && a.src_nb1 % align == 0) {
+      dequant_rows_kernel<T, Quant<T>::kAlign><<<grid, kPieceThreads, 0, ctx.stream>>>(a);
+    } else {
+      dequant_rows_kernel<T, Quant<T>::kSafeAlign><<<grid, kPieceThreads, 0, ctx.stream>>>(a);
+    }
+    return cudaGetLastError();
+  });
+}
+
+// The [k, n] weight `w` as a contiguous matrix of f32 or bf16 in scratch slot kSlotW (null: out of memory).
+void* dequant_weight(const Context& ctx, const Tensor& w, DType to, cudaError_t* err) {
+  const int64_t k = w.ne[0], n = w.ne[1];
+  void* out = ctx.scratch(kSlotW, static_cast<size_t>(k * n * elem_bytes(to)));
+  if (out == nullptr) {
+    *err = cudaErrorMemoryAllocation;
+    return nullptr;
+  }
+  DequantArgs a{};
+  a.src = static_cast<const uint8_t*>(w.data);
+  a.src_nb1 = w.nb[1];
+  a.ne0 = k;
+  a.n_rows = n;
+  a.dst = packed_rows(out, k, n, elem_bytes(to));
+  a.dst_type = to;
+  *err = launch_dequant(ctx, a, w.type);
+  return *err == cudaSuccess ? out : nullptr;
+}
+
+// ---- f32 rows to float rows of another layout and type (x into scratch, scratch into dst) ----
+
+// Thread: one element; grid: (elements of a row, rows, grid-strided).
+__global__ void convert_rows_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows dst, DType dst_type) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= ne0) return;
+  for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+    store_float(dst.row(r), dst_type, e, reinterpret_cast<const float*>(src.row(r))[e]);
+  }
+}
+
+cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64_t n_rows, const Rows& dst,
+                         DType dst_type) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(ne0, kPieceThreads)),
+                  static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxGridY)));
+  convert_rows_kernel<<<grid, kPieceThreads, 0, ctx.stream>>>(src, ne0, n_rows, dst, dst_type);
+  return cudaGetLastError();
+}
+
+// ---- GEMM through cuBLAS (m > kGemvMaxCols) ----
+
+// The leading dimension (in elements of `elem` bytes) of t as a column-major [ne0, n_rows] matrix, or 0 when
+// its rows are not equally spaced at a multiple of the element size.
+int64_t leading_dim(const Tensor& t, int elem) {
+  if (!aligned(t.data, elem) || t.nb[1] % elem != 0 || t.nb[1] / elem < t.ne[0]) return 0;
+  const bool dim2 = t.ne[2] == 1 || t.nb[2] == t.nb[1] * t.ne[1];
+  const bool dim3 = t.ne[3] == 1 || t.nb[3] == t.nb[2] * t.ne[2];
+  return dim2 && dim3 ? t.nb[1] / elem : 0;
+}
+
+// A column-major operand of the GEMM: device pointer and leading dimension in elements.
+struct Operand {
+  void* data = nullptr;
+  int64_t ld = 0;
+};
+
+// x as a column-major [k, m] matrix of `type` (f32: in place when its rows are equally spaced).
+Operand gemm_x(const Context& ctx, const Tensor& x, DType type, cudaError_t* err) {
+  const int64_t k = x.ne[0], m = x.n_rows();
+  if (type == DType::f32) {
+    if (const int64_t ld = leading_dim(x, 4); ld != 0) return {x.data, ld};
+  }
+  void* out = ctx.scratch(kSlotX, static_cast<size_t>(k * m * elem_bytes(type)));
+  if (out == nullptr) {
+    *err = cudaErrorMemoryAllocation;
+    return {};
+  }
+  *err = convert_rows(ctx, rows_of(x), k, m, packed_rows(out, k, m, elem_bytes(type)), type);
+  return {out, k};
+}
+
+// Where the GEMM writes its f32 [n, m] result: dst itself when it is f32 with equally spaced rows, else scratch.
+Operand gemm_dst(const Context& ctx, const Tensor& dst, cudaError_t* err) {
+  if (dst.type == DType::f32) {
+    if (const int64_t ld = leading_dim(dst, 4); ld != 0) return {dst.data, ld};
+  }
+  void* out = ctx.scratch(kSlotDst, static_cast<size_t>(dst.ne[0] * dst.n_rows() * 4));
+  if (out == nullptr) *err = cudaErrorMemoryAllocation;
+  return {out, dst.ne[0]};
+}
+
+// cuBLAS failures have no cudaError_t of their own: the launchers report them as cudaErrorUnknown.
+cudaError_t cublas_error(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown; }
+
+// dst (column-major n x m) = W^T (W: column-major k x n, i.e. the rows of w) * X (k x m), f32 out.
+cudaError_t gemm(const Context& ctx, const Operand& w, const Operand& x, const Operand& d, cudaDataType in_type,
+                 int64_t n, int64_t m, int64_t k) {
+  const float one = 1.0f, zero = 0.0f;
+  const auto ni = static_cast<int>(n), mi = static_cast<int>(m), ki = static_cast<int>(k);
+  if (in_type == CUDA_R_32F) {
+    return cublas_error(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one,
+                                    static_cast<const float*>(w.data), static_cast<int>(w.ld),
+                                    static_cast<const float*>(x.data), static_cast<int>(x.ld), &zero,
+                                    static_cast<float*>(d.data), static_cast<int>(d.ld)));
+  }
+  return cublas_error(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one, w.data, in_type,
+                                   static_cast<int>(w.ld), x.data, in_type, static_cast<int>(x.ld), &zero, d.data,
+                                   CUDA_R_32F, static_cast<int>(d.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The weight operand: in place when it already has the GEMM's input type `to` and usable rows, else
+// dequantized into scratch.
+Operand gemm_w(const Context& ctx, const Tensor& w, DType to, cudaError_t* err) {
+  if (w.type == to) {
+    if (const int64_t ld = leading_dim(w, elem_bytes(to)); ld != 0) return {w.data, ld};
+  }
+  return {dequant_weight(ctx, w, to, err), w.ne[0]};
+}
+
+cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
+  const Tensor& wt = op.w.tensor;
+  const int64_t k = wt.ne[0], n = wt.ne[1], m = op.x.n_rows();
+  // quantize_x: 16-bit tensor-core inputs; f16 weights keep f16 (their precision), everything else is bf16.
+  const DType in = !op.quantize_x ? DType::f32 : wt.type == DType::f16 ? DType::f16 : DType::bf16;
+  cudaError_t err = cudaSuccess;
+  const Operand w = gemm_w(ctx, wt, in, &err);
+  if (err != cudaSuccess) return err;
+  const Operand x = gemm_x(ctx, op.x, in, &err);
+  if (err != cudaSuccess) return err;
+  const Operand d = gemm_dst(ctx, op.dst, &err);
+  if (err != cudaSuccess) return err;
+  const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  if (err = gemm(ctx, w, x, d, type, n, m, k); err != cudaSuccess) return err;
+  if (d.data == op.dst.data) return cudaSuccess;
+  return convert_rows(ctx, packed_rows(d.data, n, m, 4), n, m, rows_of(op.dst), op.dst.type);
+}
+
+}  // namespace
+
+bool supports_weight_type(DType type) {
+  switch (type) {
+#define KILN_CASE(name) case DType::name:
+    KILN_CUDA_WEIGHT_TYPES(KILN_CASE)
+#undef KILN_CASE
+    return true;
+    default: return false;
+  }
+}
+
+cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
+  const Tensor& table = op.table.tensor;
+  DequantArgs a{};
+  a.src = static_cast<const uint8_t*>(table.data);
+  a.src_nb1 = table.nb[1];
+  a.ne0 = table.ne[0];
+  a.n_rows = op.ids.ne[0];
+  a.use_ids = true;
+  a.ids = ids_of(op.ids);
+  a.dst = rows_of(op.dst);
+  a.dst_type = op.dst.type;
+  return launch_dequant(ctx, a, table.type);
+}
+
+cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
+  const int64_t m = op.x.n_rows();
+  if (m > kGemvMaxCols) return matmul_gemm(ctx, op);
+  // The GEMV is exact, so it serves quantize_x too (which allows, never requires, lower precision).
+  GemvArgs a = gemv_args(op.w.tensor, op.x, op.dst);
+  a.m = static_cast<int>(m);
+  a.n_groups = 1;
+  return launch_gemv(ctx, a, op.w.tensor);
+}
+
+cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
+  const int64_t n_used = op.ids.ne[0], n_tokens = op.ids.ne[1];
+  GemvArgs a = gemv_args(op.w.tensor, op.x, op.dst);
+  a.m = 1;
+  a.n_groups = n_used * n_tokens;  // column q = s + n_used * t: dst row (s, t)
+  a.use_ids = true;
+  a.ids = ids_of(op.ids);
+  a.x_div = op.x.ne[1] == 1 ? n_used : 1;  // x row t, or (s, t)
+  return launch_gemv(ctx, a, op.w.tensor);
+}
+
+}  // namespace kiln::cuda

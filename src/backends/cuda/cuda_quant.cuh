@@ -1,0 +1,397 @@
+// Device-side dequantization of every weight type the CUDA kernels read, bit-exact with the CPU references
+// (core/quant/quant_*.cpp): the same f32 operations in the same order, each rounded on its own (__fmul_rn,
+// __fadd_rn, __fsub_rn keep nvcc from contracting them into an FMA, as the CPU code is built with
+// -ffp-contract=off).
+//
+// The unit of work is a piece: 8 consecutive elements of a row (a row of a block type is a whole number of
+// blocks, so of pieces). Quant<T>::piece<A>(row, p, w) writes elements 8p .. 8p+7 of the row to w, reading
+// the block with loads no wider than A bytes: A is the alignment the caller guarantees for every block start
+// (Quant<T>::kAlign when the row start and stride allow it, Quant<T>::kSafeAlign always).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+// ---- loads of A-aligned bytes through the read-only cache ----
+
+__device__ __forceinline__ uint32_t ld_u8(const uint8_t* p) { return __ldg(p); }
+
+template <int A>
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
+  if constexpr (A >= 2) return __ldg(reinterpret_cast<const unsigned short*>(p));
+  else return ld_u8(p) | (ld_u8(p + 1) << 8);
+}
+
+template <int A>
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
+  if constexpr (A >= 4) return __ldg(reinterpret_cast<const unsigned int*>(p));
+  else return ld_u16<A>(p) | (ld_u16<A>(p + 2) << 16);
+}
+
+// 8 bytes, little-endian: x holds bytes 0-3, y bytes 4-7.
+template <int A>
+__device__ __forceinline__ uint2 ld_u64(const uint8_t* p) {
+  if constexpr (A >= 8) return __ldg(reinterpret_cast<const uint2*>(p));
+  else return make_uint2(ld_u32<A>(p), ld_u32<A>(p + 4));
+}
+
+// The alignment of an address at byte `offset` past an A-aligned one.
+constexpr int align_at(int a, int offset) {
+  const int low = offset & -offset;
+  return offset == 0 || low >= a ? a : low;
+}
+
+// Byte j (0..7) of an 8-byte value.
+__device__ __forceinline__ uint32_t byte_of(uint2 v, int j) { return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xFF; }
+
+// An integer of magnitude < 2^22 as f32, exactly (as static_cast<float>), with an add instead of the slower
+// integer-to-float conversion: 1.5 * 2^23 + q has q in its low mantissa bits.
+__device__ __forceinline__ float small_int_to_f32(int q) {
+  return __fsub_rn(__int_as_float(0x4B400000 + q), 12582912.0f);
+}
+
+__device__ __forceinline__ float f16_bits_to_f32(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
+
+// Entry q (0..15) of a 16-entry int8 table packed little-endian into four words, without a memory lookup
+// (lanes index it divergently).
+__device__ __forceinline__ int table16(uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t q) {
+  const uint32_t word = q & 8 ? (q & 4 ? t3 : t2) : (q & 4 ? t1 : t0);
+  return static_cast<int8_t>((word >> (8 * (q & 3))) & 0xFF);
+}
+// kIQ4NLValues (core/quant/quant_blocks.h): -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
+__device__ __forceinline__ int iq4nl_value(uint32_t q) {
+  return table16(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u, q);
+}
+// kMXFP4Values: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12
+__device__ __forceinline__ int mxfp4_value(uint32_t q) {
+  return table16(0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu, q);
+}
+
+// ---- per-type pieces ----
+
+template <DType T>
+struct Quant;
+
+// Plain float types: a piece is 8 elements; one 16-byte load per 16 bytes when A == 16.
+template <class Bits, int kSize>
+struct FloatQuant {
+  static constexpr int kBlock = 1, kBytes = kSize, kAlign = 16, kSafeAlign = kSize;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    const uint8_t* b = row + p * 8 * kSize;
+    if constexpr (A >= 16) {
+#pragma unroll
+      for (int v = 0; v < kSize / 2; ++v) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(b) + v);
+        const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (kSize == 4) w[v * 4 + i] = __uint_as_float(words[i]);
+          else Bits::pair(words[i], w[v * 8 + 2 * i], w[v * 8 + 2 * i + 1]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j] = element(b, j);
+    }
+  }
+  // Element j past `b` (any row length: the tail of a row that is not a whole number of pieces).
+  __device__ static float element(const uint8_t* b, int64_t j) {
+    if constexpr (kSize == 4) return __ldg(reinterpret_cast<const float*>(b) + j);
+    else return Bits::one(__ldg(reinterpret_cast<const unsigned short*>(b) + j));
+  }
+};
+struct F16Bits {
+  __device__ static float one(uint32_t h) { return f16_bits_to_f32(h); }
+  __device__ static void pair(uint32_t u, float& a, float& b) {
+    a = one(u & 0xFFFF);
+    b = one(u >> 16);
+  }
+};
+struct BF16Bits {
+  __device__ static float one(uint32_t h) { return bf16_bits_to_f32(h); }
+  __device__ static void pair(uint32_t u, float& a, float& b) {
+    a = __uint_as_float(u << 16);
+    b = __uint_as_float(u & 0xFFFF0000u);
+  }
+};
+template <> struct Quant<DType::f32> : FloatQuant<void, 4> {};
+template <> struct Quant<DType::f16> : FloatQuant<F16Bits, 2> {};
+template <> struct Quant<DType::bf16> : FloatQuant<BF16Bits, 2> {};
+
+// The block of piece p and the piece's index inside it.
+template <class Q>
+__device__ __forceinline__ const uint8_t* block_of(const uint8_t* row, int64_t p, int& in_block) {
+  constexpr int kPieces = Q::kBlock / 8;
+  in_block = static_cast<int>(p % kPieces);
+  return row + (p / kPieces) * Q::kBytes;
+}
+
+// Legacy 4-bit layout: 8 bytes of qs at `qs` hold elements 8i.. (low nibbles, i < 2) or 8(i-2).. (high).
+template <int A>
+__device__ __forceinline__ void nibbles8(const uint8_t* qs, int i, int (&q)[8]) {
+  const uint2 v = ld_u64<A>(qs + 8 * (i & 1));
+  const int shift = i < 2 ? 0 : 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) q[j] = (byte_of(v, j) >> shift) & 0x0F;
+}
+
+template <> struct Quant<DType::q4_0> {  // d:2 qs:16
+  static constexpr int kBlock = 32, kBytes = 18, kAlign = 2, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const float d = f16_bits_to_f32(ld_u16<A>(b));
+    int q[8];
+    nibbles8<align_at(A, 2)>(b + 2, i, q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(small_int_to_f32(q[j] - 8), d);
+  }
+};
+
+template <> struct Quant<DType::q4_1> {  // d:2 m:2 qs:16
+  static constexpr int kBlock = 32, kBytes = 20, kAlign = 4, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const uint32_t dm = ld_u32<A>(b);
+    const float d = f16_bits_to_f32(dm & 0xFFFF), m = f16_bits_to_f32(dm >> 16);
+    int q[8];
+    nibbles8<align_at(A, 4)>(b + 4, i, q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fadd_rn(__fmul_rn(small_int_to_f32(q[j]), d), m);
+  }
+};
+
+template <> struct Quant<DType::q5_0> {  // d:2 qh:4 qs:16
+  static constexpr int kBlock = 32, kBytes = 22, kAlign = 2, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const float d = f16_bits_to_f32(ld_u16<A>(b));
+    const uint32_t qh = ld_u32<align_at(A, 2)>(b + 2) >> (8 * i);
+    int q[8];
+    nibbles8<align_at(A, 6)>(b + 6, i, q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(small_int_to_f32((q[j] | (((qh >> j) & 1) << 4)) - 16), d);
+  }
+};
+
+template <> struct Quant<DType::q5_1> {  // d:2 m:2 qh:4 qs:16
+  static constexpr int kBlock = 32, kBytes = 24, kAlign = 8, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const uint2 head = ld_u64<A>(b);
+    const float d = f16_bits_to_f32(head.x & 0xFFFF), m = f16_bits_to_f32(head.x >> 16);
+    const uint32_t qh = head.y >> (8 * i);
+    int q[8];
+    nibbles8<align_at(A, 8)>(b + 8, i, q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      w[j] = __fadd_rn(__fmul_rn(small_int_to_f32(q[j] | (((qh >> j) & 1) << 4)), d), m);
+    }
+  }
+};
+
+template <> struct Quant<DType::q8_0> {  // d:2 qs:32
+  static constexpr int kBlock = 32, kBytes = 34, kAlign = 2, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const float d = f16_bits_to_f32(ld_u16<A>(b));
+    const uint2 v = ld_u64<align_at(A, 2)>(b + 2 + 8 * i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(small_int_to_f32(static_cast<int8_t>(byte_of(v, j))), d);
+  }
+};
+
+template <> struct Quant<DType::iq4_nl> {  // d:2 qs:16
+  static constexpr int kBlock = 32, kBytes = 18, kAlign = 2, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const float d = f16_bits_to_f32(ld_u16<A>(b));
+    int q[8];
+    nibbles8<align_at(A, 2)>(b + 2, i, q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(d, small_int_to_f32(iq4nl_value(q[j])));
+  }
+};
+
+template <> struct Quant<DType::mxfp4> {  // e:1 qs:16
+  static constexpr int kBlock = 32, kBytes = 17, kAlign = 1, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const uint32_t e = ld_u8(b);
+    // 2^(e - 128), exact for every e (2^-127 and 2^-128 are subnormal), as e8m0_to_f32_half.
+    const float d = __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+    int q[8];
+    nibbles8<1>(b + 1, i, q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(d, small_int_to_f32(mxfp4_value(q[j])));
+  }
+};
+
+// K-quants: piece p of a 256-element super-block covers elements e0 = 8p .. 8p+7, all in one sub-block of 16
+// (or 32) and, for the 2- and 4-bit layouts, in one run of 8 bytes with one bit shift.
+
+template <> struct Quant<DType::q2_k> {  // scales:16 qs:64 d:2 dmin:2
+  static constexpr int kBlock = 256, kBytes = 84, kAlign = 4, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const uint32_t dd = ld_u32<align_at(A, 80)>(b + 80);
+    const float d = f16_bits_to_f32(dd & 0xFFFF), dmin = f16_bits_to_f32(dd >> 16);
+    const uint32_t sc = ld_u8(b + i / 2);
+    const float dl = __fmul_rn(d, small_int_to_f32(sc & 0x0F));
+    const float ml = __fmul_rn(dmin, small_int_to_f32(sc >> 4));
+    const uint2 v = ld_u64<align_at(A, 16)>(b + 16 + (i / 16) * 32 + (i % 4) * 8);
+    const int shift = 2 * ((i / 4) % 4);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fsub_rn(__fmul_rn(dl, small_int_to_f32((byte_of(v, j) >> shift) & 3)), ml);
+  }
+};
+
+template <> struct Quant<DType::q3_k> {  // hmask:32 qs:64 scales:12 d:2
+  static constexpr int kBlock = 256, kBytes = 110, kAlign = 2, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const float d = f16_bits_to_f32(ld_u16<align_at(A, 108)>(b + 108));
+    const int s = i / 2;  // sub-block of 16
+    const int low = (ld_u8(b + 96 + s % 8) >> (4 * (s / 8))) & 0x0F;
+    const int high = (ld_u8(b + 96 + 8 + s % 4) >> (2 * (s / 4))) & 0x03;
+    const float dl = __fmul_rn(d, small_int_to_f32((low | (high << 4)) - 32));
+    const uint2 hm = ld_u64<A>(b + (i % 4) * 8);
+    const uint2 v = ld_u64<align_at(A, 32)>(b + 32 + (i / 16) * 32 + (i % 4) * 8);
+    const int shift = 2 * ((i / 4) % 4), hbit = i / 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int q = static_cast<int>((byte_of(v, j) >> shift) & 3) - ((byte_of(hm, j) >> hbit) & 1 ? 0 : 4);
+      w[j] = __fmul_rn(dl, small_int_to_f32(q));
+    }
+  }
+};
+
+// Q4_K / Q5_K: 6-bit scale and min of sub-block s (0..7) from the 12 packed bytes (k_scale_min).
+__device__ __forceinline__ void k_scale_min(const uint8_t* scales, int s, int& sc, int& m) {
+  if (s < 4) {
+    sc = ld_u8(scales + s) & 63;
+    m = ld_u8(scales + s + 4) & 63;
+  } else {
+    const uint32_t packed = ld_u8(scales + s + 4);
+    sc = (packed & 0x0F) | ((ld_u8(scales + s - 4) >> 6) << 4);
+    m = (packed >> 4) | ((ld_u8(scales + s) >> 6) << 4);
+  }
+}
+
+// Q4_K / Q5_K: dl * q - ml with dl = d * scale, ml = dmin * min of the piece's sub-block.
+template <int A>
+__device__ __forceinline__ void k_scales(const uint8_t* b, int s, float& dl, float& ml) {
+  const uint32_t dd = ld_u32<A>(b);
+  int sc, m;
+  k_scale_min(b + 4, s, sc, m);
+  dl = __fmul_rn(f16_bits_to_f32(dd & 0xFFFF), small_int_to_f32(sc));
+  ml = __fmul_rn(f16_bits_to_f32(dd >> 16), small_int_to_f32(m));
+}
+
+template <> struct Quant<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
+  static constexpr int kBlock = 256, kBytes = 144, kAlign = 16, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const int s = i / 4;  // sub-block of 32
+    float dl, ml;
+    k_scales<A>(b, s, dl, ml);
+    const uint2 v = ld_u64<align_at(A, 16)>(b + 16 + (i / 8) * 32 + (i % 4) * 8);
+    const int shift = s % 2 ? 4 : 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fsub_rn(__fmul_rn(dl, small_int_to_f32((byte_of(v, j) >> shift) & 0x0F)), ml);
+  }
+};
+
+template <> struct Quant<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128
+  static constexpr int kBlock = 256, kBytes = 176, kAlign = 16, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const int s = i / 4;
+    float dl, ml;
+    k_scales<A>(b, s, dl, ml);
+    const uint2 h = ld_u64<align_at(A, 16)>(b + 16 + (i % 4) * 8);
+    const uint2 v = ld_u64<align_at(A, 16)>(b + 48 + (i / 8) * 32 + (i % 4) * 8);
+    const int shift = s % 2 ? 4 : 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t q = ((byte_of(v, j) >> shift) & 0x0F) | (((byte_of(h, j) >> s) & 1) << 4);
+      w[j] = __fsub_rn(__fmul_rn(dl, small_int_to_f32(q)), ml);
+    }
+  }
+};
+
+template <> struct Quant<DType::q6_k> {  // ql:128 qh:64 scales:16 d:2
+  static constexpr int kBlock = 256, kBytes = 210, kAlign = 2, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const float d = f16_bits_to_f32(ld_u16<align_at(A, 208)>(b + 208));
+    const float dl = __fmul_rn(d, small_int_to_f32(static_cast<int8_t>(ld_u8(b + 192 + i / 2))));
+    const int h = i / 16, k = (i / 4) % 4, l0 = (i % 4) * 8;
+    const uint2 lo = ld_u64<A>(b + h * 64 + (k % 2) * 32 + l0);
+    const uint2 hi = ld_u64<A>(b + 128 + h * 32 + l0);
+    const int lshift = k / 2 ? 4 : 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int q = static_cast<int>(((byte_of(lo, j) >> lshift) & 0x0F) | (((byte_of(hi, j) >> (2 * k)) & 3) << 4));
+      w[j] = __fmul_rn(dl, small_int_to_f32(q - 32));
+    }
+  }
+};
+
+template <> struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
+  static constexpr int kBlock = 256, kBytes = 136, kAlign = 8, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const uint2 head = ld_u64<A>(b);
+    const int s = i / 4, j0 = (i % 4) * 8;  // sub-block of 32, first element in it
+    const int low = static_cast<int>(byte_of(head, 4 + s / 2) >> (4 * (s % 2))) & 0x0F;
+    const int high = static_cast<int>(head.x >> (16 + 2 * s)) & 0x03;
+    const float dl = __fmul_rn(f16_bits_to_f32(head.x & 0xFFFF), small_int_to_f32((low | (high << 4)) - 32));
+    const uint2 v = ld_u64<align_at(A, 8)>(b + 8 + s * 16 + j0 % 16);
+    const int shift = j0 < 16 ? 0 : 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(dl, small_int_to_f32(iq4nl_value((byte_of(v, j) >> shift) & 0x0F)));
+  }
+};
+
+// The weight types above, for a visitor over DType values (cuda_matmul.cu).
+#define KILN_CUDA_WEIGHT_TYPES(X)                                                                             \
+  X(f32) X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k)     \
+      X(iq4_nl) X(iq4_xs) X(mxfp4)
+
+}  // namespace kiln::cuda
