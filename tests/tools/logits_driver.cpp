@@ -2,7 +2,8 @@
 // usage:
 // Every mode takes --quantize-x: matmuls on 8-bit activations; without it, exact f32 (the default);
 // --kv-f16: an f16 KV cache (default f32); --f32: a Hugging Face folder MODEL imported with every tensor as
-// f32. MODEL is a GGUF file or a Hugging Face folder.
+// f32; --device NAME: the backend (cpu, the default, or cuda[:N]). MODEL is a GGUF file or a Hugging Face
+// folder.
 //   logits_driver logits MODEL OUT.f32 [--chunk N] [--threads T]
 //     stdin: a JSON list of token-id lists, one per sequence. All sequences go through Model::forward
 //     together, one batch per step (with --chunk N each sequence contributes at most N tokens per step, so a
@@ -40,6 +41,7 @@ int fail(const std::string& msg) {
 bool g_quantize_x = false;
 // The context the model is told it serves (the engine's default): picks Phi-3's LongRoPE factors.
 constexpr int32_t kContext = 4096;
+std::string g_device = "cpu";  // --device NAME: cpu, cuda, cuda:N
 bool g_force_f32 = false;  // --f32: a Hugging Face folder imported with every tensor as f32
 kiln::DType g_kv_type = kiln::DType::f32;
 
@@ -52,7 +54,7 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
     KILN_ASSIGN_OR_RETURN(kiln::gguf::File f, kiln::gguf::File::open(model_path));
     file = std::make_shared<const kiln::gguf::File>(std::move(f));
   }
-  KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend("cpu", {threads}));
+  KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend(g_device, {threads}));
   KILN_ASSIGN_OR_RETURN(auto model,
                         kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x, kContext}));
   const kiln::ModelInfo& info = model->info();
@@ -122,6 +124,7 @@ kiln::Status run_generate(const std::string& model_path, int n, int threads,
   opt.n_seq_max = static_cast<int32_t>(std::max<size_t>(prompts.size(), 1));
   opt.n_ctx = 1024;
   opt.quantize_activations = g_quantize_x;
+  opt.backend = g_device;
   opt.kv_type = kiln::dtype_name(g_kv_type);
   KILN_ASSIGN_OR_RETURN(auto engine, kiln::Engine::create(opt));
   std::vector<std::vector<int32_t>> tokens(prompts.size());
@@ -156,6 +159,8 @@ int main(int argc, char** argv) {
     if ((args[i] == "--chunk" || args[i] == "--threads") && i + 1 < args.size()) {
       (args[i] == "--chunk" ? chunk : threads) = std::stoi(args[i + 1]);
       ++i;
+    } else if (args[i] == "--device" && i + 1 < args.size()) {
+      g_device = args[++i];
     } else if (args[i] == "--kv-f16") {
       g_kv_type = kiln::DType::f16;
     } else if (args[i] == "--quantize-x") {

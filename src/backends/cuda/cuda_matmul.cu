@@ -178,10 +178,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
     const uint8_t* w = a.w + (a.use_ids ? a.ids[q0] * a.w_nb2 : 0);
     const uint8_t* rows[kGemvRows];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) rows[r] = w + std::min(row0 + r, a.n - 1) * a.w_nb1;
+    for (int r = 0; r < kGemvRows; ++r) rows[r] = w + min(row0 + r, a.n - 1) * a.w_nb1;
     const float* x[kCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) x[c] = reinterpret_cast<const float*>(a.x.row((q0 + std::min(c, a.m - 1)) / a.x_div));
+    for (int c = 0; c < kCols; ++c) x[c] = reinterpret_cast<const float*>(a.x.row((q0 + min(c, a.m - 1)) / a.x_div));
     float acc[kGemvRows][kCols] = {};
     gemv_warp<T, A, kCols>(rows, x, a, acc);
 #pragma unroll

@@ -42,7 +42,7 @@ __device__ __forceinline__ uint2 ld_u64(const uint8_t* p) {
 }
 
 // The alignment of an address at byte `offset` past an A-aligned one.
-constexpr int align_at(int a, int offset) {
+__host__ __device__ constexpr int align_at(int a, int offset) {
   const int low = offset & -offset;
   return offset == 0 || low >= a ? a : low;
 }
