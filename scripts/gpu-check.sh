@@ -50,7 +50,7 @@ for step in "${steps[@]}"; do
         tail -4 "$out/sanitize-$tool.log"
       done
       ;;
-    bench) "$bin/bench/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;
+    bench) "$bin/tests/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;
     models) python3 bench/gpu_generate.py --build "$bin" --out "$out" 2>&1 | tee "$out/generate.log" || status=1 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
