@@ -428,7 +428,7 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
   a.ne0 = table.ne[0];
   a.n_rows = op.ids.ne[0];
   a.use_ids = true;
-  a.ids = ids_of(op.ids);
+  a.ids = ids_of(op.ids);  // read flat: id q = s + n_used * t
   a.dst = rows_of(op.dst);
   a.dst_type = op.dst.type;
   return launch_dequant(ctx, a, table.type);
@@ -445,12 +445,13 @@ cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
 }
 
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
-  const int64_t n_used = op.ids.ne[0], n_tokens = op.ids.ne[1];
+  // dst [n, n_used, n_tokens] gives the shape: ids is any contiguous i32 tensor of n_used * n_tokens.
+  const int64_t n_used = op.dst.ne[1], n_tokens = op.dst.ne[2];
   GemvArgs a = gemv_args(op.w.tensor, op.x, op.dst);
   a.m = 1;
   a.n_groups = n_used * n_tokens;  // column q = s + n_used * t: dst row (s, t)
   a.use_ids = true;
-  a.ids = ids_of(op.ids);
+  a.ids = ids_of(op.ids);  // read flat: id q = s + n_used * t
   a.x_div = op.x.ne[1] == 1 ? n_used : 1;  // x row t, or (s, t)
   return launch_gemv(ctx, a, op.w.tensor);
 }
