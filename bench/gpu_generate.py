@@ -52,10 +52,10 @@ def make_folder(name: str, out: Path, tokenizer: Path) -> Path:
 
 def kiln_run(kiln: Path, model: Path, prompt: str, n: int) -> dict:
     r = subprocess.run([str(kiln), "run", "-m", str(model), "-d", "cuda", "-p", prompt, "-n", str(n), "--temp", "0",
-                        "--ignore-eos", "-c", "4096"], capture_output=True, text=True)
+                        "--ignore-eos", "-c", "4096"], capture_output=True)
+    err = r.stderr.decode(errors="replace")  # a random model's text need not be UTF-8
     if r.returncode != 0:
-        raise RuntimeError(f"kiln run {model}: {r.stderr[-3000:]}")
-    err = r.stderr
+        raise RuntimeError(f"kiln run {model}: {err[-3000:]}")
     p = re.search(r"prompt:\s+(\d+) tokens .* ([\d.]+) tokens/s", err)
     d = re.search(r"decode:\s+(\d+) tokens in ([\d.]+) ms, ([\d.]+) tokens/s", err)
     head = re.search(r"^(.* on cuda.*)$", err, re.M)

@@ -139,22 +139,29 @@ class CudaBackend final : public Backend {
     KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
     return cuda_status(cudaGetLastError(), "a kernel launched earlier");
   }
-  // A device copy of the weight, uploaded once; ops read it there.
+  // A device copy of the weight, uploaded once; ops read it there. A view (a row slice of a fused tensor)
+  // keeps its strides: the bytes it spans travel, gaps included.
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
-    if (!logical.is_contiguous()) {
-      return invalid_argument("{}: weight {} is not contiguous ({})", name_, name, logical.describe());
+    int64_t span = logical.n_elements() == 0 ? 0 : logical.row_bytes();
+    for (int d = 1; d < 4; ++d) span += (logical.ne[d] - 1) * logical.nb[d];
+    if (logical.nb[0] != dtype_info(logical.type).type_size || span < 0) {
+      return invalid_argument("{}: weight {} is not a view with contiguous rows ({})", name_, name,
+                              logical.describe());
     }
-    const auto bytes = static_cast<size_t>(logical.nb[3] * logical.ne[3]);
+    const auto bytes = static_cast<size_t>(span);
     auto h = std::make_unique<WeightHandle>();
     h->name = std::string(name);
     h->role = role;
     h->logical = logical;
     KILN_ASSIGN_OR_RETURN(h->storage, allocate(bytes));
+    if (bytes > 0) {
+      KILN_TRY(select());
+      KILN_CUDA_TRY(cudaMemcpyAsync(h->storage->data(), logical.data, bytes, cudaMemcpyHostToDevice, stream_));
+    }
     Tensor device = logical;
     device.data = h->storage->data();
     device.buffer = h->storage.get();
-    KILN_TRY(upload(device, logical.data, bytes));
     h->weight = ops::Weight(device);
     return h;
   }

@@ -4,8 +4,9 @@
 // - m <= kGemvMaxCols (decode): gemv_kernel streams the weight once, dequantizes it in registers and computes
 //   all m columns from that one pass, in f32. Exact (the products of the exactly dequantized weight and x).
 // - m > kGemvMaxCols, quantize_x false: the weight dequantized to f32 (unless it is f32 already), cublasSgemm.
-// - m > kGemvMaxCols, quantize_x true: the weight as bf16 or f16 (dequantized to bf16 unless it is 16-bit
-//   already), x rounded to the same type, cublasGemmEx on tensor cores with f32 accumulation (~1e-3 relative).
+// - m > kGemvMaxCols, quantize_x true: cublasGemmEx on tensor cores with f32 accumulation: bf16 weights with
+//   x rounded to bf16; f16 and block-quantized weights (dequantized to f16) with x rounded to f16, saturated;
+//   f32 weights in TF32 (~1e-3 relative at worst).
 // Every path computes f32 and rounds once to an f16 / bf16 destination.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -282,7 +283,7 @@ cudaError_t launch_dequant(const Context& ctx, const DequantArgs& a, DType type)
   });
 }
 
-// The [k, n] weight `w` as a contiguous matrix of f32 or bf16 in scratch slot kSlotW (null: out of memory).
+// The [k, n] weight `w` as a contiguous matrix of f32, f16 or bf16 in scratch slot kSlotW (null: out of memory).
 void* dequant_weight(const Context& ctx, const Tensor& w, DType to, cudaError_t* err) {
   const int64_t k = w.ne[0], n = w.ne[1];
   void* out = ctx.scratch(kSlotW, static_cast<size_t>(k * n * elem_bytes(to)));
@@ -304,19 +305,23 @@ void* dequant_weight(const Context& ctx, const Tensor& w, DType to, cudaError_t*
 // ---- f32 rows to float rows of another layout and type (x into scratch, scratch into dst) ----
 
 // Thread: one element; grid: (elements of a row, rows, grid-strided).
-__global__ void convert_rows_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows dst, DType dst_type) {
+// saturate: values beyond f16's range become +-65504 rather than infinities (x as a tensor-core input).
+__global__ void convert_rows_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows dst, DType dst_type,
+                                    bool saturate) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= ne0) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
-    store_float(dst.row(r), dst_type, e, reinterpret_cast<const float*>(src.row(r))[e]);
+    float v = reinterpret_cast<const float*>(src.row(r))[e];
+    if (saturate) v = fminf(fmaxf(v, -65504.0f), 65504.0f);
+    store_float(dst.row(r), dst_type, e, v);
   }
 }
 
 cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64_t n_rows, const Rows& dst,
-                         DType dst_type) {
+                         DType dst_type, bool saturate = false) {
   const dim3 grid(static_cast<unsigned>(ceil_div(ne0, kPieceThreads)),
                   static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxGridY)));
-  convert_rows_kernel<<<grid, kPieceThreads, 0, ctx.stream>>>(src, ne0, n_rows, dst, dst_type);
+  convert_rows_kernel<<<grid, kPieceThreads, 0, ctx.stream>>>(src, ne0, n_rows, dst, dst_type, saturate);
   return cudaGetLastError();
 }
 
@@ -348,7 +353,8 @@ Operand gemm_x(const Context& ctx, const Tensor& x, DType type, cudaError_t* err
     *err = cudaErrorMemoryAllocation;
     return {};
   }
-  *err = convert_rows(ctx, rows_of(x), k, m, packed_rows(out, k, m, elem_bytes(type)), type);
+  *err = convert_rows(ctx, rows_of(x), k, m, packed_rows(out, k, m, elem_bytes(type)), type,
+                      type == DType::f16);
   return {out, k};
 }
 
@@ -365,11 +371,18 @@ Operand gemm_dst(const Context& ctx, const Tensor& dst, cudaError_t* err) {
 // cuBLAS failures have no cudaError_t of their own: the launchers report them as cudaErrorUnknown.
 cudaError_t cublas_error(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown; }
 
-// dst (column-major n x m) = W^T (W: column-major k x n, i.e. the rows of w) * X (k x m), f32 out.
+// dst (column-major n x m) = W^T (W: column-major k x n, i.e. the rows of w) * X (k x m), f32 out. tf32: f32
+// inputs on tensor cores, rounded to TF32 (10-bit mantissa).
 cudaError_t gemm(const Context& ctx, const Operand& w, const Operand& x, const Operand& d, cudaDataType in_type,
-                 int64_t n, int64_t m, int64_t k) {
+                 int64_t n, int64_t m, int64_t k, bool tf32) {
   const float one = 1.0f, zero = 0.0f;
   const auto ni = static_cast<int>(n), mi = static_cast<int>(m), ki = static_cast<int>(k);
+  if (in_type == CUDA_R_32F && tf32) {
+    return cublas_error(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one, w.data, CUDA_R_32F,
+                                     static_cast<int>(w.ld), x.data, CUDA_R_32F, static_cast<int>(x.ld), &zero,
+                                     d.data, CUDA_R_32F, static_cast<int>(d.ld), CUBLAS_COMPUTE_32F_FAST_TF32,
+                                     CUBLAS_GEMM_DEFAULT));
+  }
   if (in_type == CUDA_R_32F) {
     return cublas_error(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one,
                                     static_cast<const float*>(w.data), static_cast<int>(w.ld),
@@ -393,8 +406,12 @@ Operand gemm_w(const Context& ctx, const Tensor& w, DType to, cudaError_t* err) 
 cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
   const Tensor& wt = op.w.tensor;
   const int64_t k = wt.ne[0], n = wt.ne[1], m = op.x.n_rows();
-  // quantize_x: 16-bit tensor-core inputs; f16 weights keep f16 (their precision), everything else is bf16.
-  const DType in = !op.quantize_x ? DType::f32 : wt.type == DType::f16 ? DType::f16 : DType::bf16;
+  // quantize_x: tensor-core inputs that keep the weight's precision: bf16 weights with bf16 x, f32 ones in
+  // TF32, f16 and block-quantized ones (whose d * q needs more than bf16's 8 bits) in f16, x saturated to
+  // f16's range.
+  const DType in = !op.quantize_x || wt.type == DType::f32 ? DType::f32
+                   : wt.type == DType::bf16                 ? DType::bf16
+                                                            : DType::f16;
   cudaError_t err = cudaSuccess;
   const Operand w = gemm_w(ctx, wt, in, &err);
   if (err != cudaSuccess) return err;
@@ -403,7 +420,7 @@ cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
   const Operand d = gemm_dst(ctx, op.dst, &err);
   if (err != cudaSuccess) return err;
   const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
-  if (err = gemm(ctx, w, x, d, type, n, m, k); err != cudaSuccess) return err;
+  if (err = gemm(ctx, w, x, d, type, n, m, k, op.quantize_x); err != cudaSuccess) return err;
   if (d.data == op.dst.data) return cudaSuccess;
   return convert_rows(ctx, packed_rows(d.data, n, m, 4), n, m, rows_of(op.dst), op.dst.type);
 }
@@ -428,7 +445,7 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
   a.ne0 = table.ne[0];
   a.n_rows = op.ids.ne[0];
   a.use_ids = true;
-  a.ids = ids_of(op.ids);  // read flat: id q = s + n_used * t
+  a.ids = ids_of(op.ids);
   a.dst = rows_of(op.dst);
   a.dst_type = op.dst.type;
   return launch_dequant(ctx, a, table.type);
