@@ -11,6 +11,7 @@ Runs on the GPU machine: scripts/gpu-check.sh models. Writes generate.md under -
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -50,12 +51,16 @@ def make_folder(name: str, out: Path, tokenizer: Path) -> Path:
     return out
 
 
-def kiln_run(kiln: Path, model: Path, prompt: str, n: int) -> dict:
+def kiln_run(kiln: Path, model: Path, prompt: str, n: int, profile: Path | None = None) -> dict:
+    env = dict(os.environ, KILN_CUDA_PROFILE="1") if profile else None
     r = subprocess.run([str(kiln), "run", "-m", str(model), "-d", "cuda", "-p", prompt, "-n", str(n), "--temp", "0",
-                        "--ignore-eos", "-c", "4096"], capture_output=True)
+                        "--ignore-eos", "-c", "4096"], capture_output=True, env=env)
     err = r.stderr.decode(errors="replace")  # a random model's text need not be UTF-8
     if r.returncode != 0:
         raise RuntimeError(f"kiln run {model}: {err[-3000:]}")
+    if profile:
+        at = err.find(" profile: ")
+        profile.write_text(err[err.rfind("\n", 0, at) + 1:] if at >= 0 else err)
     p = re.search(r"prompt:\s+(\d+) tokens .* ([\d.]+) tokens/s", err)
     d = re.search(r"decode:\s+(\d+) tokens in ([\d.]+) ms, ([\d.]+) tokens/s", err)
     head = re.search(r"^(.* on cuda.*)$", err, re.M)
@@ -102,6 +107,9 @@ def main() -> int:
                 best["tg"] = max(best["tg"], tg["tg"])
                 best["pp"] = max(best["pp"], pp["pp"])
                 best["n_prompt"], best["line"] = pp["n_prompt"], tg["line"]
+            # Each op timed alone (KILN_CUDA_PROFILE): where a decode step and a prefill spend their time.
+            kiln_run(kiln, path, short, 32, a.out / f"profile-{name}-{typ}-decode.txt")
+            kiln_run(kiln, path, long[:12000], 1, a.out / f"profile-{name}-{typ}-prefill.txt")
             gbs = weight_bytes(path) * best["tg"] / 1e9
             rows.append((name, typ, best["tg"], gbs, gbs / a.copy_gbs, best["pp"], best["n_prompt"]))
             print(f"{name} {typ}: tg128 {best['tg']:.1f} tok/s ({gbs:.0f} GB/s), pp{best['n_prompt']} "

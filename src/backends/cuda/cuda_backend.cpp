@@ -3,9 +3,14 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/cuda/cuda_kernels.h"
 
@@ -67,8 +72,16 @@ class CudaBackend final : public Backend {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };
     ctx_.owner = this;
+    const char* profile = std::getenv("KILN_CUDA_PROFILE");
+    profile_ = profile != nullptr && std::string_view(profile) == "1" && cudaEventCreate(&start_) == cudaSuccess &&
+               cudaEventCreate(&stop_) == cudaSuccess;
   }
   ~CudaBackend() override {
+    if (profile_) {
+      print_profile();
+      cudaEventDestroy(start_);
+      cudaEventDestroy(stop_);
+    }
     for (Scratch& s : scratch_) {
       if (s.p != nullptr) cudaFreeAsync(s.p, stream_);
     }
@@ -86,11 +99,13 @@ class CudaBackend final : public Backend {
     }
     KILN_TRY(select());
     for (const ops::Op& op : program.ops()) {
+      if (profile_) KILN_CUDA_TRY(cudaEventRecord(start_, stream_));
       if (const cudaError_t e = cuda::run(ctx_, op); e != cudaSuccess) {
         cudaGetLastError();
         return make_status(StatusCode::internal, "{}: {} failed to launch: {} ({})", name_, ops::op_name(op),
                            cudaGetErrorString(e), cudaGetErrorName(e));
       }
+      if (profile_) KILN_TRY(record_profile(op));
     }
     return Status::ok_status();
   }
@@ -169,6 +184,43 @@ class CudaBackend final : public Backend {
  private:
   Status select() { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
 
+  // KILN_CUDA_PROFILE=1: each op timed alone (events around it, then a wait: slower, but per-op figures),
+  // summed per kind of op (name, weight type, shape), printed to stderr when the backend goes away.
+  struct OpTime {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  static std::string profile_key(const ops::Op& op) {
+    const auto* mm = std::get_if<ops::Matmul>(&op);
+    if (mm == nullptr) return std::string(ops::op_name(op));
+    const Tensor& w = mm->w.tensor;
+    const int64_t m = mm->x.n_rows();
+    return fmt::format("matmul {} [{}, {}] m {}", dtype_name(w.type), w.ne[0], w.ne[1],
+                       m <= 8 ? std::to_string(m) : m <= 64 ? "9-64" : ">64");
+  }
+  Status record_profile(const ops::Op& op) {
+    KILN_CUDA_TRY(cudaEventRecord(stop_, stream_));
+    KILN_CUDA_TRY(cudaEventSynchronize(stop_));
+    float ms = 0;
+    KILN_CUDA_TRY(cudaEventElapsedTime(&ms, start_, stop_));
+    OpTime& t = profile_times_[profile_key(op)];
+    t.ms += ms;
+    ++t.calls;
+    return Status::ok_status();
+  }
+  void print_profile() const {
+    std::vector<std::pair<std::string, OpTime>> rows(profile_times_.begin(), profile_times_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double total = 0;
+    for (const auto& r : rows) total += r.second.ms;
+    std::fprintf(stderr, "%s profile: %.1f ms of kernels\n%-44s %10s %8s %10s %6s\n", name_.c_str(), total, "op",
+                 "ms", "calls", "us/call", "share");
+    for (const auto& [key, t] : rows) {
+      std::fprintf(stderr, "%-44s %10.2f %8lld %10.1f %5.1f%%\n", key.c_str(), t.ms, static_cast<long long>(t.calls),
+                   1000.0 * t.ms / static_cast<double>(t.calls), 100.0 * t.ms / total);
+    }
+  }
+
   // Scratch for the kernels (cuda::Context::scratch): grown, never shrunk; the old buffer is freed in stream
   // order, after the kernels queued before that may still read it.
   struct Scratch {
@@ -198,6 +250,9 @@ class CudaBackend final : public Backend {
   std::string name_;
   cuda::Context ctx_;
   std::array<Scratch, cuda::kScratchSlots> scratch_{};
+  bool profile_ = false;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  std::map<std::string, OpTime> profile_times_;
 };
 
 }  // namespace

@@ -23,9 +23,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kGemvMaxCols = 8;  // the widest m the GEMV path takes
-constexpr int kGemvWarps = 4;    // warps per block
-constexpr int kGemvRows = 2;     // weight rows per warp: every x value loaded serves both
-constexpr int kGemvUnroll = 4;   // pieces per lane loaded before their products: bytes in flight
+constexpr int kGemvThreads = 128;  // threads per block, splitting k
 constexpr int kMaxGridY = 65535;
 constexpr int kPieceThreads = 128;  // threads per block of the elementwise kernels (one piece each)
 
@@ -120,26 +118,27 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// One warp's partial dot products: acc[r][c] over the pieces lane, lane + 32, ... of its kGemvRows rows.
-// kGemvUnroll pieces per row are loaded and dequantized before their products, to keep loads in flight.
-template <DType T, int A, int kCols>
-__device__ __forceinline__ void gemv_warp(const uint8_t* const (&rows)[kGemvRows], const float* const (&x)[kCols],
-                                          const GemvArgs& a, float (&acc)[kGemvRows][kCols]) {
+// A block's partial dot products: acc[r][c] over the pieces t, t + kGemvThreads, ... of its kRows rows (t = the
+// thread's index in the block: consecutive threads read consecutive pieces). kUnroll pieces per row are loaded
+// and dequantized before their products, to keep loads in flight.
+template <DType T, int A, int kCols, int kRows, int kUnroll>
+__device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows], const float* const (&x)[kCols],
+                                             const GemvArgs& a, float (&acc)[kRows][kCols]) {
   using Q = Quant<T>;
   const int64_t n_pieces = a.k / 8;
-  for (int64_t base = threadIdx.x % 32; base < n_pieces; base += 32 * kGemvUnroll) {
-    float wv[kGemvUnroll][kGemvRows][8];
+  for (int64_t base = threadIdx.x; base < n_pieces; base += kGemvThreads * kUnroll) {
+    float wv[kUnroll][kRows][8];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t p = base + 32 * u;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + kGemvThreads * u;
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         if (p < n_pieces) Q::template piece<A>(rows[r], p, wv[u][r]);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t p = base + 32 * u;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + kGemvThreads * u;
       if (p >= n_pieces) break;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
@@ -147,7 +146,7 @@ __device__ __forceinline__ void gemv_warp(const uint8_t* const (&rows)[kGemvRows
         float xv[8];
         load_x8(x[c], p, a.x_vec, xv);
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) {
+        for (int r = 0; r < kRows; ++r) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[r][c] = fmaf(wv[u][r][j], xv[j], acc[r][c]);
         }
@@ -155,9 +154,9 @@ __device__ __forceinline__ void gemv_warp(const uint8_t* const (&rows)[kGemvRows
     }
   }
   if constexpr (Q::kBlock == 1) {  // float rows whose length is not a multiple of 8
-    for (int64_t e = n_pieces * 8 + threadIdx.x % 32; e < a.k; e += 32) {
+    for (int64_t e = n_pieces * 8 + threadIdx.x; e < a.k; e += kGemvThreads) {
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         const float wr = Q::element(rows[r], e);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
@@ -168,40 +167,60 @@ __device__ __forceinline__ void gemv_warp(const uint8_t* const (&rows)[kGemvRows
   }
 }
 
-// Block: kGemvWarps warps, each on kGemvRows consecutive rows, lanes splitting k by pieces; grid: (row groups,
-// column groups). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign).
-template <DType T, int A, int kCols>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * kGemvRows;
-  if (row0 >= a.n) return;
+// Block: kRows consecutive weight rows, its kGemvThreads threads splitting k (split-k inside the block: many
+// small blocks fill the device evenly, with no tail of a last partial wave); the threads' sums meet through
+// warp shuffles and shared memory, in a fixed order. Grid: (row groups, column groups). A is the alignment
+// every block of the weight starts at (Quant<T>::kAlign or kSafeAlign).
+template <DType T, int A, int kCols, int kRows, int kUnroll>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+  __shared__ float red[kGemvThreads / 32][kRows][kCols];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   for (int64_t g = blockIdx.y; g < a.n_groups; g += gridDim.y) {
     const int64_t q0 = g * a.m;
     const uint8_t* w = a.w + (a.use_ids ? a.ids[q0] * a.w_nb2 : 0);
-    const uint8_t* rows[kGemvRows];
+    const uint8_t* rows[kRows];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) rows[r] = w + min(row0 + r, a.n - 1) * a.w_nb1;
+    for (int r = 0; r < kRows; ++r) rows[r] = w + min(row0 + r, a.n - 1) * a.w_nb1;
     const float* x[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) x[c] = reinterpret_cast<const float*>(a.x.row((q0 + min(c, a.m - 1)) / a.x_div));
-    float acc[kGemvRows][kCols] = {};
-    gemv_warp<T, A, kCols>(rows, x, a, acc);
+    float acc[kRows][kCols] = {};
+    gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, a, acc);
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) {
+    for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const float v = warp_sum(acc[r][c]);
-        if (threadIdx.x % 32 == 0 && c < a.m && row0 + r < a.n) store_float(a.dst.row(q0 + c), a.dst_type, row0 + r, v);
+        if (lane == 0) red[warp][r][c] = v;
       }
     }
+    __syncthreads();
+    if (threadIdx.x < kRows * kCols) {
+      const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
+      if (c < a.m && row0 + r < a.n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kGemvThreads / 32; ++i) v += red[i][r][c];
+        store_float(a.dst.row(q0 + c), a.dst_type, row0 + r, v);
+      }
+    }
+    __syncthreads();  // red is reused by the next column group
   }
 }
 
+// m == 1: one row a block, four pieces a thread in flight. m > 1: four rows a block, so that every x value
+// loaded from L1 serves four rows (x traffic, not HBM, bounds the wider GEMVs otherwise).
 template <DType T, int kCols>
 void launch_gemv_cols(const Context& ctx, const GemvArgs& a, bool natural_align) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kGemvWarps * kGemvRows)),
+  constexpr int kRows = kCols == 1 ? 1 : 4, kUnroll = kCols == 1 ? 4 : 1;
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kRows)),
                   static_cast<unsigned>(std::min<int64_t>(a.n_groups, kMaxGridY)));
-  if (natural_align) gemv_kernel<T, Quant<T>::kAlign, kCols><<<grid, kGemvWarps * 32, 0, ctx.stream>>>(a);
-  else gemv_kernel<T, Quant<T>::kSafeAlign, kCols><<<grid, kGemvWarps * 32, 0, ctx.stream>>>(a);
+  if (natural_align) {
+    gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll><<<grid, kGemvThreads, 0, ctx.stream>>>(a);
+  } else {
+    gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll><<<grid, kGemvThreads, 0, ctx.stream>>>(a);
+  }
 }
 
 // x_vec: the GEMV reads x as float4 when every x row it may read is 16-byte aligned.
