@@ -2,11 +2,13 @@
 // weight type, m = 1 .. 64, through the public backend API (prepare_weight, run, synchronize). Prints a
 // markdown table (or JSON lines with --json): us per call, weight GB/s, % of the measured device-to-device copy
 // bandwidth, and TFLOP/s from m = 16. Built with KILN_CUDA (tests/CMakeLists.txt); run on the GPU machine:
-//   build/cuda-dev/tests/cuda_matmul_bench [--json]
+//   build/cuda-dev/tests/cuda_matmul_bench [--json] [--types bf16,q4_0,...] [--m 1,2,...]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -14,6 +16,7 @@
 
 #include "backends/backend.h"
 #include "core/half.h"
+#include "ops/program.h"
 
 namespace kiln {
 namespace {
@@ -92,22 +95,26 @@ struct Shape {
   int64_t k, n;
 };
 
-// One row of the table: `w` (of `w_bytes`) times m columns of x.
-void bench_m(Backend& b, const ops::Weight& w, int64_t w_bytes, int64_t m, double copy_bw, bool json,
-             std::mt19937& rng) {
-  const DType type = w.tensor.type;
-  const Shape sh{w.tensor.ne[0], w.tensor.ne[1]};
+// One row of the table: the weights (copies of one matrix of `w_bytes`, cycled so that together they overflow
+// the L2 cache and every call reads HBM) times m columns of x.
+void bench_m(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& ws, int64_t w_bytes, int64_t m,
+             double copy_bw, bool json, std::mt19937& rng) {
+  const Tensor& w0 = ws[0]->weight.tensor;
+  const DType type = w0.type;
+  const Shape sh{w0.ne[0], w0.ne[1]};
   std::vector<float> xh(static_cast<size_t>(sh.k * m));
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   for (float& v : xh) v = uni(rng);
   auto xbuf = check(b.allocate(xh.size() * 4), "allocate"), dbuf = check(b.allocate(sh.n * m * 4), "allocate");
   const Tensor x = make_tensor(DType::f32, *xbuf, 0, sh.k, m), dst = make_tensor(DType::f32, *dbuf, 0, sh.n, m);
   check(b.upload(x, xh.data(), xh.size() * 4), "upload");
-  const ops::Matmul op{w, x, dst, false};
-  check(b.run(op), "matmul");
+  // quantize_x: the GPU's default path (tensor cores for m > 8; the GEMV is exact either way).
+  std::vector<Program> calls(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) check(calls[i].add(ops::Matmul{ws[i]->weight, x, dst, true}), "program");
+  for (const Program& p : calls) check(b.run(p), "matmul");
   check(b.synchronize(), "synchronize");
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kReps; ++i) check(b.run(op), "matmul");
+  for (int i = 0; i < kReps; ++i) check(b.run(calls[static_cast<size_t>(i) % calls.size()]), "matmul");
   check(b.synchronize(), "synchronize");
   const double s = seconds_since(t0) / kReps;
   const double gbs = static_cast<double>(w_bytes) / s / 1e9;
@@ -119,19 +126,43 @@ void bench_m(Backend& b, const ops::Weight& w, int64_t w_bytes, int64_t m, doubl
                 dtype_name(type), static_cast<long long>(sh.k), static_cast<long long>(sh.n),
                 static_cast<long long>(m), s * 1e6, gbs, pct, tflops);
   } else {
-    std::printf("| %-5s | %5lld | %5lld | %2lld | %9.2f | %7.1f | %5.1f | %s |\n", dtype_name(type),
+    std::printf("| %-5s | %5lld | %6lld | %2lld | %9.2f | %7.1f | %5.1f | %s |\n", dtype_name(type),
                 static_cast<long long>(sh.k), static_cast<long long>(sh.n), static_cast<long long>(m), s * 1e6,
                 gbs, pct, m >= 16 ? std::to_string(tflops).substr(0, 6).c_str() : "");
   }
 }
 
-void bench_weight(Backend& b, DType type, Shape sh, double copy_bw, bool json, std::mt19937& rng) {
+void bench_weight(Backend& b, DType type, Shape sh, const std::vector<int64_t>& ms, double copy_bw, bool json,
+                  std::mt19937& rng) {
   std::vector<uint8_t> host = make_weight(type, sh.k, sh.n, rng);
   const Tensor logical = make_tensor(type, host.data(), sh.k, sh.n);
-  auto w = check(b.prepare_weight(logical, "w", WeightRole::weight_role_matmul), "prepare_weight");
-  for (int64_t m : {1, 2, 4, 8, 16, 64}) {
-    bench_m(b, w->weight, static_cast<int64_t>(host.size()), m, copy_bw, json, rng);
+  // At least 256 MiB of copies (the H100's L2 is 50 MB).
+  const size_t copies = std::max<size_t>(1, (size_t{256} << 20) / host.size() + 1);
+  std::vector<std::unique_ptr<WeightHandle>> ws;
+  for (size_t i = 0; i < copies; ++i) {
+    ws.push_back(check(b.prepare_weight(logical, "w", WeightRole::weight_role_matmul), "prepare_weight"));
   }
+  for (int64_t m : ms) bench_m(b, ws, static_cast<int64_t>(host.size()), m, copy_bw, json, rng);
+}
+
+// A comma-separated list after `flag` in argv, or `fallback`.
+std::vector<std::string> list_arg(int argc, char** argv, std::string_view flag, std::vector<std::string> fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (flag != argv[i]) continue;
+    std::vector<std::string> out;
+    std::string item;
+    for (const char* c = argv[i + 1];; ++c) {
+      if (*c == ',' || *c == '\0') {
+        if (!item.empty()) out.push_back(item);
+        item.clear();
+        if (*c == '\0') break;
+      } else {
+        item += *c;
+      }
+    }
+    return out;
+  }
+  return fallback;
 }
 
 }  // namespace
@@ -139,22 +170,33 @@ void bench_weight(Backend& b, DType type, Shape sh, double copy_bw, bool json, s
 
 int main(int argc, char** argv) {
   using namespace kiln;  // NOLINT
-  const bool json = argc > 1 && std::string_view(argv[1]) == "--json";
+  bool json = false;
+  for (int i = 1; i < argc; ++i) json = json || std::string_view(argv[i]) == "--json";
+  const std::vector<std::string> type_names = list_arg(
+      argc, argv, "--types", {"bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"});
+  std::vector<int64_t> ms;
+  for (const std::string& m : list_arg(argc, argv, "--m", {"1", "2", "4", "8", "16", "64", "512"})) {
+    ms.push_back(std::stoll(m));
+  }
   auto b = check(make_backend("cuda"), "make_backend(cuda)");
   const double copy_bw = copy_bandwidth(*b);
   if (json) {
     std::printf("{\"copy_gbs\":%.1f}\n", copy_bw / 1e9);
   } else {
     std::printf("device-to-device copy: %.1f GB/s (read + write)\n\n", copy_bw / 1e9);
-    std::printf("| type  |     k |     n |  m |   us/call |    GB/s | %%copy | TFLOP/s |\n");
-    std::printf("|-------|------:|------:|---:|----------:|--------:|------:|--------:|\n");
+    std::printf("| type  |     k |      n |  m |   us/call |    GB/s | %%copy | TFLOP/s |\n");
+    std::printf("|-------|------:|-------:|---:|----------:|--------:|------:|--------:|\n");
   }
   std::mt19937 rng(1234);
-  const DType types[] = {DType::bf16, DType::f16, DType::q8_0, DType::q4_0, DType::q4_1,
-                         DType::q5_0, DType::q4_k, DType::q5_k, DType::q6_k};
-  const Shape shapes[] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
-  for (DType t : types) {
-    for (Shape sh : shapes) bench_weight(*b, t, sh, copy_bw, json, rng);
+  // A Llama-3-8B layer (q/o, k/v, gate/up, down) and its output head.
+  const Shape shapes[] = {{4096, 4096}, {4096, 1024}, {4096, 14336}, {14336, 4096}, {4096, 128256}};
+  for (const std::string& name : type_names) {
+    const std::optional<DType> t = dtype_from_name(name);
+    if (!t) {
+      std::fprintf(stderr, "--types: unknown type %s\n", name.c_str());
+      return 2;
+    }
+    for (Shape sh : shapes) bench_weight(*b, *t, sh, ms, copy_bw, json, rng);
   }
   return 0;
 }

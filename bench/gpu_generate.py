@@ -60,7 +60,8 @@ def kiln_run(kiln: Path, model: Path, prompt: str, n: int, profile: Path | None 
         raise RuntimeError(f"kiln run {model}: {err[-3000:]}")
     if profile:
         at = err.find(" profile: ")
-        profile.write_text(err[err.rfind("\n", 0, at) + 1:] if at >= 0 else err)
+        with profile.open("a") as f:
+            f.write(err[err.rfind("\n", 0, at) + 1:] if at >= 0 else err)
     p = re.search(r"prompt:\s+(\d+) tokens .* ([\d.]+) tokens/s", err)
     d = re.search(r"decode:\s+(\d+) tokens in ([\d.]+) ms, ([\d.]+) tokens/s", err)
     head = re.search(r"^(.* on cuda.*)$", err, re.M)
@@ -107,9 +108,10 @@ def main() -> int:
                 best["tg"] = max(best["tg"], tg["tg"])
                 best["pp"] = max(best["pp"], pp["pp"])
                 best["n_prompt"], best["line"] = pp["n_prompt"], tg["line"]
-            # Each op timed alone (KILN_CUDA_PROFILE): where a decode step and a prefill spend their time.
-            kiln_run(kiln, path, short, 32, a.out / f"profile-{name}-{typ}-decode.txt")
-            kiln_run(kiln, path, long[:12000], 1, a.out / f"profile-{name}-{typ}-prefill.txt")
+            # Each op timed alone (KILN_CUDA_PROFILE): where a decode step and a prefill spend their time (one file
+            # for both; the output folder comes back only when it holds few files).
+            kiln_run(kiln, path, short, 32, a.out / f"profile-{name}-{typ}.txt")
+            kiln_run(kiln, path, long[:12000], 1, a.out / f"profile-{name}-{typ}.txt")
             gbs = weight_bytes(path) * best["tg"] / 1e9
             rows.append((name, typ, best["tg"], gbs, gbs / a.copy_gbs, best["pp"], best["n_prompt"]))
             print(f"{name} {typ}: tg128 {best['tg']:.1f} tok/s ({gbs:.0f} GB/s), pp{best['n_prompt']} "

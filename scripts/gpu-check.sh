@@ -6,6 +6,7 @@
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
 #   bench     bench/cuda_matmul_bench (GEMV / GEMM kernels against the card's copy bandwidth)
+#   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_models.py + bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill
 set -euo pipefail
@@ -51,6 +52,12 @@ for step in "${steps[@]}"; do
       done
       ;;
     bench) "$bin/tests/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;
+    tune)
+      for rows in 1 2 4 8; do
+        echo "KILN_CUDA_GEMV_ROWS=$rows"
+        KILN_CUDA_GEMV_ROWS=$rows "$bin/tests/cuda_matmul_bench" --types bf16,q8_0,q4_0,q4_k --m 1 || status=1
+      done 2>&1 | tee "$out/tune.md"
+      ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;
     models) python3 bench/gpu_generate.py --build "$bin" --out "$out" 2>&1 | tee "$out/generate.log" || status=1 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -9,6 +9,7 @@
 //   f32 weights in TF32 (~1e-3 relative at worst).
 // Every path computes f32 and rounds once to an f16 / bf16 destination.
 #include <cuda_bf16.h>
+#include <cstdlib>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -209,17 +210,35 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   }
 }
 
-// m == 1: one row a block, four pieces a thread in flight. m > 1: four rows a block, so that every x value
-// loaded from L1 serves four rows (x traffic, not HBM, bounds the wider GEMVs otherwise).
-template <DType T, int kCols>
-void launch_gemv_cols(const Context& ctx, const GemvArgs& a, bool natural_align) {
-  constexpr int kRows = kCols == 1 ? 1 : 4, kUnroll = kCols == 1 ? 4 : 1;
+template <DType T, int kCols, int kRows, int kUnroll>
+void launch_gemv_shape(const Context& ctx, const GemvArgs& a, bool natural_align) {
   const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kRows)),
                   static_cast<unsigned>(std::min<int64_t>(a.n_groups, kMaxGridY)));
   if (natural_align) {
     gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll><<<grid, kGemvThreads, 0, ctx.stream>>>(a);
   } else {
     gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll><<<grid, kGemvThreads, 0, ctx.stream>>>(a);
+  }
+}
+
+// Rows a block: more rows make fewer, larger blocks, and each x value loaded from L1 serves them all (x is f32:
+// with one row its traffic is twice the weight's); fewer keep the device evenly busy on short matrices. The
+// pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows.
+template <DType T>
+void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align) {
+  if (a.m > 1) return launch_gemv_shape<T, kGemvMaxCols, 4, 1>(ctx, a, natural_align);
+  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/cuda_matmul_bench).
+  static const int forced = [] {
+    const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  const int64_t per_wave = int64_t{std::max(ctx.n_sms, 1)} * 8;  // blocks resident at once, about
+  const int rows = forced != 0 ? forced : a.n >= 8 * 2 * per_wave ? 8 : a.n >= 4 * per_wave ? 4 : a.n >= 2 * per_wave ? 2 : 1;
+  switch (rows) {
+    case 8: return launch_gemv_shape<T, 1, 8, 1>(ctx, a, natural_align);
+    case 4: return launch_gemv_shape<T, 1, 4, 2>(ctx, a, natural_align);
+    case 2: return launch_gemv_shape<T, 1, 2, 4>(ctx, a, natural_align);
+    default: return launch_gemv_shape<T, 1, 1, 4>(ctx, a, natural_align);
   }
 }
 
@@ -233,8 +252,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w) {
     constexpr DType T = decltype(tag)::value;
     const int64_t align = Quant<T>::kAlign;
     const bool natural = aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
-    if (a.m == 1) launch_gemv_cols<T, 1>(ctx, a, natural);
-    else launch_gemv_cols<T, kGemvMaxCols>(ctx, a, natural);
+    launch_gemv_rows<T>(ctx, a, natural);
     return cudaGetLastError();
   });
 }
