@@ -61,6 +61,7 @@ def kiln_run(kiln: Path, model: Path, prompt: str, n: int, profile: Path | None 
     if profile:
         at = err.find(" profile: ")
         with profile.open("a") as f:
+            f.write(f"\n## {model.name}, {len(prompt)} prompt characters, {n} generated\n")
             f.write(err[err.rfind("\n", 0, at) + 1:] if at >= 0 else err)
     p = re.search(r"prompt:\s+(\d+) tokens .* ([\d.]+) tokens/s", err)
     d = re.search(r"decode:\s+(\d+) tokens in ([\d.]+) ms, ([\d.]+) tokens/s", err)
@@ -110,8 +111,8 @@ def main() -> int:
                 best["n_prompt"], best["line"] = pp["n_prompt"], tg["line"]
             # Each op timed alone (KILN_CUDA_PROFILE): where a decode step and a prefill spend their time (one file
             # for both; the output folder comes back only when it holds few files).
-            kiln_run(kiln, path, short, 32, a.out / f"profile-{name}-{typ}.txt")
-            kiln_run(kiln, path, long[:12000], 1, a.out / f"profile-{name}-{typ}.txt")
+            kiln_run(kiln, path, short, 32, a.out / "profiles.txt")
+            kiln_run(kiln, path, long[:12000], 1, a.out / "profiles.txt")
             gbs = weight_bytes(path) * best["tg"] / 1e9
             rows.append((name, typ, best["tg"], gbs, gbs / a.copy_gbs, best["pp"], best["n_prompt"]))
             print(f"{name} {typ}: tg128 {best['tg']:.1f} tok/s ({gbs:.0f} GB/s), pp{best['n_prompt']} "

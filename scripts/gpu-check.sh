@@ -29,11 +29,13 @@ export OPENSSL_ROOT_DIR="$deps/usr"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
   cmake --version | head -1
-} | tee "$out/machine.txt"
+} | tee "$out/build.log"
+# The output folder comes back only while it holds few files: one log a step.
 cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
-  2>&1 | tee "$out/configure.log" | tail -3
-cmake --build build/cuda-dev -j "$(nproc)" -- -k 0 2>&1 | tee "$out/build.log" | grep -E "error|warning: " | head -40 || true
-build/cuda-dev/tools/kiln/kiln --version | tee -a "$out/machine.txt"
+  >>"$out/build.log" 2>&1
+cmake --build build/cuda-dev -j "$(nproc)" -- -k 0 >>"$out/build.log" 2>&1 || true
+grep -E "error|warning: " "$out/build.log" | head -40 || true
+build/cuda-dev/tools/kiln/kiln --version | tee -a "$out/build.log"
 bin=build/cuda-dev
 status=0
 for step in "${steps[@]}"; do
@@ -42,13 +44,14 @@ for step in "${steps[@]}"; do
       for t in core_tests ops_tests cuda_tests; do
         "$bin/tests/$t" --gtest_brief=1 >"$out/$t.log" 2>&1 || status=1
         grep -vE "^\[ *(RUN|OK) " "$out/$t.log" | head -80 || true
+        cat "$out/$t.log" >>"$out/tests.log" && rm "$out/$t.log"
       done
       ;;
     sanitize)
       for tool in memcheck racecheck; do
         compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/tests/ops_tests" --gtest_brief=1 \
-          --gtest_filter='OpHarness.*:-OpHarness.Perf' >"$out/sanitize-$tool.log" 2>&1 || status=1
-        tail -4 "$out/sanitize-$tool.log"
+          --gtest_filter='OpHarness.*:-OpHarness.Perf' >>"$out/sanitize.log" 2>&1 || status=1
+        tail -4 "$out/sanitize.log"
       done
       ;;
     bench) "$bin/tests/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;

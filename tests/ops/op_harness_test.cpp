@@ -726,6 +726,56 @@ TEST(OpHarness, Attention) {
   }
 }
 
+// Prefill-sized batches (a backend may tile the queries of one sequence to share K/V reads): two prompts
+// prefilled from position 0, a chunk continuing a third, a decode token between them; odd head sizes, GQA.
+TEST(OpHarness, AttentionPrefill) {
+  Rng rng(16);
+  struct Variant {
+    float softcap;
+    int32_t window;
+  };
+  const Variant variants[] = {{0.0f, 0}, {4.0f, 0}, {0.0f, 9}};
+  int i = 0;
+  for (DType type : {DType::f32, DType::f16}) {
+    for (const auto& [n_heads, n_kv, head_dim] :
+         {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{12, 1, 128}, std::tuple{6, 2, 256}}) {
+      const Variant& var = variants[i % 3];
+      const int64_t block_size = i++ % 2 == 0 ? 16 : 4;
+      // Sequences of 40, 23 and 50 positions; the batch: all of 0, 7 of 2's last, a decode token of 1, the rest.
+      const int64_t lens[] = {40, 23, 50};
+      std::vector<int32_t> seq, pos;
+      for (int32_t p = 0; p < 40; ++p) seq.push_back(0), pos.push_back(p);
+      for (int32_t p = 43; p < 50; ++p) seq.push_back(2), pos.push_back(p);
+      seq.push_back(1), pos.push_back(22);
+      for (int32_t p = 0; p < 22; ++p) seq.push_back(1), pos.push_back(p);
+      int64_t n_blocks = 1;
+      for (int64_t len : lens) n_blocks += (len + block_size - 1) / block_size;
+      const std::vector<int32_t> ids = rng.permutation(n_blocks);
+      std::vector<std::span<const int32_t>> tables;
+      size_t next = 0;
+      for (int64_t len : lens) {
+        const auto count = static_cast<size_t>((len + block_size - 1) / block_size);
+        tables.emplace_back(ids.data() + next, count);
+        next += count;
+      }
+      const Csr bt = csr(tables);
+      const auto n_tokens = static_cast<int64_t>(seq.size());
+      const Host k_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+      const Host v_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+      const Host q = make_f32(Layout::contiguous, head_dim, n_heads, n_tokens, &rng, -2.0f, 2.0f);
+      const Host dst = make_f32(Layout::strided, head_dim, n_heads, n_tokens, nullptr);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      const std::string what =
+          fmt::format("attention prefill {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
+                      dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
+      expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
+        return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
+                            var.softcap, var.window, d});
+      });
+    }
+  }
+}
+
 TEST(OpHarness, MoeRoute) {
   Rng rng(13);
   const std::array<int64_t, 3> shapes[] = {{1, 1, 1},  {8, 2, 5},   {8, 8, 3},

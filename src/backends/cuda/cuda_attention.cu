@@ -19,6 +19,7 @@ namespace {
 constexpr int kGroup = 8;      // query heads per block, at most
 constexpr int kWarps = 4;      // warps per block
 constexpr int kMaxHeadDim = 256;
+constexpr int64_t kTileMinTokens = 32;  // batches from this size take the tiled (prefill) kernel
 
 __device__ inline float load(const float* p) { return *p; }
 __device__ inline float load(const __half* p) { return __half2float(*p); }
@@ -200,6 +201,142 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
   return launch<8, KV>(ctx, op, g, partial);
 }
 
+// ---- prefill: a tile of query rows shares every K/V position it reads ----
+//
+// A block holds up to kTileRows query rows: T consecutive tokens of the batch x the query heads of one KV head
+// (up to kTileRows of them), kTpr threads a row, each thread kDpt of the row's dims (dims s, s + kTpr, ...:
+// the threads of a row read different shared-memory banks). The block walks the positions of the tile's
+// sequence in chunks of kChunk: the chunk's K and V rows go to shared memory once (as f32) and serve every
+// row of the tile; each row takes the positions its token may see (causal, window), the scores a sum over its
+// kTpr threads, the softmax online. Tokens of different sequences in one tile take turns, one sequence at a
+// time. Exact f32 arithmetic, as the decode kernel; bound by the FMAs, not by K/V traffic (the decode kernel
+// would read K/V once per token).
+constexpr int kTileThreads = 128;
+constexpr int kChunk = 32;
+
+template <int kTpr, class KV>
+__global__ void __launch_bounds__(kTileThreads)
+    attention_tile_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
+                          const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, Geometry g, int64_t tile_tokens,
+                          int64_t heads_per_tile) {
+  constexpr int kDpt = 32;  // dims a thread, at most: head_dim <= kTpr * 32
+  extern __shared__ float chunk[];  // K then V: kChunk x head_dim each
+  const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
+  const int64_t b = blockIdx.x;
+  const int64_t tile = b / (g.n_kv * tiles_per_kv), kvh = (b / tiles_per_kv) % g.n_kv;
+  const int64_t h0 = kvh * g.group + (b % tiles_per_kv) * heads_per_tile;
+  const int64_t n_q = min(heads_per_tile, kvh * g.group + g.group - h0);
+  const int64_t t0 = tile * tile_tokens, t1 = min(t0 + tile_tokens, g.n_tokens);
+  const int row = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
+  // The lanes of this row: the rows of a warp walk different position ranges, so a shuffle names only its own.
+  const unsigned row_mask = (kTpr == 32 ? 0xffffffffu : (1u << kTpr) - 1u) << (threadIdx.x % 32 / kTpr * kTpr);
+  const int64_t my_t = t0 + row / n_q, my_h = h0 + row % n_q;
+  const bool active = row < (t1 - t0) * n_q;
+  const int32_t my_seq = active ? seq[my_t] : -1, my_pos = active ? positions[my_t] : -1;
+  const int32_t my_lo = g.window > 0 ? max(0, my_pos - g.window + 1) : 0;
+
+  float qv[kDpt], acc[kDpt];
+  const float* qr = active ? q.row_as<const float>(my_h + g.n_heads * my_t) : nullptr;
+#pragma unroll
+  for (int i = 0; i < kDpt; ++i) {
+    const int64_t d = sub + int64_t{kTpr} * i;
+    qv[i] = (qr != nullptr && d < g.head_dim) ? qr[d] * g.scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  float* kc = chunk;
+  float* vc = chunk + kChunk * g.head_dim;
+  const int64_t row_stride = g.n_kv * g.head_dim;
+
+  // One sequence of the tile at a time: the first token of each sequence in the tile opens its turn.
+  for (int64_t f = t0; f < t1; ++f) {
+    const int32_t s = seq[f];
+    bool first = true;
+    for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
+    if (!first) continue;
+    int32_t lo = INT32_MAX, hi = -1;  // positions any token of s in the tile sees
+    for (int64_t e = f; e < t1; ++e) {
+      if (seq[e] != s) continue;
+      hi = max(hi, positions[e]);
+      lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
+    }
+    const int32_t* table = bt_indices + bt_indptr[s];
+    for (int32_t c0 = lo; c0 <= hi; c0 += kChunk) {
+      const int32_t n_c = min(kChunk, hi - c0 + 1);
+      __syncthreads();  // the previous chunk is no longer read
+      for (int64_t e = threadIdx.x; e < int64_t{n_c} * g.head_dim; e += kTileThreads) {
+        const int64_t j = e / g.head_dim, d = e % g.head_dim, p = c0 + j;
+        const int32_t blk = table[p / g.block_size];
+        if (blk < 0) continue;  // given back: below every window that reads this chunk
+        const int64_t slot = int64_t{blk} * g.block_size + p % g.block_size;
+        kc[e] = load(k_pool + slot * row_stride + kvh * g.head_dim + d);
+        vc[e] = load(v_pool + slot * row_stride + kvh * g.head_dim + d);
+      }
+      __syncthreads();
+      if (my_seq != s) continue;
+      const int32_t j0 = max(0, my_lo - c0), j1 = min(n_c, my_pos - c0 + 1);
+      for (int32_t j = j0; j < j1; ++j) {
+        const float* kr = kc + int64_t{j} * g.head_dim;
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kDpt; ++i) {
+          const int64_t d = sub + int64_t{kTpr} * i;
+          if (d < g.head_dim) sc += qv[i] * kr[d];
+        }
+#pragma unroll
+        for (int o = kTpr / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(row_mask, sc, o);
+        if (g.softcap > 0.0f) sc = g.softcap * tanhf(sc / g.softcap);
+        const float mm = fmaxf(m, sc);
+        const float ca = expf(m - mm), pe = expf(sc - mm);
+        l = l * ca + pe;
+        const float* vr = vc + int64_t{j} * g.head_dim;
+#pragma unroll
+        for (int i = 0; i < kDpt; ++i) {
+          const int64_t d = sub + int64_t{kTpr} * i;
+          acc[i] = acc[i] * ca + pe * (d < g.head_dim ? vr[d] : 0.0f);
+        }
+        m = mm;
+      }
+    }
+  }
+  if (!active) return;
+  float* y = dst.row_as<float>(my_h + g.n_heads * my_t);
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kDpt; ++i) {
+    const int64_t d = sub + int64_t{kTpr} * i;
+    if (d < g.head_dim) y[d] = acc[i] * inv;
+  }
+}
+
+template <int kTpr, class KV>
+cudaError_t launch_tile(const Context& ctx, const ops::Attention& op, const Geometry& g) {
+  constexpr int64_t rows = kTileThreads / kTpr;
+  const int64_t heads_per_tile = std::min<int64_t>(g.group, rows);
+  const int64_t tile_tokens = std::max<int64_t>(1, rows / heads_per_tile);
+  const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
+  const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
+  const size_t shm = sizeof(float) * 2 * kChunk * g.head_dim;
+  auto* kernel = attention_tile_kernel<kTpr, KV>;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(shm));
+      e != cudaSuccess) {
+    return e;
+  }
+  kernel<<<static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kTileThreads, shm, ctx.stream>>>(
+      rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
+      static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
+      static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
+      rows_of(op.dst), g, tile_tokens, heads_per_tile);
+  return cudaGetLastError();
+}
+
+template <class KV>
+cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g) {
+  if (g.head_dim <= 4 * 32) return launch_tile<4, KV>(ctx, op, g);
+  return launch_tile<8, KV>(ctx, op, g);
+}
+
 }  // namespace
 
 bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHeadDim; }
@@ -216,6 +353,11 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
   g.softcap = op.softcap;
   g.window = op.window;
   if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
+  // A batch of many tokens (prefill) is mostly tokens of the same sequences: tiles of them share K/V reads.
+  if (g.n_tokens >= kTileMinTokens) {
+    return op.k_pool.type == DType::f16 ? launch_tile_for_head_dim<__half>(ctx, op, g)
+                                        : launch_tile_for_head_dim<float>(ctx, op, g);
+  }
   // Split the positions when the blocks alone would not fill the device twice over. The longest context a
   // token may see bounds the useful split (at least 64 positions a chunk); the positions live on the device,
   // so the pool's capacity stands in for it.

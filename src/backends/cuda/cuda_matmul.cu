@@ -232,8 +232,10 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align)
     const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
     return v != nullptr ? std::atoi(v) : 0;
   }();
-  const int64_t per_wave = int64_t{std::max(ctx.n_sms, 1)} * 8;  // blocks resident at once, about
-  const int rows = forced != 0 ? forced : a.n >= 8 * 2 * per_wave ? 8 : a.n >= 4 * per_wave ? 4 : a.n >= 2 * per_wave ? 2 : 1;
+  // Measured on an H100 (scripts/gpu-check.sh tune): eight rows from 4096 up (84% of the copy bandwidth on
+  // the 8B's gate/up/down in bf16, 67% on 4096 x 4096); two on the short k/v projections (1024 rows), where
+  // eight leave too few blocks.
+  const int rows = forced != 0 ? forced : a.n >= 4096 ? 8 : a.n >= 1024 ? 2 : 1;
   switch (rows) {
     case 8: return launch_gemv_shape<T, 1, 8, 1>(ctx, a, natural_align);
     case 4: return launch_gemv_shape<T, 1, 4, 2>(ctx, a, natural_align);
