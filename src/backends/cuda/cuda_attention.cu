@@ -206,21 +206,49 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 // A block holds up to kTileRows query rows: T consecutive tokens of the batch x the query heads of one KV head
 // (up to kTileRows of them), kTpr threads a row, each thread kDpt of the row's dims (dims s, s + kTpr, ...:
 // the threads of a row read different shared-memory banks). The block walks the positions of the tile's
-// sequence in chunks of kChunk: the chunk's K and V rows go to shared memory once (as f32) and serve every
+// sequence in chunks (64 KiB of K and V): the chunk's K and V rows go to shared memory once (as f32) and serve every
 // row of the tile; each row takes the positions its token may see (causal, window), the scores a sum over its
 // kTpr threads, the softmax online. Tokens of different sequences in one tile take turns, one sequence at a
 // time. Exact f32 arithmetic, as the decode kernel; bound by the FMAs, not by K/V traffic (the decode kernel
 // would read K/V once per token).
-constexpr int kTileThreads = 128;
-constexpr int kChunk = 32;
+constexpr int kTileThreads = 256;
+
+// K/V rows p0 .. p0+n-1 of a sequence into shared memory as f32 (chunk[j * head_dim + d]), 16 bytes a load
+// where the row length allows. Rows of blocks given back (kFreedBlock) are skipped: no token reads them.
+template <class KV>
+__device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* table, int32_t p0, int32_t n,
+                                  int64_t kvh, const Geometry& g) {
+  constexpr int kVec = 16 / sizeof(KV);  // elements a 16-byte load
+  const int64_t row_stride = g.n_kv * g.head_dim;
+  if (g.head_dim % kVec == 0 && reinterpret_cast<uintptr_t>(pool) % 16 == 0) {
+    const int64_t vecs = g.head_dim / kVec;
+    for (int64_t e = threadIdx.x; e < int64_t{n} * vecs; e += blockDim.x) {
+      const int64_t j = e / vecs, d = (e % vecs) * kVec, p = p0 + j;
+      const int32_t blk = table[p / g.block_size];
+      if (blk < 0) continue;
+      const KV* src = pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
+      const uint4 v = *reinterpret_cast<const uint4*>(src);
+      const KV* vals = reinterpret_cast<const KV*>(&v);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) chunk[j * g.head_dim + d + i] = load(vals + i);
+    }
+    return;
+  }
+  for (int64_t e = threadIdx.x; e < int64_t{n} * g.head_dim; e += blockDim.x) {
+    const int64_t j = e / g.head_dim, d = e % g.head_dim, p = p0 + j;
+    const int32_t blk = table[p / g.block_size];
+    if (blk < 0) continue;
+    chunk[e] = load(pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d);
+  }
+}
 
 template <int kTpr, class KV>
 __global__ void __launch_bounds__(kTileThreads)
     attention_tile_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
                           const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, Geometry g, int64_t tile_tokens,
-                          int64_t heads_per_tile) {
+                          int64_t heads_per_tile, int32_t chunk_len) {
   constexpr int kDpt = 32;  // dims a thread, at most: head_dim <= kTpr * 32
-  extern __shared__ float chunk[];  // K then V: kChunk x head_dim each
+  extern __shared__ float chunk[];  // K then V: chunk_len x head_dim each
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
   const int64_t b = blockIdx.x;
   const int64_t tile = b / (g.n_kv * tiles_per_kv), kvh = (b / tiles_per_kv) % g.n_kv;
@@ -245,8 +273,7 @@ __global__ void __launch_bounds__(kTileThreads)
   }
   float m = -INFINITY, l = 0.0f;
   float* kc = chunk;
-  float* vc = chunk + kChunk * g.head_dim;
-  const int64_t row_stride = g.n_kv * g.head_dim;
+  float* vc = chunk + chunk_len * g.head_dim;
 
   // One sequence of the tile at a time: the first token of each sequence in the tile opens its turn.
   for (int64_t f = t0; f < t1; ++f) {
@@ -261,17 +288,11 @@ __global__ void __launch_bounds__(kTileThreads)
       lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
     }
     const int32_t* table = bt_indices + bt_indptr[s];
-    for (int32_t c0 = lo; c0 <= hi; c0 += kChunk) {
-      const int32_t n_c = min(kChunk, hi - c0 + 1);
+    for (int32_t c0 = lo; c0 <= hi; c0 += chunk_len) {
+      const int32_t n_c = min(chunk_len, hi - c0 + 1);
       __syncthreads();  // the previous chunk is no longer read
-      for (int64_t e = threadIdx.x; e < int64_t{n_c} * g.head_dim; e += kTileThreads) {
-        const int64_t j = e / g.head_dim, d = e % g.head_dim, p = c0 + j;
-        const int32_t blk = table[p / g.block_size];
-        if (blk < 0) continue;  // given back: below every window that reads this chunk
-        const int64_t slot = int64_t{blk} * g.block_size + p % g.block_size;
-        kc[e] = load(k_pool + slot * row_stride + kvh * g.head_dim + d);
-        vc[e] = load(v_pool + slot * row_stride + kvh * g.head_dim + d);
-      }
+      load_chunk(kc, k_pool, table, c0, n_c, kvh, g);
+      load_chunk(vc, v_pool, table, c0, n_c, kvh, g);
       __syncthreads();
       if (my_seq != s) continue;
       const int32_t j0 = max(0, my_lo - c0), j1 = min(n_c, my_pos - c0 + 1);
@@ -316,7 +337,9 @@ cudaError_t launch_tile(const Context& ctx, const ops::Attention& op, const Geom
   const int64_t tile_tokens = std::max<int64_t>(1, rows / heads_per_tile);
   const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
-  const size_t shm = sizeof(float) * 2 * kChunk * g.head_dim;
+  // 64 KiB of K and V a chunk: 64 positions of 128 dims.
+  const auto chunk_len = static_cast<int32_t>(std::max<int64_t>(16, 8192 / g.head_dim));
+  const size_t shm = sizeof(float) * 2 * chunk_len * g.head_dim;
   auto* kernel = attention_tile_kernel<kTpr, KV>;
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(shm));
@@ -327,7 +350,7 @@ cudaError_t launch_tile(const Context& ctx, const ops::Attention& op, const Geom
       rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
       static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
       static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
-      rows_of(op.dst), g, tile_tokens, heads_per_tile);
+      rows_of(op.dst), g, tile_tokens, heads_per_tile, chunk_len);
   return cudaGetLastError();
 }
 

@@ -52,22 +52,24 @@ __global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float*
   }
 }
 
-// ---- RoPE: one block per token; the pair frequencies computed once per block ----
+// ---- RoPE: one block per token; its cos/sin table computed once (in double, as the CPU) for all heads ----
 
 constexpr int kMaxRopePairs = 512;
 
 __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const float* factors,
                             ops::RopeParams p, int64_t head_dim, int64_t n_heads, int64_t n_tokens) {
-  __shared__ ops::RopeFreq freq[kMaxRopePairs];
+  __shared__ float2 cs_sn[kMaxRopePairs];
   const int32_t half = p.n_rot / 2;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    freq[i] = ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
-  }
-  __syncthreads();
   const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
   const int64_t per_head = half + (head_dim - p.n_rot);  // pairs, then pass-through dims
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-    const double pos = positions[t];
+    __syncthreads();  // the previous token's table is no longer read
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const ops::RopeFreq f = ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
+      const double angle = static_cast<double>(positions[t]) * f.theta_scale;
+      cs_sn[i] = make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
+    }
+    __syncthreads();
     for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
       const int64_t h = c / per_head, i = c % per_head, row = h + n_heads * t;
       const float* xr = x.row_as<const float>(row);
@@ -77,9 +79,7 @@ __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const fl
         yr[d] = xr[d];
         continue;
       }
-      const double angle = pos * freq[i].theta_scale;
-      const float cs = static_cast<float>(cos(angle) * freq[i].mscale);
-      const float sn = static_cast<float>(sin(angle) * freq[i].mscale);
+      const float cs = cs_sn[i].x, sn = cs_sn[i].y;
       const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
       const float xa = xr[a], xb = xr[b];
       yr[a] = xa * cs - xb * sn;
