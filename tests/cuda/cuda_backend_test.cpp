@@ -95,5 +95,31 @@ TEST(CudaBackend, BuffersMayOutliveTheBackend) {
   EXPECT_TRUE(again->synchronize().ok());
 }
 
+// A decode-sized program runs as a CUDA graph, replayed while it is the same program: the replay reads the
+// data in the operands as they are now, and a changed parameter is captured anew.
+TEST(CudaBackend, GraphReplaySeesNewDataAndNewParameters) {
+  auto b = cuda();
+  ASSERT_NE(b, nullptr);
+  auto buf = b->allocate(2 * 16 * 4).value();
+  const Tensor x = make_tensor(DType::f32, *buf, 0, 16), y = make_tensor(DType::f32, *buf, 64, 16);
+  std::vector<float> in(16), out(16);
+  const auto step = [&](float scale, float fill) {
+    for (size_t i = 0; i < in.size(); ++i) in[i] = fill + static_cast<float>(i);
+    EXPECT_TRUE(b->upload(x, in.data(), 64).ok());
+    Program p;
+    EXPECT_TRUE(p.add(ops::Scale{x, scale, y}).ok());
+    p.n_tokens = 1;
+    EXPECT_TRUE(b->run(p).ok());
+    EXPECT_TRUE(b->download(out.data(), y, 64).ok());
+    EXPECT_TRUE(b->synchronize().ok());
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], scale * in[i]) << "scale " << scale << " fill " << fill;
+  };
+  step(2.0f, 1.0f);  // captured
+  step(2.0f, 5.0f);  // replayed, new data
+  step(2.0f, 9.0f);
+  step(3.0f, 9.0f);  // a new parameter: captured anew
+  step(3.0f, -4.0f);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_kernels.h"
 
 namespace kiln {
@@ -75,8 +76,11 @@ class CudaBackend final : public Backend {
     const char* profile = std::getenv("KILN_CUDA_PROFILE");
     profile_ = profile != nullptr && std::string_view(profile) == "1" && cudaEventCreate(&start_) == cudaSuccess &&
                cudaEventCreate(&stop_) == cudaSuccess;
+    const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
+    graphs_ = graphs == nullptr || std::string_view(graphs) != "0";
   }
   ~CudaBackend() override {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
     if (profile_) {
       print_profile();
       cudaEventDestroy(start_);
@@ -98,6 +102,10 @@ class CudaBackend final : public Backend {
       }
     }
     KILN_TRY(select());
+    if (graphs_ && !profile_ && program.n_tokens > 0 && program.n_tokens <= kGraphMaxTokens) {
+      KILN_ASSIGN_OR_RETURN(const bool replayed, run_as_graph(program));
+      if (replayed) return Status::ok_status();
+    }
     for (const ops::Op& op : program.ops()) {
       if (profile_) KILN_CUDA_TRY(cudaEventRecord(start_, stream_));
       if (const cudaError_t e = cuda::run(ctx_, op); e != cudaSuccess) {
@@ -184,6 +192,50 @@ class CudaBackend final : public Backend {
  private:
   Status select() { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
 
+  // Decode steps (few tokens) go through a CUDA graph (cuda_graph.h): replayed when the program is the one
+  // captured last, else captured and launched. false: not run (the capture failed, for one because scratch
+  // had to grow, which a capture must not do): the caller runs the ops one by one, and the next identical
+  // program is captured.
+  static constexpr int32_t kGraphMaxTokens = 8;
+  Result<bool> run_as_graph(const Program& program) {
+    std::vector<uint64_t> sig = cuda::program_signature(program);
+    // The scratch a graph was captured with must still be there: one grown since (and the old freed) differs.
+    for (const Scratch& s : scratch_) sig.push_back(reinterpret_cast<uint64_t>(s.p));
+    if (exec_ != nullptr && sig == graph_sig_) {
+      KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+      return true;
+    }
+    KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    cudaError_t launched = cudaSuccess;
+    for (const ops::Op& op : program.ops()) {
+      if (launched = cuda::run(ctx_, op); launched != cudaSuccess) break;
+    }
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (launched != cudaSuccess || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      return false;
+    }
+    // Same kernels with other parameters (a step further on): update the instantiated graph in place.
+    if (exec_ != nullptr) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphExecDestroy(exec_);
+        exec_ = nullptr;
+      }
+    }
+    const cudaError_t made = exec_ != nullptr ? cudaSuccess : cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    KILN_CUDA_TRY(made);
+    graph_sig_ = std::move(sig);
+    KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+    return true;
+  }
+
   // KILN_CUDA_PROFILE=1: each op timed alone (events around it, then a wait: slower, but per-op figures),
   // summed per kind of op (name, weight type, shape), printed to stderr when the backend goes away.
   struct OpTime {
@@ -231,6 +283,7 @@ class CudaBackend final : public Backend {
     if (slot < 0 || slot >= cuda::kScratchSlots) return nullptr;
     Scratch& s = scratch_[static_cast<size_t>(slot)];
     if (bytes <= s.bytes) return s.p;
+    if (capturing_) return nullptr;  // a graph must not allocate: the capture fails, the ops run one by one
     if (s.p != nullptr) cudaFreeAsync(s.p, stream_);
     s = {};
     const size_t grown = std::max(bytes, bytes / 4 * 5);  // room for the next, slightly larger step
@@ -252,6 +305,10 @@ class CudaBackend final : public Backend {
   std::array<Scratch, cuda::kScratchSlots> scratch_{};
   bool profile_ = false;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  bool graphs_ = true;  // KILN_CUDA_GRAPHS=0 launches every op
+  bool capturing_ = false;
+  cudaGraphExec_t exec_ = nullptr;
+  std::vector<uint64_t> graph_sig_;
   std::map<std::string, OpTime> profile_times_;
 };
 

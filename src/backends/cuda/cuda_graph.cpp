@@ -1,0 +1,68 @@
+#include "backends/cuda/cuda_graph.h"
+
+#include <bit>
+
+#include "core/overloaded.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+struct Writer {
+  std::vector<uint64_t>& out;
+  void put(uint64_t v) { out.push_back(v); }
+  void put(float v) { out.push_back(std::bit_cast<uint32_t>(v)); }
+  void put(const Tensor& t) {
+    put(reinterpret_cast<uint64_t>(t.data));
+    put(static_cast<uint64_t>(t.type));
+    for (int i = 0; i < 4; ++i) put(static_cast<uint64_t>(t.ne[i])), put(static_cast<uint64_t>(t.nb[i]));
+  }
+  void put(const ops::Weight& w) {
+    put(w.tensor);
+    put(reinterpret_cast<uint64_t>(w.prepared));
+  }
+  template <class... T>
+  void all(const T&... v) {
+    (put(v), ...);
+  }
+};
+
+uint64_t u(auto e) { return static_cast<uint64_t>(e); }
+
+}  // namespace
+
+std::vector<uint64_t> program_signature(const Program& program) {
+  std::vector<uint64_t> sig;
+  Writer w{sig};
+  for (const ops::Op& op : program.ops()) {
+    w.put(u(op.index()));
+    std::visit(Overloaded{
+                   [&](const ops::GetRows& o) { w.all(o.table, o.ids, o.dst); },
+                   [&](const ops::Matmul& o) { w.all(o.w, o.x, o.dst, u(o.quantize_x)); },
+                   [&](const ops::RmsNorm& o) { w.all(o.x, o.w, o.eps, u(o.add_one), o.dst); },
+                   [&](const ops::LayerNorm& o) { w.all(o.x, o.w, o.b, o.eps, o.dst); },
+                   [&](const ops::Rope& o) {
+                     const ops::RopeParams& p = o.p;
+                     w.all(o.x, o.positions, o.freq_factors, o.dst, u(p.n_rot), u(p.layout), p.freq_base,
+                           u(p.scaling), p.factor, u(p.original_context), p.beta_fast, p.beta_slow, p.attn_factor);
+                   },
+                   [&](const ops::Softmax& o) { w.all(o.x, o.scale, o.dst); },
+                   [&](const ops::KvWrite& o) { w.all(o.k, o.v, o.k_pool, o.v_pool, o.slots); },
+                   [&](const ops::Attention& o) {
+                     w.all(o.q, o.k_pool, o.v_pool, o.positions, o.seq, o.bt_indptr, o.bt_indices, o.scale,
+                           o.softcap, u(o.window), o.dst);
+                   },
+                   [&](const ops::GatedAct& o) { w.all(o.gate, o.up, u(o.kind), o.dst); },
+                   [&](const ops::Binary& o) { w.all(o.a, o.b, u(o.kind), o.dst); },
+                   [&](const ops::Scale& o) { w.all(o.x, o.scale, o.dst); },
+                   [&](const ops::Argmax& o) { w.all(o.x, o.out); },
+                   [&](const ops::MoeRoute& o) { w.all(o.logits, o.ids, o.weights, u(o.normalize)); },
+                   [&](const ops::MoeMatmul& o) { w.all(o.w, o.x, o.ids, o.dst, u(o.quantize_x)); },
+                   [&](const ops::WeightedSum& o) { w.all(o.y, o.w, o.dst); },
+               },
+               op);
+  }
+  return sig;
+}
+
+}  // namespace kiln::cuda
