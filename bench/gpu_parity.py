@@ -1,7 +1,7 @@
 """Model parity on the GPU: kiln's CUDA backend against its CPU exact path, on random-weight models of every
 architecture made by transformers (tests/python/test_hf_architectures.py's configs, SmolLM2's tokenizer).
 
-Per architecture, teacher-forced over a 64-token prompt (the logits of every position):
+Per architecture, teacher-forced over a 256-token prompt (the logits of every position):
   - CUDA exact (f32 GEMV / SGEMM): top-1 agreement and mean KL(cpu || cuda);
   - CUDA fast path (--quantize-x: bf16 tensor cores for the 64-token batch): the same figures;
 and greedy 32-token continuations of 10 prompts through the engine on both devices (identical on how many).
@@ -29,7 +29,7 @@ import transformers  # noqa: E402
 from parity_text import PARITY_TEXT  # noqa: E402
 from test_hf_architectures import ARCHS, configs, save_folder  # noqa: E402
 
-N_PROMPT = 64
+N_PROMPT = 256
 N_GREEDY = 32
 N_PROMPTS = 10
 
