@@ -18,3 +18,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   say "fetching ${missing[*]} into .gpu-deps/"
   apt-get download "${missing[@]}" 2>/dev/null
 fi
+# The default model's tokenizer as a Hugging Face folder (~3.5 MB): bench/gpu_parity.py and gpu_generate.py save
+# it into the models they make there. Made from the GGUF by the test venv's transformers.
+if [ ! -f "$dir/tokenizer/tokenizer.json" ]; then
+  [ -x "$KILN_VENV/bin/python" ] || die "the test venv is missing: run scripts/setup-venv.sh and scripts/fetch-models.sh"
+  say "writing the default model's tokenizer into .gpu-deps/tokenizer/"
+  (cd "$KILN_ROOT/tests/python" && "$KILN_VENV/bin/python" -c "
+import parity_lib as lp
+from hf_cache import hf_tokenizer
+hf_tokenizer(lp.MODELS / 'SmolLM2-135M-Instruct.Q4_1.gguf').save_pretrained('$dir/tokenizer')")
+fi
