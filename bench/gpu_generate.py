@@ -11,6 +11,7 @@ Runs on the GPU machine: scripts/gpu-check.sh models. Writes generate.md under -
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -88,7 +89,7 @@ def main() -> int:
     a.models.mkdir(parents=True, exist_ok=True)
     short = PARITY_TEXT[:80]
     long = (PARITY_TEXT + " ") * 40
-    rows = []
+    rows, batched = [], []
     for name in ("smollm2-135m", "llama3-8b"):
         folder = a.models / name
         if not (folder / "config.json").exists():
@@ -118,6 +119,20 @@ def main() -> int:
             rows.append((name, typ, best["tg"], gbs, gbs / a.copy_gbs, best["pp"], best["n_prompt"]))
             print(f"{name} {typ}: tg128 {best['tg']:.1f} tok/s ({gbs:.0f} GB/s), pp{best['n_prompt']} "
                   f"{best['pp']:.0f} tok/s | {best['line']}", flush=True)
+    # Batched decode: 16 and 64 requests of 128 greedy tokens at once through the engine (logits_driver
+    # generate), the generated tokens after the first of each over the longest request's decode time.
+    words = [int(t) for t in range(1000, 1016)]
+    for bs in (16, 64):
+        prompts = [[w + 37 * i for w in words] for i in range(bs)]
+        r = subprocess.run([str(a.build / "tests" / "logits_driver"), "generate", str(a.models / "llama3-8b"), "128",
+                            "--device", "cuda", "--quantize-x"], input=json.dumps(prompts), capture_output=True,
+                           text=True)
+        reply = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"ok": False}
+        if not reply.get("ok"):
+            raise RuntimeError(f"batched decode bs{bs}: {reply.get('error')} {r.stderr[-2000:]}")
+        tps = bs * 127 / (reply["decode_ms"] / 1000)
+        batched.append((bs, tps, reply["elapsed_ms"]))
+        print(f"llama3-8b bf16 batched decode bs{bs}: {tps:.0f} tok/s ({reply['elapsed_ms']:.0f} ms in all)", flush=True)
     # Memory: the 8B in BF16 with a 32k-token context (f16 K/V) on the card, as the load line reports it.
     big = kiln_run(kiln, a.models / "llama3-8b", short, 8, ctx=32768, extra=("--kv-type", "f16"))
     print(f"32k context: {big['line']}", flush=True)
@@ -127,6 +142,8 @@ def main() -> int:
              "|---|---|---:|---:|---:|---:|---:|"]
     for name, typ, tg, gbs, frac, pp, n in rows:
         lines.append(f"| {name} | {typ} | {tg:.1f} | {gbs:.0f} | {frac:.0%} | {n} | {pp:.0f} |")
+    for bs, tps, ms in batched:
+        lines.append(f"\nllama3-8b bf16, {bs} requests decoding together: {tps:.0f} tok/s")
     lines.append(f"\n32k-token context: {big['line']}")
     (a.out / "generate.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

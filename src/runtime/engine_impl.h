@@ -78,6 +78,7 @@ struct Engine::Impl {
   // The chat template: tokenizer_config.json (+ chat_template.jinja) of a folder, tokenizer.chat_template of
   // a GGUF file; a template that does not parse is a warning, not an error.
   Status load_chat_template(const std::string& path, bool folder);
+  Status warm_up(int32_t n_blocks);
   // Sets kv_block_bytes; the pool's blocks from options.kv_memory_bytes (kv_budget.h).
   Result<int32_t> size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type);
 

@@ -1,5 +1,6 @@
 // Engine setup: the model file, backend, model, tokenizer, chat template, and the KV pool sized by the memory
 // budget (runtime/kv_cache/kv_budget.h) under the scheduler.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -76,6 +77,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     return make_status(StatusCode::internal, "KV cache: {} bytes allocated for {} blocks of {} bytes",
                        kv->bytes(), n_blocks, kv_block_bytes);
   }
+  KILN_TRY(warm_up(n_blocks));
   KILN_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(n_blocks, opt.kv_block_size));
   kv_windowed = mi.kv_window > 0;
   SchedulerOptions so;
@@ -103,6 +105,31 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.backend = std::string(backend->name());
   desc.has_chat_template = chat_template.has_value();
   desc.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return Status::ok_status();
+}
+
+// On a device backend, a step of one token and one of a batch before any request: a GPU loads each kernel the
+// first time it runs and cuBLAS picks its algorithms, tens of milliseconds that would otherwise land on the
+// first request. The steps write K/V into blocks no sequence owns yet (a sequence writes its blocks before it
+// reads them). The CPU has nothing to load.
+Status Engine::Impl::warm_up(int32_t n_blocks) {
+  if (backend->device_memory_free() == 0) return Status::ok_status();
+  const int32_t bs = options.kv_block_size;
+  const int32_t capacity = n_blocks * bs;
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  for (int32_t b = 0; b < n_blocks; ++b) table[static_cast<size_t>(b)] = b;
+  for (const int32_t n : {1, std::min({64, options.max_batch_tokens, capacity})}) {
+    batch.clear();
+    for (int32_t t = 0; t < n; ++t) {
+      batch.tokens.push_back(0);
+      batch.positions.push_back(t);
+      batch.seq.push_back(0);
+    }
+    batch.block_tables.emplace_back(table.data(), static_cast<size_t>((n + bs - 1) / bs));
+    batch.logit_rows.push_back(n - 1);
+    KILN_TRY(run_forward());
+  }
+  batch.clear();
   return Status::ok_status();
 }
 

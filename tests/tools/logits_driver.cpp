@@ -12,8 +12,10 @@
 //   logits_driver generate MODEL N [--threads T]
 //     stdin: a JSON list of prompt id lists. Greedy-generates exactly N tokens for each through the public
 //     Engine API, all requests submitted at once (continuous batching). stdout: {"ok": true, "tokens":
-//     [[...]]}
+//     [[...]], "elapsed_ms": submit to the last finish, "decode_ms": the longest request's decode}
 // On error: {"ok": false, "error": "..."} and exit status 1.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -129,6 +131,7 @@ kiln::Status run_generate(const std::string& model_path, int n, int threads,
   KILN_ASSIGN_OR_RETURN(auto engine, kiln::Engine::create(opt));
   std::vector<std::vector<int32_t>> tokens(prompts.size());
   std::vector<uint64_t> ids;
+  const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < prompts.size(); ++i) {
     kiln::Request req;
     req.prompt_tokens = prompts[i];
@@ -140,12 +143,15 @@ kiln::Status run_generate(const std::string& model_path, int n, int threads,
     }));
     ids.push_back(id);
   }
+  double decode_ms = 0;  // the longest request's decode: all of them decode together
   for (uint64_t id : ids) {
     KILN_ASSIGN_OR_RETURN(kiln::RequestStats st, engine->wait(id));
     if (st.finish == kiln::FinishReason::error)
       return kiln::make_status(kiln::StatusCode::internal, "request failed");
+    decode_ms = std::max(decode_ms, st.decode_ms);
   }
-  header = {{"ok", true}, {"tokens", tokens}};
+  const double elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  header = {{"ok", true}, {"tokens", tokens}, {"elapsed_ms", elapsed_ms}, {"decode_ms", decode_ms}};
   return kiln::Status::ok_status();
 }
 
