@@ -185,8 +185,23 @@ def test_run_greedy_matches_generate_and_reports_speed():
     assert re.search(r"prompt:\s+\d+ tokens \(0 cached\) in \d+ ms, [\d.]+ tokens/s", res.stderr), res.stderr
     assert re.search(r"decode:\s+12 tokens in \d+ ms, [\d.]+ tokens/s \(finish: length\)", res.stderr), res.stderr
     assert re.search(r"load \d+ ms", res.stderr)
+    # Where it ran, and what it holds there.
+    assert re.search(r" on (cpu, \d+ threads|cuda:\d+): .*weights [\d.]+ GiB, KV cache [\d.]+ GiB", res.stderr), res.stderr
     # Generated text only on stdout.
     assert "tokens/s" not in res.stdout
+
+
+def test_run_device_errors():
+    # A device this build or machine cannot give is a one-line error naming it; -d cpu always runs.
+    require(SMOL)
+    res = kiln("run", "-m", SMOL, "-d", "tpu", "-p", "Hi", "-n", "1")
+    one_line_error(res, "tpu", "cpu")
+    res = kiln("run", "-m", SMOL, "-d", "cuda:x", "-p", "Hi", "-n", "1")
+    one_line_error(res, "cuda:x")
+    res = kiln("run", "-m", SMOL, "-d", "cpu", "--exact", "-p", "Hi", "-n", "1", "--temp", "0")
+    assert res.returncode == 0, res.stderr
+    res = kiln("run", "-m", SMOL, "--exact", "--quantize-activations", "-p", "Hi")
+    assert res.returncode != 0
 
 
 def test_run_into_a_pipe_writes_the_text_exactly():
