@@ -11,6 +11,7 @@
   is a one-line error.
 """
 import os
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -287,3 +288,29 @@ def test_run_bad_input(tmp_path):
     # Bad sampling parameters are named.
     one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "--top-p", "1.5"), "top_p")
     assert kiln("run", "-m", SMOL).returncode == 2  # -p is required
+
+
+# --- kiln bench -------------------------------------------------------------------------------------------------
+
+
+def test_bench_json_rows():
+    require(SMOL)
+    res = kiln("bench", "-m", SMOL, "-p", "8,16", "-n", "4", "-r", "2", "-t", "1", "--batch", "2", "-d", "cpu",
+               "-o", "json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [r["test"] for r in rows] == ["pp8", "pp16", "tg4", "tg4@bs2"]
+    for r in rows:
+        assert r["backend"] == "cpu" and r["threads"] == 1 and r["n_params"] > 100e6 and r["size_bytes"] > 0
+        assert len(r["samples"]) == 2 and all(v > 0 for v in r["samples"]), r
+        assert r["tokens_per_s"] == pytest.approx(sum(r["samples"]) / 2)
+    assert rows[3]["batch"] == 2 and rows[0]["n_prompt"] == 8 and rows[2]["n_gen"] == 4
+    md = kiln("bench", "-m", SMOL, "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-d", "cpu")
+    assert md.returncode == 0, md.stderr
+    assert re.search(r"\| cpu \| 1 \| pp8 \| [\d.]+ ± [\d.]+ \|", md.stdout), md.stdout
+
+
+def test_bench_bad_options():
+    for args in (["-o", "xml"], ["-r", "0"], ["-p", "-3"], ["--batch", "0"], ["--exact", "--quantize-activations"]):
+        res = kiln("bench", "-m", SMOL, *args)
+        assert res.returncode != 0, args

@@ -1,0 +1,239 @@
+// kiln bench: prompt processing and generation speed, in the spirit of llama-bench. One table row per (model,
+// threads, test): ppP (a P-token prompt, processed in one step), tgN (N tokens generated one at a time after a
+// one-token prompt) and tgN@bsB (B requests generating together). Each test runs once untimed, then --reps
+// times; rows give tokens/s as mean ± standard deviation. Every request has its own cache salt, so no
+// repetition reuses another's prefix cache.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "kiln/kiln.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct BenchOptions {
+  std::vector<std::string> models;
+  std::vector<int32_t> n_prompt{512};
+  int32_t n_gen = 128;
+  std::vector<int32_t> threads{0};
+  std::vector<int32_t> batch;
+  int32_t reps = 5;
+  std::string device = "auto";
+  std::string output = "md";
+  std::string kv_type = "f32";
+  bool quantize_activations = false;
+  bool exact = false;
+};
+
+struct Row {
+  std::string model, path, backend, test;
+  uint64_t size_bytes = 0;
+  int64_t n_params = 0;
+  int32_t threads = 0, n_prompt = 0, n_gen = 0, batch = 1;
+  std::vector<double> samples;  // tokens/s of each timed repetition
+  double mean() const {
+    double s = 0;
+    for (double v : samples) s += v;
+    return samples.empty() ? 0 : s / static_cast<double>(samples.size());
+  }
+  double sd() const {
+    if (samples.size() < 2) return 0;
+    const double m = mean();
+    double s = 0;
+    for (double v : samples) s += (v - m) * (v - m);
+    return std::sqrt(s / static_cast<double>(samples.size() - 1));
+  }
+};
+
+// One test's requests, submitted together; the per-request statistics.
+Result<std::vector<RequestStats>> run_requests(Engine& engine, int32_t n_prompt, int32_t n_gen, int32_t batch,
+                                               uint64_t& salt, std::mt19937& rng) {
+  const int32_t n_vocab = engine.model().n_vocab;
+  std::uniform_int_distribution<int32_t> token(0, n_vocab - 1);
+  std::vector<uint64_t> ids;
+  for (int32_t b = 0; b < batch; ++b) {
+    Request req;
+    for (int32_t i = 0; i < n_prompt; ++i) req.prompt_tokens.push_back(token(rng));
+    req.sampling.temperature = 0;
+    req.sampling.max_tokens = n_gen;
+    req.sampling.ignore_eos = true;
+    req.cache_salt = "kiln-bench-" + std::to_string(salt++);
+    KILN_ASSIGN_OR_RETURN(const uint64_t id, engine.submit(req, [](const TokenEvent&) {}));
+    ids.push_back(id);
+  }
+  std::vector<RequestStats> stats;
+  for (uint64_t id : ids) {
+    KILN_ASSIGN_OR_RETURN(RequestStats st, engine.wait(id));
+    if (st.finish != FinishReason::length) {
+      return make_status(StatusCode::internal, "a benchmark request ended with {}", finish_reason_name(st.finish));
+    }
+    stats.push_back(st);
+  }
+  return stats;
+}
+
+// tokens/s of one repetition: the prompt over its processing time (pp), or the tokens after the first over the
+// longest decode of the batch (tg: they decode together).
+Result<double> measure(Engine& engine, const Row& row, uint64_t& salt, std::mt19937& rng) {
+  if (row.n_prompt > 0) {
+    KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, row.n_prompt, 1, 1, salt, rng));
+    return (st[0].n_prompt - st[0].n_cached) * 1000.0 / std::max(st[0].prefill_ms, 1e-6);
+  }
+  KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, 1, row.n_gen + 1, row.batch, salt, rng));
+  double decode_ms = 0;
+  for (const RequestStats& s : st) decode_ms = std::max(decode_ms, s.decode_ms);
+  return static_cast<double>(row.batch) * row.n_gen * 1000.0 / std::max(decode_ms, 1e-6);
+}
+
+std::string human_bytes(uint64_t b) {
+  const double v = static_cast<double>(b);
+  return v >= 1073741824.0 ? fmt::format("{:.2f} GiB", v / 1073741824.0) : fmt::format("{:.2f} MiB", v / 1048576.0);
+}
+
+void print_rows(const std::vector<Row>& rows, const std::string& format) {
+  if (format == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Row& r : rows) {
+      out.push_back({{"model", r.model},
+                     {"model_path", r.path},
+                     {"size_bytes", r.size_bytes},
+                     {"n_params", r.n_params},
+                     {"backend", r.backend},
+                     {"threads", r.threads},
+                     {"test", r.test},
+                     {"n_prompt", r.n_prompt},
+                     {"n_gen", r.n_gen},
+                     {"batch", r.batch},
+                     {"tokens_per_s", r.mean()},
+                     {"tokens_per_s_sd", r.sd()},
+                     {"samples", r.samples}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  if (format == "csv") {
+    std::printf("model,size_bytes,n_params,backend,threads,test,n_prompt,n_gen,batch,tokens_per_s,tokens_per_s_sd\n");
+    for (const Row& r : rows) {
+      std::printf("\"%s\",%llu,%lld,%s,%d,%s,%d,%d,%d,%.3f,%.3f\n", r.model.c_str(),
+                  static_cast<unsigned long long>(r.size_bytes), static_cast<long long>(r.n_params), r.backend.c_str(),
+                  r.threads, r.test.c_str(), r.n_prompt, r.n_gen, r.batch, r.mean(), r.sd());
+    }
+    return;
+  }
+  std::printf("| model | size | params | backend | threads | test | t/s |\n");
+  std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f |\n", r.model.c_str(), human_bytes(r.size_bytes).c_str(),
+                static_cast<double>(r.n_params) / 1e6, r.backend.c_str(), r.threads, r.test.c_str(), r.mean(), r.sd());
+  }
+}
+
+Status run_bench(const BenchOptions& o) {
+  std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{""} : o.models;
+  const int32_t max_batch = o.batch.empty() ? 1 : *std::max_element(o.batch.begin(), o.batch.end());
+  const int32_t max_prompt = *std::max_element(o.n_prompt.begin(), o.n_prompt.end());
+  const bool on_gpu = o.device.starts_with("cuda") || (o.device == "auto" && cuda_available());
+  std::vector<Row> rows;
+  std::mt19937 rng(1234);
+  uint64_t salt = 0;
+  for (const std::string& m : models) {
+    for (const int32_t threads : o.threads) {
+      EngineOptions eo;
+      KILN_ASSIGN_OR_RETURN(eo.model_path, resolve_model_path(m));
+      eo.n_threads = threads;
+      eo.backend = o.device;
+      eo.kv_type = o.kv_type;
+      eo.quantize_activations = o.quantize_activations || (on_gpu && !o.exact);
+      eo.n_seq_max = max_batch;
+      eo.n_ctx = std::max(max_prompt, o.n_gen + 1) + 1;
+      eo.max_batch_tokens = std::max(max_prompt, max_batch);  // a prompt in one step, as llama-bench's ubatch
+      KILN_ASSIGN_OR_RETURN(auto engine, Engine::create(eo));
+      const ModelDescription& d = engine->model();
+      Row base;
+      base.model = d.name;
+      base.path = eo.model_path;
+      base.backend = d.backend;
+      base.size_bytes = d.weight_bytes;
+      base.n_params = d.n_params;
+      base.threads = d.n_threads;
+      std::vector<Row> tests;
+      for (const int32_t p : o.n_prompt) {
+        Row r = base;
+        r.n_prompt = p;
+        r.test = fmt::format("pp{}", p);
+        if (p > 0) tests.push_back(r);
+      }
+      if (o.n_gen > 0) {
+        Row r = base;
+        r.n_gen = o.n_gen;
+        r.test = fmt::format("tg{}", o.n_gen);
+        tests.push_back(r);
+        for (const int32_t b : o.batch) {
+          r.batch = b;
+          r.test = fmt::format("tg{}@bs{}", o.n_gen, b);
+          if (b > 1) tests.push_back(r);
+        }
+      }
+      for (Row& r : tests) {
+        std::fprintf(stderr, "kiln bench: %s, %d threads, %s: ", d.name.c_str(), d.n_threads, r.test.c_str());
+        KILN_TRY(measure(*engine, r, salt, rng).status());  // warm-up, untimed
+        for (int32_t i = 0; i < o.reps; ++i) {
+          KILN_ASSIGN_OR_RETURN(const double tps, measure(*engine, r, salt, rng));
+          r.samples.push_back(tps);
+        }
+        std::fprintf(stderr, "%.2f tokens/s\n", r.mean());
+        rows.push_back(r);
+      }
+    }
+  }
+  print_rows(rows, o.output);
+  return Status::ok_status();
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app, int& rc) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Measure prompt processing and generation speed (llama-bench style)");
+  cmd->add_option("-m,--model", o->models, "A GGUF file or a Hugging Face folder; repeatable (default: the default model)");
+  cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt lengths to process, comma-separated or repeated (0: none)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", o->n_gen, "Tokens to generate (0: no generation test)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "CPU threads, comma-separated or repeated (0: physical cores)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--batch", o->batch, "Also generate with this many requests together, comma-separated or repeated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("-r,--reps", o->reps, "Timed repetitions of each test (after one untimed)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("-d,--device", o->device, "cpu, cuda or cuda:N (default: CUDA device 0 when there is one)");
+  cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
+      ->check(CLI::IsMember({"md", "json", "csv"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-type", o->kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
+                           "Lower-precision matmuls (as kiln run; default: on for CUDA, off for the CPU)");
+  cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);
+  cmd->callback([o, &rc] {
+    Status s = run_bench(*o);
+    if (!s.ok()) rc = report_error("bench", s);
+  });
+}
+
+}  // namespace kiln::cli
