@@ -1,7 +1,8 @@
-// Matmul kernel timings on the CUDA backend against the device's copy bandwidth: Llama-3-8B layer shapes, each
-// weight type, m = 1 .. 64, through the public backend API (prepare_weight, run, synchronize). Prints a
-// markdown table (or JSON lines with --json): us per call, weight GB/s, % of the measured device-to-device copy
-// bandwidth, and TFLOP/s from m = 16. Built with KILN_CUDA (tests/CMakeLists.txt); run on the GPU machine:
+// Matmul kernel timings on the CUDA backend against the device's copy bandwidth: Llama-3-8B layer shapes,
+// each weight type, m = 1 .. 64, through the public backend API (prepare_weight, run, synchronize). Prints a
+// markdown table (or JSON lines with --json): us per call, weight GB/s, % of the measured device-to-device
+// copy bandwidth, and TFLOP/s from m = 16. Built with KILN_CUDA (tests/CMakeLists.txt); run on the GPU
+// machine:
 //   build/cuda-dev/tests/cuda_matmul_bench [--json] [--types bf16,q4_0,...] [--m 1,2,...]
 #include <chrono>
 #include <cstdio>
@@ -42,8 +43,12 @@ void check(const Status& s, const char* what) {
 // Byte offsets of the f16 scale fields in one block, which random bytes must not make huge or NaN.
 std::vector<size_t> scale_offsets(DType type) {
   switch (type) {
-    case DType::q4_0: case DType::q5_0: case DType::q8_0: return {0};
-    case DType::q4_1: case DType::q4_k: case DType::q5_k: return {0, 2};
+    case DType::q4_0:
+    case DType::q5_0:
+    case DType::q8_0: return {0};
+    case DType::q4_1:
+    case DType::q4_k:
+    case DType::q5_k: return {0, 2};
     case DType::q6_k: return {208};
     default: return {};
   }
@@ -105,12 +110,15 @@ void bench_m(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& ws, i
   std::vector<float> xh(static_cast<size_t>(sh.k * m));
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   for (float& v : xh) v = uni(rng);
-  auto xbuf = check(b.allocate(xh.size() * 4), "allocate"), dbuf = check(b.allocate(sh.n * m * 4), "allocate");
-  const Tensor x = make_tensor(DType::f32, *xbuf, 0, sh.k, m), dst = make_tensor(DType::f32, *dbuf, 0, sh.n, m);
+  auto xbuf = check(b.allocate(xh.size() * 4), "allocate"),
+       dbuf = check(b.allocate(sh.n * m * 4), "allocate");
+  const Tensor x = make_tensor(DType::f32, *xbuf, 0, sh.k, m),
+               dst = make_tensor(DType::f32, *dbuf, 0, sh.n, m);
   check(b.upload(x, xh.data(), xh.size() * 4), "upload");
   // quantize_x: the GPU's default path (tensor cores for m > 8; the GEMV is exact either way).
   std::vector<Program> calls(ws.size());
-  for (size_t i = 0; i < ws.size(); ++i) check(calls[i].add(ops::Matmul{ws[i]->weight, x, dst, true}), "program");
+  for (size_t i = 0; i < ws.size(); ++i)
+    check(calls[i].add(ops::Matmul{ws[i]->weight, x, dst, true}), "program");
   for (const Program& p : calls) check(b.run(p), "matmul");
   check(b.synchronize(), "synchronize");
   const auto t0 = std::chrono::steady_clock::now();
@@ -121,14 +129,15 @@ void bench_m(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& ws, i
   const double pct = 100.0 * static_cast<double>(w_bytes) / s / copy_bw;
   const double tflops = 2.0 * sh.k * sh.n * m / s / 1e12;
   if (json) {
-    std::printf("{\"type\":\"%s\",\"k\":%lld,\"n\":%lld,\"m\":%lld,\"us\":%.2f,\"gbs\":%.1f,\"pct_copy\":%.1f,"
-                "\"tflops\":%.2f}\n",
-                dtype_name(type), static_cast<long long>(sh.k), static_cast<long long>(sh.n),
-                static_cast<long long>(m), s * 1e6, gbs, pct, tflops);
+    std::printf(
+        "{\"type\":\"%s\",\"k\":%lld,\"n\":%lld,\"m\":%lld,\"us\":%.2f,\"gbs\":%.1f,\"pct_copy\":%.1f,"
+        "\"tflops\":%.2f}\n",
+        dtype_name(type), static_cast<long long>(sh.k), static_cast<long long>(sh.n),
+        static_cast<long long>(m), s * 1e6, gbs, pct, tflops);
   } else {
     std::printf("| %-5s | %5lld | %6lld | %2lld | %9.2f | %7.1f | %5.1f | %s |\n", dtype_name(type),
-                static_cast<long long>(sh.k), static_cast<long long>(sh.n), static_cast<long long>(m), s * 1e6,
-                gbs, pct, m >= 16 ? std::to_string(tflops).substr(0, 6).c_str() : "");
+                static_cast<long long>(sh.k), static_cast<long long>(sh.n), static_cast<long long>(m),
+                s * 1e6, gbs, pct, m >= 16 ? std::to_string(tflops).substr(0, 6).c_str() : "");
   }
 }
 
@@ -146,7 +155,8 @@ void bench_weight(Backend& b, DType type, Shape sh, const std::vector<int64_t>& 
 }
 
 // A comma-separated list after `flag` in argv, or `fallback`.
-std::vector<std::string> list_arg(int argc, char** argv, std::string_view flag, std::vector<std::string> fallback) {
+std::vector<std::string> list_arg(int argc, char** argv, std::string_view flag,
+                                  std::vector<std::string> fallback) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (flag != argv[i]) continue;
     std::vector<std::string> out;

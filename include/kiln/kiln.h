@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "kiln/status.h"
 #include "kiln/sampling.h"
+#include "kiln/status.h"
 
 namespace kiln {
 
@@ -48,10 +48,10 @@ struct EngineOptions {
   bool quantize_activations = false;
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load
-  // (MemAvailable; a GPU's free memory after the weights)), which on a machine with room is exactly n_seq_max x n_ctx. Less than that is fine:
-  // requests share the pool, and when it runs out the newest is preempted and recomputed later. A request
-  // that outgrows the whole pool ends with FinishReason::error; a prompt larger than it is refused by
-  // submit().
+  // (MemAvailable; a GPU's free memory after the weights)), which on a machine with room is exactly
+  // n_seq_max x n_ctx. Less than that is fine: requests share the pool, and when it runs out the newest is
+  // preempted and recomputed later. A request that outgrows the whole pool ends with FinishReason::error; a
+  // prompt larger than it is refused by submit().
   uint64_t kv_memory_bytes = 0;
   // Requests waiting for admission (submitted or preempted, not running) at most; submit() beyond that
   // fails with resource_exhausted (a server answers 429). 0: no limit.

@@ -34,7 +34,8 @@ Status check_transfer(std::string_view what, const Tensor& t, size_t bytes) {
   if (t.data == nullptr) return invalid_argument("{}: the tensor has no data", what);
   if (!t.is_contiguous()) return invalid_argument("{}: {} is not contiguous", what, t.describe());
   const auto size = static_cast<size_t>(t.nb[3] * t.ne[3]);
-  if (size != bytes) return invalid_argument("{}: {} holds {} bytes, not {}", what, t.describe(), size, bytes);
+  if (size != bytes)
+    return invalid_argument("{}: {} holds {} bytes, not {}", what, t.describe(), size, bytes);
   return Status::ok_status();
 }
 
@@ -68,7 +69,8 @@ Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const Backe
     if (name.size() > 5) {
       const std::string_view n = name.substr(5);
       device = -1;
-      if (!n.empty() && n.size() <= 4 && std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      if (!n.empty() && n.size() <= 4 &&
+          std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
         device = std::stoi(std::string(n));
       if (device < 0) return invalid_argument("backend \"{}\": the device must be cuda:N, N a number", name);
     }

@@ -39,8 +39,8 @@ std::string_view weight_role_name(WeightRole role);
 struct WeightHandle {
   std::string name;  // the GGUF tensor name; a row slice of a fused tensor: "blk.0.attn_qkv.weight[q]"
   WeightRole role = WeightRole::weight_role_matmul;
-  Tensor logical;       // the file's view: GGUF type, shape and bytes in host memory (the mapped file)
-  ops::Weight weight;   // what ops read: a view of `logical` (CPU) or of `storage`, and `prepared`
+  Tensor logical;      // the file's view: GGUF type, shape and bytes in host memory (the mapped file)
+  ops::Weight weight;  // what ops read: a view of `logical` (CPU) or of `storage`, and `prepared`
   std::unique_ptr<Buffer> storage;                // the backend's copy of the bytes (device memory), or null
   std::unique_ptr<ops::PreparedWeight> prepared;  // the backend's own layout, or null; weight.prepared -> it
 };
@@ -59,8 +59,8 @@ class Backend {
 
   // `bytes` of backend memory (64-byte aligned). resource_exhausted when it cannot.
   virtual Result<std::unique_ptr<Buffer>> allocate(size_t bytes) = 0;
-  // Host -> `dst` (a contiguous tensor in this backend's memory, `bytes` = its size), and back. invalid_argument
-  // when the sizes differ.
+  // Host -> `dst` (a contiguous tensor in this backend's memory, `bytes` = its size), and back.
+  // invalid_argument when the sizes differ.
   virtual Status upload(const Tensor& dst, const void* src, size_t bytes) = 0;
   virtual Status download(void* dst, const Tensor& src, size_t bytes) = 0;
   // dst = src, two contiguous tensors of the same type and shape in this backend's memory.
@@ -96,9 +96,9 @@ struct BackendOptions {
 };
 inline constexpr int kMaxThreadsPerCore = 4;
 
-// "cpu" (always), "cuda" / "cuda:N" (when built with it), or "auto": CUDA device 0 when this build has CUDA and
-// the device is usable, else the CPU. not_found naming the available ones otherwise; a thread count out of
-// range is invalid_argument.
+// "cpu" (always), "cuda" / "cuda:N" (when built with it), or "auto": CUDA device 0 when this build has CUDA
+// and the device is usable, else the CPU. not_found naming the available ones otherwise; a thread count out
+// of range is invalid_argument.
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options = {});
 
 }  // namespace kiln

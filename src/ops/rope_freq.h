@@ -48,5 +48,4 @@ KILN_HOST_DEVICE inline RopeFreq rope_freq(const RopeParams& p, int32_t i, float
   return {static_cast<float>(freq), static_cast<float>(mscale * p.attn_factor)};
 }
 
-
 }  // namespace kiln::ops

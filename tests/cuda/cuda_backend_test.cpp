@@ -1,7 +1,7 @@
-// The CUDA backend's memory model on a real device (built with a `cuda` preset; run by scripts/gpu-check.sh on
-// the GPU machine): device buffers, uploads, downloads and copies round-trip bit for bit in stream order,
-// prepare_weight keeps a device copy of the weight, an op without a kernel is unimplemented naming it, and bad
-// transfers and device names are errors that say what is wrong.
+// The CUDA backend's memory model on a real device (built with a `cuda` preset; run by scripts/gpu-check.sh
+// on the GPU machine): device buffers, uploads, downloads and copies round-trip bit for bit in stream order,
+// prepare_weight keeps a device copy of the weight, an op without a kernel is unimplemented naming it, and
+// bad transfers and device names are errors that say what is wrong.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -70,8 +70,17 @@ TEST(CudaBackend, ErrorsSayWhatIsWrong) {
   const Tensor q = make_tensor(DType::f32, *big, 0, 512, 1, 1);
   const Tensor dst = make_tensor(DType::f32, *big, 2048, 512, 1, 1);
   const Tensor pool = make_tensor(DType::f32, *big, 4096, 512, 1, 1, 1);
-  const ops::Op op = ops::Attention{q,          pool, pool, i32(zero.data(), 1), i32(zero.data(), 1),
-                                    i32(indptr.data(), 2), i32(zero.data(), 1), 1.0f, 0.0f, 0, dst};
+  const ops::Op op = ops::Attention{q,
+                                    pool,
+                                    pool,
+                                    i32(zero.data(), 1),
+                                    i32(zero.data(), 1),
+                                    i32(indptr.data(), 2),
+                                    i32(zero.data(), 1),
+                                    1.0f,
+                                    0.0f,
+                                    0,
+                                    dst};
   ASSERT_TRUE(ops::check(op).ok()) << ops::check(op).to_string();
   EXPECT_FALSE(b->supports(op));
   const Status s = b->run(op);
@@ -83,7 +92,8 @@ TEST(CudaBackend, ErrorsSayWhatIsWrong) {
   EXPECT_EQ(make_backend("cuda:x").status().code(), StatusCode::invalid_argument);
 }
 
-// A buffer may outlive its backend (the stream is shared): it is freed in order, without an error left behind.
+// A buffer may outlive its backend (the stream is shared): it is freed in order, without an error left
+// behind.
 TEST(CudaBackend, BuffersMayOutliveTheBackend) {
   auto b = cuda();
   ASSERT_NE(b, nullptr);
@@ -112,7 +122,8 @@ TEST(CudaBackend, GraphReplaySeesNewDataAndNewParameters) {
     EXPECT_TRUE(b->run(p).ok());
     EXPECT_TRUE(b->download(out.data(), y, 64).ok());
     EXPECT_TRUE(b->synchronize().ok());
-    for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], scale * in[i]) << "scale " << scale << " fill " << fill;
+    for (size_t i = 0; i < out.size(); ++i)
+      EXPECT_EQ(out[i], scale * in[i]) << "scale " << scale << " fill " << fill;
   };
   step(2.0f, 1.0f);  // captured
   step(2.0f, 5.0f);  // replayed, new data

@@ -240,8 +240,8 @@ struct NamedBackend {
   bool host_visible = true;  // its buffers are host memory
 };
 
-// Every backend make_backend() gives here. The harness fills inputs in host memory; a backend whose memory the
-// host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
+// Every backend make_backend() gives here. The harness fills inputs in host memory; a backend whose memory
+// the host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
 const std::vector<NamedBackend>& backends() {
   static const std::vector<NamedBackend> all = [] {
     std::vector<NamedBackend> v;
@@ -261,28 +261,55 @@ const std::vector<NamedBackend>& backends() {
 
 // Every tensor operand of an op, weights included (empty ones too: data == nullptr).
 std::vector<Tensor*> operands(Op& op) {
-  return std::visit(
-      Overloaded{
-          [](GetRows& o) { return std::vector<Tensor*>{&o.table.tensor, &o.ids, &o.dst}; },
-          [](Matmul& o) { return std::vector<Tensor*>{&o.w.tensor, &o.x, &o.dst}; },
-          [](RmsNorm& o) { return std::vector<Tensor*>{&o.x, &o.w.tensor, &o.dst}; },
-          [](LayerNorm& o) { return std::vector<Tensor*>{&o.x, &o.w.tensor, &o.b.tensor, &o.dst}; },
-          [](Rope& o) { return std::vector<Tensor*>{&o.x, &o.positions, &o.freq_factors.tensor, &o.dst}; },
-          [](Softmax& o) { return std::vector<Tensor*>{&o.x, &o.dst}; },
-          [](KvWrite& o) { return std::vector<Tensor*>{&o.k, &o.v, &o.k_pool, &o.v_pool, &o.slots}; },
-          [](Attention& o) {
-            return std::vector<Tensor*>{&o.q,   &o.k_pool,    &o.v_pool,     &o.positions,
-                                        &o.seq, &o.bt_indptr, &o.bt_indices, &o.dst};
-          },
-          [](GatedAct& o) { return std::vector<Tensor*>{&o.gate, &o.up, &o.dst}; },
-          [](Binary& o) { return std::vector<Tensor*>{&o.a, &o.b.tensor, &o.dst}; },
-          [](Scale& o) { return std::vector<Tensor*>{&o.x, &o.dst}; },
-          [](Argmax& o) { return std::vector<Tensor*>{&o.x, &o.out}; },
-          [](MoeRoute& o) { return std::vector<Tensor*>{&o.logits, &o.ids, &o.weights}; },
-          [](MoeMatmul& o) { return std::vector<Tensor*>{&o.w.tensor, &o.x, &o.ids, &o.dst}; },
-          [](WeightedSum& o) { return std::vector<Tensor*>{&o.y, &o.w, &o.dst}; },
-      },
-      op);
+  return std::visit(Overloaded{
+                        [](GetRows& o) {
+                          return std::vector<Tensor*>{&o.table.tensor, &o.ids, &o.dst};
+                        },
+                        [](Matmul& o) {
+                          return std::vector<Tensor*>{&o.w.tensor, &o.x, &o.dst};
+                        },
+                        [](RmsNorm& o) {
+                          return std::vector<Tensor*>{&o.x, &o.w.tensor, &o.dst};
+                        },
+                        [](LayerNorm& o) {
+                          return std::vector<Tensor*>{&o.x, &o.w.tensor, &o.b.tensor, &o.dst};
+                        },
+                        [](Rope& o) {
+                          return std::vector<Tensor*>{&o.x, &o.positions, &o.freq_factors.tensor, &o.dst};
+                        },
+                        [](Softmax& o) {
+                          return std::vector<Tensor*>{&o.x, &o.dst};
+                        },
+                        [](KvWrite& o) {
+                          return std::vector<Tensor*>{&o.k, &o.v, &o.k_pool, &o.v_pool, &o.slots};
+                        },
+                        [](Attention& o) {
+                          return std::vector<Tensor*>{&o.q,   &o.k_pool,    &o.v_pool,     &o.positions,
+                                                      &o.seq, &o.bt_indptr, &o.bt_indices, &o.dst};
+                        },
+                        [](GatedAct& o) {
+                          return std::vector<Tensor*>{&o.gate, &o.up, &o.dst};
+                        },
+                        [](Binary& o) {
+                          return std::vector<Tensor*>{&o.a, &o.b.tensor, &o.dst};
+                        },
+                        [](Scale& o) {
+                          return std::vector<Tensor*>{&o.x, &o.dst};
+                        },
+                        [](Argmax& o) {
+                          return std::vector<Tensor*>{&o.x, &o.out};
+                        },
+                        [](MoeRoute& o) {
+                          return std::vector<Tensor*>{&o.logits, &o.ids, &o.weights};
+                        },
+                        [](MoeMatmul& o) {
+                          return std::vector<Tensor*>{&o.w.tensor, &o.x, &o.ids, &o.dst};
+                        },
+                        [](WeightedSum& o) {
+                          return std::vector<Tensor*>{&o.y, &o.w, &o.dst};
+                        },
+                    },
+                    op);
 }
 
 // The bytes a view spans, from its first element to the end of its last row.
@@ -304,7 +331,8 @@ class DeviceCopy {
       if (t->data != nullptr && extent(*t) > 0) ts.push_back(t);
     }
     std::vector<std::pair<uint8_t*, uint8_t*>> spans;
-    for (Tensor* t : ts) spans.emplace_back(static_cast<uint8_t*>(t->data), static_cast<uint8_t*>(t->data) + extent(*t));
+    for (Tensor* t : ts)
+      spans.emplace_back(static_cast<uint8_t*>(t->data), static_cast<uint8_t*>(t->data) + extent(*t));
     std::sort(spans.begin(), spans.end());
     for (const auto& [lo, hi] : spans) {
       if (!regions_.empty() && lo <= regions_.back().hi) {
@@ -395,10 +423,12 @@ Error compare(const std::vector<float>& out, const std::vector<float>& ref, doub
 }
 
 bool quantizes_x(const Op& op) {
-  return std::visit([](const auto& o) {
-    if constexpr (requires { o.quantize_x; }) return o.quantize_x;
-    return false;
-  }, op);
+  return std::visit(
+      [](const auto& o) {
+        if constexpr (requires { o.quantize_x; }) return o.quantize_x;
+        return false;
+      },
+      op);
 }
 
 // Runs make_op(dst) with the reference and on every backend, each into its own copy of `dst`, and holds each
@@ -416,7 +446,11 @@ void expect_matches_ref(const std::string& what, const Host& dst, Budget budget,
   if (quantizes_x(ref_op)) {
     Host exact = clone(dst);
     Op exact_op = make_op(exact.t);
-    std::visit([](auto& o) { if constexpr (requires { o.quantize_x; }) o.quantize_x = false; }, exact_op);
+    std::visit(
+        [](auto& o) {
+          if constexpr (requires { o.quantize_x; }) o.quantize_x = false;
+        },
+        exact_op);
     ref::run(exact_op);
     exact_values = gather(exact.t);
   }
@@ -429,7 +463,8 @@ void expect_matches_ref(const std::string& what, const Host& dst, Budget budget,
       EXPECT_LE(e.rel_l2, tolerance) << nb.name << " " << what << " (against the exact product)";
     } else {
       const Error e = compare(gather(out.t), ref_values, budget.ref_rms_floor);
-      EXPECT_LE(budget.metric == Metric::rel_l2 ? e.rel_l2 : e.max_abs, budget.limit) << nb.name << " " << what;
+      EXPECT_LE(budget.metric == Metric::rel_l2 ? e.rel_l2 : e.max_abs, budget.limit)
+          << nb.name << " " << what;
     }
     EXPECT_TRUE(outside_untouched(out)) << nb.name << " " << what << ": wrote outside dst";
   }
@@ -496,7 +531,9 @@ TEST(OpHarness, GetRows) {
       const Host dst = make_f32(layout, k, n_ids, 1, nullptr);
       const std::string what = fmt::format("get_rows {} table [{}, {}] {} ids {}", info.name, k, n_rows,
                                            n_ids, layout_name(layout));
-      expect_matches_ref(what, dst, kRowWise, [&](const Tensor& d) { return Op(GetRows{table.t, iv(ids), d}); });
+      expect_matches_ref(what, dst, kRowWise, [&](const Tensor& d) {
+        return Op(GetRows{table.t, iv(ids), d});
+      });
     }
   }
 }
@@ -555,13 +592,13 @@ TEST(OpHarness, Rope) {
         const Host x = make_f32(layout, head_dim, n_heads, n_tokens, &rng);
         const std::vector<int32_t> pos = {0, 1, rng.integer(2, 4000), rng.integer(4000, 40000), 131071};
         const Host dst = in_place ? clone(x) : make_f32(layout, head_dim, n_heads, n_tokens, nullptr);
-        expect_matches_ref(fmt::format("rope layout {} scaling {}{} head_dim {} n_rot {} {}{}",
-                                       static_cast<int>(rl), static_cast<int>(sc),
-                                       with_factors ? " freq_factors" : "", head_dim, n_rot,
-                                       layout_name(layout), in_place ? " in place" : ""),
-                           dst, kRowWise, [&](const Tensor& d) {
-                             return Op(Rope{in_place ? d : x.t, iv(pos), p, freq_factors, d});
-                           });
+        expect_matches_ref(
+            fmt::format("rope layout {} scaling {}{} head_dim {} n_rot {} {}{}", static_cast<int>(rl),
+                        static_cast<int>(sc), with_factors ? " freq_factors" : "", head_dim, n_rot,
+                        layout_name(layout), in_place ? " in place" : ""),
+            dst, kRowWise, [&](const Tensor& d) {
+              return Op(Rope{in_place ? d : x.t, iv(pos), p, freq_factors, d});
+            });
       }
     }
   }
@@ -717,8 +754,8 @@ TEST(OpHarness, Attention) {
               "attention {} heads {}/{} head_dim {} block_size {} softcap {} window {} {}", dtype_name(type),
               n_heads, n_kv, head_dim, block_size, var.softcap, var.window, layout_name(layout));
           expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
-            return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                                var.softcap, var.window, d});
+            return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
+                                scale, var.softcap, var.window, d});
           });
         }
       }
@@ -741,7 +778,8 @@ TEST(OpHarness, AttentionPrefill) {
          {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{12, 1, 128}, std::tuple{6, 2, 256}}) {
       const Variant& var = variants[i % 3];
       const int64_t block_size = i++ % 2 == 0 ? 16 : 4;
-      // Sequences of 40, 23 and 50 positions; the batch: all of 0, 7 of 2's last, a decode token of 1, the rest.
+      // Sequences of 40, 23 and 50 positions; the batch: all of 0, 7 of 2's last, a decode token of 1, the
+      // rest.
       const int64_t lens[] = {40, 23, 50};
       std::vector<int32_t> seq, pos;
       for (int32_t p = 0; p < 40; ++p) seq.push_back(0), pos.push_back(p);
@@ -883,10 +921,10 @@ TEST(OpHarness, WeightedSum) {
 
 // ---- typed activations: f16 / bf16 destinations ----
 
-// The ops whose contract allows a float destination (f32, f16, bf16). The reference computes in f32 and rounds
-// once to nearest even: its f16 / bf16 output is exactly its f32 output rounded. A backend that declares such
-// a destination in supports() is held to the reference's rounded output (one rounding step, 2^-8 relative for
-// bf16, of the values' magnitude); one that does not must refuse it with unimplemented.
+// The ops whose contract allows a float destination (f32, f16, bf16). The reference computes in f32 and
+// rounds once to nearest even: its f16 / bf16 output is exactly its f32 output rounded. A backend that
+// declares such a destination in supports() is held to the reference's rounded output (one rounding step,
+// 2^-8 relative for bf16, of the values' magnitude); one that does not must refuse it with unimplemented.
 TEST(OpHarness, FloatDestinations) {
   Rng rng(21);
   const Host a = dense(64, 5, 1, &rng), b = dense(64, 5, 1, &rng), w = dense(64, 1, 1, &rng);
@@ -899,11 +937,26 @@ TEST(OpHarness, FloatDestinations) {
     std::function<Op(const Tensor&)> make;
   };
   const std::vector<Case> cases = {
-      {"get_rows", 64, 4, [&](const Tensor& d) { return Op(GetRows{table.t, iv(ids), d}); }},
-      {"matmul", 24, 5, [&](const Tensor& d) { return Op(Matmul{wm.t, a.t, d}); }},
-      {"rms_norm", 64, 5, [&](const Tensor& d) { return Op(RmsNorm{a.t, w.t, 1e-6f, false, d}); }},
-      {"gated_act", 64, 5, [&](const Tensor& d) { return Op(GatedAct{a.t, b.t, GluKind::glu_kind_silu, d}); }},
-      {"binary", 64, 5, [&](const Tensor& d) { return Op(Binary{a.t, b.t, BinaryKind::binary_kind_mul, d}); }},
+      {"get_rows", 64, 4,
+       [&](const Tensor& d) {
+         return Op(GetRows{table.t, iv(ids), d});
+       }},
+      {"matmul", 24, 5,
+       [&](const Tensor& d) {
+         return Op(Matmul{wm.t, a.t, d});
+       }},
+      {"rms_norm", 64, 5,
+       [&](const Tensor& d) {
+         return Op(RmsNorm{a.t, w.t, 1e-6f, false, d});
+       }},
+      {"gated_act", 64, 5,
+       [&](const Tensor& d) {
+         return Op(GatedAct{a.t, b.t, GluKind::glu_kind_silu, d});
+       }},
+      {"binary", 64, 5,
+       [&](const Tensor& d) {
+         return Op(Binary{a.t, b.t, BinaryKind::binary_kind_mul, d});
+       }},
   };
   for (const Case& c : cases) {
     Host f32 = dense(c.ne0, c.ne1, 1, nullptr);
@@ -1112,7 +1165,8 @@ TEST(OpCheck, Attention) {
   const Csr bt = csr({t0, t1});
   const std::vector<int32_t> pos = {1, 3}, seq = {0, 1}, one = {1};
   auto op = [&](auto&&... changes) {
-    Attention a{o.x.t, pool.t, pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), 0.35f, 0.0f, 0, o.y.t};
+    Attention a{o.x.t,          pool.t, pool.t, iv(pos), iv(seq), iv(bt.indptr),
+                iv(bt.indices), 0.35f,  0.0f,   0,       o.y.t};
     (changes(a), ...);
     return Op(a);
   };

@@ -44,7 +44,7 @@ bool g_quantize_x = false;
 // The context the model is told it serves (the engine's default): picks Phi-3's LongRoPE factors.
 constexpr int32_t kContext = 4096;
 std::string g_device = "cpu";  // --device NAME: cpu, cuda, cuda:N
-bool g_force_f32 = false;  // --f32: a Hugging Face folder imported with every tensor as f32
+bool g_force_f32 = false;      // --f32: a Hugging Face folder imported with every tensor as f32
 kiln::DType g_kv_type = kiln::DType::f32;
 
 kiln::Status run_logits(const std::string& model_path, const std::string& out_path, int chunk, int threads,
@@ -150,7 +150,8 @@ kiln::Status run_generate(const std::string& model_path, int n, int threads,
       return kiln::make_status(kiln::StatusCode::internal, "request failed");
     decode_ms = std::max(decode_ms, st.decode_ms);
   }
-  const double elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double elapsed_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   header = {{"ok", true}, {"tokens", tokens}, {"elapsed_ms", elapsed_ms}, {"decode_ms", decode_ms}};
   return kiln::Status::ok_status();
 }

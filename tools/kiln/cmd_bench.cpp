@@ -1,6 +1,6 @@
 // kiln bench: prompt processing and generation speed, in the spirit of llama-bench. One table row per (model,
-// threads, test): ppP (a P-token prompt, processed in one step), tgN (N tokens generated one at a time after a
-// one-token prompt) and tgN@bsB (B requests generating together). Each test runs once untimed, then --reps
+// threads, test): ppP (a P-token prompt, processed in one step), tgN (N tokens generated one at a time after
+// a one-token prompt) and tgN@bsB (B requests generating together). Each test runs once untimed, then --reps
 // times; rows give tokens/s as mean ± standard deviation. Every request has its own cache salt, so no
 // repetition reuses another's prefix cache.
 #include <algorithm>
@@ -75,15 +75,16 @@ Result<std::vector<RequestStats>> run_requests(Engine& engine, int32_t n_prompt,
   for (uint64_t id : ids) {
     KILN_ASSIGN_OR_RETURN(RequestStats st, engine.wait(id));
     if (st.finish != FinishReason::length) {
-      return make_status(StatusCode::internal, "a benchmark request ended with {}", finish_reason_name(st.finish));
+      return make_status(StatusCode::internal, "a benchmark request ended with {}",
+                         finish_reason_name(st.finish));
     }
     stats.push_back(st);
   }
   return stats;
 }
 
-// tokens/s of one repetition: the prompt over its processing time (pp), or the tokens after the first over the
-// longest decode of the batch (tg: they decode together).
+// tokens/s of one repetition: the prompt over its processing time (pp), or the tokens after the first over
+// the longest decode of the batch (tg: they decode together).
 Result<double> measure(Engine& engine, const Row& row, uint64_t& salt, std::mt19937& rng) {
   if (row.n_prompt > 0) {
     KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, row.n_prompt, 1, 1, salt, rng));
@@ -97,7 +98,8 @@ Result<double> measure(Engine& engine, const Row& row, uint64_t& salt, std::mt19
 
 std::string human_bytes(uint64_t b) {
   const double v = static_cast<double>(b);
-  return v >= 1073741824.0 ? fmt::format("{:.2f} GiB", v / 1073741824.0) : fmt::format("{:.2f} MiB", v / 1048576.0);
+  return v >= 1073741824.0 ? fmt::format("{:.2f} GiB", v / 1073741824.0)
+                           : fmt::format("{:.2f} MiB", v / 1048576.0);
 }
 
 void print_rows(const std::vector<Row>& rows, const std::string& format) {
@@ -122,19 +124,22 @@ void print_rows(const std::vector<Row>& rows, const std::string& format) {
     return;
   }
   if (format == "csv") {
-    std::printf("model,size_bytes,n_params,backend,threads,test,n_prompt,n_gen,batch,tokens_per_s,tokens_per_s_sd\n");
+    std::printf(
+        "model,size_bytes,n_params,backend,threads,test,n_prompt,n_gen,batch,tokens_per_s,tokens_per_s_sd\n");
     for (const Row& r : rows) {
       std::printf("\"%s\",%llu,%lld,%s,%d,%s,%d,%d,%d,%.3f,%.3f\n", r.model.c_str(),
-                  static_cast<unsigned long long>(r.size_bytes), static_cast<long long>(r.n_params), r.backend.c_str(),
-                  r.threads, r.test.c_str(), r.n_prompt, r.n_gen, r.batch, r.mean(), r.sd());
+                  static_cast<unsigned long long>(r.size_bytes), static_cast<long long>(r.n_params),
+                  r.backend.c_str(), r.threads, r.test.c_str(), r.n_prompt, r.n_gen, r.batch, r.mean(),
+                  r.sd());
     }
     return;
   }
   std::printf("| model | size | params | backend | threads | test | t/s |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
   for (const Row& r : rows) {
-    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f |\n", r.model.c_str(), human_bytes(r.size_bytes).c_str(),
-                static_cast<double>(r.n_params) / 1e6, r.backend.c_str(), r.threads, r.test.c_str(), r.mean(), r.sd());
+    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f |\n", r.model.c_str(),
+                human_bytes(r.size_bytes).c_str(), static_cast<double>(r.n_params) / 1e6, r.backend.c_str(),
+                r.threads, r.test.c_str(), r.mean(), r.sd());
   }
 }
 
@@ -204,9 +209,12 @@ Status run_bench(const BenchOptions& o) {
 
 void register_bench(CLI::App& app, int& rc) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Measure prompt processing and generation speed (llama-bench style)");
-  cmd->add_option("-m,--model", o->models, "A GGUF file or a Hugging Face folder; repeatable (default: the default model)");
-  cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt lengths to process, comma-separated or repeated (0: none)")
+  CLI::App* cmd =
+      app.add_subcommand("bench", "Measure prompt processing and generation speed (llama-bench style)");
+  cmd->add_option("-m,--model", o->models,
+                  "A GGUF file or a Hugging Face folder; repeatable (default: the default model)");
+  cmd->add_option("-p,--n-prompt", o->n_prompt,
+                  "Prompt lengths to process, comma-separated or repeated (0: none)")
       ->delimiter(',')
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
@@ -216,7 +224,8 @@ void register_bench(CLI::App& app, int& rc) {
   cmd->add_option("-t,--threads", o->threads, "CPU threads, comma-separated or repeated (0: physical cores)")
       ->delimiter(',')
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--batch", o->batch, "Also generate with this many requests together, comma-separated or repeated")
+  cmd->add_option("--batch", o->batch,
+                  "Also generate with this many requests together, comma-separated or repeated")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
   cmd->add_option("-r,--reps", o->reps, "Timed repetitions of each test (after one untimed)")

@@ -37,8 +37,9 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model, "A GGUF file or a Hugging Face folder (default: the default model)");
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: min(model's, 4096))")
       ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("-d,--device", o.device,
-                  "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
+  cmd->add_option(
+      "-d,--device", o.device,
+      "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
@@ -110,8 +111,7 @@ Result<RequestStats> generate(Engine& engine, const Request& req, std::string* r
 void print_stats(const Engine& engine, const RequestStats& st) {
   const ModelDescription& m = engine.model();
   const int32_t computed = st.n_prompt - st.n_cached;
-  const std::string where =
-      m.backend == "cpu" ? fmt::format("cpu, {} threads", m.n_threads) : m.backend;
+  const std::string where = m.backend == "cpu" ? fmt::format("cpu, {} threads", m.n_threads) : m.backend;
   std::fprintf(stderr, "\n%s on %s: load %.0f ms, context %d, weights %.2f GiB, KV cache %.2f GiB\n",
                m.name.c_str(), where.c_str(), m.load_ms, m.n_ctx, m.weight_bytes / 1073741824.0,
                m.kv_bytes / 1073741824.0);

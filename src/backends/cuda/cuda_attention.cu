@@ -1,11 +1,10 @@
 // Paged causal attention on CUDA, split-KV ("flash-decoding"): a block serves one token and one KV head, for
-// up to kGroup of the query heads that share that KV head (GQA: each K/V row is read once per group), over one
-// chunk of the token's positions. Each warp takes every n_warps-th position of the chunk: lanes hold the head
-// dims, the scores are warp sums, and the softmax is online (running max and sum). The warps' states merge in
-// shared memory; with one chunk the block writes dst, with several each writes its state and a second kernel
-// merges the chunks in order.
-// Bound: by the K/V bytes read in decode. Prefill rereads K/V per token: a tiled tensor-core kernel replaces
-// this path there.
+// up to kGroup of the query heads that share that KV head (GQA: each K/V row is read once per group), over
+// one chunk of the token's positions. Each warp takes every n_warps-th position of the chunk: lanes hold the
+// head dims, the scores are warp sums, and the softmax is online (running max and sum). The warps' states
+// merge in shared memory; with one chunk the block writes dst, with several each writes its state and a
+// second kernel merges the chunks in order. Bound: by the K/V bytes read in decode. Prefill rereads K/V per
+// token: a tiled tensor-core kernel replaces this path there.
 #include <algorithm>
 #include <cstdint>
 
@@ -16,8 +15,8 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kGroup = 8;      // query heads per block, at most
-constexpr int kWarps = 4;      // warps per block
+constexpr int kGroup = 8;  // query heads per block, at most
+constexpr int kWarps = 4;  // warps per block
 constexpr int kMaxHeadDim = 256;
 constexpr int64_t kTileMinTokens = 32;  // batches from this size take the tiled (prefill) kernel
 
@@ -53,7 +52,8 @@ __device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) 
 template <int DPL, class KV>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
-                     const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial, Geometry g) {
+                     const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial,
+                     Geometry g) {
   extern __shared__ float shm[];  // kWarps x kGroup x (head_dim + 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
@@ -174,11 +174,12 @@ __global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) 
 template <int DPL, class KV>
 cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial) {
   const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
-  const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv), static_cast<unsigned>(g.n_chunks));
+  const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
+                  static_cast<unsigned>(g.n_chunks));
   const size_t shm = sizeof(float) * kWarps * kGroup * (g.head_dim + 2);
   auto* kernel = attention_kernel<DPL, KV>;
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(shm));
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
       e != cudaSuccess) {
     return e;
   }
@@ -194,7 +195,8 @@ cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry&
 }
 
 template <class KV>
-cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial) {
+cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
+                                float* partial) {
   if (g.head_dim <= 32) return launch<1, KV>(ctx, op, g, partial);
   if (g.head_dim <= 64) return launch<2, KV>(ctx, op, g, partial);
   if (g.head_dim <= 128) return launch<4, KV>(ctx, op, g, partial);
@@ -203,14 +205,14 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 
 // ---- prefill: a tile of query rows shares every K/V position it reads ----
 //
-// A block holds up to kTileRows query rows: T consecutive tokens of the batch x the query heads of one KV head
-// (up to kTileRows of them), kTpr threads a row, each thread kDpt of the row's dims (dims s, s + kTpr, ...:
-// the threads of a row read different shared-memory banks). The block walks the positions of the tile's
-// sequence in chunks (64 KiB of K and V): the chunk's K and V rows go to shared memory once (as f32) and serve every
-// row of the tile; each row takes the positions its token may see (causal, window), the scores a sum over its
-// kTpr threads, the softmax online. Tokens of different sequences in one tile take turns, one sequence at a
-// time. Exact f32 arithmetic, as the decode kernel; bound by the FMAs, not by K/V traffic (the decode kernel
-// would read K/V once per token).
+// A block holds up to kTileRows query rows: T consecutive tokens of the batch x the query heads of one KV
+// head (up to kTileRows of them), kTpr threads a row, each thread kDpt of the row's dims (dims s, s + kTpr,
+// ...: the threads of a row read different shared-memory banks). The block walks the positions of the tile's
+// sequence in chunks (64 KiB of K and V): the chunk's K and V rows go to shared memory once (as f32) and
+// serve every row of the tile; each row takes the positions its token may see (causal, window), the scores a
+// sum over its kTpr threads, the softmax online. Tokens of different sequences in one tile take turns, one
+// sequence at a time. Exact f32 arithmetic, as the decode kernel; bound by the FMAs, not by K/V traffic (the
+// decode kernel would read K/V once per token).
 constexpr int kTileThreads = 256;
 
 // K/V rows p0 .. p0+n-1 of a sequence into shared memory as f32 (chunk[j * head_dim + d]), 16 bytes a load
@@ -226,7 +228,8 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
       const int64_t j = e / vecs, d = (e % vecs) * kVec, p = p0 + j;
       const int32_t blk = table[p / g.block_size];
       if (blk < 0) continue;
-      const KV* src = pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
+      const KV* src =
+          pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
       const uint4 v = *reinterpret_cast<const uint4*>(src);
       const KV* vals = reinterpret_cast<const KV*>(&v);
 #pragma unroll
@@ -238,16 +241,17 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
     const int64_t j = e / g.head_dim, d = e % g.head_dim, p = p0 + j;
     const int32_t blk = table[p / g.block_size];
     if (blk < 0) continue;
-    chunk[e] = load(pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d);
+    chunk[e] =
+        load(pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d);
   }
 }
 
 template <int kTpr, class KV>
 __global__ void __launch_bounds__(kTileThreads)
-    attention_tile_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
-                          const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, Geometry g, int64_t tile_tokens,
-                          int64_t heads_per_tile, int32_t chunk_len) {
-  constexpr int kDpt = 32;  // dims a thread, at most: head_dim <= kTpr * 32
+    attention_tile_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
+                          const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
+                          Geometry g, int64_t tile_tokens, int64_t heads_per_tile, int32_t chunk_len) {
+  constexpr int kDpt = 32;          // dims a thread, at most: head_dim <= kTpr * 32
   extern __shared__ float chunk[];  // K then V: chunk_len x head_dim each
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
   const int64_t b = blockIdx.x;
@@ -256,8 +260,10 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t n_q = min(heads_per_tile, kvh * g.group + g.group - h0);
   const int64_t t0 = tile * tile_tokens, t1 = min(t0 + tile_tokens, g.n_tokens);
   const int row = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
-  // The lanes of this row: the rows of a warp walk different position ranges, so a shuffle names only its own.
-  const unsigned row_mask = (kTpr == 32 ? 0xffffffffu : (1u << kTpr) - 1u) << (threadIdx.x % 32 / kTpr * kTpr);
+  // The lanes of this row: the rows of a warp walk different position ranges, so a shuffle names only its
+  // own.
+  const unsigned row_mask = (kTpr == 32 ? 0xffffffffu : (1u << kTpr) - 1u)
+                            << (threadIdx.x % 32 / kTpr * kTpr);
   const int64_t my_t = t0 + row / n_q, my_h = h0 + row % n_q;
   const bool active = row < (t1 - t0) * n_q;
   const int32_t my_seq = active ? seq[my_t] : -1, my_pos = active ? positions[my_t] : -1;
@@ -341,8 +347,8 @@ cudaError_t launch_tile(const Context& ctx, const ops::Attention& op, const Geom
   const auto chunk_len = static_cast<int32_t>(std::max<int64_t>(16, 8192 / g.head_dim));
   const size_t shm = sizeof(float) * 2 * chunk_len * g.head_dim;
   auto* kernel = attention_tile_kernel<kTpr, KV>;
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(shm));
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
       e != cudaSuccess) {
     return e;
   }

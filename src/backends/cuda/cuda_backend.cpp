@@ -74,8 +74,8 @@ class CudaBackend final : public Backend {
     };
     ctx_.owner = this;
     const char* profile = std::getenv("KILN_CUDA_PROFILE");
-    profile_ = profile != nullptr && std::string_view(profile) == "1" && cudaEventCreate(&start_) == cudaSuccess &&
-               cudaEventCreate(&stop_) == cudaSuccess;
+    profile_ = profile != nullptr && std::string_view(profile) == "1" &&
+               cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
     const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
     graphs_ = graphs == nullptr || std::string_view(graphs) != "0";
   }
@@ -180,7 +180,8 @@ class CudaBackend final : public Backend {
     KILN_ASSIGN_OR_RETURN(h->storage, allocate(bytes));
     if (bytes > 0) {
       KILN_TRY(select());
-      KILN_CUDA_TRY(cudaMemcpyAsync(h->storage->data(), logical.data, bytes, cudaMemcpyHostToDevice, stream_));
+      KILN_CUDA_TRY(
+          cudaMemcpyAsync(h->storage->data(), logical.data, bytes, cudaMemcpyHostToDevice, stream_));
     }
     Tensor device = logical;
     device.data = h->storage->data();
@@ -248,7 +249,9 @@ class CudaBackend final : public Backend {
     const Tensor& w = mm->w.tensor;
     const int64_t m = mm->x.n_rows();
     return fmt::format("matmul {} [{}, {}] m {}", dtype_name(w.type), w.ne[0], w.ne[1],
-                       m <= 8 ? std::to_string(m) : m <= 64 ? "9-64" : ">64");
+                       m <= 8    ? std::to_string(m)
+                       : m <= 64 ? "9-64"
+                                 : ">64");
   }
   Status record_profile(const ops::Op& op) {
     KILN_CUDA_TRY(cudaEventRecord(stop_, stream_));
@@ -262,14 +265,16 @@ class CudaBackend final : public Backend {
   }
   void print_profile() const {
     std::vector<std::pair<std::string, OpTime>> rows(profile_times_.begin(), profile_times_.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
     double total = 0;
     for (const auto& r : rows) total += r.second.ms;
-    std::fprintf(stderr, "%s profile: %.1f ms of kernels\n%-44s %10s %8s %10s %6s\n", name_.c_str(), total, "op",
-                 "ms", "calls", "us/call", "share");
+    std::fprintf(stderr, "%s profile: %.1f ms of kernels\n%-44s %10s %8s %10s %6s\n", name_.c_str(), total,
+                 "op", "ms", "calls", "us/call", "share");
     for (const auto& [key, t] : rows) {
-      std::fprintf(stderr, "%-44s %10.2f %8lld %10.1f %5.1f%%\n", key.c_str(), t.ms, static_cast<long long>(t.calls),
-                   1000.0 * t.ms / static_cast<double>(t.calls), 100.0 * t.ms / total);
+      std::fprintf(stderr, "%-44s %10.2f %8lld %10.1f %5.1f%%\n", key.c_str(), t.ms,
+                   static_cast<long long>(t.calls), 1000.0 * t.ms / static_cast<double>(t.calls),
+                   100.0 * t.ms / total);
     }
   }
 
@@ -297,8 +302,8 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
-  Stream owner_;          // shared with the buffers
-  cudaStream_t stream_;   // owner_.get()
+  Stream owner_;         // shared with the buffers
+  cudaStream_t stream_;  // owner_.get()
   Cublas cublas_;
   std::string name_;
   cuda::Context ctx_;
@@ -335,7 +340,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOpti
   cublasHandle_t handle = nullptr;
   if (const cublasStatus_t e = cublasCreate(&handle); e != CUBLAS_STATUS_SUCCESS) {
     cudaStreamDestroy(stream);
-    return make_status(StatusCode::internal, "cuda:{}: cublasCreate failed: {}", device, cublasGetStatusString(e));
+    return make_status(StatusCode::internal, "cuda:{}: cublasCreate failed: {}", device,
+                       cublasGetStatusString(e));
   }
   Cublas cublas(handle);
   cublasSetStream(handle, stream);

@@ -13,7 +13,8 @@ bool pool_type(const Tensor& t) { return t.type == DType::f32 || t.type == DType
 }  // namespace
 
 bool supports(const ops::Op& op) {
-  if (const Tensor* dst = ops::float_dst(op); dst != nullptr && !ops::is_float_activation(dst->type)) return false;
+  if (const Tensor* dst = ops::float_dst(op); dst != nullptr && !ops::is_float_activation(dst->type))
+    return false;
   return std::visit(
       Overloaded{
           [](const ops::GetRows& o) { return supports_weight_type(o.table.tensor.type); },
@@ -25,7 +26,8 @@ bool supports(const ops::Op& op) {
           [](const ops::Softmax& o) { return f32(o.dst); },
           [](const ops::KvWrite& o) { return pool_type(o.k_pool) && pool_type(o.v_pool); },
           [](const ops::Attention& o) {
-            return pool_type(o.k_pool) && o.k_pool.type == o.v_pool.type && f32(o.dst) && attention_supported(o);
+            return pool_type(o.k_pool) && o.k_pool.type == o.v_pool.type && f32(o.dst) &&
+                   attention_supported(o);
           },
           [](const ops::GatedAct&) { return true; },
           [](const ops::Binary& o) { return f32(o.b.tensor); },

@@ -44,7 +44,8 @@ std::vector<uint64_t> program_signature(const Program& program) {
                    [&](const ops::Rope& o) {
                      const ops::RopeParams& p = o.p;
                      w.all(o.x, o.positions, o.freq_factors, o.dst, u(p.n_rot), u(p.layout), p.freq_base,
-                           u(p.scaling), p.factor, u(p.original_context), p.beta_fast, p.beta_slow, p.attn_factor);
+                           u(p.scaling), p.factor, u(p.original_context), p.beta_fast, p.beta_slow,
+                           p.attn_factor);
                    },
                    [&](const ops::Softmax& o) { w.all(o.x, o.scale, o.dst); },
                    [&](const ops::KvWrite& o) { w.all(o.k, o.v, o.k_pool, o.v_pool, o.slots); },

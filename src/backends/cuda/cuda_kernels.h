@@ -1,6 +1,6 @@
 // The CUDA kernels behind the backend (cuda_backend.cpp): one launcher per op, enqueued on the context's
-// stream. Launchers assume ops::check(op) is ok and cuda::supports(op) is true; they return cudaSuccess or the
-// error of a launch or of a scratch allocation (the host code turns it into a Status naming the op). This
+// stream. Launchers assume ops::check(op) is ok and cuda::supports(op) is true; they return cudaSuccess or
+// the error of a launch or of a scratch allocation (the host code turns it into a Status naming the op). This
 // header is plain C++ over the CUDA runtime's types, so that host code compiled by the C++ compiler and the
 // .cu files compiled by nvcc share it.
 #pragma once

@@ -3,17 +3,18 @@
 // Matmul has three paths, by m = x.n_rows():
 // - m <= kGemvMaxCols (decode): gemv_kernel streams the weight once, dequantizes it in registers and computes
 //   all m columns from that one pass, in f32. Exact (the products of the exactly dequantized weight and x).
-// - m > kGemvMaxCols, quantize_x false: the weight dequantized to f32 (unless it is f32 already), cublasSgemm.
+// - m > kGemvMaxCols, quantize_x false: the weight dequantized to f32 (unless it is f32 already),
+// cublasSgemm.
 // - m > kGemvMaxCols, quantize_x true: cublasGemmEx on tensor cores with f32 accumulation: bf16 weights with
 //   x rounded to bf16; f16 and block-quantized weights (dequantized to f16) with x rounded to f16, saturated;
 //   f32 weights in TF32 (~1e-3 relative at worst).
 // Every path computes f32 and rounds once to an f16 / bf16 destination.
 #include <cuda_bf16.h>
-#include <cstdlib>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/cuda_kernels.h"
@@ -23,7 +24,7 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kGemvMaxCols = 8;  // the widest m the GEMV path takes
+constexpr int kGemvMaxCols = 8;    // the widest m the GEMV path takes
 constexpr int kGemvThreads = 128;  // threads per block, splitting k
 constexpr int kMaxGridY = 65535;
 constexpr int kPieceThreads = 128;  // threads per block of the elementwise kernels (one piece each)
@@ -60,9 +61,12 @@ struct Ids {
 Ids ids_of(const Tensor& t) { return {static_cast<const char*>(t.data), t.ne[0], t.nb[0], t.nb[1]}; }
 
 __device__ __forceinline__ void store_float(char* row, DType type, int64_t j, float v) {
-  if (type == DType::f32) reinterpret_cast<float*>(row)[j] = v;
-  else if (type == DType::f16) reinterpret_cast<__half*>(row)[j] = __float2half_rn(v);
-  else reinterpret_cast<__nv_bfloat16*>(row)[j] = __float2bfloat16_rn(v);
+  if (type == DType::f32)
+    reinterpret_cast<float*>(row)[j] = v;
+  else if (type == DType::f16)
+    reinterpret_cast<__half*>(row)[j] = __float2half_rn(v);
+  else
+    reinterpret_cast<__nv_bfloat16*>(row)[j] = __float2bfloat16_rn(v);
 }
 
 int elem_bytes(DType float_type) { return float_type == DType::f32 ? 4 : 2; }
@@ -90,14 +94,14 @@ struct GemvArgs {
   const uint8_t* w;      // [k, n] or, with ids, [k, n, n_expert]
   int64_t w_nb1, w_nb2;  // bytes between rows, between experts
   int64_t n, k;
-  int m;                 // columns per group: 1 .. kGemvMaxCols
+  int m;  // columns per group: 1 .. kGemvMaxCols
   int64_t n_groups;
-  bool use_ids;          // MoE: column q uses expert ids[q] (m == 1); else expert 0
+  bool use_ids;  // MoE: column q uses expert ids[q] (m == 1); else expert 0
   Ids ids;
-  int64_t x_div;         // column q reads x row q / x_div
-  Rows x;                // f32 rows of k
-  bool x_vec;            // every x row is 16-byte aligned
-  Rows dst;              // rows of n
+  int64_t x_div;  // column q reads x row q / x_div
+  Rows x;         // f32 rows of k
+  bool x_vec;     // every x row is 16-byte aligned
+  Rows dst;       // rows of n
   DType dst_type;
 };
 
@@ -119,12 +123,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// A block's partial dot products: acc[r][c] over the pieces t, t + kGemvThreads, ... of its kRows rows (t = the
-// thread's index in the block: consecutive threads read consecutive pieces). kUnroll pieces per row are loaded
-// and dequantized before their products, to keep loads in flight.
+// A block's partial dot products: acc[r][c] over the pieces t, t + kGemvThreads, ... of its kRows rows (t =
+// the thread's index in the block: consecutive threads read consecutive pieces). kUnroll pieces per row are
+// loaded and dequantized before their products, to keep loads in flight.
 template <DType T, int A, int kCols, int kRows, int kUnroll>
-__device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows], const float* const (&x)[kCols],
-                                             const GemvArgs& a, float (&acc)[kRows][kCols]) {
+__device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows],
+                                             const float* const (&x)[kCols], const GemvArgs& a,
+                                             float (&acc)[kRows][kCols]) {
   using Q = Quant<T>;
   const int64_t n_pieces = a.k / 8;
   for (int64_t base = threadIdx.x; base < n_pieces; base += kGemvThreads * kUnroll) {
@@ -185,7 +190,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     for (int r = 0; r < kRows; ++r) rows[r] = w + min(row0 + r, a.n - 1) * a.w_nb1;
     const float* x[kCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) x[c] = reinterpret_cast<const float*>(a.x.row((q0 + min(c, a.m - 1)) / a.x_div));
+    for (int c = 0; c < kCols; ++c)
+      x[c] = reinterpret_cast<const float*>(a.x.row((q0 + min(c, a.m - 1)) / a.x_div));
     float acc[kRows][kCols] = {};
     gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, a, acc);
 #pragma unroll
@@ -221,9 +227,9 @@ void launch_gemv_shape(const Context& ctx, const GemvArgs& a, bool natural_align
   }
 }
 
-// Rows a block: more rows make fewer, larger blocks, and each x value loaded from L1 serves them all (x is f32:
-// with one row its traffic is twice the weight's); fewer keep the device evenly busy on short matrices. The
-// pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows.
+// Rows a block: more rows make fewer, larger blocks, and each x value loaded from L1 serves them all (x is
+// f32: with one row its traffic is twice the weight's); fewer keep the device evenly busy on short matrices.
+// The pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows.
 template <DType T>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align) {
   if (a.m > 1) return launch_gemv_shape<T, kGemvMaxCols, 4, 1>(ctx, a, natural_align);
@@ -253,7 +259,8 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w) {
   return visit_weight_type(w.type, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const int64_t align = Quant<T>::kAlign;
-    const bool natural = aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
+    const bool natural =
+        aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
     launch_gemv_rows<T>(ctx, a, natural);
     return cudaGetLastError();
   });
@@ -281,7 +288,7 @@ struct DequantArgs {
   int64_t src_nb1;  // bytes between source rows
   int64_t ne0;      // elements per row
   int64_t n_rows;
-  bool use_ids;     // row r of dst is source row ids[r]; else source row r
+  bool use_ids;  // row r of dst is source row ids[r]; else source row r
   Ids ids;
   Rows dst;
   DType dst_type;
@@ -322,7 +329,8 @@ cudaError_t launch_dequant(const Context& ctx, const DequantArgs& a, DType type)
   });
 }
 
-// The [k, n] weight `w` as a contiguous matrix of f32, f16 or bf16 in scratch slot kSlotW (null: out of memory).
+// The [k, n] weight `w` as a contiguous matrix of f32, f16 or bf16 in scratch slot kSlotW (null: out of
+// memory).
 void* dequant_weight(const Context& ctx, const Tensor& w, DType to, cudaError_t* err) {
   const int64_t k = w.ne[0], n = w.ne[1];
   void* out = ctx.scratch(kSlotW, static_cast<size_t>(k * n * elem_bytes(to)));
@@ -392,12 +400,13 @@ Operand gemm_x(const Context& ctx, const Tensor& x, DType type, cudaError_t* err
     *err = cudaErrorMemoryAllocation;
     return {};
   }
-  *err = convert_rows(ctx, rows_of(x), k, m, packed_rows(out, k, m, elem_bytes(type)), type,
-                      type == DType::f16);
+  *err =
+      convert_rows(ctx, rows_of(x), k, m, packed_rows(out, k, m, elem_bytes(type)), type, type == DType::f16);
   return {out, k};
 }
 
-// Where the GEMM writes its f32 [n, m] result: dst itself when it is f32 with equally spaced rows, else scratch.
+// Where the GEMM writes its f32 [n, m] result: dst itself when it is f32 with equally spaced rows, else
+// scratch.
 Operand gemm_dst(const Context& ctx, const Tensor& dst, cudaError_t* err) {
   if (dst.type == DType::f32) {
     if (const int64_t ld = leading_dim(dst, 4); ld != 0) return {dst.data, ld};
@@ -408,19 +417,21 @@ Operand gemm_dst(const Context& ctx, const Tensor& dst, cudaError_t* err) {
 }
 
 // cuBLAS failures have no cudaError_t of their own: the launchers report them as cudaErrorUnknown.
-cudaError_t cublas_error(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown; }
+cudaError_t cublas_error(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
 
 // dst (column-major n x m) = W^T (W: column-major k x n, i.e. the rows of w) * X (k x m), f32 out. tf32: f32
 // inputs on tensor cores, rounded to TF32 (10-bit mantissa).
-cudaError_t gemm(const Context& ctx, const Operand& w, const Operand& x, const Operand& d, cudaDataType in_type,
-                 int64_t n, int64_t m, int64_t k, bool tf32) {
+cudaError_t gemm(const Context& ctx, const Operand& w, const Operand& x, const Operand& d,
+                 cudaDataType in_type, int64_t n, int64_t m, int64_t k, bool tf32) {
   const float one = 1.0f, zero = 0.0f;
   const auto ni = static_cast<int>(n), mi = static_cast<int>(m), ki = static_cast<int>(k);
   if (in_type == CUDA_R_32F && tf32) {
-    return cublas_error(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one, w.data, CUDA_R_32F,
-                                     static_cast<int>(w.ld), x.data, CUDA_R_32F, static_cast<int>(x.ld), &zero,
-                                     d.data, CUDA_R_32F, static_cast<int>(d.ld), CUBLAS_COMPUTE_32F_FAST_TF32,
-                                     CUBLAS_GEMM_DEFAULT));
+    return cublas_error(
+        cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one, w.data, CUDA_R_32F,
+                     static_cast<int>(w.ld), x.data, CUDA_R_32F, static_cast<int>(x.ld), &zero, d.data,
+                     CUDA_R_32F, static_cast<int>(d.ld), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
   }
   if (in_type == CUDA_R_32F) {
     return cublas_error(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one,
@@ -429,8 +440,9 @@ cudaError_t gemm(const Context& ctx, const Operand& w, const Operand& x, const O
                                     static_cast<float*>(d.data), static_cast<int>(d.ld)));
   }
   return cublas_error(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki, &one, w.data, in_type,
-                                   static_cast<int>(w.ld), x.data, in_type, static_cast<int>(x.ld), &zero, d.data,
-                                   CUDA_R_32F, static_cast<int>(d.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                   static_cast<int>(w.ld), x.data, in_type, static_cast<int>(x.ld), &zero,
+                                   d.data, CUDA_R_32F, static_cast<int>(d.ld), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
 }
 
 // The weight operand: in place when it already has the GEMM's input type `to` and usable rows, else
@@ -449,8 +461,8 @@ cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
   // TF32, f16 and block-quantized ones (whose d * q needs more than bf16's 8 bits) in f16, x saturated to
   // f16's range.
   const DType in = !op.quantize_x || wt.type == DType::f32 ? DType::f32
-                   : wt.type == DType::bf16                 ? DType::bf16
-                                                            : DType::f16;
+                   : wt.type == DType::bf16                ? DType::bf16
+                                                           : DType::f16;
   cudaError_t err = cudaSuccess;
   const Operand w = gemm_w(ctx, wt, in, &err);
   if (err != cudaSuccess) return err;
@@ -507,7 +519,7 @@ cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
   a.m = 1;
   a.n_groups = n_used * n_tokens;  // column q = s + n_used * t: dst row (s, t)
   a.use_ids = true;
-  a.ids = ids_of(op.ids);  // read flat: id q = s + n_used * t
+  a.ids = ids_of(op.ids);                  // read flat: id q = s + n_used * t
   a.x_div = op.x.ne[1] == 1 ? n_used : 1;  // x row t, or (s, t)
   return launch_gemv(ctx, a, op.w.tensor);
 }

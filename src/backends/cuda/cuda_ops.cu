@@ -67,7 +67,8 @@ __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const fl
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
       const ops::RopeFreq f = ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
       const double angle = static_cast<double>(positions[t]) * f.theta_scale;
-      cs_sn[i] = make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
+      cs_sn[i] =
+          make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
     }
     __syncthreads();
     for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
@@ -106,7 +107,9 @@ __global__ void softmax_kernel(Rows x, Rows dst, float scale, int64_t n, int64_t
 }
 
 // Whether (v, i) comes before (bv, bi): larger, or equal and earlier (the first index on ties).
-__device__ inline bool better(float v, int64_t i, float bv, int64_t bi) { return v > bv || (v == bv && i < bi); }
+__device__ inline bool better(float v, int64_t i, float bv, int64_t bi) {
+  return v > bv || (v == bv && i < bi);
+}
 
 __global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows) {
   __shared__ float sv[32];
@@ -150,7 +153,8 @@ __device__ inline float glu(ops::GluKind kind, float g) {
 
 __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, bool broadcast,
                                  int64_t n, int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / n, i = e % n;
     const float g = gate.row_as<const float>(r)[broadcast ? 0 : i];
     store(st, dst.row(r), i, glu(kind, g) * up.row_as<const float>(r)[i]);
@@ -159,7 +163,8 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::Gl
 
 __global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool b_one_row, int64_t n,
                               int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / n, i = e % n;
     const float av = a.row_as<const float>(r)[i], bv = b.row_as<const float>(b_one_row ? 0 : r)[i];
     store(st, dst.row(r), i, mul ? av * bv : av + bv);
@@ -167,7 +172,8 @@ __global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool
 }
 
 __global__ void scale_kernel(Rows x, Rows dst, float s, int64_t n, int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / n, i = e % n;
     dst.row_as<float>(r)[i] = x.row_as<const float>(r)[i] * s;
   }
@@ -189,7 +195,8 @@ __device__ inline void put<__half>(void* pool, int64_t i, float v) {
 template <class KT, class VT>
 __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, const int32_t* slots,
                                 int64_t head_dim, int64_t n_kv, int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t d = e % head_dim, row = e / head_dim;  // row = h + n_kv * t
     const int64_t h = row % n_kv, t = row / n_kv;
     // Pools are [head_dim, n_kv, block_size, n_blocks], contiguous: slot s is row s * n_kv + h.
@@ -203,7 +210,8 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
 
 __global__ void moe_route_kernel(Rows logits, int32_t* ids, Rows weights, int64_t n_expert, int64_t n_used,
                                  bool normalize, int64_t n_tokens) {
-  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n_tokens; t += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n_tokens;
+       t += int64_t{gridDim.x} * blockDim.x) {
     const float* x = logits.row_as<const float>(t);
     float mx = -INFINITY;
     for (int64_t e = 0; e < n_expert; ++e) mx = fmaxf(mx, x[e]);
@@ -229,7 +237,8 @@ __global__ void moe_route_kernel(Rows logits, int32_t* ids, Rows weights, int64_
 }
 
 __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t n_slots, int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = e / n, i = e % n;
     const float* wt = w.row_as<const float>(t);
     float acc = 0.0f;
@@ -267,23 +276,23 @@ cudaError_t rope(const Context& ctx, const ops::Rope& op) {
 
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  softmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst), op.scale,
-                                                                       n, rows);
+  softmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst),
+                                                                       op.scale, n, rows);
   return launched();
 }
 
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  argmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(rows_of(op.x),
-                                                                      static_cast<int32_t*>(op.out.data), n, rows);
+  argmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
+      rows_of(op.x), static_cast<int32_t*>(op.out.data), n, rows);
   return launched();
 }
 
 cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op) {
   const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
   gated_act_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(
-      rows_of(op.gate), rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind, op.gate.ne[0] == 1 && n > 1,
-      n, total);
+      rows_of(op.gate), rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind,
+      op.gate.ne[0] == 1 && n > 1, n, total);
   return launched();
 }
 
@@ -297,8 +306,8 @@ cudaError_t binary(const Context& ctx, const ops::Binary& op) {
 
 cudaError_t scale(const Context& ctx, const ops::Scale& op) {
   const int64_t n = op.x.ne[0], total = n * op.x.n_rows();
-  scale_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst), op.scale, n,
-                                                                       total);
+  scale_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst),
+                                                                       op.scale, n, total);
   return launched();
 }
 
@@ -334,8 +343,8 @@ cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op) {
 
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op) {
   const int64_t n = op.y.ne[0], n_slots = op.y.ne[1], total = n * op.dst.n_rows();
-  weighted_sum_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(rows_of(op.y), rows_of(op.w),
-                                                                              rows_of(op.dst), n, n_slots, total);
+  weighted_sum_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(
+      rows_of(op.y), rows_of(op.w), rows_of(op.dst), n, n_slots, total);
   return launched();
 }
 

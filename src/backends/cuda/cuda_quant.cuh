@@ -24,21 +24,27 @@ __device__ __forceinline__ uint32_t ld_u8(const uint8_t* p) { return __ldg(p); }
 
 template <int A>
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
-  if constexpr (A >= 2) return __ldg(reinterpret_cast<const unsigned short*>(p));
-  else return ld_u8(p) | (ld_u8(p + 1) << 8);
+  if constexpr (A >= 2)
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+  else
+    return ld_u8(p) | (ld_u8(p + 1) << 8);
 }
 
 template <int A>
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
-  if constexpr (A >= 4) return __ldg(reinterpret_cast<const unsigned int*>(p));
-  else return ld_u16<A>(p) | (ld_u16<A>(p + 2) << 16);
+  if constexpr (A >= 4)
+    return __ldg(reinterpret_cast<const unsigned int*>(p));
+  else
+    return ld_u16<A>(p) | (ld_u16<A>(p + 2) << 16);
 }
 
 // 8 bytes, little-endian: x holds bytes 0-3, y bytes 4-7.
 template <int A>
 __device__ __forceinline__ uint2 ld_u64(const uint8_t* p) {
-  if constexpr (A >= 8) return __ldg(reinterpret_cast<const uint2*>(p));
-  else return make_uint2(ld_u32<A>(p), ld_u32<A>(p + 4));
+  if constexpr (A >= 8)
+    return __ldg(reinterpret_cast<const uint2*>(p));
+  else
+    return make_uint2(ld_u32<A>(p), ld_u32<A>(p + 4));
 }
 
 // The alignment of an address at byte `offset` past an A-aligned one.
@@ -48,7 +54,9 @@ __host__ __device__ constexpr int align_at(int a, int offset) {
 }
 
 // Byte j (0..7) of an 8-byte value.
-__device__ __forceinline__ uint32_t byte_of(uint2 v, int j) { return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xFF; }
+__device__ __forceinline__ uint32_t byte_of(uint2 v, int j) {
+  return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xFF;
+}
 
 // An integer of magnitude < 2^22 as f32, exactly (as static_cast<float>), with an add instead of the slower
 // integer-to-float conversion: 1.5 * 2^23 + q has q in its low mantissa bits.
@@ -95,8 +103,10 @@ struct FloatQuant {
         const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          if constexpr (kSize == 4) w[v * 4 + i] = __uint_as_float(words[i]);
-          else Bits::pair(words[i], w[v * 8 + 2 * i], w[v * 8 + 2 * i + 1]);
+          if constexpr (kSize == 4)
+            w[v * 4 + i] = __uint_as_float(words[i]);
+          else
+            Bits::pair(words[i], w[v * 8 + 2 * i], w[v * 8 + 2 * i + 1]);
         }
       }
     } else {
@@ -106,8 +116,10 @@ struct FloatQuant {
   }
   // Element j past `b` (any row length: the tail of a row that is not a whole number of pieces).
   __device__ static float element(const uint8_t* b, int64_t j) {
-    if constexpr (kSize == 4) return __ldg(reinterpret_cast<const float*>(b) + j);
-    else return Bits::one(__ldg(reinterpret_cast<const unsigned short*>(b) + j));
+    if constexpr (kSize == 4)
+      return __ldg(reinterpret_cast<const float*>(b) + j);
+    else
+      return Bits::one(__ldg(reinterpret_cast<const unsigned short*>(b) + j));
   }
 };
 struct F16Bits {
@@ -124,9 +136,12 @@ struct BF16Bits {
     b = __uint_as_float(u & 0xFFFF0000u);
   }
 };
-template <> struct Quant<DType::f32> : FloatQuant<void, 4> {};
-template <> struct Quant<DType::f16> : FloatQuant<F16Bits, 2> {};
-template <> struct Quant<DType::bf16> : FloatQuant<BF16Bits, 2> {};
+template <>
+struct Quant<DType::f32> : FloatQuant<void, 4> {};
+template <>
+struct Quant<DType::f16> : FloatQuant<F16Bits, 2> {};
+template <>
+struct Quant<DType::bf16> : FloatQuant<BF16Bits, 2> {};
 
 // The block of piece p and the piece's index inside it.
 template <class Q>
@@ -145,7 +160,8 @@ __device__ __forceinline__ void nibbles8(const uint8_t* qs, int i, int (&q)[8]) 
   for (int j = 0; j < 8; ++j) q[j] = (byte_of(v, j) >> shift) & 0x0F;
 }
 
-template <> struct Quant<DType::q4_0> {  // d:2 qs:16
+template <>
+struct Quant<DType::q4_0> {  // d:2 qs:16
   static constexpr int kBlock = 32, kBytes = 18, kAlign = 2, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -159,7 +175,8 @@ template <> struct Quant<DType::q4_0> {  // d:2 qs:16
   }
 };
 
-template <> struct Quant<DType::q4_1> {  // d:2 m:2 qs:16
+template <>
+struct Quant<DType::q4_1> {  // d:2 m:2 qs:16
   static constexpr int kBlock = 32, kBytes = 20, kAlign = 4, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -174,7 +191,8 @@ template <> struct Quant<DType::q4_1> {  // d:2 m:2 qs:16
   }
 };
 
-template <> struct Quant<DType::q5_0> {  // d:2 qh:4 qs:16
+template <>
+struct Quant<DType::q5_0> {  // d:2 qh:4 qs:16
   static constexpr int kBlock = 32, kBytes = 22, kAlign = 2, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -189,7 +207,8 @@ template <> struct Quant<DType::q5_0> {  // d:2 qh:4 qs:16
   }
 };
 
-template <> struct Quant<DType::q5_1> {  // d:2 m:2 qh:4 qs:16
+template <>
+struct Quant<DType::q5_1> {  // d:2 m:2 qh:4 qs:16
   static constexpr int kBlock = 32, kBytes = 24, kAlign = 8, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -207,7 +226,8 @@ template <> struct Quant<DType::q5_1> {  // d:2 m:2 qh:4 qs:16
   }
 };
 
-template <> struct Quant<DType::q8_0> {  // d:2 qs:32
+template <>
+struct Quant<DType::q8_0> {  // d:2 qs:32
   static constexpr int kBlock = 32, kBytes = 34, kAlign = 2, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -220,7 +240,8 @@ template <> struct Quant<DType::q8_0> {  // d:2 qs:32
   }
 };
 
-template <> struct Quant<DType::iq4_nl> {  // d:2 qs:16
+template <>
+struct Quant<DType::iq4_nl> {  // d:2 qs:16
   static constexpr int kBlock = 32, kBytes = 18, kAlign = 2, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -234,7 +255,8 @@ template <> struct Quant<DType::iq4_nl> {  // d:2 qs:16
   }
 };
 
-template <> struct Quant<DType::mxfp4> {  // e:1 qs:16
+template <>
+struct Quant<DType::mxfp4> {  // e:1 qs:16
   static constexpr int kBlock = 32, kBytes = 17, kAlign = 1, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -253,7 +275,8 @@ template <> struct Quant<DType::mxfp4> {  // e:1 qs:16
 // K-quants: piece p of a 256-element super-block covers elements e0 = 8p .. 8p+7, all in one sub-block of 16
 // (or 32) and, for the 2- and 4-bit layouts, in one run of 8 bytes with one bit shift.
 
-template <> struct Quant<DType::q2_k> {  // scales:16 qs:64 d:2 dmin:2
+template <>
+struct Quant<DType::q2_k> {  // scales:16 qs:64 d:2 dmin:2
   static constexpr int kBlock = 256, kBytes = 84, kAlign = 4, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -267,11 +290,13 @@ template <> struct Quant<DType::q2_k> {  // scales:16 qs:64 d:2 dmin:2
     const uint2 v = ld_u64<align_at(A, 16)>(b + 16 + (i / 16) * 32 + (i % 4) * 8);
     const int shift = 2 * ((i / 4) % 4);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = __fsub_rn(__fmul_rn(dl, small_int_to_f32((byte_of(v, j) >> shift) & 3)), ml);
+    for (int j = 0; j < 8; ++j)
+      w[j] = __fsub_rn(__fmul_rn(dl, small_int_to_f32((byte_of(v, j) >> shift) & 3)), ml);
   }
 };
 
-template <> struct Quant<DType::q3_k> {  // hmask:32 qs:64 scales:12 d:2
+template <>
+struct Quant<DType::q3_k> {  // hmask:32 qs:64 scales:12 d:2
   static constexpr int kBlock = 256, kBytes = 110, kAlign = 2, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -315,7 +340,8 @@ __device__ __forceinline__ void k_scales(const uint8_t* b, int s, float& dl, flo
   ml = __fmul_rn(f16_bits_to_f32(dd >> 16), small_int_to_f32(m));
 }
 
-template <> struct Quant<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
+template <>
+struct Quant<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
   static constexpr int kBlock = 256, kBytes = 144, kAlign = 16, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -327,11 +353,13 @@ template <> struct Quant<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
     const uint2 v = ld_u64<align_at(A, 16)>(b + 16 + (i / 8) * 32 + (i % 4) * 8);
     const int shift = s % 2 ? 4 : 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = __fsub_rn(__fmul_rn(dl, small_int_to_f32((byte_of(v, j) >> shift) & 0x0F)), ml);
+    for (int j = 0; j < 8; ++j)
+      w[j] = __fsub_rn(__fmul_rn(dl, small_int_to_f32((byte_of(v, j) >> shift) & 0x0F)), ml);
   }
 };
 
-template <> struct Quant<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128
+template <>
+struct Quant<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128
   static constexpr int kBlock = 256, kBytes = 176, kAlign = 16, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -351,7 +379,8 @@ template <> struct Quant<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128
   }
 };
 
-template <> struct Quant<DType::q6_k> {  // ql:128 qh:64 scales:16 d:2
+template <>
+struct Quant<DType::q6_k> {  // ql:128 qh:64 scales:16 d:2
   static constexpr int kBlock = 256, kBytes = 210, kAlign = 2, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -365,13 +394,15 @@ template <> struct Quant<DType::q6_k> {  // ql:128 qh:64 scales:16 d:2
     const int lshift = k / 2 ? 4 : 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int q = static_cast<int>(((byte_of(lo, j) >> lshift) & 0x0F) | (((byte_of(hi, j) >> (2 * k)) & 3) << 4));
+      const int q =
+          static_cast<int>(((byte_of(lo, j) >> lshift) & 0x0F) | (((byte_of(hi, j) >> (2 * k)) & 3) << 4));
       w[j] = __fmul_rn(dl, small_int_to_f32(q - 32));
     }
   }
 };
 
-template <> struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
+template <>
+struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
   static constexpr int kBlock = 256, kBytes = 136, kAlign = 8, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
@@ -385,13 +416,15 @@ template <> struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
     const uint2 v = ld_u64<align_at(A, 8)>(b + 8 + s * 16 + j0 % 16);
     const int shift = j0 < 16 ? 0 : 4;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(dl, small_int_to_f32(iq4nl_value((byte_of(v, j) >> shift) & 0x0F)));
+    for (int j = 0; j < 8; ++j)
+      w[j] = __fmul_rn(dl, small_int_to_f32(iq4nl_value((byte_of(v, j) >> shift) & 0x0F)));
   }
 };
 
 // The weight types above, for a visitor over DType values (cuda_matmul.cu).
-#define KILN_CUDA_WEIGHT_TYPES(X)                                                                             \
-  X(f32) X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k)     \
-      X(iq4_nl) X(iq4_xs) X(mxfp4)
+#define KILN_CUDA_WEIGHT_TYPES(X)                                                                          \
+  X(f32)                                                                                                   \
+  X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) \
+      X(iq4_xs) X(mxfp4)
 
 }  // namespace kiln::cuda
