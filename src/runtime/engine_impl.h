@@ -128,7 +128,8 @@ struct Engine::Impl {
   bool draining = false;
   bool stop = false;
   // Counters, and gauges as last published: totals.n_waiting (the scheduler's queue, without `incoming`) is
-  // published when requests are handed over and after each plan, so it never undercounts (max_queued).
+  // published when requests are handed over and as soon as each plan is made, before the forward pass and the
+  // token callbacks: a request admitted by the plan never counts against max_queued while its step runs.
   EngineMetrics totals;
   SampleRing ttft{Engine::kLatencySamples}, itl{Engine::kLatencySamples}, e2e{Engine::kLatencySamples};
   uint64_t next_id = 1;

@@ -57,6 +57,10 @@ void Engine::Impl::step() {
   take_incoming();
   const StepPlan plan = scheduler->schedule();
   on_plan(plan);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    publish_locked();  // the plan's admissions, before any callback of this step can observe the gauges
+  }
   if (!plan.chunks.empty()) {
     build_batch(plan);
     Status st = run_forward();

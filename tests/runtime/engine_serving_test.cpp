@@ -190,6 +190,32 @@ TEST(EngineServing, QueueLimitRejectsWithResourceExhausted) {
   EXPECT_NE(Engine::create(bad).status().message().find("max_queued = -1"), std::string::npos);
 }
 
+// The gauges max_queued counts are published as soon as a plan is made: a request admitted by this step no
+// longer counts as waiting when its own first token arrives, so the one slot of the queue is free.
+TEST(EngineServing, AnAdmittedRequestLeavesTheQueueBeforeItsFirstToken) {
+  EngineOptions o;
+  o.n_ctx = 128;
+  o.max_queued = 1;
+  auto e = make_engine(o);
+  ASSERT_NE(e, nullptr);
+  Result<uint64_t> from_callback = Status(StatusCode::internal, "not called");
+  EngineMetrics seen;
+  bool asked = false;
+  auto first = e->submit(greedy("Once upon a time", 3), [&](const TokenEvent& ev) {
+    if (asked || ev.token < 0) return;
+    asked = true;
+    seen = e->metrics();
+    from_callback = e->submit(greedy("Hello", 2), nullptr);  // the engine thread, mid-step
+  });
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(e->wait(*first)->finish, FinishReason::length);
+  EXPECT_EQ(seen.n_running, 1);
+  EXPECT_EQ(seen.n_waiting, 0);
+  ASSERT_TRUE(from_callback.ok()) << from_callback.status().message();
+  EXPECT_EQ(e->wait(*from_callback)->finish, FinishReason::length);
+  EXPECT_EQ(e->metrics().n_rejected, 0u);
+}
+
 TEST(EngineServing, DrainFinishesWhatItHasAndRefusesMore) {
   EngineOptions o;
   o.n_ctx = 128;
