@@ -21,7 +21,8 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;  // logit -= frequency_penalty * count, count over the same window
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit before everything else)
   uint64_t seed = 0;                                  // same seed + same logits -> same tokens
-  int32_t n_logprobs = 0;                             // top-n alternatives to report with each token, 0..20
+  bool logprobs = false;   // report each token's logprob (TokenEvent::logprob); implied by n_logprobs > 0
+  int32_t n_logprobs = 0;  // top-n alternatives to report with each token, 0..20
   std::vector<std::string> stop;  // stop strings (not included in the output), at most 16, none empty
   int32_t max_tokens = 256;       // tokens to generate at most, >= 0
   bool ignore_eos = false;        // keep generating past the end-of-sequence token

@@ -32,8 +32,8 @@ Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
     const int32_t first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
     for (int32_t j = first / block_size; j <= pos / block_size; ++j) {
       if (table[j] == ops::kFreedBlock) {
-        return out_of_range("batch: token {} (position {}) reads block_tables[{}][{}], which is freed", i, pos,
-                            b.seq[i], j);
+        return out_of_range("batch: token {} (position {}) reads block_tables[{}][{}], which is freed", i,
+                            pos, b.seq[i], j);
       }
     }
   }
@@ -52,6 +52,9 @@ Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
       return invalid_argument("batch: logit_rows[{}] = {} is not an ascending token index below {}", i,
                               b.logit_rows[i], n);
     }
+  }
+  if (b.argmax_vocab < 0 || b.argmax_vocab > n_vocab) {
+    return invalid_argument("batch: argmax_vocab = {} is outside [0, n_vocab = {}]", b.argmax_vocab, n_vocab);
   }
   return Status::ok_status();
 }

@@ -17,6 +17,10 @@ struct Batch {
   std::vector<int32_t> seq;                            // [n_tokens] index into block_tables
   std::vector<std::span<const int32_t>> block_tables;  // [n_seqs] each sequence's KV blocks, in order
   std::vector<int32_t> logit_rows;                     // token indices whose logits are wanted, ascending
+  // > 0: reduce each wanted row to the argmax of its first argmax_vocab logits on the backend (ops::Argmax;
+  // the tokenizer's vocabulary, when the model's rows are padded past it). forward() then returns i32 token
+  // ids: a step of greedy requests downloads 4 bytes a row instead of n_vocab floats.
+  int32_t argmax_vocab = 0;
 
   int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
   void clear() {
@@ -25,6 +29,7 @@ struct Batch {
     seq.clear();
     block_tables.clear();
     logit_rows.clear();
+    argmax_vocab = 0;
   }
 };
 
@@ -32,7 +37,7 @@ struct Batch {
 struct KvGeometry {
   int32_t block_size = 0;  // tokens per block
   int32_t n_blocks = 0;    // blocks in the pool
-  int32_t window = 0;      // every layer attends to the last `window` positions only (0: some layer reads all)
+  int32_t window = 0;  // every layer attends to the last `window` positions only (0: some layer reads all)
 };
 
 // Checks everything the step's ops will read, once per step (the ops themselves check only shapes): lengths,

@@ -43,8 +43,10 @@ Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string
   KILN_ASSIGN_OR_RETURN(w.bv, weights.get_bias(prefix + "attn_v.bias", kv_dim));
   KILN_ASSIGN_OR_RETURN(w.bo, weights.get_bias(prefix + "attn_output.bias", n_embd));
   if (qk_norm) {
-    KILN_ASSIGN_OR_RETURN(w.q_norm, weights.get(prefix + "attn_q_norm.weight", WeightRole::weight_role_norm, hd));
-    KILN_ASSIGN_OR_RETURN(w.k_norm, weights.get(prefix + "attn_k_norm.weight", WeightRole::weight_role_norm, hd));
+    KILN_ASSIGN_OR_RETURN(w.q_norm,
+                          weights.get(prefix + "attn_q_norm.weight", WeightRole::weight_role_norm, hd));
+    KILN_ASSIGN_OR_RETURN(w.k_norm,
+                          weights.get(prefix + "attn_k_norm.weight", WeightRole::weight_role_norm, hd));
   }
   return w;
 }
@@ -108,7 +110,8 @@ Result<Tensor> attention(Recorder& r, const Tensor& x, const AttentionWeights& w
   att.dst = a;
   KILN_TRY(p.add(att));
   KILN_TRY(p.add(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out, qx}));
-  if (w.bo.tensor.data != nullptr) KILN_TRY(p.add(ops::Binary{out, w.bo, ops::BinaryKind::binary_kind_add, out}));
+  if (w.bo.tensor.data != nullptr)
+    KILN_TRY(p.add(ops::Binary{out, w.bo, ops::BinaryKind::binary_kind_add, out}));
   return out;
 }
 
@@ -131,15 +134,24 @@ Result<Tensor> rms_norm(Recorder& r, const Tensor& x, const ops::Weight& w, floa
   return out;
 }
 
-Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeights& w, float eps, int32_t n_vocab) {
+Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeights& w, float eps,
+                             int32_t n_vocab) {
   if (r.step.n_logits == 0) return Tensor{DType::f32, nullptr, {n_vocab, 0, 1, 1}, {4, 0, 0, 0}};
   KILN_ASSIGN_OR_RETURN(Tensor logits, r.arena.f32(n_vocab, r.step.n_logits));  // outlives the scope
+  Tensor ids;
+  if (r.step.argmax_vocab > 0) {
+    KILN_ASSIGN_OR_RETURN(ids, r.arena.i32(r.step.n_logits));
+  }
   Arena::Scope scope(r.arena);
   KILN_ASSIGN_OR_RETURN(Tensor sel, r.arena.f32(x.ne[0], r.step.n_logits));
   KILN_TRY(r.program.add(ops::GetRows{ops::Weight(x), r.step.logit_rows, sel}));
   KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(r, sel, w.output_norm, eps));
   KILN_TRY(r.program.add(ops::Matmul{w.output, h, logits, r.quantize_x}));
-  return logits;
+  if (r.step.argmax_vocab == 0) return logits;
+  Tensor considered = logits;
+  considered.ne[0] = r.step.argmax_vocab;  // a view of each row's first argmax_vocab logits
+  KILN_TRY(r.program.add(ops::Argmax{considered, ids}));
+  return ids;
 }
 
 Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {

@@ -1,7 +1,7 @@
 // The layers every decoder-only transformer is built from: the embedding and output head, attention over the
-// paged cache, the gated FFN, norms. Each records its ops into the step's Program (ops/program.h) with scratch
-// from the step's Arena; nothing runs until the backend runs the program. Only what every model needs lives
-// here; the infrastructure is in arena.h, weights.h, hparams.h and step.h.
+// paged cache, the gated FFN, norms. Each records its ops into the step's Program (ops/program.h) with
+// scratch from the step's Arena; nothing runs until the backend runs the program. Only what every model needs
+// lives here; the infrastructure is in arena.h, weights.h, hparams.h and step.h.
 #pragma once
 
 #include <string>
@@ -28,7 +28,8 @@ Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& w
 struct AttentionWeights {
   ops::Weight wq, wk, wv, wo;  // [n_embd, n_heads*head_dim] ... [n_heads*head_dim, n_embd]
   ops::Weight bq, bk, bv, bo;  // f32 [rows of the matching weight] biases (Qwen2), or none
-  ops::Weight q_norm, k_norm;  // [head_dim] RMSNorm of each query / key head before RoPE (Gemma 3, Qwen3), or none
+  ops::Weight q_norm,
+      k_norm;  // [head_dim] RMSNorm of each query / key head before RoPE (Gemma 3, Qwen3), or none
 };
 
 // blk.N.attn_{q,k,v,output}.weight of layer `prefix` ("blk.N."), or Q, K and V as row slices of a fused
@@ -69,8 +70,10 @@ Result<Tensor> gated_ffn(Recorder& r, const Tensor& x, const FfnWeights& w, ops:
 Result<Tensor> rms_norm(Recorder& r, const Tensor& x, const ops::Weight& w, float eps);
 
 // The logits of the step's logit rows: those rows of the residual stream x f32 [n_embd, n_tokens], the final
-// RMSNorm, the output head. f32 [n_vocab, n_logits] in the arena (an empty tensor when n_logits is 0).
-Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeights& w, float eps, int32_t n_vocab);
+// RMSNorm, the output head. f32 [n_vocab, n_logits] in the arena (an empty tensor when n_logits is 0); under
+// StepTensors::argmax_vocab, their argmax: i32 [n_logits].
+Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeights& w, float eps,
+                             int32_t n_vocab);
 
 // A model whose forward() is: build the step's metadata, record the layers (record()), run the program on the
 // backend. Nothing synchronizes: the logits stay in backend memory until the runtime reads them.

@@ -37,6 +37,12 @@ Status read_logits(Backend& backend, const Tensor& logits, std::vector<float>& o
   return backend.synchronize();
 }
 
+Status read_token_ids(Backend& backend, const Tensor& ids, std::vector<int32_t>& out) {
+  out.resize(static_cast<size_t>(ids.n_elements()));
+  if (!out.empty()) KILN_TRY(backend.download(out.data(), ids, out.size() * sizeof(int32_t)));
+  return backend.synchronize();
+}
+
 uint64_t KvBuffers::bytes() const {
   uint64_t total = 0;
   for (const auto& b : storage) total += b->size();

@@ -55,8 +55,9 @@ class Model {
   // Runs `batch` through the model: checks it once (check_batch), uploads its metadata, records the step's
   // program and has the backend run it. Writes each token's K/V into `kv` (at its position, through its block
   // table). Returns the logits of the rows in batch.logit_rows: f32 [n_vocab, logit_rows.size()] in backend
-  // memory, valid until the next forward(). Nothing here waits for the backend: read them with
-  // read_logits() (or Backend::download, then synchronize()).
+  // memory, valid until the next forward(); with batch.argmax_vocab, their argmax: i32 [logit_rows.size()]
+  // (ops::Argmax: -1 for a row holding a NaN or +inf). Nothing here waits for the backend: read the result
+  // with read_logits() / read_token_ids() (or Backend::download, then synchronize()).
   virtual Result<Tensor> forward(const Batch& batch, KvBuffers& kv) = 0;
   // The program of the last forward() (tests, tools: which ops a step runs, on which operands).
   virtual const Program& last_program() const = 0;
@@ -69,6 +70,8 @@ class Model {
 // Downloads `logits` (forward()'s result) into `out` ([n_logits * n_vocab] f32, resized) and waits for the
 // backend: the step's first asynchronous error, if any, is returned here.
 Status read_logits(Backend& backend, const Tensor& logits, std::vector<float>& out);
+// The same for forward()'s token ids under Batch::argmax_vocab ([n_logits] i32).
+Status read_token_ids(Backend& backend, const Tensor& ids, std::vector<int32_t>& out);
 
 struct ModelOptions {
   // Matmuls round activations to 8-bit blocks and take integer dot products with quantized weights

@@ -54,7 +54,9 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
   st.n_tokens = static_cast<int32_t>(n);
   st.n_seqs = static_cast<int32_t>(n_seqs);
   st.n_logits = static_cast<int32_t>(n_logits);
-  Tensor* views[] = {&st.tokens, &st.positions, &st.slots, &st.seq, &st.bt_indptr, &st.bt_indices, &st.logit_rows};
+  st.argmax_vocab = batch.argmax_vocab;
+  Tensor* views[] = {&st.tokens,    &st.positions,  &st.slots,     &st.seq,
+                     &st.bt_indptr, &st.bt_indices, &st.logit_rows};
   for (size_t i = 0; i < std::size(sizes); ++i) {
     *views[i] = make_tensor(DType::i32, *buffer_, static_cast<size_t>(offsets[i]) * sizeof(int32_t),
                             std::max<int64_t>(sizes[i], 1));

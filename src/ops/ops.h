@@ -186,7 +186,8 @@ struct Scale {
   Tensor dst;
 };
 
-// out[r] = the index of the largest x[:, r] (the first on ties).   x: f32 [n, rows]; out: i32 [rows].
+// out[r] = the index of the largest x[:, r] (the first on ties), or -1 when x[:, r] holds a NaN or +inf or
+// nothing above -inf (no token a sampler could take).   x: f32 [n, rows]; out: i32 [rows].
 struct Argmax {
   Tensor x;
   Tensor out;

@@ -65,6 +65,19 @@ struct Engine::Impl {
     bool admitted = false;                                 // admitted at least once
     Clock::time_point t_submit, t_admit, t_first, t_last;  // t_last: the latest sampled token
   };
+  // KILN_STEP_PROFILE=1: where the engine thread's time goes, summed per kind of step (decode-only steps,
+  // steps with prompt tokens) and printed to stderr when the engine stops. Host clocks only: `launch` is the
+  // model recording the step and the backend accepting it, `wait` the download of its output (on a GPU, most
+  // of the kernels' time), `emit` sampling, detokenizing and the callbacks.
+  struct StepProfile {
+    struct Phases {
+      int64_t steps = 0, tokens = 0, rows = 0;
+      double plan_ms = 0, batch_ms = 0, launch_ms = 0, wait_ms = 0, emit_ms = 0;
+    };
+    bool on = false;
+    Phases decode, prefill;
+    void print() const;
+  };
   // Counter increments of the engine thread since the last publish (merged into `totals` under mu).
   struct Delta {
     uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
@@ -89,9 +102,11 @@ struct Engine::Impl {
   void on_plan(const StepPlan& plan);
   void build_batch(const StepPlan& plan);
   // The one call into the model: runs `batch`, fills `logits` (f32 [model n_vocab, batch.logit_rows.size()])
-  // and waits for the backend: the step's one synchronisation.
-  Status run_forward();
-  void sample_and_emit(Seq& s, std::span<const float> row_logits);
+  // or, under batch.argmax_vocab, `token_ids`, and waits for the backend: the step's one synchronisation.
+  // `launched`: when the backend had accepted the step (KILN_STEP_PROFILE).
+  Status run_forward(Clock::time_point& launched);
+  // Streams the token the request's sampler chose (or ends the request with the sampler's error).
+  void emit(Seq& s, Result<SampleResult> sampled);
   // Ends request `id`: leaves the scheduler (its blocks freed), final callback, Outcome for wait(), state
   // freed.
   void finish(uint64_t id, FinishReason reason, const std::string& error);
@@ -113,8 +128,10 @@ struct Engine::Impl {
   std::optional<Scheduler> scheduler;
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> live;  // requests the scheduler holds
   Batch batch;
-  std::vector<float> logits;  // f32 [model n_vocab, logit rows]
+  std::vector<float> logits;       // f32 [model n_vocab, logit rows]
+  std::vector<int32_t> token_ids;  // [logit rows], when the step's argmax ran on the backend
   Delta delta;
+  StepProfile profile;
 
   // Shared with the API threads, under mu.
   mutable std::mutex mu;

@@ -2,6 +2,7 @@
 // budget (runtime/kv_cache/kv_budget.h) under the scheduler.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/log.h"
@@ -21,6 +22,8 @@ constexpr int32_t kMaxContext = 1 << 24;
 Status Engine::Impl::load(const EngineOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   options = opt;
+  if (const char* p = std::getenv("KILN_STEP_PROFILE"); p != nullptr && std::string_view(p) == "1")
+    profile.on = true;
   if (opt.n_threads < 0) return invalid_argument("n_threads = {} must be >= 0", opt.n_threads);
   if (opt.n_ctx < 0 || opt.n_ctx > kMaxContext)
     return invalid_argument("n_ctx = {} must be in [0, {}] tokens (0 = the model's, at most 4096)", opt.n_ctx,
@@ -127,7 +130,12 @@ Status Engine::Impl::warm_up(int32_t n_blocks) {
     }
     batch.block_tables.emplace_back(table.data(), static_cast<size_t>((n + bs - 1) / bs));
     batch.logit_rows.push_back(n - 1);
-    KILN_TRY(run_forward());
+    Clock::time_point launched;
+    KILN_TRY(run_forward(launched));
+    if (n == 1) {  // and a greedy decode step, which ends in an argmax
+      batch.argmax_vocab = tokenizer->n_vocab();
+      KILN_TRY(run_forward(launched));
+    }
   }
   batch.clear();
   return Status::ok_status();

@@ -3,9 +3,12 @@
 // chunks, runs the model (run_forward: the one call into it), commits the written K/V, samples every chunk
 // that reached its request's last token, streams the text and finishes the requests that are done (their
 // blocks go back to the pool at once).
+#include <fmt/format.h>
 #include <openssl/crypto.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <utility>
 
 #include "core/log.h"
 #include "engine_impl.h"
@@ -34,7 +37,22 @@ void Engine::Impl::loop() {
   for (const auto& [id, s] : live) open.push_back(id);
   std::sort(open.begin(), open.end());
   for (uint64_t id : open) finish(id, FinishReason::cancelled, "");
+  if (profile.on) profile.print();
   OPENSSL_thread_stop();  // libcrypto's per-thread state of this thread (the KV cache hashes blocks here)
+}
+
+void Engine::Impl::StepProfile::print() const {
+  for (const auto& [name, p] : {std::pair{"decode", &decode}, {"prefill", &prefill}}) {
+    if (p->steps == 0) continue;
+    const double n = static_cast<double>(p->steps);
+    const double total = p->plan_ms + p->batch_ms + p->launch_ms + p->wait_ms + p->emit_ms;
+    fmt::print(
+        stderr,
+        "engine {} steps: {} steps, {:.1f} tokens and {:.1f} sampled rows a step; per step {:.3f} ms = "
+        "plan {:.3f} + batch {:.3f} + launch {:.3f} + wait {:.3f} + emit {:.3f}\n",
+        name, p->steps, static_cast<double>(p->tokens) / n, static_cast<double>(p->rows) / n, total / n,
+        p->plan_ms / n, p->batch_ms / n, p->launch_ms / n, p->wait_ms / n, p->emit_ms / n);
+  }
 }
 
 void Engine::Impl::take_incoming() {
@@ -54,6 +72,7 @@ void Engine::Impl::take_incoming() {
 }
 
 void Engine::Impl::step() {
+  const auto t0 = Clock::now();
   take_incoming();
   const StepPlan plan = scheduler->schedule();
   on_plan(plan);
@@ -62,8 +81,24 @@ void Engine::Impl::step() {
     publish_locked();  // the plan's admissions, before any callback of this step can observe the gauges
   }
   if (!plan.chunks.empty()) {
+    const auto t1 = Clock::now();
     build_batch(plan);
-    Status st = run_forward();
+    const auto t2 = Clock::now();
+    Clock::time_point t3;
+    Status st = run_forward(t3);
+    const auto t4 = Clock::now();
+    if (profile.on) {
+      const bool decode_only = std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                                           [](const ScheduledChunk& c) { return c.n_tokens == 1; });
+      StepProfile::Phases& p = decode_only ? profile.decode : profile.prefill;
+      ++p.steps;
+      p.tokens += batch.n_tokens();
+      p.rows += static_cast<int64_t>(batch.logit_rows.size());
+      p.plan_ms += ms_between(t0, t1);
+      p.batch_ms += ms_between(t1, t2);
+      p.launch_ms += ms_between(t2, t3);
+      p.wait_ms += ms_between(t3, t4);
+    }
     if (!st.ok()) {
       log_error("engine: forward failed: {}", st.message());
       for (const ScheduledChunk& c : plan.chunks) finish(c.id, FinishReason::error, st.message());
@@ -73,11 +108,24 @@ void Engine::Impl::step() {
       size_t row = 0;
       for (const ScheduledChunk& c : plan.chunks) {
         if (!c.sample) continue;  // a prefill chunk short of the last prompt token: no logits yet
-        const std::span<const float> row_logits(logits.data() + row * stride,
-                                                static_cast<size_t>(desc.n_vocab));
+        Seq& s = *live.at(c.id);
+        if (s.params.max_tokens == 0) {
+          finish(c.id, FinishReason::length, "");  // prefill only
+        } else if (batch.argmax_vocab > 0) {
+          emit(s, token_ids[row] >= 0 ? Result<SampleResult>(Sampler::greedy_result(token_ids[row]))
+                                      : invalid_argument("the logits hold a NaN or +inf, or only -inf"));
+        } else {
+          const std::span<const float> row_logits(logits.data() + row * stride,
+                                                  static_cast<size_t>(desc.n_vocab));
+          emit(s, s.sampler->sample(row_logits, scheduler->tokens(c.id)));
+        }
         ++row;
-        sample_and_emit(*live.at(c.id), row_logits);
       }
+    }
+    if (profile.on) {
+      const bool decode_only = std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                                           [](const ScheduledChunk& c) { return c.n_tokens == 1; });
+      (decode_only ? profile.decode : profile.prefill).emit_ms += ms_between(t4, Clock::now());
     }
   }
   std::lock_guard<std::mutex> lock(mu);
@@ -127,21 +175,27 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
     }
     if (c.sample) batch.logit_rows.push_back(batch.n_tokens() - 1);
   }
+  // Greedy requests take their tokens from an argmax on the backend, when every row of the step can.
+  const bool all_greedy = std::all_of(plan.chunks.begin(), plan.chunks.end(), [&](const ScheduledChunk& c) {
+    return !c.sample || live.at(c.id)->sampler->plain_greedy();
+  });
+  if (all_greedy && !batch.logit_rows.empty()) batch.argmax_vocab = desc.n_vocab;
 }
 
-Status Engine::Impl::run_forward() {
+Status Engine::Impl::run_forward(Clock::time_point& launched) {
   // Rows of the model's n_vocab; sampling sees the tokenizer's first desc.n_vocab (HF embeddings are often
   // padded past the vocabulary). The logits stay in backend memory until read here: the step's one wait.
-  KILN_ASSIGN_OR_RETURN(const Tensor step_logits, model->forward(batch, *kv));
-  return read_logits(*backend, step_logits, logits);
+  auto out = model->forward(batch, *kv);
+  launched = Clock::now();
+  if (!out.ok()) return out.status();
+  if (batch.argmax_vocab > 0) return read_token_ids(*backend, *out, token_ids);
+  return read_logits(*backend, *out, logits);
 }
 
-void Engine::Impl::sample_and_emit(Seq& s, std::span<const float> row_logits) {
+void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
   const uint64_t id = s.id;
-  if (s.params.max_tokens == 0) return finish(id, FinishReason::length, "");  // prefill only
-  const std::span<const int32_t> history = scheduler->tokens(id);
-  auto sampled = s.sampler->sample(row_logits, history);
   if (!sampled.ok()) return finish(id, FinishReason::error, sampled.status().message());
+  const std::span<const int32_t> history = scheduler->tokens(id);
   const auto now = Clock::now();
   if (s.stats.n_generated == 0) {
     s.t_first = now;

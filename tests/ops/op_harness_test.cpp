@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -654,11 +655,29 @@ TEST(OpHarness, Argmax) {
         row[a] = row[c] = 2.0f;
         first[r] = std::min(a, c);
       }
-      std::vector<int32_t> want(x.t.n_rows(), -1);
+      // Rows with no token to take: -1. A NaN or +inf anywhere (after the maximum, too), or only -inf.
+      constexpr float kInf = std::numeric_limits<float>::infinity();
+      const int64_t n_rows = x.t.n_rows();
+      if (n_rows >= 6) {
+        reinterpret_cast<float*>(x.t.flat_row(2))[s.n - 1] = std::numeric_limits<float>::quiet_NaN();
+        reinterpret_cast<float*>(x.t.flat_row(4))[rng.integer(0, s.n - 1)] = kInf;
+        auto* row = reinterpret_cast<float*>(x.t.flat_row(n_rows - 2));
+        for (int64_t i = 0; i < s.n; ++i) row[i] = -kInf;
+      }
+      std::vector<int32_t> want(x.t.n_rows(), -2);
       ref::argmax(Argmax{x.t, iv(want)});
-      for (size_t r = 1; r < want.size(); r += 2) ASSERT_EQ(want[r], first[r]);
+      for (size_t r = 1; r < want.size(); r += 2) {
+        if (static_cast<int64_t>(r) != n_rows - 2 || n_rows < 6) {
+          ASSERT_EQ(want[r], first[r]);
+        }
+      }
+      if (n_rows >= 6) {
+        ASSERT_EQ(want[2], -1);
+        ASSERT_EQ(want[4], -1);
+        ASSERT_EQ(want[static_cast<size_t>(n_rows - 2)], -1);
+      }
       for (const NamedBackend& nb : backends()) {
-        std::vector<int32_t> got(want.size(), -1);
+        std::vector<int32_t> got(want.size(), -2);
         const std::string what = fmt::format("argmax [{}, {}, {}] {}", s.n, s.r1, s.r2, layout_name(layout));
         if (run_on(nb, Argmax{x.t, iv(got)}, what)) {
           EXPECT_EQ(got, want) << nb.name << " " << what;

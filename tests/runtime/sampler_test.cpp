@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -397,12 +398,18 @@ TEST(Sampler, LogprobsAreLogSoftmaxOfRawLogits) {
     }
   }
   EXPECT_EQ(sample_once(plain(0.0f), logits).top.size(), 0u);
-  // The chosen token's own logit moved by bias and penalties: its logprob stays the raw one.
+  // Not asked for: none computed. Asked for without alternatives: the chosen token's alone.
+  EXPECT_EQ(sample_once(plain(0.0f), logits).logprob, 0.0f);
   p = plain(0.0f);
+  p.logprobs = true;
+  EXPECT_NEAR(sample_once(p, logits).logprob, ref[20], 1e-5);
+  EXPECT_EQ(sample_once(p, logits).top.size(), 0u);
+  // The chosen token's own logit moved by bias and penalties: its logprob stays the raw one.
   p.logit_bias = {{5, 100.0f}};
   EXPECT_EQ(sample_once(p, logits).token, 5);
   EXPECT_NEAR(sample_once(p, logits).logprob, ref[5], 1e-5);
   p = plain(0.0f);
+  p.logprobs = true;
   p.presence_penalty = 0.5f;
   const std::vector<float> three{3.0f, 1.0f, 0.0f};
   const SampleResult pen = sample_once(p, three, {0});
@@ -418,6 +425,41 @@ TEST(Sampler, LogprobsAreLogSoftmaxOfRawLogits) {
   EXPECT_EQ(r.top[0].token, 1);
   EXPECT_NEAR(r.top[0].logprob, 1.0 - std::log(1.0 + std::exp(1.0)), 1e-6);
   EXPECT_EQ(r.top[2].logprob, -kInf);
+}
+
+// What may take its token from an argmax on the backend: greedy with nothing that reads or changes the
+// logits beyond their maximum.
+TEST(Sampler, PlainGreedyIsGreedyWithoutBiasPenaltiesOrLogprobs) {
+  const auto plain_greedy = [](const SamplingParams& p) { return Sampler(p, 10).plain_greedy(); };
+  SamplingParams p = plain(0.0f);
+  EXPECT_TRUE(plain_greedy(p));
+  p.repeat_last_n = 0;
+  p.repeat_penalty = 1.5f;  // no window: no penalty
+  EXPECT_TRUE(plain_greedy(p));
+  for (const auto& [what, change] : std::vector<std::pair<std::string, void (*)(SamplingParams&)>>{
+           {"temperature", [](SamplingParams& q) { q.temperature = 0.5f; }},
+           {"logit_bias",
+            [](SamplingParams& q) {
+              q.logit_bias = {{1, 1.0f}};
+            }},
+           {"repeat_penalty", [](SamplingParams& q) { q.repeat_penalty = 1.1f; }},
+           {"presence_penalty", [](SamplingParams& q) { q.presence_penalty = 0.1f; }},
+           {"frequency_penalty", [](SamplingParams& q) { q.frequency_penalty = 0.1f; }},
+           {"logprobs", [](SamplingParams& q) { q.logprobs = true; }},
+           {"n_logprobs", [](SamplingParams& q) { q.n_logprobs = 2; }},
+       }) {
+    SamplingParams q = plain(0.0f);
+    change(q);
+    EXPECT_FALSE(plain_greedy(q)) << what;
+  }
+  // Its result is sample()'s on the same logits.
+  const auto logits = random_logits(1000, 5);
+  const int32_t first_max =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const SampleResult a = sample_once(plain(0.0f), logits), b = Sampler::greedy_result(first_max);
+  EXPECT_EQ(a.token, b.token);
+  EXPECT_EQ(a.logprob, b.logprob);
+  EXPECT_EQ(a.top.size(), b.top.size());
 }
 
 // ----- errors ------------------------------------------------------------------------------------------

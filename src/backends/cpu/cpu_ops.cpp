@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/half.h"
@@ -186,11 +187,14 @@ void scale(ThreadPool& pool, const Scale& op) {
 void argmax(ThreadPool& pool, const Argmax& op) {
   for_rows(pool, op.x.n_rows(), [&](int64_t r) {
     const float* x = f32_row(op.x, r);
+    constexpr float kInf = std::numeric_limits<float>::infinity();
     int32_t best = 0;
-    for (int64_t i = 1; i < op.x.ne[0]; ++i) {
+    bool bad = false;
+    for (int64_t i = 0; i < op.x.ne[0]; ++i) {
+      bad = bad || std::isnan(x[i]) || x[i] == kInf;
       if (x[i] > x[best]) best = static_cast<int32_t>(i);
     }
-    op.out.span_as<int32_t>()[r] = best;
+    op.out.span_as<int32_t>()[r] = bad || x[best] == -kInf ? -1 : best;
   });
 }
 

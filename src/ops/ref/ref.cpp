@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -262,10 +263,12 @@ void argmax(const Argmax& op) {
   for (int64_t r = 0; r < op.x.n_rows(); ++r) {
     const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
     int32_t best = 0;
-    for (int64_t i = 1; i < op.x.ne[0]; ++i) {
+    bool bad = false;
+    for (int64_t i = 0; i < op.x.ne[0]; ++i) {
+      bad = bad || std::isnan(x[i]) || x[i] == std::numeric_limits<float>::infinity();
       if (x[i] > x[best]) best = static_cast<int32_t>(i);
     }
-    op.out.span_as<int32_t>()[r] = best;
+    op.out.span_as<int32_t>()[r] = bad || x[best] == -std::numeric_limits<float>::infinity() ? -1 : best;
   }
 }
 

@@ -135,8 +135,16 @@ Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<co
     }
   }
   if (out.token < 0) return invalid_argument("every token has a -inf logit after logit_bias and penalties");
-  report_logprobs(logits, raw_max, out);
+  if (params_.logprobs || params_.n_logprobs > 0) report_logprobs(logits, raw_max, out);
   return out;
+}
+
+bool Sampler::plain_greedy() const {
+  const bool penalties =
+      params_.repeat_last_n != 0 && (params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                                     params_.frequency_penalty != 0.0f);
+  return params_.temperature == 0.0f && params_.logit_bias.empty() && !penalties && !params_.logprobs &&
+         params_.n_logprobs == 0;
 }
 
 Status Sampler::check_adjusted(int32_t id) const {

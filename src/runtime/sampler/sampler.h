@@ -30,7 +30,7 @@ Status validate(const SamplingParams& params, int32_t n_vocab);
 
 struct SampleResult {
   int32_t token = -1;             // the chosen token id
-  float logprob = 0.0f;           // log-softmax of `token` under the raw logits
+  float logprob = 0.0f;           // log-softmax of `token` under the raw logits (0 unless asked for)
   std::vector<TokenLogprob> top;  // the n_logprobs most likely tokens under the raw logits, descending
 };
 
@@ -48,6 +48,13 @@ class Sampler {
   // every token ends up with a -inf logit.
   // Advances the RNG by one draw when temperature > 0.
   Result<SampleResult> sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // True when sample() would return the first maximum of the raw logits and nothing else: greedy, with no
+  // logit_bias, no penalties and no logprobs. Such a request can take its token from an argmax computed where
+  // the logits are (ops::Argmax on the backend) instead of from the downloaded logits.
+  bool plain_greedy() const;
+  // The result sample() gives for raw logits whose first maximum is `token` when plain_greedy() holds.
+  static SampleResult greedy_result(int32_t token) { return SampleResult{token, 0.0f, {}}; }
 
   const SamplingParams& params() const { return params_; }
   int32_t n_vocab() const { return n_vocab_; }

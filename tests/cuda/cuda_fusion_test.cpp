@@ -1,0 +1,198 @@
+// The CUDA backend's fused sequences (cuda::run_fused): a layer's program run with fusion gives bit for bit
+// what it gives with every op as its own kernel (KILN_CUDA_FUSE=0), for decode-sized and prefill-sized
+// steps, and the sequences fuse where they should and nowhere else.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace kiln {
+namespace {
+
+constexpr int64_t kEmbd = 256, kHead = 64, kHeads = 4, kKvHeads = 2, kFf = 384, kBlock = 16, kBlocks = 8;
+
+// One attention + FFN input half of a layer, laid out in one device buffer: the same offsets on every
+// backend, so two programs can be compared buffer to buffer.
+struct Layout {
+  size_t bytes = 0;
+  size_t take(size_t n) {
+    const size_t at = bytes;
+    bytes += (n + 255) / 256 * 256;
+    return at;
+  }
+};
+
+struct Layer {
+  std::unique_ptr<Buffer> buf;
+  size_t bytes = 0;
+  Program program;
+};
+
+// Every operand random (weights bf16 or q8_0, norms and activations f32, pools f16), then the ops:
+// x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; x += att; h = rms_norm(x); g, u = h W.
+Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  Layout lay;
+  const auto row_w = static_cast<size_t>(dtype_row_bytes(wtype, kEmbd).value());
+  const size_t x_at = lay.take(kEmbd * m * 4), att_at = lay.take(kEmbd * m * 4),
+               h_at = lay.take(kEmbd * m * 4);
+  const size_t nw_at = lay.take(kEmbd * 4);
+  const size_t wq_at = lay.take(row_w * kHead * kHeads), wk_at = lay.take(row_w * kHead * kKvHeads),
+               wv_at = lay.take(row_w * kHead * kKvHeads), wg_at = lay.take(row_w * kFf),
+               wu_at = lay.take(row_w * kFf);
+  const size_t q_at = lay.take(kHead * kHeads * m * 4), k_at = lay.take(kHead * kKvHeads * m * 4),
+               v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(kFf * m * 4),
+               u_at = lay.take(kFf * m * 4);
+  const size_t pool_bytes = static_cast<size_t>(kHead * kKvHeads * kBlock * kBlocks * 2);
+  const size_t kp_at = lay.take(pool_bytes), vp_at = lay.take(pool_bytes);
+  const size_t pos_at = lay.take(m * 4), slot_at = lay.take(m * 4);
+
+  std::vector<uint8_t> host(lay.bytes);
+  const auto fill_f32 = [&](size_t at, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = uni(rng);
+      std::memcpy(host.data() + at + 4 * i, &v, 4);
+    }
+  };
+  const auto fill_weight = [&](size_t at, int64_t rows) {
+    std::vector<float> row(kEmbd);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (float& v : row) v = uni(rng) * 0.1f;
+      dtype_info(wtype).quantize_row(row.data(), host.data() + at + r * row_w, kEmbd);
+    }
+  };
+  fill_f32(x_at, kEmbd * m);
+  fill_f32(att_at, kEmbd * m);
+  fill_f32(nw_at, kEmbd);
+  fill_weight(wq_at, kHead * kHeads);
+  fill_weight(wk_at, kHead * kKvHeads);
+  fill_weight(wv_at, kHead * kKvHeads);
+  fill_weight(wg_at, kFf);
+  fill_weight(wu_at, kFf);
+  for (int64_t t = 0; t < m; ++t) {
+    const int32_t pos = static_cast<int32_t>(37 + 5 * t),
+                  slot = static_cast<int32_t>((3 * t + 1) % (kBlock * kBlocks));
+    std::memcpy(host.data() + pos_at + 4 * t, &pos, 4);
+    std::memcpy(host.data() + slot_at + 4 * t, &slot, 4);
+  }
+
+  Layer L;
+  L.bytes = lay.bytes;
+  L.buf = b.allocate(lay.bytes).value();
+  EXPECT_TRUE(
+      b.upload(make_tensor(DType::i8, *L.buf, 0, static_cast<int64_t>(lay.bytes)), host.data(), lay.bytes)
+          .ok());
+  Buffer& buf = *L.buf;
+  const Tensor x = make_tensor(DType::f32, buf, x_at, kEmbd, m),
+               att = make_tensor(DType::f32, buf, att_at, kEmbd, m),
+               h = make_tensor(DType::f32, buf, h_at, kEmbd, m);
+  const ops::Weight nw(make_tensor(DType::f32, buf, nw_at, kEmbd));
+  const auto weight = [&](size_t at, int64_t rows) {
+    return ops::Weight(make_tensor(wtype, buf, at, kEmbd, rows));
+  };
+  const Tensor q = make_tensor(DType::f32, buf, q_at, kHead, kHeads, m),
+               k = make_tensor(DType::f32, buf, k_at, kHead, kKvHeads, m),
+               v = make_tensor(DType::f32, buf, v_at, kHead, kKvHeads, m);
+  const Tensor g = make_tensor(DType::f32, buf, g_at, kFf, m), u = make_tensor(DType::f32, buf, u_at, kFf, m);
+  const Tensor kp = make_tensor(DType::f16, buf, kp_at, kHead, kKvHeads, kBlock, kBlocks),
+               vp = make_tensor(DType::f16, buf, vp_at, kHead, kKvHeads, kBlock, kBlocks);
+  const Tensor pos = make_tensor(DType::i32, buf, pos_at, m),
+               slots = make_tensor(DType::i32, buf, slot_at, m);
+  const auto flat = [](Tensor t) {
+    t.ne[0] *= t.ne[1];
+    t.ne[1] = t.ne[2];
+    t.ne[2] = 1;
+    t.nb[1] = t.nb[2];
+    t.nb[2] = t.nb[3];
+    return t;
+  };
+  ops::RopeParams rp;
+  rp.n_rot = kHead;
+  rp.freq_base = 10000.0f;
+  Program& p = L.program;
+  EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
+  EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, false, h}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wq_at, kHead * kHeads), h, flat(q), true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wk_at, kHead * kKvHeads), h, flat(k), true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wv_at, kHead * kKvHeads), h, flat(v), true}).ok());
+  EXPECT_TRUE(p.add(ops::Rope{q, pos, rp, ops::Weight(), q}).ok());
+  EXPECT_TRUE(p.add(ops::Rope{k, pos, rp, ops::Weight(), k}).ok());
+  EXPECT_TRUE(p.add(ops::KvWrite{k, v, kp, vp, slots}).ok());
+  EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
+  EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, true, h}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, kFf), h, g, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wu_at, kFf), h, u, true}).ok());
+  p.n_tokens = static_cast<int32_t>(m);
+  return L;
+}
+
+std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype) {
+  if (fuse) {
+    unsetenv("KILN_CUDA_FUSE");
+  } else {
+    setenv("KILN_CUDA_FUSE", "0", 1);
+  }
+  auto b = make_backend("cuda");
+  unsetenv("KILN_CUDA_FUSE");
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (!b.ok()) return {};
+  Layer L = make_layer(**b, m, wtype, 42);
+  std::vector<uint8_t> out(L.bytes);
+  for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE((*b)->run(L.program).ok());  // the second as a graph replay
+  EXPECT_TRUE(
+      (*b)->download(out.data(), make_tensor(DType::i8, *L.buf, 0, static_cast<int64_t>(L.bytes)), L.bytes)
+          .ok());
+  EXPECT_TRUE((*b)->synchronize().ok());
+  return out;
+}
+
+TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
+  for (const DType wtype : {DType::bf16, DType::q8_0}) {
+    for (const int64_t m : {1, 3, 8, 20}) {
+      const std::vector<uint8_t> fused = run_layer(true, m, wtype), alone = run_layer(false, m, wtype);
+      ASSERT_EQ(fused.size(), alone.size());
+      ASSERT_FALSE(fused.empty());
+      size_t first_diff = fused.size();
+      for (size_t i = 0; i < fused.size() && first_diff == fused.size(); ++i) {
+        if (fused[i] != alone[i]) first_diff = i;
+      }
+      EXPECT_EQ(first_diff, fused.size()) << dtype_name(wtype) << " m " << m << ": first differing byte";
+    }
+  }
+}
+
+TEST(CudaFusion, SequencesFuseWhereTheyShould) {
+  auto b = make_backend("cpu");  // the program only: fused_length reads operands, launches nothing
+  ASSERT_TRUE(b.ok());
+  for (const int64_t m : {1, 20}) {
+    Layer L = make_layer(**b, m, DType::bf16, 1);
+    const std::vector<ops::Op>& ops = L.program.ops();
+    std::vector<size_t> lengths;
+    for (size_t i = 0; i < ops.size();) {
+      const size_t n = cuda::fused_length(std::span(ops).subspan(i));
+      lengths.push_back(n);
+      i += n > 0 ? n : 1;
+    }
+    // add+norm, qkv (GEMV only), rope q+k+kv write, add+norm, gate+up (GEMV only).
+    const std::vector<size_t> want = m <= cuda::kGemvMaxCols ? std::vector<size_t>{2, 3, 3, 2, 2}
+                                                             : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0};
+    EXPECT_EQ(lengths, want) << "m " << m;
+  }
+  // A norm of something other than the sum, and a KV write of another k, do not fuse.
+  Layer L = make_layer(**b, 1, DType::bf16, 1);
+  std::vector<ops::Op> ops = L.program.ops();
+  std::get<ops::RmsNorm>(ops[1]).x = std::get<ops::Binary>(ops[0]).b.tensor;
+  EXPECT_EQ(cuda::fused_length(std::span(ops)), 0u);
+  std::get<ops::KvWrite>(ops[7]).k = std::get<ops::Rope>(ops[5]).dst;  // q's, not k's
+  EXPECT_EQ(cuda::fused_length(std::span(ops).subspan(5)), 0u);
+}
+
+}  // namespace
+}  // namespace kiln
