@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,8 @@ class CudaBackend final : public Backend {
                cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
     const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
     graphs_ = graphs == nullptr || std::string_view(graphs) != "0";
+    const char* fuse = std::getenv("KILN_CUDA_FUSE");
+    fuse_ = fuse == nullptr || std::string_view(fuse) != "0";
   }
   ~CudaBackend() override {
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
@@ -106,14 +109,17 @@ class CudaBackend final : public Backend {
       KILN_ASSIGN_OR_RETURN(const bool replayed, run_as_graph(program));
       if (replayed) return Status::ok_status();
     }
-    for (const ops::Op& op : program.ops()) {
+    const std::vector<ops::Op>& ops = program.ops();
+    for (size_t i = 0; i < ops.size();) {
       if (profile_) KILN_CUDA_TRY(cudaEventRecord(start_, stream_));
-      if (const cudaError_t e = cuda::run(ctx_, op); e != cudaSuccess) {
+      size_t n = 0;
+      if (const cudaError_t e = enqueue(ops, i, n); e != cudaSuccess) {
         cudaGetLastError();
-        return make_status(StatusCode::internal, "{}: {} failed to launch: {} ({})", name_, ops::op_name(op),
-                           cudaGetErrorString(e), cudaGetErrorName(e));
+        return make_status(StatusCode::internal, "{}: {} failed to launch: {} ({})", name_,
+                           ops::op_name(ops[i]), cudaGetErrorString(e), cudaGetErrorName(e));
       }
-      if (profile_) KILN_TRY(record_profile(op));
+      if (profile_) KILN_TRY(record_profile(ops[i], n));
+      i += n;
     }
     return Status::ok_status();
   }
@@ -209,8 +215,9 @@ class CudaBackend final : public Backend {
     KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     cudaError_t launched = cudaSuccess;
-    for (const ops::Op& op : program.ops()) {
-      if (launched = cuda::run(ctx_, op); launched != cudaSuccess) break;
+    const std::vector<ops::Op>& ops = program.ops();
+    for (size_t i = 0, n = 0; i < ops.size(); i += n) {
+      if (launched = enqueue(ops, i, n); launched != cudaSuccess) break;
     }
     capturing_ = false;
     cudaGraph_t graph = nullptr;
@@ -237,12 +244,29 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // Enqueues ops[i] and sets n = 1, or the fused sequence that starts there and n = its length.
+  cudaError_t enqueue(const std::vector<ops::Op>& ops, size_t i, size_t& n) {
+    n = 0;
+    if (fuse_) {
+      if (const cudaError_t e = cuda::run_fused(ctx_, std::span(ops).subspan(i), n); e != cudaSuccess)
+        return e;
+    }
+    if (n > 0) return cudaSuccess;
+    n = 1;
+    return cuda::run(ctx_, ops[i]);
+  }
+
   // KILN_CUDA_PROFILE=1: each op timed alone (events around it, then a wait: slower, but per-op figures),
   // summed per kind of op (name, weight type, shape), printed to stderr when the backend goes away.
   struct OpTime {
     double ms = 0;
     int64_t calls = 0;
   };
+  // A fused sequence of n ops counts under its first op, marked "+ n-1".
+  static std::string profile_key(const ops::Op& op, size_t n) {
+    std::string key = profile_key(op);
+    return n > 1 ? fmt::format("{} + {} fused", key, n - 1) : key;
+  }
   static std::string profile_key(const ops::Op& op) {
     const auto* mm = std::get_if<ops::Matmul>(&op);
     if (mm == nullptr) return std::string(ops::op_name(op));
@@ -253,12 +277,12 @@ class CudaBackend final : public Backend {
                        : m <= 64 ? "9-64"
                                  : ">64");
   }
-  Status record_profile(const ops::Op& op) {
+  Status record_profile(const ops::Op& op, size_t n) {
     KILN_CUDA_TRY(cudaEventRecord(stop_, stream_));
     KILN_CUDA_TRY(cudaEventSynchronize(stop_));
     float ms = 0;
     KILN_CUDA_TRY(cudaEventElapsedTime(&ms, start_, stop_));
-    OpTime& t = profile_times_[profile_key(op)];
+    OpTime& t = profile_times_[profile_key(op, n)];
     t.ms += ms;
     ++t.calls;
     return Status::ok_status();
@@ -311,6 +335,7 @@ class CudaBackend final : public Backend {
   bool profile_ = false;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   bool graphs_ = true;  // KILN_CUDA_GRAPHS=0 launches every op
+  bool fuse_ = true;    // KILN_CUDA_FUSE=0 runs every op as its own kernel (cuda::run_fused)
   bool capturing_ = false;
   cudaGraphExec_t exec_ = nullptr;
   std::vector<uint64_t> graph_sig_;

@@ -1,4 +1,7 @@
-// cuda::supports and cuda::run: which ops and operand types the kernels take, and the dispatch to them.
+// cuda::supports, cuda::run and cuda::run_fused: which ops and operand types the kernels take, the dispatch
+// to them, and the sequences of ops that run as one kernel.
+#include <utility>
+
 #include "backends/cuda/cuda_kernels.h"
 #include "core/overloaded.h"
 
@@ -58,6 +61,113 @@ cudaError_t run(const Context& ctx, const ops::Op& op) {
                         [&](const ops::WeightedSum& o) { return weighted_sum(ctx, o); },
                     },
                     op);
+}
+
+namespace {
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  if (a.data != b.data || a.type != b.type) return false;
+  for (int d = 0; d < 4; ++d) {
+    if (a.ne[d] != b.ne[d] || a.nb[d] != b.nb[d]) return false;
+  }
+  return true;
+}
+bool same_shape(const Tensor& a, const Tensor& b) {
+  for (int d = 0; d < 4; ++d) {
+    if (a.ne[d] != b.ne[d]) return false;
+  }
+  return true;
+}
+// Whether the bytes the two views span overlap (conservatively: from first to last byte).
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto span = [](const Tensor& t) {
+    int64_t end = t.row_bytes();
+    for (int d = 1; d < 4; ++d) end += (t.ne[d] - 1) * t.nb[d];
+    const auto* p = static_cast<const char*>(t.data);
+    return std::pair{p, p + end};
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+bool same_rope(const ops::Rope& a, const ops::Rope& b) {
+  const ops::RopeParams &p = a.p, &q = b.p;
+  return same_view(a.positions, b.positions) && a.freq_factors.tensor.data == b.freq_factors.tensor.data &&
+         p.n_rot == q.n_rot && p.layout == q.layout && p.freq_base == q.freq_base && p.scaling == q.scaling &&
+         p.factor == q.factor && p.original_context == q.original_context && p.beta_fast == q.beta_fast &&
+         p.beta_slow == q.beta_slow && p.attn_factor == q.attn_factor;
+}
+
+// Matmuls on one x at GEMV size, each writing its own destination that is not x: up to three in one launch.
+size_t gemv_group(std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+  const auto* first = std::get_if<ops::Matmul>(&ops[0]);
+  if (first == nullptr || first->x.n_rows() > kGemvMaxCols || overlap(first->dst, first->x)) return 0;
+  size_t n = 1;
+  group[0] = first;
+  while (n < 3 && n < ops.size()) {
+    const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
+    if (mm == nullptr || !same_view(mm->x, first->x) || mm->w.tensor.type != first->w.tensor.type ||
+        mm->w.tensor.ne[0] != first->w.tensor.ne[0] || mm->dst.type != first->dst.type ||
+        overlap(mm->dst, first->x)) {
+      break;
+    }
+    bool disjoint = true;
+    for (size_t i = 0; i < n; ++i) disjoint = disjoint && !overlap(mm->dst, group[i]->dst);
+    if (!disjoint) break;
+    group[n++] = mm;
+  }
+  return n > 1 ? n : 0;
+}
+
+}  // namespace
+
+namespace {
+
+// x = x + y; h = rms_norm(x): the residual add and the next norm (no broadcast; all f32 but h).
+bool add_norm_pair(const ops::Op& a, const ops::Op& b) {
+  const auto* add = std::get_if<ops::Binary>(&a);
+  const auto* norm = std::get_if<ops::RmsNorm>(&b);
+  return add != nullptr && norm != nullptr && add->kind == ops::BinaryKind::binary_kind_add &&
+         add->dst.type == DType::f32 && same_shape(add->a, add->b.tensor) && same_shape(add->a, add->dst) &&
+         same_view(norm->x, add->dst) && !overlap(norm->dst, add->a) && !overlap(norm->dst, add->b.tensor) &&
+         !overlap(norm->dst, add->dst) && !overlap(add->dst, add->b.tensor);
+}
+
+// RoPE of q and of k, then the KV write of that k.
+bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
+  const auto* rq = std::get_if<ops::Rope>(&a);
+  const auto* rk = std::get_if<ops::Rope>(&b);
+  const auto* kv = std::get_if<ops::KvWrite>(&c);
+  return rq != nullptr && rk != nullptr && kv != nullptr && same_rope(*rq, *rk) && rope_supported(rq->p) &&
+         rq->x.ne[0] == rk->x.ne[0] && rq->x.ne[2] == rk->x.ne[2] && rq->x.ne[3] == 1 && rk->x.ne[3] == 1 &&
+         same_view(kv->k, rk->dst) && same_shape(kv->v, kv->k) && !overlap(rq->dst, rk->x) &&
+         !overlap(rq->dst, rk->dst) && !overlap(rq->dst, kv->v) && !overlap(rk->dst, kv->v) &&
+         !overlap(rq->x, rk->dst);
+}
+
+}  // namespace
+
+size_t fused_length(std::span<const ops::Op> ops) {
+  if (ops.size() < 2) return 0;
+  if (const ops::Matmul * group[3]; const size_t n = gemv_group(ops, group)) return n;
+  if (add_norm_pair(ops[0], ops[1])) return 2;
+  if (ops.size() >= 3 && rope_kv_triple(ops[0], ops[1], ops[2])) return 3;
+  return 0;
+}
+
+cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed) {
+  consumed = fused_length(ops);
+  if (consumed == 0) return cudaSuccess;
+  if (std::holds_alternative<ops::Matmul>(ops[0])) {
+    const ops::Matmul* group[3] = {};
+    for (size_t i = 0; i < consumed; ++i) group[i] = &std::get<ops::Matmul>(ops[i]);
+    return matmul_gemv_group(ctx, std::span<const ops::Matmul* const>(group, consumed));
+  }
+  if (std::holds_alternative<ops::Binary>(ops[0])) {
+    return add_rms_norm(ctx, std::get<ops::Binary>(ops[0]), std::get<ops::RmsNorm>(ops[1]));
+  }
+  return rope_kv_write(ctx, std::get<ops::Rope>(ops[0]), std::get<ops::Rope>(ops[1]),
+                       std::get<ops::KvWrite>(ops[2]));
 }
 
 }  // namespace kiln::cuda

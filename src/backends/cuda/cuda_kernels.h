@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <span>
 
 #include "ops/ops.h"
 
@@ -28,10 +29,20 @@ struct Context {
 // Slots 0-2: matmul's dequantized weight, converted x and f32 result; 3: attention's split-KV states.
 inline constexpr int kScratchSlots = 4;
 
+// Matmuls of at most this many x rows take the GEMV kernel (cuda_matmul.cu); more take cuBLAS.
+inline constexpr int kGemvMaxCols = 8;
+
 // Whether the kernels take `op` with its operand types (weight types, destination float types, pool types).
 bool supports(const ops::Op& op);
 // Enqueues `op` (dispatches to the launchers below).
 cudaError_t run(const Context& ctx, const ops::Op& op);
+// Enqueues the ops that start `ops` as one fused kernel when they form a sequence it knows (cuda_dispatch.cu:
+// matmuls sharing their x, a residual add and the norm of its sum, RoPE of q and k with their KV write), with
+// the arithmetic of the ops run one by one, so results are bit-identical. Sets `consumed` to the number of
+// ops it ran: 0 when none of its sequences starts there.
+cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed);
+// The length of the fused sequence run_fused would run at the start of `ops` (0: none).
+size_t fused_length(std::span<const ops::Op> ops);
 
 // Weight / table types the quantized kernels read (cuda_matmul.cu).
 bool supports_weight_type(DType type);
@@ -39,11 +50,19 @@ bool supports_weight_type(DType type);
 // cuda_matmul.cu
 cudaError_t get_rows(const Context& ctx, const ops::GetRows& op);
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op);
+// 1-3 matmuls on the same x of at most kGemvMaxCols rows, with weights of one type and k: one GEMV launch.
+cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
 cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op);
 cudaError_t rope(const Context& ctx, const ops::Rope& op);
+// binary (add, no broadcast, f32 dst) then rms_norm of its dst.
+cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm);
+// rope of q, rope of k (same positions and parameters), then kv_write of the rotated k and v.
+cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv);
+// Whether rope_kv_write takes a RoPE of these parameters.
+bool rope_supported(const ops::RopeParams& p);
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op);
 cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
 cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op);

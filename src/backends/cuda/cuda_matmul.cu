@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <type_traits>
 
 #include "backends/cuda/cuda_kernels.h"
@@ -24,7 +25,6 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kGemvMaxCols = 8;    // the widest m the GEMV path takes
 constexpr int kGemvThreads = 128;  // threads per block, splitting k
 constexpr int kMaxGridY = 65535;
 constexpr int kPieceThreads = 128;  // threads per block of the elementwise kernels (one piece each)
@@ -89,6 +89,15 @@ cudaError_t visit_weight_type(DType t, F&& f) {
 
 // ---- GEMV: dst[:, q] = W_q x[:, q] for m <= kGemvMaxCols columns q ----
 
+// One more weight matrix of a multi-matrix GEMV (matmul_gemv_group): same x, type and k as the first.
+struct GemvPart {
+  const uint8_t* w;
+  int64_t w_nb1;
+  int64_t n;
+  Rows dst;
+};
+constexpr int kGemvMaxParts = 3;
+
 // Columns q = group * m + c, c < m, of one GEMV launch (group = blockIdx.y, grid-strided).
 struct GemvArgs {
   const uint8_t* w;      // [k, n] or, with ids, [k, n, n_expert]
@@ -103,6 +112,10 @@ struct GemvArgs {
   bool x_vec;     // every x row is 16-byte aligned
   Rows dst;       // rows of n
   DType dst_type;
+  // Further matrices on the same x (n_parts - 1 of them): the blocks from part_start[i] on compute part i.
+  int n_parts;
+  GemvPart more[kGemvMaxParts - 1];
+  unsigned part_start[kGemvMaxParts];
 };
 
 // Elements 8p .. 8p+7 of an f32 row.
@@ -181,13 +194,18 @@ template <DType T, int A, int kCols, int kRows, int kUnroll>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  GemvPart part{a.w, a.w_nb1, a.n, a.dst};
+  unsigned block = blockIdx.x;
+  for (int i = 1; i < a.n_parts; ++i) {
+    if (blockIdx.x >= a.part_start[i]) part = a.more[i - 1], block = blockIdx.x - a.part_start[i];
+  }
+  const int64_t row0 = static_cast<int64_t>(block) * kRows;
   for (int64_t g = blockIdx.y; g < a.n_groups; g += gridDim.y) {
     const int64_t q0 = g * a.m;
-    const uint8_t* w = a.w + (a.use_ids ? a.ids[q0] * a.w_nb2 : 0);
+    const uint8_t* w = part.w + (a.use_ids ? a.ids[q0] * a.w_nb2 : 0);
     const uint8_t* rows[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) rows[r] = w + min(row0 + r, a.n - 1) * a.w_nb1;
+    for (int r = 0; r < kRows; ++r) rows[r] = w + min(row0 + r, part.n - 1) * part.w_nb1;
     const float* x[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c)
@@ -205,11 +223,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     __syncthreads();
     if (threadIdx.x < kRows * kCols) {
       const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
-      if (c < a.m && row0 + r < a.n) {
+      if (c < a.m && row0 + r < part.n) {
         float v = 0.0f;
 #pragma unroll
         for (int i = 0; i < kGemvThreads / 32; ++i) v += red[i][r][c];
-        store_float(a.dst.row(q0 + c), a.dst_type, row0 + r, v);
+        store_float(part.dst.row(q0 + c), a.dst_type, row0 + r, v);
       }
     }
     __syncthreads();  // red is reused by the next column group
@@ -217,8 +235,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
 }
 
 template <DType T, int kCols, int kRows, int kUnroll>
-void launch_gemv_shape(const Context& ctx, const GemvArgs& a, bool natural_align) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kRows)),
+void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
+  int64_t blocks = ceil_div(a.n, kRows);
+  a.part_start[0] = 0;
+  for (int i = 1; i < a.n_parts; ++i) {
+    a.part_start[i] = static_cast<unsigned>(blocks);
+    blocks += ceil_div(a.more[i - 1].n, kRows);
+  }
+  const dim3 grid(static_cast<unsigned>(blocks),
                   static_cast<unsigned>(std::min<int64_t>(a.n_groups, kMaxGridY)));
   if (natural_align) {
     gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll><<<grid, kGemvThreads, 0, ctx.stream>>>(a);
@@ -241,7 +265,9 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align)
   // Measured on an H100 (scripts/gpu-check.sh tune): eight rows from 4096 up (84% of the copy bandwidth on
   // the 8B's gate/up/down in bf16, 67% on 4096 x 4096); two on the short k/v projections (1024 rows), where
   // eight leave too few blocks.
-  const int rows = forced != 0 ? forced : a.n >= 4096 ? 8 : a.n >= 1024 ? 2 : 1;
+  int64_t n = a.n;  // all the rows of the launch
+  for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
+  const int rows = forced != 0 ? forced : n >= 4096 ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
     case 8: return launch_gemv_shape<T, 1, 8, 1>(ctx, a, natural_align);
     case 4: return launch_gemv_shape<T, 1, 4, 2>(ctx, a, natural_align);
@@ -259,8 +285,10 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w) {
   return visit_weight_type(w.type, [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const int64_t align = Quant<T>::kAlign;
-    const bool natural =
-        aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
+    bool natural = aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
+    for (int i = 1; i < a.n_parts; ++i) {
+      natural = natural && aligned(a.more[i - 1].w, align) && a.more[i - 1].w_nb1 % align == 0;
+    }
     launch_gemv_rows<T>(ctx, a, natural);
     return cudaGetLastError();
   });
@@ -278,6 +306,7 @@ GemvArgs gemv_args(const Tensor& w, const Tensor& x, const Tensor& dst) {
   a.x_div = 1;
   a.dst = rows_of(dst);
   a.dst_type = dst.type;
+  a.n_parts = 1;
   return a;
 }
 
@@ -510,6 +539,20 @@ cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
   a.m = static_cast<int>(m);
   a.n_groups = 1;
   return launch_gemv(ctx, a, op.w.tensor);
+}
+
+cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
+  const ops::Matmul& first = *group[0];
+  if (group.size() > kGemvMaxParts) return cudaErrorInvalidValue;
+  GemvArgs a = gemv_args(first.w.tensor, first.x, first.dst);
+  a.m = static_cast<int>(first.x.n_rows());
+  a.n_groups = 1;
+  a.n_parts = static_cast<int>(group.size());
+  for (size_t i = 1; i < group.size(); ++i) {
+    const Tensor& w = group[i]->w.tensor;
+    a.more[i - 1] = {static_cast<const uint8_t*>(w.data), w.nb[1], w.ne[1], rows_of(group[i]->dst)};
+  }
+  return launch_gemv(ctx, a, first.w.tensor);
 }
 
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {

@@ -56,35 +56,53 @@ __global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float*
 
 constexpr int kMaxRopePairs = 512;
 
+// The block computes the cos/sin table of position `pos` into cs_sn (n_rot / 2 pairs).
+__device__ inline void rope_table(float2* cs_sn, const ops::RopeParams& p, const float* factors,
+                                  int32_t pos) {
+  for (int i = threadIdx.x; i < p.n_rot / 2; i += blockDim.x) {
+    const ops::RopeFreq f = ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
+    const double angle = static_cast<double>(pos) * f.theta_scale;
+    cs_sn[i] =
+        make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
+  }
+}
+
+// Element i of a head's n_rot / 2 pairs and head_dim - n_rot pass-through dims: rotates pair i (or copies
+// dim n_rot + i - n_rot / 2) of xr into yr, and hands each element written to out(dim, value). Every RoPE
+// kernel goes through here, so fused and unfused RoPE round alike.
+template <class Out>
+__device__ inline void rope_element(const float* xr, float* yr, int64_t i, const float2* cs_sn,
+                                    const ops::RopeParams& p, Out out) {
+  const int32_t half = p.n_rot / 2;
+  if (i >= half) {
+    const int64_t d = p.n_rot + (i - half);
+    const float v = xr[d];
+    yr[d] = v;
+    out(d, v);
+    return;
+  }
+  const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
+  const float cs = cs_sn[i].x, sn = cs_sn[i].y;
+  const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
+  const float xa = xr[a], xb = xr[b];
+  const float ya = xa * cs - xb * sn, yb = xa * sn + xb * cs;
+  yr[a] = ya;
+  yr[b] = yb;
+  out(a, ya);
+  out(b, yb);
+}
+
 __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const float* factors,
                             ops::RopeParams p, int64_t head_dim, int64_t n_heads, int64_t n_tokens) {
   __shared__ float2 cs_sn[kMaxRopePairs];
-  const int32_t half = p.n_rot / 2;
-  const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
-  const int64_t per_head = half + (head_dim - p.n_rot);  // pairs, then pass-through dims
+  const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);  // pairs, then pass-through dims
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     __syncthreads();  // the previous token's table is no longer read
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const ops::RopeFreq f = ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
-      const double angle = static_cast<double>(positions[t]) * f.theta_scale;
-      cs_sn[i] =
-          make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
-    }
+    rope_table(cs_sn, p, factors, positions[t]);
     __syncthreads();
     for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
       const int64_t h = c / per_head, i = c % per_head, row = h + n_heads * t;
-      const float* xr = x.row_as<const float>(row);
-      float* yr = dst.row_as<float>(row);
-      if (i >= half) {
-        const int64_t d = p.n_rot + (i - half);
-        yr[d] = xr[d];
-        continue;
-      }
-      const float cs = cs_sn[i].x, sn = cs_sn[i].y;
-      const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
-      const float xa = xr[a], xb = xr[b];
-      yr[a] = xa * cs - xb * sn;
-      yr[b] = xa * sn + xb * cs;
+      rope_element(x.row_as<const float>(row), dst.row_as<float>(row), i, cs_sn, p, [](int64_t, float) {});
     }
   }
 }
@@ -117,10 +135,13 @@ __global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows) {
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
     const float* xr = x.row_as<const float>(r);
     float bv = -INFINITY;
-    int64_t bi = n;  // none yet
+    int64_t bi = n;    // none yet
+    bool bad = false;  // a NaN or +inf: no token to take (ops.h)
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      bad = bad || isnan(xr[i]) || xr[i] == INFINITY;
       if (bi == n || better(xr[i], i, bv, bi)) bv = xr[i], bi = i;
     }
+    bad = __syncthreads_or(bad);
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -134,7 +155,7 @@ __global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows) {
       for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
         if (si[w] != n && (bi == n || better(sv[w], si[w], bv, bi))) bv = sv[w], bi = si[w];
       }
-      out[r] = static_cast<int32_t>(bi);
+      out[r] = bad || bv == -INFINITY ? -1 : static_cast<int32_t>(bi);
     }
   }
 }
@@ -203,6 +224,65 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
     const int64_t at = (int64_t{slots[t]} * n_kv + h) * head_dim + d;
     put<KT>(k_pool, at, k.row_as<const float>(row)[d]);
     put<VT>(v_pool, at, v.row_as<const float>(row)[d]);
+  }
+}
+
+// ---- fused sequences (run_fused): one launch, the arithmetic of the ops one by one ----
+
+// RoPE of q and of k, one block per token as rope_kernel, the rotated k also written to the K pool and v to
+// the V pool at the token's slot, as kv_write_kernel.
+template <class KT, class VT>
+__global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, void* k_pool,
+                                     void* v_pool, const int32_t* slots, const int32_t* positions,
+                                     const float* factors, ops::RopeParams p, int64_t head_dim,
+                                     int64_t n_heads, int64_t n_kv, int64_t n_tokens) {
+  __shared__ float2 cs_sn[kMaxRopePairs];
+  const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);
+  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    __syncthreads();
+    rope_table(cs_sn, p, factors, positions[t]);
+    __syncthreads();
+    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
+    for (int64_t c = threadIdx.x; c < per_head * (n_heads + n_kv); c += blockDim.x) {
+      const int64_t h = c / per_head, i = c % per_head;
+      if (h < n_heads) {
+        const int64_t row = h + n_heads * t;
+        rope_element(q.row_as<const float>(row), q_dst.row_as<float>(row), i, cs_sn, p,
+                     [](int64_t, float) {});
+      } else {
+        const int64_t hk = h - n_heads, row = hk + n_kv * t;
+        KT* pool = static_cast<KT*>(k_pool) + (slot_row + hk) * head_dim;
+        rope_element(k.row_as<const float>(row), k_dst.row_as<float>(row), i, cs_sn, p,
+                     [&](int64_t d, float val) { put<KT>(pool, d, val); });
+      }
+    }
+    for (int64_t e = threadIdx.x; e < head_dim * n_kv; e += blockDim.x) {
+      const int64_t h = e / head_dim, d = e % head_dim;
+      put<VT>(v_pool, (slot_row + h) * head_dim + d, v.row_as<const float>(h + n_kv * t)[d]);
+    }
+  }
+}
+
+// sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (same block size, so the same reduction order).
+__global__ void add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n,
+                                    float eps, float w_add, int64_t n_rows) {
+  __shared__ float red[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const float* ar = a.row_as<const float>(r);
+    const float* br = b.row_as<const float>(r);
+    float* sr = sum.row_as<float>(r);
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      sr[i] = ar[i] + br[i];
+      ss += sr[i] * sr[i];
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+    char* yr = dst.row(r);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float g = w != nullptr ? w[i] + w_add : 1.0f;
+      store(st, yr, i, sr[i] * inv * g);
+    }
   }
 }
 
@@ -330,6 +410,42 @@ cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
     kv_write_kernel<float, __half><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
                                                                       slots, head_dim, n_kv, total);
   }
+  return launched();
+}
+
+bool rope_supported(const ops::RopeParams& p) { return p.n_rot / 2 <= kMaxRopePairs; }
+
+cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k,
+                          const ops::KvWrite& kv) {
+  if (!rope_supported(q.p)) return cudaErrorNotSupported;
+  const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
+  const auto launch = [&](auto k_elem, auto v_elem) {
+    using KT = decltype(k_elem);
+    using VT = decltype(v_elem);
+    rope_kv_write_kernel<KT, VT><<<grid_for(n_tokens, 1), kThreads, 0, ctx.stream>>>(
+        rows_of(q.x), rows_of(q.dst), rows_of(k.x), rows_of(k.dst), rows_of(kv.v), kv.k_pool.data,
+        kv.v_pool.data, static_cast<const int32_t*>(kv.slots.data),
+        static_cast<const int32_t*>(q.positions.data), static_cast<const float*>(q.freq_factors.tensor.data),
+        q.p, head_dim, n_heads, n_kv, n_tokens);
+  };
+  const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
+  if (k16 && v16) {
+    launch(__half{}, __half{});
+  } else if (!k16 && !v16) {
+    launch(float{}, float{});
+  } else if (k16) {
+    launch(__half{}, float{});
+  } else {
+    launch(float{}, __half{});
+  }
+  return launched();
+}
+
+cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm) {
+  const int64_t n = add.a.ne[0], rows = add.a.n_rows();
+  add_rms_norm_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
+      rows_of(add.a), rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
+      static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f, rows);
   return launched();
 }
 
