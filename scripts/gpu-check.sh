@@ -8,7 +8,9 @@
 #   bench     bench/cuda_matmul_bench (GEMV / GEMM kernels against the card's copy bandwidth)
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
-#   models    bench/gpu_models.py + bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill
+#   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
+#   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
+#             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/kiln-gpu-out}"
@@ -30,6 +32,21 @@ export OPENSSL_ROOT_DIR="$deps/usr"
   nvcc --version | tail -1
   cmake --version | head -1
 } | tee "$out/build.log"
+# The peer builds beside kiln (the machine has 16 cores): llama-bench, llama-batched-bench and llama-quantize.
+peer_dir=/tmp/llama.cpp
+peer_pid=
+if [[ " ${steps[*]} " == *" peer "* ]] && [ ! -x "$peer_dir/build/bin/llama-bench" ]; then
+  (
+    set -e
+    rm -rf "$peer_dir" && mkdir -p "$(dirname "$peer_dir")"
+    tar xJf .gpu-deps/llama.cpp.tar.xz -C "$(dirname "$peer_dir")"
+    cmake -S "$peer_dir" -B "$peer_dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
+    cmake --build "$peer_dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-quantize
+  ) >"$out/peer-build.log" 2>&1 &
+  peer_pid=$!
+fi
 # The output folder comes back only while it holds few files: one log a step.
 cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
   >>"$out/build.log" 2>&1
@@ -63,6 +80,15 @@ for step in "${steps[@]}"; do
       ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;
     models) python3 bench/gpu_generate.py --build "$bin" --out "$out" 2>&1 | tee "$out/generate.log" || status=1 ;;
+    peer)
+      if [ -n "$peer_pid" ] && ! wait "$peer_pid"; then
+        tail -30 "$out/peer-build.log"
+        status=1
+        continue
+      fi
+      python3 bench/gpu_peer.py --build "$bin" --peer "$peer_dir/build" --out "$out" ${PEER_ARGS:-} 2>&1 |
+        tee "$out/peer.log" || status=1
+      ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

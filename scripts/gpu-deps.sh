@@ -28,3 +28,33 @@ import parity_lib as lp
 from hf_cache import hf_tokenizer
 hf_tokenizer(lp.MODELS / 'SmolLM2-135M-Instruct.Q4_1.gguf').save_pretrained('$dir/tokenizer')")
 fi
+# The peer: llama.cpp as the llama-cpp-python source package vendors it (the version the test venv pins),
+# trimmed to what llama-bench, llama-batched-bench and llama-quantize need with the CPU and CUDA backends
+# (~6 MB). scripts/gpu-check.sh peer builds it there.
+peer="$dir/llama.cpp.tar.xz"
+if [ ! -f "$peer" ]; then
+  version=$(grep -E '^llama-cpp-python==' "$KILN_ROOT/scripts/requirements-test.txt" | cut -d= -f3)
+  [ -n "$version" ] || die "scripts/requirements-test.txt does not pin llama-cpp-python"
+  cache="$KILN_CACHE/peer"
+  mkdir -p "$cache"
+  sdist="$cache/llama_cpp_python-$version.tar.gz"
+  if [ ! -f "$sdist" ]; then
+    say "downloading the llama-cpp-python $version source package"
+    "$KILN_VENV/bin/pip" download --quiet --no-deps --no-binary :all: -d "$cache" "llama-cpp-python==$version"
+  fi
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  tar xzf "$sdist" -C "$work"
+  src="$work/llama_cpp_python-$version/vendor/llama.cpp"
+  rm -rf "$src"/{models,docs,tests,examples,pocs,benches,media,gguf-py,conversion,scripts,skills,ci,app,grammars}
+  for d in "$src"/tools/*/; do
+    case "$(basename "$d")" in llama-bench | batched-bench | quantize) ;; *) rm -rf "$d" ;; esac
+  done
+  for d in "$src"/ggml/src/ggml-*/; do
+    case "$(basename "$d")" in ggml-cpu | ggml-cuda) ;; *) rm -rf "$d" ;; esac
+  done
+  printf 'llama_add_compile_flags()\nadd_subdirectory(batched-bench)\nadd_subdirectory(llama-bench)\nadd_subdirectory(quantize)\n' \
+    >"$src/tools/CMakeLists.txt"
+  say "packing llama.cpp $version for the GPU machine into .gpu-deps/llama.cpp.tar.xz"
+  tar cJf "$peer" -C "$(dirname "$src")" llama.cpp
+fi

@@ -1,0 +1,180 @@
+"""kiln beside llama.cpp's CUDA build on the same GGUF files, on the GPU machine, in one run.
+
+Models: random-weight Llama-3-8B- and SmolLM2-135M-shaped folders made there by transformers (gpu_generate.py),
+written as GGUF by `kiln convert` (BF16, Q8_0) and quantized from the BF16 file by llama.cpp's `llama-quantize`
+(Q4_0, Q4_K_M): both engines read the very same files.
+
+Per file, interleaved: `kiln bench -d cuda -p 2048 -n 128` and `llama-bench -ngl 99 -fa 1 -p 2048 -n 128` (pp2048:
+a 2048-token prompt in one step; tg128: 128 tokens decoded one step at a time after it), and for the 8B BF16 and
+Q4_K_M files batched decode: `kiln bench --batch 16,64` (requests of one prompt token, 128 greedy tokens each,
+decoding together) beside `llama-batched-bench -npp 128 -ntg 128 -npl 16,64` (its S_TG: generation alone).
+Decode is also shown against the card's copy bandwidth: bytes a decoded token reads (every weight but the token
+embedding table, unless that is also the output head) times tokens/s.
+
+Runs on the GPU machine: scripts/gpu-check.sh peer. Writes peer.md under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_generate import make_folder  # noqa: E402
+
+BATCHED = {("llama3-8b", "bf16"), ("llama3-8b", "q4_k_m")}
+
+
+def run(cmd: list[str], env: dict | None = None) -> str:
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace", env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    return r.stdout + "\n" + r.stderr
+
+
+def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path) -> list[tuple[str, str, Path]]:
+    files = []
+    for name, types in (("smollm2-135m", ("bf16", "q4_0")), ("llama3-8b", ("bf16", "q8_0", "q4_0", "q4_k_m"))):
+        folder = models / name
+        if not (folder / "config.json").exists():
+            make_folder(name, folder, tokenizer)
+        bf16 = models / f"{name}-bf16.gguf"
+        for typ in types:
+            path = models / f"{name}-{typ}.gguf"
+            if not path.exists():
+                t0 = time.time()
+                if typ in ("bf16", "q8_0"):
+                    run([kiln, "convert", folder, path, "--type", typ])
+                else:
+                    run([quantize, bf16, path, typ.upper()])
+                print(f"{path.name}: made in {time.time() - t0:.0f} s", flush=True)
+            files.append((name, typ, path))
+    return files
+
+
+def decode_bytes(path: Path) -> int:
+    """Bytes a decoded token reads: the file's tensors but token_embd (read one row a step) unless it is also
+    the output head."""
+    try:
+        import gguf  # the machine's own package, if it has one
+    except ImportError:
+        return path.stat().st_size
+    r = gguf.GGUFReader(str(path))
+    names = {t.name for t in r.tensors}
+    total = 0
+    for t in r.tensors:
+        if t.name == "token_embd.weight" and "output.weight" in names:
+            continue
+        total += int(t.n_bytes)
+    return total
+
+
+def kiln_bench(kiln: Path, path: Path, reps: int, batched: bool) -> dict:
+    cmd = [kiln, "bench", "-m", path, "-d", "cuda", "-p", "2048", "-n", "128", "-r", reps, "-o", "json"]
+    if batched:
+        cmd += ["--batch", "16,64"]
+    out = run(cmd)
+    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    return {r["test"]: (r["tokens_per_s"], r["tokens_per_s_sd"]) for r in rows}
+
+
+def llama_bench(bench: Path, path: Path, reps: int) -> dict:
+    out = run([bench, "-m", path, "-ngl", "99", "-fa", "1", "-p", "2048", "-n", "128", "-r", reps, "-o", "json"])
+    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    res = {}
+    for r in rows:
+        test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+        res[test] = (r["avg_ts"], r["stddev_ts"])
+    return res
+
+
+def llama_batched(batched: Path, path: Path) -> dict:
+    out = run([batched, "-m", path, "-ngl", "99", "-fa", "on", "-c", "20480", "-b", "2048", "-ub", "512",
+               "-npp", "128", "-ntg", "128", "-npl", "16,64"])
+    res = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and cells[0] == "128" and cells[1] == "128" and cells[2].isdigit():
+            res[f"tg128@bs{cells[2]}"] = (float(cells[7]), 0.0)
+    if not res:
+        raise RuntimeError(f"llama-batched-bench: no table in\n{out[-2000:]}")
+    return res
+
+
+def step_profile(kiln: Path, path: Path, log: Path) -> None:
+    """Where the engine thread's time goes in a decode step (KILN_STEP_PROFILE), and each kernel's share
+    (KILN_CUDA_PROFILE: ops timed one by one, graphs off)."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    with log.open("a") as f:
+        for env_var in ("KILN_STEP_PROFILE", "KILN_CUDA_PROFILE"):
+            env = dict(os.environ, **{env_var: "1"})
+            r = subprocess.run([str(kiln), "run", "-m", str(path), "-d", "cuda", "-p", prompt, "-n", "128", "--temp",
+                                "0", "--ignore-eos"], capture_output=True, text=True, errors="replace", env=env)
+            tail = [ln for ln in r.stderr.splitlines() if not ln.startswith("kiln run:")]
+            f.write(f"\n## {path.name}, {env_var}=1\n" + "\n".join(tail[-45:]) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", type=Path, required=True, help="kiln's build folder")
+    ap.add_argument("--peer", type=Path, required=True, help="llama.cpp's build folder (bin/llama-bench ...)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, default=ROOT / ".gpu-deps" / "tokenizer")
+    ap.add_argument("--models", type=Path, default=Path("/tmp/kiln-models"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--copy-gbs", type=float, default=3014.8, help="the card's measured copy bandwidth, GB/s")
+    ap.add_argument("--only", default="", help="comma-separated model-type names to run (default: all)")
+    a = ap.parse_args()
+    kiln = a.build / "tools" / "kiln" / "kiln"
+    peer = {n: a.peer / "bin" / n for n in ("llama-bench", "llama-batched-bench", "llama-quantize")}
+    a.models.mkdir(parents=True, exist_ok=True)
+    files = make_files(kiln, peer["llama-quantize"], a.models, a.tokenizer)
+    only = set(filter(None, a.only.split(",")))
+    lines = ["| model | weights | engine | tg128 tok/s | decode GB/s | of copy bw | pp2048 tok/s |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    ratios, batched_lines = [], []
+    for name, typ, path in files:
+        if only and f"{name}-{typ}" not in only:
+            continue
+        per_token = decode_bytes(path)
+        batched = (name, typ) in BATCHED
+        k = kiln_bench(kiln, path, a.reps, batched)
+        ll = llama_bench(peer["llama-bench"], path, a.reps)
+        if batched:
+            ll.update(llama_batched(peer["llama-batched-bench"], path))
+        for engine, res in (("kiln", k), ("llama.cpp", ll)):
+            tg, pp = res["tg128"][0], res["pp2048"][0]
+            gbs = per_token * tg / 1e9
+            lines.append(f"| {name} | {typ} | {engine} | {tg:.1f} ± {res['tg128'][1]:.1f} | {gbs:.0f} | "
+                         f"{gbs / a.copy_gbs:.0%} | {pp:.0f} ± {res['pp2048'][1]:.0f} |")
+        ratios.append(f"| {name} | {typ} | {k['tg128'][0] / ll['tg128'][0]:.2f}x | "
+                      f"{k['pp2048'][0] / ll['pp2048'][0]:.2f}x |")
+        if batched:
+            for bs in (16, 64):
+                t = f"tg128@bs{bs}"
+                batched_lines.append(f"| {name} | {typ} | {bs} | {k[t][0]:.0f} | {ll[t][0]:.0f} | "
+                                     f"{k[t][0] / ll[t][0]:.2f}x |")
+        print("\n".join(lines[-2:]), flush=True)
+    report = ["## Decode (tg128) and prefill (pp2048), one request", "", *lines, "",
+              "## kiln / llama.cpp", "", "| model | weights | tg128 | pp2048 |", "|---|---|---:|---:|", *ratios]
+    if batched_lines:
+        report += ["", "## Batched decode, tok/s (all requests together)", "",
+                   "| model | weights | requests | kiln | llama.cpp | kiln / llama.cpp |", "|---|---|---:|---:|---:|---:|",
+                   *batched_lines]
+    (a.out / "peer.md").write_text("\n".join(report) + "\n")
+    print("\n".join(report), flush=True)
+    for name, typ, path in files:
+        if (name, typ) in (("llama3-8b", "bf16"), ("smollm2-135m", "bf16")) and (not only or f"{name}-{typ}" in only):
+            step_profile(kiln, path, a.out / "profiles.txt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
