@@ -1,6 +1,6 @@
 // The CUDA backend's fused sequences (cuda::run_fused): a layer's program run with fusion gives bit for bit
-// what it gives with every op as its own kernel (KILN_CUDA_FUSE=0), for decode-sized and prefill-sized
-// steps, and the sequences fuse where they should and nowhere else.
+// what it gives with every op as its own kernel (KILN_CUDA_FUSE=0 against 1), for decode-sized and
+// prefill-sized steps, and the sequences fuse where they should and nowhere else.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -134,11 +134,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
 }
 
 std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype) {
-  if (fuse) {
-    unsetenv("KILN_CUDA_FUSE");
-  } else {
-    setenv("KILN_CUDA_FUSE", "0", 1);
-  }
+  setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
   auto b = make_backend("cuda");
   unsetenv("KILN_CUDA_FUSE");
   EXPECT_TRUE(b.ok()) << b.status().to_string();
