@@ -83,19 +83,6 @@ struct Request {
 enum class FinishReason { none, stop, length, cancelled, error };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", ...
 
-// One streamed event. Tokens come with the text they complete (possibly empty: a character split over byte
-// tokens, or text held back because it may start a stop string). The last event has done = true.
-struct TokenEvent {
-  int32_t token = -1;  // -1 on the final event when it carries no token
-  std::string text;
-  float logprob = 0.0f;
-  std::vector<TokenLogprob> top;  // SamplingParams::n_logprobs alternatives
-  bool done = false;
-  FinishReason finish = FinishReason::none;  // set when done
-  std::string error;                         // finish == error
-};
-using TokenCallback = std::function<void(const TokenEvent&)>;
-
 struct RequestStats {
   int32_t n_prompt = 0;       // prompt tokens
   int32_t n_cached = 0;       // prompt tokens found in the prefix cache (not recomputed)
@@ -106,6 +93,21 @@ struct RequestStats {
   int32_t n_preemptions = 0;  // times its KV blocks were taken back (and recomputed on resume)
   FinishReason finish = FinishReason::none;
 };
+
+// One streamed event. Tokens come with the text they complete (possibly empty: a character split over byte
+// tokens, or text held back because it may start a stop string). The last event has done = true.
+struct TokenEvent {
+  int32_t token = -1;  // -1 on the final event when it carries no token
+  std::string text;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;  // SamplingParams::n_logprobs alternatives
+  bool done = false;
+  FinishReason finish = FinishReason::none;  // set when done
+  std::string error;                         // finish == error
+  RequestStats stats;                        // set when done: what wait() returns
+};
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
 
 // A snapshot of the engine (Engine::metrics()). Counters run from the engine's start; gauges are as of the
 // last step. Latency samples are the most recent ones, oldest first, at most Engine::kLatencySamples each.

@@ -248,6 +248,7 @@ void Engine::Impl::finish(uint64_t id, FinishReason reason, const std::string& e
     s.stats.decode_ms = s.stats.n_generated > 0 ? ms_between(s.t_first, now) : 0;
   }
   s.stats.finish = reason;
+  ev.stats = s.stats;
   s.callback(ev);
   ++delta.n_finished;
   if (reason == FinishReason::stop || reason == FinishReason::length) {

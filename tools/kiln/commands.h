@@ -11,5 +11,6 @@ void register_run(CLI::App& app, int& rc);
 void register_chat(CLI::App& app, int& rc);
 void register_convert(CLI::App& app, int& rc);
 void register_bench(CLI::App& app, int& rc);
+void register_serve(CLI::App& app, int& rc);
 
 }  // namespace kiln::cli

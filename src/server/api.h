@@ -1,0 +1,63 @@
+// The OpenAI-compatible API of kiln serve over one Engine: /v1/chat/completions, /v1/completions (both
+// streaming or not), /v1/models, /tokenize, /detokenize, /health, /metrics and the chat page at /. Requests
+// are validated field by field (errors in OpenAI's shape, naming the field), turned into engine requests, and
+// answered from the engine's token callbacks; a client that hangs up cancels its requests.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+#include "server/http.h"
+#include "server/prometheus.h"
+
+namespace kiln::server {
+
+struct ApiOptions {
+  std::string model_name;             // what /v1/models lists and requests may name
+  std::vector<std::string> api_keys;  // accepted bearer keys; empty: no authentication
+};
+
+class Api {
+ public:
+  explicit Api(ApiOptions options);
+  // The engine, once loaded: until then /health answers 503 and the API 503 "Loading model". Not owned.
+  void set_engine(Engine* engine);
+  // New generation requests are refused with 503 from now on (a shutdown in progress).
+  void stop_admitting() { admitting_ = false; }
+  // Generation requests whose answer is not complete yet.
+  int64_t in_flight() const { return in_flight_->load(); }
+  // Cancels every generation in flight (a shutdown past its grace period): each ends with finish_reason
+  // abort.
+  void cancel_all();
+  void handle(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
+
+  struct Generation;
+
+ private:
+  void completions(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, bool chat);
+  void tokenize(const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
+  void detokenize(const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
+  std::string metrics_text() const;
+
+  ApiOptions options_;
+  std::atomic<Engine*> engine_{nullptr};
+  std::atomic<bool> admitting_{true};
+  std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<ServerMetrics> metrics_ = std::make_shared<ServerMetrics>();
+  int64_t created_ = 0;  // the Unix time /v1/models reports
+  std::mutex live_mu_;
+  std::vector<std::weak_ptr<Generation>> live_;  // for cancel_all()
+};
+
+// Whether two keys are equal, in time that depends on their lengths only.
+bool keys_equal(std::string_view a, std::string_view b);
+
+// The chat page served at / (chat_page.cpp).
+const std::string& chat_page();
+
+}  // namespace kiln::server
