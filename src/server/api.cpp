@@ -702,6 +702,15 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
     }
   }
   if (!admitting_) return fail({503, "the server is shutting down", "unavailable_error", "", ""});
+  if (options_.max_queue > 0) {
+    const int32_t waiting = engine.metrics().n_waiting;
+    if (waiting >= options_.max_queue) {
+      return fail({503,
+                   fmt::format("the queue is full: {} requests wait for admission (--max-queue {})", waiting,
+                               options_.max_queue),
+                   "unavailable_error", "", "server_busy"});
+    }
+  }
 
   auto g = std::make_shared<Generation>();
   g->ex = ex;

@@ -20,6 +20,10 @@ namespace kiln::server {
 struct ApiOptions {
   std::string model_name;             // what /v1/models lists and requests may name
   std::vector<std::string> api_keys;  // accepted bearer keys; empty: no authentication
+  // Generation requests are refused with 503 while this many engine requests wait for admission (0: never).
+  // Counted here, not by the engine's max_queued, so that a request of n choices is let in whole or not at
+  // all.
+  int32_t max_queue = 0;
 };
 
 class Api {

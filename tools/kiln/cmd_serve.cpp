@@ -49,7 +49,6 @@ Status run_serve(const ServeOptions& o) {
   eo.n_threads = o.n_threads;
   eo.n_seq_max = o.parallel;
   eo.max_batch_tokens = o.max_batch_tokens;
-  eo.max_queued = o.max_queue;
   eo.kv_type = o.kv_type;
   if (!o.kv_memory.empty()) {
     KILN_ASSIGN_OR_RETURN(eo.kv_memory_bytes, parse_byte_size(o.kv_memory));
@@ -70,6 +69,7 @@ Status run_serve(const ServeOptions& o) {
                   : path.extension() == ".gguf" ? path.stem().string()
                                                 : path.filename().string();
   ao.api_keys = o.api_keys;
+  ao.max_queue = o.max_queue;
   server::Api api(ao);
 
   // SIGINT and SIGTERM are taken by sigwait() below: blocked in this thread and every thread started after.
@@ -175,7 +175,10 @@ void register_serve(CLI::App& app, int& rc) {
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls, faster (default: on for CUDA, off for the CPU)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);
-  cmd->callback([o, &rc] { rc = report_error("serve", run_serve(*o)); });
+  cmd->callback([o, &rc] {
+    Status s = run_serve(*o);
+    if (!s.ok()) rc = report_error("serve", s);
+  });
 }
 
 }  // namespace kiln::cli
