@@ -115,6 +115,7 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
   }
   s->stats.n_prompt = n_prompt;
   s->sampler.emplace(request.sampling, e.desc.n_vocab);
+  s->sampler->set_end_tokens(e.tokenizer->eog_ids());
   s->decoder.emplace(*e.tokenizer, /*skip_special=*/true);
   s->stop.emplace(request.sampling.stop);
   s->params = request.sampling;

@@ -209,6 +209,9 @@ void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
   ++s.stats.n_generated;
   ++delta.n_generated_tokens;
   if (!s.params.ignore_eos && tokenizer->is_eog(tok)) return finish(id, FinishReason::stop, "");
+  const std::vector<int32_t>& stop_ids = s.params.stop_token_ids;
+  if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end())
+    return finish(id, FinishReason::stop, "");
   auto text = s.decoder->feed(tok);
   if (!text.ok()) {
     // As vLLM does when detokenizing fails, the request ends with an error rather than streaming on with a

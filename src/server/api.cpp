@@ -18,6 +18,8 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+constexpr size_t kMaxStopTokens = 64;  // the sampler's limit (kSamplerMaxStopTokens)
+
 // An answer that is not a success: OpenAI's error shape, with the HTTP status.
 struct ApiError {
   int status = 400;
@@ -249,13 +251,22 @@ std::optional<ApiError> read_sampling(const json& body, const ModelDescription& 
   if (const json* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
     return unsupported("tools", "tool calling");
   }
-  if (const json* ids = field(body, "stop_token_ids"); ids != nullptr && !(ids->is_array() && ids->empty())) {
-    return unsupported("stop_token_ids", "'stop_token_ids'");
+  if (const json* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array() || ids->size() > kMaxStopTokens) {
+      return bad("stop_token_ids",
+                 fmt::format("'stop_token_ids' must be a list of at most {} token ids", kMaxStopTokens));
+    }
+    for (const json& t : *ids) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model.n_vocab) {
+        return bad("stop_token_ids",
+                   fmt::format("'stop_token_ids' must hold token ids in [0, {})", model.n_vocab));
+      }
+      s.stop_token_ids.push_back(t.get<int32_t>());
+    }
   }
-  if (const json* mt = field(body, "min_tokens");
-      mt != nullptr && !(mt->is_number_integer() && mt->get<int64_t>() == 0)) {
-    return unsupported("min_tokens", "'min_tokens'");
-  }
+  int64_t min_tokens = 0;
+  if (auto e = read_int(body, "min_tokens", 0, int64_t{1} << 30, min_tokens)) return e;
+  s.min_tokens = static_cast<int32_t>(min_tokens);
   return std::nullopt;
 }
 

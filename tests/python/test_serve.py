@@ -203,6 +203,30 @@ def test_completions_stop_echo_logprobs_n(server):
     assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
 
 
+def test_stop_token_ids_and_min_tokens(server):
+    client = server.client()
+    prompt = "One, two, three, four,"
+    base = client.completions.create(model=NAME, prompt=prompt, max_tokens=6, temperature=0, logprobs=0)
+    pieces = base.choices[0].logprobs.tokens
+
+    def token_id(piece):
+        ids = server.request("POST", "/tokenize", {"prompt": piece, "add_special_tokens": False})[1]["tokens"]
+        return ids[0] if len(ids) == 1 else None
+
+    ids = [token_id(p) for p in pieces]
+    k = next((i for i in range(1, len(ids)) if ids[i] is not None and ids[i] not in ids[:i]), None)
+    assert k is not None, pieces
+    cut = client.completions.create(model=NAME, prompt=prompt, max_tokens=6, temperature=0,
+                                    extra_body={"stop_token_ids": [ids[k]]})
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == "".join(pieces[:k])
+    assert cut.usage.completion_tokens == k + 1  # the stop token is generated, not shown
+    assert ids[0] is not None
+    held = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=0,
+                                     extra_body={"stop_token_ids": [ids[0]], "min_tokens": 3})
+    assert held.choices[0].finish_reason == "length" and held.usage.completion_tokens == 3
+    assert ids[0] not in [token_id(p) for p in held.choices[0].logprobs.tokens]
+
+
 def test_tokenize_detokenize(server):
     status, body, _ = server.request("POST", "/tokenize", {"prompt": "Hello world"})
     assert status == 200 and body["count"] == len(body["tokens"]) > 0 and body["max_model_len"] == 512

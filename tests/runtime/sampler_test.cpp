@@ -462,6 +462,34 @@ TEST(Sampler, PlainGreedyIsGreedyWithoutBiasPenaltiesOrLogprobs) {
   EXPECT_EQ(a.top.size(), b.top.size());
 }
 
+// min_tokens: the end tokens (the model's, and stop_token_ids) cannot be drawn before that many tokens.
+TEST(Sampler, MinTokensHoldsBackTheEndTokens) {
+  std::vector<float> logits(8, 0.0f);
+  logits[3] = 5.0f;  // an end-of-generation token, the best
+  logits[6] = 4.0f;  // a stop token id, the second best
+  logits[1] = 3.0f;
+  SamplingParams p = plain(0.0f);
+  p.min_tokens = 2;
+  p.stop_token_ids = {6};
+  Sampler s(p, 8);
+  s.set_end_tokens(std::vector<int32_t>{3});
+  EXPECT_FALSE(s.plain_greedy());
+  EXPECT_EQ(s.sample(logits, {}).value().token, 1);
+  EXPECT_EQ(s.sample(logits, {}).value().token, 1);
+  EXPECT_EQ(s.sample(logits, {}).value().token, 3);
+  p.ignore_eos = true;  // then only the stop ids are held back
+  Sampler t(p, 8);
+  t.set_end_tokens(std::vector<int32_t>{3});
+  EXPECT_EQ(t.sample(logits, {}).value().token, 3);
+  p.stop_token_ids = {8};
+  EXPECT_NE(validate(p, 8).message().find("stop_token_ids[0] = 8"), std::string::npos);
+  p.stop_token_ids.assign(65, 1);
+  EXPECT_NE(validate(p, 8).message().find("at most 64"), std::string::npos);
+  p.stop_token_ids.clear();
+  p.min_tokens = -1;
+  EXPECT_NE(validate(p, 8).message().find("min_tokens = -1"), std::string::npos);
+}
+
 // ----- errors ------------------------------------------------------------------------------------------
 
 TEST(Sampler, ValidationNamesTheField) {

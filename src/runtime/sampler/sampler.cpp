@@ -57,6 +57,17 @@ Status validate(const SamplingParams& params, int32_t n_vocab) {
   for (size_t i = 0; i < params.stop.size(); ++i) {
     if (params.stop[i].empty()) return invalid_argument("stop[{}] = \"\": must not be empty", i);
   }
+  if (params.stop_token_ids.size() > kSamplerMaxStopTokens) {
+    return invalid_argument("stop_token_ids: {} ids, at most {} allowed", params.stop_token_ids.size(),
+                            kSamplerMaxStopTokens);
+  }
+  for (size_t i = 0; i < params.stop_token_ids.size(); ++i) {
+    if (params.stop_token_ids[i] < 0 || params.stop_token_ids[i] >= n_vocab) {
+      return invalid_argument("stop_token_ids[{}] = {}: must be in [0, {})", i, params.stop_token_ids[i],
+                              n_vocab);
+    }
+  }
+  if (params.min_tokens < 0) return invalid_argument("min_tokens = {}: must be >= 0", params.min_tokens);
   return Status::ok_status();
 }
 
@@ -96,6 +107,9 @@ Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<co
   // Huge finite biases or penalties can overflow a logit: only the ids they touched can be affected.
   for (const auto& [id, bias] : params_.logit_bias) KILN_TRY(check_adjusted(id));
   for (const int32_t id : window_ids_) KILN_TRY(check_adjusted(id));
+  if (n_sampled_ < params_.min_tokens) {
+    for (const int32_t id : held_back_) work_[static_cast<size_t>(id)] = kNegInf;
+  }
 
   SampleResult out;
   if (params_.temperature == 0.0f) {
@@ -136,7 +150,13 @@ Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<co
   }
   if (out.token < 0) return invalid_argument("every token has a -inf logit after logit_bias and penalties");
   if (params_.logprobs || params_.n_logprobs > 0) report_logprobs(logits, raw_max, out);
+  ++n_sampled_;
   return out;
+}
+
+void Sampler::set_end_tokens(std::span<const int32_t> eog) {
+  held_back_ = params_.stop_token_ids;
+  if (!params_.ignore_eos) held_back_.insert(held_back_.end(), eog.begin(), eog.end());
 }
 
 bool Sampler::plain_greedy() const {
@@ -144,7 +164,7 @@ bool Sampler::plain_greedy() const {
       params_.repeat_last_n != 0 && (params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                                      params_.frequency_penalty != 0.0f);
   return params_.temperature == 0.0f && params_.logit_bias.empty() && !penalties && !params_.logprobs &&
-         params_.n_logprobs == 0;
+         params_.n_logprobs == 0 && params_.min_tokens == 0;
 }
 
 Status Sampler::check_adjusted(int32_t id) const {

@@ -21,8 +21,9 @@
 
 namespace kiln {
 
-inline constexpr int32_t kSamplerMaxLogprobs = 20;  // SamplingParams::n_logprobs at most
-inline constexpr size_t kSamplerMaxStops = 16;      // SamplingParams::stop entries at most
+inline constexpr int32_t kSamplerMaxLogprobs = 20;   // SamplingParams::n_logprobs at most
+inline constexpr size_t kSamplerMaxStops = 16;       // SamplingParams::stop entries at most
+inline constexpr size_t kSamplerMaxStopTokens = 64;  // SamplingParams::stop_token_ids entries at most
 
 // Checks every field of `params` for a vocabulary of n_vocab tokens. Error: invalid_argument naming the
 // field and its value.
@@ -48,6 +49,10 @@ class Sampler {
   // every token ends up with a -inf logit.
   // Advances the RNG by one draw when temperature > 0.
   Result<SampleResult> sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // The model's end-of-generation ids: with stop_token_ids (and unless ignore_eos), what min_tokens keeps
+  // from being sampled until the sampler has drawn min_tokens tokens.
+  void set_end_tokens(std::span<const int32_t> eog);
 
   // True when sample() would return the first maximum of the raw logits and nothing else: greedy, with no
   // logit_bias, no penalties and no logprobs. Such a request can take its token from an argmax computed where
@@ -84,6 +89,8 @@ class Sampler {
   std::mt19937_64 rng_;
   // Scratch, sized n_vocab on the first call and reused.
   std::vector<float> work_;          // [n_vocab] logits after bias and penalties
+  std::vector<int32_t> held_back_;   // end tokens masked while fewer than min_tokens were sampled
+  int32_t n_sampled_ = 0;            // successful sample() calls
   std::vector<Candidate> cands_;     // [n_vocab] at most
   std::vector<int32_t> counts_;      // [n_vocab] occurrences in the penalty window; all zero between calls
   std::vector<int32_t> window_ids_;  // distinct ids of the penalty window
