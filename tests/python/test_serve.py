@@ -332,3 +332,25 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0():
     assert body["usage"]["completion_tokens"] == 12
     assert s.proc.wait(timeout=60) == 0, "".join(s.lines)
     assert "stopped" in "".join(s.lines)
+
+
+def test_bench_serve_measures_the_server(server):
+    def bench(*args):
+        return subprocess.run([str(KILN), "bench", "serve", "--base-url", f"http://127.0.0.1:{server.port}",
+                               "--api-key", KEY, "-o", "json", *map(str, args)], capture_output=True, text=True,
+                              timeout=300)
+
+    r = bench("--num-prompts", 3, "--random-input-len", 12, "--random-output-len", 4, "--max-concurrency", 2,
+              "--goodput", "ttft:600000")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["completed"] == 3 and j["failed"] == 0 and j["model"] == NAME
+    assert j["total_output_tokens"] == 12 and j["total_input_tokens"] >= 36
+    assert 0 < j["mean_ttft_ms"] <= j["mean_e2el_ms"] and j["p99_itl_ms"] > 0
+    assert j["request_goodput"] == pytest.approx(j["request_throughput"])
+    r = bench("--num-prompts", 1, "--random-input-len", 8, "--random-output-len", 3, "--endpoint",
+              "/v1/chat/completions")
+    assert r.returncode == 0 and json.loads(r.stdout)["completed"] == 1, r.stdout + r.stderr
+    r = bench("--goodput", "speed:3")
+    assert r.returncode == 3 and "--goodput speed:3" in r.stderr
+    wait_idle(server)

@@ -239,7 +239,9 @@ void register_bench(CLI::App& app, int& rc) {
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls (as kiln run; default: on for CUDA, off for the CPU)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);
-  cmd->callback([o, &rc] {
+  register_bench_serve(*cmd, rc);
+  cmd->callback([o, &rc, cmd] {
+    if (cmd->got_subcommand("serve")) return;  // kiln bench serve ran instead
     Status s = run_bench(*o);
     if (!s.ok()) rc = report_error("bench", s);
   });
