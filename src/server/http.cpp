@@ -134,7 +134,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(options_.idle_timeout);
+    stream_.expires_after(options_.timeout);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
@@ -237,8 +237,10 @@ class Session : public std::enable_shared_from_this<Session> {
       if (closing_after_write_ || client_gone_) return close();
       return read_request();
     }
+    stream_.expires_after(options_.timeout);  // a client that stops reading is let go
     asio::async_write(stream_, asio::buffer(out_.front()),
                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                        self->stream_.expires_never();
                         self->out_.pop_front();
                         if (ec) {
                           self->writing_ = false;
@@ -305,7 +307,14 @@ struct HttpServer::Impl {
   void accept() {
     acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-      if (!ec) std::make_shared<Session>(std::move(socket), options, handler)->start();
+      if (!ec) {
+        // A small send buffer bounds what a client that stops reading holds in the kernel, and lets the write
+        // timeout find it after tens of kilobytes rather than megabytes (token streams are small).
+        beast::error_code ignored;
+        socket.set_option(asio::socket_base::send_buffer_size(32 * 1024), ignored);
+        socket.set_option(tcp::no_delay(true), ignored);
+        std::make_shared<Session>(std::move(socket), options, handler)->start();
+      }
       accept();
     });
   }

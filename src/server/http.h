@@ -59,7 +59,10 @@ struct HttpOptions {
   uint16_t port = 8080;  // 0: any free port (HttpServer::port() tells which)
   int io_threads = 2;
   size_t max_body_bytes = size_t{8} << 20;
-  std::chrono::seconds idle_timeout{60};  // a keep-alive connection with no request for this long is closed
+  // A request must arrive whole within this long (an idle keep-alive connection, or a client sending its
+  // header a byte at a time, is closed), and a client must take each piece of an answer within it (one that
+  // stops reading is disconnected, which cancels its request).
+  std::chrono::seconds timeout{60};
 };
 
 class HttpServer {

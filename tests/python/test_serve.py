@@ -32,8 +32,11 @@ class Server:
     def __init__(self, *extra):
         assert KILN.exists(), f"build kiln first ({KILN})"
         assert SMOL.exists(), f"missing test model {SMOL}"
-        self.proc = subprocess.Popen([str(KILN), "serve", "-m", str(SMOL), "--port", "0", "-t", "2", "-c", "512",
-                                      *map(str, extra)], stderr=subprocess.PIPE, text=True)
+        args = [*map(str, extra)]
+        if "-c" not in args:
+            args += ["-c", "512"]
+        self.proc = subprocess.Popen([str(KILN), "serve", "-m", str(SMOL), "--port", "0", "-t", "2", *args],
+                                     stderr=subprocess.PIPE, text=True)
         self.lines = []
         self.port = None
         deadline = time.time() + 60

@@ -38,6 +38,7 @@ struct ServeOptions {
   std::string kv_memory;
   std::string device = "auto";
   double shutdown_timeout = 30;
+  int32_t http_timeout = 60;
   bool quantize_activations = false;
   bool exact = false;
 };
@@ -61,6 +62,7 @@ Status run_serve(const ServeOptions& o) {
   ho.host = o.host;
   ho.port = static_cast<uint16_t>(o.port);
   ho.io_threads = o.http_threads;
+  ho.timeout = std::chrono::seconds(o.http_timeout);
   KILN_ASSIGN_OR_RETURN(ho.max_body_bytes, parse_byte_size(o.max_body));
   server::ApiOptions ao;
   // The file name without .gguf (a folder: its name), as llama-server lists it.
@@ -165,6 +167,10 @@ void register_serve(CLI::App& app, int& rc) {
                   "KV cache size, e.g. 2G (default: what --parallel requests need)");
   cmd->add_option("--http-threads", o->http_threads, "Threads serving connections")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--http-timeout", o->http_timeout,
+                  "Seconds a client has to send a whole request, and to take each piece of an answer")
+      ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   cmd->add_option("--max-body", o->max_body, "Largest request body; larger ones get 413")
       ->capture_default_str();
