@@ -54,7 +54,22 @@ struct BenchServeOptions {
   uint64_t seed = 0;
   std::vector<std::string> goodput;
   std::string output = "md";
+  bool random_words = false;  // random prompts as English words (servers that take no token ids)
+  std::string extra_body;     // a JSON object merged into every request
 };
+
+// Common English words: prompts any tokenizer reads as about one token a word.
+constexpr const char* kWords[] = {
+    "the",    "of",    "and",   "to",    "in",     "is",    "you",   "that",   "it",   "he",    "was",
+    "for",    "on",    "are",   "as",    "with",   "his",   "they",  "at",     "be",   "this",  "have",
+    "from",   "or",    "one",   "had",   "by",     "word",  "but",   "not",    "what", "all",   "were",
+    "we",     "when",  "your",  "can",   "said",   "there", "use",   "an",     "each", "which", "she",
+    "do",     "how",   "their", "if",    "will",   "up",    "other", "about",  "out",  "many",  "then",
+    "them",   "these", "so",    "some",  "her",    "would", "make",  "like",   "him",  "into",  "time",
+    "has",    "look",  "two",   "more",  "write",  "go",    "see",   "number", "no",   "way",   "could",
+    "people", "my",    "than",  "first", "water",  "been",  "call",  "who",    "oil",  "its",   "now",
+    "find",   "long",  "down",  "day",   "did",    "get",   "come",  "made",   "may",  "part",  "over",
+    "new",    "sound", "take",  "only",  "little", "work",  "know",  "place",  "year"};
 
 struct Url {
   std::string host, port;
@@ -171,8 +186,12 @@ Result<std::vector<Prompt>> make_prompts(const BenchServeOptions& o, const Url& 
       p.output_len = len(o.output_len);
       p.prompt = json::array();
       for (int32_t t = 0; t < p.input_len; ++t) p.prompt.push_back(id(rng));
-      if (o.endpoint ==
-          "/v1/chat/completions") {  // a message is text: the ids' text, by the server's /detokenize
+      if (o.random_words) {
+        std::string text;
+        std::uniform_int_distribution<size_t> word(0, std::size(kWords) - 1);
+        for (int32_t t = 0; t < p.input_len; ++t) text += (t > 0 ? " " : "") + std::string(kWords[word(rng)]);
+        p.prompt = text;
+      } else if (o.endpoint == "/v1/chat/completions") {  // a message is text: the ids' text (/detokenize)
         const HttpResult r =
             http_call(url, "POST", "/detokenize", json{{"tokens", p.prompt}}.dump(), o.api_key);
         const json j = json::parse(r.body, nullptr, false);
@@ -220,7 +239,8 @@ Result<std::vector<Prompt>> make_prompts(const BenchServeOptions& o, const Url& 
   return prompts;
 }
 
-Outcome run_one(const BenchServeOptions& o, const Url& url, const std::string& model, const Prompt& p) {
+Outcome run_one(const BenchServeOptions& o, const json& extra, const Url& url, const std::string& model,
+                const Prompt& p) {
   json body = {{"model", model},
                {"prompt", p.prompt},
                {"max_tokens", p.output_len},
@@ -232,6 +252,7 @@ Outcome run_one(const BenchServeOptions& o, const Url& url, const std::string& m
     body.erase("prompt");
     body["messages"] = json::array({{{"role", "user"}, {"content", p.prompt}}});
   }
+  body.update(extra);
   Outcome out;
   const auto t0 = Clock::now();
   Clock::time_point last;
@@ -306,6 +327,8 @@ Stats stats_of(std::vector<double> v) {
 
 Status run_bench_serve(const BenchServeOptions& o) {
   KILN_ASSIGN_OR_RETURN(const Url url, parse_url(o.base_url));
+  const json extra = o.extra_body.empty() ? json::object() : json::parse(o.extra_body, nullptr, false);
+  if (!extra.is_object()) return invalid_argument("--extra-body {}: not a JSON object", o.extra_body);
   // SLOs: "ttft:MS", "tpot:MS", "e2el:MS".
   double slo_ttft = 0, slo_tpot = 0, slo_e2el = 0;
   for (const std::string& g : o.goodput) {
@@ -347,7 +370,7 @@ Status run_bench_serve(const BenchServeOptions& o) {
     std::this_thread::sleep_until(next);
     slots.acquire();
     threads.emplace_back([&, i] {
-      outcomes[i] = run_one(o, url, model, prompts[i]);
+      outcomes[i] = run_one(o, extra, url, model, prompts[i]);
       slots.release();
     });
     if (!std::isinf(o.request_rate)) {
@@ -443,7 +466,12 @@ void register_bench_serve(CLI::App& bench, int& rc) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--request-rate", o->request_rate, "Requests per second (inf: all at once)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            const double r = std::strtod(v.c_str(), nullptr);
+            return r > 0 ? std::string() : "must be > 0 or inf, not " + v;
+          },
+          "RATE"))
       ->capture_default_str();
   cmd->add_option("--burstiness", o->burstiness, "Gamma shape of the arrivals (1: Poisson; < 1 burstier)")
       ->check(CLI::PositiveNumber)
@@ -463,6 +491,9 @@ void register_bench_serve(CLI::App& bench, int& rc) {
   cmd->add_option("--random-range-ratio", o->range_ratio, "Lengths vary by up to this fraction either way")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  cmd->add_flag("--random-words", o->random_words,
+                "Random prompts as English words instead of token ids (for servers that take only text)");
+  cmd->add_option("--extra-body", o->extra_body, "A JSON object merged into every request");
   cmd->add_option("--seed", o->seed, "Seed of the prompts and the arrivals")->capture_default_str();
   cmd->add_option("--goodput", o->goodput,
                   "SLOs a request must meet to count as good: ttft:MS tpot:MS e2el:MS");
