@@ -5,7 +5,8 @@ source "$(dirname "$0")/lib.sh"
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config git unzip
       nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libssl-dev libboost-dev
-      libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip)
+      libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip
+      chromium)  # headless, for the chat page test (tests/python/test_serve_page.py)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
