@@ -42,7 +42,12 @@ std::string Histogram::text(const std::string& name, const std::string& help) co
 }
 
 ServerMetrics::ServerMetrics()
-    : ttft(latency_buckets()), itl(latency_buckets()), e2e(latency_buckets()), queue(latency_buckets()) {}
+    : ttft(latency_buckets()),
+      itl(latency_buckets()),
+      e2e(latency_buckets()),
+      queue(latency_buckets()),
+      prefill(latency_buckets()),
+      decode(latency_buckets()) {}
 
 void ServerMetrics::count_finished(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu);

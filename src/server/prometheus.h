@@ -31,7 +31,7 @@ class Histogram {
 
 struct ServerMetrics {
   ServerMetrics();
-  Histogram ttft, itl, e2e, queue;  // seconds
+  Histogram ttft, itl, e2e, queue, prefill, decode;  // seconds
   std::mutex mu;
   std::map<std::string, uint64_t> finished;  // requests by finish_reason ("stop", "length", "abort", "error")
   void count_finished(const std::string& reason);
