@@ -378,6 +378,10 @@ struct Api::Generation {
     c.stats = ev.stats;
     metrics->count_finished(c.finish);
     metrics->queue.observe(ev.stats.queue_ms / 1000.0);
+    if (ev.stats.n_generated > 0) {
+      metrics->prefill.observe(ev.stats.prefill_ms / 1000.0);
+      metrics->decode.observe(ev.stats.decode_ms / 1000.0);
+    }
     if (ev.finish == FinishReason::stop || ev.finish == FinishReason::length) {
       metrics->e2e.observe(std::chrono::duration<double>(now - t0).count());
     }

@@ -92,6 +92,8 @@ std::string ServerMetrics::text(const EngineMetrics& m, const std::string& model
   out += e2e.text("kiln:e2e_request_latency_seconds", "From the request's arrival to its last token.");
   out +=
       queue.text("kiln:request_queue_time_seconds", "From submission to the engine to the first admission.");
+  out += prefill.text("kiln:request_prefill_time_seconds", "From the first admission to the first token.");
+  out += decode.text("kiln:request_decode_time_seconds", "From the first token to the last.");
   return out;
 }
 
