@@ -216,6 +216,34 @@ TEST(EngineServing, AnAdmittedRequestLeavesTheQueueBeforeItsFirstToken) {
   EXPECT_EQ(e->metrics().n_rejected, 0u);
 }
 
+// The final event carries what wait() returns, so a caller that only streams (a server) needs no wait().
+TEST(EngineServing, TheFinalEventCarriesTheRequestStats) {
+  EngineOptions o;
+  o.n_ctx = 128;
+  auto e = make_engine(o);
+  ASSERT_NE(e, nullptr);
+  RequestStats from_event;
+  int finals = 0;
+  auto id = e->submit(greedy("Once upon a time", 5), [&](const TokenEvent& ev) {
+    if (!ev.done) {
+      EXPECT_EQ(ev.stats.n_generated, 0);  // only the final event has them
+      return;
+    }
+    ++finals;
+    from_event = ev.stats;
+  });
+  ASSERT_TRUE(id.ok());
+  auto st = e->wait(*id);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(finals, 1);
+  EXPECT_EQ(from_event.n_prompt, st->n_prompt);
+  EXPECT_EQ(from_event.n_generated, 5);
+  EXPECT_EQ(from_event.n_cached, st->n_cached);
+  EXPECT_EQ(from_event.prefill_ms, st->prefill_ms);
+  EXPECT_EQ(from_event.decode_ms, st->decode_ms);
+  EXPECT_EQ(from_event.finish, FinishReason::length);
+}
+
 TEST(EngineServing, DrainFinishesWhatItHasAndRefusesMore) {
   EngineOptions o;
   o.n_ctx = 128;
