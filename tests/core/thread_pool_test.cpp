@@ -27,9 +27,12 @@ void expect_each_index_once(ThreadPool& pool, int64_t n, int64_t min_chunk) {
         for (int64_t i = b; i < e; ++i) ++hits[static_cast<size_t>(i)];
       },
       min_chunk);
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "n " << n << " i " << i;
-  if (n >= min_chunk) EXPECT_GE(shortest.load(), std::min(n, min_chunk)) << "n " << n;
+  }
+  if (n >= min_chunk) {
+    EXPECT_GE(shortest.load(), std::min(n, min_chunk)) << "n " << n;
+  }
 }
 
 TEST(ThreadPool, EachIndexOnceInBackToBackCalls) {
