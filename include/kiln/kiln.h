@@ -121,6 +121,9 @@ struct EngineMetrics {
   int32_t kv_blocks_cached = 0;  // free but still holding a prefix that later requests may reuse
   uint64_t kv_bytes_total = 0;   // bytes of the pool
   uint64_t kv_bytes_used = 0;    // bytes of the used blocks
+  // Memory for the steps beyond weights and KV: the largest step's activations so far, plus the backend's
+  // kernel scratch (on a GPU, measured at load by the warm-up steps).
+  uint64_t scratch_bytes = 0;
   // The prefix cache, in tokens: looked up at each admission (re-admissions after a preemption included)
   // and found there (not recomputed).
   uint64_t prefix_cache_queries = 0;

@@ -82,6 +82,8 @@ class Backend {
   virtual double quantize_x_tolerance() const { return 0.0; }
   // Free bytes of the backend's own memory (a GPU's), which the KV cache is sized by; 0 for host memory.
   virtual uint64_t device_memory_free() const { return 0; }
+  // Bytes the backend holds as its kernels' own scratch (beyond the buffers it was asked for), as of now.
+  virtual uint64_t scratch_bytes() const { return 0; }
 };
 
 // The check every backend's upload/download/copy makes: `t` is contiguous, in host-visible memory or a buffer

@@ -285,6 +285,7 @@ void Engine::Impl::publish_locked() {
   totals.kv_blocks_cached = pool.n_cached();
   totals.kv_bytes_total = kv->bytes();
   totals.kv_bytes_used = static_cast<uint64_t>(pool.n_used()) * kv_block_bytes;
+  totals.scratch_bytes = model->peak_scratch_bytes() + backend->scratch_bytes();
   totals.prefix_cache_queries += delta.prefix_cache_queries;
   totals.prefix_cache_hits += delta.prefix_cache_hits;
   totals.n_prompt_tokens += delta.n_prompt_tokens;

@@ -126,6 +126,11 @@ class CudaBackend final : public Backend {
   }
   // Matmuls under quantize_x run on tensor cores in bf16 / f16 (cuda_matmul.cu).
   double quantize_x_tolerance() const override { return 1e-2; }
+  uint64_t scratch_bytes() const override {
+    uint64_t total = 0;
+    for (const Scratch& s : scratch_) total += s.bytes;
+    return total;
+  }
   uint64_t device_memory_free() const override {
     size_t free = 0, total = 0;
     if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
