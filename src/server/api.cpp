@@ -536,7 +536,7 @@ void Api::handle(const HttpRequest& req, const std::shared_ptr<Exchange>& ex) {
     return ex->respond(error_response({404, fmt::format("no such path: {} {}", req.method, req.path),
                                        "invalid_request_error", "", "not_found"}));
   }
-  if (req.method != route->method && !(req.method == "HEAD" && std::string_view(route->method) == "GET")) {
+  if (req.method != route->method) {
     HttpResponse r =
         error_response({405, fmt::format("{} does not take {}: use {}", req.path, req.method, route->method),
                         "invalid_request_error", "", "method_not_allowed"});
