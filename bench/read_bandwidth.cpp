@@ -10,7 +10,8 @@
 #include <thread>
 #include <vector>
 
-// The widest loads the machine has (picked at load time from cpuid): baseline SSE2 loads read measurably less.
+// The widest loads the machine has (picked at load time from cpuid): baseline SSE2 loads read measurably
+// less.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define READ_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
   }
   uint64_t check = 0;
   for (uint64_t s : sums) check ^= s;  // keeps the sums live
-  std::printf("{\"threads\": %d, \"mib\": %zu, \"reps\": %d, \"read_gb_per_s\": %.3f, \"check\": %llu}\n", threads,
-              mib, reps, best / 1e9, static_cast<unsigned long long>(check));
+  std::printf("{\"threads\": %d, \"mib\": %zu, \"reps\": %d, \"read_gb_per_s\": %.3f, \"check\": %llu}\n",
+              threads, mib, reps, best / 1e9, static_cast<unsigned long long>(check));
   return 0;
 }
