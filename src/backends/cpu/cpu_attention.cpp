@@ -107,23 +107,42 @@ KILN_CPU_CLONES void chunk_scores(const float* q, int64_t n_rows, const float* k
 }
 
 // o[r, d] += sum_j p[r, j] * v[j, d] for r < n_rows (a multiple of 4), j < nc.   p: [kChunk, n_rows];
-// v: [hd, kChunk] (rows contiguous); o: [hd, n_rows]. Register tile: 4 rows x 8 of d, the accumulators held
-// across the chunk's positions.
+// v: [hd, kChunk] (rows contiguous); o: [hd, n_rows]. Register tile: 4 rows x 16 of d (then 8, then one), the
+// accumulators held across the chunk's positions.
 KILN_CPU_CLONES void chunk_pv(const float* p, int64_t n_rows, const float* v, int64_t nc, int64_t hd,
                               float* o) {
   const int64_t hd8 = hd / 8 * 8;
   for (int64_t r = 0; r < n_rows; r += 4) {
     const float *p0 = p + r * kChunk, *p1 = p0 + kChunk, *p2 = p1 + kChunk, *p3 = p2 + kChunk;
     float *o0 = o + r * hd, *o1 = o0 + hd, *o2 = o1 + hd, *o3 = o2 + hd;
-    for (int64_t d0 = 0; d0 < hd8; d0 += 8) {
+    int64_t d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) {  // 4 rows x 16 of d: each broadcast of p serves two V loads
+      f32x8 a0 = KILN_LOAD8(o0 + d0), a1 = KILN_LOAD8(o1 + d0), a2 = KILN_LOAD8(o2 + d0),
+            a3 = KILN_LOAD8(o3 + d0);
+      f32x8 b0 = KILN_LOAD8(o0 + d0 + 8), b1 = KILN_LOAD8(o1 + d0 + 8), b2 = KILN_LOAD8(o2 + d0 + 8);
+      f32x8 b3 = KILN_LOAD8(o3 + d0 + 8);
+      for (int64_t j = 0; j < nc; ++j) {
+        const f32x8 va = KILN_LOAD8(v + j * hd + d0), vb = KILN_LOAD8(v + j * hd + d0 + 8);
+        const f32x8 x0 = f32x8{} + p0[j], x1 = f32x8{} + p1[j], x2 = f32x8{} + p2[j], x3 = f32x8{} + p3[j];
+        a0 += x0 * va, b0 += x0 * vb;
+        a1 += x1 * va, b1 += x1 * vb;
+        a2 += x2 * va, b2 += x2 * vb;
+        a3 += x3 * va, b3 += x3 * vb;
+      }
+      KILN_STORE8(o0 + d0, a0), KILN_STORE8(o1 + d0, a1), KILN_STORE8(o2 + d0, a2), KILN_STORE8(o3 + d0, a3);
+      KILN_STORE8(o0 + d0 + 8, b0), KILN_STORE8(o1 + d0 + 8, b1), KILN_STORE8(o2 + d0 + 8, b2);
+      KILN_STORE8(o3 + d0 + 8, b3);
+    }
+    for (; d0 < hd8; d0 += 8) {
       f32x8 a0 = KILN_LOAD8(o0 + d0), a1 = KILN_LOAD8(o1 + d0), a2 = KILN_LOAD8(o2 + d0),
             a3 = KILN_LOAD8(o3 + d0);
       for (int64_t j = 0; j < nc; ++j) {
         const f32x8 vj = KILN_LOAD8(v + j * hd + d0);
-        a0 += f32x8{} + p0[j] * vj;
-        a1 += f32x8{} + p1[j] * vj;
-        a2 += f32x8{} + p2[j] * vj;
-        a3 += f32x8{} + p3[j] * vj;
+        const f32x8 x0 = f32x8{} + p0[j], x1 = f32x8{} + p1[j], x2 = f32x8{} + p2[j], x3 = f32x8{} + p3[j];
+        a0 += x0 * vj;
+        a1 += x1 * vj;
+        a2 += x2 * vj;
+        a3 += x3 * vj;
       }
       KILN_STORE8(o0 + d0, a0), KILN_STORE8(o1 + d0, a1), KILN_STORE8(o2 + d0, a2), KILN_STORE8(o3 + d0, a3);
     }
