@@ -9,8 +9,9 @@
 // held for more than one chunk.
 //
 // When there are few items for the threads (decode) and the contexts are long, an item's positions are split
-// into ranges of at least kMinSplit; each range leaves its (m, l, acc) per row, and a second pass merges
-// them: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M = max_s m_s.
+// into ranges of at least kMinSplit; each range leaves its (m, l, acc) per row, and the thread that finishes
+// the last range of a (tile, KV head) merges them: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s,
+// M = max_s m_s.
 //
 // Threads take items from a shared counter, the costliest first (in a causal prefill the last tile sees the
 // whole prompt, the first only itself).
@@ -158,6 +159,9 @@ KILN_CPU_CLONES void chunk_pv(const float* p, int64_t n_rows, const float* v, in
   }
 }
 
+#undef KILN_LOAD8
+#undef KILN_STORE8
+
 // The bits of a float (not NaN) as an int32 that orders as the float does: a negative float's magnitude
 // bits are flipped. Its own inverse. Integer max vectorises under -ftrapping-math; float max does not.
 inline int32_t float_order(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
@@ -211,8 +215,8 @@ struct Item {
 // Per-thread scratch, reused across calls (grown on demand).
 struct Scratch {
   // rows: padded to a multiple of 4 (the kernels' register tile); padding rows have q = 0 and p = 0.
-  std::vector<float> q, kt, v, s, p, acc, m, l,
-      row;  // q, acc: [hd, rows]; kt, v: [.., kChunk]; s, p: [kChunk, rows]
+  // q, acc: [hd, rows]; kt: [kChunk, hd]; v: [hd, kChunk]; s, p: [kChunk, rows]; m, l: [rows]; row: [hd].
+  std::vector<float> q, kt, v, s, p, acc, m, l, row;
   void fit(int64_t rows, int64_t hd) {
     auto grow = [](std::vector<float>& b, int64_t n) {
       if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
@@ -327,7 +331,7 @@ void run_item(const Ctx& c, const Tile& tile, const Item& it, Scratch& w, Partia
   }
 }
 
-// Merges the split ranges items[i0 .. i1) of one (tile, KV head) into dst.   out: [hd] scratch.
+// Merges the split ranges of one (tile, KV head), `items`, into dst.   out: [hd] scratch.
 void merge_partials(const Ctx& c, const Tile& tile, std::span<const Item> items, const Partials& part,
                     float* out) {
   const int64_t hd = c.hd;
@@ -348,6 +352,64 @@ void merge_partials(const Ctx& c, const Tile& tile, std::span<const Item> items,
   }
 }
 
+// The batch's tokens cut into tiles: a new tile where the sequence changes or a tile is full.
+std::vector<Tile> make_tiles(const Ctx& c, int64_t n_tokens) {
+  std::vector<Tile> tiles;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (tiles.empty() || tiles.back().seq != c.seq[t] || tiles.back().n == kTileTokens) {
+      tiles.push_back({t, 0, c.seq[t], c.first[t], c.positions[t]});
+    }
+    Tile& tile = tiles.back();
+    ++tile.n;
+    tile.lo = std::min(tile.lo, c.first[t]);
+    tile.hi = std::max<int64_t>(tile.hi, c.positions[t]);
+  }
+  return tiles;
+}
+
+// The items of a call and the sets of split ranges to merge.
+struct Plan {
+  std::vector<Item> items;
+  std::vector<int64_t> set_first;  // per (tile, KV head): the index of its first item; then items.size()
+  int64_t n_partial = 0;           // rows of partial results
+};
+
+// One item per (tile, KV head), or several split ranges where the threads would otherwise idle (fewer than
+// 4 items a thread) and a tile sees at least 2 * kMinSplit positions.
+Plan make_plan(const std::vector<Tile>& tiles, int64_t n_kv, int64_t group, int64_t n_threads) {
+  Plan plan;
+  const auto n_sets = static_cast<int64_t>(tiles.size()) * n_kv;
+  const int64_t want = 4 * n_threads;
+  const int64_t splits = n_sets >= want ? 1 : (want + n_sets - 1) / n_sets;
+  for (size_t ti = 0; ti < tiles.size(); ++ti) {
+    const Tile& tile = tiles[ti];
+    const int64_t span = tile.hi - tile.lo + 1, rows = tile.n * group;
+    const int64_t n_split = std::clamp<int64_t>(span / kMinSplit, 1, splits);
+    // Split ranges start on chunk boundaries (counted from lo), so that no chunk is read twice.
+    const int64_t chunks = (span + kChunk - 1) / kChunk;
+    for (int64_t kv = 0; kv < n_kv; ++kv) {
+      const auto set = static_cast<int32_t>(plan.set_first.size());
+      plan.set_first.push_back(static_cast<int64_t>(plan.items.size()));
+      for (int64_t s = 0; s < n_split; ++s) {
+        Item it;
+        it.tile = static_cast<int32_t>(ti);
+        it.kv_head = static_cast<int32_t>(kv);
+        it.set = set;
+        it.begin = tile.lo + chunks * s / n_split * kChunk;
+        it.end = std::min(tile.hi + 1, tile.lo + chunks * (s + 1) / n_split * kChunk);
+        it.cost = rows * (it.end - it.begin);
+        if (n_split > 1) {
+          it.partial = plan.n_partial;
+          plan.n_partial += rows;
+        }
+        plan.items.push_back(it);
+      }
+    }
+  }
+  plan.set_first.push_back(static_cast<int64_t>(plan.items.size()));
+  return plan;
+}
+
 }  // namespace
 
 void attention(ThreadPool& pool, const ops::Attention& op) {
@@ -365,56 +427,16 @@ void attention(ThreadPool& pool, const ops::Attention& op) {
   for (int64_t t = 0; t < n_tokens; ++t) {
     c.first[t] = op.window > 0 ? std::max<int64_t>(0, c.positions[t] - op.window + 1) : 0;
   }
-  std::vector<Tile> tiles;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    if (tiles.empty() || tiles.back().seq != c.seq[t] || tiles.back().n == kTileTokens) {
-      tiles.push_back({t, 0, c.seq[t], c.first[t], c.positions[t]});
-    }
-    Tile& tile = tiles.back();
-    ++tile.n;
-    tile.lo = std::min(tile.lo, c.first[t]);
-    tile.hi = std::max<int64_t>(tile.hi, c.positions[t]);
-  }
-  // Split ranges only where the threads would otherwise idle: aim for 4 items a thread.
-  const auto n_tiles = static_cast<int64_t>(tiles.size());
-  const int64_t want = 4 * pool.n_threads();
-  const int64_t splits = n_tiles * n_kv >= want ? 1 : (want + n_tiles * n_kv - 1) / (n_tiles * n_kv);
-  std::vector<Item> items;
-  std::vector<int64_t> set_first;  // per (tile, KV head): the index of its first item; then items.size()
-  int64_t n_partial = 0;           // rows of partial results
-  for (int64_t ti = 0; ti < n_tiles; ++ti) {
-    const Tile& tile = tiles[ti];
-    const int64_t span = tile.hi - tile.lo + 1, rows = tile.n * c.group;
-    const int64_t n_split = std::clamp<int64_t>(span / kMinSplit, 1, splits);
-    // Split ranges start on chunk boundaries (counted from lo), so that no chunk is read twice.
-    const int64_t chunks = (span + kChunk - 1) / kChunk;
-    for (int64_t kv = 0; kv < n_kv; ++kv) {
-      const auto set = static_cast<int32_t>(set_first.size());
-      set_first.push_back(static_cast<int64_t>(items.size()));
-      for (int64_t s = 0; s < n_split; ++s) {
-        Item it;
-        it.tile = static_cast<int32_t>(ti);
-        it.kv_head = static_cast<int32_t>(kv);
-        it.set = set;
-        it.begin = tile.lo + chunks * s / n_split * kChunk;
-        it.end = std::min(tile.hi + 1, tile.lo + chunks * (s + 1) / n_split * kChunk);
-        it.cost = rows * (it.end - it.begin);
-        if (n_split > 1) {
-          it.partial = n_partial;
-          n_partial += rows;
-        }
-        items.push_back(it);
-      }
-    }
-  }
-  set_first.push_back(static_cast<int64_t>(items.size()));
+  const std::vector<Tile> tiles = make_tiles(c, n_tokens);
+  const Plan plan = make_plan(tiles, n_kv, c.group, pool.n_threads());
+  const std::vector<Item>& items = plan.items;
   if (items.empty()) return;
-  Partials part{std::vector<float>(n_partial), std::vector<float>(n_partial),
-                std::vector<float>(n_partial * hd)};
+  Partials part{std::vector<float>(plan.n_partial), std::vector<float>(plan.n_partial),
+                std::vector<float>(plan.n_partial * hd)};
   // Split ranges still running per set: the thread that finishes a set's last one merges it.
-  const auto n_sets = static_cast<int64_t>(set_first.size()) - 1;
+  const auto n_sets = static_cast<int64_t>(plan.set_first.size()) - 1;
   auto remaining = std::make_unique<std::atomic<int64_t>[]>(n_sets);
-  for (int64_t g = 0; g < n_sets; ++g) remaining[g].store(set_first[g + 1] - set_first[g]);
+  for (int64_t g = 0; g < n_sets; ++g) remaining[g].store(plan.set_first[g + 1] - plan.set_first[g]);
   std::vector<int32_t> order(items.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
   std::stable_sort(order.begin(), order.end(),
@@ -429,9 +451,10 @@ void attention(ThreadPool& pool, const ops::Attention& op) {
       run_item(c, tiles[it.tile], it, w, part);
       // acq_rel: the merging thread sees the partial results of the set's other ranges.
       if (it.partial >= 0 && remaining[it.set].fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        const std::span<const Item> set(items.data() + set_first[it.set],
-                                        static_cast<size_t>(set_first[it.set + 1] - set_first[it.set]));
-        merge_partials(c, tiles[it.tile], set, part, w.row.data());
+        const int64_t first = plan.set_first[it.set], count = plan.set_first[it.set + 1] - first;
+        merge_partials(c, tiles[it.tile],
+                       std::span<const Item>(items.data() + first, static_cast<size_t>(count)), part,
+                       w.row.data());
       }
     }
   });
