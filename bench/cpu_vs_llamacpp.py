@@ -15,7 +15,7 @@ alternating, so both see the same machine state; each figure is the median over 
   n_threads_batch = T, the library's defaults otherwise: f16 KV, flash attention auto), a warm-up, then ppP =
   P random tokens (BOS first) in one llama_decode after clearing the KV cache, and tgN = N single-token
   llama_decode calls after clearing it, starting from BOS.
-- Peak RSS: ru_maxrss of each engine's process (os.wait4). For llama.cpp the RSS of its Python process just
+- Peak RSS: VmHWM of each engine's process, polled while it runs. For llama.cpp the RSS of its Python process just
   before the model loads (the interpreter, numpy, the llama library) is subtracted, so that both numbers are
   the engine's own.
 - Read bandwidth: bench/read_bandwidth.cpp, T threads summing a 1 GiB buffer, best of 10 passes, once per run.
@@ -60,18 +60,33 @@ MISSING_HINT = {
 
 # ---- processes ----
 
+def vm_hwm(pid):
+    """Peak resident set of a running process, bytes (None once it has exited)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def run_measured(cmd):
-    """Runs cmd to completion; returns (stdout, peak RSS in bytes of that process alone). Raises on failure."""
+    """Runs cmd to completion; returns (stdout, peak RSS in bytes of that process alone). Raises on failure.
+    The peak is VmHWM, read every 20 ms while the process runs (the kernel keeps it per address space, so it is
+    the exec'd program's own; ru_maxrss would include this Python process's RSS, inherited through fork)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         p = subprocess.Popen(cmd, stdout=out, stderr=err)
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        peak = 0
+        while p.poll() is None:
+            peak = max(peak, vm_hwm(p.pid) or 0)
+            time.sleep(0.02)
         out.seek(0)
         err.seek(0)
         if p.returncode != 0:
             raise RuntimeError(f"{shlex.join(map(str, cmd))} exited with {p.returncode}:\n"
                                f"{err.read().decode(errors='replace')[-2000:]}")
-        return out.read().decode(), usage.ru_maxrss * 1024  # Linux: kilobytes
+        return out.read().decode(), peak
 
 
 def kiln_rep(model, args):
