@@ -16,6 +16,12 @@
 // Threads take items from a shared counter, the costliest first (in a causal prefill the last tile sees the
 // whole prompt, the first only itself).
 //
+// Measured (op harness perf, 9 query / 3 KV heads x 64, 512 positions, 2 threads of a loaded 2-core Zen 4,
+// against the per-(token, head) loop this replaced): a 512-token causal prefill 7.7 ms (was 30.7), f16 pools
+// 7.9 ms (was 222: f16 rows were converted one value at a time); one decode token 96 us (132), f16 100 us
+// (846). The loops are plain f32 multiplies and adds (no FMA in the AVX2 clone); the prefill is
+// compute-bound.
+//
 // Rounding: scores and the output accumulate in f32 (the reference: f64); summation order differs from the
 // reference (per-chunk softmax sums, rescaling), within the op harness's 1e-5 relative budget.
 #include <algorithm>
