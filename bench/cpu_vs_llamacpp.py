@@ -327,8 +327,10 @@ def main():
                          "samples": rs}
         results.append(res)
 
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{args.threads} threads, median of {args.reps} interleaved reps; read bandwidth {bw / 1e9:.1f} GB/s "
-          f"(bench/read_bandwidth.cpp); tokens/s\n")
+          f"(bench/read_bandwidth.cpp); load average at the end {load} (llama.cpp's decode collapses when the "
+          f"cores are shared: its threads spin at every barrier); tokens/s\n")
     print(table(results, args, bw))
     if args.json:
         Path(args.json).write_text(json.dumps(
