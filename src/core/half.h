@@ -37,6 +37,19 @@ inline float f16_to_f32(uint16_t h) {
   return fp32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
+// The same value as f16_to_f32, computed without branches so that a loop over a row vectorises: the f16
+// exponent and mantissa moved to f32's places read as an f32 112 binades too small, and multiplying by 2^112
+// is exact for normals and subnormals alike (with subnormal inputs not flushed to zero, the default);
+// exponent 0x1f (inf, NaN) becomes f32's 0xff. The select is a mask: GCC does not if-convert around the
+// multiply under the default -ftrapping-math, and a branch would keep the loop scalar.
+inline float f16_to_f32_branchless(uint16_t h) {
+  const uint32_t em = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t mag = fp32_to_bits(fp32_from_bits(em) * 0x1p112f);
+  const uint32_t inf_nan = 0u - static_cast<uint32_t>(em >= 0x0f800000u);  // all ones for exponent 0x1f
+  return fp32_from_bits(sign | (mag & ~inf_nan) | ((em | 0x7f800000u) & inf_nan));
+}
+
 // f32 -> f16 bits, round to nearest even; overflow -> inf; NaN stays NaN.
 inline uint16_t f32_to_f16(float f) {
   const uint32_t x = fp32_to_bits(f);

@@ -38,6 +38,13 @@ TEST(Half, F16ToF32EveryBitPattern) {
   }
 }
 
+TEST(Half, F16ToF32BranchlessIsBitExact) {
+  for (uint32_t h = 0; h <= 0xffffu; ++h) {
+    const auto b = static_cast<uint16_t>(h);
+    ASSERT_EQ(fp32_to_bits(f16_to_f32_branchless(b)), fp32_to_bits(f16_to_f32(b))) << std::hex << h;
+  }
+}
+
 TEST(Half, F16RoundTripsThroughF32) {
   for (uint32_t h = 0; h <= 0xffff; ++h) {
     const uint16_t back = f32_to_f16(f16_to_f32(static_cast<uint16_t>(h)));

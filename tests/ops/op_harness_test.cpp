@@ -833,6 +833,57 @@ TEST(OpHarness, AttentionPrefill) {
   }
 }
 
+// Decode over long contexts (a backend may split a sequence's positions among threads and merge the partial
+// softmaxes): few query tokens, 300 and 1000 positions; with a window, the blocks below every query's window
+// are given back (kFreedBlock), and two tokens of one sequence far apart leave positions neither sees.
+TEST(OpHarness, AttentionLongContext) {
+  Rng rng(21);
+  struct Variant {
+    float softcap;
+    int32_t window;
+  };
+  const Variant variants[] = {{0.0f, 0}, {4.0f, 0}, {0.0f, 200}};
+  int i = 0;
+  for (DType type : {DType::f32, DType::f16}) {
+    for (const auto& [n_heads, n_kv, head_dim] :
+         {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{6, 1, 128}}) {
+      const Variant& var = variants[i % 3];
+      const int64_t block_size = i++ % 2 == 0 ? 16 : 5;
+      // The batch: the last position of sequence 0 (300 long); positions 300 and 999 of sequence 1.
+      const std::vector<int32_t> seq = {0, 1, 1}, pos = {299, 300, 999};
+      const int64_t lens[] = {300, 1000};
+      int64_t n_blocks = 1;
+      for (int64_t len : lens) n_blocks += (len + block_size - 1) / block_size;
+      const std::vector<int32_t> ids = rng.permutation(n_blocks);
+      std::vector<std::vector<int32_t>> tables;
+      size_t next = 0;
+      for (int s = 0; s < 2; ++s) {
+        const auto count = static_cast<size_t>((lens[s] + block_size - 1) / block_size);
+        tables.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(next),
+                            ids.begin() + static_cast<std::ptrdiff_t>(next + count));
+        next += count;
+        // The first position any of the sequence's tokens sees: blocks wholly below it are given back.
+        const int32_t low = var.window > 0 ? (s == 0 ? 299 : 300) - var.window + 1 : 0;
+        for (int64_t b = 0; (b + 1) * block_size <= low; ++b) tables[s][b] = kFreedBlock;
+      }
+      const Csr bt = csr({tables[0], tables[1]});
+      const auto n_tokens = static_cast<int64_t>(seq.size());
+      const Host k_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+      const Host v_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+      const Host q = make_f32(Layout::sliced, head_dim, n_heads, n_tokens, &rng, -2.0f, 2.0f);
+      const Host dst = make_f32(Layout::strided, head_dim, n_heads, n_tokens, nullptr);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      const std::string what =
+          fmt::format("attention long context {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
+                      dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
+      expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
+        return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
+                            var.softcap, var.window, d});
+      });
+    }
+  }
+}
+
 TEST(OpHarness, MoeRoute) {
   Rng rng(13);
   const std::array<int64_t, 3> shapes[] = {{1, 1, 1},  {8, 2, 5},   {8, 8, 3},
@@ -1300,9 +1351,12 @@ TEST(OpHarness, Perf) {
     const Host kv = dense(64, 3, 64, &rng);
     row("kv_write", dtype_name(type), "[64, 3, 64] into [64, 3, 16, 32]",
         KvWrite{kv.t, kv.t, k_pool.t, v_pool.t, iv(slots)});
-    for (int64_t n : {1, 64}) {
+    // The last n positions of the 512 as n query tokens: a decode step, a chunk, the whole causal prefill.
+    std::vector<int32_t> all_pos(512);
+    std::iota(all_pos.begin(), all_pos.end(), 0);
+    for (int64_t n : {1, 64, 512}) {
       const Host qn = dense(64, 9, n, &rng), on = dense(64, 9, n, nullptr);
-      const std::vector<int32_t> pn(pos.end() - n, pos.end()), sn(seq.begin(), seq.begin() + n);
+      const std::vector<int32_t> pn(all_pos.end() - n, all_pos.end()), sn(n, 0);
       row("attention", dtype_name(type), fmt::format("9/3 heads x 64, {} tokens, 512 pos", n),
           Attention{qn.t, k_pool.t, v_pool.t, iv(pn), iv(sn), iv(bt.indptr), iv(bt.indices), 0.125f, 0.0f, 0,
                     on.t});
