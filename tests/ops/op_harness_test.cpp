@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_isa.h"
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "core/quant/quant_blocks.h"
@@ -235,24 +236,35 @@ Host make_pool(DType type, int64_t head_dim, int64_t n_kv, int64_t block_size, i
 
 // ---- backends and comparison ----
 struct NamedBackend {
-  std::string name;
+  std::string name;  // "cpu/avx2", "cuda"
   std::unique_ptr<Backend> backend;
   bool host_visible = true;  // its buffers are host memory
+  std::string kind;          // make_backend's name: "cpu", "cuda"
+  BackendOptions options;    // as made, the thread count aside
 };
 
-// Every backend make_backend() gives here. The harness fills inputs in host memory; a backend whose memory
-// the host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
+// Every backend make_backend() gives here, the CPU once per ISA level this machine runs (so every level's
+// kernels are held to the references in one run). The harness fills inputs in host memory; a backend whose
+// memory the host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
 const std::vector<NamedBackend>& backends() {
   static const std::vector<NamedBackend> all = [] {
     std::vector<NamedBackend> v;
-    for (const char* name : {"cpu", "cuda"}) {
+    std::vector<std::pair<std::string, BackendOptions>> wanted;
+    for (cpu::CpuIsa isa : cpu::kCpuIsaLevels) {
+      if (!cpu::cpu_isa_supported(isa)) continue;
       BackendOptions options;
+      options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+      wanted.emplace_back("cpu", options);
+    }
+    wanted.emplace_back("cuda", BackendOptions{});
+    for (auto& [kind, options] : wanted) {
       options.n_threads = 3;  // odd: uneven chunks
-      Result<std::unique_ptr<Backend>> b = make_backend(name, options);
+      Result<std::unique_ptr<Backend>> b = make_backend(kind, options);
       if (!b.ok()) continue;
       Result<std::unique_ptr<Buffer>> probe = (*b)->allocate(64);
       if (!probe.ok()) continue;
-      v.push_back({name, std::move(b).value(), (*probe)->host_visible()});
+      const std::string name = options.cpu_isa.empty() ? kind : kind + "/" + options.cpu_isa;
+      v.push_back({name, std::move(b).value(), (*probe)->host_visible(), kind, options});
     }
     return v;
   }();
@@ -483,6 +495,12 @@ TEST(OpHarness, EveryOpHasACase) {
     EXPECT_NE(std::find(std::begin(kHarnessOps), std::end(kHarnessOps), name), std::end(kHarnessOps)) << name;
   }
   EXPECT_FALSE(backends().empty());
+  // The CPU once per ISA level this machine runs.
+  const auto levels = std::count_if(std::begin(cpu::kCpuIsaLevels), std::end(cpu::kCpuIsaLevels),
+                                    [](cpu::CpuIsa isa) { return cpu::cpu_isa_supported(isa); });
+  EXPECT_EQ(std::count_if(backends().begin(), backends().end(),
+                          [](const NamedBackend& nb) { return nb.kind == "cpu"; }),
+            levels);
 }
 
 TEST(OpHarness, Matmul) {
@@ -990,7 +1008,7 @@ TEST(OpHarness, FloatDestinations) {
   }
   // An f32 destination runs on every backend: the CPU backend supports all of these.
   for (const NamedBackend& nb : backends()) {
-    if (nb.name != "cpu") continue;
+    if (nb.kind != "cpu") continue;
     for (const Case& c : cases) {
       const Host d = dense(c.ne0, c.ne1, 1, nullptr);
       EXPECT_TRUE(nb.backend->supports(c.make(d.t))) << c.name;
@@ -1215,10 +1233,13 @@ TEST(OpHarness, Perf) {
   std::vector<NamedBackend> timed;  // default options: the thread count a user gets
   for (const NamedBackend& nb : backends()) {
     // Host-memory backends only: a device backend's time here would be the operands' copies.
-    if (nb.host_visible) timed.push_back({nb.name, make_backend(nb.name).value()});
+    if (!nb.host_visible) continue;
+    BackendOptions options = nb.options;
+    options.n_threads = 0;
+    timed.push_back({nb.name, make_backend(nb.kind, options).value(), true, nb.kind, options});
   }
   for (const NamedBackend& nb : timed) fmt::print("{}: {} threads\n", nb.name, nb.backend->n_threads());
-  fmt::print("{:<10} {:<7} {:<34} {:<5} {:>12} {:>12} {:>8}\n", "op", "type", "shape", "back", "backend us",
+  fmt::print("{:<10} {:<7} {:<34} {:<15} {:>12} {:>12} {:>8}\n", "op", "type", "shape", "back", "backend us",
              "ref us", "ref/back");
   auto row = [&](std::string_view op, std::string_view type, const std::string& shape, const Op& run_op) {
     for (const NamedBackend& nb : timed) {
@@ -1230,7 +1251,7 @@ TEST(OpHarness, Perf) {
           },
           15);
       const double ref_us = median_us([&] { ref::run(run_op); }, 3);
-      fmt::print("{:<10} {:<7} {:<34} {:<5} {:>12.1f} {:>12.1f} {:>8.1f}\n", op, type, shape, nb.name, back,
+      fmt::print("{:<10} {:<7} {:<34} {:<15} {:>12.1f} {:>12.1f} {:>8.1f}\n", op, type, shape, nb.name, back,
                  ref_us, ref_us / back);
     }
   };
