@@ -63,7 +63,7 @@ Result<ConvertStats> convert_model(const ConvertOptions& options) {
   {
     // The model code checks every tensor it needs (present, shaped as the hyper-parameters say) before
     // anything is written: a file kiln could not run is not written.
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> cpu, make_backend("cpu", BackendOptions{.n_threads = 1}));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> cpu, make_backend("cpu", BackendOptions{1}));
     KILN_ASSIGN_OR_RETURN(const std::unique_ptr<Model> model, load_model(file, *cpu));
   }
   KILN_ASSIGN_OR_RETURN(const Tokenizer tok, load_tokenizer(options.input));

@@ -51,7 +51,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     KILN_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(opt.model_path));
     file = std::make_shared<const gguf::File>(std::move(f));
   }
-  KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{.n_threads = opt.n_threads}));
+  KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
   // The context decides Phi-3's LongRoPE factors, so it is fixed before the model loads.
   int32_t n_ctx_train = 4096;
   if (const std::string arch = file->architecture(); file->find(arch + ".context_length") != nullptr) {

@@ -34,7 +34,7 @@ std::string model_path(const char* file) {
 // Forwards everything to a CPU backend and records the programs and the buffers.
 class RecordingBackend final : public Backend {
  public:
-  RecordingBackend() : cpu_(make_backend("cpu", BackendOptions{.n_threads = 2}).value()) {}
+  RecordingBackend() : cpu_(make_backend("cpu", BackendOptions{2}).value()) {}
   std::string_view name() const override { return "recording"; }
   bool supports(const ops::Op& op) const override { return cpu_->supports(op); }
   Status run(const Program& program) override {
@@ -246,7 +246,7 @@ TEST(StepProgram, DecodeAndMixedStepsOnTheDefaultModel) {
   EXPECT_EQ(att.bt_indices.span_as<const int32_t>()[2], 9);
 
   // The same steps on the plain CPU backend give the same logits, bit for bit.
-  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{.n_threads = 2}).value();
+  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{2}).value();
   Loaded plain = load(*cpu, "SmolLM2-135M-Instruct.Q4_1.gguf");
   ASSERT_TRUE(plain.model);
   std::vector<float> want_dec, want_mix;
@@ -296,7 +296,7 @@ size_t peak_unscoped(const Scratch& s, int32_t n_layers) {
 }
 
 TEST(StepProgram, ScratchPeakIsOneLayer) {
-  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{.n_threads = 2}).value();
+  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{2}).value();
   for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
     Loaded l = load(*cpu, file);
     ASSERT_TRUE(l.model);

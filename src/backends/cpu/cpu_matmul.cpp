@@ -33,6 +33,10 @@ static_assert(static_cast<uint32_t>(DType::f32) == 0 && static_cast<uint32_t>(DT
 
 int64_t padded_k(int64_t k) { return (k + kKPad - 1) / kKPad * kKPad; }
 
+// Elements of k per cache block of the batched products (a multiple of kKPad): kTileRows weight rows and
+// kTileCols x rows of it fit in a 32 KiB L1 with room to spare (f32: 16 KiB).
+constexpr int64_t kBlockK = 512;
+
 // The products of one call: group a multiplies weight matrix w[:, :, mats[a]] with the x rows
 // x_rows[start[a] .. start[a+1]) into the dst rows y_rows[same]. Rows are flat row indices of x and dst.
 struct Products {
@@ -103,13 +107,30 @@ void products_f32(ThreadPool& pool, const CpuKernels& kern, const Products& pr, 
       }
     }
     const auto kt = static_cast<uint32_t>(in_place ? wt : DType::f32);
+    const int64_t w_elem = in_place ? static_cast<int64_t>(dtype_info(wt).type_size) : 4;  // bytes
+    const int64_t e_begin = pr.start[a], e_end = pr.start[a + 1];
+    // k in cache blocks: the tile's rows and kTileCols x rows of one block stay in L1 while every x tile
+    // passes; partial sums [e_end - e_begin, kTileRows].
+    std::vector<float> sums(static_cast<size_t>((e_end - e_begin) * kTileRows), 0.0f);
     float out[kTileRows * kTileCols];
-    for (int64_t e0 = pr.start[a]; e0 < pr.start[a + 1]; e0 += kTileCols) {
-      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, pr.start[a + 1] - e0));
-      const float* xs[kTileCols];
-      for (int c = 0; c < n_x; ++c) xs[c] = reinterpret_cast<const float*>(x_t.flat_row(pr.x_rows[e0 + c]));
-      kern.fdot(kt, w_rows, xs, n_x, k, out);
-      store_tile(pr, dst_t, e0, n_x, j0, out);
+    for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
+      const int64_t kn = std::min(kBlockK, k - k0);
+      const uint8_t* w_blk[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) w_blk[r] = w_rows[r] + k0 * w_elem;
+      for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
+        const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, e_end - e0));
+        const float* xs[kTileCols];
+        for (int c = 0; c < n_x; ++c) {
+          xs[c] = reinterpret_cast<const float*>(x_t.flat_row(pr.x_rows[e0 + c])) + k0;
+        }
+        kern.fdot(kt, w_blk, xs, n_x, kn, out);
+        float* acc = sums.data() + (e0 - e_begin) * kTileRows;
+        for (int i = 0; i < n_x * kTileRows; ++i) acc[i] += out[i];
+      }
+    }
+    for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
+      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, e_end - e0));
+      store_tile(pr, dst_t, e0, n_x, j0, sums.data() + (e0 - e_begin) * kTileRows);
     }
   });
 }
@@ -132,6 +153,24 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
   const auto wt = static_cast<uint32_t>(pr.w.type);
   const bool is_signed = weight_is_signed(pr.w.type), has_m = !is_signed;
   for_tiles(pool, pr, [&](int64_t a, int64_t j0, const uint8_t* const* rows) {
+    float out[kTileRows * kTileCols];
+    QRowX xr[kTileCols];
+    auto x_tile = [&](int64_t e0) {
+      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, pr.start[a + 1] - e0));
+      for (int c = 0; c < n_x; ++c) {
+        const int64_t i = pr.x_rows[e0 + c];
+        xr[c] = {xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16};
+      }
+      return n_x;
+    };
+    const int64_t e_begin = pr.start[a], e_end = pr.start[a + 1];
+    if (e_end - e_begin <= kTileCols) {  // few tokens (decode): straight from the packed blocks
+      const int n_x = x_tile(e_begin);
+      if (kern.qdot_direct(wt, rows, k, xr, n_x, out)) {
+        store_tile(pr, dst_t, e_begin, n_x, j0, out);
+        return;
+      }
+    }
     // The tile unpacked: [kTileRows, kp] quants, [kTileRows, kp / 4] lane scales, [kTileRows, kp / 16]
     // offsets.
     thread_local std::vector<uint8_t> storage;
@@ -144,17 +183,20 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
     auto* wd = reinterpret_cast<float*>(wq + kTileRows * kp);
     auto* wm = wd + kTileRows * kp / 4;
     kern.unpack_w(wt, rows, k, wq, wd, wm);
-    const QTileW tile{wq, wd, wm, kp};
-    float out[kTileRows * kTileCols];
-    QRowX xr[kTileCols];
-    for (int64_t e0 = pr.start[a]; e0 < pr.start[a + 1]; e0 += kTileCols) {
-      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, pr.start[a + 1] - e0));
-      for (int c = 0; c < n_x; ++c) {
-        const int64_t i = pr.x_rows[e0 + c];
-        xr[c] = {xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16};
+    // k in cache blocks as in products_f32.
+    std::vector<float> sums(static_cast<size_t>((e_end - e_begin) * kTileRows), 0.0f);
+    for (int64_t k0 = 0; k0 < kp; k0 += kBlockK) {
+      const QTileW tile{wq, wd, wm, kp, k0, std::min(kp, k0 + kBlockK)};
+      for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
+        const int n_x = x_tile(e0);
+        kern.qdot(tile, xr, n_x, is_signed, has_m, out);
+        float* acc = sums.data() + (e0 - e_begin) * kTileRows;
+        for (int i = 0; i < n_x * kTileRows; ++i) acc[i] += out[i];
       }
-      kern.qdot(tile, xr, n_x, is_signed, has_m, out);
-      store_tile(pr, dst_t, e0, n_x, j0, out);
+    }
+    for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
+      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, e_end - e0));
+      store_tile(pr, dst_t, e0, n_x, j0, sums.data() + (e0 - e_begin) * kTileRows);
     }
   });
 }

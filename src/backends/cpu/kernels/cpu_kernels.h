@@ -36,6 +36,7 @@ struct QTileW {
   const float* d;    // [kTileRows][kp / 4] per 16 elements the scale, 4 times (lanes, as QRowX::d)
   const float* m;    // [kTileRows][kp / 16] per 16 elements the offset: w = d * q + m
   int64_t kp;
+  int64_t kb, ke;  // qdot multiplies elements [kb, ke) only (multiples of kKPad): a cache block of k
 };
 
 struct CpuKernels {
@@ -45,10 +46,15 @@ struct CpuKernels {
   // Unpacks kTileRows rows of weight type `w` (any type activation_type() maps to a q8 type), k elements
   // each, into q [kTileRows * kp], d [kTileRows * kp / 4], m [kTileRows * kp / 16].
   void (*unpack_w)(uint32_t w, const uint8_t* const* rows, int64_t k, uint8_t* q, float* d, float* m);
-  // out[c * kTileRows + r] = product of unpacked row r and x row c, for c < n_x (1..kTileCols).
+  // out[c * kTileRows + r] = product of unpacked row r and x row c over [w.kb, w.ke), for c < n_x
+  // (1..kTileCols).
   // is_signed: the quants are int8 (q8_0, iq4_nl); has_m: some m is non-zero.
   void (*qdot)(const QTileW& w, const QRowX* x, int n_x, bool is_signed, bool has_m, float* out);
-  // out[c * kTileRows + r] = sum_i w_r[i] * x_c[i] over k elements, w of type f32, f16 or bf16.
+  // As qdot, straight from kTileRows packed rows of type `w` (k elements each) for n_x x rows; false (nothing
+  // done) when this level has no such kernel for the type or that many x rows.
+  bool (*qdot_direct)(uint32_t w, const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* out);
+  // out[c * kTileRows + r] = sum_i w_r[i] * x_c[i] over k elements, w of type f32, f16 or bf16 (the
+  // pointers may start inside rows: a cache block of k).
   void (*fdot)(uint32_t w, const uint8_t* const* rows, const float* const* x, int n_x, int64_t k, float* out);
 };
 

@@ -18,6 +18,16 @@
 #error "define KILN_CPU_KERNELS_NAME before including cpu_kernels_impl.h"
 #endif
 
+// Loops over the tile's rows and columns are unrolled before GCC decides what stays in registers: otherwise
+// the accumulator arrays live on the stack and every FMA stores its result (2x slower).
+#if defined(__clang__)
+#define KILN_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define KILN_UNROLL _Pragma("GCC unroll 16")
+#else
+#define KILN_UNROLL
+#endif
+
 namespace kiln::cpu {
 namespace {
 
@@ -403,6 +413,7 @@ void unpack_k(uint32_t t, const uint8_t* row, int64_t nb, uint8_t* q, float* d, 
 void unpack_w(uint32_t t, const uint8_t* const* rows, int64_t k, uint8_t* q, float* d, float* m) {
   const int64_t kp = pad_k(k);
   const bool k_quant = t == kQ2_K || t == kQ3_K || t == kQ4_K || t == kQ5_K || t == kQ6_K;
+  KILN_UNROLL
   for (int r = 0; r < kTileRows; ++r) {
     uint8_t* qr = q + r * kp;
     float* dr = d + r * kp / 4;
@@ -420,6 +431,15 @@ void unpack_w(uint32_t t, const uint8_t* const* rows, int64_t k, uint8_t* q, flo
 
 // ---- integer products --------------------------------------------------------------------------------
 
+#if defined(__AVX2__)
+[[maybe_unused]] float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 #if defined(__AVX512BW__)
 // Two sub-blocks per vector: 64 quants; int32 lane l sums quants 4l .. 4l + 3.
 __m512i dot_u8s8(__m512i u, __m512i s) {
@@ -434,15 +454,18 @@ template <int NX, bool kSigned, bool kHasM>
 void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
   const int64_t kp = w.kp;
   __m512 acc[kTileRows][NX];
-  for (auto& row : acc)
-    for (__m512& a : row) a = _mm512_setzero_ps();
-  for (int64_t i = 0; i < kp; i += 64) {
+  KILN_UNROLL
+  for (auto& row : acc) KILN_UNROLL
+  for (__m512& a : row) a = _mm512_setzero_ps();
+  for (int64_t i = w.kb; i < w.ke; i += 64) {
     __m512i xq[NX];
     __m512 xd[NX];
+    KILN_UNROLL
     for (int c = 0; c < NX; ++c) {
       xq[c] = _mm512_loadu_si512(x[c].q + i);
       xd[c] = _mm512_loadu_ps(x[c].d + i / 4);
     }
+    KILN_UNROLL
     for (int r = 0; r < kTileRows; ++r) {
       __m512i wq = _mm512_loadu_si512(w.q + r * kp + i);
       const __m512 wd = _mm512_loadu_ps(w.d + r * kp / 4 + i / 4);
@@ -451,6 +474,7 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
         neg = _mm512_movepi8_mask(wq);
         wq = _mm512_abs_epi8(wq);  // -128 becomes 128 as unsigned
       }
+      KILN_UNROLL
       for (int c = 0; c < NX; ++c) {
         __m512i xs = xq[c];
         if constexpr (kSigned) xs = _mm512_mask_sub_epi8(xs, neg, _mm512_setzero_si512(), xs);
@@ -460,41 +484,42 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
     }
   }
   if constexpr (kHasM) {
-    for (int64_t g = 0; g < kp / 16; g += 16) {
-      const __mmask16 mask = kp / 16 - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (kp / 16 - g)) - 1);
+    for (int64_t g = w.kb / 16; g < w.ke / 16; g += 16) {
+      const __mmask16 mask =
+          w.ke / 16 - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (w.ke / 16 - g)) - 1);
+      KILN_UNROLL
       for (int r = 0; r < kTileRows; ++r) {
         const __m512 wm = _mm512_maskz_loadu_ps(mask, w.m + r * kp / 16 + g);
+        KILN_UNROLL
         for (int c = 0; c < NX; ++c) {
           acc[r][c] = _mm512_fmadd_ps(wm, _mm512_maskz_loadu_ps(mask, x[c].s + g), acc[r][c]);
         }
       }
     }
   }
-  for (int c = 0; c < NX; ++c)
-    for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]);
+  KILN_UNROLL
+  for (int c = 0; c < NX; ++c) KILN_UNROLL
+  for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 constexpr int kColsPerCall = 4;  // 16 accumulators of 32 registers
 #elif defined(__AVX2__)
 // One sub-block per vector: 32 quants; int32 lane l sums quants 4l .. 4l + 3.
-float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 template <int NX, bool kSigned, bool kHasM>
 void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
   const int64_t kp = w.kp;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[kTileRows][NX];
-  for (auto& row : acc)
-    for (__m256& a : row) a = _mm256_setzero_ps();
-  for (int64_t i = 0; i < kp; i += 32) {
+  KILN_UNROLL
+  for (auto& row : acc) KILN_UNROLL
+  for (__m256& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = w.kb; i < w.ke; i += 32) {
+    KILN_UNROLL
     for (int r = 0; r < kTileRows; ++r) {
       const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.q + r * kp + i));
       const __m256 wd = _mm256_loadu_ps(w.d + r * kp / 4 + i / 4);
       const __m256i wu = kSigned ? _mm256_sign_epi8(wq, wq) : wq;
+      KILN_UNROLL
       for (int c = 0; c < NX; ++c) {
         __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c].q + i));
         if constexpr (kSigned) xs = _mm256_sign_epi8(xs, wq);
@@ -505,9 +530,11 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
     }
   }
   if constexpr (kHasM) {
-    for (int64_t g = 0; g < kp / 16; g += 4) {  // kp / 16 is a multiple of 4
+    for (int64_t g = w.kb / 16; g < w.ke / 16; g += 4) {  // kb, ke: multiples of 64
+      KILN_UNROLL
       for (int r = 0; r < kTileRows; ++r) {
         const __m128 wm = _mm_loadu_ps(w.m + r * kp / 16 + g);
+        KILN_UNROLL
         for (int c = 0; c < NX; ++c) {
           const __m128 t = _mm_mul_ps(wm, _mm_loadu_ps(x[c].s + g));
           acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_insertf128_ps(_mm256_setzero_ps(), t, 0));
@@ -515,20 +542,23 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
       }
     }
   }
-  for (int c = 0; c < NX; ++c)
-    for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = hsum256(acc[r][c]);
+  KILN_UNROLL
+  for (int c = 0; c < NX; ++c) KILN_UNROLL
+  for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = hsum256(acc[r][c]);
 }
 constexpr int kColsPerCall = 2;  // 8 accumulators of 16 registers
 #else
 template <int NX, bool kSigned, bool kHasM>
 void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
   const int64_t kp = w.kp;
+  KILN_UNROLL
   for (int c = 0; c < NX; ++c) {
+    KILN_UNROLL
     for (int r = 0; r < kTileRows; ++r) {
       const uint8_t* wq = w.q + r * kp;
       const float* wd = w.d + r * kp / 4;
       float acc = 0.0f;
-      for (int64_t g = 0; g < kp / 16; ++g) {  // one int32 sum per 16 quants, exact
+      for (int64_t g = w.kb / 16; g < w.ke / 16; ++g) {  // one int32 sum per 16 quants, exact
         int32_t sum = 0;
         for (int j = 0; j < 16; ++j) {
           const int32_t wv = kSigned ? static_cast<int8_t>(wq[g * 16 + j]) : wq[g * 16 + j];
@@ -570,6 +600,198 @@ void qdot(const QTileW& w, const QRowX* x, int n_x, bool is_signed, bool has_m, 
   }
 }
 
+// ---- direct products for few x rows: weight blocks decoded in registers, no tile buffer ----------------
+// Decode (one or two tokens) reads each weight once and uses it once or twice: writing it unpacked to a
+// buffer and reading it back cost as much as the products. The common types are decoded here in registers;
+// the others (and the portable level) take the tile path.
+
+#if defined(__AVX2__)
+__m256i dot32(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// Legacy nibbles in a register: element j (low nibble of byte j) and j + 16 (high nibble).
+__m256i nibbles_reg(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// Q5_0 / Q5_1: 16 where bit j of qh is set.
+__m256i high_bits_reg(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                                           2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
+}
+
+// Accumulates one weight row's products with NX x rows, a sub-block at a time.
+template <int NX, bool kSigned, bool kHasM>
+struct DirectRow {
+  const QRowX* x;
+  __m256 acc[NX];
+  float accm[NX];
+  explicit DirectRow(const QRowX* xr) : x(xr) {
+    KILN_UNROLL
+    for (int c = 0; c < NX; ++c) {
+      acc[c] = _mm256_setzero_ps();
+      accm[c] = 0.0f;
+    }
+  }
+  // Sub-block `sub` of the row: quants q, lane scales dl, offsets m_lo / m_hi of its two halves.
+  void add(int64_t sub, __m256i q, __m256 dl, float m_lo, float m_hi) {
+    const __m256i wu = kSigned ? _mm256_sign_epi8(q, q) : q;
+    KILN_UNROLL
+    for (int c = 0; c < NX; ++c) {
+      __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c].q + sub * 32));
+      if constexpr (kSigned) xs = _mm256_sign_epi8(xs, q);
+      const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(dot32(wu, xs)), _mm256_loadu_ps(x[c].d + sub * 8));
+      acc[c] = _mm256_fmadd_ps(p, dl, acc[c]);
+      if constexpr (kHasM) accm[c] += m_lo * x[c].s[2 * sub] + m_hi * x[c].s[2 * sub + 1];
+    }
+  }
+  void store(float* out, int r) const {
+    KILN_UNROLL
+    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = hsum256(acc[c]) + accm[c];
+  }
+};
+
+// Calls f(sub, quants, lane scales, offset of the low half, of the high half) for each sub-block of block b.
+template <uint32_t T, class F>
+void decode_block(const uint8_t* row, int64_t b, F&& f) {
+  if constexpr (T == kQ4_0) {
+    const auto* blk = block_at<BlockQ4_0>(row, b);
+    const float d = h2f(blk->d);
+    f(b, nibbles_reg(blk->qs), _mm256_set1_ps(d), -8.0f * d, -8.0f * d);
+  } else if constexpr (T == kQ4_1) {
+    const auto* blk = block_at<BlockQ4_1>(row, b);
+    const float m = h2f(blk->m);
+    f(b, nibbles_reg(blk->qs), _mm256_set1_ps(h2f(blk->d)), m, m);
+  } else if constexpr (T == kQ5_0) {
+    const auto* blk = block_at<BlockQ5_0>(row, b);
+    const float d = h2f(blk->d);
+    f(b, _mm256_or_si256(nibbles_reg(blk->qs), high_bits_reg(blk->qh)), _mm256_set1_ps(d), -16.0f * d,
+      -16.0f * d);
+  } else if constexpr (T == kQ5_1) {
+    const auto* blk = block_at<BlockQ5_1>(row, b);
+    const float m = h2f(blk->m);
+    f(b, _mm256_or_si256(nibbles_reg(blk->qs), high_bits_reg(blk->qh)), _mm256_set1_ps(h2f(blk->d)), m, m);
+  } else if constexpr (T == kQ8_0) {
+    const auto* blk = block_at<BlockQ8_0>(row, b);
+    f(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs)), _mm256_set1_ps(h2f(blk->d)), 0.0f,
+      0.0f);
+  } else if constexpr (T == kQ4_K || T == kQ5_K) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const uint8_t *scales, *qs, *qh = nullptr;
+    float dd, dmin;
+    if constexpr (T == kQ4_K) {
+      const auto* blk = block_at<BlockQ4_K>(row, b);
+      scales = blk->scales, qs = blk->qs, dd = h2f(blk->d), dmin = h2f(blk->dmin);
+    } else {
+      const auto* blk = block_at<BlockQ5_K>(row, b);
+      scales = blk->scales, qs = blk->qs, qh = blk->qh, dd = h2f(blk->d), dmin = h2f(blk->dmin);
+    }
+    __m256i hbits = _mm256_setzero_si256();
+    if constexpr (T == kQ5_K) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * i));
+      __m256i q[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * i + h;
+        if constexpr (T == kQ5_K) {
+          const __m256i bit = _mm256_and_si256(
+              _mm256_slli_epi16(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(s)), 4), _mm256_set1_epi8(0x10));
+          q[h] = _mm256_or_si256(q[h], bit);
+        }
+        int sc, mn;
+        k_scale_min(scales, s, &sc, &mn);
+        const float ml = -(dmin * static_cast<float>(mn));
+        f(b * 8 + s, q[h], _mm256_set1_ps(dd * static_cast<float>(sc)), ml, ml);
+      }
+    }
+  } else {
+    static_assert(T == kQ6_K);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const auto* blk = block_at<BlockQ6_K>(row, b);
+    const float dd = h2f(blk->d);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + h * 32));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + h * 64));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + h * 64 + 32));
+      for (int kk = 0; kk < 4; ++kk) {
+        const __m256i ql = kk % 2 == 0 ? ql0 : ql1;
+        const __m256i lo = _mm256_and_si256(kk < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * kk)), m2);
+        const int s = h * 4 + kk;
+        const float lo_d = dd * static_cast<float>(blk->scales[2 * s]);
+        const float hi_d = dd * static_cast<float>(blk->scales[2 * s + 1]);
+        f(b * 8 + s, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
+          _mm256_setr_m128(_mm_set1_ps(lo_d), _mm_set1_ps(hi_d)), -32.0f * lo_d, -32.0f * hi_d);
+      }
+    }
+  }
+}
+
+// The kTileRows rows advance together, block by block: independent accumulation chains, x read once.
+template <uint32_t T, int NX>
+void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, float* out) {
+  constexpr bool kSigned = T == kQ8_0;
+  constexpr int64_t kBlock = T == kQ4_K || T == kQ5_K || T == kQ6_K ? kQK_K : kQK;
+  // Four named accumulators, not an array indexed in a loop, so that they stay in registers.
+  static_assert(kTileRows == 4);
+  using Acc = DirectRow<NX, kSigned, !kSigned>;
+  Acc a0(x), a1(x), a2(x), a3(x);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    auto step = [&](Acc& a, const uint8_t* row) {
+      decode_block<T>(row, b, [&](int64_t sub, __m256i q, __m256 dl, float m_lo, float m_hi) {
+        a.add(sub, q, dl, m_lo, m_hi);
+      });
+    };
+    step(a0, rows[0]);
+    step(a1, rows[1]);
+    step(a2, rows[2]);
+    step(a3, rows[3]);
+  }
+  a0.store(out, 0);
+  a1.store(out, 1);
+  a2.store(out, 2);
+  a3.store(out, 3);
+}
+
+template <uint32_t T>
+void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* out) {
+  if (n_x == 1) {
+    direct_tile<T, 1>(rows, k, x, out);
+  } else {
+    direct_tile<T, 2>(rows, k, x, out);
+  }
+}
+
+bool qdot_direct(uint32_t t, const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* out) {
+  if (n_x > 2) return false;
+  switch (t) {
+    case kQ4_0: direct_tile<kQ4_0>(rows, k, x, n_x, out); return true;
+    case kQ4_1: direct_tile<kQ4_1>(rows, k, x, n_x, out); return true;
+    case kQ5_0: direct_tile<kQ5_0>(rows, k, x, n_x, out); return true;
+    case kQ5_1: direct_tile<kQ5_1>(rows, k, x, n_x, out); return true;
+    case kQ8_0: direct_tile<kQ8_0>(rows, k, x, n_x, out); return true;
+    case kQ4_K: direct_tile<kQ4_K>(rows, k, x, n_x, out); return true;
+    case kQ5_K: direct_tile<kQ5_K>(rows, k, x, n_x, out); return true;
+    case kQ6_K: direct_tile<kQ6_K>(rows, k, x, n_x, out); return true;
+    default: return false;
+  }
+}
+#else
+bool qdot_direct(uint32_t, const uint8_t* const*, int64_t, const QRowX*, int, float*) { return false; }
+#endif
+
 // ---- float products ----------------------------------------------------------------------------------
 
 #if defined(__AVX512F__)
@@ -588,19 +810,24 @@ __m512 load_w16(const uint8_t* row, int64_t i, __mmask16 mask) {
 template <uint32_t T, int NX>
 void fdot_tile(const uint8_t* const* rows, const float* const* x, int64_t k, float* out) {
   __m512 acc[kTileRows][NX];
-  for (auto& row : acc)
-    for (__m512& a : row) a = _mm512_setzero_ps();
+  KILN_UNROLL
+  for (auto& row : acc) KILN_UNROLL
+  for (__m512& a : row) a = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; i += 16) {
     const __mmask16 mask = k - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (k - i)) - 1);
     __m512 xv[NX];
+    KILN_UNROLL
     for (int c = 0; c < NX; ++c) xv[c] = _mm512_maskz_loadu_ps(mask, x[c] + i);
+    KILN_UNROLL
     for (int r = 0; r < kTileRows; ++r) {
       const __m512 wv = load_w16<T>(rows[r], i, mask);
+      KILN_UNROLL
       for (int c = 0; c < NX; ++c) acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
     }
   }
-  for (int c = 0; c < NX; ++c)
-    for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]);
+  KILN_UNROLL
+  for (int c = 0; c < NX; ++c) KILN_UNROLL
+  for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 #elif defined(__AVX2__)
 template <uint32_t T>
@@ -626,18 +853,24 @@ float w_at(const uint8_t* row, int64_t i) {
 template <uint32_t T, int NX>
 void fdot_tile(const uint8_t* const* rows, const float* const* x, int64_t k, float* out) {
   __m256 acc[kTileRows][NX];
-  for (auto& row : acc)
-    for (__m256& a : row) a = _mm256_setzero_ps();
+  KILN_UNROLL
+  for (auto& row : acc) KILN_UNROLL
+  for (__m256& a : row) a = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     __m256 xv[NX];
+    KILN_UNROLL
     for (int c = 0; c < NX; ++c) xv[c] = _mm256_loadu_ps(x[c] + i);
+    KILN_UNROLL
     for (int r = 0; r < kTileRows; ++r) {
       const __m256 wv = load_w8<T>(rows[r], i);
+      KILN_UNROLL
       for (int c = 0; c < NX; ++c) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
     }
   }
+  KILN_UNROLL
   for (int c = 0; c < NX; ++c) {
+    KILN_UNROLL
     for (int r = 0; r < kTileRows; ++r) {
       float tail = 0.0f;
       for (int64_t j = i; j < k; ++j) tail += w_at<T>(rows[r], j) * x[c][j];
@@ -657,7 +890,9 @@ float w_at(const uint8_t* row, int64_t i) {
 // Eight interleaved partial sums per product (vectorisable without reassociation flags).
 template <uint32_t T, int NX>
 void fdot_tile(const uint8_t* const* rows, const float* const* x, int64_t k, float* out) {
+  KILN_UNROLL
   for (int c = 0; c < NX; ++c) {
+    KILN_UNROLL
     for (int r = 0; r < kTileRows; ++r) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       int64_t i = 0;
@@ -703,7 +938,7 @@ void fdot(uint32_t t, const uint8_t* const* rows, const float* const* x, int n_x
 }  // namespace
 
 const CpuKernels& KILN_CPU_KERNELS_NAME() {
-  static const CpuKernels table{quantize_x, unpack_w, qdot, fdot};
+  static const CpuKernels table{quantize_x, unpack_w, qdot, qdot_direct, fdot};
   return table;
 }
 
