@@ -534,6 +534,38 @@ TEST(OpHarness, Matmul) {
   }
 }
 
+// Batch invariance of the quantized products: a token's row of dst is the same bits whether it is multiplied
+// alone (decode: straight from the packed blocks), with one other token, or in a batch (unpacked tiles).
+TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
+  Rng rng(13);
+  for (DType type : kWeightTypes) {
+    if (activation_type(type) == DType::f32) continue;
+    const DTypeInfo& info = dtype_info(type);
+    for (const int64_t k :
+         info.block_size == 32 ? std::vector<int64_t>{288, 64} : std::vector<int64_t>{768}) {
+      const int64_t n = 9, m = 7;
+      const Host w = make_weights(type, k, n, 0, rng);
+      const Host x = dense(k, m, 1, &rng);
+      for (const NamedBackend& nb : backends()) {
+        if (!nb.host_visible) continue;
+        const Host batch = dense(n, m, 1, nullptr);
+        ASSERT_TRUE(nb.backend->run(Matmul{w.t, x.t, batch.t, true}).ok());
+        for (const int64_t rows : {int64_t{1}, int64_t{2}}) {
+          for (int64_t i = 0; i + rows <= m; i += rows) {
+            const Tensor xi = make_tensor(DType::f32, const_cast<uint8_t*>(x.t.row(i)), k, rows);
+            const Host alone = dense(n, rows, 1, nullptr);
+            ASSERT_TRUE(nb.backend->run(Matmul{w.t, xi, alone.t, true}).ok());
+            EXPECT_EQ(
+                std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)), 0)
+                << nb.name << " " << info.name << " k " << k << ": rows " << i << ".." << i + rows - 1
+                << " alone differ from the same rows in a batch of " << m;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(OpHarness, GetRows) {
   Rng rng(2);
   for (DType type : kWeightTypes) {

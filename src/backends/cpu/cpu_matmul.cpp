@@ -183,20 +183,13 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
     auto* wd = reinterpret_cast<float*>(wq + kTileRows * kp);
     auto* wm = wd + kTileRows * kp / 4;
     kern.unpack_w(wt, rows, k, wq, wd, wm);
-    // k in cache blocks as in products_f32.
-    std::vector<float> sums(static_cast<size_t>((e_end - e_begin) * kTileRows), 0.0f);
-    for (int64_t k0 = 0; k0 < kp; k0 += kBlockK) {
-      const QTileW tile{wq, wd, wm, kp, k0, std::min(kp, k0 + kBlockK)};
-      for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
-        const int n_x = x_tile(e0);
-        kern.qdot(tile, xr, n_x, is_signed, has_m, out);
-        float* acc = sums.data() + (e0 - e_begin) * kTileRows;
-        for (int i = 0; i < n_x * kTileRows; ++i) acc[i] += out[i];
-      }
-    }
+    // The whole row in one pass (no k blocks): each product then rounds exactly as qdot_direct's does, so a
+    // token's result does not depend on its batch.
+    const QTileW tile{wq, wd, wm, kp, 0, kp};
     for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
-      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, e_end - e0));
-      store_tile(pr, dst_t, e0, n_x, j0, sums.data() + (e0 - e_begin) * kTileRows);
+      const int n_x = x_tile(e0);
+      kern.qdot(tile, xr, n_x, is_signed, has_m, out);
+      store_tile(pr, dst_t, e0, n_x, j0, out);
     }
   });
 }

@@ -36,7 +36,7 @@ struct QTileW {
   const float* d;    // [kTileRows][kp / 4] per 16 elements the scale, 4 times (lanes, as QRowX::d)
   const float* m;    // [kTileRows][kp / 16] per 16 elements the offset: w = d * q + m
   int64_t kp;
-  int64_t kb, ke;  // qdot multiplies elements [kb, ke) only (multiples of kKPad): a cache block of k
+  int64_t kb, ke;  // qdot multiplies elements [kb, ke) only (multiples of kKPad)
 };
 
 struct CpuKernels {
@@ -50,7 +50,8 @@ struct CpuKernels {
   // (1..kTileCols).
   // is_signed: the quants are int8 (q8_0, iq4_nl); has_m: some m is non-zero.
   void (*qdot)(const QTileW& w, const QRowX* x, int n_x, bool is_signed, bool has_m, float* out);
-  // As qdot, straight from kTileRows packed rows of type `w` (k elements each) for n_x x rows; false (nothing
+  // As qdot over [0, kp), straight from kTileRows packed rows of type `w` (k elements each) for n_x x rows,
+  // rounding exactly as qdot does (so that a token's result does not depend on its batch); false (nothing
   // done) when this level has no such kernel for the type or that many x rows.
   bool (*qdot_direct)(uint32_t w, const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* out);
   // out[c * kTileRows + r] = sum_i w_r[i] * x_c[i] over k elements, w of type f32, f16 or bf16 (the

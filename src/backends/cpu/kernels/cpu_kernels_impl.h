@@ -437,6 +437,22 @@ void unpack_w(uint32_t t, const uint8_t* const* rows, int64_t k, uint8_t* q, flo
 
 // ---- integer products --------------------------------------------------------------------------------
 
+// The offsets' part of a product, sub-block by sub-block in order, with explicit FMAs: the direct and the
+// tile kernels compute it identically, so a token's result does not depend on how many share its batch.
+KILN_INLINE float add_offsets(float accm, float m_lo, float m_hi, float s_lo, float s_hi) {
+  return __builtin_fmaf(m_hi, s_hi, __builtin_fmaf(m_lo, s_lo, accm));
+}
+
+// The offsets' part for tile row r and x row c over sub-blocks [sb, se).
+KILN_INLINE float tile_offsets(const QTileW& w, int r, const QRowX& x, int64_t sb, int64_t se) {
+  const float* m = w.m + r * w.kp / 16;
+  float accm = 0.0f;
+  for (int64_t sub = sb; sub < se; ++sub) {
+    accm = add_offsets(accm, m[2 * sub], m[2 * sub + 1], x.s[2 * sub], x.s[2 * sub + 1]);
+  }
+  return accm;
+}
+
 #if defined(__AVX2__)
 [[maybe_unused]] float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -489,23 +505,14 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
       }
     }
   }
-  if constexpr (kHasM) {
-    for (int64_t g = w.kb / 16; g < w.ke / 16; g += 16) {
-      const __mmask16 mask =
-          w.ke / 16 - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (w.ke / 16 - g)) - 1);
-      KILN_UNROLL
-      for (int r = 0; r < kTileRows; ++r) {
-        const __m512 wm = _mm512_maskz_loadu_ps(mask, w.m + r * kp / 16 + g);
-        KILN_UNROLL
-        for (int c = 0; c < NX; ++c) {
-          acc[r][c] = _mm512_fmadd_ps(wm, _mm512_maskz_loadu_ps(mask, x[c].s + g), acc[r][c]);
-        }
-      }
+  KILN_UNROLL
+  for (int c = 0; c < NX; ++c) {
+    KILN_UNROLL
+    for (int r = 0; r < kTileRows; ++r) {
+      const float accm = kHasM ? tile_offsets(w, r, x[c], w.kb / 32, w.ke / 32) : 0.0f;
+      out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]) + accm;
     }
   }
-  KILN_UNROLL
-  for (int c = 0; c < NX; ++c) KILN_UNROLL
-  for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 constexpr int kColsPerCall = 4;  // 16 accumulators of 32 registers
 #elif defined(__AVX2__)
@@ -535,22 +542,14 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
       }
     }
   }
-  if constexpr (kHasM) {
-    for (int64_t g = w.kb / 16; g < w.ke / 16; g += 4) {  // kb, ke: multiples of 64
-      KILN_UNROLL
-      for (int r = 0; r < kTileRows; ++r) {
-        const __m128 wm = _mm_loadu_ps(w.m + r * kp / 16 + g);
-        KILN_UNROLL
-        for (int c = 0; c < NX; ++c) {
-          const __m128 t = _mm_mul_ps(wm, _mm_loadu_ps(x[c].s + g));
-          acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_insertf128_ps(_mm256_setzero_ps(), t, 0));
-        }
-      }
+  KILN_UNROLL
+  for (int c = 0; c < NX; ++c) {
+    KILN_UNROLL
+    for (int r = 0; r < kTileRows; ++r) {
+      const float accm = kHasM ? tile_offsets(w, r, x[c], w.kb / 32, w.ke / 32) : 0.0f;
+      out[c * kTileRows + r] = hsum256(acc[r][c]) + accm;
     }
   }
-  KILN_UNROLL
-  for (int c = 0; c < NX; ++c) KILN_UNROLL
-  for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = hsum256(acc[r][c]);
 }
 constexpr int kColsPerCall = 2;  // 8 accumulators of 16 registers
 #else
@@ -660,7 +659,7 @@ struct DirectRow {
       if constexpr (kSigned) xs = _mm256_sign_epi8(xs, q);
       const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(dot32(wu, xs)), _mm256_loadu_ps(x[c].d + sub * 8));
       acc[c] = _mm256_fmadd_ps(p, dl, acc[c]);
-      if constexpr (kHasM) accm[c] += m_lo * x[c].s[2 * sub] + m_hi * x[c].s[2 * sub + 1];
+      if constexpr (kHasM) accm[c] = add_offsets(accm[c], m_lo, m_hi, x[c].s[2 * sub], x[c].s[2 * sub + 1]);
     }
   }
   void store(float* out, int r) const {
@@ -670,6 +669,62 @@ struct DirectRow {
 };
 
 // Calls f(sub, quants, lane scales, offset of the low half, of the high half) for each sub-block of block b.
+#if defined(__AVX512BW__)
+// As DirectRow, in the AVX-512 tile's order: sub-blocks 2j and 2j + 1 share one 512-bit product, the first
+// waiting in `pending` for the second (x's padding is zero, so a lone last sub-block pairs with zeros).
+template <int NX, bool kSigned, bool kHasM>
+struct DirectRow512 {
+  const QRowX* x;
+  __m512 acc[NX];
+  float accm[NX];
+  __m256i pq = _mm256_setzero_si256();
+  __m256 pd = _mm256_setzero_ps();
+  int64_t psub = -1;  // the pending sub-block, or -1
+  explicit DirectRow512(const QRowX* xr) : x(xr) {
+    for (int c = 0; c < NX; ++c) {
+      acc[c] = _mm512_setzero_ps();
+      accm[c] = 0.0f;
+    }
+  }
+  KILN_INLINE void pair(__m512i q, __m512 dl) {
+    __mmask64 neg = 0;
+    if constexpr (kSigned) {
+      neg = _mm512_movepi8_mask(q);
+      q = _mm512_abs_epi8(q);
+    }
+    for (int c = 0; c < NX; ++c) {
+      __m512i xs = _mm512_loadu_si512(x[c].q + psub * 32);
+      if constexpr (kSigned) xs = _mm512_mask_sub_epi8(xs, neg, _mm512_setzero_si512(), xs);
+      const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(dot_u8s8(q, xs)), _mm512_loadu_ps(x[c].d + psub * 8));
+      acc[c] = _mm512_fmadd_ps(p, dl, acc[c]);
+    }
+  }
+  KILN_INLINE void add(int64_t sub, __m256i q, __m256 dl, float m_lo, float m_hi) {
+    if constexpr (kHasM) {
+      for (int c = 0; c < NX; ++c) {
+        accm[c] = add_offsets(accm[c], m_lo, m_hi, x[c].s[2 * sub], x[c].s[2 * sub + 1]);
+      }
+    }
+    if (psub < 0) {
+      psub = sub, pq = q, pd = dl;
+      return;
+    }
+    pair(_mm512_inserti64x4(_mm512_castsi256_si512(pq), q, 1),
+         _mm512_insertf32x8(_mm512_castps256_ps512(pd), dl, 1));
+    psub = -1;
+  }
+  void store(float* out, int r) {
+    if (psub >= 0) pair(_mm512_zextsi256_si512(pq), _mm512_zextps256_ps512(pd));
+    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[c]) + accm[c];
+  }
+};
+template <int NX, bool kSigned, bool kHasM>
+using DirectAcc = DirectRow512<NX, kSigned, kHasM>;
+#else
+template <int NX, bool kSigned, bool kHasM>
+using DirectAcc = DirectRow<NX, kSigned, kHasM>;
+#endif
+
 template <uint32_t T, class F>
 KILN_INLINE void decode_block(const uint8_t* row, int64_t b, F&& f) {
   if constexpr (T == kQ4_0) {
@@ -752,7 +807,7 @@ void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, float* o
   constexpr int64_t kBlock = T == kQ4_K || T == kQ5_K || T == kQ6_K ? kQK_K : kQK;
   // Four named accumulators, not an array indexed in a loop, so that they stay in registers.
   static_assert(kTileRows == 4);
-  using Acc = DirectRow<NX, kSigned, !kSigned>;
+  using Acc = DirectAcc<NX, kSigned, !kSigned>;
   Acc a0(x), a1(x), a2(x), a3(x);
   for (int64_t b = 0; b < k / kBlock; ++b) {
     auto step = [&](Acc& a, const uint8_t* row) {
