@@ -166,7 +166,9 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
     const int64_t e_begin = pr.start[a], e_end = pr.start[a + 1];
     if (e_end - e_begin <= kTileCols) {  // few tokens (decode): straight from the packed blocks
       const int n_x = x_tile(e_begin);
-      if (kern.qdot_direct(wt, rows, k, xr, n_x, out)) {
+      thread_local std::vector<float> offsets;  // [kTileRows, kp / 16]
+      offsets.resize(static_cast<size_t>(kTileRows * kp / 16));
+      if (kern.qdot_direct(wt, rows, k, xr, n_x, offsets.data(), out)) {
         store_tile(pr, dst_t, e_begin, n_x, j0, out);
         return;
       }

@@ -53,7 +53,9 @@ struct CpuKernels {
   // As qdot over [0, kp), straight from kTileRows packed rows of type `w` (k elements each) for n_x x rows,
   // rounding exactly as qdot does (so that a token's result does not depend on its batch); false (nothing
   // done) when this level has no such kernel for the type or that many x rows.
-  bool (*qdot_direct)(uint32_t w, const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* out);
+  // mb: scratch, [kTileRows * kp / 16] floats.
+  bool (*qdot_direct)(uint32_t w, const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* mb,
+                      float* out);
   // out[c * kTileRows + r] = sum_i w_r[i] * x_c[i] over k elements, w of type f32, f16 or bf16 (the
   // pointers may start inside rows: a cache block of k).
   void (*fdot)(uint32_t w, const uint8_t* const* rows, const float* const* x, int n_x, int64_t k, float* out);

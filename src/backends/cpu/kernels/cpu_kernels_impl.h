@@ -437,20 +437,41 @@ void unpack_w(uint32_t t, const uint8_t* const* rows, int64_t k, uint8_t* q, flo
 
 // ---- integer products --------------------------------------------------------------------------------
 
-// The offsets' part of a product, sub-block by sub-block in order, with explicit FMAs: the direct and the
-// tile kernels compute it identically, so a token's result does not depend on how many share its batch.
-KILN_INLINE float add_offsets(float accm, float m_lo, float m_hi, float s_lo, float s_hi) {
-  return __builtin_fmaf(m_hi, s_hi, __builtin_fmaf(m_lo, s_lo, accm));
+// The offsets' part of the products of kTileRows weight rows with one x row: sum over the ng groups of 16 of
+// m_r[g] * s[g], in 4 lanes in a fixed order. The direct and the tile kernels both call it, so that a token's
+// result does not depend on how many share its batch. ng is a multiple of 4 (rows are padded to kKPad).
+[[maybe_unused]] void offsets4(const float* const* m, const float* s, int64_t ng, float* out) {
+#if defined(__AVX2__)
+  __m128 acc[kTileRows];
+  KILN_UNROLL
+  for (int r = 0; r < kTileRows; ++r) acc[r] = _mm_setzero_ps();
+  for (int64_t g = 0; g < ng; g += 4) {
+    const __m128 sv = _mm_loadu_ps(s + g);
+    KILN_UNROLL
+    for (int r = 0; r < kTileRows; ++r) acc[r] = _mm_fmadd_ps(_mm_loadu_ps(m[r] + g), sv, acc[r]);
+  }
+  KILN_UNROLL
+  for (int r = 0; r < kTileRows; ++r) {
+    __m128 v = _mm_add_ps(acc[r], _mm_movehl_ps(acc[r], acc[r]));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    out[r] = _mm_cvtss_f32(v);
+  }
+#else
+  for (int r = 0; r < kTileRows; ++r) {
+    float acc[4] = {0, 0, 0, 0};
+    for (int64_t g = 0; g < ng; g += 4) {
+      for (int l = 0; l < 4; ++l) acc[l] += m[r][g + l] * s[g + l];
+    }
+    out[r] = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  }
+#endif
 }
 
-// The offsets' part for tile row r and x row c over sub-blocks [sb, se).
-KILN_INLINE float tile_offsets(const QTileW& w, int r, const QRowX& x, int64_t sb, int64_t se) {
-  const float* m = w.m + r * w.kp / 16;
-  float accm = 0.0f;
-  for (int64_t sub = sb; sub < se; ++sub) {
-    accm = add_offsets(accm, m[2 * sub], m[2 * sub + 1], x.s[2 * sub], x.s[2 * sub + 1]);
-  }
-  return accm;
+// offsets4 for the rows of an unpacked tile.
+[[maybe_unused]] void tile_offsets(const QTileW& w, const QRowX& x, float* out) {
+  const float* m[kTileRows];
+  for (int r = 0; r < kTileRows; ++r) m[r] = w.m + r * w.kp / 16;
+  offsets4(m, x.s, w.kp / 16, out);
 }
 
 #if defined(__AVX2__)
@@ -507,11 +528,10 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
   }
   KILN_UNROLL
   for (int c = 0; c < NX; ++c) {
+    float accm[kTileRows] = {0, 0, 0, 0};
+    if constexpr (kHasM) tile_offsets(w, x[c], accm);
     KILN_UNROLL
-    for (int r = 0; r < kTileRows; ++r) {
-      const float accm = kHasM ? tile_offsets(w, r, x[c], w.kb / 32, w.ke / 32) : 0.0f;
-      out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]) + accm;
-    }
+    for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[r][c]) + accm[r];
   }
 }
 constexpr int kColsPerCall = 4;  // 16 accumulators of 32 registers
@@ -544,11 +564,10 @@ void qdot_tile(const QTileW& w, const QRowX* x, float* out) {
   }
   KILN_UNROLL
   for (int c = 0; c < NX; ++c) {
+    float accm[kTileRows] = {0, 0, 0, 0};
+    if constexpr (kHasM) tile_offsets(w, x[c], accm);
     KILN_UNROLL
-    for (int r = 0; r < kTileRows; ++r) {
-      const float accm = kHasM ? tile_offsets(w, r, x[c], w.kb / 32, w.ke / 32) : 0.0f;
-      out[c * kTileRows + r] = hsum256(acc[r][c]) + accm;
-    }
+    for (int r = 0; r < kTileRows; ++r) out[c * kTileRows + r] = hsum256(acc[r][c]) + accm[r];
   }
 }
 constexpr int kColsPerCall = 2;  // 8 accumulators of 16 registers
@@ -641,50 +660,41 @@ KILN_INLINE __m256i high_bits_reg(const uint8_t* qh) {
 template <int NX, bool kSigned, bool kHasM>
 struct DirectRow {
   const QRowX* x;
+  float* mb;  // [kp / 16] the row's offsets, for offsets4
   __m256 acc[NX];
-  float accm[NX];
-  explicit DirectRow(const QRowX* xr) : x(xr) {
-    KILN_UNROLL
-    for (int c = 0; c < NX; ++c) {
-      acc[c] = _mm256_setzero_ps();
-      accm[c] = 0.0f;
-    }
+  DirectRow(const QRowX* xr, float* m) : x(xr), mb(m) {
+    for (int c = 0; c < NX; ++c) acc[c] = _mm256_setzero_ps();
   }
   // Sub-block `sub` of the row: quants q, lane scales dl, offsets m_lo / m_hi of its two halves.
   KILN_INLINE void add(int64_t sub, __m256i q, __m256 dl, float m_lo, float m_hi) {
+    if constexpr (kHasM) mb[2 * sub] = m_lo, mb[2 * sub + 1] = m_hi;
     const __m256i wu = kSigned ? _mm256_sign_epi8(q, q) : q;
-    KILN_UNROLL
     for (int c = 0; c < NX; ++c) {
       __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c].q + sub * 32));
       if constexpr (kSigned) xs = _mm256_sign_epi8(xs, q);
       const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(dot32(wu, xs)), _mm256_loadu_ps(x[c].d + sub * 8));
       acc[c] = _mm256_fmadd_ps(p, dl, acc[c]);
-      if constexpr (kHasM) accm[c] = add_offsets(accm[c], m_lo, m_hi, x[c].s[2 * sub], x[c].s[2 * sub + 1]);
     }
   }
-  void store(float* out, int r) const {
-    KILN_UNROLL
-    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = hsum256(acc[c]) + accm[c];
+  // accm[c][r]: the offsets' part (offsets4).
+  void store(float* out, int r, const float (*accm)[kTileRows]) {
+    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = hsum256(acc[c]) + accm[c][r];
   }
 };
 
-// Calls f(sub, quants, lane scales, offset of the low half, of the high half) for each sub-block of block b.
 #if defined(__AVX512BW__)
 // As DirectRow, in the AVX-512 tile's order: sub-blocks 2j and 2j + 1 share one 512-bit product, the first
 // waiting in `pending` for the second (x's padding is zero, so a lone last sub-block pairs with zeros).
 template <int NX, bool kSigned, bool kHasM>
 struct DirectRow512 {
   const QRowX* x;
+  float* mb;  // [kp / 16] the row's offsets, for offsets4
   __m512 acc[NX];
-  float accm[NX];
   __m256i pq = _mm256_setzero_si256();
   __m256 pd = _mm256_setzero_ps();
   int64_t psub = -1;  // the pending sub-block, or -1
-  explicit DirectRow512(const QRowX* xr) : x(xr) {
-    for (int c = 0; c < NX; ++c) {
-      acc[c] = _mm512_setzero_ps();
-      accm[c] = 0.0f;
-    }
+  DirectRow512(const QRowX* xr, float* m) : x(xr), mb(m) {
+    for (int c = 0; c < NX; ++c) acc[c] = _mm512_setzero_ps();
   }
   KILN_INLINE void pair(__m512i q, __m512 dl) {
     __mmask64 neg = 0;
@@ -700,11 +710,7 @@ struct DirectRow512 {
     }
   }
   KILN_INLINE void add(int64_t sub, __m256i q, __m256 dl, float m_lo, float m_hi) {
-    if constexpr (kHasM) {
-      for (int c = 0; c < NX; ++c) {
-        accm[c] = add_offsets(accm[c], m_lo, m_hi, x[c].s[2 * sub], x[c].s[2 * sub + 1]);
-      }
-    }
+    if constexpr (kHasM) mb[2 * sub] = m_lo, mb[2 * sub + 1] = m_hi;
     if (psub < 0) {
       psub = sub, pq = q, pd = dl;
       return;
@@ -713,9 +719,9 @@ struct DirectRow512 {
          _mm512_insertf32x8(_mm512_castps256_ps512(pd), dl, 1));
     psub = -1;
   }
-  void store(float* out, int r) {
+  void store(float* out, int r, const float (*accm)[kTileRows]) {
     if (psub >= 0) pair(_mm512_zextsi256_si512(pq), _mm512_zextps256_ps512(pd));
-    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[c]) + accm[c];
+    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = _mm512_reduce_add_ps(acc[c]) + accm[c][r];
   }
 };
 template <int NX, bool kSigned, bool kHasM>
@@ -801,14 +807,16 @@ KILN_INLINE void decode_block(const uint8_t* row, int64_t b, F&& f) {
 }
 
 // The kTileRows rows advance together, block by block: independent accumulation chains, x read once.
+// mb: [kTileRows][kp / 16] scratch for the rows' offsets.
 template <uint32_t T, int NX>
-void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, float* out) {
+void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, float* mb, float* out) {
   constexpr bool kSigned = T == kQ8_0;
   constexpr int64_t kBlock = T == kQ4_K || T == kQ5_K || T == kQ6_K ? kQK_K : kQK;
+  const int64_t ng = pad_k(k) / 16;
   // Four named accumulators, not an array indexed in a loop, so that they stay in registers.
   static_assert(kTileRows == 4);
   using Acc = DirectAcc<NX, kSigned, !kSigned>;
-  Acc a0(x), a1(x), a2(x), a3(x);
+  Acc a0(x, mb), a1(x, mb + ng), a2(x, mb + 2 * ng), a3(x, mb + 3 * ng);
   for (int64_t b = 0; b < k / kBlock; ++b) {
     auto step = [&](Acc& a, const uint8_t* row) {
       decode_block<T>(row, b, [&](int64_t sub, __m256i q, __m256 dl, float m_lo, float m_hi) {
@@ -820,37 +828,49 @@ void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, float* o
     step(a2, rows[2]);
     step(a3, rows[3]);
   }
-  a0.store(out, 0);
-  a1.store(out, 1);
-  a2.store(out, 2);
-  a3.store(out, 3);
+  float accm[NX][kTileRows] = {};
+  if constexpr (!kSigned) {
+    const float* m[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      for (int64_t g = k / 16; g < ng; ++g) mb[r * ng + g] = 0.0f;
+      m[r] = mb + r * ng;
+    }
+    for (int c = 0; c < NX; ++c) offsets4(m, x[c].s, ng, accm[c]);
+  }
+  a0.store(out, 0, accm);
+  a1.store(out, 1, accm);
+  a2.store(out, 2, accm);
+  a3.store(out, 3, accm);
 }
 
 template <uint32_t T>
-void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* out) {
+void direct_tile(const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* mb, float* out) {
   if (n_x == 1) {
-    direct_tile<T, 1>(rows, k, x, out);
+    direct_tile<T, 1>(rows, k, x, mb, out);
   } else {
-    direct_tile<T, 2>(rows, k, x, out);
+    direct_tile<T, 2>(rows, k, x, mb, out);
   }
 }
 
-bool qdot_direct(uint32_t t, const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* out) {
+bool qdot_direct(uint32_t t, const uint8_t* const* rows, int64_t k, const QRowX* x, int n_x, float* mb,
+                 float* out) {
   if (n_x > 2) return false;
   switch (t) {
-    case kQ4_0: direct_tile<kQ4_0>(rows, k, x, n_x, out); return true;
-    case kQ4_1: direct_tile<kQ4_1>(rows, k, x, n_x, out); return true;
-    case kQ5_0: direct_tile<kQ5_0>(rows, k, x, n_x, out); return true;
-    case kQ5_1: direct_tile<kQ5_1>(rows, k, x, n_x, out); return true;
-    case kQ8_0: direct_tile<kQ8_0>(rows, k, x, n_x, out); return true;
-    case kQ4_K: direct_tile<kQ4_K>(rows, k, x, n_x, out); return true;
-    case kQ5_K: direct_tile<kQ5_K>(rows, k, x, n_x, out); return true;
-    case kQ6_K: direct_tile<kQ6_K>(rows, k, x, n_x, out); return true;
+    case kQ4_0: direct_tile<kQ4_0>(rows, k, x, n_x, mb, out); return true;
+    case kQ4_1: direct_tile<kQ4_1>(rows, k, x, n_x, mb, out); return true;
+    case kQ5_0: direct_tile<kQ5_0>(rows, k, x, n_x, mb, out); return true;
+    case kQ5_1: direct_tile<kQ5_1>(rows, k, x, n_x, mb, out); return true;
+    case kQ8_0: direct_tile<kQ8_0>(rows, k, x, n_x, mb, out); return true;
+    case kQ4_K: direct_tile<kQ4_K>(rows, k, x, n_x, mb, out); return true;
+    case kQ5_K: direct_tile<kQ5_K>(rows, k, x, n_x, mb, out); return true;
+    case kQ6_K: direct_tile<kQ6_K>(rows, k, x, n_x, mb, out); return true;
     default: return false;
   }
 }
 #else
-bool qdot_direct(uint32_t, const uint8_t* const*, int64_t, const QRowX*, int, float*) { return false; }
+bool qdot_direct(uint32_t, const uint8_t* const*, int64_t, const QRowX*, int, float*, float*) {
+  return false;
+}
 #endif
 
 // ---- float products ----------------------------------------------------------------------------------
