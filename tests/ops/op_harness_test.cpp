@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_isa.h"
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "core/quant/quant_blocks.h"
@@ -236,24 +237,35 @@ Host make_pool(DType type, int64_t head_dim, int64_t n_kv, int64_t block_size, i
 
 // ---- backends and comparison ----
 struct NamedBackend {
-  std::string name;
+  std::string name;  // "cpu/avx2", "cuda"
   std::unique_ptr<Backend> backend;
   bool host_visible = true;  // its buffers are host memory
+  std::string kind;          // make_backend's name: "cpu", "cuda"
+  BackendOptions options;    // as made, the thread count aside
 };
 
-// Every backend make_backend() gives here. The harness fills inputs in host memory; a backend whose memory
-// the host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
+// Every backend make_backend() gives here, the CPU once per ISA level this machine runs (so every level's
+// kernels are held to the references in one run). The harness fills inputs in host memory; a backend whose
+// memory the host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
 const std::vector<NamedBackend>& backends() {
   static const std::vector<NamedBackend> all = [] {
     std::vector<NamedBackend> v;
-    for (const char* name : {"cpu", "cuda"}) {
+    std::vector<std::pair<std::string, BackendOptions>> wanted;
+    for (cpu::CpuIsa isa : cpu::kCpuIsaLevels) {
+      if (!cpu::cpu_isa_supported(isa)) continue;
       BackendOptions options;
+      options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+      wanted.emplace_back("cpu", options);
+    }
+    wanted.emplace_back("cuda", BackendOptions{});
+    for (auto& [kind, options] : wanted) {
       options.n_threads = 3;  // odd: uneven chunks
-      Result<std::unique_ptr<Backend>> b = make_backend(name, options);
+      Result<std::unique_ptr<Backend>> b = make_backend(kind, options);
       if (!b.ok()) continue;
       Result<std::unique_ptr<Buffer>> probe = (*b)->allocate(64);
       if (!probe.ok()) continue;
-      v.push_back({name, std::move(b).value(), (*probe)->host_visible()});
+      const std::string name = options.cpu_isa.empty() ? kind : kind + "/" + options.cpu_isa;
+      v.push_back({name, std::move(b).value(), (*probe)->host_visible(), kind, options});
     }
     return v;
   }();
@@ -484,6 +496,12 @@ TEST(OpHarness, EveryOpHasACase) {
     EXPECT_NE(std::find(std::begin(kHarnessOps), std::end(kHarnessOps), name), std::end(kHarnessOps)) << name;
   }
   EXPECT_FALSE(backends().empty());
+  // The CPU once per ISA level this machine runs.
+  const auto levels = std::count_if(std::begin(cpu::kCpuIsaLevels), std::end(cpu::kCpuIsaLevels),
+                                    [](cpu::CpuIsa isa) { return cpu::cpu_isa_supported(isa); });
+  EXPECT_EQ(std::count_if(backends().begin(), backends().end(),
+                          [](const NamedBackend& nb) { return nb.kind == "cpu"; }),
+            levels);
 }
 
 TEST(OpHarness, Matmul) {
@@ -512,6 +530,38 @@ TEST(OpHarness, Matmul) {
             fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n, k, sh.m1, sh.m2,
                         layout_name(sh.layout), qx ? " quantize_x" : "");
         expect_matches_ref(what, dst, kMatmul, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d, qx}); });
+      }
+    }
+  }
+}
+
+// Batch invariance of the quantized products: a token's row of dst is the same bits whether it is multiplied
+// alone (decode: straight from the packed blocks), with one other token, or in a batch (unpacked tiles).
+TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
+  Rng rng(13);
+  for (DType type : kWeightTypes) {
+    if (activation_type(type) == DType::f32) continue;
+    const DTypeInfo& info = dtype_info(type);
+    for (const int64_t k :
+         info.block_size == 32 ? std::vector<int64_t>{288, 64} : std::vector<int64_t>{768}) {
+      const int64_t n = 9, m = 7;
+      const Host w = make_weights(type, k, n, 0, rng);
+      const Host x = dense(k, m, 1, &rng);
+      for (const NamedBackend& nb : backends()) {
+        if (!nb.host_visible) continue;
+        const Host batch = dense(n, m, 1, nullptr);
+        ASSERT_TRUE(nb.backend->run(Matmul{w.t, x.t, batch.t, true}).ok());
+        for (const int64_t rows : {int64_t{1}, int64_t{2}}) {
+          for (int64_t i = 0; i + rows <= m; i += rows) {
+            const Tensor xi = make_tensor(DType::f32, const_cast<uint8_t*>(x.t.row(i)), k, rows);
+            const Host alone = dense(n, rows, 1, nullptr);
+            ASSERT_TRUE(nb.backend->run(Matmul{w.t, xi, alone.t, true}).ok());
+            EXPECT_EQ(
+                std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)), 0)
+                << nb.name << " " << info.name << " k " << k << ": rows " << i << ".." << i + rows - 1
+                << " alone differ from the same rows in a batch of " << m;
+          }
+        }
       }
     }
   }
@@ -1060,7 +1110,7 @@ TEST(OpHarness, FloatDestinations) {
   }
   // An f32 destination runs on every backend: the CPU backend supports all of these.
   for (const NamedBackend& nb : backends()) {
-    if (nb.name != "cpu") continue;
+    if (nb.kind != "cpu") continue;
     for (const Case& c : cases) {
       const Host d = dense(c.ne0, c.ne1, 1, nullptr);
       EXPECT_TRUE(nb.backend->supports(c.make(d.t))) << c.name;
@@ -1285,10 +1335,13 @@ TEST(OpHarness, Perf) {
   std::vector<NamedBackend> timed;  // default options: the thread count a user gets
   for (const NamedBackend& nb : backends()) {
     // Host-memory backends only: a device backend's time here would be the operands' copies.
-    if (nb.host_visible) timed.push_back({nb.name, make_backend(nb.name).value()});
+    if (!nb.host_visible) continue;
+    BackendOptions options = nb.options;
+    options.n_threads = 0;
+    timed.push_back({nb.name, make_backend(nb.kind, options).value(), true, nb.kind, options});
   }
   for (const NamedBackend& nb : timed) fmt::print("{}: {} threads\n", nb.name, nb.backend->n_threads());
-  fmt::print("{:<10} {:<7} {:<34} {:<5} {:>12} {:>12} {:>8}\n", "op", "type", "shape", "back", "backend us",
+  fmt::print("{:<10} {:<7} {:<34} {:<15} {:>12} {:>12} {:>8}\n", "op", "type", "shape", "back", "backend us",
              "ref us", "ref/back");
   auto row = [&](std::string_view op, std::string_view type, const std::string& shape, const Op& run_op) {
     for (const NamedBackend& nb : timed) {
@@ -1300,7 +1353,7 @@ TEST(OpHarness, Perf) {
           },
           15);
       const double ref_us = median_us([&] { ref::run(run_op); }, 3);
-      fmt::print("{:<10} {:<7} {:<34} {:<5} {:>12.1f} {:>12.1f} {:>8.1f}\n", op, type, shape, nb.name, back,
+      fmt::print("{:<10} {:<7} {:<34} {:<15} {:>12.1f} {:>12.1f} {:>8.1f}\n", op, type, shape, nb.name, back,
                  ref_us, ref_us / back);
     }
   };

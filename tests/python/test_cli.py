@@ -253,7 +253,9 @@ def test_run_kv_memory():
 def test_chat_holds_three_turns_from_stdin():
     require(SMOL)
     turns = "My name is Alice.\nWhat is 2+2?\nWhat is my name?\n"
-    res = kiln("chat", "-m", SMOL, "--temp", "0", "-n", "32", input=turns)
+    # The exact path: whether this 135M model's greedy answer holds a "4" is a near-tie that the rounding of
+    # 8-bit activations (the default, as in llama.cpp) decides either way; the turns and the cache are the point.
+    res = kiln("chat", "-m", SMOL, "--temp", "0", "-n", "32", "--exact", input=turns)
     assert res.returncode == 0, res.stderr
     assert "4" in res.stdout
     # One speed summary per turn; each turn's prompt holds the whole conversation so far, and the part already

@@ -147,7 +147,6 @@ Status run_bench(const BenchOptions& o) {
   std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{""} : o.models;
   const int32_t max_batch = o.batch.empty() ? 1 : *std::max_element(o.batch.begin(), o.batch.end());
   const int32_t max_prompt = *std::max_element(o.n_prompt.begin(), o.n_prompt.end());
-  const bool on_gpu = o.device.starts_with("cuda") || (o.device == "auto" && cuda_available());
   std::vector<Row> rows;
   std::mt19937 rng(1234);
   uint64_t salt = 0;
@@ -158,7 +157,7 @@ Status run_bench(const BenchOptions& o) {
       eo.n_threads = threads;
       eo.backend = o.device;
       eo.kv_type = o.kv_type;
-      eo.quantize_activations = o.quantize_activations || (on_gpu && !o.exact);
+      eo.quantize_activations = !o.exact;
       eo.n_seq_max = max_batch;
       eo.n_ctx = std::max(max_prompt, o.n_gen + 1) + 1;
       eo.max_batch_tokens = std::max(max_prompt, max_batch);  // a prompt in one step, as llama-bench's ubatch
@@ -237,7 +236,7 @@ void register_bench(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--kv-type", o->kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
-                           "Lower-precision matmuls (as kiln run; default: on for CUDA, off for the CPU)");
+                           "Lower-precision matmuls (as kiln run; the default, --exact turns it off)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);
   register_bench_serve(*cmd, rc);
   cmd->callback([o, &rc, cmd] {

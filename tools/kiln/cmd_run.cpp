@@ -70,7 +70,7 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   auto* qa = cmd->add_flag("--quantize-activations", o.quantize_activations,
                            "Lower-precision matmuls, faster: on the CPU 8-bit activations with integer dot "
                            "products, as llama.cpp does (~1e-3 relative error); on CUDA bf16 tensor cores "
-                           "(default: on for CUDA, off for the CPU)");
+                           "(the default on every device; --exact turns it off)");
   cmd->add_flag("--exact", o.exact, "Exact f32 matmuls on every device (the reference path)")->excludes(qa);
 }
 
@@ -84,9 +84,8 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
     KILN_ASSIGN_OR_RETURN(eo.kv_memory_bytes, parse_byte_size(o.kv_memory));
   }
   eo.backend = o.device;
-  // The GPU's fast path (tensor cores) is its default; the CPU's (8-bit activations) is asked for.
-  const bool on_gpu = o.device.starts_with("cuda") || (o.device == "auto" && cuda_available());
-  eo.quantize_activations = o.quantize_activations || (on_gpu && !o.exact);
+  // The fast path (8-bit activations on the CPU, tensor cores on a GPU) unless --exact.
+  eo.quantize_activations = !o.exact;
   return Engine::create(eo);
 }
 

@@ -3,11 +3,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/cpu_ops.h"
 
 namespace kiln {
 
 namespace {
+
+using cpu::CpuIsa;
 
 class HostBuffer final : public Buffer {
  public:
@@ -24,9 +27,10 @@ class HostBuffer final : public Buffer {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  CpuBackend(int n_threads, CpuIsa isa) : pool_(n_threads), isa_(isa), kernels_(cpu::cpu_kernels(isa)) {}
   using Backend::run;  // run(op) as well as run(program)
   std::string_view name() const override { return "cpu"; }
+  std::string_view isa() const { return cpu_isa_name(isa_); }
   // Every op, every weight type with a dequantizer; destinations in f32 only.
   bool supports(const ops::Op& op) const override {
     const Tensor* dst = ops::float_dst(op);
@@ -39,7 +43,7 @@ class CpuBackend final : public Backend {
                              ops::op_name(op), dtype_name(ops::float_dst(op)->type));
       }
     }
-    for (const ops::Op& op : program.ops()) cpu::run(pool_, op);
+    for (const ops::Op& op : program.ops()) cpu::run(pool_, kernels_, op);
     return Status::ok_status();
   }
   Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
@@ -83,12 +87,15 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool pool_;
+  CpuIsa isa_;
+  const cpu::CpuKernels& kernels_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
-  return std::make_unique<CpuBackend>(options.n_threads);
+Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options) {
+  KILN_ASSIGN_OR_RETURN(const CpuIsa isa, cpu::cpu_isa_select(options.cpu_isa));
+  return std::unique_ptr<Backend>(new CpuBackend(options.n_threads, isa));
 }
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
-// The CPU backend: every op of ops/ops.h in portable, multithreaded C++ on a persistent thread pool. Operands
-// are host memory; weights are read in place (e.g. from a memory-mapped GGUF file).
+// The CPU backend: every op of ops/ops.h, multithreaded on a persistent thread pool, the matmuls with the
+// kernels of one ISA level (BackendOptions::cpu_isa, else KILN_CPU_ISA, else the best cpuid reports).
+// Operands are host memory; weights are read in place (e.g. from a memory-mapped GGUF file).
 #pragma once
 
 #include <memory>
@@ -9,6 +10,7 @@
 
 namespace kiln {
 
-std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
+// invalid_argument when the ISA level asked for is unknown or beyond this CPU.
+Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options);
 
 }  // namespace kiln

@@ -1,30 +1,41 @@
 // matmul and moe_matmul on the CPU, one driver for both: a list of products (weight matrix, x row, dst row)
 // grouped by matrix (one group for matmul; one per expert in use for moe_matmul, so each expert's weights are
-// read once per call however many tokens chose it). Threads split (group, weight rows) work items.
-// - f32 activations: each thread dequantizes kRows weight rows at a time into its own f32 buffer and reuses
-//   them for every x row of the group; f32 weights are used in place.
-// - quantize_x: the x rows are quantized once per call to the weight type's activation format; q4_0, q4_1 and
-//   q8_0 weights then take integer dot products block by block (dot_int8_rows); the other types use the f32
-//   path on the rounded activations (the same result, without the speed).
+// read once per call however many tokens chose it). Threads split (group, tile of kTileRows weight rows) work
+// items; each item runs every x row of its group through the tile, kTileCols x rows per micro-kernel call,
+// so a weight block is read once per kTileCols tokens (prefill is a tiled GEMM, decode the same code with
+// one column). The kernels are those of the backend's ISA level (kernels/cpu_kernels.h).
+// - quantize_x (the default of kiln run/chat/bench): the x rows are quantized once per call to the weight
+//   type's activation format; each tile of weight rows is unpacked once to int8 sub-blocks and multiplied
+//   with integer dot products. Types without an activation format (f32, f16, bf16) take the float path.
+// - f32 activations: f32/f16/bf16 weights are read in place; a quantized tile is dequantized by the
+//   reference dequantizer (this is the exact path, --exact).
 #include <cstdint>
 #include <numeric>
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
-#include "core/half.h"
-#include "core/quant/quant_blocks.h"
+#include "backends/cpu/kernels/cpu_kernels.h"
 #include "ops/ref/ref.h"
 
 namespace kiln::cpu {
 
-using namespace kiln::quant;
-
 namespace {
 
-constexpr int64_t kRows = 4;  // weight rows per group
+static_assert(static_cast<uint32_t>(DType::f32) == 0 && static_cast<uint32_t>(DType::f16) == 1 &&
+                  static_cast<uint32_t>(DType::q4_0) == 2 && static_cast<uint32_t>(DType::q4_1) == 3 &&
+                  static_cast<uint32_t>(DType::q5_0) == 6 && static_cast<uint32_t>(DType::q5_1) == 7 &&
+                  static_cast<uint32_t>(DType::q8_0) == 8 && static_cast<uint32_t>(DType::q8_1) == 9 &&
+                  static_cast<uint32_t>(DType::q2_k) == 10 && static_cast<uint32_t>(DType::q3_k) == 11 &&
+                  static_cast<uint32_t>(DType::q4_k) == 12 && static_cast<uint32_t>(DType::q5_k) == 13 &&
+                  static_cast<uint32_t>(DType::q6_k) == 14 && static_cast<uint32_t>(DType::q8_k) == 15 &&
+                  static_cast<uint32_t>(DType::iq4_nl) == 20 && static_cast<uint32_t>(DType::bf16) == 30,
+              "the kernels name types by these ids (kernels/cpu_kernels_impl.h)");
 
-// dot_f32, compiled per ISA (see KILN_CPU_CLONES).
-KILN_CPU_CLONES float dot_f32_dispatch(const float* a, const float* b, int64_t n) { return dot_f32(a, b, n); }
+int64_t padded_k(int64_t k) { return (k + kKPad - 1) / kKPad * kKPad; }
+
+// Elements of k per cache block of the batched products (a multiple of kKPad): kTileRows weight rows and
+// kTileCols x rows of it fit in a 32 KiB L1 with room to spare (f32: 16 KiB).
+constexpr int64_t kBlockK = 512;
 
 // The products of one call: group a multiplies weight matrix w[:, :, mats[a]] with the x rows
 // x_rows[start[a] .. start[a+1]) into the dst rows y_rows[same]. Rows are flat row indices of x and dst.
@@ -36,179 +47,176 @@ struct Products {
   const uint8_t* w_row(int64_t a, int64_t j) const { return w.row(j, mats[a]); }
 };
 
-// f32 activations: x row i is x_row(i), dst row i is y_row(i) (i a flat row index of x / dst).
-template <class XRow, class YRow>
-void matmul_f32(ThreadPool& pool, const Products& pr, XRow x_row, YRow y_row) {
-  const int64_t k = pr.w.ne[0], n = pr.w.ne[1];
-  const bool in_place = pr.w.type == DType::f32;
-  const int64_t n_groups = (n + kRows - 1) / kRows;
+// A std::vector<T> whose data starts on a 64-byte boundary (the kernels' loads then never straddle a line).
+template <class T>
+class Aligned {
+ public:
+  explicit Aligned(int64_t n) : storage_(static_cast<size_t>(n) * sizeof(T) + 64) {}
+  T* data() {
+    return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(storage_.data()) + 63) & ~uintptr_t{63});
+  }
+
+ private:
+  std::vector<uint8_t> storage_;
+};
+
+// fn(a, j0, rows) for every (group a, tile of weight rows j0 .. j0 + kTileRows) in parallel; rows[r] is
+// weight row min(j0 + r, n - 1) (a short last tile repeats the last row; those results are dropped).
+template <class Fn>
+void for_tiles(ThreadPool& pool, const Products& pr, Fn&& fn) {
+  const int64_t n = pr.w.ne[1];
+  const int64_t n_tiles = (n + kTileRows - 1) / kTileRows;
   pool.parallel_for(
-      static_cast<int64_t>(pr.mats.size()) * n_groups,
-      [&](int64_t g0, int64_t g1, int) {
-        // [kRows, k], 64-byte aligned: the dot products' 32-byte loads then never straddle a cache line (with
-        // malloc's 16-byte alignment, whether they did changed with the allocation history, by ~7% of a prefill).
-        std::vector<float> storage(in_place ? 0 : kRows * k + 16);
-        float* buf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
-        const float* rows[kRows];
-        for (int64_t item = g0; item < g1; ++item) {
-          const int64_t a = item / n_groups, j0 = item % n_groups * kRows, nj = std::min(kRows, n - j0);
-          for (int64_t r = 0; r < nj; ++r) {
-            if (in_place) {
-              rows[r] = reinterpret_cast<const float*>(pr.w_row(a, j0 + r));
-            } else {
-              ops::ref::row_to_f32(pr.w, pr.w_row(a, j0 + r), buf + r * k);
-              rows[r] = buf + r * k;
-            }
-          }
-          for (int64_t e = pr.start[a]; e < pr.start[a + 1]; ++e) {
-            const float* x = x_row(pr.x_rows[e]);
-            float* y = y_row(pr.y_rows[e]) + j0;
-            for (int64_t r = 0; r < nj; ++r) y[r] = dot_f32_dispatch(rows[r], x, k);
-          }
+      static_cast<int64_t>(pr.mats.size()) * n_tiles,
+      [&](int64_t i0, int64_t i1, int) {
+        for (int64_t item = i0; item < i1; ++item) {
+          const int64_t a = item / n_tiles, j0 = item % n_tiles * kTileRows;
+          const uint8_t* rows[kTileRows];
+          for (int r = 0; r < kTileRows; ++r) rows[r] = pr.w_row(a, std::min(j0 + r, n - 1));
+          fn(a, j0, rows);
         }
       },
       /*min_chunk=*/4);
 }
 
-// The integer path works on unpacked rows: int8 quants [k], one f32 scale per 32-block [nb], and for weights
-// with a minimum (q4_1) one f32 minimum per block. A weight row is unpacked once and reused for every token.
-struct Int8Row {
-  std::vector<int8_t> q;  // [k]
-  std::vector<float> d;   // [nb] block scales
-  std::vector<float> m;   // [nb] weight minimums (q4_1), or activation d * sum(q) (q8_1); empty when unused
-};
+// Writes out[c * kTileRows + r] (product entries e0 .. e0 + n_x, weight rows j0 + r) to dst.
+void store_tile(const Products& pr, const Tensor& dst, int64_t e0, int n_x, int64_t j0, const float* out) {
+  const int64_t nr = std::min<int64_t>(kTileRows, pr.w.ne[1] - j0);
+  for (int c = 0; c < n_x; ++c) {
+    float* y = reinterpret_cast<float*>(dst.flat_row(pr.y_rows[e0 + c])) + j0;
+    for (int64_t r = 0; r < nr; ++r) y[r] = out[c * kTileRows + r];
+  }
+}
 
-// Unpacks weight row `src` of type `t` (q4_0, q4_1, q8_0); false for any other type.
-bool unpack_weight_row(DType t, const uint8_t* src, int64_t nb, Int8Row& out) {
-  out.q.resize(nb * kQK);
-  out.d.resize(nb);
-  out.m.resize(t == DType::q4_1 ? nb : 0);
-  for (int64_t b = 0; b < nb; ++b) {
-    int8_t* q = out.q.data() + b * kQK;
-    if (t == DType::q4_0) {
-      const auto* blk = reinterpret_cast<const BlockQ4_0*>(src) + b;
-      for (int j = 0; j < kQK / 2; ++j) {
-        q[j] = static_cast<int8_t>((blk->qs[j] & 0x0F) - 8);
-        q[j + kQK / 2] = static_cast<int8_t>((blk->qs[j] >> 4) - 8);
+// f32 activations: x [k, ...] f32, dst [n, ...] f32, addressed by flat row.
+void products_f32(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const Tensor& x_t,
+                  const Tensor& dst_t) {
+  const int64_t k = pr.w.ne[0];
+  const DType wt = pr.w.type;
+  const bool in_place = wt == DType::f32 || wt == DType::f16 || wt == DType::bf16;
+  for_tiles(pool, pr, [&](int64_t a, int64_t j0, const uint8_t* const* rows) {
+    // Dequantized rows of a quantized weight: [kTileRows, k], per item (the buffers are small).
+    Aligned<float> buf(in_place ? 0 : kTileRows * k);
+    const uint8_t* w_rows[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      if (in_place) {
+        w_rows[r] = rows[r];
+      } else {
+        ops::ref::row_to_f32(pr.w, rows[r], buf.data() + r * k);
+        w_rows[r] = reinterpret_cast<const uint8_t*>(buf.data() + r * k);
       }
-      out.d[b] = f16_to_f32(blk->d);
-    } else if (t == DType::q4_1) {
-      const auto* blk = reinterpret_cast<const BlockQ4_1*>(src) + b;
-      for (int j = 0; j < kQK / 2; ++j) {
-        q[j] = static_cast<int8_t>(blk->qs[j] & 0x0F);
-        q[j + kQK / 2] = static_cast<int8_t>(blk->qs[j] >> 4);
+    }
+    const auto kt = static_cast<uint32_t>(in_place ? wt : DType::f32);
+    const int64_t w_elem = in_place ? static_cast<int64_t>(dtype_info(wt).type_size) : 4;  // bytes
+    const int64_t e_begin = pr.start[a], e_end = pr.start[a + 1];
+    // k in cache blocks: the tile's rows and kTileCols x rows of one block stay in L1 while every x tile
+    // passes; partial sums [e_end - e_begin, kTileRows].
+    std::vector<float> sums(static_cast<size_t>((e_end - e_begin) * kTileRows), 0.0f);
+    float out[kTileRows * kTileCols];
+    for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
+      const int64_t kn = std::min(kBlockK, k - k0);
+      const uint8_t* w_blk[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) w_blk[r] = w_rows[r] + k0 * w_elem;
+      for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
+        const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, e_end - e0));
+        const float* xs[kTileCols];
+        for (int c = 0; c < n_x; ++c) {
+          xs[c] = reinterpret_cast<const float*>(x_t.flat_row(pr.x_rows[e0 + c])) + k0;
+        }
+        kern.fdot(kt, w_blk, xs, n_x, kn, out);
+        float* acc = sums.data() + (e0 - e_begin) * kTileRows;
+        for (int i = 0; i < n_x * kTileRows; ++i) acc[i] += out[i];
       }
-      out.d[b] = f16_to_f32(blk->d);
-      out.m[b] = f16_to_f32(blk->m);
-    } else if (t == DType::q8_0) {
-      const auto* blk = reinterpret_cast<const BlockQ8_0*>(src) + b;
-      std::copy(blk->qs, blk->qs + kQK, q);
-      out.d[b] = f16_to_f32(blk->d);
-    } else {
-      return false;
     }
-  }
-  return true;
-}
-
-// Unpacks an activation row quantized to q8_0 or q8_1; for q8_1, m[b] = d * sum of the block's quants (exact
-// sum).
-void unpack_activation_row(DType t, const uint8_t* src, int64_t nb, Int8Row& out) {
-  out.q.resize(nb * kQK);
-  out.d.resize(nb);
-  out.m.resize(t == DType::q8_1 ? nb : 0);
-  for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* qs = t == DType::q8_1 ? reinterpret_cast<const BlockQ8_1*>(src)[b].qs
-                                        : reinterpret_cast<const BlockQ8_0*>(src)[b].qs;
-    const uint16_t d = t == DType::q8_1 ? reinterpret_cast<const BlockQ8_1*>(src)[b].d
-                                        : reinterpret_cast<const BlockQ8_0*>(src)[b].d;
-    std::copy(qs, qs + kQK, out.q.data() + b * kQK);
-    out.d[b] = f16_to_f32(d);
-    if (t == DType::q8_1) {
-      int32_t sum = 0;
-      for (int j = 0; j < kQK; ++j) sum += qs[j];
-      out.m[b] = out.d[b] * static_cast<float>(sum);
+    for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
+      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, e_end - e0));
+      store_tile(pr, dst_t, e0, n_x, j0, sums.data() + (e0 - e_begin) * kTileRows);
     }
-  }
+  });
 }
 
-// sum over blocks of w.d * x.d * (w.q . x.q) (+ w.m * x.m): products exact in int32, scales in f32.
-// Compiled twice (AVX2 and baseline x86-64), picked at load time from the CPU's features.
-KILN_CPU_CLONES float dot_int8_rows(const Int8Row& w, const Int8Row& x, int64_t nb) {
-  float acc = 0.0f;
-  const bool has_min = !w.m.empty();
-  for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* wq = w.q.data() + b * kQK;
-    const int8_t* xq = x.q.data() + b * kQK;
-    int32_t sumi = 0;
-    for (int j = 0; j < kQK; ++j) sumi += static_cast<int16_t>(wq[j]) * static_cast<int16_t>(xq[j]);
-    acc += w.d[b] * x.d[b] * static_cast<float>(sumi);
-    if (has_min) acc += w.m[b] * x.m[b];
-  }
-  return acc;
-}
+bool weight_is_signed(DType t) { return t == DType::q8_0 || t == DType::iq4_nl; }
 
-bool has_int8_kernel(DType w) { return w == DType::q4_0 || w == DType::q4_1 || w == DType::q8_0; }
-
-// Runs the products: x: f32 [k, ...] and dst: f32 [n, ...], addressed by flat row.
-void run_products(ThreadPool& pool, const Products& pr, const Tensor& x_t, const Tensor& dst_t,
-                  bool quantize_x) {
-  const int64_t k = pr.w.ne[0], m = x_t.n_rows();
-  auto y_row = [&](int64_t i) { return reinterpret_cast<float*>(dst_t.flat_row(i)); };
-  const DType act = quantize_x ? ops::activation_type(pr.w.type) : DType::f32;
-  if (act == DType::f32) {
-    auto x_row = [&](int64_t i) { return reinterpret_cast<const float*>(x_t.flat_row(i)); };
-    matmul_f32(pool, pr, x_row, y_row);
-    return;
-  }
-  // Quantize every x row once and unpack it: [m] rows of int8 quants + block scales (+ sums).
-  const DTypeInfo& ai = dtype_info(act);
-  const int64_t row_bytes = k / ai.block_size * ai.type_size;
-  std::vector<uint8_t> xq(static_cast<size_t>(m * row_bytes));
+// Quantized activations: x rows to `act` once, then integer products against unpacked weight tiles.
+void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products& pr, DType act,
+                        const Tensor& x_t, const Tensor& dst_t) {
+  const int64_t k = pr.w.ne[0], m = x_t.n_rows(), kp = padded_k(k);
+  // The x rows in the QRowX layout: quants [m, kp], lane scales [m, kp / 4], half-block sums [m, kp / 16].
+  Aligned<int8_t> xq(m * kp);
+  Aligned<float> xd(m * kp / 4), xs(m * kp / 16);
   pool.parallel_for(m, [&](int64_t i0, int64_t i1, int) {
     for (int64_t i = i0; i < i1; ++i) {
-      ai.quantize_row(reinterpret_cast<const float*>(x_t.flat_row(i)), xq.data() + i * row_bytes, k);
+      kern.quantize_x(static_cast<uint32_t>(act), reinterpret_cast<const float*>(x_t.flat_row(i)), k,
+                      xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16);
     }
   });
-  if (!has_int8_kernel(pr.w.type)) {
-    // No integer kernel for this type yet: the rounded activations through the f32 path (the same result).
-    std::vector<float> xs(static_cast<size_t>(m * k));
-    for (int64_t i = 0; i < m; ++i) ai.dequantize_row(xq.data() + i * row_bytes, xs.data() + i * k, k);
-    auto x_row = [&](int64_t i) { return static_cast<const float*>(xs.data() + i * k); };
-    matmul_f32(pool, pr, x_row, y_row);
-    return;
-  }
-  const int64_t nb = k / kQK, n = pr.w.ne[1];
-  std::vector<Int8Row> xr(static_cast<size_t>(m));
-  pool.parallel_for(m, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t i = i0; i < i1; ++i) unpack_activation_row(act, xq.data() + i * row_bytes, nb, xr[i]);
+  const auto wt = static_cast<uint32_t>(pr.w.type);
+  const bool is_signed = weight_is_signed(pr.w.type), has_m = !is_signed;
+  for_tiles(pool, pr, [&](int64_t a, int64_t j0, const uint8_t* const* rows) {
+    float out[kTileRows * kTileCols];
+    QRowX xr[kTileCols];
+    auto x_tile = [&](int64_t e0) {
+      const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, pr.start[a + 1] - e0));
+      for (int c = 0; c < n_x; ++c) {
+        const int64_t i = pr.x_rows[e0 + c];
+        xr[c] = {xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16};
+      }
+      return n_x;
+    };
+    const int64_t e_begin = pr.start[a], e_end = pr.start[a + 1];
+    if (e_end - e_begin <= kTileCols) {  // few tokens (decode): straight from the packed blocks
+      const int n_x = x_tile(e_begin);
+      thread_local std::vector<float> offsets;  // [kTileRows, kp / 16]
+      offsets.resize(static_cast<size_t>(kTileRows * kp / 16));
+      if (kern.qdot_direct(wt, rows, k, xr, n_x, offsets.data(), out)) {
+        store_tile(pr, dst_t, e_begin, n_x, j0, out);
+        return;
+      }
+    }
+    // The tile unpacked: [kTileRows, kp] quants, [kTileRows, kp / 4] lane scales, [kTileRows, kp / 16]
+    // offsets.
+    thread_local std::vector<uint8_t> storage;
+    const auto bytes =
+        static_cast<size_t>(kTileRows * kp + kTileRows * kp / 4 * 4 + kTileRows * kp / 16 * 4 + 64);
+    if (storage.size() < bytes) storage.resize(bytes);
+    auto* base =
+        reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+    auto* wq = base;
+    auto* wd = reinterpret_cast<float*>(wq + kTileRows * kp);
+    auto* wm = wd + kTileRows * kp / 4;
+    kern.unpack_w(wt, rows, k, wq, wd, wm);
+    // The whole row in one pass (no k blocks): each product then rounds exactly as qdot_direct's does, so a
+    // token's result does not depend on its batch.
+    const QTileW tile{wq, wd, wm, kp, 0, kp};
+    for (int64_t e0 = e_begin; e0 < e_end; e0 += kTileCols) {
+      const int n_x = x_tile(e0);
+      kern.qdot(tile, xr, n_x, is_signed, has_m, out);
+      store_tile(pr, dst_t, e0, n_x, j0, out);
+    }
   });
-  pool.parallel_for(
-      static_cast<int64_t>(pr.mats.size()) * n,
-      [&](int64_t i0, int64_t i1, int) {
-        Int8Row wr;
-        for (int64_t item = i0; item < i1; ++item) {
-          const int64_t a = item / n, j = item % n;
-          unpack_weight_row(pr.w.type, pr.w_row(a, j), nb, wr);
-          for (int64_t e = pr.start[a]; e < pr.start[a + 1]; ++e) {
-            y_row(pr.y_rows[e])[j] = dot_int8_rows(wr, xr[pr.x_rows[e]], nb);
-          }
-        }
-      },
-      /*min_chunk=*/16);
+}
+
+void run_products(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const Tensor& x_t,
+                  const Tensor& dst_t, bool quantize_x) {
+  const DType act = quantize_x ? ops::activation_type(pr.w.type) : DType::f32;
+  if (act == DType::f32) {
+    products_f32(pool, kern, pr, x_t, dst_t);
+  } else {
+    products_quantized(pool, kern, pr, act, x_t, dst_t);
+  }
 }
 
 }  // namespace
 
-void matmul(ThreadPool& pool, const ops::Matmul& op) {
+void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op) {
   const int64_t m = op.x.n_rows();
   Products pr{op.w.tensor, {0}, {0, m}, std::vector<int64_t>(m), {}};
   std::iota(pr.x_rows.begin(), pr.x_rows.end(), 0);
   pr.y_rows = pr.x_rows;
-  run_products(pool, pr, op.x, op.dst, op.quantize_x);
+  run_products(pool, kern, pr, op.x, op.dst, op.quantize_x);
 }
 
-void moe_matmul(ThreadPool& pool, const ops::MoeMatmul& op) {
+void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op) {
   const int64_t n_expert = op.w.tensor.ne[2], n_used = op.dst.ne[1];
   const auto ids = op.ids.span_as<const int32_t>();
   const auto n_pairs = static_cast<int64_t>(ids.size());
@@ -230,7 +238,7 @@ void moe_matmul(ThreadPool& pool, const ops::MoeMatmul& op) {
     pr.mats.push_back(static_cast<int32_t>(e));
     pr.start.push_back(first[e + 1]);
   }
-  run_products(pool, pr, op.x, op.dst, op.quantize_x);
+  run_products(pool, kern, pr, op.x, op.dst, op.quantize_x);
 }
 
 }  // namespace kiln::cpu

@@ -244,11 +244,11 @@ void weighted_sum(ThreadPool& pool, const WeightedSum& op) {
 
 }  // namespace
 
-void run(ThreadPool& pool, const Op& op) {
+void run(ThreadPool& pool, const CpuKernels& kern, const Op& op) {
   // One case per op: an op without a CPU kernel does not compile.
   std::visit(Overloaded{
                  [&](const GetRows& o) { get_rows(pool, o); },
-                 [&](const Matmul& o) { matmul(pool, o); },
+                 [&](const Matmul& o) { matmul(pool, kern, o); },
                  [&](const RmsNorm& o) { rms_norm(pool, o); },
                  [&](const LayerNorm& o) { layer_norm(pool, o); },
                  [&](const Rope& o) { rope(pool, o); },
@@ -260,7 +260,7 @@ void run(ThreadPool& pool, const Op& op) {
                  [&](const Scale& o) { scale(pool, o); },
                  [&](const Argmax& o) { argmax(pool, o); },
                  [&](const MoeRoute& o) { moe_route(pool, o); },
-                 [&](const MoeMatmul& o) { moe_matmul(pool, o); },
+                 [&](const MoeMatmul& o) { moe_matmul(pool, kern, o); },
                  [&](const WeightedSum& o) { weighted_sum(pool, o); },
              },
              op);

@@ -3,11 +3,12 @@
 // Preconditions: ops::check(op) is ok.
 #pragma once
 
+#include "backends/cpu/cpu_isa.h"
 #include "core/thread_pool.h"
 #include "ops/ops.h"
 
-// Hot loops are compiled for AVX2 and for baseline x86-64 and picked at load time from cpuid (GCC/Clang
-// target_clones); elsewhere they are compiled once. The per-ISA SIMD layer replaces this.
+// The row-wise ops' and attention's hot loops are compiled for AVX2 and for baseline x86-64 and picked at
+// load time from cpuid (GCC target_clones); the matmul kernels have their own per-level files (kernels/).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 #define KILN_CPU_CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -16,10 +17,11 @@
 
 namespace kiln::cpu {
 
-void run(ThreadPool& pool, const ops::Op& op);
+// `kern`: the matmul kernels of the backend's ISA level.
+void run(ThreadPool& pool, const CpuKernels& kern, const ops::Op& op);
 
-void matmul(ThreadPool& pool, const ops::Matmul& op);
-void moe_matmul(ThreadPool& pool, const ops::MoeMatmul& op);
+void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op);
+void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op);
 void attention(ThreadPool& pool, const ops::Attention& op);
 
 // sum a[i] * b[i] over n floats, in eight interleaved f32 lanes (vectorisable without reassociation flags).
