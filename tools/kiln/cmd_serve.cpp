@@ -55,8 +55,7 @@ Status run_serve(const ServeOptions& o) {
     KILN_ASSIGN_OR_RETURN(eo.kv_memory_bytes, parse_byte_size(o.kv_memory));
   }
   eo.backend = o.device;
-  const bool on_gpu = o.device.starts_with("cuda") || (o.device == "auto" && cuda_available());
-  eo.quantize_activations = o.quantize_activations || (on_gpu && !o.exact);
+  eo.quantize_activations = !o.exact;  // the fast path on every device, as kiln run
 
   server::HttpOptions ho;
   ho.host = o.host;
@@ -179,7 +178,7 @@ void register_serve(CLI::App& app, int& rc) {
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
-                           "Lower-precision matmuls, faster (default: on for CUDA, off for the CPU)");
+                           "Lower-precision matmuls, faster: the default (as kiln run)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);
   cmd->callback([o, &rc] {
     Status s = run_serve(*o);
