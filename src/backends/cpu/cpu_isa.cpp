@@ -1,5 +1,9 @@
 #include "backends/cpu/cpu_isa.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #include <cstdlib>
 #include <string>
 
@@ -30,8 +34,12 @@ Result<CpuIsa> cpu_isa_from_name(std::string_view name) {
 bool cpu_isa_supported(CpuIsa isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
   // Read once: __builtin_cpu_supports consults the cpuid results the runtime gathered at start.
-  static const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C from cpuid leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+  static const bool f16c = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+  }();
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                              __builtin_cpu_supports("avx512dq");
