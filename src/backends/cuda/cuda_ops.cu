@@ -17,20 +17,25 @@ cudaError_t launched() { return cudaGetLastError(); }
 
 // ---- norms: one block per row ----
 
+// One row of RMSNorm by the whole block. Each thread reads only the elements i = threadIdx.x + k *
+// blockDim.x, so a caller may have written them just before (add_rms_norm_kernel) without a barrier.
+__device__ inline void rms_norm_row(const float* xr, char* yr, Store st, const float* w, int64_t n, float eps,
+                                    float w_add, float* red) {
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float g = w != nullptr ? w[i] + w_add : 1.0f;
+    store(st, yr, i, xr[i] * inv * g);
+  }
+}
+
 __global__ void rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
                                 int64_t n_rows) {
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
-    const float* xr = x.row_as<const float>(r);
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-    char* yr = dst.row(r);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float g = w != nullptr ? w[i] + w_add : 1.0f;
-      store(st, yr, i, xr[i] * inv * g);
-    }
+    rms_norm_row(x.row_as<const float>(r), dst.row(r), st, w, n, eps, w_add, red);
   }
 }
 
@@ -271,18 +276,8 @@ __global__ void add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st
     const float* ar = a.row_as<const float>(r);
     const float* br = b.row_as<const float>(r);
     float* sr = sum.row_as<float>(r);
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      sr[i] = ar[i] + br[i];
-      ss += sr[i] * sr[i];
-    }
-    ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-    char* yr = dst.row(r);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float g = w != nullptr ? w[i] + w_add : 1.0f;
-      store(st, yr, i, sr[i] * inv * g);
-    }
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sr[i] = ar[i] + br[i];
+    rms_norm_row(sr, dst.row(r), st, w, n, eps, w_add, red);
   }
 }
 
