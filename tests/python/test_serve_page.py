@@ -63,7 +63,7 @@ class Browser:
 def page():
     if CHROMIUM is None:
         pytest.fail("chromium is missing: scripts/install-deps.sh installs it")
-    server = Server("--parallel", 2)
+    server = Server("--parallel", 2, "-c", 2048)
     browser = Browser()
     browser.call("Page.enable")
     browser.call("Page.navigate", url=f"http://127.0.0.1:{server.port}/")
@@ -87,7 +87,7 @@ def send(browser, text, max_tokens):
 def test_a_message_streams_its_reply_into_the_page(page):
     server, browser = page
     assert browser.eval("document.getElementById('model').textContent") == NAME
-    send(browser, "Name three fruits.", 12)
+    send(browser, "Name three fruits.", 48)  # long enough to be seen growing, polled every 10 ms
     lengths = []
     deadline = time.time() + 300
     while True:  # the reply grows in the page while the Stop button is enabled
@@ -96,9 +96,9 @@ def test_a_message_streams_its_reply_into_the_page(page):
         if browser.eval("document.getElementById('stop').disabled") and reply:
             break
         assert time.time() < deadline
-        time.sleep(0.05)
+        time.sleep(0.01)
     status, api, _ = server.request("POST", "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 12, "temperature": 0})
+        "messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 48, "temperature": 0})
     assert status == 200 and reply == api["choices"][0]["message"]["content"]
     assert len(set(lengths)) > 2, f"the reply did not grow in steps: {lengths}"  # it streamed
     shot = browser.call("Page.captureScreenshot", format="png")["data"]
