@@ -181,7 +181,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // While a request is being answered, a wait for the socket to become readable: a client that closed or
   // reset the connection makes it readable with nothing (or an error) to read. Bytes a client pipelines
-  // meanwhile are kept for the next request.
+  // meanwhile are kept for the next request. A readiness report can be stale by the time the handler runs
+  // (an earlier read took the bytes), so the read here never blocks: with nothing to read, the watch goes on.
+  // A blocking read there once held an I/O thread, and every connection on it, until the client gave up.
   void watch() {
     const uint64_t gen = ++watch_gen_;
     stream_.socket().async_wait(
@@ -190,7 +192,9 @@ class Session : public std::enable_shared_from_this<Session> {
           if (!ec) {
             char tmp[4096];
             beast::error_code rec;
-            const size_t n = self->stream_.socket().read_some(asio::buffer(tmp), rec);
+            self->stream_.socket().non_blocking(true, rec);
+            const size_t n = rec ? 0 : self->stream_.socket().read_some(asio::buffer(tmp), rec);
+            if (rec == asio::error::would_block || rec == asio::error::try_again) return self->watch();
             if (!rec && n > 0) {
               if (self->buffer_.size() + n <= self->options_.max_body_bytes + 65536) {
                 const auto dst = self->buffer_.prepare(n);
