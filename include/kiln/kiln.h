@@ -101,13 +101,15 @@ struct TokenEvent {
   std::string text;
   float logprob = 0.0f;
   std::vector<TokenLogprob> top;  // SamplingParams::n_logprobs alternatives
+  // SamplingParams::prompt_logprobs >= 0: on the request's first event only, prompt tokens 1..n-1 scored
+  // (entry i is token i + 1 given tokens 0..i).
+  std::vector<PromptLogprob> prompt_logprobs;
   bool done = false;
   FinishReason finish = FinishReason::none;  // set when done
   std::string error;                         // finish == error
   RequestStats stats;                        // set when done: what wait() returns
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
-
 
 // A snapshot of the engine (Engine::metrics()). Counters run from the engine's start; gauges are as of the
 // last step. Latency samples are the most recent ones, oldest first, at most Engine::kLatencySamples each.

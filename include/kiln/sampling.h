@@ -29,11 +29,22 @@ struct SamplingParams {
   std::vector<int32_t>
       stop_token_ids;      // more tokens that end generation as EOS does (not streamed), at most 64
   int32_t min_tokens = 0;  // EOS and stop_token_ids cannot be sampled before this many tokens
+  // -1: off. 0..20: score the prompt too, with this many alternatives per position: every prompt token after
+  // the first gets its logprob given the tokens before it (TokenEvent::prompt_logprobs). The request then
+  // computes its whole prompt: a prefix-cache hit would leave positions without logits.
+  int32_t prompt_logprobs = -1;
 };
 
 struct TokenLogprob {
   int32_t token;  // token id
   float logprob;  // natural log of its probability under the raw model logits
+};
+
+// A prompt token scored by the model: its logprob given the prompt before it, and the alternatives.
+struct PromptLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;  // SamplingParams::prompt_logprobs most likely tokens, descending
 };
 
 }  // namespace kiln

@@ -114,6 +114,10 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
         n_prompt, pool_tokens);
   }
   s->stats.n_prompt = n_prompt;
+  s->n_prompt = n_prompt;
+  if (request.sampling.prompt_logprobs >= 0) {
+    s->prompt_lp.resize(static_cast<size_t>(n_prompt - 1));
+  }
   s->sampler.emplace(request.sampling, e.desc.n_vocab);
   s->sampler->set_end_tokens(e.tokenizer->eog_ids());
   s->decoder.emplace(*e.tokenizer, /*skip_special=*/true);

@@ -62,6 +62,11 @@ struct Engine::Impl {
     TokenCallback callback;
     std::shared_ptr<Outcome> outcome;
     RequestStats stats;
+    // SamplingParams::prompt_logprobs >= 0: entry i scores prompt token i + 1, filled as the prefill chunks
+    // compute position i; handed over with the first event.
+    int32_t n_prompt = 0;
+    std::vector<PromptLogprob> prompt_lp;
+    bool prompt_lp_sent = false;
     bool admitted = false;                                 // admitted at least once
     Clock::time_point t_submit, t_admit, t_first, t_last;  // t_last: the latest sampled token
   };
@@ -105,6 +110,11 @@ struct Engine::Impl {
   // or, under batch.argmax_vocab, `token_ids`, and waits for the backend: the step's one synchronisation.
   // `launched`: when the backend had accepted the step (KILN_STEP_PROFILE).
   Status run_forward(Clock::time_point& launched);
+  // Prompt logprobs: the positions of chunk `c` whose logits score the next prompt token ([lo, hi), empty
+  // unless the request asked and has not had them yet); scoring one; putting them on the first event.
+  static std::pair<int32_t, int32_t> scored_positions(const Seq& s, const ScheduledChunk& c);
+  Status score_prompt(Seq& s, int32_t position, std::span<const float> row_logits);
+  static void hand_over_prompt_logprobs(Seq& s, TokenEvent& ev);
   // Streams the token the request's sampler chose (or ends the request with the sampler's error).
   void emit(Seq& s, Result<SampleResult> sampled);
   // Ends request `id`: leaves the scheduler (its blocks freed), final callback, Outcome for wait(), state

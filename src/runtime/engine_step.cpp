@@ -60,7 +60,8 @@ void Engine::Impl::take_incoming() {
   while (!incoming.empty()) {
     std::unique_ptr<Seq> s = std::move(incoming.front());
     incoming.pop_front();
-    Status st = scheduler->add(s->id, std::move(s->prompt), s->cache_salt);
+    Status st = scheduler->add(s->id, std::move(s->prompt), s->cache_salt,
+                               /*reuse_prefix=*/s->params.prompt_logprobs < 0);
     KILN_ASSERT(st.ok());  // ids are unique and submit() refused empty prompts
     s->prompt = {};
     live.emplace(s->id, std::move(s));
@@ -107,8 +108,19 @@ void Engine::Impl::step() {
       const auto stride = static_cast<size_t>(model->info().n_vocab);
       size_t row = 0;
       for (const ScheduledChunk& c : plan.chunks) {
-        if (!c.sample) continue;  // a prefill chunk short of the last prompt token: no logits yet
         Seq& s = *live.at(c.id);
+        const auto [lo, hi] = scored_positions(s, c);
+        Status scored = Status::ok_status();
+        for (int32_t p = lo; p < hi; ++p, ++row) {
+          if (scored.ok())
+            scored = score_prompt(s, p, {logits.data() + row * stride, static_cast<size_t>(desc.n_vocab)});
+        }
+        if (!scored.ok()) {
+          if (c.sample) ++row;
+          finish(c.id, FinishReason::error, scored.message());
+          continue;
+        }
+        if (!c.sample) continue;  // a prefill chunk short of the last prompt token: no token to sample yet
         if (s.params.max_tokens == 0) {
           finish(c.id, FinishReason::length, "");  // prefill only
         } else if (batch.argmax_vocab > 0) {
@@ -173,13 +185,36 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
       batch.positions.push_back(p);
       batch.seq.push_back(static_cast<int32_t>(i));
     }
+    const auto [lo, hi] = scored_positions(*live.at(c.id), c);
+    for (int32_t p = lo; p < hi; ++p)
+      batch.logit_rows.push_back(batch.n_tokens() - c.n_tokens + (p - c.start));
     if (c.sample) batch.logit_rows.push_back(batch.n_tokens() - 1);
   }
   // Greedy requests take their tokens from an argmax on the backend, when every row of the step can.
   const bool all_greedy = std::all_of(plan.chunks.begin(), plan.chunks.end(), [&](const ScheduledChunk& c) {
-    return !c.sample || live.at(c.id)->sampler->plain_greedy();
+    const auto [lo, hi] = scored_positions(*live.at(c.id), c);
+    return lo == hi && (!c.sample || live.at(c.id)->sampler->plain_greedy());
   });
   if (all_greedy && !batch.logit_rows.empty()) batch.argmax_vocab = desc.n_vocab;
+}
+
+std::pair<int32_t, int32_t> Engine::Impl::scored_positions(const Seq& s, const ScheduledChunk& c) {
+  if (s.params.prompt_logprobs < 0 || s.prompt_lp_sent) return {0, 0};
+  const int32_t hi = std::min(c.start + c.n_tokens, s.n_prompt - 1);
+  return {c.start, std::max(c.start, hi)};
+}
+
+Status Engine::Impl::score_prompt(Seq& s, int32_t position, std::span<const float> row_logits) {
+  const int32_t next = scheduler->tokens(s.id)[static_cast<size_t>(position + 1)];
+  KILN_ASSIGN_OR_RETURN(SampleResult r, score_token(row_logits, next, s.params.prompt_logprobs));
+  s.prompt_lp[static_cast<size_t>(position)] = PromptLogprob{next, r.logprob, std::move(r.top)};
+  return Status::ok_status();
+}
+
+void Engine::Impl::hand_over_prompt_logprobs(Seq& s, TokenEvent& ev) {
+  if (s.params.prompt_logprobs < 0 || s.prompt_lp_sent) return;
+  s.prompt_lp_sent = true;
+  ev.prompt_logprobs = std::move(s.prompt_lp);
 }
 
 Status Engine::Impl::run_forward(Clock::time_point& launched) {
@@ -226,6 +261,7 @@ void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
   ev.top = std::move(sampled->top);
   StopMatcher::StopResult r = s.stop->push(*text);
   ev.text = std::move(r.emit);
+  hand_over_prompt_logprobs(s, ev);
   s.callback(ev);
   if (r.stopped) return finish(id, FinishReason::stop, "");
   if (s.stats.n_generated >= s.params.max_tokens || n_tokens >= desc.n_ctx) {
@@ -252,6 +288,7 @@ void Engine::Impl::finish(uint64_t id, FinishReason reason, const std::string& e
   }
   s.stats.finish = reason;
   ev.stats = s.stats;
+  if (reason != FinishReason::error && reason != FinishReason::cancelled) hand_over_prompt_logprobs(s, ev);
   s.callback(ev);
   ++delta.n_finished;
   if (reason == FinishReason::stop || reason == FinishReason::length) {

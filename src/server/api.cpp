@@ -283,6 +283,12 @@ std::vector<int> token_bytes(const std::string& s) {
   return b;
 }
 
+// Characters (code points) of UTF-8 text, as text_offset counts them: every byte but continuation bytes.
+int64_t utf8_chars(const std::string& s) {
+  return std::count_if(s.begin(), s.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
 }  // namespace
 
 bool keys_equal(std::string_view a, std::string_view b) {
@@ -301,6 +307,8 @@ struct Api::Generation {
     std::string text;
     json lp = json::array();  // chat: logprobs.content entries
     json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array();  // completions
+    json lp_offsets = json::array();  // completions: each token's offset in the text, in characters
+    int64_t n_chars = 0;              // characters of the text that the logprobs cover so far
     std::string finish;
     std::string error;
     RequestStats stats;
@@ -312,6 +320,8 @@ struct Api::Generation {
   std::shared_ptr<std::atomic<int64_t>> in_flight;
   Engine* engine = nullptr;
   bool chat = false, stream = false, include_usage = false, logprobs = false;
+  bool echo_logprobs = false;  // completions with echo and logprobs: the prompt comes scored, first event
+  std::vector<std::vector<int32_t>> prompts;
   int64_t top_logprobs = 0;
   std::string id, model;
   int64_t created = 0;
@@ -347,6 +357,15 @@ struct Api::Generation {
     if (failed) return;
     Choice& c = choices[i];
     const auto now = Clock::now();
+    if (echo_logprobs && !ev.prompt_logprobs.empty() && c.lp_tokens.empty()) {
+      json echoed = prompt_logprobs(ev, c);
+      if (stream) {
+        json j = chunk_base();
+        j["choices"] =
+            json::array({{{"index", i}, {"text", c.text}, {"logprobs", echoed}, {"finish_reason", nullptr}}});
+        emit_json(std::move(j));
+      }
+    }
     json lp_entry;
     if (ev.token >= 0) {
       const std::chrono::duration<double> since = now - (c.first ? t0 : c.last);
@@ -413,10 +432,46 @@ struct Api::Generation {
     }
     json top = json::object();
     for (const TokenLogprob& t : ev.top) top[piece(t.token)] = t.logprob;
+    const int64_t offset = c.n_chars;
+    c.n_chars += utf8_chars(tok);
     c.lp_tokens.push_back(tok);
     c.lp_values.push_back(ev.logprob);
     c.lp_top.push_back(top);
-    return {{"tokens", {tok}}, {"token_logprobs", {ev.logprob}}, {"top_logprobs", {top}}};
+    c.lp_offsets.push_back(offset);
+    return {{"tokens", {tok}},
+            {"token_logprobs", {ev.logprob}},
+            {"top_logprobs", {top}},
+            {"text_offset", {offset}}};
+  }
+
+  // echo with logprobs: the prompt's tokens lead the choice's logprobs, the first one unscored (null), as
+  // OpenAI's legacy completions give them. Returns them as one logprobs object (a stream's echo chunk).
+  json prompt_logprobs(const TokenEvent& ev, Choice& c) const {
+    const auto piece = [&](int32_t t) {
+      auto s = engine->detokenize({t});
+      return s.ok() ? *s : std::string();
+    };
+    json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+    const auto add = [&](const std::string& tok, json value, json top) {
+      offsets.push_back(c.n_chars);
+      c.n_chars += utf8_chars(tok);
+      tokens.push_back(tok);
+      values.push_back(std::move(value));
+      tops.push_back(std::move(top));
+    };
+    add(piece(prompts[c.prompt].front()), nullptr, nullptr);
+    for (const PromptLogprob& lp : ev.prompt_logprobs) {
+      json top = json::object();
+      for (const TokenLogprob& t : lp.top) top[piece(t.token)] = t.logprob;
+      add(piece(lp.token), lp.logprob, std::move(top));
+    }
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      c.lp_tokens.push_back(tokens[k]);
+      c.lp_values.push_back(values[k]);
+      c.lp_top.push_back(tops[k]);
+      c.lp_offsets.push_back(offsets[k]);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
   json usage() const {
@@ -477,8 +532,10 @@ struct Api::Generation {
       } else {
         choice["text"] = c.text;
         if (logprobs) {
-          choice["logprobs"] = {
-              {"tokens", c.lp_tokens}, {"token_logprobs", c.lp_values}, {"top_logprobs", c.lp_top}};
+          choice["logprobs"] = {{"tokens", c.lp_tokens},
+                                {"token_logprobs", c.lp_values},
+                                {"top_logprobs", c.lp_top},
+                                {"text_offset", c.lp_offsets}};
         }
       }
       cs.push_back(choice);
@@ -622,7 +679,8 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   Parsed p;
   if (auto e = read_sampling(body, model, p)) return fail(*e);
   int64_t max_tokens = -1;
-  if (auto e = read_int(body, "max_tokens", 1, int64_t{1} << 30, max_tokens)) return fail(*e);
+  // max_tokens 0 only scores an echoed prompt (completions with echo): read as >= 0, checked below.
+  if (auto e = read_int(body, "max_tokens", chat ? 1 : 0, int64_t{1} << 30, max_tokens)) return fail(*e);
   if (auto e = read_int(body, "max_completion_tokens", 1, int64_t{1} << 30, max_tokens)) return fail(*e);
   if (chat) {
     if (auto e = read_bool(body, "logprobs", p.logprobs)) return fail(*e);
@@ -647,7 +705,10 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
       }
     }
     if (auto e = read_bool(body, "echo", p.echo)) return fail(*e);
-    if (p.echo && p.logprobs) return fail(unsupported("echo", "'echo' with 'logprobs' (prompt logprobs)"));
+    if (max_tokens == 0 && !p.echo) {
+      return fail(bad("max_tokens", "'max_tokens' must be >= 1 (0 only with 'echo', to score the prompt)"));
+    }
+    if (p.echo && p.logprobs) p.base.sampling.prompt_logprobs = static_cast<int32_t>(p.top_logprobs);
     const json* prompt = field(body, "prompt");
     const auto bad_prompt = [] {
       return bad("prompt",
@@ -703,7 +764,7 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   for (const auto& t : p.prompts) {
     if (t.empty()) return fail(bad(chat ? "messages" : "prompt", "the prompt is empty"));
     const int64_t room = model.n_ctx - static_cast<int64_t>(t.size());
-    const int64_t want = max_tokens > 0 ? max_tokens : room;
+    const int64_t want = max_tokens >= 0 ? max_tokens : room;
     if (room <= 0 || want > room) {
       return fail(
           {400,
@@ -737,6 +798,8 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   g->include_usage = p.include_usage;
   g->logprobs = p.logprobs;
   g->top_logprobs = p.top_logprobs;
+  g->echo_logprobs = p.echo && p.logprobs;
+  if (g->echo_logprobs) g->prompts = p.prompts;
   g->id = random_id(chat ? "chatcmpl-" : "cmpl-");
   g->model = options_.model_name;
   g->created = static_cast<int64_t>(std::time(nullptr));
@@ -755,7 +818,7 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
     r.prompt_tokens = p.prompts[prompt];
     r.sampling.seed = p.base.sampling.seed + i % static_cast<size_t>(p.n);
     r.sampling.max_tokens = static_cast<int32_t>(
-        max_tokens > 0 ? max_tokens : model.n_ctx - static_cast<int64_t>(r.prompt_tokens.size()));
+        max_tokens >= 0 ? max_tokens : model.n_ctx - static_cast<int64_t>(r.prompt_tokens.size()));
     if (p.echo) g->choices[i].text = p.prompt_texts[prompt];
     auto id = engine.submit(r, [g, i](const TokenEvent& ev) { g->on_event(i, ev); });
     if (!id.ok()) {
@@ -779,7 +842,7 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   if (!p.stream) return;
   ex->begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
   g->started = true;
-  if (p.echo) {
+  if (p.echo && !p.logprobs) {  // with logprobs, the echo waits for the scored prompt (on_event)
     for (size_t i = 0; i < n_choices; ++i) {
       json j = g->chunk_base();
       j["choices"] = json::array(

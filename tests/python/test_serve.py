@@ -2,7 +2,7 @@
 
 - chat and text completions, streamed or not, give the same greedy text; usage is in every answer (with the
   prefix-cache hit in prompt_tokens_details.cached_tokens) and in the last chunk of a stream that asks for it;
-- stop strings, echo, logprobs and n choices work as OpenAI documents them;
+- stop strings, echo (with prompt logprobs), logprobs and n choices work as OpenAI documents them;
 - every bad request gets a 4xx in OpenAI's error shape naming the field, and the server stays healthy;
 - a client that disconnects mid-stream cancels its request: its KV blocks are freed and it counts as abort;
 - a full queue answers 503 with Retry-After; SIGTERM lets the request in flight finish and exits 0.
@@ -204,6 +204,53 @@ def test_completions_stop_echo_logprobs_n(server):
                                           temperature=0, logprobs=True, top_logprobs=3)
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
+
+
+def test_echo_with_logprobs_scores_the_prompt(server):
+    """echo + logprobs, as OpenAI's legacy completions give it: the prompt's tokens lead the logprobs (the first
+    unscored), then the completion's; max_tokens 0 scores the prompt alone (what evaluation harnesses send).
+    A prompt that ends with a greedy continuation scores it as generation did."""
+    client = server.client()
+    prompt = "The capital of France is"
+    gen = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=2)
+    glp = gen.choices[0].logprobs
+    both = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
+                                     echo=True)
+    lp = both.choices[0].logprobs
+    n_prompt = both.usage.prompt_tokens
+    assert len(lp.tokens) == n_prompt + 4 == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) == 2 for t in lp.top_logprobs[1:])
+    assert "".join(lp.tokens) == both.choices[0].text == prompt + gen.choices[0].text
+    assert lp.text_offset == [len("".join(lp.tokens[:k])) for k in range(len(lp.tokens))]
+    assert lp.tokens[n_prompt:] == glp.tokens
+    assert lp.token_logprobs[n_prompt:] == pytest.approx(glp.token_logprobs, abs=2e-3)
+    # Scoring alone: the prompt plus that continuation as token ids (text would retokenize "\n", "\n" as one
+    # token), nothing generated.
+    def ids(text, special):
+        return server.request("POST", "/tokenize", {"prompt": text, "add_special_tokens": special})[1]["tokens"]
+    pieces = [ids(t, False) for t in glp.tokens]
+    assert all(len(p) == 1 for p in pieces), pieces
+    whole = ids(prompt, True) + [p[0] for p in pieces]
+    scored = client.completions.create(model=NAME, prompt=whole, max_tokens=0, temperature=0, logprobs=1,
+                                       echo=True)
+    slp = scored.choices[0].logprobs
+    assert scored.usage.completion_tokens == 0 and scored.choices[0].text == prompt + gen.choices[0].text
+    assert scored.choices[0].finish_reason == "length"
+    k = len(slp.tokens) - 4
+    assert slp.tokens[k:] == glp.tokens
+    assert slp.token_logprobs[k:] == pytest.approx(glp.token_logprobs, abs=2e-3)
+    # Streamed: the echo chunk carries the scored prompt, then the tokens follow.
+    chunks = list(client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
+                                            echo=True, stream=True))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    values = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert tokens == lp.tokens and values[0] is None
+    assert values[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == both.choices[0].text
+    # max_tokens 0 without echo asks for nothing: a 400 naming the field.
+    status, body, _ = server.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0})
+    assert status == 400 and body["error"]["param"] == "max_tokens", body
 
 
 def test_stop_token_ids_and_min_tokens(server):

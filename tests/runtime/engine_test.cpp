@@ -1,7 +1,7 @@
 // The public Engine API on the default model (SmolLM2-135M Q4_1 from KILN_MODELS_DIR): bad requests are
 // errors that name what is wrong and queue nothing; cancel ends a running request with
 // FinishReason::cancelled; requests running together give the same greedy text as alone; stop strings and
-// max_tokens end a request as they should.
+// max_tokens end a request as they should; prompt logprobs score a prompt as generation scored its tokens.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -130,6 +130,81 @@ TEST(Engine, CancelEndsARunningRequest) {
   id = engine().submit(greedy("Hello", 3), collect(d));
   ASSERT_TRUE(id.ok());
   EXPECT_EQ(engine().wait(*id)->n_generated, 3);
+}
+
+// Prompt logprobs: a prompt that ends with a greedy continuation scores those tokens as generation did (the
+// same logprob, the same alternatives), with the whole prompt computed (no prefix-cache hit, however often it
+// is sent) and the same numbers when the prefill is cut into chunks.
+TEST(Engine, PromptLogprobsScoreThePromptAsGenerationScoredIt) {
+  const std::string text = "The history of the old city goes back to Roman times, when a small settlement of traders stood";
+  Request gen = greedy(text, 8);
+  gen.sampling.n_logprobs = 3;
+  Collected g;
+  auto id = engine().submit(gen, collect(g));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(engine().wait(*id).ok());
+  ASSERT_EQ(g.tokens.size(), 8u);
+  EXPECT_EQ(g.prompt_lp_events, 0);  // not asked for
+
+  auto prompt = engine().tokenize(text, /*add_special=*/true);
+  ASSERT_TRUE(prompt.ok());
+  const size_t n_text = prompt->size();
+  ASSERT_GT(n_text, 16u);  // a whole block: a second request could reuse it
+  std::vector<int32_t> tokens = *prompt;
+  tokens.insert(tokens.end(), g.tokens.begin(), g.tokens.end());
+
+  const auto score = [&](Engine& e) {
+    Request r;
+    r.prompt_tokens = tokens;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 0;
+    r.sampling.prompt_logprobs = 3;
+    Collected c;
+    auto sid = e.submit(r, collect(c));
+    EXPECT_TRUE(sid.ok());
+    auto st = e.wait(*sid);
+    EXPECT_TRUE(st.ok());
+    EXPECT_EQ(st->n_cached, 0);
+    EXPECT_EQ(c.prompt_lp_events, 1);
+    EXPECT_EQ(c.finish, FinishReason::length);
+    return c.prompt_lp;
+  };
+  const std::vector<PromptLogprob> first = score(engine());
+  ASSERT_EQ(first.size(), tokens.size() - 1);
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(first[i].token, tokens[i + 1]) << i;
+    EXPECT_LE(first[i].logprob, 0.0f) << i;
+    ASSERT_EQ(first[i].top.size(), 3u) << i;
+    EXPECT_GE(first[i].top[0].logprob, first[i].top[1].logprob) << i;
+    EXPECT_GE(first[i].top[0].logprob, first[i].logprob) << i;
+  }
+  for (size_t k = 0; k < g.tokens.size(); ++k) {
+    const PromptLogprob& p = first[n_text - 1 + k];  // scores tokens[n_text + k] = generated token k
+    EXPECT_NEAR(p.logprob, g.logprobs[k], 2e-3) << k;
+    ASSERT_EQ(g.tops[k].size(), 3u);
+    EXPECT_EQ(p.top[0].token, g.tops[k][0].token) << k;  // greedy: the token itself
+    for (size_t j = 0; j < 3; ++j) EXPECT_NEAR(p.top[j].logprob, g.tops[k][j].logprob, 2e-3) << k << " " << j;
+  }
+  // Again: the prompt's blocks are cached now, but a scored prompt computes every position.
+  const std::vector<PromptLogprob> second = score(engine());
+  ASSERT_EQ(second.size(), first.size());
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(second[i].logprob, first[i].logprob) << i;
+  // Prefill in chunks of 8 tokens: each chunk scores its own positions.
+  EngineOptions o;
+  o.n_ctx = 256;
+  o.max_batch_tokens = 8;
+  auto chunked = test::make_engine(o);
+  ASSERT_NE(chunked, nullptr);
+  const std::vector<PromptLogprob> third = score(*chunked);
+  ASSERT_EQ(third.size(), first.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(third[i].token, first[i].token) << i;
+    EXPECT_NEAR(third[i].logprob, first[i].logprob, 2e-3) << i;
+  }
+  // Out of range is an error naming the field.
+  Request bad = greedy("hi", 1);
+  bad.sampling.prompt_logprobs = 21;
+  expect_error(bad, "prompt_logprobs = 21");
 }
 
 }  // namespace

@@ -35,13 +35,25 @@ struct Collected {
   int finals = 0;
   FinishReason finish = FinishReason::none;
   std::string error;
+  std::vector<float> logprobs;                  // of each token
+  std::vector<std::vector<TokenLogprob>> tops;  // of each token
+  std::vector<PromptLogprob> prompt_lp;         // from the event that carried them
+  int prompt_lp_events = 0;                     // events that carried prompt logprobs
 };
 
 // Appends every event to `c`. The engine calls it on its thread; read `c` after wait() returns.
 inline TokenCallback collect(Collected& c) {
   return [&c](const TokenEvent& ev) {
     c.text += ev.text;
-    if (ev.token >= 0) c.tokens.push_back(ev.token);
+    if (ev.token >= 0) {
+      c.tokens.push_back(ev.token);
+      c.logprobs.push_back(ev.logprob);
+      c.tops.push_back(ev.top);
+    }
+    if (!ev.prompt_logprobs.empty()) {
+      c.prompt_lp = ev.prompt_logprobs;
+      ++c.prompt_lp_events;
+    }
     if (ev.done) {
       ++c.finals;
       c.finish = ev.finish;

@@ -427,6 +427,34 @@ TEST(Sampler, LogprobsAreLogSoftmaxOfRawLogits) {
   EXPECT_EQ(r.top[2].logprob, -kInf);
 }
 
+// score_token: the same numbers for a given token as sample() reports for a drawn one; bad input is an error.
+TEST(Sampler, ScoreTokenIsWhatSampleReports) {
+  auto logits = random_logits(500, 7);
+  SamplingParams p = plain(0.0f);
+  p.n_logprobs = 5;
+  const SampleResult drawn = sample_once(p, logits);
+  auto scored = score_token(logits, drawn.token, 5);
+  ASSERT_TRUE(scored.ok()) << scored.status().message();
+  EXPECT_EQ(scored->token, drawn.token);
+  EXPECT_EQ(scored->logprob, drawn.logprob);
+  ASSERT_EQ(scored->top.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(scored->top[i].token, drawn.top[i].token);
+    EXPECT_EQ(scored->top[i].logprob, drawn.top[i].logprob);
+  }
+  // Any token, not only the best: its log-softmax.
+  double sum = 0.0, m = *std::max_element(logits.begin(), logits.end());
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - m);
+  EXPECT_NEAR(score_token(logits, 123, 0)->logprob, logits[123] - m - std::log(sum), 1e-5);
+  EXPECT_TRUE(score_token(logits, 123, 0)->top.empty());
+  EXPECT_NE(score_token(logits, 500, 0).status().message().find("token 500"), std::string::npos);
+  EXPECT_NE(score_token(logits, 0, 21).status().message().find("n_top = 21"), std::string::npos);
+  logits[9] = std::nanf("");
+  EXPECT_NE(score_token(logits, 0, 0).status().message().find("logits[9]"), std::string::npos);
+  const std::vector<float> dead(4, -kInf);
+  EXPECT_NE(score_token(dead, 0, 0).status().message().find("all 4 values are -inf"), std::string::npos);
+}
+
 // What may take its token from an argmax on the backend: greedy with nothing that reads or changes the
 // logits beyond their maximum.
 TEST(Sampler, PlainGreedyIsGreedyWithoutBiasPenaltiesOrLogprobs) {

@@ -28,12 +28,12 @@ const BlockHash* KvCache::parent_hash(const Sequence& s, size_t i) {
 }
 
 Result<int32_t> KvCache::add_sequence(int64_t seq, std::span<const int32_t> prompt,
-                                      std::string_view cache_salt) {
+                                      std::string_view cache_salt, bool reuse) {
   if (seqs_.contains(seq)) return invalid_argument("kv cache: sequence id {} already exists", seq);
   Sequence s;
   if (!cache_salt.empty()) s.root = salt_hash(cache_salt);
   // Full blocks strictly before the one holding the last prompt token.
-  const size_t n_reusable = prompt.empty() ? 0 : (prompt.size() - 1) / block_size_;
+  const size_t n_reusable = prompt.empty() || !reuse ? 0 : (prompt.size() - 1) / block_size_;
   for (size_t i = 0; i < n_reusable; ++i) {
     auto block_tokens = prompt.subspan(i * block_size_, block_size_);
     BlockHash h = block_hash(parent_hash(s, i), block_tokens);

@@ -44,8 +44,9 @@ class KvCache {
   // already present (reused blocks * block_size); they count as committed. invalid_argument for an id in use.
   // cache_salt: a namespace for prefix sharing (a tenant, say); it is mixed into the first block's hash, so
   // sequences share blocks only when their salts are equal. Empty: the shared default namespace.
-  Result<int32_t> add_sequence(int64_t seq, std::span<const int32_t> prompt,
-                               std::string_view cache_salt = {});
+  // reuse = false: no block is shared (0 returned); the sequence's own full blocks are still cached as usual.
+  Result<int32_t> add_sequence(int64_t seq, std::span<const int32_t> prompt, std::string_view cache_salt = {},
+                               bool reuse = true);
   // Grows the block table so that n_tokens(seq) + n_new_tokens positions fit. All or nothing: on
   // resource_exhausted nothing changed. not_found for an unknown id, invalid_argument for n_new_tokens < 0.
   Status reserve(int64_t seq, int32_t n_new_tokens);

@@ -13,6 +13,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // (std::uniform_real_distribution is not).
 double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
+// Fills out.logprob (of `token`) and out.top (the n_logprobs best); raw_max = max(logits), finite.
+void report_logprobs(std::span<const float> logits, float raw_max, int32_t token, int32_t n_logprobs,
+                     SampleResult& out);
+
 }  // namespace
 
 Status validate(const SamplingParams& params, int32_t n_vocab) {
@@ -49,6 +53,10 @@ Status validate(const SamplingParams& params, int32_t n_vocab) {
   }
   if (params.n_logprobs < 0 || params.n_logprobs > kSamplerMaxLogprobs) {
     return invalid_argument("n_logprobs = {}: must be in [0, {}]", params.n_logprobs, kSamplerMaxLogprobs);
+  }
+  if (params.prompt_logprobs < -1 || params.prompt_logprobs > kSamplerMaxLogprobs) {
+    return invalid_argument("prompt_logprobs = {}: must be -1 (off) or in [0, {}]", params.prompt_logprobs,
+                            kSamplerMaxLogprobs);
   }
   if (params.max_tokens < 0) return invalid_argument("max_tokens = {}: must be >= 0", params.max_tokens);
   if (params.stop.size() > kSamplerMaxStops) {
@@ -149,7 +157,9 @@ Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<co
     }
   }
   if (out.token < 0) return invalid_argument("every token has a -inf logit after logit_bias and penalties");
-  if (params_.logprobs || params_.n_logprobs > 0) report_logprobs(logits, raw_max, out);
+  if (params_.logprobs || params_.n_logprobs > 0) {
+    report_logprobs(logits, raw_max, out.token, params_.n_logprobs, out);
+  }
   ++n_sampled_;
   return out;
 }
@@ -281,7 +291,32 @@ int32_t Sampler::draw(size_t n) {
   return cands_[n - 1].id;  // u rounded up to total
 }
 
-void Sampler::report_logprobs(std::span<const float> logits, float raw_max, SampleResult& out) const {
+Result<SampleResult> score_token(std::span<const float> logits, int32_t token, int32_t n_top) {
+  if (token < 0 || static_cast<size_t>(token) >= logits.size()) {
+    return out_of_range("score_token: token {} is outside the {} logits", token, logits.size());
+  }
+  if (n_top < 0 || n_top > kSamplerMaxLogprobs) {
+    return invalid_argument("score_token: n_top = {}: must be in [0, {}]", n_top, kSamplerMaxLogprobs);
+  }
+  float raw_max = kNegInf;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
+      return invalid_argument("logits[{}] = {}: must not be NaN or +inf", i, v);
+    }
+    raw_max = std::max(raw_max, v);
+  }
+  if (raw_max == kNegInf) return invalid_argument("logits: all {} values are -inf", logits.size());
+  SampleResult out;
+  out.token = token;
+  report_logprobs(logits, raw_max, token, n_top, out);
+  return out;
+}
+
+namespace {
+
+void report_logprobs(std::span<const float> logits, float raw_max, int32_t token, int32_t n_logprobs,
+                     SampleResult& out) {
   // log-softmax: logprob(i) = logits[i] - (max + log(sum(exp(logits - max)))); float exp (each term within
   // an ulp), summed in double. Alongside, the n best raw logits, kept sorted in a list of at most 20 (ids
   // ascend, so ties keep the lower id first).
@@ -289,7 +324,7 @@ void Sampler::report_logprobs(std::span<const float> logits, float raw_max, Samp
     float logit;
     int32_t id;
   };
-  const auto n_top = static_cast<size_t>(std::min(params_.n_logprobs, n_vocab_));
+  const auto n_top = std::min(static_cast<size_t>(n_logprobs), logits.size());
   std::vector<Entry> best;
   best.reserve(n_top + 1);
   double sum = 0.0;
@@ -302,12 +337,14 @@ void Sampler::report_logprobs(std::span<const float> logits, float raw_max, Samp
     if (best.size() > n_top) best.pop_back();
   }
   const double lse = static_cast<double>(raw_max) + std::log(sum);
-  out.logprob = static_cast<float>(static_cast<double>(logits[static_cast<size_t>(out.token)]) - lse);
+  out.logprob = static_cast<float>(static_cast<double>(logits[static_cast<size_t>(token)]) - lse);
   out.top.reserve(n_top);
   for (const Entry& e : best) {
     out.top.push_back({e.id, static_cast<float>(static_cast<double>(e.logit) - lse)});
   }
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------------------
 // StopMatcher

@@ -35,6 +35,12 @@ struct SampleResult {
   std::vector<TokenLogprob> top;  // the n_logprobs most likely tokens under the raw logits, descending
 };
 
+// The log-softmax of `token` under raw logits, and the n_top most likely tokens (descending, ties by lower
+// id): what sample() reports for a sampled token, here for a given one (a prompt token that is scored, not
+// drawn). Errors: out_of_range for a token outside the logits, invalid_argument for n_top outside
+// [0, kSamplerMaxLogprobs], a NaN or +inf logit, or logits that are all -inf.
+Result<SampleResult> score_token(std::span<const float> logits, int32_t token, int32_t n_top);
+
 class Sampler {
  public:
   // Validates `params` first. Error: invalid_argument from validate().
@@ -81,8 +87,6 @@ class Sampler {
   // Sorts a prefix of cands_[0, n) as far as needed; returns the count kept by top-p. total: sum of weights.
   size_t apply_top_p(size_t n, bool sorted, double total);
   int32_t draw(size_t n);
-  // Fills out.logprob and out.top; raw_max = max(logits), finite.
-  void report_logprobs(std::span<const float> logits, float raw_max, SampleResult& out) const;
 
   SamplingParams params_;
   int32_t n_vocab_;

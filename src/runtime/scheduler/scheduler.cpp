@@ -29,7 +29,7 @@ Result<Scheduler> Scheduler::create(const SchedulerOptions& options, KvCache kv_
   return Scheduler(options, std::move(kv_cache));
 }
 
-Status Scheduler::add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt) {
+Status Scheduler::add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt, bool reuse_prefix) {
   if (reqs_.contains(id))
     return invalid_argument("scheduler: request id {} is already queued or running", id);
   if (prompt.empty()) return invalid_argument("scheduler: request {} has an empty prompt", id);
@@ -37,6 +37,7 @@ Status Scheduler::add(uint64_t id, std::vector<int32_t> prompt, std::string cach
   r.arrival = next_arrival_++;
   r.tokens = std::move(prompt);
   r.cache_salt = std::move(cache_salt);
+  r.reuse_prefix = reuse_prefix;
   reqs_.emplace(id, std::move(r));
   waiting_.push_back(id);
   return Status::ok_status();
@@ -132,7 +133,8 @@ void Scheduler::admit_waiting(StepPlan& plan, int32_t& budget) {
     const uint64_t id = waiting_.front();
     Req& r = reqs_.at(id);
     const auto n_tokens = static_cast<int32_t>(r.tokens.size());
-    Result<int32_t> cached = kv_.add_sequence(static_cast<int64_t>(id), r.tokens, r.cache_salt);
+    Result<int32_t> cached =
+        kv_.add_sequence(static_cast<int64_t>(id), r.tokens, r.cache_salt, r.reuse_prefix);
     KILN_ASSERT(cached.ok());                                // a waiting request holds no KV sequence
     const int32_t n = std::min(n_tokens - *cached, budget);  // >= 1: a prefix hit leaves the last token
     if (!kv_.reserve(static_cast<int64_t>(id), n).ok()) {

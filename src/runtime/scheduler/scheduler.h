@@ -78,8 +78,9 @@ class Scheduler {
   static Result<Scheduler> create(const SchedulerOptions& options, KvCache kv_cache);
 
   // Queues request `id` (arrival order = call order) with its prompt. cache_salt: KvCache::add_sequence.
-  // invalid_argument for an id in use or an empty prompt.
-  Status add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt = {});
+  // reuse_prefix = false: the request computes every prompt token (its own blocks still join the prefix
+  // cache for others). invalid_argument for an id in use or an empty prompt.
+  Status add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt = {}, bool reuse_prefix = true);
   // Marks a waiting or running request; the next schedule() ends it (end_reason_cancelled) wherever it is.
   // false (and nothing happens) for an unknown id.
   bool cancel(uint64_t id);
@@ -116,6 +117,7 @@ class Scheduler {
     std::vector<int32_t> tokens;  // [n_tokens] prompt, then the sampled tokens
     int32_t n_computed = 0;       // leading tokens whose K/V are in the cache; 0 while waiting
     std::string cache_salt;
+    bool reuse_prefix = true;
     bool running = false;
     bool cancel_requested = false;
     bool admitted_before = false;
