@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from test_serve import KEY, NAME, Server, wait_idle
+from test_serve import KEY, NAME, SLOW, Server, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def server():
 
 
 def post_stream(port, body, key=None):
-    s = socket.create_connection(("127.0.0.1", port), timeout=120)
+    s = socket.create_connection(("127.0.0.1", port), timeout=120 * SLOW)
     data = json.dumps(body)
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
     s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
@@ -70,7 +70,7 @@ def test_64_streams_a_third_disconnecting(server):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=600)
+        t.join(timeout=600 * SLOW)
     assert len(results) == 64 - len(leave)
     for i, got in results.items():
         assert got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got, (i, got[-300:])
@@ -204,7 +204,7 @@ def test_sigterm_under_load_is_clean():
         assert time.time() < deadline
         time.sleep(0.02)
     s.proc.send_signal(signal.SIGTERM)
-    assert s.proc.wait(timeout=60) == 0, "".join(s.lines)
+    assert s.proc.wait(timeout=60 * SLOW) == 0, "".join(s.lines)
     for sock in socks:  # every stream ended: a last chunk, or the connection closed
         sock.settimeout(10)
         got = b""
