@@ -4,7 +4,8 @@ same GGUF file, the same threads and context, loaded by `kiln bench serve` with 
 For each engine in turn: start its server, send --num-prompts random-word prompts (--input-len words,
 --output-len tokens each; the end-of-generation tokens are banned with logit_bias so that both generate the same
 counts) at each --rates, at most --max-concurrency at once, and stop it. kiln runs --parallel requests together;
-llama-cpp-python's server answers one request at a time (it has no parallel slots), with its prompt cache on.
+llama-cpp-python's server answers one request at a time (it has no parallel slots), with its prompt cache on and
+--interrupt_requests off (by default a request arriving cuts off the one being streamed).
 
     ~/.cache/kiln/venv/bin/python bench/serve_vs_llamacpp.py [--build build/release] [--num-prompts 200]
 
@@ -64,7 +65,9 @@ def start(engine: str, a, port: int) -> subprocess.Popen:
     else:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(a.model), "--host", "127.0.0.1", "--port",
                str(port), "--n_threads", str(a.threads), "--n_threads_batch", str(a.threads), "--n_ctx", str(a.ctx),
-               "--n_batch", "512", "--cache", "True"]
+               "--n_batch", "512", "--cache", "True",
+               # By default a new request interrupts the one being streamed: it would cut every answer short.
+               "--interrupt_requests", "False"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
