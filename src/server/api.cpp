@@ -312,7 +312,7 @@ struct Api::Generation {
     std::string finish;
     std::string error;
     RequestStats stats;
-    bool first = true, role_sent = false;
+    bool first = true, role_sent = false, echoed = false;
     Clock::time_point last;
   };
   std::shared_ptr<Exchange> ex;
@@ -357,7 +357,8 @@ struct Api::Generation {
     if (failed) return;
     Choice& c = choices[i];
     const auto now = Clock::now();
-    if (echo_logprobs && !ev.prompt_logprobs.empty() && c.lp_tokens.empty()) {
+    if (echo_logprobs && !c.echoed) {  // the first event (a one-token prompt has no scored tokens)
+      c.echoed = true;
       json echoed = prompt_logprobs(ev, c);
       if (stream) {
         json j = chunk_base();

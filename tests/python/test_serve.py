@@ -256,6 +256,15 @@ def test_echo_with_logprobs_scores_the_prompt(server):
     assert tokens == lp.tokens and values[0] is None
     assert values[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == both.choices[0].text
+    # A one-token prompt: nothing to score, the token still leads the logprobs and the echoed text.
+    for stream in (False, True):
+        one = client.completions.create(model=NAME, prompt=[whole[-1]], max_tokens=0, logprobs=1, echo=True,
+                                        stream=stream)
+        parts = list(one) if stream else [one]
+        lps = [p.choices[0].logprobs for p in parts if p.choices and p.choices[0].logprobs]
+        assert [t for lp in lps for t in lp.tokens] == [glp.tokens[-1]], lps
+        assert [v for lp in lps for v in lp.token_logprobs] == [None]
+        assert "".join(p.choices[0].text for p in parts if p.choices) == glp.tokens[-1]
     # max_tokens 0 without echo asks for nothing: a 400 naming the field.
     status, body, _ = server.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0})
     assert status == 400 and body["error"]["param"] == "max_tokens", body
