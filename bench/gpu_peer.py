@@ -16,9 +16,11 @@ Runs on the GPU machine: scripts/gpu-check.sh peer. Writes peer.md under --out.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -32,29 +34,55 @@ from gpu_generate import make_folder  # noqa: E402
 BATCHED = {("llama3-8b", "bf16"), ("llama3-8b", "q4_k_m")}
 
 
-def run(cmd: list[str], env: dict | None = None) -> str:
+def run(cmd: list[str], env: dict | None = None) -> tuple[str, str]:
+    """(stdout, stderr) of a command that must succeed."""
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace", env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {r.returncode}\n{r.stderr[-3000:]}")
-    return r.stdout + "\n" + r.stderr
+    return r.stdout, r.stderr
 
 
-def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path) -> list[tuple[str, str, Path]]:
-    files = []
-    for name, types in (("smollm2-135m", ("bf16", "q4_0")), ("llama3-8b", ("bf16", "q8_0", "q4_0", "q4_k_m"))):
+def json_rows(stdout: str) -> list:
+    return json.loads(stdout[stdout.index("["):stdout.rindex("]") + 1])
+
+
+MODELS = (("smollm2-135m", ("bf16", "q4_0")), ("llama3-8b", ("bf16", "q8_0", "q4_0", "q4_k_m")))
+CONVERTED = ("bf16", "q8_0")  # written by `kiln convert` from the folder; the others by llama-quantize from bf16
+
+
+def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path,
+               peer_ready: Path | None = None) -> list[tuple[str, str, Path]]:
+    """The GGUF files, made where missing, each under a temporary name first. Every `kiln convert` runs before
+    the first llama-quantize, which waits for the peer's build to finish (peer_ready: a file its end writes). A
+    folder is made only while a file converted from it is missing, and the 8B's (16 GB) is removed once its
+    files are written: the machine's disk holds 64 GiB."""
+    def make(path: Path, cmd) -> None:  # cmd: the command line that writes the file it is given
+        if path.exists():
+            return
+        t0 = time.time()
+        tmp = path.with_suffix(".part.gguf")
+        run(cmd(tmp))
+        tmp.rename(path)
+        print(f"{path.name}: made in {time.time() - t0:.0f} s", flush=True)
+
+    for name, types in MODELS:
         folder = models / name
-        if not (folder / "config.json").exists():
-            make_folder(name, folder, tokenizer)
-        bf16 = models / f"{name}-bf16.gguf"
+        for typ in (t for t in types if t in CONVERTED):
+            path = models / f"{name}-{typ}.gguf"
+            if not path.exists() and not (folder / "config.json").exists():
+                make_folder(name, folder, tokenizer)
+            make(path, lambda out: [kiln, "convert", folder, out, "--type", typ])
+    deadline = time.time() + 900
+    while peer_ready and not peer_ready.exists() and time.time() < deadline:
+        time.sleep(5)
+    files = []
+    for name, types in MODELS:
+        if name == "llama3-8b" and (models / name).exists():
+            shutil.rmtree(models / name)
         for typ in types:
             path = models / f"{name}-{typ}.gguf"
-            if not path.exists():
-                t0 = time.time()
-                if typ in ("bf16", "q8_0"):
-                    run([kiln, "convert", folder, path, "--type", typ])
-                else:
-                    run([quantize, bf16, path, typ.upper()])
-                print(f"{path.name}: made in {time.time() - t0:.0f} s", flush=True)
+            if typ not in CONVERTED:
+                make(path, lambda out: [quantize, models / f"{name}-bf16.gguf", out, typ.upper()])
             files.append((name, typ, path))
     return files
 
@@ -80,14 +108,13 @@ def kiln_bench(kiln: Path, path: Path, reps: int, batched: bool) -> dict:
     cmd = [kiln, "bench", "-m", path, "-d", "cuda", "-p", "2048", "-n", "128", "-r", reps, "-o", "json"]
     if batched:
         cmd += ["--batch", "16,64"]
-    out = run(cmd)
-    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    rows = json_rows(run(cmd)[0])
     return {r["test"]: (r["tokens_per_s"], r["tokens_per_s_sd"]) for r in rows}
 
 
 def llama_bench(bench: Path, path: Path, reps: int) -> dict:
-    out = run([bench, "-m", path, "-ngl", "99", "-fa", "1", "-p", "2048", "-n", "128", "-r", reps, "-o", "json"])
-    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    rows = json_rows(run([bench, "-m", path, "-ngl", "99", "-fa", "1", "-p", "2048", "-n", "128", "-r", reps, "-o",
+                          "json"])[0])
     res = {}
     for r in rows:
         test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
@@ -96,8 +123,8 @@ def llama_bench(bench: Path, path: Path, reps: int) -> dict:
 
 
 def llama_batched(batched: Path, path: Path) -> dict:
-    out = run([batched, "-m", path, "-ngl", "99", "-fa", "on", "-c", "20480", "-b", "2048", "-ub", "512",
-               "-npp", "128", "-ntg", "128", "-npl", "16,64"])
+    out = "\n".join(run([batched, "-m", path, "-ngl", "99", "-fa", "on", "-c", "20480", "-b", "2048", "-ub", "512",
+               "-npp", "128", "-ntg", "128", "-npl", "16,64"]))
     res = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -108,9 +135,37 @@ def llama_batched(batched: Path, path: Path) -> dict:
     return res
 
 
+def kernel_profile(kiln: Path, path: Path, prompt: str) -> str:
+    """Each kernel's time in decode steps, graphs off so that kernels launch one by one: ncu's
+    gpu__time_duration of the launches after the prompt and the first decode steps, summed by kernel name."""
+    env = dict(os.environ, KILN_CUDA_GRAPHS="0")
+    skip, count = 3000, 900
+    cmd = ["ncu", "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", "--launch-skip",
+           str(skip), "--launch-count", str(count), str(kiln), "run", "-m", str(path), "-d", "cuda", "-p", prompt,
+           "-n", "64", "--temp", "0", "--ignore-eos"]
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)
+    rows = list(csv.reader(ln for ln in r.stdout.splitlines() if ln.startswith('"')))
+    if not rows or "Kernel Name" not in rows[0]:
+        return f"ncu: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+    head = rows[0]
+    name_i, unit_i, value_i = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+    per: dict[str, list[float]] = {}
+    for row in rows[1:]:
+        name = re.sub(r"^(void )?(kiln::cuda::)?(\(anonymous namespace\)::)?", "", row[name_i])
+        name = re.sub(r"\(.*$", "", name)
+        per.setdefault(name, []).append(float(row[value_i].replace(",", "")) * scale.get(row[unit_i], 1.0))
+    total = sum(sum(v) for v in per.values())
+    lines = [f"{count} kernel launches after the first {skip}: {total:.0f} us of kernels",
+             "| kernel | launches | us total | us a launch | share |", "|---|---:|---:|---:|---:|"]
+    for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"| {name[:90]} | {len(v)} | {sum(v):.0f} | {sum(v) / len(v):.2f} | {sum(v) / total:.1%} |")
+    return "\n".join(lines)
+
+
 def step_profile(kiln: Path, path: Path, log: Path) -> None:
-    """Where the engine thread's time goes in a decode step (KILN_STEP_PROFILE), and each kernel's share
-    (KILN_CUDA_PROFILE: ops timed one by one, graphs off)."""
+    """Where the engine thread's time goes in a decode step (KILN_STEP_PROFILE), each op's share
+    (KILN_CUDA_PROFILE: ops timed one by one, graphs off), and each kernel's time by ncu."""
     prompt = "The quick brown fox jumps over the lazy dog. " * 4
     with log.open("a") as f:
         for env_var in ("KILN_STEP_PROFILE", "KILN_CUDA_PROFILE"):
@@ -119,6 +174,12 @@ def step_profile(kiln: Path, path: Path, log: Path) -> None:
                                 "0", "--ignore-eos"], capture_output=True, text=True, errors="replace", env=env)
             tail = [ln for ln in r.stderr.splitlines() if not ln.startswith("kiln run:")]
             f.write(f"\n## {path.name}, {env_var}=1\n" + "\n".join(tail[-45:]) + "\n")
+        f.write(f"\n## {path.name}, kernels (ncu)\n" + kernel_profile(kiln, path, prompt) + "\n")
+        for env_var in ("KILN_STEP_PROFILE", "KILN_CUDA_PROFILE"):  # batched decode: 64 requests
+            env = dict(os.environ, **{env_var: "1"})
+            r = subprocess.run([str(kiln), "bench", "-m", str(path), "-d", "cuda", "-p", "16", "-n", "64", "-r", "1",
+                                "--batch", "64"], capture_output=True, text=True, errors="replace", env=env)
+            f.write(f"\n## {path.name}, batch 64, {env_var}=1\n" + "\n".join(r.stderr.splitlines()[-45:]) + "\n")
 
 
 def main() -> int:
@@ -131,11 +192,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--copy-gbs", type=float, default=3014.8, help="the card's measured copy bandwidth, GB/s")
     ap.add_argument("--only", default="", help="comma-separated model-type names to run (default: all)")
+    ap.add_argument("--prepare-only", action="store_true", help="make the files, run nothing")
+    ap.add_argument("--peer-ready", type=Path, help="a file whose existence says the peer's build has ended")
     a = ap.parse_args()
     kiln = a.build / "tools" / "kiln" / "kiln"
     peer = {n: a.peer / "bin" / n for n in ("llama-bench", "llama-batched-bench", "llama-quantize")}
     a.models.mkdir(parents=True, exist_ok=True)
-    files = make_files(kiln, peer["llama-quantize"], a.models, a.tokenizer)
+    files = make_files(kiln, peer["llama-quantize"], a.models, a.tokenizer, a.peer_ready)
+    if a.prepare_only:
+        return 0
     only = set(filter(None, a.only.split(",")))
     lines = ["| model | weights | engine | tg128 tok/s | decode GB/s | of copy bw | pp2048 tok/s |",
              "|---|---|---|---:|---:|---:|---:|"]

@@ -9,6 +9,7 @@
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
+#   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -32,20 +33,21 @@ export OPENSSL_ROOT_DIR="$deps/usr"
   nvcc --version | tail -1
   cmake --version | head -1
 } | tee "$out/build.log"
-# The peer builds beside kiln (the machine has 16 cores): llama-bench, llama-batched-bench and llama-quantize.
+# The peer (llama-bench, llama-batched-bench, llama-quantize) builds beside kiln (the machine has 16 cores), in a
+# process session of its own, so that it outlives this call: a later call on the same machine finds it done.
+# /tmp/llama.cpp.status holds "ok" or "failed" once it has ended.
 peer_dir=/tmp/llama.cpp
-peer_pid=
-if [[ " ${steps[*]} " == *" peer "* ]] && [ ! -x "$peer_dir/build/bin/llama-bench" ]; then
-  (
-    set -e
-    rm -rf "$peer_dir" && mkdir -p "$(dirname "$peer_dir")"
-    tar xJf .gpu-deps/llama.cpp.tar.xz -C "$(dirname "$peer_dir")"
-    cmake -S "$peer_dir" -B "$peer_dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
-    cmake --build "$peer_dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-quantize
-  ) >"$out/peer-build.log" 2>&1 &
-  peer_pid=$!
+peer_status=/tmp/llama.cpp.status
+if [[ " ${steps[*]} " =~ " "(peer|prep)" " ]] && [ ! -e "$peer_dir.started" ]; then
+  touch "$peer_dir.started"
+  setsid bash -c '
+    if rm -rf "$1" && mkdir -p "$(dirname "$1")" && tar xJf .gpu-deps/llama.cpp.tar.xz -C "$(dirname "$1")" &&
+      cmake -S "$1" -B "$1/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF &&
+      cmake --build "$1/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-quantize
+    then echo ok >"$2"; else echo failed >"$2"; fi
+  ' _ "$peer_dir" "$peer_status" >/tmp/llama.cpp.build.log 2>&1 </dev/null &
 fi
 # The output folder comes back only while it holds few files: one log a step.
 cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
@@ -80,11 +82,27 @@ for step in "${steps[@]}"; do
       ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;
     models) python3 bench/gpu_generate.py --build "$bin" --out "$out" 2>&1 | tee "$out/generate.log" || status=1 ;;
+    prep)
+      # The GGUF files of the peer step, made in the background (they outlive this call): 8B folder by
+      # transformers, kiln convert, then llama-quantize once the peer is built. /tmp/kiln-prep.status at the end.
+      if [ ! -e /tmp/kiln-prep.started ]; then
+        touch /tmp/kiln-prep.started
+        setsid bash -c '
+          if python3 bench/gpu_peer.py --prepare-only --build "$1" --peer "$2/build" --out /tmp --peer-ready "$3"
+          then echo ok >/tmp/kiln-prep.status; else echo failed >/tmp/kiln-prep.status; fi
+        ' _ "$bin" "$peer_dir" "$peer_status" >/tmp/kiln-prep.log 2>&1 </dev/null &
+      fi
+      ;;
     peer)
-      if [ -n "$peer_pid" ] && ! wait "$peer_pid"; then
-        tail -30 "$out/peer-build.log"
+      while [ ! -e "$peer_status" ]; do sleep 5; done
+      if [ "$(cat "$peer_status")" != ok ]; then
+        tail -30 /tmp/llama.cpp.build.log
         status=1
         continue
+      fi
+      if [ -e /tmp/kiln-prep.started ]; then
+        while [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+        cat /tmp/kiln-prep.log
       fi
       python3 bench/gpu_peer.py --build "$bin" --peer "$peer_dir/build" --out "$out" ${PEER_ARGS:-} 2>&1 |
         tee "$out/peer.log" || status=1

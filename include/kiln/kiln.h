@@ -38,13 +38,14 @@ struct EngineOptions {
   int32_t n_seq_max = 1;           // sequences decoded together; more requests wait in a queue
   int32_t max_batch_tokens = 512;  // tokens per forward step (prefill chunks are cut to fit)
   int32_t kv_block_size = 16;      // tokens per KV cache block
-  std::string kv_type = "f32";     // "f32" or "f16"
+  // "f32", "f16", or "auto": f16 on a GPU with quantize_activations (as llama.cpp's default cache), else f32.
+  std::string kv_type = "auto";
   // Where the model runs: "cpu", "cuda" / "cuda:N" (a build with CUDA), or "auto" (CUDA device 0 when there
   // is one, else the CPU).
   std::string backend = "cpu";
   // Matmuls at lower precision, faster: on the CPU, 8-bit quantized activations with integer dot products, as
   // llama.cpp does (~1e-3 relative error per product); on CUDA, bf16 / f16 tensor cores for batches of more
-  // than 8 tokens. false: exact f32 activations.
+  // than 8 tokens, and prefill attention on f16 tensor cores. false: exact f32 activations.
   bool quantize_activations = false;
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load

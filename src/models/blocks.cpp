@@ -108,6 +108,7 @@ Result<Tensor> attention(Recorder& r, const Tensor& x, const AttentionWeights& w
   att.softcap = shape.softcap;
   att.window = shape.window;
   att.dst = a;
+  att.quantize_x = qx;
   KILN_TRY(p.add(att));
   KILN_TRY(p.add(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out, qx}));
   if (w.bo.tensor.data != nullptr)

@@ -146,6 +146,8 @@ struct KvWrite {
 // scores = q.k * scale (then softcap * tanh(scores / softcap) when softcap > 0); window > 0 keeps only the
 // last `window` positions (sliding-window attention). Table entries below every token's window may be
 // kFreedBlock.
+// quantize_x: the backend may compute q.k and p.v at lower precision, faster (a GPU: f16 tensor cores with f32
+// sums, within Backend::quantize_x_tolerance of the exact result); the CPU ignores it.
 // A block-table entry whose block was given back (sliding window: no token of the batch reaches it).
 inline constexpr int32_t kFreedBlock = -1;
 struct Attention {
@@ -158,6 +160,7 @@ struct Attention {
   float softcap = 0.0f;
   int32_t window = 0;
   Tensor dst;
+  bool quantize_x = false;
 };
 
 enum class GluKind : uint8_t { glu_kind_silu, glu_kind_gelu_tanh, glu_kind_sigmoid };

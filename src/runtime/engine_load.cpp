@@ -38,13 +38,8 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
     return invalid_argument("kv_block_size = {} must be in [1, 1024]", opt.kv_block_size);
   }
-  DType kv_type;
-  if (opt.kv_type == "f32") {
-    kv_type = DType::f32;
-  } else if (opt.kv_type == "f16") {
-    kv_type = DType::f16;
-  } else {
-    return invalid_argument("kv_type = \"{}\" is not supported (f32, f16)", opt.kv_type);
+  if (opt.kv_type != "f32" && opt.kv_type != "f16" && opt.kv_type != "auto") {
+    return invalid_argument("kv_type = \"{}\" is not supported (f32, f16, auto)", opt.kv_type);
   }
   std::error_code ec;
   const bool folder = std::filesystem::is_directory(opt.model_path, ec);
@@ -55,6 +50,10 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     file = std::make_shared<const gguf::File>(std::move(f));
   }
   KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
+  const bool gpu = backend->name() != "cpu";
+  const DType kv_type = opt.kv_type == "f16" || (opt.kv_type == "auto" && gpu && opt.quantize_activations)
+                            ? DType::f16
+                            : DType::f32;
   // The context decides Phi-3's LongRoPE factors, so it is fixed before the model loads.
   int32_t n_ctx_train = 4096;
   if (const std::string arch = file->architecture(); file->find(arch + ".context_length") != nullptr) {

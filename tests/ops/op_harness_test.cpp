@@ -883,6 +883,64 @@ TEST(OpHarness, AttentionPrefill) {
   }
 }
 
+// Long prefill chunks under quantize_x (a GPU may run them on f16 tensor cores, within its quantize_x
+// tolerance of the exact result) and exactly: a 200-token prompt, a 130-token chunk continuing a 260-token
+// sequence, and a decode token, so that tiles of query rows span several 64-position chunks, sequences share a
+// tile, and windows start mid-chunk; f32 and f16 pools, GQA, MQA and plain heads, head dims 64, 96 and 128.
+TEST(OpHarness, AttentionPrefillLong) {
+  Rng rng(33);
+  struct Case {
+    DType type;
+    int64_t n_heads, n_kv, head_dim, block_size;
+    float softcap;
+    int32_t window;
+  };
+  const Case cases[] = {{DType::f16, 8, 2, 64, 16, 0.0f, 0},
+                        {DType::f32, 4, 4, 128, 16, 0.0f, 0},
+                        {DType::f16, 8, 1, 128, 8, 4.0f, 0},
+                        {DType::f16, 6, 2, 96, 16, 0.0f, 100},
+                        {DType::f32, 4, 2, 128, 32, 0.0f, 70}};
+  for (const Case& c : cases) {
+    for (bool qx : {true, false}) {
+      const int64_t lens[] = {200, 260, 71};
+      std::vector<int32_t> seq, pos;
+      for (int32_t p = 0; p < 200; ++p) seq.push_back(0), pos.push_back(p);
+      seq.push_back(2), pos.push_back(70);
+      for (int32_t p = 130; p < 260; ++p) seq.push_back(1), pos.push_back(p);
+      int64_t n_blocks = 1;
+      for (int64_t len : lens) n_blocks += (len + c.block_size - 1) / c.block_size;
+      const std::vector<int32_t> ids = rng.permutation(n_blocks);
+      std::vector<std::vector<int32_t>> tables;
+      size_t next = 0;
+      for (int64_t len : lens) {
+        const auto count = static_cast<size_t>((len + c.block_size - 1) / c.block_size);
+        tables.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(next),
+                            ids.begin() + static_cast<std::ptrdiff_t>(next + count));
+        next += count;
+      }
+      if (c.window > 0) {  // sequence 1's blocks below every window of its chunk are given back
+        const int32_t low = 130 - c.window + 1;
+        for (int64_t b = 0; (b + 1) * c.block_size <= low; ++b) tables[1][b] = kFreedBlock;
+      }
+      const Csr bt = csr({tables[0], tables[1], tables[2]});
+      const auto n_tokens = static_cast<int64_t>(seq.size());
+      const Host k_pool = make_pool(c.type, c.head_dim, c.n_kv, c.block_size, n_blocks, rng);
+      const Host v_pool = make_pool(c.type, c.head_dim, c.n_kv, c.block_size, n_blocks, rng);
+      const Host q = make_f32(Layout::contiguous, c.head_dim, c.n_heads, n_tokens, &rng, -2.0f, 2.0f);
+      const Host dst = make_f32(Layout::strided, c.head_dim, c.n_heads, n_tokens, nullptr);
+      const float scale = c.softcap > 0.0f ? 0.5f : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+      const std::string what = fmt::format(
+          "attention long prefill {} heads {}/{} head_dim {} block_size {} softcap {} window {}{}",
+          dtype_name(c.type), c.n_heads, c.n_kv, c.head_dim, c.block_size, c.softcap, c.window,
+          qx ? " quantize_x" : "");
+      expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
+        return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
+                            c.softcap, c.window, d, qx});
+      });
+    }
+  }
+}
+
 // Decode over long contexts (a backend may split a sequence's positions among threads and merge the partial
 // softmaxes): few query tokens, 300 and 1000 positions; with a window, the blocks below every query's window
 // are given back (kFreedBlock), and two tokens of one sequence far apart leave positions neither sees.

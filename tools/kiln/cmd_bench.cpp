@@ -30,7 +30,7 @@ struct BenchOptions {
   int32_t reps = 5;
   std::string device = "auto";
   std::string output = "md";
-  std::string kv_type = "f32";
+  std::string kv_type = "auto";
   bool quantize_activations = false;
   bool exact = false;
 };
@@ -234,7 +234,8 @@ void register_bench(CLI::App& app, int& rc) {
   cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
-  cmd->add_option("--kv-type", o->kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  cmd->add_option("--kv-type", o->kv_type, "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
+      ->check(CLI::IsMember({"f32", "f16", "auto"}));
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls (as kiln run; the default, --exact turns it off)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);

@@ -23,7 +23,7 @@ struct GenOptions {
   int32_t n_predict = 256;
   int32_t n_ctx = 0;
   int32_t n_threads = 0;
-  std::string kv_type = "f32";
+  std::string kv_type = "auto";
   std::string kv_memory;  // --kv-memory SIZE, checked by parse_byte_size; empty: the engine's default
   bool chat = false;
   bool quiet = false;
@@ -42,7 +42,8 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
       "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
+      ->check(CLI::IsMember({"f32", "f16", "auto"}));
   cmd->add_option("--kv-memory", o.kv_memory,
                   "KV cache size, e.g. 512M or 2G (powers of 1024); requests beyond it are preempted and "
                   "recomputed (default: what the context needs, at most half of the available memory)")

@@ -34,7 +34,7 @@ struct ServeOptions {
   int32_t max_batch_tokens = 512;
   int32_t http_threads = 2;
   std::string max_body = "8M";
-  std::string kv_type = "f32";
+  std::string kv_type = "auto";
   std::string kv_memory;
   std::string device = "auto";
   double shutdown_timeout = 30;
@@ -161,7 +161,8 @@ void register_serve(CLI::App& app, int& rc) {
   cmd->add_option(
       "-d,--device", o->device,
       "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
-  cmd->add_option("--kv-type", o->kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  cmd->add_option("--kv-type", o->kv_type, "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
+      ->check(CLI::IsMember({"f32", "f16", "auto"}));
   cmd->add_option("--kv-memory", o->kv_memory,
                   "KV cache size, e.g. 2G (default: what --parallel requests need)");
   cmd->add_option("--http-threads", o->http_threads, "Threads serving connections")

@@ -3,8 +3,8 @@
 // one chunk of the token's positions. Each warp takes every n_warps-th position of the chunk: lanes hold the
 // head dims, the scores are warp sums, and the softmax is online (running max and sum). The warps' states
 // merge in shared memory; with one chunk the block writes dst, with several each writes its state and a
-// second kernel merges the chunks in order. Bound: by the K/V bytes read in decode. Prefill rereads K/V per
-// token: a tiled tensor-core kernel replaces this path there.
+// second kernel merges the chunks in order. Bound: by the K/V bytes read in decode. Prefill-shaped batches
+// take a tiled kernel instead: on tensor cores under Attention::quantize_x, else exact on CUDA cores.
 #include <algorithm>
 #include <cstdint>
 
@@ -18,7 +18,8 @@ namespace {
 constexpr int kGroup = 8;  // query heads per block, at most
 constexpr int kWarps = 4;  // warps per block
 constexpr int kMaxHeadDim = 256;
-constexpr int64_t kTileMinTokens = 32;  // batches from this size take the tiled (prefill) kernel
+constexpr int64_t kTileMinTokens = 32;  // batches from this size take the tiled (prefill) kernel ...
+constexpr int64_t kTileMinTokensPerSeq = 4;  // ... when they hold this many tokens a sequence on average
 
 __device__ inline float load(const float* p) { return *p; }
 __device__ inline float load(const __half* p) { return __half2float(*p); }
@@ -366,6 +367,278 @@ cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& o
   return launch_tile<8, KV>(ctx, op, g);
 }
 
+// ---- prefill on tensor cores (Attention::quantize_x): flash attention with mma.sync ----
+//
+// A block of kMmaWarps warps holds 16 query rows a warp (the rows as the tile kernel numbers them: T tokens x
+// the query heads of one KV head). Each warp keeps its Q rows (f16, scaled) as mma A fragments in registers,
+// and for each chunk of 64 positions of the sequence whose turn it is: S = Q K^T (m16n8k16, f16 inputs, f32
+// sums) from the K chunk in shared memory, the causal / window mask and softcap on S in f32, the online
+// softmax per row (each row's max and sum across the four lanes that hold it), then O += P V with P rounded
+// to f16 straight from the S registers (their layout is the A operand's) and V fed by ldmatrix.trans. O stays
+// in registers (f32) until the end. K and V chunks are converted to f16 in shared memory, rows padded by 16
+// bytes so that the fragment loads of a warp hit distinct banks.
+//
+// Chunks start at multiples of 64 positions whatever the tile holds, and a row's state is untouched by chunks
+// it sees nothing of (every score masked: scale factor 1, P = 0), so a row's result does not depend on the
+// other rows of its batch.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRows = 16 * kMmaWarps;  // query rows a block
+constexpr int kMmaChunk = 64;              // positions a chunk
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// c += a * b: one m16n8k16 tensor-core product (A 16x16 row-major, B 16x8 column-major, f32 accumulators).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 f16 matrices from shared memory, transposed: lane i gives the address of row i % 8 of matrix i / 8.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ __half to_half_sat(float v) {
+  return __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
+}
+
+// K or V rows p0 .. p0+63 of a sequence into shared memory as f16 (dst[j * ld + d], d < D): positions outside
+// [lo, hi], in blocks given back, and dims past head_dim are zero (they must not be NaN: P is 0 there).
+template <int D, class KV>
+__device__ inline void load_chunk_f16(__half* dst, int ld, const KV* pool, const int32_t* table, int32_t p0,
+                                      int32_t lo, int32_t hi, int64_t kvh, const Geometry& g) {
+  constexpr int kVec = 8;  // elements a store: 16 bytes of f16
+  constexpr int kVecs = D / kVec;
+  const int64_t row_stride = g.n_kv * g.head_dim;
+  for (int e = threadIdx.x; e < kMmaChunk * kVecs; e += kMmaWarps * 32) {
+    const int j = e / kVecs, d = (e % kVecs) * kVec;
+    const int32_t p = p0 + j;
+    uint4 out = make_uint4(0, 0, 0, 0);
+    const int32_t blk = (p >= lo && p <= hi) ? table[p / g.block_size] : -1;
+    if (blk >= 0 && d < g.head_dim) {
+      const KV* src = pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
+      if constexpr (sizeof(KV) == 2) {
+        out = *reinterpret_cast<const uint4*>(src);
+      } else {
+        const float4 a = *reinterpret_cast<const float4*>(src);
+        const float4 b = *reinterpret_cast<const float4*>(src + 4);
+        __half2 h[4] = {__halves2half2(to_half_sat(a.x), to_half_sat(a.y)),
+                        __halves2half2(to_half_sat(a.z), to_half_sat(a.w)),
+                        __halves2half2(to_half_sat(b.x), to_half_sat(b.y)),
+                        __halves2half2(to_half_sat(b.z), to_half_sat(b.w))};
+        out = *reinterpret_cast<const uint4*>(h);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + j * ld + d) = out;
+  }
+}
+
+template <int D, class KV>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    attention_mma_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
+                         const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
+                         Geometry g, int64_t tile_tokens, int64_t heads_per_tile) {
+  constexpr int kLd = D + 8;  // shared row length (halves): 16 bytes of padding
+  __shared__ __align__(16) __half ks[kMmaChunk * kLd];
+  __shared__ __align__(16) __half vs[kMmaChunk * kLd];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int gr = lane / 4, tq = lane % 4;  // the fragment row and column pair of this lane
+  const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
+  const int64_t b = blockIdx.x;
+  const int64_t tile = b / (g.n_kv * tiles_per_kv), kvh = (b / tiles_per_kv) % g.n_kv;
+  const int64_t h0 = kvh * g.group + (b % tiles_per_kv) * heads_per_tile;
+  const int64_t n_q = min(heads_per_tile, kvh * g.group + g.group - h0);
+  const int64_t t0 = tile * tile_tokens, t1 = min(t0 + tile_tokens, g.n_tokens);
+
+  // This lane's two rows (gr and gr + 8 of its warp's 16): token, head, sequence, position, first position.
+  int64_t row_t[2], row_h[2];
+  int32_t row_seq[2], row_pos[2], row_lo[2];
+  bool row_on[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = warp * 16 + gr + 8 * i;
+    row_t[i] = t0 + r / n_q;
+    row_h[i] = h0 + r % n_q;
+    row_on[i] = r < (t1 - t0) * n_q;
+    row_seq[i] = row_on[i] ? seq[row_t[i]] : -1;
+    row_pos[i] = row_on[i] ? positions[row_t[i]] : -1;
+    row_lo[i] = g.window > 0 ? max(0, row_pos[i] - g.window + 1) : 0;
+  }
+  // Q as A fragments: qa[kk] holds dims 16kk .. 16kk+15 of the two rows (pairs 2tq, 2tq+1 and +8).
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // dims 16kk + 2tq (+ 8)
+      const int64_t d = 16 * kk + 2 * tq + 8 * half;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float x0 = 0.0f, x1 = 0.0f;
+        if (row_on[i] && d < g.head_dim) {
+          const float* qr = q.row_as<const float>(row_h[i] + g.n_heads * row_t[i]);
+          x0 = qr[d] * g.scale;
+          x1 = d + 1 < g.head_dim ? qr[d + 1] * g.scale : 0.0f;
+        }
+        qa[kk][i + 2 * half] = pack_half2(fminf(fmaxf(x0, -65504.0f), 65504.0f),
+                                          fminf(fmaxf(x1, -65504.0f), 65504.0f));
+      }
+    }
+  }
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's share of the row sum
+
+  for (int64_t f = t0; f < t1; ++f) {  // one sequence of the tile at a time
+    const int32_t s = seq[f];
+    bool first = true;
+    for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
+    if (!first) continue;
+    int32_t lo = INT32_MAX, hi = -1;  // positions any token of s in the tile sees
+    for (int64_t e = f; e < t1; ++e) {
+      if (seq[e] != s) continue;
+      hi = max(hi, positions[e]);
+      lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
+    }
+    const int32_t* table = bt_indices + bt_indptr[s];
+    const bool mine = row_seq[0] == s || row_seq[1] == s;
+    const bool warp_in = __any_sync(0xffffffffu, mine);
+    for (int32_t c0 = lo / kMmaChunk * kMmaChunk; c0 <= hi; c0 += kMmaChunk) {
+      __syncthreads();  // the previous chunk is no longer read
+      load_chunk_f16<D>(ks, kLd, k_pool, table, c0, lo, hi, kvh, g);
+      load_chunk_f16<D>(vs, kLd, v_pool, table, c0, lo, hi, kvh, g);
+      __syncthreads();
+      if (!warp_in) continue;
+      // S = Q K^T: sc[nb] holds positions c0 + 8nb + 2tq (+1) of rows gr (0, 1) and gr + 8 (2, 3).
+      float sc[kMmaChunk / 8][4];
+#pragma unroll
+      for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+        sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+        const __half* kr = ks + (8 * nb + gr) * kLd + 2 * tq;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * kk);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * kk + 8);
+          mma_f16(sc[nb], qa[kk], b0, b1);
+        }
+      }
+      // Softcap, mask, and the online softmax of each row.
+      float scale_o[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int32_t p = c0 + 8 * nb + 2 * tq + c;
+            float v = sc[nb][2 * i + c];
+            if (g.softcap > 0.0f) v = g.softcap * tanhf(v / g.softcap);
+            const bool on = row_seq[i] == s && p >= row_lo[i] && p <= row_pos[i];
+            v = on ? v : -INFINITY;
+            sc[nb][2 * i + c] = v;
+            mx = fmaxf(mx, v);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mm = fmaxf(m[i], mx);
+        // Nothing seen yet (mm = -inf): P is 0 and the state stays as it is.
+        scale_o[i] = mm == -INFINITY ? 1.0f : expf(m[i] - mm);
+        float sum = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float e = mm == -INFINITY ? 0.0f : expf(sc[nb][2 * i + c] - mm);
+            sc[nb][2 * i + c] = e;
+            sum += e;
+          }
+        }
+        l[i] = l[i] * scale_o[i] + sum;
+        m[i] = mm;
+      }
+#pragma unroll
+      for (int nb = 0; nb < D / 8; ++nb) {
+        o[nb][0] *= scale_o[0], o[nb][1] *= scale_o[0];
+        o[nb][2] *= scale_o[1], o[nb][3] *= scale_o[1];
+      }
+      // O += P V, 16 positions a step: P's A fragment from the S registers, V's B fragments by ldmatrix.trans
+      // (matrix i: positions 16kk + 8(i % 2) .., dims 16 db + 8(i / 2) ..).
+#pragma unroll
+      for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
+        const uint32_t pa[4] = {pack_half2(sc[2 * kk][0], sc[2 * kk][1]), pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
+                                pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        const int mat = lane / 8, r8 = lane % 8;
+        const __half* vrow = vs + (16 * kk + 8 * (mat % 2) + r8) * kLd + 8 * (mat / 2);
+#pragma unroll
+        for (int db = 0; db < D / 16; ++db) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, vrow + 16 * db);
+          mma_f16(o[2 * db], pa, vb[0], vb[1]);
+          mma_f16(o[2 * db + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+  }
+  // Each row's sum over its four lanes, then dst = O / l.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!row_on[i]) continue;
+    float* y = dst.row_as<float>(row_h[i] + g.n_heads * row_t[i]);
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+      const int64_t d = 8 * nb + 2 * tq;
+      if (d < g.head_dim) y[d] = o[nb][2 * i] * inv;
+      if (d + 1 < g.head_dim) y[d + 1] = o[nb][2 * i + 1] * inv;
+    }
+  }
+}
+
+template <int D, class KV>
+cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geometry& g) {
+  const int64_t heads_per_tile = std::min<int64_t>(g.group, kMmaRows);
+  const int64_t tile_tokens = std::max<int64_t>(1, kMmaRows / heads_per_tile);
+  const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
+  const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
+  attention_mma_kernel<D, KV><<<static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kMmaWarps * 32, 0,
+                                ctx.stream>>>(
+      rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
+      static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
+      static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
+      rows_of(op.dst), g, tile_tokens, heads_per_tile);
+  return cudaGetLastError();
+}
+
+// The tensor-core kernel takes head dims that are whole 16-byte vectors of the pool, up to 128, from
+// 16-byte-aligned pools.
+bool mma_eligible(const ops::Attention& op, const Geometry& g) {
+  const int64_t vec = op.k_pool.type == DType::f16 ? 8 : 4;
+  const auto aligned16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  return op.quantize_x && g.head_dim % 8 == 0 && g.head_dim % vec == 0 && g.head_dim <= 128 &&
+         aligned16(op.k_pool) && aligned16(op.v_pool);
+}
+
+template <class KV>
+cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g) {
+  if (g.head_dim <= 64) return launch_mma<64, KV>(ctx, op, g);
+  return launch_mma<128, KV>(ctx, op, g);
+}
+
 }  // namespace
 
 bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHeadDim; }
@@ -382,16 +655,22 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
   g.softcap = op.softcap;
   g.window = op.window;
   if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
-  // A batch of many tokens (prefill) is mostly tokens of the same sequences: tiles of them share K/V reads.
-  if (g.n_tokens >= kTileMinTokens) {
-    return op.k_pool.type == DType::f16 ? launch_tile_for_head_dim<__half>(ctx, op, g)
-                                        : launch_tile_for_head_dim<float>(ctx, op, g);
+  // A batch of many tokens, several a sequence on average (prefill), is mostly tokens of the same sequences:
+  // tiles of them share K/V reads. A batch of one token a sequence (batched decode) takes the split-KV kernel,
+  // whose blocks each serve one token.
+  const int64_t n_seqs = std::max<int64_t>(1, op.bt_indptr.ne[0] - 1);
+  if (g.n_tokens >= kTileMinTokens && g.n_tokens >= kTileMinTokensPerSeq * n_seqs) {
+    const bool f16 = op.k_pool.type == DType::f16;
+    if (mma_eligible(op, g)) {
+      return f16 ? launch_mma_for_head_dim<__half>(ctx, op, g) : launch_mma_for_head_dim<float>(ctx, op, g);
+    }
+    return f16 ? launch_tile_for_head_dim<__half>(ctx, op, g) : launch_tile_for_head_dim<float>(ctx, op, g);
   }
   // Split the positions when the blocks alone would not fill the device twice over. The longest context a
-  // token may see bounds the useful split (at least 64 positions a chunk); the positions live on the device,
-  // so the pool's capacity stands in for it.
+  // token may see bounds the useful split (at least 64 positions a chunk): the positions live on the device,
+  // so the block tables' total length stands in for it.
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + kGroup - 1) / kGroup);
-  const int64_t capacity = op.k_pool.ne[2] * op.k_pool.ne[3];
+  const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
   const int64_t want = (2 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
   g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + 63) / 64, 64}));
   float* partial = nullptr;

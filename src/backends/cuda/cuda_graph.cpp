@@ -51,7 +51,7 @@ std::vector<uint64_t> program_signature(const Program& program) {
                    [&](const ops::KvWrite& o) { w.all(o.k, o.v, o.k_pool, o.v_pool, o.slots); },
                    [&](const ops::Attention& o) {
                      w.all(o.q, o.k_pool, o.v_pool, o.positions, o.seq, o.bt_indptr, o.bt_indices, o.scale,
-                           o.softcap, u(o.window), o.dst);
+                           o.softcap, u(o.window), o.dst, u(o.quantize_x));
                    },
                    [&](const ops::GatedAct& o) { w.all(o.gate, o.up, u(o.kind), o.dst); },
                    [&](const ops::Binary& o) { w.all(o.a, o.b, u(o.kind), o.dst); },
