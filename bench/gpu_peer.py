@@ -149,7 +149,7 @@ def kernel_profile(kiln: Path, path: Path, prompt: str) -> str:
         return f"ncu: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
     head = rows[0]
     name_i, unit_i, value_i = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
     per: dict[str, list[float]] = {}
     for row in rows[1:]:
         name = re.sub(r"^(void )?(kiln::cuda::)?(\(anonymous namespace\)::)?", "", row[name_i])

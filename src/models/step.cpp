@@ -11,10 +11,15 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
   const auto n_seqs = static_cast<int64_t>(batch.block_tables.size());
   int64_t n_indices = 0;
   for (const auto& table : batch.block_tables) n_indices += static_cast<int64_t>(table.size());
+  // Padded (with block 0, which no sequence's range reaches) to a power of two from 16: the step's shapes
+  // then change only when the batch does, not each time a sequence takes a new block, and a backend that
+  // replays recorded steps (CUDA graphs) seldom records anew.
+  int64_t indices_len = 16;
+  while (indices_len < n_indices) indices_len *= 2;
   const int64_t n_logits = static_cast<int64_t>(batch.logit_rows.size());
 
   // Seven arrays packed one after another, each padded to 16 elements (64 bytes).
-  const int64_t sizes[] = {n, n, n, n, n_seqs + 1, n_indices, n_logits};
+  const int64_t sizes[] = {n, n, n, n, n_seqs + 1, indices_len, n_logits};
   int64_t offsets[std::size(sizes)];
   int64_t total = 0;
   for (size_t i = 0; i < std::size(sizes); ++i) {

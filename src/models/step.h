@@ -24,7 +24,7 @@ struct StepTensors {
   Tensor slots;       // i32 [n_tokens] KV slot of each token: block * block_size + offset (slot_mapping)
   Tensor seq;         // i32 [n_tokens] the token's sequence, an index into the block tables
   Tensor bt_indptr;   // i32 [n_seqs + 1] sequence s's blocks: bt_indices[bt_indptr[s] .. bt_indptr[s + 1])
-  Tensor bt_indices;  // i32 [total blocks] block ids, or ops::kFreedBlock
+  Tensor bt_indices;  // i32 [total blocks, padded to a power of two >= 16] block ids, or ops::kFreedBlock
   Tensor logit_rows;  // i32 [n_logits] token indices whose logits are wanted, ascending (or none)
 };
 

@@ -133,15 +133,19 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
   return L;
 }
 
-std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype) {
+// The layer's buffer after `reps` runs of its program (x accumulates, so each run differs): with graphs, the
+// first run grows scratch (ops one by one), the second is captured, the third replayed.
+std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = true, int reps = 2) {
   setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
+  setenv("KILN_CUDA_GRAPHS", graphs ? "1" : "0", 1);
   auto b = make_backend("cuda");
   unsetenv("KILN_CUDA_FUSE");
+  unsetenv("KILN_CUDA_GRAPHS");
   EXPECT_TRUE(b.ok()) << b.status().to_string();
   if (!b.ok()) return {};
   Layer L = make_layer(**b, m, wtype, 42);
   std::vector<uint8_t> out(L.bytes);
-  for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE((*b)->run(L.program).ok());  // the second as a graph replay
+  for (int rep = 0; rep < reps; ++rep) EXPECT_TRUE((*b)->run(L.program).ok());
   EXPECT_TRUE(
       (*b)->download(out.data(), make_tensor(DType::i8, *L.buf, 0, static_cast<int64_t>(L.bytes)), L.bytes)
           .ok());
@@ -160,6 +164,20 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
         if (fused[i] != alone[i]) first_diff = i;
       }
       EXPECT_EQ(first_diff, fused.size()) << dtype_name(wtype) << " m " << m << ": first differing byte";
+    }
+  }
+}
+
+// Batched decode steps (9-64 tokens: cuBLAS GEMMs) captured and replayed as graphs give the bytes of the same
+// steps launched op by op.
+TEST(CudaFusion, GemmStepsReplayAsLaunchedOneByOne) {
+  for (const DType wtype : {DType::bf16, DType::q8_0}) {
+    for (const int64_t m : {9, 20, 64}) {
+      const std::vector<uint8_t> graphed = run_layer(true, m, wtype, true, 3),
+                                 launched = run_layer(true, m, wtype, false, 3);
+      ASSERT_EQ(graphed.size(), launched.size());
+      ASSERT_FALSE(graphed.empty());
+      EXPECT_TRUE(graphed == launched) << dtype_name(wtype) << " m " << m;
     }
   }
 }

@@ -666,13 +666,14 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
     }
     return f16 ? launch_tile_for_head_dim<__half>(ctx, op, g) : launch_tile_for_head_dim<float>(ctx, op, g);
   }
-  // Split the positions when the blocks alone would not fill the device twice over. The longest context a
-  // token may see bounds the useful split (at least 64 positions a chunk): the positions live on the device,
-  // so the block tables' total length stands in for it.
+  // Split the positions when the blocks alone would not fill the device four times over: decode is bound by
+  // the latency of each warp's walk over its positions more than by bytes. The longest context a token may
+  // see bounds the useful split (at least 16 positions a chunk, four a warp): the positions live on the
+  // device, so the block tables' total length stands in for it.
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + kGroup - 1) / kGroup);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
-  const int64_t want = (2 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
-  g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + 63) / 64, 64}));
+  const int64_t want = (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
+  g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + 15) / 16, 64}));
   float* partial = nullptr;
   if (g.n_chunks > 1) {
     const size_t bytes = sizeof(float) * g.n_tokens * g.n_heads * g.n_chunks * (g.head_dim + 2);

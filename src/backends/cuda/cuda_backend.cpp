@@ -83,6 +83,13 @@ class CudaBackend final : public Backend {
     // runs every op as its own kernel.
     const char* fuse = std::getenv("KILN_CUDA_FUSE");
     fuse_ = fuse == nullptr || std::string_view(fuse) != "0";
+    // cuBLAS gets a workspace of its own up front, so that a captured GEMM never allocates.
+    if (cudaMallocAsync(&cublas_ws_, kCublasWorkspace, stream_) == cudaSuccess) {
+      cublasSetWorkspace(cublas_.get(), cublas_ws_, kCublasWorkspace);
+    } else {
+      cudaGetLastError();
+      cublas_ws_ = nullptr;
+    }
   }
   ~CudaBackend() override {
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
@@ -93,6 +100,10 @@ class CudaBackend final : public Backend {
     }
     for (Scratch& s : scratch_) {
       if (s.p != nullptr) cudaFreeAsync(s.p, stream_);
+    }
+    if (cublas_ws_ != nullptr) {
+      cublasSetWorkspace(cublas_.get(), nullptr, 0);
+      cudaFreeAsync(cublas_ws_, stream_);
     }
   }
   using Backend::run;
@@ -107,7 +118,8 @@ class CudaBackend final : public Backend {
       }
     }
     KILN_TRY(select());
-    if (graphs_ && !profile_ && program.n_tokens > 0 && program.n_tokens <= kGraphMaxTokens) {
+    const int32_t max_tokens = graph_failures_ < kGraphMaxFailures ? kGraphMaxTokens : kGraphMaxTokensSafe;
+    if (graphs_ && !profile_ && program.n_tokens > 0 && program.n_tokens <= max_tokens) {
       KILN_ASSIGN_OR_RETURN(const bool replayed, run_as_graph(program));
       if (replayed) return Status::ok_status();
     }
@@ -206,11 +218,13 @@ class CudaBackend final : public Backend {
  private:
   Status select() { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
 
-  // Decode steps (few tokens) go through a CUDA graph (cuda_graph.h): replayed when the program is the one
-  // captured last, else captured and launched. false: not run (the capture failed, for one because scratch
-  // had to grow, which a capture must not do): the caller runs the ops one by one, and the next identical
-  // program is captured.
-  static constexpr int32_t kGraphMaxTokens = 8;
+  // Decode steps (few tokens a request, up to 64 requests) go through a CUDA graph (cuda_graph.h): replayed
+  // when the program is the one captured last, else captured and launched. false: not run (the capture
+  // failed, for one because scratch had to grow, which a capture must not do): the caller runs the ops one by
+  // one, and the next identical program is captured. Programs of more than 8 tokens take cuBLAS GEMMs: after
+  // kGraphMaxFailures captures of those fail in a row, only GEMV-sized programs are captured.
+  static constexpr int32_t kGraphMaxTokens = 64, kGraphMaxTokensSafe = 8, kGraphMaxFailures = 3;
+  static constexpr size_t kCublasWorkspace = size_t{32} << 20;
   Result<bool> run_as_graph(const Program& program) {
     std::vector<uint64_t> sig = cuda::program_signature(program);
     // The scratch a graph was captured with must still be there: one grown since (and the old freed) differs.
@@ -232,8 +246,10 @@ class CudaBackend final : public Backend {
     if (launched != cudaSuccess || ended != cudaSuccess) {
       if (graph != nullptr) cudaGraphDestroy(graph);
       cudaGetLastError();
+      if (program.n_tokens > kGraphMaxTokensSafe) ++graph_failures_;
       return false;
     }
+    if (program.n_tokens > kGraphMaxTokensSafe) graph_failures_ = 0;
     // Same kernels with other parameters (a step further on): update the instantiated graph in place.
     if (exec_ != nullptr) {
       cudaGraphExecUpdateResultInfo info{};
@@ -344,6 +360,8 @@ class CudaBackend final : public Backend {
   bool graphs_ = true;  // KILN_CUDA_GRAPHS=0 launches every op
   bool fuse_ = true;    // the sequences cuda::run_fused knows run as one kernel each (KILN_CUDA_FUSE=0: not)
   bool capturing_ = false;
+  int graph_failures_ = 0;  // captures of programs of more than 8 tokens that failed in a row
+  void* cublas_ws_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   std::vector<uint64_t> graph_sig_;
   std::map<std::string, OpTime> profile_times_;

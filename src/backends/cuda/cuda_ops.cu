@@ -1,6 +1,7 @@
 // The row-wise and elementwise ops on CUDA: norms, RoPE, softmax, KV writes, gated activations, add/mul,
 // scale, argmax, MoE routing and mixing. All are bound by memory traffic: one pass over their operands,
 // f32 arithmetic (double for RoPE angles, as the CPU backend), rows addressed through their views' strides.
+#include <algorithm>
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -236,20 +237,25 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
 
 // RoPE of q and of k, one block per token as rope_kernel, the rotated k also written to the K pool and v to
 // the V pool at the token's slot, as kv_write_kernel.
+// A token's heads (q's, then k's) may be split among gridDim.y blocks, heads_per_split each (decode: one
+// token's work spread over several multiprocessors); each block computes the token's table itself. The block
+// that rotates k head h also writes v head h.
 template <class KT, class VT>
 __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, void* k_pool,
                                      void* v_pool, const int32_t* slots, const int32_t* positions,
                                      const float* factors, ops::RopeParams p, int64_t head_dim,
-                                     int64_t n_heads, int64_t n_kv, int64_t n_tokens) {
+                                     int64_t n_heads, int64_t n_kv, int64_t n_tokens, int64_t heads_per_split) {
   __shared__ float2 cs_sn[kMaxRopePairs];
   const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);
+  const int64_t h_lo = blockIdx.y * heads_per_split, h_hi = min(h_lo + heads_per_split, n_heads + n_kv);
+  const int64_t v_lo = max(h_lo - n_heads, int64_t{0}), v_hi = max(h_hi - n_heads, int64_t{0});
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     __syncthreads();
     rope_table(cs_sn, p, factors, positions[t]);
     __syncthreads();
     const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
-    for (int64_t c = threadIdx.x; c < per_head * (n_heads + n_kv); c += blockDim.x) {
-      const int64_t h = c / per_head, i = c % per_head;
+    for (int64_t c = threadIdx.x; c < per_head * (h_hi - h_lo); c += blockDim.x) {
+      const int64_t h = h_lo + c / per_head, i = c % per_head;
       if (h < n_heads) {
         const int64_t row = h + n_heads * t;
         rope_element(q.row_as<const float>(row), q_dst.row_as<float>(row), i, cs_sn, p,
@@ -261,8 +267,8 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
                      [&](int64_t d, float val) { put<KT>(pool, d, val); });
       }
     }
-    for (int64_t e = threadIdx.x; e < head_dim * n_kv; e += blockDim.x) {
-      const int64_t h = e / head_dim, d = e % head_dim;
+    for (int64_t e = threadIdx.x; e < head_dim * (v_hi - v_lo); e += blockDim.x) {
+      const int64_t h = v_lo + e / head_dim, d = e % head_dim;
       put<VT>(v_pool, (slot_row + h) * head_dim + d, v.row_as<const float>(h + n_kv * t)[d]);
     }
   }
@@ -414,14 +420,21 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
                           const ops::KvWrite& kv) {
   if (!rope_supported(q.p)) return cudaErrorNotSupported;
   const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
+  // Few tokens (decode): a token's heads split among blocks, four a block, until the device has ~2 blocks a
+  // multiprocessor.
+  const int64_t heads = n_heads + n_kv;
+  const int64_t splits =
+      std::clamp<int64_t>((2 * int64_t{ctx.n_sms} + n_tokens - 1) / n_tokens, 1, (heads + 3) / 4);
+  const int64_t per_split = (heads + splits - 1) / splits;
+  const dim3 grid(grid_for(n_tokens, 1), static_cast<unsigned>((heads + per_split - 1) / per_split));
   const auto launch = [&](auto k_elem, auto v_elem) {
     using KT = decltype(k_elem);
     using VT = decltype(v_elem);
-    rope_kv_write_kernel<KT, VT><<<grid_for(n_tokens, 1), kThreads, 0, ctx.stream>>>(
+    rope_kv_write_kernel<KT, VT><<<grid, kThreads, 0, ctx.stream>>>(
         rows_of(q.x), rows_of(q.dst), rows_of(k.x), rows_of(k.dst), rows_of(kv.v), kv.k_pool.data,
         kv.v_pool.data, static_cast<const int32_t*>(kv.slots.data),
         static_cast<const int32_t*>(q.positions.data), static_cast<const float*>(q.freq_factors.tensor.data),
-        q.p, head_dim, n_heads, n_kv, n_tokens);
+        q.p, head_dim, n_heads, n_kv, n_tokens, per_split);
   };
   const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
   if (k16 && v16) {
