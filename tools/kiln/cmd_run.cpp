@@ -42,7 +42,8 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
       "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-type", o.kv_type, "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
+  cmd->add_option("--kv-type", o.kv_type,
+                  "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
       ->check(CLI::IsMember({"f32", "f16", "auto"}));
   cmd->add_option("--kv-memory", o.kv_memory,
                   "KV cache size, e.g. 512M or 2G (powers of 1024); requests beyond it are preempted and "

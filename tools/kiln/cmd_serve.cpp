@@ -161,7 +161,8 @@ void register_serve(CLI::App& app, int& rc) {
   cmd->add_option(
       "-d,--device", o->device,
       "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
-  cmd->add_option("--kv-type", o->kv_type, "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
+  cmd->add_option("--kv-type", o->kv_type,
+                  "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
       ->check(CLI::IsMember({"f32", "f16", "auto"}));
   cmd->add_option("--kv-memory", o->kv_memory,
                   "KV cache size, e.g. 2G (default: what --parallel requests need)");

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_launch.cuh"
 
 namespace kiln::cuda {
 
@@ -18,7 +19,7 @@ namespace {
 constexpr int kGroup = 8;  // query heads per block, at most
 constexpr int kWarps = 4;  // warps per block
 constexpr int kMaxHeadDim = 256;
-constexpr int64_t kTileMinTokens = 32;  // batches from this size take the tiled (prefill) kernel ...
+constexpr int64_t kTileMinTokens = 32;       // batches from this size take the tiled (prefill) kernel ...
 constexpr int64_t kTileMinTokensPerSeq = 4;  // ... when they hold this many tokens a sequence on average
 
 __device__ inline float load(const float* p) { return *p; }
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
                      const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial,
                      Geometry g) {
+  pdl_begin();
   extern __shared__ float shm[];  // kWarps x kGroup x (head_dim + 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
@@ -147,28 +149,40 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// One warp per (token, head): folds the chunks' states in order and writes dst.
+// One warp per (token, head): the largest of the chunks' maxima first (the lanes read the chunks' m side by
+// side), then each chunk's state scaled to it and summed in chunk order, writing dst. No step of the sum waits
+// for the one before to load its record, so the loads of several chunks are in flight at once.
 template <int DPL>
 __global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) {
+  pdl_begin();
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= g.n_tokens * g.n_heads) return;
   const int64_t rec = g.head_dim + 2;
-  State<DPL> a;
-  for (int64_t c = 0; c < g.n_chunks; ++c) {
-    const float* r = partial + (row * g.n_chunks + c) * rec;
-    float acc[DPL];
-    for (int j = 0; j < DPL; ++j) {
-      const int64_t d = lane + 32 * j;
-      acc[j] = d < g.head_dim ? r[d] : 0.0f;
+  const float* base = partial + row * g.n_chunks * rec;
+  float mx = -INFINITY;
+  for (int64_t c = lane; c < g.n_chunks; c += 32) mx = fmaxf(mx, base[c * rec + g.head_dim]);
+  mx = warp_max(mx);
+  float l = 0.0f, acc[DPL] = {};
+  if (mx != -INFINITY) {
+#pragma unroll 4
+    for (int64_t c = 0; c < g.n_chunks; ++c) {
+      const float* r = base + c * rec;
+      const float m = r[g.head_dim];
+      const float w = m == -INFINITY ? 0.0f : expf(m - mx);
+      l += r[g.head_dim + 1] * w;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        acc[j] += (d < g.head_dim ? r[d] : 0.0f) * w;
+      }
     }
-    merge(a, r[g.head_dim], r[g.head_dim + 1], acc);
   }
   float* y = dst.row_as<float>(row);
-  const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (int j = 0; j < DPL; ++j) {
     const int64_t d = lane + 32 * j;
-    if (d < g.head_dim) y[d] = a.acc[j] * inv;
+    if (d < g.head_dim) y[d] = acc[j] * inv;
   }
 }
 
@@ -184,14 +198,14 @@ cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry&
       e != cudaSuccess) {
     return e;
   }
-  kernel<<<grid, kWarps * 32, shm, ctx.stream>>>(
-      rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
-      static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
-      static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
-      rows_of(op.dst), partial, g);
+  (void)launch_kernel(
+      ctx, kernel, grid, kWarps * 32, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
+      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
+      static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
+      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, g);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || g.n_chunks == 1) return e;
   const int64_t rows = g.n_tokens * g.n_heads;
-  merge_chunks_kernel<DPL><<<grid_for(rows, 4), 128, 0, ctx.stream>>>(partial, rows_of(op.dst), g);
+  (void)launch_kernel(ctx, merge_chunks_kernel<DPL>, grid_for(rows, 4), 128, 0, partial, rows_of(op.dst), g);
   return cudaGetLastError();
 }
 
@@ -252,6 +266,7 @@ __global__ void __launch_bounds__(kTileThreads)
     attention_tile_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                           const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
                           Geometry g, int64_t tile_tokens, int64_t heads_per_tile, int32_t chunk_len) {
+  pdl_begin();
   constexpr int kDpt = 32;          // dims a thread, at most: head_dim <= kTpr * 32
   extern __shared__ float chunk[];  // K then V: chunk_len x head_dim each
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
@@ -353,8 +368,9 @@ cudaError_t launch_tile(const Context& ctx, const ops::Attention& op, const Geom
       e != cudaSuccess) {
     return e;
   }
-  kernel<<<static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kTileThreads, shm, ctx.stream>>>(
-      rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
+  (void)launch_kernel(
+      ctx, kernel, static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kTileThreads, shm, rows_of(op.q),
+      static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
       static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
       static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
       rows_of(op.dst), g, tile_tokens, heads_per_tile, chunk_len);
@@ -383,7 +399,7 @@ cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& o
 // other rows of its batch.
 constexpr int kMmaWarps = 4;
 constexpr int kMmaRows = 16 * kMmaWarps;  // query rows a block
-constexpr int kMmaChunk = 64;              // positions a chunk
+constexpr int kMmaChunk = 64;             // positions a chunk
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -399,7 +415,8 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8x8 f16 matrices from shared memory, transposed: lane i gives the address of row i % 8 of matrix i / 8.
+// Four 8x8 f16 matrices from shared memory, transposed: lane i gives the address of row i % 8 of matrix i
+// / 8.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* row) {
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -425,7 +442,8 @@ __device__ inline void load_chunk_f16(__half* dst, int ld, const KV* pool, const
     uint4 out = make_uint4(0, 0, 0, 0);
     const int32_t blk = (p >= lo && p <= hi) ? table[p / g.block_size] : -1;
     if (blk >= 0 && d < g.head_dim) {
-      const KV* src = pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
+      const KV* src =
+          pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
       if constexpr (sizeof(KV) == 2) {
         out = *reinterpret_cast<const uint4*>(src);
       } else {
@@ -447,6 +465,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     attention_mma_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                          const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
                          Geometry g, int64_t tile_tokens, int64_t heads_per_tile) {
+  pdl_begin();
   constexpr int kLd = D + 8;  // shared row length (halves): 16 bytes of padding
   __shared__ __align__(16) __half ks[kMmaChunk * kLd];
   __shared__ __align__(16) __half vs[kMmaChunk * kLd];
@@ -488,8 +507,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
           x0 = qr[d] * g.scale;
           x1 = d + 1 < g.head_dim ? qr[d + 1] * g.scale : 0.0f;
         }
-        qa[kk][i + 2 * half] = pack_half2(fminf(fmaxf(x0, -65504.0f), 65504.0f),
-                                          fminf(fmaxf(x1, -65504.0f), 65504.0f));
+        qa[kk][i + 2 * half] =
+            pack_half2(fminf(fmaxf(x0, -65504.0f), 65504.0f), fminf(fmaxf(x1, -65504.0f), 65504.0f));
       }
     }
   }
@@ -574,7 +593,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       // (matrix i: positions 16kk + 8(i % 2) .., dims 16 db + 8(i / 2) ..).
 #pragma unroll
       for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
-        const uint32_t pa[4] = {pack_half2(sc[2 * kk][0], sc[2 * kk][1]), pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
+        const uint32_t pa[4] = {pack_half2(sc[2 * kk][0], sc[2 * kk][1]),
+                                pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
                                 pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                                 pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
         const int mat = lane / 8, r8 = lane % 8;
@@ -615,9 +635,9 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
   const int64_t tile_tokens = std::max<int64_t>(1, kMmaRows / heads_per_tile);
   const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
-  attention_mma_kernel<D, KV><<<static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kMmaWarps * 32, 0,
-                                ctx.stream>>>(
-      rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
+  (void)launch_kernel(
+      ctx, attention_mma_kernel<D, KV>, static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kMmaWarps * 32,
+      0, rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
       static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
       static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
       rows_of(op.dst), g, tile_tokens, heads_per_tile);
@@ -656,8 +676,8 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
   g.window = op.window;
   if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
   // A batch of many tokens, several a sequence on average (prefill), is mostly tokens of the same sequences:
-  // tiles of them share K/V reads. A batch of one token a sequence (batched decode) takes the split-KV kernel,
-  // whose blocks each serve one token.
+  // tiles of them share K/V reads. A batch of one token a sequence (batched decode) takes the split-KV
+  // kernel, whose blocks each serve one token.
   const int64_t n_seqs = std::max<int64_t>(1, op.bt_indptr.ne[0] - 1);
   if (g.n_tokens >= kTileMinTokens && g.n_tokens >= kTileMinTokensPerSeq * n_seqs) {
     const bool f16 = op.k_pool.type == DType::f16;

@@ -70,6 +70,11 @@ class CudaBackend final : public Backend {
     ctx_.stream = stream_;
     ctx_.cublas = cublas_.get();
     ctx_.n_sms = n_sms;
+    // Programmatic dependent launches on sm_90 and newer; KILN_CUDA_PDL=0 turns them off.
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    const char* pdl = std::getenv("KILN_CUDA_PDL");
+    ctx_.pdl = major >= 9 && (pdl == nullptr || std::string_view(pdl) != "0");
     ctx_.scratch_fn = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };
@@ -79,8 +84,8 @@ class CudaBackend final : public Backend {
                cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
     const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
     graphs_ = graphs == nullptr || std::string_view(graphs) != "0";
-    // Fused sequences (bit-identical to the ops one by one: tests/cuda/cuda_fusion_test.cpp); KILN_CUDA_FUSE=0
-    // runs every op as its own kernel.
+    // Fused sequences (bit-identical to the ops one by one: tests/cuda/cuda_fusion_test.cpp);
+    // KILN_CUDA_FUSE=0 runs every op as its own kernel.
     const char* fuse = std::getenv("KILN_CUDA_FUSE");
     fuse_ = fuse == nullptr || std::string_view(fuse) != "0";
     // cuBLAS gets a workspace of its own up front, so that a captured GEMM never allocates.

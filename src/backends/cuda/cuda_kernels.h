@@ -20,6 +20,8 @@ struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   int n_sms = 0;  // multiprocessors of the device
+  // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail.
+  bool pdl = false;
   // Device scratch of at least `bytes`, one buffer per slot (0 .. kScratchSlots-1); valid, in stream order,
   // until the next request for the same slot. Null when the device is out of memory.
   void* (*scratch_fn)(void* owner, int slot, size_t bytes) = nullptr;

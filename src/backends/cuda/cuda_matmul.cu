@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 namespace kiln::cuda {
@@ -192,6 +193,7 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
 // every block of the weight starts at (Quant<T>::kAlign or kSafeAlign).
 template <DType T, int A, int kCols, int kRows, int kUnroll>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+  pdl_begin();
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   GemvPart part{a.w, a.w_nb1, a.n, a.dst};
@@ -245,9 +247,11 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
   const dim3 grid(static_cast<unsigned>(blocks),
                   static_cast<unsigned>(std::min<int64_t>(a.n_groups, kMaxGridY)));
   if (natural_align) {
-    gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll><<<grid, kGemvThreads, 0, ctx.stream>>>(a);
+    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll>, grid, kGemvThreads, 0,
+                        a);
   } else {
-    gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll><<<grid, kGemvThreads, 0, ctx.stream>>>(a);
+    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll>, grid, kGemvThreads,
+                        0, a);
   }
 }
 
@@ -326,6 +330,7 @@ struct DequantArgs {
 // Thread: one piece (8 elements) of one row; grid: (pieces of a row, rows, grid-strided).
 template <DType T, int A>
 __global__ void dequant_rows_kernel(DequantArgs a) {
+  pdl_begin();
   using Q = Quant<T>;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (8 * p >= a.ne0) return;
@@ -350,9 +355,9 @@ cudaError_t launch_dequant(const Context& ctx, const DequantArgs& a, DType type)
     const dim3 grid(static_cast<unsigned>(ceil_div(ceil_div(a.ne0, 8), kPieceThreads)),
                     static_cast<unsigned>(std::min<int64_t>(a.n_rows, kMaxGridY)));
     if (aligned(a.src, align) && a.src_nb1 % align == 0) {
-      dequant_rows_kernel<T, Quant<T>::kAlign><<<grid, kPieceThreads, 0, ctx.stream>>>(a);
+      (void)launch_kernel(ctx, dequant_rows_kernel<T, Quant<T>::kAlign>, grid, kPieceThreads, 0, a);
     } else {
-      dequant_rows_kernel<T, Quant<T>::kSafeAlign><<<grid, kPieceThreads, 0, ctx.stream>>>(a);
+      (void)launch_kernel(ctx, dequant_rows_kernel<T, Quant<T>::kSafeAlign>, grid, kPieceThreads, 0, a);
     }
     return cudaGetLastError();
   });
@@ -384,6 +389,7 @@ void* dequant_weight(const Context& ctx, const Tensor& w, DType to, cudaError_t*
 // saturate: values beyond f16's range become +-65504 rather than infinities (x as a tensor-core input).
 __global__ void convert_rows_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows dst, DType dst_type,
                                     bool saturate) {
+  pdl_begin();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= ne0) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
@@ -397,7 +403,8 @@ cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64
                          DType dst_type, bool saturate = false) {
   const dim3 grid(static_cast<unsigned>(ceil_div(ne0, kPieceThreads)),
                   static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxGridY)));
-  convert_rows_kernel<<<grid, kPieceThreads, 0, ctx.stream>>>(src, ne0, n_rows, dst, dst_type, saturate);
+  (void)launch_kernel(ctx, convert_rows_kernel, grid, kPieceThreads, 0, src, ne0, n_rows, dst, dst_type,
+                      saturate);
   return cudaGetLastError();
 }
 

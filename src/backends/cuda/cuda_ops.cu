@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_launch.cuh"
 #include "ops/rope_freq.h"
 
 namespace kiln::cuda {
@@ -17,6 +18,11 @@ constexpr int kThreads = 256;
 cudaError_t launched() { return cudaGetLastError(); }
 
 // ---- norms: one block per row ----
+
+// Threads a norm's row: 256 at most (16 elements a thread on a 4096-wide row). A block of 1024 threads spends
+// longer launching and in its two barriers than in the row's few kilobytes. rms_norm and add_rms_norm share
+// it, so the fused kernel keeps the reduction order of the ops one by one.
+int norm_threads(int64_t n) { return std::min(row_threads(n), 256); }
 
 // One row of RMSNorm by the whole block. Each thread reads only the elements i = threadIdx.x + k *
 // blockDim.x, so a caller may have written them just before (add_rms_norm_kernel) without a barrier.
@@ -34,6 +40,7 @@ __device__ inline void rms_norm_row(const float* xr, char* yr, Store st, const f
 
 __global__ void rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
                                 int64_t n_rows) {
+  pdl_begin();
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
     rms_norm_row(x.row_as<const float>(r), dst.row(r), st, w, n, eps, w_add, red);
@@ -42,6 +49,7 @@ __global__ void rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int6
 
 __global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float* b, int64_t n, float eps,
                                   int64_t n_rows) {
+  pdl_begin();
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
     const float* xr = x.row_as<const float>(r);
@@ -100,6 +108,7 @@ __device__ inline void rope_element(const float* xr, float* yr, int64_t i, const
 
 __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const float* factors,
                             ops::RopeParams p, int64_t head_dim, int64_t n_heads, int64_t n_tokens) {
+  pdl_begin();
   __shared__ float2 cs_sn[kMaxRopePairs];
   const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);  // pairs, then pass-through dims
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
@@ -116,6 +125,7 @@ __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const fl
 // ---- softmax, argmax: one block per row ----
 
 __global__ void softmax_kernel(Rows x, Rows dst, float scale, int64_t n, int64_t n_rows) {
+  pdl_begin();
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
     const float* xr = x.row_as<const float>(r);
@@ -136,6 +146,7 @@ __device__ inline bool better(float v, int64_t i, float bv, int64_t bi) {
 }
 
 __global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows) {
+  pdl_begin();
   __shared__ float sv[32];
   __shared__ int64_t si[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
@@ -180,6 +191,7 @@ __device__ inline float glu(ops::GluKind kind, float g) {
 
 __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, bool broadcast,
                                  int64_t n, int64_t total) {
+  pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / n, i = e % n;
@@ -190,6 +202,7 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::Gl
 
 __global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool b_one_row, int64_t n,
                               int64_t total) {
+  pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / n, i = e % n;
@@ -199,6 +212,7 @@ __global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool
 }
 
 __global__ void scale_kernel(Rows x, Rows dst, float s, int64_t n, int64_t total) {
+  pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / n, i = e % n;
@@ -222,6 +236,7 @@ __device__ inline void put<__half>(void* pool, int64_t i, float v) {
 template <class KT, class VT>
 __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, const int32_t* slots,
                                 int64_t head_dim, int64_t n_kv, int64_t total) {
+  pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t d = e % head_dim, row = e / head_dim;  // row = h + n_kv * t
@@ -244,7 +259,9 @@ template <class KT, class VT>
 __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, void* k_pool,
                                      void* v_pool, const int32_t* slots, const int32_t* positions,
                                      const float* factors, ops::RopeParams p, int64_t head_dim,
-                                     int64_t n_heads, int64_t n_kv, int64_t n_tokens, int64_t heads_per_split) {
+                                     int64_t n_heads, int64_t n_kv, int64_t n_tokens,
+                                     int64_t heads_per_split) {
+  pdl_begin();
   __shared__ float2 cs_sn[kMaxRopePairs];
   const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);
   const int64_t h_lo = blockIdx.y * heads_per_split, h_hi = min(h_lo + heads_per_split, n_heads + n_kv);
@@ -277,6 +294,7 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (same block size, so the same reduction order).
 __global__ void add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n,
                                     float eps, float w_add, int64_t n_rows) {
+  pdl_begin();
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
     const float* ar = a.row_as<const float>(r);
@@ -291,6 +309,7 @@ __global__ void add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st
 
 __global__ void moe_route_kernel(Rows logits, int32_t* ids, Rows weights, int64_t n_expert, int64_t n_used,
                                  bool normalize, int64_t n_tokens) {
+  pdl_begin();
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n_tokens;
        t += int64_t{gridDim.x} * blockDim.x) {
     const float* x = logits.row_as<const float>(t);
@@ -318,6 +337,7 @@ __global__ void moe_route_kernel(Rows logits, int32_t* ids, Rows weights, int64_
 }
 
 __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t n_slots, int64_t total) {
+  pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = e / n, i = e % n;
@@ -332,63 +352,64 @@ __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t
 
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  rms_norm_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
-      rows_of(op.x), rows_of(op.dst), store_of(op.dst.type), static_cast<const float*>(op.w.tensor.data), n,
-      op.eps, op.add_one ? 1.0f : 0.0f, rows);
+  (void)launch_kernel(ctx, rms_norm_kernel, grid_for(rows, 1), norm_threads(n), 0, rows_of(op.x),
+                      rows_of(op.dst), store_of(op.dst.type), static_cast<const float*>(op.w.tensor.data), n,
+                      op.eps, op.add_one ? 1.0f : 0.0f, rows);
   return launched();
 }
 
 cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  layer_norm_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
-      rows_of(op.x), rows_of(op.dst), static_cast<const float*>(op.w.tensor.data),
-      static_cast<const float*>(op.b.tensor.data), n, op.eps, rows);
+  (void)launch_kernel(ctx, layer_norm_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
+                      rows_of(op.dst), static_cast<const float*>(op.w.tensor.data),
+                      static_cast<const float*>(op.b.tensor.data), n, op.eps, rows);
   return launched();
 }
 
 cudaError_t rope(const Context& ctx, const ops::Rope& op) {
   if (op.p.n_rot / 2 > kMaxRopePairs) return cudaErrorNotSupported;
   const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
-  rope_kernel<<<grid_for(n_tokens, 1), kThreads, 0, ctx.stream>>>(
-      rows_of(op.x), rows_of(op.dst), static_cast<const int32_t*>(op.positions.data),
-      static_cast<const float*>(op.freq_factors.tensor.data), op.p, head_dim, n_heads, n_tokens);
+  (void)launch_kernel(ctx, rope_kernel, grid_for(n_tokens, 1), kThreads, 0, rows_of(op.x), rows_of(op.dst),
+                      static_cast<const int32_t*>(op.positions.data),
+                      static_cast<const float*>(op.freq_factors.tensor.data), op.p, head_dim, n_heads,
+                      n_tokens);
   return launched();
 }
 
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  softmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst),
-                                                                       op.scale, n, rows);
+  (void)launch_kernel(ctx, softmax_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
+                      rows_of(op.dst), op.scale, n, rows);
   return launched();
 }
 
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  argmax_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
-      rows_of(op.x), static_cast<int32_t*>(op.out.data), n, rows);
+  (void)launch_kernel(ctx, argmax_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
+                      static_cast<int32_t*>(op.out.data), n, rows);
   return launched();
 }
 
 cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op) {
   const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
-  gated_act_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(
-      rows_of(op.gate), rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind,
-      op.gate.ne[0] == 1 && n > 1, n, total);
+  (void)launch_kernel(ctx, gated_act_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.gate),
+                      rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind,
+                      op.gate.ne[0] == 1 && n > 1, n, total);
   return launched();
 }
 
 cudaError_t binary(const Context& ctx, const ops::Binary& op) {
   const int64_t n = op.a.ne[0], total = n * op.a.n_rows();
-  binary_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(
-      rows_of(op.a), rows_of(op.b.tensor), rows_of(op.dst), store_of(op.dst.type),
-      op.kind == ops::BinaryKind::binary_kind_mul, op.b.tensor.n_rows() == 1, n, total);
+  (void)launch_kernel(ctx, binary_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.a),
+                      rows_of(op.b.tensor), rows_of(op.dst), store_of(op.dst.type),
+                      op.kind == ops::BinaryKind::binary_kind_mul, op.b.tensor.n_rows() == 1, n, total);
   return launched();
 }
 
 cudaError_t scale(const Context& ctx, const ops::Scale& op) {
   const int64_t n = op.x.ne[0], total = n * op.x.n_rows();
-  scale_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(rows_of(op.x), rows_of(op.dst),
-                                                                       op.scale, n, total);
+  (void)launch_kernel(ctx, scale_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.x),
+                      rows_of(op.dst), op.scale, n, total);
   return launched();
 }
 
@@ -399,17 +420,17 @@ cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
   const bool k16 = op.k_pool.type == DType::f16, v16 = op.v_pool.type == DType::f16;
   const Rows k = rows_of(op.k), v = rows_of(op.v);
   if (k16 && v16) {
-    kv_write_kernel<__half, __half><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
-                                                                       slots, head_dim, n_kv, total);
+    (void)launch_kernel(ctx, kv_write_kernel<__half, __half>, grid, kThreads, 0, k, v, op.k_pool.data,
+                        op.v_pool.data, slots, head_dim, n_kv, total);
   } else if (!k16 && !v16) {
-    kv_write_kernel<float, float><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
-                                                                     slots, head_dim, n_kv, total);
+    (void)launch_kernel(ctx, kv_write_kernel<float, float>, grid, kThreads, 0, k, v, op.k_pool.data,
+                        op.v_pool.data, slots, head_dim, n_kv, total);
   } else if (k16) {
-    kv_write_kernel<__half, float><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
-                                                                      slots, head_dim, n_kv, total);
+    (void)launch_kernel(ctx, kv_write_kernel<__half, float>, grid, kThreads, 0, k, v, op.k_pool.data,
+                        op.v_pool.data, slots, head_dim, n_kv, total);
   } else {
-    kv_write_kernel<float, __half><<<grid, kThreads, 0, ctx.stream>>>(k, v, op.k_pool.data, op.v_pool.data,
-                                                                      slots, head_dim, n_kv, total);
+    (void)launch_kernel(ctx, kv_write_kernel<float, __half>, grid, kThreads, 0, k, v, op.k_pool.data,
+                        op.v_pool.data, slots, head_dim, n_kv, total);
   }
   return launched();
 }
@@ -430,11 +451,12 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
   const auto launch = [&](auto k_elem, auto v_elem) {
     using KT = decltype(k_elem);
     using VT = decltype(v_elem);
-    rope_kv_write_kernel<KT, VT><<<grid, kThreads, 0, ctx.stream>>>(
-        rows_of(q.x), rows_of(q.dst), rows_of(k.x), rows_of(k.dst), rows_of(kv.v), kv.k_pool.data,
-        kv.v_pool.data, static_cast<const int32_t*>(kv.slots.data),
-        static_cast<const int32_t*>(q.positions.data), static_cast<const float*>(q.freq_factors.tensor.data),
-        q.p, head_dim, n_heads, n_kv, n_tokens, per_split);
+    (void)launch_kernel(ctx, rope_kv_write_kernel<KT, VT>, grid, kThreads, 0, rows_of(q.x), rows_of(q.dst),
+                        rows_of(k.x), rows_of(k.dst), rows_of(kv.v), kv.k_pool.data, kv.v_pool.data,
+                        static_cast<const int32_t*>(kv.slots.data),
+                        static_cast<const int32_t*>(q.positions.data),
+                        static_cast<const float*>(q.freq_factors.tensor.data), q.p, head_dim, n_heads, n_kv,
+                        n_tokens, per_split);
   };
   const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
   if (k16 && v16) {
@@ -451,24 +473,25 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
 
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm) {
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
-  add_rms_norm_kernel<<<grid_for(rows, 1), row_threads(n), 0, ctx.stream>>>(
-      rows_of(add.a), rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
-      static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f, rows);
+  (void)launch_kernel(ctx, add_rms_norm_kernel, grid_for(rows, 1), norm_threads(n), 0, rows_of(add.a),
+                      rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
+                      static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f,
+                      rows);
   return launched();
 }
 
 cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op) {
   const int64_t n_tokens = op.logits.n_rows();
-  moe_route_kernel<<<grid_for(n_tokens, 64), 64, 0, ctx.stream>>>(
-      rows_of(op.logits), static_cast<int32_t*>(op.ids.data), rows_of(op.weights), op.logits.ne[0],
-      op.weights.ne[0], op.normalize, n_tokens);
+  (void)launch_kernel(ctx, moe_route_kernel, grid_for(n_tokens, 64), 64, 0, rows_of(op.logits),
+                      static_cast<int32_t*>(op.ids.data), rows_of(op.weights), op.logits.ne[0],
+                      op.weights.ne[0], op.normalize, n_tokens);
   return launched();
 }
 
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op) {
   const int64_t n = op.y.ne[0], n_slots = op.y.ne[1], total = n * op.dst.n_rows();
-  weighted_sum_kernel<<<grid_for(total, kThreads), kThreads, 0, ctx.stream>>>(
-      rows_of(op.y), rows_of(op.w), rows_of(op.dst), n, n_slots, total);
+  (void)launch_kernel(ctx, weighted_sum_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.y),
+                      rows_of(op.w), rows_of(op.dst), n, n_slots, total);
   return launched();
 }
 
