@@ -190,7 +190,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     const std::vector<ops::Op>& ops = L.program.ops();
     std::vector<size_t> lengths;
     for (size_t i = 0; i < ops.size();) {
-      const size_t n = cuda::fused_length(std::span(ops).subspan(i));
+      const size_t n = cuda::fused_length(cuda::Context{}, std::span(ops).subspan(i));
       lengths.push_back(n);
       i += n > 0 ? n : 1;
     }
@@ -203,9 +203,9 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   Layer L = make_layer(**b, 1, DType::bf16, 1);
   std::vector<ops::Op> ops = L.program.ops();
   std::get<ops::RmsNorm>(ops[1]).x = std::get<ops::Binary>(ops[0]).b.tensor;
-  EXPECT_EQ(cuda::fused_length(std::span(ops)), 0u);
+  EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops)), 0u);
   std::get<ops::KvWrite>(ops[7]).k = std::get<ops::Rope>(ops[5]).dst;  // q's, not k's
-  EXPECT_EQ(cuda::fused_length(std::span(ops).subspan(5)), 0u);
+  EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(5)), 0u);
 }
 
 }  // namespace

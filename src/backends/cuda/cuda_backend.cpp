@@ -70,11 +70,15 @@ class CudaBackend final : public Backend {
     ctx_.stream = stream_;
     ctx_.cublas = cublas_.get();
     ctx_.n_sms = n_sms;
-    // Programmatic dependent launches on sm_90 and newer; KILN_CUDA_PDL=0 turns them off.
+    // Programmatic dependent launches (sm_90 and newer) with KILN_CUDA_PDL=1. Off by default: measured on an
+    // H100, they gain ~3% on a 135M model's decode and cost ~5% on an 8B's (docs/cuda.md).
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     const char* pdl = std::getenv("KILN_CUDA_PDL");
-    ctx_.pdl = major >= 9 && (pdl == nullptr || std::string_view(pdl) != "0");
+    ctx_.pdl = major >= 9 && pdl != nullptr && std::string_view(pdl) == "1";
+    // KILN_CUDA_INT8=0: quantize_x matmuls of block-quantized weights take the exact GEMV (for comparison).
+    const char* int8 = std::getenv("KILN_CUDA_INT8");
+    ctx_.int8_gemv = int8 == nullptr || std::string_view(int8) != "0";
     ctx_.scratch_fn = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };

@@ -99,15 +99,16 @@ bool same_rope(const ops::Rope& a, const ops::Rope& b) {
 }
 
 // Matmuls on one x at GEMV size, each writing its own destination that is not x: up to three in one launch.
-size_t gemv_group(std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+size_t gemv_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
   const auto* first = std::get_if<ops::Matmul>(&ops[0]);
-  if (first == nullptr || first->x.n_rows() > kGemvMaxCols || overlap(first->dst, first->x)) return 0;
+  if (first == nullptr || !takes_gemv(ctx, *first) || overlap(first->dst, first->x)) return 0;
   size_t n = 1;
   group[0] = first;
   while (n < 3 && n < ops.size()) {
     const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
     if (mm == nullptr || !same_view(mm->x, first->x) || mm->w.tensor.type != first->w.tensor.type ||
         mm->w.tensor.ne[0] != first->w.tensor.ne[0] || mm->dst.type != first->dst.type ||
+        mm->quantize_x != first->quantize_x ||
         overlap(mm->dst, first->x)) {
       break;
     }
@@ -147,16 +148,16 @@ bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
 
 }  // namespace
 
-size_t fused_length(std::span<const ops::Op> ops) {
+size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   if (ops.size() < 2) return 0;
-  if (const ops::Matmul * group[3]; const size_t n = gemv_group(ops, group)) return n;
+  if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group)) return n;
   if (add_norm_pair(ops[0], ops[1])) return 2;
   if (ops.size() >= 3 && rope_kv_triple(ops[0], ops[1], ops[2])) return 3;
   return 0;
 }
 
 cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed) {
-  consumed = fused_length(ops);
+  consumed = fused_length(ctx, ops);
   if (consumed == 0) return cudaSuccess;
   if (std::holds_alternative<ops::Matmul>(ops[0])) {
     const ops::Matmul* group[3] = {};

@@ -1,14 +1,19 @@
 // GetRows, Matmul and MoeMatmul on the device (contracts: ops/ops.h; dequantization: cuda_quant.cuh).
 //
-// Matmul has three paths, by m = x.n_rows():
-// - m <= kGemvMaxCols (decode): gemv_kernel streams the weight once, dequantizes it in registers and computes
-//   all m columns from that one pass, in f32. Exact (the products of the exactly dequantized weight and x).
+// Matmul has four paths, by m = x.n_rows() and quantize_x:
+// - quantize_x, a weight type with an integer path (cuda_q8.cuh) and m <= kQ8MaxCols (decode, batched
+//   decode): x rounded to 8 bits per block of 32, then gemv_kernel on integer dot products (__dp4a), up to
+//   kGemvMaxCols columns a block, column groups side by side so that a weight row is read from memory once.
+// - m <= kGemvMaxCols otherwise: gemv_kernel streams the weight once, dequantizes it in registers and
+//   computes all m columns from that one pass, in f32. Exact (the products of the exactly dequantized weight
+//   and x).
 // - m > kGemvMaxCols, quantize_x false: the weight dequantized to f32 (unless it is f32 already),
-// cublasSgemm.
+//   cublasSgemm.
 // - m > kGemvMaxCols, quantize_x true: cublasGemmEx on tensor cores with f32 accumulation: bf16 weights with
 //   x rounded to bf16; f16 and block-quantized weights (dequantized to f16) with x rounded to f16, saturated;
 //   f32 weights in TF32 (~1e-3 relative at worst).
-// Every path computes f32 and rounds once to an f16 / bf16 destination.
+// Every path computes f32 and rounds once to an f16 / bf16 destination. MoeMatmul is a GEMV of one column
+// per (token, expert slot), on the integer path under quantize_x when the type has one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,6 +25,7 @@
 
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_q8.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 namespace kiln::cuda {
@@ -106,11 +112,18 @@ struct GemvArgs {
   int64_t n, k;
   int m;  // columns per group: 1 .. kGemvMaxCols
   int64_t n_groups;
+  int64_t n_cols;  // columns in all: the last group may have fewer than m
+  // Column groups side by side along grid.x (block x = row block * col_split + group % col_split), so that
+  // the groups of a row block run together and read its weight rows once from memory; the rest along grid.y.
+  int col_split;
   bool use_ids;  // MoE: column q uses expert ids[q] (m == 1); else expert 0
   Ids ids;
   int64_t x_div;  // column q reads x row q / x_div
   Rows x;         // f32 rows of k
   bool x_vec;     // every x row is 16-byte aligned
+  // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
+  const int* xq;
+  const float2* xds;
   Rows dst;       // rows of n
   DType dst_type;
   // Further matrices on the same x (n_parts - 1 of them): the blocks from part_start[i] on compute part i.
@@ -142,7 +155,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // loaded and dequantized before their products, to keep loads in flight.
 template <DType T, int A, int kCols, int kRows, int kUnroll>
 __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows],
-                                             const float* const (&x)[kCols], const GemvArgs& a,
+                                             const float* const (&x)[kCols], int cols, const GemvArgs& a,
                                              float (&acc)[kRows][kCols]) {
   using Q = Quant<T>;
   const int64_t n_pieces = a.k / 8;
@@ -162,7 +175,7 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
       if (p >= n_pieces) break;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        if (c >= a.m) break;
+        if (c >= cols) break;
         float xv[8];
         load_x8(x[c], p, a.x_vec, xv);
 #pragma unroll
@@ -180,8 +193,39 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
         const float wr = Q::element(rows[r], e);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
-          if (c < a.m) acc[r][c] = fmaf(wr, __ldg(x[c] + e), acc[r][c]);
+          if (c < cols) acc[r][c] = fmaf(wr, __ldg(x[c] + e), acc[r][c]);
         }
+      }
+    }
+  }
+}
+
+// gemv_partial on the integer path: x rounded to 8 bits, units of Q8<T>::kUnit elements (cuda_q8.cuh).
+template <DType T, int A, int kCols, int kRows, int kUnroll>
+__device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRows], const XRow (&x)[kCols],
+                                                int cols, const GemvArgs& a, float (&acc)[kRows][kCols]) {
+  using Q = Q8<T>;
+  const int64_t n_units = a.k / Q::kUnit;
+  for (int64_t base = threadIdx.x; base < n_units; base += kGemvThreads * kUnroll) {
+    typename Q::W w[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + kGemvThreads * u;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (p < n_units) w[u][r] = Q::template load<A>(rows[r], p);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + kGemvThreads * u;
+      if (p >= n_units) break;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= cols) break;
+        const typename Q::X xv = Q::load_x(p, x[c]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r][c] += Q::dot(w[u][r], xv);
       }
     }
   }
@@ -189,31 +233,47 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
 
 // Block: kRows consecutive weight rows, its kGemvThreads threads splitting k (split-k inside the block: many
 // small blocks fill the device evenly, with no tail of a last partial wave); the threads' sums meet through
-// warp shuffles and shared memory, in a fixed order. Grid: (row groups, column groups). A is the alignment
-// every block of the weight starts at (Quant<T>::kAlign or kSafeAlign).
-template <DType T, int A, int kCols, int kRows, int kUnroll>
+// warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups / col_split).
+// A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8: the integer
+// path (a.xq, a.xds), else f32 x.
+template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   pdl_begin();
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   GemvPart part{a.w, a.w_nb1, a.n, a.dst};
-  unsigned block = blockIdx.x;
+  unsigned block = blockIdx.x / a.col_split;
   for (int i = 1; i < a.n_parts; ++i) {
-    if (blockIdx.x >= a.part_start[i]) part = a.more[i - 1], block = blockIdx.x - a.part_start[i];
+    if (blockIdx.x / a.col_split >= a.part_start[i]) {
+      part = a.more[i - 1], block = blockIdx.x / a.col_split - a.part_start[i];
+    }
   }
   const int64_t row0 = static_cast<int64_t>(block) * kRows;
-  for (int64_t g = blockIdx.y; g < a.n_groups; g += gridDim.y) {
+  const int64_t g_step = static_cast<int64_t>(gridDim.y) * a.col_split;
+  for (int64_t g = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split; g < a.n_groups;
+       g += g_step) {
     const int64_t q0 = g * a.m;
+    const int cols = static_cast<int>(min(static_cast<int64_t>(a.m), a.n_cols - q0));
     const uint8_t* w = part.w + (a.use_ids ? a.ids[q0] * a.w_nb2 : 0);
     const uint8_t* rows[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) rows[r] = w + min(row0 + r, part.n - 1) * part.w_nb1;
-    const float* x[kCols];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c)
-      x[c] = reinterpret_cast<const float*>(a.x.row((q0 + min(c, a.m - 1)) / a.x_div));
     float acc[kRows][kCols] = {};
-    gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, a, acc);
+    if constexpr (kQ8) {
+      XRow x[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int64_t i = (q0 + min(c, cols - 1)) / a.x_div;
+        x[c] = {a.xq + i * (a.k / 4), a.xds + i * (a.k / 32)};
+      }
+      gemv_q8_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
+    } else {
+      const float* x[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        x[c] = reinterpret_cast<const float*>(a.x.row((q0 + min(c, cols - 1)) / a.x_div));
+      gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
+    }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -225,7 +285,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     __syncthreads();
     if (threadIdx.x < kRows * kCols) {
       const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
-      if (c < a.m && row0 + r < part.n) {
+      if (c < cols && row0 + r < part.n) {
         float v = 0.0f;
 #pragma unroll
         for (int i = 0; i < kGemvThreads / 32; ++i) v += red[i][r][c];
@@ -236,7 +296,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   }
 }
 
-template <DType T, int kCols, int kRows, int kUnroll>
+template <DType T, bool kQ8, int kCols, int kRows, int kUnroll>
 void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
   int64_t blocks = ceil_div(a.n, kRows);
   a.part_start[0] = 0;
@@ -244,23 +304,25 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
     a.part_start[i] = static_cast<unsigned>(blocks);
     blocks += ceil_div(a.more[i - 1].n, kRows);
   }
-  const dim3 grid(static_cast<unsigned>(blocks),
-                  static_cast<unsigned>(std::min<int64_t>(a.n_groups, kMaxGridY)));
+  const dim3 grid(static_cast<unsigned>(blocks * a.col_split),
+                  static_cast<unsigned>(std::min<int64_t>(ceil_div(a.n_groups, a.col_split), kMaxGridY)));
   if (natural_align) {
-    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll>, grid, kGemvThreads, 0,
-                        a);
-  } else {
-    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll>, grid, kGemvThreads,
+    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8>, grid, kGemvThreads,
                         0, a);
+  } else {
+    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll, kQ8>, grid,
+                        kGemvThreads, 0, a);
   }
 }
 
 // Rows a block: more rows make fewer, larger blocks, and each x value loaded from L1 serves them all (x is
 // f32: with one row its traffic is twice the weight's); fewer keep the device evenly busy on short matrices.
-// The pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows.
-template <DType T>
+// The pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows, and
+// four or eight columns.
+template <DType T, bool kQ8>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align) {
-  if (a.m > 1) return launch_gemv_shape<T, kGemvMaxCols, 4, 1>(ctx, a, natural_align);
+  if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1>(ctx, a, natural_align);
+  if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1>(ctx, a, natural_align);
   // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/cuda_matmul_bench).
   static const int forced = [] {
     const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
@@ -273,10 +335,10 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align)
   for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
   const int rows = forced != 0 ? forced : n >= 4096 ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
-    case 8: return launch_gemv_shape<T, 1, 8, 1>(ctx, a, natural_align);
-    case 4: return launch_gemv_shape<T, 1, 4, 2>(ctx, a, natural_align);
-    case 2: return launch_gemv_shape<T, 1, 2, 4>(ctx, a, natural_align);
-    default: return launch_gemv_shape<T, 1, 1, 4>(ctx, a, natural_align);
+    case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1>(ctx, a, natural_align);
+    case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2>(ctx, a, natural_align);
+    case 2: return launch_gemv_shape<T, kQ8, 1, 2, 4>(ctx, a, natural_align);
+    default: return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, natural_align);
   }
 }
 
@@ -285,17 +347,83 @@ bool rows_aligned16(const Tensor& t) {
   return aligned(t.data, 16) && t.nb[1] % 16 == 0 && t.nb[2] % 16 == 0 && t.nb[3] % 16 == 0;
 }
 
-cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w) {
-  return visit_weight_type(w.type, [&](auto tag) {
+template <class F>
+cudaError_t visit_q8_type(DType t, F&& f) {
+  switch (t) {
+#define KILN_CASE(name) \
+  case DType::name: return f(std::integral_constant<DType, DType::name>{});
+    KILN_CUDA_Q8_TYPES(KILN_CASE)
+#undef KILN_CASE
+    default: return cudaErrorNotSupported;
+  }
+}
+
+bool q8_type(DType t) {
+  return visit_q8_type(t, [](auto) { return cudaSuccess; }) == cudaSuccess;
+}
+
+// The f32 rows of x (k a multiple of 32) rounded to 8 bits per block of 32 (cuda_q8.cuh): one warp a block.
+// A block holding a NaN gets a NaN scale, so that the products stay NaN as on the exact path.
+__global__ void quantize_x_kernel(Rows x, int64_t k, int64_t n_rows, int* xq, float2* xds) {
+  pdl_begin();
+  const int lane = threadIdx.x % 32;
+  const int64_t per_row = k / 32, total = n_rows * per_row;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < total;
+       i += step) {
+    const int64_t r = i / per_row, b = i % per_row;
+    const float v = reinterpret_cast<const float*>(x.row(r))[32 * b + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const bool nan = __any_sync(0xFFFFFFFFu, v != v);
+    const float d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
+    const int q = amax > 0.0f && !nan ? max(-127, min(127, __float2int_rn(v / d))) : 0;
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    reinterpret_cast<int8_t*>(xq + r * (k / 4))[32 * b + lane] = static_cast<int8_t>(q);
+    if (lane == 0) xds[i] = make_float2(d, d * static_cast<float>(sum));
+  }
+}
+
+// Rounds the rows of x to 8 bits into scratch for the integer GEMV, and points a.xq / a.xds there.
+cudaError_t quantize_x(const Context& ctx, const Tensor& x, GemvArgs& a) {
+  const int64_t k = x.ne[0], n_rows = x.n_rows();
+  const size_t q_bytes = static_cast<size_t>(n_rows * k);  // a multiple of 32: the scales stay aligned
+  auto* out = static_cast<uint8_t*>(ctx.scratch(kSlotX, q_bytes + static_cast<size_t>(n_rows * (k / 32)) * 8));
+  if (out == nullptr) return cudaErrorMemoryAllocation;
+  a.xq = reinterpret_cast<const int*>(out);
+  a.xds = reinterpret_cast<const float2*>(out + q_bytes);
+  constexpr int kThreads = 256;
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(n_rows * (k / 32), kThreads / 32), 65535));
+  return launch_kernel(ctx, quantize_x_kernel, grid, kThreads, 0, rows_of(x), k, n_rows,
+                       reinterpret_cast<int*>(out), reinterpret_cast<float2*>(out + q_bytes));
+}
+
+// q8: on the integer path (x rounded to 8 bits by quantize_x() first); else exact, in f32.
+cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8) {
+  auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
     const int64_t align = Quant<T>::kAlign;
     bool natural = aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
     for (int i = 1; i < a.n_parts; ++i) {
       natural = natural && aligned(a.more[i - 1].w, align) && a.more[i - 1].w_nb1 % align == 0;
     }
-    launch_gemv_rows<T>(ctx, a, natural);
+    launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, natural);
     return cudaGetLastError();
-  });
+  };
+  if (!q8) return visit_weight_type(w.type, [&](auto tag) { return launch(tag, std::false_type{}); });
+  return visit_q8_type(w.type, [&](auto tag) { return launch(tag, std::true_type{}); });
+}
+
+// The columns of a dense GEMV of m columns: one group of up to kGemvMaxCols, or groups of kGemvMaxCols side
+// by side (the integer path, up to kQ8MaxCols).
+void set_columns(GemvArgs& a, int64_t m) {
+  a.m = static_cast<int>(std::min<int64_t>(m, kGemvMaxCols));
+  a.n_cols = m;
+  a.n_groups = ceil_div(m, a.m);
+  a.col_split = static_cast<int>(a.n_groups);
 }
 
 GemvArgs gemv_args(const Tensor& w, const Tensor& x, const Tensor& dst) {
@@ -311,6 +439,7 @@ GemvArgs gemv_args(const Tensor& w, const Tensor& x, const Tensor& dst) {
   a.dst = rows_of(dst);
   a.dst_type = dst.type;
   a.n_parts = 1;
+  a.col_split = 1;
   return a;
 }
 
@@ -538,28 +667,42 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
   return launch_dequant(ctx, a, table.type);
 }
 
+bool takes_q8(const Context& ctx, const ops::Matmul& op) {
+  return ctx.int8_gemv && op.quantize_x && q8_type(op.w.tensor.type) && op.x.n_rows() <= kQ8MaxCols;
+}
+
+bool takes_gemv(const Context& ctx, const ops::Matmul& op) {
+  return op.x.n_rows() <= kGemvMaxCols || takes_q8(ctx, op);
+}
+
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
-  const int64_t m = op.x.n_rows();
-  if (m > kGemvMaxCols) return matmul_gemm(ctx, op);
-  // The GEMV is exact, so it serves quantize_x too (which allows, never requires, lower precision).
+  if (!takes_gemv(ctx, op)) return matmul_gemm(ctx, op);
+  // The exact GEMV serves quantize_x too for the types without an integer path (quantize_x allows, never
+  // requires, lower precision).
   GemvArgs a = gemv_args(op.w.tensor, op.x, op.dst);
-  a.m = static_cast<int>(m);
-  a.n_groups = 1;
-  return launch_gemv(ctx, a, op.w.tensor);
+  set_columns(a, op.x.n_rows());
+  const bool q8 = takes_q8(ctx, op);
+  if (q8) {
+    if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
+  }
+  return launch_gemv(ctx, a, op.w.tensor, q8);
 }
 
 cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
   const ops::Matmul& first = *group[0];
   if (group.size() > kGemvMaxParts) return cudaErrorInvalidValue;
   GemvArgs a = gemv_args(first.w.tensor, first.x, first.dst);
-  a.m = static_cast<int>(first.x.n_rows());
-  a.n_groups = 1;
+  set_columns(a, first.x.n_rows());
   a.n_parts = static_cast<int>(group.size());
   for (size_t i = 1; i < group.size(); ++i) {
     const Tensor& w = group[i]->w.tensor;
     a.more[i - 1] = {static_cast<const uint8_t*>(w.data), w.nb[1], w.ne[1], rows_of(group[i]->dst)};
   }
-  return launch_gemv(ctx, a, first.w.tensor);
+  const bool q8 = takes_q8(ctx, first);
+  if (q8) {
+    if (const cudaError_t err = quantize_x(ctx, first.x, a); err != cudaSuccess) return err;
+  }
+  return launch_gemv(ctx, a, first.w.tensor, q8);
 }
 
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
@@ -568,10 +711,15 @@ cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
   GemvArgs a = gemv_args(op.w.tensor, op.x, op.dst);
   a.m = 1;
   a.n_groups = n_used * n_tokens;  // column q = s + n_used * t: dst row (s, t)
+  a.n_cols = a.n_groups;
   a.use_ids = true;
   a.ids = ids_of(op.ids);                  // read flat: id q = s + n_used * t
   a.x_div = op.x.ne[1] == 1 ? n_used : 1;  // x row t, or (s, t)
-  return launch_gemv(ctx, a, op.w.tensor);
+  const bool q8 = ctx.int8_gemv && op.quantize_x && q8_type(op.w.tensor.type);
+  if (q8) {
+    if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
+  }
+  return launch_gemv(ctx, a, op.w.tensor, q8);
 }
 
 }  // namespace kiln::cuda

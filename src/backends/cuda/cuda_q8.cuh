@@ -1,0 +1,329 @@
+// Integer dot products of block-quantized weights with x rounded to 8 bits (Matmul::quantize_x on the GEMV
+// path, cuda_matmul.cu).
+//
+// x is rounded per block of 32 elements, as llama.cpp's q8_1: int8 q = round(x / d) with d = max|x| / 127,
+// and the block's pair {d, d * sum(q)} beside it. The products are then __dp4a of the weight's integers with
+// q, four at a time, scaled once per block: a fraction of the instructions and of the x bytes the f32 GEMV
+// needs. A weight offset or minimum (q4_0's -8, q4_1's m, the K-quants' mins) multiplies the block sum of x
+// instead of every element.
+//
+// The unit of work is Q8<T>::kUnit elements of a row, which need not be contiguous: for the 4- and 5-bit
+// types they are the low and high nibbles of the same bytes. Q8<T>::load<A>(row, u) reads unit u of a weight
+// row (A: the alignment guaranteed for every block start, as in cuda_quant.cuh) into registers;
+// Q8<T>::load_x(u, x) reads the x values the unit multiplies; Q8<T>::dot(w, x) is their product.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_quant.cuh"
+
+namespace kiln::cuda {
+
+// One x row rounded to 8 bits: qs[k] as 32-bit words of four, and per block of 32 {d, d * sum(q)}.
+struct XRow {
+  const int* qs;
+  const float2* ds;
+};
+
+// Byte `i` (0..11) of three little-endian words.
+__device__ __forceinline__ uint32_t byte12(uint32_t w0, uint32_t w1, uint32_t w2, int i) {
+  return ((i < 4 ? w0 : i < 8 ? w1 : w2) >> (8 * (i & 3))) & 0xFF;
+}
+// Bits 0..3 of b as bit 4 of bytes 0..3.
+__device__ __forceinline__ uint32_t bits_to_bit4(uint32_t b) {
+  return ((b & 1) << 4) | ((b & 2) << 11) | ((b & 4) << 18) | ((b & 8) << 25);
+}
+
+template <DType T>
+struct Q8;
+
+// Legacy 32-element blocks with 4-bit values: unit i (0..3) of a block is qs bytes 4i .. 4i+3, elements 4i ..
+// 4i+3 (low nibbles) and 16+4i .. 16+4i+3 (high), a quarter of the block.
+struct X32 {
+  int lo, hi;
+  float2 ds;
+};
+__device__ __forceinline__ X32 load_x32(int64_t u, const XRow& x) {
+  const int64_t b = u / 4;
+  const int i = static_cast<int>(u % 4);
+  return {__ldg(x.qs + 8 * b + i), __ldg(x.qs + 8 * b + 4 + i), __ldg(x.ds + b)};
+}
+__device__ __forceinline__ int dot_nibbles(uint32_t lo, uint32_t hi, const X32& x) {
+  return __dp4a(static_cast<int>(lo), x.lo, __dp4a(static_cast<int>(hi), x.hi, 0));
+}
+
+template <>
+struct Q8<DType::q4_0> {  // d:2 qs:16; w = d * (q - 8)
+  static constexpr int kUnit = 8;
+  struct W {
+    uint32_t q;
+    float d;
+  };
+  using X = X32;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 4) * 18;
+    return {ld_u32<align_at(A, 2)>(b + 2 + 4 * (u % 4)), f16_bits_to_f32(ld_u16<A>(b))};
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_x32(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    const int s = dot_nibbles(w.q & 0x0F0F0F0Fu, (w.q >> 4) & 0x0F0F0F0Fu, x);
+    return w.d * (x.ds.x * static_cast<float>(s) - 2.0f * x.ds.y);  // -8 * sum(x) over a quarter block
+  }
+};
+
+template <>
+struct Q8<DType::q4_1> {  // d:2 m:2 qs:16; w = d * q + m
+  static constexpr int kUnit = 8;
+  struct W {
+    uint32_t q;
+    float d, m;
+  };
+  using X = X32;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 4) * 20;
+    const uint32_t dm = ld_u32<A>(b);
+    return {ld_u32<align_at(A, 4)>(b + 4 + 4 * (u % 4)), f16_bits_to_f32(dm & 0xFFFF), f16_bits_to_f32(dm >> 16)};
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_x32(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    const int s = dot_nibbles(w.q & 0x0F0F0F0Fu, (w.q >> 4) & 0x0F0F0F0Fu, x);
+    return w.d * x.ds.x * static_cast<float>(s) + 0.25f * w.m * x.ds.y;
+  }
+};
+
+// The 5-bit values of unit i: nibbles with their fifth bits from qh (bit j: element j).
+__device__ __forceinline__ void five_bits(uint32_t qs, uint32_t qh, int i, uint32_t& lo, uint32_t& hi) {
+  lo = (qs & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (4 * i));
+  hi = ((qs >> 4) & 0x0F0F0F0Fu) | bits_to_bit4(qh >> (16 + 4 * i));
+}
+
+template <>
+struct Q8<DType::q5_0> {  // d:2 qh:4 qs:16; w = d * (q - 16)
+  static constexpr int kUnit = 8;
+  struct W {
+    uint32_t lo, hi;
+    float d;
+  };
+  using X = X32;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 4) * 22;
+    const int i = static_cast<int>(u % 4);
+    W w;
+    five_bits(ld_u32<align_at(A, 2)>(b + 6 + 4 * i), ld_u32<align_at(A, 2)>(b + 2), i, w.lo, w.hi);
+    w.d = f16_bits_to_f32(ld_u16<A>(b));
+    return w;
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_x32(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    return w.d * (x.ds.x * static_cast<float>(dot_nibbles(w.lo, w.hi, x)) - 4.0f * x.ds.y);
+  }
+};
+
+template <>
+struct Q8<DType::q5_1> {  // d:2 m:2 qh:4 qs:16; w = d * q + m
+  static constexpr int kUnit = 8;
+  struct W {
+    uint32_t lo, hi;
+    float d, m;
+  };
+  using X = X32;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 4) * 24;
+    const int i = static_cast<int>(u % 4);
+    const uint2 head = ld_u64<A>(b);
+    W w;
+    five_bits(ld_u32<align_at(A, 8)>(b + 8 + 4 * i), head.y, i, w.lo, w.hi);
+    w.d = f16_bits_to_f32(head.x & 0xFFFF);
+    w.m = f16_bits_to_f32(head.x >> 16);
+    return w;
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_x32(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    return w.d * x.ds.x * static_cast<float>(dot_nibbles(w.lo, w.hi, x)) + 0.25f * w.m * x.ds.y;
+  }
+};
+
+template <>
+struct Q8<DType::q8_0> {  // d:2 qs:32; w = d * q; unit i (0..3): elements 8i .. 8i+7
+  static constexpr int kUnit = 8;
+  struct W {
+    int q0, q1;
+    float d;
+  };
+  struct X {
+    int q0, q1;
+    float d;
+  };
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 4) * 34;
+    const uint8_t* q = b + 2 + 8 * (u % 4);
+    return {static_cast<int>(ld_u32<align_at(A, 2)>(q)), static_cast<int>(ld_u32<align_at(A, 2)>(q + 4)),
+            f16_bits_to_f32(ld_u16<A>(b))};
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) {
+    return {__ldg(x.qs + 2 * u), __ldg(x.qs + 2 * u + 1), __ldg(x.ds + u / 4).x};
+  }
+  __device__ static float dot(const W& w, const X& x) {
+    return w.d * x.d * static_cast<float>(__dp4a(w.q0, x.q0, __dp4a(w.q1, x.q1, 0)));
+  }
+};
+
+// Q4_K / Q5_K: a super-block of 256 is 8 sub-blocks of 32 with 6-bit scales and mins; qs chunk j (32 bytes)
+// holds sub-blocks 2j (low nibbles) and 2j+1 (high). Unit u (0..15 in a super-block): j = u/4, bytes 8t ..
+// 8t+7 (t = u%4) of the chunk: elements 8t .. 8t+7 of both sub-blocks, a quarter of each.
+struct XK {
+  int lo0, lo1, hi0, hi1;
+  float2 ds0, ds1;
+};
+__device__ __forceinline__ XK load_xk(int64_t u, const XRow& x) {
+  const int64_t sb = u / 16;
+  const int j = static_cast<int>(u % 16) / 4, t = static_cast<int>(u % 4);
+  const int* q = x.qs + 64 * sb + 16 * j + 2 * t;
+  const float2* ds = x.ds + 8 * sb + 2 * j;
+  return {__ldg(q), __ldg(q + 1), __ldg(q + 8), __ldg(q + 9), __ldg(ds), __ldg(ds + 1)};
+}
+struct WK {
+  uint32_t lo0, lo1, hi0, hi1;
+  float d0, m0, d1, m1;  // d * scale and dmin * min of sub-blocks 2j and 2j+1
+};
+// The scales of sub-blocks 2j and 2j+1 from the super-block header (d, dmin, 12 packed bytes).
+template <int A>
+__device__ __forceinline__ void k_pair_scales(const uint8_t* b, int j, WK& w) {
+  const uint32_t dd = ld_u32<A>(b);
+  const uint32_t s0 = ld_u32<align_at(A, 4)>(b + 4), s1 = ld_u32<align_at(A, 8)>(b + 8),
+                 s2 = ld_u32<align_at(A, 4)>(b + 12);
+  const float d = f16_bits_to_f32(dd & 0xFFFF), dmin = f16_bits_to_f32(dd >> 16);
+  float sc[2], mn[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int s = 2 * j + h;
+    uint32_t scale, min;
+    if (s < 4) {
+      scale = byte12(s0, s1, s2, s) & 63;
+      min = byte12(s0, s1, s2, s + 4) & 63;
+    } else {
+      const uint32_t packed = byte12(s0, s1, s2, s + 4);
+      scale = (packed & 0x0F) | ((byte12(s0, s1, s2, s - 4) >> 6) << 4);
+      min = (packed >> 4) | ((byte12(s0, s1, s2, s) >> 6) << 4);
+    }
+    sc[h] = d * static_cast<float>(scale);
+    mn[h] = dmin * static_cast<float>(min);
+  }
+  w.d0 = sc[0], w.m0 = mn[0], w.d1 = sc[1], w.m1 = mn[1];
+}
+__device__ __forceinline__ float dot_k(const WK& w, const XK& x) {
+  const int s0 = __dp4a(static_cast<int>(w.lo0), x.lo0, __dp4a(static_cast<int>(w.lo1), x.lo1, 0));
+  const int s1 = __dp4a(static_cast<int>(w.hi0), x.hi0, __dp4a(static_cast<int>(w.hi1), x.hi1, 0));
+  // Each unit covers a quarter of both sub-blocks: a quarter of their mins' terms.
+  return w.d0 * x.ds0.x * static_cast<float>(s0) + w.d1 * x.ds1.x * static_cast<float>(s1) -
+         0.25f * (w.m0 * x.ds0.y + w.m1 * x.ds1.y);
+}
+
+template <>
+struct Q8<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
+  static constexpr int kUnit = 16;
+  using W = WK;
+  using X = XK;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 16) * 144;
+    const int j = static_cast<int>(u % 16) / 4, t = static_cast<int>(u % 4);
+    const uint2 v = ld_u64<align_at(A, 8)>(b + 16 + 32 * j + 8 * t);
+    W w;
+    w.lo0 = v.x & 0x0F0F0F0Fu, w.lo1 = v.y & 0x0F0F0F0Fu;
+    w.hi0 = (v.x >> 4) & 0x0F0F0F0Fu, w.hi1 = (v.y >> 4) & 0x0F0F0F0Fu;
+    k_pair_scales<A>(b, j, w);
+    return w;
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_xk(u, x); }
+  __device__ static float dot(const W& w, const X& x) { return dot_k(w, x); }
+};
+
+template <>
+struct Q8<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128; bit s of qh[l]: fifth bit of element l of s
+  static constexpr int kUnit = 16;
+  using W = WK;
+  using X = XK;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 16) * 176;
+    const int j = static_cast<int>(u % 16) / 4, t = static_cast<int>(u % 4);
+    const uint2 v = ld_u64<align_at(A, 8)>(b + 48 + 32 * j + 8 * t);
+    const uint2 h = ld_u64<align_at(A, 8)>(b + 16 + 8 * t);
+    const int s0 = 2 * j, s1 = 2 * j + 1;
+    W w;
+    w.lo0 = (v.x & 0x0F0F0F0Fu) | (((h.x >> s0) & 0x01010101u) << 4);
+    w.lo1 = (v.y & 0x0F0F0F0Fu) | (((h.y >> s0) & 0x01010101u) << 4);
+    w.hi0 = ((v.x >> 4) & 0x0F0F0F0Fu) | (((h.x >> s1) & 0x01010101u) << 4);
+    w.hi1 = ((v.y >> 4) & 0x0F0F0F0Fu) | (((h.y >> s1) & 0x01010101u) << 4);
+    k_pair_scales<A>(b, j, w);
+    return w;
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_xk(u, x); }
+  __device__ static float dot(const W& w, const X& x) { return dot_k(w, x); }
+};
+
+// Q6_K: ql:128 qh:64 scales:16 (int8, one a sub-block of 16) d:2; w = d * scale * (q - 32). Half h (128
+// elements) of a super-block: element 32g + l (g 0..3, l 0..31) takes the low (g 0, 1) or high (g 2, 3)
+// nibble of ql[64h + 32(g%2) + l] and bits 2g, 2g+1 of qh[32h + l]. Unit u (0..15): h = u/8, l = 4t .. 4t+3
+// (t = u%8) for all four g.
+template <>
+struct Q8<DType::q6_k> {
+  static constexpr int kUnit = 16;
+  struct W {
+    int q[4];    // q - 32 as int8, for g = 0..3
+    float d[4];  // d * scale
+  };
+  struct X {
+    int q[4];
+    float d[4];
+  };
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 16) * 210;
+    const int h = static_cast<int>(u % 16) / 8, t = static_cast<int>(u % 8);
+    const uint32_t a = ld_u32<A>(b + 64 * h + 4 * t), c = ld_u32<A>(b + 64 * h + 32 + 4 * t);
+    const uint32_t hb = ld_u32<A>(b + 128 + 32 * h + 4 * t);
+    const uint32_t q[4] = {(a & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u),
+                           (c & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
+                           ((a >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u),
+                           ((c >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
+    const uint2 scales = ld_u64<A>(b + 192 + 8 * h);  // sub-blocks 8h .. 8h+7
+    const float d = f16_bits_to_f32(ld_u16<A>(b + 208));
+    W w;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      // q - 32 per byte without borrows: q + 0x60 stays below 0x100, and flipping bit 7 subtracts 0x80.
+      w.q[g] = static_cast<int>((q[g] + 0x60606060u) ^ 0x80808080u);
+      w.d[g] = d * static_cast<float>(static_cast<int8_t>(byte_of(scales, 2 * g + t / 4)));
+    }
+    return w;
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) {
+    const int64_t sb = u / 16;
+    const int h = static_cast<int>(u % 16) / 8, t = static_cast<int>(u % 8);
+    X v;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      v.q[g] = __ldg(x.qs + 64 * sb + 32 * h + 8 * g + t);
+      v.d[g] = __ldg(x.ds + 8 * sb + 4 * h + g).x;
+    }
+    return v;
+  }
+  __device__ static float dot(const W& w, const X& x) {
+    float s = 0.0f;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) s += w.d[g] * x.d[g] * static_cast<float>(__dp4a(w.q[g], x.q[g], 0));
+    return s;
+  }
+};
+
+// The weight types with an integer path.
+#define KILN_CUDA_Q8_TYPES(X) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q4_k) X(q5_k) X(q6_k)
+
+}  // namespace kiln::cuda
