@@ -149,9 +149,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// One warp per (token, head): the largest of the chunks' maxima first (the lanes read the chunks' m side by
-// side), then each chunk's state scaled to it and summed in chunk order, writing dst. No step of the sum waits
-// for the one before to load its record, so the loads of several chunks are in flight at once.
+// One warp per (token, head): folds the chunks' states in order and writes dst.
 template <int DPL>
 __global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) {
   pdl_begin();
@@ -159,30 +157,21 @@ __global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) 
   const int lane = threadIdx.x % 32;
   if (row >= g.n_tokens * g.n_heads) return;
   const int64_t rec = g.head_dim + 2;
-  const float* base = partial + row * g.n_chunks * rec;
-  float mx = -INFINITY;
-  for (int64_t c = lane; c < g.n_chunks; c += 32) mx = fmaxf(mx, base[c * rec + g.head_dim]);
-  mx = warp_max(mx);
-  float l = 0.0f, acc[DPL] = {};
-  if (mx != -INFINITY) {
-#pragma unroll 4
-    for (int64_t c = 0; c < g.n_chunks; ++c) {
-      const float* r = base + c * rec;
-      const float m = r[g.head_dim];
-      const float w = m == -INFINITY ? 0.0f : expf(m - mx);
-      l += r[g.head_dim + 1] * w;
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        const int64_t d = lane + 32 * j;
-        acc[j] += (d < g.head_dim ? r[d] : 0.0f) * w;
-      }
+  State<DPL> a;
+  for (int64_t c = 0; c < g.n_chunks; ++c) {
+    const float* r = partial + (row * g.n_chunks + c) * rec;
+    float acc[DPL];
+    for (int j = 0; j < DPL; ++j) {
+      const int64_t d = lane + 32 * j;
+      acc[j] = d < g.head_dim ? r[d] : 0.0f;
     }
+    merge(a, r[g.head_dim], r[g.head_dim + 1], acc);
   }
   float* y = dst.row_as<float>(row);
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
   for (int j = 0; j < DPL; ++j) {
     const int64_t d = lane + 32 * j;
-    if (d < g.head_dim) y[d] = acc[j] * inv;
+    if (d < g.head_dim) y[d] = a.acc[j] * inv;
   }
 }
 

@@ -19,11 +19,6 @@ cudaError_t launched() { return cudaGetLastError(); }
 
 // ---- norms: one block per row ----
 
-// Threads a norm's row: 256 at most (16 elements a thread on a 4096-wide row). A block of 1024 threads spends
-// longer launching and in its two barriers than in the row's few kilobytes. rms_norm and add_rms_norm share
-// it, so the fused kernel keeps the reduction order of the ops one by one.
-int norm_threads(int64_t n) { return std::min(row_threads(n), 256); }
-
 // One row of RMSNorm by the whole block. Each thread reads only the elements i = threadIdx.x + k *
 // blockDim.x, so a caller may have written them just before (add_rms_norm_kernel) without a barrier.
 __device__ inline void rms_norm_row(const float* xr, char* yr, Store st, const float* w, int64_t n, float eps,
@@ -352,7 +347,7 @@ __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t
 
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  (void)launch_kernel(ctx, rms_norm_kernel, grid_for(rows, 1), norm_threads(n), 0, rows_of(op.x),
+  (void)launch_kernel(ctx, rms_norm_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
                       rows_of(op.dst), store_of(op.dst.type), static_cast<const float*>(op.w.tensor.data), n,
                       op.eps, op.add_one ? 1.0f : 0.0f, rows);
   return launched();
@@ -473,7 +468,7 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
 
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm) {
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
-  (void)launch_kernel(ctx, add_rms_norm_kernel, grid_for(rows, 1), norm_threads(n), 0, rows_of(add.a),
+  (void)launch_kernel(ctx, add_rms_norm_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(add.a),
                       rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
                       static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f,
                       rows);
