@@ -15,6 +15,7 @@ namespace kiln {
 std::string_view weight_role_name(WeightRole role) {
   switch (role) {
     case WeightRole::weight_role_embedding: return "embedding";
+    case WeightRole::weight_role_tied_embedding: return "tied_embedding";
     case WeightRole::weight_role_matmul: return "matmul";
     case WeightRole::weight_role_expert_matmul: return "expert_matmul";
     case WeightRole::weight_role_norm: return "norm";

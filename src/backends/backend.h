@@ -26,12 +26,13 @@ namespace kiln {
 // What a weight is used for; a backend may choose its layout by it (e.g. repack matmul weights, keep
 // embeddings in the file's format for row gathers).
 enum class WeightRole : uint8_t {
-  weight_role_embedding,      // get_rows table (and the output head when tied)
-  weight_role_matmul,         // Matmul w
-  weight_role_expert_matmul,  // MoeMatmul w [k, n, n_expert]
-  weight_role_norm,           // RmsNorm / LayerNorm weight or bias vector
-  weight_role_bias,           // Binary add operand
-  weight_role_rope_factors,   // Rope freq_factors
+  weight_role_embedding,       // get_rows table
+  weight_role_tied_embedding,  // get_rows table that is also the output head (Matmul w)
+  weight_role_matmul,          // Matmul w
+  weight_role_expert_matmul,   // MoeMatmul w [k, n, n_expert]
+  weight_role_norm,            // RmsNorm / LayerNorm weight or bias vector
+  weight_role_bias,            // Binary add operand
+  weight_role_rope_factors,    // Rope freq_factors
 };
 std::string_view weight_role_name(WeightRole role);
 

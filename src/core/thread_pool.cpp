@@ -1,13 +1,63 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
 #include <utility>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace kiln {
+
+namespace {
+
+// One spin-wait step: tells the core it is spinning (the sibling hyper-thread runs, power drops).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long a waiting thread spins before it sleeps. A model step issues its parallel_for calls microseconds
+// apart, so the workers are usually still spinning when the next one comes: no futex on the way in or out
+// (a futex wake-up costs tens of microseconds in a virtual machine). After this long with no work (between
+// requests), they sleep and cost nothing.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+// Spins until done() holds or kSpin passes; whether it holds. A few microseconds of pause loop, then the
+// thread yields its core between checks: on a machine with more runnable threads than cores (processes side
+// by side), a spinner then lets the thread it waits for, or another process's, run instead of burning its
+// time slice.
+template <class Done>
+bool spin_until(Done done) {
+  for (int i = 0; i < 512; ++i) {
+    if (done()) return true;
+    cpu_relax();
+  }
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    std::this_thread::yield();
+    for (int i = 0; i < 16; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+  }
+}
+
+// Chunk `c` of `n_chunks` over [0, n).
+std::pair<int64_t, int64_t> chunk_range(int64_t n, int n_chunks, int c) {
+  return {n * c / n_chunks, n * (c + 1) / n_chunks};
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : default_thread_count()) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
@@ -16,18 +66,11 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : d
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   start_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
-
-namespace {
-// Chunk `c` of `n_chunks` over [0, n).
-std::pair<int64_t, int64_t> chunk_range(int64_t n, int n_chunks, int c) {
-  return {n * c / n_chunks, n * (c + 1) / n_chunks};
-}
-}  // namespace
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
                               int64_t min_chunk) {
@@ -39,42 +82,57 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
-  {
+  job_ = &fn;
+  job_n_ = n;
+  job_chunks_ = chunks;
+  // Every worker answers every job, those without a chunk too: the next job's fields are written only once
+  // all of them have read this one's.
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  // Publishes the job (release). A worker that found no job and is going to sleep has raised sleepers_ before
+  // it checks generation_ again under mu_; both sides are sequentially consistent, so either it sees this job
+  // or this sees it asleep and wakes it (under mu_, so the wake-up cannot fall between its check and its
+  // wait).
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunks_ = chunks;
-    pending_ = chunks - 1;
-    ++generation_;
+    start_cv_.notify_all();
   }
-  start_cv_.notify_all();
   const auto [b, e] = chunk_range(n, chunks, 0);
   fn(b, e, 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  const auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    caller_sleeping_.store(true, std::memory_order_seq_cst);
+    done_cv_.wait(lock, done);
+    caller_sleeping_.store(false, std::memory_order_relaxed);
+  }
   job_ = nullptr;
 }
 
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)>* job = nullptr;
-    int64_t n = 0;
-    int chunks = 0;
-    {
+    const auto ready = [&] {
+      return generation_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_relaxed);
+    };
+    if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunks = job_chunks_;
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      start_cv_.wait(lock, ready);
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
+    if (stop_.load(std::memory_order_relaxed)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const int chunks = job_chunks_;
     if (index < chunks) {
-      const auto [b, e] = chunk_range(n, chunks, index);
-      (*job)(b, e, index);
+      const auto [b, e] = chunk_range(job_n_, chunks, index);
+      (*job_)(b, e, index);
+    }
+    // The last worker to finish wakes the caller if it gave up spinning (same handshake as above).
+    if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+        caller_sleeping_.load(std::memory_order_seq_cst)) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }

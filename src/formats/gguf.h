@@ -146,6 +146,9 @@ class File {
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
+  // A memory-mapped file's whole pages within [p, p + n) out of the resident set (MappedFile::drop_pages);
+  // nothing for a File over memory it does not map.
+  void drop_pages(const void* p, size_t n) const;
 
  private:
   std::shared_ptr<MappedFile> map_;    // null for parse()

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "formats/gguf.h"
+#include "formats/mmap.h"
 
 namespace kiln::gguf {
 
@@ -84,6 +85,10 @@ int64_t TensorInfo::n_elements() const {
 const Value* File::find(std::string_view key) const {
   auto it = metadata_index_.find(std::string(key));
   return it == metadata_index_.end() ? nullptr : &metadata_[it->second].second;
+}
+
+void File::drop_pages(const void* p, size_t n) const {
+  if (map_ != nullptr) map_->drop_pages(p, n);
 }
 
 const TensorInfo* File::find_tensor(std::string_view name) const {

@@ -44,6 +44,16 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
   return f;
 }
 
+void MappedFile::drop_pages(const void* p, size_t n) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<uintptr_t>(p), hi = lo + n;
+  const auto base = reinterpret_cast<uintptr_t>(data_);
+  if (data_ == nullptr || page == 0 || lo < base || hi > base + size_) return;
+  const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
+  // The map is shared and read-only: dropping a page loses nothing (a later read faults it in from the file).
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),

@@ -26,6 +26,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Hands the whole pages within [p, p + n) back to the page cache: they leave this process's resident set
+  // and are read again from the file if touched. For bytes a backend has copied (a repacked or device copy).
+  void drop_pages(const void* p, size_t n) const;
 
  private:
   const uint8_t* data_ = nullptr;

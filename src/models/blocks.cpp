@@ -12,7 +12,10 @@ Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& w
   }
   info.n_vocab = static_cast<int32_t>(embd->shape[1]);
   EmbeddingWeights w;
-  KILN_ASSIGN_OR_RETURN(w.tok_embd, weights.get("token_embd.weight", WeightRole::weight_role_embedding,
+  const bool tied = !weights.has("output.weight");
+  KILN_ASSIGN_OR_RETURN(w.tok_embd, weights.get("token_embd.weight",
+                                                tied ? WeightRole::weight_role_tied_embedding
+                                                     : WeightRole::weight_role_embedding,
                                                 info.n_embd, info.n_vocab));
   KILN_ASSIGN_OR_RETURN(w.output_norm,
                         weights.get("output_norm.weight", WeightRole::weight_role_norm, info.n_embd));

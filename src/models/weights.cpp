@@ -58,6 +58,13 @@ Result<Tensor> WeightLoader::find(const std::string& name, const std::vector<int
 
 Result<ops::Weight> WeightLoader::prepare(const Tensor& logical, const std::string& name, WeightRole role) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h, backend_.prepare_weight(logical, name, role));
+  // A backend that made its own copy (a repacked layout, device memory) reads the file's bytes only on paths
+  // off the default one (--exact, a tied table's rows): their pages leave the resident set until then.
+  if (h->prepared != nullptr || h->storage != nullptr) {
+    int64_t span = logical.row_bytes();
+    for (int d = 1; d < 4; ++d) span += (logical.ne[d] - 1) * logical.nb[d];
+    file_.drop_pages(logical.data, static_cast<size_t>(span));
+  }
   const ops::Weight w = h->weight;
   handles_.push_back(std::move(h));
   return w;

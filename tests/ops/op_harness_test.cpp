@@ -363,6 +363,8 @@ class DeviceCopy {
   DeviceCopy(Backend& b, Op& op) : b_(b) {
     std::vector<Tensor*> ts;
     for (Tensor* t : operands(op)) {
+      // A prepared weight is already in the backend's memory.
+      if (t->buffer != nullptr && !t->buffer->host_visible()) continue;
       if (t->data != nullptr && extent(*t) > 0) ts.push_back(t);
     }
     std::vector<std::pair<uint8_t*, uint8_t*>> spans;
@@ -414,6 +416,26 @@ class DeviceCopy {
   std::vector<Region> regions_;
   Status status_;
 };
+
+// A Matmul's or MoeMatmul's weight replaced by what `b` makes of it at load (prepare_weight: a repacked
+// layout, a device copy), which *handle then owns; false for other ops.
+bool prepare_product_weight(Backend& b, Op& op, std::unique_ptr<WeightHandle>* handle) {
+  ops::Weight* w = nullptr;
+  WeightRole role = WeightRole::weight_role_matmul;
+  if (auto* mm = std::get_if<Matmul>(&op)) {
+    w = &mm->w;
+  } else if (auto* moe = std::get_if<MoeMatmul>(&op)) {
+    w = &moe->w;
+    role = WeightRole::weight_role_expert_matmul;
+  }
+  if (w == nullptr) return false;
+  Result<std::unique_ptr<WeightHandle>> h = b.prepare_weight(w->tensor, "w", role);
+  EXPECT_TRUE(h.ok()) << h.status().to_string();
+  if (!h.ok()) return false;
+  *handle = std::move(h).value();
+  *w = (*handle)->weight;
+  return true;
+}
 
 // Runs `op` on `b`: false when the backend does not claim it (run() must then say unimplemented). An op the
 // backend claims (supports()) must run: a failure there fails the test, it is never skipped.
@@ -490,18 +512,25 @@ void expect_matches_ref(const std::string& what, const Host& dst, Budget budget,
     exact_values = gather(exact.t);
   }
   for (const NamedBackend& nb : backends()) {
-    Host out = clone(dst);
-    if (!run_on(nb, make_op(out.t), what)) continue;
-    const double tolerance = nb.backend->quantize_x_tolerance();
-    if (!exact_values.empty() && tolerance > 0.0) {
-      const Error e = compare(gather(out.t), exact_values, std::max(budget.ref_rms_floor, budget.qx_floor));
-      EXPECT_LE(e.rel_l2, tolerance) << nb.name << " " << what << " (against the exact product)";
-    } else {
-      const Error e = compare(gather(out.t), ref_values, budget.ref_rms_floor);
-      EXPECT_LE(budget.metric == Metric::rel_l2 ? e.rel_l2 : e.max_abs, budget.limit)
-          << nb.name << " " << what;
+    // The weight as given (a plain tensor), then as the backend prepares it at load (its own layout).
+    for (const bool prepared : {false, true}) {
+      Host out = clone(dst);
+      Op op = make_op(out.t);
+      std::unique_ptr<WeightHandle> handle;
+      if (prepared && !prepare_product_weight(*nb.backend, op, &handle)) continue;
+      const std::string label = nb.name + (prepared ? " (prepared weight)" : "");
+      if (!run_on(nb, op, what)) continue;
+      const double tolerance = nb.backend->quantize_x_tolerance();
+      if (!exact_values.empty() && tolerance > 0.0) {
+        const Error e = compare(gather(out.t), exact_values, std::max(budget.ref_rms_floor, budget.qx_floor));
+        EXPECT_LE(e.rel_l2, tolerance) << label << " " << what << " (against the exact product)";
+      } else {
+        const Error e = compare(gather(out.t), ref_values, budget.ref_rms_floor);
+        EXPECT_LE(budget.metric == Metric::rel_l2 ? e.rel_l2 : e.max_abs, budget.limit)
+            << label << " " << what;
+      }
+      EXPECT_TRUE(outside_untouched(out)) << label << " " << what << ": wrote outside dst";
     }
-    EXPECT_TRUE(outside_untouched(out)) << nb.name << " " << what << ": wrote outside dst";
   }
 }
 
@@ -573,17 +602,25 @@ TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
       const Host x = dense(k, m, 1, &rng);
       for (const NamedBackend& nb : backends()) {
         if (!nb.host_visible) continue;
-        const Host batch = dense(n, m, 1, nullptr);
-        ASSERT_TRUE(nb.backend->run(Matmul{w.t, x.t, batch.t, true}).ok());
-        for (const int64_t rows : {int64_t{1}, int64_t{2}}) {
-          for (int64_t i = 0; i + rows <= m; i += rows) {
-            const Tensor xi = make_tensor(DType::f32, const_cast<uint8_t*>(x.t.row(i)), k, rows);
-            const Host alone = dense(n, rows, 1, nullptr);
-            ASSERT_TRUE(nb.backend->run(Matmul{w.t, xi, alone.t, true}).ok());
-            EXPECT_EQ(
-                std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)), 0)
-                << nb.name << " " << info.name << " k " << k << ": rows " << i << ".." << i + rows - 1
-                << " alone differ from the same rows in a batch of " << m;
+        for (const bool prepared : {false, true}) {  // the file's blocks, then the backend's layout
+          ops::Weight wt(w.t);
+          Result<std::unique_ptr<WeightHandle>> h =
+              nb.backend->prepare_weight(w.t, "w", WeightRole::weight_role_matmul);
+          ASSERT_TRUE(h.ok());
+          if (prepared) wt = (*h)->weight;
+          const Host batch = dense(n, m, 1, nullptr);
+          ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t, true}).ok());
+          for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{5}}) {
+            for (int64_t i = 0; i + rows <= m; i += rows) {
+              const Tensor xi = make_tensor(DType::f32, const_cast<uint8_t*>(x.t.row(i)), k, rows);
+              const Host alone = dense(n, rows, 1, nullptr);
+              ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t, true}).ok());
+              EXPECT_EQ(
+                  std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)), 0)
+                  << nb.name << (prepared ? " (prepared weight) " : " ") << info.name << " k " << k
+                  << ": rows " << i << ".." << i + rows - 1
+                  << " alone differ from the same rows in a batch of " << m;
+            }
           }
         }
       }

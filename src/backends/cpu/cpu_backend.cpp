@@ -5,6 +5,7 @@
 
 #include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/cpu_pack.h"
 
 namespace kiln {
 
@@ -27,7 +28,10 @@ class HostBuffer final : public Buffer {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int n_threads, CpuIsa isa) : pool_(n_threads), isa_(isa), kernels_(cpu::cpu_kernels(isa)) {}
+  CpuBackend(int n_threads, CpuIsa isa) : pool_(n_threads), isa_(isa), kernels_(cpu::cpu_kernels(isa)) {
+    const char* env = std::getenv("KILN_CPU_REPACK");
+    repack_ = env == nullptr || std::string_view(env) != "0";
+  }
   using Backend::run;  // run(op) as well as run(program)
   std::string_view name() const override { return "cpu"; }
   std::string_view isa() const { return cpu_isa_name(isa_); }
@@ -73,7 +77,9 @@ class CpuBackend final : public Backend {
     return Status::ok_status();
   }
   Status synchronize() override { return Status::ok_status(); }  // every call above has finished on return
-  // Weights are read in place, from the mapped file.
+  // Weights are read in place, from the mapped file; the matrices of block-quantized types are also repacked
+  // (cpu_pack.h) when this level has a packed kernel, for the products of quantize_x matmuls
+  // (KILN_CPU_REPACK=0: not). The exact path and get_rows keep reading the file's bytes.
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
     auto h = std::make_unique<WeightHandle>();
@@ -81,6 +87,15 @@ class CpuBackend final : public Backend {
     h->role = role;
     h->logical = logical;
     h->weight = ops::Weight(logical);
+    const bool product = role == WeightRole::weight_role_matmul ||
+                         role == WeightRole::weight_role_expert_matmul ||
+                         role == WeightRole::weight_role_tied_embedding;
+    if (product && repack_) {
+      if (std::unique_ptr<cpu::PackedWeight> packed = cpu::pack_weight(pool_, kernels_, logical)) {
+        h->weight.prepared = packed.get();
+        h->prepared = std::move(packed);
+      }
+    }
     return h;
   }
   int n_threads() const override { return pool_.n_threads(); }
@@ -89,6 +104,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   CpuIsa isa_;
   const cpu::CpuKernels& kernels_;
+  bool repack_ = true;
 };
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/cpu_pack.h"
 #include "backends/cpu/kernels/cpu_kernels.h"
 #include "ops/ref/ref.h"
 
@@ -196,11 +197,52 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
   });
 }
 
-void run_products(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const Tensor& x_t,
-                  const Tensor& dst_t, bool quantize_x) {
+// Quantized activations against the packed layout (cpu_pack.h): x rows quantized once, then per (group,
+// kPackRows-row group) item every x row of the group through the packed kernel, kPackCols at a time.
+void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const PackedWeight& pw,
+                     DType act, const Tensor& x_t, const Tensor& dst_t) {
+  const int64_t k = pr.w.ne[0], n = pr.w.ne[1], m = x_t.n_rows(), kp = padded_k(k);
+  Aligned<int8_t> xq(m * kp);
+  Aligned<float> xd(m * kp / 4), xs(m * kp / 16);
+  pool.parallel_for(m, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      kern.quantize_x(static_cast<uint32_t>(act), reinterpret_cast<const float*>(x_t.flat_row(i)), k,
+                      xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16);
+    }
+  });
+  const int64_t n_groups = (n + kPackRows - 1) / kPackRows;
+  pool.parallel_for(static_cast<int64_t>(pr.mats.size()) * n_groups, [&](int64_t i0, int64_t i1, int) {
+    float out[kPackRows * kPackCols];
+    QRowX xr[kPackCols];
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t a = item / n_groups, g = item % n_groups, j0 = g * kPackRows;
+      const PackedMatrix& w = pw.mats[static_cast<size_t>(pr.mats[a])];
+      const int64_t nr = std::min<int64_t>(kPackRows, n - j0);
+      for (int64_t e0 = pr.start[a]; e0 < pr.start[a + 1]; e0 += kPackCols) {
+        const int n_x = static_cast<int>(std::min<int64_t>(kPackCols, pr.start[a + 1] - e0));
+        for (int c = 0; c < n_x; ++c) {
+          const int64_t i = pr.x_rows[e0 + c];
+          xr[c] = {xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16};
+        }
+        kern.qdot_packed(w, g, xr, n_x, out);
+        for (int c = 0; c < n_x; ++c) {
+          float* y = reinterpret_cast<float*>(dst_t.flat_row(pr.y_rows[e0 + c])) + j0;
+          for (int64_t r = 0; r < nr; ++r) y[r] = out[c * kPackRows + r];
+        }
+      }
+    }
+  });
+}
+
+void run_products(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const PackedWeight* packed,
+                  const Tensor& x_t, const Tensor& dst_t, bool quantize_x) {
   const DType act = quantize_x ? ops::activation_type(pr.w.type) : DType::f32;
+  const bool packed_fits = packed != nullptr && static_cast<int64_t>(packed->mats.size()) == pr.w.ne[2] &&
+                           packed->mats[0].k == pr.w.ne[0] && packed->mats[0].n == pr.w.ne[1];
   if (act == DType::f32) {
     products_f32(pool, kern, pr, x_t, dst_t);
+  } else if (packed_fits) {
+    products_packed(pool, kern, pr, *packed, act, x_t, dst_t);
   } else {
     products_quantized(pool, kern, pr, act, x_t, dst_t);
   }
@@ -213,7 +255,7 @@ void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op) {
   Products pr{op.w.tensor, {0}, {0, m}, std::vector<int64_t>(m), {}};
   std::iota(pr.x_rows.begin(), pr.x_rows.end(), 0);
   pr.y_rows = pr.x_rows;
-  run_products(pool, kern, pr, op.x, op.dst, op.quantize_x);
+  run_products(pool, kern, pr, packed_form(op.w), op.x, op.dst, op.quantize_x);
 }
 
 void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op) {
@@ -238,7 +280,7 @@ void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& 
     pr.mats.push_back(static_cast<int32_t>(e));
     pr.start.push_back(first[e + 1]);
   }
-  run_products(pool, kern, pr, op.x, op.dst, op.quantize_x);
+  run_products(pool, kern, pr, packed_form(op.w), op.x, op.dst, op.quantize_x);
 }
 
 }  // namespace kiln::cpu

@@ -39,6 +39,53 @@ struct QTileW {
   int64_t kb, ke;  // qdot multiplies elements [kb, ke) only (multiples of kKPad)
 };
 
+// ---- the packed layout: weights repacked at load (cpu_pack.cpp), for levels with a packed kernel ----------
+// Rows go in groups of kPackRows, the rows of a group interleaved 4 bytes at a time, so that one 512-bit load
+// holds 4 quants of each of 16 rows and one vpdpbusd against 4 broadcast x quants gives 16 rows' partial dot
+// products: no horizontal sums, no scale conversion per row. A group is a run of chunks of up to
+// kPackChunk sub-blocks of 32 elements; a chunk is
+//   [header: 64 bytes, K scales only] [the sub-blocks' scales, padded to 64 bytes] [the sub-blocks' quants]
+// - quants of a sub-block, 4 bits (q4): 256 bytes, [4 pieces][16 rows][4 bytes]; byte b of piece c holds
+//   element 4c + b in its low nibble and element 16 + 4c + b in its high one;
+//   8 bits: 512 bytes, [8 pieces][16 rows][4 bytes], piece c elements 4c .. 4c + 3.
+//   Unsigned; a signed type's quants are stored + 128 (its offset c is then -128).
+// - scales (PackScales), every value f16 (exact: the file's own) or a small integer:
+inline constexpr int kPackRows = 16;      // weight rows per group
+inline constexpr int kPackCols = 4;       // x rows per packed micro-kernel call, at most
+inline constexpr int64_t kPackChunk = 8;  // sub-blocks per chunk
+
+enum PackScales : uint32_t {
+  kPackD = 0,   // a sub-block: d[16] (32 bytes); w = d * (q + c)
+  kPackDM = 1,  // a sub-block: d[16], m[16] (64 bytes); w = d * q + m
+  kPackK32 =
+      2,  // header: D[16], M[16]; a sub-block: sc[16] u8, mn[16] u8 (32 bytes); w = D * sc * q + M * mn
+  kPackK16 = 3,  // header: D[16]; a sub-block: sc[16] i8 (its elements 0..15), sc[16] i8 (16..31);
+                 // w = D * sc * (q + c)
+};
+
+// One packed weight matrix [k, n]: ceil(n / kPackRows) groups (rows past n are zero), group g at
+// data + g * group_bytes (64-byte aligned).
+struct PackedMatrix {
+  const uint8_t* data = nullptr;
+  int64_t k = 0, n = 0;  // k a multiple of kSub
+  int64_t group_bytes = 0;
+  bool q4 = false;  // 4-bit quants, else 8
+  uint32_t scales = kPackD;
+  float c = 0.0f;  // the quants' offset (kPackD, kPackK16)
+};
+
+// Bytes of one packed group of k elements.
+inline int64_t packed_group_bytes(int64_t k, bool q4, uint32_t scales) {
+  const int64_t header = scales == kPackK32 || scales == kPackK16 ? 64 : 0;
+  const int64_t sc = scales == kPackDM ? 64 : 32, qb = q4 ? 256 : 512;
+  int64_t bytes = 0;
+  for (int64_t s0 = 0; s0 < k / kSub; s0 += kPackChunk) {
+    const int64_t ns = k / kSub - s0 < kPackChunk ? k / kSub - s0 : kPackChunk;
+    bytes += header + (ns * sc + 63) / 64 * 64 + ns * qb;
+  }
+  return bytes;
+}
+
 struct CpuKernels {
   // x [k] f32 -> `act` (q8_0 / q8_1: per 32; q8_k: per 256) rounded exactly as the reference quantizer, in
   // the QRowX layout: q [kp], d [kp / 4], s [kp / 16].
@@ -59,6 +106,10 @@ struct CpuKernels {
   // out[c * kTileRows + r] = sum_i w_r[i] * x_c[i] over k elements, w of type f32, f16 or bf16 (the
   // pointers may start inside rows: a cache block of k).
   void (*fdot)(uint32_t w, const uint8_t* const* rows, const float* const* x, int n_x, int64_t k, float* out);
+  // out[c * kPackRows + r] = product of row r of packed group g and x row c (over all k), for c < n_x
+  // (1..kPackCols); rounds the same for any n_x. Null at levels without a packed kernel (weights then stay in
+  // their file layout).
+  void (*qdot_packed)(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out);
 };
 
 // The table of each level, defined in its cpu_kernels_<level>.cpp (cpu_kernels(CpuIsa) picks one).

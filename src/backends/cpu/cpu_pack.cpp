@@ -1,0 +1,218 @@
+// The packer: each group of kPackRows rows is unpacked by the level's own unpack_w (every type's quants as
+// bytes, its scale and offset per 16 elements as f32), and those are written in the packed layout. Every
+// scale is checked to come back bit for bit from what the layout stores (an f16, or the super-block's f16
+// times a small integer), so the packed products are the unpacked ones; a tensor with any scale that does not
+// (a NaN, say) is not packed.
+#include "backends/cpu/cpu_pack.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "core/half.h"
+#include "core/quant/quant_blocks.h"
+
+namespace kiln::cpu {
+
+PackedWeight::PackedWeight(size_t bytes)
+    : data_(static_cast<uint8_t*>(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64))),
+      bytes_(bytes) {}
+
+PackedWeight::~PackedWeight() { std::free(data_); }
+
+const PackedWeight* packed_form(const ops::Weight& w) {
+  return w.prepared == nullptr ? nullptr : dynamic_cast<const PackedWeight*>(w.prepared);
+}
+
+namespace {
+
+using namespace kiln::quant;
+
+struct Spec {
+  bool q4;          // quants fit 4 bits
+  uint32_t scales;  // PackScales
+  float c;          // offset of the stored quants (kPackD, kPackK16)
+  bool is_signed;   // unpack_w gives int8 quants: stored + 128
+};
+
+std::optional<Spec> spec_of(DType t) {
+  switch (t) {
+    case DType::q4_0: return Spec{true, kPackD, -8.0f, false};
+    case DType::q4_1: return Spec{true, kPackDM, 0.0f, false};
+    case DType::q5_0: return Spec{false, kPackD, -16.0f, false};
+    case DType::q5_1: return Spec{false, kPackDM, 0.0f, false};
+    case DType::q8_0:
+    case DType::iq4_nl: return Spec{false, kPackD, -128.0f, true};
+    case DType::q4_k: return Spec{true, kPackK32, 0.0f, false};
+    case DType::q5_k: return Spec{false, kPackK32, 0.0f, false};
+    case DType::q3_k: return Spec{false, kPackK16, -4.0f, false};
+    case DType::q6_k: return Spec{false, kPackK16, -32.0f, false};
+    default: return std::nullopt;  // q2_K: a min per 16 elements; float types: no integer products
+  }
+}
+
+// The f16 super-block scale (and negated min scale) of K block b of a row.
+void k_header(DType t, const uint8_t* row, int64_t b, uint16_t* d, uint16_t* neg_dmin) {
+  *neg_dmin = 0;
+  if (t == DType::q4_k) {
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(row) + b;
+    *d = blk->d, *neg_dmin = blk->dmin ^ 0x8000;
+  } else if (t == DType::q5_k) {
+    const auto* blk = reinterpret_cast<const BlockQ5_K*>(row) + b;
+    *d = blk->d, *neg_dmin = blk->dmin ^ 0x8000;
+  } else if (t == DType::q6_k) {
+    *d = (reinterpret_cast<const BlockQ6_K*>(row) + b)->d;
+  } else {
+    *d = (reinterpret_cast<const BlockQ3_K*>(row) + b)->d;
+  }
+}
+
+// The f16 that holds v exactly, if there is one.
+bool exact_f16(float v, uint16_t* h) {
+  *h = f32_to_f16(v);
+  return f16_to_f32(*h) == v;
+}
+
+// The integer i in [lo, hi] with base * i == v exactly (f32), if there is one.
+bool exact_multiple(float v, float base, int lo, int hi, int* i) {
+  if (base == 0.0f) {
+    *i = 0;
+    return v == 0.0f;
+  }
+  const float r = std::nearbyint(v / base);
+  if (!(r >= static_cast<float>(lo) && r <= static_cast<float>(hi))) return false;
+  *i = static_cast<int>(r);
+  return base * static_cast<float>(*i) == v;
+}
+
+// Group g of matrix `mat` into `out` (packed_group_bytes); false if a scale does not fit the layout.
+bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g, const Spec& sp,
+                uint8_t* out) {
+  const int64_t k = w.ne[0], n = w.ne[1], kp = (k + kKPad - 1) / kKPad * kKPad, n_sub = k / kSub;
+  thread_local std::vector<uint8_t> q;
+  thread_local std::vector<float> d, m;
+  q.resize(static_cast<size_t>(kPackRows * kp));
+  d.resize(static_cast<size_t>(kPackRows * kp / 4));
+  m.resize(static_cast<size_t>(kPackRows * kp / 16));
+  const uint8_t* rows[kPackRows];
+  bool valid[kPackRows];
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t j = g * kPackRows + r;
+    valid[r] = j < n;
+    rows[r] = w.row(std::min(j, n - 1), mat);
+  }
+  for (int r0 = 0; r0 < kPackRows; r0 += kTileRows) {
+    kern.unpack_w(static_cast<uint32_t>(w.type), rows + r0, k, q.data() + r0 * kp, d.data() + r0 * kp / 4,
+                  m.data() + r0 * kp / 16);
+  }
+  const bool k_quant = sp.scales == kPackK32 || sp.scales == kPackK16;
+  const int64_t scale_bytes = sp.scales == kPackDM ? 64 : 32, quant_bytes = sp.q4 ? 256 : 512;
+  uint8_t* p = out;
+  for (int64_t s0 = 0; s0 < n_sub; s0 += kPackChunk) {
+    const int64_t ns = std::min(kPackChunk, n_sub - s0);
+    float hd[kPackRows] = {}, hm[kPackRows] = {};
+    if (k_quant) {
+      auto* h = reinterpret_cast<uint16_t*>(p);
+      std::memset(p, 0, 64);
+      for (int r = 0; r < kPackRows; ++r) {
+        if (!valid[r]) continue;
+        k_header(w.type, rows[r], s0 / kPackChunk, &h[r], &h[16 + r]);
+        hd[r] = f16_to_f32(h[r]);
+        hm[r] = f16_to_f32(h[16 + r]);
+      }
+      p += 64;
+    }
+    const int64_t scale_span = (ns * scale_bytes + 63) / 64 * 64;
+    std::memset(p, 0, static_cast<size_t>(scale_span));
+    for (int64_t i = 0; i < ns; ++i) {
+      const int64_t s = s0 + i;
+      uint8_t* sc = p + i * scale_bytes;
+      for (int r = 0; r < kPackRows; ++r) {
+        if (!valid[r]) continue;
+        const float d_lo = d[r * kp / 4 + s * 8], d_hi = d[r * kp / 4 + s * 8 + 4];
+        const float m_lo = m[r * kp / 16 + 2 * s], m_hi = m[r * kp / 16 + 2 * s + 1];
+        uint16_t h0, h1;
+        int i0, i1;
+        switch (sp.scales) {
+          case kPackD:
+            if (d_lo != d_hi || !exact_f16(d_lo, &h0)) return false;
+            if (m_lo != m_hi || m_lo != (sp.is_signed ? 0.0f : sp.c * d_lo)) return false;
+            std::memcpy(sc + 2 * r, &h0, 2);
+            break;
+          case kPackDM:
+            if (d_lo != d_hi || m_lo != m_hi || !exact_f16(d_lo, &h0) || !exact_f16(m_lo, &h1)) return false;
+            std::memcpy(sc + 2 * r, &h0, 2);
+            std::memcpy(sc + 32 + 2 * r, &h1, 2);
+            break;
+          case kPackK32:
+            if (d_lo != d_hi || m_lo != m_hi || !exact_multiple(d_lo, hd[r], 0, 255, &i0) ||
+                !exact_multiple(m_lo, hm[r], 0, 255, &i1)) {
+              return false;
+            }
+            sc[r] = static_cast<uint8_t>(i0);
+            sc[16 + r] = static_cast<uint8_t>(i1);
+            break;
+          default:  // kPackK16
+            if (!exact_multiple(d_lo, hd[r], -128, 127, &i0) ||
+                !exact_multiple(d_hi, hd[r], -128, 127, &i1) || m_lo != sp.c * d_lo || m_hi != sp.c * d_hi) {
+              return false;
+            }
+            sc[r] = static_cast<uint8_t>(static_cast<int8_t>(i0));
+            sc[16 + r] = static_cast<uint8_t>(static_cast<int8_t>(i1));
+        }
+      }
+    }
+    p += scale_span;
+    const uint8_t flip = sp.is_signed ? 0x80 : 0x00;
+    for (int64_t i = 0; i < ns; ++i) {
+      uint8_t* qs = p + i * quant_bytes;
+      const int64_t e0 = (s0 + i) * kSub;
+      for (int r = 0; r < kPackRows; ++r) {
+        const uint8_t* qr = q.data() + r * kp + e0;
+        for (int b = 0; b < 4; ++b) {
+          if (sp.q4) {
+            for (int pc = 0; pc < 4; ++pc) {
+              const uint8_t lo = qr[4 * pc + b], hi = qr[16 + 4 * pc + b];
+              if ((lo | hi) > 15) return false;
+              qs[pc * 64 + r * 4 + b] = valid[r] ? static_cast<uint8_t>(lo | hi << 4) : 0;
+            }
+          } else {
+            for (int pc = 0; pc < 8; ++pc) {
+              qs[pc * 64 + r * 4 + b] = valid[r] ? static_cast<uint8_t>(qr[4 * pc + b] ^ flip) : 0;
+            }
+          }
+        }
+      }
+    }
+    p += ns * quant_bytes;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w) {
+  if (kern.qdot_packed == nullptr) return nullptr;
+  const std::optional<Spec> sp = spec_of(w.type);
+  if (!sp || w.ne[3] != 1 || w.ne[0] % kSub != 0 || w.ne[1] <= 0 || w.ne[0] <= 0) return nullptr;
+  const int64_t k = w.ne[0], n = w.ne[1], n_mats = w.ne[2];
+  const int64_t groups = (n + kPackRows - 1) / kPackRows;
+  const int64_t group_bytes = packed_group_bytes(k, sp->q4, sp->scales);
+  auto pw = std::make_unique<PackedWeight>(static_cast<size_t>(groups * group_bytes * n_mats));
+  if (pw->data() == nullptr) return nullptr;
+  for (int64_t a = 0; a < n_mats; ++a) {
+    pw->mats.push_back({pw->data() + a * groups * group_bytes, k, n, group_bytes, sp->q4, sp->scales, sp->c});
+  }
+  std::atomic<bool> ok{true};
+  pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1 && ok.load(std::memory_order_relaxed); ++i) {
+      const int64_t a = i / groups, g = i % groups;
+      if (!pack_group(kern, w, a, g, *sp, pw->data() + (a * groups + g) * group_bytes)) ok = false;
+    }
+  });
+  return ok ? std::move(pw) : nullptr;
+}
+
+}  // namespace kiln::cpu

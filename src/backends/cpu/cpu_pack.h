@@ -1,0 +1,42 @@
+// Weights repacked at load into the packed layout of kernels/cpu_kernels.h (16 rows interleaved, scales
+// beside their quants), which the backend's packed kernel streams for every quantize_x matmul. The layout
+// belongs to the CPU backend: the model and the ops see the file's tensor, and the exact path (--exact) reads
+// it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/cpu/kernels/cpu_kernels.h"
+#include "core/thread_pool.h"
+#include "ops/ops.h"
+
+namespace kiln::cpu {
+
+class PackedWeight final : public ops::PreparedWeight {
+ public:
+  explicit PackedWeight(size_t bytes);
+  ~PackedWeight() override;
+  PackedWeight(const PackedWeight&) = delete;
+  PackedWeight& operator=(const PackedWeight&) = delete;
+
+  uint8_t* data() { return data_; }
+  size_t bytes() const { return bytes_; }
+  std::vector<PackedMatrix> mats;  // one per matrix of the weight (w.ne[2] of them: a MoE's experts)
+
+ private:
+  uint8_t* data_;
+  size_t bytes_;
+};
+
+// `w` [k, n, n_mats] (rows contiguous) in the packed layout, packed by `pool`'s threads; null when the level
+// has no packed kernel, the type no packed form (f32/f16/bf16, q2_K, and types without a q8 activation
+// format), or a scale of this tensor is not exactly what the layout can hold (then the file's blocks serve it
+// as before).
+std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w);
+
+// The packed form of an op's weight, or null.
+const PackedWeight* packed_form(const ops::Weight& w);
+
+}  // namespace kiln::cpu
