@@ -138,19 +138,29 @@ void products_f32(ThreadPool& pool, const CpuKernels& kern, const Products& pr, 
 
 bool weight_is_signed(DType t) { return t == DType::q8_0 || t == DType::iq4_nl; }
 
+// The x rows of a call quantized to `act`, in the QRowX layout: quants [m, kp], lane scales [m, kp / 4],
+// half-block sums [m, kp / 16].
+struct QuantizedRows {
+  Aligned<int8_t> q;
+  Aligned<float> d, s;
+  QuantizedRows(ThreadPool& pool, const CpuKernels& kern, DType act, const Tensor& x_t, int64_t k, int64_t kp)
+      : q(x_t.n_rows() * kp), d(x_t.n_rows() * kp / 4), s(x_t.n_rows() * kp / 16) {
+    pool.parallel_for(x_t.n_rows(), [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        kern.quantize_x(static_cast<uint32_t>(act), reinterpret_cast<const float*>(x_t.flat_row(i)), k,
+                        q.data() + i * kp, d.data() + i * kp / 4, s.data() + i * kp / 16);
+      }
+    });
+  }
+};
+
 // Quantized activations: x rows to `act` once, then integer products against unpacked weight tiles.
 void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products& pr, DType act,
                         const Tensor& x_t, const Tensor& dst_t) {
-  const int64_t k = pr.w.ne[0], m = x_t.n_rows(), kp = padded_k(k);
-  // The x rows in the QRowX layout: quants [m, kp], lane scales [m, kp / 4], half-block sums [m, kp / 16].
-  Aligned<int8_t> xq(m * kp);
-  Aligned<float> xd(m * kp / 4), xs(m * kp / 16);
-  pool.parallel_for(m, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t i = i0; i < i1; ++i) {
-      kern.quantize_x(static_cast<uint32_t>(act), reinterpret_cast<const float*>(x_t.flat_row(i)), k,
-                      xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16);
-    }
-  });
+  const int64_t k = pr.w.ne[0], kp = padded_k(k);
+  QuantizedRows xr_all(pool, kern, act, x_t, k, kp);
+  const int8_t* xq = xr_all.q.data();
+  const float *xd = xr_all.d.data(), *xs = xr_all.s.data();
   const auto wt = static_cast<uint32_t>(pr.w.type);
   const bool is_signed = weight_is_signed(pr.w.type), has_m = !is_signed;
   for_tiles(pool, pr, [&](int64_t a, int64_t j0, const uint8_t* const* rows) {
@@ -160,7 +170,7 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
       const int n_x = static_cast<int>(std::min<int64_t>(kTileCols, pr.start[a + 1] - e0));
       for (int c = 0; c < n_x; ++c) {
         const int64_t i = pr.x_rows[e0 + c];
-        xr[c] = {xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16};
+        xr[c] = {xq + i * kp, xd + i * kp / 4, xs + i * kp / 16};
       }
       return n_x;
     };
@@ -201,15 +211,10 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
 // kPackRows-row group) item every x row of the group through the packed kernel, kPackCols at a time.
 void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const PackedWeight& pw,
                      DType act, const Tensor& x_t, const Tensor& dst_t) {
-  const int64_t k = pr.w.ne[0], n = pr.w.ne[1], m = x_t.n_rows(), kp = padded_k(k);
-  Aligned<int8_t> xq(m * kp);
-  Aligned<float> xd(m * kp / 4), xs(m * kp / 16);
-  pool.parallel_for(m, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t i = i0; i < i1; ++i) {
-      kern.quantize_x(static_cast<uint32_t>(act), reinterpret_cast<const float*>(x_t.flat_row(i)), k,
-                      xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16);
-    }
-  });
+  const int64_t k = pr.w.ne[0], n = pr.w.ne[1], kp = padded_k(k);
+  QuantizedRows xr_all(pool, kern, act, x_t, k, kp);
+  const int8_t* xq = xr_all.q.data();
+  const float *xd = xr_all.d.data(), *xs = xr_all.s.data();
   const int64_t n_groups = (n + kPackRows - 1) / kPackRows;
   pool.parallel_for(static_cast<int64_t>(pr.mats.size()) * n_groups, [&](int64_t i0, int64_t i1, int) {
     float out[kPackRows * kPackCols];
@@ -222,7 +227,7 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
         const int n_x = static_cast<int>(std::min<int64_t>(kPackCols, pr.start[a + 1] - e0));
         for (int c = 0; c < n_x; ++c) {
           const int64_t i = pr.x_rows[e0 + c];
-          xr[c] = {xq.data() + i * kp, xd.data() + i * kp / 4, xs.data() + i * kp / 16};
+          xr[c] = {xq + i * kp, xd + i * kp / 4, xs + i * kp / 16};
         }
         kern.qdot_packed(w, g, xr, n_x, out);
         for (int c = 0; c < n_x; ++c) {
