@@ -147,6 +147,8 @@ struct ModelDescription {
   int32_t n_vocab = 0, n_ctx = 0, n_ctx_train = 0, n_layers = 0, n_embd = 0;
   int64_t n_params = 0;
   uint64_t weight_bytes = 0, kv_bytes = 0;
+  uint64_t prepared_bytes =
+      0;  // the backend's own copies of the weights: repacked (CPU), device memory (GPU)
   int32_t kv_blocks = 0, kv_block_size = 0;  // the KV pool: blocks of kv_block_size tokens, kv_bytes in all
   int32_t n_threads = 0;
   std::string backend;  // the device the model runs on: "cpu", "cuda:0"

@@ -29,6 +29,7 @@ namespace kiln::ops {
 class PreparedWeight {
  public:
   virtual ~PreparedWeight() = default;
+  virtual size_t bytes() const = 0;  // the memory it holds (the load line reports it)
 };
 
 // A weight operand: the logical tensor (its GGUF type and shape, in memory the backend can read: the mapped

@@ -100,6 +100,10 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.n_embd = mi.n_embd;
   desc.n_params = mi.n_params;
   desc.weight_bytes = mi.weight_bytes;
+  for (const std::unique_ptr<WeightHandle>& h : model->weights()) {
+    if (h->prepared != nullptr) desc.prepared_bytes += h->prepared->bytes();
+    if (h->storage != nullptr) desc.prepared_bytes += h->storage->size();
+  }
   desc.kv_bytes = kv->bytes();
   desc.kv_blocks = n_blocks;
   desc.kv_block_size = opt.kv_block_size;

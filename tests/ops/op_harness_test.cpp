@@ -417,8 +417,8 @@ class DeviceCopy {
   Status status_;
 };
 
-// A Matmul's or MoeMatmul's weight replaced by what `b` makes of it at load (prepare_weight: a repacked
-// layout, a device copy), which *handle then owns; false for other ops.
+// A Matmul's, MoeMatmul's or GetRows's weight replaced by what `b` makes of it at load (prepare_weight: a
+// repacked layout, a device copy), which *handle then owns; false for other ops.
 bool prepare_product_weight(Backend& b, Op& op, std::unique_ptr<WeightHandle>* handle) {
   ops::Weight* w = nullptr;
   WeightRole role = WeightRole::weight_role_matmul;
@@ -427,6 +427,9 @@ bool prepare_product_weight(Backend& b, Op& op, std::unique_ptr<WeightHandle>* h
   } else if (auto* moe = std::get_if<MoeMatmul>(&op)) {
     w = &moe->w;
     role = WeightRole::weight_role_expert_matmul;
+  } else if (auto* gr = std::get_if<GetRows>(&op)) {
+    w = &gr->table;
+    role = WeightRole::weight_role_tied_embedding;  // a table that is also a product weight: repacked too
   }
   if (w == nullptr) return false;
   Result<std::unique_ptr<WeightHandle>> h = b.prepare_weight(w->tensor, "w", role);

@@ -113,9 +113,16 @@ void print_stats(const Engine& engine, const RequestStats& st) {
   const ModelDescription& m = engine.model();
   const int32_t computed = st.n_prompt - st.n_cached;
   const std::string where = m.backend == "cpu" ? fmt::format("cpu, {} threads", m.n_threads) : m.backend;
+  // The backend's own copy of the weights: the CPU's repacked matrices (the file's pages of them are
+  // dropped), a GPU's device memory.
+  const std::string copy = m.prepared_bytes == 0
+                               ? ""
+                               : fmt::format(" ({:.2f} GiB {})", m.prepared_bytes / 1073741824.0,
+                                             m.backend == "cpu" ? "repacked" : "on the device");
   std::fprintf(
-      stderr, "\n%s on %s: load %.0f ms, context %d, weights %.2f GiB, KV cache %.2f GiB, scratch %.1f MiB\n",
-      m.name.c_str(), where.c_str(), m.load_ms, m.n_ctx, m.weight_bytes / 1073741824.0,
+      stderr,
+      "\n%s on %s: load %.0f ms, context %d, weights %.2f GiB%s, KV cache %.2f GiB, scratch %.1f MiB\n",
+      m.name.c_str(), where.c_str(), m.load_ms, m.n_ctx, m.weight_bytes / 1073741824.0, copy.c_str(),
       m.kv_bytes / 1073741824.0, engine.metrics().scratch_bytes / 1048576.0);
   std::fprintf(stderr, "prompt:  %d tokens (%d cached) in %.0f ms, %.1f tokens/s\n", st.n_prompt, st.n_cached,
                st.prefill_ms, st.prefill_ms > 0 ? computed * 1000.0 / st.prefill_ms : 0.0);

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/cpu_pack.h"
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "ops/ref/ref.h"
@@ -37,6 +38,14 @@ float* f32_row_mut(const Tensor& t, int64_t r) { return reinterpret_cast<float*>
 void get_rows(ThreadPool& pool, const GetRows& op) {
   const auto ids = op.ids.span_as<const int32_t>();
   const Tensor& table = op.table.tensor;
+  // A table the backend repacked (a tied embedding): its packed copy, so that the file's pages stay unread.
+  const PackedWeight* packed = packed_form(op.table);
+  if (packed != nullptr && packed->mats.size() == 1 && packed->mats[0].k == table.ne[0] &&
+      packed->mats[0].n == table.ne[1]) {
+    for_rows(pool, static_cast<int64_t>(ids.size()),
+             [&](int64_t i) { dequantize_packed_row(packed->mats[0], ids[i], f32_row_mut(op.dst, i)); });
+    return;
+  }
   for_rows(pool, static_cast<int64_t>(ids.size()),
            [&](int64_t i) { ref::row_to_f32(table, table.row(ids[i]), f32_row_mut(op.dst, i)); });
 }

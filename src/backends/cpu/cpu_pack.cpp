@@ -3,6 +3,8 @@
 // scale is checked to come back bit for bit from what the layout stores (an f16, or the super-block's f16
 // times a small integer), so the packed products are the unpacked ones; a tensor with any scale that does not
 // (a NaN, say) is not packed.
+#include "core/quant/fp_contract_off.h"  // dequantize_packed_row rounds as the reference dequantizers
+//
 #include "backends/cpu/cpu_pack.h"
 
 #include <atomic>
@@ -213,6 +215,63 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
     }
   });
   return ok ? std::move(pw) : nullptr;
+}
+
+void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
+  const bool k_quant = w.scales == kPackK32 || w.scales == kPackK16;
+  const int64_t scale_bytes = w.scales == kPackDM ? 64 : 32, quant_bytes = w.q4 ? 256 : 512,
+                n_sub = w.k / kSub;
+  const int r = static_cast<int>(j % kPackRows);
+  const uint8_t* p = w.data + j / kPackRows * w.group_bytes;
+  const auto f16_at = [](const uint8_t* at) {
+    uint16_t h;
+    std::memcpy(&h, at, 2);
+    return f16_to_f32(h);
+  };
+  for (int64_t s0 = 0; s0 < n_sub; s0 += kPackChunk) {
+    const int64_t ns = std::min(kPackChunk, n_sub - s0);
+    float hd = 0.0f, hm = 0.0f;
+    if (k_quant) {
+      hd = f16_at(p + 2 * r);
+      hm = f16_at(p + 32 + 2 * r);
+      p += 64;
+    }
+    const uint8_t* sc = p;
+    const uint8_t* qs = p + (ns * scale_bytes + 63) / 64 * 64;
+    p = qs + ns * quant_bytes;
+    for (int64_t i = 0; i < ns; ++i, sc += scale_bytes, qs += quant_bytes) {
+      int q[kSub];
+      for (int e = 0; e < kSub; ++e) {
+        const int pc = e % 16 / 4, b = e % 4;
+        q[e] = w.q4 ? (qs[pc * 64 + r * 4 + b] >> (e < 16 ? 0 : 4)) & 0x0F : qs[(e / 4) * 64 + r * 4 + b];
+      }
+      float* y = out + (s0 + i) * kSub;
+      const int c = static_cast<int>(w.c);
+      switch (w.scales) {
+        case kPackD: {
+          const float d = f16_at(sc + 2 * r);
+          for (int e = 0; e < kSub; ++e) y[e] = static_cast<float>(q[e] + c) * d;
+          break;
+        }
+        case kPackDM: {
+          const float d = f16_at(sc + 2 * r), m = f16_at(sc + 32 + 2 * r);
+          for (int e = 0; e < kSub; ++e) y[e] = static_cast<float>(q[e]) * d + m;
+          break;
+        }
+        case kPackK32: {
+          const float dl = hd * static_cast<float>(sc[r]), ml = hm * static_cast<float>(sc[16 + r]);
+          for (int e = 0; e < kSub; ++e) y[e] = dl * static_cast<float>(q[e]) + ml;
+          break;
+        }
+        default: {  // kPackK16
+          for (int e = 0; e < kSub; ++e) {
+            const float dl = hd * static_cast<float>(static_cast<int8_t>(sc[e < 16 ? r : 16 + r]));
+            y[e] = dl * static_cast<float>(q[e] + c);
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace kiln::cpu

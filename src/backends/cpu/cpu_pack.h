@@ -22,7 +22,7 @@ class PackedWeight final : public ops::PreparedWeight {
   PackedWeight& operator=(const PackedWeight&) = delete;
 
   uint8_t* data() { return data_; }
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const override { return bytes_; }
   std::vector<PackedMatrix> mats;  // one per matrix of the weight (w.ne[2] of them: a MoE's experts)
 
  private:
@@ -35,6 +35,10 @@ class PackedWeight final : public ops::PreparedWeight {
 // format), or a scale of this tensor is not exactly what the layout can hold (then the file's blocks serve it
 // as before).
 std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w);
+
+// Row j of a packed matrix as f32 [k], the same bits as the reference dequantizer gives from the file's
+// blocks (get_rows on a tied embedding table reads its packed copy, so the file's pages stay out of memory).
+void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out);
 
 // The packed form of an op's weight, or null.
 const PackedWeight* packed_form(const ops::Weight& w);
