@@ -187,7 +187,8 @@ def test_run_greedy_matches_generate_and_reports_speed():
     assert re.search(r"decode:\s+12 tokens in \d+ ms, [\d.]+ tokens/s \(finish: length\)", res.stderr), res.stderr
     assert re.search(r"load \d+ ms", res.stderr)
     # Where it ran, and what it holds there.
-    assert re.search(r" on (cpu, \d+ threads|cuda:\d+): .*weights [\d.]+ GiB, KV cache [\d.]+ GiB, scratch (?!0\.0 )[\d.]+ MiB", res.stderr), res.stderr
+    assert re.search(r" on (cpu, \d+ threads|cuda:\d+): .*weights [\d.]+ GiB( \([\d.]+ GiB (repacked|on the device)\))?, "
+                     r"KV cache [\d.]+ GiB, scratch (?!0\.0 )[\d.]+ MiB", res.stderr), res.stderr
     # Generated text only on stdout.
     assert "tokens/s" not in res.stdout
 

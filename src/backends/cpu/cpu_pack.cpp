@@ -167,24 +167,28 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
       }
     }
     p += scale_span;
-    const uint8_t flip = sp.is_signed ? 0x80 : 0x00;
+    // 4 bytes at a time: piece pc of row r is 4 consecutive quants (q4: and the 4 of the other half in the
+    // high nibbles), every byte of them at most 15 for q4.
+    const uint32_t flip = sp.is_signed ? 0x80808080u : 0u;
+    std::memset(p, 0, static_cast<size_t>(ns * quant_bytes));
     for (int64_t i = 0; i < ns; ++i) {
       uint8_t* qs = p + i * quant_bytes;
       const int64_t e0 = (s0 + i) * kSub;
       for (int r = 0; r < kPackRows; ++r) {
+        if (!valid[r]) continue;
         const uint8_t* qr = q.data() + r * kp + e0;
-        for (int b = 0; b < 4; ++b) {
+        for (int pc = 0; pc < (sp.q4 ? 4 : 8); ++pc) {
+          uint32_t v;
+          std::memcpy(&v, qr + 4 * pc, 4);
           if (sp.q4) {
-            for (int pc = 0; pc < 4; ++pc) {
-              const uint8_t lo = qr[4 * pc + b], hi = qr[16 + 4 * pc + b];
-              if ((lo | hi) > 15) return false;
-              qs[pc * 64 + r * 4 + b] = valid[r] ? static_cast<uint8_t>(lo | hi << 4) : 0;
-            }
+            uint32_t hi;
+            std::memcpy(&hi, qr + 16 + 4 * pc, 4);
+            if (((v | hi) & 0xF0F0F0F0u) != 0) return false;
+            v |= hi << 4;
           } else {
-            for (int pc = 0; pc < 8; ++pc) {
-              qs[pc * 64 + r * 4 + b] = valid[r] ? static_cast<uint8_t>(qr[4 * pc + b] ^ flip) : 0;
-            }
+            v ^= flip;
           }
+          std::memcpy(qs + pc * 64 + r * 4, &v, 4);
         }
       }
     }
