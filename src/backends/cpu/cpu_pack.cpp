@@ -170,7 +170,7 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
     // 4 bytes at a time: piece pc of row r is 4 consecutive quants (q4: and the 4 of the other half in the
     // high nibbles), every byte of them at most 15 for q4.
     const uint32_t flip = sp.is_signed ? 0x80808080u : 0u;
-    std::memset(p, 0, static_cast<size_t>(ns * quant_bytes));
+    std::memset(p, 0, static_cast<size_t>(std::max<int64_t>(ns, 0) * quant_bytes));  // ns > 0: for GCC
     for (int64_t i = 0; i < ns; ++i) {
       uint8_t* qs = p + i * quant_bytes;
       const int64_t e0 = (s0 + i) * kSub;
@@ -209,7 +209,8 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
   auto pw = std::make_unique<PackedWeight>(static_cast<size_t>(groups * group_bytes * n_mats));
   if (pw->data() == nullptr) return nullptr;
   for (int64_t a = 0; a < n_mats; ++a) {
-    pw->mats.push_back({pw->data() + a * groups * group_bytes, k, n, group_bytes, sp->q4, sp->scales, sp->c});
+    pw->mats.push_back(
+        {pw->data() + a * groups * group_bytes, k, n, group_bytes, sp->q4, sp->scales, sp->c, sp->is_signed});
   }
   std::atomic<bool> ok{true};
   pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {

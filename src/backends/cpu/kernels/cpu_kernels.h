@@ -72,6 +72,7 @@ struct PackedMatrix {
   bool q4 = false;  // 4-bit quants, else 8
   uint32_t scales = kPackD;
   float c = 0.0f;  // the quants' offset (kPackD, kPackK16)
+  bool is_signed = false;  // quants stored + 128 (c is -128): kernels without vpdpbusd multiply them signed
 };
 
 // Bytes of one packed group of k elements.

@@ -123,6 +123,142 @@ void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, floa
   }
 }
 constexpr auto kQdotPacked = qdot_packed;
+#elif defined(__AVX2__)
+// The same products with 256-bit vectors and no vpdpbusd: each half of a group (8 rows, 32 bytes of every
+// 64-byte piece) in turn; a piece's products by vpmaddubsw + vpmaddwd. Signed quants (stored + 128) go back
+// to int8 and multiply as |w| times x * sign(w), so that no int16 sum saturates.
+template <int NX, bool kQ4, uint32_t kScales, bool kSigned>
+void packed_half(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float* out) {
+  constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = kQ4 ? 256 : 512;
+  constexpr bool kHeader = kScales == kPackK32 || kScales == kPackK16;
+  const uint8_t* p = w.data + g * w.group_bytes;
+  const int64_t n_sub = w.k / kSub;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
+  const float c = kSigned ? 0.0f : w.c;
+  __m256 acc[NX];
+  KILN_UNROLL
+  for (int j = 0; j < NX; ++j) acc[j] = _mm256_setzero_ps();
+  __m256 hd = _mm256_setzero_ps(), hm = _mm256_setzero_ps();
+  for (int64_t s0 = 0; s0 < n_sub; s0 += kPackChunk) {
+    const int64_t ns = n_sub - s0 < kPackChunk ? n_sub - s0 : kPackChunk;
+    if constexpr (kHeader) {
+      hd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+      if constexpr (kScales == kPackK32) {
+        hm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * h)));
+      }
+      p += 64;
+    }
+    const uint8_t* sc = p;
+    const uint8_t* qs = p + (ns * kScaleBytes + 63) / 64 * 64;
+    p = qs + ns * kQuantBytes;
+    for (int64_t i = 0; i < ns; ++i, sc += kScaleBytes, qs += kQuantBytes) {
+      const int64_t s = s0 + i;
+      __m256i wq[8];
+      if constexpr (kQ4) {
+        KILN_UNROLL
+        for (int pc = 0; pc < 4; ++pc) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * pc + 32 * h));
+          wq[pc] = _mm256_and_si256(v, m4);
+          wq[4 + pc] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+      } else {
+        KILN_UNROLL
+        for (int pc = 0; pc < 8; ++pc) {
+          wq[pc] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * pc + 32 * h));
+          if constexpr (kSigned) wq[pc] = _mm256_xor_si256(wq[pc], flip);
+        }
+      }
+      __m256 d_lo, d_hi, m = _mm256_setzero_ps();
+      if constexpr (kScales == kPackD || kScales == kPackDM) {
+        d_lo = d_hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * h)));
+        if constexpr (kScales == kPackDM) {
+          m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32 + 16 * h)));
+        }
+      } else if constexpr (kScales == kPackK32) {
+        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8 * h));
+        const __m128i u = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 + 8 * h));
+        d_lo = d_hi = _mm256_mul_ps(hd, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+        m = _mm256_mul_ps(hm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(u)));
+      } else {
+        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8 * h));
+        const __m128i u = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 + 8 * h));
+        d_lo = _mm256_mul_ps(hd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+        d_hi = _mm256_mul_ps(hd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(u)));
+      }
+      KILN_UNROLL
+      for (int j = 0; j < NX; ++j) {
+        const int8_t* xq = x[j].q + s * kSub;
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        KILN_UNROLL
+        for (int pc = 0; pc < 8; ++pc) {
+          int32_t a;
+          std::memcpy(&a, xq + 4 * pc, 4);  // pieces 0..3: elements 0..15, 4..7: 16..31 (q4: high nibbles)
+          __m256i xs = _mm256_set1_epi32(a), wu = wq[pc];
+          if constexpr (kSigned) {
+            xs = _mm256_sign_epi8(xs, wq[pc]);
+            wu = _mm256_sign_epi8(wq[pc], wq[pc]);
+          }
+          const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones);
+          if (pc < 4) {
+            lo = _mm256_add_epi32(lo, prod);
+          } else {
+            hi = _mm256_add_epi32(hi, prod);
+          }
+        }
+        const __m256 dx = _mm256_set1_ps(x[j].d[s * 8]);
+        const float s_lo = x[j].s[2 * s], s_hi = x[j].s[2 * s + 1];
+        if constexpr (kScales == kPackK16) {
+          const __m256 t_lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), dx, _mm256_set1_ps(c * s_lo));
+          const __m256 t_hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), dx, _mm256_set1_ps(c * s_hi));
+          acc[j] = _mm256_fmadd_ps(d_lo, t_lo, acc[j]);
+          acc[j] = _mm256_fmadd_ps(d_hi, t_hi, acc[j]);
+        } else if constexpr (kScales == kPackD) {
+          const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), dx,
+                                           _mm256_set1_ps(c * (s_lo + s_hi)));
+          acc[j] = _mm256_fmadd_ps(d_lo, t, acc[j]);
+        } else {
+          const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), dx);
+          acc[j] = _mm256_fmadd_ps(d_lo, t, acc[j]);
+          acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(s_lo + s_hi), acc[j]);
+        }
+      }
+    }
+  }
+  KILN_UNROLL
+  for (int j = 0; j < NX; ++j) _mm256_storeu_ps(out + j * kPackRows + 8 * h, acc[j]);
+}
+
+template <bool kQ4, uint32_t kScales, bool kSigned>
+void packed_cols(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out) {
+  for (int h = 0; h < 2; ++h) {
+    switch (n_x) {
+      case 1: packed_half<1, kQ4, kScales, kSigned>(w, g, h, x, out); break;
+      case 2: packed_half<2, kQ4, kScales, kSigned>(w, g, h, x, out); break;
+      case 3: packed_half<3, kQ4, kScales, kSigned>(w, g, h, x, out); break;
+      default: packed_half<4, kQ4, kScales, kSigned>(w, g, h, x, out); break;
+    }
+  }
+}
+
+void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out) {
+  static_assert(kPackRows == 16 && kPackCols == 4);
+  if (w.is_signed) {  // q8_0, iq4_nl: 8 bits, one scale a sub-block
+    packed_cols<false, kPackD, true>(w, g, x, n_x, out);
+    return;
+  }
+  const uint32_t sel = (w.q4 ? 4u : 0u) | w.scales;
+  switch (sel) {
+    case 4 | kPackD: packed_cols<true, kPackD, false>(w, g, x, n_x, out); return;
+    case 4 | kPackDM: packed_cols<true, kPackDM, false>(w, g, x, n_x, out); return;
+    case 4 | kPackK32: packed_cols<true, kPackK32, false>(w, g, x, n_x, out); return;
+    case 4 | kPackK16: packed_cols<true, kPackK16, false>(w, g, x, n_x, out); return;
+    case kPackD: packed_cols<false, kPackD, false>(w, g, x, n_x, out); return;
+    case kPackDM: packed_cols<false, kPackDM, false>(w, g, x, n_x, out); return;
+    case kPackK32: packed_cols<false, kPackK32, false>(w, g, x, n_x, out); return;
+    default: packed_cols<false, kPackK16, false>(w, g, x, n_x, out); return;
+  }
+}
+constexpr auto kQdotPacked = qdot_packed;
 #else
 constexpr void (*kQdotPacked)(const PackedMatrix&, int64_t, const QRowX*, int, float*) = nullptr;
 #endif
