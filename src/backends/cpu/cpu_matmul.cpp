@@ -96,15 +96,21 @@ void products_f32(ThreadPool& pool, const CpuKernels& kern, const Products& pr, 
   const DType wt = pr.w.type;
   const bool in_place = wt == DType::f32 || wt == DType::f16 || wt == DType::bf16;
   for_tiles(pool, pr, [&](int64_t a, int64_t j0, const uint8_t* const* rows) {
-    // Dequantized rows of a quantized weight: [kTileRows, k], per item (the buffers are small).
-    Aligned<float> buf(in_place ? 0 : kTileRows * k);
+    // Dequantized rows of a quantized weight: [kTileRows, k], per thread (no allocation per item: decode's
+    // items are a few KiB of weights each).
+    thread_local std::vector<float> buf_storage;
+    float* buf = nullptr;
+    if (!in_place) {
+      buf_storage.resize(static_cast<size_t>(kTileRows * k + 16));
+      buf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf_storage.data()) + 63) & ~uintptr_t{63});
+    }
     const uint8_t* w_rows[kTileRows];
     for (int r = 0; r < kTileRows; ++r) {
       if (in_place) {
         w_rows[r] = rows[r];
       } else {
-        ops::ref::row_to_f32(pr.w, rows[r], buf.data() + r * k);
-        w_rows[r] = reinterpret_cast<const uint8_t*>(buf.data() + r * k);
+        ops::ref::row_to_f32(pr.w, rows[r], buf + r * k);
+        w_rows[r] = reinterpret_cast<const uint8_t*>(buf + r * k);
       }
     }
     const auto kt = static_cast<uint32_t>(in_place ? wt : DType::f32);
@@ -112,7 +118,8 @@ void products_f32(ThreadPool& pool, const CpuKernels& kern, const Products& pr, 
     const int64_t e_begin = pr.start[a], e_end = pr.start[a + 1];
     // k in cache blocks: the tile's rows and kTileCols x rows of one block stay in L1 while every x tile
     // passes; partial sums [e_end - e_begin, kTileRows].
-    std::vector<float> sums(static_cast<size_t>((e_end - e_begin) * kTileRows), 0.0f);
+    thread_local std::vector<float> sums;
+    sums.assign(static_cast<size_t>((e_end - e_begin) * kTileRows), 0.0f);
     float out[kTileRows * kTileCols];
     for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
       const int64_t kn = std::min(kBlockK, k - k0);
