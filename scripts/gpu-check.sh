@@ -10,6 +10,9 @@
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
 #   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them)
+#   ab        kiln alone on the peer step's files (made by prep; waits for them): decode and prefill under each
+#             of the environment settings AB_ENVS (default: KILN_CUDA_PDL=0 KILN_CUDA_PDL=1), interleaved,
+#             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -92,6 +95,24 @@ for step in "${steps[@]}"; do
           then echo ok >/tmp/kiln-prep.status; else echo failed >/tmp/kiln-prep.status; fi
         ' _ "$bin" "$peer_dir" "$peer_status" >/tmp/kiln-prep.log 2>&1 </dev/null &
       fi
+      ;;
+    ab)
+      for f in ${AB_FILES:-smollm2-135m-bf16 llama3-8b-bf16 llama3-8b-q8_0}; do
+        path=/tmp/kiln-models/$f.gguf
+        while [ ! -e "$path" ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+        if [ ! -e "$path" ]; then
+          echo "$f: not made"
+          status=1
+          continue
+        fi
+        for rep in 1 2; do
+          for e in ${AB_ENVS:-KILN_CUDA_PDL=0 KILN_CUDA_PDL=1}; do
+            r=$(env "$e" "$bin/tools/kiln/kiln" bench -m "$path" -d cuda -p 512 -n 128 -r 2 2>&1 |
+              awk -F'|' '/ (pp512|tg128) /{printf "%s %s  ", $7, $8}')
+            echo "| $f | $e | $rep | $r |"
+          done
+        done
+      done 2>&1 | tee "$out/ab.md"
       ;;
     peer)
       while [ ! -e "$peer_status" ]; do sleep 5; done

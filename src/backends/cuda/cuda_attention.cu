@@ -83,28 +83,44 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   State<DPL> st[kGroup];
   const int64_t row_stride = g.n_kv * g.head_dim;  // between consecutive slots of a block
-  for (int64_t p = c0 + warp; p < c1; p += kWarps) {
-    const int64_t slot = int64_t{table[p / g.block_size]} * g.block_size + p % g.block_size;
-    const KV* kr = k_pool + slot * row_stride + kvh * g.head_dim;
-    const KV* vr = v_pool + slot * row_stride + kvh * g.head_dim;
-    float kv[DPL], vv[DPL];
-    for (int j = 0; j < DPL; ++j) {
-      const int64_t d = lane + 32 * j;
-      kv[j] = d < g.head_dim ? load(kr + d) : 0.0f;
-      vv[j] = d < g.head_dim ? load(vr + d) : 0.0f;
+  // A warp's positions go kPipe at a time: their block-table entries, then all their K/V rows, are loaded
+  // before the first is used, so the walk waits on memory once per kPipe positions. They are folded in
+  // increasing order, as one at a time.
+  constexpr int kPipe = DPL <= 2 ? 4 : DPL <= 4 ? 2 : 1;
+  for (int64_t p0 = c0 + warp; p0 < c1; p0 += kWarps * kPipe) {
+    float kv[kPipe][DPL], vv[kPipe][DPL];
+#pragma unroll
+    for (int i = 0; i < kPipe; ++i) {
+      const int64_t p = p0 + kWarps * i;
+      const int64_t slot = p < c1 ? int64_t{table[p / g.block_size]} * g.block_size + p % g.block_size : 0;
+      const KV* kr = k_pool + slot * row_stride + kvh * g.head_dim;
+      const KV* vr = v_pool + slot * row_stride + kvh * g.head_dim;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        const bool in = p < c1 && d < g.head_dim;
+        kv[i][j] = in ? load(kr + d) : 0.0f;
+        vv[i][j] = in ? load(vr + d) : 0.0f;
+      }
     }
-    for (int h = 0; h < kGroup; ++h) {
-      if (h >= n_q) break;
-      float s = 0.0f;
-      for (int j = 0; j < DPL; ++j) s += qv[h][j] * kv[j];
-      s = warp_sum(s);
-      if (g.softcap > 0.0f) s = g.softcap * tanhf(s / g.softcap);
-      State<DPL>& a = st[h];
-      const float mm = fmaxf(a.m, s);
-      const float ca = expf(a.m - mm), e = expf(s - mm);
-      a.l = a.l * ca + e;
-      for (int j = 0; j < DPL; ++j) a.acc[j] = a.acc[j] * ca + e * vv[j];
-      a.m = mm;
+#pragma unroll
+    for (int i = 0; i < kPipe; ++i) {
+      if (p0 + kWarps * i >= c1) break;
+      for (int h = 0; h < kGroup; ++h) {
+        if (h >= n_q) break;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) s += qv[h][j] * kv[i][j];
+        s = warp_sum(s);
+        if (g.softcap > 0.0f) s = g.softcap * tanhf(s / g.softcap);
+        State<DPL>& a = st[h];
+        const float mm = fmaxf(a.m, s);
+        const float ca = expf(a.m - mm), e = expf(s - mm);
+        a.l = a.l * ca + e;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) a.acc[j] = a.acc[j] * ca + e * vv[i][j];
+        a.m = mm;
+      }
     }
   }
   // Merge the warps: each writes its states, warp 0 folds them in order.
@@ -149,7 +165,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// One warp per (token, head): folds the chunks' states in order and writes dst.
+// One warp per (token, head): the chunks' states scaled to their common maximum and summed in chunk order.
+// The maxima come first (a lane a chunk), so the loads of the chunks' records do not wait on one another.
 template <int DPL>
 __global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) {
   pdl_begin();
@@ -157,21 +174,30 @@ __global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) 
   const int lane = threadIdx.x % 32;
   if (row >= g.n_tokens * g.n_heads) return;
   const int64_t rec = g.head_dim + 2;
-  State<DPL> a;
-  for (int64_t c = 0; c < g.n_chunks; ++c) {
-    const float* r = partial + (row * g.n_chunks + c) * rec;
-    float acc[DPL];
-    for (int j = 0; j < DPL; ++j) {
-      const int64_t d = lane + 32 * j;
-      acc[j] = d < g.head_dim ? r[d] : 0.0f;
+  const float* base = partial + row * g.n_chunks * rec;
+  float mx = -INFINITY;
+  for (int64_t c = lane; c < g.n_chunks; c += 32) mx = fmaxf(mx, base[c * rec + g.head_dim]);
+  mx = warp_max(mx);
+  float l = 0.0f, acc[DPL] = {};
+  if (mx != -INFINITY) {
+#pragma unroll 4
+    for (int64_t c = 0; c < g.n_chunks; ++c) {
+      const float* r = base + c * rec;
+      const float m = r[g.head_dim];
+      const float e = m == -INFINITY ? 0.0f : expf(m - mx);
+      l += r[g.head_dim + 1] * e;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        acc[j] += (d < g.head_dim ? r[d] : 0.0f) * e;
+      }
     }
-    merge(a, r[g.head_dim], r[g.head_dim + 1], acc);
   }
   float* y = dst.row_as<float>(row);
-  const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (int j = 0; j < DPL; ++j) {
     const int64_t d = lane + 32 * j;
-    if (d < g.head_dim) y[d] = a.acc[j] * inv;
+    if (d < g.head_dim) y[d] = acc[j] * inv;
   }
 }
 

@@ -1,10 +1,13 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90+): a kernel may be scheduled while the one
-// before it on the stream is still running, and waits on the device, at its first instruction, until that
-// one has finished and its writes are visible. What it saves is the gap between kernels (launch and ramp-up),
-// which decode steps of many small kernels are made of.
+// before it on the stream is still running, and waits on the device until that one has finished and its
+// writes are visible. What it saves is the gap between kernels (launch and ramp-up), which decode steps of
+// many small kernels are made of, and a kernel may start reading what no kernel writes (its weights) before
+// it waits.
 //
-// Contract: a kernel launched with launch_kernel() begins with pdl_begin(), before it reads or writes any
-// memory. Kernels launched with <<<>>> wait for their predecessor in full, as always.
+// Contract: a kernel launched with launch_kernel() calls pdl_begin() before it reads or writes any memory
+// that another kernel of the stream writes or reads; before that it may only read memory that stays constant
+// while the stream runs (weights), e.g. prefetch_l2() them. Kernels launched with <<<>>> wait for their
+// predecessor in full, as always.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,13 +16,20 @@
 
 namespace kiln::cuda {
 
-// Lets the next kernel on the stream be scheduled (its blocks then wait in their own pdl_begin()), then waits
-// until every kernel this one depends on has completed and its memory operations are visible.
+// Waits until every kernel this one depends on has completed and its memory operations are visible, then lets
+// the next kernel on the stream be scheduled. In that order, at most one kernel waits behind a running one:
+// a chain of launched, waiting kernels would hold multiprocessor slots that the running kernel's later blocks
+// need.
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// Starts bringing the 128-byte line at p into L2 (no register waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 // kernel<<<grid, block, smem, ctx.stream>>>(args...), as a programmatic dependent launch when ctx.pdl.

@@ -121,6 +121,7 @@ struct GemvArgs {
   int64_t x_div;  // column q reads x row q / x_div
   Rows x;         // f32 rows of k
   bool x_vec;     // every x row is 16-byte aligned
+  bool prefetch;  // programmatic launch: the first bytes of the weight rows head for L2 before the wait
   // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
   const int* xq;
   const float2* xds;
@@ -238,7 +239,6 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 // path (a.xq, a.xds), else f32 x.
 template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
-  pdl_begin();
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   GemvPart part{a.w, a.w_nb1, a.n, a.dst};
@@ -249,6 +249,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     }
   }
   const int64_t row0 = static_cast<int64_t>(block) * kRows;
+  // The first 2 KiB of each weight row (what the first pass of the threads reads) head for L2 before the wait
+  // for the kernel before (pdl_begin): weights are constant, and under programmatic launch that kernel's tail
+  // hides their latency. Expert weights wait for their ids.
+  if (a.prefetch && !a.use_ids) {
+    const int64_t row_bytes = a.k / Quant<T>::kBlock * Quant<T>::kBytes;
+    const int lines = static_cast<int>((min(row_bytes, int64_t{2048}) + 127) / 128);
+    for (int i = threadIdx.x; i < kRows * lines; i += kGemvThreads) {
+      const int64_t r = row0 + i / lines;
+      if (r < part.n) prefetch_l2(part.w + r * part.w_nb1 + (i % lines) * 128);
+    }
+  }
+  pdl_begin();
   const int64_t g_step = static_cast<int64_t>(gridDim.y) * a.col_split;
   for (int64_t g = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split; g < a.n_groups;
        g += g_step) {
@@ -403,6 +415,7 @@ cudaError_t quantize_x(const Context& ctx, const Tensor& x, GemvArgs& a) {
 
 // q8: on the integer path (x rounded to 8 bits by quantize_x() first); else exact, in f32.
 cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8) {
+  a.prefetch = ctx.pdl;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
     const int64_t align = Quant<T>::kAlign;

@@ -174,21 +174,23 @@ struct Q8<DType::q8_0> {  // d:2 qs:32; w = d * q; unit i (0..3): elements 8i ..
 };
 
 // Q4_K / Q5_K: a super-block of 256 is 8 sub-blocks of 32 with 6-bit scales and mins; qs chunk j (32 bytes)
-// holds sub-blocks 2j (low nibbles) and 2j+1 (high). Unit u (0..15 in a super-block): j = u/4, bytes 8t ..
-// 8t+7 (t = u%4) of the chunk: elements 8t .. 8t+7 of both sub-blocks, a quarter of each.
+// holds sub-blocks 2j (low nibbles) and 2j+1 (high). Unit u (0..7 in a super-block): j = u/2, bytes 16t ..
+// 16t+15 (t = u%2) of the chunk: elements 16t .. 16t+15 of both sub-blocks, half of each, in one 16-byte load
+// (the super-blocks of a row starting at 16 bytes stay 16-byte aligned: 144 and 176 bytes), and one decoding
+// of the pair's scales for 32 weights.
 struct XK {
-  int lo0, lo1, hi0, hi1;
+  int4 lo, hi;  // x's integers for those elements of sub-blocks 2j and 2j+1
   float2 ds0, ds1;
 };
 __device__ __forceinline__ XK load_xk(int64_t u, const XRow& x) {
-  const int64_t sb = u / 16;
-  const int j = static_cast<int>(u % 16) / 4, t = static_cast<int>(u % 4);
-  const int* q = x.qs + 64 * sb + 16 * j + 2 * t;
-  const float2* ds = x.ds + 8 * sb + 2 * j;
-  return {__ldg(q), __ldg(q + 1), __ldg(q + 8), __ldg(q + 9), __ldg(ds), __ldg(ds + 1)};
+  const int64_t sb = u / 8;
+  const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
+  const int4* q = reinterpret_cast<const int4*>(x.qs + 64 * sb + 16 * j + 4 * t);
+  const float4 ds = __ldg(reinterpret_cast<const float4*>(x.ds + 8 * sb + 2 * j));
+  return {__ldg(q), __ldg(q + 2), make_float2(ds.x, ds.y), make_float2(ds.z, ds.w)};
 }
 struct WK {
-  uint32_t lo0, lo1, hi0, hi1;
+  uint4 lo, hi;          // the 4-bit (Q5_K: 5-bit) values of the unit's elements of sub-blocks 2j, 2j+1
   float d0, m0, d1, m1;  // d * scale and dmin * min of sub-blocks 2j and 2j+1
 };
 // The scales of sub-blocks 2j and 2j+1 from the super-block header (d, dmin, 12 packed bytes).
@@ -216,27 +218,44 @@ __device__ __forceinline__ void k_pair_scales(const uint8_t* b, int j, WK& w) {
   }
   w.d0 = sc[0], w.m0 = mn[0], w.d1 = sc[1], w.m1 = mn[1];
 }
+__device__ __forceinline__ int dp4a4(uint4 w, int4 x) {
+  return __dp4a(static_cast<int>(w.x), x.x,
+                __dp4a(static_cast<int>(w.y), x.y,
+                       __dp4a(static_cast<int>(w.z), x.z, __dp4a(static_cast<int>(w.w), x.w, 0))));
+}
 __device__ __forceinline__ float dot_k(const WK& w, const XK& x) {
-  const int s0 = __dp4a(static_cast<int>(w.lo0), x.lo0, __dp4a(static_cast<int>(w.lo1), x.lo1, 0));
-  const int s1 = __dp4a(static_cast<int>(w.hi0), x.hi0, __dp4a(static_cast<int>(w.hi1), x.hi1, 0));
-  // Each unit covers a quarter of both sub-blocks: a quarter of their mins' terms.
+  const int s0 = dp4a4(w.lo, x.lo), s1 = dp4a4(w.hi, x.hi);
+  // Each unit covers half of both sub-blocks: half of their mins' terms.
   return w.d0 * x.ds0.x * static_cast<float>(s0) + w.d1 * x.ds1.x * static_cast<float>(s1) -
-         0.25f * (w.m0 * x.ds0.y + w.m1 * x.ds1.y);
+         0.5f * (w.m0 * x.ds0.y + w.m1 * x.ds1.y);
+}
+__device__ __forceinline__ uint4 nibbles_lo(uint4 v) {
+  return make_uint4(v.x & 0x0F0F0F0Fu, v.y & 0x0F0F0F0Fu, v.z & 0x0F0F0F0Fu, v.w & 0x0F0F0F0Fu);
+}
+__device__ __forceinline__ uint4 nibbles_hi(uint4 v) {
+  return nibbles_lo(make_uint4(v.x >> 4, v.y >> 4, v.z >> 4, v.w >> 4));
+}
+// Bit s of each byte of h, as bit 4.
+__device__ __forceinline__ uint4 fifth_bits(uint4 h, int s) {
+  return make_uint4(((h.x >> s) & 0x01010101u) << 4, ((h.y >> s) & 0x01010101u) << 4,
+                    ((h.z >> s) & 0x01010101u) << 4, ((h.w >> s) & 0x01010101u) << 4);
+}
+__device__ __forceinline__ uint4 or4(uint4 a, uint4 b) {
+  return make_uint4(a.x | b.x, a.y | b.y, a.z | b.z, a.w | b.w);
 }
 
 template <>
 struct Q8<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
-  static constexpr int kUnit = 16;
+  static constexpr int kUnit = 32;
   using W = WK;
   using X = XK;
   template <int A>
   __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 16) * 144;
-    const int j = static_cast<int>(u % 16) / 4, t = static_cast<int>(u % 4);
-    const uint2 v = ld_u64<align_at(A, 8)>(b + 16 + 32 * j + 8 * t);
+    const uint8_t* b = row + (u / 8) * 144;
+    const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
+    const uint4 v = ld_u128<align_at(A, 16)>(b + 16 + 32 * j + 16 * t);
     W w;
-    w.lo0 = v.x & 0x0F0F0F0Fu, w.lo1 = v.y & 0x0F0F0F0Fu;
-    w.hi0 = (v.x >> 4) & 0x0F0F0F0Fu, w.hi1 = (v.y >> 4) & 0x0F0F0F0Fu;
+    w.lo = nibbles_lo(v), w.hi = nibbles_hi(v);
     k_pair_scales<A>(b, j, w);
     return w;
   }
@@ -246,21 +265,18 @@ struct Q8<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
 
 template <>
 struct Q8<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128; bit s of qh[l]: fifth bit of element l of s
-  static constexpr int kUnit = 16;
+  static constexpr int kUnit = 32;
   using W = WK;
   using X = XK;
   template <int A>
   __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 16) * 176;
-    const int j = static_cast<int>(u % 16) / 4, t = static_cast<int>(u % 4);
-    const uint2 v = ld_u64<align_at(A, 8)>(b + 48 + 32 * j + 8 * t);
-    const uint2 h = ld_u64<align_at(A, 8)>(b + 16 + 8 * t);
-    const int s0 = 2 * j, s1 = 2 * j + 1;
+    const uint8_t* b = row + (u / 8) * 176;
+    const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
+    const uint4 v = ld_u128<align_at(A, 16)>(b + 48 + 32 * j + 16 * t);
+    const uint4 h = ld_u128<align_at(A, 16)>(b + 16 + 16 * t);
     W w;
-    w.lo0 = (v.x & 0x0F0F0F0Fu) | (((h.x >> s0) & 0x01010101u) << 4);
-    w.lo1 = (v.y & 0x0F0F0F0Fu) | (((h.y >> s0) & 0x01010101u) << 4);
-    w.hi0 = ((v.x >> 4) & 0x0F0F0F0Fu) | (((h.x >> s1) & 0x01010101u) << 4);
-    w.hi1 = ((v.y >> 4) & 0x0F0F0F0Fu) | (((h.y >> s1) & 0x01010101u) << 4);
+    w.lo = or4(nibbles_lo(v), fifth_bits(h, 2 * j));
+    w.hi = or4(nibbles_hi(v), fifth_bits(h, 2 * j + 1));
     k_pair_scales<A>(b, j, w);
     return w;
   }

@@ -47,6 +47,17 @@ __device__ __forceinline__ uint2 ld_u64(const uint8_t* p) {
     return make_uint2(ld_u32<A>(p), ld_u32<A>(p + 4));
 }
 
+// 16 bytes, little-endian: x holds bytes 0-3, ..., w bytes 12-15.
+template <int A>
+__device__ __forceinline__ uint4 ld_u128(const uint8_t* p) {
+  if constexpr (A >= 16) {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+    const uint2 lo = ld_u64<A>(p), hi = ld_u64<A>(p + 8);
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
+  }
+}
+
 // The alignment of an address at byte `offset` past an A-aligned one.
 __host__ __device__ constexpr int align_at(int a, int offset) {
   const int low = offset & -offset;
