@@ -6,13 +6,15 @@
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
 #   bench     bench/cuda_matmul_bench (GEMV / GEMM kernels against the card's copy bandwidth)
-#   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic
+#   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS; with 4 and 8 rows also with twice
+#             the loads ahead, KILN_CUDA_GEMV_UNROLL=2), for the launch heuristic (types: TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
 #   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them)
-#   ab        kiln alone on the peer step's files (made by prep; waits for them): decode and prefill under each
-#             of the environment settings AB_ENVS (default: KILN_CUDA_PDL=0 KILN_CUDA_PDL=1), interleaved,
-#             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0)
+#   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
+#             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
+#             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; KILN_BIN=PATH runs another kiln binary instead), interleaved,
+#             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0), AB_REPS rounds (default 2)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -78,9 +80,10 @@ for step in "${steps[@]}"; do
       ;;
     bench) "$bin/tests/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;
     tune)
-      for rows in 1 2 4 8; do
-        echo "KILN_CUDA_GEMV_ROWS=$rows"
-        KILN_CUDA_GEMV_ROWS=$rows "$bin/tests/cuda_matmul_bench" --types bf16,q8_0,q4_0,q4_k --m 1 || status=1
+      for rows in 1 2 4 8 4x2 8x2; do
+        echo "KILN_CUDA_GEMV_ROWS=${rows%x2}${rows#[0-9]}"
+        KILN_CUDA_GEMV_ROWS=${rows%x2} KILN_CUDA_GEMV_UNROLL=$([ "$rows" != "${rows%x2}" ] && echo 2 || echo 1) \
+          "$bin/tests/cuda_matmul_bench" --types ${TUNE_TYPES:-bf16,q8_0,q4_0,q4_k,q6_k} --m 1 || status=1
       done 2>&1 | tee "$out/tune.md"
       ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;
@@ -97,17 +100,19 @@ for step in "${steps[@]}"; do
       fi
       ;;
     ab)
+      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
       for f in ${AB_FILES:-smollm2-135m-bf16 llama3-8b-bf16 llama3-8b-q8_0}; do
         path=/tmp/kiln-models/$f.gguf
-        while [ ! -e "$path" ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
         if [ ! -e "$path" ]; then
           echo "$f: not made"
           status=1
           continue
         fi
-        for rep in 1 2; do
+        for rep in $(seq "${AB_REPS:-2}"); do
           for e in ${AB_ENVS:-KILN_CUDA_PDL=0 KILN_CUDA_PDL=1}; do
-            r=$(env "$e" "$bin/tools/kiln/kiln" bench -m "$path" -d cuda -p 512 -n 128 -r 2 2>&1 |
+            k="$bin/tools/kiln/kiln"
+            [[ $e == KILN_BIN=* ]] && k=${e#KILN_BIN=}
+            r=$(env "$e" "$k" bench -m "$path" -d cuda -p 512 -n 128 -r 2 2>&1 |
               awk -F'|' '/ (pp512|tg128) /{printf "%s %s  ", $7, $8}')
             echo "| $f | $e | $rep | $r |"
           done

@@ -79,6 +79,9 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_INT8=0: quantize_x matmuls of block-quantized weights take the exact GEMV (for comparison).
     const char* int8 = std::getenv("KILN_CUDA_INT8");
     ctx_.int8_gemv = int8 == nullptr || std::string_view(int8) != "0";
+    // KILN_CUDA_GEMV_STAGED=0: the integer GEMV loads its weights directly instead of through shared memory.
+    const char* staged = std::getenv("KILN_CUDA_GEMV_STAGED");
+    ctx_.staged_gemv = staged == nullptr || std::string_view(staged) != "0";
     ctx_.scratch_fn = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };

@@ -24,6 +24,9 @@ struct Context {
   bool pdl = false;
   // Matmuls under quantize_x may take the integer GEMV (cuda_q8.cuh); else the exact one.
   bool int8_gemv = true;
+  // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment
+  // allows.
+  bool staged_gemv = true;
   // Device scratch of at least `bytes`, one buffer per slot (0 .. kScratchSlots-1); valid, in stream order,
   // until the next request for the same slot. Null when the device is out of memory.
   void* (*scratch_fn)(void* owner, int slot, size_t bytes) = nullptr;

@@ -122,6 +122,7 @@ struct GemvArgs {
   Rows x;         // f32 rows of k
   bool x_vec;     // every x row is 16-byte aligned
   bool prefetch;  // programmatic launch: the first bytes of the weight rows head for L2 before the wait
+  bool staged;    // integer path: the weight rows go through shared memory (gemv_q8_staged)
   // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
   const int* xq;
   const float2* xds;
@@ -226,20 +227,109 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
         if (c >= cols) break;
         const typename Q::X xv = Q::load_x(p, x[c]);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][c] += Q::dot(w[u][r], xv);
+        for (int r = 0; r < kRows; ++r) acc[r][c] = __fadd_rn(acc[r][c], Q::dot(w[u][r], xv));
       }
     }
   }
 }
 
+// ---- the staged integer GEMV: weight rows copied to shared memory ahead of their use ----
+
+// 16 bytes from global to shared memory without a register (cp.async, sm_80+), in groups that complete in
+// order.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The types whose integer GEMV reads its weights through shared memory where the rows allow: measured on an
+// H100 (bench/cuda_matmul_bench, one run each way), the K-quants gain (Q4_K 29 -> 36% of the copy bandwidth
+// on 4096 x 14336, Q6_K 45 -> 65% on the 8B's output head) while Q4_0 and Q8_0, whose units are 8 elements
+// and whose direct loads already keep enough in flight, lose a few points.
+template <DType T>
+inline constexpr bool kStagedType = T == DType::q4_k || T == DType::q5_k || T == DType::q6_k;
+
+// Weight bytes of one segment of a row: kGemvThreads units, one a thread (whole blocks of the type: a
+// multiple of 16 bytes for every integer type).
+template <DType T>
+__host__ __device__ constexpr int64_t seg_bytes() {
+  return int64_t{kGemvThreads} * Q8<T>::kUnit / Quant<T>::kBlock * Quant<T>::kBytes;
+}
+// Shared memory of the staged GEMV: two segments of each of kRows rows.
+template <DType T, int kRows>
+constexpr size_t staged_smem() {
+  return static_cast<size_t>(2 * kRows * seg_bytes<T>());
+}
+
+// gemv_q8_partial over rows whose bytes reach shared memory by cp.async, a segment (one unit a thread) of
+// every row at a time, the next segment in flight while this one is multiplied: a block keeps two segments of
+// its rows on the way with no register waiting for them. Each thread takes the units t, t + kGemvThreads, ...
+// in the order gemv_q8_partial does, so the sums are the same. Rows start 16-byte aligned and their length is
+// a multiple of 16 bytes (launch_gemv checks).
+template <DType T, int kCols, int kRows>
+__device__ __forceinline__ void gemv_q8_staged(const uint8_t* const (&rows)[kRows], const XRow (&x)[kCols],
+                                               int cols, const GemvArgs& a, float (&acc)[kRows][kCols],
+                                               uint8_t* stage) {
+  using Q = Q8<T>;
+  constexpr int64_t kSeg = seg_bytes<T>();
+  static_assert(kSeg % 16 == 0, "a segment is whole 16-byte chunks");
+  constexpr int A = Quant<T>::kAlign | kInShared;
+  const int64_t n_units = a.k / Q::kUnit;
+  const int64_t row_bytes = a.k / Quant<T>::kBlock * Quant<T>::kBytes;
+  const int n_seg = static_cast<int>((n_units + kGemvThreads - 1) / kGemvThreads);
+  const auto issue = [&](int seg) {
+    uint8_t* dst = stage + (seg % 2) * kRows * kSeg;
+    const int64_t off = seg * kSeg;
+    const int chunks = static_cast<int>(min(kSeg, row_bytes - off) / 16);
+    for (int i = threadIdx.x; i < kRows * chunks; i += kGemvThreads) {
+      const int r = i / chunks, c = i % chunks;
+      cp_async16(dst + r * kSeg + c * 16, rows[r] + off + c * 16);
+    }
+    cp_async_commit();
+  };
+  issue(0);
+  for (int seg = 0; seg < n_seg; ++seg) {
+    if (seg + 1 < n_seg) {
+      issue(seg + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of this segment have landed
+    const int64_t u = int64_t{seg} * kGemvThreads + threadIdx.x;
+    if (u < n_units) {
+      const uint8_t* buf = stage + (seg % 2) * kRows * kSeg;
+      typename Q::W w[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) w[r] = Q::template load<A>(buf + r * kSeg, threadIdx.x);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= cols) break;
+        const typename Q::X xv = Q::load_x(u, x[c]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r][c] = __fadd_rn(acc[r][c], Q::dot(w[r], xv));
+      }
+    }
+    __syncthreads();  // the buffer is refilled two segments on
+  }
+}
+
 // Block: kRows consecutive weight rows, its kGemvThreads threads splitting k (split-k inside the block: many
 // small blocks fill the device evenly, with no tail of a last partial wave); the threads' sums meet through
-// warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups / col_split).
-// A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8: the integer
-// path (a.xq, a.xds), else f32 x.
-template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8>
+// warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
+// col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
+// the integer path (a.xq, a.xds), else f32 x. kStaged (with kQ8): the weight rows go through shared memory
+// (gemv_q8_staged), whose dynamic size is staged_smem<T, kRows>().
+template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kStaged = false>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
+  extern __shared__ __align__(16) uint8_t stage[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   GemvPart part{a.w, a.w_nb1, a.n, a.dst};
   unsigned block = blockIdx.x / a.col_split;
@@ -278,7 +368,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
         const int64_t i = (q0 + min(c, cols - 1)) / a.x_div;
         x[c] = {a.xq + i * (a.k / 4), a.xds + i * (a.k / 32)};
       }
-      gemv_q8_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
+      if constexpr (kStaged) {
+        gemv_q8_staged<T, kCols, kRows>(rows, x, cols, a, acc, stage);
+      } else {
+        gemv_q8_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
+      }
     } else {
       const float* x[kCols];
 #pragma unroll
@@ -318,6 +412,13 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
   }
   const dim3 grid(static_cast<unsigned>(blocks * a.col_split),
                   static_cast<unsigned>(std::min<int64_t>(ceil_div(a.n_groups, a.col_split), kMaxGridY)));
+  if constexpr (kQ8 && kStagedType<T>) {
+    if (a.staged) {
+      (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, true>, grid,
+                          kGemvThreads, staged_smem<T, kRows>(), a);
+      return;
+    }
+  }
   if (natural_align) {
     (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8>, grid, kGemvThreads,
                         0, a);
@@ -335,10 +436,15 @@ template <DType T, bool kQ8>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align) {
   if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1>(ctx, a, natural_align);
   if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1>(ctx, a, natural_align);
-  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/cuda_matmul_bench).
+  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block, KILN_CUDA_GEMV_UNROLL=2 doubles the pieces a thread
+  // loads ahead with 4 or 8 rows (for tuning with bench/cuda_matmul_bench).
   static const int forced = [] {
     const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
     return v != nullptr ? std::atoi(v) : 0;
+  }();
+  static const bool unroll2 = [] {
+    const char* v = std::getenv("KILN_CUDA_GEMV_UNROLL");
+    return v != nullptr && std::atoi(v) == 2;
   }();
   // Measured on an H100 (scripts/gpu-check.sh tune): eight rows from 4096 up (84% of the copy bandwidth on
   // the 8B's gate/up/down in bf16, 67% on 4096 x 4096); two on the short k/v projections (1024 rows), where
@@ -347,8 +453,12 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align)
   for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
   const int rows = forced != 0 ? forced : n >= 4096 ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
-    case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1>(ctx, a, natural_align);
-    case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2>(ctx, a, natural_align);
+    case 8:
+      if (unroll2) return launch_gemv_shape<T, kQ8, 1, 8, 2>(ctx, a, natural_align);
+      return launch_gemv_shape<T, kQ8, 1, 8, 1>(ctx, a, natural_align);
+    case 4:
+      if (unroll2) return launch_gemv_shape<T, kQ8, 1, 4, 4>(ctx, a, natural_align);
+      return launch_gemv_shape<T, kQ8, 1, 4, 2>(ctx, a, natural_align);
     case 2: return launch_gemv_shape<T, kQ8, 1, 2, 4>(ctx, a, natural_align);
     default: return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, natural_align);
   }
@@ -423,6 +533,14 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
     for (int i = 1; i < a.n_parts; ++i) {
       natural = natural && aligned(a.more[i - 1].w, align) && a.more[i - 1].w_nb1 % align == 0;
     }
+    // The staged GEMV copies 16-byte chunks: rows that start 16-byte aligned and are whole chunks long.
+    const int64_t row_bytes = a.k / Quant<T>::kBlock * Quant<T>::kBytes;
+    bool rows16 =
+        aligned(w.data, 16) && a.w_nb1 % 16 == 0 && row_bytes % 16 == 0 && (!a.use_ids || a.w_nb2 % 16 == 0);
+    for (int i = 1; i < a.n_parts; ++i) {
+      rows16 = rows16 && aligned(a.more[i - 1].w, 16) && a.more[i - 1].w_nb1 % 16 == 0;
+    }
+    a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.staged_gemv && rows16;
     launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, natural);
     return cudaGetLastError();
   };

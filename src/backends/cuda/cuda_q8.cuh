@@ -225,9 +225,11 @@ __device__ __forceinline__ int dp4a4(uint4 w, int4 x) {
 }
 __device__ __forceinline__ float dot_k(const WK& w, const XK& x) {
   const int s0 = dp4a4(w.lo, x.lo), s1 = dp4a4(w.hi, x.hi);
-  // Each unit covers half of both sub-blocks: half of their mins' terms.
-  return w.d0 * x.ds0.x * static_cast<float>(s0) + w.d1 * x.ds1.x * static_cast<float>(s1) -
-         0.5f * (w.m0 * x.ds0.y + w.m1 * x.ds1.y);
+  // Each unit covers half of both sub-blocks: half of their mins' terms. Rounded operation by operation
+  // (no contraction left to the compiler), so every kernel that inlines this gets the same bits.
+  const float mins = __fmaf_rn(w.m0, x.ds0.y, __fmul_rn(w.m1, x.ds1.y));
+  return __fmaf_rn(__fmul_rn(w.d0, x.ds0.x), static_cast<float>(s0),
+                   __fmaf_rn(__fmul_rn(w.d1, x.ds1.x), static_cast<float>(s1), __fmul_rn(-0.5f, mins)));
 }
 __device__ __forceinline__ uint4 nibbles_lo(uint4 v) {
   return make_uint4(v.x & 0x0F0F0F0Fu, v.y & 0x0F0F0F0Fu, v.z & 0x0F0F0F0Fu, v.w & 0x0F0F0F0Fu);
@@ -334,7 +336,9 @@ struct Q8<DType::q6_k> {
   __device__ static float dot(const W& w, const X& x) {
     float s = 0.0f;
 #pragma unroll
-    for (int g = 0; g < 4; ++g) s += w.d[g] * x.d[g] * static_cast<float>(__dp4a(w.q[g], x.q[g], 0));
+    for (int g = 0; g < 4; ++g) {
+      s = __fmaf_rn(__fmul_rn(w.d[g], x.d[g]), static_cast<float>(__dp4a(w.q[g], x.q[g], 0)), s);
+    }
     return s;
   }
 };

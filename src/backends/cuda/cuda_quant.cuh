@@ -20,20 +20,35 @@ namespace kiln::cuda {
 
 // ---- loads of A-aligned bytes through the read-only cache ----
 
+// The loads take the alignment A guaranteed for their address; kInShared or-ed into A says the bytes are in
+// shared memory (a staged copy of the weight, cuda_matmul.cu), read with plain loads instead of __ldg.
+inline constexpr int kInShared = 1 << 10;
+__host__ __device__ constexpr int align_bytes(int a) { return a & (kInShared - 1); }
+
+template <int A, class V>
+__device__ __forceinline__ V ld_as(const uint8_t* p) {
+  if constexpr ((A & kInShared) != 0)
+    return *reinterpret_cast<const V*>(p);
+  else
+    return __ldg(reinterpret_cast<const V*>(p));
+}
+
 __device__ __forceinline__ uint32_t ld_u8(const uint8_t* p) { return __ldg(p); }
 
 template <int A>
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
-  if constexpr (A >= 2)
-    return __ldg(reinterpret_cast<const unsigned short*>(p));
-  else
+  if constexpr (align_bytes(A) >= 2) {
+    return ld_as<A, unsigned short>(p);
+  } else {
+    static_assert((A & kInShared) == 0, "byte loads read global memory");
     return ld_u8(p) | (ld_u8(p + 1) << 8);
+  }
 }
 
 template <int A>
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
-  if constexpr (A >= 4)
-    return __ldg(reinterpret_cast<const unsigned int*>(p));
+  if constexpr (align_bytes(A) >= 4)
+    return ld_as<A, unsigned int>(p);
   else
     return ld_u16<A>(p) | (ld_u16<A>(p + 2) << 16);
 }
@@ -41,8 +56,8 @@ __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
 // 8 bytes, little-endian: x holds bytes 0-3, y bytes 4-7.
 template <int A>
 __device__ __forceinline__ uint2 ld_u64(const uint8_t* p) {
-  if constexpr (A >= 8)
-    return __ldg(reinterpret_cast<const uint2*>(p));
+  if constexpr (align_bytes(A) >= 8)
+    return ld_as<A, uint2>(p);
   else
     return make_uint2(ld_u32<A>(p), ld_u32<A>(p + 4));
 }
@@ -50,18 +65,18 @@ __device__ __forceinline__ uint2 ld_u64(const uint8_t* p) {
 // 16 bytes, little-endian: x holds bytes 0-3, ..., w bytes 12-15.
 template <int A>
 __device__ __forceinline__ uint4 ld_u128(const uint8_t* p) {
-  if constexpr (A >= 16) {
-    return __ldg(reinterpret_cast<const uint4*>(p));
+  if constexpr (align_bytes(A) >= 16) {
+    return ld_as<A, uint4>(p);
   } else {
     const uint2 lo = ld_u64<A>(p), hi = ld_u64<A>(p + 8);
     return make_uint4(lo.x, lo.y, hi.x, hi.y);
   }
 }
 
-// The alignment of an address at byte `offset` past an A-aligned one.
+// The alignment of an address at byte `offset` past an A-aligned one (kInShared kept).
 __host__ __device__ constexpr int align_at(int a, int offset) {
-  const int low = offset & -offset;
-  return offset == 0 || low >= a ? a : low;
+  const int low = offset & -offset, al = align_bytes(a);
+  return (a & kInShared) | (offset == 0 || low >= al ? al : low);
 }
 
 // Byte j (0..7) of an 8-byte value.
