@@ -41,10 +41,18 @@ std::vector<uint8_t> run(bool staged, const Case& c, uint64_t seed) {
   const size_t w_at = 0, x_at = w_bytes, d_at = x_at + x_bytes;
   const size_t total = d_at + d_bytes;
   std::vector<uint8_t> host(total, 0);
-  std::vector<float> row(static_cast<size_t>(c.k));
-  for (int64_t r = 0; r < kRowsOut; ++r) {
-    for (float& v : row) v = uni(rng) * 0.1f;
-    dtype_info(c.type).quantize_row(row.data(), host.data() + w_at + r * row_w, c.k);
+  // Random quants and sub-block scales (kiln has no K-quant quantizer); the f16 super-block scales (d, and
+  // dmin where there is one) random positive normals, so that no product overflows.
+  std::uniform_int_distribution<int> byte(0, 255), mant(0, 0x3FF);
+  for (size_t i = 0; i < w_bytes; ++i) host[w_at + i] = static_cast<uint8_t>(byte(rng));
+  const int64_t sb_bytes = dtype_info(c.type).type_size;
+  const std::vector<int64_t> f16_at =
+      c.type == DType::q6_k ? std::vector<int64_t>{208} : std::vector<int64_t>{0, 2};
+  for (size_t sb = 0; sb < w_bytes / sb_bytes; ++sb) {
+    for (const int64_t at : f16_at) {
+      const auto bits = static_cast<uint16_t>(0x1800 + mant(rng));  // 2^-9 .. 2^-8
+      std::memcpy(host.data() + w_at + sb * sb_bytes + at, &bits, 2);
+    }
   }
   for (int64_t i = 0; i < c.k * c.m; ++i) {
     const float v = uni(rng);
