@@ -194,6 +194,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated model-type names to run (default: all)")
     ap.add_argument("--prepare-only", action="store_true", help="make the files, run nothing")
     ap.add_argument("--peer-ready", type=Path, help="a file whose existence says the peer's build has ended")
+    ap.add_argument("--no-profile", action="store_true", help="skip the step and kernel profiles (profiles.txt)")
     a = ap.parse_args()
     kiln = a.build / "tools" / "kiln" / "kiln"
     peer = {n: a.peer / "bin" / n for n in ("llama-bench", "llama-batched-bench", "llama-quantize")}
@@ -236,6 +237,8 @@ def main() -> int:
     (a.out / "peer.md").write_text("\n".join(report) + "\n")
     print("\n".join(report), flush=True)
     for name, typ, path in files:
+        if a.no_profile:
+            break
         if (name, typ) in (("llama3-8b", "bf16"), ("smollm2-135m", "bf16")) and (not only or f"{name}-{typ}" in only):
             step_profile(kiln, path, a.out / "profiles.txt")
     return 0

@@ -1,6 +1,7 @@
 // The CUDA backend's fused sequences (cuda::run_fused): a layer's program run with fusion gives bit for bit
 // what it gives with every op as its own kernel (KILN_CUDA_FUSE=0 against 1), for decode-sized and
-// prefill-sized steps, and the sequences fuse where they should and nowhere else.
+// prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
+// that rounds x for the integer GEMV).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -155,7 +156,7 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   for (const DType wtype : {DType::bf16, DType::q8_0}) {
-    for (const int64_t m : {1, 3, 8, 20}) {
+    for (const int64_t m : {1, 3, 8, 12, 20}) {
       const std::vector<uint8_t> fused = run_layer(true, m, wtype), alone = run_layer(false, m, wtype);
       ASSERT_EQ(fused.size(), alone.size());
       ASSERT_FALSE(fused.empty());
@@ -198,6 +199,21 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     const std::vector<size_t> want = m <= cuda::kGemvMaxCols ? std::vector<size_t>{2, 3, 3, 2, 2}
                                                              : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0};
     EXPECT_EQ(lengths, want) << "m " << m;
+  }
+  // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm whose result they read: add+norm+qkv,
+  // rope q+k+kv write, add+norm+gate+up.
+  for (const int64_t m : {1, 12, 20}) {
+    Layer L = make_layer(**b, m, DType::q8_0, 1);
+    const std::vector<ops::Op>& ops = L.program.ops();
+    std::vector<size_t> lengths;
+    for (size_t i = 0; i < ops.size();) {
+      const size_t n = cuda::fused_length(cuda::Context{}, std::span(ops).subspan(i));
+      lengths.push_back(n);
+      i += n > 0 ? n : 1;
+    }
+    const std::vector<size_t> want =
+        m <= cuda::kQ8MaxCols ? std::vector<size_t>{5, 3, 4} : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0};
+    EXPECT_EQ(lengths, want) << "q8_0 m " << m;
   }
   // A norm of something other than the sum, and a KV write of another k, do not fuse.
   Layer L = make_layer(**b, 1, DType::bf16, 1);

@@ -98,8 +98,9 @@ bool same_rope(const ops::Rope& a, const ops::Rope& b) {
          p.beta_slow == q.beta_slow && p.attn_factor == q.attn_factor;
 }
 
-// Matmuls on one x at GEMV size, each writing its own destination that is not x: up to three in one launch.
-size_t gemv_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+// Matmuls on one x at GEMV size, each writing its own destination that is not x: up to three in one launch
+// (one counts).
+size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
   const auto* first = std::get_if<ops::Matmul>(&ops[0]);
   if (first == nullptr || !takes_gemv(ctx, *first) || overlap(first->dst, first->x)) return 0;
   size_t n = 1;
@@ -117,6 +118,11 @@ size_t gemv_group(const Context& ctx, std::span<const ops::Op> ops, const ops::M
     if (!disjoint) break;
     group[n++] = mm;
   }
+  return n;
+}
+// gemv_run of two or three matmuls.
+size_t gemv_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+  const size_t n = gemv_run(ctx, ops, group);
   return n > 1 ? n : 0;
 }
 
@@ -151,7 +157,13 @@ bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   if (ops.size() < 2) return 0;
   if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group)) return n;
-  if (add_norm_pair(ops[0], ops[1])) return 2;
+  if (add_norm_pair(ops[0], ops[1])) {
+    // ... and the integer GEMVs that read the norm's f32 result, which the norm's kernel rounds for them.
+    const ops::Matmul* group[3] = {};
+    const auto& norm = std::get<ops::RmsNorm>(ops[1]);
+    const size_t n = norm.dst.type == DType::f32 ? gemv_run(ctx, ops.subspan(2), group) : 0;
+    return n > 0 && same_view(group[0]->x, norm.dst) && takes_q8(ctx, *group[0]) ? 2 + n : 2;
+  }
   if (ops.size() >= 3 && rope_kv_triple(ops[0], ops[1], ops[2])) return 3;
   return 0;
 }
@@ -165,7 +177,12 @@ cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& 
     return matmul_gemv_group(ctx, std::span<const ops::Matmul* const>(group, consumed));
   }
   if (std::holds_alternative<ops::Binary>(ops[0])) {
-    return add_rms_norm(ctx, std::get<ops::Binary>(ops[0]), std::get<ops::RmsNorm>(ops[1]));
+    const auto& add = std::get<ops::Binary>(ops[0]);
+    const auto& norm = std::get<ops::RmsNorm>(ops[1]);
+    if (consumed == 2) return add_rms_norm(ctx, add, norm);
+    const ops::Matmul* group[3] = {};
+    for (size_t i = 2; i < consumed; ++i) group[i - 2] = &std::get<ops::Matmul>(ops[i]);
+    return add_norm_gemv_group(ctx, add, norm, std::span<const ops::Matmul* const>(group, consumed - 2));
   }
   return rope_kv_write(ctx, std::get<ops::Rope>(ops[0]), std::get<ops::Rope>(ops[1]),
                        std::get<ops::KvWrite>(ops[2]));

@@ -48,9 +48,9 @@ bool supports(const ops::Op& op);
 // Enqueues `op` (dispatches to the launchers below).
 cudaError_t run(const Context& ctx, const ops::Op& op);
 // Enqueues the ops that start `ops` as one fused kernel when they form a sequence it knows (cuda_dispatch.cu:
-// matmuls sharing their x, a residual add and the norm of its sum, RoPE of q and k with their KV write), with
-// the arithmetic of the ops run one by one, so results are bit-identical. Sets `consumed` to the number of
-// ops it ran: 0 when none of its sequences starts there.
+// matmuls sharing their x, a residual add and the norm of its sum (and the integer GEMVs that read it), RoPE
+// of q and k with their KV write), with the arithmetic of the ops run one by one, so results are
+// bit-identical. Sets `consumed` to the number of ops it ran: 0 when none of its sequences starts there.
 cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed);
 // The length of the fused sequence run_fused would run at the start of `ops` (0: none).
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops);
@@ -63,16 +63,25 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op);
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op);
 // Whether `op` takes the GEMV kernel (its x rows and weight type, as above).
 bool takes_gemv(const Context& ctx, const ops::Matmul& op);
+// Whether it takes the integer GEMV (x rounded to 8 bits).
+bool takes_q8(const Context& ctx, const ops::Matmul& op);
 // 1-3 matmuls on the same x that take the GEMV, with weights of one type and k and one quantize_x: one GEMV
 // launch.
 cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group);
+// A residual add, the RMSNorm of its sum (add_rms_norm) and 1-3 matmuls on the norm's f32 result that take
+// the integer GEMV (as matmul_gemv_group takes them): the norm's kernel also rounds x to 8 bits, so no kernel
+// of its own does.
+cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                                std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
 cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op);
 cudaError_t rope(const Context& ctx, const ops::Rope& op);
-// binary (add, no broadcast, f32 dst) then rms_norm of its dst.
-cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm);
+// binary (add, no broadcast, f32 dst) then rms_norm of its dst; with xq / xds (an f32 norm dst, n a multiple
+// of 32) also that result rounded to 8 bits for the integer GEMV, in quantize_x's layout (cuda_matmul.cu).
+cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                         int* xq = nullptr, float2* xds = nullptr);
 // rope of q, rope of k (same positions and parameters), then kv_write of the rotated k and v.
 cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv);
 // Whether rope_kv_write takes a RoPE of these parameters.

@@ -27,6 +27,7 @@
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_q8.cuh"
 #include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/cuda_round_q8.cuh"
 
 namespace kiln::cuda {
 
@@ -495,17 +496,7 @@ __global__ void quantize_x_kernel(Rows x, int64_t k, int64_t n_rows, int* xq, fl
        i += step) {
     const int64_t r = i / per_row, b = i % per_row;
     const float v = reinterpret_cast<const float*>(x.row(r))[32 * b + lane];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const bool nan = __any_sync(0xFFFFFFFFu, v != v);
-    const float d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
-    const int q = amax > 0.0f && !nan ? max(-127, min(127, __float2int_rn(v / d))) : 0;
-    int sum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    reinterpret_cast<int8_t*>(xq + r * (k / 4))[32 * b + lane] = static_cast<int8_t>(q);
-    if (lane == 0) xds[i] = make_float2(d, d * static_cast<float>(sum));
+    round_q8(v, reinterpret_cast<int8_t*>(xq + r * (k / 4)) + 32 * b + lane, xds + i);
   }
 }
 
@@ -819,9 +810,11 @@ cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
   return launch_gemv(ctx, a, op.w.tensor, q8);
 }
 
-cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
+namespace {
+
+// The GEMV arguments of 1-3 matmuls on one x (matmul_gemv_group's).
+GemvArgs group_args(std::span<const ops::Matmul* const> group) {
   const ops::Matmul& first = *group[0];
-  if (group.size() > kGemvMaxParts) return cudaErrorInvalidValue;
   GemvArgs a = gemv_args(first.w.tensor, first.x, first.dst);
   set_columns(a, first.x.n_rows());
   a.n_parts = static_cast<int>(group.size());
@@ -829,11 +822,41 @@ cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* c
     const Tensor& w = group[i]->w.tensor;
     a.more[i - 1] = {static_cast<const uint8_t*>(w.data), w.nb[1], w.ne[1], rows_of(group[i]->dst)};
   }
+  return a;
+}
+
+}  // namespace
+
+cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
+  const ops::Matmul& first = *group[0];
+  if (group.size() > kGemvMaxParts) return cudaErrorInvalidValue;
+  GemvArgs a = group_args(group);
   const bool q8 = takes_q8(ctx, first);
   if (q8) {
     if (const cudaError_t err = quantize_x(ctx, first.x, a); err != cudaSuccess) return err;
   }
   return launch_gemv(ctx, a, first.w.tensor, q8);
+}
+
+cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                                std::span<const ops::Matmul* const> group) {
+  const ops::Matmul& first = *group[0];
+  if (group.size() > kGemvMaxParts || !takes_q8(ctx, first)) return cudaErrorInvalidValue;
+  GemvArgs a = group_args(group);
+  // The norm's kernel rounds x to 8 bits into the scratch quantize_x() would use, in its layout.
+  const int64_t k = first.x.ne[0], n_rows = first.x.n_rows();
+  const size_t q_bytes = static_cast<size_t>(n_rows * k);
+  auto* out =
+      static_cast<uint8_t*>(ctx.scratch(kSlotX, q_bytes + static_cast<size_t>(n_rows * (k / 32)) * 8));
+  if (out == nullptr) return cudaErrorMemoryAllocation;
+  a.xq = reinterpret_cast<const int*>(out);
+  a.xds = reinterpret_cast<const float2*>(out + q_bytes);
+  if (const cudaError_t err =
+          add_rms_norm(ctx, add, norm, reinterpret_cast<int*>(out), reinterpret_cast<float2*>(out + q_bytes));
+      err != cudaSuccess) {
+    return err;
+  }
+  return launch_gemv(ctx, a, first.w.tensor, true);
 }
 
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {

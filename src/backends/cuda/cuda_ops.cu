@@ -7,6 +7,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_round_q8.cuh"
 #include "ops/rope_freq.h"
 
 namespace kiln::cuda {
@@ -21,15 +22,19 @@ cudaError_t launched() { return cudaGetLastError(); }
 
 // One row of RMSNorm by the whole block. Each thread reads only the elements i = threadIdx.x + k *
 // blockDim.x, so a caller may have written them just before (add_rms_norm_kernel) without a barrier.
+// xq / xds (optional; n a multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the
+// integer GEMV, as quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values.
 __device__ inline void rms_norm_row(const float* xr, char* yr, Store st, const float* w, int64_t n, float eps,
-                                    float w_add, float* red) {
+                                    float w_add, float* red, int8_t* xq = nullptr, float2* xds = nullptr) {
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
   ss = block_sum(ss, red);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float g = w != nullptr ? w[i] + w_add : 1.0f;
-    store(st, yr, i, xr[i] * inv * g);
+    const float v = xr[i] * inv * g;
+    store(st, yr, i, v);
+    if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
   }
 }
 
@@ -287,8 +292,9 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
 }
 
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (same block size, so the same reduction order).
+// xq / xds: see rms_norm_row; row r's go at xq + r * n and xds + r * n / 32.
 __global__ void add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n,
-                                    float eps, float w_add, int64_t n_rows) {
+                                    float eps, float w_add, int64_t n_rows, int8_t* xq, float2* xds) {
   pdl_begin();
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
@@ -296,7 +302,8 @@ __global__ void add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st
     const float* br = b.row_as<const float>(r);
     float* sr = sum.row_as<float>(r);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sr[i] = ar[i] + br[i];
-    rms_norm_row(sr, dst.row(r), st, w, n, eps, w_add, red);
+    rms_norm_row(sr, dst.row(r), st, w, n, eps, w_add, red, xq != nullptr ? xq + r * n : nullptr,
+                 xds != nullptr ? xds + r * (n / 32) : nullptr);
   }
 }
 
@@ -466,12 +473,13 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
   return launched();
 }
 
-cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm) {
+cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm, int* xq,
+                         float2* xds) {
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
   (void)launch_kernel(ctx, add_rms_norm_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(add.a),
                       rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
                       static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f,
-                      rows);
+                      rows, reinterpret_cast<int8_t*>(xq), xds);
   return launched();
 }
 
