@@ -183,18 +183,24 @@ TEST(CudaFusion, GemmStepsReplayAsLaunchedOneByOne) {
   }
 }
 
+// The length of each fused sequence (0: an op alone) in the order a backend would run the program.
+std::vector<size_t> fused_lengths(const Program& program) {
+  const std::vector<ops::Op>& ops = program.ops();
+  std::vector<size_t> lengths;
+  for (size_t i = 0; i < ops.size();) {
+    const size_t n = cuda::fused_length(cuda::Context{}, std::span(ops).subspan(i));
+    lengths.push_back(n);
+    i += n > 0 ? n : 1;
+  }
+  return lengths;
+}
+
 TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   auto b = make_backend("cpu");  // the program only: fused_length reads operands, launches nothing
   ASSERT_TRUE(b.ok());
   for (const int64_t m : {1, 20}) {
     Layer L = make_layer(**b, m, DType::bf16, 1);
-    const std::vector<ops::Op>& ops = L.program.ops();
-    std::vector<size_t> lengths;
-    for (size_t i = 0; i < ops.size();) {
-      const size_t n = cuda::fused_length(cuda::Context{}, std::span(ops).subspan(i));
-      lengths.push_back(n);
-      i += n > 0 ? n : 1;
-    }
+    const std::vector<size_t> lengths = fused_lengths(L.program);
     // add+norm, qkv (GEMV only), rope q+k+kv write, add+norm, gate+up (GEMV only).
     const std::vector<size_t> want = m <= cuda::kGemvMaxCols ? std::vector<size_t>{2, 3, 3, 2, 2}
                                                              : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0};
@@ -204,13 +210,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   // rope q+k+kv write, add+norm+gate+up.
   for (const int64_t m : {1, 12, 20}) {
     Layer L = make_layer(**b, m, DType::q8_0, 1);
-    const std::vector<ops::Op>& ops = L.program.ops();
-    std::vector<size_t> lengths;
-    for (size_t i = 0; i < ops.size();) {
-      const size_t n = cuda::fused_length(cuda::Context{}, std::span(ops).subspan(i));
-      lengths.push_back(n);
-      i += n > 0 ? n : 1;
-    }
+    const std::vector<size_t> lengths = fused_lengths(L.program);
     const std::vector<size_t> want =
         m <= cuda::kQ8MaxCols ? std::vector<size_t>{5, 3, 4} : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0};
     EXPECT_EQ(lengths, want) << "q8_0 m " << m;
