@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (through the `device` tool, with .gpu-deps carried: scripts/gpu-deps.sh fetches it):
+# Runs on the GPU machine (with .gpu-deps copied there beside the tree: scripts/gpu-deps.sh fetches it):
 # unpacks the build dependencies into a prefix, builds the `cuda-dev` preset (sm_90a), then runs the steps
 # named (default: test), writing logs under $OUT.
-#   usage (as the `device` command): scripts/gpu-check.sh [STEP]...      carry: [".gpu-deps"]
+#   usage (on the GPU machine, in the tree): scripts/gpu-check.sh [STEP]...
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
 #   bench     bench/cuda_matmul_bench (GEMV / GEMM kernels against the card's copy bandwidth)

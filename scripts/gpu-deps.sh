@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fetches, here, the Debian 12 packages that kiln's build needs and the GPU machine lacks (it has CUDA, CMake and
 # ninja, and no package registry): fmt, nlohmann-json, CLI11, PCRE2, OpenSSL's headers, GoogleTest, pkg-config.
-# They land in .gpu-deps/ (ignored by git), which a `device` call carries; scripts/gpu-check.sh unpacks them into a
-# prefix there. Idempotent: a package already fetched is not fetched again. About 5 MB.
+# They land in .gpu-deps/ (ignored by git), copied with the tree to the GPU machine; scripts/gpu-check.sh
+# unpacks them into a prefix there. Idempotent: a package already fetched is not fetched again. About 5 MB.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 pkgs=(nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0
