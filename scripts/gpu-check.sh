@@ -6,8 +6,8 @@
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
 #   bench     bench/cuda_matmul_bench (GEMV / GEMM kernels against the card's copy bandwidth)
-#   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS; with 4 and 8 rows also with twice
-#             the loads ahead, KILN_CUDA_GEMV_UNROLL=2), for the launch heuristic (types: TUNE_TYPES)
+#   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:
+#             TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
 #   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them)
@@ -80,10 +80,10 @@ for step in "${steps[@]}"; do
       ;;
     bench) "$bin/tests/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;
     tune)
-      for rows in 1 2 4 8 4x2 8x2; do
-        echo "KILN_CUDA_GEMV_ROWS=${rows%x2}${rows#[0-9]}"
-        KILN_CUDA_GEMV_ROWS=${rows%x2} KILN_CUDA_GEMV_UNROLL=$([ "$rows" != "${rows%x2}" ] && echo 2 || echo 1) \
-          "$bin/tests/cuda_matmul_bench" --types ${TUNE_TYPES:-bf16,q8_0,q4_0,q4_k,q6_k} --m 1 || status=1
+      for rows in 1 2 4 8; do
+        echo "KILN_CUDA_GEMV_ROWS=$rows"
+        KILN_CUDA_GEMV_ROWS=$rows "$bin/tests/cuda_matmul_bench" --types ${TUNE_TYPES:-bf16,q8_0,q4_0,q4_k,q6_k} \
+          --m 1 || status=1
       done 2>&1 | tee "$out/tune.md"
       ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;

@@ -1,7 +1,8 @@
 // The CUDA backend's fused sequences (cuda::run_fused): a layer's program run with fusion gives bit for bit
 // what it gives with every op as its own kernel (KILN_CUDA_FUSE=0 against 1), for decode-sized and
 // prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
-// that rounds x for the integer GEMV).
+// and the gated activation that round x for the integer GEMV; as the file holds them, and as the backend
+// prepares them at load, in grouped form).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -33,24 +34,28 @@ struct Layer {
   std::unique_ptr<Buffer> buf;
   size_t bytes = 0;
   Program program;
+  std::vector<std::unique_ptr<WeightHandle>> weights;  // prepared: the weights as prepare_weight made them
 };
 
 // Every operand random (weights bf16 or q8_0, norms and activations f32, pools f16), then the ops:
-// x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; x += att; h = rms_norm(x); g, u = h W.
-Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
+// x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; x += att; h = rms_norm(x); g, u = h W;
+// a = silu(g) u; o = a W. prepared: the weights as b.prepare_weight() makes them for a matmul, else views of
+// the buffer in the file's form.
+Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepared = false) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   Layout lay;
-  const auto row_w = static_cast<size_t>(dtype_row_bytes(wtype, kEmbd).value());
+  const auto row_w = static_cast<size_t>(dtype_row_bytes(wtype, kEmbd).value()),
+             row_d = static_cast<size_t>(dtype_row_bytes(wtype, kFf).value());
   const size_t x_at = lay.take(kEmbd * m * 4), att_at = lay.take(kEmbd * m * 4),
                h_at = lay.take(kEmbd * m * 4);
   const size_t nw_at = lay.take(kEmbd * 4);
   const size_t wq_at = lay.take(row_w * kHead * kHeads), wk_at = lay.take(row_w * kHead * kKvHeads),
                wv_at = lay.take(row_w * kHead * kKvHeads), wg_at = lay.take(row_w * kFf),
-               wu_at = lay.take(row_w * kFf);
+               wu_at = lay.take(row_w * kFf), wd_at = lay.take(row_d * kEmbd);
   const size_t q_at = lay.take(kHead * kHeads * m * 4), k_at = lay.take(kHead * kKvHeads * m * 4),
                v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(kFf * m * 4),
-               u_at = lay.take(kFf * m * 4);
+               u_at = lay.take(kFf * m * 4), a_at = lay.take(kFf * m * 4), o_at = lay.take(kEmbd * m * 4);
   const size_t pool_bytes = static_cast<size_t>(kHead * kKvHeads * kBlock * kBlocks * 2);
   const size_t kp_at = lay.take(pool_bytes), vp_at = lay.take(pool_bytes);
   const size_t pos_at = lay.take(m * 4), slot_at = lay.take(m * 4);
@@ -62,11 +67,12 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
       std::memcpy(host.data() + at + 4 * i, &v, 4);
     }
   };
-  const auto fill_weight = [&](size_t at, int64_t rows) {
-    std::vector<float> row(kEmbd);
+  const auto fill_weight = [&](size_t at, int64_t rows, int64_t k = kEmbd) {
+    std::vector<float> row(static_cast<size_t>(k));
+    const size_t row_bytes = k == kEmbd ? row_w : row_d;
     for (int64_t r = 0; r < rows; ++r) {
       for (float& v : row) v = uni(rng) * 0.1f;
-      dtype_info(wtype).quantize_row(row.data(), host.data() + at + r * row_w, kEmbd);
+      dtype_info(wtype).quantize_row(row.data(), host.data() + at + r * row_bytes, k);
     }
   };
   fill_f32(x_at, kEmbd * m);
@@ -77,6 +83,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
   fill_weight(wv_at, kHead * kKvHeads);
   fill_weight(wg_at, kFf);
   fill_weight(wu_at, kFf);
+  fill_weight(wd_at, kEmbd, kFf);
   for (int64_t t = 0; t < m; ++t) {
     const int32_t pos = static_cast<int32_t>(37 + 5 * t),
                   slot = static_cast<int32_t>((3 * t + 1) % (kBlock * kBlocks));
@@ -95,13 +102,19 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
                att = make_tensor(DType::f32, buf, att_at, kEmbd, m),
                h = make_tensor(DType::f32, buf, h_at, kEmbd, m);
   const ops::Weight nw(make_tensor(DType::f32, buf, nw_at, kEmbd));
-  const auto weight = [&](size_t at, int64_t rows) {
-    return ops::Weight(make_tensor(wtype, buf, at, kEmbd, rows));
+  const auto weight = [&](size_t at, int64_t rows, int64_t k = kEmbd) {
+    if (!prepared) return ops::Weight(make_tensor(wtype, buf, at, k, rows));
+    auto made = b.prepare_weight(make_tensor(wtype, host.data() + at, k, rows), "w", WeightRole::weight_role_matmul);
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    if (!made.ok()) return ops::Weight();
+    L.weights.push_back(std::move(made).value());
+    return L.weights.back()->weight;
   };
   const Tensor q = make_tensor(DType::f32, buf, q_at, kHead, kHeads, m),
                k = make_tensor(DType::f32, buf, k_at, kHead, kKvHeads, m),
                v = make_tensor(DType::f32, buf, v_at, kHead, kKvHeads, m);
-  const Tensor g = make_tensor(DType::f32, buf, g_at, kFf, m), u = make_tensor(DType::f32, buf, u_at, kFf, m);
+  const Tensor g = make_tensor(DType::f32, buf, g_at, kFf, m), u = make_tensor(DType::f32, buf, u_at, kFf, m),
+               a = make_tensor(DType::f32, buf, a_at, kFf, m), o = make_tensor(DType::f32, buf, o_at, kEmbd, m);
   const Tensor kp = make_tensor(DType::f16, buf, kp_at, kHead, kKvHeads, kBlock, kBlocks),
                vp = make_tensor(DType::f16, buf, vp_at, kHead, kKvHeads, kBlock, kBlocks);
   const Tensor pos = make_tensor(DType::i32, buf, pos_at, m),
@@ -130,13 +143,16 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed) {
   EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, true, h}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, kFf), h, g, true}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wu_at, kFf), h, u, true}).ok());
+  EXPECT_TRUE(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, a}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wd_at, kEmbd, kFf), a, o, true}).ok());
   p.n_tokens = static_cast<int32_t>(m);
   return L;
 }
 
 // The layer's buffer after `reps` runs of its program (x accumulates, so each run differs): with graphs, the
 // first run grows scratch (ops one by one), the second is captured, the third replayed.
-std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = true, int reps = 2) {
+std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = true, int reps = 2,
+                               bool prepared = false) {
   setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
   setenv("KILN_CUDA_GRAPHS", graphs ? "1" : "0", 1);
   auto b = make_backend("cuda");
@@ -144,7 +160,7 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
   unsetenv("KILN_CUDA_GRAPHS");
   EXPECT_TRUE(b.ok()) << b.status().to_string();
   if (!b.ok()) return {};
-  Layer L = make_layer(**b, m, wtype, 42);
+  Layer L = make_layer(**b, m, wtype, 42, prepared);
   std::vector<uint8_t> out(L.bytes);
   for (int rep = 0; rep < reps; ++rep) EXPECT_TRUE((*b)->run(L.program).ok());
   EXPECT_TRUE(
@@ -155,16 +171,19 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
-  for (const DType wtype : {DType::bf16, DType::q8_0}) {
+  // bf16, q8_0 in the file's form, q8_0 prepared (grouped).
+  for (const auto& [wtype, prepared] : {std::pair{DType::bf16, false}, {DType::q8_0, false}, {DType::q8_0, true}}) {
     for (const int64_t m : {1, 3, 8, 12, 20}) {
-      const std::vector<uint8_t> fused = run_layer(true, m, wtype), alone = run_layer(false, m, wtype);
+      const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 2, prepared),
+                                 alone = run_layer(false, m, wtype, true, 2, prepared);
       ASSERT_EQ(fused.size(), alone.size());
       ASSERT_FALSE(fused.empty());
       size_t first_diff = fused.size();
       for (size_t i = 0; i < fused.size() && first_diff == fused.size(); ++i) {
         if (fused[i] != alone[i]) first_diff = i;
       }
-      EXPECT_EQ(first_diff, fused.size()) << dtype_name(wtype) << " m " << m << ": first differing byte";
+      EXPECT_EQ(first_diff, fused.size())
+          << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << ": first differing byte";
     }
   }
 }
@@ -201,19 +220,26 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   for (const int64_t m : {1, 20}) {
     Layer L = make_layer(**b, m, DType::bf16, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    // add+norm, qkv (GEMV only), rope q+k+kv write, add+norm, gate+up (GEMV only).
-    const std::vector<size_t> want = m <= cuda::kGemvMaxCols ? std::vector<size_t>{2, 3, 3, 2, 2}
-                                                             : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0};
+    // add+norm, qkv (GEMV only), rope q+k+kv write, add+norm, gate+up (GEMV only), the activation and down
+    // alone.
+    const std::vector<size_t> want = m <= cuda::kGemvMaxCols
+                                         ? std::vector<size_t>{2, 3, 3, 2, 2, 0, 0}
+                                         : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0, 0, 0};
     EXPECT_EQ(lengths, want) << "m " << m;
   }
-  // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm whose result they read: add+norm+qkv,
-  // rope q+k+kv write, add+norm+gate+up.
+  // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm or the activation whose result they
+  // read: add+norm+qkv, rope q+k+kv write, add+norm+gate+up, activation+down.
   for (const int64_t m : {1, 12, 20}) {
     Layer L = make_layer(**b, m, DType::q8_0, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    const std::vector<size_t> want =
-        m <= cuda::kQ8MaxCols ? std::vector<size_t>{5, 3, 4} : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0};
+    const std::vector<size_t> want = m <= cuda::kQ8MaxCols
+                                         ? std::vector<size_t>{5, 3, 4, 2}
+                                         : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0, 0, 0};
     EXPECT_EQ(lengths, want) << "q8_0 m " << m;
+    // A matmul that reads something other than the activation's result does not join it.
+    std::vector<ops::Op> ops = L.program.ops();
+    std::get<ops::Matmul>(ops[13]).x = std::get<ops::GatedAct>(ops[12]).up;
+    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(12)), 0u) << "q8_0 m " << m;
   }
   // A norm of something other than the sum, and a KV write of another k, do not fuse.
   Layer L = make_layer(**b, 1, DType::bf16, 1);

@@ -1,15 +1,22 @@
-// The integer GEMV's two ways of reading weights (cuda_matmul.cu): through shared memory, a segment of every
-// row in flight ahead of its use (the default where rows are 16-byte aligned), and straight from global
-// memory (KILN_CUDA_GEMV_STAGED=0). Each thread takes the same units in the same order either way, so the
-// results are the same bits, for every type with an integer path, at lengths with a partial last segment, at
-// 1 to 16 tokens, and with the gated-activation epilogue.
+// The GEMV's ways of reading weights (cuda_matmul.cu).
+// - The K-quants' integer GEMV reads through shared memory, a segment of every row in flight ahead of its use
+//   (the default where rows are 16-byte aligned), or straight from global memory (KILN_CUDA_GEMV_STAGED=0).
+//   Each thread takes the same units in the same order either way, so the results are the same bits, at
+//   lengths with a partial last segment and at 1 to 16 tokens.
+// - Matmul weights of the legacy block types are held in grouped form (prepare_weight; KILN_CUDA_GROUPED=0
+//   keeps the file's). The exact paths (GEMV and GEMM) give the same bits from either form; the integer
+//   GEMV sums a block's products in one piece instead of four, the same integers scaled in another order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "backends/backend.h"
 
@@ -90,6 +97,97 @@ TEST(CudaGemv, StagedWeightsGiveTheDirectLoadsBits) {
         bool written = false;  // the destination started as zeros
         for (int64_t i = 0; i < kRowsOut * m; ++i) written = written || f[i] != 0.0f;
         EXPECT_TRUE(written) << dtype_name(t) << " k " << k << " m " << m;
+      }
+    }
+  }
+}
+
+// Random blocks of a legacy type: quants any bytes, the f16 scale (and q4_1 / q5_1's f16 minimum) positive
+// normals in 2^-9 .. 2^-8.
+std::vector<uint8_t> legacy_blocks(DType type, int64_t k, int64_t n, std::mt19937_64& rng) {
+  const auto row = static_cast<size_t>(dtype_row_bytes(type, k).value());
+  std::vector<uint8_t> w(row * static_cast<size_t>(n));
+  std::uniform_int_distribution<int> byte(0, 255), mant(0, 0x3FF);
+  for (uint8_t& v : w) v = static_cast<uint8_t>(byte(rng));
+  const auto block = static_cast<size_t>(dtype_info(type).type_size);
+  const bool has_min = type == DType::q4_1 || type == DType::q5_1;
+  for (size_t b = 0; b < w.size() / block; ++b) {
+    for (size_t at = 0; at <= (has_min ? 2u : 0u); at += 2) {
+      const auto bits = static_cast<uint16_t>(0x1800 + mant(rng));
+      std::memcpy(w.data() + b * block + at, &bits, 2);
+    }
+  }
+  return w;
+}
+
+// dst (f32 [n, m]) of w x on `b`, w as prepared for a matmul by `b` (grouped or not, by KILN_CUDA_GROUPED when
+// `b` was made).
+std::vector<float> product(Backend& b, const WeightHandle& w, const std::vector<float>& x, int64_t m,
+                           bool quantize_x) {
+  const int64_t k = w.logical.ne[0], n = w.logical.ne[1];
+  auto xb = b.allocate(x.size() * 4).value();
+  auto db = b.allocate(static_cast<size_t>(n * m) * 4).value();
+  const Tensor xt = make_tensor(DType::f32, *xb, 0, k, m), dt = make_tensor(DType::f32, *db, 0, n, m);
+  EXPECT_TRUE(b.upload(xt, x.data(), x.size() * 4).ok());
+  Program p;
+  EXPECT_TRUE(p.add(ops::Matmul{w.weight, xt, dt, quantize_x}).ok());
+  p.n_tokens = static_cast<int32_t>(m);
+  EXPECT_TRUE(b.run(p).ok());
+  std::vector<float> out(static_cast<size_t>(n * m));
+  EXPECT_TRUE(b.download(out.data(), dt, out.size() * 4).ok());
+  EXPECT_TRUE(b.synchronize().ok());
+  return out;
+}
+
+std::unique_ptr<Backend> cuda_backend(bool grouped) {
+  setenv("KILN_CUDA_GROUPED", grouped ? "1" : "0", 1);
+  auto made = make_backend("cuda");
+  unsetenv("KILN_CUDA_GROUPED");
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  return made.ok() ? std::move(made).value() : nullptr;
+}
+
+TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
+  std::unique_ptr<Backend> grouped = cuda_backend(true), file = cuda_backend(false);
+  ASSERT_TRUE(grouped != nullptr && file != nullptr);
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  constexpr int64_t n = 37;
+  for (const DType t : {DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0}) {
+    // 2, 9 and 18 blocks a row: a last run of 2, 1 and 2 blocks; 4096: whole runs only.
+    for (const int64_t k : {64, 288, 576, 4096}) {
+      const std::vector<uint8_t> w = legacy_blocks(t, k, n, rng);
+      const Tensor logical = make_tensor(t, const_cast<uint8_t*>(w.data()), k, n);
+      auto hg = grouped->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+      auto hf = file->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+      ASSERT_TRUE(hg.ok() && hf.ok());
+      const std::string what = fmt::format("{} k {}", dtype_name(t), k);
+      EXPECT_NE((*hg)->weight.prepared, nullptr) << what;
+      EXPECT_EQ((*hf)->weight.prepared, nullptr) << what;
+      EXPECT_EQ((*hg)->weight.tensor.nb[1] % 16, 0) << what;
+      // An embedding table keeps the file's form (GetRows reads it).
+      auto he = grouped->prepare_weight(logical, "token_embd.weight", WeightRole::weight_role_embedding);
+      ASSERT_TRUE(he.ok());
+      EXPECT_EQ((*he)->weight.prepared, nullptr) << what;
+      // 1-8 tokens: the GEMV; 12 and 40: the integer GEMV under quantize_x, else cuBLAS on dequantized rows.
+      for (const int64_t m : {1, 3, 8, 12, 40}) {
+        std::vector<float> x(static_cast<size_t>(k * m));
+        for (float& v : x) v = uni(rng);
+        for (const bool qx : {false, true}) {
+          const std::vector<float> a = product(*grouped, **hg, x, m, qx), b = product(*file, **hf, x, m, qx);
+          const bool integer = qx && m <= 16;
+          if (!integer) {
+            EXPECT_TRUE(a == b) << what << " m " << m << (qx ? " quantize_x" : "");
+            continue;
+          }
+          double num = 0, den = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+            den += double{b[i]} * b[i];
+          }
+          EXPECT_GT(den, 0.0) << what;
+          EXPECT_LE(std::sqrt(num / den), 1e-5) << what << " m " << m << " integer GEMV";
+        }
       }
     }
   }

@@ -2,8 +2,8 @@
 // up to kGroup of the query heads that share that KV head (GQA: each K/V row is read once per group), over
 // one chunk of the token's positions. Each warp takes every n_warps-th position of the chunk: lanes hold the
 // head dims, the scores are warp sums, and the softmax is online (running max and sum). The warps' states
-// merge in shared memory; with one chunk the block writes dst, with several each writes its state and a
-// second kernel merges the chunks in order. Bound: by the K/V bytes read in decode. Prefill-shaped batches
+// merge in shared memory; with one chunk the block writes dst, with several each writes its state and the
+// last of them to finish merges the chunks in order. Bound: by the K/V bytes read in decode. Prefill-shaped batches
 // take a tiled kernel instead: on tensor cores under Attention::quantize_x, else exact on CUDA cores.
 #include <algorithm>
 #include <cstdint>
@@ -50,12 +50,46 @@ __device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) 
   a.m = mm;
 }
 
-// partial (n_chunks > 1): [n_tokens * n_heads, n_chunks] records of head_dim + 2 floats (acc, m, l).
+// One (token, head)'s chunk records (base: n_chunks records of head_dim + 2 floats) scaled to their common
+// maximum and summed in chunk order into dst row y, by one warp. The maxima come first (a lane a chunk), so
+// the loads of the records do not wait on one another. The records were written by other blocks of the
+// grid: they are read past L1 (__ldcg).
+template <int DPL>
+__device__ void merge_chunks(const float* base, float* y, const Geometry& g, int lane) {
+  const int64_t rec = g.head_dim + 2;
+  float mx = -INFINITY;
+  for (int64_t c = lane; c < g.n_chunks; c += 32) mx = fmaxf(mx, __ldcg(base + c * rec + g.head_dim));
+  mx = warp_max(mx);
+  float l = 0.0f, acc[DPL] = {};
+  if (mx != -INFINITY) {
+#pragma unroll 4
+    for (int64_t c = 0; c < g.n_chunks; ++c) {
+      const float* r = base + c * rec;
+      const float m = __ldcg(r + g.head_dim);
+      const float e = m == -INFINITY ? 0.0f : expf(m - mx);
+      l += __ldcg(r + g.head_dim + 1) * e;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        acc[j] += (d < g.head_dim ? __ldcg(r + d) : 0.0f) * e;
+      }
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int j = 0; j < DPL; ++j) {
+    const int64_t d = lane + 32 * j;
+    if (d < g.head_dim) y[d] = acc[j] * inv;
+  }
+}
+
+// partial (n_chunks > 1): [n_tokens * n_heads, n_chunks] records of head_dim + 2 floats (acc, m, l);
+// done[blockIdx.x] counts the chunks of its heads whose records are written (zero before the launch, and
+// again after it: the block that finds itself last resets it, then merges).
 template <int DPL, class KV>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
                      const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial,
-                     Geometry g) {
+                     unsigned* done, Geometry g) {
   pdl_begin();
   extern __shared__ float shm[];  // kWarps x kGroup x (head_dim + 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -134,8 +168,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (lane == 0) r[g.head_dim] = st[h].m, r[g.head_dim + 1] = st[h].l;
   }
   __syncthreads();
-  if (warp != 0) return;
-  for (int h = 0; h < n_q; ++h) {
+  for (int h = 0; h < n_q && warp == 0; ++h) {
     State<DPL> a;
     for (int w = 0; w < kWarps; ++w) {
       const float* r = shm + (w * kGroup + h) * rec;
@@ -163,46 +196,28 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (lane == 0) r[g.head_dim] = a.m, r[g.head_dim + 1] = a.l;
     }
   }
-}
-
-// One warp per (token, head): the chunks' states scaled to their common maximum and summed in chunk order.
-// The maxima come first (a lane a chunk), so the loads of the chunks' records do not wait on one another.
-template <int DPL>
-__global__ void merge_chunks_kernel(const float* partial, Rows dst, Geometry g) {
-  pdl_begin();
-  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= g.n_tokens * g.n_heads) return;
-  const int64_t rec = g.head_dim + 2;
-  const float* base = partial + row * g.n_chunks * rec;
-  float mx = -INFINITY;
-  for (int64_t c = lane; c < g.n_chunks; c += 32) mx = fmaxf(mx, base[c * rec + g.head_dim]);
-  mx = warp_max(mx);
-  float l = 0.0f, acc[DPL] = {};
-  if (mx != -INFINITY) {
-#pragma unroll 4
-    for (int64_t c = 0; c < g.n_chunks; ++c) {
-      const float* r = base + c * rec;
-      const float m = r[g.head_dim];
-      const float e = m == -INFINITY ? 0.0f : expf(m - mx);
-      l += r[g.head_dim + 1] * e;
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        const int64_t d = lane + 32 * j;
-        acc[j] += (d < g.head_dim ? r[d] : 0.0f) * e;
-      }
-    }
+  if (g.n_chunks == 1) return;
+  // The last chunk of these heads to finish merges them all (no second kernel): its records, and those the
+  // others made visible (fence, then count), in chunk order.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done + blockIdx.x, 1u) == static_cast<unsigned>(g.n_chunks - 1);
+    if (last) done[blockIdx.x] = 0;  // for the next launch (a graph replays this one)
   }
-  float* y = dst.row_as<float>(row);
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int j = 0; j < DPL; ++j) {
-    const int64_t d = lane + 32 * j;
-    if (d < g.head_dim) y[d] = acc[j] * inv;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int h = warp; h < n_q; h += kWarps) {
+    const int64_t row = h0 + h + g.n_heads * t;
+    merge_chunks<DPL>(partial + row * g.n_chunks * rec, dst.row_as<float>(row), g, lane);
   }
 }
 
 template <int DPL, class KV>
-cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial) {
+cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
+                   unsigned* done) {
   const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
   const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
                   static_cast<unsigned>(g.n_chunks));
@@ -217,20 +232,17 @@ cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry&
       ctx, kernel, grid, kWarps * 32, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
       static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
       static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
-      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, g);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || g.n_chunks == 1) return e;
-  const int64_t rows = g.n_tokens * g.n_heads;
-  (void)launch_kernel(ctx, merge_chunks_kernel<DPL>, grid_for(rows, 4), 128, 0, partial, rows_of(op.dst), g);
+      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
   return cudaGetLastError();
 }
 
 template <class KV>
 cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
-                                float* partial) {
-  if (g.head_dim <= 32) return launch<1, KV>(ctx, op, g, partial);
-  if (g.head_dim <= 64) return launch<2, KV>(ctx, op, g, partial);
-  if (g.head_dim <= 128) return launch<4, KV>(ctx, op, g, partial);
-  return launch<8, KV>(ctx, op, g, partial);
+                                float* partial, unsigned* done) {
+  if (g.head_dim <= 32) return launch<1, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 64) return launch<2, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 128) return launch<4, KV>(ctx, op, g, partial, done);
+  return launch<8, KV>(ctx, op, g, partial, done);
 }
 
 // ---- prefill: a tile of query rows shares every K/V position it reads ----
@@ -710,13 +722,15 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
   const int64_t want = (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
   g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + 15) / 16, 64}));
   float* partial = nullptr;
+  unsigned* done = nullptr;
   if (g.n_chunks > 1) {
     const size_t bytes = sizeof(float) * g.n_tokens * g.n_heads * g.n_chunks * (g.head_dim + 2);
-    partial = static_cast<float*>(ctx.scratch(3, bytes));
-    if (partial == nullptr) return cudaErrorMemoryAllocation;
+    partial = static_cast<float*>(ctx.scratch(kSlotAttnPartial, bytes));
+    done = static_cast<unsigned*>(ctx.scratch(kSlotCounters, sizeof(unsigned) * blocks));
+    if (partial == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
   }
-  return op.k_pool.type == DType::f16 ? launch_for_head_dim<__half>(ctx, op, g, partial)
-                                      : launch_for_head_dim<float>(ctx, op, g, partial);
+  return op.k_pool.type == DType::f16 ? launch_for_head_dim<__half>(ctx, op, g, partial, done)
+                                      : launch_for_head_dim<float>(ctx, op, g, partial, done);
 }
 
 }  // namespace kiln::cuda

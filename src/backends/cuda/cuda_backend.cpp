@@ -86,6 +86,9 @@ class CudaBackend final : public Backend {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };
     ctx_.owner = this;
+    // KILN_CUDA_GROUPED=0: matmul weights keep the file's block layout (for comparison).
+    const char* grouped = std::getenv("KILN_CUDA_GROUPED");
+    group_weights_ = grouped == nullptr || std::string_view(grouped) != "0";
     const char* profile = std::getenv("KILN_CUDA_PROFILE");
     profile_ = profile != nullptr && std::string_view(profile) == "1" &&
                cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
@@ -223,7 +226,23 @@ class CudaBackend final : public Backend {
     Tensor device = logical;
     device.data = h->storage->data();
     device.buffer = h->storage.get();
+    // Matmul weights of the legacy block types go to grouped form (cuda_kernels.h: GroupedRows), which the
+    // integer GEMV reads in whole 16-byte loads; the file's form is freed (in stream order).
+    if (const int64_t row = cuda::grouped_row_bytes(logical.type, logical.ne[0]);
+        group_weights_ && role == WeightRole::weight_role_matmul && row > 0 && logical.ne[1] > 0 &&
+        logical.ne[2] == 1 && logical.ne[3] == 1) {
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> grouped,
+                            allocate(static_cast<size_t>(row * logical.ne[1])));
+      KILN_CUDA_TRY(cuda::group_rows(ctx_, device, grouped->data(), row));
+      h->storage = std::move(grouped);
+      device.data = h->storage->data();
+      device.buffer = h->storage.get();
+      device.nb[1] = row;
+      device.nb[2] = device.nb[3] = row * logical.ne[1];
+      h->prepared = std::make_unique<cuda::GroupedRows>();
+    }
     h->weight = ops::Weight(device);
+    h->weight.prepared = h->prepared.get();
     return h;
   }
 
@@ -357,6 +376,12 @@ class CudaBackend final : public Backend {
       return nullptr;
     }
     s.bytes = grown;
+    if (slot == cuda::kSlotCounters && cudaMemsetAsync(s.p, 0, grown, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeAsync(s.p, stream_);
+      s = {};
+      return nullptr;
+    }
     return s.p;
   }
 
@@ -371,6 +396,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   bool graphs_ = true;  // KILN_CUDA_GRAPHS=0 launches every op
   bool fuse_ = true;    // the sequences cuda::run_fused knows run as one kernel each (KILN_CUDA_FUSE=0: not)
+  bool group_weights_ = true;  // matmul weights of the legacy block types in grouped form (KILN_CUDA_GROUPED)
   bool capturing_ = false;
   int graph_failures_ = 0;  // captures of programs of more than 8 tokens that failed in a row
   void* cublas_ws_ = nullptr;

@@ -109,7 +109,7 @@ size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Mat
     const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
     if (mm == nullptr || !same_view(mm->x, first->x) || mm->w.tensor.type != first->w.tensor.type ||
         mm->w.tensor.ne[0] != first->w.tensor.ne[0] || mm->dst.type != first->dst.type ||
-        mm->quantize_x != first->quantize_x ||
+        mm->quantize_x != first->quantize_x || grouped(mm->w) != grouped(first->w) ||
         overlap(mm->dst, first->x)) {
       break;
     }
@@ -164,6 +164,14 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     const size_t n = norm.dst.type == DType::f32 ? gemv_run(ctx, ops.subspan(2), group) : 0;
     return n > 0 && same_view(group[0]->x, norm.dst) && takes_q8(ctx, *group[0]) ? 2 + n : 2;
   }
+  if (const auto* glu = std::get_if<ops::GatedAct>(&ops[0]); glu != nullptr && glu->dst.type == DType::f32) {
+    // A gated activation and the integer GEMVs that read its result, which its kernel rounds for them.
+    const ops::Matmul* group[3] = {};
+    const size_t n = gemv_run(ctx, ops.subspan(1), group);
+    if (n > 0 && same_view(group[0]->x, glu->dst) && takes_q8(ctx, *group[0]) && glu->up.ne[0] % 32 == 0) {
+      return 1 + n;
+    }
+  }
   if (ops.size() >= 3 && rope_kv_triple(ops[0], ops[1], ops[2])) return 3;
   return 0;
 }
@@ -183,6 +191,11 @@ cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& 
     const ops::Matmul* group[3] = {};
     for (size_t i = 2; i < consumed; ++i) group[i - 2] = &std::get<ops::Matmul>(ops[i]);
     return add_norm_gemv_group(ctx, add, norm, std::span<const ops::Matmul* const>(group, consumed - 2));
+  }
+  if (const auto* glu = std::get_if<ops::GatedAct>(&ops[0])) {
+    const ops::Matmul* group[3] = {};
+    for (size_t i = 1; i < consumed; ++i) group[i - 1] = &std::get<ops::Matmul>(ops[i]);
+    return glu_gemv_group(ctx, *glu, std::span<const ops::Matmul* const>(group, consumed - 1));
   }
   return rope_kv_write(ctx, std::get<ops::Rope>(ops[0]), std::get<ops::Rope>(ops[1]),
                        std::get<ops::KvWrite>(ops[2]));

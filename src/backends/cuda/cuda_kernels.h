@@ -33,8 +33,10 @@ struct Context {
   void* owner = nullptr;
   void* scratch(int slot, size_t bytes) const { return scratch_fn(owner, slot, bytes); }
 };
-// Slots 0-2: matmul's dequantized weight, converted x and f32 result; 3: attention's split-KV states.
-inline constexpr int kScratchSlots = 4;
+// Slots 0-2: matmul's dequantized weight, converted x and f32 result; 3: attention's split-KV states; 4:
+// counters, zero when allocated and left zero by every kernel that uses them (attention's finished chunks).
+inline constexpr int kSlotAttnPartial = 3, kSlotCounters = 4;
+inline constexpr int kScratchSlots = 5;
 
 // Matmuls of at most this many x rows take the GEMV kernel (cuda_matmul.cu); more take cuBLAS, except:
 inline constexpr int kGemvMaxCols = 8;
@@ -58,6 +60,22 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops);
 // Weight / table types the quantized kernels read (cuda_matmul.cu).
 bool supports_weight_type(DType type);
 
+// The prepared form of a matmul weight of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) whose rows the
+// backend holds in grouped form (cuda_quant.cuh's legacy_block: each 8 blocks' headers, then their quants,
+// 16-byte aligned): Weight::tensor keeps the file's type and shape, its rows are in that form and
+// grouped_row_bytes() apart. Every kernel that reads a Matmul weight reads both forms.
+class GroupedRows final : public ops::PreparedWeight {
+ public:
+  size_t bytes() const override { return 0; }  // the grouped rows replace the file's: no memory of its own
+};
+inline bool grouped(const ops::Weight& w) { return dynamic_cast<const GroupedRows*>(w.prepared) != nullptr; }
+// The bytes of a row of k elements of `type` in grouped form (a multiple of 16), or 0 when the type has no
+// grouped form.
+int64_t grouped_row_bytes(DType type, int64_t k);
+// Writes the rows of `src` (a [k, n] matrix of such a type in device memory) to `dst` in grouped form,
+// dst_nb1 (grouped_row_bytes) apart; the padding is zero.
+cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1);
+
 // cuda_matmul.cu
 cudaError_t get_rows(const Context& ctx, const ops::GetRows& op);
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op);
@@ -73,6 +91,9 @@ cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* c
 // of its own does.
 cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                                 std::span<const ops::Matmul* const> group);
+// A gated activation (f32 dst, n a multiple of 32) and 1-3 matmuls on its result that take the integer GEMV:
+// its kernel also rounds that result to 8 bits for them.
+cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu, std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
@@ -88,7 +109,8 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
 bool rope_supported(const ops::RopeParams& p);
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op);
 cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
-cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op);
+// With xq / xds (an f32 dst, n a multiple of 32): also the result rounded to 8 bits, as add_rms_norm.
+cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq = nullptr, float2* xds = nullptr);
 cudaError_t binary(const Context& ctx, const ops::Binary& op);
 cudaError_t scale(const Context& ctx, const ops::Scale& op);
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op);

@@ -203,11 +203,12 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
   }
 }
 
-// gemv_partial on the integer path: x rounded to 8 bits, units of Q8<T>::kUnit elements (cuda_q8.cuh).
+// gemv_partial on the integer path: x rounded to 8 bits, units of kUnit elements (Q8<T>, or Q8G<T> for rows in
+// grouped form: cuda_q8.cuh).
 template <DType T, int A, int kCols, int kRows, int kUnroll>
 __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRows], const XRow (&x)[kCols],
                                                 int cols, const GemvArgs& a, float (&acc)[kRows][kCols]) {
-  using Q = Q8<T>;
+  using Q = Q8At<T, A>;
   const int64_t n_units = a.k / Q::kUnit;
   for (int64_t base = threadIdx.x; base < n_units; base += kGemvThreads * kUnroll) {
     typename Q::W w[kUnroll][kRows];
@@ -326,7 +327,8 @@ __device__ __forceinline__ void gemv_q8_staged(const uint8_t* const (&rows)[kRow
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
 // the integer path (a.xq, a.xds), else f32 x. kStaged (with kQ8): the weight rows go through shared memory
-// (gemv_q8_staged), whose dynamic size is staged_smem<T, kRows>().
+// (gemv_q8_staged), whose dynamic size is staged_smem<T, kRows>(). A with kGrouped: rows in grouped form
+// (cuda_quant.cuh's legacy_block), 16-byte aligned.
 template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kStaged = false>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
@@ -403,8 +405,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   }
 }
 
+// How the GEMV reads the weight's blocks: at their natural alignment (Quant<T>::kAlign), byte-safe, or in
+// grouped form (rows 16-byte aligned).
+enum class Access : uint8_t { natural, safe, grouped };
+
 template <DType T, bool kQ8, int kCols, int kRows, int kUnroll>
-void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
+void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
   int64_t blocks = ceil_div(a.n, kRows);
   a.part_start[0] = 0;
   for (int i = 1; i < a.n_parts; ++i) {
@@ -420,7 +426,14 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
       return;
     }
   }
-  if (natural_align) {
+  if constexpr (kGroupedType<T>) {
+    if (access == Access::grouped) {
+      (void)launch_kernel(ctx, gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, kQ8>, grid, kGemvThreads,
+                          0, a);
+      return;
+    }
+  }
+  if (access == Access::natural) {
     (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8>, grid, kGemvThreads,
                         0, a);
   } else {
@@ -434,18 +447,13 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, bool natural_align) {
 // The pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows, and
 // four or eight columns.
 template <DType T, bool kQ8>
-void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align) {
-  if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1>(ctx, a, natural_align);
-  if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1>(ctx, a, natural_align);
-  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block, KILN_CUDA_GEMV_UNROLL=2 doubles the pieces a thread
-  // loads ahead with 4 or 8 rows (for tuning with bench/cuda_matmul_bench).
+void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access) {
+  if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1>(ctx, a, access);
+  if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1>(ctx, a, access);
+  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/cuda_matmul_bench).
   static const int forced = [] {
     const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
     return v != nullptr ? std::atoi(v) : 0;
-  }();
-  static const bool unroll2 = [] {
-    const char* v = std::getenv("KILN_CUDA_GEMV_UNROLL");
-    return v != nullptr && std::atoi(v) == 2;
   }();
   // Measured on an H100 (scripts/gpu-check.sh tune): eight rows from 4096 up (84% of the copy bandwidth on
   // the 8B's gate/up/down in bf16, 67% on 4096 x 4096); two on the short k/v projections (1024 rows), where
@@ -454,14 +462,10 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, bool natural_align)
   for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
   const int rows = forced != 0 ? forced : n >= 4096 ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
-    case 8:
-      if (unroll2) return launch_gemv_shape<T, kQ8, 1, 8, 2>(ctx, a, natural_align);
-      return launch_gemv_shape<T, kQ8, 1, 8, 1>(ctx, a, natural_align);
-    case 4:
-      if (unroll2) return launch_gemv_shape<T, kQ8, 1, 4, 4>(ctx, a, natural_align);
-      return launch_gemv_shape<T, kQ8, 1, 4, 2>(ctx, a, natural_align);
-    case 2: return launch_gemv_shape<T, kQ8, 1, 2, 4>(ctx, a, natural_align);
-    default: return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, natural_align);
+    case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1>(ctx, a, access);
+    case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2>(ctx, a, access);
+    case 2: return launch_gemv_shape<T, kQ8, 1, 2, 4>(ctx, a, access);
+    default: return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, access);
   }
 }
 
@@ -514,11 +518,18 @@ cudaError_t quantize_x(const Context& ctx, const Tensor& x, GemvArgs& a) {
                        reinterpret_cast<int*>(out), reinterpret_cast<float2*>(out + q_bytes));
 }
 
-// q8: on the integer path (x rounded to 8 bits by quantize_x() first); else exact, in f32.
-cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8) {
+// q8: on the integer path (x rounded to 8 bits by quantize_x() first); else exact, in f32. grouped: the
+// weight's rows (every part's) are in grouped form.
+cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped) {
   a.prefetch = ctx.pdl;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
+    if (grouped) {
+      if (!kGroupedType<T>) return cudaErrorNotSupported;
+      a.staged = false;
+      launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, Access::grouped);
+      return cudaGetLastError();
+    }
     const int64_t align = Quant<T>::kAlign;
     bool natural = aligned(w.data, align) && a.w_nb1 % align == 0 && (!a.use_ids || a.w_nb2 % align == 0);
     for (int i = 1; i < a.n_parts; ++i) {
@@ -532,7 +543,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
       rows16 = rows16 && aligned(a.more[i - 1].w, 16) && a.more[i - 1].w_nb1 % 16 == 0;
     }
     a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.staged_gemv && rows16;
-    launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, natural);
+    launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, natural ? Access::natural : Access::safe);
     return cudaGetLastError();
   };
   if (!q8) return visit_weight_type(w.type, [&](auto tag) { return launch(tag, std::false_type{}); });
@@ -576,6 +587,7 @@ struct DequantArgs {
   Ids ids;
   Rows dst;
   DType dst_type;
+  bool grouped;  // the source rows are in grouped form
 };
 
 // Thread: one piece (8 elements) of one row; grid: (pieces of a row, rows, grid-strided).
@@ -605,6 +617,13 @@ cudaError_t launch_dequant(const Context& ctx, const DequantArgs& a, DType type)
     const int64_t align = Quant<T>::kAlign;
     const dim3 grid(static_cast<unsigned>(ceil_div(ceil_div(a.ne0, 8), kPieceThreads)),
                     static_cast<unsigned>(std::min<int64_t>(a.n_rows, kMaxGridY)));
+    if constexpr (kGroupedType<T>) {
+      if (a.grouped) {
+        (void)launch_kernel(ctx, dequant_rows_kernel<T, 16 | kGrouped>, grid, kPieceThreads, 0, a);
+        return cudaGetLastError();
+      }
+    }
+    if (a.grouped) return cudaErrorNotSupported;
     if (aligned(a.src, align) && a.src_nb1 % align == 0) {
       (void)launch_kernel(ctx, dequant_rows_kernel<T, Quant<T>::kAlign>, grid, kPieceThreads, 0, a);
     } else {
@@ -614,9 +633,9 @@ cudaError_t launch_dequant(const Context& ctx, const DequantArgs& a, DType type)
   });
 }
 
-// The [k, n] weight `w` as a contiguous matrix of f32, f16 or bf16 in scratch slot kSlotW (null: out of
-// memory).
-void* dequant_weight(const Context& ctx, const Tensor& w, DType to, cudaError_t* err) {
+// The [k, n] weight `w` (rows in grouped form when `grouped`) as a contiguous matrix of f32, f16 or bf16 in
+// scratch slot kSlotW (null: out of memory).
+void* dequant_weight(const Context& ctx, const Tensor& w, bool grouped, DType to, cudaError_t* err) {
   const int64_t k = w.ne[0], n = w.ne[1];
   void* out = ctx.scratch(kSlotW, static_cast<size_t>(k * n * elem_bytes(to)));
   if (out == nullptr) {
@@ -630,6 +649,7 @@ void* dequant_weight(const Context& ctx, const Tensor& w, DType to, cudaError_t*
   a.n_rows = n;
   a.dst = packed_rows(out, k, n, elem_bytes(to));
   a.dst_type = to;
+  a.grouped = grouped;
   *err = launch_dequant(ctx, a, w.type);
   return *err == cudaSuccess ? out : nullptr;
 }
@@ -734,11 +754,12 @@ cudaError_t gemm(const Context& ctx, const Operand& w, const Operand& x, const O
 
 // The weight operand: in place when it already has the GEMM's input type `to` and usable rows, else
 // dequantized into scratch.
-Operand gemm_w(const Context& ctx, const Tensor& w, DType to, cudaError_t* err) {
+Operand gemm_w(const Context& ctx, const ops::Weight& weight, DType to, cudaError_t* err) {
+  const Tensor& w = weight.tensor;
   if (w.type == to) {
     if (const int64_t ld = leading_dim(w, elem_bytes(to)); ld != 0) return {w.data, ld};
   }
-  return {dequant_weight(ctx, w, to, err), w.ne[0]};
+  return {dequant_weight(ctx, w, grouped(weight), to, err), w.ne[0]};
 }
 
 cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
@@ -751,7 +772,7 @@ cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
                    : wt.type == DType::bf16                ? DType::bf16
                                                            : DType::f16;
   cudaError_t err = cudaSuccess;
-  const Operand w = gemm_w(ctx, wt, in, &err);
+  const Operand w = gemm_w(ctx, op.w, in, &err);
   if (err != cudaSuccess) return err;
   const Operand x = gemm_x(ctx, op.x, in, &err);
   if (err != cudaSuccess) return err;
@@ -807,7 +828,7 @@ cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
   if (q8) {
     if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
   }
-  return launch_gemv(ctx, a, op.w.tensor, q8);
+  return launch_gemv(ctx, a, op.w.tensor, q8, grouped(op.w));
 }
 
 namespace {
@@ -835,15 +856,19 @@ cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* c
   if (q8) {
     if (const cudaError_t err = quantize_x(ctx, first.x, a); err != cudaSuccess) return err;
   }
-  return launch_gemv(ctx, a, first.w.tensor, q8);
+  return launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w));
 }
 
-cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
-                                std::span<const ops::Matmul* const> group) {
+namespace {
+
+// 1-3 matmuls on one x that take the integer GEMV, x rounded to 8 bits by the kernel that produces it:
+// produce(xq, xds) launches that kernel, given the scratch quantize_x() would round into, in its layout.
+template <class Produce>
+cudaError_t produced_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group,
+                                Produce&& produce) {
   const ops::Matmul& first = *group[0];
   if (group.size() > kGemvMaxParts || !takes_q8(ctx, first)) return cudaErrorInvalidValue;
   GemvArgs a = group_args(group);
-  // The norm's kernel rounds x to 8 bits into the scratch quantize_x() would use, in its layout.
   const int64_t k = first.x.ne[0], n_rows = first.x.n_rows();
   const size_t q_bytes = static_cast<size_t>(n_rows * k);
   auto* out =
@@ -851,12 +876,24 @@ cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, cons
   if (out == nullptr) return cudaErrorMemoryAllocation;
   a.xq = reinterpret_cast<const int*>(out);
   a.xds = reinterpret_cast<const float2*>(out + q_bytes);
-  if (const cudaError_t err =
-          add_rms_norm(ctx, add, norm, reinterpret_cast<int*>(out), reinterpret_cast<float2*>(out + q_bytes));
+  if (const cudaError_t err = produce(reinterpret_cast<int*>(out), reinterpret_cast<float2*>(out + q_bytes));
       err != cudaSuccess) {
     return err;
   }
-  return launch_gemv(ctx, a, first.w.tensor, true);
+  return launch_gemv(ctx, a, first.w.tensor, true, grouped(first.w));
+}
+
+}  // namespace
+
+cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                                std::span<const ops::Matmul* const> group) {
+  return produced_gemv_group(
+      ctx, group, [&](int* xq, float2* xds) { return add_rms_norm(ctx, add, norm, xq, xds); });
+}
+
+cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
+                           std::span<const ops::Matmul* const> group) {
+  return produced_gemv_group(ctx, group, [&](int* xq, float2* xds) { return gated_act(ctx, glu, xq, xds); });
 }
 
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
@@ -873,7 +910,63 @@ cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
   if (q8) {
     if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
   }
-  return launch_gemv(ctx, a, op.w.tensor, q8);
+  return launch_gemv(ctx, a, op.w.tensor, q8, grouped(op.w));
+}
+
+namespace {
+
+// Thread: one block of one row (grid-strided), its header and quants copied to their places in grouped
+// form.
+template <int kHead, int kQs>
+__global__ void group_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
+                                  uint8_t* dst, int64_t dst_nb1) {
+  const int64_t total = n_blocks * n_rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n_blocks, b = i % n_blocks;
+    const uint8_t* from = src + r * src_nb1 + b * (kHead + kQs);
+    uint8_t* g = dst + r * dst_nb1 + (b / 8) * (8 * (kHead + kQs));
+    const int j = static_cast<int>(b % 8);
+    for (int e = 0; e < kHead; ++e) g[j * kHead + e] = from[e];
+    for (int e = 0; e < kQs; ++e) g[8 * kHead + j * kQs + e] = from[kHead + e];
+  }
+}
+
+}  // namespace
+
+int64_t grouped_row_bytes(DType type, int64_t k) {
+  int64_t bytes = 0;
+  if (k % 32 == 0) {
+    (void)visit_weight_type(type, [&](auto tag) {
+      using Q = Quant<decltype(tag)::value>;
+      if constexpr (kGroupedType<decltype(tag)::value>) {
+        bytes = (grouped_bytes(k, Q::kHead, Q::kBytes - Q::kHead) + 15) / 16 * 16;  // rows 16-byte aligned
+      }
+      return cudaSuccess;
+    });
+  }
+  return bytes;
+}
+
+cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1) {
+  const int64_t n_blocks = src.ne[0] / 32, n_rows = src.ne[1];
+  if (const cudaError_t err = cudaMemsetAsync(dst, 0, static_cast<size_t>(n_rows * dst_nb1), ctx.stream);
+      err != cudaSuccess) {
+    return err;
+  }
+  constexpr int kThreads = 256;
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(n_blocks * n_rows, kThreads), 1 << 16));
+  return visit_weight_type(src.type, [&](auto tag) {
+    using Q = Quant<decltype(tag)::value>;
+    if constexpr (kGroupedType<decltype(tag)::value>) {
+      group_rows_kernel<Q::kHead, Q::kBytes - Q::kHead><<<grid, kThreads, 0, ctx.stream>>>(
+          static_cast<const uint8_t*>(src.data), src.nb[1], n_blocks, n_rows, static_cast<uint8_t*>(dst),
+          dst_nb1);
+      return cudaGetLastError();
+    } else {
+      return cudaErrorNotSupported;
+    }
+  });
 }
 
 }  // namespace kiln::cuda

@@ -189,14 +189,18 @@ __device__ inline float glu(ops::GluKind kind, float g) {
   return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
 }
 
+// xq / xds (n a multiple of 32, f32 dst): each warp's 32 consecutive elements are one block of a row, also
+// rounded to 8 bits there (round_q8).
 __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, bool broadcast,
-                                 int64_t n, int64_t total) {
+                                 int64_t n, int64_t total, int8_t* xq, float2* xds) {
   pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / n, i = e % n;
     const float g = gate.row_as<const float>(r)[broadcast ? 0 : i];
-    store(st, dst.row(r), i, glu(kind, g) * up.row_as<const float>(r)[i]);
+    const float v = glu(kind, g) * up.row_as<const float>(r)[i];
+    store(st, dst.row(r), i, v);
+    if (xq != nullptr) round_q8(v, xq + r * n + i, xds + r * (n / 32) + i / 32);
   }
 }
 
@@ -392,11 +396,12 @@ cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
   return launched();
 }
 
-cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op) {
+cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq, float2* xds) {
   const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
+  if (xq != nullptr && (n % 32 != 0 || op.dst.type != DType::f32)) return cudaErrorInvalidValue;
   (void)launch_kernel(ctx, gated_act_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.gate),
                       rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind,
-                      op.gate.ne[0] == 1 && n > 1, n, total);
+                      op.gate.ne[0] == 1 && n > 1, n, total, reinterpret_cast<int8_t*>(xq), xds);
   return launched();
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/cuda_quant.cuh"
 
@@ -342,6 +343,150 @@ struct Q8<DType::q6_k> {
     return s;
   }
 };
+
+// Rows in grouped form (legacy_block, cuda_quant.cuh): unit u is block u, whole (q8_0: half of it). Its 16
+// quant bytes are one 16-byte load and its header one more load, against a 4-byte load (two 2-byte ones at
+// the blocks' 2-byte alignment) of quants and a header load per quarter block in the file's form.
+template <DType T>
+struct Q8G;
+
+// x's integers for elements 0..15 and 16..31 of block u.
+struct XB {
+  int4 lo, hi;
+  float2 ds;
+};
+__device__ __forceinline__ XB load_xb(int64_t u, const XRow& x) {
+  const int4* q = reinterpret_cast<const int4*>(x.qs + 8 * u);
+  return {__ldg(q), __ldg(q + 1), __ldg(x.ds + u)};
+}
+// The 4-bit values of a block's 16 quant bytes with their fifth bits from qh (bit j: element j): elements
+// 0..15 (low nibbles) and 16..31 (high).
+__device__ __forceinline__ void five_bits16(uint4 v, uint32_t qh, uint4& lo, uint4& hi) {
+  lo = or4(nibbles_lo(v), make_uint4(bits_to_bit4(qh), bits_to_bit4(qh >> 4), bits_to_bit4(qh >> 8),
+                                     bits_to_bit4(qh >> 12)));
+  hi = or4(nibbles_hi(v), make_uint4(bits_to_bit4(qh >> 16), bits_to_bit4(qh >> 20), bits_to_bit4(qh >> 24),
+                                     bits_to_bit4(qh >> 28)));
+}
+
+template <>
+struct Q8G<DType::q4_0> {
+  static constexpr int kUnit = 32;
+  struct W {
+    uint4 q;
+    float d;
+  };
+  using X = XB;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const LegacyBlock b = legacy_block<2, 16, A>(row, u);
+    return {ld_u128<qs_align<A, 2>()>(b.qs), f16_bits_to_f32(ld_u16<head_align<A, 2>()>(b.head))};
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    const int s = dp4a4(nibbles_lo(w.q), x.lo) + dp4a4(nibbles_hi(w.q), x.hi);
+    return w.d * (x.ds.x * static_cast<float>(s) - 8.0f * x.ds.y);
+  }
+};
+
+template <>
+struct Q8G<DType::q4_1> {
+  static constexpr int kUnit = 32;
+  struct W {
+    uint4 q;
+    float d, m;
+  };
+  using X = XB;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const LegacyBlock b = legacy_block<4, 16, A>(row, u);
+    const uint32_t dm = ld_u32<head_align<A, 4>()>(b.head);
+    return {ld_u128<qs_align<A, 4>()>(b.qs), f16_bits_to_f32(dm & 0xFFFF), f16_bits_to_f32(dm >> 16)};
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    const int s = dp4a4(nibbles_lo(w.q), x.lo) + dp4a4(nibbles_hi(w.q), x.hi);
+    return w.d * x.ds.x * static_cast<float>(s) + w.m * x.ds.y;
+  }
+};
+
+template <>
+struct Q8G<DType::q5_0> {
+  static constexpr int kUnit = 32;
+  struct W {
+    uint4 lo, hi;
+    float d;
+  };
+  using X = XB;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const LegacyBlock b = legacy_block<6, 16, A>(row, u);
+    constexpr int H = head_align<A, 6>();
+    W w;
+    five_bits16(ld_u128<qs_align<A, 6>()>(b.qs), ld_u32<align_at(H, 2)>(b.head + 2), w.lo, w.hi);
+    w.d = f16_bits_to_f32(ld_u16<H>(b.head));
+    return w;
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    const int s = dp4a4(w.lo, x.lo) + dp4a4(w.hi, x.hi);
+    return w.d * (x.ds.x * static_cast<float>(s) - 16.0f * x.ds.y);
+  }
+};
+
+template <>
+struct Q8G<DType::q5_1> {
+  static constexpr int kUnit = 32;
+  struct W {
+    uint4 lo, hi;
+    float d, m;
+  };
+  using X = XB;
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const LegacyBlock b = legacy_block<8, 16, A>(row, u);
+    const uint2 head = ld_u64<head_align<A, 8>()>(b.head);
+    W w;
+    five_bits16(ld_u128<qs_align<A, 8>()>(b.qs), head.y, w.lo, w.hi);
+    w.d = f16_bits_to_f32(head.x & 0xFFFF);
+    w.m = f16_bits_to_f32(head.x >> 16);
+    return w;
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
+  __device__ static float dot(const W& w, const X& x) {
+    const int s = dp4a4(w.lo, x.lo) + dp4a4(w.hi, x.hi);
+    return w.d * x.ds.x * static_cast<float>(s) + w.m * x.ds.y;
+  }
+};
+
+// q8_0: unit u is half h = u % 2 of block u / 2, 16 quant bytes, so that consecutive threads read consecutive
+// 16-byte chunks of a group's quants (a whole block a thread leaves every other chunk to a second load).
+template <>
+struct Q8G<DType::q8_0> {
+  static constexpr int kUnit = 16;
+  struct W {
+    uint4 q;
+    float d;
+  };
+  struct X {
+    int4 q;
+    float d;
+  };
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const LegacyBlock b = legacy_block<2, 32, A>(row, u / 2);
+    return {ld_u128<qs_align<A, 2>()>(b.qs + 16 * (u % 2)), f16_bits_to_f32(ld_u16<head_align<A, 2>()>(b.head))};
+  }
+  __device__ static X load_x(int64_t u, const XRow& x) {
+    return {__ldg(reinterpret_cast<const int4*>(x.qs + 4 * u)), __ldg(x.ds + u / 2).x};
+  }
+  __device__ static float dot(const W& w, const X& x) {
+    return w.d * x.d * static_cast<float>(dp4a4(w.q, x.q));
+  }
+};
+
+// The unit structure of a row read with alignment A: grouped form or the file's.
+template <DType T, int A>
+using Q8At = std::conditional_t<(A & kGrouped) != 0, Q8G<T>, Q8<T>>;
 
 // The weight types with an integer path.
 #define KILN_CUDA_Q8_TYPES(X) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q4_k) X(q5_k) X(q6_k)

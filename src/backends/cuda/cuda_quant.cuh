@@ -22,8 +22,11 @@ namespace kiln::cuda {
 
 // The loads take the alignment A guaranteed for their address; kInShared or-ed into A says the bytes are in
 // shared memory (a staged copy of the weight, cuda_matmul.cu), read with plain loads instead of __ldg.
+// kGrouped or-ed into A says a row of a legacy block type is in grouped form (legacy_block below).
 inline constexpr int kInShared = 1 << 10;
+inline constexpr int kGrouped = 1 << 11;
 __host__ __device__ constexpr int align_bytes(int a) { return a & (kInShared - 1); }
+__host__ __device__ constexpr int align_flags(int a) { return a & ~(kInShared - 1); }
 
 template <int A, class V>
 __device__ __forceinline__ V ld_as(const uint8_t* p) {
@@ -73,10 +76,10 @@ __device__ __forceinline__ uint4 ld_u128(const uint8_t* p) {
   }
 }
 
-// The alignment of an address at byte `offset` past an A-aligned one (kInShared kept).
+// The alignment of an address at byte `offset` past an A-aligned one (the flags kept).
 __host__ __device__ constexpr int align_at(int a, int offset) {
   const int low = offset & -offset, al = align_bytes(a);
-  return (a & kInShared) | (offset == 0 || low >= al ? al : low);
+  return align_flags(a) | (offset == 0 || low >= al ? al : low);
 }
 
 // Byte j (0..7) of an 8-byte value.
@@ -177,6 +180,42 @@ __device__ __forceinline__ const uint8_t* block_of(const uint8_t* row, int64_t p
   return row + (p / kPieces) * Q::kBytes;
 }
 
+// The legacy blocks (q4_0, q4_1, q5_0, q5_1, q8_0: 32 elements) are a header of kHead bytes (d, m, qh) then
+// kQs bytes of quants. A row in grouped form (A has kGrouped; made at load for matmul weights,
+// group_rows() in cuda_matmul.cu) stores each run of 8 blocks as their 8 headers, then their 8 quant arrays:
+// the same 8 * kBytes bytes, with every quant array 16-byte aligned when the row is, so that a block's
+// quants are whole 16-byte loads. A last run of r < 8 blocks keeps the room of 8 headers (the same offsets)
+// before its r quant arrays. grouped_bytes() is the length of such a row.
+struct LegacyBlock {
+  const uint8_t* head;
+  const uint8_t* qs;
+};
+template <int kHead, int kQs, int A>
+__device__ __forceinline__ LegacyBlock legacy_block(const uint8_t* row, int64_t b) {
+  if constexpr ((A & kGrouped) != 0) {
+    const uint8_t* g = row + (b / 8) * (8 * (kHead + kQs));
+    const int i = static_cast<int>(b % 8);
+    return {g + i * kHead, g + 8 * kHead + i * kQs};
+  } else {
+    const uint8_t* h = row + b * (kHead + kQs);
+    return {h, h + kHead};
+  }
+}
+// The alignment of a legacy block's header and of its quants, in either form.
+template <int A, int kHead>
+__host__ __device__ constexpr int head_align() {
+  return (A & kGrouped) != 0 ? align_at(A, kHead) : A;
+}
+template <int A, int kHead>
+__host__ __device__ constexpr int qs_align() {
+  return (A & kGrouped) != 0 ? A : align_at(A, kHead);
+}
+// Bytes of a row of k elements in grouped form (k a multiple of 32).
+__host__ __device__ constexpr int64_t grouped_bytes(int64_t k, int head, int qs) {
+  const int64_t nb = k / 32, r = nb % 8;
+  return nb * (head + qs) + (r != 0 ? (8 - r) * head : 0);
+}
+
 // Legacy 4-bit layout: 8 bytes of qs at `qs` hold elements 8i.. (low nibbles, i < 2) or 8(i-2).. (high).
 template <int A>
 __device__ __forceinline__ void nibbles8(const uint8_t* qs, int i, int (&q)[8]) {
@@ -188,14 +227,13 @@ __device__ __forceinline__ void nibbles8(const uint8_t* qs, int i, int (&q)[8]) 
 
 template <>
 struct Quant<DType::q4_0> {  // d:2 qs:16
-  static constexpr int kBlock = 32, kBytes = 18, kAlign = 2, kSafeAlign = 1;
+  static constexpr int kBlock = 32, kBytes = 18, kAlign = 2, kSafeAlign = 1, kHead = 2;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    int i;
-    const uint8_t* b = block_of<Quant>(row, p, i);
-    const float d = f16_bits_to_f32(ld_u16<A>(b));
+    const LegacyBlock b = legacy_block<kHead, 16, A>(row, p / 4);
+    const float d = f16_bits_to_f32(ld_u16<head_align<A, kHead>()>(b.head));
     int q[8];
-    nibbles8<align_at(A, 2)>(b + 2, i, q);
+    nibbles8<qs_align<A, kHead>()>(b.qs, static_cast<int>(p % 4), q);
 #pragma unroll
     for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(small_int_to_f32(q[j] - 8), d);
   }
@@ -203,15 +241,14 @@ struct Quant<DType::q4_0> {  // d:2 qs:16
 
 template <>
 struct Quant<DType::q4_1> {  // d:2 m:2 qs:16
-  static constexpr int kBlock = 32, kBytes = 20, kAlign = 4, kSafeAlign = 1;
+  static constexpr int kBlock = 32, kBytes = 20, kAlign = 4, kSafeAlign = 1, kHead = 4;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    int i;
-    const uint8_t* b = block_of<Quant>(row, p, i);
-    const uint32_t dm = ld_u32<A>(b);
+    const LegacyBlock b = legacy_block<kHead, 16, A>(row, p / 4);
+    const uint32_t dm = ld_u32<head_align<A, kHead>()>(b.head);
     const float d = f16_bits_to_f32(dm & 0xFFFF), m = f16_bits_to_f32(dm >> 16);
     int q[8];
-    nibbles8<align_at(A, 4)>(b + 4, i, q);
+    nibbles8<qs_align<A, kHead>()>(b.qs, static_cast<int>(p % 4), q);
 #pragma unroll
     for (int j = 0; j < 8; ++j) w[j] = __fadd_rn(__fmul_rn(small_int_to_f32(q[j]), d), m);
   }
@@ -219,15 +256,16 @@ struct Quant<DType::q4_1> {  // d:2 m:2 qs:16
 
 template <>
 struct Quant<DType::q5_0> {  // d:2 qh:4 qs:16
-  static constexpr int kBlock = 32, kBytes = 22, kAlign = 2, kSafeAlign = 1;
+  static constexpr int kBlock = 32, kBytes = 22, kAlign = 2, kSafeAlign = 1, kHead = 6;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    int i;
-    const uint8_t* b = block_of<Quant>(row, p, i);
-    const float d = f16_bits_to_f32(ld_u16<A>(b));
-    const uint32_t qh = ld_u32<align_at(A, 2)>(b + 2) >> (8 * i);
+    const int i = static_cast<int>(p % 4);
+    const LegacyBlock b = legacy_block<kHead, 16, A>(row, p / 4);
+    constexpr int H = head_align<A, kHead>();
+    const float d = f16_bits_to_f32(ld_u16<H>(b.head));
+    const uint32_t qh = ld_u32<align_at(H, 2)>(b.head + 2) >> (8 * i);
     int q[8];
-    nibbles8<align_at(A, 6)>(b + 6, i, q);
+    nibbles8<qs_align<A, kHead>()>(b.qs, i, q);
 #pragma unroll
     for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(small_int_to_f32((q[j] | (((qh >> j) & 1) << 4)) - 16), d);
   }
@@ -235,16 +273,16 @@ struct Quant<DType::q5_0> {  // d:2 qh:4 qs:16
 
 template <>
 struct Quant<DType::q5_1> {  // d:2 m:2 qh:4 qs:16
-  static constexpr int kBlock = 32, kBytes = 24, kAlign = 8, kSafeAlign = 1;
+  static constexpr int kBlock = 32, kBytes = 24, kAlign = 8, kSafeAlign = 1, kHead = 8;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    int i;
-    const uint8_t* b = block_of<Quant>(row, p, i);
-    const uint2 head = ld_u64<A>(b);
+    const int i = static_cast<int>(p % 4);
+    const LegacyBlock b = legacy_block<kHead, 16, A>(row, p / 4);
+    const uint2 head = ld_u64<head_align<A, kHead>()>(b.head);
     const float d = f16_bits_to_f32(head.x & 0xFFFF), m = f16_bits_to_f32(head.x >> 16);
     const uint32_t qh = head.y >> (8 * i);
     int q[8];
-    nibbles8<align_at(A, 8)>(b + 8, i, q);
+    nibbles8<qs_align<A, kHead>()>(b.qs, i, q);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       w[j] = __fadd_rn(__fmul_rn(small_int_to_f32(q[j] | (((qh >> j) & 1) << 4)), d), m);
@@ -254,13 +292,12 @@ struct Quant<DType::q5_1> {  // d:2 m:2 qh:4 qs:16
 
 template <>
 struct Quant<DType::q8_0> {  // d:2 qs:32
-  static constexpr int kBlock = 32, kBytes = 34, kAlign = 2, kSafeAlign = 1;
+  static constexpr int kBlock = 32, kBytes = 34, kAlign = 2, kSafeAlign = 1, kHead = 2;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    int i;
-    const uint8_t* b = block_of<Quant>(row, p, i);
-    const float d = f16_bits_to_f32(ld_u16<A>(b));
-    const uint2 v = ld_u64<align_at(A, 2)>(b + 2 + 8 * i);
+    const LegacyBlock b = legacy_block<kHead, 32, A>(row, p / 4);
+    const float d = f16_bits_to_f32(ld_u16<head_align<A, kHead>()>(b.head));
+    const uint2 v = ld_u64<qs_align<A, kHead>()>(b.qs + 8 * (p % 4));
 #pragma unroll
     for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(small_int_to_f32(static_cast<int8_t>(byte_of(v, j))), d);
   }
@@ -448,6 +485,11 @@ struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
 };
 
 // The weight types above, for a visitor over DType values (cuda_matmul.cu).
+// The legacy block types, whose matmul weights the backend holds in grouped form (legacy_block).
+template <DType T>
+inline constexpr bool kGroupedType =
+    T == DType::q4_0 || T == DType::q4_1 || T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
+
 #define KILN_CUDA_WEIGHT_TYPES(X)                                                                          \
   X(f32)                                                                                                   \
   X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) \
