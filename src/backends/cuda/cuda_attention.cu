@@ -7,6 +7,7 @@
 // take a tiled kernel instead: on tensor cores under Attention::quantize_x, else exact on CUDA cores.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -717,10 +718,15 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
   // the latency of each warp's walk over its positions more than by bytes. The longest context a token may
   // see bounds the useful split (at least 16 positions a chunk, four a warp): the positions live on the
   // device, so the block tables' total length stands in for it.
+  // KILN_CUDA_ATTN_CHUNK sets the fewest positions a chunk (for tuning).
+  static const int64_t min_chunk = [] {
+    const char* v = std::getenv("KILN_CUDA_ATTN_CHUNK");
+    return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{16};
+  }();
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + kGroup - 1) / kGroup);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
   const int64_t want = (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
-  g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + 15) / 16, 64}));
+  g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, 64}));
   float* partial = nullptr;
   unsigned* done = nullptr;
   if (g.n_chunks > 1) {
