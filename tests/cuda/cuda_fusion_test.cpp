@@ -104,7 +104,8 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const ops::Weight nw(make_tensor(DType::f32, buf, nw_at, kEmbd));
   const auto weight = [&](size_t at, int64_t rows, int64_t k = kEmbd) {
     if (!prepared) return ops::Weight(make_tensor(wtype, buf, at, k, rows));
-    auto made = b.prepare_weight(make_tensor(wtype, host.data() + at, k, rows), "w", WeightRole::weight_role_matmul);
+    auto made =
+        b.prepare_weight(make_tensor(wtype, host.data() + at, k, rows), "w", WeightRole::weight_role_matmul);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     if (!made.ok()) return ops::Weight();
     L.weights.push_back(std::move(made).value());
@@ -114,7 +115,8 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
                k = make_tensor(DType::f32, buf, k_at, kHead, kKvHeads, m),
                v = make_tensor(DType::f32, buf, v_at, kHead, kKvHeads, m);
   const Tensor g = make_tensor(DType::f32, buf, g_at, kFf, m), u = make_tensor(DType::f32, buf, u_at, kFf, m),
-               a = make_tensor(DType::f32, buf, a_at, kFf, m), o = make_tensor(DType::f32, buf, o_at, kEmbd, m);
+               a = make_tensor(DType::f32, buf, a_at, kFf, m),
+               o = make_tensor(DType::f32, buf, o_at, kEmbd, m);
   const Tensor kp = make_tensor(DType::f16, buf, kp_at, kHead, kKvHeads, kBlock, kBlocks),
                vp = make_tensor(DType::f16, buf, vp_at, kHead, kKvHeads, kBlock, kBlocks);
   const Tensor pos = make_tensor(DType::i32, buf, pos_at, m),
@@ -172,7 +174,8 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   // bf16, q8_0 in the file's form, q8_0 prepared (grouped).
-  for (const auto& [wtype, prepared] : {std::pair{DType::bf16, false}, {DType::q8_0, false}, {DType::q8_0, true}}) {
+  for (const auto& [wtype, prepared] :
+       {std::pair{DType::bf16, false}, {DType::q8_0, false}, {DType::q8_0, true}}) {
     for (const int64_t m : {1, 3, 8, 12, 20}) {
       const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 2, prepared),
                                  alone = run_layer(false, m, wtype, true, 2, prepared);

@@ -6,6 +6,7 @@
 // - Matmul weights of the legacy block types are held in grouped form (prepare_weight; KILN_CUDA_GROUPED=0
 //   keeps the file's). The exact paths (GEMV and GEMM) give the same bits from either form; the integer
 //   GEMV sums a block's products in one piece instead of four, the same integers scaled in another order.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,8 +16,6 @@
 #include <memory>
 #include <random>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "backends/backend.h"
 
@@ -120,8 +119,8 @@ std::vector<uint8_t> legacy_blocks(DType type, int64_t k, int64_t n, std::mt1993
   return w;
 }
 
-// dst (f32 [n, m]) of w x on `b`, w as prepared for a matmul by `b` (grouped or not, by KILN_CUDA_GROUPED when
-// `b` was made).
+// dst (f32 [n, m]) of w x on `b`, w as prepared for a matmul by `b` (grouped or not, by KILN_CUDA_GROUPED
+// when `b` was made).
 std::vector<float> product(Backend& b, const WeightHandle& w, const std::vector<float>& x, int64_t m,
                            bool quantize_x) {
   const int64_t k = w.logical.ne[0], n = w.logical.ne[1];

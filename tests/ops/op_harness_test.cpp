@@ -658,7 +658,8 @@ struct RowShape {
   int64_t n, r1, r2;
 };
 // 4096 and 8200: rows a block of 1024 threads holds in registers, and one past them (cuda_ops.cu).
-constexpr RowShape kRowShapes[] = {{1, 1, 1}, {7, 3, 1}, {64, 5, 2}, {257, 3, 1}, {33, 1, 3}, {4096, 2, 1}, {8200, 1, 1}};
+constexpr RowShape kRowShapes[] = {{1, 1, 1},  {7, 3, 1},    {64, 5, 2},  {257, 3, 1},
+                                   {33, 1, 3}, {4096, 2, 1}, {8200, 1, 1}};
 
 TEST(OpHarness, RmsNormAndLayerNorm) {
   Rng rng(3);

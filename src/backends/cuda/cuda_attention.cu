@@ -3,8 +3,8 @@
 // one chunk of the token's positions. Each warp takes every n_warps-th position of the chunk: lanes hold the
 // head dims, the scores are warp sums, and the softmax is online (running max and sum). The warps' states
 // merge in shared memory; with one chunk the block writes dst, with several each writes its state and the
-// last of them to finish merges the chunks in order. Bound: by the K/V bytes read in decode. Prefill-shaped batches
-// take a tiled kernel instead: on tensor cores under Attention::quantize_x, else exact on CUDA cores.
+// last of them to finish merges the chunks in order. Bound: by the K/V bytes read in decode. Prefill-shaped
+// batches take a tiled kernel instead: on tensor cores under Attention::quantize_x, else exact on CUDA cores.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

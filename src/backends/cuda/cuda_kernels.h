@@ -93,7 +93,8 @@ cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, cons
                                 std::span<const ops::Matmul* const> group);
 // A gated activation (f32 dst, n a multiple of 32) and 1-3 matmuls on its result that take the integer GEMV:
 // its kernel also rounds that result to 8 bits for them.
-cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu, std::span<const ops::Matmul* const> group);
+cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
+                           std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);

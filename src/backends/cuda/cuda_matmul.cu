@@ -203,8 +203,8 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
   }
 }
 
-// gemv_partial on the integer path: x rounded to 8 bits, units of kUnit elements (Q8<T>, or Q8G<T> for rows in
-// grouped form: cuda_q8.cuh).
+// gemv_partial on the integer path: x rounded to 8 bits, units of kUnit elements (Q8<T>, or Q8G<T> for rows
+// in grouped form: cuda_q8.cuh).
 template <DType T, int A, int kCols, int kRows, int kUnroll>
 __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRows], const XRow (&x)[kCols],
                                                 int cols, const GemvArgs& a, float (&acc)[kRows][kCols]) {
@@ -887,8 +887,8 @@ cudaError_t produced_gemv_group(const Context& ctx, std::span<const ops::Matmul*
 
 cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                                 std::span<const ops::Matmul* const> group) {
-  return produced_gemv_group(
-      ctx, group, [&](int* xq, float2* xds) { return add_rms_norm(ctx, add, norm, xq, xds); });
+  return produced_gemv_group(ctx, group,
+                             [&](int* xq, float2* xds) { return add_rms_norm(ctx, add, norm, xq, xds); });
 }
 
 cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
@@ -959,9 +959,9 @@ cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t
   return visit_weight_type(src.type, [&](auto tag) {
     using Q = Quant<decltype(tag)::value>;
     if constexpr (kGroupedType<decltype(tag)::value>) {
-      group_rows_kernel<Q::kHead, Q::kBytes - Q::kHead><<<grid, kThreads, 0, ctx.stream>>>(
-          static_cast<const uint8_t*>(src.data), src.nb[1], n_blocks, n_rows, static_cast<uint8_t*>(dst),
-          dst_nb1);
+      group_rows_kernel<Q::kHead, Q::kBytes - Q::kHead>
+          <<<grid, kThreads, 0, ctx.stream>>>(static_cast<const uint8_t*>(src.data), src.nb[1], n_blocks,
+                                              n_rows, static_cast<uint8_t*>(dst), dst_nb1);
       return cudaGetLastError();
     } else {
       return cudaErrorNotSupported;

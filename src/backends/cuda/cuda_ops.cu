@@ -38,8 +38,8 @@ __device__ inline void rms_norm_row(const float* xr, char* yr, Store st, const f
   }
 }
 
-// Rows of up to kRowRegs elements a thread (8192 at 1024 threads) are held in registers: element threadIdx.x +
-// k * blockDim.x in slot k. All of a row's loads are issued before its first store (a store between them
+// Rows of up to kRowRegs elements a thread (8192 at 1024 threads) are held in registers: element threadIdx.x
+// + k * blockDim.x in slot k. All of a row's loads are issued before its first store (a store between them
 // would make each load wait for the one before: the compiler cannot tell they do not alias), so a row costs
 // one memory round trip instead of one a slot. Same sums in the same order as rms_norm_row, so the same bits.
 constexpr int kRowRegs = 8;
@@ -62,8 +62,8 @@ __device__ inline void load_norm_weight(const float* w, float w_add, int64_t n, 
 }
 
 // rms_norm_row of the row x (slots as above), with the weight g loaded (load_norm_weight).
-__device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g)[kRowRegs], char* yr, Store st,
-                                     int64_t n, float eps, float* red, int8_t* xq, float2* xds) {
+__device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g)[kRowRegs], char* yr,
+                                     Store st, int64_t n, float eps, float* red, int8_t* xq, float2* xds) {
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kRowRegs; ++k) {
@@ -81,8 +81,8 @@ __device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g
   }
 }
 
-__global__ void __launch_bounds__(1024) rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
-                                int64_t n_rows) {
+__global__ void __launch_bounds__(1024) rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n,
+                                                        float eps, float w_add, int64_t n_rows) {
   pdl_begin();
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
@@ -347,8 +347,9 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
 
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (same block size, so the same reduction order).
 // xq / xds: see rms_norm_row; row r's go at xq + r * n and xds + r * n / 32.
-__global__ void __launch_bounds__(1024) add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n,
-                                    float eps, float w_add, int64_t n_rows, int8_t* xq, float2* xds) {
+__global__ void __launch_bounds__(1024)
+    add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
+                        float w_add, int64_t n_rows, int8_t* xq, float2* xds) {
   pdl_begin();
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {

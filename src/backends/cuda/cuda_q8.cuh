@@ -474,7 +474,8 @@ struct Q8G<DType::q8_0> {
   template <int A>
   __device__ static W load(const uint8_t* row, int64_t u) {
     const LegacyBlock b = legacy_block<2, 32, A>(row, u / 2);
-    return {ld_u128<qs_align<A, 2>()>(b.qs + 16 * (u % 2)), f16_bits_to_f32(ld_u16<head_align<A, 2>()>(b.head))};
+    return {ld_u128<qs_align<A, 2>()>(b.qs + 16 * (u % 2)),
+            f16_bits_to_f32(ld_u16<head_align<A, 2>()>(b.head))};
   }
   __device__ static X load_x(int64_t u, const XRow& x) {
     return {__ldg(reinterpret_cast<const int4*>(x.qs + 4 * u)), __ldg(x.ds + u / 2).x};
