@@ -137,10 +137,11 @@ def llama_batched(batched: Path, path: Path) -> dict:
 
 def kernel_profile(kiln: Path, path: Path, prompt: str) -> str:
     """Each kernel's time in decode steps, graphs off so that kernels launch one by one: ncu's
-    gpu__time_duration of the launches after the prompt and the first decode steps, summed by kernel name."""
+    gpu__time_duration of the launches after the prompt and the first decode steps, summed by kernel name.
+    Clocks and caches are left as they are (a kernel finds in L2 what the one before it wrote, as in a step)."""
     env = dict(os.environ, KILN_CUDA_GRAPHS="0")
     skip, count = 3000, 900
-    cmd = ["ncu", "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", "--launch-skip",
+    cmd = ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", "--launch-skip",
            str(skip), "--launch-count", str(count), str(kiln), "run", "-m", str(path), "-d", "cuda", "-p", prompt,
            "-n", "64", "--temp", "0", "--ignore-eos"]
     r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)

@@ -14,7 +14,10 @@
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
 #             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; KILN_BIN=PATH runs another kiln binary instead), interleaved,
-#             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0), AB_REPS rounds (default 2)
+#             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0), AB_REPS rounds (default 2), with the
+#             bench arguments AB_ARGS (default: -p 512 -n 128; batched decode: -p 0 -n 128 --batch 16,64)
+#   profile   each kernel's time in decode steps by ncu (bench/gpu_peer.py's kernel_profile) on PROFILE_FILES
+#             (default: the 8B Q4_0; waits for prep's files)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -112,12 +115,21 @@ for step in "${steps[@]}"; do
           for e in ${AB_ENVS:-KILN_CUDA_PDL=0 KILN_CUDA_PDL=1}; do
             k="$bin/tools/kiln/kiln"
             [[ $e == KILN_BIN=* ]] && k=${e#KILN_BIN=}
-            r=$(env "$e" "$k" bench -m "$path" -d cuda -p 512 -n 128 -r 2 2>&1 |
-              awk -F'|' '/ (pp512|tg128) /{printf "%s %s  ", $7, $8}')
+            r=$(env "$e" "$k" bench -m "$path" -d cuda ${AB_ARGS:--p 512 -n 128} -r 2 2>&1 |
+              awk -F'|' '/ (pp[0-9]+|tg[0-9]+(@bs[0-9]+)?) /{printf "%s %s  ", $7, $8}')
             echo "| $f | $e | $rep | $r |"
           done
         done
       done 2>&1 | tee "$out/ab.md"
+      ;;
+    profile)
+      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+      for f in ${PROFILE_FILES:-llama3-8b-q4_0}; do
+        echo "## $f"
+        python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_peer as g; from pathlib import Path as P
+print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
+                       'The quick brown fox jumps over the lazy dog. ' * 4))" || status=1
+      done 2>&1 | tee "$out/profile.md"
       ;;
     peer)
       while [ ! -e "$peer_status" ]; do sleep 5; done

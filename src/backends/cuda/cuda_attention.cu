@@ -51,55 +51,71 @@ __device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) 
   a.m = mm;
 }
 
-// One (token, head)'s chunk records (base: n_chunks records of head_dim + 2 floats) scaled to their common
-// maximum and summed in chunk order into dst row y, by one warp. The maxima come first (a lane a chunk), so
-// the loads of the records do not wait on one another. The records were written by other blocks of the
-// grid: they are read past L1 (__ldcg).
+// One (token, head)'s chunk records (base: n_chunks <= 64 records of head_dim + 2 floats) scaled to their
+// common maximum and summed in chunk order into dst row y, by one warp. Every chunk's maximum and sum are
+// read at once (chunks lane and lane + 32), then the records' values, kMergeUnroll chunks in flight: the
+// merge waits on memory about three times, not once a chunk. The records were written by other blocks of
+// the grid: they are read past L1 (__ldcg).
+constexpr int kMaxChunks = 64;
 template <int DPL>
 __device__ void merge_chunks(const float* base, float* y, const Geometry& g, int lane) {
+  constexpr int kMergeUnroll = 8;
   const int64_t rec = g.head_dim + 2;
-  float mx = -INFINITY;
-  for (int64_t c = lane; c < g.n_chunks; c += 32) mx = fmaxf(mx, __ldcg(base + c * rec + g.head_dim));
-  mx = warp_max(mx);
-  float l = 0.0f, acc[DPL] = {};
-  if (mx != -INFINITY) {
-#pragma unroll 4
-    for (int64_t c = 0; c < g.n_chunks; ++c) {
-      const float* r = base + c * rec;
-      const float m = __ldcg(r + g.head_dim);
-      const float e = m == -INFINITY ? 0.0f : expf(m - mx);
-      l += __ldcg(r + g.head_dim + 1) * e;
+  float m[2], l[2];
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        const int64_t d = lane + 32 * j;
-        acc[j] += (d < g.head_dim ? __ldcg(r + d) : 0.0f) * e;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t c = lane + 32 * h;
+    m[h] = c < g.n_chunks ? __ldcg(base + c * rec + g.head_dim) : -INFINITY;
+    l[h] = c < g.n_chunks ? __ldcg(base + c * rec + g.head_dim + 1) : 0.0f;
+  }
+  const float mx = warp_max(fmaxf(m[0], m[1]));
+  float sum = 0.0f, acc[DPL] = {};
+  if (mx != -INFINITY) {
+    float e[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) e[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c0 = 32 * h;
+#pragma unroll kMergeUnroll
+      for (int j = 0; j < 32; ++j) {
+        if (c0 + j >= g.n_chunks) break;
+        const float* r = base + (c0 + j) * rec;
+        const float ej = __shfl_sync(0xffffffffu, e[h], j);
+        sum += __shfl_sync(0xffffffffu, l[h], j) * ej;
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) {
+          const int64_t d = lane + 32 * k;
+          acc[k] += (d < g.head_dim ? __ldcg(r + d) : 0.0f) * ej;
+        }
       }
     }
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int j = 0; j < DPL; ++j) {
-    const int64_t d = lane + 32 * j;
-    if (d < g.head_dim) y[d] = acc[j] * inv;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (int k = 0; k < DPL; ++k) {
+    const int64_t d = lane + 32 * k;
+    if (d < g.head_dim) y[d] = acc[k] * inv;
   }
 }
 
 // partial (n_chunks > 1): [n_tokens * n_heads, n_chunks] records of head_dim + 2 floats (acc, m, l);
 // done[blockIdx.x] counts the chunks of its heads whose records are written (zero before the launch, and
 // again after it: the block that finds itself last resets it, then merges).
-template <int DPL, class KV>
-__global__ void __launch_bounds__(kWarps * 32)
+template <int DPL, int G, class KV>
+__global__ void __launch_bounds__(kWarps * 32, 1)
     attention_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
                      const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial,
                      unsigned* done, Geometry g) {
-  pdl_begin();
-  extern __shared__ float shm[];  // kWarps x kGroup x (head_dim + 2)
+  pdl_wait();
+  extern __shared__ float shm[];  // kWarps x G x (head_dim + 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
   const int64_t b = blockIdx.x;
-  const int64_t t = b / (g.n_kv * groups_per_kv), kvh = (b / groups_per_kv) % g.n_kv;
-  const int64_t h0 = kvh * g.group + (b % groups_per_kv) * kGroup;
+  const DivMod bg = divmod(b, groups_per_kv), tk = divmod(bg.q, g.n_kv);
+  const int64_t t = tk.q, kvh = tk.r;
+  const int64_t h0 = kvh * g.group + bg.r * G;
   const int64_t left = kvh * g.group + g.group - h0;  // query heads of this KV head from h0 on
-  const int n_q = static_cast<int>(left < kGroup ? left : kGroup);
+  const int n_q = static_cast<int>(left < G ? left : G);
   const int64_t chunk = blockIdx.y;
 
   const int32_t pos = positions[t];
@@ -108,15 +124,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t span = int64_t{pos} - lo + 1;
   const int64_t c0 = lo + span * chunk / g.n_chunks, c1 = lo + span * (chunk + 1) / g.n_chunks;
 
-  float qv[kGroup][DPL];
-  for (int h = 0; h < kGroup; ++h) {
+  // The loops over the G heads unroll fully (heads past n_q are predicated off), so that the states stay in
+  // registers: a loop that breaks at n_q indexes them at run time, which puts them in local memory.
+  float qv[G][DPL];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
     const float* qr = h < n_q ? q.row_as<const float>(h0 + h + g.n_heads * t) : nullptr;
     for (int j = 0; j < DPL; ++j) {
       const int64_t d = lane + 32 * j;
       qv[h][j] = (qr != nullptr && d < g.head_dim) ? qr[d] * g.scale : 0.0f;
     }
   }
-  State<DPL> st[kGroup];
+  State<DPL> st[G];
   const int64_t row_stride = g.n_kv * g.head_dim;  // between consecutive slots of a block
   // A warp's positions go kPipe at a time: their block-table entries, then all their K/V rows, are loaded
   // before the first is used, so the walk waits on memory once per kPipe positions. They are folded in
@@ -127,7 +146,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < kPipe; ++i) {
       const int64_t p = p0 + kWarps * i;
-      const int64_t slot = p < c1 ? int64_t{table[p / g.block_size]} * g.block_size + p % g.block_size : 0;
+      const DivMod pb = divmod(p, g.block_size);
+      const int64_t slot = p < c1 ? int64_t{table[pb.q]} * g.block_size + pb.r : 0;
       const KV* kr = k_pool + slot * row_stride + kvh * g.head_dim;
       const KV* vr = v_pool + slot * row_stride + kvh * g.head_dim;
 #pragma unroll
@@ -141,8 +161,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < kPipe; ++i) {
       if (p0 + kWarps * i >= c1) break;
-      for (int h = 0; h < kGroup; ++h) {
-        if (h >= n_q) break;
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        if (h >= n_q) continue;
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < DPL; ++j) s += qv[h][j] * kv[i][j];
@@ -158,10 +179,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+  pdl_trigger();  // K and V are read: the next kernel may be scheduled
   // Merge the warps: each writes its states, warp 0 folds them in order.
   const int64_t rec = g.head_dim + 2;
-  for (int h = 0; h < n_q; ++h) {
-    float* r = shm + (warp * kGroup + h) * rec;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    if (h >= n_q) continue;
+    float* r = shm + (warp * G + h) * rec;
     for (int j = 0; j < DPL; ++j) {
       const int64_t d = lane + 32 * j;
       if (d < g.head_dim) r[d] = st[h].acc[j];
@@ -172,7 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int h = 0; h < n_q && warp == 0; ++h) {
     State<DPL> a;
     for (int w = 0; w < kWarps; ++w) {
-      const float* r = shm + (w * kGroup + h) * rec;
+      const float* r = shm + (w * G + h) * rec;
       float acc[DPL];
       for (int j = 0; j < DPL; ++j) {
         const int64_t d = lane + 32 * j;
@@ -216,14 +240,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <int DPL, class KV>
+template <int DPL, int G, class KV>
 cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
                    unsigned* done) {
-  const int64_t groups_per_kv = (g.group + kGroup - 1) / kGroup;
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
                   static_cast<unsigned>(g.n_chunks));
-  const size_t shm = sizeof(float) * kWarps * kGroup * (g.head_dim + 2);
-  auto* kernel = attention_kernel<DPL, KV>;
+  const size_t shm = sizeof(float) * kWarps * G * (g.head_dim + 2);
+  auto* kernel = attention_kernel<DPL, G, KV>;
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
       e != cudaSuccess) {
@@ -237,13 +261,29 @@ cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry&
   return cudaGetLastError();
 }
 
+// Query heads a block: the group's, rounded up to a power of two, at most kGroup.
+inline int heads_per_block(int64_t group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kGroup;
+}
+
+template <int DPL, class KV>
+cudaError_t launch_for_group(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
+                             unsigned* done) {
+  switch (heads_per_block(g.group)) {
+    case 1: return launch<DPL, 1, KV>(ctx, op, g, partial, done);
+    case 2: return launch<DPL, 2, KV>(ctx, op, g, partial, done);
+    case 4: return launch<DPL, 4, KV>(ctx, op, g, partial, done);
+    default: return launch<DPL, kGroup, KV>(ctx, op, g, partial, done);
+  }
+}
+
 template <class KV>
 cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                 float* partial, unsigned* done) {
-  if (g.head_dim <= 32) return launch<1, KV>(ctx, op, g, partial, done);
-  if (g.head_dim <= 64) return launch<2, KV>(ctx, op, g, partial, done);
-  if (g.head_dim <= 128) return launch<4, KV>(ctx, op, g, partial, done);
-  return launch<8, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 32) return launch_for_group<1, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 64) return launch_for_group<2, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 128) return launch_for_group<4, KV>(ctx, op, g, partial, done);
+  return launch_for_group<8, KV>(ctx, op, g, partial, done);
 }
 
 // ---- prefill: a tile of query rows shares every K/V position it reads ----
@@ -268,11 +308,12 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
   if (g.head_dim % kVec == 0 && reinterpret_cast<uintptr_t>(pool) % 16 == 0) {
     const int64_t vecs = g.head_dim / kVec;
     for (int64_t e = threadIdx.x; e < int64_t{n} * vecs; e += blockDim.x) {
-      const int64_t j = e / vecs, d = (e % vecs) * kVec, p = p0 + j;
-      const int32_t blk = table[p / g.block_size];
+      const DivMod jd = divmod(e, vecs);
+      const int64_t j = jd.q, d = jd.r * kVec, p = p0 + j;
+      const DivMod pb = divmod(p, g.block_size);
+      const int32_t blk = table[pb.q];
       if (blk < 0) continue;
-      const KV* src =
-          pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
+      const KV* src = pool + (int64_t{blk} * g.block_size + pb.r) * row_stride + kvh * g.head_dim + d;
       const uint4 v = *reinterpret_cast<const uint4*>(src);
       const KV* vals = reinterpret_cast<const KV*>(&v);
 #pragma unroll
@@ -281,11 +322,12 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
     return;
   }
   for (int64_t e = threadIdx.x; e < int64_t{n} * g.head_dim; e += blockDim.x) {
-    const int64_t j = e / g.head_dim, d = e % g.head_dim, p = p0 + j;
-    const int32_t blk = table[p / g.block_size];
+    const DivMod jd = divmod(e, g.head_dim);
+    const int64_t j = jd.q, d = jd.r, p = p0 + j;
+    const DivMod pb = divmod(p, g.block_size);
+    const int32_t blk = table[pb.q];
     if (blk < 0) continue;
-    chunk[e] =
-        load(pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d);
+    chunk[e] = load(pool + (int64_t{blk} * g.block_size + pb.r) * row_stride + kvh * g.head_dim + d);
   }
 }
 
@@ -468,10 +510,10 @@ __device__ inline void load_chunk_f16(__half* dst, int ld, const KV* pool, const
     const int j = e / kVecs, d = (e % kVecs) * kVec;
     const int32_t p = p0 + j;
     uint4 out = make_uint4(0, 0, 0, 0);
-    const int32_t blk = (p >= lo && p <= hi) ? table[p / g.block_size] : -1;
+    const DivMod pb = divmod(p, g.block_size);
+    const int32_t blk = (p >= lo && p <= hi) ? table[pb.q] : -1;
     if (blk >= 0 && d < g.head_dim) {
-      const KV* src =
-          pool + (int64_t{blk} * g.block_size + p % g.block_size) * row_stride + kvh * g.head_dim + d;
+      const KV* src = pool + (int64_t{blk} * g.block_size + pb.r) * row_stride + kvh * g.head_dim + d;
       if constexpr (sizeof(KV) == 2) {
         out = *reinterpret_cast<const uint4*>(src);
       } else {
@@ -723,15 +765,17 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
     const char* v = std::getenv("KILN_CUDA_ATTN_CHUNK");
     return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{16};
   }();
-  const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + kGroup - 1) / kGroup);
+  const int64_t hpb = heads_per_block(g.group);
+  const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
   const int64_t want = (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
-  g.n_chunks = std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, 64}));
+  g.n_chunks =
+      std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, kMaxChunks}));
   float* partial = nullptr;
   unsigned* done = nullptr;
   if (g.n_chunks > 1) {
     const size_t bytes = sizeof(float) * g.n_tokens * g.n_heads * g.n_chunks * (g.head_dim + 2);
-    partial = static_cast<float*>(ctx.scratch(kSlotAttnPartial, bytes));
+    partial = static_cast<float*>(ctx.scratch(kSlotPartial, bytes));
     done = static_cast<unsigned*>(ctx.scratch(kSlotCounters, sizeof(unsigned) * blocks));
     if (partial == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
   }

@@ -76,6 +76,7 @@ class CudaBackend final : public Backend {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     const char* pdl = std::getenv("KILN_CUDA_PDL");
     ctx_.pdl = major >= 9 && pdl != nullptr && std::string_view(pdl) == "1";
+    ctx_.clusters = major >= 9;
     // KILN_CUDA_INT8=0: quantize_x matmuls of block-quantized weights take the exact GEMV (for comparison).
     const char* int8 = std::getenv("KILN_CUDA_INT8");
     ctx_.int8_gemv = int8 == nullptr || std::string_view(int8) != "0";

@@ -12,14 +12,28 @@
 
 namespace kiln::cuda {
 
+// a / b and a % b for a >= 0 and b > 0, in 32 bits when both fit: a 64-bit division is a long instruction
+// sequence on the GPU, and the small kernels of a decode step are bound by the instructions they issue.
+struct DivMod {
+  int64_t q, r;
+};
+__device__ inline DivMod divmod(int64_t a, int64_t b) {
+  if (((a | b) >> 31) == 0) {
+    const auto ua = static_cast<uint32_t>(a), ub = static_cast<uint32_t>(b), uq = ua / ub;
+    return {int64_t{uq}, int64_t{ua - uq * ub}};
+  }
+  return {a / b, a % b};
+}
+
 // The rows of a tensor view (dims 1..3), as a kernel addresses them: row r of ne[1] * ne[2] * ne[3].
 struct Rows {
   char* data;
   int64_t ne1, ne2;
   int64_t nb1, nb2, nb3;
   __device__ char* row(int64_t r) const {
-    const int64_t i1 = r % ne1, q = r / ne1;
-    return data + i1 * nb1 + (q % ne2) * nb2 + (q / ne2) * nb3;
+    if (r < ne1) return data + r * nb1;  // a 2-D view, or the first ne1 rows of any
+    const DivMod a = divmod(r, ne1), b = divmod(a.q, ne2);
+    return data + a.r * nb1 + b.r * nb2 + b.q * nb3;
   }
   template <class T>
   __device__ T* row_as(int64_t r) const {

@@ -20,6 +20,7 @@ struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   int n_sms = 0;  // multiprocessors of the device
+  bool clusters = false;  // thread-block clusters (sm_90 and newer)
   // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail.
   bool pdl = false;
   // Matmuls under quantize_x may take the integer GEMV (cuda_q8.cuh); else the exact one.
@@ -33,9 +34,10 @@ struct Context {
   void* owner = nullptr;
   void* scratch(int slot, size_t bytes) const { return scratch_fn(owner, slot, bytes); }
 };
-// Slots 0-2: matmul's dequantized weight, converted x and f32 result; 3: attention's split-KV states; 4:
-// counters, zero when allocated and left zero by every kernel that uses them (attention's finished chunks).
-inline constexpr int kSlotAttnPartial = 3, kSlotCounters = 4;
+// Slots 0-2: matmul's dequantized weight, converted x and f32 result; 3: the partial results of work split
+// over blocks (attention's split-KV states, argmax's slices); 4: counters, zero when allocated and left zero
+// by every kernel that uses them (the blocks of split work that are done).
+inline constexpr int kSlotPartial = 3, kSlotCounters = 4;
 inline constexpr int kScratchSlots = 5;
 
 // Matmuls of at most this many x rows take the GEMV kernel (cuda_matmul.cu); more take cuBLAS, except:

@@ -4,27 +4,41 @@
 // many small kernels are made of, and a kernel may start reading what no kernel writes (its weights) before
 // it waits.
 //
-// Contract: a kernel launched with launch_kernel() calls pdl_begin() before it reads or writes any memory
-// that another kernel of the stream writes or reads; before that it may only read memory that stays constant
-// while the stream runs (weights), e.g. prefetch_l2() them. Kernels launched with <<<>>> wait for their
-// predecessor in full, as always.
+// Contract: a kernel launched with launch_kernel() calls pdl_wait() (or pdl_begin()) before it reads or
+// writes any memory that another kernel of the stream writes or reads; before that it may only read memory
+// that stays constant while the stream runs (weights), e.g. prefetch_l2() them. Kernels launched with <<<>>>
+// wait for their predecessor in full, as always.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <utility>
 
 #include "backends/cuda/cuda_kernels.h"
 
 namespace kiln::cuda {
 
-// Waits until every kernel this one depends on has completed and its memory operations are visible, then lets
-// the next kernel on the stream be scheduled. In that order, at most one kernel waits behind a running one:
-// a chain of launched, waiting kernels would hold multiprocessor slots that the running kernel's later blocks
-// need.
-__device__ __forceinline__ void pdl_begin() {
+// Waits until every kernel this one depends on has completed and its memory operations are visible.
+__device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// Lets the next kernel on the stream be scheduled once every block of this one has called it (or ended). Its
+// blocks then start while this kernel's last ones finish, and wait (pdl_wait) for it to complete. Called
+// after pdl_wait, at most one kernel waits behind a running one: a chain of launched, waiting kernels would
+// hold multiprocessor slots that the running kernel's later blocks need. Kernels of several waves call it
+// late (after their main loop), so that the next kernel's blocks do not take slots their own later blocks
+// need.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+// pdl_wait, then pdl_trigger: for kernels of one wave.
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
 }
 
 // Starts bringing the 128-byte line at p into L2 (no register waits for it).
@@ -32,11 +46,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
-// kernel<<<grid, block, smem, ctx.stream>>>(args...), as a programmatic dependent launch when ctx.pdl.
+// kernel<<<grid, block, smem, ctx.stream>>>(args...), as a programmatic dependent launch when ctx.pdl, in
+// thread-block clusters of `cluster` blocks along x when cluster > 1 (grid.x a multiple of it; sm_90 and
+// newer: ctx.clusters).
 template <class... Params, class... Args>
-cudaError_t launch_kernel(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                          Args&&... args) {
-  if (!ctx.pdl) {
+cudaError_t launch_kernel_cluster(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                  size_t smem, unsigned cluster, Args&&... args) {
+  if (!ctx.pdl && cluster <= 1) {
     kernel<<<grid, block, smem, ctx.stream>>>(static_cast<Params>(args)...);
     return cudaPeekAtLastError();  // left set: launchers check cudaGetLastError() after their launches
   }
@@ -45,12 +61,26 @@ cudaError_t launch_kernel(const Context& ctx, void (*kernel)(Params...), dim3 gr
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = ctx.stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (ctx.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {cluster, 1, 1};
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+// kernel<<<grid, block, smem, ctx.stream>>>(args...), as a programmatic dependent launch when ctx.pdl.
+template <class... Params, class... Args>
+cudaError_t launch_kernel(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                          Args&&... args) {
+  return launch_kernel_cluster(ctx, kernel, grid, block, smem, 1u, std::forward<Args>(args)...);
 }
 
 }  // namespace kiln::cuda

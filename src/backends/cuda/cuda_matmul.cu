@@ -23,6 +23,7 @@
 #include <span>
 #include <type_traits>
 
+#include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_q8.cuh"
@@ -40,18 +41,6 @@ constexpr int kPieceThreads = 128;  // threads per block of the elementwise kern
 // Scratch slots of one matmul.
 constexpr int kSlotW = 0, kSlotX = 1, kSlotDst = 2;
 
-// The rows of a tensor (dims 1..3 flattened, as Tensor::flat_row) on the device.
-struct Rows {
-  char* data;
-  int64_t ne1, ne2;
-  int64_t nb1, nb2, nb3;
-  __device__ char* row(int64_t r) const {
-    return data + (r % ne1) * nb1 + ((r / ne1) % ne2) * nb2 + (r / (ne1 * ne2)) * nb3;
-  }
-};
-Rows rows_of(const Tensor& t) {
-  return {static_cast<char*>(t.data), t.ne[1], t.ne[2], t.nb[1], t.nb[2], t.nb[3]};
-}
 // A contiguous [ne0, n_rows] matrix of elements of `elem` bytes.
 Rows packed_rows(void* data, int64_t ne0, int64_t n_rows, int elem) {
   const int64_t ld = ne0 * elem;
@@ -63,7 +52,8 @@ struct Ids {
   const char* data;
   int64_t ne0, nb0, nb1;
   __device__ int32_t operator[](int64_t i) const {
-    return *reinterpret_cast<const int32_t*>(data + (i % ne0) * nb0 + (i / ne0) * nb1);
+    const DivMod d = divmod(i, ne0);
+    return *reinterpret_cast<const int32_t*>(data + d.r * nb0 + d.q * nb1);
   }
 };
 Ids ids_of(const Tensor& t) { return {static_cast<const char*>(t.data), t.ne[0], t.nb[0], t.nb[1]}; }
@@ -145,12 +135,6 @@ __device__ __forceinline__ void load_x8(const float* x, int64_t p, bool vec, flo
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = __ldg(x + 8 * p + j);
   }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-  return v;
 }
 
 // A block's partial dot products: acc[r][c] over the pieces t, t + kGemvThreads, ... of its kRows rows (t =
@@ -343,7 +327,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   }
   const int64_t row0 = static_cast<int64_t>(block) * kRows;
   // The first 2 KiB of each weight row (what the first pass of the threads reads) head for L2 before the wait
-  // for the kernel before (pdl_begin): weights are constant, and under programmatic launch that kernel's tail
+  // for the kernel before (pdl_wait): weights are constant, and under programmatic launch that kernel's tail
   // hides their latency. Expert weights wait for their ids.
   if (a.prefetch && !a.use_ids) {
     const int64_t row_bytes = a.k / Quant<T>::kBlock * Quant<T>::kBytes;
@@ -353,7 +337,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       if (r < part.n) prefetch_l2(part.w + r * part.w_nb1 + (i % lines) * 128);
     }
   }
-  pdl_begin();
+  pdl_wait();
   const int64_t g_step = static_cast<int64_t>(gridDim.y) * a.col_split;
   for (int64_t g = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split; g < a.n_groups;
        g += g_step) {
@@ -368,7 +352,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       XRow x[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        const int64_t i = (q0 + min(c, cols - 1)) / a.x_div;
+        const int64_t i = divmod(q0 + min(c, cols - 1), a.x_div).q;
         x[c] = {a.xq + i * (a.k / 4), a.xds + i * (a.k / 32)};
       }
       if constexpr (kStaged) {
@@ -380,9 +364,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       const float* x[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c)
-        x[c] = reinterpret_cast<const float*>(a.x.row((q0 + min(c, cols - 1)) / a.x_div));
+        x[c] = reinterpret_cast<const float*>(a.x.row(divmod(q0 + min(c, cols - 1), a.x_div).q));
       gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
     }
+    pdl_trigger();  // the weights are read: the next kernel may be scheduled
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -498,7 +483,8 @@ __global__ void quantize_x_kernel(Rows x, int64_t k, int64_t n_rows, int* xq, fl
   const int64_t step = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < total;
        i += step) {
-    const int64_t r = i / per_row, b = i % per_row;
+    const DivMod rb = divmod(i, per_row);
+    const int64_t r = rb.q, b = rb.r;
     const float v = reinterpret_cast<const float*>(x.row(r))[32 * b + lane];
     round_q8(v, reinterpret_cast<int8_t*>(xq + r * (k / 4)) + 32 * b + lane, xds + i);
   }

@@ -1,6 +1,8 @@
 // The row-wise and elementwise ops on CUDA: norms, RoPE, softmax, KV writes, gated activations, add/mul,
 // scale, argmax, MoE routing and mixing. All are bound by memory traffic: one pass over their operands,
 // f32 arithmetic (double for RoPE angles, as the CPU backend), rows addressed through their views' strides.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -18,81 +20,120 @@ constexpr int kThreads = 256;
 
 cudaError_t launched() { return cudaGetLastError(); }
 
-// ---- norms: one block per row ----
+// ---- norms: one row per cluster of blocks ----
+//
+// A row of n elements is cut into slices of `slice` elements (a multiple of 32), one block each; the blocks
+// of a row form a thread-block cluster (sm_90 and newer; elsewhere one block takes the whole row). Each block
+// reads and writes only its own slice, so a norm may write in place; the slices' sums of squares meet through
+// distributed shared memory, in rank order. A single row (decode) then runs on several multiprocessors: its
+// cost is in the instructions each thread issues, not in bytes. The slicing depends on n alone, so a row gets
+// the same bits alone or in a batch, fused with the residual add or not.
 
-// One row of RMSNorm by the whole block. Each thread reads only the elements i = threadIdx.x + k *
-// blockDim.x, so a caller may have written them just before (add_rms_norm_kernel) without a barrier.
-// xq / xds (optional; n a multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the
-// integer GEMV, as quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values.
-__device__ inline void rms_norm_row(const float* xr, char* yr, Store st, const float* w, int64_t n, float eps,
-                                    float w_add, float* red, int8_t* xq = nullptr, float2* xds = nullptr) {
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss, red);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float g = w != nullptr ? w[i] + w_add : 1.0f;
-    const float v = xr[i] * inv * g;
-    store(st, yr, i, v);
-    if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
-  }
-}
-
-// Rows of up to kRowRegs elements a thread (8192 at 1024 threads) are held in registers: element threadIdx.x
-// + k * blockDim.x in slot k. All of a row's loads are issued before its first store (a store between them
-// would make each load wait for the one before: the compiler cannot tell they do not alias), so a row costs
-// one memory round trip instead of one a slot. Same sums in the same order as rms_norm_row, so the same bits.
+// Up to kRowRegs elements a thread are held in registers: element lo + threadIdx.x + k * blockDim.x in slot
+// k. All of a slice's loads are issued before its first store (a store between them would make each load wait
+// for the one before: the compiler cannot tell they do not alias).
 constexpr int kRowRegs = 8;
+constexpr int kNormMaxCluster = 8;  // the portable cluster size
+constexpr int64_t kNormMinSlice = 512;
 
-__device__ inline bool row_in_regs(int64_t n) { return n <= int64_t{kRowRegs} * blockDim.x; }
-
-__device__ inline void load_row(const float* p, int64_t n, float (&v)[kRowRegs]) {
-#pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) {
-    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
-    v[k] = i < n ? p[i] : 0.0f;
-  }
+// The sum over the cluster's blocks, in rank order, of each block's sum of v; every thread gets it. `part`
+// is one float of shared memory; the block synchronises.
+__device__ inline float cluster_sum(float v, float* red, float* part) {
+  v = block_sum(v, red);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  const unsigned n = cl.num_blocks();
+  if (n == 1) return v;
+  if (threadIdx.x == 0) *part = v;
+  cl.sync();
+  float s = 0.0f;
+  for (unsigned j = 0; j < n; ++j) s += *cl.map_shared_rank(part, j);
+  cl.sync();  // every block has read the others' parts before one overwrites its own or exits
+  return s;
+#else
+  (void)part;
+  return v;
+#endif
 }
-__device__ inline void load_norm_weight(const float* w, float w_add, int64_t n, float (&g)[kRowRegs]) {
-#pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) {
-    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
-    g[k] = w != nullptr && i < n ? w[i] + w_add : 1.0f;
-  }
+
+// The slice [lo, hi) of a row: whose slot k holds element i = lo + threadIdx.x + k * blockDim.x.
+struct Slice {
+  int64_t lo, hi;
+  __device__ int64_t at(int k) const { return lo + threadIdx.x + int64_t{k} * blockDim.x; }
+  __device__ bool in_regs() const { return hi - lo <= int64_t{kRowRegs} * blockDim.x; }
+};
+// The block's slice of row r: the cluster's rank (blockIdx.x % cluster size) picks it.
+__device__ inline Slice slice_of(int64_t n, int64_t slice) {
+  const int64_t lo = (blockIdx.x % ((n + slice - 1) / slice)) * slice;
+  return {lo, min(n, lo + slice)};
 }
 
-// rms_norm_row of the row x (slots as above), with the weight g loaded (load_norm_weight).
-__device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g)[kRowRegs], char* yr,
-                                     Store st, int64_t n, float eps, float* red, int8_t* xq, float2* xds) {
+__device__ inline void load_slice(const float* p, const Slice& s, float (&v)[kRowRegs]) {
+#pragma unroll
+  for (int k = 0; k < kRowRegs; ++k) v[k] = s.at(k) < s.hi ? p[s.at(k)] : 0.0f;
+}
+__device__ inline void load_norm_weight(const float* w, float w_add, const Slice& s, float (&g)[kRowRegs]) {
+#pragma unroll
+  for (int k = 0; k < kRowRegs; ++k) g[k] = w != nullptr && s.at(k) < s.hi ? w[s.at(k)] + w_add : 1.0f;
+}
+
+// dst slice = x * inv_rms * g, the row's sum of squares taken over the cluster. xq / xds (optional; n a
+// multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
+// quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values.
+__device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g)[kRowRegs], const Slice& s,
+                                     char* yr, Store st, int64_t n, float eps, float* red, float* part,
+                                     int8_t* xq, float2* xds) {
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) {
-    if (threadIdx.x + int64_t{k} * blockDim.x < n) ss += x[k] * x[k];
-  }
-  ss = block_sum(ss, red);
+  for (int k = 0; k < kRowRegs; ++k) ss += x[k] * x[k];  // zero past the slice
+  ss = cluster_sum(ss, red, part);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
   for (int k = 0; k < kRowRegs; ++k) {
-    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
-    if (i >= n) break;
+    const int64_t i = s.at(k);
+    if (i >= s.hi) break;
     const float v = x[k] * inv * g[k];
     store(st, yr, i, v);
     if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
   }
 }
+// The same for slices longer than the registers hold: x read twice (a caller may have written it just
+// before: each thread reads only the elements it wrote).
+__device__ inline void rms_norm_loop(const float* xr, const Slice& s, char* yr, Store st, const float* w,
+                                     int64_t n, float eps, float w_add, float* red, float* part, int8_t* xq,
+                                     float2* xds) {
+  float ss = 0.0f;
+  for (int64_t i = s.lo + threadIdx.x; i < s.hi; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = cluster_sum(ss, red, part);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int64_t i = s.lo + threadIdx.x; i < s.hi; i += blockDim.x) {
+    const float v = xr[i] * inv * (w != nullptr ? w[i] + w_add : 1.0f);
+    store(st, yr, i, v);
+    if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
+  }
+}
 
-__global__ void __launch_bounds__(1024) rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n,
-                                                        float eps, float w_add, int64_t n_rows) {
+// Rows r = blockIdx.x / cluster, ... (every block of a cluster walks the same rows).
+__device__ inline int64_t first_row(int64_t n, int64_t slice) {
+  return blockIdx.x / ((n + slice - 1) / slice);
+}
+__device__ inline int64_t row_step(int64_t n, int64_t slice) { return gridDim.x / ((n + slice - 1) / slice); }
+
+__global__ void __launch_bounds__(1024)
+    rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
+                    int64_t n_rows, int64_t slice) {
   pdl_begin();
-  __shared__ float red[32];
-  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
-    if (row_in_regs(n)) {
+  __shared__ float red[32], part;
+  const Slice s = slice_of(n, slice);
+  for (int64_t r = first_row(n, slice); r < n_rows; r += row_step(n, slice)) {
+    const float* xr = x.row_as<const float>(r);
+    if (s.in_regs()) {
       float v[kRowRegs], g[kRowRegs];
-      load_row(x.row_as<const float>(r), n, v);
-      load_norm_weight(w, w_add, n, g);
-      rms_norm_regs(v, g, dst.row(r), st, n, eps, red, nullptr, nullptr);
+      load_slice(xr, s, v);
+      load_norm_weight(w, w_add, s, g);
+      rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, &part, nullptr, nullptr);
     } else {
-      rms_norm_row(x.row_as<const float>(r), dst.row(r), st, w, n, eps, w_add, red);
+      rms_norm_loop(xr, s, dst.row(r), st, w, n, eps, w_add, red, &part, nullptr, nullptr);
     }
   }
 }
@@ -131,29 +172,42 @@ __device__ inline void rope_table(float2* cs_sn, const ops::RopeParams& p, const
   }
 }
 
-// Element i of a head's n_rot / 2 pairs and head_dim - n_rot pass-through dims: rotates pair i (or copies
-// dim n_rot + i - n_rot / 2) of xr into yr, and hands each element written to out(dim, value). Every RoPE
-// kernel goes through here, so fused and unfused RoPE round alike.
-template <class Out>
-__device__ inline void rope_element(const float* xr, float* yr, int64_t i, const float2* cs_sn,
-                                    const ops::RopeParams& p, Out out) {
+// Element i of a head's n_rot / 2 pairs and head_dim - n_rot pass-through dims: pair i (dims a and b) or
+// pass-through dim a = n_rot + i - n_rot / 2 (b < 0), with the values read from the head's row.
+struct RopeIn {
+  int64_t a, b;
+  float xa, xb;
+};
+__device__ inline RopeIn rope_load(const float* xr, int64_t i, const ops::RopeParams& p) {
   const int32_t half = p.n_rot / 2;
   if (i >= half) {
     const int64_t d = p.n_rot + (i - half);
-    const float v = xr[d];
-    yr[d] = v;
-    out(d, v);
-    return;
+    return {d, -1, xr[d], 0.0f};
   }
   const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
-  const float cs = cs_sn[i].x, sn = cs_sn[i].y;
   const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
-  const float xa = xr[a], xb = xr[b];
-  const float ya = xa * cs - xb * sn, yb = xa * sn + xb * cs;
-  yr[a] = ya;
-  yr[b] = yb;
-  out(a, ya);
-  out(b, yb);
+  return {a, b, xr[a], xr[b]};
+}
+// Rotates element i (read by rope_load) into yr, and hands each element written to out(dim, value). Every
+// RoPE kernel goes through here, so fused and unfused RoPE round alike.
+template <class Out>
+__device__ inline void rope_store(const RopeIn& x, float* yr, int64_t i, const float2* cs_sn, Out out) {
+  if (x.b < 0) {
+    yr[x.a] = x.xa;
+    out(x.a, x.xa);
+    return;
+  }
+  const float cs = cs_sn[i].x, sn = cs_sn[i].y;
+  const float ya = x.xa * cs - x.xb * sn, yb = x.xa * sn + x.xb * cs;
+  yr[x.a] = ya;
+  yr[x.b] = yb;
+  out(x.a, ya);
+  out(x.b, yb);
+}
+template <class Out>
+__device__ inline void rope_element(const float* xr, float* yr, int64_t i, const float2* cs_sn,
+                                    const ops::RopeParams& p, Out out) {
+  rope_store(rope_load(xr, i, p), yr, i, cs_sn, out);
 }
 
 __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const float* factors,
@@ -166,7 +220,8 @@ __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const fl
     rope_table(cs_sn, p, factors, positions[t]);
     __syncthreads();
     for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
-      const int64_t h = c / per_head, i = c % per_head, row = h + n_heads * t;
+      const DivMod hi = divmod(c, per_head);
+      const int64_t h = hi.q, i = hi.r, row = h + n_heads * t;
       rope_element(x.row_as<const float>(row), dst.row_as<float>(row), i, cs_sn, p, [](int64_t, float) {});
     }
   }
@@ -195,35 +250,70 @@ __device__ inline bool better(float v, int64_t i, float bv, int64_t bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-__global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows) {
-  pdl_begin();
+// One block's best (value, index) of the elements [lo, hi) of xr (bi = n: none), and whether any is a NaN
+// or +inf; the block's thread 0 holds the result.
+struct Best {
+  float v;
+  int bad;  // 0 or 1
+  int64_t i;
+};
+__device__ inline void take(Best& a, float v, int64_t i, int64_t n) {
+  if (i != n && (a.i == n || better(v, i, a.v, a.i))) a.v = v, a.i = i;
+}
+__device__ Best block_argmax(const float* xr, int64_t lo, int64_t hi, int64_t n) {
   __shared__ float sv[32];
   __shared__ int64_t si[32];
+  Best b{-INFINITY, 0, n};
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const float v = xr[i];
+    b.bad = b.bad || isnan(v) || v == INFINITY ? 1 : 0;
+    take(b, v, i, n);
+  }
+  b.bad = __syncthreads_or(b.bad) != 0 ? 1 : 0;
+  for (int o = 16; o > 0; o >>= 1) {
+    take(b, __shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o), n);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) sv[warp] = b.v, si[warp] = b.i;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) take(b, sv[w], si[w], n);
+  }
+  __syncthreads();  // sv / si are free for the next call
+  return b;
+}
+
+// Row r's elements in gridDim.y slices, a block each. With one slice the block writes out[r]; with several
+// each writes its best to part[r * slices + slice], then counts itself done (done[r]: zero before the launch
+// and after it), and the last of them takes the best of all slices. The order of (value, index) is total,
+// so the result does not depend on which block is last.
+__global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows, Best* part, unsigned* done) {
+  pdl_begin();
+  const int64_t slices = gridDim.y, len = (n + slices - 1) / slices;
+  const int64_t lo = blockIdx.y * len, hi = min(n, lo + len);
+  __shared__ bool last;
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
-    const float* xr = x.row_as<const float>(r);
-    float bv = -INFINITY;
-    int64_t bi = n;    // none yet
-    bool bad = false;  // a NaN or +inf: no token to take (ops.h)
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      bad = bad || isnan(xr[i]) || xr[i] == INFINITY;
-      if (bi == n || better(xr[i], i, bv, bi)) bv = xr[i], bi = i;
-    }
-    bad = __syncthreads_or(bad);
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi != n && (bi == n || better(ov, oi, bv, bi))) bv = ov, bi = oi;
-    }
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    __syncthreads();
-    if (lane == 0) sv[warp] = bv, si[warp] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
-        if (si[w] != n && (bi == n || better(sv[w], si[w], bv, bi))) bv = sv[w], bi = si[w];
+    Best b = block_argmax(x.row_as<const float>(r), lo, hi, n);
+    if (slices > 1) {
+      if (threadIdx.x == 0) {
+        part[r * slices + blockIdx.y] = b;
+        __threadfence();
+        last = atomicAdd(done + r, 1u) == static_cast<unsigned>(slices - 1);
+        if (last) done[r] = 0;  // for the next launch (a graph replays this one)
       }
-      out[r] = bad || bv == -INFINITY ? -1 : static_cast<int32_t>(bi);
+      __syncthreads();
+      if (!last) continue;
+      if (threadIdx.x == 0) {
+        __threadfence();
+        for (int64_t s = 0; s < slices; ++s) {  // written by other blocks: read past L1
+          const Best* o = part + r * slices + s;
+          const auto oi = static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(&o->i)));
+          take(b, __ldcg(&o->v), oi, n);
+          b.bad |= __ldcg(&o->bad);
+        }
+      }
     }
+    if (threadIdx.x == 0) out[r] = b.bad || b.v == -INFINITY ? -1 : static_cast<int32_t>(b.i);
   }
 }
 
@@ -246,7 +336,8 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::Gl
   pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = e / n, i = e % n;
+    const DivMod ri = divmod(e, n);
+    const int64_t r = ri.q, i = ri.r;
     const float g = gate.row_as<const float>(r)[broadcast ? 0 : i];
     const float v = glu(kind, g) * up.row_as<const float>(r)[i];
     store(st, dst.row(r), i, v);
@@ -259,7 +350,8 @@ __global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool
   pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = e / n, i = e % n;
+    const DivMod ri = divmod(e, n);
+    const int64_t r = ri.q, i = ri.r;
     const float av = a.row_as<const float>(r)[i], bv = b.row_as<const float>(b_one_row ? 0 : r)[i];
     store(st, dst.row(r), i, mul ? av * bv : av + bv);
   }
@@ -269,7 +361,8 @@ __global__ void scale_kernel(Rows x, Rows dst, float s, int64_t n, int64_t total
   pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = e / n, i = e % n;
+    const DivMod ri = divmod(e, n);
+    const int64_t r = ri.q, i = ri.r;
     dst.row_as<float>(r)[i] = x.row_as<const float>(r)[i] * s;
   }
 }
@@ -293,8 +386,8 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
   pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t d = e % head_dim, row = e / head_dim;  // row = h + n_kv * t
-    const int64_t h = row % n_kv, t = row / n_kv;
+    const DivMod rd = divmod(e, head_dim), th = divmod(rd.q, n_kv);  // row rd.q = h + n_kv * t
+    const int64_t d = rd.r, row = rd.q, h = th.r, t = th.q;
     // Pools are [head_dim, n_kv, block_size, n_blocks], contiguous: slot s is row s * n_kv + h.
     const int64_t at = (int64_t{slots[t]} * n_kv + h) * head_dim + d;
     put<KT>(k_pool, at, k.row_as<const float>(row)[d]);
@@ -320,59 +413,75 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
   const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);
   const int64_t h_lo = blockIdx.y * heads_per_split, h_hi = min(h_lo + heads_per_split, n_heads + n_kv);
   const int64_t v_lo = max(h_lo - n_heads, int64_t{0}), v_hi = max(h_hi - n_heads, int64_t{0});
+  const int64_t n_items = per_head * (h_hi - h_lo), n_v = head_dim * (v_hi - v_lo);
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    // Item c of the block: element i of head h (q's heads, then k's) and its row.
+    auto item = [&](int64_t c) {
+      const DivMod hi = divmod(c, per_head);
+      const int64_t h = h_lo + hi.q;
+      const int64_t row = h < n_heads ? h + n_heads * t : h - n_heads + n_kv * t;
+      return RopeIn{rope_load((h < n_heads ? q : k).row_as<const float>(row), hi.r, p)};
+    };
+    auto v_at = [&](int64_t e) {
+      const DivMod hd = divmod(e, head_dim);
+      return v.row_as<const float>(v_lo + hd.q + n_kv * t)[hd.r];
+    };
+    // The thread's first item and v element are read before the table is computed, which hides their
+    // latency (decode: a thread has one of each).
+    const RopeIn first = threadIdx.x < n_items ? item(threadIdx.x) : RopeIn{};
+    const float first_v = threadIdx.x < n_v ? v_at(threadIdx.x) : 0.0f;
+    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
     __syncthreads();
     rope_table(cs_sn, p, factors, positions[t]);
     __syncthreads();
-    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
-    for (int64_t c = threadIdx.x; c < per_head * (h_hi - h_lo); c += blockDim.x) {
-      const int64_t h = h_lo + c / per_head, i = c % per_head;
+    for (int64_t c = threadIdx.x; c < n_items; c += blockDim.x) {
+      const RopeIn x = c == threadIdx.x ? first : item(c);
+      const DivMod hi = divmod(c, per_head);
+      const int64_t h = h_lo + hi.q, i = hi.r;
       if (h < n_heads) {
-        const int64_t row = h + n_heads * t;
-        rope_element(q.row_as<const float>(row), q_dst.row_as<float>(row), i, cs_sn, p,
-                     [](int64_t, float) {});
+        rope_store(x, q_dst.row_as<float>(h + n_heads * t), i, cs_sn, [](int64_t, float) {});
       } else {
-        const int64_t hk = h - n_heads, row = hk + n_kv * t;
+        const int64_t hk = h - n_heads;
         KT* pool = static_cast<KT*>(k_pool) + (slot_row + hk) * head_dim;
-        rope_element(k.row_as<const float>(row), k_dst.row_as<float>(row), i, cs_sn, p,
-                     [&](int64_t d, float val) { put<KT>(pool, d, val); });
+        rope_store(x, k_dst.row_as<float>(hk + n_kv * t), i, cs_sn,
+                   [&](int64_t d, float val) { put<KT>(pool, d, val); });
       }
     }
-    for (int64_t e = threadIdx.x; e < head_dim * (v_hi - v_lo); e += blockDim.x) {
-      const int64_t h = v_lo + e / head_dim, d = e % head_dim;
-      put<VT>(v_pool, (slot_row + h) * head_dim + d, v.row_as<const float>(h + n_kv * t)[d]);
+    for (int64_t e = threadIdx.x; e < n_v; e += blockDim.x) {
+      const DivMod hd = divmod(e, head_dim);
+      put<VT>(v_pool, (slot_row + v_lo + hd.q) * head_dim + hd.r, e == threadIdx.x ? first_v : v_at(e));
     }
   }
 }
 
-// sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (same block size, so the same reduction order).
-// xq / xds: see rms_norm_row; row r's go at xq + r * n and xds + r * n / 32.
+// sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
+// xq / xds: see rms_norm_regs; row r's go at xq + r * n and xds + r * n / 32.
 __global__ void __launch_bounds__(1024)
     add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
-                        float w_add, int64_t n_rows, int8_t* xq, float2* xds) {
+                        float w_add, int64_t n_rows, int64_t slice, int8_t* xq, float2* xds) {
   pdl_begin();
-  __shared__ float red[32];
-  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+  __shared__ float red[32], part;
+  const Slice s = slice_of(n, slice);
+  for (int64_t r = first_row(n, slice); r < n_rows; r += row_step(n, slice)) {
     const float* ar = a.row_as<const float>(r);
     const float* br = b.row_as<const float>(r);
     float* sr = sum.row_as<float>(r);
     int8_t* q = xq != nullptr ? xq + r * n : nullptr;
     float2* ds = xds != nullptr ? xds + r * (n / 32) : nullptr;
-    if (row_in_regs(n)) {
+    if (s.in_regs()) {
       float va[kRowRegs], vb[kRowRegs], g[kRowRegs];
-      load_row(ar, n, va);
-      load_row(br, n, vb);
-      load_norm_weight(w, w_add, n, g);
+      load_slice(ar, s, va);
+      load_slice(br, s, vb);
+      load_norm_weight(w, w_add, s, g);
 #pragma unroll
       for (int k = 0; k < kRowRegs; ++k) {
-        const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
         va[k] += vb[k];
-        if (i < n) sr[i] = va[k];
+        if (s.at(k) < s.hi) sr[s.at(k)] = va[k];
       }
-      rms_norm_regs(va, g, dst.row(r), st, n, eps, red, q, ds);
+      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, &part, q, ds);
     } else {
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sr[i] = ar[i] + br[i];
-      rms_norm_row(sr, dst.row(r), st, w, n, eps, w_add, red, q, ds);
+      for (int64_t i = s.lo + threadIdx.x; i < s.hi; i += blockDim.x) sr[i] = ar[i] + br[i];
+      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, &part, q, ds);
     }
   }
 }
@@ -412,7 +521,8 @@ __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t
   pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t t = e / n, i = e % n;
+    const DivMod ti = divmod(e, n);
+    const int64_t t = ti.q, i = ti.r;
     const float* wt = w.row_as<const float>(t);
     float acc = 0.0f;
     for (int64_t s = 0; s < n_slots; ++s) acc += wt[s] * y.row_as<const float>(s + n_slots * t)[i];
@@ -420,13 +530,35 @@ __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t
   }
 }
 
+// How a norm of rows of n elements is cut (see the norms above): slices of at least kNormMinSlice elements,
+// as many as kNormMaxCluster, one block of `threads` each, a cluster a row; one block a row before sm_90.
+struct NormShape {
+  int64_t slice;
+  unsigned cluster;
+  dim3 grid;
+  int threads;
+};
+NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
+  const int64_t want =
+      ctx.clusters ? std::clamp<int64_t>((n + kNormMinSlice - 1) / kNormMinSlice, 1, kNormMaxCluster) : 1;
+  const int64_t slice = want == 1 ? n : ((n + want - 1) / want + 31) / 32 * 32;
+  const auto cluster = static_cast<unsigned>((n + slice - 1) / slice);
+  // Threads: enough for the slice to fit kRowRegs slots (at least 128, at most 1024).
+  const int threads = std::max(128, row_threads((slice + kRowRegs - 1) / kRowRegs));
+  const int64_t max_rows = int64_t{0x7fffffff} / cluster;
+  const auto row_blocks = static_cast<unsigned>(std::clamp<int64_t>(rows, 1, max_rows));
+  return {slice, cluster, dim3(row_blocks * cluster), threads};
+}
+
 }  // namespace
 
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  (void)launch_kernel(ctx, rms_norm_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
-                      rows_of(op.dst), store_of(op.dst.type), static_cast<const float*>(op.w.tensor.data), n,
-                      op.eps, op.add_one ? 1.0f : 0.0f, rows);
+  const NormShape sh = norm_shape(ctx, n, rows);
+  (void)launch_kernel_cluster(ctx, rms_norm_kernel, sh.grid, sh.threads, 0, sh.cluster, rows_of(op.x),
+                              rows_of(op.dst), store_of(op.dst.type),
+                              static_cast<const float*>(op.w.tensor.data), n, op.eps,
+                              op.add_one ? 1.0f : 0.0f, rows, sh.slice);
   return launched();
 }
 
@@ -457,8 +589,21 @@ cudaError_t softmax(const Context& ctx, const ops::Softmax& op) {
 
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  (void)launch_kernel(ctx, argmax_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
-                      static_cast<int32_t*>(op.out.data), n, rows);
+  // A few long rows (a vocabulary's logits, a token or a few decoding) are split over the multiprocessors, at
+  // least kArgmaxMinSlice elements a block.
+  constexpr int64_t kArgmaxMinSlice = 4096;
+  const int64_t slices = std::clamp<int64_t>(
+      std::min<int64_t>(ctx.n_sms / std::max<int64_t>(rows, 1), n / kArgmaxMinSlice), 1, 64);
+  Best* part = nullptr;
+  unsigned* done = nullptr;
+  if (slices > 1) {
+    part = static_cast<Best*>(ctx.scratch(kSlotPartial, sizeof(Best) * rows * slices));
+    done = static_cast<unsigned*>(ctx.scratch(kSlotCounters, sizeof(unsigned) * rows));
+    if (part == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
+  }
+  const dim3 grid(grid_for(rows, 1), static_cast<unsigned>(slices));
+  (void)launch_kernel(ctx, argmax_kernel, grid, row_threads(slices > 1 ? n / slices : n), 0, rows_of(op.x),
+                      static_cast<int32_t*>(op.out.data), n, rows, part, done);
   return launched();
 }
 
@@ -547,10 +692,12 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm, int* xq,
                          float2* xds) {
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
-  (void)launch_kernel(ctx, add_rms_norm_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(add.a),
-                      rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
-                      static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f,
-                      rows, reinterpret_cast<int8_t*>(xq), xds);
+  const NormShape sh = norm_shape(ctx, n, rows);
+  (void)launch_kernel_cluster(ctx, add_rms_norm_kernel, sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a),
+                              rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst),
+                              store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n,
+                              norm.eps, norm.add_one ? 1.0f : 0.0f, rows, sh.slice,
+                              reinterpret_cast<int8_t*>(xq), xds);
   return launched();
 }
 
