@@ -1,10 +1,13 @@
-// The CPU backend's ISA level: names, the KILN_CPU_ISA override and its errors.
+// The CPU backend's ISA level: names, the KILN_CPU_ISA override and its errors; which weights a level keeps
+// in its own memory and layout.
 #include "backends/cpu/cpu_isa.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "backends/backend.h"
 
@@ -70,6 +73,69 @@ TEST(CpuIsa, EnvironmentForcesALevel) {
   BackendOptions options;
   options.cpu_isa = "scalar";
   EXPECT_TRUE(make_backend("cpu", options).ok());
+}
+
+// Product weights are repacked at load at every level but scalar (the op harness then holds the packed
+// kernels to the references through prepared weights: this is what makes those cases reach them), with the
+// layout's size; other roles, the scalar level and KILN_CPU_REPACK=0 keep the file's layout.
+TEST(CpuIsa, ProductWeightsArePackedAboveScalar) {
+  const int64_t k = 64, n = 37;  // 3 groups of 16 rows, the last one 5 rows
+  std::vector<uint8_t> bytes(static_cast<size_t>(k * n * 4), 0x3c);
+  for (const bool repack : {true, false}) {
+    ScopedEnv env("KILN_CPU_REPACK", repack ? "1" : "0");
+    for (CpuIsa isa : cpu::kCpuIsaLevels) {
+      if (!cpu::cpu_isa_supported(isa)) continue;
+      BackendOptions options;
+      options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+      options.n_threads = 2;
+      Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
+      ASSERT_TRUE(b.ok());
+      const bool packs = repack && isa != CpuIsa::cpu_isa_scalar;
+      for (DType type : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_k}) {
+        const Tensor w = make_tensor(type, bytes.data(), type == DType::q4_k ? 256 : k, n);
+        for (WeightRole role : {WeightRole::weight_role_matmul, WeightRole::weight_role_expert_matmul,
+                                WeightRole::weight_role_tied_embedding, WeightRole::weight_role_embedding}) {
+          Result<std::unique_ptr<WeightHandle>> h = (*b)->prepare_weight(w, "w", role);
+          ASSERT_TRUE(h.ok());
+          const bool want = packs && role != WeightRole::weight_role_embedding;
+          EXPECT_EQ((*h)->prepared != nullptr, want)
+              << cpu::cpu_isa_name(isa) << " " << dtype_name(type) << " " << weight_role_name(role)
+              << " KILN_CPU_REPACK=" << repack;
+          EXPECT_EQ((*h)->weight.prepared, (*h)->prepared.get());
+          if (want && dtype_info(type).block_size == 1) {  // [k][16] elements a group, 64-byte aligned
+            const int64_t group = (k * 16 * static_cast<int64_t>(dtype_info(type).type_size) + 63) / 64 * 64;
+            EXPECT_EQ((*h)->prepared->bytes(), static_cast<size_t>(3 * group)) << dtype_name(type);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The vectors a step reads (norms, biases, rope factors) are copied at load, the same bytes (the loader then
+// hands their file pages back: a step reads no page of the file).
+TEST(CpuIsa, VectorWeightsAreCopied) {
+  std::vector<float> v(37);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  const Tensor logical = make_tensor(DType::f32, v.data(), 37);
+  for (CpuIsa isa : cpu::kCpuIsaLevels) {
+    if (!cpu::cpu_isa_supported(isa)) continue;
+    BackendOptions options;
+    options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+    Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
+    ASSERT_TRUE(b.ok());
+    for (WeightRole role :
+         {WeightRole::weight_role_norm, WeightRole::weight_role_bias, WeightRole::weight_role_rope_factors}) {
+      Result<std::unique_ptr<WeightHandle>> h = (*b)->prepare_weight(logical, "v", role);
+      ASSERT_TRUE(h.ok());
+      const Tensor& t = (*h)->weight.tensor;
+      ASSERT_NE((*h)->storage, nullptr) << weight_role_name(role);
+      EXPECT_NE(t.data, logical.data) << weight_role_name(role);
+      EXPECT_EQ(t.type, DType::f32);
+      EXPECT_EQ(t.ne, logical.ne);
+      EXPECT_EQ(std::memcmp(t.data, v.data(), v.size() * sizeof(float)), 0) << weight_role_name(role);
+    }
+  }
 }
 
 TEST(CpuIsa, ALevelBeyondThisCpuIsRefused) {

@@ -631,6 +631,61 @@ TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
   }
 }
 
+// The float products (f32 / f16 / bf16 weights; quantize_x does not apply to them) on batches large enough
+// for every tile shape of the packed kernel (1..8 x rows, 1..6 groups of 16 rows a call; 21 groups over 3
+// threads: runs of 7), held to the reference; a token's row of dst the same bits alone, with one other token
+// or in any part of the batch (x rows strided); and on the packed layout the same bits at every level that
+// packs, since each product is one FMA chain over k in order.
+TEST(OpHarness, MatmulFloatIsBatchInvariant) {
+  Rng rng(16);
+  for (DType type : {DType::f32, DType::f16, DType::bf16}) {
+    for (const int64_t k : {257, 64, 7}) {
+      const int64_t n = 329, m = 21;  // 20 groups of 16 rows and one of 9
+      const Host w = make_weights(type, k, n, 0, rng);
+      const Host x = make_f32(Layout::strided, k, m, 1, &rng);
+      Host want = dense(n, m, 1, nullptr);
+      ref::run(Matmul{w.t, x.t, want.t, false});
+      const std::vector<float> ref_values = gather(want.t);
+      std::vector<float> packed_bits;  // the batch on the packed layout at the first level that packs
+      for (const NamedBackend& nb : backends()) {
+        if (!nb.host_visible) continue;
+        Result<std::unique_ptr<WeightHandle>> h =
+            nb.backend->prepare_weight(w.t, "w", WeightRole::weight_role_matmul);
+        ASSERT_TRUE(h.ok());
+        for (const bool prepared : {false, true}) {
+          if (prepared && (*h)->prepared == nullptr) continue;  // this level keeps the file's layout
+          const ops::Weight wt = prepared ? (*h)->weight : ops::Weight(w.t);
+          const std::string label =
+              fmt::format("{}{} {} k {}", nb.name, prepared ? " (prepared weight)" : "", dtype_name(type), k);
+          const Host batch = dense(n, m, 1, nullptr);
+          ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t, false}).ok());
+          const std::vector<float> got = gather(batch.t);
+          EXPECT_LE(compare(got, ref_values, kMatmul.ref_rms_floor).rel_l2, kMatmul.limit) << label;
+          if (prepared && packed_bits.empty()) {
+            packed_bits = got;
+          } else if (prepared) {
+            EXPECT_EQ(std::memcmp(got.data(), packed_bits.data(), got.size() * sizeof(float)), 0)
+                << label << ": the packed products differ from the first packing level's";
+          }
+          for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, int64_t{13}}) {
+            for (int64_t i = 0; i + rows <= m; i += rows) {
+              Tensor xi = x.t;  // rows i .. i + rows - 1 of x, strided as x
+              xi.data = x.t.row(i);
+              xi.ne[1] = rows;
+              const Host alone = dense(n, rows, 1, nullptr);
+              ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t, false}).ok());
+              EXPECT_EQ(
+                  std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)), 0)
+                  << label << ": rows " << i << ".." << i + rows - 1
+                  << " alone differ from the same rows in a batch of " << m;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(OpHarness, GetRows) {
   Rng rng(2);
   for (DType type : kWeightTypes) {

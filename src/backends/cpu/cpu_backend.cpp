@@ -77,9 +77,10 @@ class CpuBackend final : public Backend {
     return Status::ok_status();
   }
   Status synchronize() override { return Status::ok_status(); }  // every call above has finished on return
-  // Weights are read in place, from the mapped file; the matrices of block-quantized types are also repacked
-  // (cpu_pack.h) when this level has a packed kernel, for the products of quantize_x matmuls
-  // (KILN_CPU_REPACK=0: not). The exact path and get_rows keep reading the file's bytes.
+  // Weights are read in place, from the mapped file, unless this level has a packed kernel for their type
+  // (KILN_CPU_REPACK=0: none is used): then the product matrices are repacked (cpu_pack.h), those of
+  // block-quantized types for quantize_x matmuls (the exact path keeps reading their file blocks), the
+  // f32 / f16 / bf16 ones for every matmul; a tied table's rows come from its packed copy.
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
     auto h = std::make_unique<WeightHandle>();
@@ -96,11 +97,29 @@ class CpuBackend final : public Backend {
         h->prepared = std::move(packed);
       }
     }
+    const bool vector = role == WeightRole::weight_role_norm || role == WeightRole::weight_role_bias ||
+                        role == WeightRole::weight_role_rope_factors;
+    if (vector && h->prepared == nullptr) KILN_TRY(copy_to_storage(*h));
     return h;
   }
   int n_threads() const override { return pool_.n_threads(); }
 
  private:
+  // The weight's bytes copied into memory of this backend, contiguous, and the ops pointed at the copy. For
+  // the small vectors (norms, biases, rope factors) that every step reads: the loader then hands their file
+  // pages back, and a step reads no file page at all once the product weights are packed (where the page
+  // cache holds the file in 2 MiB folios, one read of a 2 KiB norm maps a whole folio into the process).
+  Status copy_to_storage(WeightHandle& h) {
+    const Tensor& t = h.logical;
+    const int64_t row = t.row_bytes(), rows = t.ne[1] * t.ne[2] * t.ne[3];
+    KILN_ASSIGN_OR_RETURN(h.storage, allocate(static_cast<size_t>(row * rows)));
+    auto* dst = static_cast<uint8_t*>(h.storage->data());
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * row, t.flat_row(r), static_cast<size_t>(row));
+    // Host memory as the file's bytes are: a plain view (no buffer), as every CPU weight.
+    h.weight.tensor = make_tensor(t.type, dst, t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
+    return Status::ok_status();
+  }
+
   ThreadPool pool_;
   CpuIsa isa_;
   const cpu::CpuKernels& kernels_;

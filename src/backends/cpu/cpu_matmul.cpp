@@ -7,8 +7,10 @@
 // - quantize_x (the default of kiln run/chat/bench): the x rows are quantized once per call to the weight
 //   type's activation format; each tile of weight rows is unpacked once to int8 sub-blocks and multiplied
 //   with integer dot products. Types without an activation format (f32, f16, bf16) take the float path.
-// - f32 activations: f32/f16/bf16 weights are read in place; a quantized tile is dequantized by the
-//   reference dequantizer (this is the exact path, --exact).
+// - f32 activations: f32/f16/bf16 weights go through the packed float layout (cpu_pack.h) when the backend
+//   made one at load, else are read in place; a quantized tile is dequantized by the reference dequantizer
+//   (this is the exact path, --exact).
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -246,12 +248,43 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
   });
 }
 
+// f32 activations against the packed float layout (f32 / f16 / bf16 weights): threads split the (group,
+// kPackRows-row group) items; each thread's run of consecutive groups of one matrix goes to the kernel
+// kFPackGroups groups at a time, with every x row of the group.
+void products_float_packed(ThreadPool& pool, const CpuKernels& kern, const Products& pr,
+                           const PackedWeight& pw, const Tensor& x_t, const Tensor& dst_t) {
+  const int64_t n_groups = (pr.w.ne[1] + kPackRows - 1) / kPackRows;
+  const auto n_e = static_cast<int64_t>(pr.x_rows.size());
+  std::vector<const float*> xs(static_cast<size_t>(n_e));
+  std::vector<float*> ys(static_cast<size_t>(n_e));
+  for (int64_t e = 0; e < n_e; ++e) {
+    xs[e] = reinterpret_cast<const float*>(x_t.flat_row(pr.x_rows[e]));
+    ys[e] = reinterpret_cast<float*>(dst_t.flat_row(pr.y_rows[e]));
+  }
+  pool.parallel_for(static_cast<int64_t>(pr.mats.size()) * n_groups, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t item = i0; item < i1;) {
+      const int64_t a = item / n_groups, g = item % n_groups;
+      const int ng = static_cast<int>(std::min<int64_t>({kFPackGroups, n_groups - g, i1 - item}));
+      const PackedFloatMatrix& w = pw.fmats[static_cast<size_t>(pr.mats[a])];
+      const int64_t e0 = pr.start[a];
+      kern.fdot_packed(w, g, ng, xs.data() + e0, ys.data() + e0, static_cast<int>(pr.start[a + 1] - e0));
+      item += ng;
+    }
+  });
+}
+
 void run_products(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const PackedWeight* packed,
                   const Tensor& x_t, const Tensor& dst_t, bool quantize_x) {
   const DType act = quantize_x ? ops::activation_type(pr.w.type) : DType::f32;
   const bool packed_fits = packed != nullptr && static_cast<int64_t>(packed->mats.size()) == pr.w.ne[2] &&
                            packed->mats[0].k == pr.w.ne[0] && packed->mats[0].n == pr.w.ne[1];
-  if (act == DType::f32) {
+  const bool float_packed_fits = packed != nullptr &&
+                                 static_cast<int64_t>(packed->fmats.size()) == pr.w.ne[2] &&
+                                 packed->fmats[0].k == pr.w.ne[0] && packed->fmats[0].n == pr.w.ne[1] &&
+                                 packed->fmats[0].type == static_cast<uint32_t>(pr.w.type);
+  if (act == DType::f32 && float_packed_fits) {
+    products_float_packed(pool, kern, pr, *packed, x_t, dst_t);
+  } else if (act == DType::f32) {
     products_f32(pool, kern, pr, x_t, dst_t);
   } else if (packed_fits) {
     products_packed(pool, kern, pr, *packed, act, x_t, dst_t);

@@ -46,6 +46,12 @@ void get_rows(ThreadPool& pool, const GetRows& op) {
              [&](int64_t i) { dequantize_packed_row(packed->mats[0], ids[i], f32_row_mut(op.dst, i)); });
     return;
   }
+  if (packed != nullptr && packed->fmats.size() == 1 && packed->fmats[0].k == table.ne[0] &&
+      packed->fmats[0].n == table.ne[1] && packed->fmats[0].type == static_cast<uint32_t>(table.type)) {
+    for_rows(pool, static_cast<int64_t>(ids.size()),
+             [&](int64_t i) { packed_float_row(packed->fmats[0], ids[i], f32_row_mut(op.dst, i)); });
+    return;
+  }
   for_rows(pool, static_cast<int64_t>(ids.size()),
            [&](int64_t i) { ref::row_to_f32(table, table.row(ids[i]), f32_row_mut(op.dst, i)); });
 }

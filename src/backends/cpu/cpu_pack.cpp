@@ -51,7 +51,7 @@ std::optional<Spec> spec_of(DType t) {
     case DType::q5_k: return Spec{false, kPackK32, 0.0f, false};
     case DType::q3_k: return Spec{false, kPackK16, -4.0f, false};
     case DType::q6_k: return Spec{false, kPackK16, -32.0f, false};
-    default: return std::nullopt;  // q2_K: a min per 16 elements; float types: no integer products
+    default: return std::nullopt;  // q2_K: a min per 16 elements; float types: the packed float layout
   }
 }
 
@@ -197,12 +197,50 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
   return true;
 }
 
+// Group g of float matrix `mat` into `out` (group_bytes): [k][kPackRows] elements, rows past n zero.
+void pack_float_group(const Tensor& w, int64_t mat, int64_t g, int64_t group_bytes, uint8_t* out) {
+  const int64_t k = w.ne[0], n = w.ne[1], es = static_cast<int64_t>(dtype_info(w.type).type_size);
+  std::memset(out, 0, static_cast<size_t>(group_bytes));
+  for (int64_t r = 0; r < kPackRows && g * kPackRows + r < n; ++r) {
+    const uint8_t* src = w.row(g * kPackRows + r, mat);
+    uint8_t* dst = out + r * es;
+    if (es == 2) {
+      for (int64_t i = 0; i < k; ++i) std::memcpy(dst + i * kPackRows * 2, src + 2 * i, 2);
+    } else {
+      for (int64_t i = 0; i < k; ++i) std::memcpy(dst + i * kPackRows * 4, src + 4 * i, 4);
+    }
+  }
+}
+
+// `w` [k, n, n_mats] of f32 / f16 / bf16 in the packed float layout, a group per item of `pool`'s threads.
+std::unique_ptr<PackedWeight> pack_float_weight(ThreadPool& pool, const Tensor& w) {
+  const int64_t k = w.ne[0], n = w.ne[1], n_mats = w.ne[2];
+  const int64_t groups = (n + kPackRows - 1) / kPackRows;
+  const int64_t group_bytes = packed_float_group_bytes(k, static_cast<int64_t>(dtype_info(w.type).type_size));
+  auto pw = std::make_unique<PackedWeight>(static_cast<size_t>(groups * group_bytes * n_mats));
+  if (pw->data() == nullptr) return nullptr;
+  for (int64_t a = 0; a < n_mats; ++a) {
+    pw->fmats.push_back(
+        {pw->data() + a * groups * group_bytes, k, n, group_bytes, static_cast<uint32_t>(w.type)});
+  }
+  pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      pack_float_group(w, i / groups, i % groups, group_bytes, pw->data() + i * group_bytes);
+    }
+  });
+  return pw;
+}
+
 }  // namespace
 
 std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w) {
+  if (w.ne[3] != 1 || w.ne[1] <= 0 || w.ne[0] <= 0) return nullptr;
+  if (w.type == DType::f32 || w.type == DType::f16 || w.type == DType::bf16) {
+    return kern.fdot_packed == nullptr ? nullptr : pack_float_weight(pool, w);
+  }
   if (kern.qdot_packed == nullptr) return nullptr;
   const std::optional<Spec> sp = spec_of(w.type);
-  if (!sp || w.ne[3] != 1 || w.ne[0] % kSub != 0 || w.ne[1] <= 0 || w.ne[0] <= 0) return nullptr;
+  if (!sp || w.ne[0] % kSub != 0) return nullptr;
   const int64_t k = w.ne[0], n = w.ne[1], n_mats = w.ne[2];
   const int64_t groups = (n + kPackRows - 1) / kPackRows;
   const int64_t group_bytes = packed_group_bytes(k, sp->q4, sp->scales);
@@ -276,6 +314,21 @@ void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
         }
       }
     }
+  }
+}
+
+void packed_float_row(const PackedFloatMatrix& w, int64_t j, float* out) {
+  const uint8_t* p = w.data + j / kPackRows * w.group_bytes;
+  const int64_t r = j % kPackRows;
+  if (w.type == static_cast<uint32_t>(DType::f32)) {
+    for (int64_t i = 0; i < w.k; ++i) std::memcpy(out + i, p + (i * kPackRows + r) * 4, 4);
+    return;
+  }
+  const bool f16 = w.type == static_cast<uint32_t>(DType::f16);
+  for (int64_t i = 0; i < w.k; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + (i * kPackRows + r) * 2, 2);
+    out[i] = f16 ? f16_to_f32(h) : bf16_to_f32(h);
   }
 }
 

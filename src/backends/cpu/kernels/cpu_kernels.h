@@ -87,6 +87,27 @@ inline int64_t packed_group_bytes(int64_t k, bool q4, uint32_t scales) {
   return bytes;
 }
 
+// ---- the packed float layout: f32 / f16 / bf16 weights repacked at load (cpu_pack.cpp) ----------------
+// Rows in groups of kPackRows, a group [k][kPackRows] elements of the weight's own type (the file's bits),
+// element i of its 16 rows side by side: one load (f16 / bf16: 32 bytes, f32: 64) gives element i of 16 rows,
+// and one FMA against a broadcast x element adds it to the 16 rows' sums (no horizontal sums). Rows past n
+// are zero; a group is padded to 64 bytes.
+inline constexpr int kFPackGroups = 6;  // groups per fdot_packed call, at most (a run of one thread's items)
+
+// One packed float matrix [k, n]: ceil(n / kPackRows) groups, group g at data + g * group_bytes (64-byte
+// aligned).
+struct PackedFloatMatrix {
+  const uint8_t* data = nullptr;
+  int64_t k = 0, n = 0;
+  int64_t group_bytes = 0;
+  uint32_t type = 0;  // the elements' GGUF id: f32, f16 or bf16
+};
+
+// Bytes of one packed float group of k elements of elem_bytes each.
+inline int64_t packed_float_group_bytes(int64_t k, int64_t elem_bytes) {
+  return (k * kPackRows * elem_bytes + 63) / 64 * 64;
+}
+
 struct CpuKernels {
   // x [k] f32 -> `act` (q8_0 / q8_1: per 32; q8_k: per 256) rounded exactly as the reference quantizer, in
   // the QRowX layout: q [kp], d [kp / 4], s [kp / 16].
@@ -111,6 +132,12 @@ struct CpuKernels {
   // (1..kPackCols); rounds the same for any n_x. Null at levels without a packed kernel (weights then stay in
   // their file layout).
   void (*qdot_packed)(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out);
+  // y[c][16 * g0 + r] = sum_i w[16 * g0 + r][i] * x[c][i] for the rows r < 16 * ng of groups g0 .. g0 + ng
+  // that are < w.n (nothing past them is written), c < n_x (any number); ng <= kFPackGroups. Each result is
+  // one f32 FMA chain over i = 0 .. k - 1 in order, whatever n_x and ng, so a token's result does not depend
+  // on its batch. Null at levels without a packed kernel (float weights then stay in their file layout).
+  void (*fdot_packed)(const PackedFloatMatrix& w, int64_t g0, int ng, const float* const* x, float* const* y,
+                      int n_x);
 };
 
 // The table of each level, defined in its cpu_kernels_<level>.cpp (cpu_kernels(CpuIsa) picks one).

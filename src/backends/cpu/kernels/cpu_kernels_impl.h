@@ -628,6 +628,7 @@ void qdot(const QTileW& w, const QRowX* x, int n_x, bool is_signed, bool has_m, 
 }  // namespace kiln::cpu
 
 #include "backends/cpu/kernels/cpu_kernels_direct.h"
+#include "backends/cpu/kernels/cpu_kernels_float_packed.h"
 #include "backends/cpu/kernels/cpu_kernels_packed.h"
 
 namespace kiln::cpu {
@@ -779,7 +780,7 @@ void fdot(uint32_t t, const uint8_t* const* rows, const float* const* x, int n_x
 }  // namespace
 
 const CpuKernels& KILN_CPU_KERNELS_NAME() {
-  static const CpuKernels table{quantize_x, unpack_w, qdot, qdot_direct, fdot, kQdotPacked};
+  static const CpuKernels table{quantize_x, unpack_w, qdot, qdot_direct, fdot, kQdotPacked, kFdotPacked};
   return table;
 }
 
