@@ -135,16 +135,12 @@ def llama_batched(batched: Path, path: Path) -> dict:
     return res
 
 
-def kernel_profile(kiln: Path, path: Path, prompt: str) -> str:
-    """Each kernel's time in decode steps, graphs off so that kernels launch one by one: ncu's
-    gpu__time_duration of the launches after the prompt and the first decode steps, summed by kernel name.
+def ncu_kernels(cmd: list, skip: int, count: int, env: dict | None = None) -> str:
+    """ncu's gpu__time_duration of launches skip .. skip + count of cmd, summed by kernel name, as a table.
     Clocks and caches are left as they are (a kernel finds in L2 what the one before it wrote, as in a step)."""
-    env = dict(os.environ, KILN_CUDA_GRAPHS="0")
-    skip, count = 3000, 900
-    cmd = ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", "--launch-skip",
-           str(skip), "--launch-count", str(count), str(kiln), "run", "-m", str(path), "-d", "cuda", "-p", prompt,
-           "-n", "64", "--temp", "0", "--ignore-eos"]
-    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)
+    ncu = ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics", "gpu__time_duration.sum",
+           "--csv", "--launch-skip", str(skip), "--launch-count", str(count)]
+    r = subprocess.run(ncu + [str(c) for c in cmd], capture_output=True, text=True, errors="replace", env=env)
     rows = list(csv.reader(ln for ln in r.stdout.splitlines() if ln.startswith('"')))
     if not rows or "Kernel Name" not in rows[0]:
         return f"ncu: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
@@ -157,11 +153,33 @@ def kernel_profile(kiln: Path, path: Path, prompt: str) -> str:
         name = re.sub(r"\(.*$", "", name)
         per.setdefault(name, []).append(float(row[value_i].replace(",", "")) * scale.get(row[unit_i], 1.0))
     total = sum(sum(v) for v in per.values())
-    lines = [f"{count} kernel launches after the first {skip}: {total:.0f} us of kernels",
+    lines = [f"{len(rows) - 1} kernel launches after the first {skip}: {total:.0f} us of kernels",
              "| kernel | launches | us total | us a launch | share |", "|---|---:|---:|---:|---:|"]
     for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"| {name[:90]} | {len(v)} | {sum(v):.0f} | {sum(v) / len(v):.2f} | {sum(v) / total:.1%} |")
     return "\n".join(lines)
+
+
+def kernel_profile(kiln: Path, path: Path, prompt: str) -> str:
+    """Each kernel's time in decode steps, graphs off so that kernels launch one by one: the launches after the
+    prompt and the first decode steps."""
+    env = dict(os.environ, KILN_CUDA_GRAPHS="0")
+    return ncu_kernels([kiln, "run", "-m", path, "-d", "cuda", "-p", prompt, "-n", "64", "--temp", "0",
+                        "--ignore-eos"], 3000, 900, env)
+
+
+def prefill_profile(kiln: Path, bench: Path, path: Path, n: int = 2048) -> str:
+    """A pp{n}'s kernels, kiln's and llama.cpp's (llama-bench, flash attention on) on the same file: the first
+    prefill of each (its warm-up run), every launch of it."""
+    out = [f"### kiln, pp{n}", ncu_kernels([kiln, "bench", "-m", path, "-d", "cuda", "-p", n, "-n", 0, "-r", 1],
+                                             0, 1200)]
+    out += [f"### llama.cpp, pp{n}", ncu_kernels([bench, "-m", path, "-ngl", 99, "-fa", 1, "-p", n, "-n", 0, "-r", 1],
+                                                  0, 1200)]
+    env = dict(os.environ, KILN_CUDA_PROFILE="1")
+    r = subprocess.run([str(kiln), "bench", "-m", str(path), "-d", "cuda", "-p", str(n), "-n", "0", "-r", "2"],
+                       capture_output=True, text=True, errors="replace", env=env)
+    out += [f"### kiln, pp{n}, KILN_CUDA_PROFILE=1", "\n".join(r.stderr.splitlines()[-45:])]
+    return "\n".join(out)
 
 
 def step_profile(kiln: Path, path: Path, log: Path) -> None:

@@ -18,6 +18,8 @@
 #             bench arguments AB_ARGS (default: -p 512 -n 128; batched decode: -p 0 -n 128 --batch 16,64)
 #   profile   each kernel's time in decode steps by ncu (bench/gpu_peer.py's kernel_profile) on PROFILE_FILES
 #             (default: the 8B Q4_0; waits for prep's files)
+#   prefill   each kernel's time in a pp2048 (ncu), kiln's and llama.cpp's, and kiln's per-op table
+#             (KILN_CUDA_PROFILE) on PREFILL_FILES (default: the 8B BF16; waits for that file and the peer's build)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -130,6 +132,18 @@ for step in "${steps[@]}"; do
 print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
                        'The quick brown fox jumps over the lazy dog. ' * 4))" || status=1
       done 2>&1 | tee "$out/profile.md"
+      ;;
+    prefill)
+      while [ ! -e "$peer_status" ]; do sleep 5; done
+      for f in ${PREFILL_FILES:-llama3-8b-bf16}; do
+        while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ] && [ ! -e /tmp/kiln-models/$f.gguf ]; do
+          sleep 5
+        done
+        echo "## $f"
+        python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_peer as g; from pathlib import Path as P
+print(g.prefill_profile(P('$bin/tools/kiln/kiln'), P('$peer_dir/build/bin/llama-bench'), P('/tmp/kiln-models/$f.gguf')))" ||
+          status=1
+      done 2>&1 | tee "$out/prefill.md"
       ;;
     peer)
       while [ ! -e "$peer_status" ]; do sleep 5; done
