@@ -51,7 +51,7 @@ CONVERTED = ("bf16", "q8_0")  # written by `kiln convert` from the folder; the o
 
 
 def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path,
-               peer_ready: Path | None = None) -> list[tuple[str, str, Path]]:
+               peer_ready: Path | None = None, only: set | None = None) -> list[tuple[str, str, Path]]:
     """The GGUF files, made where missing, each under a temporary name first. Every `kiln convert` runs before
     the first llama-quantize, which waits for the peer's build to finish (peer_ready: a file its end writes). A
     folder is made only while a file converted from it is missing, and the 8B's (16 GB) is removed once its
@@ -65,21 +65,25 @@ def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path,
         tmp.rename(path)
         print(f"{path.name}: made in {time.time() - t0:.0f} s", flush=True)
 
+    def wanted(name: str, typ: str) -> bool:
+        return not only or f"{name}-{typ}" in only
+
     for name, types in MODELS:
         folder = models / name
-        for typ in (t for t in types if t in CONVERTED):
+        for typ in (t for t in types if t in CONVERTED and wanted(name, t)):
             path = models / f"{name}-{typ}.gguf"
             if not path.exists() and not (folder / "config.json").exists():
                 make_folder(name, folder, tokenizer)
             make(path, lambda out: [kiln, "convert", folder, out, "--type", typ])
     deadline = time.time() + 900
-    while peer_ready and not peer_ready.exists() and time.time() < deadline:
+    needs_quantize = any(t not in CONVERTED and wanted(n, t) for n, types in MODELS for t in types)
+    while needs_quantize and peer_ready and not peer_ready.exists() and time.time() < deadline:
         time.sleep(5)
     files = []
     for name, types in MODELS:
         if name == "llama3-8b" and (models / name).exists():
             shutil.rmtree(models / name)
-        for typ in types:
+        for typ in (t for t in types if wanted(name, t)):
             path = models / f"{name}-{typ}.gguf"
             if typ not in CONVERTED:
                 make(path, lambda out: [quantize, models / f"{name}-bf16.gguf", out, typ.upper()])
@@ -135,9 +139,11 @@ def llama_batched(batched: Path, path: Path) -> dict:
     return res
 
 
-def ncu_kernels(cmd: list, skip: int, count: int, env: dict | None = None) -> str:
+def ncu_kernels(cmd: list, skip: int, count: int, env: dict | None = None, split: str = "",
+                part: int = 0) -> str:
     """ncu's gpu__time_duration of launches skip .. skip + count of cmd, summed by kernel name, as a table.
-    Clocks and caches are left as they are (a kernel finds in L2 what the one before it wrote, as in a step)."""
+    Clocks and caches are left as they are (a kernel finds in L2 what the one before it wrote, as in a step).
+    With `split` (a regex), only the launches of part `part`: parts begin at each launch whose name matches."""
     ncu = ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics", "gpu__time_duration.sum",
            "--csv", "--launch-skip", str(skip), "--launch-count", str(count)]
     r = subprocess.run(ncu + [str(c) for c in cmd], capture_output=True, text=True, errors="replace", env=env)
@@ -147,13 +153,19 @@ def ncu_kernels(cmd: list, skip: int, count: int, env: dict | None = None) -> st
     head = rows[0]
     name_i, unit_i, value_i = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
     scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    if split:
+        starts = [i for i, row in enumerate(rows[1:], 1) if re.search(split, row[name_i])] + [len(rows)]
+        if part + 1 >= len(starts):
+            return f"ncu: no part {part} split on {split!r} in {len(rows) - 1} launches"
+        rows = [head] + rows[starts[part]:starts[part + 1]]
     per: dict[str, list[float]] = {}
     for row in rows[1:]:
         name = re.sub(r"^(void )?(kiln::cuda::)?(\(anonymous namespace\)::)?", "", row[name_i])
         name = re.sub(r"\(.*$", "", name)
         per.setdefault(name, []).append(float(row[value_i].replace(",", "")) * scale.get(row[unit_i], 1.0))
     total = sum(sum(v) for v in per.values())
-    lines = [f"{len(rows) - 1} kernel launches after the first {skip}: {total:.0f} us of kernels",
+    lines = [f"{len(rows) - 1} kernel launches{f' (part {part} split on {split})' if split else ''} after the first "
+             f"{skip}: {total:.0f} us of kernels",
              "| kernel | launches | us total | us a launch | share |", "|---|---:|---:|---:|---:|"]
     for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"| {name[:90]} | {len(v)} | {sum(v):.0f} | {sum(v) / len(v):.2f} | {sum(v) / total:.1%} |")
@@ -169,12 +181,13 @@ def kernel_profile(kiln: Path, path: Path, prompt: str) -> str:
 
 
 def prefill_profile(kiln: Path, bench: Path, path: Path, n: int = 2048) -> str:
-    """A pp{n}'s kernels, kiln's and llama.cpp's (llama-bench, flash attention on) on the same file: the first
-    prefill of each (its warm-up run), every launch of it."""
+    """A pp{n}'s kernels, kiln's and llama.cpp's (llama-bench, flash attention on) on the same file. kiln's: the
+    launches of its first prefill (the fourth step, after the load's warm-up steps of 1, 1 and 64 tokens; a step
+    begins with its embedding rows); llama.cpp's: the first 2400 launches (its warm-up run, 4 batches of 512)."""
     out = [f"### kiln, pp{n}", ncu_kernels([kiln, "bench", "-m", path, "-d", "cuda", "-p", n, "-n", 0, "-r", 1],
-                                             0, 1200)]
+                                             0, 2400, split=r"dequant_rows_kernel<30,", part=3)]
     out += [f"### llama.cpp, pp{n}", ncu_kernels([bench, "-m", path, "-ngl", 99, "-fa", 1, "-p", n, "-n", 0, "-r", 1],
-                                                  0, 1200)]
+                                                  0, 2400)]
     env = dict(os.environ, KILN_CUDA_PROFILE="1")
     r = subprocess.run([str(kiln), "bench", "-m", str(path), "-d", "cuda", "-p", str(n), "-n", "0", "-r", "2"],
                        capture_output=True, text=True, errors="replace", env=env)
@@ -218,10 +231,10 @@ def main() -> int:
     kiln = a.build / "tools" / "kiln" / "kiln"
     peer = {n: a.peer / "bin" / n for n in ("llama-bench", "llama-batched-bench", "llama-quantize")}
     a.models.mkdir(parents=True, exist_ok=True)
-    files = make_files(kiln, peer["llama-quantize"], a.models, a.tokenizer, a.peer_ready)
+    only = set(filter(None, a.only.split(",")))
+    files = make_files(kiln, peer["llama-quantize"], a.models, a.tokenizer, a.peer_ready, only)
     if a.prepare_only:
         return 0
-    only = set(filter(None, a.only.split(",")))
     lines = ["| model | weights | engine | tg128 tok/s | decode GB/s | of copy bw | pp2048 tok/s |",
              "|---|---|---|---:|---:|---:|---:|"]
     ratios, batched_lines = [], []

@@ -223,11 +223,9 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   for (const int64_t m : {1, 20}) {
     Layer L = make_layer(**b, m, DType::bf16, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    // add+norm, qkv (GEMV only), rope q+k+kv write, add+norm, gate+up (GEMV only), the activation and down
-    // alone.
-    const std::vector<size_t> want = m <= cuda::kGemvMaxCols
-                                         ? std::vector<size_t>{2, 3, 3, 2, 2, 0, 0}
-                                         : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0, 0, 0};
+    // add+norm, qkv (one GEMV launch, or GEMMs on x converted once), rope q+k+kv write, add+norm, gate+up,
+    // the activation and down alone.
+    const std::vector<size_t> want{2, 3, 3, 2, 2, 0, 0};
     EXPECT_EQ(lengths, want) << "m " << m;
   }
   // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm or the activation whose result they
@@ -235,9 +233,8 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   for (const int64_t m : {1, 12, 20}) {
     Layer L = make_layer(**b, m, DType::q8_0, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    const std::vector<size_t> want = m <= cuda::kQ8MaxCols
-                                         ? std::vector<size_t>{5, 3, 4, 2}
-                                         : std::vector<size_t>{2, 0, 0, 0, 3, 2, 0, 0, 0, 0};
+    const std::vector<size_t> want =
+        m <= cuda::kQ8MaxCols ? std::vector<size_t>{5, 3, 4, 2} : std::vector<size_t>{2, 3, 3, 2, 2, 0, 0};
     EXPECT_EQ(lengths, want) << "q8_0 m " << m;
     // A matmul that reads something other than the activation's result does not join it.
     std::vector<ops::Op> ops = L.program.ops();

@@ -498,36 +498,79 @@ __device__ __forceinline__ __half to_half_sat(float v) {
   return __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
 }
 
-// K or V rows p0 .. p0+63 of a sequence into shared memory as f16 (dst[j * ld + d], d < D): positions outside
-// [lo, hi], in blocks given back, and dims past head_dim are zero (they must not be NaN: P is 0 there).
+// Four 8x8 f16 matrices from shared memory: lane i gives the address of row i % 8 of matrix i / 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The pool slot (block * block_size + offset) of position p of a sequence, or -1 outside [lo, hi].
+__device__ __forceinline__ int32_t chunk_slot(const int32_t* table, int32_t p, int32_t lo, int32_t hi,
+                                              const Geometry& g) {
+  if (p < lo || p > hi) return -1;
+  const DivMod pb = divmod(p, g.block_size);
+  return table[pb.q] * static_cast<int32_t>(g.block_size) + pb.r;
+}
+
+// K or V rows of a chunk (slots[j]: position j's pool slot, or -1) into shared memory as f16 (dst[j * ld +
+// d], d < D); rows of slot -1 and dims past head_dim are zero (they must not be NaN: P is 0 there). f16 pools
+// are copied by cp.async (the caller commits and waits); f32 pools are loaded, converted and stored, every
+// load of a thread issued before its first store.
 template <int D, class KV>
-__device__ inline void load_chunk_f16(__half* dst, int ld, const KV* pool, const int32_t* table, int32_t p0,
-                                      int32_t lo, int32_t hi, int64_t kvh, const Geometry& g) {
+__device__ inline void load_chunk(__half* dst, int ld, const KV* pool, const int32_t* slots, int64_t kvh,
+                                  const Geometry& g) {
   constexpr int kVec = 8;  // elements a store: 16 bytes of f16
   constexpr int kVecs = D / kVec;
+  constexpr int kThreads = kMmaWarps * 32;
+  constexpr int kStep = kThreads / kVecs;  // rows a pass of the block
+  constexpr int kIters = kMmaChunk / kStep;
+  // A thread takes the same 16 bytes of rows j0, j0 + kStep, ...
+  const int j0 = threadIdx.x / kVecs, d = (threadIdx.x % kVecs) * kVec;
+  const bool dim_on = d < g.head_dim;
   const int64_t row_stride = g.n_kv * g.head_dim;
-  for (int e = threadIdx.x; e < kMmaChunk * kVecs; e += kMmaWarps * 32) {
-    const int j = e / kVecs, d = (e % kVecs) * kVec;
-    const int32_t p = p0 + j;
-    uint4 out = make_uint4(0, 0, 0, 0);
-    const DivMod pb = divmod(p, g.block_size);
-    const int32_t blk = (p >= lo && p <= hi) ? table[pb.q] : -1;
-    if (blk >= 0 && d < g.head_dim) {
-      const KV* src = pool + (int64_t{blk} * g.block_size + pb.r) * row_stride + kvh * g.head_dim + d;
-      if constexpr (sizeof(KV) == 2) {
-        out = *reinterpret_cast<const uint4*>(src);
-      } else {
-        const float4 a = *reinterpret_cast<const float4*>(src);
-        const float4 b = *reinterpret_cast<const float4*>(src + 4);
-        __half2 h[4] = {__halves2half2(to_half_sat(a.x), to_half_sat(a.y)),
-                        __halves2half2(to_half_sat(a.z), to_half_sat(a.w)),
-                        __halves2half2(to_half_sat(b.x), to_half_sat(b.y)),
-                        __halves2half2(to_half_sat(b.z), to_half_sat(b.w))};
-        out = *reinterpret_cast<const uint4*>(h);
+  const KV* base = pool + kvh * g.head_dim + d;
+  __half* out = dst + j0 * ld + d;
+  if constexpr (sizeof(KV) == 2) {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int32_t slot = slots[j0 + i * kStep];
+      const bool valid = slot >= 0 && dim_on;
+      cp_async16_zfill(out + i * kStep * ld, valid ? base + int64_t{slot} * row_stride : pool, valid);
+    }
+  } else {
+    constexpr int kBatch = kIters < 4 ? kIters : 4;  // loads in flight a thread
+#pragma unroll
+    for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+      float4 a[kBatch], b[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int32_t slot = slots[j0 + (i0 + i) * kStep];
+        a[i] = b[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (slot >= 0 && dim_on) {
+          const KV* src = base + int64_t{slot} * row_stride;
+          a[i] = *reinterpret_cast<const float4*>(src);
+          b[i] = *reinterpret_cast<const float4*>(src + 4);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        __half2 h[4] = {__halves2half2(to_half_sat(a[i].x), to_half_sat(a[i].y)),
+                        __halves2half2(to_half_sat(a[i].z), to_half_sat(a[i].w)),
+                        __halves2half2(to_half_sat(b[i].x), to_half_sat(b[i].y)),
+                        __halves2half2(to_half_sat(b[i].z), to_half_sat(b[i].w))};
+        *reinterpret_cast<uint4*>(out + (i0 + i) * kStep * ld) = *reinterpret_cast<const uint4*>(h);
       }
     }
-    *reinterpret_cast<uint4*>(dst + j * ld + d) = out;
   }
+}
+
+// Shared memory of the tensor-core kernel: K and V of two chunks (the one being multiplied and the next, in
+// flight), rows padded by 16 bytes.
+template <int D>
+constexpr size_t mma_shared_bytes() {
+  return sizeof(__half) * 2 * 2 * kMmaChunk * (D + 8);
 }
 
 template <int D, class KV>
@@ -537,31 +580,39 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
                          Geometry g, int64_t tile_tokens, int64_t heads_per_tile) {
   pdl_begin();
   constexpr int kLd = D + 8;  // shared row length (halves): 16 bytes of padding
-  __shared__ __align__(16) __half ks[kMmaChunk * kLd];
-  __shared__ __align__(16) __half vs[kMmaChunk * kLd];
+  constexpr int kBuf = kMmaChunk * kLd;
+  extern __shared__ __align__(16) unsigned char mma_shm[];
+  __half* ks = reinterpret_cast<__half*>(mma_shm);  // [2][kMmaChunk][kLd]
+  __half* vs = ks + 2 * kBuf;                       // [2][kMmaChunk][kLd]
+  __shared__ int32_t slots[2][kMmaChunk];           // the pool slots of the chunks in ks / vs
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gr = lane / 4, tq = lane % 4;  // the fragment row and column pair of this lane
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
+  const int64_t n_tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
   const int64_t b = blockIdx.x;
-  const int64_t tile = b / (g.n_kv * tiles_per_kv), kvh = (b / tiles_per_kv) % g.n_kv;
+  // The last tiles first: in a causal prefill they see the most positions, so the grid ends on short blocks.
+  const int64_t tile = n_tiles - 1 - b / (g.n_kv * tiles_per_kv), kvh = (b / tiles_per_kv) % g.n_kv;
   const int64_t h0 = kvh * g.group + (b % tiles_per_kv) * heads_per_tile;
   const int64_t n_q = min(heads_per_tile, kvh * g.group + g.group - h0);
   const int64_t t0 = tile * tile_tokens, t1 = min(t0 + tile_tokens, g.n_tokens);
 
   // This lane's two rows (gr and gr + 8 of its warp's 16): token, head, sequence, position, first position.
-  int64_t row_t[2], row_h[2];
-  int32_t row_seq[2], row_pos[2], row_lo[2];
-  bool row_on[2];
+  // Rows past the tile's have sequence -1 and take part in nothing.
+  int32_t row_q[2], row_seq[2], row_pos[2], row_lo[2];  // row_q: the row of q and dst
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int64_t r = warp * 16 + gr + 8 * i;
-    row_t[i] = t0 + r / n_q;
-    row_h[i] = h0 + r % n_q;
-    row_on[i] = r < (t1 - t0) * n_q;
-    row_seq[i] = row_on[i] ? seq[row_t[i]] : -1;
-    row_pos[i] = row_on[i] ? positions[row_t[i]] : -1;
+    const auto r = static_cast<int32_t>(warp * 16 + gr + 8 * i);
+    const bool on = r < (t1 - t0) * n_q;
+    const auto t = static_cast<int32_t>(t0 + r / n_q);
+    row_q[i] = static_cast<int32_t>(h0 + r % n_q + g.n_heads * t);
+    row_seq[i] = on ? seq[t] : -1;
+    row_pos[i] = on ? positions[t] : -1;
     row_lo[i] = g.window > 0 ? max(0, row_pos[i] - g.window + 1) : 0;
   }
+  // Scores are kept in base-2 units (times log2(e)), so that P is one exp2 a score: q is scaled by
+  // scale * log2(e), and the softcap c * tanh(s / c) becomes c2 * tanh(s2 / c2) with c2 = c * log2(e).
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float q_scale = g.scale * kLog2e, cap2 = g.softcap * kLog2e;
   // Q as A fragments: qa[kk] holds dims 16kk .. 16kk+15 of the two rows (pairs 2tq, 2tq+1 and +8).
   uint32_t qa[D / 16][4];
 #pragma unroll
@@ -572,10 +623,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float x0 = 0.0f, x1 = 0.0f;
-        if (row_on[i] && d < g.head_dim) {
-          const float* qr = q.row_as<const float>(row_h[i] + g.n_heads * row_t[i]);
-          x0 = qr[d] * g.scale;
-          x1 = d + 1 < g.head_dim ? qr[d + 1] * g.scale : 0.0f;
+        if (row_seq[i] >= 0 && d < g.head_dim) {
+          const float* qr = q.row_as<const float>(row_q[i]);
+          x0 = qr[d] * q_scale;
+          x1 = d + 1 < g.head_dim ? qr[d + 1] * q_scale : 0.0f;
         }
         qa[kk][i + 2 * half] =
             pack_half2(fminf(fmaxf(x0, -65504.0f), 65504.0f), fminf(fmaxf(x1, -65504.0f), 65504.0f));
@@ -599,55 +650,101 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     const int32_t* table = bt_indices + bt_indptr[s];
     const bool mine = row_seq[0] == s || row_seq[1] == s;
     const bool warp_in = __any_sync(0xffffffffu, mine);
-    for (int32_t c0 = lo / kMmaChunk * kMmaChunk; c0 <= hi; c0 += kMmaChunk) {
-      __syncthreads();  // the previous chunk is no longer read
-      load_chunk_f16<D>(ks, kLd, k_pool, table, c0, lo, hi, kvh, g);
-      load_chunk_f16<D>(vs, kLd, v_pool, table, c0, lo, hi, kvh, g);
+    const int32_t c_first = lo / kMmaChunk * kMmaChunk;
+    const int32_t n_c = (hi - c_first) / kMmaChunk + 1;
+    // The chunks are a two-stage pipeline: while chunk c is multiplied, chunk c + 1's K and V are in flight
+    // (cp.async) and chunk c + 2's pool slots are being read from the block table (threads 0-63, a position
+    // each).
+    int32_t next_slot = -1;
+    __syncthreads();  // the previous sequence's chunks are no longer read
+    if (threadIdx.x < kMmaChunk) {
+      slots[0][threadIdx.x] = chunk_slot(table, c_first + threadIdx.x, lo, hi, g);
+      if (n_c > 1) next_slot = chunk_slot(table, c_first + kMmaChunk + threadIdx.x, lo, hi, g);
+    }
+    __syncthreads();
+    load_chunk<D>(ks, kLd, k_pool, slots[0], kvh, g);
+    load_chunk<D>(vs, kLd, v_pool, slots[0], kvh, g);
+    cp_async_commit();
+    for (int32_t c = 0; c < n_c; ++c) {
+      const int32_t c0 = c_first + c * kMmaChunk;
+      const int nb_ = (c + 1) & 1;
+      if (threadIdx.x < kMmaChunk && c + 1 < n_c) {
+        slots[nb_][threadIdx.x] = next_slot;
+        next_slot = c + 2 < n_c ? chunk_slot(table, c0 + 2 * kMmaChunk + threadIdx.x, lo, hi, g) : -1;
+      }
+      __syncthreads();  // slots[nb_] written; buffer nb_ (chunk c - 1) no longer read
+      if (c + 1 < n_c) {
+        load_chunk<D>(ks + nb_ * kBuf, kLd, k_pool, slots[nb_], kvh, g);
+        load_chunk<D>(vs + nb_ * kBuf, kLd, v_pool, slots[nb_], kvh, g);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // chunk c's copies have landed
       __syncthreads();
       if (!warp_in) continue;
-      // S = Q K^T: sc[nb] holds positions c0 + 8nb + 2tq (+1) of rows gr (0, 1) and gr + 8 (2, 3).
+      const __half* kc = ks + (c & 1) * kBuf;
+      const __half* vc = vs + (c & 1) * kBuf;
+      // S = Q K^T: sc[nb] holds positions c0 + 8nb + 2tq (+1) of rows gr (0, 1) and gr + 8 (2, 3). K's B
+      // fragments by ldmatrix: matrix i holds positions 8nb .., dims 16kk + 8i .. (two kk a load).
       float sc[kMmaChunk / 8][4];
 #pragma unroll
       for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
         sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
-        const __half* kr = ks + (8 * nb + gr) * kLd + 2 * tq;
+        const __half* kr = kc + (8 * nb + lane % 8) * kLd + 8 * (lane / 8);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * kk);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * kk + 8);
-          mma_f16(sc[nb], qa[kk], b0, b1);
+        for (int kk = 0; kk < D / 16; kk += 2) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, kr + 16 * kk);
+          mma_f16(sc[nb], qa[kk], kb[0], kb[1]);
+          mma_f16(sc[nb], qa[kk + 1], kb[2], kb[3]);
         }
       }
-      // Softcap, mask, and the online softmax of each row.
+      // Softcap, mask, and the online softmax of each row. A chunk that every row of the warp sees whole
+      // (most of a causal prefill's) needs no mask.
+      if (g.softcap > 0.0f) {
+#pragma unroll
+        for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[nb][e] = cap2 * tanhf(sc[nb][e] / cap2);
+        }
+      }
+      bool whole = true;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        whole = whole && row_seq[i] == s && c0 >= row_lo[i] && c0 + kMmaChunk - 1 <= row_pos[i];
+      }
+      if (!__all_sync(0xffffffffu, whole)) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+              const int32_t p = c0 + 8 * nb + 2 * tq + cc;
+              const bool on = row_seq[i] == s && p >= row_lo[i] && p <= row_pos[i];
+              if (!on) sc[nb][2 * i + cc] = -INFINITY;
+            }
+          }
+        }
+      }
       float scale_o[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int32_t p = c0 + 8 * nb + 2 * tq + c;
-            float v = sc[nb][2 * i + c];
-            if (g.softcap > 0.0f) v = g.softcap * tanhf(v / g.softcap);
-            const bool on = row_seq[i] == s && p >= row_lo[i] && p <= row_pos[i];
-            v = on ? v : -INFINITY;
-            sc[nb][2 * i + c] = v;
-            mx = fmaxf(mx, v);
-          }
-        }
+        for (int nb = 0; nb < kMmaChunk / 8; ++nb) mx = fmaxf(mx, fmaxf(sc[nb][2 * i], sc[nb][2 * i + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float mm = fmaxf(m[i], mx);
         // Nothing seen yet (mm = -inf): P is 0 and the state stays as it is.
-        scale_o[i] = mm == -INFINITY ? 1.0f : expf(m[i] - mm);
+        scale_o[i] = mm == -INFINITY ? 1.0f : exp2f(m[i] - mm);
+        const float sub = mm == -INFINITY ? 0.0f : mm;  // exp2(-inf - 0) = 0
         float sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float e = mm == -INFINITY ? 0.0f : expf(sc[nb][2 * i + c] - mm);
-            sc[nb][2 * i + c] = e;
+          for (int cc = 0; cc < 2; ++cc) {
+            const float e = exp2f(sc[nb][2 * i + cc] - sub);
+            sc[nb][2 * i + cc] = e;
             sum += e;
           }
         }
@@ -668,7 +765,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
                                 pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                                 pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
         const int mat = lane / 8, r8 = lane % 8;
-        const __half* vrow = vs + (16 * kk + 8 * (mat % 2) + r8) * kLd + 8 * (mat / 2);
+        const __half* vrow = vc + (16 * kk + 8 * (mat % 2) + r8) * kLd + 8 * (mat / 2);
 #pragma unroll
         for (int db = 0; db < D / 16; ++db) {
           uint32_t vb[4];
@@ -687,8 +784,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    if (!row_on[i]) continue;
-    float* y = dst.row_as<float>(row_h[i] + g.n_heads * row_t[i]);
+    if (row_seq[i] < 0) continue;
+    float* y = dst.row_as<float>(row_q[i]);
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
 #pragma unroll
     for (int nb = 0; nb < D / 8; ++nb) {
@@ -705,9 +802,16 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
   const int64_t tile_tokens = std::max<int64_t>(1, kMmaRows / heads_per_tile);
   const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
+  auto* kernel = attention_mma_kernel<D, KV>;
+  constexpr size_t shm = mma_shared_bytes<D>();
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+      e != cudaSuccess) {
+    return e;
+  }
   (void)launch_kernel(
-      ctx, attention_mma_kernel<D, KV>, static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kMmaWarps * 32,
-      0, rows_of(op.q), static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
+      ctx, kernel, static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kMmaWarps * 32, shm, rows_of(op.q),
+      static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
       static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
       static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
       rows_of(op.dst), g, tile_tokens, heads_per_tile);

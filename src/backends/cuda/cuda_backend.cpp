@@ -258,6 +258,26 @@ class CudaBackend final : public Backend {
   // kGraphMaxFailures captures of those fail in a row, only GEMV-sized programs are captured.
   static constexpr int32_t kGraphMaxTokens = 64, kGraphMaxTokensSafe = 8, kGraphMaxFailures = 3;
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  // The cluster size of each kernel node of a captured graph (cuBLAS's launches too), in node order.
+  static std::vector<unsigned> cluster_sizes(cudaGraph_t graph) {
+    size_t n = 0;
+    std::vector<unsigned> sizes;
+    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return sizes;
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return sizes;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) continue;
+      cudaLaunchAttributeValue v{};
+      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &v) != cudaSuccess) {
+        v.clusterDim = {0, 0, 0};
+      }
+      sizes.push_back(v.clusterDim.x * v.clusterDim.y * v.clusterDim.z);
+    }
+    cudaGetLastError();
+    return sizes;
+  }
+
   Result<bool> run_as_graph(const Program& program) {
     std::vector<uint64_t> sig = cuda::program_signature(program);
     // The scratch a graph was captured with must still be there: one grown since (and the old freed) differs.
@@ -283,7 +303,13 @@ class CudaBackend final : public Backend {
       return false;
     }
     if (program.n_tokens > kGraphMaxTokensSafe) graph_failures_ = 0;
-    // Same kernels with other parameters (a step further on): update the instantiated graph in place.
+    // Same kernels with other parameters (a step further on): update the instantiated graph in place, unless
+    // a launch's cluster size changed, which an update would not carry over.
+    std::vector<unsigned> clusters = cluster_sizes(graph);
+    if (exec_ != nullptr && clusters != graph_clusters_) {
+      cudaGraphExecDestroy(exec_);
+      exec_ = nullptr;
+    }
     if (exec_ != nullptr) {
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
@@ -296,6 +322,7 @@ class CudaBackend final : public Backend {
     cudaGraphDestroy(graph);
     KILN_CUDA_TRY(made);
     graph_sig_ = std::move(sig);
+    graph_clusters_ = std::move(clusters);
     KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
     return true;
   }
@@ -404,6 +431,7 @@ class CudaBackend final : public Backend {
   void* cublas_ws_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   std::vector<uint64_t> graph_sig_;
+  std::vector<unsigned> graph_clusters_;  // the cluster size of each launch of exec_
   std::map<std::string, OpTime> profile_times_;
 };
 

@@ -43,6 +43,11 @@ struct Rows {
 inline Rows rows_of(const Tensor& t) {
   return {static_cast<char*>(t.data), t.ne[1], t.ne[2], t.nb[1], t.nb[2], t.nb[3]};
 }
+// Whether every row starts 16-byte aligned (for the kernels that move a row 16 bytes a load).
+inline bool rows_aligned16(const Rows& r) {
+  return reinterpret_cast<uintptr_t>(r.data) % 16 == 0 && r.nb1 % 16 == 0 && r.nb2 % 16 == 0 &&
+         r.nb3 % 16 == 0;
+}
 
 // The activation type of a float destination, as a kernel argument.
 enum class Store : uint8_t { f32, f16, bf16 };
@@ -85,6 +90,24 @@ __device__ inline float block_max(float v, float* smem) {
   __syncthreads();
   v = lane < n_warps ? smem[lane] : -INFINITY;
   return warp_max(v);
+}
+
+// 16 bytes from global to shared memory without a register (cp.async, sm_80+), in groups that complete in
+// order. The _zfill form writes zeros instead where `valid` is false (nothing is read from gmem then).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Threads per block for a row of n elements: a multiple of 32 in [32, 1024].

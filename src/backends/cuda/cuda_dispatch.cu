@@ -120,6 +120,26 @@ size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Mat
   }
   return n;
 }
+// Matmuls on one x that take the GEMM with one input type, each writing its own destination that is not x:
+// two or three (else 0).
+size_t gemm_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+  const auto* first = std::get_if<ops::Matmul>(&ops[0]);
+  if (first == nullptr || takes_gemv(ctx, *first) || overlap(first->dst, first->x)) return 0;
+  size_t n = 1;
+  group[0] = first;
+  while (n < 3 && n < ops.size()) {
+    const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
+    if (mm == nullptr || !same_view(mm->x, first->x) || takes_gemv(ctx, *mm) ||
+        !same_gemm_input(*mm, *first) || overlap(mm->dst, first->x)) {
+      break;
+    }
+    bool disjoint = true;
+    for (size_t i = 0; i < n; ++i) disjoint = disjoint && !overlap(mm->dst, group[i]->dst);
+    if (!disjoint) break;
+    group[n++] = mm;
+  }
+  return n > 1 ? n : 0;
+}
 // gemv_run of two or three matmuls.
 size_t gemv_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
   const size_t n = gemv_run(ctx, ops, group);
@@ -157,6 +177,7 @@ bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   if (ops.size() < 2) return 0;
   if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group)) return n;
+  if (const ops::Matmul * group[3]; const size_t n = gemm_group(ctx, ops, group)) return n;
   if (add_norm_pair(ops[0], ops[1])) {
     // ... and the integer GEMVs that read the norm's f32 result, which the norm's kernel rounds for them.
     const ops::Matmul* group[3] = {};
@@ -182,7 +203,8 @@ cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& 
   if (std::holds_alternative<ops::Matmul>(ops[0])) {
     const ops::Matmul* group[3] = {};
     for (size_t i = 0; i < consumed; ++i) group[i] = &std::get<ops::Matmul>(ops[i]);
-    return matmul_gemv_group(ctx, std::span<const ops::Matmul* const>(group, consumed));
+    const std::span<const ops::Matmul* const> mms(group, consumed);
+    return takes_gemv(ctx, *group[0]) ? matmul_gemv_group(ctx, mms) : matmul_gemm_group(ctx, mms);
   }
   if (std::holds_alternative<ops::Binary>(ops[0])) {
     const auto& add = std::get<ops::Binary>(ops[0]);

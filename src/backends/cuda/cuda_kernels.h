@@ -88,6 +88,11 @@ bool takes_q8(const Context& ctx, const ops::Matmul& op);
 // 1-3 matmuls on the same x that take the GEMV, with weights of one type and k and one quantize_x: one GEMV
 // launch.
 cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group);
+// Whether two matmuls that take the GEMM give it x in the same type.
+bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b);
+// 2-3 matmuls on the same x that take the GEMM, with one GEMM input type (same_gemm_input): x converted to it
+// once, then each matmul's GEMM as matmul() runs it.
+cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group);
 // A residual add, the RMSNorm of its sum (add_rms_norm) and 1-3 matmuls on the norm's f32 result that take
 // the integer GEMV (as matmul_gemv_group takes them): the norm's kernel also rounds x to 8 bits, so no kernel
 // of its own does.

@@ -221,19 +221,6 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 
 // ---- the staged integer GEMV: weight rows copied to shared memory ahead of their use ----
 
-// 16 bytes from global to shared memory without a register (cp.async, sm_80+), in groups that complete in
-// order.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // The types whose integer GEMV reads its weights through shared memory where the rows allow: measured on an
 // H100 (bench/cuda_matmul_bench, one run each way), the K-quants gain (Q4_K 29 -> 36% of the copy bandwidth
 // on 4096 x 14336, Q6_K 45 -> 65% on the 8B's output head) while Q4_0 and Q8_0, whose units are 8 elements
@@ -656,8 +643,61 @@ __global__ void convert_rows_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows 
   }
 }
 
+// The same, 8 elements a thread (two 16-byte loads, one or two 16-byte stores), for rows of a multiple of 8
+// elements that start 16-byte aligned: at prefill sizes the per-element kernel moved a third of the bytes the
+// memory could.
+template <class T>
+__global__ void convert_rows8_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows dst, bool saturate) {
+  pdl_begin();
+  const int64_t e = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (e >= ne0) return;
+  for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+    const float4* sp = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(src.row(r)) + e);
+    const float4 a = sp[0], b = sp[1];
+    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if (saturate) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = fminf(fmaxf(v[j], -65504.0f), 65504.0f);
+    }
+    T* dp = reinterpret_cast<T*>(dst.row(r)) + e;
+    if constexpr (std::is_same_v<T, float>) {
+      reinterpret_cast<float4*>(dp)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(dp)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      uint4 out;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (std::is_same_v<T, __half>) {
+          const __half2 h = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+          w[j] = *reinterpret_cast<const uint32_t*>(&h);
+        } else {
+          const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+          w[j] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+      }
+      *reinterpret_cast<uint4*>(dp) = out;
+    }
+  }
+}
+
 cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64_t n_rows, const Rows& dst,
                          DType dst_type, bool saturate = false) {
+  if (ne0 % 8 == 0 && rows_aligned16(src) && rows_aligned16(dst)) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(ne0 / 8, kPieceThreads)),
+                    static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxGridY)));
+    const auto launch = [&](auto* kernel) {
+      (void)launch_kernel(ctx, kernel, grid, kPieceThreads, 0, src, ne0, n_rows, dst, saturate);
+    };
+    if (dst_type == DType::f16) {
+      launch(convert_rows8_kernel<__half>);
+    } else if (dst_type == DType::bf16) {
+      launch(convert_rows8_kernel<__nv_bfloat16>);
+    } else {
+      launch(convert_rows8_kernel<float>);
+    }
+    return cudaGetLastError();
+  }
   const dim3 grid(static_cast<unsigned>(ceil_div(ne0, kPieceThreads)),
                   static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxGridY)));
   (void)launch_kernel(ctx, convert_rows_kernel, grid, kPieceThreads, 0, src, ne0, n_rows, dst, dst_type,
@@ -748,19 +788,21 @@ Operand gemm_w(const Context& ctx, const ops::Weight& weight, DType to, cudaErro
   return {dequant_weight(ctx, w, grouped(weight), to, err), w.ne[0]};
 }
 
-cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
+// The GEMM's input type under the matmul's precision: tensor-core inputs that keep the weight's precision
+// under quantize_x (bf16 weights with bf16 x, f32 ones in TF32, f16 and block-quantized ones, whose d * q
+// needs more than bf16's 8 bits, in f16 with x saturated to f16's range); f32 otherwise.
+DType gemm_input_type(const ops::Matmul& op) {
+  const DType w = op.w.tensor.type;
+  return !op.quantize_x || w == DType::f32 ? DType::f32 : w == DType::bf16 ? DType::bf16 : DType::f16;
+}
+
+// One matmul's GEMM on x already in the GEMM's input type.
+cudaError_t gemm_on(const Context& ctx, const ops::Matmul& op, const Operand& x) {
   const Tensor& wt = op.w.tensor;
   const int64_t k = wt.ne[0], n = wt.ne[1], m = op.x.n_rows();
-  // quantize_x: tensor-core inputs that keep the weight's precision: bf16 weights with bf16 x, f32 ones in
-  // TF32, f16 and block-quantized ones (whose d * q needs more than bf16's 8 bits) in f16, x saturated to
-  // f16's range.
-  const DType in = !op.quantize_x || wt.type == DType::f32 ? DType::f32
-                   : wt.type == DType::bf16                ? DType::bf16
-                                                           : DType::f16;
+  const DType in = gemm_input_type(op);
   cudaError_t err = cudaSuccess;
   const Operand w = gemm_w(ctx, op.w, in, &err);
-  if (err != cudaSuccess) return err;
-  const Operand x = gemm_x(ctx, op.x, in, &err);
   if (err != cudaSuccess) return err;
   const Operand d = gemm_dst(ctx, op.dst, &err);
   if (err != cudaSuccess) return err;
@@ -768,6 +810,13 @@ cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
   if (err = gemm(ctx, w, x, d, type, n, m, k, op.quantize_x); err != cudaSuccess) return err;
   if (d.data == op.dst.data) return cudaSuccess;
   return convert_rows(ctx, packed_rows(d.data, n, m, 4), n, m, rows_of(op.dst), op.dst.type);
+}
+
+cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
+  cudaError_t err = cudaSuccess;
+  const Operand x = gemm_x(ctx, op.x, gemm_input_type(op), &err);
+  if (err != cudaSuccess) return err;
+  return gemm_on(ctx, op, x);
 }
 
 }  // namespace
@@ -802,6 +851,20 @@ bool takes_q8(const Context& ctx, const ops::Matmul& op) {
 
 bool takes_gemv(const Context& ctx, const ops::Matmul& op) {
   return op.x.n_rows() <= kGemvMaxCols || takes_q8(ctx, op);
+}
+
+bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b) {
+  return gemm_input_type(a) == gemm_input_type(b);
+}
+
+cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
+  cudaError_t err = cudaSuccess;
+  const Operand x = gemm_x(ctx, group[0]->x, gemm_input_type(*group[0]), &err);
+  for (const ops::Matmul* op : group) {
+    if (err != cudaSuccess) break;
+    err = gemm_on(ctx, *op, x);
+  }
+  return err;
 }
 
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {

@@ -36,9 +36,42 @@ constexpr int kRowRegs = 8;
 constexpr int kNormMaxCluster = 8;  // the portable cluster size
 constexpr int64_t kNormMinSlice = 512;
 
-// The sum over the cluster's blocks, in rank order, of each block's sum of v; every thread gets it. `part`
-// is one float of shared memory; the block synchronises.
-__device__ inline float cluster_sum(float v, float* red, float* part) {
+// Where a row's slices run: each a block of a cluster (decode: a row spread over multiprocessors), or, for
+// many rows (prefill), packed into one block a row, slice j taking threads [j * nt, (j + 1) * nt) with the
+// same per-thread elements and the same order of sums as its block would have: the same bits either way.
+struct Part {
+  int64_t n_parts;  // slices a row
+  int64_t rank;     // this thread's slice
+  int tid, nt;      // its thread in the slice, the slice's threads
+  bool packed;
+};
+__device__ inline Part part_of(int64_t n, int64_t slice, bool packed) {
+  const int64_t n_parts = (n + slice - 1) / slice;
+  if (!packed)
+    return {n_parts, blockIdx.x % n_parts, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
+            false};
+  const int nt = static_cast<int>(blockDim.x / n_parts);
+  return {n_parts, threadIdx.x / nt, static_cast<int>(threadIdx.x % nt), nt, true};
+}
+
+// The sum over a row's slices, in rank order, of each slice's sum of v (a block's sum: warp sums, then the
+// sum of the warps' in one warp); every thread gets it. `red` holds 32 floats, `part` kNormMaxCluster; the
+// block synchronises.
+__device__ inline float slices_sum(float v, float* red, float* part, const Part& P) {
+  if (P.packed) {
+    v = warp_sum(v);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = P.nt / 32;
+    __syncthreads();  // red and part may still be read by a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < warps ? red[P.rank * warps + lane] : 0.0f;
+    v = warp_sum(v);
+    if (P.tid == 0) part[P.rank] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int64_t j = 0; j < P.n_parts; ++j) s += part[j];
+    return s;
+  }
   v = block_sum(v, red);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
@@ -51,21 +84,20 @@ __device__ inline float cluster_sum(float v, float* red, float* part) {
   cl.sync();  // every block has read the others' parts before one overwrites its own or exits
   return s;
 #else
-  (void)part;
   return v;
 #endif
 }
 
-// The slice [lo, hi) of a row: whose slot k holds element i = lo + threadIdx.x + k * blockDim.x.
+// The slice [lo, hi) of a row: whose slot k holds element i = lo + tid + k * nt.
 struct Slice {
   int64_t lo, hi;
-  __device__ int64_t at(int k) const { return lo + threadIdx.x + int64_t{k} * blockDim.x; }
-  __device__ bool in_regs() const { return hi - lo <= int64_t{kRowRegs} * blockDim.x; }
+  int tid, nt;
+  __device__ int64_t at(int k) const { return lo + tid + int64_t{k} * nt; }
+  __device__ bool in_regs() const { return hi - lo <= int64_t{kRowRegs} * nt; }
 };
-// The block's slice of row r: the cluster's rank (blockIdx.x % cluster size) picks it.
-__device__ inline Slice slice_of(int64_t n, int64_t slice) {
-  const int64_t lo = (blockIdx.x % ((n + slice - 1) / slice)) * slice;
-  return {lo, min(n, lo + slice)};
+__device__ inline Slice slice_of(int64_t n, int64_t slice, const Part& P) {
+  const int64_t lo = P.rank * slice;
+  return {lo, min(n, lo + slice), P.tid, P.nt};
 }
 
 __device__ inline void load_slice(const float* p, const Slice& s, float (&v)[kRowRegs]) {
@@ -82,11 +114,11 @@ __device__ inline void load_norm_weight(const float* w, float w_add, const Slice
 // quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values.
 __device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g)[kRowRegs], const Slice& s,
                                      char* yr, Store st, int64_t n, float eps, float* red, float* part,
-                                     int8_t* xq, float2* xds) {
+                                     const Part& P, int8_t* xq, float2* xds) {
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kRowRegs; ++k) ss += x[k] * x[k];  // zero past the slice
-  ss = cluster_sum(ss, red, part);
+  ss = slices_sum(ss, red, part, P);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
   for (int k = 0; k < kRowRegs; ++k) {
@@ -100,40 +132,39 @@ __device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g
 // The same for slices longer than the registers hold: x read twice (a caller may have written it just
 // before: each thread reads only the elements it wrote).
 __device__ inline void rms_norm_loop(const float* xr, const Slice& s, char* yr, Store st, const float* w,
-                                     int64_t n, float eps, float w_add, float* red, float* part, int8_t* xq,
-                                     float2* xds) {
+                                     int64_t n, float eps, float w_add, float* red, float* part,
+                                     const Part& P, int8_t* xq, float2* xds) {
   float ss = 0.0f;
-  for (int64_t i = s.lo + threadIdx.x; i < s.hi; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = cluster_sum(ss, red, part);
+  for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) ss += xr[i] * xr[i];
+  ss = slices_sum(ss, red, part, P);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  for (int64_t i = s.lo + threadIdx.x; i < s.hi; i += blockDim.x) {
+  for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) {
     const float v = xr[i] * inv * (w != nullptr ? w[i] + w_add : 1.0f);
     store(st, yr, i, v);
     if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
   }
 }
 
-// Rows r = blockIdx.x / cluster, ... (every block of a cluster walks the same rows).
-__device__ inline int64_t first_row(int64_t n, int64_t slice) {
-  return blockIdx.x / ((n + slice - 1) / slice);
-}
-__device__ inline int64_t row_step(int64_t n, int64_t slice) { return gridDim.x / ((n + slice - 1) / slice); }
+// Rows r = blockIdx.x / cluster, ... (every block of a cluster walks the same rows); packed: blockIdx.x, ...
+__device__ inline int64_t first_row(const Part& P) { return P.packed ? blockIdx.x : blockIdx.x / P.n_parts; }
+__device__ inline int64_t row_step(const Part& P) { return P.packed ? gridDim.x : gridDim.x / P.n_parts; }
 
 __global__ void __launch_bounds__(1024)
     rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
-                    int64_t n_rows, int64_t slice) {
+                    int64_t n_rows, int64_t slice, bool packed) {
   pdl_begin();
-  __shared__ float red[32], part;
-  const Slice s = slice_of(n, slice);
-  for (int64_t r = first_row(n, slice); r < n_rows; r += row_step(n, slice)) {
+  __shared__ float red[32], part[kNormMaxCluster];
+  const Part P = part_of(n, slice, packed);
+  const Slice s = slice_of(n, slice, P);
+  for (int64_t r = first_row(P); r < n_rows; r += row_step(P)) {
     const float* xr = x.row_as<const float>(r);
     if (s.in_regs()) {
       float v[kRowRegs], g[kRowRegs];
       load_slice(xr, s, v);
       load_norm_weight(w, w_add, s, g);
-      rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, &part, nullptr, nullptr);
+      rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, part, P, nullptr, nullptr);
     } else {
-      rms_norm_loop(xr, s, dst.row(r), st, w, n, eps, w_add, red, &part, nullptr, nullptr);
+      rms_norm_loop(xr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, nullptr, nullptr);
     }
   }
 }
@@ -345,6 +376,31 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::Gl
   }
 }
 
+// The same without a broadcast gate or the 8-bit rounding, 4 elements a thread (16-byte loads) for rows of a
+// multiple of 4 that start 16-byte aligned (prefill: the per-element kernel moved half the bytes the memory
+// could).
+__global__ void gated_act4_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, int64_t n,
+                                  int64_t total) {
+  pdl_begin();
+  const int64_t n4 = n / 4;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total / 4;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const DivMod ri = divmod(e, n4);
+    const int64_t r = ri.q, i = 4 * ri.r;
+    const float4 g = *reinterpret_cast<const float4*>(gate.row_as<const float>(r) + i);
+    const float4 u = *reinterpret_cast<const float4*>(up.row_as<const float>(r) + i);
+    const float v[4] = {glu(kind, g.x) * u.x, glu(kind, g.y) * u.y, glu(kind, g.z) * u.z,
+                        glu(kind, g.w) * u.w};
+    char* y = dst.row(r);
+    if (st == Store::f32) {
+      *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) store(st, y, i + j, v[j]);
+    }
+  }
+}
+
 __global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool b_one_row, int64_t n,
                               int64_t total) {
   pdl_begin();
@@ -458,11 +514,12 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
 // xq / xds: see rms_norm_regs; row r's go at xq + r * n and xds + r * n / 32.
 __global__ void __launch_bounds__(1024)
     add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
-                        float w_add, int64_t n_rows, int64_t slice, int8_t* xq, float2* xds) {
+                        float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds) {
   pdl_begin();
-  __shared__ float red[32], part;
-  const Slice s = slice_of(n, slice);
-  for (int64_t r = first_row(n, slice); r < n_rows; r += row_step(n, slice)) {
+  __shared__ float red[32], part[kNormMaxCluster];
+  const Part P = part_of(n, slice, packed);
+  const Slice s = slice_of(n, slice, P);
+  for (int64_t r = first_row(P); r < n_rows; r += row_step(P)) {
     const float* ar = a.row_as<const float>(r);
     const float* br = b.row_as<const float>(r);
     float* sr = sum.row_as<float>(r);
@@ -478,10 +535,10 @@ __global__ void __launch_bounds__(1024)
         va[k] += vb[k];
         if (s.at(k) < s.hi) sr[s.at(k)] = va[k];
       }
-      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, &part, q, ds);
+      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, part, P, q, ds);
     } else {
-      for (int64_t i = s.lo + threadIdx.x; i < s.hi; i += blockDim.x) sr[i] = ar[i] + br[i];
-      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, &part, q, ds);
+      for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) sr[i] = ar[i] + br[i];
+      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, q, ds);
     }
   }
 }
@@ -534,9 +591,10 @@ __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t
 // as many as kNormMaxCluster, one block of `threads` each, a cluster a row; one block a row before sm_90.
 struct NormShape {
   int64_t slice;
-  unsigned cluster;
+  unsigned cluster;  // blocks a cluster: 1 when packed
   dim3 grid;
   int threads;
+  bool packed;  // a row's slices in one block (part_of)
 };
 NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
   const int64_t want =
@@ -545,9 +603,15 @@ NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
   const auto cluster = static_cast<unsigned>((n + slice - 1) / slice);
   // Threads: enough for the slice to fit kRowRegs slots (at least 128, at most 1024).
   const int threads = std::max(128, row_threads((slice + kRowRegs - 1) / kRowRegs));
+  // Rows enough to fill the device with whole blocks: a row's slices packed into one block, which spares the
+  // cluster's launch and its two barriers across multiprocessors (prefill).
+  if (cluster > 1 && int64_t{cluster} * threads <= 1024 && rows >= ctx.n_sms) {
+    const auto row_blocks = static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff));
+    return {slice, 1, dim3(row_blocks), static_cast<int>(cluster) * threads, true};
+  }
   const int64_t max_rows = int64_t{0x7fffffff} / cluster;
   const auto row_blocks = static_cast<unsigned>(std::clamp<int64_t>(rows, 1, max_rows));
-  return {slice, cluster, dim3(row_blocks * cluster), threads};
+  return {slice, cluster, dim3(row_blocks * cluster), threads, false};
 }
 
 }  // namespace
@@ -558,7 +622,7 @@ cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op) {
   (void)launch_kernel_cluster(ctx, rms_norm_kernel, sh.grid, sh.threads, 0, sh.cluster, rows_of(op.x),
                               rows_of(op.dst), store_of(op.dst.type),
                               static_cast<const float*>(op.w.tensor.data), n, op.eps,
-                              op.add_one ? 1.0f : 0.0f, rows, sh.slice);
+                              op.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed);
   return launched();
 }
 
@@ -610,6 +674,14 @@ cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
 cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq, float2* xds) {
   const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
   if (xq != nullptr && (n % 32 != 0 || op.dst.type != DType::f32)) return cudaErrorInvalidValue;
+  const bool broadcast = op.gate.ne[0] == 1 && n > 1;
+  const Rows gate = rows_of(op.gate), up = rows_of(op.up), dst = rows_of(op.dst);
+  if (xq == nullptr && !broadcast && n % 4 == 0 && rows_aligned16(gate) && rows_aligned16(up) &&
+      rows_aligned16(dst)) {
+    (void)launch_kernel(ctx, gated_act4_kernel, grid_for(total / 4, kThreads), kThreads, 0, gate, up, dst,
+                        store_of(op.dst.type), op.kind, n, total);
+    return launched();
+  }
   (void)launch_kernel(ctx, gated_act_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.gate),
                       rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind,
                       op.gate.ne[0] == 1 && n > 1, n, total, reinterpret_cast<int8_t*>(xq), xds);
@@ -696,7 +768,7 @@ cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::
   (void)launch_kernel_cluster(ctx, add_rms_norm_kernel, sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a),
                               rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst),
                               store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n,
-                              norm.eps, norm.add_one ? 1.0f : 0.0f, rows, sh.slice,
+                              norm.eps, norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed,
                               reinterpret_cast<int8_t*>(xq), xds);
   return launched();
 }
