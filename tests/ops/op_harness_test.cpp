@@ -1785,15 +1785,29 @@ TEST(OpHarness, Perf) {
     const Host kv = dense(64, 3, 64, &rng);
     row("kv_write", dtype_name(type), "[64, 3, 64] into [64, 3, 16, 32]",
         KvWrite{kv.t, kv.t, k_pool.t, v_pool.t, iv(slots)});
-    // The last n positions of the 512 as n query tokens: a decode step, a chunk, the whole causal prefill.
-    std::vector<int32_t> all_pos(512);
-    std::iota(all_pos.begin(), all_pos.end(), 0);
-    for (int64_t n : {1, 64, 512}) {
-      const Host qn = dense(64, 9, n, &rng), on = dense(64, 9, n, nullptr);
-      const std::vector<int32_t> pn(all_pos.end() - n, all_pos.end()), sn(n, 0);
-      row("attention", dtype_name(type), fmt::format("9/3 heads x 64, {} tokens, 512 pos", n),
-          Attention{qn.t, k_pool.t, v_pool.t, iv(pn), iv(sn), iv(bt.indptr), iv(bt.indices), 0.125f, 0.0f, 0,
-                    on.t});
+    // The last n positions of the 512 as n query tokens: a decode step, a chunk, the whole causal prefill;
+    // exact and tiled (qx). Then a decode step and a chunk over 4,096 positions.
+    const Host k_long = make_pool(type, 64, 3, 16, 256, rng), v_long = make_pool(type, 64, 3, 16, 256, rng);
+    std::vector<int32_t> long_table(256);
+    std::iota(long_table.begin(), long_table.end(), 0);
+    const Csr long_bt = csr({long_table});
+    for (const int64_t len : {512, 4096}) {
+      std::vector<int32_t> all_pos(len);
+      std::iota(all_pos.begin(), all_pos.end(), 0);
+      const Tensor& kp = len == 512 ? k_pool.t : k_long.t;
+      const Tensor& vp = len == 512 ? v_pool.t : v_long.t;
+      const Csr& bts = len == 512 ? bt : long_bt;
+      for (int64_t n : {1, 64, 512}) {
+        if (len > 512 && n == 512) continue;
+        const Host qn = dense(64, 9, n, &rng), on = dense(64, 9, n, nullptr);
+        const std::vector<int32_t> pn(all_pos.end() - n, all_pos.end()), sn(n, 0);
+        for (bool qx : {false, true}) {
+          row("attention", dtype_name(type),
+              fmt::format("9/3 heads x 64, {} tokens, {} pos{}", n, len, qx ? " qx" : ""),
+              Attention{qn.t, kp, vp, iv(pn), iv(sn), iv(bts.indptr), iv(bts.indices), 0.125f, 0.0f, 0, on.t,
+                        qx});
+        }
+      }
     }
   }
 }

@@ -174,6 +174,7 @@ struct TiledAttention {
           k_rows[j] = op.k_pool.row(kv, p % block_size, block);
           v_rows[j] = op.v_pool.row(kv, p % block_size, block);
         }
+        prefetch(table, kv, std::max(c0 + kAttnChunk, tl.first), std::min(c0 + 2 * kAttnChunk, tl.last + 1));
         const AttnChunk c{qt,
                           head_dim,
                           rows,
@@ -195,6 +196,22 @@ struct TiledAttention {
         kern.attn_chunk(c);
       }
       kern.attn_merge(out, out + rp, out + 2 * rp, seg, seg + rp, seg + 2 * rp, rows, rp, dp, scratch);
+    }
+  }
+
+  // Asks for the K and V rows of positions [p0, p1) ahead of their use: a decode step reads them from memory,
+  // once each, and the kernel's strided walk over a chunk's rows leaves the hardware prefetchers behind
+  // (SmolLM2 at 3,300 positions: ~1.5 ms of attention a layer without this).
+  void prefetch(std::span<const int32_t> table, int64_t kv, int64_t p0, int64_t p1) const {
+    const int64_t bytes = head_dim * static_cast<int64_t>(op.k_pool.nb[0]);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t block = table[p / block_size];
+      const uint8_t* k = op.k_pool.row(kv, p % block_size, block);
+      const uint8_t* v = op.v_pool.row(kv, p % block_size, block);
+      for (int64_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(k + off, 0, 2);
+        __builtin_prefetch(v + off, 0, 2);
+      }
     }
   }
 
