@@ -96,6 +96,7 @@ struct Tile {
   int32_t seq;
   int64_t t0, n_tok;    // tokens t0 .. t0 + n_tok - 1, at consecutive positions
   int64_t first, last;  // the lowest and highest position any of its rows sees
+  int64_t g0, ng;       // the query heads [g0, g0 + ng) of the GQA group (all but for a split decode step)
 };
 
 struct Unit {
@@ -125,7 +126,7 @@ struct TiledAttention {
   int64_t first_of(int64_t t) const {
     return op.window > 0 ? std::max<int64_t>(0, positions[t] - op.window + 1) : 0;
   }
-  int64_t n_rows(const Tile& tl) const { return tl.n_tok * group; }
+  int64_t n_rows(const Tile& tl) const { return tl.n_tok * tl.ng; }
 
   // Rows of tile `tl` for KV head `kv`, segments [seg0, seg1], into state `out` (state_floats of the tile).
   void run(const Tile& tl, int64_t kv, int64_t seg0, int64_t seg1, float* out,
@@ -143,9 +144,9 @@ struct TiledAttention {
     for (int64_t r = 0; r < rp; ++r) first[r] = 1.0f, last[r] = 0.0f;  // padding rows see nothing
     for (int64_t i = 0; i < tl.n_tok; ++i) {
       const int64_t t = tl.t0 + i;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = i * group + g;
-        const auto* q = op.q.row_as<const float>(kv * group + g, t);
+      for (int64_t g = 0; g < tl.ng; ++g) {
+        const int64_t r = i * tl.ng + g;
+        const auto* q = op.q.row_as<const float>(kv * group + tl.g0 + g, t);
         for (int64_t d = 0; d < head_dim; ++d) qt[d * rp + r] = q[d];
         first[r] = static_cast<float>(first_of(t));
         last[r] = static_cast<float>(positions[t]);
@@ -231,7 +232,7 @@ struct TiledAttention {
     for (int64_t r = 0; r < rows; ++r) {
       const float inv = 1.0f / st[rp + r];
       const float* o = st + 2 * rp + r * dp;
-      float* y = op.dst.row_as<float>(kv * group + r % group, tl.t0 + r / group);
+      float* y = op.dst.row_as<float>(kv * group + tl.g0 + r % tl.ng, tl.t0 + r / tl.ng);
       for (int64_t d = 0; d < head_dim; ++d) y[d] = o[d] * inv;
     }
   }
@@ -253,8 +254,29 @@ void attention_tiled(ThreadPool& pool, const CpuKernels& kern, const ops::Attent
         ta.positions[t] == last->last + 1) {
       ++last->n_tok, last->last = ta.positions[t];
     } else {
-      ta.tiles.push_back({ta.seq[t], t, 1, ta.first_of(t), ta.positions[t]});
+      ta.tiles.push_back({ta.seq[t], t, 1, ta.first_of(t), ta.positions[t], 0, ta.group});
     }
+  }
+  // Too few tiles to keep the threads busy (a decode step of one or two sequences): single tokens within one
+  // segment are split by query heads. A row's bits do not depend on the rows beside it, so this changes none.
+  const auto want = static_cast<int64_t>(2 * pool.n_threads());
+  if (static_cast<int64_t>(ta.tiles.size()) * n_kv < want && ta.group > 1) {
+    const int64_t parts =
+        std::min<int64_t>(ta.group, (want + static_cast<int64_t>(ta.tiles.size()) * n_kv - 1) /
+                                        (static_cast<int64_t>(ta.tiles.size()) * n_kv));
+    std::vector<Tile> split;
+    for (const Tile& tl : ta.tiles) {
+      if (tl.n_tok > 1 || tl.first / kAttnSegment != tl.last / kAttnSegment) {
+        split.push_back(tl);
+        continue;
+      }
+      for (int64_t p = 0; p < parts; ++p) {
+        Tile part = tl;
+        part.g0 = ta.group * p / parts, part.ng = ta.group * (p + 1) / parts - part.g0;
+        split.push_back(part);
+      }
+    }
+    ta.tiles = std::move(split);
   }
   // Units, and the split tiles' state slots.
   int64_t n_states = 0;
