@@ -148,7 +148,8 @@ struct KvWrite {
 // last `window` positions (sliding-window attention). Table entries below every token's window may be
 // kFreedBlock.
 // quantize_x: the backend may compute q.k and p.v at lower precision, faster (a GPU: f16 tensor cores with f32
-// sums, within Backend::quantize_x_tolerance of the exact result); the CPU ignores it.
+// sums, within Backend::quantize_x_tolerance of the exact result), or in another order (the CPU: a tiled
+// online softmax in f32, held to the reference as the exact path is).
 // A block-table entry whose block was given back (sliding window: no token of the batch reaches it).
 inline constexpr int32_t kFreedBlock = -1;
 struct Attention {

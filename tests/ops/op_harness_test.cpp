@@ -948,10 +948,12 @@ TEST(OpHarness, Attention) {
           const std::string what = fmt::format(
               "attention {} heads {}/{} head_dim {} block_size {} softcap {} window {} {}", dtype_name(type),
               n_heads, n_kv, head_dim, block_size, var.softcap, var.window, layout_name(layout));
-          expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
-            return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
-                                scale, var.softcap, var.window, d});
-          });
+          for (bool qx : {false, true}) {
+            expect_matches_ref(what + (qx ? " quantize_x" : ""), dst, kAttention, [&](const Tensor& d) {
+              return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
+                                  scale, var.softcap, var.window, d, qx});
+            });
+          }
         }
       }
     }
@@ -1001,10 +1003,12 @@ TEST(OpHarness, AttentionPrefill) {
       const std::string what =
           fmt::format("attention prefill {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
                       dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
-      expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
-        return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                            var.softcap, var.window, d});
-      });
+      for (bool qx : {false, true}) {
+        expect_matches_ref(what + (qx ? " quantize_x" : ""), dst, kAttention, [&](const Tensor& d) {
+          return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
+                              var.softcap, var.window, d, qx});
+        });
+      }
     }
   }
 }
@@ -1118,10 +1122,193 @@ TEST(OpHarness, AttentionLongContext) {
       const std::string what =
           fmt::format("attention long context {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
                       dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
+      for (bool qx : {false, true}) {
+        expect_matches_ref(what + (qx ? " quantize_x" : ""), dst, kAttention, [&](const Tensor& d) {
+          return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
+                              var.softcap, var.window, d, qx});
+        });
+      }
+    }
+  }
+}
+
+// Block tables for sequences of `lens` positions: each takes ceil(len / block_size) blocks of a shuffled pool
+// of *n_blocks (one spare); blocks wholly below low[s] are given back (kFreedBlock).
+std::vector<std::vector<int32_t>> block_tables(const std::vector<int64_t>& lens,
+                                               const std::vector<int64_t>& low, int64_t block_size, Rng& rng,
+                                               int64_t* n_blocks) {
+  *n_blocks = 1;
+  for (int64_t len : lens) *n_blocks += (len + block_size - 1) / block_size;
+  const std::vector<int32_t> ids = rng.permutation(*n_blocks);
+  std::vector<std::vector<int32_t>> tables;
+  size_t next = 0;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const auto count = static_cast<size_t>((lens[s] + block_size - 1) / block_size);
+    tables.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(next),
+                        ids.begin() + static_cast<std::ptrdiff_t>(next + count));
+    next += count;
+    for (int64_t b = 0; (b + 1) * block_size <= low[s]; ++b) tables[s][b] = kFreedBlock;
+  }
+  return tables;
+}
+
+// The tiled path (quantize_x) where its tiling has edges: head dims that are no whole vectors (7, 80) or
+// large (256); GQA groups 1, 3, 4 and 8 (tiles of 64, 21, 16 and 8 tokens); block sizes that divide no length
+// (5, 7) and one position a block; a ragged batch: a prompt from position 0 longer than a tile, a chunk
+// continuing a sequence past 1,024 positions (rows cross segments of 512 positions) in two runs with another
+// sequence's tokens between them, a decode token, a sequence of one position; softcap; windows that start
+// inside a chunk, with the blocks below every window given back; f32 and f16 pools; and a batch of one token
+// over a long context (its segments split among threads).
+TEST(OpHarness, AttentionTiled) {
+  Rng rng(41);
+  struct Case {
+    DType type;
+    int64_t n_heads, n_kv, head_dim, block_size;
+    float softcap;
+    int32_t window;
+  };
+  const Case cases[] = {{DType::f32, 8, 8, 64, 16, 0.0f, 0},  {DType::f16, 8, 2, 80, 5, 0.0f, 0},
+                        {DType::f32, 8, 1, 128, 7, 3.0f, 0},  {DType::f16, 4, 1, 256, 16, 0.0f, 300},
+                        {DType::f32, 3, 1, 7, 1, 2.0f, 37},   {DType::f16, 6, 2, 96, 16, 0.0f, 600},
+                        {DType::f32, 12, 4, 64, 16, 0.0f, 0}, {DType::f16, 16, 2, 128, 16, 5.0f, 0}};
+  for (const Case& c : cases) {
+    for (const bool single : {false, true}) {
+      std::vector<int32_t> seq, pos;
+      if (single) {
+        seq.push_back(0), pos.push_back(1099);
+      } else {
+        for (int32_t p = 1000; p < 1050; ++p) seq.push_back(0), pos.push_back(p);
+        for (int32_t p = 0; p < 90; ++p) seq.push_back(1), pos.push_back(p);
+        for (int32_t p = 1050; p < 1100; ++p) seq.push_back(0), pos.push_back(p);
+        seq.push_back(2), pos.push_back(2);
+        seq.push_back(3), pos.push_back(0);
+      }
+      const std::vector<int64_t> lens = {1100, 90, 3, 1};
+      const int64_t low0 = c.window > 0 ? (single ? 1099 : 1000) - c.window + 1 : 0;
+      int64_t n_blocks = 0;
+      const auto tables = block_tables(lens, {low0, 0, 0, 0}, c.block_size, rng, &n_blocks);
+      const Csr bt = csr({tables[0], tables[1], tables[2], tables[3]});
+      const auto n_tokens = static_cast<int64_t>(seq.size());
+      const Host k_pool = make_pool(c.type, c.head_dim, c.n_kv, c.block_size, n_blocks, rng);
+      const Host v_pool = make_pool(c.type, c.head_dim, c.n_kv, c.block_size, n_blocks, rng);
+      const Host q = make_f32(Layout::strided, c.head_dim, c.n_heads, n_tokens, &rng, -2.0f, 2.0f);
+      const Host dst = make_f32(Layout::sliced, c.head_dim, c.n_heads, n_tokens, nullptr);
+      const float scale = c.softcap > 0.0f ? 0.5f : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+      const std::string what =
+          fmt::format("attention tiled {} heads {}/{} head_dim {} block_size {} softcap {} window {}{}",
+                      dtype_name(c.type), c.n_heads, c.n_kv, c.head_dim, c.block_size, c.softcap, c.window,
+                      single ? " one token" : "");
       expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
         return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                            var.softcap, var.window, d});
+                            c.softcap, c.window, d, true});
       });
+    }
+  }
+}
+
+// Batch invariance of the tiled path: each sequence's rows are the same bits alone, in a batch with the
+// others (in either order), fed a token, then 7, then the rest (a lone token over a long context splits its
+// segments among threads; a chunk's first tile starts where the chunk does), and on 1 thread or 3. Three
+// sequences: 100 tokens continuing one of 1,300 positions (crossing segments), a prompt of 70, a sequence of
+// one position.
+TEST(OpHarness, AttentionTiledIsBatchInvariant) {
+  Rng rng(43);
+  const int64_t n_heads = 8, n_kv = 2, head_dim = 80, block_size = 5;
+  struct Token {
+    int32_t seq, pos;
+  };
+  std::vector<Token> tokens;  // every query token, by sequence
+  for (int32_t p = 1200; p < 1300; ++p) tokens.push_back({0, p});
+  for (int32_t p = 0; p < 70; ++p) tokens.push_back({1, p});
+  tokens.push_back({2, 0});
+  const std::vector<int64_t> lens = {1300, 70, 1};
+  const auto n_all = static_cast<int64_t>(tokens.size());
+  // Runs: each a list of indices into `tokens`.
+  std::vector<std::vector<int64_t>> runs;
+  for (int32_t s = 0; s < 3; ++s) {  // alone
+    runs.emplace_back();
+    for (int64_t i = 0; i < n_all; ++i) {
+      if (tokens[i].seq == s) runs.back().push_back(i);
+    }
+  }
+  runs.emplace_back(n_all);  // together
+  std::iota(runs.back().begin(), runs.back().end(), 0);
+  runs.push_back(runs[2]);  // together, the other order
+  runs.back().insert(runs.back().end(), runs[1].begin(), runs[1].end());
+  runs.back().insert(runs.back().end(), runs[0].begin(), runs[0].end());
+  for (const auto& [b, e] : {std::pair{0, 1}, std::pair{1, 8}, std::pair{8, 100}}) {  // sequence 0 in chunks
+    runs.emplace_back(runs[0].begin() + b, runs[0].begin() + e);
+  }
+  const int n_alone = 3;
+  struct Level {
+    const NamedBackend* threads3;  // as backends() makes it: 3 threads
+    NamedBackend threads1;
+  };
+  std::vector<Level> levels;  // each CPU level, on 3 threads and on 1
+  for (const NamedBackend& nb : backends()) {
+    if (nb.kind != "cpu") continue;
+    BackendOptions options = nb.options;
+    options.n_threads = 1;
+    Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    levels.push_back({&nb, {nb.name + " 1 thread", std::move(b).value(), true, "cpu", options}});
+  }
+  for (DType type : {DType::f32, DType::f16}) {
+    for (const auto& [softcap, window] : {std::pair{0.0f, 0}, std::pair{4.0f, 700}}) {
+      int64_t n_blocks = 0;
+      const auto tables = block_tables(lens, {0, 0, 0}, block_size, rng, &n_blocks);
+      const Host k_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+      const Host v_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
+      const Host q_all = dense(head_dim, n_heads, n_all, &rng, -2.0f, 2.0f);
+      const std::string what = fmt::format("attention tiled batch invariance {} softcap {} window {}",
+                                           dtype_name(type), softcap, window);
+      // A run's dst rows, by token: [n_all][n_heads * head_dim] (NaN where the run has no such token).
+      auto run = [&](const NamedBackend& nb, const std::vector<int64_t>& ids) {
+        std::vector<int32_t> seq_of(3, -1), seq, pos;
+        std::vector<std::span<const int32_t>> tabs;
+        for (int64_t i : ids) {
+          if (seq_of[tokens[i].seq] < 0) {
+            seq_of[tokens[i].seq] = static_cast<int32_t>(tabs.size());
+            tabs.emplace_back(tables[tokens[i].seq]);
+          }
+          seq.push_back(seq_of[tokens[i].seq]), pos.push_back(tokens[i].pos);
+        }
+        const Csr bt = csr(tabs);
+        const auto n = static_cast<int64_t>(ids.size());
+        const Host q = dense(head_dim, n_heads, n, nullptr);
+        for (int64_t j = 0; j < n; ++j)
+          std::memcpy(q.t.row(0, j), q_all.t.row(0, ids[j]), head_dim * n_heads * 4);
+        const Host dst = dense(head_dim, n_heads, n, nullptr);
+        std::vector<float> rows(n_all * n_heads * head_dim, std::nanf(""));
+        const Op op = Attention{q.t,    k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
+                                0.125f, softcap,  window,   dst.t,   true};
+        if (!run_on(nb, op, what)) return rows;
+        for (int64_t j = 0; j < n; ++j) {
+          std::memcpy(&rows[ids[j] * n_heads * head_dim], dst.t.row(0, j), head_dim * n_heads * 4);
+        }
+        return rows;
+      };
+      for (const Level& level : levels) {
+        std::vector<float> alone(n_all * n_heads * head_dim);
+        for (int s = 0; s < n_alone; ++s) {
+          const std::vector<float> rows = run(*level.threads3, runs[s]);
+          for (int64_t i : runs[s]) {
+            std::copy_n(&rows[i * n_heads * head_dim], n_heads * head_dim, &alone[i * n_heads * head_dim]);
+          }
+        }
+        for (const NamedBackend* nb : {level.threads3, &level.threads1}) {
+          for (size_t r = 0; r < runs.size(); ++r) {
+            const std::vector<float> rows = run(*nb, runs[r]);
+            for (int64_t i : runs[r]) {
+              EXPECT_EQ(std::memcmp(&rows[i * n_heads * head_dim], &alone[i * n_heads * head_dim],
+                                    n_heads * head_dim * 4),
+                        0)
+                  << nb->name << " " << what << ": run " << r << ", sequence " << tokens[i].seq
+                  << " position " << tokens[i].pos << " differs from the sequence alone";
+            }
+          }
+        }
+      }
     }
   }
 }
@@ -1598,15 +1785,29 @@ TEST(OpHarness, Perf) {
     const Host kv = dense(64, 3, 64, &rng);
     row("kv_write", dtype_name(type), "[64, 3, 64] into [64, 3, 16, 32]",
         KvWrite{kv.t, kv.t, k_pool.t, v_pool.t, iv(slots)});
-    // The last n positions of the 512 as n query tokens: a decode step, a chunk, the whole causal prefill.
-    std::vector<int32_t> all_pos(512);
-    std::iota(all_pos.begin(), all_pos.end(), 0);
-    for (int64_t n : {1, 64, 512}) {
-      const Host qn = dense(64, 9, n, &rng), on = dense(64, 9, n, nullptr);
-      const std::vector<int32_t> pn(all_pos.end() - n, all_pos.end()), sn(n, 0);
-      row("attention", dtype_name(type), fmt::format("9/3 heads x 64, {} tokens, 512 pos", n),
-          Attention{qn.t, k_pool.t, v_pool.t, iv(pn), iv(sn), iv(bt.indptr), iv(bt.indices), 0.125f, 0.0f, 0,
-                    on.t});
+    // The last n positions of the 512 as n query tokens: a decode step, a chunk, the whole causal prefill;
+    // exact and tiled (qx). Then a decode step and a chunk over 4,096 positions.
+    const Host k_long = make_pool(type, 64, 3, 16, 256, rng), v_long = make_pool(type, 64, 3, 16, 256, rng);
+    std::vector<int32_t> long_table(256);
+    std::iota(long_table.begin(), long_table.end(), 0);
+    const Csr long_bt = csr({long_table});
+    for (const int64_t len : {512, 4096}) {
+      std::vector<int32_t> all_pos(len);
+      std::iota(all_pos.begin(), all_pos.end(), 0);
+      const Tensor& kp = len == 512 ? k_pool.t : k_long.t;
+      const Tensor& vp = len == 512 ? v_pool.t : v_long.t;
+      const Csr& bts = len == 512 ? bt : long_bt;
+      for (int64_t n : {1, 64, 512}) {
+        if (len > 512 && n == 512) continue;
+        const Host qn = dense(64, 9, n, &rng), on = dense(64, 9, n, nullptr);
+        const std::vector<int32_t> pn(all_pos.end() - n, all_pos.end()), sn(n, 0);
+        for (bool qx : {false, true}) {
+          row("attention", dtype_name(type),
+              fmt::format("9/3 heads x 64, {} tokens, {} pos{}", n, len, qx ? " qx" : ""),
+              Attention{qn.t, kp, vp, iv(pn), iv(sn), iv(bts.indptr), iv(bts.indices), 0.125f, 0.0f, 0, on.t,
+                        qx});
+        }
+      }
     }
   }
 }

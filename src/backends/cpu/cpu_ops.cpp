@@ -269,7 +269,7 @@ void run(ThreadPool& pool, const CpuKernels& kern, const Op& op) {
                  [&](const Rope& o) { rope(pool, o); },
                  [&](const Softmax& o) { softmax(pool, o); },
                  [&](const KvWrite& o) { kv_write(pool, o); },
-                 [&](const Attention& o) { attention(pool, o); },
+                 [&](const Attention& o) { attention(pool, kern, o); },
                  [&](const GatedAct& o) { gated_act(pool, o); },
                  [&](const Binary& o) { binary(pool, o); },
                  [&](const Scale& o) { scale(pool, o); },

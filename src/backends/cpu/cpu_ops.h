@@ -22,7 +22,7 @@ void run(ThreadPool& pool, const CpuKernels& kern, const ops::Op& op);
 
 void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op);
 void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op);
-void attention(ThreadPool& pool, const ops::Attention& op);
+void attention(ThreadPool& pool, const CpuKernels& kern, const ops::Attention& op);
 
 // sum a[i] * b[i] over n floats, in eight interleaved f32 lanes (vectorisable without reassociation flags).
 inline float dot_f32(const float* a, const float* b, int64_t n) {

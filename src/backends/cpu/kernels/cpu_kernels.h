@@ -108,6 +108,47 @@ inline int64_t packed_float_group_bytes(int64_t k, int64_t elem_bytes) {
   return (k * kPackRows * elem_bytes + 63) / 64 * 64;
 }
 
+// ---- attention: a tile of query rows against a chunk of positions (cpu_attention.cpp drives) ------------
+// A tile's rows are consecutive tokens of one sequence x the query heads of one KV head; its queries are held
+// transposed (qt [head_dim][rp]), so a vector holds one element of kL rows and each K element, broadcast,
+// feeds one FMA per kL rows (no horizontal sums, nothing to transpose per chunk). Positions go in chunks of
+// kAttnChunk that start at multiples of kAttnChunk, whatever the tile. For row r and chunk c:
+//   s_j  = (q_r . k_j as one f32 FMA chain over d in order) * scale, then softcap * tanh(s_j / softcap);
+//          -inf where r does not see position j (causal mask, window)
+//   m_c  = max_j s_j;  p_j = exp(s_j - m_c) (0 where masked);  l_c = sum_j p_j in position order;
+//   a_c  = sum_j p_j v_j, for each element one FMA chain over j in position order
+// and the row's state (m, l, o) takes the chunk in: m' = max(m, m_c), o' = a_c * exp(m_c - m') + o *
+// exp(m - m'), l' likewise (a term whose max is -inf counts 0). Every step is elementwise in the row's lane,
+// and a position the row does not see adds exact zeros, so a row's bits depend on its query, its positions
+// and the K/V alone: not on the rows beside it in the tile, the tile's size or the batch.
+inline constexpr int kAttnChunk = 64;  // positions per chunk
+inline constexpr int kAttnAlign = 16;  // rp and dp are multiples of this (the widest vector's lanes)
+
+// One tile against one chunk: the state (m, l, o) takes in the chunk's positions [j0, j1) (chunk-relative).
+struct AttnChunk {
+  const float* qt;  // [head_dim][rp] the tile's queries, transposed; rows n_rows .. rp - 1 zero
+  int64_t head_dim, n_rows;
+  int64_t rp;        // n_rows rounded up to kAttnAlign
+  int64_t dp;        // head_dim rounded up to kAttnAlign: o's row stride
+  uint32_t kv_type;  // the pools' GGUF id: f32 or f16
+  const uint8_t* const*
+      k_rows;  // [kAttnChunk] K row (head_dim elements) of chunk position j, for j0 <= j < j1
+  const uint8_t* const* v_rows;  // [kAttnChunk] V rows, likewise
+  int j0, j1;                    // the union of the rows' ranges: every row's lo >= j0, hi < j1
+  const float* lo;               // [rp] row r sees chunk positions lo[r] <= j <= hi[r] (lo > hi: none)
+  const float* hi;               // [rp]
+  float scale, softcap;          // as ops::Attention's (softcap 0: none)
+  float* m;                      // [rp] state: each row's running max (-inf before any position)
+  float* l;                      // [rp] state: each row's running sum of exp(s - m)
+  float* o;        // [n_rows][dp] state: each row's running sum of exp(s - m) * v (0 before any position)
+  float* scratch;  // attn_scratch_floats(head_dim, rp)
+};
+
+inline int64_t attn_pad(int64_t n) { return (n + kAttnAlign - 1) / kAttnAlign * kAttnAlign; }
+inline int64_t attn_scratch_floats(int64_t head_dim, int64_t rp) {
+  return kAttnChunk * rp + 4 * rp + kAttnChunk * head_dim + (kAttnChunk + 1) * attn_pad(head_dim);
+}
+
 struct CpuKernels {
   // x [k] f32 -> `act` (q8_0 / q8_1: per 32; q8_k: per 256) rounded exactly as the reference quantizer, in
   // the QRowX layout: q [kp], d [kp / 4], s [kp / 16].
@@ -138,6 +179,14 @@ struct CpuKernels {
   // on its batch. Null at levels without a packed kernel (float weights then stay in their file layout).
   void (*fdot_packed)(const PackedFloatMatrix& w, int64_t g0, int ng, const float* const* x, float* const* y,
                       int n_x);
+  // Attention (AttnChunk above): the state takes in one chunk of positions.
+  void (*attn_chunk)(const AttnChunk& c);
+  // The state (m, l, o) takes in another state (m2, l2, o2) of the same rows with the operations attn_chunk
+  // takes a chunk in with (a fresh state taking in X becomes X, bit for bit). The caller fixes where such
+  // merges happen by position alone (cpu_attention.cpp: segments), so that they do not depend on the batch.
+  // scratch: 2 * rp floats.
+  void (*attn_merge)(float* m, float* l, float* o, const float* m2, const float* l2, const float* o2,
+                     int64_t n_rows, int64_t rp, int64_t dp, float* scratch);
 };
 
 // The table of each level, defined in its cpu_kernels_<level>.cpp (cpu_kernels(CpuIsa) picks one).

@@ -627,6 +627,7 @@ void qdot(const QTileW& w, const QRowX* x, int n_x, bool is_signed, bool has_m, 
 }  // namespace
 }  // namespace kiln::cpu
 
+#include "backends/cpu/kernels/cpu_kernels_attention.h"
 #include "backends/cpu/kernels/cpu_kernels_direct.h"
 #include "backends/cpu/kernels/cpu_kernels_float_packed.h"
 #include "backends/cpu/kernels/cpu_kernels_packed.h"
@@ -780,7 +781,9 @@ void fdot(uint32_t t, const uint8_t* const* rows, const float* const* x, int n_x
 }  // namespace
 
 const CpuKernels& KILN_CPU_KERNELS_NAME() {
-  static const CpuKernels table{quantize_x, unpack_w, qdot, qdot_direct, fdot, kQdotPacked, kFdotPacked};
+  static const CpuKernels table{
+      quantize_x,       unpack_w,        qdot, qdot_direct, fdot, kQdotPacked, kFdotPacked,
+      attn::attn_chunk, attn::attn_merge};
   return table;
 }
 
