@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_convert.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_q8.cuh"
@@ -629,58 +630,6 @@ void* dequant_weight(const Context& ctx, const Tensor& w, bool grouped, DType to
 
 // ---- f32 rows to float rows of another layout and type (x into scratch, scratch into dst) ----
 
-// Thread: one element; grid: (elements of a row, rows, grid-strided).
-// saturate: values beyond f16's range become +-65504 rather than infinities (x as a tensor-core input).
-__global__ void convert_rows_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows dst, DType dst_type,
-                                    bool saturate) {
-  pdl_begin();
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= ne0) return;
-  for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
-    float v = reinterpret_cast<const float*>(src.row(r))[e];
-    if (saturate) v = fminf(fmaxf(v, -65504.0f), 65504.0f);
-    store_float(dst.row(r), dst_type, e, v);
-  }
-}
-
-// The same, 8 elements a thread (two 16-byte loads, one or two 16-byte stores), for rows of a multiple of 8
-// elements that start 16-byte aligned: at prefill sizes the per-element kernel moved a third of the bytes the
-// memory could.
-template <class T>
-__global__ void convert_rows8_kernel(Rows src, int64_t ne0, int64_t n_rows, Rows dst, bool saturate) {
-  pdl_begin();
-  const int64_t e = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
-  if (e >= ne0) return;
-  for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
-    const float4* sp = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(src.row(r)) + e);
-    const float4 a = sp[0], b = sp[1];
-    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    if (saturate) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = fminf(fmaxf(v[j], -65504.0f), 65504.0f);
-    }
-    T* dp = reinterpret_cast<T*>(dst.row(r)) + e;
-    if constexpr (std::is_same_v<T, float>) {
-      reinterpret_cast<float4*>(dp)[0] = make_float4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<float4*>(dp)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    } else {
-      uint4 out;
-      uint32_t* w = reinterpret_cast<uint32_t*>(&out);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (std::is_same_v<T, __half>) {
-          const __half2 h = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
-          w[j] = *reinterpret_cast<const uint32_t*>(&h);
-        } else {
-          const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-          w[j] = *reinterpret_cast<const uint32_t*>(&h);
-        }
-      }
-      *reinterpret_cast<uint4*>(dp) = out;
-    }
-  }
-}
-
 cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64_t n_rows, const Rows& dst,
                          DType dst_type, bool saturate = false) {
   if (ne0 % 8 == 0 && rows_aligned16(src) && rows_aligned16(dst)) {
@@ -700,8 +649,8 @@ cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64
   }
   const dim3 grid(static_cast<unsigned>(ceil_div(ne0, kPieceThreads)),
                   static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxGridY)));
-  (void)launch_kernel(ctx, convert_rows_kernel, grid, kPieceThreads, 0, src, ne0, n_rows, dst, dst_type,
-                      saturate);
+  (void)launch_kernel(ctx, convert_rows_kernel, grid, kPieceThreads, 0, src, ne0, n_rows, dst,
+                      store_of(dst_type), saturate);
   return cudaGetLastError();
 }
 
