@@ -1254,7 +1254,9 @@ TEST(OpHarness, AttentionTiledIsBatchInvariant) {
     levels.push_back({&nb, {nb.name + " 1 thread", std::move(b).value(), true, "cpu", options}});
   }
   for (DType type : {DType::f32, DType::f16}) {
-    for (const auto& [softcap, window] : {std::pair{0.0f, 0}, std::pair{4.0f, 700}}) {
+    for (const auto& cap_window : {std::pair{0.0f, 0}, std::pair{4.0f, 700}}) {
+      const float softcap = cap_window.first;
+      const int window = cap_window.second;
       int64_t n_blocks = 0;
       const auto tables = block_tables(lens, {0, 0, 0}, block_size, rng, &n_blocks);
       const Host k_pool = make_pool(type, head_dim, n_kv, block_size, n_blocks, rng);
