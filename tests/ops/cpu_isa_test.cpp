@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/kernels/cpu_kernels.h"
+#include "core/quant/quant_blocks.h"
 
 namespace kiln {
 namespace {
@@ -108,6 +111,61 @@ TEST(CpuIsa, ProductWeightsArePackedAboveScalar) {
           }
         }
       }
+    }
+  }
+}
+
+// Every block-quantized type with a packed form packs (blocks of random bytes, every quant value and scale
+// bit pattern, under finite f16 scales) into the layout's size at its bit width: 4 bits for q4_* and q3_K
+// (quants 0..7), 5 for q5_*, 6 for q6_K, 8 for q8_0 and iq4_nl (its table's int8 values). A quant that did
+// not fit would make the packer keep the file's layout.
+TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
+  using namespace quant;
+  const int64_t k = 512, n = 37;
+  struct Form {
+    DType type;
+    int bits;
+    uint32_t scales;
+    std::vector<size_t> f16_at;  // a block's f16 scales, set to 0.5
+  };
+  const Form forms[] = {
+      {DType::q4_0, 4, cpu::kPackD, {0}},
+      {DType::q4_1, 4, cpu::kPackDM, {0, 2}},
+      {DType::q5_0, 5, cpu::kPackD, {0}},
+      {DType::q5_1, 5, cpu::kPackDM, {0, 2}},
+      {DType::q8_0, 8, cpu::kPackD, {0}},
+      {DType::iq4_nl, 8, cpu::kPackD, {0}},
+      {DType::q3_k, 4, cpu::kPackK16, {offsetof(BlockQ3_K, d)}},
+      {DType::q4_k, 4, cpu::kPackK32, {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}},
+      {DType::q5_k, 5, cpu::kPackK32, {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)}},
+      {DType::q6_k, 6, cpu::kPackK16, {offsetof(BlockQ6_K, d)}},
+  };
+  for (CpuIsa isa : cpu::kCpuIsaLevels) {
+    if (isa == CpuIsa::cpu_isa_scalar || !cpu::cpu_isa_supported(isa)) continue;
+    BackendOptions options;
+    options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+    Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
+    ASSERT_TRUE(b.ok());
+    for (const Form& f : forms) {
+      const DTypeInfo& info = dtype_info(f.type);
+      const int64_t n_blocks = n * k / info.block_size;
+      std::vector<uint8_t> bytes(static_cast<size_t>(n_blocks * info.type_size));
+      uint32_t state = 12345;
+      for (uint8_t& v : bytes) {
+        state = state * 1664525u + 1013904223u;
+        v = static_cast<uint8_t>(state >> 24);
+      }
+      for (int64_t i = 0; i < n_blocks; ++i) {
+        for (size_t at : f.f16_at)
+          bytes[i * info.type_size + at] = 0, bytes[i * info.type_size + at + 1] = 0x38;
+      }
+      const Tensor w = make_tensor(f.type, bytes.data(), k, n);
+      Result<std::unique_ptr<WeightHandle>> h = (*b)->prepare_weight(w, "w", WeightRole::weight_role_matmul);
+      ASSERT_TRUE(h.ok());
+      ASSERT_NE((*h)->prepared, nullptr) << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type);
+      EXPECT_EQ((*h)->prepared->bytes(),
+                static_cast<size_t>(3 * cpu::packed_group_bytes(k, f.bits, f.scales)))
+          << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type);
     }
   }
 }

@@ -33,7 +33,7 @@ namespace {
 using namespace kiln::quant;
 
 struct Spec {
-  bool q4;          // quants fit 4 bits
+  int bits;         // bits a packed quant: 4, 5, 6 or 8
   uint32_t scales;  // PackScales
   float c;          // offset of the stored quants (kPackD, kPackK16)
   bool is_signed;   // unpack_w gives int8 quants: stored + 128
@@ -41,16 +41,16 @@ struct Spec {
 
 std::optional<Spec> spec_of(DType t) {
   switch (t) {
-    case DType::q4_0: return Spec{true, kPackD, -8.0f, false};
-    case DType::q4_1: return Spec{true, kPackDM, 0.0f, false};
-    case DType::q5_0: return Spec{false, kPackD, -16.0f, false};
-    case DType::q5_1: return Spec{false, kPackDM, 0.0f, false};
+    case DType::q4_0: return Spec{4, kPackD, -8.0f, false};
+    case DType::q4_1: return Spec{4, kPackDM, 0.0f, false};
+    case DType::q5_0: return Spec{5, kPackD, -16.0f, false};
+    case DType::q5_1: return Spec{5, kPackDM, 0.0f, false};
     case DType::q8_0:
-    case DType::iq4_nl: return Spec{false, kPackD, -128.0f, true};
-    case DType::q4_k: return Spec{true, kPackK32, 0.0f, false};
-    case DType::q5_k: return Spec{false, kPackK32, 0.0f, false};
-    case DType::q3_k: return Spec{false, kPackK16, -4.0f, false};
-    case DType::q6_k: return Spec{false, kPackK16, -32.0f, false};
+    case DType::iq4_nl: return Spec{8, kPackD, -128.0f, true};
+    case DType::q4_k: return Spec{4, kPackK32, 0.0f, false};
+    case DType::q5_k: return Spec{5, kPackK32, 0.0f, false};
+    case DType::q3_k: return Spec{4, kPackK16, -4.0f, false};  // quants 0..7
+    case DType::q6_k: return Spec{6, kPackK16, -32.0f, false};
     default: return std::nullopt;  // q2_K: a min per 16 elements; float types: the packed float layout
   }
 }
@@ -110,7 +110,7 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
                   m.data() + r0 * kp / 16);
   }
   const bool k_quant = sp.scales == kPackK32 || sp.scales == kPackK16;
-  const int64_t scale_bytes = sp.scales == kPackDM ? 64 : 32, quant_bytes = sp.q4 ? 256 : 512;
+  const int64_t scale_bytes = sp.scales == kPackDM ? 64 : 32, quant_bytes = packed_quant_bytes(sp.bits);
   uint8_t* p = out;
   for (int64_t s0 = 0; s0 < n_sub; s0 += kPackChunk) {
     const int64_t ns = std::min(kPackChunk, n_sub - s0);
@@ -167,9 +167,10 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
       }
     }
     p += scale_span;
-    // 4 bytes at a time: piece pc of row r is 4 consecutive quants (q4: and the 4 of the other half in the
-    // high nibbles), every byte of them at most 15 for q4.
+    // 4 bytes at a time: piece pc of row r is 4 consecutive quants (under 8 bits: their low nibbles, and the
+    // 4 of the other half in the high nibbles; the bits above in the planes after the pieces).
     const uint32_t flip = sp.is_signed ? 0x80808080u : 0u;
+    const uint32_t over = sp.bits == 8 ? 0u : 0x01010101u * static_cast<uint32_t>(0xFF << sp.bits & 0xFF);
     std::memset(p, 0, static_cast<size_t>(std::max<int64_t>(ns, 0) * quant_bytes));  // ns > 0: for GCC
     for (int64_t i = 0; i < ns; ++i) {
       uint8_t* qs = p + i * quant_bytes;
@@ -177,14 +178,28 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
       for (int r = 0; r < kPackRows; ++r) {
         if (!valid[r]) continue;
         const uint8_t* qr = q.data() + r * kp + e0;
-        for (int pc = 0; pc < (sp.q4 ? 4 : 8); ++pc) {
+        for (int pc = 0; pc < (sp.bits == 8 ? 8 : 4); ++pc) {
           uint32_t v;
           std::memcpy(&v, qr + 4 * pc, 4);
-          if (sp.q4) {
+          if (sp.bits < 8) {
             uint32_t hi;
             std::memcpy(&hi, qr + 16 + 4 * pc, 4);
-            if (((v | hi) & 0xF0F0F0F0u) != 0) return false;
-            v |= hi << 4;
+            if (((v | hi) & over) != 0) return false;
+            const uint32_t top_v = v >> 4 & 0x0F0F0F0Fu, top_hi = hi >> 4 & 0x0F0F0F0Fu;
+            v = (v & 0x0F0F0F0Fu) | (hi & 0x0F0F0F0Fu) << 4;
+            uint32_t plane[2] = {};
+            if (sp.bits == 5) {
+              std::memcpy(&plane[0], qs + 256 + r * 4, 4);
+              plane[0] |= top_v << pc | top_hi << (4 + pc);
+              std::memcpy(qs + 256 + r * 4, &plane[0], 4);
+            } else if (sp.bits == 6) {
+              std::memcpy(plane, qs + 256 + r * 4, 4);
+              std::memcpy(plane + 1, qs + 320 + r * 4, 4);
+              plane[0] |= top_v << 2 * pc;
+              plane[1] |= top_hi << 2 * pc;
+              std::memcpy(qs + 256 + r * 4, &plane[0], 4);
+              std::memcpy(qs + 320 + r * 4, &plane[1], 4);
+            }
           } else {
             v ^= flip;
           }
@@ -243,12 +258,12 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
   if (!sp || w.ne[0] % kSub != 0) return nullptr;
   const int64_t k = w.ne[0], n = w.ne[1], n_mats = w.ne[2];
   const int64_t groups = (n + kPackRows - 1) / kPackRows;
-  const int64_t group_bytes = packed_group_bytes(k, sp->q4, sp->scales);
+  const int64_t group_bytes = packed_group_bytes(k, sp->bits, sp->scales);
   auto pw = std::make_unique<PackedWeight>(static_cast<size_t>(groups * group_bytes * n_mats));
   if (pw->data() == nullptr) return nullptr;
   for (int64_t a = 0; a < n_mats; ++a) {
-    pw->mats.push_back(
-        {pw->data() + a * groups * group_bytes, k, n, group_bytes, sp->q4, sp->scales, sp->c, sp->is_signed});
+    pw->mats.push_back({pw->data() + a * groups * group_bytes, k, n, group_bytes, sp->bits, sp->scales, sp->c,
+                        sp->is_signed});
   }
   std::atomic<bool> ok{true};
   pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {
@@ -262,7 +277,7 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
 
 void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
   const bool k_quant = w.scales == kPackK32 || w.scales == kPackK16;
-  const int64_t scale_bytes = w.scales == kPackDM ? 64 : 32, quant_bytes = w.q4 ? 256 : 512,
+  const int64_t scale_bytes = w.scales == kPackDM ? 64 : 32, quant_bytes = packed_quant_bytes(w.bits),
                 n_sub = w.k / kSub;
   const int r = static_cast<int>(j % kPackRows);
   const uint8_t* p = w.data + j / kPackRows * w.group_bytes;
@@ -286,7 +301,13 @@ void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
       int q[kSub];
       for (int e = 0; e < kSub; ++e) {
         const int pc = e % 16 / 4, b = e % 4;
-        q[e] = w.q4 ? (qs[pc * 64 + r * 4 + b] >> (e < 16 ? 0 : 4)) & 0x0F : qs[(e / 4) * 64 + r * 4 + b];
+        if (w.bits == 8) {
+          q[e] = qs[(e / 4) * 64 + r * 4 + b];
+          continue;
+        }
+        q[e] = (qs[pc * 64 + r * 4 + b] >> (e < 16 ? 0 : 4)) & 0x0F;
+        if (w.bits == 5) q[e] |= (qs[256 + r * 4 + b] >> (e / 4) & 1) << 4;
+        if (w.bits == 6) q[e] |= (qs[(e < 16 ? 256 : 320) + r * 4 + b] >> 2 * pc & 3) << 4;
       }
       float* y = out + (s0 + i) * kSub;
       const int c = static_cast<int>(w.c);

@@ -45,10 +45,15 @@ struct QTileW {
 // products: no horizontal sums, no scale conversion per row. A group is a run of chunks of up to
 // kPackChunk sub-blocks of 32 elements; a chunk is
 //   [header: 64 bytes, K scales only] [the sub-blocks' scales, padded to 64 bytes] [the sub-blocks' quants]
-// - quants of a sub-block, 4 bits (q4): 256 bytes, [4 pieces][16 rows][4 bytes]; byte b of piece c holds
-//   element 4c + b in its low nibble and element 16 + 4c + b in its high one;
+// - quants of a sub-block, unsigned (a signed type's are stored + 128, its offset c then -128):
+//   4 bits: 256 bytes, [4 pieces][16 rows][4 bytes]; byte b of piece c holds element 4c + b in its low nibble
+//     and element 16 + 4c + b in its high one;
+//   5 and 6 bits: those 256 bytes with the quants' low 4 bits, then their high bits in planes of
+//     [16 rows][4 bytes] laid out as the pieces: 5 bits, one plane whose byte b holds in bit t the fifth bit
+//     of element 4t + b (t < 4) or 16 + 4(t - 4) + b (t >= 4): 320 bytes; 6 bits, two planes, the first
+//     holding in bits 2t, 2t + 1 the top two bits of element 4t + b, the second of element 16 + 4t + b: 384
+//     bytes;
 //   8 bits: 512 bytes, [8 pieces][16 rows][4 bytes], piece c elements 4c .. 4c + 3.
-//   Unsigned; a signed type's quants are stored + 128 (its offset c is then -128).
 // - scales (PackScales), every value f16 (exact: the file's own) or a small integer:
 inline constexpr int kPackRows = 16;      // weight rows per group
 inline constexpr int kPackCols = 4;       // x rows per packed micro-kernel call, at most
@@ -69,16 +74,24 @@ struct PackedMatrix {
   const uint8_t* data = nullptr;
   int64_t k = 0, n = 0;  // k a multiple of kSub
   int64_t group_bytes = 0;
-  bool q4 = false;  // 4-bit quants, else 8
+  int bits = 8;  // bits a quant: 4, 5, 6 or 8
   uint32_t scales = kPackD;
   float c = 0.0f;  // the quants' offset (kPackD, kPackK16)
   bool is_signed = false;  // quants stored + 128 (c is -128): kernels without vpdpbusd multiply them signed
 };
 
+// A (bits, scales) pair as one value, for the kernels' dispatch.
+inline constexpr uint32_t packed_form(int bits, uint32_t scales) {
+  return static_cast<uint32_t>(bits) << 4 | scales;
+}
+
+// Bytes of the quants of one packed sub-block (16 rows) of `bits`-bit quants.
+inline constexpr int64_t packed_quant_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+
 // Bytes of one packed group of k elements.
-inline int64_t packed_group_bytes(int64_t k, bool q4, uint32_t scales) {
+inline int64_t packed_group_bytes(int64_t k, int bits, uint32_t scales) {
   const int64_t header = scales == kPackK32 || scales == kPackK16 ? 64 : 0;
-  const int64_t sc = scales == kPackDM ? 64 : 32, qb = q4 ? 256 : 512;
+  const int64_t sc = scales == kPackDM ? 64 : 32, qb = packed_quant_bytes(bits);
   int64_t bytes = 0;
   for (int64_t s0 = 0; s0 < k / kSub; s0 += kPackChunk) {
     const int64_t ns = k / kSub - s0 < kPackChunk ? k / kSub - s0 : kPackChunk;

@@ -5,6 +5,7 @@
 // Everything here has internal linkage (see cpu_kernels.h on why nothing else may be included).
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "backends/cpu/kernels/cpu_kernels.h"
 #include "core/quant/quant_blocks.h"

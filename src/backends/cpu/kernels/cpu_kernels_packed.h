@@ -4,17 +4,59 @@ namespace kiln::cpu {
 namespace {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// v shifted left by S bits (right by -S) in 16-bit lanes: moves bit t of each byte to t + S, whatever the
+// masks after it keep.
+template <int S>
+KILN_INLINE __m512i shift_bits(__m512i v) {
+  if constexpr (S > 0) return _mm512_slli_epi16(v, S);
+  if constexpr (S < 0) return _mm512_srli_epi16(v, -S);
+  return v;
+}
+
+// The 8 pieces of packed sub-block `qs` (kBits-bit quants) as bytes: wq[c] elements 4c .. 4c + 3 (c < 4) or
+// 16 + 4(c - 4) .. (c >= 4) of the 16 rows.
+template <int kBits>
+KILN_INLINE void packed_quants(const uint8_t* qs, __m512i* wq) {
+  if constexpr (kBits == 8) {
+    KILN_UNROLL
+    for (int pc = 0; pc < 8; ++pc) wq[pc] = _mm512_load_si512(qs + 64 * pc);
+  } else {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    KILN_UNROLL
+    for (int pc = 0; pc < 4; ++pc) {
+      const __m512i v = _mm512_load_si512(qs + 64 * pc);
+      wq[pc] = _mm512_and_si512(v, m4);
+      wq[4 + pc] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    // wq | (plane shifted & mask), in one ternary-logic op (A | (B & C): 0xF8).
+    if constexpr (kBits == 5) {
+      const __m512i h = _mm512_load_si512(qs + 256), m = _mm512_set1_epi8(0x10);
+      [&]<int... T>(std::integer_sequence<int, T...>) {
+        ((wq[T] = _mm512_ternarylogic_epi32(wq[T], shift_bits<4 - T>(h), m, 0xF8)), ...);
+      }
+      (std::make_integer_sequence<int, 8>{});
+    } else if constexpr (kBits == 6) {
+      const __m512i h0 = _mm512_load_si512(qs + 256), h1 = _mm512_load_si512(qs + 320);
+      const __m512i m = _mm512_set1_epi8(0x30);
+      [&]<int... T>(std::integer_sequence<int, T...>) {
+        ((wq[T] = _mm512_ternarylogic_epi32(wq[T], shift_bits<4 - 2 * T>(h0), m, 0xF8)), ...);
+        ((wq[4 + T] = _mm512_ternarylogic_epi32(wq[4 + T], shift_bits<4 - 2 * T>(h1), m, 0xF8)), ...);
+      }
+      (std::make_integer_sequence<int, 4>{});
+    }
+  }
+}
+
 // One group of kPackRows rows against NX x rows. Per sub-block and x row: 8 vpdpbusd (4 quants of 16 rows
 // times 4 broadcast x quants each) in two chains (elements 0..15 and 16..31), then the scales: one FMA per
 // chain into the 16 rows' f32 accumulators. Each x row's arithmetic is the same whatever NX is, so a token's
 // result does not depend on its batch.
-template <int NX, bool kQ4, uint32_t kScales>
+template <int NX, int kBits, uint32_t kScales>
 void packed_group(const PackedMatrix& w, int64_t g, const QRowX* x, float* out) {
-  constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = kQ4 ? 256 : 512;
+  constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = packed_quant_bytes(kBits);
   constexpr bool kHeader = kScales == kPackK32 || kScales == kPackK16;
   const uint8_t* p = w.data + g * w.group_bytes;
   const int64_t n_sub = w.k / kSub;
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
   const float c = w.c;
   __m512 acc[NX];
   KILN_UNROLL
@@ -35,17 +77,7 @@ void packed_group(const PackedMatrix& w, int64_t g, const QRowX* x, float* out) 
     for (int64_t i = 0; i < ns; ++i, sc += kScaleBytes, qs += kQuantBytes) {
       const int64_t s = s0 + i;
       __m512i wq[8];
-      if constexpr (kQ4) {
-        KILN_UNROLL
-        for (int pc = 0; pc < 4; ++pc) {
-          const __m512i v = _mm512_load_si512(qs + 64 * pc);
-          wq[pc] = _mm512_and_si512(v, m4);
-          wq[4 + pc] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-      } else {
-        KILN_UNROLL
-        for (int pc = 0; pc < 8; ++pc) wq[pc] = _mm512_load_si512(qs + 64 * pc);
-      }
+      packed_quants<kBits>(qs, wq);
       __m512 d_lo, d_hi, m = _mm512_setzero_ps();
       if constexpr (kScales == kPackD || kScales == kPackDM) {
         d_lo = d_hi = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc)));
@@ -98,42 +130,86 @@ void packed_group(const PackedMatrix& w, int64_t g, const QRowX* x, float* out) 
   for (int j = 0; j < NX; ++j) _mm512_storeu_ps(out + j * kPackRows, acc[j]);
 }
 
-template <bool kQ4, uint32_t kScales>
+template <int kBits, uint32_t kScales>
 void packed_cols(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out) {
   switch (n_x) {
-    case 1: packed_group<1, kQ4, kScales>(w, g, x, out); return;
-    case 2: packed_group<2, kQ4, kScales>(w, g, x, out); return;
-    case 3: packed_group<3, kQ4, kScales>(w, g, x, out); return;
-    default: packed_group<4, kQ4, kScales>(w, g, x, out); return;
+    case 1: packed_group<1, kBits, kScales>(w, g, x, out); return;
+    case 2: packed_group<2, kBits, kScales>(w, g, x, out); return;
+    case 3: packed_group<3, kBits, kScales>(w, g, x, out); return;
+    default: packed_group<4, kBits, kScales>(w, g, x, out); return;
   }
 }
 
 void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out) {
   static_assert(kPackRows == 16 && kPackCols == 4);
-  const uint32_t sel = (w.q4 ? 4u : 0u) | w.scales;
-  switch (sel) {
-    case 4 | kPackD: packed_cols<true, kPackD>(w, g, x, n_x, out); return;
-    case 4 | kPackDM: packed_cols<true, kPackDM>(w, g, x, n_x, out); return;
-    case 4 | kPackK32: packed_cols<true, kPackK32>(w, g, x, n_x, out); return;
-    case 4 | kPackK16: packed_cols<true, kPackK16>(w, g, x, n_x, out); return;
-    case kPackD: packed_cols<false, kPackD>(w, g, x, n_x, out); return;
-    case kPackDM: packed_cols<false, kPackDM>(w, g, x, n_x, out); return;
-    case kPackK32: packed_cols<false, kPackK32>(w, g, x, n_x, out); return;
-    default: packed_cols<false, kPackK16>(w, g, x, n_x, out); return;
+  switch (packed_form(w.bits, w.scales)) {
+    case packed_form(4, kPackD): packed_cols<4, kPackD>(w, g, x, n_x, out); return;
+    case packed_form(4, kPackDM): packed_cols<4, kPackDM>(w, g, x, n_x, out); return;
+    case packed_form(4, kPackK32): packed_cols<4, kPackK32>(w, g, x, n_x, out); return;
+    case packed_form(4, kPackK16): packed_cols<4, kPackK16>(w, g, x, n_x, out); return;
+    case packed_form(5, kPackD): packed_cols<5, kPackD>(w, g, x, n_x, out); return;
+    case packed_form(5, kPackDM): packed_cols<5, kPackDM>(w, g, x, n_x, out); return;
+    case packed_form(5, kPackK32): packed_cols<5, kPackK32>(w, g, x, n_x, out); return;
+    case packed_form(6, kPackK16): packed_cols<6, kPackK16>(w, g, x, n_x, out); return;
+    default: packed_cols<8, kPackD>(w, g, x, n_x, out); return;  // q8_0, iq4_nl (pack_weight makes no other)
   }
 }
 constexpr auto kQdotPacked = qdot_packed;
 #elif defined(__AVX2__)
+template <int S>
+KILN_INLINE __m256i shift_bits(__m256i v) {
+  if constexpr (S > 0) return _mm256_slli_epi16(v, S);
+  if constexpr (S < 0) return _mm256_srli_epi16(v, -S);
+  return v;
+}
+
+// Half h (rows 8h .. 8h + 7) of the 8 pieces of packed sub-block `qs` as bytes (as the AVX-512 form).
+template <int kBits, bool kSigned>
+KILN_INLINE void packed_quants(const uint8_t* qs, int h, __m256i* wq) {
+  const auto at = [&](int64_t off) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + off + 32 * h));
+  };
+  if constexpr (kBits == 8) {
+    KILN_UNROLL
+    for (int pc = 0; pc < 8; ++pc) {
+      wq[pc] = at(64 * pc);
+      if constexpr (kSigned) wq[pc] = _mm256_xor_si256(wq[pc], _mm256_set1_epi8(-128));
+    }
+  } else {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    KILN_UNROLL
+    for (int pc = 0; pc < 4; ++pc) {
+      const __m256i v = at(64 * pc);
+      wq[pc] = _mm256_and_si256(v, m4);
+      wq[4 + pc] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    if constexpr (kBits == 5) {
+      const __m256i p = at(256), m = _mm256_set1_epi8(0x10);
+      [&]<int... T>(std::integer_sequence<int, T...>) {
+        ((wq[T] = _mm256_or_si256(wq[T], _mm256_and_si256(shift_bits<4 - T>(p), m))), ...);
+      }
+      (std::make_integer_sequence<int, 8>{});
+    } else if constexpr (kBits == 6) {
+      const __m256i p0 = at(256), p1 = at(320), m = _mm256_set1_epi8(0x30);
+      [&]<int... T>(std::integer_sequence<int, T...>) {
+        ((wq[T] = _mm256_or_si256(wq[T], _mm256_and_si256(shift_bits<4 - 2 * T>(p0), m))), ...);
+        ((wq[4 + T] = _mm256_or_si256(wq[4 + T], _mm256_and_si256(shift_bits<4 - 2 * T>(p1), m))), ...);
+      }
+      (std::make_integer_sequence<int, 4>{});
+    }
+  }
+}
+
 // The same products with 256-bit vectors and no vpdpbusd: each half of a group (8 rows, 32 bytes of every
 // 64-byte piece) in turn; a piece's products by vpmaddubsw + vpmaddwd. Signed quants (stored + 128) go back
 // to int8 and multiply as |w| times x * sign(w), so that no int16 sum saturates.
-template <int NX, bool kQ4, uint32_t kScales, bool kSigned>
+template <int NX, int kBits, uint32_t kScales, bool kSigned>
 void packed_half(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float* out) {
-  constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = kQ4 ? 256 : 512;
+  constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = packed_quant_bytes(kBits);
   constexpr bool kHeader = kScales == kPackK32 || kScales == kPackK16;
   const uint8_t* p = w.data + g * w.group_bytes;
   const int64_t n_sub = w.k / kSub;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
+  const __m256i ones = _mm256_set1_epi16(1);
   const float c = kSigned ? 0.0f : w.c;
   __m256 acc[NX];
   KILN_UNROLL
@@ -154,20 +230,7 @@ void packed_half(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float*
     for (int64_t i = 0; i < ns; ++i, sc += kScaleBytes, qs += kQuantBytes) {
       const int64_t s = s0 + i;
       __m256i wq[8];
-      if constexpr (kQ4) {
-        KILN_UNROLL
-        for (int pc = 0; pc < 4; ++pc) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * pc + 32 * h));
-          wq[pc] = _mm256_and_si256(v, m4);
-          wq[4 + pc] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-      } else {
-        KILN_UNROLL
-        for (int pc = 0; pc < 8; ++pc) {
-          wq[pc] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * pc + 32 * h));
-          if constexpr (kSigned) wq[pc] = _mm256_xor_si256(wq[pc], flip);
-        }
-      }
+      packed_quants<kBits, kSigned>(qs, h, wq);
       __m256 d_lo, d_hi, m = _mm256_setzero_ps();
       if constexpr (kScales == kPackD || kScales == kPackDM) {
         d_lo = d_hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * h)));
@@ -228,34 +291,30 @@ void packed_half(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float*
   for (int j = 0; j < NX; ++j) _mm256_storeu_ps(out + j * kPackRows + 8 * h, acc[j]);
 }
 
-template <bool kQ4, uint32_t kScales, bool kSigned>
+template <int kBits, uint32_t kScales, bool kSigned>
 void packed_cols(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out) {
   for (int h = 0; h < 2; ++h) {
     switch (n_x) {
-      case 1: packed_half<1, kQ4, kScales, kSigned>(w, g, h, x, out); break;
-      case 2: packed_half<2, kQ4, kScales, kSigned>(w, g, h, x, out); break;
-      case 3: packed_half<3, kQ4, kScales, kSigned>(w, g, h, x, out); break;
-      default: packed_half<4, kQ4, kScales, kSigned>(w, g, h, x, out); break;
+      case 1: packed_half<1, kBits, kScales, kSigned>(w, g, h, x, out); break;
+      case 2: packed_half<2, kBits, kScales, kSigned>(w, g, h, x, out); break;
+      case 3: packed_half<3, kBits, kScales, kSigned>(w, g, h, x, out); break;
+      default: packed_half<4, kBits, kScales, kSigned>(w, g, h, x, out); break;
     }
   }
 }
 
 void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out) {
   static_assert(kPackRows == 16 && kPackCols == 4);
-  if (w.is_signed) {  // q8_0, iq4_nl: 8 bits, one scale a sub-block
-    packed_cols<false, kPackD, true>(w, g, x, n_x, out);
-    return;
-  }
-  const uint32_t sel = (w.q4 ? 4u : 0u) | w.scales;
-  switch (sel) {
-    case 4 | kPackD: packed_cols<true, kPackD, false>(w, g, x, n_x, out); return;
-    case 4 | kPackDM: packed_cols<true, kPackDM, false>(w, g, x, n_x, out); return;
-    case 4 | kPackK32: packed_cols<true, kPackK32, false>(w, g, x, n_x, out); return;
-    case 4 | kPackK16: packed_cols<true, kPackK16, false>(w, g, x, n_x, out); return;
-    case kPackD: packed_cols<false, kPackD, false>(w, g, x, n_x, out); return;
-    case kPackDM: packed_cols<false, kPackDM, false>(w, g, x, n_x, out); return;
-    case kPackK32: packed_cols<false, kPackK32, false>(w, g, x, n_x, out); return;
-    default: packed_cols<false, kPackK16, false>(w, g, x, n_x, out); return;
+  switch (packed_form(w.bits, w.scales)) {
+    case packed_form(4, kPackD): packed_cols<4, kPackD, false>(w, g, x, n_x, out); return;
+    case packed_form(4, kPackDM): packed_cols<4, kPackDM, false>(w, g, x, n_x, out); return;
+    case packed_form(4, kPackK32): packed_cols<4, kPackK32, false>(w, g, x, n_x, out); return;
+    case packed_form(4, kPackK16): packed_cols<4, kPackK16, false>(w, g, x, n_x, out); return;
+    case packed_form(5, kPackD): packed_cols<5, kPackD, false>(w, g, x, n_x, out); return;
+    case packed_form(5, kPackDM): packed_cols<5, kPackDM, false>(w, g, x, n_x, out); return;
+    case packed_form(5, kPackK32): packed_cols<5, kPackK32, false>(w, g, x, n_x, out); return;
+    case packed_form(6, kPackK16): packed_cols<6, kPackK16, false>(w, g, x, n_x, out); return;
+    default: packed_cols<8, kPackD, true>(w, g, x, n_x, out); return;  // q8_0, iq4_nl: signed, stored + 128
   }
 }
 constexpr auto kQdotPacked = qdot_packed;
