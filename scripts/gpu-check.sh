@@ -5,7 +5,7 @@
 #   usage (on the GPU machine, in the tree): scripts/gpu-check.sh [STEP]...
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
-#   bench     bench/cuda_matmul_bench (GEMV / GEMM kernels against the card's copy bandwidth)
+#   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth)
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:
 #             TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
@@ -83,11 +83,11 @@ for step in "${steps[@]}"; do
         tail -4 "$out/sanitize.log"
       done
       ;;
-    bench) "$bin/tests/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.md" || status=1 ;;
+    bench) "$bin/tests/matmul_bench" --device cuda 2>&1 | tee "$out/matmul_bench.md" || status=1 ;;
     tune)
       for rows in 1 2 4 8; do
         echo "KILN_CUDA_GEMV_ROWS=$rows"
-        KILN_CUDA_GEMV_ROWS=$rows "$bin/tests/cuda_matmul_bench" --types ${TUNE_TYPES:-bf16,q8_0,q4_0,q4_k,q6_k} \
+        KILN_CUDA_GEMV_ROWS=$rows "$bin/tests/matmul_bench" --device cuda --types ${TUNE_TYPES:-bf16,q8_0,q4_0,q4_k,q6_k} \
           --m 1 || status=1
       done 2>&1 | tee "$out/tune.md"
       ;;

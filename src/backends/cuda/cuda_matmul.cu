@@ -223,7 +223,7 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 // ---- the staged integer GEMV: weight rows copied to shared memory ahead of their use ----
 
 // The types whose integer GEMV reads its weights through shared memory where the rows allow: measured on an
-// H100 (bench/cuda_matmul_bench, one run each way), the K-quants gain (Q4_K 29 -> 36% of the copy bandwidth
+// H100 (bench/matmul_bench --device cuda, one run each way), the K-quants gain (Q4_K 29 -> 36% of the copy bandwidth
 // on 4096 x 14336, Q6_K 45 -> 65% on the 8B's output head) while Q4_0 and Q8_0, whose units are 8 elements
 // and whose direct loads already keep enough in flight, lose a few points.
 template <DType T>
@@ -423,7 +423,7 @@ template <DType T, bool kQ8>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access) {
   if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1>(ctx, a, access);
   if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1>(ctx, a, access);
-  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/cuda_matmul_bench).
+  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/matmul_bench).
   static const int forced = [] {
     const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
     return v != nullptr ? std::atoi(v) : 0;

@@ -1,9 +1,13 @@
-// Matmul kernel timings on the CUDA backend against the device's copy bandwidth: Llama-3-8B layer shapes,
-// each weight type, m = 1 .. 64, through the public backend API (prepare_weight, run, synchronize). Prints a
-// markdown table (or JSON lines with --json): us per call, weight GB/s, % of the measured device-to-device
-// copy bandwidth, and TFLOP/s from m = 16. Built with KILN_CUDA (tests/CMakeLists.txt); run on the GPU
-// machine:
-//   build/cuda-dev/tests/cuda_matmul_bench [--json] [--types bf16,q4_0,...] [--m 1,2,...]
+// Matmul kernel timings through the public backend API (prepare_weight, run, synchronize) against the
+// backend's copy bandwidth: each weight type, m = 1 .. 512 x rows, copies of the weight cycled so that every
+// call reads memory, not a cache. Prints a markdown table (or JSON lines with --json): us per call, weight
+// GB/s (the file's bytes), % of the measured copy bandwidth (bytes read + written), and TFLOP/s from m = 16.
+//   build/<preset>/tests/matmul_bench [--device cpu|cuda] [--json] [--types bf16,q4_0,...] [--m 1,2,...]
+//                                     [--shapes 4096x4096,576x1536,...]   (k x n)   [--cached]
+// --cached multiplies one copy of each weight, which then stays in the caches where it fits: the kernels'
+// compute rate.
+// Default shapes: on cuda a Llama-3-8B layer (q/o, k/v, gate/up, down) and its output head; on cpu the layers
+// of SmolLM2-135M and Qwen2.5-1.5B. The CPU's thread count is KILN_THREADS or the machine's.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +27,7 @@ namespace kiln {
 namespace {
 
 constexpr int kReps = 200;
+bool g_cached = false;  // --cached: one copy of each weight
 
 // Aborts with the failed call's message: a benchmark has no error path worth more than that.
 template <class T>
@@ -47,6 +52,7 @@ std::vector<size_t> scale_offsets(DType type) {
     case DType::q5_0:
     case DType::q8_0: return {0};
     case DType::q4_1:
+    case DType::q5_1:
     case DType::q4_k:
     case DType::q5_k: return {0, 2};
     case DType::q6_k: return {208};
@@ -101,7 +107,7 @@ struct Shape {
 };
 
 // One row of the table: the weights (copies of one matrix of `w_bytes`, cycled so that together they overflow
-// the L2 cache and every call reads HBM) times m columns of x.
+// the caches and every call reads memory) times m columns of x.
 void bench_m(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& ws, int64_t w_bytes, int64_t m,
              double copy_bw, bool json, std::mt19937& rng) {
   const Tensor& w0 = ws[0]->weight.tensor;
@@ -115,7 +121,7 @@ void bench_m(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& ws, i
   const Tensor x = make_tensor(DType::f32, *xbuf, 0, sh.k, m),
                dst = make_tensor(DType::f32, *dbuf, 0, sh.n, m);
   check(b.upload(x, xh.data(), xh.size() * 4), "upload");
-  // quantize_x: the GPU's default path (tensor cores for m > 8; the GEMV is exact either way).
+  // quantize_x: the default path (on the GPU tensor cores for m > 8; its GEMV is exact either way).
   std::vector<Program> calls(ws.size());
   for (size_t i = 0; i < ws.size(); ++i)
     check(calls[i].add(ops::Matmul{ws[i]->weight, x, dst, true}), "program");
@@ -143,10 +149,12 @@ void bench_m(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& ws, i
 
 void bench_weight(Backend& b, DType type, Shape sh, const std::vector<int64_t>& ms, double copy_bw, bool json,
                   std::mt19937& rng) {
+  if (!dtype_row_bytes(type, sh.k).ok()) return;  // k not a multiple of the type's block (q4_K at k = 576)
   std::vector<uint8_t> host = make_weight(type, sh.k, sh.n, rng);
   const Tensor logical = make_tensor(type, host.data(), sh.k, sh.n);
-  // At least 256 MiB of copies (the H100's L2 is 50 MB).
-  const size_t copies = std::max<size_t>(1, (size_t{256} << 20) / host.size() + 1);
+  // At least 256 MiB of copies (the H100's L2 is 50 MB; a CPU's last-level cache less); one with --cached
+  // (the weights then stay in the caches where they fit: the kernel's compute rate).
+  const size_t copies = g_cached ? 1 : std::max<size_t>(1, (size_t{256} << 20) / host.size() + 1);
   std::vector<std::unique_ptr<WeightHandle>> ws;
   for (size_t i = 0; i < copies; ++i) {
     ws.push_back(check(b.prepare_weight(logical, "w", WeightRole::weight_role_matmul), "prepare_weight"));
@@ -181,25 +189,47 @@ std::vector<std::string> list_arg(int argc, char** argv, std::string_view flag,
 int main(int argc, char** argv) {
   using namespace kiln;  // NOLINT
   bool json = false;
-  for (int i = 1; i < argc; ++i) json = json || std::string_view(argv[i]) == "--json";
+  for (int i = 1; i < argc; ++i) {
+    json = json || std::string_view(argv[i]) == "--json";
+    g_cached = g_cached || std::string_view(argv[i]) == "--cached";
+  }
+  const std::string device = list_arg(argc, argv, "--device", {"cpu"}).at(0);
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "--device: %s is not cpu or cuda\n", device.c_str());
+    return 2;
+  }
   const std::vector<std::string> type_names = list_arg(
       argc, argv, "--types", {"bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"});
   std::vector<int64_t> ms;
   for (const std::string& m : list_arg(argc, argv, "--m", {"1", "2", "4", "8", "16", "64", "512"})) {
     ms.push_back(std::stoll(m));
   }
-  auto b = check(make_backend("cuda"), "make_backend(cuda)");
+  auto b = check(make_backend(device), "make_backend");
   const double copy_bw = copy_bandwidth(*b);
   if (json) {
     std::printf("{\"copy_gbs\":%.1f}\n", copy_bw / 1e9);
   } else {
-    std::printf("device-to-device copy: %.1f GB/s (read + write)\n\n", copy_bw / 1e9);
+    std::printf("%s, %d threads; copy: %.1f GB/s (read + write)\n\n", device.c_str(), b->n_threads(),
+                copy_bw / 1e9);
     std::printf("| type  |     k |      n |  m |   us/call |    GB/s | %%copy | TFLOP/s |\n");
     std::printf("|-------|------:|-------:|---:|----------:|--------:|------:|--------:|\n");
   }
   std::mt19937 rng(1234);
-  // A Llama-3-8B layer (q/o, k/v, gate/up, down) and its output head.
-  const Shape shapes[] = {{4096, 4096}, {4096, 1024}, {4096, 14336}, {14336, 4096}, {4096, 128256}};
+  const std::vector<std::string> shape_names = list_arg(
+      argc, argv, "--shapes",
+      device == "cuda"
+          ? std::vector<std::string>{"4096x4096", "4096x1024", "4096x14336", "14336x4096", "4096x128256"}
+          : std::vector<std::string>{"576x576", "576x1536", "1536x576", "1536x1536", "1536x8960",
+                                     "8960x1536"});
+  std::vector<Shape> shapes;
+  for (const std::string& sh : shape_names) {
+    const size_t x = sh.find('x');
+    if (x == std::string::npos) {
+      std::fprintf(stderr, "--shapes: %s is not KxN\n", sh.c_str());
+      return 2;
+    }
+    shapes.push_back({std::stoll(sh.substr(0, x)), std::stoll(sh.substr(x + 1))});
+  }
   for (const std::string& name : type_names) {
     const std::optional<DType> t = dtype_from_name(name);
     if (!t) {
