@@ -9,10 +9,6 @@ namespace kiln::tokenizer_detail {
 
 namespace {
 
-uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-}
-
 // A symbol of the word being merged: a doubly linked list over the initial positions.
 struct Symbol {
   int32_t id;    // token id
@@ -46,8 +42,8 @@ void bpe_merge(const Vocab& v, std::vector<int32_t>& symbols) {
   auto push = [&](int32_t pos) {
     const int32_t next = sym[pos].next;
     if (next < 0) return;
-    auto it = v.merges.find(pair_key(sym[pos].id, sym[next].id));
-    if (it != v.merges.end()) queue.push({it->second.rank, pos, it->second.merged});
+    const Merge* m = v.merges.find(MergeTable::pair_key(sym[pos].id, sym[next].id));
+    if (m != nullptr) queue.push({m->rank, pos, m->merged});
   };
   for (int32_t i = 0; i + 1 < n; ++i) push(i);
   while (!queue.empty()) {
@@ -56,8 +52,8 @@ void bpe_merge(const Vocab& v, std::vector<int32_t>& symbols) {
     Symbol& left = sym[top.pos];
     if (!left.alive || left.next < 0) continue;
     // Skip candidates made stale by an earlier merge of either side.
-    auto it = v.merges.find(pair_key(left.id, sym[left.next].id));
-    if (it == v.merges.end() || it->second.merged != top.merged) continue;
+    const Merge* m = v.merges.find(MergeTable::pair_key(left.id, sym[left.next].id));
+    if (m == nullptr || m->merged != top.merged) continue;
     Symbol& right = sym[left.next];
     left.id = top.merged;
     right.alive = false;
@@ -82,9 +78,8 @@ void encode_byte_level(const Vocab& v, std::string_view segment, std::vector<int
   for (std::string_view word : words) {
     if (v.ignore_merges) {
       spelled = unicode::bytes_to_byte_level(word);
-      auto it = v.key_index.find(spelled);
-      if (it != v.key_index.end()) {
-        out.push_back(it->second);
+      if (const int32_t id = v.key_index.find(spelled); id >= 0) {
+        out.push_back(id);
         continue;
       }
     }

@@ -57,8 +57,7 @@ bool unk_reachable(const Vocab& v) {
 // The unk id kiln's GGUF reader gives a SentencePiece vocabulary (unknown_token_id, else "<unk>").
 int32_t spm_reader_unk(const Vocab& v) {
   if (v.unk >= 0) return v.unk;
-  auto it = v.key_index.find("<unk>");
-  return it == v.key_index.end() ? -1 : it->second;
+  return v.key_index.find("<unk>");
 }
 
 // Vocab features the GGUF keys cannot carry, as an error naming the feature; ok when there are none.
@@ -134,10 +133,10 @@ struct RankedMerge {
 std::vector<RankedMerge> merges_by_rank(const Vocab& v) {
   std::vector<RankedMerge> out;
   out.reserve(v.merges.size());
-  for (const auto& [pair, m] : v.merges) {
+  v.merges.for_each([&](uint64_t pair, const tokenizer_detail::Merge& m) {
     out.push_back(
         {m.rank, static_cast<int32_t>(pair >> 32), static_cast<int32_t>(pair & 0xFFFFFFFFu), m.merged});
-  }
+  });
   std::sort(out.begin(), out.end(),
             [](const RankedMerge& a, const RankedMerge& b) { return a.rank < b.rank; });
   return out;
@@ -239,7 +238,7 @@ Status write_gguf_tokenizer(const Tokenizer& tok, gguf::Writer& w, int32_t n_voc
   // Padding up to the embedding's rows. Every check is done before the first key is set.
   for (int32_t id = n; id < n_vocab_model; ++id) {
     std::string pad = fmt::format("[PAD{}]", id);
-    if (v.key_index.count(pad) != 0 || tok.token_id(pad).has_value()) {
+    if (v.key_index.contains(pad) || tok.token_id(pad).has_value()) {
       return invalid_argument("write_gguf_tokenizer: padding token \"{}\" is already in the vocabulary", pad);
     }
     texts.push_back(std::move(pad));

@@ -20,8 +20,8 @@ void spm_symbols(const Vocab& v, std::string_view word, std::vector<int32_t>& sy
     if (len == 0) len = 1;  // cannot happen on validated text; treated as one byte
     const std::string_view ch = word.substr(pos, len);
     pos += len;
-    if (auto it = v.key_index.find(ch); it != v.key_index.end()) {
-      symbols.push_back(it->second);
+    if (const int32_t id = v.key_index.find(ch); id >= 0) {
+      symbols.push_back(id);
       last_unk = false;
       continue;
     }
@@ -90,9 +90,9 @@ Status generate_spm_merges(Vocab& v, const std::vector<double>& scores, std::str
         "the longest is token {}, {} bytes",
         source, kMaxSpmSplitWork, longest, v.keys[longest].size());
   }
-  // One candidate per split of a token into two vocabulary tokens.
+  // One candidate per split of a token into two vocabulary tokens, ranked by the merged token's score
+  // (scores[merged]: higher merges first).
   struct Candidate {
-    double score;    // of the merged token: higher merges first
     uint32_t len_l;  // code points of the left part: longer first
     uint32_t len_r;  // code points of the right part: longer first
     int32_t order;   // first position of the merged token's key in the vocabulary
@@ -101,15 +101,13 @@ Status generate_spm_merges(Vocab& v, const std::vector<double>& scores, std::str
   std::vector<Candidate> cands;
   cands.reserve(v.keys.size() * 2);
   // A repeated key is visited once, at its first position, with the id (and score) of its last.
-  std::unordered_map<std::string_view, int32_t> first;  // key -> its first id
-  first.reserve(v.keys.size());
-  for (int32_t id = 0; id < v.n_vocab(); ++id) first.emplace(v.keys[id], id);
+  KeyIndex first;
+  first.build(v.keys, /*first_wins=*/true);
   std::vector<size_t> bounds;  // byte offsets of the code point boundaries of one key
   for (int32_t id = 0; id < v.n_vocab(); ++id) {
     const std::string& key = v.keys[id];
-    const auto self = v.key_index.find(key);
-    if (self == v.key_index.end() || first.find(key)->second != id) continue;
-    const int32_t merged = self->second;
+    const int32_t merged = v.key_index.find(key);
+    if (merged < 0 || first.find(key) != id) continue;
     bounds.clear();
     uint32_t cp = 0;
     for (size_t pos = 0; pos < key.size();) {
@@ -119,17 +117,16 @@ Status generate_spm_merges(Vocab& v, const std::vector<double>& scores, std::str
     }
     const auto n_cp = static_cast<uint32_t>(bounds.size());
     for (uint32_t k = 0; k + 1 < n_cp; ++k) {
-      const std::string_view l = std::string_view(key).substr(0, bounds[k]);
-      const std::string_view r = std::string_view(key).substr(bounds[k]);
-      auto il = v.key_index.find(l);
-      if (il == v.key_index.end()) continue;
-      auto ir = v.key_index.find(r);
-      if (ir == v.key_index.end()) continue;
-      cands.push_back({scores[merged], k + 1, n_cp - k - 1, id, il->second, ir->second, merged});
+      const int32_t il = v.key_index.find(std::string_view(key).substr(0, bounds[k]));
+      if (il < 0) continue;
+      const int32_t ir = v.key_index.find(std::string_view(key).substr(bounds[k]));
+      if (ir < 0) continue;
+      cands.push_back({k + 1, n_cp - k - 1, id, il, ir, merged});
     }
   }
-  std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.score != b.score) return a.score > b.score;
+  std::sort(cands.begin(), cands.end(), [&](const Candidate& a, const Candidate& b) {
+    const double sa = scores[a.merged], sb = scores[b.merged];
+    if (sa != sb) return sa > sb;
     if (a.len_l != b.len_l) return a.len_l > b.len_l;
     if (a.len_r != b.len_r) return a.len_r > b.len_r;
     return a.order < b.order;
@@ -137,9 +134,8 @@ Status generate_spm_merges(Vocab& v, const std::vector<double>& scores, std::str
   v.merges.clear();
   v.merges.reserve(cands.size());
   for (size_t i = 0; i < cands.size(); ++i) {
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(cands[i].left)) << 32) |
-                         static_cast<uint32_t>(cands[i].right);
-    v.merges.emplace(key, Merge{i, cands[i].merged});
+    v.merges.insert(MergeTable::pair_key(cands[i].left, cands[i].right),
+                    Merge{static_cast<uint32_t>(i), cands[i].merged});
   }
   return {};
 }

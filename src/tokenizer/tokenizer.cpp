@@ -81,24 +81,18 @@ void build_pieces(Vocab& v) {
   for (const AddedToken& t : v.added) v.pieces[t.id] = t.content;
   for (int b = 0; b < 256; ++b) {
     if (v.model == TokenizerModel::spm_bpe) {
-      auto it = v.key_index.find(fmt::format("<0x{:02X}>", b));
-      if (it != v.key_index.end()) v.byte_ids[b] = it->second;
+      if (const int32_t id = v.key_index.find(fmt::format("<0x{:02X}>", b)); id >= 0) v.byte_ids[b] = id;
     } else {
       std::string ch;
       unicode::utf8_append(ch, unicode::byte_to_codepoint()[b]);
-      auto it = v.key_index.find(ch);
-      if (it != v.key_index.end()) v.byte_char_ids[b] = it->second;
+      if (const int32_t id = v.key_index.find(ch); id >= 0) v.byte_char_ids[b] = id;
     }
   }
 }
 
 }  // namespace
 
-void build_key_index(Vocab& v) {
-  v.key_index.clear();
-  v.key_index.reserve(v.keys.size());
-  for (int32_t id = 0; id < v.n_vocab(); ++id) v.key_index.insert_or_assign(std::string_view(v.keys[id]), id);
-}
+void build_key_index(Vocab& v) { v.key_index.build(v.keys); }
 
 Status finalize_vocab(Vocab& v, std::string_view source) {
   const int32_t n = v.n_vocab();
@@ -276,14 +270,14 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view text) const {
   for (const AddedToken& t : v.added) {
     if (t.content == text) return t.id;
   }
-  if (auto it = v.key_index.find(text); it != v.key_index.end()) return it->second;
+  if (const int32_t id = v.key_index.find(text); id >= 0) return id;
   std::string spelled;
   if (v.model == TokenizerModel::byte_level_bpe) {
     spelled = unicode::bytes_to_byte_level(text);
   } else {
     for (char c : text) spelled += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
   }
-  if (auto it = v.key_index.find(spelled); it != v.key_index.end()) return it->second;
+  if (const int32_t id = v.key_index.find(spelled); id >= 0) return id;
   return std::nullopt;
 }
 

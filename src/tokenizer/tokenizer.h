@@ -23,6 +23,7 @@
 
 #include "core/status.h"
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/vocab_index.h"
 
 namespace kiln {
 
@@ -48,12 +49,6 @@ enum class TokenizerModel : uint8_t {
 
 namespace tokenizer_detail {
 
-// One BPE merge: the pair (left id, right id) becomes `merged`; lower rank merges first.
-struct Merge {
-  uint64_t rank = 0;
-  int32_t merged = -1;
-};
-
 // A token cut out of the text before the model runs (HF "added tokens").
 struct AddedToken {
   std::string content;   // raw text matched in the input
@@ -61,17 +56,17 @@ struct AddedToken {
   bool special = false;  // control tokens: only matched with parse_special, skipped by decode(skip_special)
 };
 
-// The whole vocabulary. Built once, then shared read-only by every copy of a Tokenizer. Its address
-// never changes after construction (key_index holds views into `keys`).
+// The whole vocabulary. Built once, then shared read-only by every copy of a Tokenizer. `keys` is not
+// changed once key_index is built (it reads their strings).
 struct Vocab {
   TokenizerModel model = TokenizerModel::byte_level_bpe;
   std::vector<std::string> keys;    // [n_vocab] the token as the model spells it (byte alphabet, U+2581)
   std::vector<std::string> pieces;  // [n_vocab] the raw bytes the token decodes to
   std::vector<TokenType> types;     // [n_vocab]
   std::vector<uint8_t> special;     // [n_vocab] 1: skipped by decode(skip_special)
-  std::unordered_map<std::string_view, int32_t> key_index;  // keys -> id (a repeated key: the last id)
-  std::unordered_map<uint64_t, Merge> merges;               // (left << 32 | right) -> merge
-  std::vector<AddedToken> added;                            // in the order they were declared
+  KeyIndex key_index;               // keys -> id (a repeated key: the last id)
+  MergeTable merges;                // (left << 32 | right) -> merge
+  std::vector<AddedToken> added;    // in the order they were declared
 
   // Added-token trie over bytes: edge (node << 8 | byte) -> child node; node 0 is the root.
   std::unordered_map<uint64_t, int32_t> trie_edges;

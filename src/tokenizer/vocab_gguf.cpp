@@ -84,17 +84,17 @@ Status read_merges(const gguf::File& f, Vocab& v) {
     const std::string_view left = std::string_view(m).substr(0, space),
                            right = std::string_view(m).substr(space + 1);
     joined.assign(left).append(right);
-    const auto il = v.key_index.find(left), ir = v.key_index.find(right), ij = v.key_index.find(joined);
-    for (const auto& [it, text] :
+    const int32_t il = v.key_index.find(left), ir = v.key_index.find(right), ij = v.key_index.find(joined);
+    for (const auto& [id, text] :
          {std::pair{il, left}, std::pair{ir, right}, std::pair{ij, std::string_view(joined)}}) {
-      if (it == v.key_index.end()) {
+      if (id < 0) {
         return invalid_argument("{}: tokenizer.ggml.merges[{}] = \"{}\": \"{}\" is not in the vocabulary",
                                 f.name(), i, m, text);
       }
     }
-    const uint64_t key =
-        (static_cast<uint64_t>(static_cast<uint32_t>(il->second)) << 32) | static_cast<uint32_t>(ir->second);
-    v.merges.insert_or_assign(key, tokenizer_detail::Merge{i, ij->second});  // a repeated pair: the last wins
+    // A repeated pair: the last wins.
+    v.merges.insert_or_assign(tokenizer_detail::MergeTable::pair_key(il, ir),
+                              tokenizer_detail::Merge{static_cast<uint32_t>(i), ij});
   }
   return Status::ok_status();
 }
@@ -158,7 +158,7 @@ Status build_spm(const gguf::File& f, Vocab& v, bool gemma) {
   v.fuse_unk = true;
   v.model_unk = v.unk;
   if (v.model_unk < 0) {
-    if (auto it = v.key_index.find("<unk>"); it != v.key_index.end()) v.model_unk = it->second;
+    v.model_unk = v.key_index.find("<unk>");
   }
   return Status::ok_status();
 }
@@ -189,8 +189,8 @@ void add_gguf_added_tokens(const std::vector<std::string>& raw, Vocab& v) {
   std::vector<uint8_t> added(v.keys.size(), 0);
   for (int32_t i = 0; i < v.n_vocab(); ++i) {
     if (v.types[i] != TokenType::control || (byte_level && !in_byte_alphabet(raw[i]))) continue;
-    auto it = v.key_index.find(raw[i]);
-    const int32_t id = it != v.key_index.end() ? it->second : i;
+    const int32_t found = v.key_index.find(raw[i]);
+    const int32_t id = found >= 0 ? found : i;
     v.added.push_back({raw[i], id, true});
     added[id] = 1;
   }
@@ -202,9 +202,8 @@ void add_gguf_added_tokens(const std::vector<std::string>& raw, Vocab& v) {
   }
   for (int32_t i = 0; i < v.n_vocab(); ++i) {
     if (v.types[i] != TokenType::user_defined) continue;
-    auto it = v.key_index.find(raw[i]);
-    if (it == v.key_index.end()) continue;
-    v.added.push_back({raw[i], it->second, false});
+    const int32_t id = v.key_index.find(raw[i]);
+    if (id >= 0) v.added.push_back({raw[i], id, false});
   }
 }
 

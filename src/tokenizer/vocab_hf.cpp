@@ -259,16 +259,14 @@ Status read_hf_merges(const json& model, Vocab& v) {
     int32_t ids[3];
     const std::string* parts[3] = {&left, &right, &joined};
     for (int k = 0; k < 3; ++k) {
-      auto it = v.key_index.find(*parts[k]);
-      if (it == v.key_index.end()) {
+      ids[k] = v.key_index.find(*parts[k]);
+      if (ids[k] < 0) {
         return invalid_argument("tokenizer.json: model.merges[{}] = {}: \"{}\" is not in the vocabulary", i,
                                 json_file::preview(m), *parts[k]);
       }
-      ids[k] = it->second;
     }
-    const uint64_t key =
-        (static_cast<uint64_t>(static_cast<uint32_t>(ids[0])) << 32) | static_cast<uint32_t>(ids[1]);
-    v.merges.insert_or_assign(key, tokenizer_detail::Merge{i, ids[2]});
+    v.merges.insert_or_assign(tokenizer_detail::MergeTable::pair_key(ids[0], ids[1]),
+                              tokenizer_detail::Merge{static_cast<uint32_t>(i), ids[2]});
   }
   return Status::ok_status();
 }
@@ -306,11 +304,10 @@ Result<int32_t> config_token(const json& config, const char* key, const Vocab& v
   for (const AddedToken& t : v.added) {
     if (t.content == text) return t.id;
   }
-  auto k = v.key_index.find(text);
-  if (k == v.key_index.end()) {
+  const int32_t id = v.key_index.find(text);
+  if (id < 0)
     return invalid_argument("tokenizer_config.json: {} = \"{}\" is not in the vocabulary", key, text);
-  }
-  return k->second;
+  return id;
 }
 
 // BOS/EOS from a TemplateProcessing post-processor: special tokens before and after "$A".
@@ -376,10 +373,10 @@ Status build_from_json(const json& j, const std::optional<json>& config, Vocab& 
   KILN_ASSIGN_OR_RETURN(v.ignore_merges, bool_field(model, "ignore_merges", "model", false));
   KILN_ASSIGN_OR_RETURN(std::string unk, string_field(model, "unk_token", "model", ""));
   if (!unk.empty()) {
-    auto it = v.key_index.find(unk);
-    if (it == v.key_index.end())
+    const int32_t id = v.key_index.find(unk);
+    if (id < 0)
       return invalid_argument("tokenizer.json: model.unk_token \"{}\" is not in the vocabulary", unk);
-    v.model_unk = v.unk = it->second;
+    v.model_unk = v.unk = id;
   }
   for (int32_t i = 0; i < v.n_vocab(); ++i) {
     if (v.types[i] == TokenType::normal && v.model == TokenizerModel::spm_bpe && v.keys[i].size() == 6 &&
