@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -74,6 +75,18 @@ class Backend {
   // (the quantization tools map a matmul input back to its weight by name).
   virtual Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                                WeightRole role) = 0;
+  // prepare_weight, telling `read_done` (from any thread, in any order) of byte ranges of `logical` that it
+  // has finished reading, so that the loader can hand their file pages back while the rest is still being
+  // copied: a large tensor's file pages and its copy are then never resident together. The default tells
+  // nothing (the loader hands the pages back once prepare_weight returns).
+  using ReadDone = std::function<void(const void* p, size_t n)>;
+  virtual Result<std::unique_ptr<WeightHandle>> prepare_weight_reporting(const Tensor& logical,
+                                                                         std::string_view name,
+                                                                         WeightRole role,
+                                                                         const ReadDone& read_done) {
+    (void)read_done;
+    return prepare_weight(logical, name, role);
+  }
 
   // Worker threads the backend uses (CPU) or 1.
   virtual int n_threads() const { return 1; }

@@ -57,9 +57,13 @@ Result<Tensor> WeightLoader::find(const std::string& name, const std::vector<int
 }
 
 Result<ops::Weight> WeightLoader::prepare(const Tensor& logical, const std::string& name, WeightRole role) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h, backend_.prepare_weight(logical, name, role));
-  // A backend that made its own copy (a repacked layout, device memory) reads the file's bytes only on paths
-  // off the default one (--exact, a tied table's rows): their pages leave the resident set until then.
+  // A backend that makes its own copy (a repacked layout, device memory) reads the file's bytes only on paths
+  // off the default one (--exact, a tied table's rows): their pages leave the resident set until then, each
+  // run as soon as the backend has read it where it says so (a large table's pages and its copy are then not
+  // resident together: Gemma 3's 178 MB embedding), the rest once it is done.
+  const Backend::ReadDone read_done = [this](const void* p, size_t n) { file_.drop_pages(p, n); };
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h,
+                        backend_.prepare_weight_reporting(logical, name, role, read_done));
   if (h->prepared != nullptr || h->storage != nullptr) {
     int64_t span = logical.row_bytes();
     for (int d = 1; d < 4; ++d) span += (logical.ne[d] - 1) * logical.nb[d];

@@ -4,10 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -167,6 +170,50 @@ TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
                 static_cast<size_t>(3 * cpu::packed_group_bytes(k, f.bits, f.scales)))
           << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type);
     }
+  }
+}
+
+// The packer tells the loader of the rows it has read, a few MiB at a time while it packs (so that a large
+// table's file pages can go before its copy is whole): every byte of the tensor once, in runs inside it.
+TEST(CpuIsa, PackingReportsTheRowsItHasRead) {
+  BackendOptions options;
+  options.n_threads = 2;
+  Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
+  ASSERT_TRUE(b.ok());
+  if (!cpu::cpu_isa_supported(CpuIsa::cpu_isa_avx2)) GTEST_SKIP() << "no packed kernels on this CPU";
+  for (DType type : {DType::q8_0, DType::f16}) {
+    const int64_t k = 512, n = 16 * 2000 + 5;  // ~17 MB of q8_0, ~21 MB of f16: several runs a thread
+    const int64_t row = dtype_row_bytes(type, k).value();
+    std::vector<uint8_t> bytes(static_cast<size_t>(row * n), 0);
+    for (int64_t i = 0; i < n * k / dtype_info(type).block_size; ++i) {
+      bytes[i * dtype_info(type).type_size + 1] = 0x30;  // f16 scales (q8_0) and values (f16) of 0.125
+    }
+    const Tensor w = make_tensor(type, bytes.data(), k, n);
+    std::mutex mu;
+    std::vector<std::pair<const uint8_t*, size_t>> runs;
+    const Backend::ReadDone read_done = [&](const void* p, size_t len) {
+      std::lock_guard<std::mutex> lock(mu);
+      runs.emplace_back(static_cast<const uint8_t*>(p), len);
+    };
+    Result<std::unique_ptr<WeightHandle>> h =
+        (*b)->prepare_weight_reporting(w, "w", WeightRole::weight_role_matmul, read_done);
+    ASSERT_TRUE(h.ok());
+    ASSERT_NE((*h)->prepared, nullptr) << dtype_name(type);
+    std::sort(runs.begin(), runs.end());
+    EXPECT_GT(runs.size(), 2u) << dtype_name(type);
+    const uint8_t* at = bytes.data();
+    for (const auto& [p, len] : runs) {
+      EXPECT_EQ(p, at) << dtype_name(type);  // no gap, no overlap
+      at = p + len;
+    }
+    EXPECT_EQ(at, bytes.data() + bytes.size()) << dtype_name(type);
+    // Rows that are not contiguous (a strided view) are not reported.
+    runs.clear();
+    const Tensor strided = make_tensor(type, bytes.data(), k / 2, n / 2);
+    Tensor view = strided;
+    view.nb[1] = static_cast<size_t>(2 * row);
+    ASSERT_TRUE((*b)->prepare_weight_reporting(view, "v", WeightRole::weight_role_matmul, read_done).ok());
+    EXPECT_TRUE(runs.empty()) << dtype_name(type);
   }
 }
 

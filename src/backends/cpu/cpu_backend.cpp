@@ -83,6 +83,12 @@ class CpuBackend final : public Backend {
   // f32 / f16 / bf16 ones for every matmul; a tied table's rows come from its packed copy.
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
+    return prepare_weight_reporting(logical, name, role, {});
+  }
+  // The packer reports each run of rows it has packed (a few MiB at a time).
+  Result<std::unique_ptr<WeightHandle>> prepare_weight_reporting(const Tensor& logical, std::string_view name,
+                                                                 WeightRole role,
+                                                                 const ReadDone& read_done) override {
     auto h = std::make_unique<WeightHandle>();
     h->name = std::string(name);
     h->role = role;
@@ -92,7 +98,7 @@ class CpuBackend final : public Backend {
                          role == WeightRole::weight_role_expert_matmul ||
                          role == WeightRole::weight_role_tied_embedding;
     if (product && repack_) {
-      if (std::unique_ptr<cpu::PackedWeight> packed = cpu::pack_weight(pool_, kernels_, logical)) {
+      if (std::unique_ptr<cpu::PackedWeight> packed = cpu::pack_weight(pool_, kernels_, logical, read_done)) {
         h->weight.prepared = packed.get();
         h->prepared = std::move(packed);
       }

@@ -212,6 +212,40 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
   return true;
 }
 
+// Tells `read_done` of the rows of each packed item (item i: group i % groups of matrix i / groups), in runs
+// of contiguous bytes of at least kRun (and what is left at the end). Items come in increasing order, one
+// thread's run of them per reporter. Nothing is told for a tensor whose rows are not contiguous.
+class ReadReporter {
+ public:
+  ReadReporter(const Tensor& w, int64_t groups, const std::function<void(const void*, size_t)>& read_done)
+      : w_(w), groups_(groups), read_done_(read_done) {}
+  ReadReporter(const ReadReporter&) = delete;
+  ReadReporter& operator=(const ReadReporter&) = delete;
+  ~ReadReporter() { flush(); }
+
+  void done(int64_t item) {
+    if (!read_done_ || w_.nb[1] != static_cast<size_t>(w_.row_bytes())) return;
+    const int64_t mat = item / groups_, r0 = item % groups_ * kPackRows;
+    const int64_t r1 = std::min<int64_t>(r0 + kPackRows, w_.ne[1]);
+    const uint8_t* lo = w_.row(r0, mat);
+    if (lo != hi_) flush();
+    if (lo_ == nullptr) lo_ = lo;
+    hi_ = w_.row(r1 - 1, mat) + w_.row_bytes();
+    if (hi_ - lo_ >= kRun) flush();
+  }
+
+ private:
+  static constexpr int64_t kRun = int64_t{4} << 20;
+  void flush() {
+    if (lo_ != nullptr && hi_ > lo_) read_done_(lo_, static_cast<size_t>(hi_ - lo_));
+    lo_ = hi_ = nullptr;
+  }
+  const Tensor& w_;
+  int64_t groups_;
+  const std::function<void(const void*, size_t)>& read_done_;
+  const uint8_t *lo_ = nullptr, *hi_ = nullptr;
+};
+
 // Group g of float matrix `mat` into `out` (group_bytes): [k][kPackRows] elements, rows past n zero.
 void pack_float_group(const Tensor& w, int64_t mat, int64_t g, int64_t group_bytes, uint8_t* out) {
   const int64_t k = w.ne[0], n = w.ne[1], es = static_cast<int64_t>(dtype_info(w.type).type_size);
@@ -228,7 +262,8 @@ void pack_float_group(const Tensor& w, int64_t mat, int64_t g, int64_t group_byt
 }
 
 // `w` [k, n, n_mats] of f32 / f16 / bf16 in the packed float layout, a group per item of `pool`'s threads.
-std::unique_ptr<PackedWeight> pack_float_weight(ThreadPool& pool, const Tensor& w) {
+std::unique_ptr<PackedWeight> pack_float_weight(ThreadPool& pool, const Tensor& w,
+                                                const std::function<void(const void*, size_t)>& read_done) {
   const int64_t k = w.ne[0], n = w.ne[1], n_mats = w.ne[2];
   const int64_t groups = (n + kPackRows - 1) / kPackRows;
   const int64_t group_bytes = packed_float_group_bytes(k, static_cast<int64_t>(dtype_info(w.type).type_size));
@@ -239,8 +274,10 @@ std::unique_ptr<PackedWeight> pack_float_weight(ThreadPool& pool, const Tensor& 
         {pw->data() + a * groups * group_bytes, k, n, group_bytes, static_cast<uint32_t>(w.type)});
   }
   pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {
+    ReadReporter report(w, groups, read_done);
     for (int64_t i = i0; i < i1; ++i) {
       pack_float_group(w, i / groups, i % groups, group_bytes, pw->data() + i * group_bytes);
+      report.done(i);
     }
   });
   return pw;
@@ -248,10 +285,11 @@ std::unique_ptr<PackedWeight> pack_float_weight(ThreadPool& pool, const Tensor& 
 
 }  // namespace
 
-std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w) {
+std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w,
+                                          const std::function<void(const void*, size_t)>& read_done) {
   if (w.ne[3] != 1 || w.ne[1] <= 0 || w.ne[0] <= 0) return nullptr;
   if (w.type == DType::f32 || w.type == DType::f16 || w.type == DType::bf16) {
-    return kern.fdot_packed == nullptr ? nullptr : pack_float_weight(pool, w);
+    return kern.fdot_packed == nullptr ? nullptr : pack_float_weight(pool, w, read_done);
   }
   if (kern.qdot_packed == nullptr) return nullptr;
   const std::optional<Spec> sp = spec_of(w.type);
@@ -267,9 +305,11 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
   }
   std::atomic<bool> ok{true};
   pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {
+    ReadReporter report(w, groups, read_done);
     for (int64_t i = i0; i < i1 && ok.load(std::memory_order_relaxed); ++i) {
       const int64_t a = i / groups, g = i % groups;
       if (!pack_group(kern, w, a, g, *sp, pw->data() + (a * groups + g) * group_bytes)) ok = false;
+      report.done(i);
     }
   });
   return ok ? std::move(pw) : nullptr;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,7 +39,10 @@ class PackedWeight final : public ops::PreparedWeight {
 // when the level has no packed kernel for it, the type no packed form (q2_K, and types without a q8
 // activation format), or a scale of this tensor is not exactly what the layout can hold (then the file's
 // blocks serve it as before). f32 / f16 / bf16 go to the packed float layout, their bits unchanged.
-std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w);
+// `read_done`, if set, is told (from the pool's threads) of each run of w's rows once packed, a few MiB at a
+// time.
+std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w,
+                                          const std::function<void(const void*, size_t)>& read_done = {});
 
 // Row j of a packed matrix as f32 [k], the same bits as the reference dequantizer gives from the file's
 // blocks (get_rows on a tied embedding table reads its packed copy, so the file's pages stay out of memory).
