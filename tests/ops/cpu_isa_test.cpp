@@ -211,7 +211,7 @@ TEST(CpuIsa, PackingReportsTheRowsItHasRead) {
     runs.clear();
     const Tensor strided = make_tensor(type, bytes.data(), k / 2, n / 2);
     Tensor view = strided;
-    view.nb[1] = static_cast<size_t>(2 * row);
+    view.nb[1] = 2 * row;
     ASSERT_TRUE((*b)->prepare_weight_reporting(view, "v", WeightRole::weight_role_matmul, read_done).ok());
     EXPECT_TRUE(runs.empty()) << dtype_name(type);
   }

@@ -224,7 +224,7 @@ class ReadReporter {
   ~ReadReporter() { flush(); }
 
   void done(int64_t item) {
-    if (!read_done_ || w_.nb[1] != static_cast<size_t>(w_.row_bytes())) return;
+    if (!read_done_ || w_.nb[1] != w_.row_bytes()) return;
     const int64_t mat = item / groups_, r0 = item % groups_ * kPackRows;
     const int64_t r1 = std::min<int64_t>(r0 + kPackRows, w_.ne[1]);
     const uint8_t* lo = w_.row(r0, mat);
