@@ -124,6 +124,10 @@ class File {
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return metadata_; }
   const Value* find(std::string_view key) const;
+  // Removes the metadata entry `key`, if any, and frees its value: for large arrays read once, such as a
+  // vocabulary's tokens, scores and types (Gemma 3's 262,144 of each). Invalidates pointers from find() and
+  // references into metadata().
+  void release(std::string_view key);
 
   // Typed getters: not_found when absent; invalid_argument naming the key when the type is wrong.
   // Integer getters accept any integer type whose value fits; float getters accept f32/f64 and ints.

@@ -87,6 +87,14 @@ const Value* File::find(std::string_view key) const {
   return it == metadata_index_.end() ? nullptr : &metadata_[it->second].second;
 }
 
+void File::release(std::string_view key) {
+  auto it = metadata_index_.find(std::string(key));
+  if (it == metadata_index_.end()) return;
+  metadata_.erase(metadata_.begin() + static_cast<std::ptrdiff_t>(it->second));
+  metadata_index_.clear();
+  for (size_t i = 0; i < metadata_.size(); ++i) metadata_index_.emplace(metadata_[i].first, i);
+}
+
 void File::drop_pages(const void* p, size_t n) const {
   if (map_ != nullptr) map_->drop_pages(p, n);
 }

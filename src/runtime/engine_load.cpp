@@ -43,11 +43,13 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   }
   std::error_code ec;
   const bool folder = std::filesystem::is_directory(opt.model_path, ec);
+  std::shared_ptr<gguf::File> gguf_file;  // a GGUF file's, while it loads (released metadata below)
   if (folder) {
     KILN_ASSIGN_OR_RETURN(file, import_hf_folder(opt.model_path));
   } else {
     KILN_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(opt.model_path));
-    file = std::make_shared<const gguf::File>(std::move(f));
+    gguf_file = std::make_shared<gguf::File>(std::move(f));
+    file = gguf_file;
   }
   KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
   const bool gpu = backend->name() != "cpu";
@@ -70,6 +72,14 @@ Status Engine::Impl::load(const EngineOptions& opt) {
                             file->name(), tok.n_vocab(), mi.n_vocab);
   }
   tokenizer.emplace(std::move(tok));
+  // The vocabulary's arrays are read once, by the tokenizer: held as metadata values they would cost ~48
+  // bytes an entry for the whole run (Gemma 3: 262,144 entries in each).
+  if (gguf_file != nullptr) {
+    for (const char* key : {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                            "tokenizer.ggml.merges"}) {
+      gguf_file->release(key);
+    }
+  }
   KILN_TRY(load_chat_template(opt.model_path, folder));
   KILN_ASSIGN_OR_RETURN(const int32_t n_blocks, size_kv_pool(mi, n_ctx, kv_type));
   KILN_ASSIGN_OR_RETURN(KvBuffers buffers,

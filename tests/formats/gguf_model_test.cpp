@@ -137,6 +137,28 @@ TEST(GgufModel, WriterRejectsBadTensors) {
   EXPECT_EQ(f->find("k")->as_array()->items[0].as_array()->items[0].to_display_string(), "-1");
 }
 
+// release() removes one entry and keeps the rest findable, in file order.
+TEST(GgufModel, ReleaseForgetsOneEntry) {
+  Writer w;
+  w.set("general.architecture", Value::str("llama"));
+  w.set("tokenizer.ggml.tokens", Value::array(ValueType::string, {Value::str("a"), Value::str("b")}));
+  w.set("tokenizer.ggml.scores", Value::array(ValueType::float32, {Value::f32(0.5f), Value::f32(1.5f)}));
+  auto bytes = w.to_bytes();
+  ASSERT_TRUE(bytes.ok());
+  auto f = File::parse(*bytes, "release");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  const size_t n = f->metadata().size();
+  f->release("tokenizer.ggml.tokens");
+  f->release("no.such.key");  // nothing
+  EXPECT_EQ(f->find("tokenizer.ggml.tokens"), nullptr);
+  EXPECT_FALSE(f->get_string_array("tokenizer.ggml.tokens").ok());
+  EXPECT_EQ(f->metadata().size(), n - 1);
+  EXPECT_EQ(f->architecture(), "llama");
+  ASSERT_TRUE(f->get_float_array("tokenizer.ggml.scores").ok());
+  EXPECT_EQ(f->get_float_array("tokenizer.ggml.scores")->at(1), 1.5);
+  for (const auto& [key, value] : f->metadata()) EXPECT_NE(key, "tokenizer.ggml.tokens");
+}
+
 // Truncation coverage (the full header is ~2 MB, so re-parsing it at every byte is O(n^2)):
 //  1. every byte of the first 64 KiB of the file (header and the first metadata keys/arrays);
 //  2. every byte of the real tensor-info section, spliced behind a header with n_kv = 0 so each
