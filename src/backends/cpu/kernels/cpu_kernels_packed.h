@@ -4,7 +4,6 @@ namespace kiln::cpu {
 namespace {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-inline const int64_t g_prefetch = std::getenv("KILN_PF") ? std::atoll(std::getenv("KILN_PF")) : 0;
 // v shifted left by S bits (right by -S) in 16-bit lanes: moves bit t of each byte to t + S, whatever the
 // masks after it keep.
 template <int S>
@@ -77,10 +76,6 @@ void packed_group(const PackedMatrix& w, int64_t g, const QRowX* x, float* out) 
     p = qs + ns * kQuantBytes;
     for (int64_t i = 0; i < ns; ++i, sc += kScaleBytes, qs += kQuantBytes) {
       const int64_t s = s0 + i;
-      if (g_prefetch > 0) {
-        KILN_UNROLL
-        for (int64_t l = 0; l < kQuantBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + g_prefetch + l), _MM_HINT_T0);
-      }
       __m512i wq[8];
       packed_quants<kBits>(qs, wq);
       __m512 d_lo, d_hi, m = _mm512_setzero_ps();
