@@ -126,11 +126,11 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
       }
       p += 64;
     }
-    const int64_t scale_span = (ns * scale_bytes + 63) / 64 * 64;
-    std::memset(p, 0, static_cast<size_t>(scale_span));
+    const int64_t span = (ns * scale_bytes + 63) / 64 * 64 + ns * quant_bytes;
+    std::memset(p, 0, static_cast<size_t>(std::max<int64_t>(span, 0)));
     for (int64_t i = 0; i < ns; ++i) {
       const int64_t s = s0 + i;
-      uint8_t* sc = p + i * scale_bytes;
+      uint8_t* sc = p + packed_scale_offset(i, scale_bytes, quant_bytes);
       for (int r = 0; r < kPackRows; ++r) {
         if (!valid[r]) continue;
         const float d_lo = d[r * kp / 4 + s * 8], d_hi = d[r * kp / 4 + s * 8 + 4];
@@ -166,14 +166,12 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
         }
       }
     }
-    p += scale_span;
     // 4 bytes at a time: piece pc of row r is 4 consecutive quants (under 8 bits: their low nibbles, and the
     // 4 of the other half in the high nibbles; the bits above in the planes after the pieces).
     const uint32_t flip = sp.is_signed ? 0x80808080u : 0u;
     const uint32_t over = sp.bits == 8 ? 0u : 0x01010101u * static_cast<uint32_t>(0xFF << sp.bits & 0xFF);
-    std::memset(p, 0, static_cast<size_t>(std::max<int64_t>(ns, 0) * quant_bytes));  // ns > 0: for GCC
     for (int64_t i = 0; i < ns; ++i) {
-      uint8_t* qs = p + i * quant_bytes;
+      uint8_t* qs = p + packed_quant_offset(i, scale_bytes, quant_bytes);
       const int64_t e0 = (s0 + i) * kSub;
       for (int r = 0; r < kPackRows; ++r) {
         if (!valid[r]) continue;
@@ -207,7 +205,7 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
         }
       }
     }
-    p += ns * quant_bytes;
+    p += span;
   }
   return true;
 }
@@ -334,10 +332,11 @@ void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
       hm = f16_at(p + 32 + 2 * r);
       p += 64;
     }
-    const uint8_t* sc = p;
-    const uint8_t* qs = p + (ns * scale_bytes + 63) / 64 * 64;
-    p = qs + ns * quant_bytes;
-    for (int64_t i = 0; i < ns; ++i, sc += scale_bytes, qs += quant_bytes) {
+    const uint8_t* base = p;
+    p += (ns * scale_bytes + 63) / 64 * 64 + ns * quant_bytes;
+    for (int64_t i = 0; i < ns; ++i) {
+      const uint8_t* sc = base + packed_scale_offset(i, scale_bytes, quant_bytes);
+      const uint8_t* qs = base + packed_quant_offset(i, scale_bytes, quant_bytes);
       int q[kSub];
       for (int e = 0; e < kSub; ++e) {
         const int pc = e % 16 / 4, b = e % 4;

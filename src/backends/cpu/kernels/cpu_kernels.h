@@ -44,7 +44,10 @@ struct QTileW {
 // holds 4 quants of each of 16 rows and one vpdpbusd against 4 broadcast x quants gives 16 rows' partial dot
 // products: no horizontal sums, no scale conversion per row. A group is a run of chunks of up to
 // kPackChunk sub-blocks of 32 elements; a chunk is
-//   [header: 64 bytes, K scales only] [the sub-blocks' scales, padded to 64 bytes] [the sub-blocks' quants]
+//   [header: 64 bytes, K scales only] then, for each run of the sub-blocks whose scales fill one 64-byte line
+//   (2 sub-blocks; kPackDM: 1), [their scales, padded to 64 bytes] [their quants]
+// so that a group is read as one sequential stream (scales in a region of their own, read beside the quants
+// as a second stream, halved the rate at which kernels with a 64-byte scale line read memory).
 // - quants of a sub-block, unsigned (a signed type's are stored + 128, its offset c then -128):
 //   4 bits: 256 bytes, [4 pieces][16 rows][4 bytes]; byte b of piece c holds element 4c + b in its low nibble
 //     and element 16 + 4c + b in its high one;
@@ -87,6 +90,16 @@ inline constexpr uint32_t packed_form(int bits, uint32_t scales) {
 
 // Bytes of the quants of one packed sub-block (16 rows) of `bits`-bit quants.
 inline constexpr int64_t packed_quant_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+
+// Offsets of sub-block i's scales and quants from the start of a chunk's sub-blocks (after its header).
+inline constexpr int64_t packed_scale_offset(int64_t i, int64_t scale_bytes, int64_t quant_bytes) {
+  const int64_t per = 64 / scale_bytes;
+  return i / per * (64 + per * quant_bytes) + i % per * scale_bytes;
+}
+inline constexpr int64_t packed_quant_offset(int64_t i, int64_t scale_bytes, int64_t quant_bytes) {
+  const int64_t per = 64 / scale_bytes;
+  return i / per * (64 + per * quant_bytes) + 64 + i % per * quant_bytes;
+}
 
 // Bytes of one packed group of k elements.
 inline int64_t packed_group_bytes(int64_t k, int bits, uint32_t scales) {

@@ -71,11 +71,12 @@ void packed_group(const PackedMatrix& w, int64_t g, const QRowX* x, float* out) 
       }
       p += 64;
     }
-    const uint8_t* sc = p;
-    const uint8_t* qs = p + (ns * kScaleBytes + 63) / 64 * 64;
-    p = qs + ns * kQuantBytes;
-    for (int64_t i = 0; i < ns; ++i, sc += kScaleBytes, qs += kQuantBytes) {
+    const uint8_t* base = p;
+    p += (ns * kScaleBytes + 63) / 64 * 64 + ns * kQuantBytes;
+    for (int64_t i = 0; i < ns; ++i) {
       const int64_t s = s0 + i;
+      const uint8_t* sc = base + packed_scale_offset(i, kScaleBytes, kQuantBytes);
+      const uint8_t* qs = base + packed_quant_offset(i, kScaleBytes, kQuantBytes);
       __m512i wq[8];
       packed_quants<kBits>(qs, wq);
       __m512 d_lo, d_hi, m = _mm512_setzero_ps();
@@ -224,11 +225,12 @@ void packed_half(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float*
       }
       p += 64;
     }
-    const uint8_t* sc = p;
-    const uint8_t* qs = p + (ns * kScaleBytes + 63) / 64 * 64;
-    p = qs + ns * kQuantBytes;
-    for (int64_t i = 0; i < ns; ++i, sc += kScaleBytes, qs += kQuantBytes) {
+    const uint8_t* base = p;
+    p += (ns * kScaleBytes + 63) / 64 * 64 + ns * kQuantBytes;
+    for (int64_t i = 0; i < ns; ++i) {
       const int64_t s = s0 + i;
+      const uint8_t* sc = base + packed_scale_offset(i, kScaleBytes, kQuantBytes);
+      const uint8_t* qs = base + packed_quant_offset(i, kScaleBytes, kQuantBytes);
       __m256i wq[8];
       packed_quants<kBits, kSigned>(qs, h, wq);
       __m256 d_lo, d_hi, m = _mm256_setzero_ps();
