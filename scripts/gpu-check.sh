@@ -10,7 +10,9 @@
 #             TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
-#   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them)
+#   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them);
+#             PREP_ONLY=smollm2-135m-bf16,llama3-8b-q8_0 makes those alone (files `kiln convert` writes need no
+#             llama.cpp build)
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
 #             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; KILN_BIN=PATH runs another kiln binary instead), interleaved,
@@ -48,7 +50,8 @@ export OPENSSL_ROOT_DIR="$deps/usr"
 # /tmp/llama.cpp.status holds "ok" or "failed" once it has ended.
 peer_dir=/tmp/llama.cpp
 peer_status=/tmp/llama.cpp.status
-if [[ " ${steps[*]} " =~ " "(peer|prep)" " ]] && [ ! -e "$peer_dir.started" ]; then
+if { [[ " ${steps[*]} " =~ " peer " ]] || { [[ " ${steps[*]} " =~ " prep " ]] && [ -z "${PREP_ONLY:-}" ]; }; } &&
+  [ ! -e "$peer_dir.started" ]; then
   touch "$peer_dir.started"
   setsid bash -c '
     if rm -rf "$1" && mkdir -p "$(dirname "$1")" && tar xJf .gpu-deps/llama.cpp.tar.xz -C "$(dirname "$1")" &&
@@ -99,9 +102,10 @@ for step in "${steps[@]}"; do
       if [ ! -e /tmp/kiln-prep.started ]; then
         touch /tmp/kiln-prep.started
         setsid bash -c '
-          if python3 bench/gpu_peer.py --prepare-only --build "$1" --peer "$2/build" --out /tmp --peer-ready "$3"
+          if python3 bench/gpu_peer.py --prepare-only --build "$1" --peer "$2/build" --out /tmp --peer-ready "$3" \
+            ${4:+--only "$4"}
           then echo ok >/tmp/kiln-prep.status; else echo failed >/tmp/kiln-prep.status; fi
-        ' _ "$bin" "$peer_dir" "$peer_status" >/tmp/kiln-prep.log 2>&1 </dev/null &
+        ' _ "$bin" "$peer_dir" "$peer_status" "${PREP_ONLY:-}" >/tmp/kiln-prep.log 2>&1 </dev/null &
       fi
       ;;
     ab)

@@ -1084,12 +1084,14 @@ TEST(OpHarness, AttentionLongContext) {
   int i = 0;
   for (DType type : {DType::f32, DType::f16}) {
     for (const auto& [n_heads, n_kv, head_dim] :
-         {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{6, 1, 128}, std::tuple{16, 8, 64}}) {
+         {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{6, 1, 128}, std::tuple{16, 8, 64},
+          std::tuple{32, 8, 128}, std::tuple{4, 1, 256}}) {
       const Variant& var = variants[i % 3];
       const int64_t block_size = i++ % 2 == 0 ? 16 : 5;
       // The batch: the last position of sequence 0 (300 long); positions 300 and 999 of sequence 1. With 8 KV
-      // heads, 31 tokens (a decode-shaped batch of 248 blocks: more than a GPU has multiprocessors, whose
-      // chunks a kernel of its own merges on CUDA): positions 970-999 of sequence 1.
+      // heads, 31 tokens (a decode-shaped batch of 248 blocks or more: more than a GPU has multiprocessors,
+      // so that each block walks a long chunk, several of the CUDA kernel's stages): positions 970-999 of
+      // sequence 1.
       std::vector<int32_t> seq = {0, 1, 1}, pos = {299, 300, 999};
       if (n_kv == 8) {
         seq.assign(31, 1);
