@@ -339,7 +339,9 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 //   C. p.v: a thread two adjacent dims of every head, over every kPg-th position of the stage.
 // f32 arithmetic, the same sums as the unstaged kernel up to their order. Rows whose head_dim is not a whole
 // number of 16-byte vectors take attention_kernel.
-constexpr int kStagedThreads = 128;
+constexpr int kStagedThreads = 256;
+constexpr int kStagedWarps = kStagedThreads / 32;
+constexpr int kHeadsAWarp = (kGroup + kStagedWarps - 1) / kStagedWarps;  // step B's heads a warp, at most
 
 template <int D, class KV>
 struct Staged {
@@ -351,7 +353,7 @@ struct Staged {
   static constexpr int kSliceVecs = kRowVecs / kTpp;    // vectors of a row a thread scores
   static constexpr int kCopies =
       kStage * kRowVecs / kStagedThreads;                // copies a thread a stage, of K and of V
-  static constexpr int kPg = 256 / D > 1 ? 256 / D : 1;  // position groups of step C
+  static constexpr int kPg = 2 * kStagedThreads / D;     // position groups of step C
   static constexpr size_t kKvBytes = size_t{4} * kStage * kRowBytes;  // 2 stages of K and V
   static size_t shared_bytes(int g) {
     return kKvBytes +
@@ -449,8 +451,10 @@ __global__ void __launch_bounds__(kStagedThreads)
     qs[e] = h < n_q && d < g.head_dim ? q.row_as<const float>(h0 + h + g.n_heads * t)[d] * g.scale : 0.0f;
   }
 
-  // Step B's state: warp w holds heads w and w + 4.
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  // Step B's state: warp w holds heads w, w + kStagedWarps, ...
+  float m_run[kHeadsAWarp], l_run[kHeadsAWarp];
+#pragma unroll
+  for (int k = 0; k < kHeadsAWarp; ++k) m_run[k] = -INFINITY, l_run[k] = 0.0f;
   // Step C's: dims 2 * dp, 2 * dp + 1 of every head, positions pg, pg + kPg, ...
   const int dp = tid % (D / 2), pg = tid / (D / 2);
   float acc[G][2] = {};
@@ -491,8 +495,8 @@ __global__ void __launch_bounds__(kStagedThreads)
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {  // B
-      const int h = warp + 4 * k;
+    for (int k = 0; k < kHeadsAWarp; ++k) {  // B
+      const int h = warp + kStagedWarps * k;
       if (h >= G) break;
       float x[2];
 #pragma unroll
@@ -541,8 +545,8 @@ __global__ void __launch_bounds__(kStagedThreads)
   cp_async_wait<0>();  // an empty chunk's copies (zeros) must land before the buffers are reused below
   pdl_trigger();       // K and V are read: the next kernel may be scheduled
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int h = warp + 4 * k;
+  for (int k = 0; k < kHeadsAWarp; ++k) {
+    const int h = warp + kStagedWarps * k;
     if (h < G && lane == 0) ms[h] = m_run[k], ls[h] = l_run[k];
   }
   // The position groups' sums, in group order, into group 0 (the stages' buffers are free).
