@@ -1,0 +1,673 @@
+// Paged causal attention on CUDA for decode-shaped batches, split-KV ("flash-decoding"): a block serves one
+// token and one KV head, for up to kGroup of the query heads that share that KV head (GQA: each K/V row is
+// read once per group), over one chunk of the token's positions. The staged kernel copies a chunk's K/V rows
+// to shared memory a stage at a time; the unstaged one (head dims that are not whole 16-byte vectors) walks
+// them a warp a position. With one chunk the block writes dst, with several each writes its state and the
+// last of them to finish merges the chunks in order.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "backends/cuda/cuda_attention.cuh"
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_launch.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kGroup = 8;  // query heads per block, at most
+constexpr int kWarps = 4;  // warps per block of the unstaged kernel
+
+// The running softmax state of one query head over the positions seen so far: max m, sum l of exp(s - m), and
+// acc = sum exp(s - m) * v (the lane's dims).
+template <int DPL>
+struct State {
+  float m = -INFINITY, l = 0.0f;
+  float acc[DPL] = {};
+};
+
+template <int DPL>
+__device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) {
+  const float mm = fmaxf(a.m, m);
+  if (mm == -INFINITY) return;
+  const float ca = a.m == -INFINITY ? 0.0f : expf(a.m - mm), cb = m == -INFINITY ? 0.0f : expf(m - mm);
+  a.l = a.l * ca + l * cb;
+  for (int j = 0; j < DPL; ++j) a.acc[j] = a.acc[j] * ca + acc[j] * cb;
+  a.m = mm;
+}
+
+// One (token, head)'s chunk records (base: n_chunks <= 64 records of head_dim + 2 floats) scaled to their
+// common maximum and summed in chunk order into dst row y, by one warp. Up to kFewChunks chunks, every record
+// is loaded before the first is used: the merge waits on memory once. More: every chunk's maximum and sum are
+// read at once (chunks lane and lane + 32), then the records' values, kMergeUnroll chunks in flight, about
+// three waits. Both sum the same terms in the same order. The records were written by other blocks of the
+// grid: they are read past L1 (__ldcg).
+constexpr int kMaxChunks = 64;
+constexpr int kFewChunks = 8;
+template <int DPL>
+__device__ void merge_chunks(const float* base, float* y, const Geometry& g, int lane) {
+  constexpr int kMergeUnroll = 8;
+  const int64_t rec = g.head_dim + 2;
+  float sum = 0.0f, acc[DPL] = {};
+  if (g.n_chunks <= kFewChunks) {
+    float m[kFewChunks], l[kFewChunks], v[kFewChunks][DPL];
+#pragma unroll
+    for (int c = 0; c < kFewChunks; ++c) {
+      const bool on = c < g.n_chunks;
+      const float* r = base + c * rec;
+      m[c] = on ? __ldcg(r + g.head_dim) : -INFINITY;
+      l[c] = on ? __ldcg(r + g.head_dim + 1) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) {
+        const int64_t d = lane + 32 * k;
+        v[c][k] = on && d < g.head_dim ? __ldcg(r + d) : 0.0f;
+      }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kFewChunks; ++c) mx = fmaxf(mx, m[c]);
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int c = 0; c < kFewChunks; ++c) {
+        if (c >= g.n_chunks) break;
+        const float e = m[c] == -INFINITY ? 0.0f : expf(m[c] - mx);
+        sum += l[c] * e;
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) acc[k] += v[c][k] * e;
+      }
+    }
+  } else {
+    float m[2], l[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = lane + 32 * h;
+      m[h] = c < g.n_chunks ? __ldcg(base + c * rec + g.head_dim) : -INFINITY;
+      l[h] = c < g.n_chunks ? __ldcg(base + c * rec + g.head_dim + 1) : 0.0f;
+    }
+    const float mx = warp_max(fmaxf(m[0], m[1]));
+    if (mx != -INFINITY) {
+      float e[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) e[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t c0 = 32 * h;
+#pragma unroll kMergeUnroll
+        for (int j = 0; j < 32; ++j) {
+          if (c0 + j >= g.n_chunks) break;
+          const float* r = base + (c0 + j) * rec;
+          const float ej = __shfl_sync(0xffffffffu, e[h], j);
+          sum += __shfl_sync(0xffffffffu, l[h], j) * ej;
+#pragma unroll
+          for (int k = 0; k < DPL; ++k) {
+            const int64_t d = lane + 32 * k;
+            acc[k] += (d < g.head_dim ? __ldcg(r + d) : 0.0f) * ej;
+          }
+        }
+      }
+    }
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (int k = 0; k < DPL; ++k) {
+    const int64_t d = lane + 32 * k;
+    if (d < g.head_dim) y[d] = acc[k] * inv;
+  }
+}
+
+// The end of a split block whose records are written: the last chunk of these heads to finish merges them
+// all (no second kernel), its own records and those the others made visible (fence, then count), in chunk
+// order. done[blockIdx.x] is reset for the next launch (a graph replays this one).
+template <int DPL>
+__device__ void merge_if_last(const float* partial, unsigned* done, const Rows& dst, const Geometry& g,
+                              int64_t row0, int n_q) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done + blockIdx.x, 1u) == static_cast<unsigned>(g.n_chunks - 1);
+    if (last) done[blockIdx.x] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  const int64_t rec = g.head_dim + 2;
+  for (int h = warp; h < n_q; h += n_warps) {
+    const int64_t row = row0 + h;
+    merge_chunks<DPL>(partial + row * g.n_chunks * rec, dst.row_as<float>(row), g, lane);
+  }
+}
+
+// partial (n_chunks > 1): [n_tokens * n_heads, n_chunks] records of head_dim + 2 floats (acc, m, l);
+// done[blockIdx.x] counts the chunks of its heads whose records are written (zero before the launch, and
+// again after it: the block that finds itself last resets it, then merges).
+template <int DPL, int G, class KV>
+__global__ void __launch_bounds__(kWarps * 32, 1)
+    attention_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
+                     const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial,
+                     unsigned* done, Geometry g) {
+  pdl_wait();
+  extern __shared__ float shm[];  // kWarps x G x (head_dim + 2)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
+  const int64_t b = blockIdx.x;
+  const DivMod bg = divmod(b, groups_per_kv), tk = divmod(bg.q, g.n_kv);
+  const int64_t t = tk.q, kvh = tk.r;
+  const int64_t h0 = kvh * g.group + bg.r * G;
+  const int64_t left = kvh * g.group + g.group - h0;  // query heads of this KV head from h0 on
+  const int n_q = static_cast<int>(left < G ? left : G);
+  const int64_t chunk = blockIdx.y;
+
+  const int32_t pos = positions[t];
+  const int32_t* table = bt_indices + bt_indptr[seq[t]];
+  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
+  const int64_t span = int64_t{pos} - lo + 1;
+  const int64_t c0 = lo + span * chunk / g.n_chunks, c1 = lo + span * (chunk + 1) / g.n_chunks;
+
+  // The loops over the G heads unroll fully (heads past n_q are predicated off), so that the states stay in
+  // registers: a loop that breaks at n_q indexes them at run time, which puts them in local memory.
+  float qv[G][DPL];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    const float* qr = h < n_q ? q.row_as<const float>(h0 + h + g.n_heads * t) : nullptr;
+    for (int j = 0; j < DPL; ++j) {
+      const int64_t d = lane + 32 * j;
+      qv[h][j] = (qr != nullptr && d < g.head_dim) ? qr[d] * g.scale : 0.0f;
+    }
+  }
+  State<DPL> st[G];
+  const int64_t row_stride = g.n_kv * g.head_dim;  // between consecutive slots of a block
+  // A warp's positions go kPipe at a time: their block-table entries, then all their K/V rows, are loaded
+  // before the first is used, so the walk waits on memory once per kPipe positions. They are folded in
+  // increasing order, as one at a time.
+  constexpr int kPipe = DPL <= 2 ? 4 : DPL <= 4 ? 2 : 1;
+  for (int64_t p0 = c0 + warp; p0 < c1; p0 += kWarps * kPipe) {
+    float kv[kPipe][DPL], vv[kPipe][DPL];
+#pragma unroll
+    for (int i = 0; i < kPipe; ++i) {
+      const int64_t p = p0 + kWarps * i;
+      const DivMod pb = divmod(p, g.block_size);
+      const int64_t slot = p < c1 ? int64_t{table[pb.q]} * g.block_size + pb.r : 0;
+      const KV* kr = k_pool + slot * row_stride + kvh * g.head_dim;
+      const KV* vr = v_pool + slot * row_stride + kvh * g.head_dim;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        const bool in = p < c1 && d < g.head_dim;
+        kv[i][j] = in ? load(kr + d) : 0.0f;
+        vv[i][j] = in ? load(vr + d) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPipe; ++i) {
+      if (p0 + kWarps * i >= c1) break;
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        if (h >= n_q) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) s += qv[h][j] * kv[i][j];
+        s = warp_sum(s);
+        if (g.softcap > 0.0f) s = g.softcap * tanhf(s / g.softcap);
+        State<DPL>& a = st[h];
+        const float mm = fmaxf(a.m, s);
+        const float ca = expf(a.m - mm), e = expf(s - mm);
+        a.l = a.l * ca + e;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) a.acc[j] = a.acc[j] * ca + e * vv[i][j];
+        a.m = mm;
+      }
+    }
+  }
+  pdl_trigger();  // K and V are read: the next kernel may be scheduled
+  // Merge the warps: each writes its states, warp 0 folds them in order.
+  const int64_t rec = g.head_dim + 2;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    if (h >= n_q) continue;
+    float* r = shm + (warp * G + h) * rec;
+    for (int j = 0; j < DPL; ++j) {
+      const int64_t d = lane + 32 * j;
+      if (d < g.head_dim) r[d] = st[h].acc[j];
+    }
+    if (lane == 0) r[g.head_dim] = st[h].m, r[g.head_dim + 1] = st[h].l;
+  }
+  __syncthreads();
+  for (int h = 0; h < n_q && warp == 0; ++h) {
+    State<DPL> a;
+    for (int w = 0; w < kWarps; ++w) {
+      const float* r = shm + (w * G + h) * rec;
+      float acc[DPL];
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        acc[j] = d < g.head_dim ? r[d] : 0.0f;
+      }
+      merge(a, r[g.head_dim], r[g.head_dim + 1], acc);
+    }
+    const int64_t row = h0 + h + g.n_heads * t;
+    if (g.n_chunks == 1) {
+      float* y = dst.row_as<float>(row);
+      const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        if (d < g.head_dim) y[d] = a.acc[j] * inv;
+      }
+    } else {
+      float* r = partial + (row * g.n_chunks + chunk) * rec;
+      for (int j = 0; j < DPL; ++j) {
+        const int64_t d = lane + 32 * j;
+        if (d < g.head_dim) r[d] = a.acc[j];
+      }
+      if (lane == 0) r[g.head_dim] = a.m, r[g.head_dim + 1] = a.l;
+    }
+  }
+  if (g.n_chunks > 1) merge_if_last<DPL>(partial, done, dst, g, h0 + g.n_heads * t, n_q);
+}
+
+template <int DPL, int G, class KV>
+cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
+                   unsigned* done) {
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
+  const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
+                  static_cast<unsigned>(g.n_chunks));
+  const size_t shm = sizeof(float) * kWarps * G * (g.head_dim + 2);
+  auto* kernel = attention_kernel<DPL, G, KV>;
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+      e != cudaSuccess) {
+    return e;
+  }
+  (void)launch_kernel(
+      ctx, kernel, grid, kWarps * 32, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
+      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
+      static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
+      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
+  return cudaGetLastError();
+}
+
+// Query heads a block: the group's, rounded up to a power of two, at most kGroup.
+inline int heads_per_block(int64_t group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kGroup;
+}
+
+template <int DPL, class KV>
+cudaError_t launch_for_group(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
+                             unsigned* done) {
+  switch (heads_per_block(g.group)) {
+    case 1: return launch<DPL, 1, KV>(ctx, op, g, partial, done);
+    case 2: return launch<DPL, 2, KV>(ctx, op, g, partial, done);
+    case 4: return launch<DPL, 4, KV>(ctx, op, g, partial, done);
+    default: return launch<DPL, kGroup, KV>(ctx, op, g, partial, done);
+  }
+}
+
+template <class KV>
+cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
+                                float* partial, unsigned* done) {
+  if (g.head_dim <= 32) return launch_for_group<1, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 64) return launch_for_group<2, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 128) return launch_for_group<4, KV>(ctx, op, g, partial, done);
+  return launch_for_group<8, KV>(ctx, op, g, partial, done);
+}
+
+// ---- decode, staged: a chunk's K/V rows go to shared memory in one wait ----
+//
+// The same blocks as attention_kernel (one token, one KV head, up to G of its query heads, one chunk of the
+// positions), but a block copies the K and V rows of kStage positions at a time into shared memory
+// (cp.async, 16 bytes a copy, the next stage's rows in flight while this one is used), so its walk waits on
+// memory once a stage instead of once per few positions a warp. The step metadata and the block-table
+// entries of the first stage are read before the wait on the kernel before (no kernel writes them). Per
+// stage:
+//   A. scores: kTpp threads a position, each a slice of its dims, every head of the block (q, scaled, from
+//      shared memory); staged rows are padded by 16 bytes so that 8 consecutive positions hit distinct banks;
+//   B. softmax: a warp a head takes the stage's scores, its running max and sum;
+//   C. p.v: a thread two adjacent dims of every head, over every kPg-th position of the stage.
+// f32 arithmetic, the same sums as the unstaged kernel up to their order. Rows whose head_dim is not a whole
+// number of 16-byte vectors take attention_kernel.
+constexpr int kStagedThreads = 256;
+constexpr int kStagedWarps = kStagedThreads / 32;
+constexpr int kHeadsAWarp = (kGroup + kStagedWarps - 1) / kStagedWarps;  // step B's heads a warp, at most
+
+template <int D, class KV>
+struct Staged {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(KV));  // elements a 16-byte vector
+  static constexpr int kRowVecs = D / kVec;                       // vectors a row
+  static constexpr int kRowBytes = D * static_cast<int>(sizeof(KV)) + 16;
+  static constexpr int kStage = D * sizeof(KV) <= 256 ? 64 : D * sizeof(KV) <= 512 ? 32 : 16;  // positions
+  static constexpr int kTpp = kStagedThreads / kStage;  // threads a position's scores
+  static constexpr int kSliceVecs = kRowVecs / kTpp;    // vectors of a row a thread scores
+  static constexpr int kCopies =
+      kStage * kRowVecs / kStagedThreads;             // copies a thread a stage, of K and of V
+  static constexpr int kPg = 2 * kStagedThreads / D;  // position groups of step C
+  static constexpr size_t kKvBytes = size_t{4} * kStage * kRowBytes;  // 2 stages of K and V
+  static size_t shared_bytes(int g) {
+    return kKvBytes +
+           sizeof(float) * (size_t(g) * D + size_t(kTpp) * g * kStage + size_t(g) * kStage + 3 * g);
+  }
+  static_assert(kRowVecs % kTpp == 0 && (kStage * kRowVecs) % kStagedThreads == 0 &&
+                kStagedThreads % kRowVecs == 0);
+};
+
+__device__ inline void unpack(const unsigned char* p, float (&out)[8]) {  // 8 f16
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    out[2 * i] = f.x, out[2 * i + 1] = f.y;
+  }
+}
+__device__ inline void unpack(const unsigned char* p, float (&out)[4]) {  // 4 f32
+  const float4 f = *reinterpret_cast<const float4*>(p);
+  out[0] = f.x, out[1] = f.y, out[2] = f.z, out[3] = f.w;
+}
+__device__ inline float2 load_pair(const unsigned char* p, __half) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+__device__ inline float2 load_pair(const unsigned char* p, float) {
+  return *reinterpret_cast<const float2*>(p);
+}
+
+template <int D, int G, class KV>
+__global__ void __launch_bounds__(kStagedThreads)
+    attention_staged_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
+                            const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
+                            float* partial, unsigned* done, Geometry g) {
+  using S = Staged<D, KV>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* qs = reinterpret_cast<float*>(smem + S::kKvBytes);  // [G][D], scaled
+  float* part = qs + G * D;                                  // [kTpp][G][kStage] slices' partial scores
+  float* es = part + S::kTpp * G * S::kStage;                // [G][kStage] exp(s - m)
+  float* corr = es + G * S::kStage;                          // [G] this stage's rescale of acc
+  float* ms = corr + G;                                      // [G] running max, at the end
+  float* ls = ms + G;                                        // [G] running sum, at the end
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
+  const DivMod bg = divmod(blockIdx.x, groups_per_kv), tk = divmod(bg.q, g.n_kv);
+  const int64_t t = tk.q, kvh = tk.r;
+  const int64_t h0 = kvh * g.group + bg.r * G;
+  const int64_t left = kvh * g.group + g.group - h0;
+  const int n_q = static_cast<int>(left < G ? left : G);
+  const int64_t chunk = blockIdx.y;
+
+  const int32_t pos = positions[t];
+  const int32_t* table = bt_indices + bt_indptr[seq[t]];
+  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
+  const int64_t span = int64_t{pos} - lo + 1;
+  const int64_t c0 = lo + span * chunk / g.n_chunks, c1 = lo + span * (chunk + 1) / g.n_chunks;
+
+  // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage.
+  constexpr int kRows = kStagedThreads / S::kRowVecs;
+  const int cr = tid / S::kRowVecs, cv = tid % S::kRowVecs;
+  const bool dim_on = cv * S::kVec < g.head_dim;
+  const int64_t row_stride = g.n_kv * g.head_dim;
+  const int64_t col = kvh * g.head_dim + cv * S::kVec;
+  int64_t src[S::kCopies];  // element offsets in the pools of this thread's copies, or -1
+  auto find = [&](int64_t s0) {
+#pragma unroll
+    for (int i = 0; i < S::kCopies; ++i) {
+      const int64_t p = s0 + cr + kRows * i;
+      if (p < c1 && dim_on) {
+        const DivMod pb = divmod(p, g.block_size);
+        src[i] = (int64_t{table[pb.q]} * g.block_size + pb.r) * row_stride + col;
+      } else {
+        src[i] = -1;
+      }
+    }
+  };
+  auto issue = [&](int stage) {
+    unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
+    unsigned char* vb = kb + S::kStage * S::kRowBytes;
+#pragma unroll
+    for (int i = 0; i < S::kCopies; ++i) {
+      const int off = (cr + kRows * i) * S::kRowBytes + cv * 16;
+      const bool on = src[i] >= 0;
+      cp_async16_zfill(kb + off, on ? k_pool + src[i] : k_pool, on);
+      cp_async16_zfill(vb + off, on ? v_pool + src[i] : v_pool, on);
+    }
+    cp_async_commit();
+  };
+  find(c0);
+  pdl_wait();
+  issue(0);
+  if (c0 + S::kStage < c1) find(c0 + S::kStage);
+  for (int e = tid; e < G * D; e += kStagedThreads) {
+    const int h = e / D, d = e % D;
+    qs[e] = h < n_q && d < g.head_dim ? q.row_as<const float>(h0 + h + g.n_heads * t)[d] * g.scale : 0.0f;
+  }
+
+  // Step B's state: warp w holds heads w, w + kStagedWarps, ...
+  float m_run[kHeadsAWarp], l_run[kHeadsAWarp];
+#pragma unroll
+  for (int k = 0; k < kHeadsAWarp; ++k) m_run[k] = -INFINITY, l_run[k] = 0.0f;
+  // Step C's: dims 2 * dp, 2 * dp + 1 of every head, positions pg, pg + kPg, ...
+  const int dp = tid % (D / 2), pg = tid / (D / 2);
+  float acc[G][2] = {};
+  int stage = 0;
+  for (int64_t s0 = c0; s0 < c1; s0 += S::kStage, stage ^= 1) {
+    const int n = static_cast<int>(min(int64_t{S::kStage}, c1 - s0));
+    if (s0 + S::kStage < c1) {
+      issue(stage ^ 1);
+      if (s0 + 2 * S::kStage < c1) find(s0 + 2 * S::kStage);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // the stage's rows, and q, are in
+    const unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
+    const unsigned char* vb = kb + S::kStage * S::kRowBytes;
+    {  // A
+      const int p = tid % S::kStage, j = tid / S::kStage;
+      float s[G] = {};
+      const unsigned char* kr = kb + p * S::kRowBytes + j * S::kSliceVecs * 16;
+      const float* qj = qs + j * S::kSliceVecs * S::kVec;
+#pragma unroll
+      for (int i = 0; i < S::kSliceVecs; ++i) {
+        float kf[S::kVec];
+        unpack(kr + i * 16, kf);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          const float4* qv = reinterpret_cast<const float4*>(qj + h * D + i * S::kVec);
+#pragma unroll
+          for (int c = 0; c < S::kVec / 4; ++c) {
+            const float4 x = qv[c];
+            s[h] += x.x * kf[4 * c] + x.y * kf[4 * c + 1] + x.z * kf[4 * c + 2] + x.w * kf[4 * c + 3];
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < G; ++h) part[(j * G + h) * S::kStage + p] = s[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kHeadsAWarp; ++k) {  // B
+      const int h = warp + kStagedWarps * k;
+      if (h >= G) break;
+      float x[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int p = lane + 32 * r;
+        x[r] = -INFINITY;
+        if (p < n) {
+          float v = 0.0f;
+#pragma unroll
+          for (int j = 0; j < S::kTpp; ++j) v += part[(j * G + h) * S::kStage + p];
+          x[r] = g.softcap > 0.0f ? g.softcap * tanhf(v / g.softcap) : v;
+        }
+      }
+      const float mm = fmaxf(m_run[k], warp_max(fmaxf(x[0], x[1])));
+      float sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int p = lane + 32 * r;
+        const float e = x[r] == -INFINITY ? 0.0f : expf(x[r] - mm);
+        if (p < S::kStage) es[h * S::kStage + p] = e;
+        sum += e;
+      }
+      const float c = m_run[k] == -INFINITY ? 0.0f : expf(m_run[k] - mm);
+      l_run[k] = l_run[k] * c + warp_sum(sum);
+      m_run[k] = mm;
+      if (lane == 0) corr[h] = c;
+    }
+    __syncthreads();
+    {  // C
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        const float c = corr[h];
+        acc[h][0] *= c, acc[h][1] *= c;
+      }
+      for (int p = pg; p < n; p += S::kPg) {
+        const float2 v = load_pair(vb + p * S::kRowBytes + dp * 2 * sizeof(KV), KV{});
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          const float e = es[h * S::kStage + p];
+          acc[h][0] += e * v.x, acc[h][1] += e * v.y;
+        }
+      }
+    }
+    __syncthreads();  // before the next stage's copies land in this one's buffers
+  }
+  cp_async_wait<0>();  // an empty chunk's copies (zeros) must land before the buffers are reused below
+  pdl_trigger();       // K and V are read: the next kernel may be scheduled
+#pragma unroll
+  for (int k = 0; k < kHeadsAWarp; ++k) {
+    const int h = warp + kStagedWarps * k;
+    if (h < G && lane == 0) ms[h] = m_run[k], ls[h] = l_run[k];
+  }
+  // The position groups' sums, in group order, into group 0 (the stages' buffers are free).
+  float* red = reinterpret_cast<float*>(smem);  // [kPg - 1][G][D]
+  if constexpr (S::kPg > 1) {
+    if (pg > 0) {
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        red[((pg - 1) * G + h) * D + 2 * dp] = acc[h][0];
+        red[((pg - 1) * G + h) * D + 2 * dp + 1] = acc[h][1];
+      }
+    }
+  }
+  __syncthreads();
+  if (pg == 0) {
+    if constexpr (S::kPg > 1) {
+      for (int r = 0; r < S::kPg - 1; ++r) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          acc[h][0] += red[(r * G + h) * D + 2 * dp];
+          acc[h][1] += red[(r * G + h) * D + 2 * dp + 1];
+        }
+      }
+    }
+    const int64_t rec = g.head_dim + 2;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      if (h >= n_q) break;
+      const int64_t row = h0 + h + g.n_heads * t;
+      const int64_t d = 2 * dp;
+      if (g.n_chunks == 1) {
+        float* y = dst.row_as<float>(row);
+        const float inv = ls[h] > 0.0f ? 1.0f / ls[h] : 0.0f;
+        if (d < g.head_dim) y[d] = acc[h][0] * inv;
+        if (d + 1 < g.head_dim) y[d + 1] = acc[h][1] * inv;
+      } else {
+        float* r = partial + (row * g.n_chunks + chunk) * rec;
+        if (d < g.head_dim) r[d] = acc[h][0];
+        if (d + 1 < g.head_dim) r[d + 1] = acc[h][1];
+        if (dp == 0) r[g.head_dim] = ms[h], r[g.head_dim + 1] = ls[h];
+      }
+    }
+  }
+  if (g.n_chunks > 1) merge_if_last<D / 32>(partial, done, dst, g, h0 + g.n_heads * t, n_q);
+}
+
+template <int D, int G, class KV>
+cudaError_t launch_staged(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
+                          unsigned* done) {
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
+  const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
+                  static_cast<unsigned>(g.n_chunks));
+  const size_t shm = Staged<D, KV>::shared_bytes(G);
+  auto* kernel = attention_staged_kernel<D, G, KV>;
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+      e != cudaSuccess) {
+    return e;
+  }
+  (void)launch_kernel(
+      ctx, kernel, grid, kStagedThreads, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
+      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
+      static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
+      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
+  return cudaGetLastError();
+}
+
+template <int D, class KV>
+cudaError_t launch_staged_for_group(const Context& ctx, const ops::Attention& op, const Geometry& g,
+                                    float* partial, unsigned* done) {
+  switch (heads_per_block(g.group)) {
+    case 1: return launch_staged<D, 1, KV>(ctx, op, g, partial, done);
+    case 2: return launch_staged<D, 2, KV>(ctx, op, g, partial, done);
+    case 4: return launch_staged<D, 4, KV>(ctx, op, g, partial, done);
+    default: return launch_staged<D, kGroup, KV>(ctx, op, g, partial, done);
+  }
+}
+
+// The staged kernel takes head dims of 33 to 256 that are whole 16-byte vectors of 16-byte-aligned pools.
+bool staged_eligible(const ops::Attention& op, const Geometry& g) {
+  const int64_t esize = op.k_pool.type == DType::f16 ? 2 : 4;
+  return g.head_dim > 32 && g.head_dim <= 256 && (g.head_dim * esize) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(op.k_pool.data) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(op.v_pool.data) % 16 == 0;
+}
+
+template <class KV>
+cudaError_t launch_staged_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
+                                       float* partial, unsigned* done) {
+  if (g.head_dim <= 64) return launch_staged_for_group<64, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 128) return launch_staged_for_group<128, KV>(ctx, op, g, partial, done);
+  return launch_staged_for_group<256, KV>(ctx, op, g, partial, done);
+}
+
+}  // namespace
+
+cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geometry g) {
+  // Split the positions when the blocks alone would not fill the device four times over: decode is bound by
+  // the latency of each warp's walk over its positions more than by bytes. The longest context a token may
+  // see bounds the useful split (at least 16 positions a chunk, four a warp): the positions live on the
+  // device, so the block tables' total length stands in for it.
+  // The staged kernel's chunks hold at least 64 positions (a stage of 16-byte-row f16 pools), the unstaged
+  // kernel's 16 (four a warp). KILN_CUDA_ATTN_CHUNK sets the fewest positions a chunk (for tuning);
+  // KILN_CUDA_ATTN_STAGED=0 sends every decode to the unstaged kernel.
+  static const int64_t chunk_env = [] {
+    const char* v = std::getenv("KILN_CUDA_ATTN_CHUNK");
+    return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{0};
+  }();
+  static const bool staged_on = [] {
+    const char* v = std::getenv("KILN_CUDA_ATTN_STAGED");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  const bool staged = staged_on && staged_eligible(op, g);
+  const int64_t min_chunk = chunk_env > 0 ? chunk_env : staged ? 64 : 16;
+  const int64_t hpb = heads_per_block(g.group);
+  const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
+  const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
+  const int64_t want = (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
+  g.n_chunks =
+      std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, kMaxChunks}));
+  float* partial = nullptr;
+  unsigned* done = nullptr;
+  if (g.n_chunks > 1) {
+    const size_t bytes = sizeof(float) * g.n_tokens * g.n_heads * g.n_chunks * (g.head_dim + 2);
+    partial = static_cast<float*>(ctx.scratch(kSlotPartial, bytes));
+    done = static_cast<unsigned*>(ctx.scratch(kSlotCounters, sizeof(unsigned) * blocks));
+    if (partial == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
+  }
+  if (staged) {
+    return op.k_pool.type == DType::f16 ? launch_staged_for_head_dim<__half>(ctx, op, g, partial, done)
+                                        : launch_staged_for_head_dim<float>(ctx, op, g, partial, done);
+  }
+  return op.k_pool.type == DType::f16 ? launch_for_head_dim<__half>(ctx, op, g, partial, done)
+                                      : launch_for_head_dim<float>(ctx, op, g, partial, done);
+}
+
+}  // namespace kiln::cuda
