@@ -109,6 +109,25 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   job_ = nullptr;
 }
 
+void ThreadPool::parallel_dynamic(int64_t n, int64_t chunk,
+                                  const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  chunk = std::max<int64_t>(chunk, 1);
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+  if (n_chunks == 1 || n_threads_ == 1) {
+    for (int64_t b = 0; b < n; b += chunk) fn(b, std::min(n, b + chunk), 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  parallel_for(std::min<int64_t>(n_chunks, n_threads_), [&](int64_t, int64_t, int thread) {
+    for (;;) {
+      const int64_t b = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (b >= n) return;
+      fn(b, std::min(n, b + chunk), thread);
+    }
+  });
+}
+
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {

@@ -26,6 +26,11 @@ class ThreadPool {
   int n_threads() const { return n_threads_; }
   // fn(begin, end, thread_index) over chunks of [0, n); chunks are at least `min_chunk` long.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t min_chunk = 1);
+  // fn(begin, end, thread_index) over the chunks [0, chunk), [chunk, 2 * chunk), ... of [0, n), which the
+  // threads take in turn from a shared counter: a thread that runs late (another process on its core, a
+  // slower core) leaves the rest to the others instead of holding every thread at the end of the call. Which
+  // thread runs a chunk differs from call to call, so fn must not depend on it for its results.
+  void parallel_dynamic(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int)>& fn);
 
  private:
   void worker(int index);

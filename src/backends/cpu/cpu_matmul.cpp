@@ -216,6 +216,16 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
   });
 }
 
+// The packed products' work items (row groups) go to the threads in chunks from a shared counter
+// (ThreadPool::parallel_dynamic), about kChunksAThread a thread: on a machine whose cores other processes
+// also use, a thread that loses its core for a while no longer holds the others at the end of each matmul.
+// Each chunk is a run of consecutive groups, a sequential read. A group's results do not depend on the
+// thread.
+constexpr int64_t kChunksAThread = 8;
+int64_t dynamic_chunk(const ThreadPool& pool, int64_t n_items) {
+  return std::max<int64_t>(1, n_items / (kChunksAThread * pool.n_threads()));
+}
+
 // Quantized activations against the packed layout (cpu_pack.h): x rows quantized once, then per (group,
 // kPackRows-row group) item every x row of the group through the packed kernel, kPackCols at a time.
 void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const PackedWeight& pw,
@@ -225,7 +235,8 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
   const int8_t* xq = xr_all.q.data();
   const float *xd = xr_all.d.data(), *xs = xr_all.s.data();
   const int64_t n_groups = (n + kPackRows - 1) / kPackRows;
-  pool.parallel_for(static_cast<int64_t>(pr.mats.size()) * n_groups, [&](int64_t i0, int64_t i1, int) {
+  const int64_t n_items = static_cast<int64_t>(pr.mats.size()) * n_groups;
+  pool.parallel_dynamic(n_items, dynamic_chunk(pool, n_items), [&](int64_t i0, int64_t i1, int) {
     float out[kPackRows * kPackCols];
     QRowX xr[kPackCols];
     for (int64_t item = i0; item < i1; ++item) {
@@ -261,7 +272,8 @@ void products_float_packed(ThreadPool& pool, const CpuKernels& kern, const Produ
     xs[e] = reinterpret_cast<const float*>(x_t.flat_row(pr.x_rows[e]));
     ys[e] = reinterpret_cast<float*>(dst_t.flat_row(pr.y_rows[e]));
   }
-  pool.parallel_for(static_cast<int64_t>(pr.mats.size()) * n_groups, [&](int64_t i0, int64_t i1, int) {
+  const int64_t n_items = static_cast<int64_t>(pr.mats.size()) * n_groups;
+  pool.parallel_dynamic(n_items, dynamic_chunk(pool, n_items), [&](int64_t i0, int64_t i1, int) {
     for (int64_t item = i0; item < i1;) {
       const int64_t a = item / n_groups, g = item % n_groups;
       const int ng = static_cast<int>(std::min<int64_t>({kFPackGroups, n_groups - g, i1 - item}));

@@ -203,13 +203,17 @@ void argmax(ThreadPool& pool, const Argmax& op) {
   for_rows(pool, op.x.n_rows(), [&](int64_t r) {
     const float* x = f32_row(op.x, r);
     constexpr float kInf = std::numeric_limits<float>::infinity();
+    // The running best stays in a register (a vocabulary's row is 50-260k logits, read once); a NaN or +inf
+    // anywhere (!(v < inf)) makes the row bad whatever the best. Ties keep the lower index.
     int32_t best = 0;
+    float best_v = x[0];
     bool bad = false;
     for (int64_t i = 0; i < op.x.ne[0]; ++i) {
-      bad = bad || std::isnan(x[i]) || x[i] == kInf;
-      if (x[i] > x[best]) best = static_cast<int32_t>(i);
+      const float v = x[i];
+      bad |= !(v < kInf);
+      if (v > best_v) best_v = v, best = static_cast<int32_t>(i);
     }
-    op.out.span_as<int32_t>()[r] = bad || x[best] == -kInf ? -1 : best;
+    op.out.span_as<int32_t>()[r] = bad || best_v == -kInf ? -1 : best;
   });
 }
 
