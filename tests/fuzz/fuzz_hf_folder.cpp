@@ -26,14 +26,33 @@ constexpr std::string_view kNames[] = {
     "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
 };
 
-// One folder per process, emptied before each input.
-const std::string& folder() {
-  static const std::string dir = [] {
+// One folder per process, emptied before each input, and removed when the process exits (libFuzzer ends
+// with exit(), which runs this destructor).
+class Folder {
+ public:
+  Folder() {
     char tmpl[] = "/tmp/kiln_fuzz_hf_XXXXXX";
     if (mkdtemp(tmpl) == nullptr) std::abort();
-    return std::string(tmpl);
-  }();
-  return dir;
+    dir_ = tmpl;
+  }
+  ~Folder() {
+    empty();
+    rmdir(dir_.c_str());
+  }
+  Folder(const Folder&) = delete;
+  Folder& operator=(const Folder&) = delete;
+  const std::string& dir() const { return dir_; }
+  void empty() const {
+    for (std::string_view name : kNames) unlink((dir_ + "/" + std::string(name)).c_str());
+  }
+
+ private:
+  std::string dir_;
+};
+
+const Folder& folder() {
+  static const Folder f;
+  return f;
 }
 
 void write_file(const std::string& path, std::string_view bytes) {
@@ -46,8 +65,8 @@ void write_file(const std::string& path, std::string_view bytes) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string& dir = folder();
-  for (std::string_view name : kNames) unlink((dir + "/" + std::string(name)).c_str());
+  folder().empty();
+  const std::string& dir = folder().dir();
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   constexpr std::string_view kMark = "@@ ";
   size_t at = in.starts_with(kMark) ? 0 : in.find("\n@@ ");
