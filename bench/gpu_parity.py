@@ -6,7 +6,10 @@ Per architecture, teacher-forced over a 256-token prompt (the logits of every po
   - CUDA fast path (--quantize-x: bf16 tensor cores for the 64-token batch): the same figures;
   - the model converted to Q8_0 (kiln convert): CUDA fast path (x rounded to 8 bits, integer dot products;
     the prompt in 32-token chunks) against the CPU exact path on the same file;
-and greedy 32-token continuations of 10 prompts through the engine on both devices (identical on how many).
+  - partial offload: the first half of the layers on CUDA, the rest and the output head on the CPU (exact,
+    the prompt in 100-token chunks): the same figures;
+and greedy 32-token continuations of 10 prompts through the engine on both devices, and split in two
+(`gpu_layers`: half the layers, exact), identical on how many.
 Targets: top-1 >= 99%, mean KL <= 1e-3, greedy identical on >= 8 of 10. Exit status 1 when one is missed.
 
 Runs on the GPU machine: scripts/gpu-check.sh parity (the tokenizer travels in .gpu-deps/tokenizer).
@@ -87,21 +90,31 @@ def main() -> int:
             # 32-token chunks: the prompt goes through the integer GEMV (up to 64 tokens a step), as decode does.
             quant = agreement(q8_cpu, logits(a.build, q8, ids, Path(tmp) / "q8fast.f32", "--device", "cuda",
                                              "--quantize-x", "--chunk", "32"))
+            # Partial offload: the first half of the layers on the GPU, the rest and the head on the CPU.
+            half = str(model.config.num_hidden_layers // 2)
+            split = agreement(cpu, logits(a.build, folder, ids, Path(tmp) / "split.f32", "--device", "cuda",
+                                          "--split", half, "--chunk", "100"))
             g_cpu = driver(a.build, ["generate", folder, N_GREEDY], prompts)["tokens"]
             g_gpu = driver(a.build, ["generate", folder, N_GREEDY, "--device", "cuda", "--quantize-x"], prompts)["tokens"]
+            g_split = driver(a.build, ["generate", folder, N_GREEDY, "--device", "cuda", "--split", half],
+                             prompts)["tokens"]
             same = sum(x == y for x, y in zip(g_cpu, g_gpu))
-            passed = (min(exact[0], fast[0], quant[0]) >= 0.99 and max(exact[1], fast[1], quant[1]) <= 1e-3 and
-                      same >= 8)
+            same_split = sum(x == y for x, y in zip(g_cpu, g_split))
+            passed = (min(exact[0], fast[0], quant[0], split[0]) >= 0.99 and
+                      max(exact[1], fast[1], quant[1], split[1]) <= 1e-3 and min(same, same_split) >= 8)
             ok &= passed
-            rows.append((name, *exact, *fast, *quant, same, passed))
+            rows.append((name, *exact, *fast, *quant, same, *split, same_split, passed))
             print(f"{name}: exact top1 {exact[0]:.4f} KL {exact[1]:.2e}; fast top1 {fast[0]:.4f} KL {fast[1]:.2e}; "
-                  f"q8_0 fast top1 {quant[0]:.4f} KL {quant[1]:.2e}; greedy {same}/{N_PROMPTS}", flush=True)
+                  f"q8_0 fast top1 {quant[0]:.4f} KL {quant[1]:.2e}; greedy {same}/{N_PROMPTS}; split exact top1 "
+                  f"{split[0]:.4f} KL {split[1]:.2e}, greedy {same_split}/{N_PROMPTS}", flush=True)
     lines = ["| architecture | CUDA exact: top-1 | mean KL | CUDA fast (bf16): top-1 | mean KL "
-             "| Q8_0 file, CUDA fast: top-1 | mean KL | greedy 32 identical |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, t1, kl, f1, fkl, q1, qkl, same, passed in rows:
+             "| Q8_0 file, CUDA fast: top-1 | mean KL | greedy 32 identical "
+             "| half the layers on CUDA, exact: top-1 | mean KL | greedy 32 identical |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, t1, kl, f1, fkl, q1, qkl, same, s1, skl, same_split, passed in rows:
         lines.append(f"| {name} | {t1:.2%} | {kl:.1e} | {f1:.2%} | {fkl:.1e} | {q1:.2%} | {qkl:.1e} "
-                     f"| {same}/{N_PROMPTS}{'' if passed else ' (missed)'} |")
+                     f"| {same}/{N_PROMPTS} | {s1:.2%} | {skl:.1e} | {same_split}/{N_PROMPTS}"
+                     f"{'' if passed else ' (missed)'} |")
     (a.out / "parity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if ok else 1

@@ -126,6 +126,20 @@ def llama_bench(bench: Path, path: Path, reps: int) -> dict:
     return res
 
 
+def offload_bench(kiln: Path, bench: Path, path: Path, ngl: int, reps: int) -> tuple[dict, dict]:
+    """pp512 and tg128 with only `ngl` layers on the GPU, each engine's way: kiln runs the first ngl layers there
+    (`--gpu-layers`), llama.cpp the last ngl (`-ngl`); the rest and the output head run on the CPU (its default
+    threads in both). The same bytes of weights on each side."""
+    rows = json_rows(run([kiln, "bench", "-m", path, "-d", "cuda", "--gpu-layers", ngl, "-p", "512", "-n", "128",
+                          "-r", reps, "-o", "json"])[0])
+    k = {r["test"]: (r["tokens_per_s"], r["tokens_per_s_sd"]) for r in rows}
+    rows = json_rows(run([bench, "-m", path, "-ngl", ngl, "-fa", "1", "-p", "512", "-n", "128", "-r", reps, "-o",
+                          "json"])[0])
+    ll = {(f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"): (r["avg_ts"], r["stddev_ts"])
+          for r in rows}
+    return k, ll
+
+
 def llama_batched(batched: Path, path: Path) -> dict:
     out = "\n".join(run([batched, "-m", path, "-ngl", "99", "-fa", "on", "-c", "20480", "-b", "2048", "-ub", "512",
                "-npp", "128", "-ntg", "128", "-npl", "16,64"]))
@@ -227,6 +241,8 @@ def main() -> int:
     ap.add_argument("--prepare-only", action="store_true", help="make the files, run nothing")
     ap.add_argument("--peer-ready", type=Path, help="a file whose existence says the peer's build has ended")
     ap.add_argument("--no-profile", action="store_true", help="skip the step and kernel profiles (profiles.txt)")
+    ap.add_argument("--offload", default="", help="comma-separated layer counts: partial offload alone, each "
+                    "engine with that many layers on the GPU (pp512, tg128), on the 8B files of --only")
     a = ap.parse_args()
     kiln = a.build / "tools" / "kiln" / "kiln"
     peer = {n: a.peer / "bin" / n for n in ("llama-bench", "llama-batched-bench", "llama-quantize")}
@@ -234,6 +250,21 @@ def main() -> int:
     only = set(filter(None, a.only.split(",")))
     files = make_files(kiln, peer["llama-quantize"], a.models, a.tokenizer, a.peer_ready, only)
     if a.prepare_only:
+        return 0
+    if a.offload:
+        lines = ["| model | weights | layers on the GPU | engine | pp512 tok/s | tg128 tok/s |",
+                 "|---|---|---:|---|---:|---:|"]
+        for name, typ, path in files:
+            if name != "llama3-8b" or (only and f"{name}-{typ}" not in only):
+                continue
+            for ngl in map(int, a.offload.split(",")):
+                k, ll = offload_bench(kiln, peer["llama-bench"], path, ngl, a.reps)
+                for engine, res in (("kiln", k), ("llama.cpp", ll)):
+                    lines.append(f"| {name} | {typ} | {ngl} | {engine} | {res['pp512'][0]:.1f} ± "
+                                 f"{res['pp512'][1]:.1f} | {res['tg128'][0]:.2f} ± {res['tg128'][1]:.2f} |")
+                print("\n".join(lines[-2:]), flush=True)
+        (a.out / "offload.md").write_text("\n".join(["## Partial offload", "", *lines]) + "\n")
+        print("\n".join(lines), flush=True)
         return 0
     lines = ["| model | weights | engine | tg128 tok/s | decode GB/s | of copy bw | pp2048 tok/s |",
              "|---|---|---|---:|---:|---:|---:|"]

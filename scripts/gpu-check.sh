@@ -22,6 +22,9 @@
 #             (default: the 8B Q4_0; waits for prep's files)
 #   prefill   each kernel's time in a pp2048 (ncu), kiln's and llama.cpp's, and kiln's per-op table
 #             (KILN_CUDA_PROFILE) on PREFILL_FILES (default: the 8B BF16; waits for that file and the peer's build)
+#   offload   partial offload beside llama.cpp (bench/gpu_peer.py --offload): OFFLOAD_LAYERS (default 16) layers on
+#             the GPU, the rest on the CPU, pp512 and tg128 on OFFLOAD_FILES (default: the 8B Q4_0; waits for prep's
+#             files and the peer's build), and one `kiln run --gpu-layers` generation
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -50,7 +53,8 @@ export OPENSSL_ROOT_DIR="$deps/usr"
 # /tmp/llama.cpp.status holds "ok" or "failed" once it has ended.
 peer_dir=/tmp/llama.cpp
 peer_status=/tmp/llama.cpp.status
-if { [[ " ${steps[*]} " =~ " peer " ]] || { [[ " ${steps[*]} " =~ " prep " ]] && [ -z "${PREP_ONLY:-}" ]; }; } &&
+if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] ||
+  { [[ " ${steps[*]} " =~ " prep " ]] && [ -z "${PREP_ONLY:-}" ]; }; } &&
   [ ! -e "$peer_dir.started" ]; then
   touch "$peer_dir.started"
   setsid bash -c '
@@ -148,6 +152,17 @@ print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
 print(g.prefill_profile(P('$bin/tools/kiln/kiln'), P('$peer_dir/build/bin/llama-bench'), P('/tmp/kiln-models/$f.gguf')))" ||
           status=1
       done 2>&1 | tee "$out/prefill.md"
+      ;;
+    offload)
+      while [ ! -e "$peer_status" ]; do sleep 5; done
+      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+      files=${OFFLOAD_FILES:-llama3-8b-q4_0}
+      layers=${OFFLOAD_LAYERS:-16}
+      "$bin/tools/kiln/kiln" run -m "/tmp/kiln-models/${files%%,*}.gguf" --gpu-layers "${layers%%,*}" \
+        -p "The quick brown fox" -n 32 --temp 0 >"$out/offload-run.log" 2>&1 || status=1
+      tail -4 "$out/offload-run.log"
+      python3 bench/gpu_peer.py --build "$bin" --peer "$peer_dir/build" --out "$out" --only "$files" \
+        --offload "$layers" --reps 2 2>&1 | tee "$out/offload.log" || status=1
       ;;
     peer)
       while [ ! -e "$peer_status" ]; do sleep 5; done

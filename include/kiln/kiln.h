@@ -43,6 +43,12 @@ struct EngineOptions {
   // Where the model runs: "cpu", "cuda" / "cuda:N" (a build with CUDA), or "auto" (CUDA device 0 when there
   // is one, else the CPU).
   std::string backend = "cpu";
+  // Partial offload, with a CUDA backend: only the first gpu_layers layers (and the token embedding) run on
+  // the GPU; the later layers, the final norm and the output head run on the CPU (n_threads), each layer's
+  // K/V where the layer runs. -1: every layer on the GPU (as any value >= the model's layers); 0: the whole
+  // model on the CPU. With backend "cpu" it must stay -1; with "auto" on a machine without a GPU it is
+  // ignored.
+  int32_t gpu_layers = -1;
   // Matmuls at lower precision, faster: on the CPU, 8-bit quantized activations with integer dot products, as
   // llama.cpp does (~1e-3 relative error per product); on CUDA, bf16 / f16 tensor cores for batches of more
   // than 8 tokens, and prefill attention on f16 tensor cores. false: exact f32 activations.
@@ -151,7 +157,8 @@ struct ModelDescription {
       0;  // the backend's own copies of the weights: repacked (CPU), device memory (GPU)
   int32_t kv_blocks = 0, kv_block_size = 0;  // the KV pool: blocks of kv_block_size tokens, kv_bytes in all
   int32_t n_threads = 0;
-  std::string backend;  // the device the model runs on: "cpu", "cuda:0"
+  std::string backend;       // the device the model runs on: "cpu", "cuda:0", or "cuda:0 + cpu" when split
+  int32_t n_gpu_layers = 0;  // layers on the GPU: all of them, or the first ones under partial offload
   double load_ms = 0;
   bool has_chat_template = false;
 };

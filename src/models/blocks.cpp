@@ -2,7 +2,8 @@
 
 namespace kiln::blocks {
 
-Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info) {
+Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info,
+                                         Backend& head) {
   const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
   if (embd == nullptr || embd->shape.size() != 2) {
     return invalid_argument("{}: token_embd.weight is missing or not 2-d", file.name());
@@ -13,15 +14,24 @@ Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& w
   info.n_vocab = static_cast<int32_t>(embd->shape[1]);
   EmbeddingWeights w;
   const bool tied = !weights.has("output.weight");
+  const bool split = &weights.backend() != &head;
   KILN_ASSIGN_OR_RETURN(w.tok_embd, weights.get("token_embd.weight",
-                                                tied ? WeightRole::weight_role_tied_embedding
-                                                     : WeightRole::weight_role_embedding,
+                                                tied && !split ? WeightRole::weight_role_tied_embedding
+                                                               : WeightRole::weight_role_embedding,
                                                 info.n_embd, info.n_vocab));
+  weights.place_on(head);
   KILN_ASSIGN_OR_RETURN(w.output_norm,
                         weights.get("output_norm.weight", WeightRole::weight_role_norm, info.n_embd));
   KILN_ASSIGN_OR_RETURN(w.output, weights.get_optional("output.weight", WeightRole::weight_role_matmul,
                                                        info.n_embd, info.n_vocab));
-  if (w.output.tensor.data == nullptr) w.output = w.tok_embd;  // tied
+  if (tied && split) {  // the table again, as the head's matrix, on the head's backend
+    weights.place_on(head, /*copies=*/true);
+    KILN_ASSIGN_OR_RETURN(w.output, weights.get("token_embd.weight", WeightRole::weight_role_matmul,
+                                                info.n_embd, info.n_vocab));
+    weights.place_on(head);
+  } else if (tied) {
+    w.output = w.tok_embd;
+  }
   return w;
 }
 
@@ -158,14 +168,70 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
   return ids;
 }
 
+StepModel::StepModel(Backend& backend, const ModelOptions& options) : backend_(backend), options_(options) {
+  stages_.push_back(std::make_unique<Stage>(backend));
+}
+
+Status StepModel::place_layers() {
+  if (options_.rest == nullptr || options_.rest == &backend_) return Status::ok_status();
+  if (options_.n_first_layers < 0) {
+    return invalid_argument("the first backend's layers: n_first_layers = {} must be >= 0",
+                            options_.n_first_layers);
+  }
+  if (options_.n_first_layers >= info_.n_layers || stages_.size() > 1) return Status::ok_status();
+  stages_.push_back(std::make_unique<Stage>(*options_.rest));
+  stages_.back()->first_layer = options_.n_first_layers;
+  return Status::ok_status();
+}
+
+size_t StepModel::peak_scratch_bytes() const {
+  size_t total = 0;
+  for (const auto& s : stages_) total += s->arena.peak_bytes();
+  return total;
+}
+
 Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
-  KILN_ASSIGN_OR_RETURN(const StepTensors step, steps_.build(batch, kv, info_));
-  arena_.reset();
-  program_.clear();
-  program_.n_tokens = step.n_tokens;
-  Recorder r{program_, arena_, step, options_.quantize_activations};
-  KILN_ASSIGN_OR_RETURN(Tensor logits, record(r, kv));
-  KILN_TRY(backend_.run(program_));
+  for (const auto& s : stages_) {
+    KILN_ASSIGN_OR_RETURN(s->step, s->steps.build(batch, kv, info_));
+    s->arena.reset();
+    s->program.clear();
+    s->program.n_tokens = s->step.n_tokens;
+  }
+  // Recorded stage by stage; the residual stream of the stage before is copied into `hops[s - 1].second`,
+  // stage s's own, before stage s runs.
+  Tensor x, logits;
+  std::vector<std::pair<Tensor, Tensor>> hops;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    Stage& st = *stages_[s];
+    Recorder r{st.program, st.arena, st.step, options_.quantize_activations};
+    if (s == 0) {
+      KILN_ASSIGN_OR_RETURN(x, record_embedding(r));
+    } else {
+      KILN_ASSIGN_OR_RETURN(Tensor to, st.arena.f32(x.ne[0], x.ne[1]));
+      hops.emplace_back(x, to);
+      x = to;
+    }
+    const int32_t end = s + 1 < stages_.size() ? stages_[s + 1]->first_layer : info_.n_layers;
+    for (int32_t l = st.first_layer; l < end; ++l) {
+      Arena::Scope layer(st.arena);  // the layer's scratch is the next layer's
+      KILN_TRY(record_layer(r, l, x, kv));
+    }
+    if (s + 1 == stages_.size()) {
+      KILN_ASSIGN_OR_RETURN(logits, record_output(r, x));
+    }
+  }
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    if (s > 0) {
+      const auto& [from, to] = hops[s - 1];
+      Backend& before = stages_[s - 1]->backend;
+      const auto n = static_cast<size_t>(from.n_elements());
+      carry_.resize(n);
+      KILN_TRY(before.download(carry_.data(), from, n * sizeof(float)));
+      KILN_TRY(before.synchronize());  // the first stage's asynchronous errors surface here
+      KILN_TRY(stages_[s]->backend.upload(to, carry_.data(), n * sizeof(float)));
+    }
+    KILN_TRY(stages_[s]->backend.run(stages_[s]->program));
+  }
   return logits;
 }
 

@@ -21,8 +21,11 @@ struct EmbeddingWeights {
   ops::Weight output_norm;  // [n_embd]
   ops::Weight output;       // [n_embd, n_vocab]
 };
-// Reads them and sets info.n_vocab from token_embd.weight.
-Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info);
+// Reads them and sets info.n_vocab from token_embd.weight: the embedding on the loader's backend, the final
+// norm and the output head on `head` (the loader is left placed on it). A tied output head on another
+// backend than the embedding is a copy of token_embd.weight there.
+Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info,
+                                         Backend& head);
 
 // The per-layer weights of a standard attention block.
 struct AttentionWeights {
@@ -75,21 +78,40 @@ Result<Tensor> rms_norm(Recorder& r, const Tensor& x, const ops::Weight& w, floa
 Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeights& w, float eps,
                              int32_t n_vocab);
 
-// A model whose forward() is: build the step's metadata, record the layers (record()), run the program on the
-// backend. Nothing synchronizes: the logits stay in backend memory until the runtime reads them.
+// A model whose forward() is: build the step's metadata, record the embedding, the layers and the output head
+// (record_embedding(), record_layer(), record_output()), run the program on the backend. Nothing
+// synchronizes: the logits stay in backend memory until the runtime reads them. Split over two backends
+// (ModelOptions::rest), a step is two programs, one a backend, each with its own metadata and arena, and the
+// residual stream goes from the first backend to the second between them (the one wait inside forward()).
 class StepModel : public Model {
  public:
-  StepModel(Backend& backend, const ModelOptions& options)
-      : backend_(backend), options_(options), arena_(backend), steps_(backend) {}
+  StepModel(Backend& backend, const ModelOptions& options);
   const ModelInfo& info() const final { return info_; }
   Result<Tensor> forward(const Batch& batch, KvBuffers& kv) final;
-  const Program& last_program() const final { return program_; }
+  // The first backend's program, when split.
+  const Program& last_program() const final { return stages_.front()->program; }
   std::span<const std::unique_ptr<WeightHandle>> weights() const final { return weights_; }
-  size_t peak_scratch_bytes() const final { return arena_.peak_bytes(); }
+  size_t peak_scratch_bytes() const final;
+  Backend& layer_backend(int32_t layer) const final { return stages_[layer_stage(layer)]->backend; }
+  Backend& output_backend() const final { return stages_.back()->backend; }
 
  protected:
-  // Records the layers of one step; returns the logits tensor (output_logits()).
-  virtual Result<Tensor> record(Recorder& r, KvBuffers& kv) = 0;
+  // Settles which layers run on which backend (ModelOptions::rest, n_first_layers): call once info_.n_layers
+  // is known, before loading any weight. invalid_argument when n_first_layers is negative.
+  Status place_layers();
+  // The backends that run layers: 1, or 2 when the model is split; the one of `layer`.
+  int32_t n_stages() const { return static_cast<int32_t>(stages_.size()); }
+  int32_t layer_stage(int32_t layer) const {
+    return stages_.size() > 1 && layer >= stages_[1]->first_layer ? 1 : 0;
+  }
+  Backend& stage_backend(int32_t stage) const { return stages_[stage]->backend; }
+
+  // The residual stream after the embedding: f32 [n_embd, n_tokens] from the arena.
+  virtual Result<Tensor> record_embedding(Recorder& r) = 0;
+  // Layer `layer`, updating x in place; its scratch is given back when it returns (the next layer's).
+  virtual Status record_layer(Recorder& r, int32_t layer, const Tensor& x, KvBuffers& kv) = 0;
+  // The logits (output_logits()).
+  virtual Result<Tensor> record_output(Recorder& r, const Tensor& x) = 0;
 
   Backend& backend_;
   ModelOptions options_;
@@ -97,9 +119,18 @@ class StepModel : public Model {
   std::vector<std::unique_ptr<WeightHandle>> weights_;  // from WeightLoader::release() at load
 
  private:
-  Arena arena_;
-  StepBuilder steps_;
-  Program program_;
+  // The part of a step one backend runs: layers [first_layer, the next stage's first_layer).
+  struct Stage {
+    explicit Stage(Backend& b) : backend(b), arena(b), steps(b) {}
+    Backend& backend;
+    int32_t first_layer = 0;
+    Arena arena;
+    StepBuilder steps;
+    StepTensors step;
+    Program program;
+  };
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::vector<float> carry_;  // the residual stream on its way from one backend to the next
 };
 
 }  // namespace kiln::blocks

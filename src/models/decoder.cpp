@@ -27,13 +27,19 @@ class Decoder final : public StepModel {
     KILN_TRY(read_hparams(f, a, {.n_ctx_train = traits_.n_ctx_train_default}, info_, shape_));
     info_.kv_window = shape_.window;  // every layer has the same window
 
+    KILN_TRY(place_layers());
     WeightLoader w(f, backend_);
-    KILN_ASSIGN_OR_RETURN(embd_, load_embeddings(f, w, info_));
-    KILN_ASSIGN_OR_RETURN(rope_, read_rope(f, w, a, shape_.head_dim, traits_.rope_layout, options_.n_ctx));
+    KILN_ASSIGN_OR_RETURN(embd_, load_embeddings(f, w, info_, output_backend()));
+    for (int32_t s = 0; s < n_stages(); ++s) {  // every backend's layers read the RoPE factors
+      w.place_on(stage_backend(s), /*copies=*/s > 0);
+      KILN_ASSIGN_OR_RETURN(rope_.emplace_back(),
+                            read_rope(f, w, a, shape_.head_dim, traits_.rope_layout, options_.n_ctx));
+    }
     KILN_TRY(read_moe_shape(f));
     layers_.resize(info_.n_layers);
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       DecoderLayer& L = layers_[l];
+      w.place_on(layer_backend(l));
       const std::string p = "blk." + std::to_string(l) + ".";
       const int64_t e = info_.n_embd;
       KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", WeightRole::weight_role_norm, e));
@@ -55,23 +61,24 @@ class Decoder final : public StepModel {
   }
 
  protected:
-  Result<Tensor> record(Recorder& r, KvBuffers& kv) override {
-    KILN_ASSIGN_OR_RETURN(Tensor x, embed(r, embd_, info_.n_embd));  // f32 [n_embd, n_tokens] the residual stream
-    for (int32_t l = 0; l < info_.n_layers; ++l) {
-      const DecoderLayer& L = layers_[l];
-      Arena::Scope layer(r.arena);  // the layer's scratch is the next layer's
-      KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(r, x, L.attn_norm, shape_.norm_eps));
-      KILN_ASSIGN_OR_RETURN(Tensor att, attention(r, h, L.attn, shape_, rope_, kv, l));
-      KILN_TRY(r.program.add(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
-      KILN_ASSIGN_OR_RETURN(h, rms_norm(r, x, L.ffn_norm, shape_.norm_eps));
-      Tensor ffn;
-      if (L.moe.router.tensor.data != nullptr) {
-        KILN_ASSIGN_OR_RETURN(ffn, moe_ffn(r, h, L.moe, moe_));
-      } else {
-        KILN_ASSIGN_OR_RETURN(ffn, gated_ffn(r, h, L.ffn, ops::GluKind::glu_kind_silu));
-      }
-      KILN_TRY(r.program.add(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
+  Result<Tensor> record_embedding(Recorder& r) override { return embed(r, embd_, info_.n_embd); }
+
+  Status record_layer(Recorder& r, int32_t l, const Tensor& x, KvBuffers& kv) override {
+    const DecoderLayer& L = layers_[l];
+    KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(r, x, L.attn_norm, shape_.norm_eps));
+    KILN_ASSIGN_OR_RETURN(Tensor att, attention(r, h, L.attn, shape_, rope_[layer_stage(l)], kv, l));
+    KILN_TRY(r.program.add(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
+    KILN_ASSIGN_OR_RETURN(h, rms_norm(r, x, L.ffn_norm, shape_.norm_eps));
+    Tensor ffn;
+    if (L.moe.router.tensor.data != nullptr) {
+      KILN_ASSIGN_OR_RETURN(ffn, moe_ffn(r, h, L.moe, moe_));
+    } else {
+      KILN_ASSIGN_OR_RETURN(ffn, gated_ffn(r, h, L.ffn, ops::GluKind::glu_kind_silu));
     }
+    return r.program.add(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x});
+  }
+
+  Result<Tensor> record_output(Recorder& r, const Tensor& x) override {
     return output_logits(r, x, embd_, shape_.norm_eps, info_.n_vocab);
   }
 
@@ -102,7 +109,7 @@ class Decoder final : public StepModel {
   std::shared_ptr<const gguf::File> file_;
   DecoderTraits traits_;
   AttentionShape shape_;
-  RopeConfig rope_;
+  std::vector<RopeConfig> rope_;  // a copy on each backend that runs layers, [layer_stage(l)]
   MoeShape moe_;
   EmbeddingWeights embd_;
   std::vector<DecoderLayer> layers_;

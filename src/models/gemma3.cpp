@@ -40,21 +40,28 @@ class Gemma3 final : public blocks::StepModel {
         f, a, {.n_ctx_train = 32768, .norm_eps = 1e-6f, .head_dim = 256, .window = 4096}, info_, shape_));
     KILN_ASSIGN_OR_RETURN(n_ff_, blocks::hparam_int(f, a + ".feed_forward_length", {}));
 
+    KILN_TRY(place_layers());
     blocks::WeightLoader w(f, backend_);
-    KILN_ASSIGN_OR_RETURN(embd_, blocks::load_embeddings(f, w, info_));
-    KILN_ASSIGN_OR_RETURN(rope_global_,
-                          blocks::read_rope(f, w, a, shape_.head_dim, ops::RopeLayout::rope_layout_neox));
-    rope_local_ = rope_global_;  // local layers: their own base, no scaling
-    rope_local_.params.scaling = ops::RopeScaling::rope_scaling_none;
-    rope_local_.params.factor = 1.0f;
-    rope_local_.freq_factors = ops::Weight{};
-    KILN_ASSIGN_OR_RETURN(rope_local_.params.freq_base,
+    KILN_ASSIGN_OR_RETURN(embd_, blocks::load_embeddings(f, w, info_, output_backend()));
+    KILN_ASSIGN_OR_RETURN(const float local_base,
                           blocks::hparam_float(f, a + ".rope.freq_base_swa", 10000.0f));
+    for (int32_t s = 0; s < n_stages(); ++s) {  // every backend's layers read the RoPE factors
+      w.place_on(stage_backend(s), /*copies=*/s > 0);
+      Ropes& ropes = ropes_.emplace_back();
+      KILN_ASSIGN_OR_RETURN(ropes.global,
+                            blocks::read_rope(f, w, a, shape_.head_dim, ops::RopeLayout::rope_layout_neox));
+      ropes.local = ropes.global;  // local layers: their own base, no scaling
+      ropes.local.params.scaling = ops::RopeScaling::rope_scaling_none;
+      ropes.local.params.factor = 1.0f;
+      ropes.local.freq_factors = ops::Weight{};
+      ropes.local.params.freq_base = local_base;
+    }
     layers_.resize(info_.n_layers);
     for (int32_t l = 0; l < info_.n_layers; ++l) {
       Gemma3Layer& L = layers_[l];
       const std::string p = "blk." + std::to_string(l) + ".";
       const int64_t e = info_.n_embd;
+      w.place_on(layer_backend(l));
       L.sliding = l % kSwaPattern < kSwaPattern - 1;
       KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", WeightRole::weight_role_norm, e));
       KILN_ASSIGN_OR_RETURN(L.post_attn_norm, w.get(p + "post_attention_norm.weight", WeightRole::weight_role_norm, e));
@@ -70,32 +77,40 @@ class Gemma3 final : public blocks::StepModel {
   }
 
  protected:
-  Result<Tensor> record(blocks::Recorder& r, KvBuffers& kv) override {
+  Result<Tensor> record_embedding(blocks::Recorder& r) override {
     const int64_t e = info_.n_embd;
     KILN_ASSIGN_OR_RETURN(Tensor x, blocks::embed(r, embd_, e));  // f32 [n_embd, n_tokens] the residual stream
     KILN_TRY(r.program.add(ops::Scale{x, std::sqrt(static_cast<float>(e)), x}));
-    for (int32_t l = 0; l < info_.n_layers; ++l) {
-      const Gemma3Layer& L = layers_[l];
-      blocks::Arena::Scope layer(r.arena);  // the layer's scratch is the next layer's
-      blocks::AttentionShape shape = shape_;
-      shape.window = L.sliding ? shape_.window : 0;  // global layers see everything
-      KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(r, x, L.attn_norm, shape_.norm_eps));
-      KILN_ASSIGN_OR_RETURN(
-          Tensor att, blocks::attention(r, h, L.attn, shape, L.sliding ? rope_local_ : rope_global_, kv, l));
-      KILN_TRY(r.program.add(ops::RmsNorm{att, L.post_attn_norm, shape_.norm_eps, false, att}));
-      KILN_TRY(r.program.add(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
-      KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(r, x, L.ffn_norm, shape_.norm_eps));
-      KILN_ASSIGN_OR_RETURN(Tensor ffn, blocks::gated_ffn(r, h, L.ffn, ops::GluKind::glu_kind_gelu_tanh));
-      KILN_TRY(r.program.add(ops::RmsNorm{ffn, L.post_ffn_norm, shape_.norm_eps, false, ffn}));
-      KILN_TRY(r.program.add(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x}));
-    }
+    return x;
+  }
+
+  Status record_layer(blocks::Recorder& r, int32_t l, const Tensor& x, KvBuffers& kv) override {
+    const Gemma3Layer& L = layers_[l];
+    const Ropes& ropes = ropes_[layer_stage(l)];
+    blocks::AttentionShape shape = shape_;
+    shape.window = L.sliding ? shape_.window : 0;  // global layers see everything
+    KILN_ASSIGN_OR_RETURN(Tensor h, blocks::rms_norm(r, x, L.attn_norm, shape_.norm_eps));
+    KILN_ASSIGN_OR_RETURN(
+        Tensor att, blocks::attention(r, h, L.attn, shape, L.sliding ? ropes.local : ropes.global, kv, l));
+    KILN_TRY(r.program.add(ops::RmsNorm{att, L.post_attn_norm, shape_.norm_eps, false, att}));
+    KILN_TRY(r.program.add(ops::Binary{x, att, ops::BinaryKind::binary_kind_add, x}));
+    KILN_ASSIGN_OR_RETURN(h, blocks::rms_norm(r, x, L.ffn_norm, shape_.norm_eps));
+    KILN_ASSIGN_OR_RETURN(Tensor ffn, blocks::gated_ffn(r, h, L.ffn, ops::GluKind::glu_kind_gelu_tanh));
+    KILN_TRY(r.program.add(ops::RmsNorm{ffn, L.post_ffn_norm, shape_.norm_eps, false, ffn}));
+    return r.program.add(ops::Binary{x, ffn, ops::BinaryKind::binary_kind_add, x});
+  }
+
+  Result<Tensor> record_output(blocks::Recorder& r, const Tensor& x) override {
     return blocks::output_logits(r, x, embd_, shape_.norm_eps, info_.n_vocab);
   }
 
  private:
   std::shared_ptr<const gguf::File> file_;
   blocks::AttentionShape shape_;
-  blocks::RopeConfig rope_global_, rope_local_;
+  struct Ropes {
+    blocks::RopeConfig global, local;
+  };
+  std::vector<Ropes> ropes_;  // a copy on each backend that runs layers, [layer_stage(l)]
   int32_t n_ff_ = 0;
   blocks::EmbeddingWeights embd_;
   std::vector<Gemma3Layer> layers_;

@@ -1,9 +1,13 @@
+#include <functional>
+
 #include "models/model.h"
 
 namespace kiln {
 
-Result<KvBuffers> KvBuffers::allocate(Backend& backend, const ModelInfo& info, int32_t block_size,
-                                      int32_t n_blocks, DType dtype) {
+namespace {
+
+Result<KvBuffers> allocate_pools(const std::function<Backend&(int32_t)>& backend_of, const ModelInfo& info,
+                                 int32_t block_size, int32_t n_blocks, DType dtype) {
   if (dtype != DType::f32 && dtype != DType::f16) {
     return invalid_argument("KV cache type {} is not supported (f32, f16)", dtype_name(dtype));
   }
@@ -17,18 +21,31 @@ Result<KvBuffers> KvBuffers::allocate(Backend& backend, const ModelInfo& info, i
   const int64_t elems = int64_t{info.head_dim} * info.n_kv_heads * block_size * n_blocks;
   const size_t bytes = static_cast<size_t>(elems) * dtype_info(dtype).type_size;
   for (int32_t l = 0; l < info.n_layers; ++l) {
+    Backend& backend = backend_of(l);
     for (std::vector<Tensor>* pools : {&kv.k, &kv.v}) {
       auto buf = backend.allocate(bytes);
       if (!buf.ok()) {
         return resource_exhausted(
-            "KV cache: cannot allocate {} layers x 2 x {:.1f} MiB ({} blocks of {} tokens)", info.n_layers,
-            bytes / 1048576.0, n_blocks, block_size);
+            "KV cache: cannot allocate layer {}'s 2 x {:.1f} MiB on {} ({} layers, {} blocks of {} tokens)",
+            l, bytes / 1048576.0, backend.name(), info.n_layers, n_blocks, block_size);
       }
       pools->push_back(make_tensor(dtype, **buf, 0, info.head_dim, info.n_kv_heads, block_size, n_blocks));
       kv.storage.push_back(std::move(buf).value());
     }
   }
   return kv;
+}
+
+}  // namespace
+
+Result<KvBuffers> KvBuffers::allocate(Backend& backend, const ModelInfo& info, int32_t block_size,
+                                      int32_t n_blocks, DType dtype) {
+  return allocate_pools([&](int32_t) -> Backend& { return backend; }, info, block_size, n_blocks, dtype);
+}
+
+Result<KvBuffers> KvBuffers::allocate(const Model& model, int32_t block_size, int32_t n_blocks, DType dtype) {
+  return allocate_pools([&](int32_t l) -> Backend& { return model.layer_backend(l); }, model.info(),
+                        block_size, n_blocks, dtype);
 }
 
 Status read_logits(Backend& backend, const Tensor& logits, std::vector<float>& out) {

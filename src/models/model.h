@@ -35,6 +35,8 @@ struct ModelInfo {
   uint64_t weight_bytes = 0;
 };
 
+class Model;
+
 // The paged K/V pools of every layer: k[l], v[l] are [head_dim, n_kv_heads, block_size, n_blocks].
 struct KvBuffers {
   std::vector<Tensor> k, v;  // [n_layers]
@@ -45,6 +47,8 @@ struct KvBuffers {
   // Allocates the pools on `backend`. dtype: f32 or f16.
   static Result<KvBuffers> allocate(Backend& backend, const ModelInfo& info, int32_t block_size,
                                     int32_t n_blocks, DType dtype);
+  // The same, each layer's pools on the backend that runs the layer (Model::layer_backend).
+  static Result<KvBuffers> allocate(const Model& model, int32_t block_size, int32_t n_blocks, DType dtype);
   uint64_t bytes() const;
 };
 
@@ -63,8 +67,12 @@ class Model {
   virtual const Program& last_program() const = 0;
   // Every weight as the backend prepared it, in load order, with its GGUF name and role.
   virtual std::span<const std::unique_ptr<WeightHandle>> weights() const = 0;
-  // The most scratch memory one step has used (the arena's peak), in bytes.
+  // The most scratch memory one step has used (the arenas' peaks), in bytes.
   virtual size_t peak_scratch_bytes() const = 0;
+  // The backend that runs layer `layer` (its weights and K/V live there), and the one that holds forward()'s
+  // result: the backend the model was loaded on, unless ModelOptions split the layers over two.
+  virtual Backend& layer_backend(int32_t layer) const = 0;
+  virtual Backend& output_backend() const = 0;
 };
 
 // Downloads `logits` (forward()'s result) into `out` ([n_logits * n_vocab] f32, resized) and waits for the
@@ -80,6 +88,13 @@ struct ModelOptions {
   // The context the model will serve (0: unknown). Long-context RoPE variants (Phi-3 longrope) pick their
   // frequencies from it, as llama.cpp does.
   int32_t n_ctx = 0;
+  // Partial offload (`kiln run --gpu-layers N`): the token embedding and the first `n_first_layers` layers
+  // run on the backend load_model() is given, the later layers, the final norm and the output head on `rest`
+  // (each layer's weights are prepared on its backend, and its K/V live there: KvBuffers::allocate(model)).
+  // A step then runs as two programs, the residual stream copied from the first backend to `rest` between
+  // them. rest == nullptr, or n_first_layers >= the model's layers: every layer on the first backend.
+  Backend* rest = nullptr;
+  int32_t n_first_layers = 0;
 };
 
 // Loads the architecture named by the file's general.architecture. The file must outlive the model (weights

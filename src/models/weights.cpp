@@ -33,8 +33,10 @@ Result<ops::Weight> WeightLoader::get_bias(const std::string& name, int64_t n) {
 Result<ops::Weight> WeightLoader::get_rows_of(const std::string& name, const std::string& part, WeightRole role,
                                               int64_t ne0, int64_t ne1, int64_t first, int64_t count) {
   KILN_ASSIGN_OR_RETURN(const Tensor t, find(name, {ne0, ne1}));
-  n_params_ -= t.n_elements() - ne0 * count;  // count each row once over the parts
-  n_bytes_ -= static_cast<uint64_t>(t.row_bytes() * (ne1 - count));
+  if (!copies_) {
+    n_params_ -= t.n_elements() - ne0 * count;  // count each row once over the parts
+    n_bytes_ -= static_cast<uint64_t>(t.row_bytes() * (ne1 - count));
+  }
   return prepare(slice_rows(t, first, count), name + "[" + part + "]", role);
 }
 
@@ -50,8 +52,10 @@ Result<Tensor> WeightLoader::find(const std::string& name, const std::vector<int
     return unimplemented("{}: tensor {} has type {}, which kiln cannot compute with yet", file_.name(), name,
                          info.name);
   }
-  n_params_ += t->n_elements();
-  n_bytes_ += t->n_bytes;
+  if (!copies_) {
+    n_params_ += t->n_elements();
+    n_bytes_ += t->n_bytes;
+  }
   return make_tensor(t->type, const_cast<uint8_t*>(t->data), expected[0], expected.size() > 1 ? expected[1] : 1,
                      expected.size() > 2 ? expected[2] : 1);
 }
@@ -63,7 +67,7 @@ Result<ops::Weight> WeightLoader::prepare(const Tensor& logical, const std::stri
   // resident together: Gemma 3's 178 MB embedding), the rest once it is done.
   const Backend::ReadDone read_done = [this](const void* p, size_t n) { file_.drop_pages(p, n); };
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h,
-                        backend_.prepare_weight_reporting(logical, name, role, read_done));
+                        backend_->prepare_weight_reporting(logical, name, role, read_done));
   if (h->prepared != nullptr || h->storage != nullptr) {
     int64_t span = logical.row_bytes();
     for (int d = 1; d < 4; ++d) span += (logical.ne[d] - 1) * logical.nb[d];

@@ -15,7 +15,14 @@ namespace kiln::blocks {
 
 class WeightLoader {
  public:
-  WeightLoader(const gguf::File& file, Backend& backend) : file_(file), backend_(backend) {}
+  WeightLoader(const gguf::File& file, Backend& backend) : file_(file), backend_(&backend) {}
+  // The weights got from now on are prepared on `backend` (a model split over two backends places each
+  // layer's). copies: they are second copies of weights already got on another backend (a tied output head,
+  // RoPE factors that every layer reads), left out of n_params() and n_bytes().
+  void place_on(Backend& backend, bool copies = false) {
+    backend_ = &backend;
+    copies_ = copies;
+  }
   // The tensor `name` with shape [ne0, ne1] (ne1 = 0: a 1-d tensor [ne0]). not_found when missing,
   // invalid_argument naming the tensor, its shape and the expected one otherwise.
   Result<ops::Weight> get(const std::string& name, WeightRole role, int64_t ne0, int64_t ne1 = 0);
@@ -30,6 +37,7 @@ class WeightLoader {
   Result<ops::Weight> get_rows_of(const std::string& name, const std::string& part, WeightRole role, int64_t ne0,
                                   int64_t ne1, int64_t first, int64_t count);
   const gguf::File& file() const { return file_; }
+  Backend& backend() const { return *backend_; }
   // Whether the file has a tensor `name`.
   bool has(const std::string& name) const { return file_.find_tensor(name) != nullptr; }
   int64_t n_params() const { return n_params_; }
@@ -42,7 +50,8 @@ class WeightLoader {
   Result<ops::Weight> prepare(const Tensor& logical, const std::string& name, WeightRole role);
 
   const gguf::File& file_;
-  Backend& backend_;
+  Backend* backend_;
+  bool copies_ = false;
   std::vector<std::unique_ptr<WeightHandle>> handles_;
   int64_t n_params_ = 0;
   uint64_t n_bytes_ = 0;

@@ -97,6 +97,9 @@ struct Engine::Impl {
   // a GGUF file; a template that does not parse is a warning, not an error.
   Status load_chat_template(const std::string& path, bool folder);
   Status warm_up(int32_t n_blocks);
+  // The backend (options.backend) and, under partial offload (options.gpu_layers), host_backend; `options`
+  // for load_model() placed accordingly.
+  Status make_backends(const gguf::File& f, ModelOptions& options);
   // Sets kv_block_bytes; the pool's blocks from options.kv_memory_bytes (kv_budget.h).
   Result<int32_t> size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type);
 
@@ -127,6 +130,7 @@ struct Engine::Impl {
   ModelDescription desc;
   std::shared_ptr<const gguf::File> file;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<Backend> host_backend;  // partial offload: the CPU backend of the later layers, or null
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;

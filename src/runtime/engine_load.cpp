@@ -51,11 +51,6 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     gguf_file = std::make_shared<gguf::File>(std::move(f));
     file = gguf_file;
   }
-  KILN_ASSIGN_OR_RETURN(backend, make_backend(opt.backend, BackendOptions{opt.n_threads}));
-  const bool gpu = backend->name() != "cpu";
-  const DType kv_type = opt.kv_type == "f16" || (opt.kv_type == "auto" && gpu && opt.quantize_activations)
-                            ? DType::f16
-                            : DType::f32;
   // The context decides Phi-3's LongRoPE factors, so it is fixed before the model loads.
   int32_t n_ctx_train = 4096;
   if (const std::string arch = file->architecture(); file->find(arch + ".context_length") != nullptr) {
@@ -63,8 +58,14 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     n_ctx_train = static_cast<int32_t>(std::min<uint64_t>(c, 1u << 30));
   }
   const int32_t n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(n_ctx_train, 4096);
+  ModelOptions model_options{opt.quantize_activations, n_ctx};
+  KILN_TRY(make_backends(*file, model_options));
+  const bool gpu = backend->name() != "cpu";
+  const DType kv_type = opt.kv_type == "f16" || (opt.kv_type == "auto" && gpu && opt.quantize_activations)
+                            ? DType::f16
+                            : DType::f32;
   // The model before the tokenizer: what a file is (its architecture) is the first thing to report on.
-  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, ModelOptions{opt.quantize_activations, n_ctx}));
+  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, model_options));
   KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
   const ModelInfo& mi = model->info();
   if (tok.n_vocab() > mi.n_vocab) {
@@ -82,8 +83,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   }
   KILN_TRY(load_chat_template(opt.model_path, folder));
   KILN_ASSIGN_OR_RETURN(const int32_t n_blocks, size_kv_pool(mi, n_ctx, kv_type));
-  KILN_ASSIGN_OR_RETURN(KvBuffers buffers,
-                        KvBuffers::allocate(*backend, mi, opt.kv_block_size, n_blocks, kv_type));
+  KILN_ASSIGN_OR_RETURN(KvBuffers buffers, KvBuffers::allocate(*model, opt.kv_block_size, n_blocks, kv_type));
   kv = std::make_unique<KvBuffers>(std::move(buffers));
   if (kv->bytes() != static_cast<uint64_t>(n_blocks) * kv_block_bytes) {
     return make_status(StatusCode::internal, "KV cache: {} bytes allocated for {} blocks of {} bytes",
@@ -117,10 +117,42 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.kv_bytes = kv->bytes();
   desc.kv_blocks = n_blocks;
   desc.kv_block_size = opt.kv_block_size;
-  desc.n_threads = backend->n_threads();
+  desc.n_threads = (host_backend != nullptr ? host_backend : backend)->n_threads();
   desc.backend = std::string(backend->name());
+  desc.n_gpu_layers = gpu ? mi.n_layers : 0;
+  if (host_backend != nullptr) {
+    desc.backend += " + cpu";
+    desc.n_gpu_layers = model_options.n_first_layers;
+  }
   desc.has_chat_template = chat_template.has_value();
   desc.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return Status::ok_status();
+}
+
+Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_options) {
+  const int32_t g = options.gpu_layers;
+  if (g < -1) return invalid_argument("gpu_layers = {} must be >= 0, or -1 for every layer", g);
+  KILN_ASSIGN_OR_RETURN(backend, make_backend(options.backend, BackendOptions{options.n_threads}));
+  if (g == -1) return Status::ok_status();
+  if (backend->name() == "cpu") {
+    if (options.backend == "cpu") {
+      return invalid_argument(
+          "gpu_layers = {}: the backend is \"cpu\"; offloading layers needs a GPU backend", g);
+    }
+    log_warn("gpu_layers = {} is ignored: there is no usable CUDA device, the model runs on the CPU", g);
+    return Status::ok_status();
+  }
+  const std::string key = f.architecture() + ".block_count";
+  if (f.find(key) == nullptr) return Status::ok_status();  // load_model() says what is missing
+  KILN_ASSIGN_OR_RETURN(const uint64_t n_layers, f.get_uint(key));
+  if (static_cast<uint64_t>(g) >= n_layers) return Status::ok_status();
+  KILN_ASSIGN_OR_RETURN(host_backend, make_backend("cpu", BackendOptions{options.n_threads}));
+  if (g == 0) {  // nothing on the GPU
+    backend = std::move(host_backend);
+    return Status::ok_status();
+  }
+  model_options.rest = host_backend.get();
+  model_options.n_first_layers = g;
   return Status::ok_status();
 }
 
@@ -171,6 +203,16 @@ Result<int32_t> Engine::Impl::size_kv_pool(const ModelInfo& mi, int32_t n_ctx, D
   if (in.budget_bytes == 0) {
     const uint64_t device_free = backend->device_memory_free();
     in.mem_available = device_free > 0 ? std::optional<uint64_t>(device_free) : mem_available_bytes();
+    if (host_backend != nullptr && device_free > 0) {
+      // Split: a block's share of each memory is its layers'; the pool is what the tighter one holds, given
+      // as memory for whole blocks.
+      const auto n = static_cast<uint64_t>(mi.n_layers);
+      const auto n_gpu = static_cast<uint64_t>(options.gpu_layers);
+      uint64_t whole = device_free / n_gpu * n;
+      if (const std::optional<uint64_t> host = mem_available_bytes())
+        whole = std::min(whole, *host / (n - n_gpu) * n);
+      in.mem_available = whole;
+    }
   }
   KILN_ASSIGN_OR_RETURN(const int64_t n_blocks, kv_blocks_for_budget(in));
   if (n_blocks < in.full_blocks && in.budget_bytes == 0) {

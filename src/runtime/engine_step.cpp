@@ -223,8 +223,9 @@ Status Engine::Impl::run_forward(Clock::time_point& launched) {
   auto out = model->forward(batch, *kv);
   launched = Clock::now();
   if (!out.ok()) return out.status();
-  if (batch.argmax_vocab > 0) return read_token_ids(*backend, *out, token_ids);
-  return read_logits(*backend, *out, logits);
+  Backend& where = model->output_backend();
+  if (batch.argmax_vocab > 0) return read_token_ids(where, *out, token_ids);
+  return read_logits(where, *out, logits);
 }
 
 void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
@@ -322,7 +323,8 @@ void Engine::Impl::publish_locked() {
   totals.kv_blocks_cached = pool.n_cached();
   totals.kv_bytes_total = kv->bytes();
   totals.kv_bytes_used = static_cast<uint64_t>(pool.n_used()) * kv_block_bytes;
-  totals.scratch_bytes = model->peak_scratch_bytes() + backend->scratch_bytes();
+  totals.scratch_bytes = model->peak_scratch_bytes() + backend->scratch_bytes() +
+                         (host_backend != nullptr ? host_backend->scratch_bytes() : 0);
   totals.prefix_cache_queries += delta.prefix_cache_queries;
   totals.prefix_cache_hits += delta.prefix_cache_hits;
   totals.n_prompt_tokens += delta.n_prompt_tokens;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <set>
@@ -55,11 +56,13 @@ class RecordingBackend final : public Backend {
   Status synchronize() override { return cpu_->synchronize(); }
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
+    prepared.emplace(name);
     return cpu_->prepare_weight(logical, name, role);
   }
 
   std::vector<std::vector<ops::Op>> programs;
   std::set<const Buffer*> buffers;  // every buffer ever allocated (a freed one stays: addresses only)
+  std::set<std::string> prepared;   // the names of the weights it prepared
   int uploads = 0;
 
  private:
@@ -133,17 +136,20 @@ struct Loaded {
   std::unique_ptr<Model> model;
   std::unique_ptr<KvBuffers> kv;
 };
-Loaded load(Backend& backend, const char* file_name) {
+Loaded load(Backend& backend, const char* file_name, Backend* rest = nullptr, int32_t n_first_layers = 0) {
   Loaded l;
   auto f = gguf::File::open(model_path(file_name));
   EXPECT_TRUE(f.ok()) << f.status().to_string();
   if (!f.ok()) return l;
   l.file = std::make_shared<const gguf::File>(std::move(f).value());
-  auto m = load_model(l.file, backend, ModelOptions{false, 256});
+  ModelOptions options{false, 256};
+  options.rest = rest;
+  options.n_first_layers = n_first_layers;
+  auto m = load_model(l.file, backend, options);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   if (!m.ok()) return l;
   l.model = std::move(m).value();
-  auto kv = KvBuffers::allocate(backend, l.model->info(), 16, 16, DType::f32);
+  auto kv = KvBuffers::allocate(*l.model, 16, 16, DType::f32);
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   l.kv = std::make_unique<KvBuffers>(std::move(kv).value());
   return l;
@@ -187,6 +193,8 @@ std::vector<std::string> names(const std::vector<ops::Op>& program) {
   return out;
 }
 
+void check_operands(const RecordingBackend& rec, const std::vector<ops::Op>& program);
+
 // Runs the step on the recording backend, checks its program's operands, returns the logits.
 std::vector<float> step(RecordingBackend& rec, Loaded& l, const Batch& batch) {
   const size_t before = rec.programs.size();
@@ -198,7 +206,12 @@ std::vector<float> step(RecordingBackend& rec, Loaded& l, const Batch& batch) {
   EXPECT_TRUE(read_logits(rec, *logits, host).ok());
   EXPECT_EQ(rec.programs.size(), before + 1) << "one program per step";
   EXPECT_EQ(rec.uploads, uploads_before + 1) << "the step's metadata goes up in one transfer";
-  const std::vector<ops::Op>& program = rec.programs.back();
+  check_operands(rec, rec.programs.back());
+  return host;
+}
+
+// Every operand of `program` lies in memory `rec` allocated, every weight in the mapped file.
+void check_operands(const RecordingBackend& rec, const std::vector<ops::Op>& program) {
   for (size_t i = 0; i < program.size(); ++i) {
     for (const Operand& o : operands(program[i])) {
       if (o.t.data == nullptr) continue;  // an absent optional operand
@@ -211,7 +224,6 @@ std::vector<float> step(RecordingBackend& rec, Loaded& l, const Batch& batch) {
           << " is not in memory the backend allocated";
     }
   }
-  return host;
 }
 
 TEST(StepProgram, DecodeAndMixedStepsOnTheDefaultModel) {
@@ -294,6 +306,63 @@ size_t peak_scoped(const Scratch& s) {
 // Without (one bump allocation over the step): every layer's scratch added up.
 size_t peak_unscoped(const Scratch& s, int32_t n_layers) {
   return s.x + n_layers * (2 * s.norm + s.attention + s.ffn) + s.logits;
+}
+
+// Partial offload: the embedding and the first n layers on one backend, the later layers and the head on a
+// second. Each backend runs one program a step holding its own layers' ops, on operands in its own memory;
+// each layer's weights and K/V live on its backend (a tied head's table is copied to the second); the logits
+// are those of the model on one backend, bit for bit.
+TEST(StepProgram, ASplitModelGivesTheLogitsOfOneBackend) {
+  for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
+    SCOPED_TRACE(file);
+    RecordingBackend one;
+    Loaded plain = load(one, file);
+    ASSERT_TRUE(plain.model);
+    const int32_t n_layers = plain.model->info().n_layers;
+    const std::vector<Batch> batches = {prefill(19, 4), decode(), mixed()};
+    std::vector<std::vector<float>> want;
+    for (const Batch& b : batches) want.push_back(step(one, plain, b));
+    for (const int32_t n_first : {0, 1, n_layers / 2, n_layers - 1, n_layers}) {
+      SCOPED_TRACE(fmt::format("first {} of {} layers", n_first, n_layers));
+      RecordingBackend first, rest;
+      Loaded l = load(first, file, &rest, n_first);
+      ASSERT_TRUE(l.model);
+      const bool split = n_first < n_layers;
+      Backend& last = split ? static_cast<Backend&>(rest) : first;
+      EXPECT_EQ(&l.model->output_backend(), &last);
+      for (int32_t layer = 0; layer < n_layers; ++layer) {
+        RecordingBackend& home = layer < n_first || !split ? first : rest;
+        EXPECT_EQ(&l.model->layer_backend(layer), &home) << layer;
+        EXPECT_TRUE(inside(home.buffers, l.kv->k[layer]) && inside(home.buffers, l.kv->v[layer])) << layer;
+        const std::string q = fmt::format("blk.{}.attn_q.weight", layer);
+        EXPECT_TRUE(home.prepared.contains(q)) << q;
+        EXPECT_FALSE((&home == &first ? rest : first).prepared.contains(q)) << q;
+      }
+      EXPECT_TRUE(first.prepared.contains("token_embd.weight"));
+      EXPECT_TRUE(static_cast<RecordingBackend&>(last).prepared.contains("output_norm.weight"));
+      EXPECT_EQ(l.model->info().n_params, plain.model->info().n_params) << "a copy is not a parameter";
+      for (size_t i = 0; i < batches.size(); ++i) {
+        Result<Tensor> lg = l.model->forward(batches[i], *l.kv);
+        ASSERT_TRUE(lg.ok()) << lg.status().to_string();
+        std::vector<float> got;
+        ASSERT_TRUE(read_logits(l.model->output_backend(), *lg, got).ok());
+        EXPECT_EQ(got, want[i]) << "batch " << i;
+        ASSERT_EQ(first.programs.size(), i + 1);
+        ASSERT_EQ(rest.programs.size(), split ? i + 1 : 0);
+        auto count = [](const std::vector<ops::Op>& p, std::string_view name) {
+          return std::count_if(p.begin(), p.end(),
+                               [&](const ops::Op& op) { return ops::op_name(op) == name; });
+        };
+        EXPECT_EQ(count(first.programs.back(), "kv_write"), split ? n_first : n_layers);
+        check_operands(first, first.programs.back());
+        if (split) {
+          EXPECT_EQ(count(rest.programs.back(), "kv_write"), n_layers - n_first);
+          EXPECT_EQ(ops::op_name(rest.programs.back().back()), "matmul") << "the head is the second's";
+          check_operands(rest, rest.programs.back());
+        }
+      }
+    }
+  }
 }
 
 TEST(StepProgram, ScratchPeakIsOneLayer) {

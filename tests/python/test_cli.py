@@ -204,6 +204,15 @@ def test_run_device_errors():
     assert res.returncode == 0, res.stderr
     res = kiln("run", "-m", SMOL, "--exact", "--quantize-activations", "-p", "Hi")
     assert res.returncode != 0
+    # Offloading layers (-ngl, llama.cpp's spelling) asks for a GPU: an error on -d cpu; on a machine without
+    # one, the default device runs everything on the CPU and says so.
+    res = kiln("run", "-m", SMOL, "-d", "cpu", "-ngl", "3", "-p", "Hi", "-n", "1")
+    one_line_error(res, "gpu_layers = 3", "cpu")
+    res = kiln("run", "-m", SMOL, "--gpu-layers", "-2", "-p", "Hi", "-n", "1")
+    assert res.returncode == 2 and "--gpu-layers" in res.stderr
+    if "cuda" not in kiln("run", "-m", SMOL, "-p", "Hi", "-n", "1", "--temp", "0").stderr:
+        res = kiln("run", "-m", SMOL, "-ngl", "3", "-p", "Hi", "-n", "1", "--temp", "0")
+        assert res.returncode == 0 and "gpu_layers = 3 is ignored" in res.stderr, res.stderr
 
 
 def test_run_into_a_pipe_writes_the_text_exactly():

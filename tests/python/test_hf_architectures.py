@@ -211,6 +211,16 @@ def test_converted_gguf_gives_the_same_logits(arch):
     arch["gguf"] = out
 
 
+def test_layers_split_over_two_backends_give_the_same_logits(arch):
+    """Partial offload's path on two CPU backends: the first half of the layers on one, the rest and the head on
+    another (the RoPE factors and a tied head copied to it), the prompt in 3 steps: the same bits as one."""
+    half = arch["model"].config.num_hidden_layers // 2
+    chunked = ("--chunk", N_PROMPT // 3 + 1)
+    ref = kiln_logits(arch["folder"], arch["ids"], arch["root"] / "one.f32", chunked)
+    got = kiln_logits(arch["folder"], arch["ids"], arch["root"] / "split.f32", (*chunked, "--split", half))
+    assert np.array_equal(ref, got), f"{arch['name']}: max abs {np.abs(ref - got).max():.2e}"
+
+
 def rounded_copy_diff(model, tok_dir: Path, root: Path, ids: list[int], dtype) -> tuple[float, float]:
     """kiln on a `dtype` copy of the folder vs transformers in f32 on the same rounded weights, and vs the
     unrounded model: (max abs, max abs)."""

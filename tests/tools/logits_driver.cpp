@@ -2,8 +2,9 @@
 // usage:
 // Every mode takes --quantize-x: matmuls on 8-bit activations; without it, exact f32 (the default);
 // --kv-f16: an f16 KV cache (default f32); --f32: a Hugging Face folder MODEL imported with every tensor as
-// f32; --device NAME: the backend (cpu, the default, or cuda[:N]). MODEL is a GGUF file or a Hugging Face
-// folder.
+// f32; --device NAME: the backend (cpu, the default, or cuda[:N]); --split N: only the first N layers on it,
+// the rest and the output head on a CPU backend of their own (logits: ModelOptions::rest, on any device;
+// generate: EngineOptions::gpu_layers, a GPU device). MODEL is a GGUF file or a Hugging Face folder.
 //   logits_driver logits MODEL OUT.f32 [--chunk N] [--threads T]
 //     stdin: a JSON list of token-id lists, one per sequence. All sequences go through Model::forward
 //     together, one batch per step (with --chunk N each sequence contributes at most N tokens per step, so a
@@ -46,6 +47,7 @@ constexpr int32_t kContext = 4096;
 std::string g_device = "cpu";  // --device NAME: cpu, cuda, cuda:N
 bool g_force_f32 = false;      // --f32: a Hugging Face folder imported with every tensor as f32
 kiln::DType g_kv_type = kiln::DType::f32;
+int32_t g_split = -1;  // --split N
 
 kiln::Status run_logits(const std::string& model_path, const std::string& out_path, int chunk, int threads,
                         const std::vector<std::vector<int32_t>>& seqs, json& header) {
@@ -57,14 +59,19 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
     file = std::make_shared<const kiln::gguf::File>(std::move(f));
   }
   KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend(g_device, {threads}));
-  KILN_ASSIGN_OR_RETURN(auto model,
-                        kiln::load_model(file, *backend, kiln::ModelOptions{g_quantize_x, kContext}));
+  kiln::ModelOptions options{g_quantize_x, kContext};
+  std::unique_ptr<kiln::Backend> rest;
+  if (g_split >= 0) {
+    KILN_ASSIGN_OR_RETURN(rest, kiln::make_backend("cpu", {threads}));
+    options.rest = rest.get();
+    options.n_first_layers = g_split;
+  }
+  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, options));
   const kiln::ModelInfo& info = model->info();
   constexpr int32_t kBlock = 16;
   int32_t n_blocks = 0;
   for (const auto& s : seqs) n_blocks += static_cast<int32_t>((s.size() + kBlock - 1) / kBlock);
-  KILN_ASSIGN_OR_RETURN(kiln::KvBuffers kv,
-                        kiln::KvBuffers::allocate(*backend, info, kBlock, n_blocks, g_kv_type));
+  KILN_ASSIGN_OR_RETURN(kiln::KvBuffers kv, kiln::KvBuffers::allocate(*model, kBlock, n_blocks, g_kv_type));
   KILN_ASSIGN_OR_RETURN(kiln::KvCache cache, kiln::KvCache::create(n_blocks, kBlock));
   std::vector<std::vector<float>> out(seqs.size());
   std::vector<int32_t> done(seqs.size(), 0);
@@ -96,7 +103,7 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
       }
     }
     KILN_ASSIGN_OR_RETURN(const kiln::Tensor step_logits, model->forward(batch, kv));
-    KILN_TRY(kiln::read_logits(*backend, step_logits, logits));
+    KILN_TRY(kiln::read_logits(model->output_backend(), step_logits, logits));
     size_t row = 0;
     for (const auto& [i, n] : parts) {
       cache.commit(static_cast<int64_t>(i), std::span<const int32_t>(seqs[i]).subspan(done[i], n));
@@ -127,6 +134,7 @@ kiln::Status run_generate(const std::string& model_path, int n, int threads,
   opt.n_ctx = 1024;
   opt.quantize_activations = g_quantize_x;
   opt.backend = g_device;
+  opt.gpu_layers = g_split;
   opt.kv_type = kiln::dtype_name(g_kv_type);
   KILN_ASSIGN_OR_RETURN(auto engine, kiln::Engine::create(opt));
   std::vector<std::vector<int32_t>> tokens(prompts.size());
@@ -166,6 +174,8 @@ int main(int argc, char** argv) {
     if ((args[i] == "--chunk" || args[i] == "--threads") && i + 1 < args.size()) {
       (args[i] == "--chunk" ? chunk : threads) = std::stoi(args[i + 1]);
       ++i;
+    } else if (args[i] == "--split" && i + 1 < args.size()) {
+      g_split = std::stoi(args[++i]);
     } else if (args[i] == "--device" && i + 1 < args.size()) {
       g_device = args[++i];
     } else if (args[i] == "--kv-f16") {

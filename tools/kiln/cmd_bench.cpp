@@ -29,6 +29,7 @@ struct BenchOptions {
   std::vector<int32_t> batch;
   int32_t reps = 5;
   std::string device = "auto";
+  int32_t gpu_layers = -1;
   std::string output = "md";
   std::string kv_type = "auto";
   bool quantize_activations = false;
@@ -156,6 +157,7 @@ Status run_bench(const BenchOptions& o) {
       KILN_ASSIGN_OR_RETURN(eo.model_path, resolve_model_path(m));
       eo.n_threads = threads;
       eo.backend = o.device;
+      eo.gpu_layers = o.gpu_layers;
       eo.kv_type = o.kv_type;
       eo.quantize_activations = !o.exact;
       eo.n_seq_max = max_batch;
@@ -167,6 +169,8 @@ Status run_bench(const BenchOptions& o) {
       base.model = d.name;
       base.path = eo.model_path;
       base.backend = d.backend;
+      if (d.backend != "cpu" && d.n_gpu_layers < d.n_layers)
+        base.backend += fmt::format(", ngl {}", d.n_gpu_layers);
       base.size_bytes = d.weight_bytes;
       base.n_params = d.n_params;
       base.threads = d.n_threads;
@@ -231,6 +235,10 @@ void register_bench(CLI::App& app, int& rc) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_option("-d,--device", o->device, "cpu, cuda or cuda:N (default: CUDA device 0 when there is one)");
+  cmd->add_option("--gpu-layers", o->gpu_layers,
+                  "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
+                  "run on the CPU; -1 (the default): all")
+      ->check(CLI::Range(-1, 1 << 20));
   cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();

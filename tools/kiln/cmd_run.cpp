@@ -28,6 +28,7 @@ struct GenOptions {
   bool chat = false;
   bool quiet = false;
   std::string device = "auto";
+  int32_t gpu_layers = -1;
   bool quantize_activations = false;
   bool exact = false;
   SamplingParams sampling;
@@ -40,6 +41,10 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option(
       "-d,--device", o.device,
       "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
+  cmd->add_option("--gpu-layers", o.gpu_layers,
+                  "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
+                  "run on the CPU; -1 (the default): all")
+      ->check(CLI::Range(-1, 1 << 20));
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o.kv_type,
@@ -86,6 +91,7 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
     KILN_ASSIGN_OR_RETURN(eo.kv_memory_bytes, parse_byte_size(o.kv_memory));
   }
   eo.backend = o.device;
+  eo.gpu_layers = o.gpu_layers;
   // The fast path (8-bit activations on the CPU, tensor cores on a GPU) unless --exact.
   eo.quantize_activations = !o.exact;
   return Engine::create(eo);
@@ -112,13 +118,19 @@ Result<RequestStats> generate(Engine& engine, const Request& req, std::string* r
 void print_stats(const Engine& engine, const RequestStats& st) {
   const ModelDescription& m = engine.model();
   const int32_t computed = st.n_prompt - st.n_cached;
-  const std::string where = m.backend == "cpu" ? fmt::format("cpu, {} threads", m.n_threads) : m.backend;
+  const bool split = m.backend != "cpu" && m.n_gpu_layers < m.n_layers;
+  const std::string where = m.backend == "cpu" ? fmt::format("cpu, {} threads", m.n_threads)
+                            : split ? fmt::format("{} (the first {} of {} layers on the GPU, {} CPU threads)",
+                                                  m.backend, m.n_gpu_layers, m.n_layers, m.n_threads)
+                                    : m.backend;
   // The backend's own copy of the weights: the CPU's repacked matrices (the file's pages of them are
   // dropped), a GPU's device memory.
   const std::string copy = m.prepared_bytes == 0
                                ? ""
                                : fmt::format(" ({:.2f} GiB {})", m.prepared_bytes / 1073741824.0,
-                                             m.backend == "cpu" ? "repacked" : "on the device");
+                                             m.backend == "cpu" ? "repacked"
+                                             : split            ? "on the device and repacked"
+                                                                : "on the device");
   std::fprintf(
       stderr,
       "\n%s on %s: load %.0f ms, context %d, weights %.2f GiB%s, KV cache %.2f GiB, scratch %.1f MiB\n",

@@ -37,6 +37,7 @@ struct ServeOptions {
   std::string kv_type = "auto";
   std::string kv_memory;
   std::string device = "auto";
+  int32_t gpu_layers = -1;
   double shutdown_timeout = 30;
   int32_t http_timeout = 60;
   bool quantize_activations = false;
@@ -55,6 +56,7 @@ Status run_serve(const ServeOptions& o) {
     KILN_ASSIGN_OR_RETURN(eo.kv_memory_bytes, parse_byte_size(o.kv_memory));
   }
   eo.backend = o.device;
+  eo.gpu_layers = o.gpu_layers;
   eo.quantize_activations = !o.exact;  // the fast path on every device, as kiln run
 
   server::HttpOptions ho;
@@ -161,6 +163,10 @@ void register_serve(CLI::App& app, int& rc) {
   cmd->add_option(
       "-d,--device", o->device,
       "Where the model runs: cpu, cuda or cuda:N (default: CUDA device 0 when there is one, else cpu)");
+  cmd->add_option("--gpu-layers", o->gpu_layers,
+                  "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
+                  "run on the CPU; -1 (the default): all")
+      ->check(CLI::Range(-1, 1 << 20));
   cmd->add_option("--kv-type", o->kv_type,
                   "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
       ->check(CLI::IsMember({"f32", "f16", "auto"}));

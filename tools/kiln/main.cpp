@@ -2,6 +2,8 @@
 // register_<name>() declared in commands.h, called below: one line per subcommand.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "formats/output_file.h"
@@ -24,8 +26,14 @@ int main(int argc, char** argv) {
     std::fputs(app.help().c_str(), stderr);
     return 2;
   }
+  // llama.cpp's spelling of --gpu-layers, which CLI11 cannot declare (one dash, three letters).
+  std::string gpu_layers = "--gpu-layers";
+  std::vector<char*> args(argv, argv + argc);
+  for (char*& a : args) {
+    if (std::string_view(a) == "-ngl") a = gpu_layers.data();
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a usage error exits 2, as POSIX tools do.
     return app.exit(e) == 0 ? 0 : 2;
