@@ -1,5 +1,7 @@
 #include "models/blocks.h"
 
+#include "models/op_offload.h"
+
 namespace kiln::blocks {
 
 Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info,
@@ -181,6 +183,8 @@ Status StepModel::place_layers() {
   if (options_.n_first_layers >= info_.n_layers || stages_.size() > 1) return Status::ok_status();
   stages_.push_back(std::make_unique<Stage>(*options_.rest));
   stages_.back()->first_layer = options_.n_first_layers;
+  offload_matmuls_ = options_.offload_min_tokens > 0 && backend_.device_memory_free() > 0 &&
+                     options_.rest->device_memory_free() == 0;
   return Status::ok_status();
 }
 
@@ -230,7 +234,12 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
       KILN_TRY(before.synchronize());  // the first stage's asynchronous errors surface here
       KILN_TRY(stages_[s]->backend.upload(to, carry_.data(), n * sizeof(float)));
     }
-    KILN_TRY(stages_[s]->backend.run(stages_[s]->program));
+    Stage& st = *stages_[s];
+    if (s > 0 && offload_matmuls_ && st.step.n_tokens >= options_.offload_min_tokens) {
+      KILN_TRY(run_offloading(st.program, st.backend, stages_[0]->backend, options_.offload_min_tokens));
+    } else {
+      KILN_TRY(st.backend.run(st.program));
+    }
   }
   return logits;
 }

@@ -130,6 +130,7 @@ class StepModel : public Model {
     Program program;
   };
   std::vector<std::unique_ptr<Stage>> stages_;
+  bool offload_matmuls_ = false;  // the second stage's large matmuls run on the first's device (op_offload.h)
   std::vector<float> carry_;  // the residual stream on its way from one backend to the next
 };
 

@@ -95,6 +95,10 @@ struct ModelOptions {
   // them. rest == nullptr, or n_first_layers >= the model's layers: every layer on the first backend.
   Backend* rest = nullptr;
   int32_t n_first_layers = 0;
+  // Split with the first backend a device (a GPU) and `rest` the host: the host layers' matmuls of steps of
+  // at least this many tokens (a prompt's) run on the device, their weights uploaded for the step
+  // (models/op_offload.h). 0: never.
+  int32_t offload_min_tokens = 32;
 };
 
 // Loads the architecture named by the file's general.architecture. The file must outlive the model (weights

@@ -153,6 +153,14 @@ Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_opti
   }
   model_options.rest = host_backend.get();
   model_options.n_first_layers = g;
+  // KILN_OFFLOAD_MIN_TOKENS: the fewest tokens of a step whose CPU-layer matmuls run on the GPU (0: never).
+  if (const char* p = std::getenv("KILN_OFFLOAD_MIN_TOKENS"); p != nullptr && *p != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (*end != '\0' || v < 0 || v > (1 << 30))
+      return invalid_argument("KILN_OFFLOAD_MIN_TOKENS = \"{}\" is not a token count", p);
+    model_options.offload_min_tokens = static_cast<int32_t>(v);
+  }
   return Status::ok_status();
 }
 

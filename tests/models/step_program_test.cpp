@@ -54,6 +54,7 @@ class RecordingBackend final : public Backend {
   Status download(void* dst, const Tensor& src, size_t bytes) override { return cpu_->download(dst, src, bytes); }
   Status copy(const Tensor& dst, const Tensor& src) override { return cpu_->copy(dst, src); }
   Status synchronize() override { return cpu_->synchronize(); }
+  uint64_t device_memory_free() const override { return device_free; }
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
     prepared.emplace(name);
@@ -64,6 +65,7 @@ class RecordingBackend final : public Backend {
   std::set<const Buffer*> buffers;  // every buffer ever allocated (a freed one stays: addresses only)
   std::set<std::string> prepared;   // the names of the weights it prepared
   int uploads = 0;
+  uint64_t device_free = 0;  // > 0: it says it is a device (its memory is not the host's)
 
  private:
   std::unique_ptr<Backend> cpu_;
@@ -362,6 +364,64 @@ TEST(StepProgram, ASplitModelGivesTheLogitsOfOneBackend) {
         }
       }
     }
+  }
+}
+
+// Split with the first backend a device: a prompt's step runs the second (host) backend's matmuls on the
+// device, x uploaded once for Q/K/V and gate/up; decode steps stay on the host. Same bits as one backend here
+// (both are CPU kernels underneath).
+TEST(StepProgram, APromptsHostMatmulsRunOnTheDevice) {
+  const char* file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+  Batch prompt;  // 40 tokens of sequence 0
+  prompt.block_tables = {kTable0, kTable1};
+  for (int32_t i = 0; i < 20; ++i)
+    prompt.tokens.push_back(100 + i), prompt.positions.push_back(i), prompt.seq.push_back(0);
+  for (int32_t i = 0; i < 16; ++i)
+    prompt.tokens.push_back(200 + i), prompt.positions.push_back(i), prompt.seq.push_back(1);
+  prompt.logit_rows = {19, 35};
+  static const std::vector<int32_t> table1 = {9, 11};
+  Batch next = decode();
+  next.positions = {20, 16};
+  next.block_tables = {kTable0, table1};
+  RecordingBackend one;
+  Loaded plain = load(one, file);
+  ASSERT_TRUE(plain.model);
+  const int32_t n_layers = plain.model->info().n_layers, n_first = 10;
+  RecordingBackend device, host;
+  device.device_free = uint64_t{1} << 30;
+  Loaded l = load(device, file, &host, n_first);
+  ASSERT_TRUE(l.model);
+  for (const Batch* b : {&prompt, &next}) {
+    const std::vector<float> want = step(one, plain, *b);
+    const size_t device_programs = device.programs.size(), host_programs = host.programs.size();
+    Result<Tensor> lg = l.model->forward(*b, *l.kv);
+    ASSERT_TRUE(lg.ok()) << lg.status().to_string();
+    std::vector<float> got;
+    ASSERT_TRUE(read_logits(l.model->output_backend(), *lg, got).ok());
+    EXPECT_EQ(got, want);
+    // The device's own program, then (the prompt) 4 runs of matmuls a host layer: Q/K/V, o, gate/up, down.
+    const bool offloaded = b == &prompt;
+    const size_t runs = offloaded ? 4 * static_cast<size_t>(n_layers - n_first) : 0;
+    ASSERT_EQ(device.programs.size(), device_programs + 1 + runs);
+    for (size_t i = device_programs + 1; i < device.programs.size(); ++i) {
+      for (const ops::Op& op : device.programs[i]) {
+        ASSERT_EQ(ops::op_name(op), "matmul");
+        const auto& m = std::get<ops::Matmul>(op);
+        EXPECT_EQ(m.x.ne[1], 36);
+        // x and the product in the device's buffers (freed since: their addresses only).
+        EXPECT_TRUE(device.buffers.contains(m.x.buffer) && device.buffers.contains(m.dst.buffer));
+      }
+    }
+    if (offloaded) {
+      EXPECT_EQ(device.programs[device_programs + 1].size(), 3u) << "Q, K and V";
+      EXPECT_EQ(device.programs[device_programs + 3].size(), 2u) << "gate and up";
+    }
+    size_t host_matmuls = 0;
+    for (size_t i = host_programs; i < host.programs.size(); ++i) {
+      for (const ops::Op& op : host.programs[i]) host_matmuls += ops::op_name(op) == "matmul";
+    }
+    EXPECT_EQ(host_matmuls, offloaded ? 1 : 1 + 7 * static_cast<size_t>(n_layers - n_first))
+        << "the head stays";
   }
 }
 

@@ -1,0 +1,26 @@
+// Matmul offload of a split model's host layers (llama.cpp's "op offload"): under partial offload the later
+// layers' weights live in host memory, and a prompt's step on the CPU would be bound by the CPU's arithmetic.
+// run_offloading() runs such a step's program on the host backend, except its matmuls of at least
+// `min_tokens` tokens on host-resident weights: those go to the device backend, with their weights uploaded
+// for the step (the PCIe link is much faster than the CPU's matmuls at that size), x uploaded once for the
+// matmuls that share it and each result downloaded into its host tensor.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/backend.h"
+#include "core/status.h"
+#include "ops/program.h"
+
+namespace kiln::blocks {
+
+// Runs `program` (recorded for `host`) in order: runs of consecutive matmuls that qualify on `device`, every
+// other op on `host`. Waits for the device after each run of matmuls. The results are those of the device's
+// matmul (Backend::quantize_x_tolerance) in place of the host's.
+Status run_offloading(const Program& program, Backend& host, Backend& device, int32_t min_tokens);
+
+// Whether `op` qualifies: a Matmul of at least `min_tokens` columns whose weight is in host memory (not in a
+// backend buffer), x an f32 matrix and dst an f32 matrix, both contiguous.
+bool offloadable(const ops::Op& op, int32_t min_tokens);
+
+}  // namespace kiln::blocks
