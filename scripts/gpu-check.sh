@@ -154,17 +154,21 @@ print(g.prefill_profile(P('$bin/tools/kiln/kiln'), P('$peer_dir/build/bin/llama-
       done 2>&1 | tee "$out/prefill.md"
       ;;
     offload)
-      while [ ! -e "$peer_status" ]; do sleep 5; done
-      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
       files=${OFFLOAD_FILES:-llama3-8b-q4_0}
       layers=${OFFLOAD_LAYERS:-16}
-      "$bin/tools/kiln/kiln" run -m "/tmp/kiln-models/${files%%,*}.gguf" --gpu-layers "${layers%%,*}" \
-        -p "The quick brown fox" -n 32 --temp 0 >"$out/offload-run.log" 2>&1 || status=1
+      first=/tmp/kiln-models/${files%%,*}.gguf
+      while [ ! -e "$first" ] && [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+      "$bin/tools/kiln/kiln" run -m "$first" --gpu-layers "${layers%%,*}" -p "The quick brown fox" -n 32 --temp 0 \
+        >"$out/offload-run.log" 2>&1 || status=1
       tail -4 "$out/offload-run.log"
-      for e in KILN_OFFLOAD_MIN_TOKENS=0 KILN_OFFLOAD_MIN_TOKENS=32; do  # the CPU layers' prompt matmuls on the CPU, then the GPU
-        echo "$e: $(env "$e" KILN_STEP_PROFILE=1 "$bin/tools/kiln/kiln" bench -m "/tmp/kiln-models/${files%%,*}.gguf" \
-          --gpu-layers "${layers%%,*}" -p 512 -n 0 -r 2 2>&1 | grep -E "pp512|prefill steps")"
+      # The CPU layers' prompt matmuls on the CPU; on the GPU with their weights straight from the file's pages;
+      # through page-locked staging (the default).
+      for e in KILN_OFFLOAD_MIN_TOKENS=0 KILN_OFFLOAD_STAGING=0 KILN_OFFLOAD_STAGING=1; do
+        echo "$e: $(env "$e" KILN_STEP_PROFILE=1 "$bin/tools/kiln/kiln" bench -m "$first" --gpu-layers "${layers%%,*}" \
+          -p 512 -n 0 -r 2 2>&1 | grep -E "pp512|prefill steps|offloaded steps")"
       done | tee -a "$out/offload-run.log"
+      while [ ! -e "$peer_status" ]; do sleep 5; done
+      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
       python3 bench/gpu_peer.py --build "$bin" --peer "$peer_dir/build" --out "$out" --only "$files" \
         --offload "$layers" --reps 2 2>&1 | tee "$out/offload.log" || status=1
       ;;

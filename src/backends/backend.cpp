@@ -31,6 +31,11 @@ Status Backend::run(const ops::Op& op) {
   return run(program);
 }
 
+Result<std::unique_ptr<Buffer>> Backend::allocate_host(size_t bytes) {
+  (void)bytes;
+  return unimplemented("{} backend: no host memory of its own", name());
+}
+
 Status check_transfer(std::string_view what, const Tensor& t, size_t bytes) {
   if (t.data == nullptr) return invalid_argument("{}: the tensor has no data", what);
   if (!t.is_contiguous()) return invalid_argument("{}: {} is not contiguous", what, t.describe());

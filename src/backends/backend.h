@@ -61,6 +61,9 @@ class Backend {
 
   // `bytes` of backend memory (64-byte aligned). resource_exhausted when it cannot.
   virtual Result<std::unique_ptr<Buffer>> allocate(size_t bytes) = 0;
+  // `bytes` of host memory (host_visible) that this backend's upload() and download() move fastest: a GPU's
+  // page-locked memory, the CPU's own. unimplemented by default; resource_exhausted when it cannot.
+  virtual Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes);
   // Host -> `dst` (a contiguous tensor in this backend's memory, `bytes` = its size), and back.
   // invalid_argument when the sizes differ.
   virtual Status upload(const Tensor& dst, const void* src, size_t bytes) = 0;

@@ -14,7 +14,10 @@ Result<Tensor> Arena::alloc(DType type, int64_t ne0, int64_t ne1, int64_t ne2) {
   }
   if (chunk_ == chunks_.size()) {
     const size_t size = std::max({bytes, peak_, size_t{1} << 20});
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, backend_.allocate(size));
+    Result<std::unique_ptr<Buffer>> got =
+        host_of_ != nullptr ? host_of_->allocate_host(size) : backend_.allocate(size);
+    if (!got.ok() && got.status().code() == StatusCode::unimplemented) got = backend_.allocate(size);
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, std::move(got));
     chunks_.push_back(std::move(buf));
     used_ = 0;
   }

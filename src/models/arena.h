@@ -20,7 +20,9 @@ namespace kiln::blocks {
 
 class Arena {
  public:
-  explicit Arena(Backend& backend) : backend_(backend) {}
+  // host_of: chunks are that backend's host memory (Backend::allocate_host) instead of `backend`'s own: a
+  // host backend's arena whose tensors a GPU also reads and writes (op_offload.h).
+  explicit Arena(Backend& backend, Backend* host_of = nullptr) : backend_(backend), host_of_(host_of) {}
   // A contiguous tensor of `type` [ne0, ne1, ne2] from the arena (f32 activations, i32 ids).
   Result<Tensor> alloc(DType type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1);
   Result<Tensor> f32(int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1) { return alloc(DType::f32, ne0, ne1, ne2); }
@@ -51,6 +53,7 @@ class Arena {
 
  private:
   Backend& backend_;
+  Backend* host_of_;
   std::vector<std::unique_ptr<Buffer>> chunks_;
   size_t chunk_ = 0;       // the chunk allocations come from
   size_t used_ = 0;        // bytes used in chunks_[chunk_]

@@ -1,6 +1,10 @@
 #include "models/blocks.h"
 
-#include "models/op_offload.h"
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 namespace kiln::blocks {
 
@@ -171,7 +175,17 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
 }
 
 StepModel::StepModel(Backend& backend, const ModelOptions& options) : backend_(backend), options_(options) {
-  stages_.push_back(std::make_unique<Stage>(backend));
+  stages_.push_back(std::make_unique<Stage>(backend, nullptr));
+  const char* p = std::getenv("KILN_STEP_PROFILE");
+  print_offload_profile_ = p != nullptr && std::string_view(p) == "1";
+  // KILN_OFFLOAD_STAGING=0: offloaded weights go up straight from their pages (op_offload.h).
+  const char* staging = std::getenv("KILN_OFFLOAD_STAGING");
+  offload_scratch_.stage_weights = staging == nullptr || std::string_view(staging) != "0";
+}
+
+StepModel::~StepModel() {
+  if (print_offload_profile_ && offload_profile_.steps > 0)
+    fmt::print(stderr, "{}\n", offload_profile_.summary());
 }
 
 Status StepModel::place_layers() {
@@ -181,10 +195,12 @@ Status StepModel::place_layers() {
                             options_.n_first_layers);
   }
   if (options_.n_first_layers >= info_.n_layers || stages_.size() > 1) return Status::ok_status();
-  stages_.push_back(std::make_unique<Stage>(*options_.rest));
-  stages_.back()->first_layer = options_.n_first_layers;
   offload_matmuls_ = options_.offload_min_tokens > 0 && backend_.device_memory_free() > 0 &&
                      options_.rest->device_memory_free() == 0;
+  // Offloading, the host stage's scratch is the device's page-locked memory: x and the products cross the
+  // link without staging.
+  stages_.push_back(std::make_unique<Stage>(*options_.rest, offload_matmuls_ ? &backend_ : nullptr));
+  stages_.back()->first_layer = options_.n_first_layers;
   return Status::ok_status();
 }
 
@@ -228,15 +244,21 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
     if (s > 0) {
       const auto& [from, to] = hops[s - 1];
       Backend& before = stages_[s - 1]->backend;
-      const auto n = static_cast<size_t>(from.n_elements());
-      carry_.resize(n);
-      KILN_TRY(before.download(carry_.data(), from, n * sizeof(float)));
-      KILN_TRY(before.synchronize());  // the first stage's asynchronous errors surface here
-      KILN_TRY(stages_[s]->backend.upload(to, carry_.data(), n * sizeof(float)));
+      const size_t bytes = static_cast<size_t>(from.n_elements()) * sizeof(float);
+      if (to.buffer != nullptr && to.buffer->host_visible()) {  // a host stage's tensor
+        KILN_TRY(before.download(to.data, from, bytes));
+        KILN_TRY(before.synchronize());  // the first stage's asynchronous errors surface here
+      } else {
+        carry_.resize(bytes / sizeof(float));
+        KILN_TRY(before.download(carry_.data(), from, bytes));
+        KILN_TRY(before.synchronize());
+        KILN_TRY(stages_[s]->backend.upload(to, carry_.data(), bytes));
+      }
     }
     Stage& st = *stages_[s];
     if (s > 0 && offload_matmuls_ && st.step.n_tokens >= options_.offload_min_tokens) {
-      KILN_TRY(run_offloading(st.program, st.backend, stages_[0]->backend, options_.offload_min_tokens));
+      KILN_TRY(run_offloading(st.program, st.backend, stages_[0]->backend, options_.offload_min_tokens,
+                              offload_scratch_, &offload_profile_));
     } else {
       KILN_TRY(st.backend.run(st.program));
     }

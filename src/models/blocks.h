@@ -9,6 +9,7 @@
 #include "models/arena.h"
 #include "models/hparams.h"
 #include "models/model.h"
+#include "models/op_offload.h"
 #include "models/step.h"
 #include "models/weights.h"
 #include "ops/program.h"
@@ -86,6 +87,7 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
 class StepModel : public Model {
  public:
   StepModel(Backend& backend, const ModelOptions& options);
+  ~StepModel() override;  // prints the offload profile (KILN_STEP_PROFILE=1)
   const ModelInfo& info() const final { return info_; }
   Result<Tensor> forward(const Batch& batch, KvBuffers& kv) final;
   // The first backend's program, when split.
@@ -121,7 +123,7 @@ class StepModel : public Model {
  private:
   // The part of a step one backend runs: layers [first_layer, the next stage's first_layer).
   struct Stage {
-    explicit Stage(Backend& b) : backend(b), arena(b), steps(b) {}
+    Stage(Backend& b, Backend* host_of) : backend(b), arena(b, host_of), steps(b) {}
     Backend& backend;
     int32_t first_layer = 0;
     Arena arena;
@@ -131,6 +133,9 @@ class StepModel : public Model {
   };
   std::vector<std::unique_ptr<Stage>> stages_;
   bool offload_matmuls_ = false;  // the second stage's large matmuls run on the first's device (op_offload.h)
+  OffloadScratch offload_scratch_;
+  OffloadProfile offload_profile_;
+  bool print_offload_profile_ = false;
   std::vector<float> carry_;  // the residual stream on its way from one backend to the next
 };
 

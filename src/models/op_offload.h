@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "backends/backend.h"
 #include "core/status.h"
@@ -14,10 +16,30 @@
 
 namespace kiln::blocks {
 
+// Where the time of offloading steps goes, by host clocks: the host backend's ops, the weights' uploads (a
+// copy from pageable memory holds the thread while it stages), the device's runs (x up, the matmuls, the
+// products down, the wait for them).
+struct OffloadProfile {
+  int64_t steps = 0, runs = 0;
+  double host_ms = 0, weights_ms = 0, device_ms = 0;
+  uint64_t weight_bytes = 0, activation_bytes = 0;  // weights up; x up and products down
+  std::string summary() const;
+};
+
+// What run_offloading keeps from one step to the next.
+struct OffloadScratch {
+  // The weights go up through page-locked staging, copied into it from their pages by several threads (the
+  // driver's own staging of a pageable copy is one thread's memcpy); false: straight from their pages.
+  bool stage_weights = true;
+  std::unique_ptr<Buffer> staging;  // grown to the largest run's weights
+};
+
 // Runs `program` (recorded for `host`) in order: runs of consecutive matmuls that qualify on `device`, every
 // other op on `host`. Waits for the device after each run of matmuls. The results are those of the device's
-// matmul (Backend::quantize_x_tolerance) in place of the host's.
-Status run_offloading(const Program& program, Backend& host, Backend& device, int32_t min_tokens);
+// matmul (Backend::quantize_x_tolerance) in place of the host's. `profile`, when given, adds this step's
+// times.
+Status run_offloading(const Program& program, Backend& host, Backend& device, int32_t min_tokens,
+                      OffloadScratch& scratch, OffloadProfile* profile = nullptr);
 
 // Whether `op` qualifies: a Matmul of at least `min_tokens` columns whose weight is in host memory (not in a
 // backend buffer), x an f32 matrix and dst an f32 matrix, both contiguous.

@@ -47,6 +47,11 @@ class RecordingBackend final : public Backend {
     buffers.insert(b.get());
     return b;
   }
+  Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes) override {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> b, cpu_->allocate_host(bytes));
+    buffers.insert(b.get());
+    return b;
+  }
   Status upload(const Tensor& dst, const void* src, size_t bytes) override {
     ++uploads;
     return cpu_->upload(dst, src, bytes);

@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
     for (const ops::Op& op : program.ops()) cpu::run(pool_, kernels_, op);
     return Status::ok_status();
   }
+  Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes) override { return allocate(bytes); }
   Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
     const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);

@@ -53,6 +53,20 @@ class DeviceBuffer final : public Buffer {
   Stream stream_;
 };
 
+// Page-locked host memory (cudaHostAlloc): transfers to and from it run at the link's speed, without staging.
+class PinnedBuffer final : public Buffer {
+ public:
+  PinnedBuffer(void* p, size_t n) : p_(p), n_(n) {}
+  ~PinnedBuffer() override { cudaFreeHost(p_); }  // waits for the device first
+  void* data() override { return p_; }
+  size_t size() const override { return n_; }
+  bool host_visible() const override { return true; }
+
+ private:
+  void* p_;
+  size_t n_;
+};
+
 // A cuBLAS handle, destroyed after the work queued on its stream.
 struct CublasDeleter {
   void operator()(cublasContext* h) const { cublasDestroy(h); }
@@ -175,6 +189,15 @@ class CudaBackend final : public Backend {
       return resource_exhausted("{}: cannot allocate {} bytes of device memory", name_, bytes);
     }
     return std::unique_ptr<Buffer>(new DeviceBuffer(p, bytes, owner_));
+  }
+  Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes) override {
+    KILN_TRY(select());
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      return resource_exhausted("{}: cannot allocate {} bytes of page-locked host memory", name_, bytes);
+    }
+    return std::unique_ptr<Buffer>(new PinnedBuffer(p, bytes));
   }
   Status upload(const Tensor& dst, const void* src, size_t bytes) override {
     KILN_TRY(check_transfer("cuda upload", dst, bytes));
