@@ -6,6 +6,7 @@
 // matmuls that share it and each result downloaded into its host tensor.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,17 +22,20 @@ namespace kiln::blocks {
 // products down, the wait for them).
 struct OffloadProfile {
   int64_t steps = 0, runs = 0;
-  double host_ms = 0, weights_ms = 0, device_ms = 0;
+  double host_ms = 0, device_ms = 0;
+  double stage_ms = 0;  // copying weights into staging, alongside the rest (its own thread)
+  double wait_ms = 0;   // the step waiting for weights: for staging, or for a pageable upload to stage
   uint64_t weight_bytes = 0, activation_bytes = 0;  // weights up; x up and products down
   std::string summary() const;
 };
 
 // What run_offloading keeps from one step to the next.
 struct OffloadScratch {
-  // The weights go up through page-locked staging, copied into it from their pages by several threads (the
-  // driver's own staging of a pageable copy is one thread's memcpy); false: straight from their pages.
+  // The weights go up through page-locked staging, copied into it from their pages by a thread of its own
+  // (itself splitting each copy over several), one run of matmuls ahead of the device, while the host runs
+  // its ops; false: straight from their pages, each upload holding the step while the driver stages it.
   bool stage_weights = true;
-  std::unique_ptr<Buffer> staging;  // grown to the largest run's weights
+  std::array<std::unique_ptr<Buffer>, 2> staging;  // grown to the largest run's weights
 };
 
 // Runs `program` (recorded for `host`) in order: runs of consecutive matmuls that qualify on `device`, every
