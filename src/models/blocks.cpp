@@ -207,6 +207,7 @@ Status StepModel::place_layers() {
 size_t StepModel::peak_scratch_bytes() const {
   size_t total = 0;
   for (const auto& s : stages_) total += s->arena.peak_bytes();
+  for (const auto& b : offload_scratch_.staging) total += b != nullptr ? b->size() : 0;
   return total;
 }
 

@@ -67,7 +67,8 @@ class Model {
   virtual const Program& last_program() const = 0;
   // Every weight as the backend prepared it, in load order, with its GGUF name and role.
   virtual std::span<const std::unique_ptr<WeightHandle>> weights() const = 0;
-  // The most scratch memory one step has used (the arenas' peaks), in bytes.
+  // The most scratch memory one step has used (the arenas' peaks, partial offload's weight staging), in
+  // bytes.
   virtual size_t peak_scratch_bytes() const = 0;
   // The backend that runs layer `layer` (its weights and K/V live there), and the one that holds forward()'s
   // result: the backend the model was loaded on, unless ModelOptions split the layers over two.
