@@ -45,9 +45,10 @@ struct EngineOptions {
   std::string backend = "cpu";
   // Partial offload, with a CUDA backend: only the first gpu_layers layers (and the token embedding) run on
   // the GPU; the later layers, the final norm and the output head run on the CPU (n_threads), each layer's
-  // K/V where the layer runs. -1: every layer on the GPU (as any value >= the model's layers); 0: the whole
-  // model on the CPU. With backend "cpu" it must stay -1; with "auto" on a machine without a GPU it is
-  // ignored.
+  // K/V where the layer runs. -1: every layer when the weights fit in the GPU's free memory less what is kept
+  // for the KV cache and scratch (max(1 GiB, 10%)), else as many leading layers as fit there (a warning says
+  // so); >= the model's layers: every layer; 0: the whole model on the CPU. With backend "cpu" it must stay
+  // -1; with "auto" on a machine without a GPU it is ignored.
   int32_t gpu_layers = -1;
   // Matmuls at lower precision, faster: on the CPU, 8-bit quantized activations with integer dot products, as
   // llama.cpp does (~1e-3 relative error per product); on CUDA, bf16 / f16 tensor cores for batches of more

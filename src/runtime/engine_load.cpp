@@ -1,6 +1,7 @@
 // Engine setup: the model file, backend, model, tokenizer, chat template, and the KV pool sized by the memory
 // budget (runtime/kv_cache/kv_budget.h) under the scheduler.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -129,12 +130,41 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   return Status::ok_status();
 }
 
+namespace {
+
+// What the first N layers of `f` put on a GPU, read from the file's tensor table (GpuFitInput).
+GpuFitInput gpu_fit_input(const gguf::File& f, int32_t n_layers, uint64_t free) {
+  GpuFitInput in;
+  in.layer_bytes.assign(static_cast<size_t>(n_layers), 0);
+  in.free = free;
+  // Kept for the KV cache (sized afterwards from what is left) and the steps' scratch (cuBLAS's workspace, a
+  // prompt's activations, a quantized matrix dequantized for a GEMM).
+  in.reserve = std::max<uint64_t>(uint64_t{1} << 30, free / 10);
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    int32_t layer = -1;
+    if (t.name.starts_with("blk.")) {
+      const char* p = t.name.data() + 4;
+      std::from_chars(p, t.name.data() + t.name.size(), layer);
+    }
+    if (layer >= 0 && layer < n_layers) {
+      in.layer_bytes[static_cast<size_t>(layer)] += t.n_bytes;
+    } else if (t.name == "output.weight" || t.name == "output_norm.weight") {
+      in.last_bytes += t.n_bytes;
+    } else {
+      in.first_bytes += t.n_bytes;  // the embedding (also the head when tied: one copy), RoPE factors
+    }
+  }
+  return in;
+}
+
+}  // namespace
+
 Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_options) {
-  const int32_t g = options.gpu_layers;
+  int32_t g = options.gpu_layers;
   if (g < -1) return invalid_argument("gpu_layers = {} must be >= 0, or -1 for every layer", g);
   KILN_ASSIGN_OR_RETURN(backend, make_backend(options.backend, BackendOptions{options.n_threads}));
-  if (g == -1) return Status::ok_status();
   if (backend->name() == "cpu") {
+    if (g == -1) return Status::ok_status();
     if (options.backend == "cpu") {
       return invalid_argument(
           "gpu_layers = {}: the backend is \"cpu\"; offloading layers needs a GPU backend", g);
@@ -144,8 +174,25 @@ Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_opti
   }
   const std::string key = f.architecture() + ".block_count";
   if (f.find(key) == nullptr) return Status::ok_status();  // load_model() says what is missing
-  KILN_ASSIGN_OR_RETURN(const uint64_t n_layers, f.get_uint(key));
-  if (static_cast<uint64_t>(g) >= n_layers) return Status::ok_status();
+  KILN_ASSIGN_OR_RETURN(const uint64_t count, f.get_uint(key));
+  const auto n_layers = static_cast<int32_t>(std::min<uint64_t>(count, 1 << 20));
+  if (g == -1) {  // every layer, unless the weights do not fit
+    const GpuFitInput fit = gpu_fit_input(f, n_layers, backend->device_memory_free());
+    g = fit_gpu_layers(fit);
+    if (g < n_layers) {
+      uint64_t weights = fit.first_bytes + fit.last_bytes;
+      for (const uint64_t b : fit.layer_bytes) weights += b;
+      log_warn(
+          "the model's {:.2f} GiB of weights do not fit in {:.2f} GiB of the GPU's {:.2f} GiB free (the rest "
+          "is "
+          "kept for the KV cache and scratch): the first {} of its {} layers run on the GPU, the rest on the "
+          "CPU "
+          "(--gpu-layers N chooses)",
+          weights / 1073741824.0, (fit.free - std::min(fit.free, fit.reserve)) / 1073741824.0,
+          fit.free / 1073741824.0, g, n_layers);
+    }
+  }
+  if (g >= n_layers) return Status::ok_status();
   KILN_ASSIGN_OR_RETURN(host_backend, make_backend("cpu", BackendOptions{options.n_threads}));
   if (g == 0) {  // nothing on the GPU
     backend = std::move(host_backend);
@@ -215,7 +262,8 @@ Result<int32_t> Engine::Impl::size_kv_pool(const ModelInfo& mi, int32_t n_ctx, D
       // Split: a block's share of each memory is its layers'; the pool is what the tighter one holds, given
       // as memory for whole blocks.
       const auto n = static_cast<uint64_t>(mi.n_layers);
-      const auto n_gpu = static_cast<uint64_t>(options.gpu_layers);
+      auto n_gpu = uint64_t{0};
+      for (int32_t l = 0; l < mi.n_layers; ++l) n_gpu += &model->layer_backend(l) == backend.get() ? 1 : 0;
       uint64_t whole = device_free / n_gpu * n;
       if (const std::optional<uint64_t> host = mem_available_bytes())
         whole = std::min(whole, *host / (n - n_gpu) * n);

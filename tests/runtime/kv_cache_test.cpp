@@ -494,6 +494,28 @@ TEST(KvCacheBudget, DefaultIsFullLengthCappedByHalfTheAvailableMemory) {
   EXPECT_EQ(*kv_blocks_for_budget(in), 64);
 }
 
+TEST(KvCacheBudget, GpuLayersFitTheFreeMemory) {
+  GpuFitInput in{.layer_bytes = {100, 100, 100, 100},
+                 .first_bytes = 50,
+                 .last_bytes = 80,
+                 .free = 1'000,
+                 .reserve = 200};
+  EXPECT_EQ(fit_gpu_layers(in), 4);  // 530 of 800: everything
+  in.free = 729;                     // room 529: one byte short of everything
+  EXPECT_EQ(fit_gpu_layers(in), 3);  // the head goes to the CPU, and with it the last layer
+  in.free = 549;                     // room 349: the embedding and 2 layers
+  EXPECT_EQ(fit_gpu_layers(in), 2);
+  in.free = 249;  // room 49: not even the embedding
+  EXPECT_EQ(fit_gpu_layers(in), 0);
+  in.free = 200;  // nothing beyond the reserve
+  EXPECT_EQ(fit_gpu_layers(in), 0);
+  in.free = 1'000;
+  in.last_bytes = 1'000;  // the layers fit but the head does not
+  EXPECT_EQ(fit_gpu_layers(in), 3);
+  EXPECT_EQ(fit_gpu_layers({.layer_bytes = {}, .first_bytes = 0, .last_bytes = 0, .free = 10, .reserve = 0}),
+            0);
+}
+
 TEST(KvCacheBudget, ParsesMemAvailable) {
   EXPECT_EQ(parse_mem_available("MemTotal:       24684084 kB\nMemFree:        21417296 kB\n"
                                 "MemAvailable:   23670480 kB\nBuffers: 1 kB\n"),
