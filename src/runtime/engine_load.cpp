@@ -183,11 +183,9 @@ Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_opti
       uint64_t weights = fit.first_bytes + fit.last_bytes;
       for (const uint64_t b : fit.layer_bytes) weights += b;
       log_warn(
-          "the model's {:.2f} GiB of weights do not fit in {:.2f} GiB of the GPU's {:.2f} GiB free (the rest "
-          "is "
-          "kept for the KV cache and scratch): the first {} of its {} layers run on the GPU, the rest on the "
-          "CPU "
-          "(--gpu-layers N chooses)",
+          "the model's {:.2f} GiB of weights do not fit in {:.2f} GiB of the GPU's {:.2f} GiB free "
+          "(the rest is kept for the KV cache and scratch): the first {} of its {} layers run on the GPU, "
+          "the rest on the CPU (--gpu-layers N chooses)",
           weights / 1073741824.0, (fit.free - std::min(fit.free, fit.reserve)) / 1073741824.0,
           fit.free / 1073741824.0, g, n_layers);
     }
