@@ -6,13 +6,15 @@
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
 #   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth)
+#   mmq       the K-quant matmuls of 8 to 64 tokens (the 8B's shapes) by the integer GEMV / cuBLAS
+#             (KILN_CUDA_MMQ=0), then by the integer tensor-core kernel
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:
 #             TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
 #   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them);
 #             PREP_ONLY=smollm2-135m-bf16,llama3-8b-q8_0 makes those alone (files `kiln convert` writes need no
-#             llama.cpp build)
+#             llama.cpp build; the q4_ ones are quantized from the model's bf16 file, which PREP_ONLY must name)
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
 #             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; KILN_BIN=PATH runs another kiln binary instead), interleaved,
@@ -56,7 +58,7 @@ export OPENSSL_ROOT_DIR="$deps/usr"
 peer_dir=/tmp/llama.cpp
 peer_status=/tmp/llama.cpp.status
 if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] ||
-  { [[ " ${steps[*]} " =~ " prep " ]] && [ -z "${PREP_ONLY:-}" ]; }; } &&
+  { [[ " ${steps[*]} " =~ " prep " ]] && [[ -z "${PREP_ONLY:-}" || "${PREP_ONLY}" =~ q4_ ]]; }; } &&
   [ ! -e "$peer_dir.started" ]; then
   touch "$peer_dir.started"
   setsid bash -c '
@@ -93,6 +95,13 @@ for step in "${steps[@]}"; do
       done
       ;;
     bench) "$bin/tests/matmul_bench" --device cuda 2>&1 | tee "$out/matmul_bench.md" || status=1 ;;
+    mmq)
+      for e in KILN_CUDA_MMQ=0 KILN_CUDA_MMQ=1; do
+        echo "$e"
+        env "$e" "$bin/tests/matmul_bench" --device cuda --types q4_k,q5_k,q6_k --m 8,9,16,32,64 \
+          --shapes 4096x4096,4096x14336,14336x4096 || status=1
+      done 2>&1 | tee "$out/mmq.md"
+      ;;
     tune)
       for rows in 1 2 4 8; do
         echo "KILN_CUDA_GEMV_ROWS=$rows"

@@ -591,6 +591,36 @@ TEST(OpHarness, Matmul) {
   }
 }
 
+// Batched decode (9 to 64 tokens): the shapes where a GPU multiplies a tile of tokens at a time (CUDA's
+// integer tensor-core kernel for the K-quants, whose rows it copies whole 16-byte chunks at a time: Q6_K's
+// rows are whole chunks at multiples of 2048 elements). 37 rows: no multiple of a tile.
+TEST(OpHarness, MatmulBatches) {
+  Rng rng(17);
+  struct Shape {
+    int64_t m1, m2;
+    Layout layout;
+  };
+  const Shape shapes[] = {{12, 1, Layout::contiguous}, {13, 2, Layout::strided}, {64, 1, Layout::sliced}};
+  for (DType type : kWeightTypes) {
+    const DTypeInfo& info = dtype_info(type);
+    if (info.block_size == 1) continue;  // the float types: OpHarness.MatmulFloatIsBatchInvariant
+    const int64_t k = info.block_size == 32 ? 288 : 2048, n = 37;
+    for (const Shape& sh : shapes) {
+      const int64_t pad = sh.layout == Layout::contiguous ? 0 : 3 * info.type_size;
+      const Host w = make_weights(type, k, n, pad, rng);
+      const Host x = make_f32(sh.layout, k, sh.m1, sh.m2, &rng);
+      const Host dst = make_f32(sh.layout, n, sh.m1, sh.m2, nullptr);
+      for (bool qx : {false, true}) {
+        const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, n, k,
+                                             sh.m1, sh.m2, layout_name(sh.layout), qx ? " quantize_x" : "");
+        Budget budget = kMatmul;
+        budget.qx_floor = product_scale(w.t, x.t);
+        expect_matches_ref(what, dst, budget, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d, qx}); });
+      }
+    }
+  }
+}
+
 // Batch invariance of the quantized products: a token's row of dst is the same bits whether it is multiplied
 // alone (decode: straight from the packed blocks), with one other token, or in a batch (unpacked tiles).
 TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {

@@ -27,6 +27,7 @@
 #include "backends/cuda/cuda_convert.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_mmq.cuh"
 #include "backends/cuda/cuda_q8.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 #include "backends/cuda/cuda_round_q8.cuh"
@@ -492,10 +493,34 @@ cudaError_t quantize_x(const Context& ctx, const Tensor& x, GemvArgs& a) {
                        reinterpret_cast<int*>(out), reinterpret_cast<float2*>(out + q_bytes));
 }
 
+// Whether a batch of m x rows on the integer path takes the tensor-core kernel (cuda_mmq.cu) for this type.
+bool mmq_batch(const Context& ctx, DType type, int64_t m) {
+  return ctx.mmq && m > kGemvMaxCols && m <= kMmqMaxCols && mmq_type(type);
+}
+
+// The parts of an integer-path GEMV through the tensor-core kernel, when its type, batch and weight rows
+// allow (a part at a time, on the one rounding of x); false when they do not.
+bool launch_mmq(const Context& ctx, const GemvArgs& a, DType type, cudaError_t& err) {
+  if (a.use_ids || a.x_div != 1 || !mmq_batch(ctx, type, a.n_cols)) return false;
+  GemvPart parts[kGemvMaxParts] = {{a.w, a.w_nb1, a.n, a.dst}};
+  for (int i = 1; i < a.n_parts; ++i) parts[i] = a.more[i - 1];
+  for (int i = 0; i < a.n_parts; ++i) {
+    if (!mmq_rows_fit(type, parts[i].w, parts[i].w_nb1, a.k)) return false;
+  }
+  err = cudaSuccess;
+  for (int i = 0; i < a.n_parts && err == cudaSuccess; ++i) {
+    err = mmq(ctx,
+              {parts[i].w, parts[i].w_nb1, parts[i].n, a.k, a.n_cols, a.xq, a.xds, parts[i].dst, a.dst_type},
+              type);
+  }
+  return true;
+}
+
 // q8: on the integer path (x rounded to 8 bits by quantize_x() first); else exact, in f32. grouped: the
 // weight's rows (every part's) are in grouped form.
 cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped) {
   a.prefetch = ctx.pdl;
+  if (cudaError_t err = cudaSuccess; q8 && !grouped && launch_mmq(ctx, a, w.type, err)) return err;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
     if (grouped) {
@@ -795,7 +820,10 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
 }
 
 bool takes_q8(const Context& ctx, const ops::Matmul& op) {
-  return ctx.int8_gemv && op.quantize_x && q8_type(op.w.tensor.type) && op.x.n_rows() <= kQ8MaxCols;
+  const Tensor& w = op.w.tensor;
+  const int64_t m = op.x.n_rows();
+  return ctx.int8_gemv && op.quantize_x && q8_type(w.type) &&
+         (m <= kQ8MaxCols || (mmq_batch(ctx, w.type, m) && mmq_rows_fit(w.type, w.data, w.nb[1], w.ne[0])));
 }
 
 bool takes_gemv(const Context& ctx, const ops::Matmul& op) {

@@ -1,0 +1,325 @@
+// The integer tensor-core matmul ("MMQ") of K-quant weights with x rounded to 8 bits per block of 32
+// (quantize_x's layout, cuda_q8.cuh): the batches of a batched decode, where the integer GEMV reads each
+// weight row once but spends a __dp4a and a scaling per weight and token.
+//
+// A warp owns 16 weight rows. It copies one super-block (256 elements) of each of them into shared memory
+// with cp.async, two super-blocks in flight while it multiplies the one before, and multiplies it with every
+// token of the batch on the tensor cores: mma.sync m16n8k32 (unsigned 4- or 5-bit weights times signed x)
+// for a sub-block of 32 with one scale, two m16n8k16 (signed 6-bit weights) for Q6_K's two sub-blocks of 16.
+// The int32 products of a sub-block are scaled into f32 accumulators (d_w * d_x * dot, less the minimum's
+// m_w * d_x * sum(q_x)), as the GEMV scales its units.
+//
+// The sum over k is exact in int32 within a sub-block, so the order of a sub-block's elements is free: a
+// thread of the mma holds x words (4c, 16 + 4c) of token g and weight words (4c, 16 + 4c) of rows g, g + 8,
+// and for the 4- and 5-bit types those are mapped to elements 8c .. 8c + 7 of the sub-block: one 8-byte load
+// of the weight's nibbles and one of x (Q6_K's natural order: its low bits and high bits of element l are in
+// different arrays).
+//
+// A block has 4 warps: 4 / k_split row tiles of 16 rows, each split over k_split warps that take every
+// k_split-th super-block, summed in warp order at the end; k_split is chosen from n alone, so a token's sums
+// are the same operations in the same order whatever the batch: alone or among others, the same bits.
+#include <algorithm>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_mmq.cuh"
+#include "backends/cuda/cuda_q8.cuh"
+#include "backends/cuda/cuda_quant.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kStages = 3;  // super-blocks of a warp's rows in shared memory: one in use, two in flight
+constexpr int kTileRows = 16;
+
+// Bytes of a super-block, and of its slot in shared memory: the copy is whole 16-byte chunks from the chunk
+// the super-block starts in (Q6_K's 210-byte super-blocks start 2-byte aligned), and slots 32 or 96 bytes
+// past a multiple of 128 put the 8-byte loads of rows g = 0..3 (a half-warp) in different banks.
+template <DType T>
+struct MmqType;
+template <>
+struct MmqType<DType::q4_k> {
+  static constexpr int kBytes = 144, kSlot = 160;
+};
+template <>
+struct MmqType<DType::q5_k> {
+  static constexpr int kBytes = 176, kSlot = 224;
+};
+template <>
+struct MmqType<DType::q6_k> {
+  static constexpr int kBytes = 210, kSlot = 224;
+};
+
+// c += a b: a 16 x 32 tile of unsigned 8-bit integers, b 32 x 8 of signed ones.
+__device__ __forceinline__ void mma_u8s8_k32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c += a b: a 16 x 16 tile of signed 8-bit integers (rows g and g + 8: a0, a1), b 16 x 8.
+__device__ __forceinline__ void mma_s8s8_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+// The tokens a thread's fragments touch in column tile nt: its B column (token g) and its two C columns
+// (tokens 2c, 2c + 1), clamped into the batch (what a clamped column computes is not stored).
+struct Cols {
+  int b, c0, c1;
+};
+__device__ __forceinline__ Cols cols_of(int nt, int g, int c, int m) {
+  return {min(8 * nt + g, m - 1), min(8 * nt + 2 * c, m - 1), min(8 * nt + 2 * c + 1, m - 1)};
+}
+
+// Q4_K / Q5_K: super-block sb of rows r0 (g) and r1 (g + 8), in shared memory, times the batch. Sub-block
+// pair j (qs bytes 32j .. 32j + 31: sub-block 2j in the low nibbles, 2j + 1 in the high ones); the thread's
+// elements 8c .. 8c + 7 of a sub-block are qs bytes 32j + 8c .. 32j + 8c + 7 (Q5_K: their fifth bits, bits
+// 2j and 2j + 1 of qh bytes 8c .. 8c + 7).
+template <DType T, int NT>
+__device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, const int8_t* xq,
+                                        const float2* xds, int64_t k, int m, int64_t sb, int g, int c,
+                                        float (&acc)[NT][4]) {
+  constexpr int kQs = T == DType::q5_k ? 48 : 16;
+  constexpr uint32_t m4 = 0x0F0F0F0Fu;
+  uint2 h0{}, h1{};
+  if constexpr (T == DType::q5_k) {
+    h0 = *reinterpret_cast<const uint2*>(r0 + 16 + 8 * c);
+    h1 = *reinterpret_cast<const uint2*>(r1 + 16 + 8 * c);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint2 v0 = *reinterpret_cast<const uint2*>(r0 + kQs + 32 * j + 8 * c);
+    const uint2 v1 = *reinterpret_cast<const uint2*>(r1 + kQs + 32 * j + 8 * c);
+    uint32_t lo[4] = {v0.x & m4, v1.x & m4, v0.y & m4, v1.y & m4};
+    uint32_t hi[4] = {(v0.x >> 4) & m4, (v1.x >> 4) & m4, (v0.y >> 4) & m4, (v1.y >> 4) & m4};
+    if constexpr (T == DType::q5_k) {
+      const uint32_t h[4] = {h0.x, h1.x, h0.y, h1.y};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        lo[i] |= ((h[i] >> (2 * j)) & 0x01010101u) << 4;
+        hi[i] |= ((h[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+      }
+    }
+    WK s0, s1;  // d * scale and dmin * min of sub-blocks 2j, 2j + 1: row g, row g + 8
+    k_pair_scales<16 | kInShared>(r0, j, s0);
+    k_pair_scales<16 | kInShared>(r1, j, s1);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const Cols t = cols_of(nt, g, c, m);
+      const int8_t* xr = xq + t.b * k + sb * 256 + 64 * j;
+      const uint2 bl = __ldg(reinterpret_cast<const uint2*>(xr + 8 * c));
+      const uint2 bh = __ldg(reinterpret_cast<const uint2*>(xr + 32 + 8 * c));
+      int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+      mma_u8s8_k32(cl, lo, bl.x, bl.y);
+      mma_u8s8_k32(ch, hi, bh.x, bh.y);
+      // {d, d * sum(q)} of x's sub-blocks 2j and 2j + 1, tokens 2c and 2c + 1
+      const float4 e[2] = {__ldg(reinterpret_cast<const float4*>(xds + t.c0 * (k / 32) + sb * 8 + 2 * j)),
+                           __ldg(reinterpret_cast<const float4*>(xds + t.c1 * (k / 32) + sb * 8 + 2 * j))};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const WK& s = i < 2 ? s0 : s1;
+        const float4& x = e[i % 2];
+        float v = acc[nt][i];
+        v = __fmaf_rn(__fmul_rn(s.d0, x.x), static_cast<float>(cl[i]), v);
+        v = __fmaf_rn(-s.m0, x.y, v);
+        v = __fmaf_rn(__fmul_rn(s.d1, x.z), static_cast<float>(ch[i]), v);
+        acc[nt][i] = __fmaf_rn(-s.m1, x.w, v);
+      }
+    }
+  }
+}
+
+// The signed 6-bit values (q - 32, as bytes) of Q6_K elements 128h + 32q + 16l + 4c .. + 3 of a super-block
+// (cuda_q8.cuh's Q8<q6_k> describes the layout).
+__device__ __forceinline__ uint32_t q6_word(const uint8_t* b, int h, int q, int l, int c) {
+  constexpr int A = 2 | kInShared;
+  const uint32_t ql = ld_u32<A>(b + 64 * h + 32 * (q % 2) + 16 * l + 4 * c);
+  const uint32_t qh = ld_u32<A>(b + 128 + 32 * h + 16 * l + 4 * c);
+  const uint32_t v = ((q < 2 ? ql : ql >> 4) & 0x0F0F0F0Fu) | (((qh >> (2 * q)) & 0x03030303u) << 4);
+  return (v + 0x60606060u) ^ 0x80808080u;  // q - 32 per byte without borrows
+}
+
+// Q6_K: super-block sb of rows r0 (g) and r1 (g + 8) times the batch, a block of 32 (4h + q) at a time as
+// two sub-blocks of 16 (l = 0, 1), one scale each.
+template <int NT>
+__device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const int8_t* xq,
+                                         const float2* xds, int64_t k, int m, int64_t sb, int g, int c,
+                                         float (&acc)[NT][4]) {
+  constexpr int A = 2 | kInShared;
+  const float d0 = f16_bits_to_f32(ld_u16<A>(r0 + 208)), d1 = f16_bits_to_f32(ld_u16<A>(r1 + 208));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int blk = 4 * h + q;
+      uint32_t w0[2], w1[2];
+      float s0[2], s1[2];
+#pragma unroll
+      for (int l = 0; l < 2; ++l) {
+        w0[l] = q6_word(r0, h, q, l, c);
+        w1[l] = q6_word(r1, h, q, l, c);
+        s0[l] = __fmul_rn(d0, static_cast<float>(static_cast<int8_t>(r0[192 + 8 * h + 2 * q + l])));
+        s1[l] = __fmul_rn(d1, static_cast<float>(static_cast<int8_t>(r1[192 + 8 * h + 2 * q + l])));
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const Cols t = cols_of(nt, g, c, m);
+        const int8_t* xr = xq + t.b * k + sb * 256 + 32 * blk;
+        const auto bl = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr + 4 * c)));
+        const auto bh = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr + 16 + 4 * c)));
+        int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+        mma_s8s8_k16(cl, w0[0], w1[0], bl);
+        mma_s8s8_k16(ch, w0[1], w1[1], bh);
+        const float dx[2] = {__ldg(xds + t.c0 * (k / 32) + sb * 8 + blk).x,
+                             __ldg(xds + t.c1 * (k / 32) + sb * 8 + blk).x};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float* s = i < 2 ? s0 : s1;
+          float v = acc[nt][i];
+          v = __fmaf_rn(__fmul_rn(s[0], dx[i % 2]), static_cast<float>(cl[i]), v);
+          acc[nt][i] = __fmaf_rn(__fmul_rn(s[1], dx[i % 2]), static_cast<float>(ch[i]), v);
+        }
+      }
+    }
+  }
+}
+
+// dst[:, t] = W x_t for the 8 * NT tokens of blockIdx.y and the 16 * (kWarps / k_split) rows of blockIdx.x.
+template <DType T, int NT>
+__global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to, int k_split) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kBytes = MmqType<T>::kBytes, kSlot = MmqType<T>::kSlot;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+  const int tiles = kWarps / k_split, rt = warp % tiles, kp = warp / tiles;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * tiles + rt) * kTileRows;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * 8 * NT;
+  const int m = static_cast<int>(min(static_cast<int64_t>(8 * NT), a.m - t0));
+  const int64_t n_sb = a.k / 256;
+  const int64_t count = n_sb > kp ? (n_sb - 1 - kp) / k_split + 1 : 0;
+  uint8_t* stage = smem + warp * (kStages * kTileRows * kSlot);
+
+  // Super-block kp + it * k_split of the warp's rows into stage slot it % kStages (the rows past n repeat
+  // the last one); one commit group per call, empty past the end, so that the waits below count uniformly.
+  auto issue = [&](int64_t it) {
+    if (it < count) {
+      const int64_t start = (kp + it * k_split) * kBytes, first = start & ~int64_t{15};
+      const int chunks = static_cast<int>((start - first + kBytes + 15) / 16);
+      uint8_t* dst = stage + (it % kStages) * kTileRows * kSlot;
+      for (int i = lane; i < kTileRows * chunks; i += 32) {
+        const int r = i / chunks, ch = i - r * chunks;
+        cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + first + 16 * ch);
+      }
+    }
+    cp_async_commit();
+  };
+  // Weights are constant: their first copies start before the wait for the kernel that wrote x.
+  issue(0);
+  issue(1);
+  pdl_wait();
+  const auto* xq = reinterpret_cast<const int8_t*>(a.xq) + t0 * a.k;
+  const float2* xds = a.xds + t0 * (a.k / 32);
+  float acc[NT][4] = {};
+  for (int64_t it = 0; it < count; ++it) {
+    issue(it + 2);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const int64_t sb = kp + it * k_split;
+    const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
+    if constexpr (T == DType::q6_k) {
+      super_q6<NT>(buf + g * kSlot, buf + (g + 8) * kSlot, xq, xds, a.k, m, sb, g, c, acc);
+    } else {
+      super_k<T, NT>(buf + g * kSlot, buf + (g + 8) * kSlot, xq, xds, a.k, m, sb, g, c, acc);
+    }
+    __syncwarp();  // the slot is copied into again two iterations on
+  }
+  cp_async_wait<0>();
+  pdl_trigger();
+  __syncthreads();  // the stages become the k-split warps' partial sums
+  auto* red = reinterpret_cast<float*>(smem);
+  if (kp > 0) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
+    }
+  }
+  __syncthreads();
+  if (kp > 0) return;
+  for (int p = 1; p < k_split; ++p) {
+    const int w = warp + p * tiles;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        acc[nt][i] = __fadd_rn(acc[nt][i], red[((w * NT + nt) * 4 + i) * 32 + lane]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = row0 + g + (i < 2 ? 0 : 8);
+      const int col = 8 * nt + 2 * c + i % 2;
+      if (row < a.n && col < m) store(store_to, a.dst.row(t0 + col), row, acc[nt][i]);
+    }
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <DType T, int NT>
+cudaError_t launch(const Context& ctx, const MmqArgs& a) {
+  // The fewest k-split warps that give every multiprocessor two blocks (the 8B's 4096-row matrices: 4).
+  int k_split = 1;
+  while (k_split < kWarps && k_split < a.k / 256 &&
+         ceil_div(a.n, kTileRows * (kWarps / k_split)) < 2 * static_cast<int64_t>(ctx.n_sms)) {
+    k_split *= 2;
+  }
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kTileRows * (kWarps / k_split))),
+                  static_cast<unsigned>(ceil_div(a.m, 8 * NT)));
+  constexpr size_t kSmem = size_t{kWarps} * kStages * kTileRows * MmqType<T>::kSlot;
+  static_assert(kSmem <= 48 * 1024, "the default dynamic shared memory limit");
+  static_assert(kSmem >= size_t{kWarps} * 8 * 4 * 32 * sizeof(float), "room for the k-split partial sums");
+  return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, kSmem, a, store_of(a.dst_type), k_split);
+}
+
+template <DType T>
+cudaError_t launch_type(const Context& ctx, const MmqArgs& a) {
+  if (a.m <= 16) return launch<T, 2>(ctx, a);
+  if (a.m <= 32) return launch<T, 4>(ctx, a);
+  return launch<T, 8>(ctx, a);
+}
+
+int super_bytes(DType type) {
+  switch (type) {
+    case DType::q4_k: return MmqType<DType::q4_k>::kBytes;
+    case DType::q5_k: return MmqType<DType::q5_k>::kBytes;
+    case DType::q6_k: return MmqType<DType::q6_k>::kBytes;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+bool mmq_type(DType type) { return super_bytes(type) != 0; }
+
+bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k) {
+  return mmq_type(type) && reinterpret_cast<uintptr_t>(data) % 16 == 0 && nb1 % 16 == 0 && k % 256 == 0 &&
+         (k / 256 * super_bytes(type)) % 16 == 0;
+}
+
+cudaError_t mmq(const Context& ctx, const MmqArgs& a, DType type) {
+  switch (type) {
+    case DType::q4_k: return launch_type<DType::q4_k>(ctx, a);
+    case DType::q5_k: return launch_type<DType::q5_k>(ctx, a);
+    case DType::q6_k: return launch_type<DType::q6_k>(ctx, a);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace kiln::cuda

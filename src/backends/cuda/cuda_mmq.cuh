@@ -1,0 +1,32 @@
+// The integer tensor-core matmul of block-quantized weights (cuda_mmq.cu): batches of more than
+// kGemvMaxCols and at most kMmqMaxCols x rows under quantize_x, x rounded to 8 bits as for the integer GEMV
+// (cuda_q8.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace kiln::cuda {
+
+// One weight matrix times m x rows.
+struct MmqArgs {
+  const uint8_t* w;  // [k, n], rows w_nb1 apart; rows start 16-byte aligned and are whole 16-byte chunks
+  int64_t w_nb1;
+  int64_t n, k;
+  int64_t m;
+  // x rounded to 8 bits in quantize_x's layout: x row t is xq + t * k / 4 and xds + t * k / 32.
+  const int* xq;
+  const float2* xds;
+  Rows dst;  // rows of n
+  DType dst_type;
+};
+
+// The weight types the kernel reads: Q4_K, Q5_K and Q6_K.
+bool mmq_type(DType type);
+// Whether a weight of k elements a row, `row_bytes` apart from `data`, is laid out as the kernel copies it.
+bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k);
+cudaError_t mmq(const Context& ctx, const MmqArgs& a, DType type);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,106 @@
+// The integer tensor-core matmul of K-quant weights (cuda_mmq.cu), which batches of 9 to kMmqMaxCols tokens
+// take under quantize_x: a token's products are the same bits alone (in a batch of its own size) or among
+// others, and they are the integer GEMV's products (batches of up to 8) summed in another order.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace kiln {
+namespace {
+
+constexpr int64_t kRows = 45;  // two full tiles of 16 and a partial one
+
+// Random K-quant super-blocks: quants any bytes, the f16 super-block scales (d, and dmin where there is one)
+// positive normals in 2^-9 .. 2^-8, so that no product overflows.
+std::vector<uint8_t> k_quant_rows(DType type, int64_t k, int64_t n, std::mt19937_64& rng) {
+  std::vector<uint8_t> w(static_cast<size_t>(dtype_row_bytes(type, k).value() * n));
+  std::uniform_int_distribution<int> byte(0, 255), mant(0, 0x3FF);
+  for (uint8_t& v : w) v = static_cast<uint8_t>(byte(rng));
+  const auto sb = static_cast<size_t>(dtype_info(type).type_size);
+  const std::vector<size_t> f16_at =
+      type == DType::q6_k ? std::vector<size_t>{208} : std::vector<size_t>{0, 2};
+  for (size_t b = 0; b < w.size() / sb; ++b) {
+    for (const size_t at : f16_at) {
+      const auto bits = static_cast<uint16_t>(0x1800 + mant(rng));
+      std::memcpy(w.data() + b * sb + at, &bits, 2);
+    }
+  }
+  return w;
+}
+
+// dst (f32 [n, m]) of w x[:, first .. first + m) with quantize_x.
+std::vector<float> product(Backend& b, const Tensor& w, const std::vector<float>& x, int64_t k, int64_t first,
+                           int64_t m) {
+  const int64_t n = w.ne[1];
+  auto xb = b.allocate(static_cast<size_t>(k * m) * 4).value();
+  auto db = b.allocate(static_cast<size_t>(n * m) * 4).value();
+  const Tensor xt = make_tensor(DType::f32, *xb, 0, k, m), dt = make_tensor(DType::f32, *db, 0, n, m);
+  EXPECT_TRUE(b.upload(xt, x.data() + first * k, static_cast<size_t>(k * m) * 4).ok());
+  Program p;
+  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(w), xt, dt, true}).ok());
+  p.n_tokens = static_cast<int32_t>(m);
+  EXPECT_TRUE(b.run(p).ok());
+  std::vector<float> out(static_cast<size_t>(n * m));
+  EXPECT_TRUE(b.download(out.data(), dt, out.size() * 4).ok());
+  EXPECT_TRUE(b.synchronize().ok());
+  return out;
+}
+
+TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
+  auto made = make_backend("cuda");
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Backend& b = **made;
+  std::mt19937_64 rng(23);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  // Q4_K / Q5_K at 2 and 17 super-blocks (k split over warps or not); Q6_K at multiples of 2048 (rows of
+  // whole 16-byte chunks).
+  const struct {
+    DType type;
+    int64_t k;
+  } cases[] = {{DType::q4_k, 512},  {DType::q4_k, 4352}, {DType::q5_k, 512},
+               {DType::q5_k, 4352}, {DType::q6_k, 2048}, {DType::q6_k, 6144}};
+  constexpr int64_t kTokens = 64;
+  for (const auto& c : cases) {
+    const std::vector<uint8_t> host_w = k_quant_rows(c.type, c.k, kRows, rng);
+    auto wb = b.allocate(host_w.size()).value();
+    const Tensor w = make_tensor(c.type, *wb, 0, c.k, kRows);
+    ASSERT_TRUE(b.upload(w, host_w.data(), host_w.size()).ok());
+    std::vector<float> x(static_cast<size_t>(c.k * kTokens));
+    for (float& v : x) v = uni(rng);
+    const std::vector<float> all = product(b, w, x, c.k, 0, kTokens);
+    const std::string what = fmt::format("{} k {}", dtype_name(c.type), c.k);
+    // The same tokens in batches of 9, 23 and 32 (tiles of 16, 32 and 64 tokens): the same bits.
+    for (const auto& [first, m] : {std::pair<int64_t, int64_t>{0, 9}, {9, 23}, {32, 32}}) {
+      const std::vector<float> part = product(b, w, x, c.k, first, m);
+      EXPECT_EQ(std::memcmp(part.data(), all.data() + first * kRows, part.size() * 4), 0)
+          << what << ": tokens " << first << ".." << first + m - 1 << " differ from the batch of " << kTokens;
+    }
+    // The integer GEMV, 8 tokens at a time: the same integer dot products, scaled and summed in another
+    // order.
+    double err = 0.0, norm = 0.0;
+    for (int64_t first = 0; first < kTokens; first += 8) {
+      const std::vector<float> gemv = product(b, w, x, c.k, first, 8);
+      for (size_t i = 0; i < gemv.size(); ++i) {
+        const double d = gemv[i] - all[static_cast<size_t>(first * kRows) + i];
+        err += d * d;
+        norm += static_cast<double>(gemv[i]) * gemv[i];
+      }
+    }
+    EXPECT_GT(norm, 0.0) << what;
+    EXPECT_LT(std::sqrt(err / norm), 1e-5) << what << ": relative L2 distance to the integer GEMV";
+  }
+}
+
+}  // namespace
+}  // namespace kiln
