@@ -28,7 +28,7 @@
 #             the GPU, the rest on the CPU, pp512 and tg128 on OFFLOAD_FILES (default: the 8B Q4_0; waits for prep's
 #             files and the peer's build), and one `kiln run --gpu-layers` generation
 #   fit       bench/gpu_fit.py: a model whose weights do not fit the GPU's free memory (the rest held by another
-#             process) loads with the layers that fit, unasked
+#             process) loads with the layers that fit, unasked (the 8B Q4_K_M when prep has made it)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -110,7 +110,13 @@ for step in "${steps[@]}"; do
       done 2>&1 | tee "$out/tune.md"
       ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;
-    fit) python3 bench/gpu_fit.py --build "$bin" 2>&1 | tee "$out/fit.log" || status=1 ;;
+    fit)
+      # The 8B Q4_K_M of prep when it has been made: 4.6 GiB, so that the split does not hang on the guess of
+      # kiln's CUDA context size.
+      fit_model=/tmp/kiln-models/llama3-8b-q4_k_m.gguf
+      python3 bench/gpu_fit.py --build "$bin" ${FIT_ARGS:-$([ -e "$fit_model" ] && echo --model "$fit_model")} 2>&1 |
+        tee "$out/fit.log" || status=1
+      ;;
     models) python3 bench/gpu_generate.py --build "$bin" --out "$out" 2>&1 | tee "$out/generate.log" || status=1 ;;
     prep)
       # The GGUF files of the peer step, made in the background (they outlive this call): 8B folder by
