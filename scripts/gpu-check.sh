@@ -8,6 +8,8 @@
 #   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth)
 #   mmq       the K-quant matmuls of 8 to 64 tokens (the 8B's shapes) by the integer GEMV / cuBLAS
 #             (KILN_CUDA_MMQ=0), then by the integer tensor-core kernel
+#   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
+#             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:
 #             TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
@@ -101,6 +103,18 @@ for step in "${steps[@]}"; do
         env "$e" "$bin/tests/matmul_bench" --device cuda --types q4_k,q5_k,q6_k --m 8,9,16,32,64 \
           --shapes 4096x4096,4096x14336,14336x4096 || status=1
       done 2>&1 | tee "$out/mmq.md"
+      ;;
+    ncu)
+      # ncu's view of one kernel in matmul_bench (NCU_KERNEL, default mmq_kernel) on each of NCU_CASES
+      # (type:KxN:m, default: the 8B's Q4_K gate at 16 and 64 tokens, its Q6_K down at 64).
+      for case in ${NCU_CASES:-q4_k:4096x14336:16 q4_k:4096x14336:64 q6_k:14336x4096:64}; do
+        IFS=: read -r type shape m <<<"$case"
+        echo "## $case"
+        ncu --kernel-name "regex:${NCU_KERNEL:-mmq_kernel}" --launch-skip 4 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+          --section MemoryWorkloadAnalysis "$bin/tests/matmul_bench" --device cuda --types "$type" --m "$m" \
+          --shapes "$shape" 2>&1 | grep -vE "^==PROF==|^\s*$" | grep -E "^  [A-Z]|  [A-Za-z].*  " | head -80 || status=1
+      done 2>&1 | tee "$out/ncu.md"
       ;;
     tune)
       for rows in 1 2 4 8; do

@@ -2,13 +2,12 @@
 // (quantize_x's layout, cuda_q8.cuh): the batches of a batched decode, where the integer GEMV reads each
 // weight row once but spends a __dp4a and a scaling per weight and token.
 //
-// A block of 4 warps owns 32 weight rows and 16 to 64 tokens. Its threads copy one super-block (256 elements)
-// of each of its rows, and the same 256 x values of each of its tokens with their scales, into shared memory
-// with cp.async, two super-blocks in flight while the one before is multiplied. A warp multiplies 16 of the
-// rows with half of the tokens on the tensor cores: mma.sync m16n8k32 (unsigned 4- or 5-bit weights times
-// signed x) for a sub-block of 32 with one scale, two m16n8k16 (signed 6-bit weights) for Q6_K's two
-// sub-blocks of 16. The int32 products of a sub-block are scaled into f32 accumulators (d_w * d_x * dot, less
-// the minimum's m_w * d_x * sum(q_x)), as the GEMV scales its units.
+// A warp owns 16 weight rows. It copies one super-block (256 elements) of each of them into shared memory
+// with cp.async, two super-blocks in flight while it multiplies the one before, and multiplies it with every
+// token of the batch on the tensor cores: mma.sync m16n8k32 (unsigned 4- or 5-bit weights times signed x)
+// for a sub-block of 32 with one scale, two m16n8k16 (signed 6-bit weights) for Q6_K's two sub-blocks of 16.
+// The int32 products of a sub-block are scaled into f32 accumulators (d_w * d_x * dot, less the minimum's
+// m_w * d_x * sum(q_x)), as the GEMV scales its units.
 //
 // The sum over k is exact in int32 within a sub-block, so the order of a sub-block's elements is free: a
 // thread of the mma holds x words (4c, 16 + 4c) of token g and weight words (4c, 16 + 4c) of rows g, g + 8,
@@ -16,10 +15,10 @@
 // of the weight's nibbles and one of x (Q6_K's natural order: its low bits and high bits of element l are in
 // different arrays).
 //
-// Each accumulator sums its row's and token's sub-blocks in order, the same operations whatever the batch:
-// a token's products are the same bits alone (in a batch of more than kGemvMaxCols) or among others.
+// A block has 4 warps: 4 / k_split row tiles of 16 rows, each split over k_split warps that take every
+// k_split-th super-block, summed in warp order at the end; k_split is chosen from n alone, so a token's sums
+// are the same operations in the same order whatever the batch: alone or among others, the same bits.
 #include <algorithm>
-#include <atomic>
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_mmq.cuh"
@@ -31,6 +30,8 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kStages = 3;  // super-blocks of a warp's rows in shared memory: one in use, two in flight
+constexpr int kTileRows = 16;
 
 // Bytes of a super-block, and of its slot in shared memory: the copy is whole 16-byte chunks from the chunk
 // the super-block starts in (Q6_K's 210-byte super-blocks start 2-byte aligned), and slots 32 or 96 bytes
@@ -66,30 +67,23 @@ __device__ __forceinline__ void mma_s8s8_k16(int (&c)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b));
 }
 
-// A stage of the block's copies in shared memory: the super-block of each of its kBlockRows weight rows
-// (kSlot bytes apart), then per token of the block's 16 * NT the super-block's 256 x values (kXRow bytes
-// apart: 32 bytes past a multiple of 128 put the 8-byte loads of tokens g = 0..3 in different banks) and
-// their 8 {d, d * sum(q)}.
-constexpr int kBlockRows = 32, kXRow = 288, kXDs = 64;
-template <DType T, int NT>
-__host__ __device__ constexpr int stage_bytes() {
-  return kBlockRows * MmqType<T>::kSlot + 16 * NT * (kXRow + kXDs);
-}
-// Stages: one in use, the others in flight. A multiprocessor holds one or two blocks (the 8B's 4096-row
-// matrices give it one): the more copies it keeps in flight, the nearer its reads come to the memory's rate.
-template <int NT>
-__host__ __device__ constexpr int stages() {
-  return NT == 1 ? 6 : NT == 2 ? 4 : 3;
+// The tokens a thread's fragments touch in column tile nt: its B column (token g) and its two C columns
+// (tokens 2c, 2c + 1), clamped into the batch (what a clamped column computes is not stored).
+struct Cols {
+  int b, c0, c1;
+};
+__device__ __forceinline__ Cols cols_of(int nt, int g, int c, int m) {
+  return {min(8 * nt + g, m - 1), min(8 * nt + 2 * c, m - 1), min(8 * nt + 2 * c + 1, m - 1)};
 }
 
-// Q4_K / Q5_K: a super-block of rows r0 (g) and r1 (g + 8) times the warp's 8 * NT tokens (xs: their x
-// values, kXRow apart; ds: their scales, 8 a token), all in shared memory. Sub-block pair j (qs bytes 32j ..
-// 32j + 31: sub-block 2j in the low nibbles, 2j + 1 in the high ones); the thread's elements 8c .. 8c + 7 of
-// a sub-block are qs bytes 32j + 8c .. 32j + 8c + 7 (Q5_K: their fifth bits, bits 2j and 2j + 1 of qh bytes
-// 8c .. 8c + 7).
+// Q4_K / Q5_K: super-block sb of rows r0 (g) and r1 (g + 8), in shared memory, times the batch. Sub-block
+// pair j (qs bytes 32j .. 32j + 31: sub-block 2j in the low nibbles, 2j + 1 in the high ones); the thread's
+// elements 8c .. 8c + 7 of a sub-block are qs bytes 32j + 8c .. 32j + 8c + 7 (Q5_K: their fifth bits, bits
+// 2j and 2j + 1 of qh bytes 8c .. 8c + 7).
 template <DType T, int NT>
-__device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, const uint8_t* xs,
-                                        const float2* ds, int g, int c, float (&acc)[NT][4]) {
+__device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, const int8_t* xq,
+                                        const float2* xds, int64_t k, int m, int64_t sb, int g, int c,
+                                        float (&acc)[NT][4]) {
   constexpr int kQs = T == DType::q5_k ? 48 : 16;
   constexpr uint32_t m4 = 0x0F0F0F0Fu;
   uint2 h0{}, h1{};
@@ -116,15 +110,16 @@ __device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, co
     k_pair_scales<16 | kInShared>(r1, j, s1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const uint8_t* xr = xs + (8 * nt + g) * kXRow + 64 * j;
-      const uint2 bl = *reinterpret_cast<const uint2*>(xr + 8 * c);
-      const uint2 bh = *reinterpret_cast<const uint2*>(xr + 32 + 8 * c);
+      const Cols t = cols_of(nt, g, c, m);
+      const int8_t* xr = xq + t.b * k + sb * 256 + 64 * j;
+      const uint2 bl = __ldg(reinterpret_cast<const uint2*>(xr + 8 * c));
+      const uint2 bh = __ldg(reinterpret_cast<const uint2*>(xr + 32 + 8 * c));
       int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
       mma_u8s8_k32(cl, lo, bl.x, bl.y);
       mma_u8s8_k32(ch, hi, bh.x, bh.y);
       // {d, d * sum(q)} of x's sub-blocks 2j and 2j + 1, tokens 2c and 2c + 1
-      const float4 e[2] = {*reinterpret_cast<const float4*>(ds + (8 * nt + 2 * c) * 8 + 2 * j),
-                           *reinterpret_cast<const float4*>(ds + (8 * nt + 2 * c + 1) * 8 + 2 * j)};
+      const float4 e[2] = {__ldg(reinterpret_cast<const float4*>(xds + t.c0 * (k / 32) + sb * 8 + 2 * j)),
+                           __ldg(reinterpret_cast<const float4*>(xds + t.c1 * (k / 32) + sb * 8 + 2 * j))};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const WK& s = i < 2 ? s0 : s1;
@@ -149,11 +144,12 @@ __device__ __forceinline__ uint32_t q6_word(const uint8_t* b, int h, int q, int 
   return (v + 0x60606060u) ^ 0x80808080u;  // q - 32 per byte without borrows
 }
 
-// Q6_K: a super-block of rows r0 (g) and r1 (g + 8) times the warp's tokens, a block of 32 (4h + q) at a time
-// as two sub-blocks of 16 (l = 0, 1), one scale each.
+// Q6_K: super-block sb of rows r0 (g) and r1 (g + 8) times the batch, a block of 32 (4h + q) at a time as
+// two sub-blocks of 16 (l = 0, 1), one scale each.
 template <int NT>
-__device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const uint8_t* xs,
-                                         const float2* ds, int g, int c, float (&acc)[NT][4]) {
+__device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const int8_t* xq,
+                                         const float2* xds, int64_t k, int m, int64_t sb, int g, int c,
+                                         float (&acc)[NT][4]) {
   constexpr int A = 2 | kInShared;
   const float d0 = f16_bits_to_f32(ld_u16<A>(r0 + 208)), d1 = f16_bits_to_f32(ld_u16<A>(r1 + 208));
 #pragma unroll
@@ -172,13 +168,15 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint8_t* xr = xs + (8 * nt + g) * kXRow + 32 * blk;
-        const uint32_t bl = *reinterpret_cast<const uint32_t*>(xr + 4 * c);
-        const uint32_t bh = *reinterpret_cast<const uint32_t*>(xr + 16 + 4 * c);
+        const Cols t = cols_of(nt, g, c, m);
+        const int8_t* xr = xq + t.b * k + sb * 256 + 32 * blk;
+        const auto bl = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr + 4 * c)));
+        const auto bh = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr + 16 + 4 * c)));
         int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
         mma_s8s8_k16(cl, w0[0], w1[0], bl);
         mma_s8s8_k16(ch, w0[1], w1[1], bh);
-        const float dx[2] = {ds[(8 * nt + 2 * c) * 8 + blk].x, ds[(8 * nt + 2 * c + 1) * 8 + blk].x};
+        const float dx[2] = {__ldg(xds + t.c0 * (k / 32) + sb * 8 + blk).x,
+                             __ldg(xds + t.c1 * (k / 32) + sb * 8 + blk).x};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float* s = i < 2 ? s0 : s1;
@@ -191,88 +189,83 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
   }
 }
 
-// dst[:, t] = W x_t for the 16 * NT tokens of blockIdx.y and the kBlockRows rows of blockIdx.x. Warp w takes
-// rows 16 (w % 2) .. + 15 and tokens 8 NT (w / 2) .. + 8 NT - 1 of the block's; the block's threads copy each
-// super-block of its rows and of its tokens' x into a stage, two stages in flight while one is multiplied.
+// dst[:, t] = W x_t for the 8 * NT tokens of blockIdx.y and the 16 * (kWarps / k_split) rows of blockIdx.x.
 template <DType T, int NT>
-__global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to) {
+__global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to, int k_split) {
   extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int kBytes = MmqType<T>::kBytes, kSlot = MmqType<T>::kSlot, kTokens = 16 * NT;
-  constexpr int kStage = stage_bytes<T, NT>(), kXAt = kBlockRows * kSlot, kStages = stages<NT>();
+  constexpr int kBytes = MmqType<T>::kBytes, kSlot = MmqType<T>::kSlot;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokens;
+  const int tiles = kWarps / k_split, rt = warp % tiles, kp = warp / tiles;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * tiles + rt) * kTileRows;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * 8 * NT;
+  const int m = static_cast<int>(min(static_cast<int64_t>(8 * NT), a.m - t0));
   const int64_t n_sb = a.k / 256;
-  // Super-block sb of the block's rows (the rows past n repeat the last one) into stage sb % kStages.
-  auto copy_w = [&](int64_t sb) {
-    if (sb >= n_sb) return;
-    const int64_t start = sb * kBytes, first = start & ~int64_t{15};
-    const int chunks = static_cast<int>((start - first + kBytes + 15) / 16);
-    uint8_t* dst = smem + (sb % kStages) * kStage;
-    for (int i = threadIdx.x; i < kBlockRows * chunks; i += kThreads) {
-      const int r = i / chunks, ch = i - r * chunks;
-      cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + first + 16 * ch);
-    }
-  };
-  // The x values and scales of super-block sb of the block's tokens (the tokens past m repeat the last one).
-  auto copy_x = [&](int64_t sb) {
-    if (sb >= n_sb) return;
-    uint8_t* dst = smem + (sb % kStages) * kStage + kXAt;
-    for (int i = threadIdx.x; i < kTokens * 20; i += kThreads) {
-      const int t = i / 20, ch = i - t * 20;
-      const int64_t tok = min(t0 + t, a.m - 1);
-      if (ch < 16) {
-        cp_async16(dst + t * kXRow + 16 * ch,
-                   reinterpret_cast<const uint8_t*>(a.xq) + tok * a.k + sb * 256 + 16 * ch);
-      } else {
-        cp_async16(dst + kTokens * kXRow + t * kXDs + 16 * (ch - 16),
-                   reinterpret_cast<const uint8_t*>(a.xds + tok * (a.k / 32) + sb * 8) + 16 * (ch - 16));
+  const int64_t count = n_sb > kp ? (n_sb - 1 - kp) / k_split + 1 : 0;
+  uint8_t* stage = smem + warp * (kStages * kTileRows * kSlot);
+
+  // Super-block kp + it * k_split of the warp's rows into stage slot it % kStages (the rows past n repeat
+  // the last one); one commit group per call, empty past the end, so that the waits below count uniformly.
+  auto issue = [&](int64_t it) {
+    if (it < count) {
+      const int64_t start = (kp + it * k_split) * kBytes, first = start & ~int64_t{15};
+      const int chunks = static_cast<int>((start - first + kBytes + 15) / 16);
+      uint8_t* dst = stage + (it % kStages) * kTileRows * kSlot;
+      for (int i = lane; i < kTileRows * chunks; i += 32) {
+        const int r = i / chunks, ch = i - r * chunks;
+        cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + first + 16 * ch);
       }
     }
+    cp_async_commit();
   };
-  // Weights are constant: their first copies start before the wait for the kernel that wrote x. One commit
-  // group a call, empty past the end, so that the wait below counts uniformly: when super-block sb is used,
-  // the groups after its x are those of the kStages - 2 x copies after it and of the one copy (weights and x)
-  // the loop has just issued.
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    copy_w(i);
-    cp_async_commit();
-  }
+  // Weights are constant: their first copies start before the wait for the kernel that wrote x.
+  issue(0);
+  issue(1);
   pdl_wait();
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    copy_x(i);
-    cp_async_commit();
-  }
-  const int rt = warp % 2, th = warp / 2;
+  const auto* xq = reinterpret_cast<const int8_t*>(a.xq) + t0 * a.k;
+  const float2* xds = a.xds + t0 * (a.k / 32);
   float acc[NT][4] = {};
-  for (int64_t sb = 0; sb < n_sb; ++sb) {
-    copy_w(sb + kStages - 1);
-    copy_x(sb + kStages - 1);
-    cp_async_commit();
+  for (int64_t it = 0; it < count; ++it) {
+    issue(it + 2);
     cp_async_wait<kStages - 1>();
-    __syncthreads();
-    const uint8_t* st = smem + (sb % kStages) * kStage;
-    const uint8_t* w = st + 16 * rt * kSlot + ((sb * kBytes) & 15);
-    const uint8_t* xs = st + kXAt + 8 * NT * th * kXRow;
-    const auto* ds = reinterpret_cast<const float2*>(st + kXAt + kTokens * kXRow) + 8 * NT * th * 8;
+    __syncwarp();
+    const int64_t sb = kp + it * k_split;
+    const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
     if constexpr (T == DType::q6_k) {
-      super_q6<NT>(w + g * kSlot, w + (g + 8) * kSlot, xs, ds, g, c, acc);
+      super_q6<NT>(buf + g * kSlot, buf + (g + 8) * kSlot, xq, xds, a.k, m, sb, g, c, acc);
     } else {
-      super_k<T, NT>(w + g * kSlot, w + (g + 8) * kSlot, xs, ds, g, c, acc);
+      super_k<T, NT>(buf + g * kSlot, buf + (g + 8) * kSlot, xq, xds, a.k, m, sb, g, c, acc);
     }
-    __syncthreads();  // the stage is copied into again by the next iteration
+    __syncwarp();  // the slot is copied into again two iterations on
   }
   cp_async_wait<0>();
   pdl_trigger();
+  __syncthreads();  // the stages become the k-split warps' partial sums
+  auto* red = reinterpret_cast<float*>(smem);
+  if (kp > 0) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
+    }
+  }
+  __syncthreads();
+  if (kp > 0) return;
+  for (int p = 1; p < k_split; ++p) {
+    const int w = warp + p * tiles;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        acc[nt][i] = __fadd_rn(acc[nt][i], red[((w * NT + nt) * 4 + i) * 32 + lane]);
+    }
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t row = row0 + 16 * rt + g + (i < 2 ? 0 : 8);
-      const int64_t col = t0 + 8 * NT * th + 8 * nt + 2 * c + i % 2;
-      if (row < a.n && col < a.m) store(store_to, a.dst.row(col), row, acc[nt][i]);
+      const int64_t row = row0 + g + (i < 2 ? 0 : 8);
+      const int col = 8 * nt + 2 * c + i % 2;
+      if (row < a.n && col < m) store(store_to, a.dst.row(t0 + col), row, acc[nt][i]);
     }
   }
 }
@@ -281,28 +274,25 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <DType T, int NT>
 cudaError_t launch(const Context& ctx, const MmqArgs& a) {
-  constexpr int kSmem = stages<NT>() * stage_bytes<T, NT>();
-  // More than the 48 KiB a block gets unasked: raised once per kernel and device.
-  static std::atomic<uint64_t> raised{0};
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((raised.load(std::memory_order_acquire) & bit) == 0) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(mmq_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    raised.fetch_or(bit, std::memory_order_release);
+  // The fewest k-split warps that give every multiprocessor two blocks (the 8B's 4096-row matrices: 4).
+  int k_split = 1;
+  while (k_split < kWarps && k_split < a.k / 256 &&
+         ceil_div(a.n, kTileRows * (kWarps / k_split)) < 2 * static_cast<int64_t>(ctx.n_sms)) {
+    k_split *= 2;
   }
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kBlockRows)),
-                  static_cast<unsigned>(ceil_div(a.m, 16 * NT)));
-  return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, kSmem, a, store_of(a.dst_type));
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kTileRows * (kWarps / k_split))),
+                  static_cast<unsigned>(ceil_div(a.m, 8 * NT)));
+  constexpr size_t kSmem = size_t{kWarps} * kStages * kTileRows * MmqType<T>::kSlot;
+  static_assert(kSmem <= 48 * 1024, "the default dynamic shared memory limit");
+  static_assert(kSmem >= size_t{kWarps} * 8 * 4 * 32 * sizeof(float), "room for the k-split partial sums");
+  return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, kSmem, a, store_of(a.dst_type), k_split);
 }
 
 template <DType T>
 cudaError_t launch_type(const Context& ctx, const MmqArgs& a) {
-  if (a.m <= 16) return launch<T, 1>(ctx, a);
-  if (a.m <= 32) return launch<T, 2>(ctx, a);
-  return launch<T, 4>(ctx, a);
+  if (a.m <= 16) return launch<T, 2>(ctx, a);
+  if (a.m <= 32) return launch<T, 4>(ctx, a);
+  return launch<T, 8>(ctx, a);
 }
 
 int super_bytes(DType type) {
