@@ -110,10 +110,10 @@ for step in "${steps[@]}"; do
       for case in ${NCU_CASES:-q4_k:4096x14336:16 q4_k:4096x14336:64 q6_k:14336x4096:64}; do
         IFS=: read -r type shape m <<<"$case"
         echo "## $case"
-        ncu --kernel-name "regex:${NCU_KERNEL:-mmq_kernel}" --launch-skip 4 --launch-count 1 \
+        ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-mmq_kernel}" --launch-skip 4 --launch-count 1 \
           --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
           --section MemoryWorkloadAnalysis "$bin/tests/matmul_bench" --device cuda --types "$type" --m "$m" \
-          --shapes "$shape" 2>&1 | grep -vE "^==PROF==|^\s*$" | grep -E "^  [A-Z]|  [A-Za-z].*  " | head -80 || status=1
+          --shapes "$shape" 2>&1 | grep -vE "^==PROF==|^ *$|^ *-+[ -]*$|^\|" | head -120 || status=1
       done 2>&1 | tee "$out/ncu.md"
       ;;
     tune)
