@@ -507,11 +507,11 @@ bool launch_mmq(const Context& ctx, const GemvArgs& a, DType type, cudaError_t& 
   for (int i = 0; i < a.n_parts; ++i) {
     if (!mmq_rows_fit(type, parts[i].w, parts[i].w_nb1, a.k)) return false;
   }
-  err = cudaSuccess;
+  MmqArgs m{a.w, a.w_nb1, a.n, a.k, a.n_cols, a.xq, a.xds, a.dst, a.dst_type};
+  err = mmq_tile_x(ctx, m, kSlotW);  // the weights are used in place: their slot is free
   for (int i = 0; i < a.n_parts && err == cudaSuccess; ++i) {
-    err = mmq(ctx,
-              {parts[i].w, parts[i].w_nb1, parts[i].n, a.k, a.n_cols, a.xq, a.xds, parts[i].dst, a.dst_type},
-              type);
+    m.w = parts[i].w, m.w_nb1 = parts[i].w_nb1, m.n = parts[i].n, m.dst = parts[i].dst;
+    err = mmq(ctx, m, type);
   }
   return true;
 }

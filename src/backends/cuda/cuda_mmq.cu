@@ -67,23 +67,22 @@ __device__ __forceinline__ void mma_s8s8_k16(int (&c)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b));
 }
 
-// The tokens a thread's fragments touch in column tile nt: its B column (token g) and its two C columns
-// (tokens 2c, 2c + 1), clamped into the batch (what a clamped column computes is not stored).
-struct Cols {
-  int b, c0, c1;
+// x in tiles of 8 tokens (mmq_tile_x): sub-block s (32 elements) of tile T is 8 x 32 quants, token t's at
+// 32t, at byte (T * k / 32 + s) * 256, and its 8 {d, d * sum(q)} at float2 (T * k / 32 + s) * 8. A warp's
+// loads of one sub-block's B fragment read 256 consecutive bytes, those of its C columns' scales 64.
+struct XTile {
+  const uint8_t* q;  // sub-block s of the warp's token tile nt: q + (nt * n_sub + s) * 256
+  const float2* ds;  //                                          ds + (nt * n_sub + s) * 8
+  int64_t n_sub;     // k / 32
 };
-__device__ __forceinline__ Cols cols_of(int nt, int g, int c, int m) {
-  return {min(8 * nt + g, m - 1), min(8 * nt + 2 * c, m - 1), min(8 * nt + 2 * c + 1, m - 1)};
-}
 
 // Q4_K / Q5_K: super-block sb of rows r0 (g) and r1 (g + 8), in shared memory, times the batch. Sub-block
 // pair j (qs bytes 32j .. 32j + 31: sub-block 2j in the low nibbles, 2j + 1 in the high ones); the thread's
 // elements 8c .. 8c + 7 of a sub-block are qs bytes 32j + 8c .. 32j + 8c + 7 (Q5_K: their fifth bits, bits
 // 2j and 2j + 1 of qh bytes 8c .. 8c + 7).
 template <DType T, int NT>
-__device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, const int8_t* xq,
-                                        const float2* xds, int64_t k, int m, int64_t sb, int g, int c,
-                                        float (&acc)[NT][4]) {
+__device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, const XTile& x, int64_t sb,
+                                        int g, int c, float (&acc)[NT][4]) {
   constexpr int kQs = T == DType::q5_k ? 48 : 16;
   constexpr uint32_t m4 = 0x0F0F0F0Fu;
   uint2 h0{}, h1{};
@@ -110,25 +109,25 @@ __device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, co
     k_pair_scales<16 | kInShared>(r1, j, s1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const Cols t = cols_of(nt, g, c, m);
-      const int8_t* xr = xq + t.b * k + sb * 256 + 64 * j;
-      const uint2 bl = __ldg(reinterpret_cast<const uint2*>(xr + 8 * c));
-      const uint2 bh = __ldg(reinterpret_cast<const uint2*>(xr + 32 + 8 * c));
+      const int64_t s0i = nt * x.n_sub + 8 * sb + 2 * j;  // sub-blocks 2j (s0i) and 2j + 1 of the tile
+      const uint8_t* xr = x.q + s0i * 256 + 32 * g + 8 * c;
+      const uint2 bl = __ldg(reinterpret_cast<const uint2*>(xr));
+      const uint2 bh = __ldg(reinterpret_cast<const uint2*>(xr + 256));
       int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
       mma_u8s8_k32(cl, lo, bl.x, bl.y);
       mma_u8s8_k32(ch, hi, bh.x, bh.y);
-      // {d, d * sum(q)} of x's sub-blocks 2j and 2j + 1, tokens 2c and 2c + 1
-      const float4 e[2] = {__ldg(reinterpret_cast<const float4*>(xds + t.c0 * (k / 32) + sb * 8 + 2 * j)),
-                           __ldg(reinterpret_cast<const float4*>(xds + t.c1 * (k / 32) + sb * 8 + 2 * j))};
+      // {d, d * sum(q)} of tokens 2c and 2c + 1: of sub-block 2j (el), of 2j + 1 (eh)
+      const float4 el = __ldg(reinterpret_cast<const float4*>(x.ds + s0i * 8 + 2 * c));
+      const float4 eh = __ldg(reinterpret_cast<const float4*>(x.ds + (s0i + 1) * 8 + 2 * c));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const WK& s = i < 2 ? s0 : s1;
-        const float4& x = e[i % 2];
+        const WK& w = i < 2 ? s0 : s1;
+        const bool odd = i % 2 != 0;
         float v = acc[nt][i];
-        v = __fmaf_rn(__fmul_rn(s.d0, x.x), static_cast<float>(cl[i]), v);
-        v = __fmaf_rn(-s.m0, x.y, v);
-        v = __fmaf_rn(__fmul_rn(s.d1, x.z), static_cast<float>(ch[i]), v);
-        acc[nt][i] = __fmaf_rn(-s.m1, x.w, v);
+        v = __fmaf_rn(__fmul_rn(w.d0, odd ? el.z : el.x), static_cast<float>(cl[i]), v);
+        v = __fmaf_rn(-w.m0, odd ? el.w : el.y, v);
+        v = __fmaf_rn(__fmul_rn(w.d1, odd ? eh.z : eh.x), static_cast<float>(ch[i]), v);
+        acc[nt][i] = __fmaf_rn(-w.m1, odd ? eh.w : eh.y, v);
       }
     }
   }
@@ -147,9 +146,8 @@ __device__ __forceinline__ uint32_t q6_word(const uint8_t* b, int h, int q, int 
 // Q6_K: super-block sb of rows r0 (g) and r1 (g + 8) times the batch, a block of 32 (4h + q) at a time as
 // two sub-blocks of 16 (l = 0, 1), one scale each.
 template <int NT>
-__device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const int8_t* xq,
-                                         const float2* xds, int64_t k, int m, int64_t sb, int g, int c,
-                                         float (&acc)[NT][4]) {
+__device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const XTile& x, int64_t sb,
+                                         int g, int c, float (&acc)[NT][4]) {
   constexpr int A = 2 | kInShared;
   const float d0 = f16_bits_to_f32(ld_u16<A>(r0 + 208)), d1 = f16_bits_to_f32(ld_u16<A>(r1 + 208));
 #pragma unroll
@@ -168,15 +166,15 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const Cols t = cols_of(nt, g, c, m);
-        const int8_t* xr = xq + t.b * k + sb * 256 + 32 * blk;
-        const auto bl = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr + 4 * c)));
-        const auto bh = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr + 16 + 4 * c)));
+        const int64_t si = nt * x.n_sub + 8 * sb + blk;
+        const uint8_t* xr = x.q + si * 256 + 32 * g + 4 * c;
+        const auto bl = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr)));
+        const auto bh = static_cast<uint32_t>(__ldg(reinterpret_cast<const int*>(xr + 16)));
         int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
         mma_s8s8_k16(cl, w0[0], w1[0], bl);
         mma_s8s8_k16(ch, w0[1], w1[1], bh);
-        const float dx[2] = {__ldg(xds + t.c0 * (k / 32) + sb * 8 + blk).x,
-                             __ldg(xds + t.c1 * (k / 32) + sb * 8 + blk).x};
+        const float4 e = __ldg(reinterpret_cast<const float4*>(x.ds + si * 8 + 2 * c));
+        const float dx[2] = {e.x, e.z};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float* s = i < 2 ? s0 : s1;
@@ -221,8 +219,7 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
   issue(0);
   issue(1);
   pdl_wait();
-  const auto* xq = reinterpret_cast<const int8_t*>(a.xq) + t0 * a.k;
-  const float2* xds = a.xds + t0 * (a.k / 32);
+  const XTile x{reinterpret_cast<const uint8_t*>(a.xq) + t0 * a.k, a.xds + t0 * (a.k / 32), a.k / 32};
   float acc[NT][4] = {};
   for (int64_t it = 0; it < count; ++it) {
     issue(it + 2);
@@ -231,9 +228,9 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
     const int64_t sb = kp + it * k_split;
     const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
     if constexpr (T == DType::q6_k) {
-      super_q6<NT>(buf + g * kSlot, buf + (g + 8) * kSlot, xq, xds, a.k, m, sb, g, c, acc);
+      super_q6<NT>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb, g, c, acc);
     } else {
-      super_k<T, NT>(buf + g * kSlot, buf + (g + 8) * kSlot, xq, xds, a.k, m, sb, g, c, acc);
+      super_k<T, NT>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb, g, c, acc);
     }
     __syncwarp();  // the slot is copied into again two iterations on
   }
@@ -271,6 +268,24 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// x in quantize_x's layout (token t's quants at xq + t * k, its scales at xds + t * k / 32) into tiles of 8
+// tokens (XTile); the last tile's tokens past m are copies of the last token. One thread a token's sub-block.
+__global__ void tile_x_kernel(const uint8_t* xq, const float2* xds, int64_t k, int64_t m, int64_t total,
+                              uint8_t* q, float2* ds) {
+  pdl_begin();
+  const int64_t n_sub = k / 32;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i % 8, rest = i / 8, s = rest % n_sub, tile = rest / n_sub;
+    const int64_t tok = min(8 * tile + t, m - 1);
+    const auto* from = reinterpret_cast<const uint4*>(xq + tok * k + 32 * s);
+    auto* to = reinterpret_cast<uint4*>(q + i * 32);
+    to[0] = __ldg(from);
+    to[1] = __ldg(from + 1);
+    ds[i] = __ldg(xds + tok * n_sub + s);
+  }
+}
 
 template <DType T, int NT>
 cudaError_t launch(const Context& ctx, const MmqArgs& a) {
@@ -311,6 +326,22 @@ bool mmq_type(DType type) { return super_bytes(type) != 0; }
 bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k) {
   return mmq_type(type) && reinterpret_cast<uintptr_t>(data) % 16 == 0 && nb1 % 16 == 0 && k % 256 == 0 &&
          (k / 256 * super_bytes(type)) % 16 == 0;
+}
+
+cudaError_t mmq_tile_x(const Context& ctx, MmqArgs& a, int slot) {
+  const int64_t tokens = ceil_div(a.m, 8) * 8, total = tokens * (a.k / 32);
+  const auto q_bytes = static_cast<size_t>(tokens * a.k);
+  auto* out = static_cast<uint8_t*>(ctx.scratch(slot, q_bytes + static_cast<size_t>(total) * sizeof(float2)));
+  if (out == nullptr) return cudaErrorMemoryAllocation;
+  auto* ds = reinterpret_cast<float2*>(out + q_bytes);  // q_bytes is a multiple of 256
+  constexpr int kTileThreads = 256;
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(total, kTileThreads), 1 << 20));
+  const cudaError_t err =
+      launch_kernel(ctx, tile_x_kernel, grid, kTileThreads, 0, reinterpret_cast<const uint8_t*>(a.xq), a.xds,
+                    a.k, a.m, total, out, ds);
+  a.xq = reinterpret_cast<const int*>(out);
+  a.xds = ds;
+  return err;
 }
 
 cudaError_t mmq(const Context& ctx, const MmqArgs& a, DType type) {

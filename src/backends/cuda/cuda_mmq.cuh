@@ -16,7 +16,7 @@ struct MmqArgs {
   int64_t w_nb1;
   int64_t n, k;
   int64_t m;
-  // x rounded to 8 bits in quantize_x's layout: x row t is xq + t * k / 4 and xds + t * k / 32.
+  // x rounded to 8 bits, in tiles of 8 tokens (mmq_tile_x).
   const int* xq;
   const float2* xds;
   Rows dst;  // rows of n
@@ -27,6 +27,10 @@ struct MmqArgs {
 bool mmq_type(DType type);
 // Whether a weight of k elements a row, `row_bytes` apart from `data`, is laid out as the kernel copies it.
 bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k);
+// Copies x from quantize_x's layout (xq, xds: x row t at xq + t * k / 4 and xds + t * k / 32) into the
+// kernel's tiles of 8 tokens in scratch slot `slot`, and points a.xq / a.xds there: once for the matmuls that
+// share x.
+cudaError_t mmq_tile_x(const Context& ctx, MmqArgs& a, int slot);
 cudaError_t mmq(const Context& ctx, const MmqArgs& a, DType type);
 
 }  // namespace kiln::cuda
