@@ -4,7 +4,8 @@
 # named (default: test), writing logs under $OUT.
 #   usage (on the GPU machine, in the tree): scripts/gpu-check.sh [STEP]...
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
-#   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck
+#   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck (SANITIZE_FILTER: a gtest filter
+#             instead of every OpHarness test)
 #   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth)
 #   mmq       the K-quant matmuls of 8 to 64 tokens (the 8B's shapes) by the integer GEMV / cuBLAS
 #             (KILN_CUDA_MMQ=0), then by the integer tensor-core kernel
@@ -92,7 +93,7 @@ for step in "${steps[@]}"; do
     sanitize)
       for tool in memcheck racecheck; do
         compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/tests/ops_tests" --gtest_brief=1 \
-          --gtest_filter='OpHarness.*:-OpHarness.Perf' >>"$out/sanitize.log" 2>&1 || status=1
+          --gtest_filter="${SANITIZE_FILTER:-OpHarness.*:-OpHarness.Perf}" >>"$out/sanitize.log" 2>&1 || status=1
         tail -4 "$out/sanitize.log"
       done
       ;;

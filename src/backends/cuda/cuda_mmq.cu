@@ -1,6 +1,7 @@
 // The integer tensor-core matmul ("MMQ") of K-quant weights with x rounded to 8 bits per block of 32
-// (quantize_x's layout, cuda_q8.cuh): the batches of a batched decode, where the integer GEMV reads each
-// weight row once but spends a __dp4a and a scaling per weight and token.
+// (quantize_x's rounding, cuda_q8.cuh, copied once into tiles of 8 tokens: XTile): the batches of a batched
+// decode, where the integer GEMV reads each weight row once but spends a __dp4a and a scaling per weight and
+// token.
 //
 // A warp owns 16 weight rows. It copies one super-block (256 elements) of each of them into shared memory
 // with cp.async, two super-blocks in flight while it multiplies the one before, and multiplies it with every
