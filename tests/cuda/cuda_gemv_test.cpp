@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "cuda_matmul_product.h"
 
 namespace kiln {
 namespace {
@@ -119,25 +120,6 @@ std::vector<uint8_t> legacy_blocks(DType type, int64_t k, int64_t n, std::mt1993
   return w;
 }
 
-// dst (f32 [n, m]) of w x on `b`, w as prepared for a matmul by `b` (grouped or not, by KILN_CUDA_GROUPED
-// when `b` was made).
-std::vector<float> product(Backend& b, const WeightHandle& w, const std::vector<float>& x, int64_t m,
-                           bool quantize_x) {
-  const int64_t k = w.logical.ne[0], n = w.logical.ne[1];
-  auto xb = b.allocate(x.size() * 4).value();
-  auto db = b.allocate(static_cast<size_t>(n * m) * 4).value();
-  const Tensor xt = make_tensor(DType::f32, *xb, 0, k, m), dt = make_tensor(DType::f32, *db, 0, n, m);
-  EXPECT_TRUE(b.upload(xt, x.data(), x.size() * 4).ok());
-  Program p;
-  EXPECT_TRUE(p.add(ops::Matmul{w.weight, xt, dt, quantize_x}).ok());
-  p.n_tokens = static_cast<int32_t>(m);
-  EXPECT_TRUE(b.run(p).ok());
-  std::vector<float> out(static_cast<size_t>(n * m));
-  EXPECT_TRUE(b.download(out.data(), dt, out.size() * 4).ok());
-  EXPECT_TRUE(b.synchronize().ok());
-  return out;
-}
-
 std::unique_ptr<Backend> cuda_backend(bool grouped) {
   setenv("KILN_CUDA_GROUPED", grouped ? "1" : "0", 1);
   auto made = make_backend("cuda");
@@ -173,7 +155,8 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
         std::vector<float> x(static_cast<size_t>(k * m));
         for (float& v : x) v = uni(rng);
         for (const bool qx : {false, true}) {
-          const std::vector<float> a = product(*grouped, **hg, x, m, qx), b = product(*file, **hf, x, m, qx);
+          const std::vector<float> a = matmul_product(*grouped, (*hg)->weight, x.data(), m, qx),
+                                   b = matmul_product(*file, (*hf)->weight, x.data(), m, qx);
           const bool integer = qx && m <= 16;
           if (!integer) {
             EXPECT_TRUE(a == b) << what << " m " << m << (qx ? " quantize_x" : "");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "cuda_matmul_product.h"
 
 namespace kiln {
 namespace {
@@ -40,21 +41,9 @@ std::vector<uint8_t> k_quant_rows(DType type, int64_t k, int64_t n, std::mt19937
 }
 
 // dst (f32 [n, m]) of w x[:, first .. first + m) with quantize_x.
-std::vector<float> product(Backend& b, const Tensor& w, const std::vector<float>& x, int64_t k, int64_t first,
+std::vector<float> product(Backend& b, const Tensor& w, const std::vector<float>& x, int64_t first,
                            int64_t m) {
-  const int64_t n = w.ne[1];
-  auto xb = b.allocate(static_cast<size_t>(k * m) * 4).value();
-  auto db = b.allocate(static_cast<size_t>(n * m) * 4).value();
-  const Tensor xt = make_tensor(DType::f32, *xb, 0, k, m), dt = make_tensor(DType::f32, *db, 0, n, m);
-  EXPECT_TRUE(b.upload(xt, x.data() + first * k, static_cast<size_t>(k * m) * 4).ok());
-  Program p;
-  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(w), xt, dt, true}).ok());
-  p.n_tokens = static_cast<int32_t>(m);
-  EXPECT_TRUE(b.run(p).ok());
-  std::vector<float> out(static_cast<size_t>(n * m));
-  EXPECT_TRUE(b.download(out.data(), dt, out.size() * 4).ok());
-  EXPECT_TRUE(b.synchronize().ok());
-  return out;
+  return matmul_product(b, ops::Weight(w), x.data() + first * w.ne[0], m, true);
 }
 
 TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
@@ -78,11 +67,11 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
     ASSERT_TRUE(b.upload(w, host_w.data(), host_w.size()).ok());
     std::vector<float> x(static_cast<size_t>(c.k * kTokens));
     for (float& v : x) v = uni(rng);
-    const std::vector<float> all = product(b, w, x, c.k, 0, kTokens);
+    const std::vector<float> all = product(b, w, x, 0, kTokens);
     const std::string what = fmt::format("{} k {}", dtype_name(c.type), c.k);
     // The same tokens in batches of 9, 23 and 32 (tiles of 16, 32 and 64 tokens): the same bits.
     for (const auto& [first, m] : {std::pair<int64_t, int64_t>{0, 9}, {9, 23}, {32, 32}}) {
-      const std::vector<float> part = product(b, w, x, c.k, first, m);
+      const std::vector<float> part = product(b, w, x, first, m);
       EXPECT_EQ(std::memcmp(part.data(), all.data() + first * kRows, part.size() * 4), 0)
           << what << ": tokens " << first << ".." << first + m - 1 << " differ from the batch of " << kTokens;
     }
@@ -90,7 +79,7 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
     // order.
     double err = 0.0, norm = 0.0;
     for (int64_t first = 0; first < kTokens; first += 8) {
-      const std::vector<float> gemv = product(b, w, x, c.k, first, 8);
+      const std::vector<float> gemv = product(b, w, x, first, 8);
       for (size_t i = 0; i < gemv.size(); ++i) {
         const double d = gemv[i] - all[static_cast<size_t>(first * kRows) + i];
         err += d * d;
