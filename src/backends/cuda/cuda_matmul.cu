@@ -3,7 +3,8 @@
 // Matmul has four paths, by m = x.n_rows() and quantize_x:
 // - quantize_x, a weight type with an integer path (cuda_q8.cuh) and m <= kQ8MaxCols (decode, batched
 //   decode): x rounded to 8 bits per block of 32, then gemv_kernel on integer dot products (__dp4a), up to
-//   kGemvMaxCols columns a block, column groups side by side so that a weight row is read from memory once.
+//   kGemvMaxCols columns a block, column groups side by side so that a weight row is read from memory once;
+//   K-quant batches of kGemvMaxCols + 1 to kMmqMaxCols rows take the int8 tensor cores instead (cuda_mmq.cu).
 // - m <= kGemvMaxCols otherwise: gemv_kernel streams the weight once, dequantizes it in registers and
 //   computes all m columns from that one pass, in f32. Exact (the products of the exactly dequantized weight
 //   and x).
