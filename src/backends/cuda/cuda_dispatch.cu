@@ -101,6 +101,7 @@ bool same_rope(const ops::Rope& a, const ops::Rope& b) {
 // Matmuls on one x at GEMV size, each writing its own destination that is not x: up to three in one launch
 // (one counts).
 size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+  if (ops.empty()) return 0;  // an add + norm that ends the program
   const auto* first = std::get_if<ops::Matmul>(&ops[0]);
   if (first == nullptr || !takes_gemv(ctx, *first) || overlap(first->dst, first->x)) return 0;
   size_t n = 1;
