@@ -7,8 +7,8 @@
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck (SANITIZE_FILTER: a gtest filter
 #             instead of every OpHarness test)
 #   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth)
-#   mmq       the K-quant matmuls of 8 to 64 tokens (the 8B's shapes) by the integer GEMV / cuBLAS
-#             (KILN_CUDA_MMQ=0), then by the integer tensor-core kernel
+#   mmq       the K-quant matmuls of 2 to 64 tokens (MMQ_M; the 8B's shapes) by the integer GEMV / cuBLAS
+#             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 9 tokens (the default), and from 2
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
 #             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:
@@ -99,9 +99,9 @@ for step in "${steps[@]}"; do
       ;;
     bench) "$bin/tests/matmul_bench" --device cuda 2>&1 | tee "$out/matmul_bench.md" || status=1 ;;
     mmq)
-      for e in KILN_CUDA_MMQ=0 KILN_CUDA_MMQ=1; do
+      for e in KILN_CUDA_MMQ=0 KILN_CUDA_MMQ=1 KILN_CUDA_MMQ_MIN=2; do
         echo "$e"
-        env "$e" "$bin/tests/matmul_bench" --device cuda --types q4_k,q5_k,q6_k --m 8,9,16,32,64 \
+        env "$e" "$bin/tests/matmul_bench" --device cuda --types q4_k,q5_k,q6_k --m ${MMQ_M:-2,4,8,9,16,32,64} \
           --shapes 4096x4096,4096x14336,14336x4096 || status=1
       done 2>&1 | tee "$out/mmq.md"
       ;;

@@ -1,12 +1,14 @@
-// The integer tensor-core matmul of K-quant weights (cuda_mmq.cu), which batches of 9 to kMmqMaxCols tokens
-// take under quantize_x: a token's products are the same bits alone (in a batch of its own size) or among
-// others, and they are the integer GEMV's products (batches of up to 8) summed in another order.
+// The integer tensor-core matmul of K-quant weights (cuda_mmq.cu), which batches of kMmqMinCols to
+// kMmqMaxCols tokens take under quantize_x (from 2 with KILN_CUDA_MMQ_MIN=2): a token's products are the same
+// bits alone (in a batch of its own size) or among others, and they are the integer GEMV's products (batches
+// of up to 8) summed in another order.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -50,6 +52,13 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
   auto made = make_backend("cuda");
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   Backend& b = **made;
+  // A second backend whose batches of 2 tokens and more take the kernel (KILN_CUDA_MMQ_MIN), for the small
+  // batches.
+  setenv("KILN_CUDA_MMQ_MIN", "2", 1);
+  auto made_small = make_backend("cuda");
+  unsetenv("KILN_CUDA_MMQ_MIN");
+  ASSERT_TRUE(made_small.ok()) << made_small.status().to_string();
+  Backend& small = **made_small;
   std::mt19937_64 rng(23);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   // Q4_K / Q5_K at 2 and 17 super-blocks (k split over warps or not); Q6_K at multiples of 2048 (rows of
@@ -67,11 +76,16 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
     ASSERT_TRUE(b.upload(w, host_w.data(), host_w.size()).ok());
     std::vector<float> x(static_cast<size_t>(c.k * kTokens));
     for (float& v : x) v = uni(rng);
+    auto wb_small = small.allocate(host_w.size()).value();
+    const Tensor w_small = make_tensor(c.type, *wb_small, 0, c.k, kRows);
+    ASSERT_TRUE(small.upload(w_small, host_w.data(), host_w.size()).ok());
     const std::vector<float> all = product(b, w, x, 0, kTokens);
     const std::string what = fmt::format("{} k {}", dtype_name(c.type), c.k);
-    // The same tokens in batches of 9, 23 and 32 (tiles of 16, 32 and 64 tokens): the same bits.
-    for (const auto& [first, m] : {std::pair<int64_t, int64_t>{0, 9}, {9, 23}, {32, 32}}) {
-      const std::vector<float> part = product(b, w, x, first, m);
+    // The same tokens in batches of 9, 23 and 32 (tiles of 16, 32 and 64 tokens), and of 2 and 5 on the
+    // backend that takes them there: the same bits.
+    for (const auto& [first, m] : {std::pair<int64_t, int64_t>{0, 9}, {9, 23}, {32, 32}, {41, 2}, {50, 5}}) {
+      const std::vector<float> part =
+          m < 9 ? product(small, w_small, x, first, m) : product(b, w, x, first, m);
       EXPECT_EQ(std::memcmp(part.data(), all.data() + first * kRows, part.size() * 4), 0)
           << what << ": tokens " << first << ".." << first + m - 1 << " differ from the batch of " << kTokens;
     }

@@ -101,6 +101,11 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_MMQ=0: batches of K-quant weights take the integer GEMV (up to kQ8MaxCols) or cuBLAS.
     const char* mmq = std::getenv("KILN_CUDA_MMQ");
     ctx_.mmq = mmq == nullptr || std::string_view(mmq) != "0";
+    // KILN_CUDA_MMQ_MIN=N: batches of N rows and more take it (2 .. kMmqMaxCols; for measuring the
+    // crossover).
+    if (const char* v = std::getenv("KILN_CUDA_MMQ_MIN"); v != nullptr) {
+      ctx_.mmq_min_cols = std::clamp(std::atoi(v), 2, cuda::kMmqMaxCols);
+    }
     ctx_.scratch_fn = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };

@@ -15,6 +15,11 @@
 
 namespace kiln::cuda {
 
+// K-quant weights (Q4_K, Q5_K, Q6_K) take the integer tensor-core kernel (cuda_mmq.cu) for batches of
+// kMmqMinCols to kMmqMaxCols rows, part of the integer GEMV's range included.
+inline constexpr int kMmqMinCols = 9;
+inline constexpr int kMmqMaxCols = 64;
+
 // What a launcher may use besides its op: the stream, a cuBLAS handle bound to it, and scratch memory.
 struct Context {
   cudaStream_t stream = nullptr;
@@ -29,8 +34,9 @@ struct Context {
   // allows.
   bool staged_gemv = true;
   // Batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols); else the integer GEMV or
-  // cuBLAS.
+  // cuBLAS. mmq_min_cols: the fewest rows of x that take it.
   bool mmq = true;
+  int mmq_min_cols = kMmqMinCols;
   // Device scratch of at least `bytes`, one buffer per slot (0 .. kScratchSlots-1); valid, in stream order,
   // until the next request for the same slot. Null when the device is out of memory.
   void* (*scratch_fn)(void* owner, int slot, size_t bytes) = nullptr;
@@ -49,9 +55,6 @@ inline constexpr int kGemvMaxCols = 8;
 // rows (batched decode), in groups of kGemvMaxCols. Measured on an H100 (Llama-3-8B Q4_K_M): 16 requests
 // decode 1.5x faster than through cuBLAS, 64 requests 2.2x slower.
 inline constexpr int kQ8MaxCols = 16;
-// K-quant weights (Q4_K, Q5_K, Q6_K) take the integer tensor-core kernel (cuda_mmq.cu) for batches of more
-// than kGemvMaxCols and at most this many rows, the integer GEMV's range included.
-inline constexpr int kMmqMaxCols = 64;
 
 // Whether the kernels take `op` with its operand types (weight types, destination float types, pool types).
 bool supports(const ops::Op& op);

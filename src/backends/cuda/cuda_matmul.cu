@@ -76,18 +76,6 @@ bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Calls f(std::integral_constant<DType, t>) for a weight type of cuda_quant.cuh.
-template <class F>
-cudaError_t visit_weight_type(DType t, F&& f) {
-  switch (t) {
-#define KILN_CASE(name) \
-  case DType::name: return f(std::integral_constant<DType, DType::name>{});
-    KILN_CUDA_WEIGHT_TYPES(KILN_CASE)
-#undef KILN_CASE
-    default: return cudaErrorNotSupported;
-  }
-}
-
 // ---- GEMV: dst[:, q] = W_q x[:, q] for m <= kGemvMaxCols columns q ----
 
 // One more weight matrix of a multi-matrix GEMV (matmul_gemv_group): same x, type and k as the first.
@@ -237,10 +225,12 @@ template <DType T>
 __host__ __device__ constexpr int64_t seg_bytes() {
   return int64_t{kGemvThreads} * Q8<T>::kUnit / Quant<T>::kBlock * Quant<T>::kBytes;
 }
-// Shared memory of the staged GEMV: two segments of each of kRows rows.
+// Shared memory of the staged GEMV: two segments of each of kRows rows, or one when a row is one segment
+// (the 8B's 4096-element Q4_K rows): half the memory, more blocks a multiprocessor.
 template <DType T, int kRows>
-constexpr size_t staged_smem() {
-  return static_cast<size_t>(2 * kRows * seg_bytes<T>());
+size_t staged_smem(int64_t k) {
+  const int64_t n_seg = ceil_div(k / Q8<T>::kUnit, int64_t{kGemvThreads});
+  return static_cast<size_t>(std::min<int64_t>(n_seg, 2) * kRows * seg_bytes<T>());
 }
 
 // gemv_q8_partial over rows whose bytes reach shared memory by cp.async, a segment (one unit a thread) of
@@ -296,15 +286,23 @@ __device__ __forceinline__ void gemv_q8_staged(const uint8_t* const (&rows)[kRow
   }
 }
 
+// Blocks a multiprocessor that the integer GEMV of one column keeps resident (its registers: 80 a thread at
+// most): measured on an H100 it read Q4_K at 4 blocks (128 registers) with 25% of the warp slots busy.
+#ifndef KILN_GEMV_Q8_MIN_BLOCKS
+#define KILN_GEMV_Q8_MIN_BLOCKS 6
+#endif
+constexpr int kGemvQ8MinBlocks = KILN_GEMV_Q8_MIN_BLOCKS;
+
 // Block: kRows consecutive weight rows, its kGemvThreads threads splitting k (split-k inside the block: many
 // small blocks fill the device evenly, with no tail of a last partial wave); the threads' sums meet through
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
 // the integer path (a.xq, a.xds), else f32 x. kStaged (with kQ8): the weight rows go through shared memory
-// (gemv_q8_staged), whose dynamic size is staged_smem<T, kRows>(). A with kGrouped: rows in grouped form
+// (gemv_q8_staged), whose dynamic size is staged_smem<T, kRows>(k). A with kGrouped: rows in grouped form
 // (cuda_quant.cuh's legacy_block), 16-byte aligned.
 template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kStaged = false>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kGemvThreads, kQ8&& kCols == 1 ? kGemvQ8MinBlocks : 1)
+    gemv_kernel(GemvArgs a) {
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   extern __shared__ __align__(16) uint8_t stage[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -397,7 +395,7 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
   if constexpr (kQ8 && kStagedType<T>) {
     if (a.staged) {
       (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, true>, grid,
-                          kGemvThreads, staged_smem<T, kRows>(), a);
+                          kGemvThreads, staged_smem<T, kRows>(a.k), a);
       return;
     }
   }
@@ -496,7 +494,7 @@ cudaError_t quantize_x(const Context& ctx, const Tensor& x, GemvArgs& a) {
 
 // Whether a batch of m x rows on the integer path takes the tensor-core kernel (cuda_mmq.cu) for this type.
 bool mmq_batch(const Context& ctx, DType type, int64_t m) {
-  return ctx.mmq && m > kGemvMaxCols && m <= kMmqMaxCols && mmq_type(type);
+  return ctx.mmq && m >= ctx.mmq_min_cols && m <= kMmqMaxCols && mmq_type(type);
 }
 
 // The parts of an integer-path GEMV through the tensor-core kernel, when its type, batch and weight rows
@@ -938,62 +936,6 @@ cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
     if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
   }
   return launch_gemv(ctx, a, op.w.tensor, q8, grouped(op.w));
-}
-
-namespace {
-
-// Thread: one block of one row (grid-strided), its header and quants copied to their places in grouped
-// form.
-template <int kHead, int kQs>
-__global__ void group_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
-                                  uint8_t* dst, int64_t dst_nb1) {
-  const int64_t total = n_blocks * n_rows;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / n_blocks, b = i % n_blocks;
-    const uint8_t* from = src + r * src_nb1 + b * (kHead + kQs);
-    uint8_t* g = dst + r * dst_nb1 + (b / 8) * (8 * (kHead + kQs));
-    const int j = static_cast<int>(b % 8);
-    for (int e = 0; e < kHead; ++e) g[j * kHead + e] = from[e];
-    for (int e = 0; e < kQs; ++e) g[8 * kHead + j * kQs + e] = from[kHead + e];
-  }
-}
-
-}  // namespace
-
-int64_t grouped_row_bytes(DType type, int64_t k) {
-  int64_t bytes = 0;
-  if (k % 32 == 0) {
-    (void)visit_weight_type(type, [&](auto tag) {
-      using Q = Quant<decltype(tag)::value>;
-      if constexpr (kGroupedType<decltype(tag)::value>) {
-        bytes = (grouped_bytes(k, Q::kHead, Q::kBytes - Q::kHead) + 15) / 16 * 16;  // rows 16-byte aligned
-      }
-      return cudaSuccess;
-    });
-  }
-  return bytes;
-}
-
-cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1) {
-  const int64_t n_blocks = src.ne[0] / 32, n_rows = src.ne[1];
-  if (const cudaError_t err = cudaMemsetAsync(dst, 0, static_cast<size_t>(n_rows * dst_nb1), ctx.stream);
-      err != cudaSuccess) {
-    return err;
-  }
-  constexpr int kThreads = 256;
-  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(n_blocks * n_rows, kThreads), 1 << 16));
-  return visit_weight_type(src.type, [&](auto tag) {
-    using Q = Quant<decltype(tag)::value>;
-    if constexpr (kGroupedType<decltype(tag)::value>) {
-      group_rows_kernel<Q::kHead, Q::kBytes - Q::kHead>
-          <<<grid, kThreads, 0, ctx.stream>>>(static_cast<const uint8_t*>(src.data), src.nb[1], n_blocks,
-                                              n_rows, static_cast<uint8_t*>(dst), dst_nb1);
-      return cudaGetLastError();
-    } else {
-      return cudaErrorNotSupported;
-    }
-  });
 }
 
 }  // namespace kiln::cuda

@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 
@@ -484,7 +485,6 @@ struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
   }
 };
 
-// The weight types above, for a visitor over DType values (cuda_matmul.cu).
 // The legacy block types, whose matmul weights the backend holds in grouped form (legacy_block).
 template <DType T>
 inline constexpr bool kGroupedType =
@@ -494,5 +494,17 @@ inline constexpr bool kGroupedType =
   X(f32)                                                                                                   \
   X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) \
       X(iq4_xs) X(mxfp4)
+
+// Calls f(std::integral_constant<DType, t>) for a weight type above; cudaErrorNotSupported for any other.
+template <class F>
+cudaError_t visit_weight_type(DType t, F&& f) {
+  switch (t) {
+#define KILN_CASE(name) \
+  case DType::name: return f(std::integral_constant<DType, DType::name>{});
+    KILN_CUDA_WEIGHT_TYPES(KILN_CASE)
+#undef KILN_CASE
+    default: return cudaErrorNotSupported;
+  }
+}
 
 }  // namespace kiln::cuda

@@ -1,0 +1,68 @@
+// The grouped form of the legacy block types' matmul weights (cuda_quant.cuh's legacy_block): each run of 8
+// blocks of a row rewritten on the device as its 8 headers, then its 8 quant arrays, rows 16-byte aligned.
+#include <algorithm>
+#include <cstdint>
+
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_quant.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+// Thread: one block of one row (grid-strided), its header and quants copied to their places in grouped
+// form.
+template <int kHead, int kQs>
+__global__ void group_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
+                                  uint8_t* dst, int64_t dst_nb1) {
+  const int64_t total = n_blocks * n_rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n_blocks, b = i % n_blocks;
+    const uint8_t* from = src + r * src_nb1 + b * (kHead + kQs);
+    uint8_t* g = dst + r * dst_nb1 + (b / 8) * (8 * (kHead + kQs));
+    const int j = static_cast<int>(b % 8);
+    for (int e = 0; e < kHead; ++e) g[j * kHead + e] = from[e];
+    for (int e = 0; e < kQs; ++e) g[8 * kHead + j * kQs + e] = from[kHead + e];
+  }
+}
+
+}  // namespace
+
+int64_t grouped_row_bytes(DType type, int64_t k) {
+  int64_t bytes = 0;
+  if (k % 32 == 0) {
+    (void)visit_weight_type(type, [&](auto tag) {
+      using Q = Quant<decltype(tag)::value>;
+      if constexpr (kGroupedType<decltype(tag)::value>) {
+        bytes = (grouped_bytes(k, Q::kHead, Q::kBytes - Q::kHead) + 15) / 16 * 16;  // rows 16-byte aligned
+      }
+      return cudaSuccess;
+    });
+  }
+  return bytes;
+}
+
+cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1) {
+  const int64_t n_blocks = src.ne[0] / 32, n_rows = src.ne[1];
+  if (const cudaError_t err = cudaMemsetAsync(dst, 0, static_cast<size_t>(n_rows * dst_nb1), ctx.stream);
+      err != cudaSuccess) {
+    return err;
+  }
+  constexpr int kThreads = 256;
+  const auto grid =
+      static_cast<unsigned>(std::min<int64_t>((n_blocks * n_rows + kThreads - 1) / kThreads, 1 << 16));
+  return visit_weight_type(src.type, [&](auto tag) {
+    using Q = Quant<decltype(tag)::value>;
+    if constexpr (kGroupedType<decltype(tag)::value>) {
+      group_rows_kernel<Q::kHead, Q::kBytes - Q::kHead>
+          <<<grid, kThreads, 0, ctx.stream>>>(static_cast<const uint8_t*>(src.data), src.nb[1], n_blocks,
+                                              n_rows, static_cast<uint8_t*>(dst), dst_nb1);
+      return cudaGetLastError();
+    } else {
+      return cudaErrorNotSupported;
+    }
+  });
+}
+
+}  // namespace kiln::cuda
