@@ -59,6 +59,12 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
   unsetenv("KILN_CUDA_MMQ_MIN");
   ASSERT_TRUE(made_small.ok()) << made_small.status().to_string();
   Backend& small = **made_small;
+  // And one without it (KILN_CUDA_MMQ=0), whose batches of 8 take the integer GEMV.
+  setenv("KILN_CUDA_MMQ", "0", 1);
+  auto made_gemv = make_backend("cuda");
+  unsetenv("KILN_CUDA_MMQ");
+  ASSERT_TRUE(made_gemv.ok()) << made_gemv.status().to_string();
+  Backend& gemv_backend = **made_gemv;
   std::mt19937_64 rng(23);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   // Q4_K / Q5_K at 2 and 17 super-blocks (k split over warps or not); Q6_K at multiples of 2048 (rows of
@@ -79,13 +85,16 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
     auto wb_small = small.allocate(host_w.size()).value();
     const Tensor w_small = make_tensor(c.type, *wb_small, 0, c.k, kRows);
     ASSERT_TRUE(small.upload(w_small, host_w.data(), host_w.size()).ok());
+    auto wb_gemv = gemv_backend.allocate(host_w.size()).value();
+    const Tensor w_gemv = make_tensor(c.type, *wb_gemv, 0, c.k, kRows);
+    ASSERT_TRUE(gemv_backend.upload(w_gemv, host_w.data(), host_w.size()).ok());
     const std::vector<float> all = product(b, w, x, 0, kTokens);
     const std::string what = fmt::format("{} k {}", dtype_name(c.type), c.k);
-    // The same tokens in batches of 9, 23 and 32 (tiles of 16, 32 and 64 tokens), and of 2 and 5 on the
-    // backend that takes them there: the same bits.
+    // The same tokens in batches of 9, 23 and 32 (tiles of 16, 32 and 64 tokens), 5, and 2 on the backend
+    // that takes it there: the same bits.
     for (const auto& [first, m] : {std::pair<int64_t, int64_t>{0, 9}, {9, 23}, {32, 32}, {41, 2}, {50, 5}}) {
       const std::vector<float> part =
-          m < 9 ? product(small, w_small, x, first, m) : product(b, w, x, first, m);
+          m < 4 ? product(small, w_small, x, first, m) : product(b, w, x, first, m);
       EXPECT_EQ(std::memcmp(part.data(), all.data() + first * kRows, part.size() * 4), 0)
           << what << ": tokens " << first << ".." << first + m - 1 << " differ from the batch of " << kTokens;
     }
@@ -93,7 +102,7 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
     // order.
     double err = 0.0, norm = 0.0;
     for (int64_t first = 0; first < kTokens; first += 8) {
-      const std::vector<float> gemv = product(b, w, x, first, 8);
+      const std::vector<float> gemv = product(gemv_backend, w_gemv, x, first, 8);
       for (size_t i = 0; i < gemv.size(); ++i) {
         const double d = gemv[i] - all[static_cast<size_t>(first * kRows) + i];
         err += d * d;

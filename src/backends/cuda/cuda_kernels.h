@@ -16,8 +16,11 @@
 namespace kiln::cuda {
 
 // K-quant weights (Q4_K, Q5_K, Q6_K) take the integer tensor-core kernel (cuda_mmq.cu) for batches of
-// kMmqMinCols to kMmqMaxCols rows, part of the integer GEMV's range included.
-inline constexpr int kMmqMinCols = 9;
+// kMmqMinCols to kMmqMaxCols rows, part of the integer GEMV's range included. Measured on an H100 (the 8B's
+// shapes, gpu-check.sh mmq): at 4 tokens it beats the GEMV on the 14336-row matrices (Q4_K 42.8 -> 30.5 us)
+// by more than it loses on the long-k down projection (Q4_K 33.0 -> 37.2, Q6_K 48.1 -> 58.0); at 2 they
+// about cancel.
+inline constexpr int kMmqMinCols = 4;
 inline constexpr int kMmqMaxCols = 64;
 
 // What a launcher may use besides its op: the stream, a cuBLAS handle bound to it, and scratch memory.

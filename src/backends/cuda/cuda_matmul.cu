@@ -286,13 +286,6 @@ __device__ __forceinline__ void gemv_q8_staged(const uint8_t* const (&rows)[kRow
   }
 }
 
-// Blocks a multiprocessor that the integer GEMV of one column keeps resident (its registers: 80 a thread at
-// most): measured on an H100 it read Q4_K at 4 blocks (128 registers) with 25% of the warp slots busy.
-#ifndef KILN_GEMV_Q8_MIN_BLOCKS
-#define KILN_GEMV_Q8_MIN_BLOCKS 6
-#endif
-constexpr int kGemvQ8MinBlocks = KILN_GEMV_Q8_MIN_BLOCKS;
-
 // Block: kRows consecutive weight rows, its kGemvThreads threads splitting k (split-k inside the block: many
 // small blocks fill the device evenly, with no tail of a last partial wave); the threads' sums meet through
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
@@ -301,8 +294,7 @@ constexpr int kGemvQ8MinBlocks = KILN_GEMV_Q8_MIN_BLOCKS;
 // (gemv_q8_staged), whose dynamic size is staged_smem<T, kRows>(k). A with kGrouped: rows in grouped form
 // (cuda_quant.cuh's legacy_block), 16-byte aligned.
 template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kStaged = false>
-__global__ void __launch_bounds__(kGemvThreads, kQ8&& kCols == 1 ? kGemvQ8MinBlocks : 1)
-    gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   extern __shared__ __align__(16) uint8_t stage[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;

@@ -190,7 +190,7 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
 
 // dst[:, t] = W x_t for the 8 * NT tokens of blockIdx.y and the 16 * (kWarps / k_split) rows of blockIdx.x.
 template <DType T, int NT>
-__global__ void __launch_bounds__(kThreads, 4) mmq_kernel(MmqArgs a, Store store_to, int k_split) {
+__global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to, int k_split) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kBytes = MmqType<T>::kBytes, kSlot = MmqType<T>::kSlot;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
