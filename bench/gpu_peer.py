@@ -6,8 +6,8 @@ written as GGUF by `kiln convert` (BF16, Q8_0) and quantized from the BF16 file 
 
 Per file, interleaved: `kiln bench -d cuda -p 2048 -n 128` and `llama-bench -ngl 99 -fa 1 -p 2048 -n 128` (pp2048:
 a 2048-token prompt in one step; tg128: 128 tokens decoded one step at a time after it), and for the 8B BF16 and
-Q4_K_M files batched decode: `kiln bench --batch 16,64` (requests of one prompt token, 128 greedy tokens each,
-decoding together) beside `llama-batched-bench -npp 128 -ntg 128 -npl 16,64` (its S_TG: generation alone).
+Q4_K_M files batched decode: `kiln bench --batch 4,16,64` (requests of one prompt token, 128 greedy tokens each,
+decoding together) beside `llama-batched-bench -npp 128 -ntg 128 -npl 4,16,64` (its S_TG: generation alone).
 Decode is also shown against the card's copy bandwidth: bytes a decoded token reads (every weight but the token
 embedding table, unless that is also the output head) times tokens/s.
 
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_generate import make_folder  # noqa: E402
 
 BATCHED = {("llama3-8b", "bf16"), ("llama3-8b", "q4_k_m")}
+BATCH_SIZES = (4, 16, 64)
 
 
 def run(cmd: list[str], env: dict | None = None) -> tuple[str, str]:
@@ -111,7 +112,7 @@ def decode_bytes(path: Path) -> int:
 def kiln_bench(kiln: Path, path: Path, reps: int, batched: bool) -> dict:
     cmd = [kiln, "bench", "-m", path, "-d", "cuda", "-p", "2048", "-n", "128", "-r", reps, "-o", "json"]
     if batched:
-        cmd += ["--batch", "16,64"]
+        cmd += ["--batch", ",".join(map(str, BATCH_SIZES))]
     rows = json_rows(run(cmd)[0])
     return {r["test"]: (r["tokens_per_s"], r["tokens_per_s_sd"]) for r in rows}
 
@@ -142,7 +143,7 @@ def offload_bench(kiln: Path, bench: Path, path: Path, ngl: int, reps: int) -> t
 
 def llama_batched(batched: Path, path: Path) -> dict:
     out = "\n".join(run([batched, "-m", path, "-ngl", "99", "-fa", "on", "-c", "20480", "-b", "2048", "-ub", "512",
-               "-npp", "128", "-ntg", "128", "-npl", "16,64"]))
+               "-npp", "128", "-ntg", "128", "-npl", ",".join(map(str, BATCH_SIZES))]))
     res = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -286,7 +287,7 @@ def main() -> int:
         ratios.append(f"| {name} | {typ} | {k['tg128'][0] / ll['tg128'][0]:.2f}x | "
                       f"{k['pp2048'][0] / ll['pp2048'][0]:.2f}x |")
         if batched:
-            for bs in (16, 64):
+            for bs in BATCH_SIZES:
                 t = f"tg128@bs{bs}"
                 batched_lines.append(f"| {name} | {typ} | {bs} | {k[t][0]:.0f} | {ll[t][0]:.0f} | "
                                      f"{k[t][0] / ll[t][0]:.2f}x |")
