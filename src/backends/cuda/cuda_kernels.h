@@ -17,10 +17,9 @@ namespace kiln::cuda {
 
 // K-quant weights (Q4_K, Q5_K, Q6_K) take the integer tensor-core kernel (cuda_mmq.cu) for batches of
 // kMmqMinCols to kMmqMaxCols rows, part of the integer GEMV's range included. Measured on an H100 (the 8B's
-// shapes, gpu-check.sh mmq): at 4 tokens it beats the GEMV on the 14336-row matrices (Q4_K 42.8 -> 30.5 us)
-// by more than it loses on the long-k down projection (Q4_K 33.0 -> 37.2, Q6_K 48.1 -> 58.0); at 2 they
-// about cancel.
-inline constexpr int kMmqMinCols = 4;
+// Q4_K_M, kiln bench --batch, KILN_CUDA_MMQ_MIN=9 against 4 and 5): 4 requests decode 651-663 tokens/s by
+// the GEMV and 557-566 by this kernel; 5 requests 639-641 and 694-695, 8 requests 897-899 and 1,075-1,095.
+inline constexpr int kMmqMinCols = 5;
 inline constexpr int kMmqMaxCols = 64;
 
 // What a launcher may use besides its op: the stream, a cuBLAS handle bound to it, and scratch memory.
