@@ -17,9 +17,11 @@
 // different arrays).
 //
 // A block has 4 warps: 4 / k_split row tiles of 16 rows, each split over k_split warps that take every
-// k_split-th super-block, summed in warp order at the end; k_split is chosen from n alone, so a token's sums
-// are the same operations in the same order whatever the batch: alone or among others, the same bits.
+// k_split-th super-block, summed in warp order at the end; k_split is chosen from the weight's shape alone
+// (k_split_for), so a token's sums are the same operations in the same order whatever the batch: alone or
+// among others, the same bits.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_mmq.cuh"
@@ -288,20 +290,57 @@ __global__ void tile_x_kernel(const uint8_t* xq, const float2* xds, int64_t k, i
   }
 }
 
+template <DType T>
+constexpr size_t kSmem = size_t{kWarps} * kStages* kTileRows* MmqType<T>::kSlot;
+
+// Blocks of the 64-token kernel (the most registers) a multiprocessor holds, once per type: the k split is
+// chosen for it whatever the batch, so that a token's sums never depend on its batch.
+template <DType T>
+int64_t blocks_per_sm() {
+  static const int64_t blocks = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, mmq_kernel<T, 8>, kThreads, kSmem<T>) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      b = 2;
+    }
+    return std::max(b, 1);
+  }();
+  return blocks;
+}
+
+// The k split (warps a row tile's k is split over: 1, 2 or 4) from n alone: blocks run in rounds of
+// blocks_per_sm() * n_sms, each block's time 1 / k_split of an unsplit one's, so the split that takes the
+// fewest rounds / k_split, the smaller on a tie. The 8B's 14336-row matrices at 3 blocks a multiprocessor:
+// 224 blocks in 1 round, 448 in 2 (the last with 52), 896 in 3 of a quarter the length: 4.
+// KILN_CUDA_MMQ_KSPLIT forces it (for measuring).
+template <DType T>
+int k_split_for(const Context& ctx, int64_t n, int64_t k) {
+  static const int forced = [] {
+    const char* v = std::getenv("KILN_CUDA_MMQ_KSPLIT");
+    const int f = v != nullptr ? std::atoi(v) : 0;
+    return f == 1 || f == 2 || f == 4 ? f : 0;
+  }();
+  const int64_t slots = blocks_per_sm<T>() * std::max(ctx.n_sms, 1);
+  int best = 1;
+  double best_cost = 0.0;
+  for (int ks = 1; ks <= kWarps && ks <= k / 256; ks *= 2) {
+    if (forced != 0 && ks != forced) continue;
+    const int64_t blocks = ceil_div(n, kTileRows * (kWarps / ks));
+    const double cost = static_cast<double>(ceil_div(blocks, slots)) / ks;
+    if (best_cost == 0.0 || cost < best_cost) best = ks, best_cost = cost;
+  }
+  return best;
+}
+
 template <DType T, int NT>
 cudaError_t launch(const Context& ctx, const MmqArgs& a) {
-  // The fewest k-split warps that give every multiprocessor two blocks (the 8B's 4096-row matrices: 4).
-  int k_split = 1;
-  while (k_split < kWarps && k_split < a.k / 256 &&
-         ceil_div(a.n, kTileRows * (kWarps / k_split)) < 2 * static_cast<int64_t>(ctx.n_sms)) {
-    k_split *= 2;
-  }
+  const int k_split = k_split_for<T>(ctx, a.n, a.k);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kTileRows * (kWarps / k_split))),
                   static_cast<unsigned>(ceil_div(a.m, 8 * NT)));
-  constexpr size_t kSmem = size_t{kWarps} * kStages * kTileRows * MmqType<T>::kSlot;
-  static_assert(kSmem <= 48 * 1024, "the default dynamic shared memory limit");
-  static_assert(kSmem >= size_t{kWarps} * 8 * 4 * 32 * sizeof(float), "room for the k-split partial sums");
-  return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, kSmem, a, store_of(a.dst_type), k_split);
+  static_assert(kSmem<T> <= 48 * 1024, "the default dynamic shared memory limit");
+  static_assert(kSmem<T> >= size_t{kWarps} * 8 * 4 * 32 * sizeof(float), "room for the k-split partial sums");
+  return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, kSmem<T>, a, store_of(a.dst_type), k_split);
 }
 
 template <DType T>
