@@ -8,7 +8,7 @@
 #             instead of every OpHarness test)
 #   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth)
 #   mmq       the K-quant matmuls of 2 to 64 tokens (MMQ_M; the 8B's shapes) by the integer GEMV / cuBLAS
-#             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 9 tokens (the default), and from 2
+#             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 5 tokens (the default), and from 2
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
 #             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:

@@ -290,8 +290,11 @@ __global__ void tile_x_kernel(const uint8_t* xq, const float2* xds, int64_t k, i
   }
 }
 
+// Shared memory of a block: kStages super-blocks of each warp's 16 rows.
 template <DType T>
-constexpr size_t kSmem = size_t{kWarps} * kStages* kTileRows* MmqType<T>::kSlot;
+constexpr size_t smem_bytes() {
+  return size_t{kWarps} * kStages * kTileRows * MmqType<T>::kSlot;
+}
 
 // Blocks of the 64-token kernel (the most registers) a multiprocessor holds, once per type: the k split is
 // chosen for it whatever the batch, so that a token's sums never depend on its batch.
@@ -299,7 +302,7 @@ template <DType T>
 int64_t blocks_per_sm() {
   static const int64_t blocks = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, mmq_kernel<T, 8>, kThreads, kSmem<T>) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, mmq_kernel<T, 8>, kThreads, smem_bytes<T>()) !=
         cudaSuccess) {
       cudaGetLastError();
       b = 2;
@@ -309,10 +312,10 @@ int64_t blocks_per_sm() {
   return blocks;
 }
 
-// The k split (warps a row tile's k is split over: 1, 2 or 4) from n alone: blocks run in rounds of
-// blocks_per_sm() * n_sms, each block's time 1 / k_split of an unsplit one's, so the split that takes the
-// fewest rounds / k_split, the smaller on a tie. The 8B's 14336-row matrices at 3 blocks a multiprocessor:
-// 224 blocks in 1 round, 448 in 2 (the last with 52), 896 in 3 of a quarter the length: 4.
+// The k split (warps a row tile's k is split over: 1, 2 or 4) from the weight's shape alone: blocks run in
+// rounds of blocks_per_sm() * n_sms, each block's time 1 / k_split of an unsplit one's, so the split that
+// takes the fewest rounds / k_split, the smaller on a tie. The 8B's 14336-row matrices at 3 blocks a
+// multiprocessor: 224 blocks in 1 round, 448 in 2 (the last with 52), 896 in 3 of a quarter the length: 4.
 // KILN_CUDA_MMQ_KSPLIT forces it (for measuring).
 template <DType T>
 int k_split_for(const Context& ctx, int64_t n, int64_t k) {
@@ -338,9 +341,11 @@ cudaError_t launch(const Context& ctx, const MmqArgs& a) {
   const int k_split = k_split_for<T>(ctx, a.n, a.k);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kTileRows * (kWarps / k_split))),
                   static_cast<unsigned>(ceil_div(a.m, 8 * NT)));
-  static_assert(kSmem<T> <= 48 * 1024, "the default dynamic shared memory limit");
-  static_assert(kSmem<T> >= size_t{kWarps} * 8 * 4 * 32 * sizeof(float), "room for the k-split partial sums");
-  return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, kSmem<T>, a, store_of(a.dst_type), k_split);
+  static_assert(smem_bytes<T>() <= 48 * 1024, "the default dynamic shared memory limit");
+  static_assert(smem_bytes<T>() >= size_t{kWarps} * 8 * 4 * 32 * sizeof(float),
+                "room for the k-split partial sums");
+  return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, smem_bytes<T>(), a, store_of(a.dst_type),
+                       k_split);
 }
 
 template <DType T>
