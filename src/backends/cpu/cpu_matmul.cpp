@@ -234,6 +234,12 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
   QuantizedRows xr_all(pool, kern, act, x_t, k, kp);
   const int8_t* xq = xr_all.q.data();
   const float *xd = xr_all.d.data(), *xs = xr_all.s.data();
+  // Each sub-block's scale once (QRowX::d1), not once per lane.
+  const int64_t x_rows = x_t.n_rows(), n_sub = kp / 32;
+  std::vector<float> d1(static_cast<size_t>(x_rows * n_sub));
+  for (int64_t i = 0; i < x_rows; ++i) {
+    for (int64_t b = 0; b < n_sub; ++b) d1[static_cast<size_t>(i * n_sub + b)] = xd[i * kp / 4 + b * 8];
+  }
   const int64_t n_groups = (n + kPackRows - 1) / kPackRows;
   const int64_t n_items = static_cast<int64_t>(pr.mats.size()) * n_groups;
   pool.parallel_dynamic(n_items, dynamic_chunk(pool, n_items), [&](int64_t i0, int64_t i1, int) {
@@ -247,7 +253,7 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
         const int n_x = static_cast<int>(std::min<int64_t>(kPackCols, pr.start[a + 1] - e0));
         for (int c = 0; c < n_x; ++c) {
           const int64_t i = pr.x_rows[e0 + c];
-          xr[c] = {xq + i * kp, xd + i * kp / 4, xs + i * kp / 16};
+          xr[c] = {xq + i * kp, xd + i * kp / 4, xs + i * kp / 16, d1.data() + i * n_sub};
         }
         kern.qdot_packed(w, g, xr, n_x, out);
         for (int c = 0; c < n_x; ++c) {

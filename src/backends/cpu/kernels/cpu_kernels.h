@@ -28,6 +28,9 @@ struct QRowX {
   const int8_t* q;  // [kp] quants
   const float* d;   // [kp / 32 * 8] the sub-block's scale, 8 times (one per int32 lane of its products)
   const float* s;   // [kp / 16] d * (sum of the 16 quants) of each half sub-block
+  // [kp / 32] the sub-block's scale once (qdot_packed reads this: a long row's x then stays in L1 beside the
+  // weights streaming through it)
+  const float* d1 = nullptr;
 };
 
 // kTileRows unpacked weight rows; kp as in QRowX, the padding zero.

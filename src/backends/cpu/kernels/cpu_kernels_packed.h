@@ -108,7 +108,7 @@ void packed_group(const PackedMatrix& w, int64_t g, const QRowX* x, float* out) 
           lo = _mm512_dpbusd_epi32(lo, wq[pc], _mm512_set1_epi32(a));
           hi = _mm512_dpbusd_epi32(hi, wq[4 + pc], _mm512_set1_epi32(b));
         }
-        const __m512 dx = _mm512_set1_ps(x[j].d[s * 8]);
+        const __m512 dx = _mm512_set1_ps(x[j].d1[s]);
         const float s_lo = x[j].s[2 * s], s_hi = x[j].s[2 * s + 1];
         if constexpr (kScales == kPackK16) {
           const __m512 t_lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), dx, _mm512_set1_ps(c * s_lo));
@@ -270,7 +270,7 @@ void packed_half(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float*
             hi = _mm256_add_epi32(hi, prod);
           }
         }
-        const __m256 dx = _mm256_set1_ps(x[j].d[s * 8]);
+        const __m256 dx = _mm256_set1_ps(x[j].d1[s]);
         const float s_lo = x[j].s[2 * s], s_hi = x[j].s[2 * s + 1];
         if constexpr (kScales == kPackK16) {
           const __m256 t_lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), dx, _mm256_set1_ps(c * s_lo));
