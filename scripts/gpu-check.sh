@@ -3,10 +3,12 @@
 # unpacks the build dependencies into a prefix, builds the `cuda-dev` preset (sm_90a), then runs the steps
 # named (default: test), writing logs under $OUT.
 #   usage (on the GPU machine, in the tree): scripts/gpu-check.sh [STEP]...
+#   BASE_TREE=DIR also builds an earlier tree (kiln, matmul_bench) for A/B runs: see below.
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck (SANITIZE_FILTER: a gtest filter
 #             instead of every OpHarness test)
-#   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth)
+#   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth; BENCH_ARGS its
+#             arguments, BENCH_BASE=PATH another build's matmul_bench beside it, BENCH_REPS rounds)
 #   mmq       the K-quant matmuls of 2 to 64 tokens (MMQ_M; the 8B's shapes) by the integer GEMV / cuBLAS
 #             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 5 tokens (the default), and from 2
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
@@ -74,9 +76,20 @@ if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] |
   ' _ "$peer_dir" "$peer_status" >/tmp/llama.cpp.build.log 2>&1 </dev/null &
 fi
 # The output folder comes back only while it holds few files: one log a step.
+# BASE_TREE=DIR: a second source tree (an earlier commit: `git archive` into an ignored folder of the tree, carried)
+# built beside this one into DIR/build/cuda-dev (kiln and matmul_bench), for BENCH_BASE and the ab step's KILN_BIN.
+if [ -n "${BASE_TREE:-}" ]; then
+  (cd "$BASE_TREE" &&
+    cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= &&
+    cmake --build build/cuda-dev -j "$(nproc)" --target kiln matmul_bench) >"$out/build-base.log" 2>&1 &
+  base_pid=$!
+fi
 cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
   >>"$out/build.log" 2>&1
 cmake --build build/cuda-dev -j "$(nproc)" -- -k 0 >>"$out/build.log" 2>&1 || true
+if [ -n "${BASE_TREE:-}" ]; then
+  wait "$base_pid" || echo "the base tree did not build: $(tail -3 "$out/build-base.log")"
+fi
 grep -E "error|warning: " "$out/build.log" | head -40 || true
 build/cuda-dev/tools/kiln/kiln --version | tee -a "$out/build.log"
 bin=build/cuda-dev
@@ -97,7 +110,16 @@ for step in "${steps[@]}"; do
         tail -4 "$out/sanitize.log"
       done
       ;;
-    bench) "$bin/tests/matmul_bench" --device cuda 2>&1 | tee "$out/matmul_bench.md" || status=1 ;;
+    bench)
+      # BENCH_ARGS: matmul_bench's arguments after --device cuda; BENCH_BASE=PATH: another matmul_bench (an
+      # earlier build) run before this one, BENCH_REPS times each, interleaved.
+      for rep in $(seq "${BENCH_REPS:-1}"); do
+        for b in ${BENCH_BASE:-} "$bin/tests/matmul_bench"; do
+          echo "## $b, round $rep"
+          "$b" --device cuda ${BENCH_ARGS:-} || status=1
+        done
+      done 2>&1 | tee "$out/matmul_bench.md"
+      ;;
     mmq)
       for e in KILN_CUDA_MMQ=0 KILN_CUDA_MMQ=1 KILN_CUDA_MMQ_MIN=2; do
         echo "$e"

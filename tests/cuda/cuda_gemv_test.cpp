@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/backend.h"
@@ -31,12 +32,17 @@ struct Case {
   int64_t m;
 };
 
-// dst's bytes of w x with quantize_x, on a backend made with KILN_CUDA_GEMV_STAGED=staged; weights and x
-// drawn from `seed`.
-std::vector<uint8_t> run(bool staged, const Case& c, uint64_t seed) {
+// dst's bytes of w x with quantize_x, on a backend made with KILN_CUDA_GEMV_STAGED=staged (and, grid > 0,
+// KILN_CUDA_GEMV_GRID=grid) and KILN_CUDA_MMQ=0 (so that 9 to 16 tokens take the GEMV in two column groups);
+// weights and x drawn from `seed`.
+std::vector<uint8_t> run(bool staged, const Case& c, uint64_t seed, int grid = 0) {
   setenv("KILN_CUDA_GEMV_STAGED", staged ? "1" : "0", 1);
+  if (grid > 0) setenv("KILN_CUDA_GEMV_GRID", std::to_string(grid).c_str(), 1);
+  setenv("KILN_CUDA_MMQ", "0", 1);
   auto made = make_backend("cuda");
   unsetenv("KILN_CUDA_GEMV_STAGED");
+  unsetenv("KILN_CUDA_GEMV_GRID");
+  unsetenv("KILN_CUDA_MMQ");
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
   Backend& b = **made;
@@ -85,14 +91,18 @@ std::vector<uint8_t> run(bool staged, const Case& c, uint64_t seed) {
 
 TEST(CudaGemv, StagedWeightsGiveTheDirectLoadsBits) {
   // Q4_K / Q5_K segments are 4096 elements (128 units of 32): 6144 ends in a partial one. Q6_K's are 2048,
-  // and its rows are whole 16-byte chunks only at multiples of 2048.
+  // and its rows are whole 16-byte chunks only at multiples of 2048. The staged kernel runs once with a
+  // block for each item (kRows rows, a column group) and once on a grid of 2 blocks, which walk several
+  // items each: the next item's first segment in flight while the last one's is multiplied.
   for (const DType t : {DType::q4_k, DType::q5_k, DType::q6_k}) {
     for (const int64_t k : {4096, 6144}) {
       for (const int64_t m : {1, 3, 12}) {
         const Case c{t, k, m};
-        const std::vector<uint8_t> staged = run(true, c, 7), direct = run(false, c, 7);
+        const std::vector<uint8_t> staged = run(true, c, 7), direct = run(false, c, 7),
+                                   walked = run(true, c, 7, 2);
         ASSERT_FALSE(staged.empty());
         EXPECT_TRUE(staged == direct) << dtype_name(t) << " k " << k << " m " << m;
+        EXPECT_TRUE(walked == direct) << dtype_name(t) << " k " << k << " m " << m << ", 2 blocks";
         const auto* f = reinterpret_cast<const float*>(staged.data());
         bool written = false;  // the destination started as zeros
         for (int64_t i = 0; i < kRowsOut * m; ++i) written = written || f[i] != 0.0f;

@@ -98,6 +98,10 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_GEMV_STAGED=0: the integer GEMV loads its weights directly instead of through shared memory.
     const char* staged = std::getenv("KILN_CUDA_GEMV_STAGED");
     ctx_.staged_gemv = staged == nullptr || std::string_view(staged) != "0";
+    // KILN_CUDA_GEMV_GRID=N: at most N blocks a staged GEMV launch (tests: many items a block).
+    if (const char* v = std::getenv("KILN_CUDA_GEMV_GRID"); v != nullptr && std::atoi(v) > 0) {
+      ctx_.staged_gemv_grid = std::atoi(v);
+    }
     // KILN_CUDA_MMQ=0: batches of K-quant weights take the integer GEMV (up to kQ8MaxCols) or cuBLAS.
     const char* mmq = std::getenv("KILN_CUDA_MMQ");
     ctx_.mmq = mmq == nullptr || std::string_view(mmq) != "0";

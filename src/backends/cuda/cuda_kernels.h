@@ -35,6 +35,7 @@ struct Context {
   // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment
   // allows.
   bool staged_gemv = true;
+  int staged_gemv_grid = 0;  // > 0: at most this many blocks a staged GEMV launch (tests); else the device's fill
   // Batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols); else the integer GEMV or
   // cuBLAS. mmq_min_cols: the fewest rows of x that take it.
   bool mmq = true;

@@ -26,6 +26,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_convert.cuh"
+#include "backends/cuda/cuda_gemv.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_mmq.cuh"
@@ -37,7 +38,6 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kGemvThreads = 128;  // threads per block, splitting k
 constexpr int kMaxGridY = 65535;
 constexpr int kPieceThreads = 128;  // threads per block of the elementwise kernels (one piece each)
 
@@ -50,25 +50,7 @@ Rows packed_rows(void* data, int64_t ne0, int64_t n_rows, int elem) {
   return {static_cast<char*>(data), n_rows, 1, ld, ld * n_rows, ld * n_rows};
 }
 
-// An i32 [ne0, ne1] index tensor on the device.
-struct Ids {
-  const char* data;
-  int64_t ne0, nb0, nb1;
-  __device__ int32_t operator[](int64_t i) const {
-    const DivMod d = divmod(i, ne0);
-    return *reinterpret_cast<const int32_t*>(data + d.r * nb0 + d.q * nb1);
-  }
-};
 Ids ids_of(const Tensor& t) { return {static_cast<const char*>(t.data), t.ne[0], t.nb[0], t.nb[1]}; }
-
-__device__ __forceinline__ void store_float(char* row, DType type, int64_t j, float v) {
-  if (type == DType::f32)
-    reinterpret_cast<float*>(row)[j] = v;
-  else if (type == DType::f16)
-    reinterpret_cast<__half*>(row)[j] = __float2half_rn(v);
-  else
-    reinterpret_cast<__nv_bfloat16*>(row)[j] = __float2bfloat16_rn(v);
-}
 
 int elem_bytes(DType float_type) { return float_type == DType::f32 ? 4 : 2; }
 
@@ -78,43 +60,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- GEMV: dst[:, q] = W_q x[:, q] for m <= kGemvMaxCols columns q ----
 
-// One more weight matrix of a multi-matrix GEMV (matmul_gemv_group): same x, type and k as the first.
-struct GemvPart {
-  const uint8_t* w;
-  int64_t w_nb1;
-  int64_t n;
-  Rows dst;
-};
-constexpr int kGemvMaxParts = 3;
-
-// Columns q = group * m + c, c < m, of one GEMV launch (group = blockIdx.y, grid-strided).
-struct GemvArgs {
-  const uint8_t* w;      // [k, n] or, with ids, [k, n, n_expert]
-  int64_t w_nb1, w_nb2;  // bytes between rows, between experts
-  int64_t n, k;
-  int m;  // columns per group: 1 .. kGemvMaxCols
-  int64_t n_groups;
-  int64_t n_cols;  // columns in all: the last group may have fewer than m
-  // Column groups side by side along grid.x (block x = row block * col_split + group % col_split), so that
-  // the groups of a row block run together and read its weight rows once from memory; the rest along grid.y.
-  int col_split;
-  bool use_ids;  // MoE: column q uses expert ids[q] (m == 1); else expert 0
-  Ids ids;
-  int64_t x_div;  // column q reads x row q / x_div
-  Rows x;         // f32 rows of k
-  bool x_vec;     // every x row is 16-byte aligned
-  bool prefetch;  // programmatic launch: the first bytes of the weight rows head for L2 before the wait
-  bool staged;    // integer path: the weight rows go through shared memory (gemv_q8_staged)
-  // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
-  const int* xq;
-  const float2* xds;
-  Rows dst;       // rows of n
-  DType dst_type;
-  // Further matrices on the same x (n_parts - 1 of them): the blocks from part_start[i] on compute part i.
-  int n_parts;
-  GemvPart more[kGemvMaxParts - 1];
-  unsigned part_start[kGemvMaxParts];
-};
 
 // Elements 8p .. 8p+7 of an f32 row.
 __device__ __forceinline__ void load_x8(const float* x, int64_t p, bool vec, float (&v)[8]) {
@@ -210,101 +155,17 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
   }
 }
 
-// ---- the staged integer GEMV: weight rows copied to shared memory ahead of their use ----
-
-// The types whose integer GEMV reads its weights through shared memory where the rows allow: measured on an
-// H100 (bench/matmul_bench --device cuda, one run each way), the K-quants gain (Q4_K 29 -> 36% of the copy bandwidth
-// on 4096 x 14336, Q6_K 45 -> 65% on the 8B's output head) while Q4_0 and Q8_0, whose units are 8 elements
-// and whose direct loads already keep enough in flight, lose a few points.
-template <DType T>
-inline constexpr bool kStagedType = T == DType::q4_k || T == DType::q5_k || T == DType::q6_k;
-
-// Weight bytes of one segment of a row: kGemvThreads units, one a thread (whole blocks of the type: a
-// multiple of 16 bytes for every integer type).
-template <DType T>
-__host__ __device__ constexpr int64_t seg_bytes() {
-  return int64_t{kGemvThreads} * Q8<T>::kUnit / Quant<T>::kBlock * Quant<T>::kBytes;
-}
-// Shared memory of the staged GEMV: two segments of each of kRows rows, or one when a row is one segment
-// (the 8B's 4096-element Q4_K rows): half the memory, more blocks a multiprocessor.
-template <DType T, int kRows>
-size_t staged_smem(int64_t k) {
-  const int64_t n_seg = ceil_div(k / Q8<T>::kUnit, int64_t{kGemvThreads});
-  return static_cast<size_t>(std::min<int64_t>(n_seg, 2) * kRows * seg_bytes<T>());
-}
-
-// gemv_q8_partial over rows whose bytes reach shared memory by cp.async, a segment (one unit a thread) of
-// every row at a time, the next segment in flight while this one is multiplied: a block keeps two segments of
-// its rows on the way with no register waiting for them. Each thread takes the units t, t + kGemvThreads, ...
-// in the order gemv_q8_partial does, so the sums are the same. Rows start 16-byte aligned and their length is
-// a multiple of 16 bytes (launch_gemv checks).
-template <DType T, int kCols, int kRows>
-__device__ __forceinline__ void gemv_q8_staged(const uint8_t* const (&rows)[kRows], const XRow (&x)[kCols],
-                                               int cols, const GemvArgs& a, float (&acc)[kRows][kCols],
-                                               uint8_t* stage) {
-  using Q = Q8<T>;
-  constexpr int64_t kSeg = seg_bytes<T>();
-  static_assert(kSeg % 16 == 0, "a segment is whole 16-byte chunks");
-  constexpr int A = Quant<T>::kAlign | kInShared;
-  const int64_t n_units = a.k / Q::kUnit;
-  const int64_t row_bytes = a.k / Quant<T>::kBlock * Quant<T>::kBytes;
-  const int n_seg = static_cast<int>((n_units + kGemvThreads - 1) / kGemvThreads);
-  const auto issue = [&](int seg) {
-    uint8_t* dst = stage + (seg % 2) * kRows * kSeg;
-    const int64_t off = seg * kSeg;
-    const int chunks = static_cast<int>(min(kSeg, row_bytes - off) / 16);
-    for (int i = threadIdx.x; i < kRows * chunks; i += kGemvThreads) {
-      const int r = i / chunks, c = i % chunks;
-      cp_async16(dst + r * kSeg + c * 16, rows[r] + off + c * 16);
-    }
-    cp_async_commit();
-  };
-  issue(0);
-  for (int seg = 0; seg < n_seg; ++seg) {
-    if (seg + 1 < n_seg) {
-      issue(seg + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // every thread's copies of this segment have landed
-    const int64_t u = int64_t{seg} * kGemvThreads + threadIdx.x;
-    if (u < n_units) {
-      const uint8_t* buf = stage + (seg % 2) * kRows * kSeg;
-      typename Q::W w[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) w[r] = Q::template load<A>(buf + r * kSeg, threadIdx.x);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        if (c >= cols) break;
-        const typename Q::X xv = Q::load_x(u, x[c]);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][c] = __fadd_rn(acc[r][c], Q::dot(w[r], xv));
-      }
-    }
-    __syncthreads();  // the buffer is refilled two segments on
-  }
-}
-
 // Block: kRows consecutive weight rows, its kGemvThreads threads splitting k (split-k inside the block: many
 // small blocks fill the device evenly, with no tail of a last partial wave); the threads' sums meet through
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
-// the integer path (a.xq, a.xds), else f32 x. kStaged (with kQ8): the weight rows go through shared memory
-// (gemv_q8_staged), whose dynamic size is staged_smem<T, kRows>(k). A with kGrouped: rows in grouped form
+// the integer path (a.xq, a.xds), else f32 x. A with kGrouped: rows in grouped form
 // (cuda_quant.cuh's legacy_block), 16-byte aligned.
-template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kStaged = false>
+template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
-  extern __shared__ __align__(16) uint8_t stage[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  GemvPart part{a.w, a.w_nb1, a.n, a.dst};
   unsigned block = blockIdx.x / a.col_split;
-  for (int i = 1; i < a.n_parts; ++i) {
-    if (blockIdx.x / a.col_split >= a.part_start[i]) {
-      part = a.more[i - 1], block = blockIdx.x / a.col_split - a.part_start[i];
-    }
-  }
+  const GemvPart part = gemv_part(a, block);
   const int64_t row0 = static_cast<int64_t>(block) * kRows;
   // The first 2 KiB of each weight row (what the first pass of the threads reads) head for L2 before the wait
   // for the kernel before (pdl_wait): weights are constant, and under programmatic launch that kernel's tail
@@ -335,11 +196,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
         const int64_t i = divmod(q0 + min(c, cols - 1), a.x_div).q;
         x[c] = {a.xq + i * (a.k / 4), a.xds + i * (a.k / 32)};
       }
-      if constexpr (kStaged) {
-        gemv_q8_staged<T, kCols, kRows>(rows, x, cols, a, acc, stage);
-      } else {
-        gemv_q8_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
-      }
+      gemv_q8_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
     } else {
       const float* x[kCols];
 #pragma unroll
@@ -348,24 +205,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
     }
     pdl_trigger();  // the weights are read: the next kernel may be scheduled
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const float v = warp_sum(acc[r][c]);
-        if (lane == 0) red[warp][r][c] = v;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < kRows * kCols) {
-      const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
-      if (c < cols && row0 + r < part.n) {
-        float v = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kGemvThreads / 32; ++i) v += red[i][r][c];
-        store_float(part.dst.row(q0 + c), a.dst_type, row0 + r, v);
-      }
-    }
+    gemv_store(acc, red, part, a.dst_type, row0, q0, cols);
     __syncthreads();  // red is reused by the next column group
   }
 }
@@ -385,11 +225,7 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
   const dim3 grid(static_cast<unsigned>(blocks * a.col_split),
                   static_cast<unsigned>(std::min<int64_t>(ceil_div(a.n_groups, a.col_split), kMaxGridY)));
   if constexpr (kQ8 && kStagedType<T>) {
-    if (a.staged) {
-      (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, true>, grid,
-                          kGemvThreads, staged_smem<T, kRows>(a.k), a);
-      return;
-    }
+    if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks);
   }
   if constexpr (kGroupedType<T>) {
     if (access == Access::grouped) {

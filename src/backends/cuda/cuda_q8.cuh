@@ -252,13 +252,19 @@ struct Q8<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
   static constexpr int kUnit = 32;
   using W = WK;
   using X = XK;
+  static constexpr int kBytes = 144;
+  // The quants of the unit (j, t) of super-block b (scales: k_pair_scales).
+  template <int A>
+  __device__ static void quants(const uint8_t* b, int j, int t, W& w) {
+    const uint4 v = ld_u128<align_at(A, 16)>(b + 16 + 32 * j + 16 * t);
+    w.lo = nibbles_lo(v), w.hi = nibbles_hi(v);
+  }
   template <int A>
   __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 8) * 144;
+    const uint8_t* b = row + (u / 8) * kBytes;
     const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
-    const uint4 v = ld_u128<align_at(A, 16)>(b + 16 + 32 * j + 16 * t);
     W w;
-    w.lo = nibbles_lo(v), w.hi = nibbles_hi(v);
+    quants<A>(b, j, t, w);
     k_pair_scales<A>(b, j, w);
     return w;
   }
@@ -271,15 +277,20 @@ struct Q8<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128; bit s of qh[l]: 
   static constexpr int kUnit = 32;
   using W = WK;
   using X = XK;
+  static constexpr int kBytes = 176;
   template <int A>
-  __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 8) * 176;
-    const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
+  __device__ static void quants(const uint8_t* b, int j, int t, W& w) {
     const uint4 v = ld_u128<align_at(A, 16)>(b + 48 + 32 * j + 16 * t);
     const uint4 h = ld_u128<align_at(A, 16)>(b + 16 + 16 * t);
-    W w;
     w.lo = or4(nibbles_lo(v), fifth_bits(h, 2 * j));
     w.hi = or4(nibbles_hi(v), fifth_bits(h, 2 * j + 1));
+  }
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 8) * kBytes;
+    const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
+    W w;
+    quants<A>(b, j, t, w);
     k_pair_scales<A>(b, j, w);
     return w;
   }
@@ -302,25 +313,36 @@ struct Q8<DType::q6_k> {
     int q[4];
     float d[4];
   };
+  static constexpr int kBytes = 210;
+  // d * scale of sub-block i (0..15) of super-block b.
   template <int A>
-  __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 16) * 210;
-    const int h = static_cast<int>(u % 16) / 8, t = static_cast<int>(u % 8);
+  __device__ static float scale(const uint8_t* b, int i) {
+    const float d = f16_bits_to_f32(ld_u16<A>(b + 208));
+    return d * static_cast<float>(static_cast<int8_t>(b[192 + i]));
+  }
+  // The quants (q - 32) of the unit (h, t) of super-block b.
+  template <int A>
+  __device__ static void quants(const uint8_t* b, int h, int t, W& w) {
     const uint32_t a = ld_u32<A>(b + 64 * h + 4 * t), c = ld_u32<A>(b + 64 * h + 32 + 4 * t);
     const uint32_t hb = ld_u32<A>(b + 128 + 32 * h + 4 * t);
     const uint32_t q[4] = {(a & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u),
                            (c & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
                            ((a >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u),
                            ((c >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
+    // q - 32 per byte without borrows: q + 0x60 stays below 0x100, and flipping bit 7 subtracts 0x80.
+#pragma unroll
+    for (int g = 0; g < 4; ++g) w.q[g] = static_cast<int>((q[g] + 0x60606060u) ^ 0x80808080u);
+  }
+  template <int A>
+  __device__ static W load(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 16) * kBytes;
+    const int h = static_cast<int>(u % 16) / 8, t = static_cast<int>(u % 8);
+    W w;
+    quants<A>(b, h, t, w);
     const uint2 scales = ld_u64<A>(b + 192 + 8 * h);  // sub-blocks 8h .. 8h+7
     const float d = f16_bits_to_f32(ld_u16<A>(b + 208));
-    W w;
 #pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      // q - 32 per byte without borrows: q + 0x60 stays below 0x100, and flipping bit 7 subtracts 0x80.
-      w.q[g] = static_cast<int>((q[g] + 0x60606060u) ^ 0x80808080u);
-      w.d[g] = d * static_cast<float>(static_cast<int8_t>(byte_of(scales, 2 * g + t / 4)));
-    }
+    for (int g = 0; g < 4; ++g) w.d[g] = d * static_cast<float>(static_cast<int8_t>(byte_of(scales, 2 * g + t / 4)));
     return w;
   }
   __device__ static X load_x(int64_t u, const XRow& x) {

@@ -1,0 +1,151 @@
+// What the GEMV kernels share (cuda_matmul.cu: the kernel that reads weights straight from global memory;
+// cuda_gemv_staged.cu: the integer one whose weight rows go through shared memory): the launch's arguments,
+// the split of a launch's blocks between the matrices on one x, and the block's final sums.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+inline constexpr int kGemvThreads = 128;  // threads per block, splitting k
+
+// An i32 [ne0, ne1] index tensor on the device.
+struct Ids {
+  const char* data;
+  int64_t ne0, nb0, nb1;
+  __device__ int32_t operator[](int64_t i) const {
+    const DivMod d = divmod(i, ne0);
+    return *reinterpret_cast<const int32_t*>(data + d.r * nb0 + d.q * nb1);
+  }
+};
+
+__device__ __forceinline__ void store_float(char* row, DType type, int64_t j, float v) {
+  if (type == DType::f32)
+    reinterpret_cast<float*>(row)[j] = v;
+  else if (type == DType::f16)
+    reinterpret_cast<__half*>(row)[j] = __float2half_rn(v);
+  else
+    reinterpret_cast<__nv_bfloat16*>(row)[j] = __float2bfloat16_rn(v);
+}
+
+// One more weight matrix of a multi-matrix GEMV (matmul_gemv_group): same x, type and k as the first.
+struct GemvPart {
+  const uint8_t* w;
+  int64_t w_nb1;
+  int64_t n;
+  Rows dst;
+};
+inline constexpr int kGemvMaxParts = 3;
+
+// Columns q = group * m + c, c < m, of one GEMV launch (group = blockIdx.y, grid-strided).
+struct GemvArgs {
+  const uint8_t* w;      // [k, n] or, with ids, [k, n, n_expert]
+  int64_t w_nb1, w_nb2;  // bytes between rows, between experts
+  int64_t n, k;
+  int m;  // columns per group: 1 .. kGemvMaxCols
+  int64_t n_groups;
+  int64_t n_cols;  // columns in all: the last group may have fewer than m
+  // Column groups side by side along grid.x (block x = row block * col_split + group % col_split), so that
+  // the groups of a row block run together and read its weight rows once from memory; the rest along grid.y.
+  int col_split;
+  bool use_ids;  // MoE: column q uses expert ids[q] (m == 1); else expert 0
+  Ids ids;
+  int64_t x_div;  // column q reads x row q / x_div
+  Rows x;         // f32 rows of k
+  bool x_vec;     // every x row is 16-byte aligned
+  bool prefetch;  // programmatic launch: the first bytes of the weight rows head for L2 before the wait
+  bool staged;    // integer path: the weight rows go through shared memory (cuda_gemv_staged.cu)
+  // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
+  const int* xq;
+  const float2* xds;
+  Rows dst;       // rows of n
+  DType dst_type;
+  // Further matrices on the same x (n_parts - 1 of them): the row blocks from part_start[i] on compute part i.
+  int n_parts;
+  GemvPart more[kGemvMaxParts - 1];
+  unsigned part_start[kGemvMaxParts];
+};
+
+// The matrix that row block `block` of the launch belongs to; `block` becomes the block's index in it.
+__device__ __forceinline__ GemvPart gemv_part(const GemvArgs& a, unsigned& block) {
+  GemvPart part{a.w, a.w_nb1, a.n, a.dst};
+  unsigned first = 0;
+  for (int i = 1; i < a.n_parts; ++i) {
+    if (block >= a.part_start[i]) part = a.more[i - 1], first = a.part_start[i];
+  }
+  block -= first;
+  return part;
+}
+
+// Step kStep (lane offset 16 >> kStep) of gemv_store's warp sum over v's values (kValues of them at the start);
+// templated so that every index into v is a constant (an unrolled loop with a run-time bound put v on the stack).
+template <int kStep, int kValues>
+__device__ __forceinline__ void butterfly(float (&v)[kValues], int lane, int& at) {
+  if constexpr (kStep < 5) {
+    constexpr int o = 16 >> kStep, half = (kValues >> kStep) / 2;
+    if constexpr (half > 0) {
+      const bool upper = (lane & o) != 0;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float send = upper ? v[i] : v[i + half], keep = upper ? v[i + half] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+      }
+      if (upper) at += half;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    }
+    butterfly<kStep + 1>(v, lane, at);
+  }
+}
+
+// The block's sums of its threads' partial products acc[r][c] (rows row0 + r, columns q0 + c < q0 + cols),
+// stored into the part's destination. Each warp sums its lanes by butterfly: at each step a lane keeps half
+// of the values and adds its partner's half, so kRows x kCols sums take 2 * values - 1 shuffles instead of 5
+// each. Every value's additions pair the same lanes in the same order as warp_sum's (a + b = b + a in
+// IEEE arithmetic), so the bits are warp_sum's. Then the warps' sums meet in shared memory in warp order.
+// Ends with `red` written and read: a later call must follow a __syncthreads().
+template <int kRows, int kCols>
+__device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols], float (&red)[kGemvThreads / 32][kRows][kCols],
+                                           const GemvPart& part, DType dst_type, int64_t row0, int64_t q0,
+                                           int cols) {
+  constexpr int kValues = kRows * kCols;
+  static_assert(kValues <= 32 && (kValues & (kValues - 1)) == 0, "a power of two of values, at most a lane each");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float v[kValues];
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) v[i] = acc[i / kCols][i % kCols];
+  int at = 0;  // the value this lane holds in v[0] at the end
+  butterfly<0>(v, lane, at);
+  if (lane % (32 / kValues) == 0) red[warp][at / kCols][at % kCols] = v[0];
+  __syncthreads();
+  if (threadIdx.x < kValues) {
+    const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
+    if (c < cols && row0 + r < part.n) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kGemvThreads / 32; ++i) s += red[i][r][c];
+      store_float(part.dst.row(q0 + c), dst_type, row0 + r, s);
+    }
+  }
+}
+
+// The types whose integer GEMV reads its weights through shared memory where the rows allow: measured on an
+// H100 (bench/matmul_bench --device cuda), the K-quants gain (Q4_K 29 -> 36% of the copy bandwidth on 4096 x
+// 14336 with the first form of the kernel, Q6_K 45 -> 65% on the 8B's output head) while Q4_0 and Q8_0, whose
+// units are 8 elements and whose direct loads already keep enough in flight, lose a few points.
+template <DType T>
+inline constexpr bool kStagedType = T == DType::q4_k || T == DType::q5_k || T == DType::q6_k;
+
+// The staged integer GEMV (cuda_gemv_staged.cu) of Q4_K, Q5_K and Q6_K weights: row_blocks blocks of kRows rows
+// (over all parts) times a.n_groups column groups of kCols.
+template <DType T, int kCols, int kRows>
+void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks);
+
+}  // namespace kiln::cuda

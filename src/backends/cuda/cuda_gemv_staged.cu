@@ -1,0 +1,247 @@
+// The integer GEMV of Q4_K, Q5_K and Q6_K weights through shared memory (Matmul under quantize_x, 1 to 8
+// tokens: cuda_matmul.cu's integer path where the weight rows start 16-byte aligned and are whole 16-byte
+// chunks).
+//
+// The work of a launch is items of kRows weight rows and a group of up to kCols columns; a block takes the
+// items blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is what the device holds at once, so there is no
+// later wave), and walks each item's rows a segment at a time: kGemvThreads units of every row, one unit a
+// thread. Segments reach shared memory by cp.async, 16 bytes a copy and no register waiting, the block's next
+// segment (of this item or of its next one) in flight while this one is multiplied, so that a block streams
+// its share of the weight with loads always on the way. The first segment is asked for before the wait for
+// the kernel before (weights are constant).
+//
+// A landed segment's super-block scales are decoded once, into a table of f32 factors in shared memory, one
+// super-block a thread, and every unit reads its factors from there: decoding them per unit (eight units
+// share a super-block) cost more instructions than the dot products.
+//
+// Each thread takes the units t, t + kGemvThreads, ... of a row in the order cuda_matmul.cu's gemv_q8_partial
+// does, with the same arithmetic (the table holds the products k_pair_scales and Q8<q6_k>::load compute), and
+// the block's sums meet as gemv_kernel's do: the two give the same bits (CudaGemv.*).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_gemv.cuh"
+#include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_q8.cuh"
+#include "backends/cuda/cuda_quant.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+// Weight bytes of one segment of a row: kGemvThreads units (whole super-blocks, whole 16-byte chunks).
+template <DType T>
+__host__ __device__ constexpr int seg_bytes() {
+  return kGemvThreads * Q8<T>::kUnit / 256 * Q8<T>::kBytes;
+}
+
+// A super-block's scale table (16 floats) and a unit's weights from a staged row and its table.
+template <DType T>
+struct Staged;
+
+// Q4_K, Q5_K: for each pair j of sub-blocks {d * scale(2j), d * scale(2j+1), dmin * min(2j), dmin * min(2j+1)}.
+template <DType T>
+struct StagedK {
+  template <int A>
+  __device__ static void table(const uint8_t* b, float* t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      WK w;
+      k_pair_scales<A>(b, j, w);
+      reinterpret_cast<float4*>(t)[j] = make_float4(w.d0, w.d1, w.m0, w.m1);
+    }
+  }
+  // Unit v (0 .. kGemvThreads - 1) of a segment.
+  template <int A>
+  __device__ static WK load(const uint8_t* seg, const float* table, int v) {
+    const int sb = v / 8, j = (v % 8) / 2, t = v % 2;
+    WK w;
+    Q8<T>::template quants<A>(seg + sb * Q8<T>::kBytes, j, t, w);
+    const float4 s = reinterpret_cast<const float4*>(table + 16 * sb)[j];
+    w.d0 = s.x, w.d1 = s.y, w.m0 = s.z, w.m1 = s.w;
+    return w;
+  }
+};
+template <>
+struct Staged<DType::q4_k> : StagedK<DType::q4_k> {};
+template <>
+struct Staged<DType::q5_k> : StagedK<DType::q5_k> {};
+
+// Q6_K: d * scale(i) of sub-block i = 8h + 2g + q at 8h + 4q + g, so that the unit (h, t) of a super-block
+// reads its four (g = 0..3, q = t / 4) as one float4.
+template <>
+struct Staged<DType::q6_k> {
+  using Q = Q8<DType::q6_k>;
+  template <int A>
+  __device__ static void table(const uint8_t* b, float* t) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) t[8 * (i / 8) + 4 * (i % 2) + (i % 8) / 2] = Q::scale<A>(b, i);
+  }
+  template <int A>
+  __device__ static Q::W load(const uint8_t* seg, const float* table, int v) {
+    const int sb = v / 16, h = (v % 16) / 8, t = v % 8;
+    Q::W w;
+    Q::quants<A>(seg + sb * Q::kBytes, h, t, w);
+    const float4 s = reinterpret_cast<const float4*>(table + 16 * sb + 8 * h)[t / 4];
+    w.d[0] = s.x, w.d[1] = s.y, w.d[2] = s.z, w.d[3] = s.w;
+    return w;
+  }
+};
+
+// One item: the rows row0 .. row0 + kRows - 1 of `part` (the last repeated past its end) and the columns
+// q0 .. q0 + cols - 1.
+struct Item {
+  GemvPart part;
+  const uint8_t* w;  // the part's weight (the expert's, with ids)
+  int64_t row0, q0;
+  int cols;
+};
+template <int kRows>
+__device__ __forceinline__ Item item_at(const GemvArgs& a, unsigned item) {
+  const auto groups = static_cast<unsigned>(a.n_groups);
+  unsigned block = groups == 1 ? item : item / groups;
+  Item it;
+  it.part = gemv_part(a, block);
+  it.row0 = int64_t{block} * kRows;
+  it.q0 = int64_t{groups == 1 ? 0u : item % groups} * a.m;
+  it.cols = static_cast<int>(min(static_cast<int64_t>(a.m), a.n_cols - it.q0));
+  it.w = it.part.w + (a.use_ids ? a.ids[it.q0] * a.w_nb2 : 0);
+  return it;
+}
+
+template <DType T, int kCols, int kRows>
+__global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, unsigned n_items) {
+  using Q = Q8<T>;
+  using S = Staged<T>;
+  constexpr int kSeg = seg_bytes<T>();
+  constexpr int kSbSeg = kSeg / Q::kBytes;  // super-blocks of a row in a segment
+  constexpr int A = Quant<T>::kAlign | kInShared;
+  __shared__ float red[kGemvThreads / 32][kRows][kCols];
+  __shared__ __align__(16) float table[kRows * kSbSeg * 16];
+  extern __shared__ __align__(16) uint8_t stage[];  // two slots of kRows segments
+  const int64_t n_units = a.k / Q::kUnit;
+  const int64_t row_bytes = a.k / 256 * Q::kBytes;
+  const int n_seg = static_cast<int>((n_units + kGemvThreads - 1) / kGemvThreads);
+  // Segment `seg` of item `item`'s rows into slot `slot`; a group is committed even when there is none, so
+  // that cp_async_wait<1> below always leaves just the next segment in flight.
+  const auto issue = [&](unsigned item, int seg, int slot) {
+    if (item < n_items) {
+      const Item it = item_at<kRows>(a, item);
+      const int64_t off = int64_t{seg} * kSeg;
+      const int chunks = static_cast<int>(min(int64_t{kSeg}, row_bytes - off) / 16);
+      uint8_t* dst = stage + slot * (kRows * kSeg);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uint8_t* src = it.w + min(it.row0 + r, it.part.n - 1) * it.part.w_nb1 + off;
+        for (int c = threadIdx.x; c < chunks; c += kGemvThreads) cp_async16(dst + r * kSeg + 16 * c, src + 16 * c);
+      }
+    }
+    cp_async_commit();
+  };
+  unsigned item = blockIdx.x;
+  int seg = 0, slot = 0;
+  if (a.use_ids) pdl_wait();  // the experts' ids come from the kernel before
+  issue(item, 0, 0);
+  pdl_wait();
+  Item it{};
+  XRow x[kCols];
+  float acc[kRows][kCols] = {};
+  while (item < n_items) {
+    if (seg == 0) {
+      it = item_at<kRows>(a, item);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int64_t i = divmod(it.q0 + min(c, it.cols - 1), a.x_div).q;
+        x[c] = {a.xq + i * (a.k / 4), a.xds + i * (a.k / 32)};
+      }
+    }
+    unsigned next_item = item;
+    int next_seg = seg + 1;
+    if (next_seg == n_seg) next_seg = 0, next_item += gridDim.x;
+    issue(next_item, next_seg, slot ^ 1);
+    if (next_item >= n_items) pdl_trigger();  // this block's weights are on their way: the next kernel may start
+    cp_async_wait<1>();
+    __syncthreads();  // every thread's copies of this segment have landed
+    const uint8_t* buf = stage + slot * (kRows * kSeg);
+    const int n_sb = static_cast<int>(min(int64_t{kSbSeg}, (row_bytes - int64_t{seg} * kSeg) / Q::kBytes));
+    for (int i = threadIdx.x; i < kRows * kSbSeg; i += kGemvThreads) {
+      if (i % kSbSeg < n_sb) S::template table<A>(buf + (i / kSbSeg) * kSeg + (i % kSbSeg) * Q::kBytes, table + 16 * i);
+    }
+    __syncthreads();  // the table is written
+    const int64_t u = int64_t{seg} * kGemvThreads + threadIdx.x;
+    if (u < n_units) {
+      if constexpr (kCols == 1) {
+        const typename Q::X xv = Q::load_x(u, x[0]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const typename Q::W w = S::template load<A>(buf + r * kSeg, table + r * kSbSeg * 16, threadIdx.x);
+          acc[r][0] = __fadd_rn(acc[r][0], Q::dot(w, xv));
+        }
+      } else {
+        typename Q::W w[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) w[r] = S::template load<A>(buf + r * kSeg, table + r * kSbSeg * 16, threadIdx.x);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          if (c < it.cols) {  // (not a break: the loop unrolls, and x stays in registers)
+            const typename Q::X xv = Q::load_x(u, x[c]);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) acc[r][c] = __fadd_rn(acc[r][c], Q::dot(w[r], xv));
+          }
+        }
+      }
+    }
+    if (next_seg == 0) {  // the item's last segment
+      gemv_store(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
+      }
+    }
+    __syncthreads();  // the slot, the table and red are written again
+    item = next_item, seg = next_seg, slot ^= 1;
+  }
+}
+
+}  // namespace
+
+template <DType T, int kCols, int kRows>
+void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks) {
+  const auto kernel = gemv_staged_kernel<T, kCols, kRows>;
+  constexpr size_t smem = 2 * kRows * seg_bytes<T>();
+  // Blocks a multiprocessor holds (registers, the two slots and the table): the grid is that many a
+  // multiprocessor, or fewer when there are fewer items (or Context::staged_gemv_grid says fewer).
+  static const int per_sm = [&] {
+    int b = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGemvThreads, smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 1;
+    }
+    return std::max(b, 1);
+  }();
+  const int64_t cap = ctx.staged_gemv_grid > 0 ? ctx.staged_gemv_grid : int64_t{0x7fffffff};
+  const int64_t items = row_blocks * a.n_groups;
+  const int64_t grid = std::min({items, int64_t{per_sm} * std::max(ctx.n_sms, 1), cap});
+  (void)launch_kernel(ctx, kernel, dim3(static_cast<unsigned>(grid)), dim3(kGemvThreads), smem, a,
+                      static_cast<unsigned>(items));
+}
+
+#define KILN_STAGED(T)                                                                   \
+  template void launch_gemv_staged<T, 1, 8>(const Context&, const GemvArgs&, int64_t); \
+  template void launch_gemv_staged<T, 1, 4>(const Context&, const GemvArgs&, int64_t); \
+  template void launch_gemv_staged<T, 1, 2>(const Context&, const GemvArgs&, int64_t); \
+  template void launch_gemv_staged<T, 1, 1>(const Context&, const GemvArgs&, int64_t); \
+  template void launch_gemv_staged<T, 4, 4>(const Context&, const GemvArgs&, int64_t); \
+  template void launch_gemv_staged<T, kGemvMaxCols, 4>(const Context&, const GemvArgs&, int64_t);
+KILN_STAGED(DType::q4_k)
+KILN_STAGED(DType::q5_k)
+KILN_STAGED(DType::q6_k)
+#undef KILN_STAGED
+
+}  // namespace kiln::cuda
