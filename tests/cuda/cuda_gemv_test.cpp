@@ -1,8 +1,8 @@
-// The GEMV's ways of reading weights (cuda_matmul.cu).
-// - The K-quants' integer GEMV reads through shared memory, a segment of every row in flight ahead of its use
-//   (the default where rows are 16-byte aligned), or straight from global memory (KILN_CUDA_GEMV_STAGED=0).
-//   Each thread takes the same units in the same order either way, so the results are the same bits, at
-//   lengths with a partial last segment and at 1 to 16 tokens.
+// The GEMV's ways of reading weights (cuda_matmul.cu, cuda_gemv_staged.cu).
+// - The integer GEMV of the K-quants and of the legacy types in grouped form reads through shared memory, a
+//   segment of every row in flight ahead of its use (the default where rows are 16-byte aligned), or straight
+//   from global memory (KILN_CUDA_GEMV_STAGED=0). Each thread takes the same units in the same order either
+//   way, so the results are the same bits, at lengths with a partial last segment and at 1 to 16 tokens.
 // - Matmul weights of the legacy block types are held in grouped form (prepare_weight; KILN_CUDA_GROUPED=0
 //   keeps the file's). The exact paths (GEMV and GEMM) give the same bits from either form; the integer
 //   GEMV sums a block's products in one piece instead of four, the same integers scaled in another order.
@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -136,6 +137,54 @@ std::unique_ptr<Backend> cuda_backend(bool grouped) {
   unsetenv("KILN_CUDA_GROUPED");
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   return made.ok() ? std::move(made).value() : nullptr;
+}
+
+// A CUDA backend made under the environment settings `env`, each unset again after.
+std::unique_ptr<Backend> cuda_backend_env(const std::vector<std::pair<std::string, std::string>>& env) {
+  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+  auto made = make_backend("cuda");
+  for (const auto& [name, value] : env) unsetenv(name.c_str());
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  return made.ok() ? std::move(made).value() : nullptr;
+}
+
+TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
+  // The legacy types' rows in grouped form through shared memory (one column of x; more are read directly
+  // either way), against their direct loads: a segment is 16 runs of 8 blocks (q8_0: 8 runs). k = 288: one
+  // partial segment ending in a partial run (9 blocks); 4096: whole runs; 6368: a partial last segment ending
+  // in a partial run (199 blocks). Once more on a grid of 2 blocks that walk many items each.
+  std::unique_ptr<Backend> staged = cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "1"}}),
+                           direct = cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "0"}}),
+                           walked = cuda_backend_env(
+                               {{"KILN_CUDA_GEMV_STAGED", "1"}, {"KILN_CUDA_GEMV_GRID", "2"}});
+  ASSERT_TRUE(staged != nullptr && direct != nullptr && walked != nullptr);
+  std::mt19937_64 rng(13);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  constexpr int64_t n = 37;
+  for (const DType t : {DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0}) {
+    for (const int64_t k : {288, 4096, 6368}) {
+      const std::vector<uint8_t> w = legacy_blocks(t, k, n, rng);
+      const Tensor logical = make_tensor(t, const_cast<uint8_t*>(w.data()), k, n);
+      const std::string what = fmt::format("{} k {}", dtype_name(t), k);
+      auto hs = staged->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+      auto hd = direct->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+      auto hw = walked->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+      ASSERT_TRUE(hs.ok() && hd.ok() && hw.ok()) << what;
+      EXPECT_NE((*hs)->weight.prepared, nullptr) << what << ": not in grouped form";
+      for (const int64_t m : {1, 3, 8, 12}) {
+        std::vector<float> x(static_cast<size_t>(k * m));
+        for (float& v : x) v = uni(rng);
+        const std::vector<float> a = matmul_product(*staged, (*hs)->weight, x.data(), m, true),
+                                 b = matmul_product(*direct, (*hd)->weight, x.data(), m, true),
+                                 c = matmul_product(*walked, (*hw)->weight, x.data(), m, true);
+        EXPECT_TRUE(a == b) << what << " m " << m;
+        EXPECT_TRUE(c == b) << what << " m " << m << ", 2 blocks";
+        bool written = false;
+        for (const float v : a) written = written || v != 0.0f;
+        EXPECT_TRUE(written) << what << " m " << m;
+      }
+    }
+  }
 }
 
 TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {

@@ -95,9 +95,11 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_INT8=0: quantize_x matmuls of block-quantized weights take the exact GEMV (for comparison).
     const char* int8 = std::getenv("KILN_CUDA_INT8");
     ctx_.int8_gemv = int8 == nullptr || std::string_view(int8) != "0";
-    // KILN_CUDA_GEMV_STAGED=0: the integer GEMV loads its weights directly instead of through shared memory.
+    // KILN_CUDA_GEMV_STAGED=0: the integer GEMV loads its weights directly instead of through shared memory;
+    // =k: the K-quants' through shared memory, the grouped legacy types' directly.
     const char* staged = std::getenv("KILN_CUDA_GEMV_STAGED");
     ctx_.staged_gemv = staged == nullptr || std::string_view(staged) != "0";
+    ctx_.staged_gemv_grouped = ctx_.staged_gemv && (staged == nullptr || std::string_view(staged) != "k");
     // KILN_CUDA_GEMV_GRID=N: at most N blocks a staged GEMV launch (tests: many items a block).
     if (const char* v = std::getenv("KILN_CUDA_GEMV_GRID"); v != nullptr && std::atoi(v) > 0) {
       ctx_.staged_gemv_grid = std::atoi(v);

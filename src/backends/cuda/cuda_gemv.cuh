@@ -65,9 +65,9 @@ struct GemvArgs {
   // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
   const int* xq;
   const float2* xds;
-  Rows dst;       // rows of n
+  Rows dst;  // rows of n
   DType dst_type;
-  // Further matrices on the same x (n_parts - 1 of them): the row blocks from part_start[i] on compute part i.
+  // Further matrices on the same x (n_parts - 1 of them): row blocks from part_start[i] on are part i's.
   int n_parts;
   GemvPart more[kGemvMaxParts - 1];
   unsigned part_start[kGemvMaxParts];
@@ -84,8 +84,9 @@ __device__ __forceinline__ GemvPart gemv_part(const GemvArgs& a, unsigned& block
   return part;
 }
 
-// Step kStep (lane offset 16 >> kStep) of gemv_store's warp sum over v's values (kValues of them at the start);
-// templated so that every index into v is a constant (an unrolled loop with a run-time bound put v on the stack).
+// Step kStep (lane offset 16 >> kStep) of gemv_store's warp sum over v's values (kValues of them at the
+// start); templated so that every index into v is a constant (an unrolled loop with a run-time bound put v on
+// the stack).
 template <int kStep, int kValues>
 __device__ __forceinline__ void butterfly(float (&v)[kValues], int lane, int& at) {
   if constexpr (kStep < 5) {
@@ -112,11 +113,13 @@ __device__ __forceinline__ void butterfly(float (&v)[kValues], int lane, int& at
 // IEEE arithmetic), so the bits are warp_sum's. Then the warps' sums meet in shared memory in warp order.
 // Ends with `red` written and read: a later call must follow a __syncthreads().
 template <int kRows, int kCols>
-__device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols], float (&red)[kGemvThreads / 32][kRows][kCols],
+__device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
+                                           float (&red)[kGemvThreads / 32][kRows][kCols],
                                            const GemvPart& part, DType dst_type, int64_t row0, int64_t q0,
                                            int cols) {
   constexpr int kValues = kRows * kCols;
-  static_assert(kValues <= 32 && (kValues & (kValues - 1)) == 0, "a power of two of values, at most a lane each");
+  static_assert(kValues <= 32 && (kValues & (kValues - 1)) == 0,
+                "a power of two of values, at most a lane each");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float v[kValues];
 #pragma unroll
@@ -136,14 +139,15 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols], float (&r
   }
 }
 
-// The types whose integer GEMV reads its weights through shared memory where the rows allow: measured on an
-// H100 (bench/matmul_bench --device cuda), the K-quants gain (Q4_K 29 -> 36% of the copy bandwidth on 4096 x
-// 14336 with the first form of the kernel, Q6_K 45 -> 65% on the 8B's output head) while Q4_0 and Q8_0, whose
-// units are 8 elements and whose direct loads already keep enough in flight, lose a few points.
+// The types whose integer GEMV reads its weights through shared memory where the rows allow (the K-quants'
+// rows 16-byte aligned and whole 16-byte chunks; the legacy types' in grouped form): docs/cuda.md has the
+// measurements.
 template <DType T>
-inline constexpr bool kStagedType = T == DType::q4_k || T == DType::q5_k || T == DType::q6_k;
+inline constexpr bool kStagedType =
+    T == DType::q4_k || T == DType::q5_k || T == DType::q6_k || T == DType::q4_0 || T == DType::q4_1 ||
+    T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
 
-// The staged integer GEMV (cuda_gemv_staged.cu) of Q4_K, Q5_K and Q6_K weights: row_blocks blocks of kRows rows
+// The staged integer GEMV (cuda_gemv_staged.cu) of kStagedType weights: row_blocks blocks of kRows rows
 // (over all parts) times a.n_groups column groups of kCols.
 template <DType T, int kCols, int kRows>
 void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks);

@@ -1,6 +1,6 @@
-// The integer GEMV of Q4_K, Q5_K and Q6_K weights through shared memory (Matmul under quantize_x, 1 to 8
-// tokens: cuda_matmul.cu's integer path where the weight rows start 16-byte aligned and are whole 16-byte
-// chunks).
+// The integer GEMV through shared memory (Matmul under quantize_x, 1 to 8 tokens: cuda_matmul.cu's integer
+// path) of Q4_K, Q5_K and Q6_K rows that start 16-byte aligned and are whole 16-byte chunks, and of the
+// legacy block types' rows in grouped form (cuda_quant.cuh's legacy_block: always so).
 //
 // The work of a launch is items of kRows weight rows and a group of up to kCols columns; a block takes the
 // items blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is what the device holds at once, so there is no
@@ -10,13 +10,15 @@
 // its share of the weight with loads always on the way. The first segment is asked for before the wait for
 // the kernel before (weights are constant).
 //
-// A landed segment's super-block scales are decoded once, into a table of f32 factors in shared memory, one
-// super-block a thread, and every unit reads its factors from there: decoding them per unit (eight units
-// share a super-block) cost more instructions than the dot products.
+// A landed K-quant segment's super-block scales are decoded once, into a table of f32 factors in shared
+// memory, one super-block a thread, and every unit reads its factors from there: decoding them per unit
+// (eight units share a super-block) cost more instructions than the dot products. A grouped row's segment is
+// whole runs of 8 blocks, itself a row in grouped form: its units load from it as from the row (Q8G<T>), with
+// no table.
 //
 // Each thread takes the units t, t + kGemvThreads, ... of a row in the order cuda_matmul.cu's gemv_q8_partial
 // does, with the same arithmetic (the table holds the products k_pair_scales and Q8<q6_k>::load compute), and
-// the block's sums meet as gemv_kernel's do: the two give the same bits (CudaGemv.*).
+// the block's sums meet as gemv_kernel's do: the two give the same bits (CudaGemv.Staged*).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,19 +34,28 @@ namespace kiln::cuda {
 
 namespace {
 
-// Weight bytes of one segment of a row: kGemvThreads units (whole super-blocks, whole 16-byte chunks).
-template <DType T>
-__host__ __device__ constexpr int seg_bytes() {
-  return kGemvThreads * Q8<T>::kUnit / 256 * Q8<T>::kBytes;
-}
-
-// A super-block's scale table (16 floats) and a unit's weights from a staged row and its table.
+// How a type's rows are staged: Q, its units (Q8<T> or Q8G<T>); kA, the alignment of its rows' blocks;
+// kSbBytes, the bytes of 256 elements (a K-quant super-block, a run of 8 legacy blocks); row_bytes(k), a
+// row's length; kTable, whether a segment's scales go to a table first (table() writes a super-block's 16
+// floats); load(), a unit of a staged segment.
 template <DType T>
 struct Staged;
 
-// Q4_K, Q5_K: for each pair j of sub-blocks {d * scale(2j), d * scale(2j+1), dmin * min(2j), dmin * min(2j+1)}.
+// Weight bytes of one segment of a row: kGemvThreads units (whole super-blocks or runs of 8 blocks, whole
+// 16-byte chunks).
+template <DType T>
+__host__ __device__ constexpr int seg_bytes() {
+  return kGemvThreads * Staged<T>::Q::kUnit / 256 * Staged<T>::kSbBytes;
+}
+
+// Q4_K, Q5_K: for each pair j of sub-blocks {d * scale(2j), d * scale(2j+1), dmin * min(2j), dmin *
+// min(2j+1)}.
 template <DType T>
 struct StagedK {
+  using Q = Q8<T>;
+  static constexpr int kA = Quant<T>::kAlign, kSbBytes = Q::kBytes;
+  static constexpr bool kTable = true;
+  __device__ static int64_t row_bytes(int64_t k) { return k / 256 * kSbBytes; }
   template <int A>
   __device__ static void table(const uint8_t* b, float* t) {
 #pragma unroll
@@ -75,6 +86,9 @@ struct Staged<DType::q5_k> : StagedK<DType::q5_k> {};
 template <>
 struct Staged<DType::q6_k> {
   using Q = Q8<DType::q6_k>;
+  static constexpr int kA = Quant<DType::q6_k>::kAlign, kSbBytes = Q::kBytes;
+  static constexpr bool kTable = true;
+  __device__ static int64_t row_bytes(int64_t k) { return k / 256 * kSbBytes; }
   template <int A>
   __device__ static void table(const uint8_t* b, float* t) {
 #pragma unroll
@@ -90,6 +104,35 @@ struct Staged<DType::q6_k> {
     return w;
   }
 };
+
+// The legacy block types in grouped form: a segment's runs of 8 blocks (headers, then quants) are read in
+// place.
+template <DType T>
+struct StagedGrouped {
+  using Q = Q8G<T>;
+  static constexpr int kHead = Quant<T>::kHead, kQs = Quant<T>::kBytes - kHead;
+  static constexpr int kA = 16 | kGrouped, kSbBytes = 8 * (kHead + kQs);
+  static constexpr bool kTable = false;
+  // A last run of r < 8 blocks keeps the room of 8 headers: a multiple of 16 bytes all the same (kHead is
+  // even).
+  __device__ static int64_t row_bytes(int64_t k) { return grouped_bytes(k, kHead, kQs); }
+  template <int A>
+  __device__ static void table(const uint8_t*, float*) {}
+  template <int A>
+  __device__ static typename Q::W load(const uint8_t* seg, const float*, int v) {
+    return Q::template load<A>(seg, v);
+  }
+};
+template <>
+struct Staged<DType::q4_0> : StagedGrouped<DType::q4_0> {};
+template <>
+struct Staged<DType::q4_1> : StagedGrouped<DType::q4_1> {};
+template <>
+struct Staged<DType::q5_0> : StagedGrouped<DType::q5_0> {};
+template <>
+struct Staged<DType::q5_1> : StagedGrouped<DType::q5_1> {};
+template <>
+struct Staged<DType::q8_0> : StagedGrouped<DType::q8_0> {};
 
 // One item: the rows row0 .. row0 + kRows - 1 of `part` (the last repeated past its end) and the columns
 // q0 .. q0 + cols - 1.
@@ -114,16 +157,17 @@ __device__ __forceinline__ Item item_at(const GemvArgs& a, unsigned item) {
 
 template <DType T, int kCols, int kRows>
 __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, unsigned n_items) {
-  using Q = Q8<T>;
   using S = Staged<T>;
+  using Q = typename S::Q;
   constexpr int kSeg = seg_bytes<T>();
-  constexpr int kSbSeg = kSeg / Q::kBytes;  // super-blocks of a row in a segment
-  constexpr int A = Quant<T>::kAlign | kInShared;
+  static_assert(kSeg % 16 == 0, "a segment is whole 16-byte chunks");
+  constexpr int kSbSeg = kSeg / S::kSbBytes;  // super-blocks (runs of 8 blocks) of a row in a segment
+  constexpr int A = S::kA | kInShared;
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
-  __shared__ __align__(16) float table[kRows * kSbSeg * 16];
+  __shared__ __align__(16) float table[S::kTable ? kRows * kSbSeg * 16 : 4];
   extern __shared__ __align__(16) uint8_t stage[];  // two slots of kRows segments
   const int64_t n_units = a.k / Q::kUnit;
-  const int64_t row_bytes = a.k / 256 * Q::kBytes;
+  const int64_t row_bytes = S::row_bytes(a.k);
   const int n_seg = static_cast<int>((n_units + kGemvThreads - 1) / kGemvThreads);
   // Segment `seg` of item `item`'s rows into slot `slot`; a group is committed even when there is none, so
   // that cp_async_wait<1> below always leaves just the next segment in flight.
@@ -136,7 +180,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const uint8_t* src = it.w + min(it.row0 + r, it.part.n - 1) * it.part.w_nb1 + off;
-        for (int c = threadIdx.x; c < chunks; c += kGemvThreads) cp_async16(dst + r * kSeg + 16 * c, src + 16 * c);
+        for (int c = threadIdx.x; c < chunks; c += kGemvThreads)
+          cp_async16(dst + r * kSeg + 16 * c, src + 16 * c);
       }
     }
     cp_async_commit();
@@ -162,15 +207,21 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
     int next_seg = seg + 1;
     if (next_seg == n_seg) next_seg = 0, next_item += gridDim.x;
     issue(next_item, next_seg, slot ^ 1);
-    if (next_item >= n_items) pdl_trigger();  // this block's weights are on their way: the next kernel may start
+    if (next_item >= n_items)
+      pdl_trigger();  // this block's weights are on their way: the next kernel may start
     cp_async_wait<1>();
     __syncthreads();  // every thread's copies of this segment have landed
     const uint8_t* buf = stage + slot * (kRows * kSeg);
-    const int n_sb = static_cast<int>(min(int64_t{kSbSeg}, (row_bytes - int64_t{seg} * kSeg) / Q::kBytes));
-    for (int i = threadIdx.x; i < kRows * kSbSeg; i += kGemvThreads) {
-      if (i % kSbSeg < n_sb) S::template table<A>(buf + (i / kSbSeg) * kSeg + (i % kSbSeg) * Q::kBytes, table + 16 * i);
+    if constexpr (S::kTable) {
+      const int n_sb =
+          static_cast<int>(min(int64_t{kSbSeg}, (row_bytes - int64_t{seg} * kSeg) / S::kSbBytes));
+      for (int i = threadIdx.x; i < kRows * kSbSeg; i += kGemvThreads) {
+        if (i % kSbSeg < n_sb) {
+          S::template table<A>(buf + (i / kSbSeg) * kSeg + (i % kSbSeg) * S::kSbBytes, table + 16 * i);
+        }
+      }
+      __syncthreads();  // the table is written
     }
-    __syncthreads();  // the table is written
     const int64_t u = int64_t{seg} * kGemvThreads + threadIdx.x;
     if (u < n_units) {
       if constexpr (kCols == 1) {
@@ -183,7 +234,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
       } else {
         typename Q::W w[kRows];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) w[r] = S::template load<A>(buf + r * kSeg, table + r * kSbSeg * 16, threadIdx.x);
+        for (int r = 0; r < kRows; ++r)
+          w[r] = S::template load<A>(buf + r * kSeg, table + r * kSbSeg * 16, threadIdx.x);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           if (c < it.cols) {  // (not a break: the loop unrolls, and x stays in registers)
@@ -232,7 +284,7 @@ void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_block
                       static_cast<unsigned>(items));
 }
 
-#define KILN_STAGED(T)                                                                   \
+#define KILN_STAGED(T)                                                                 \
   template void launch_gemv_staged<T, 1, 8>(const Context&, const GemvArgs&, int64_t); \
   template void launch_gemv_staged<T, 1, 4>(const Context&, const GemvArgs&, int64_t); \
   template void launch_gemv_staged<T, 1, 2>(const Context&, const GemvArgs&, int64_t); \
@@ -242,6 +294,11 @@ void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_block
 KILN_STAGED(DType::q4_k)
 KILN_STAGED(DType::q5_k)
 KILN_STAGED(DType::q6_k)
+KILN_STAGED(DType::q4_0)
+KILN_STAGED(DType::q4_1)
+KILN_STAGED(DType::q5_0)
+KILN_STAGED(DType::q5_1)
+KILN_STAGED(DType::q8_0)
 #undef KILN_STAGED
 
 }  // namespace kiln::cuda

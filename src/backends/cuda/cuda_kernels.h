@@ -33,9 +33,11 @@ struct Context {
   // Matmuls under quantize_x may take the integer GEMV (cuda_q8.cuh); else the exact one.
   bool int8_gemv = true;
   // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment
-  // allows.
+  // allows: K-quant rows (staged_gemv), legacy-type rows in grouped form (staged_gemv_grouped).
   bool staged_gemv = true;
-  int staged_gemv_grid = 0;  // > 0: at most this many blocks a staged GEMV launch (tests); else the device's fill
+  bool staged_gemv_grouped = true;
+  int staged_gemv_grid =
+      0;  // > 0: at most this many blocks a staged GEMV launch (tests); else the device's fill
   // Batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols); else the integer GEMV or
   // cuBLAS. mmq_min_cols: the fewest rows of x that take it.
   bool mmq = true;

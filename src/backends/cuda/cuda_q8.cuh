@@ -342,7 +342,8 @@ struct Q8<DType::q6_k> {
     const uint2 scales = ld_u64<A>(b + 192 + 8 * h);  // sub-blocks 8h .. 8h+7
     const float d = f16_bits_to_f32(ld_u16<A>(b + 208));
 #pragma unroll
-    for (int g = 0; g < 4; ++g) w.d[g] = d * static_cast<float>(static_cast<int8_t>(byte_of(scales, 2 * g + t / 4)));
+    for (int g = 0; g < 4; ++g)
+      w.d[g] = d * static_cast<float>(static_cast<int8_t>(byte_of(scales, 2 * g + t / 4)));
     return w;
   }
   __device__ static X load_x(int64_t u, const XRow& x) {
@@ -368,7 +369,9 @@ struct Q8<DType::q6_k> {
 
 // Rows in grouped form (legacy_block, cuda_quant.cuh): unit u is block u, whole (q8_0: half of it). Its 16
 // quant bytes are one 16-byte load and its header one more load, against a 4-byte load (two 2-byte ones at
-// the blocks' 2-byte alignment) of quants and a header load per quarter block in the file's form.
+// the blocks' 2-byte alignment) of quants and a header load per quarter block in the file's form. The dot
+// products round operation by operation (no contraction left to the compiler), so that the GEMV that reads
+// rows directly and the one that stages them (cuda_gemv_staged.cu) get the same bits.
 template <DType T>
 struct Q8G;
 
@@ -406,7 +409,7 @@ struct Q8G<DType::q4_0> {
   __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
   __device__ static float dot(const W& w, const X& x) {
     const int s = dp4a4(nibbles_lo(w.q), x.lo) + dp4a4(nibbles_hi(w.q), x.hi);
-    return w.d * (x.ds.x * static_cast<float>(s) - 8.0f * x.ds.y);
+    return __fmul_rn(w.d, __fmaf_rn(x.ds.x, static_cast<float>(s), __fmul_rn(-8.0f, x.ds.y)));
   }
 };
 
@@ -427,7 +430,7 @@ struct Q8G<DType::q4_1> {
   __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
   __device__ static float dot(const W& w, const X& x) {
     const int s = dp4a4(nibbles_lo(w.q), x.lo) + dp4a4(nibbles_hi(w.q), x.hi);
-    return w.d * x.ds.x * static_cast<float>(s) + w.m * x.ds.y;
+    return __fmaf_rn(__fmul_rn(w.d, x.ds.x), static_cast<float>(s), __fmul_rn(w.m, x.ds.y));
   }
 };
 
@@ -451,7 +454,7 @@ struct Q8G<DType::q5_0> {
   __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
   __device__ static float dot(const W& w, const X& x) {
     const int s = dp4a4(w.lo, x.lo) + dp4a4(w.hi, x.hi);
-    return w.d * (x.ds.x * static_cast<float>(s) - 16.0f * x.ds.y);
+    return __fmul_rn(w.d, __fmaf_rn(x.ds.x, static_cast<float>(s), __fmul_rn(-16.0f, x.ds.y)));
   }
 };
 
@@ -476,7 +479,7 @@ struct Q8G<DType::q5_1> {
   __device__ static X load_x(int64_t u, const XRow& x) { return load_xb(u, x); }
   __device__ static float dot(const W& w, const X& x) {
     const int s = dp4a4(w.lo, x.lo) + dp4a4(w.hi, x.hi);
-    return w.d * x.ds.x * static_cast<float>(s) + w.m * x.ds.y;
+    return __fmaf_rn(__fmul_rn(w.d, x.ds.x), static_cast<float>(s), __fmul_rn(w.m, x.ds.y));
   }
 };
 
@@ -503,7 +506,7 @@ struct Q8G<DType::q8_0> {
     return {__ldg(reinterpret_cast<const int4*>(x.qs + 4 * u)), __ldg(x.ds + u / 2).x};
   }
   __device__ static float dot(const W& w, const X& x) {
-    return w.d * x.d * static_cast<float>(dp4a4(w.q, x.q));
+    return __fmul_rn(__fmul_rn(w.d, x.d), static_cast<float>(dp4a4(w.q, x.q)));
   }
 };
 
