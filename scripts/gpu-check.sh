@@ -86,7 +86,10 @@ if [ -n "${BASE_TREE:-}" ]; then
 fi
 cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
   >>"$out/build.log" 2>&1
-cmake --build build/cuda-dev -j "$(nproc)" -- -k 0 >>"$out/build.log" 2>&1 || true
+# BUILD_TARGETS="kiln matmul_bench ...": only those targets (a shorter call for the bench or ncu steps).
+targets=()
+for t in ${BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build build/cuda-dev -j "$(nproc)" "${targets[@]}" -- -k 0 >>"$out/build.log" 2>&1 || true
 if [ -n "${BASE_TREE:-}" ]; then
   wait "$base_pid" || echo "the base tree did not build: $(tail -3 "$out/build-base.log")"
 fi
