@@ -247,24 +247,19 @@ __device__ __forceinline__ uint4 or4(uint4 a, uint4 b) {
   return make_uint4(a.x | b.x, a.y | b.y, a.z | b.z, a.w | b.w);
 }
 
-template <>
-struct Q8<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
+// Q4_K and Q5_K: unit u of a row is half t = u % 2 of the pair of sub-blocks j = (u % 8) / 2 of super-block
+// u / 8; Self::quants reads its values, k_pair_scales its scales.
+template <class Self>
+struct Q8KPair {
   static constexpr int kUnit = 32;
   using W = WK;
   using X = XK;
-  static constexpr int kBytes = 144;
-  // The quants of the unit (j, t) of super-block b (scales: k_pair_scales).
-  template <int A>
-  __device__ static void quants(const uint8_t* b, int j, int t, W& w) {
-    const uint4 v = ld_u128<align_at(A, 16)>(b + 16 + 32 * j + 16 * t);
-    w.lo = nibbles_lo(v), w.hi = nibbles_hi(v);
-  }
   template <int A>
   __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 8) * kBytes;
+    const uint8_t* b = row + (u / 8) * Self::kBytes;
     const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
     W w;
-    quants<A>(b, j, t, w);
+    Self::template quants<A>(b, j, t, w);
     k_pair_scales<A>(b, j, w);
     return w;
   }
@@ -273,29 +268,27 @@ struct Q8<DType::q4_k> {  // d:2 dmin:2 scales:12 qs:128
 };
 
 template <>
-struct Q8<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128; bit s of qh[l]: fifth bit of element l of s
-  static constexpr int kUnit = 32;
-  using W = WK;
-  using X = XK;
+struct Q8<DType::q4_k> : Q8KPair<Q8<DType::q4_k>> {  // d:2 dmin:2 scales:12 qs:128
+  static constexpr int kBytes = 144;
+  // The quants of the unit (j, t) of super-block b.
+  template <int A>
+  __device__ static void quants(const uint8_t* b, int j, int t, WK& w) {
+    const uint4 v = ld_u128<align_at(A, 16)>(b + 16 + 32 * j + 16 * t);
+    w.lo = nibbles_lo(v), w.hi = nibbles_hi(v);
+  }
+};
+
+// d:2 dmin:2 scales:12 qh:32 qs:128; bit s of qh[l]: the fifth bit of element l of sub-block s.
+template <>
+struct Q8<DType::q5_k> : Q8KPair<Q8<DType::q5_k>> {
   static constexpr int kBytes = 176;
   template <int A>
-  __device__ static void quants(const uint8_t* b, int j, int t, W& w) {
+  __device__ static void quants(const uint8_t* b, int j, int t, WK& w) {
     const uint4 v = ld_u128<align_at(A, 16)>(b + 48 + 32 * j + 16 * t);
     const uint4 h = ld_u128<align_at(A, 16)>(b + 16 + 16 * t);
     w.lo = or4(nibbles_lo(v), fifth_bits(h, 2 * j));
     w.hi = or4(nibbles_hi(v), fifth_bits(h, 2 * j + 1));
   }
-  template <int A>
-  __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 8) * kBytes;
-    const int j = static_cast<int>(u % 8) / 2, t = static_cast<int>(u % 2);
-    W w;
-    quants<A>(b, j, t, w);
-    k_pair_scales<A>(b, j, w);
-    return w;
-  }
-  __device__ static X load_x(int64_t u, const XRow& x) { return load_xk(u, x); }
-  __device__ static float dot(const W& w, const X& x) { return dot_k(w, x); }
 };
 
 // Q6_K: ql:128 qh:64 scales:16 (int8, one a sub-block of 16) d:2; w = d * scale * (q - 32). Half h (128
