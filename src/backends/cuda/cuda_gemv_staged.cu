@@ -1,6 +1,6 @@
-// The integer GEMV through shared memory (Matmul under quantize_x, 1 to 8 tokens: cuda_matmul.cu's integer
-// path) of Q4_K, Q5_K and Q6_K rows that start 16-byte aligned and are whole 16-byte chunks, and of the
-// legacy block types' rows in grouped form (cuda_quant.cuh's legacy_block: always so).
+// The integer GEMV through shared memory (Matmul under quantize_x where cuda_matmul.cu takes the integer GEMV)
+// of Q4_K, Q5_K and Q6_K rows that start 16-byte aligned and are whole 16-byte chunks, and of the legacy block
+// types' rows in grouped form (cuda_quant.cuh's legacy_block: always so) for one column of x.
 //
 // The work of a launch is items of kRows weight rows and a group of up to kCols columns; a block takes the
 // items blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is what the device holds at once, so there is no
