@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -35,6 +36,15 @@ cudaError_t launched() { return cudaGetLastError(); }
 constexpr int kRowRegs = 8;
 constexpr int kNormMaxCluster = 8;  // the portable cluster size
 constexpr int64_t kNormMinSlice = 512;
+// A row of at most this many elements is one block's (KILN_CUDA_NORM_ONE_BLOCK=N sets it, for measuring):
+// cutting it would pay the cluster's two barriers for a few elements a thread.
+int64_t norm_one_block() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("KILN_CUDA_NORM_ONE_BLOCK");
+    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{1024};
+  }();
+  return n;
+}
 
 // Where a row's slices run: each a block of a cluster (decode: a row spread over multiprocessors), or, for
 // many rows (prefill), packed into one block a row, slice j taking threads [j * nt, (j + 1) * nt) with the
@@ -597,8 +607,9 @@ struct NormShape {
   bool packed;  // a row's slices in one block (part_of)
 };
 NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
-  const int64_t want =
-      ctx.clusters ? std::clamp<int64_t>((n + kNormMinSlice - 1) / kNormMinSlice, 1, kNormMaxCluster) : 1;
+  const int64_t want = ctx.clusters && n > norm_one_block()
+                           ? std::clamp<int64_t>((n + kNormMinSlice - 1) / kNormMinSlice, 1, kNormMaxCluster)
+                           : 1;
   const int64_t slice = want == 1 ? n : ((n + want - 1) / want + 31) / 32 * 32;
   const auto cluster = static_cast<unsigned>((n + slice - 1) / slice);
   // Threads: enough for the slice to fit kRowRegs slots (at least 128, at most 1024).
