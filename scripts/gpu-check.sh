@@ -6,7 +6,7 @@
 #   BASE_TREE=DIR also builds an earlier tree (kiln, matmul_bench) for A/B runs: see below.
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck (SANITIZE_FILTER: a gtest filter
-#             instead of every OpHarness test)
+#             instead of every OpHarness test; SANITIZE_TESTS=cuda_tests: that test binary instead of ops_tests)
 #   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth; BENCH_ARGS its
 #             arguments, BENCH_BASE=PATH another build's matmul_bench beside it, BENCH_REPS rounds)
 #   mmq       the K-quant matmuls of 2 to 64 tokens (MMQ_M; the 8B's shapes) by the integer GEMV / cuBLAS
@@ -22,7 +22,7 @@
 #             llama.cpp build; the q4_ ones are quantized from the model's bf16 file, which PREP_ONLY must name)
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
-#             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; KILN_BIN=PATH runs another kiln binary instead), interleaved,
+#             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; A=1+B=2 sets two; KILN_BIN=PATH runs another kiln binary), interleaved,
 #             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0), AB_REPS rounds (default 2), with the
 #             bench arguments AB_ARGS (default: -p 512 -n 128; batched decode: -p 0 -n 128 --batch 16,64)
 #   profile   each kernel's time in decode steps by ncu (bench/gpu_peer.py's kernel_profile) on PROFILE_FILES
@@ -108,7 +108,7 @@ for step in "${steps[@]}"; do
       ;;
     sanitize)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/tests/ops_tests" --gtest_brief=1 \
+        compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/tests/${SANITIZE_TESTS:-ops_tests}" --gtest_brief=1 \
           --gtest_filter="${SANITIZE_FILTER:-OpHarness.*:-OpHarness.Perf}" >>"$out/sanitize.log" 2>&1 || status=1
         tail -4 "$out/sanitize.log"
       done
@@ -183,7 +183,7 @@ for step in "${steps[@]}"; do
           for e in ${AB_ENVS:-KILN_CUDA_PDL=0 KILN_CUDA_PDL=1}; do
             k="$bin/tools/kiln/kiln"
             [[ $e == KILN_BIN=* ]] && k=${e#KILN_BIN=}
-            r=$(env "$e" "$k" bench -m "$path" -d cuda ${AB_ARGS:--p 512 -n 128} -r 2 2>&1 |
+            r=$(env ${e//+/ } "$k" bench -m "$path" -d cuda ${AB_ARGS:--p 512 -n 128} -r 2 2>&1 |
               awk -F'|' '/ (pp[0-9]+|tg[0-9]+(@bs[0-9]+)?) /{printf "%s %s  ", $7, $8}')
             echo "| $f | $e | $rep | $r |"
           done

@@ -2,7 +2,8 @@
 // what it gives with every op as its own kernel (KILN_CUDA_FUSE=0 against 1), for decode-sized and
 // prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
 // and the gated activation that round x for the integer GEMV; as the file holds them, and as the backend
-// prepares them at load, in grouped form).
+// prepares them at load, in grouped form; RoPE and the KV write, then the attention that reads them, over f16
+// and f32 pools, one or several chunks of positions).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,11 +14,22 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "core/half.h"
 
 namespace kiln {
 namespace {
 
-constexpr int64_t kEmbd = 256, kHead = 64, kHeads = 4, kKvHeads = 2, kFf = 384, kBlock = 16, kBlocks = 8;
+constexpr int64_t kEmbd = 256, kHead = 64, kHeads = 4, kKvHeads = 2, kFf = 384, kBlock = 16;
+// Token t of a step is at position 37 + 5t. Every sequence's blocks before its token's are the shared blocks
+// 0 .. kShared - 1 (as a common prefix: read, never written); the token's own block is kShared + t.
+constexpr int64_t kMaxTokens = 64, kShared = (37 + 5 * (kMaxTokens - 1)) / kBlock,
+                  kBlocks = kShared + kMaxTokens;
+
+struct LayerOptions {
+  DType pool = DType::f16;  // the K and V pools' type
+  int32_t n_rot = kHead;
+  ops::RopeLayout layout = ops::RopeLayout::rope_layout_normal;
+};
 
 // One attention + FFN input half of a layer, laid out in one device buffer: the same offsets on every
 // backend, so two programs can be compared buffer to buffer.
@@ -37,11 +49,12 @@ struct Layer {
   std::vector<std::unique_ptr<WeightHandle>> weights;  // prepared: the weights as prepare_weight made them
 };
 
-// Every operand random (weights bf16 or q8_0, norms and activations f32, pools f16), then the ops:
-// x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; x += att; h = rms_norm(x); g, u = h W;
-// a = silu(g) u; o = a W. prepared: the weights as b.prepare_weight() makes them for a matmul, else views of
-// the buffer in the file's form.
-Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepared = false) {
+// Every operand random (weights bf16 or q8_0, norms, activations and pools f32, or pools f16), then the ops:
+// x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; y = attention(q, pools); x += att;
+// h = rms_norm(x); g, u = h W; a = silu(g) u; o = a W. prepared: the weights as b.prepare_weight() makes them
+// for a matmul, else views of the buffer in the file's form.
+Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepared = false,
+                 const LayerOptions& opt = {}) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   Layout lay;
@@ -56,9 +69,20 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const size_t q_at = lay.take(kHead * kHeads * m * 4), k_at = lay.take(kHead * kKvHeads * m * 4),
                v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(kFf * m * 4),
                u_at = lay.take(kFf * m * 4), a_at = lay.take(kFf * m * 4), o_at = lay.take(kEmbd * m * 4);
-  const size_t pool_bytes = static_cast<size_t>(kHead * kKvHeads * kBlock * kBlocks * 2);
+  const int64_t pool_elems = kHead * kKvHeads * kBlock * kBlocks;
+  const size_t pool_bytes = static_cast<size_t>(pool_elems * dtype_info(opt.pool).type_size);
   const size_t kp_at = lay.take(pool_bytes), vp_at = lay.take(pool_bytes);
-  const size_t pos_at = lay.take(m * 4), slot_at = lay.take(m * 4);
+  const size_t pos_at = lay.take(m * 4), slot_at = lay.take(m * 4), seq_at = lay.take(m * 4),
+               indptr_at = lay.take((m + 1) * 4), y_at = lay.take(kHead * kHeads * m * 4);
+  // Each token's table: the shared blocks up to its position's, then its own.
+  std::vector<int32_t> indptr{0}, indices;
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t pos = 37 + 5 * t;
+    for (int64_t j = 0; j < pos / kBlock; ++j) indices.push_back(static_cast<int32_t>(j));
+    indices.push_back(static_cast<int32_t>(kShared + t));
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+  }
+  const size_t indices_at = lay.take(indices.size() * 4);
 
   std::vector<uint8_t> host(lay.bytes);
   const auto fill_f32 = [&](size_t at, int64_t n) {
@@ -84,12 +108,26 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   fill_weight(wg_at, kFf);
   fill_weight(wu_at, kFf);
   fill_weight(wd_at, kEmbd, kFf);
+  for (const size_t at : {kp_at, vp_at}) {
+    if (opt.pool == DType::f32) {
+      fill_f32(at, pool_elems);
+      continue;
+    }
+    for (int64_t i = 0; i < pool_elems; ++i) {
+      const uint16_t h = f32_to_f16(uni(rng));
+      std::memcpy(host.data() + at + 2 * i, &h, 2);
+    }
+  }
   for (int64_t t = 0; t < m; ++t) {
     const int32_t pos = static_cast<int32_t>(37 + 5 * t),
-                  slot = static_cast<int32_t>((3 * t + 1) % (kBlock * kBlocks));
+                  slot = static_cast<int32_t>((kShared + t) * kBlock + pos % kBlock),
+                  seq = static_cast<int32_t>(t);
     std::memcpy(host.data() + pos_at + 4 * t, &pos, 4);
     std::memcpy(host.data() + slot_at + 4 * t, &slot, 4);
+    std::memcpy(host.data() + seq_at + 4 * t, &seq, 4);
   }
+  std::memcpy(host.data() + indptr_at, indptr.data(), indptr.size() * 4);
+  std::memcpy(host.data() + indices_at, indices.data(), indices.size() * 4);
 
   Layer L;
   L.bytes = lay.bytes;
@@ -117,10 +155,20 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const Tensor g = make_tensor(DType::f32, buf, g_at, kFf, m), u = make_tensor(DType::f32, buf, u_at, kFf, m),
                a = make_tensor(DType::f32, buf, a_at, kFf, m),
                o = make_tensor(DType::f32, buf, o_at, kEmbd, m);
-  const Tensor kp = make_tensor(DType::f16, buf, kp_at, kHead, kKvHeads, kBlock, kBlocks),
-               vp = make_tensor(DType::f16, buf, vp_at, kHead, kKvHeads, kBlock, kBlocks);
+  const Tensor kp = make_tensor(opt.pool, buf, kp_at, kHead, kKvHeads, kBlock, kBlocks),
+               vp = make_tensor(opt.pool, buf, vp_at, kHead, kKvHeads, kBlock, kBlocks);
   const Tensor pos = make_tensor(DType::i32, buf, pos_at, m),
                slots = make_tensor(DType::i32, buf, slot_at, m);
+  ops::Attention attn;
+  attn.q = q;
+  attn.k_pool = kp;
+  attn.v_pool = vp;
+  attn.positions = pos;
+  attn.seq = make_tensor(DType::i32, buf, seq_at, m);
+  attn.bt_indptr = make_tensor(DType::i32, buf, indptr_at, m + 1);
+  attn.bt_indices = make_tensor(DType::i32, buf, indices_at, static_cast<int64_t>(indices.size()));
+  attn.scale = 0.125f;
+  attn.dst = make_tensor(DType::f32, buf, y_at, kHead, kHeads, m);
   const auto flat = [](Tensor t) {
     t.ne[0] *= t.ne[1];
     t.ne[1] = t.ne[2];
@@ -130,7 +178,8 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
     return t;
   };
   ops::RopeParams rp;
-  rp.n_rot = kHead;
+  rp.n_rot = opt.n_rot;
+  rp.layout = opt.layout;
   rp.freq_base = 10000.0f;
   Program& p = L.program;
   EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
@@ -141,6 +190,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   EXPECT_TRUE(p.add(ops::Rope{q, pos, rp, ops::Weight(), q}).ok());
   EXPECT_TRUE(p.add(ops::Rope{k, pos, rp, ops::Weight(), k}).ok());
   EXPECT_TRUE(p.add(ops::KvWrite{k, v, kp, vp, slots}).ok());
+  EXPECT_TRUE(p.add(attn).ok());
   EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
   EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, true, h}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, kFf), h, g, true}).ok());
@@ -154,7 +204,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
 // The layer's buffer after `reps` runs of its program (x accumulates, so each run differs): with graphs, the
 // first run grows scratch (ops one by one), the second is captured, the third replayed.
 std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = true, int reps = 2,
-                               bool prepared = false) {
+                               bool prepared = false, const LayerOptions& opt = {}) {
   setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
   setenv("KILN_CUDA_GRAPHS", graphs ? "1" : "0", 1);
   auto b = make_backend("cuda");
@@ -162,7 +212,7 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
   unsetenv("KILN_CUDA_GRAPHS");
   EXPECT_TRUE(b.ok()) << b.status().to_string();
   if (!b.ok()) return {};
-  Layer L = make_layer(**b, m, wtype, 42, prepared);
+  Layer L = make_layer(**b, m, wtype, 42, prepared, opt);
   std::vector<uint8_t> out(L.bytes);
   for (int rep = 0; rep < reps; ++rep) EXPECT_TRUE((*b)->run(L.program).ok());
   EXPECT_TRUE(
@@ -172,22 +222,35 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
   return out;
 }
 
+void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOptions& opt = {}) {
+  const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 2, prepared, opt),
+                             alone = run_layer(false, m, wtype, true, 2, prepared, opt);
+  ASSERT_EQ(fused.size(), alone.size());
+  ASSERT_FALSE(fused.empty());
+  size_t first_diff = fused.size();
+  for (size_t i = 0; i < fused.size() && first_diff == fused.size(); ++i) {
+    if (fused[i] != alone[i]) first_diff = i;
+  }
+  EXPECT_EQ(first_diff, fused.size())
+      << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
+      << " n_rot " << opt.n_rot << ": first differing byte";
+}
+
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
-  // bf16, q8_0 in the file's form, q8_0 prepared (grouped).
+  // bf16, q8_0 in the file's form, q8_0 prepared (grouped). m = 1: the attention's positions in one chunk;
+  // more tokens: in several, merged by the last block.
   for (const auto& [wtype, prepared] :
        {std::pair{DType::bf16, false}, {DType::q8_0, false}, {DType::q8_0, true}}) {
-    for (const int64_t m : {1, 3, 8, 12, 20}) {
-      const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 2, prepared),
-                                 alone = run_layer(false, m, wtype, true, 2, prepared);
-      ASSERT_EQ(fused.size(), alone.size());
-      ASSERT_FALSE(fused.empty());
-      size_t first_diff = fused.size();
-      for (size_t i = 0; i < fused.size() && first_diff == fused.size(); ++i) {
-        if (fused[i] != alone[i]) first_diff = i;
-      }
-      EXPECT_EQ(first_diff, fused.size())
-          << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << ": first differing byte";
-    }
+    for (const int64_t m : {1, 3, 8, 12, 20}) expect_fused_as_alone(m, wtype, prepared);
+  }
+  // RoPE + KV write over f32 pools, and with half the dims rotated as NeoX pairs.
+  LayerOptions f32_pools;
+  f32_pools.pool = DType::f32;
+  LayerOptions neox_half;
+  neox_half.n_rot = kHead / 2;
+  neox_half.layout = ops::RopeLayout::rope_layout_neox;
+  for (const int64_t m : {1, 5, 64}) {
+    for (const LayerOptions& opt : {f32_pools, neox_half}) expect_fused_as_alone(m, DType::bf16, false, opt);
   }
 }
 
@@ -223,23 +286,23 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   for (const int64_t m : {1, 20}) {
     Layer L = make_layer(**b, m, DType::bf16, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    // add+norm, qkv (one GEMV launch, or GEMMs on x converted once), rope q+k+kv write, add+norm, gate+up,
-    // the activation and down alone.
-    const std::vector<size_t> want{2, 3, 3, 2, 2, 0, 0};
+    // add+norm, qkv (one GEMV launch, or GEMMs on x converted once), rope q+k+kv write, the attention alone,
+    // add+norm, gate+up, the activation and down alone.
+    const std::vector<size_t> want{2, 3, 3, 0, 2, 2, 0, 0};
     EXPECT_EQ(lengths, want) << "m " << m;
   }
   // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm or the activation whose result they
-  // read: add+norm+qkv, rope q+k+kv write, add+norm+gate+up, activation+down.
+  // read: add+norm+qkv, rope q+k+kv write, the attention alone, add+norm+gate+up, activation+down.
   for (const int64_t m : {1, 12, 20}) {
     Layer L = make_layer(**b, m, DType::q8_0, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    const std::vector<size_t> want =
-        m <= cuda::kQ8MaxCols ? std::vector<size_t>{5, 3, 4, 2} : std::vector<size_t>{2, 3, 3, 2, 2, 0, 0};
+    const std::vector<size_t> want = m <= cuda::kQ8MaxCols ? std::vector<size_t>{5, 3, 0, 4, 2}
+                                                           : std::vector<size_t>{2, 3, 3, 0, 2, 2, 0, 0};
     EXPECT_EQ(lengths, want) << "q8_0 m " << m;
     // A matmul that reads something other than the activation's result does not join it.
     std::vector<ops::Op> ops = L.program.ops();
-    std::get<ops::Matmul>(ops[13]).x = std::get<ops::GatedAct>(ops[12]).up;
-    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(12)), 0u) << "q8_0 m " << m;
+    std::get<ops::Matmul>(ops[14]).x = std::get<ops::GatedAct>(ops[13]).up;
+    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(13)), 0u) << "q8_0 m " << m;
   }
   // A norm of something other than the sum, and a KV write of another k, do not fuse.
   Layer L = make_layer(**b, 1, DType::bf16, 1);

@@ -202,11 +202,33 @@ __global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float*
 
 constexpr int kMaxRopePairs = 512;
 
+// Each pair's frequency and magnitude (ops::rope_freq: a double pow, more under YaRN), made on the host as
+// the CPU backend makes them and passed by value, when there are at most kRopeArgPairs pairs and no frequency
+// factors (a tensor in device memory); else (on = false) each block makes them itself.
+// KILN_CUDA_ROPE_HOST_FREQ=0: always on the device (for comparison).
+constexpr int kRopeArgPairs = 128;
+struct RopeFreqs {
+  ops::RopeFreq f[kRopeArgPairs];
+  bool on;
+};
+RopeFreqs host_rope_freqs(const ops::RopeParams& p, const void* factors) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("KILN_CUDA_ROPE_HOST_FREQ");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  RopeFreqs r{};
+  r.on = enabled && factors == nullptr && p.n_rot / 2 <= kRopeArgPairs;
+  if (r.on) {
+    for (int i = 0; i < p.n_rot / 2; ++i) r.f[i] = ops::rope_freq(p, i, 1.0f);
+  }
+  return r;
+}
+
 // The block computes the cos/sin table of position `pos` into cs_sn (n_rot / 2 pairs).
 __device__ inline void rope_table(float2* cs_sn, const ops::RopeParams& p, const float* factors,
-                                  int32_t pos) {
+                                  const RopeFreqs& fr, int32_t pos) {
   for (int i = threadIdx.x; i < p.n_rot / 2; i += blockDim.x) {
-    const ops::RopeFreq f = ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
+    const ops::RopeFreq f = fr.on ? fr.f[i] : ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
     const double angle = static_cast<double>(pos) * f.theta_scale;
     cs_sn[i] =
         make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
@@ -252,13 +274,20 @@ __device__ inline void rope_element(const float* xr, float* yr, int64_t i, const
 }
 
 __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const float* factors,
-                            ops::RopeParams p, int64_t head_dim, int64_t n_heads, int64_t n_tokens) {
-  pdl_begin();
+                            ops::RopeParams p, RopeFreqs fr, int64_t head_dim, int64_t n_heads,
+                            int64_t n_tokens) {
   __shared__ float2 cs_sn[kMaxRopePairs];
   const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);  // pairs, then pass-through dims
+  bool waited = false;
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     __syncthreads();  // the previous token's table is no longer read
-    rope_table(cs_sn, p, factors, positions[t]);
+    // The positions (step metadata) and the factors (a weight) are not written by kernels: the first token's
+    // table is made before the wait on the kernel before.
+    rope_table(cs_sn, p, factors, fr, positions[t]);
+    if (!waited) {
+      pdl_begin();
+      waited = true;
+    }
     __syncthreads();
     for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
       const DivMod hi = divmod(c, per_head);
@@ -266,6 +295,7 @@ __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const fl
       rope_element(x.row_as<const float>(row), dst.row_as<float>(row), i, cs_sn, p, [](int64_t, float) {});
     }
   }
+  if (!waited) pdl_begin();
 }
 
 // ---- softmax, argmax: one block per row ----
@@ -471,15 +501,15 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
 template <class KT, class VT>
 __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, void* k_pool,
                                      void* v_pool, const int32_t* slots, const int32_t* positions,
-                                     const float* factors, ops::RopeParams p, int64_t head_dim,
+                                     const float* factors, ops::RopeParams p, RopeFreqs fr, int64_t head_dim,
                                      int64_t n_heads, int64_t n_kv, int64_t n_tokens,
                                      int64_t heads_per_split) {
-  pdl_begin();
   __shared__ float2 cs_sn[kMaxRopePairs];
   const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);
   const int64_t h_lo = blockIdx.y * heads_per_split, h_hi = min(h_lo + heads_per_split, n_heads + n_kv);
   const int64_t v_lo = max(h_lo - n_heads, int64_t{0}), v_hi = max(h_hi - n_heads, int64_t{0});
   const int64_t n_items = per_head * (h_hi - h_lo), n_v = head_dim * (v_hi - v_lo);
+  bool waited = false;
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     // Item c of the block: element i of head h (q's heads, then k's) and its row.
     auto item = [&](int64_t c) {
@@ -492,13 +522,17 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
       const DivMod hd = divmod(e, head_dim);
       return v.row_as<const float>(v_lo + hd.q + n_kv * t)[hd.r];
     };
-    // The thread's first item and v element are read before the table is computed, which hides their
-    // latency (decode: a thread has one of each).
+    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
+    __syncthreads();                                    // the previous token's table is no longer read
+    // The slots and positions (step metadata) and the factors (a weight) are not written by kernels: the
+    // first token's table is made before the wait on the kernel before (decode: the block's only token).
+    rope_table(cs_sn, p, factors, fr, positions[t]);
+    if (!waited) {
+      pdl_begin();
+      waited = true;
+    }
     const RopeIn first = threadIdx.x < n_items ? item(threadIdx.x) : RopeIn{};
     const float first_v = threadIdx.x < n_v ? v_at(threadIdx.x) : 0.0f;
-    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
-    __syncthreads();
-    rope_table(cs_sn, p, factors, positions[t]);
     __syncthreads();
     for (int64_t c = threadIdx.x; c < n_items; c += blockDim.x) {
       const RopeIn x = c == threadIdx.x ? first : item(c);
@@ -518,6 +552,7 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
       put<VT>(v_pool, (slot_row + v_lo + hd.q) * head_dim + hd.r, e == threadIdx.x ? first_v : v_at(e));
     }
   }
+  if (!waited) pdl_begin();
 }
 
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
@@ -650,8 +685,8 @@ cudaError_t rope(const Context& ctx, const ops::Rope& op) {
   const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
   (void)launch_kernel(ctx, rope_kernel, grid_for(n_tokens, 1), kThreads, 0, rows_of(op.x), rows_of(op.dst),
                       static_cast<const int32_t*>(op.positions.data),
-                      static_cast<const float*>(op.freq_factors.tensor.data), op.p, head_dim, n_heads,
-                      n_tokens);
+                      static_cast<const float*>(op.freq_factors.tensor.data), op.p,
+                      host_rope_freqs(op.p, op.freq_factors.tensor.data), head_dim, n_heads, n_tokens);
   return launched();
 }
 
@@ -752,12 +787,12 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
   const auto launch = [&](auto k_elem, auto v_elem) {
     using KT = decltype(k_elem);
     using VT = decltype(v_elem);
-    (void)launch_kernel(ctx, rope_kv_write_kernel<KT, VT>, grid, kThreads, 0, rows_of(q.x), rows_of(q.dst),
-                        rows_of(k.x), rows_of(k.dst), rows_of(kv.v), kv.k_pool.data, kv.v_pool.data,
-                        static_cast<const int32_t*>(kv.slots.data),
-                        static_cast<const int32_t*>(q.positions.data),
-                        static_cast<const float*>(q.freq_factors.tensor.data), q.p, head_dim, n_heads, n_kv,
-                        n_tokens, per_split);
+    (void)launch_kernel(
+        ctx, rope_kv_write_kernel<KT, VT>, grid, kThreads, 0, rows_of(q.x), rows_of(q.dst), rows_of(k.x),
+        rows_of(k.dst), rows_of(kv.v), kv.k_pool.data, kv.v_pool.data,
+        static_cast<const int32_t*>(kv.slots.data), static_cast<const int32_t*>(q.positions.data),
+        static_cast<const float*>(q.freq_factors.tensor.data), q.p,
+        host_rope_freqs(q.p, q.freq_factors.tensor.data), head_dim, n_heads, n_kv, n_tokens, per_split);
   };
   const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
   if (k16 && v16) {
