@@ -112,8 +112,8 @@ bool cuda_available();
 
 struct BackendOptions {
   int n_threads = 0;  // CPU: 0 = default_thread_count(); at most kMaxThreadsPerCore per core (16 at least)
-  // CPU: the kernels' ISA level, "scalar", "avx2", "avx512" or "avx512vnni"; "" = KILN_CPU_ISA when set, else
-  // the best this CPU runs. A level the CPU cannot run is an error.
+  // CPU: the kernels' ISA level, "scalar", "avx2", "avx512", "avx512vnni" or "amx"; "" = KILN_CPU_ISA when
+  // set, else the best this CPU runs. A level the CPU cannot run is an error.
   std::string cpu_isa = {};
 };
 inline constexpr int kMaxThreadsPerCore = 4;

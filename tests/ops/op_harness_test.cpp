@@ -661,6 +661,58 @@ TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
   }
 }
 
+// The AMX level's packed products (AMX tiles from kPackTileMin consecutive x rows on, the vpdpbusd kernel
+// below) are the avx512vnni level's bits: the whole batch, and any part of it alone (1 row: the vpdpbusd
+// kernel; 8, 13: tiles of fewer rows). 37 rows: two full tiles and one of 5; k of several chunks.
+TEST(OpHarness, MatmulTilesAreTheVnniBits) {
+  const NamedBackend* vnni = nullptr;
+  const NamedBackend* amx = nullptr;
+  for (const NamedBackend& nb : backends()) {
+    if (nb.name == "cpu/avx512vnni") vnni = &nb;
+    if (nb.name == "cpu/amx") amx = &nb;
+  }
+  if (vnni == nullptr || amx == nullptr) GTEST_SKIP() << "this machine runs no AMX tiles";
+  Rng rng(19);
+  for (DType type : kWeightTypes) {
+    if (activation_type(type) == DType::f32) continue;
+    const DTypeInfo& info = dtype_info(type);
+    const int64_t k = info.block_size == 32 ? 608 : 768, n = 37, m = 37;
+    const Host w = make_weights(type, k, n, 0, rng);
+    const Host x = make_f32(Layout::strided, k, m, 1, &rng);
+    std::vector<float> bits[2];
+    for (int level = 0; level < 2; ++level) {
+      const NamedBackend& nb = level == 0 ? *vnni : *amx;
+      Result<std::unique_ptr<WeightHandle>> h =
+          nb.backend->prepare_weight(w.t, "w", WeightRole::weight_role_matmul);
+      ASSERT_TRUE(h.ok());
+      if ((*h)->prepared == nullptr) {  // a type the packed layout does not take: the same kernels at both
+        EXPECT_EQ(level, 0) << info.name << ": packed at avx512vnni, not at amx";
+        break;
+      }
+      const ops::Weight wt = (*h)->weight;
+      const Host batch = dense(n, m, 1, nullptr);
+      ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t, true}).ok());
+      bits[level] = gather(batch.t);
+      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{13}}) {
+        for (int64_t i = 0; i + rows <= m; i += rows) {
+          Tensor xi = x.t;
+          xi.data = x.t.row(i);
+          xi.ne[1] = rows;
+          const Host alone = dense(n, rows, 1, nullptr);
+          ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t, true}).ok());
+          EXPECT_EQ(std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)),
+                    0)
+              << nb.name << " " << info.name << ": rows " << i << ".." << i + rows - 1
+              << " alone differ from the same rows in a batch of " << m;
+        }
+      }
+    }
+    if (bits[1].empty()) continue;
+    EXPECT_EQ(std::memcmp(bits[0].data(), bits[1].data(), bits[0].size() * sizeof(float)), 0)
+        << info.name << ": the AMX tiles' products differ from the avx512vnni level's";
+  }
+}
+
 // The float products (f32 / f16 / bf16 weights; quantize_x does not apply to them) on batches large enough
 // for every tile shape of the packed kernel (1..8 x rows, 1..6 groups of 16 rows a call; 21 groups over 3
 // threads: runs of 7), held to the reference; a token's row of dst the same bits alone, with one other token
@@ -1045,8 +1097,8 @@ TEST(OpHarness, AttentionPrefill) {
 
 // Long prefill chunks under quantize_x (a GPU may run them on f16 tensor cores, within its quantize_x
 // tolerance of the exact result) and exactly: a 200-token prompt, a 130-token chunk continuing a 260-token
-// sequence, and a decode token, so that tiles of query rows span several 64-position chunks, sequences share a
-// tile, and windows start mid-chunk; f32 and f16 pools, GQA, MQA and plain heads, head dims 64, 96 and 128.
+// sequence, and a decode token, so that tiles of query rows span several 64-position chunks, sequences share
+// a tile, and windows start mid-chunk; f32 and f16 pools, GQA, MQA and plain heads, head dims 64, 96 and 128.
 TEST(OpHarness, AttentionPrefillLong) {
   Rng rng(33);
   struct Case {

@@ -16,11 +16,13 @@ enum class CpuIsa : int {
   cpu_isa_avx2,        // x86-64 AVX2 + FMA + F16C
   cpu_isa_avx512,      // + AVX-512 F/BW/VL/DQ
   cpu_isa_avx512vnni,  // + AVX-512 VNNI (vpdpbusd)
+  cpu_isa_amx,         // + AMX-INT8 tiles (tdpbsud), the tile state granted to the process by the kernel
 };
 inline constexpr CpuIsa kCpuIsaLevels[] = {CpuIsa::cpu_isa_scalar, CpuIsa::cpu_isa_avx2,
-                                           CpuIsa::cpu_isa_avx512, CpuIsa::cpu_isa_avx512vnni};
+                                           CpuIsa::cpu_isa_avx512, CpuIsa::cpu_isa_avx512vnni,
+                                           CpuIsa::cpu_isa_amx};
 
-// "scalar", "avx2", "avx512", "avx512vnni".
+// "scalar", "avx2", "avx512", "avx512vnni", "amx".
 std::string_view cpu_isa_name(CpuIsa isa);
 // The level of a name; invalid_argument naming the value and the choices otherwise.
 Result<CpuIsa> cpu_isa_from_name(std::string_view name);

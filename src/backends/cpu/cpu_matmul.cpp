@@ -222,9 +222,50 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
 // Each chunk is a run of consecutive groups, a sequential read. A group's results do not depend on the
 // thread.
 constexpr int64_t kChunksAThread = 8;
+// The fewest x rows worth an AMX call (below them the vpdpbusd kernel is as fast).
+constexpr int64_t kPackTileMin = 8;
 int64_t dynamic_chunk(const ThreadPool& pool, int64_t n_items) {
   return std::max<int64_t>(1, n_items / (kChunksAThread * pool.n_threads()));
 }
+
+// The x rows of one matrix for the AMX packed kernel (QTilesX): n_x rows from x row i0 of QuantizedRows, and
+// their scalars for w's form. n_x 0: none.
+struct TiledRows {
+  int64_t n_x = 0;
+  const int8_t* q = nullptr;
+  int64_t kp = 0;
+  std::vector<float> dx, s0, s1;
+
+  void make(const PackedMatrix& w, const int8_t* xq, const float* xs, const float* d1, int64_t i0,
+            int64_t rows, int64_t kp_) {
+    n_x = rows;
+    kp = kp_;
+    q = xq + i0 * kp;
+    const int64_t n_sub = kp / kSub, n_t = (rows + kPackTileCols - 1) / kPackTileCols;
+    const auto size = static_cast<size_t>(n_t * n_sub * kPackTileCols);
+    dx.assign(size, 0.0f);
+    s0.assign(size, 0.0f);
+    s1.assign(w.scales == kPackK16 ? size : 0, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r, t = r / kPackTileCols, j = r % kPackTileCols;
+      for (int64_t s = 0; s < n_sub; ++s) {
+        const auto at = static_cast<size_t>((t * n_sub + s) * kPackTileCols + j);
+        const float s_lo = xs[i * kp / 16 + 2 * s], s_hi = xs[i * kp / 16 + 2 * s + 1];
+        dx[at] = d1[i * n_sub + s];
+        // As the packed kernels make them (the same bits).
+        if (w.scales == kPackK16) {
+          s0[at] = w.c * s_lo;
+          s1[at] = w.c * s_hi;
+        } else if (w.scales == kPackD) {
+          s0[at] = w.c * (s_lo + s_hi);
+        } else {
+          s0[at] = s_lo + s_hi;
+        }
+      }
+    }
+  }
+  QTilesX x() const { return {q, kp, dx.data(), s0.data(), s1.empty() ? s0.data() : s1.data()}; }
+};
 
 // Quantized activations against the packed layout (cpu_pack.h): x rows quantized once, then per (group,
 // kPackRows-row group) item every x row of the group through the packed kernel, kPackCols at a time.
@@ -242,6 +283,22 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
   }
   const int64_t n_groups = (n + kPackRows - 1) / kPackRows;
   const int64_t n_items = static_cast<int64_t>(pr.mats.size()) * n_groups;
+  // Where this level has AMX tiles, a matrix's x rows go through them all at once (the group unpacked once)
+  // when there are at least kPackTileMin of them, one after another in x (QuantizedRows then holds them at a
+  // stride of kp: what an A tile loads). Both kernels give the same bits.
+  std::vector<TiledRows> tiled(pr.mats.size());
+  if (kern.qdot_packed_tiles != nullptr) {
+    for (size_t a = 0; a < pr.mats.size(); ++a) {
+      const int64_t e0 = pr.start[a], e1 = pr.start[a + 1];
+      bool consecutive = e1 - e0 >= kPackTileMin;
+      for (int64_t e = e0 + 1; consecutive && e < e1; ++e)
+        consecutive = pr.x_rows[e] == pr.x_rows[e0] + e - e0;
+      if (consecutive) {
+        tiled[a].make(pw.mats[static_cast<size_t>(pr.mats[a])], xq, xs, d1.data(), pr.x_rows[e0], e1 - e0,
+                      kp);
+      }
+    }
+  }
   pool.parallel_dynamic(n_items, dynamic_chunk(pool, n_items), [&](int64_t i0, int64_t i1, int) {
     float out[kPackRows * kPackCols];
     QRowX xr[kPackCols];
@@ -249,6 +306,19 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
       const int64_t a = item / n_groups, g = item % n_groups, j0 = g * kPackRows;
       const PackedMatrix& w = pw.mats[static_cast<size_t>(pr.mats[a])];
       const int64_t nr = std::min<int64_t>(kPackRows, n - j0);
+      if (const TiledRows& t = tiled[static_cast<size_t>(a)]; t.n_x > 0) {
+        const int64_t e0 = pr.start[a], n_x = t.n_x;
+        thread_local std::vector<uint8_t> scratch;
+        thread_local std::vector<float> tile_out;
+        scratch.resize(static_cast<size_t>(n_sub * 512 + 64));
+        tile_out.resize(static_cast<size_t>(n_x * kPackRows));
+        kern.qdot_packed_tiles(w, g, t.x(), n_x, scratch.data(), tile_out.data());
+        for (int64_t c = 0; c < n_x; ++c) {
+          float* y = reinterpret_cast<float*>(dst_t.flat_row(pr.y_rows[e0 + c])) + j0;
+          for (int64_t r = 0; r < nr; ++r) y[r] = tile_out[static_cast<size_t>(c * kPackRows + r)];
+        }
+        continue;
+      }
       for (int64_t e0 = pr.start[a]; e0 < pr.start[a + 1]; e0 += kPackCols) {
         const int n_x = static_cast<int>(std::min<int64_t>(kPackCols, pr.start[a + 1] - e0));
         for (int c = 0; c < n_x; ++c) {

@@ -64,6 +64,7 @@ struct QTileW {
 inline constexpr int kPackRows = 16;      // weight rows per group
 inline constexpr int kPackCols = 4;       // x rows per packed micro-kernel call, at most
 inline constexpr int64_t kPackChunk = 8;  // sub-blocks per chunk
+inline constexpr int kPackTileCols = 16;  // x rows an AMX tile holds (an A tile's rows)
 
 enum PackScales : uint32_t {
   kPackD = 0,   // a sub-block: d[16] (32 bytes); w = d * (q + c)
@@ -82,8 +83,19 @@ struct PackedMatrix {
   int64_t group_bytes = 0;
   int bits = 8;  // bits a quant: 4, 5, 6 or 8
   uint32_t scales = kPackD;
-  float c = 0.0f;  // the quants' offset (kPackD, kPackK16)
+  float c = 0.0f;          // the quants' offset (kPackD, kPackK16)
   bool is_signed = false;  // quants stored + 128 (c is -128): kernels without vpdpbusd multiply them signed
+};
+
+// x rows for the AMX packed kernel: quants one after another (row c at q + c * kp), and per chunk of
+// kPackTileCols rows t, sub-block s and row j < kPackTileCols, at [(t * kp / 32 + s) * kPackTileCols + j],
+// the scalars the packed kernels put on with the weights' scales (zero for rows past the last):
+struct QTilesX {
+  const int8_t* q;
+  int64_t kp;
+  const float* dx;  // the sub-block's scale (QRowX::d1)
+  const float* s0;  // kPackK16: c * s_lo; kPackD: c * (s_lo + s_hi); else s_lo + s_hi (QRowX::s: s_lo, s_hi)
+  const float* s1;  // kPackK16: c * s_hi; else unused
 };
 
 // A (bits, scales) pair as one value, for the kernels' dispatch.
@@ -202,6 +214,10 @@ struct CpuKernels {
   // (1..kPackCols); rounds the same for any n_x. Null at levels without a packed kernel (weights then stay in
   // their file layout).
   void (*qdot_packed)(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out);
+  // As qdot_packed, the same bits, in AMX tiles, for n_x x rows (any number) given as QTilesX.
+  // out[c * kPackRows + r]. scratch: w.k / 32 * 512 + 64 bytes. Null at levels without tiles.
+  void (*qdot_packed_tiles)(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_x, uint8_t* scratch,
+                            float* out);
   // y[c][16 * g0 + r] = sum_i w[16 * g0 + r][i] * x[c][i] for the rows r < 16 * ng of groups g0 .. g0 + ng
   // that are < w.n (nothing past them is written), c < n_x (any number); ng <= kFPackGroups. Each result is
   // one f32 FMA chain over i = 0 .. k - 1 in order, whatever n_x and ng, so a token's result does not depend
@@ -223,5 +239,6 @@ const CpuKernels& cpu_kernels_scalar();
 const CpuKernels& cpu_kernels_avx2();
 const CpuKernels& cpu_kernels_avx512();
 const CpuKernels& cpu_kernels_avx512vnni();
+const CpuKernels& cpu_kernels_amx();
 
 }  // namespace kiln::cpu

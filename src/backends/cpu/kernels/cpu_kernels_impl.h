@@ -783,8 +783,8 @@ void fdot(uint32_t t, const uint8_t* const* rows, const float* const* x, int n_x
 
 const CpuKernels& KILN_CPU_KERNELS_NAME() {
   static const CpuKernels table{
-      quantize_x,       unpack_w,        qdot, qdot_direct, fdot, kQdotPacked, kFdotPacked,
-      attn::attn_chunk, attn::attn_merge};
+      quantize_x,  unpack_w,         qdot,        qdot_direct,      fdot,
+      kQdotPacked, kQdotPackedTiles, kFdotPacked, attn::attn_chunk, attn::attn_merge};
   return table;
 }
 

@@ -168,6 +168,227 @@ void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, floa
   }
 }
 constexpr auto kQdotPacked = qdot_packed;
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// ---- AMX: the integer products in tiles ----------------------------------------------------------------
+// A packed sub-block's 8 pieces, unpacked as packed_group unpacks them, are an AMX B tile as they stand
+// ([K / 4 rows][16 rows][4 bytes]: 4 consecutive quants of each of the 16 weight rows a tile row), and up to
+// 16 x rows' quants at a common stride are an A tile: one tdpbsud (x signed, weights unsigned) makes every
+// int32 product packed_group makes with 8 vpdpbusd per x row, exact. The scales then go on as packed_group
+// puts them on, the same f32 operations in the same order, so each result is the same bits as qdot_packed's
+// (and a token's result still does not depend on its batch).
+//
+// A group is unpacked once per call into the caller's scratch (512 bytes a sub-block). Then for each 16 x
+// rows the tile products of a sub-block run kTileAhead sub-blocks ahead of its scales, into memory (a ring of
+// C sums, C tiles alternating), so that the tile unit works while the vector units finish those before.
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The tiles: C (n_x rows of 16 int32) in 0 and 1, alternately by sub-block (2 and 3: kPackK16's second
+// halves); A (n_x x rows' quants) in 4 and 6, B (16 weight rows) in 5 and 7: a sub-block's 32 quants (B of 8
+// rows), or with `halves` each half's 16 (4, 5 the first, 6, 7 the second; B of 4 rows).
+KILN_INLINE void tiles_configure(int n_x, bool halves) {
+  thread_local int configured = -1;  // the key of this thread's configuration; -1: none
+  const int key = n_x * 2 + (halves ? 1 : 0);
+  if (configured == key) return;
+  alignas(64) TileConfig c;
+  const auto r = static_cast<uint8_t>(n_x);
+  for (int t = 0; t < 4; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = r;
+  }
+  c.colsb[4] = c.colsb[6] = halves ? 16 : 32;
+  c.rows[4] = c.rows[6] = r;
+  c.colsb[5] = c.colsb[7] = 64;
+  c.rows[5] = c.rows[7] = halves ? 4 : 8;
+  _tile_loadconfig(&c);
+  configured = key;
+}
+
+using TileSums = int32_t[2][kPackTileCols][kPackRows];  // a sub-block's C: [half][x row][weight row]
+
+// Sub-block products of the x rows at xq (x_stride apart) and the unpacked B at b into cs, through C tile T
+// (the tile intrinsics take their tile numbers as literals).
+template <int T, bool kHalves>
+KILN_INLINE void tile_products(const int8_t* xq, int64_t x_stride, const uint8_t* b, TileSums& cs) {
+  if constexpr (kHalves && T == 0) {
+    _tile_zero(0);
+    _tile_zero(2);
+    _tile_loadd(4, xq, x_stride);
+    _tile_loadd(5, b, 64);
+    _tile_loadd(6, xq + 16, x_stride);
+    _tile_loadd(7, b + 256, 64);
+    _tile_dpbsud(0, 4, 5);
+    _tile_dpbsud(2, 6, 7);
+    _tile_stored(0, cs[0], 64);
+    _tile_stored(2, cs[1], 64);
+  } else if constexpr (kHalves) {
+    _tile_zero(1);
+    _tile_zero(3);
+    _tile_loadd(4, xq, x_stride);
+    _tile_loadd(5, b, 64);
+    _tile_loadd(6, xq + 16, x_stride);
+    _tile_loadd(7, b + 256, 64);
+    _tile_dpbsud(1, 4, 5);
+    _tile_dpbsud(3, 6, 7);
+    _tile_stored(1, cs[0], 64);
+    _tile_stored(3, cs[1], 64);
+  } else if constexpr (T == 0) {
+    _tile_zero(0);
+    _tile_loadd(4, xq, x_stride);
+    _tile_loadd(5, b, 64);
+    _tile_dpbsud(0, 4, 5);
+    _tile_stored(0, cs[0], 64);
+  } else {
+    _tile_zero(1);
+    _tile_loadd(6, xq, x_stride);
+    _tile_loadd(7, b, 64);
+    _tile_dpbsud(1, 6, 7);
+    _tile_stored(1, cs[0], 64);
+  }
+}
+
+template <int kBits, uint32_t kScales>
+void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_x, uint8_t* scratch,
+                  float* out) {
+  constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = packed_quant_bytes(kBits);
+  constexpr bool kHeader = kScales == kPackK32 || kScales == kPackK16, kHalves = kScales == kPackK16;
+  const uint8_t* group = w.data + g * w.group_bytes;
+  const int64_t n_sub = w.k / kSub, kp = x.kp;
+  // Chunk s0's first sub-block: its header's place (K scales) and its sub-blocks' base.
+  auto chunk_base = [&](const uint8_t*& p, int64_t ns, __m512& hd, __m512& hm) {
+    if constexpr (kHeader) {
+      hd = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+      if constexpr (kScales == kPackK32) {
+        hm = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32)));
+      }
+      p += 64;
+    }
+    const uint8_t* base = p;
+    p += (ns * kScaleBytes + 63) / 64 * 64 + ns * kQuantBytes;
+    return base;
+  };
+  auto* bt = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
+  {
+    const uint8_t* p = group;
+    __m512 hd, hm;
+    for (int64_t s0 = 0; s0 < n_sub; s0 += kPackChunk) {
+      const int64_t ns = n_sub - s0 < kPackChunk ? n_sub - s0 : kPackChunk;
+      const uint8_t* base = chunk_base(p, ns, hd, hm);
+      for (int64_t i = 0; i < ns; ++i) {
+        __m512i wq[8];
+        packed_quants<kBits>(base + packed_quant_offset(i, kScaleBytes, kQuantBytes), wq);
+        KILN_UNROLL
+        for (int pc = 0; pc < 8; ++pc) _mm512_store_si512(bt + (s0 + i) * 512 + 64 * pc, wq[pc]);
+      }
+    }
+  }
+  constexpr int64_t kTileAhead = 2, kTileRing = 4;
+  alignas(64) TileSums cs[kTileRing];
+  for (int64_t c0 = 0; c0 < n_x; c0 += kPackTileCols) {
+    const int rows = static_cast<int>(n_x - c0 < kPackTileCols ? n_x - c0 : kPackTileCols);
+    tiles_configure(rows, kHalves);
+    const int8_t* xq = x.q + c0 * kp;
+    // This chunk's per-row scalars, [sub-block][16 rows] (rows past n_x zero).
+    const float* xd = x.dx + c0 * (kp / kSub);
+    const float* xs0 = x.s0 + c0 * (kp / kSub);
+    const float* xs1 = x.s1 + c0 * (kp / kSub);
+    __m512 acc[kPackTileCols];
+    KILN_UNROLL
+    for (int j = 0; j < kPackTileCols; ++j) acc[j] = _mm512_setzero_ps();
+    // Sub-block s's products, kTileAhead sub-blocks ahead of its scales: the tile unit works while the vector
+    // units put the scales on those before.
+    auto products = [&](int64_t s) {
+      if (s % 2 == 0) {
+        tile_products<0, kHalves>(xq + s * kSub, kp, bt + s * 512, cs[s % kTileRing]);
+      } else {
+        tile_products<1, kHalves>(xq + s * kSub, kp, bt + s * 512, cs[s % kTileRing]);
+      }
+    };
+    for (int64_t s = 0; s < kTileAhead && s < n_sub; ++s) products(s);
+    __m512 hd = _mm512_setzero_ps(), hm = _mm512_setzero_ps();
+    const uint8_t* p = group;
+    for (int64_t s0 = 0; s0 < n_sub; s0 += kPackChunk) {
+      const int64_t ns = n_sub - s0 < kPackChunk ? n_sub - s0 : kPackChunk;
+      const uint8_t* base = chunk_base(p, ns, hd, hm);
+      for (int64_t i = 0; i < ns; ++i) {
+        const int64_t s = s0 + i;
+        if (s + kTileAhead < n_sub) products(s + kTileAhead);
+        const TileSums& ci = cs[s % kTileRing];
+        const uint8_t* sc = base + packed_scale_offset(i, kScaleBytes, kQuantBytes);
+        __m512 d_lo, d_hi, m = _mm512_setzero_ps();
+        if constexpr (kScales == kPackD || kScales == kPackDM) {
+          d_lo = d_hi = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc)));
+          if constexpr (kScales == kPackDM) {
+            m = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+          }
+        } else if constexpr (kScales == kPackK32) {
+          const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+          const __m128i u = _mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16));
+          d_lo = d_hi = _mm512_mul_ps(hd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)));
+          m = _mm512_mul_ps(hm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)));
+        } else {
+          const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+          const __m128i u = _mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16));
+          d_lo = _mm512_mul_ps(hd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)));
+          d_hi = _mm512_mul_ps(hd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(u)));
+        }
+        const float* dx = xd + s * kPackTileCols;
+        const float* x0 = xs0 + s * kPackTileCols;
+        const float* x1 = xs1 + s * kPackTileCols;
+        // All 16 rows: those past `rows` (stale sums, zero scalars) are never stored.
+        KILN_UNROLL
+        for (int j = 0; j < kPackTileCols; ++j) {
+          const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(ci[0][j]));  // lo + hi; halves: lo
+          if constexpr (kScales == kPackK16) {
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_load_si512(ci[1][j]));
+            const __m512 t_lo = _mm512_fmadd_ps(sum, _mm512_set1_ps(dx[j]), _mm512_set1_ps(x0[j]));
+            const __m512 t_hi = _mm512_fmadd_ps(hi, _mm512_set1_ps(dx[j]), _mm512_set1_ps(x1[j]));
+            acc[j] = _mm512_fmadd_ps(d_lo, t_lo, acc[j]);
+            acc[j] = _mm512_fmadd_ps(d_hi, t_hi, acc[j]);
+          } else if constexpr (kScales == kPackD) {
+            const __m512 t = _mm512_fmadd_ps(sum, _mm512_set1_ps(dx[j]), _mm512_set1_ps(x0[j]));
+            acc[j] = _mm512_fmadd_ps(d_lo, t, acc[j]);
+          } else {
+            const __m512 t = _mm512_mul_ps(sum, _mm512_set1_ps(dx[j]));
+            acc[j] = _mm512_fmadd_ps(d_lo, t, acc[j]);
+            acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(x0[j]), acc[j]);
+          }
+        }
+      }
+    }
+    KILN_UNROLL
+    for (int j = 0; j < kPackTileCols; ++j) {
+      if (j < rows) _mm512_storeu_ps(out + (c0 + j) * kPackRows, acc[j]);
+    }
+  }
+}
+
+void qdot_packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_x, uint8_t* scratch,
+                       float* out) {
+  static_assert(kPackRows == 16 && kPackTileCols == 16);
+  switch (packed_form(w.bits, w.scales)) {
+    case packed_form(4, kPackD): packed_tiles<4, kPackD>(w, g, x, n_x, scratch, out); return;
+    case packed_form(4, kPackDM): packed_tiles<4, kPackDM>(w, g, x, n_x, scratch, out); return;
+    case packed_form(4, kPackK32): packed_tiles<4, kPackK32>(w, g, x, n_x, scratch, out); return;
+    case packed_form(4, kPackK16): packed_tiles<4, kPackK16>(w, g, x, n_x, scratch, out); return;
+    case packed_form(5, kPackD): packed_tiles<5, kPackD>(w, g, x, n_x, scratch, out); return;
+    case packed_form(5, kPackDM): packed_tiles<5, kPackDM>(w, g, x, n_x, scratch, out); return;
+    case packed_form(5, kPackK32): packed_tiles<5, kPackK32>(w, g, x, n_x, scratch, out); return;
+    case packed_form(6, kPackK16): packed_tiles<6, kPackK16>(w, g, x, n_x, scratch, out); return;
+    default: packed_tiles<8, kPackD>(w, g, x, n_x, scratch, out); return;
+  }
+}
+constexpr auto kQdotPackedTiles = qdot_packed_tiles;
+#else
+constexpr void (*kQdotPackedTiles)(const PackedMatrix&, int64_t, const QTilesX&, int64_t, uint8_t*,
+                                   float*) = nullptr;
+#endif
+
 #elif defined(__AVX2__)
 template <int S>
 KILN_INLINE __m256i shift_bits(__m256i v) {
@@ -338,8 +559,12 @@ void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, floa
   }
 }
 constexpr auto kQdotPacked = qdot_packed;
+constexpr void (*kQdotPackedTiles)(const PackedMatrix&, int64_t, const QTilesX&, int64_t, uint8_t*,
+                                   float*) = nullptr;
 #else
 constexpr void (*kQdotPacked)(const PackedMatrix&, int64_t, const QRowX*, int, float*) = nullptr;
+constexpr void (*kQdotPackedTiles)(const PackedMatrix&, int64_t, const QTilesX&, int64_t, uint8_t*,
+                                   float*) = nullptr;
 #endif
 
 }  // namespace
