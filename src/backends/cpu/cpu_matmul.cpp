@@ -223,7 +223,7 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
 // thread.
 constexpr int64_t kChunksAThread = 8;
 // The fewest x rows worth an AMX call (below them the vpdpbusd kernel is as fast).
-constexpr int64_t kPackTileMin = 8;
+constexpr int64_t kPackTileMin = 16;
 int64_t dynamic_chunk(const ThreadPool& pool, int64_t n_items) {
   return std::max<int64_t>(1, n_items / (kChunksAThread * pool.n_threads()));
 }
