@@ -6,9 +6,10 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 # llama-cpp-python (the peer in the parity tests) is compiled from source, by default for the build machine
-# (-march=native). On a processor that reports AMX, that build runs its matmuls in AMX tiles, which a kernel or
-# sandbox that does not grant the tile state kills with SIGILL: there it is built for the processor's SIMD
-# levels up to AVX-512, named one by one, without AMX. CMAKE_ARGS set by the caller is used as it is.
+# (-march=native). On a processor that reports AMX, that build runs its matmuls in AMX tiles, and it was killed
+# by SIGILL on the Intel Xeon the tests run on (a machine that grants the tile state to a process that asks,
+# as kiln's `amx` level does): there it is built for the processor's SIMD levels up to AVX-512, named one by
+# one, without AMX. CMAKE_ARGS set by the caller is used as it is.
 peer_cmake_args() {
   local flags args
   flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
