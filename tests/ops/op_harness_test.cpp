@@ -661,9 +661,10 @@ TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
   }
 }
 
-// The AMX level's packed products (AMX tiles from kPackTileMin consecutive x rows on, the vpdpbusd kernel
-// below) are the avx512vnni level's bits: the whole batch, and any part of it alone (1 row: the vpdpbusd
-// kernel; 8, 13: tiles of fewer rows). 37 rows: two full tiles and one of 5; k of several chunks.
+// The AMX level's packed products (AMX tiles from 16 consecutive x rows on, a last tile of fewer than 8 rows
+// and anything shorter on the vpdpbusd kernel) are the avx512vnni level's bits: the whole batch (45 rows: two
+// full tiles and one of 13), and parts of it alone (1, 8, 13 rows: the vpdpbusd kernel; 21: a tile and 5
+// rows on the vpdpbusd kernel); k of several chunks, one of them partial.
 TEST(OpHarness, MatmulTilesAreTheVnniBits) {
   const NamedBackend* vnni = nullptr;
   const NamedBackend* amx = nullptr;
@@ -676,7 +677,7 @@ TEST(OpHarness, MatmulTilesAreTheVnniBits) {
   for (DType type : kWeightTypes) {
     if (activation_type(type) == DType::f32) continue;
     const DTypeInfo& info = dtype_info(type);
-    const int64_t k = info.block_size == 32 ? 608 : 768, n = 37, m = 37;
+    const int64_t k = info.block_size == 32 ? 608 : 768, n = 37, m = 45;
     const Host w = make_weights(type, k, n, 0, rng);
     const Host x = make_f32(Layout::strided, k, m, 1, &rng);
     std::vector<float> bits[2];
@@ -693,7 +694,7 @@ TEST(OpHarness, MatmulTilesAreTheVnniBits) {
       const Host batch = dense(n, m, 1, nullptr);
       ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t, true}).ok());
       bits[level] = gather(batch.t);
-      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{13}}) {
+      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{13}, int64_t{21}}) {
         for (int64_t i = 0; i + rows <= m; i += rows) {
           Tensor xi = x.t;
           xi.data = x.t.row(i);

@@ -222,8 +222,9 @@ void products_quantized(ThreadPool& pool, const CpuKernels& kern, const Products
 // Each chunk is a run of consecutive groups, a sequential read. A group's results do not depend on the
 // thread.
 constexpr int64_t kChunksAThread = 8;
-// The fewest x rows worth an AMX call (below them the vpdpbusd kernel is as fast).
-constexpr int64_t kPackTileMin = 16;
+// The fewest x rows worth an AMX call (below them the vpdpbusd kernel is as fast), and the fewest a last,
+// partial tile takes (fewer go to the vpdpbusd kernel: a tile of 1 row costs what one of 16 does).
+constexpr int64_t kPackTileMin = 16, kPackTileTail = 8;
 int64_t dynamic_chunk(const ThreadPool& pool, int64_t n_items) {
   return std::max<int64_t>(1, n_items / (kChunksAThread * pool.n_threads()));
 }
@@ -285,7 +286,7 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
   const int64_t n_items = static_cast<int64_t>(pr.mats.size()) * n_groups;
   // Where this level has AMX tiles, a matrix's x rows go through them all at once (the group unpacked once)
   // when there are at least kPackTileMin of them, one after another in x (QuantizedRows then holds them at a
-  // stride of kp: what an A tile loads). Both kernels give the same bits.
+  // stride of kp: what an A tile loads), but for a short last tile's. Both kernels give the same bits.
   std::vector<TiledRows> tiled(pr.mats.size());
   if (kern.qdot_packed_tiles != nullptr) {
     for (size_t a = 0; a < pr.mats.size(); ++a) {
@@ -294,8 +295,9 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
       for (int64_t e = e0 + 1; consecutive && e < e1; ++e)
         consecutive = pr.x_rows[e] == pr.x_rows[e0] + e - e0;
       if (consecutive) {
-        tiled[a].make(pw.mats[static_cast<size_t>(pr.mats[a])], xq, xs, d1.data(), pr.x_rows[e0], e1 - e0,
-                      kp);
+        const int64_t tail = (e1 - e0) % kPackTileCols;  // a last tile this short goes to packed_group
+        tiled[a].make(pw.mats[static_cast<size_t>(pr.mats[a])], xq, xs, d1.data(), pr.x_rows[e0],
+                      e1 - e0 - (tail < kPackTileTail ? tail : 0), kp);
       }
     }
   }
@@ -306,6 +308,7 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
       const int64_t a = item / n_groups, g = item % n_groups, j0 = g * kPackRows;
       const PackedMatrix& w = pw.mats[static_cast<size_t>(pr.mats[a])];
       const int64_t nr = std::min<int64_t>(kPackRows, n - j0);
+      int64_t e_from = pr.start[a];  // the rows from here on go through packed_group
       if (const TiledRows& t = tiled[static_cast<size_t>(a)]; t.n_x > 0) {
         const int64_t e0 = pr.start[a], n_x = t.n_x;
         thread_local std::vector<uint8_t> scratch;
@@ -317,9 +320,9 @@ void products_packed(ThreadPool& pool, const CpuKernels& kern, const Products& p
           float* y = reinterpret_cast<float*>(dst_t.flat_row(pr.y_rows[e0 + c])) + j0;
           for (int64_t r = 0; r < nr; ++r) y[r] = tile_out[static_cast<size_t>(c * kPackRows + r)];
         }
-        continue;
+        e_from += n_x;
       }
-      for (int64_t e0 = pr.start[a]; e0 < pr.start[a + 1]; e0 += kPackCols) {
+      for (int64_t e0 = e_from; e0 < pr.start[a + 1]; e0 += kPackCols) {
         const int n_x = static_cast<int>(std::min<int64_t>(kPackCols, pr.start[a + 1] - e0));
         for (int c = 0; c < n_x; ++c) {
           const int64_t i = pr.x_rows[e0 + c];

@@ -288,7 +288,8 @@ void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_
     }
   }
   constexpr int64_t kTileAhead = 2, kTileRing = 4;
-  alignas(64) TileSums cs[kTileRing];
+  // Zeroed once: the rows of a last tile of fewer than 16 x rows are read (and never stored) as sums.
+  alignas(64) TileSums cs[kTileRing] = {};
   for (int64_t c0 = 0; c0 < n_x; c0 += kPackTileCols) {
     const int rows = static_cast<int>(n_x - c0 < kPackTileCols ? n_x - c0 : kPackTileCols);
     tiles_configure(rows, kHalves);
