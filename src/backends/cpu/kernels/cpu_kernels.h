@@ -87,7 +87,7 @@ struct PackedMatrix {
   bool is_signed = false;  // quants stored + 128 (c is -128): kernels without vpdpbusd multiply them signed
 };
 
-// x rows for the AMX packed kernel: quants one after another (row c at q + c * kp), and per chunk of
+// x rows for the AMX packed kernel: quants one after another (row c at q + c * kp), and per tile of
 // kPackTileCols rows t, sub-block s and row j < kPackTileCols, at [(t * kp / 32 + s) * kPackTileCols + j],
 // the scalars the packed kernels put on with the weights' scales (zero for rows past the last):
 struct QTilesX {

@@ -294,7 +294,7 @@ void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_
     const int rows = static_cast<int>(n_x - c0 < kPackTileCols ? n_x - c0 : kPackTileCols);
     tiles_configure(rows, kHalves);
     const int8_t* xq = x.q + c0 * kp;
-    // This chunk's per-row scalars, [sub-block][16 rows] (rows past n_x zero).
+    // This tile's per-row scalars, [sub-block][16 rows] (rows past n_x zero).
     const float* xd = x.dx + c0 * (kp / kSub);
     const float* xs0 = x.s0 + c0 * (kp / kSub);
     const float* xs1 = x.s1 + c0 * (kp / kSub);
