@@ -1,4 +1,9 @@
 // A read-only memory map of a whole file. Model weights are used in place from it.
+//
+// A file truncated (or rewritten in place) while it is mapped makes a read of its lost bytes fault (SIGBUS),
+// as with any mapped file. install_mapped_file_fault_handler() turns that fault into a one-line error naming
+// the file, then ends the process with status 1 (nothing can go on once the weights it was reading are gone),
+// removing unfinished output files first.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +39,11 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::string path_;
+  int slot_ = -1;  // its entry in the fault handler's table (-1: none)
 };
+
+// Installs the SIGBUS handler described above; a fault outside every live map keeps the default action.
+// Call once from a program's main.
+void install_mapped_file_fault_handler();
 
 }  // namespace kiln

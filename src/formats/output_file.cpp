@@ -46,9 +46,7 @@ void cleanup_release(int slot) {
 }
 
 extern "C" void output_cleanup_on_signal(int sig) {
-  for (int i = 0; i < kSlots; ++i) {
-    if (g_live[i].load(std::memory_order_acquire)) ::unlink(g_paths[i]);
-  }
+  remove_unfinished_outputs();
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
@@ -162,6 +160,12 @@ Status OutputFile::commit() {
   }
   temp_.clear();
   return {};
+}
+
+void remove_unfinished_outputs() {
+  for (int i = 0; i < kSlots; ++i) {
+    if (g_live[i].load(std::memory_order_acquire)) ::unlink(g_paths[i]);
+  }
 }
 
 void install_output_cleanup_handlers() {

@@ -54,4 +54,8 @@ Status check_output_not_input(const std::string& output, const std::string& inpu
 // end the process with the same signal. Call once from a program's main.
 void install_output_cleanup_handlers();
 
+// Removes every temporary file of a live OutputFile. Async-signal-safe: for a handler that ends the process
+// (formats/mmap.h's).
+void remove_unfinished_outputs();
+
 }  // namespace kiln

@@ -184,5 +184,29 @@ TEST_F(MappedFileTest, AFifoIsRefusedWithoutBlocking) {
   EXPECT_FALSE(gguf::File::open(path("model.gguf")).ok());
 }
 
+// A mapped file cut short while in use: reading its lost bytes ends the process with status 1 and a line
+// naming the file (install_mapped_file_fault_handler), not with SIGBUS; and an unfinished output file goes
+// with it. The maps opened and closed before it (more than the handler's table holds at once) have given their
+// entries back.
+TEST_F(MappedFileTest, AFileCutShortWhileMappedIsAnErrorNamingIt) {
+  const std::string model = path("model.gguf"), out = path("out.gguf");
+  write(model, std::string(3 * 4096, 'w'));
+  EXPECT_EXIT(
+      {
+        install_mapped_file_fault_handler();
+        for (int i = 0; i < 100; ++i) {
+          if (!MappedFile::open(model).ok()) std::_Exit(3);
+        }
+        auto m = MappedFile::open(model);
+        auto f = OutputFile::create(out);
+        if (!m.ok() || !f.ok() || ::truncate(model.c_str(), 0) != 0) std::_Exit(4);
+        const volatile uint8_t* p = m->data();
+        std::printf("%d\n", p[2 * 4096]);  // faults: the page is past the file's end now
+        std::_Exit(5);
+      },
+      ::testing::ExitedWithCode(1), "model.gguf changed on disk while in use: its byte 8192 is gone");
+  EXPECT_EQ(n_entries(), 1u);  // the model file alone: no temporary output file left
+}
+
 }  // namespace
 }  // namespace kiln

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "formats/mmap.h"
 #include "formats/output_file.h"
 #include "kiln/version.h"
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln " KILN_VERSION_STRING);
   kiln::install_output_cleanup_handlers();  // an interrupted convert leaves no temporary file behind
+  kiln::install_mapped_file_fault_handler();  // a model file cut short while in use: an error, not SIGBUS
   int rc = 0;
   kiln::cli::register_run(app, rc);
   kiln::cli::register_chat(app, rc);
