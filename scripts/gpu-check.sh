@@ -13,6 +13,8 @@
 #             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 5 tokens (the default), and from 2
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
 #             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
+#   ltprobe   bench/cublaslt_probe.cu: cuBLAS's bf16 GEMMs on the 8B's shapes at 9 to 64 tokens, its default and every
+#             algorithm cuBLASLt's heuristic offers (LTPROBE_SHAPES: KxN ... instead)
 #   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:
 #             TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
@@ -141,6 +143,10 @@ for step in "${steps[@]}"; do
           --section MemoryWorkloadAnalysis "$bin/tests/matmul_bench" --device cuda --types "$type" --m "$m" \
           --shapes "$shape" 2>&1 | grep -vE "^==PROF==|^ *$|^ *-+[ -]*$|^\|" | head -120 || status=1
       done 2>&1 | tee "$out/ncu.md"
+      ;;
+    ltprobe)
+      { nvcc -O2 -arch=sm_90a -std=c++20 bench/cublaslt_probe.cu -lcublasLt -lcublas -o /tmp/cublaslt_probe &&
+        /tmp/cublaslt_probe ${LTPROBE_SHAPES:-}; } 2>&1 | tee "$out/cublaslt_probe.md" || status=1
       ;;
     tune)
       for rows in 1 2 4 8; do

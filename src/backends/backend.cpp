@@ -36,6 +36,22 @@ Result<std::unique_ptr<Buffer>> Backend::allocate_host(size_t bytes) {
   return unimplemented("{} backend: no host memory of its own", name());
 }
 
+Result<std::vector<std::unique_ptr<WeightHandle>>> Backend::prepare_weight_group(
+    std::span<const Tensor> logicals, std::span<const std::string> names, WeightRole role,
+    const ReadDone& read_done) {
+  if (names.size() != logicals.size()) {
+    return invalid_argument("{}: prepare_weight_group: {} weights but {} names", name(), logicals.size(),
+                            names.size());
+  }
+  std::vector<std::unique_ptr<WeightHandle>> handles;
+  for (size_t i = 0; i < logicals.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h,
+                          prepare_weight_reporting(logicals[i], names[i], role, read_done));
+    handles.push_back(std::move(h));
+  }
+  return handles;
+}
+
 Status check_transfer(std::string_view what, const Tensor& t, size_t bytes) {
   if (t.data == nullptr) return invalid_argument("{}: the tensor has no data", what);
   if (!t.is_contiguous()) return invalid_argument("{}: {} is not contiguous", what, t.describe());

@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/status.h"
@@ -90,6 +92,14 @@ class Backend {
     (void)read_done;
     return prepare_weight(logical, name, role);
   }
+
+  // prepare_weight_reporting for matrices [k, n_i] of one type that the model multiplies by the same x (Q, K
+  // and V), in that order: a backend may lay their rows out as one matrix [k, sum n_i], so that one matmul
+  // computes them all (a GEMM of several parts costs hardly more than one of the largest). The handles come
+  // back in the order of `logicals`. The default prepares each on its own.
+  virtual Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(
+      std::span<const Tensor> logicals, std::span<const std::string> names, WeightRole role,
+      const ReadDone& read_done);
 
   // Worker threads the backend uses (CPU) or 1.
   virtual int n_threads() const { return 1; }

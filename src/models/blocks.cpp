@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 namespace kiln::blocks {
 
@@ -46,16 +47,20 @@ Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string
   const int64_t hd = shape.head_dim, q_dim = shape.n_heads * hd, kv_dim = shape.n_kv_heads * hd;
   constexpr WeightRole mm = WeightRole::weight_role_matmul;
   AttentionWeights w;
+  // Q, K and V read the same x: prepared together, so that a backend may hold them as one matrix.
+  std::vector<WeightLoader::GroupPart> parts;
   if (const std::string qkv = prefix + "attn_qkv.weight"; weights.has(qkv)) {
     const int64_t rows = q_dim + 2 * kv_dim;
-    KILN_ASSIGN_OR_RETURN(w.wq, weights.get_rows_of(qkv, "q", mm, n_embd, rows, 0, q_dim));
-    KILN_ASSIGN_OR_RETURN(w.wk, weights.get_rows_of(qkv, "k", mm, n_embd, rows, q_dim, kv_dim));
-    KILN_ASSIGN_OR_RETURN(w.wv, weights.get_rows_of(qkv, "v", mm, n_embd, rows, q_dim + kv_dim, kv_dim));
+    parts = {{qkv, "q", rows, 0, q_dim}, {qkv, "k", rows, q_dim, kv_dim}, {qkv, "v", rows, q_dim + kv_dim, kv_dim}};
   } else {
-    KILN_ASSIGN_OR_RETURN(w.wq, weights.get(prefix + "attn_q.weight", mm, n_embd, q_dim));
-    KILN_ASSIGN_OR_RETURN(w.wk, weights.get(prefix + "attn_k.weight", mm, n_embd, kv_dim));
-    KILN_ASSIGN_OR_RETURN(w.wv, weights.get(prefix + "attn_v.weight", mm, n_embd, kv_dim));
+    parts = {{prefix + "attn_q.weight", "", q_dim, 0, q_dim},
+             {prefix + "attn_k.weight", "", kv_dim, 0, kv_dim},
+             {prefix + "attn_v.weight", "", kv_dim, 0, kv_dim}};
   }
+  KILN_ASSIGN_OR_RETURN(const std::vector<ops::Weight> qkv_w, weights.get_group(parts, mm, n_embd));
+  w.wq = qkv_w[0];
+  w.wk = qkv_w[1];
+  w.wv = qkv_w[2];
   KILN_ASSIGN_OR_RETURN(w.wo, weights.get(prefix + "attn_output.weight", mm, q_dim, n_embd));
   KILN_ASSIGN_OR_RETURN(w.bq, weights.get_bias(prefix + "attn_q.bias", q_dim));
   KILN_ASSIGN_OR_RETURN(w.bk, weights.get_bias(prefix + "attn_k.bias", kv_dim));

@@ -32,12 +32,41 @@ Result<ops::Weight> WeightLoader::get_bias(const std::string& name, int64_t n) {
 
 Result<ops::Weight> WeightLoader::get_rows_of(const std::string& name, const std::string& part, WeightRole role,
                                               int64_t ne0, int64_t ne1, int64_t first, int64_t count) {
-  KILN_ASSIGN_OR_RETURN(const Tensor t, find(name, {ne0, ne1}));
-  if (!copies_) {
-    n_params_ -= t.n_elements() - ne0 * count;  // count each row once over the parts
-    n_bytes_ -= static_cast<uint64_t>(t.row_bytes() * (ne1 - count));
+  KILN_ASSIGN_OR_RETURN(const Tensor t, find_part({name, part, ne1, first, count}, ne0));
+  return prepare(t, name + "[" + part + "]", role);
+}
+
+Result<std::vector<ops::Weight>> WeightLoader::get_group(std::span<const GroupPart> parts, WeightRole role,
+                                                         int64_t ne0) {
+  std::vector<Tensor> logicals;
+  std::vector<std::string> names;
+  for (const GroupPart& part : parts) {
+    KILN_ASSIGN_OR_RETURN(const Tensor t, find_part(part, ne0));
+    logicals.push_back(t);
+    names.push_back(part.part.empty() ? part.name : part.name + "[" + part.part + "]");
   }
-  return prepare(slice_rows(t, first, count), name + "[" + part + "]", role);
+  KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<WeightHandle>> handles,
+                        backend_->prepare_weight_group(logicals, names, role, read_done()));
+  std::vector<ops::Weight> weights;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    weights.push_back(handles[i]->weight);
+    keep(std::move(handles[i]), logicals[i]);
+  }
+  return weights;
+}
+
+Result<Tensor> WeightLoader::find_part(const GroupPart& part, int64_t ne0) {
+  if (part.part.empty()) return find(part.name, {ne0, part.ne1});
+  KILN_ASSIGN_OR_RETURN(const Tensor t, find(part.name, {ne0, part.ne1}));
+  if (part.first < 0 || part.count <= 0 || part.first + part.count > part.ne1) {
+    return invalid_argument("{}: rows [{}, {}) of tensor {} are out of its {} rows", file_.name(), part.first,
+                            part.first + part.count, part.name, part.ne1);
+  }
+  if (!copies_) {
+    n_params_ -= t.n_elements() - ne0 * part.count;  // count each row once over the parts
+    n_bytes_ -= static_cast<uint64_t>(t.row_bytes() * (part.ne1 - part.count));
+  }
+  return slice_rows(t, part.first, part.count);
 }
 
 Result<Tensor> WeightLoader::find(const std::string& name, const std::vector<int64_t>& expected) {
@@ -60,22 +89,29 @@ Result<Tensor> WeightLoader::find(const std::string& name, const std::vector<int
                      expected.size() > 2 ? expected[2] : 1);
 }
 
+Backend::ReadDone WeightLoader::read_done() const {
+  return [this](const void* p, size_t n) { file_.drop_pages(p, n); };
+}
+
 Result<ops::Weight> WeightLoader::prepare(const Tensor& logical, const std::string& name, WeightRole role) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h,
+                        backend_->prepare_weight_reporting(logical, name, role, read_done()));
+  const ops::Weight w = h->weight;
+  keep(std::move(h), logical);
+  return w;
+}
+
+void WeightLoader::keep(std::unique_ptr<WeightHandle> h, const Tensor& logical) {
   // A backend that makes its own copy (a repacked layout, device memory) reads the file's bytes only on paths
   // off the default one (--exact, a tied table's rows): their pages leave the resident set until then, each
   // run as soon as the backend has read it where it says so (a large table's pages and its copy are then not
   // resident together: Gemma 3's 178 MB embedding), the rest once it is done.
-  const Backend::ReadDone read_done = [this](const void* p, size_t n) { file_.drop_pages(p, n); };
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h,
-                        backend_->prepare_weight_reporting(logical, name, role, read_done));
   if (h->prepared != nullptr || h->storage != nullptr) {
     int64_t span = logical.row_bytes();
     for (int d = 1; d < 4; ++d) span += (logical.ne[d] - 1) * logical.nb[d];
     file_.drop_pages(logical.data, static_cast<size_t>(span));
   }
-  const ops::Weight w = h->weight;
   handles_.push_back(std::move(h));
-  return w;
 }
 
 }  // namespace kiln::blocks

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,18 @@ class WeightLoader {
   // "name[part]" (a fused QKV or gate-up tensor split into its matrices). Errors as get().
   Result<ops::Weight> get_rows_of(const std::string& name, const std::string& part, WeightRole role, int64_t ne0,
                                   int64_t ne1, int64_t first, int64_t count);
+  // One of several matrices [ne0, count] that the model multiplies by the same x (get_group): the tensor
+  // `name` [ne0, ne1] whole (part empty; count = ne1), or its rows [first, first + count) as "name[part]".
+  struct GroupPart {
+    std::string name;
+    std::string part;
+    int64_t ne1 = 0;
+    int64_t first = 0;
+    int64_t count = 0;
+  };
+  // Those matrices (Q, K, V) in order, prepared together (Backend::prepare_weight_group: the backend may hold
+  // them as one matrix). Errors as get().
+  Result<std::vector<ops::Weight>> get_group(std::span<const GroupPart> parts, WeightRole role, int64_t ne0);
   const gguf::File& file() const { return file_; }
   Backend& backend() const { return *backend_; }
   // Whether the file has a tensor `name`.
@@ -48,6 +61,11 @@ class WeightLoader {
  private:
   Result<Tensor> find(const std::string& name, const std::vector<int64_t>& expected);
   Result<ops::Weight> prepare(const Tensor& logical, const std::string& name, WeightRole role);
+  // A matrix of a group as get_group prepares it: the view of its rows, counted once over the tensor's parts.
+  Result<Tensor> find_part(const GroupPart& part, int64_t ne0);
+  // Hands the file pages of `logical` back once the backend holds its own copy, and keeps the handle.
+  void keep(std::unique_ptr<WeightHandle> h, const Tensor& logical);
+  Backend::ReadDone read_done() const;
 
   const gguf::File& file_;
   Backend* backend_;

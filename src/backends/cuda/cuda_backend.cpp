@@ -53,6 +53,22 @@ class DeviceBuffer final : public Buffer {
   Stream stream_;
 };
 
+// A weight's rows within the allocation that the weights prepared together share (prepare_weight_group);
+// the allocation goes with the last of them.
+class SliceBuffer final : public Buffer {
+ public:
+  SliceBuffer(std::shared_ptr<Buffer> whole, size_t offset, size_t n)
+      : whole_(std::move(whole)), offset_(offset), n_(n) {}
+  void* data() override { return static_cast<char*>(whole_->data()) + offset_; }
+  size_t size() const override { return n_; }
+  bool host_visible() const override { return false; }
+
+ private:
+  std::shared_ptr<Buffer> whole_;
+  size_t offset_;
+  size_t n_;
+};
+
 // Page-locked host memory (cudaHostAlloc): transfers to and from it run at the link's speed, without staging.
 class PinnedBuffer final : public Buffer {
  public:
@@ -119,6 +135,9 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_GROUPED=0: matmul weights keep the file's block layout (for comparison).
     const char* grouped = std::getenv("KILN_CUDA_GROUPED");
     group_weights_ = grouped == nullptr || std::string_view(grouped) != "0";
+    // KILN_CUDA_STACK=0: the matmul weights prepared together (Q, K, V) are held apart, as any other.
+    const char* stack = std::getenv("KILN_CUDA_STACK");
+    stack_weights_ = stack == nullptr || std::string_view(stack) != "0";
     const char* profile = std::getenv("KILN_CUDA_PROFILE");
     profile_ = profile != nullptr && std::string_view(profile) == "1" &&
                cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
@@ -278,11 +297,74 @@ class CudaBackend final : public Backend {
       device.buffer = h->storage.get();
       device.nb[1] = row;
       device.nb[2] = device.nb[3] = row * logical.ne[1];
-      h->prepared = std::make_unique<cuda::GroupedRows>();
+      h->prepared = std::make_unique<cuda::WeightLayout>(true, nullptr);
     }
     h->weight = ops::Weight(device);
     h->weight.prepared = h->prepared.get();
     return h;
+  }
+  // Matmul weights of one type and k whose rows are plain (the file's tensors, or row slices of a fused one)
+  // go into one allocation as one matrix [k, sum n_i], in grouped form for the legacy block types, each
+  // handle's storage its slice of it (cuda_kernels.h: WeightLayout); anything else is prepared weight by
+  // weight.
+  Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(std::span<const Tensor> logicals,
+                                                                          std::span<const std::string> names,
+                                                                          WeightRole role,
+                                                                          const ReadDone& read_done) override {
+    bool stack = stack_weights_ && role == WeightRole::weight_role_matmul && logicals.size() >= 2 &&
+                 names.size() == logicals.size();
+    for (const Tensor& t : logicals) {
+      stack = stack && t.type == logicals[0].type && t.ne[0] == logicals[0].ne[0] && t.ne[1] > 0 &&
+              t.ne[2] == 1 && t.ne[3] == 1 && t.nb[0] == dtype_info(t.type).type_size &&
+              t.nb[1] == t.row_bytes();
+    }
+    if (!stack) return Backend::prepare_weight_group(logicals, names, role, read_done);
+    const DType type = logicals[0].type;
+    const int64_t k = logicals[0].ne[0], file_row = logicals[0].row_bytes();
+    int64_t rows = 0;
+    for (const Tensor& t : logicals) rows += t.ne[1];
+    KILN_TRY(select());
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> file_form, allocate(static_cast<size_t>(rows * file_row)));
+    auto* at = static_cast<char*>(file_form->data());
+    for (const Tensor& t : logicals) {
+      const auto bytes = static_cast<size_t>(t.ne[1] * file_row);
+      KILN_CUDA_TRY(cudaMemcpyAsync(at, t.data, bytes, cudaMemcpyHostToDevice, stream_));
+      at += bytes;
+    }
+    std::shared_ptr<Buffer> whole = std::move(file_form);
+    int64_t row = file_row;
+    const int64_t grouped_row = cuda::grouped_row_bytes(type, k);
+    const bool grouped = group_weights_ && grouped_row > 0;
+    if (grouped) {
+      Tensor src = make_tensor(type, whole->data(), k, rows);
+      src.buffer = whole.get();
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> g, allocate(static_cast<size_t>(rows * grouped_row)));
+      KILN_CUDA_TRY(cuda::group_rows(ctx_, src, g->data(), grouped_row));
+      whole = std::move(g);  // the file's form is freed in stream order
+      row = grouped_row;
+    }
+    std::vector<std::unique_ptr<WeightHandle>> handles;
+    int64_t first = 0;
+    for (size_t i = 0; i < logicals.size(); ++i) {
+      const Tensor& logical = logicals[i];
+      auto h = std::make_unique<WeightHandle>();
+      h->name = names[i];
+      h->role = role;
+      h->logical = logical;
+      h->storage = std::make_unique<SliceBuffer>(whole, static_cast<size_t>(first * row),
+                                                 static_cast<size_t>(logical.ne[1] * row));
+      Tensor device = logical;
+      device.data = h->storage->data();
+      device.buffer = h->storage.get();
+      device.nb[1] = row;
+      device.nb[2] = device.nb[3] = row * logical.ne[1];
+      h->prepared = std::make_unique<cuda::WeightLayout>(grouped, whole->data());
+      h->weight = ops::Weight(device);
+      h->weight.prepared = h->prepared.get();
+      handles.push_back(std::move(h));
+      first += logical.ne[1];
+    }
+    return handles;
   }
 
  private:
@@ -462,6 +544,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   bool graphs_ = true;  // KILN_CUDA_GRAPHS=0 launches every op
   bool fuse_ = true;    // the sequences cuda::run_fused knows run as one kernel each (KILN_CUDA_FUSE=0: not)
+  bool stack_weights_ = true;  // matmul weights prepared together held as one matrix (KILN_CUDA_STACK)
   bool group_weights_ = true;  // matmul weights of the legacy block types in grouped form (KILN_CUDA_GROUPED)
   bool capturing_ = false;
   int graph_failures_ = 0;  // captures of programs of more than 8 tokens that failed in a row

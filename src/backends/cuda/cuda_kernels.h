@@ -61,6 +61,11 @@ inline constexpr int kGemvMaxCols = 8;
 // decode 1.5x faster than through cuBLAS, 64 requests 2.2x slower.
 inline constexpr int kQ8MaxCols = 16;
 
+// Matmuls over stacked weights (WeightLayout) of at most this many x rows run as one GEMM (batched decode):
+// there one GEMM of Q, K and V costs little more than q's alone, and the split of its result is a few
+// microseconds; a prefill's GEMMs run apart, writing their destinations directly.
+inline constexpr int kStackMaxCols = 64;
+
 // Whether the kernels take `op` with its operand types (weight types, destination float types, pool types).
 bool supports(const ops::Op& op);
 // Enqueues `op` (dispatches to the launchers below).
@@ -76,15 +81,30 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops);
 // Weight / table types the quantized kernels read (cuda_matmul.cu).
 bool supports_weight_type(DType type);
 
-// The prepared form of a matmul weight of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) whose rows the
-// backend holds in grouped form (cuda_quant.cuh's legacy_block: each 8 blocks' headers, then their quants,
-// 16-byte aligned): Weight::tensor keeps the file's type and shape, its rows are in that form and
-// grouped_row_bytes() apart. Every kernel that reads a Matmul weight reads both forms.
-class GroupedRows final : public ops::PreparedWeight {
+// How the backend holds a matmul weight beyond a plain copy of the file's bytes. Weight::tensor keeps the
+// file's type and shape, and:
+// - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) are in grouped form
+//   (cuda_quant.cuh's legacy_block: each 8 blocks' headers, then their quants, 16-byte aligned),
+//   grouped_row_bytes() apart. Every kernel that reads a Matmul weight reads both forms.
+// - stack (not null): the weight is one of the matrices prepared together (Backend::prepare_weight_group: Q,
+//   K, V), held as one matrix: each one's rows right after the previous one's, in the allocation that
+//   `stack` points at. The GEMM computes such parts as one (matmul_gemm_group).
+class WeightLayout final : public ops::PreparedWeight {
  public:
-  size_t bytes() const override { return 0; }  // the grouped rows replace the file's: no memory of its own
+  WeightLayout(bool grouped, const void* stack) : grouped_(grouped), stack_(stack) {}
+  size_t bytes() const override { return 0; }  // the handle's storage holds the rows: no memory of its own
+  bool grouped() const { return grouped_; }
+  const void* stack() const { return stack_; }
+
+ private:
+  bool grouped_;
+  const void* stack_;
 };
-inline bool grouped(const ops::Weight& w) { return dynamic_cast<const GroupedRows*>(w.prepared) != nullptr; }
+inline const WeightLayout* layout_of(const ops::Weight& w) { return dynamic_cast<const WeightLayout*>(w.prepared); }
+inline bool grouped(const ops::Weight& w) {
+  const WeightLayout* l = layout_of(w);
+  return l != nullptr && l->grouped();
+}
 // The bytes of a row of k elements of `type` in grouped form (a multiple of 16), or 0 when the type has no
 // grouped form.
 int64_t grouped_row_bytes(DType type, int64_t k);
@@ -105,7 +125,9 @@ cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* c
 // Whether two matmuls that take the GEMM give it x in the same type.
 bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b);
 // 2-3 matmuls on the same x that take the GEMM, with one GEMM input type (same_gemm_input): x converted to it
-// once, then each matmul's GEMM as matmul() runs it.
+// once, then each matmul's GEMM as matmul() runs it; or, when their weights are the parts of one stack in
+// order (WeightLayout) and their destinations of one type, one GEMM over the stack whose f32 result one
+// kernel splits into the destinations.
 cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group);
 // A residual add, the RMSNorm of its sum (add_rms_norm) and 1-3 matmuls on the norm's f32 result that take
 // the integer GEMV (as matmul_gemv_group takes them): the norm's kernel also rounds x to 8 bits, so no kernel

@@ -669,9 +669,96 @@ bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b) {
   return gemm_input_type(a) == gemm_input_type(b);
 }
 
+namespace {
+
+// Whether the group's weights are parts of one stack (WeightLayout), each one's rows right after the previous
+// one's, with one quantize_x and destinations of one float type: then one GEMM computes them all.
+bool stacked(std::span<const ops::Matmul* const> group) {
+  const ops::Matmul& first = *group[0];
+  const WeightLayout* l0 = layout_of(first.w);
+  if (group.size() > kMaxSplitParts || first.x.n_rows() > kStackMaxCols || l0 == nullptr ||
+      l0->stack() == nullptr) {
+    return false;
+  }
+  const Tensor& w0 = first.w.tensor;
+  const char* next = static_cast<const char*>(w0.data);
+  for (const ops::Matmul* op : group) {
+    const Tensor& w = op->w.tensor;
+    const WeightLayout* l = layout_of(op->w);
+    if (l == nullptr || l->stack() != l0->stack() || w.data != next || w.type != w0.type || w.ne[0] != w0.ne[0] ||
+        w.nb[1] != w0.nb[1] || w.ne[2] != 1 || w.ne[3] != 1 || op->quantize_x != first.quantize_x ||
+        op->dst.type != first.dst.type) {
+      return false;
+    }
+    next += w.ne[1] * w.nb[1];
+  }
+  return true;
+}
+
+// The stacked group's GEMM on x (already in the GEMM's input type): the weights as one matrix [k, sum n_i],
+// the f32 result in scratch, then each part's rows to its destination (one kernel where the parts' widths and
+// destinations allow 16-byte moves, else one conversion a part).
+cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const> group, const Operand& x) {
+  const ops::Matmul& first = *group[0];
+  Tensor w = first.w.tensor;
+  int64_t n = 0;
+  for (const ops::Matmul* op : group) n += op->w.tensor.ne[1];
+  w.ne[1] = n;
+  w.nb[2] = w.nb[3] = w.nb[1] * n;
+  ops::Weight whole(w);
+  whole.prepared = first.w.prepared;
+  const int64_t k = w.ne[0], m = first.x.n_rows();
+  const DType in = gemm_input_type(first);
+  cudaError_t err = cudaSuccess;
+  const Operand wo = gemm_w(ctx, whole, in, &err);
+  if (err != cudaSuccess) return err;
+  void* d = ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4));
+  if (d == nullptr) return cudaErrorMemoryAllocation;
+  const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  if (err = gemm(ctx, wo, x, {d, n}, type, n, m, k, first.quantize_x); err != cudaSuccess) return err;
+  const Rows result = packed_rows(d, n, m, 4);
+  SplitParts parts{};
+  bool wide = true;
+  int64_t at = 0, longest = 0;
+  for (size_t p = 0; p < group.size(); ++p) {
+    const int64_t ne0 = group[p]->w.tensor.ne[1];
+    parts.first[p] = at;
+    parts.ne0[p] = ne0;
+    parts.dst[p] = rows_of(group[p]->dst);
+    wide = wide && ne0 % 8 == 0 && at % 8 == 0 && rows_aligned16(parts.dst[p]);
+    longest = std::max(longest, ne0);
+    at += ne0;
+  }
+  if (!wide) {
+    for (size_t p = 0; p < group.size(); ++p) {
+      Rows src = result;
+      src.data += parts.first[p] * 4;
+      err = convert_rows(ctx, src, parts.ne0[p], m, parts.dst[p], first.dst.type);
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  }
+  const dim3 grid(static_cast<unsigned>(ceil_div(longest / 8, kPieceThreads)),
+                  static_cast<unsigned>(std::min<int64_t>(m, kMaxGridY)), static_cast<unsigned>(group.size()));
+  const auto launch = [&](auto* kernel) {
+    (void)launch_kernel(ctx, kernel, grid, kPieceThreads, 0, result, m, parts);
+  };
+  if (first.dst.type == DType::f16) {
+    launch(split_rows8_kernel<__half>);
+  } else if (first.dst.type == DType::bf16) {
+    launch(split_rows8_kernel<__nv_bfloat16>);
+  } else {
+    launch(split_rows8_kernel<float>);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
   cudaError_t err = cudaSuccess;
   const Operand x = gemm_x(ctx, group[0]->x, gemm_input_type(*group[0]), &err);
+  if (err == cudaSuccess && stacked(group)) return stacked_gemm(ctx, group, x);
   for (const ops::Matmul* op : group) {
     if (err != cudaSuccess) break;
     err = gemm_on(ctx, *op, x);
