@@ -1,8 +1,8 @@
-// What cuBLAS offers for the batched-decode GEMMs of a Llama-3-8B layer: bf16 weights (W^T, k x n) times bf16 x
-// (k x m), f32 out, as cuda_matmul.cu's gemm() calls it. For each shape and token count, the time a call of
-// cublasGemmEx's default, then of every algorithm cuBLASLt's heuristic returns (up to 16, each with its config:
-// algo id, tile id, split-k), weights cycled past the L2 cache; % of the card's copy bandwidth (read + write of
-// a 1 GiB device copy). Standalone (cuBLAS only), built and run on the GPU machine by
+// What cuBLAS offers for the batched-decode GEMMs of a Llama-3-8B layer: bf16 weights (W^T, k x n) times bf16
+// x (k x m), f32 out, as cuda_matmul.cu's gemm() calls it. For each shape and token count, the time a call of
+// cublasGemmEx's default, then of every algorithm cuBLASLt's heuristic returns (up to 16, each with its
+// config: algo id, tile id, split-k), weights cycled past the L2 cache; % of the card's copy bandwidth (read
+// + write of a 1 GiB device copy). Standalone (cuBLAS only), built and run on the GPU machine by
 // `scripts/gpu-check.sh ltprobe`:
 //   nvcc -O2 -arch=sm_90a -std=c++20 bench/cublaslt_probe.cu -lcublasLt -lcublas -o cublaslt_probe
 //   cublaslt_probe [KxN ...]   (default: the 8B's q, k/v, q+k+v, gate, gate+up, down)
@@ -52,7 +52,8 @@ double copy_bandwidth(cudaStream_t stream, Timer& t) {
   CHECK(cudaMalloc(&a, bytes));
   CHECK(cudaMalloc(&b, bytes));
   const std::vector<void*> src = {a};
-  const double us = t.us(src, [&](void* p) { CHECK(cudaMemcpyAsync(b, p, bytes, cudaMemcpyDeviceToDevice, stream)); });
+  const double us =
+      t.us(src, [&](void* p) { CHECK(cudaMemcpyAsync(b, p, bytes, cudaMemcpyDeviceToDevice, stream)); });
   CHECK(cudaFree(a));
   CHECK(cudaFree(b));
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
     }
     shapes.emplace_back(k, n);
   }
-  if (shapes.empty()) shapes = {{4096, 4096}, {4096, 1024}, {4096, 6144}, {4096, 14336}, {4096, 28672}, {14336, 4096}};
+  if (shapes.empty())
+    shapes = {{4096, 4096}, {4096, 1024}, {4096, 6144}, {4096, 14336}, {4096, 28672}, {14336, 4096}};
   const int ms[] = {9, 16, 32, 64};
 
   cudaStream_t stream = nullptr;
@@ -88,7 +90,8 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&timer.stop));
   const double bandwidth = copy_bandwidth(stream, timer);
   std::printf("copy bandwidth %.0f GB/s\n\n", bandwidth / 1e9);
-  std::printf("| k x n | m | cublasGemmEx us | %% | best of cuBLASLt us | %% | algos: [id tile split-k us] |\n");
+  std::printf(
+      "| k x n | m | cublasGemmEx us | %% | best of cuBLASLt us | %% | algos: [id tile split-k us] |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---|\n");
 
   for (const auto [k, n] : shapes) {
@@ -106,8 +109,8 @@ int main(int argc, char** argv) {
     const float one = 1.0f, zero = 0.0f;
     for (const int m : ms) {
       const double gemm_ex = timer.us(weights, [&](void* w) {
-        CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
-                           &zero, d, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF,
+                           k, &zero, d, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
       cublasLtMatmulDesc_t desc = nullptr;
       CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -136,7 +139,8 @@ int main(int argc, char** argv) {
         best = std::min(best, us);
         int id = -1, tile = -1, split = -1;
         size_t written = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written);
+        cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id,
+                                             &written);
         cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile,
                                              &written);
         cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
@@ -145,9 +149,11 @@ int main(int argc, char** argv) {
         std::snprintf(one_algo, sizeof one_algo, " [%d %d %d %.1f]", id, tile, split, us);
         algos += one_algo;
       }
-      const auto share = [&](double us) { return 100.0 * static_cast<double>(w_bytes) / (us * 1e-6) / bandwidth; };
-      std::printf("| %d x %d | %d | %.1f | %.0f | %.1f | %.0f |%s |\n", k, n, m, gemm_ex, share(gemm_ex), best,
-                  share(best), algos.c_str());
+      const auto share = [&](double us) {
+        return 100.0 * static_cast<double>(w_bytes) / (us * 1e-6) / bandwidth;
+      };
+      std::printf("| %d x %d | %d | %.1f | %.0f | %.1f | %.0f |%s |\n", k, n, m, gemm_ex, share(gemm_ex),
+                  best, share(best), algos.c_str());
       std::fflush(stdout);
       CHECK(cublasLtMatmulPreferenceDestroy(pref));
       CHECK(cublasLtMatrixLayoutDestroy(la));

@@ -51,7 +51,9 @@ Result<AttentionWeights> load_attention(WeightLoader& weights, const std::string
   std::vector<WeightLoader::GroupPart> parts;
   if (const std::string qkv = prefix + "attn_qkv.weight"; weights.has(qkv)) {
     const int64_t rows = q_dim + 2 * kv_dim;
-    parts = {{qkv, "q", rows, 0, q_dim}, {qkv, "k", rows, q_dim, kv_dim}, {qkv, "v", rows, q_dim + kv_dim, kv_dim}};
+    parts = {{qkv, "q", rows, 0, q_dim},
+             {qkv, "k", rows, q_dim, kv_dim},
+             {qkv, "v", rows, q_dim + kv_dim, kv_dim}};
   } else {
     parts = {{prefix + "attn_q.weight", "", q_dim, 0, q_dim},
              {prefix + "attn_k.weight", "", kv_dim, 0, kv_dim},

@@ -1,9 +1,9 @@
 // The CUDA backend's fused sequences (cuda::run_fused): a layer's program run with fusion gives bit for bit
 // what it gives with every op as its own kernel (KILN_CUDA_FUSE=0 against 1), for decode-sized and
 // prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
-// and the gated activation that round x for the integer GEMV; as the file holds them, and as the backend
-// prepares them at load, in grouped form; RoPE and the KV write, then the attention that reads them, over f16
-// and f32 pools, one or several chunks of positions).
+// and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
+// file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, then the
+// attention that reads them, over f16 and f32 pools, one or several chunks of positions).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -283,21 +283,23 @@ std::vector<size_t> fused_lengths(const Program& program) {
 TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   auto b = make_backend("cpu");  // the program only: fused_length reads operands, launches nothing
   ASSERT_TRUE(b.ok());
+  // One token: add+norm, qkv (one GEMV launch), rope q+k+kv write, the attention alone, add+norm, gate+up,
+  // the activation and down alone. 20 tokens (GEMMs on x in bf16): the add+norm and the activation write x in
+  // bf16 for the GEMMs that read it, which join them: add+norm+qkv, rope q+k+kv write, the attention alone,
+  // add+norm+gate+up, activation+down.
   for (const int64_t m : {1, 20}) {
     Layer L = make_layer(**b, m, DType::bf16, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    // add+norm, qkv (one GEMV launch, or GEMMs on x converted once), rope q+k+kv write, the attention alone,
-    // add+norm, gate+up, the activation and down alone.
-    const std::vector<size_t> want{2, 3, 3, 0, 2, 2, 0, 0};
+    const std::vector<size_t> want =
+        m == 1 ? std::vector<size_t>{2, 3, 3, 0, 2, 2, 0, 0} : std::vector<size_t>{5, 3, 0, 4, 2};
     EXPECT_EQ(lengths, want) << "m " << m;
   }
   // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm or the activation whose result they
-  // read: add+norm+qkv, rope q+k+kv write, the attention alone, add+norm+gate+up, activation+down.
+  // read, and so do the GEMMs beyond (x in f16).
   for (const int64_t m : {1, 12, 20}) {
     Layer L = make_layer(**b, m, DType::q8_0, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    const std::vector<size_t> want = m <= cuda::kQ8MaxCols ? std::vector<size_t>{5, 3, 0, 4, 2}
-                                                           : std::vector<size_t>{2, 3, 3, 0, 2, 2, 0, 0};
+    const std::vector<size_t> want{5, 3, 0, 4, 2};
     EXPECT_EQ(lengths, want) << "q8_0 m " << m;
     // A matmul that reads something other than the activation's result does not join it.
     std::vector<ops::Op> ops = L.program.ops();

@@ -1,9 +1,10 @@
-// Matmul weights prepared together (Backend::prepare_weight_group: a layer's Q, K and V) are held on the device
-// as one matrix, each one's rows right after the previous one's (KILN_CUDA_STACK=0: apart). Three matmuls on
-// one x over such weights run as one GEMM at more than 8 tokens, and give the products of the weights held
-// apart: the same bits through the GEMV (1-8 tokens, the integer GEMV up to 16), within f32 rounding of sums
-// taken in another order through cuBLAS, at f32 and bf16 destinations, at widths the split kernel moves 8 at
-// a time and at widths it cannot. Beyond 64 tokens (prefill) the GEMMs run apart, with the same bits.
+// Matmul weights prepared together (Backend::prepare_weight_group: a layer's Q, K and V) are held on the
+// device as one matrix, each one's rows right after the previous one's (KILN_CUDA_STACK=0: apart). Three
+// matmuls on one x over such weights run as one GEMM at more than 8 tokens, and give the products of the
+// weights held apart: the same bits through the GEMV (1-8 tokens, the integer GEMV up to 16), within f32
+// rounding of sums taken in another order through cuBLAS, at f32 and bf16 destinations, at widths the split
+// kernel moves 8 at a time and at widths it cannot. Beyond 64 tokens (prefill) the GEMMs run apart, with the
+// same bits.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -54,8 +55,10 @@ std::vector<std::unique_ptr<WeightHandle>> prepare(Backend& b, DType type, int64
                                                    std::vector<std::vector<uint8_t>>& bytes) {
   std::vector<Tensor> logicals;
   for (size_t i = 0; i < ns.size(); ++i) logicals.push_back(make_tensor(type, bytes[i].data(), k, ns[i]));
-  const std::vector<std::string> names = {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"};
-  auto h = b.prepare_weight_group(logicals, std::span(names).first(ns.size()), WeightRole::weight_role_matmul, {});
+  const std::vector<std::string> names = {"blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                          "blk.0.attn_v.weight"};
+  auto h =
+      b.prepare_weight_group(logicals, std::span(names).first(ns.size()), WeightRole::weight_role_matmul, {});
   EXPECT_TRUE(h.ok()) << h.status().to_string();
   return h.ok() ? std::move(h).value() : std::vector<std::unique_ptr<WeightHandle>>{};
 }
@@ -152,8 +155,8 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
           for (const DType dst : {DType::f32, DType::bf16}) {
             const auto a = products(*stacked, ws, x, m, qx, dst), b = products(*apart, wa, x, m, qx, dst);
             ASSERT_EQ(a.size(), b.size());
-            // The GEMV (and the integer GEMV of the legacy types under quantize_x, up to 16 tokens) reads each
-            // matrix as before; cuBLAS sums in an order of its own choosing per shape.
+            // The GEMV (and the integer GEMV of the legacy types under quantize_x, up to 16 tokens) reads
+            // each matrix as before; cuBLAS sums in an order of its own choosing per shape.
             const bool legacy = t == DType::q8_0 || t == DType::q4_0;
             const bool gemv = m <= 8 || (qx && legacy && m <= 16);
             // More than 64 tokens (a prefill): the GEMMs run apart there too.

@@ -28,18 +28,21 @@ class Recording final : public Backend {
   using Backend::run;
   Status run(const Program& program) override { return cpu_->run(program); }
   Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
-  Status upload(const Tensor& dst, const void* src, size_t bytes) override { return cpu_->upload(dst, src, bytes); }
-  Status download(void* dst, const Tensor& src, size_t bytes) override { return cpu_->download(dst, src, bytes); }
+  Status upload(const Tensor& dst, const void* src, size_t bytes) override {
+    return cpu_->upload(dst, src, bytes);
+  }
+  Status download(void* dst, const Tensor& src, size_t bytes) override {
+    return cpu_->download(dst, src, bytes);
+  }
   Status copy(const Tensor& dst, const Tensor& src) override { return cpu_->copy(dst, src); }
   Status synchronize() override { return cpu_->synchronize(); }
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
     return cpu_->prepare_weight(logical, name, role);
   }
-  Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(std::span<const Tensor> logicals,
-                                                                          std::span<const std::string> names,
-                                                                          WeightRole role,
-                                                                          const ReadDone& read_done) override {
+  Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(
+      std::span<const Tensor> logicals, std::span<const std::string> names, WeightRole role,
+      const ReadDone& read_done) override {
     groups.emplace_back(names.begin(), names.end());
     return Backend::prepare_weight_group(logicals, names, role, read_done);
   }
@@ -64,7 +67,8 @@ std::vector<uint8_t> attention_gguf(bool fused) {
   gguf::Writer writer;
   writer.set("general.architecture", gguf::Value::str("llama"));
   const auto add = [&](const std::string& name, int64_t rows, float first) {
-    EXPECT_TRUE(writer.add_tensor("blk.0." + name, {kEmbd, rows}, DType::f32, f32_bytes(kEmbd * rows, first)).ok());
+    EXPECT_TRUE(
+        writer.add_tensor("blk.0." + name, {kEmbd, rows}, DType::f32, f32_bytes(kEmbd * rows, first)).ok());
   };
   if (fused) {
     add("attn_qkv.weight", kQDim + 2 * kKvDim, 1.0f);
@@ -84,7 +88,7 @@ float first_value(const ops::Weight& w) {
 }
 
 const blocks::AttentionShape kShape{static_cast<int32_t>(kHeads), static_cast<int32_t>(kKvHeads),
-                            static_cast<int32_t>(kHeadDim), 0.35f};
+                                    static_cast<int32_t>(kHeadDim), 0.35f};
 
 TEST(WeightLoader, QkvArePreparedTogether) {
   for (const bool fused : {false, true}) {
@@ -124,7 +128,8 @@ TEST(WeightLoader, GroupErrorsNameTheTensor) {
   const std::string qkv = "blk.0.attn_qkv.weight";
   const int64_t rows = kQDim + 2 * kKvDim;
   // Rows past the tensor's end.
-  std::vector<blocks::WeightLoader::GroupPart> parts = {{qkv, "q", rows, 0, kQDim}, {qkv, "k", rows, kQDim, rows}};
+  std::vector<blocks::WeightLoader::GroupPart> parts = {{qkv, "q", rows, 0, kQDim},
+                                                        {qkv, "k", rows, kQDim, rows}};
   Result<std::vector<ops::Weight>> w = loader.get_group(parts, WeightRole::weight_role_matmul, kEmbd);
   EXPECT_EQ(w.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(w.status().message().find(qkv), std::string::npos) << w.status().message();

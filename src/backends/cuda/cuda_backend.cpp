@@ -307,10 +307,9 @@ class CudaBackend final : public Backend {
   // go into one allocation as one matrix [k, sum n_i], in grouped form for the legacy block types, each
   // handle's storage its slice of it (cuda_kernels.h: WeightLayout); anything else is prepared weight by
   // weight.
-  Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(std::span<const Tensor> logicals,
-                                                                          std::span<const std::string> names,
-                                                                          WeightRole role,
-                                                                          const ReadDone& read_done) override {
+  Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(
+      std::span<const Tensor> logicals, std::span<const std::string> names, WeightRole role,
+      const ReadDone& read_done) override {
     bool stack = stack_weights_ && role == WeightRole::weight_role_matmul && logicals.size() >= 2 &&
                  names.size() == logicals.size();
     for (const Tensor& t : logicals) {

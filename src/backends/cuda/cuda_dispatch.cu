@@ -122,8 +122,9 @@ size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Mat
   return n;
 }
 // Matmuls on one x that take the GEMM with one input type, each writing its own destination that is not x:
-// two or three (else 0).
-size_t gemm_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+// up to three (one counts).
+size_t gemm_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+  if (ops.empty()) return 0;
   const auto* first = std::get_if<ops::Matmul>(&ops[0]);
   if (first == nullptr || takes_gemv(ctx, *first) || overlap(first->dst, first->x)) return 0;
   size_t n = 1;
@@ -139,6 +140,11 @@ size_t gemm_group(const Context& ctx, std::span<const ops::Op> ops, const ops::M
     if (!disjoint) break;
     group[n++] = mm;
   }
+  return n;
+}
+// gemm_run of two or three matmuls.
+size_t gemm_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+  const size_t n = gemm_run(ctx, ops, group);
   return n > 1 ? n : 0;
 }
 // gemv_run of two or three matmuls.
@@ -180,17 +186,31 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group)) return n;
   if (const ops::Matmul * group[3]; const size_t n = gemm_group(ctx, ops, group)) return n;
   if (add_norm_pair(ops[0], ops[1])) {
-    // ... and the integer GEMVs that read the norm's f32 result, which the norm's kernel rounds for them.
-    const ops::Matmul* group[3] = {};
     const auto& norm = std::get<ops::RmsNorm>(ops[1]);
-    const size_t n = norm.dst.type == DType::f32 ? gemv_run(ctx, ops.subspan(2), group) : 0;
-    return n > 0 && same_view(group[0]->x, norm.dst) && takes_q8(ctx, *group[0]) ? 2 + n : 2;
+    if (norm.dst.type != DType::f32) return 2;
+    // ... and the integer GEMVs that read the norm's f32 result, which the norm's kernel rounds for them,
+    const ops::Matmul* group[3] = {};
+    if (const size_t n = gemv_run(ctx, ops.subspan(2), group);
+        n > 0 && same_view(group[0]->x, norm.dst) && takes_q8(ctx, *group[0])) {
+      return 2 + n;
+    }
+    // ... or the GEMMs that read it in 16 bits, which the norm's kernel writes for them.
+    if (const size_t n = gemm_run(ctx, ops.subspan(2), group);
+        n > 0 && same_view(group[0]->x, norm.dst) && gemm_takes_half_x(ctx, *group[0])) {
+      return 2 + n;
+    }
+    return 2;
   }
   if (const auto* glu = std::get_if<ops::GatedAct>(&ops[0]); glu != nullptr && glu->dst.type == DType::f32) {
-    // A gated activation and the integer GEMVs that read its result, which its kernel rounds for them.
+    // A gated activation and the integer GEMVs that read its result, which its kernel rounds for them, or the
+    // GEMMs that read it in 16 bits, which its kernel writes for them.
     const ops::Matmul* group[3] = {};
-    const size_t n = gemv_run(ctx, ops.subspan(1), group);
-    if (n > 0 && same_view(group[0]->x, glu->dst) && takes_q8(ctx, *group[0]) && glu->up.ne[0] % 32 == 0) {
+    if (const size_t n = gemv_run(ctx, ops.subspan(1), group);
+        n > 0 && same_view(group[0]->x, glu->dst) && takes_q8(ctx, *group[0]) && glu->up.ne[0] % 32 == 0) {
+      return 1 + n;
+    }
+    if (const size_t n = gemm_run(ctx, ops.subspan(1), group);
+        n > 0 && same_view(group[0]->x, glu->dst) && gemm_takes_half_x(ctx, *group[0])) {
       return 1 + n;
     }
   }
@@ -213,12 +233,15 @@ cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& 
     if (consumed == 2) return add_rms_norm(ctx, add, norm);
     const ops::Matmul* group[3] = {};
     for (size_t i = 2; i < consumed; ++i) group[i - 2] = &std::get<ops::Matmul>(ops[i]);
-    return add_norm_gemv_group(ctx, add, norm, std::span<const ops::Matmul* const>(group, consumed - 2));
+    const std::span<const ops::Matmul* const> mms(group, consumed - 2);
+    return takes_gemv(ctx, *group[0]) ? add_norm_gemv_group(ctx, add, norm, mms)
+                                      : add_norm_gemm_group(ctx, add, norm, mms);
   }
   if (const auto* glu = std::get_if<ops::GatedAct>(&ops[0])) {
     const ops::Matmul* group[3] = {};
     for (size_t i = 1; i < consumed; ++i) group[i - 1] = &std::get<ops::Matmul>(ops[i]);
-    return glu_gemv_group(ctx, *glu, std::span<const ops::Matmul* const>(group, consumed - 1));
+    const std::span<const ops::Matmul* const> mms(group, consumed - 1);
+    return takes_gemv(ctx, *group[0]) ? glu_gemv_group(ctx, *glu, mms) : glu_gemm_group(ctx, *glu, mms);
   }
   return rope_kv_write(ctx, std::get<ops::Rope>(ops[0]), std::get<ops::Rope>(ops[1]),
                        std::get<ops::KvWrite>(ops[2]));

@@ -61,10 +61,13 @@ inline constexpr int kGemvMaxCols = 8;
 // decode 1.5x faster than through cuBLAS, 64 requests 2.2x slower.
 inline constexpr int kQ8MaxCols = 16;
 
-// Matmuls over stacked weights (WeightLayout) of at most this many x rows run as one GEMM (batched decode):
-// there one GEMM of Q, K and V costs little more than q's alone, and the split of its result is a few
-// microseconds; a prefill's GEMMs run apart, writing their destinations directly.
-inline constexpr int kStackMaxCols = 64;
+// GEMMs of at most this many x rows (batched decode) are fused with their neighbours: over stacked weights
+// (WeightLayout) Q, K and V run as one GEMM, which costs little more than q's alone while the split of its
+// result takes a few microseconds; and the kernel that produces x writes it in the GEMM's 16-bit type, which
+// spares a conversion kernel of a few microseconds. A prefill's GEMMs run apart, writing their destinations
+// directly, on x converted by the 8-wide kernel (H100, 8B BF16 pp2048: 27,640 tokens/s that way, 27,400 with
+// x written by the norm and the activation).
+inline constexpr int kDecodeGemmMaxCols = 64;
 
 // Whether the kernels take `op` with its operand types (weight types, destination float types, pool types).
 bool supports(const ops::Op& op);
@@ -100,7 +103,9 @@ class WeightLayout final : public ops::PreparedWeight {
   bool grouped_;
   const void* stack_;
 };
-inline const WeightLayout* layout_of(const ops::Weight& w) { return dynamic_cast<const WeightLayout*>(w.prepared); }
+inline const WeightLayout* layout_of(const ops::Weight& w) {
+  return dynamic_cast<const WeightLayout*>(w.prepared);
+}
 inline bool grouped(const ops::Weight& w) {
   const WeightLayout* l = layout_of(w);
   return l != nullptr && l->grouped();
@@ -138,6 +143,18 @@ cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, cons
 // its kernel also rounds that result to 8 bits for them.
 cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group);
+// Whether a matmul that takes the GEMM reads x in 16 bits (bf16, or f16 saturated), with at most
+// kDecodeGemmMaxCols rows: the kernel that produces x then writes it so for the GEMM (add_norm_gemm_group,
+// glu_gemm_group).
+bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op);
+// A residual add and the RMSNorm of its sum, then 1-3 matmuls on the norm's f32 result that take the GEMM in
+// 16 bits (gemm_takes_half_x; one input type): the norm's kernel also writes that result in the GEMM's type,
+// rounded as the GEMM's own conversion rounds it, so no conversion kernel runs (the same bits).
+cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                                std::span<const ops::Matmul* const> group);
+// The same for a gated activation (f32 dst) and the matmul(s) on its result.
+cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
+                           std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
@@ -145,16 +162,20 @@ cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op);
 cudaError_t rope(const Context& ctx, const ops::Rope& op);
 // binary (add, no broadcast, f32 dst) then rms_norm of its dst; with xq / xds (an f32 norm dst, n a multiple
 // of 32) also that result rounded to 8 bits for the integer GEMV, in quantize_x's layout (cuda_matmul.cu).
+// With xh (n a multiple of 8): also that result in 16 bits for a GEMM (bf16, or f16 saturated when f16), row
+// r at xh + r * n.
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
-                         int* xq = nullptr, float2* xds = nullptr);
+                         int* xq = nullptr, float2* xds = nullptr, uint16_t* xh = nullptr, bool f16 = false);
 // rope of q, rope of k (same positions and parameters), then kv_write of the rotated k and v.
 cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv);
 // Whether rope_kv_write takes a RoPE of these parameters.
 bool rope_supported(const ops::RopeParams& p);
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op);
 cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
-// With xq / xds (an f32 dst, n a multiple of 32): also the result rounded to 8 bits, as add_rms_norm.
-cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq = nullptr, float2* xds = nullptr);
+// With xq / xds (an f32 dst, n a multiple of 32): also the result rounded to 8 bits, as add_rms_norm; with
+// xh, also in 16 bits, as add_rms_norm.
+cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq = nullptr, float2* xds = nullptr,
+                      uint16_t* xh = nullptr, bool f16 = false);
 cudaError_t binary(const Context& ctx, const ops::Binary& op);
 cudaError_t scale(const Context& ctx, const ops::Scale& op);
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op);

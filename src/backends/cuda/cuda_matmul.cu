@@ -676,7 +676,7 @@ namespace {
 bool stacked(std::span<const ops::Matmul* const> group) {
   const ops::Matmul& first = *group[0];
   const WeightLayout* l0 = layout_of(first.w);
-  if (group.size() > kMaxSplitParts || first.x.n_rows() > kStackMaxCols || l0 == nullptr ||
+  if (group.size() > kMaxSplitParts || first.x.n_rows() > kDecodeGemmMaxCols || l0 == nullptr ||
       l0->stack() == nullptr) {
     return false;
   }
@@ -685,9 +685,9 @@ bool stacked(std::span<const ops::Matmul* const> group) {
   for (const ops::Matmul* op : group) {
     const Tensor& w = op->w.tensor;
     const WeightLayout* l = layout_of(op->w);
-    if (l == nullptr || l->stack() != l0->stack() || w.data != next || w.type != w0.type || w.ne[0] != w0.ne[0] ||
-        w.nb[1] != w0.nb[1] || w.ne[2] != 1 || w.ne[3] != 1 || op->quantize_x != first.quantize_x ||
-        op->dst.type != first.dst.type) {
+    if (l == nullptr || l->stack() != l0->stack() || w.data != next || w.type != w0.type ||
+        w.ne[0] != w0.ne[0] || w.nb[1] != w0.nb[1] || w.ne[2] != 1 || w.ne[3] != 1 ||
+        op->quantize_x != first.quantize_x || op->dst.type != first.dst.type) {
       return false;
     }
     next += w.ne[1] * w.nb[1];
@@ -739,7 +739,8 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
     return cudaSuccess;
   }
   const dim3 grid(static_cast<unsigned>(ceil_div(longest / 8, kPieceThreads)),
-                  static_cast<unsigned>(std::min<int64_t>(m, kMaxGridY)), static_cast<unsigned>(group.size()));
+                  static_cast<unsigned>(std::min<int64_t>(m, kMaxGridY)),
+                  static_cast<unsigned>(group.size()));
   const auto launch = [&](auto* kernel) {
     (void)launch_kernel(ctx, kernel, grid, kPieceThreads, 0, result, m, parts);
   };
@@ -842,6 +843,50 @@ cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, cons
 cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group) {
   return produced_gemv_group(ctx, group, [&](int* xq, float2* xds) { return gated_act(ctx, glu, xq, xds); });
+}
+
+bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op) {
+  return !takes_gemv(ctx, op) && op.x.n_rows() <= kDecodeGemmMaxCols && gemm_input_type(op) != DType::f32;
+}
+
+namespace {
+
+// 1-3 matmuls on one x that take the GEMM in 16 bits, x written in the GEMM's type by the kernel that
+// produces it: produce(xh, f16) launches that kernel, given the scratch gemm_x() would convert into, in its
+// layout.
+template <class Produce>
+cudaError_t produced_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group,
+                                Produce&& produce) {
+  const ops::Matmul& first = *group[0];
+  if (!gemm_takes_half_x(ctx, first)) return cudaErrorInvalidValue;
+  const int64_t k = first.x.ne[0], m = first.x.n_rows();
+  const DType in = gemm_input_type(first);
+  void* out = ctx.scratch(kSlotX, static_cast<size_t>(k * m * 2));
+  if (out == nullptr) return cudaErrorMemoryAllocation;
+  if (const cudaError_t err = produce(static_cast<uint16_t*>(out), in == DType::f16); err != cudaSuccess) {
+    return err;
+  }
+  const Operand x{out, k};
+  if (stacked(group)) return stacked_gemm(ctx, group, x);
+  for (const ops::Matmul* op : group) {
+    if (const cudaError_t err = gemm_on(ctx, *op, x); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                                std::span<const ops::Matmul* const> group) {
+  return produced_gemm_group(ctx, group, [&](uint16_t* xh, bool f16) {
+    return add_rms_norm(ctx, add, norm, nullptr, nullptr, xh, f16);
+  });
+}
+
+cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
+                           std::span<const ops::Matmul* const> group) {
+  return produced_gemm_group(
+      ctx, group, [&](uint16_t* xh, bool f16) { return gated_act(ctx, glu, nullptr, nullptr, xh, f16); });
 }
 
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {

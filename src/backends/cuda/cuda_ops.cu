@@ -2,6 +2,8 @@
 // scale, argmax, MoE routing and mixing. All are bound by memory traffic: one pass over their operands,
 // f32 arithmetic (double for RoPE angles, as the CPU backend), rows addressed through their views' strides.
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -119,12 +121,28 @@ __device__ inline void load_norm_weight(const float* w, float w_add, const Slice
   for (int k = 0; k < kRowRegs; ++k) g[k] = w != nullptr && s.at(k) < s.hi ? w[s.at(k)] + w_add : 1.0f;
 }
 
+// A row of a GEMM's 16-bit input that a kernel writes beside its f32 result: bf16, or f16 when f16.
+struct HalfCopy {
+  char* row = nullptr;
+  bool f16 = false;
+};
+// The result also as a GEMM's 16-bit input: bf16, or f16 saturated to its range, rounded as
+// cuda_convert.cuh's convert_rows8_kernel rounds x for cuBLAS, so the GEMM reads the same bits.
+__device__ inline void store_half(const HalfCopy& h, int64_t i, float v) {
+  if (h.f16) {
+    reinterpret_cast<__half*>(h.row)[i] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
+  } else {
+    reinterpret_cast<__nv_bfloat16*>(h.row)[i] = __float2bfloat16_rn(v);
+  }
+}
+
 // dst slice = x * inv_rms * g, the row's sum of squares taken over the cluster. xq / xds (optional; n a
 // multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
-// quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values.
+// quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
+// result also in 16 bits for the GEMM (store_half).
 __device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g)[kRowRegs], const Slice& s,
                                      char* yr, Store st, int64_t n, float eps, float* red, float* part,
-                                     const Part& P, int8_t* xq, float2* xds) {
+                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half = {}) {
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kRowRegs; ++k) ss += x[k] * x[k];  // zero past the slice
@@ -137,13 +155,14 @@ __device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g
     const float v = x[k] * inv * g[k];
     store(st, yr, i, v);
     if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
+    if (half.row != nullptr) store_half(half, i, v);
   }
 }
 // The same for slices longer than the registers hold: x read twice (a caller may have written it just
 // before: each thread reads only the elements it wrote).
 __device__ inline void rms_norm_loop(const float* xr, const Slice& s, char* yr, Store st, const float* w,
                                      int64_t n, float eps, float w_add, float* red, float* part,
-                                     const Part& P, int8_t* xq, float2* xds) {
+                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half = {}) {
   float ss = 0.0f;
   for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) ss += xr[i] * xr[i];
   ss = slices_sum(ss, red, part, P);
@@ -152,6 +171,7 @@ __device__ inline void rms_norm_loop(const float* xr, const Slice& s, char* yr, 
     const float v = xr[i] * inv * (w != nullptr ? w[i] + w_add : 1.0f);
     store(st, yr, i, v);
     if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
+    if (half.row != nullptr) store_half(half, i, v);
   }
 }
 
@@ -402,8 +422,9 @@ __device__ inline float glu(ops::GluKind kind, float g) {
 
 // xq / xds (n a multiple of 32, f32 dst): each warp's 32 consecutive elements are one block of a row, also
 // rounded to 8 bits there (round_q8).
+// xh: the result also in 16 bits (store_half), row r at xh + r * n.
 __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, bool broadcast,
-                                 int64_t n, int64_t total, int8_t* xq, float2* xds) {
+                                 int64_t n, int64_t total, int8_t* xq, float2* xds, uint16_t* xh, bool f16) {
   pdl_begin();
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
@@ -413,6 +434,7 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::Gl
     const float v = glu(kind, g) * up.row_as<const float>(r)[i];
     store(st, dst.row(r), i, v);
     if (xq != nullptr) round_q8(v, xq + r * n + i, xds + r * (n / 32) + i / 32);
+    if (xh != nullptr) store_half({reinterpret_cast<char*>(xh + r * n), f16}, i, v);
   }
 }
 
@@ -420,7 +442,7 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::Gl
 // multiple of 4 that start 16-byte aligned (prefill: the per-element kernel moved half the bytes the memory
 // could).
 __global__ void gated_act4_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, int64_t n,
-                                  int64_t total) {
+                                  int64_t total, uint16_t* xh, bool f16) {
   pdl_begin();
   const int64_t n4 = n / 4;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total / 4;
@@ -437,6 +459,11 @@ __global__ void gated_act4_kernel(Rows gate, Rows up, Rows dst, Store st, ops::G
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) store(st, y, i + j, v[j]);
+    }
+    if (xh != nullptr) {
+      const HalfCopy half{reinterpret_cast<char*>(xh + r * n), f16};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) store_half(half, i + j, v[j]);
     }
   }
 }
@@ -556,10 +583,14 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
 }
 
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
-// xq / xds: see rms_norm_regs; row r's go at xq + r * n and xds + r * n / 32.
+// xq / xds: see rms_norm_regs; row r's go at xq + r * n and xds + r * n / 32. kHalf: xh gets the result also
+// in 16 bits (f16: as f16, else bf16), row r at xh + r * n; a template parameter, so that the kernel without
+// it keeps its registers (with it, ptxas spills 872 bytes a thread instead of 524).
+template <bool kHalf>
 __global__ void __launch_bounds__(1024)
     add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
-                        float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds) {
+                        float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds,
+                        uint16_t* xh, bool f16) {
   pdl_begin();
   __shared__ float red[32], part[kNormMaxCluster];
   const Part P = part_of(n, slice, packed);
@@ -570,6 +601,7 @@ __global__ void __launch_bounds__(1024)
     float* sr = sum.row_as<float>(r);
     int8_t* q = xq != nullptr ? xq + r * n : nullptr;
     float2* ds = xds != nullptr ? xds + r * (n / 32) : nullptr;
+    const HalfCopy half{kHalf ? reinterpret_cast<char*>(xh + r * n) : nullptr, f16};
     if (s.in_regs()) {
       float va[kRowRegs], vb[kRowRegs], g[kRowRegs];
       load_slice(ar, s, va);
@@ -580,10 +612,10 @@ __global__ void __launch_bounds__(1024)
         va[k] += vb[k];
         if (s.at(k) < s.hi) sr[s.at(k)] = va[k];
       }
-      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, part, P, q, ds);
+      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, part, P, q, ds, half);
     } else {
       for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) sr[i] = ar[i] + br[i];
-      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, q, ds);
+      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, q, ds, half);
     }
   }
 }
@@ -717,7 +749,8 @@ cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
   return launched();
 }
 
-cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq, float2* xds) {
+cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq, float2* xds, uint16_t* xh,
+                      bool f16) {
   const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
   if (xq != nullptr && (n % 32 != 0 || op.dst.type != DType::f32)) return cudaErrorInvalidValue;
   const bool broadcast = op.gate.ne[0] == 1 && n > 1;
@@ -725,12 +758,12 @@ cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq, floa
   if (xq == nullptr && !broadcast && n % 4 == 0 && rows_aligned16(gate) && rows_aligned16(up) &&
       rows_aligned16(dst)) {
     (void)launch_kernel(ctx, gated_act4_kernel, grid_for(total / 4, kThreads), kThreads, 0, gate, up, dst,
-                        store_of(op.dst.type), op.kind, n, total);
+                        store_of(op.dst.type), op.kind, n, total, xh, f16);
     return launched();
   }
   (void)launch_kernel(ctx, gated_act_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.gate),
                       rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind,
-                      op.gate.ne[0] == 1 && n > 1, n, total, reinterpret_cast<int8_t*>(xq), xds);
+                      op.gate.ne[0] == 1 && n > 1, n, total, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
   return launched();
 }
 
@@ -808,14 +841,14 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
 }
 
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm, int* xq,
-                         float2* xds) {
+                         float2* xds, uint16_t* xh, bool f16) {
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
   const NormShape sh = norm_shape(ctx, n, rows);
-  (void)launch_kernel_cluster(ctx, add_rms_norm_kernel, sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a),
-                              rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst),
-                              store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n,
-                              norm.eps, norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed,
-                              reinterpret_cast<int8_t*>(xq), xds);
+  (void)launch_kernel_cluster(
+      ctx, xh != nullptr ? add_rms_norm_kernel<true> : add_rms_norm_kernel<false>, sh.grid, sh.threads, 0,
+      sh.cluster, rows_of(add.a), rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst),
+      store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n, norm.eps,
+      norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
   return launched();
 }
 
