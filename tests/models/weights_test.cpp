@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,26 @@ TEST(WeightLoader, GroupErrorsNameTheTensor) {
   w = loader.get_group(parts, WeightRole::weight_role_matmul, kEmbd);
   EXPECT_EQ(w.status().code(), StatusCode::not_found);
   EXPECT_NE(w.status().message().find("blk.0.attn_q.weight"), std::string::npos) << w.status().message();
+}
+
+// The default prepare_weight_group prepares each weight as prepare_weight does, in order, and wants a name a
+// weight.
+TEST(WeightLoader, DefaultGroupPreparesEachWeight) {
+  std::unique_ptr<Backend> cpu = make_backend("cpu").value();
+  const std::vector<uint8_t> a = f32_bytes(kEmbd * 4, 1.0f), b = f32_bytes(kEmbd * 2, 2.0f);
+  const std::vector<Tensor> logicals = {make_tensor(DType::f32, const_cast<uint8_t*>(a.data()), kEmbd, 4),
+                                        make_tensor(DType::f32, const_cast<uint8_t*>(b.data()), kEmbd, 2)};
+  const std::vector<std::string> names = {"q", "k"};
+  auto h = cpu->prepare_weight_group(logicals, names, WeightRole::weight_role_matmul, {});
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_EQ(h->size(), 2u);
+  EXPECT_EQ((*h)[0]->name, "q");
+  EXPECT_EQ((*h)[1]->name, "k");
+  EXPECT_EQ((*h)[1]->logical.ne[1], 2);
+  EXPECT_FLOAT_EQ(first_value((*h)[1]->weight), 2.0f);
+  auto bad =
+      cpu->prepare_weight_group(logicals, std::span(names).first(1), WeightRole::weight_role_matmul, {});
+  EXPECT_EQ(bad.status().code(), StatusCode::invalid_argument);
 }
 
 }  // namespace
