@@ -65,8 +65,8 @@ inline constexpr int kQ8MaxCols = 16;
 // (WeightLayout) Q, K and V run as one GEMM, which costs little more than q's alone while the split of its
 // result takes a few microseconds; and the kernel that produces x writes it in the GEMM's 16-bit type, which
 // spares a conversion kernel of a few microseconds. A prefill's GEMMs run apart, writing their destinations
-// directly, on x converted by the 8-wide kernel (H100, 8B BF16 pp2048: 27,640 tokens/s that way, 27,400 with
-// x written by the norm and the activation).
+// directly, on x converted by the 8-wide kernel (H100, 8B BF16 pp2048, two interleaved rounds: 27,708 and
+// 27,573 tokens/s that way, 27,455 and 26,674 with x written by the norm and the activation).
 inline constexpr int kDecodeGemmMaxCols = 64;
 
 // Whether the kernels take `op` with its operand types (weight types, destination float types, pool types).
