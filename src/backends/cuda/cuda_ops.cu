@@ -38,6 +38,18 @@ cudaError_t launched() { return cudaGetLastError(); }
 constexpr int kRowRegs = 8;
 constexpr int kNormMaxCluster = 8;  // the portable cluster size
 constexpr int64_t kNormMinSlice = 512;
+// The norm kernels are compiled twice: bounded at 1024 threads a block (a prefill's packed rows), where ptxas
+// gives a thread 64 registers and the fused add + norm spills its slice, and at kNormSmallBlock, which the
+// blocks of a row cut into slices (decode) fit, with room to hold the slice in registers
+// (KILN_CUDA_NORM_SMALL_BLOCK=0: the 1024-thread kernels always, for measuring).
+constexpr int kNormSmallBlock = 256;
+bool norm_small_block(int threads) {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_CUDA_NORM_SMALL_BLOCK");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  return on && threads <= kNormSmallBlock;
+}
 // A row of at most this many elements is one block's (KILN_CUDA_NORM_ONE_BLOCK=N sets it, for measuring):
 // cutting it would pay the cluster's two barriers for a few elements a thread.
 int64_t norm_one_block() {
@@ -179,7 +191,8 @@ __device__ inline void rms_norm_loop(const float* xr, const Slice& s, char* yr, 
 __device__ inline int64_t first_row(const Part& P) { return P.packed ? blockIdx.x : blockIdx.x / P.n_parts; }
 __device__ inline int64_t row_step(const Part& P) { return P.packed ? gridDim.x : gridDim.x / P.n_parts; }
 
-__global__ void __launch_bounds__(1024)
+template <int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads)
     rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
                     int64_t n_rows, int64_t slice, bool packed) {
   pdl_begin();
@@ -585,9 +598,9 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
 // xq / xds: see rms_norm_regs; row r's go at xq + r * n and xds + r * n / 32. kHalf: xh gets the result also
 // in 16 bits (f16: as f16, else bf16), row r at xh + r * n; a template parameter, so that the kernel without
-// it keeps its registers (with it, ptxas spills 872 bytes a thread instead of 524).
-template <bool kHalf>
-__global__ void __launch_bounds__(1024)
+// it keeps its registers. kMaxThreads: the block's bound (see norm_shape).
+template <bool kHalf, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads)
     add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
                         float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds,
                         uint16_t* xh, bool f16) {
@@ -697,10 +710,11 @@ NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
   const NormShape sh = norm_shape(ctx, n, rows);
-  (void)launch_kernel_cluster(ctx, rms_norm_kernel, sh.grid, sh.threads, 0, sh.cluster, rows_of(op.x),
-                              rows_of(op.dst), store_of(op.dst.type),
-                              static_cast<const float*>(op.w.tensor.data), n, op.eps,
-                              op.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed);
+  (void)launch_kernel_cluster(
+      ctx, norm_small_block(sh.threads) ? rms_norm_kernel<kNormSmallBlock> : rms_norm_kernel<1024>, sh.grid,
+      sh.threads, 0, sh.cluster, rows_of(op.x), rows_of(op.dst), store_of(op.dst.type),
+      static_cast<const float*>(op.w.tensor.data), n, op.eps, op.add_one ? 1.0f : 0.0f, rows, sh.slice,
+      sh.packed);
   return launched();
 }
 
@@ -840,15 +854,26 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
   return launched();
 }
 
+namespace {
+using AddNormKernel = void (*)(Rows, Rows, Rows, Rows, Store, const float*, int64_t, float, float, int64_t,
+                               int64_t, bool, int8_t*, float2*, uint16_t*, bool);
+AddNormKernel add_rms_norm_for(bool half, int threads) {
+  if (norm_small_block(threads)) {
+    return half ? add_rms_norm_kernel<true, kNormSmallBlock> : add_rms_norm_kernel<false, kNormSmallBlock>;
+  }
+  return half ? add_rms_norm_kernel<true, 1024> : add_rms_norm_kernel<false, 1024>;
+}
+}  // namespace
+
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm, int* xq,
                          float2* xds, uint16_t* xh, bool f16) {
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
   const NormShape sh = norm_shape(ctx, n, rows);
   (void)launch_kernel_cluster(
-      ctx, xh != nullptr ? add_rms_norm_kernel<true> : add_rms_norm_kernel<false>, sh.grid, sh.threads, 0,
-      sh.cluster, rows_of(add.a), rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst),
-      store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n, norm.eps,
-      norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
+      ctx, add_rms_norm_for(xh != nullptr, sh.threads), sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a),
+      rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
+      static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f, rows, sh.slice,
+      sh.packed, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
   return launched();
 }
 
