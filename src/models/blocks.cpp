@@ -186,6 +186,8 @@ StepModel::StepModel(Backend& backend, const ModelOptions& options) : backend_(b
   const char* p = std::getenv("KILN_STEP_PROFILE");
   print_offload_profile_ = p != nullptr && std::string_view(p) == "1";
   // KILN_OFFLOAD_STAGING=0: offloaded weights go up straight from their pages (op_offload.h).
+  const char* reuse = std::getenv("KILN_REUSE_PROGRAM");
+  reuse_program_ = reuse == nullptr || std::string_view(reuse) != "0";
   const char* staging = std::getenv("KILN_OFFLOAD_STAGING");
   offload_scratch_.stage_weights = staging == nullptr || std::string_view(staging) != "0";
 }
@@ -218,17 +220,37 @@ size_t StepModel::peak_scratch_bytes() const {
   return total;
 }
 
-Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
+void StepModel::step_key(const KvBuffers& kv, std::vector<uint64_t>& key) const {
+  key.clear();
+  const auto put = [&](const Tensor& t) {
+    key.push_back(reinterpret_cast<uint64_t>(t.data));
+    key.push_back(static_cast<uint64_t>(t.type));
+    for (int i = 0; i < 4; ++i) key.push_back(static_cast<uint64_t>(t.ne[i]));
+  };
   for (const auto& s : stages_) {
-    KILN_ASSIGN_OR_RETURN(s->step, s->steps.build(batch, kv, info_));
+    const StepTensors& st = s->step;
+    for (const int32_t v : {st.n_tokens, st.n_seqs, st.n_logits, st.argmax_vocab})
+      key.push_back(static_cast<uint64_t>(static_cast<uint32_t>(v)));
+    for (const Tensor* t :
+         {&st.tokens, &st.positions, &st.slots, &st.seq, &st.bt_indptr, &st.bt_indices, &st.logit_rows})
+      put(*t);
+  }
+  key.push_back(static_cast<uint64_t>(kv.block_size));
+  key.push_back(static_cast<uint64_t>(kv.n_blocks));
+  key.push_back(kv.k.size());
+  for (size_t l = 0; l < kv.k.size(); ++l) put(kv.k[l]), put(l < kv.v.size() ? kv.v[l] : Tensor{});
+}
+
+Result<Tensor> StepModel::record(KvBuffers& kv) {
+  for (const auto& s : stages_) {
     s->arena.reset();
     s->program.clear();
     s->program.n_tokens = s->step.n_tokens;
   }
-  // Recorded stage by stage; the residual stream of the stage before is copied into `hops[s - 1].second`,
+  // Recorded stage by stage; the residual stream of the stage before is copied into `hops_[s - 1].second`,
   // stage s's own, before stage s runs.
   Tensor x, logits;
-  std::vector<std::pair<Tensor, Tensor>> hops;
+  hops_.clear();
   for (size_t s = 0; s < stages_.size(); ++s) {
     Stage& st = *stages_[s];
     Recorder r{st.program, st.arena, st.step, options_.quantize_activations};
@@ -236,7 +258,7 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
       KILN_ASSIGN_OR_RETURN(x, record_embedding(r));
     } else {
       KILN_ASSIGN_OR_RETURN(Tensor to, st.arena.f32(x.ne[0], x.ne[1]));
-      hops.emplace_back(x, to);
+      hops_.emplace_back(x, to);
       x = to;
     }
     const int32_t end = s + 1 < stages_.size() ? stages_[s + 1]->first_layer : info_.n_layers;
@@ -248,9 +270,22 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
       KILN_ASSIGN_OR_RETURN(logits, record_output(r, x));
     }
   }
+  return logits;
+}
+
+Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
+  for (const auto& s : stages_) {
+    KILN_ASSIGN_OR_RETURN(s->step, s->steps.build(batch, kv, info_));
+  }
+  step_key(kv, next_key_);
+  if (!reuse_program_ || key_.empty() || next_key_ != key_) {
+    key_.clear();  // until recorded whole
+    KILN_ASSIGN_OR_RETURN(logits_, record(kv));
+    key_.swap(next_key_);
+  }
   for (size_t s = 0; s < stages_.size(); ++s) {
     if (s > 0) {
-      const auto& [from, to] = hops[s - 1];
+      const auto& [from, to] = hops_[s - 1];
       Backend& before = stages_[s - 1]->backend;
       const size_t bytes = static_cast<size_t>(from.n_elements()) * sizeof(float);
       if (to.buffer != nullptr && to.buffer->host_visible()) {  // a host stage's tensor
@@ -271,7 +306,7 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
       KILN_TRY(st.backend.run(st.program));
     }
   }
-  return logits;
+  return logits_;
 }
 
 }  // namespace kiln::blocks

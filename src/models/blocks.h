@@ -131,7 +131,20 @@ class StepModel : public Model {
     StepTensors step;
     Program program;
   };
+  // Records every stage's program; the logits.
+  Result<Tensor> record(KvBuffers& kv);
+  // What a step's recording depends on besides the weights: each stage's metadata (counts, and its tensors'
+  // places and lengths) and the KV pools (places, types, shapes). A step with the key of the one before
+  // records the same program, so forward() runs that program again instead (KILN_REUSE_PROGRAM=0: records
+  // every step).
+  void step_key(const KvBuffers& kv, std::vector<uint64_t>& key) const;
+
   std::vector<std::unique_ptr<Stage>> stages_;
+  bool reuse_program_ = true;
+  std::vector<uint64_t> key_, next_key_;  // the recorded programs' key (empty: none), this step's
+  Tensor logits_;                         // the recorded programs' result
+  // The residual stream of stage s - 1 and stage s's copy of it (hops_[s - 1]).
+  std::vector<std::pair<Tensor, Tensor>> hops_;
   bool offload_matmuls_ = false;  // the second stage's large matmuls run on the first's device (op_offload.h)
   OffloadScratch offload_scratch_;
   OffloadProfile offload_profile_;

@@ -40,6 +40,7 @@ class RecordingBackend final : public Backend {
   bool supports(const ops::Op& op) const override { return cpu_->supports(op); }
   Status run(const Program& program) override {
     programs.push_back(program.ops());
+    versions.push_back(program.version());
     return cpu_->run(program);
   }
   Result<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
@@ -67,6 +68,7 @@ class RecordingBackend final : public Backend {
   }
 
   std::vector<std::vector<ops::Op>> programs;
+  std::vector<uint64_t> versions;   // Program::version() of each program run
   std::set<const Buffer*> buffers;  // every buffer ever allocated (a freed one stays: addresses only)
   std::set<std::string> prepared;   // the names of the weights it prepared
   int uploads = 0;
@@ -185,6 +187,13 @@ Batch decode() {  // one token of each sequence
   return b;
 }
 
+Batch decode_at(int32_t p0, int32_t p1) {  // decode(), further on in the same blocks
+  Batch b = decode();
+  b.tokens = {303 + p0, 304 + p1};
+  b.positions = {p0, p1};
+  return b;
+}
+
 Batch mixed() {  // a prefill chunk of sequence 1 (positions 5..9), then sequence 0's decode token
   Batch b;
   b.block_tables = {kTable0, kTable1};
@@ -286,6 +295,46 @@ TEST(StepProgram, DecodeAndMixedStepsOnTheDefaultModel) {
   EXPECT_EQ(handles.front()->name, "token_embd.weight");
   // SmolLM2 has no output.weight: the embedding table is also the output head.
   EXPECT_EQ(handles.front()->role, WeightRole::weight_role_tied_embedding);
+}
+
+// A step whose metadata has the shapes and places of the step before, over the same KV pools, runs the
+// program recorded for that step again (Program::version() unchanged: a backend keeps what it made of it),
+// with the logits of a model that records every step (KILN_REUSE_PROGRAM=0); any other step records anew.
+TEST(StepProgram, AStepShapedAsTheOneBeforeRunsItsProgramAgain) {
+  RecordingBackend rec, fresh;
+  Loaded l = load(rec, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  ASSERT_TRUE(l.model);
+  ::setenv("KILN_REUSE_PROGRAM", "0", 1);
+  Loaded plain = load(fresh, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  ::unsetenv("KILN_REUSE_PROGRAM");
+  ASSERT_TRUE(plain.model);
+  KvBuffers other = KvBuffers::allocate(*l.model, 16, 16, DType::f32).value();
+  const std::vector<Batch> steps = {prefill(19, 4), decode(),          decode_at(20, 5), decode_at(21, 6),
+                                    mixed(),        decode_at(22, 10), decode_at(23, 11)};
+  // Whether step i runs the program of step i - 1 again; step 5 decodes over other KV pools (copied).
+  const std::vector<bool> again = {false, false, true, true, false, false, true};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SCOPED_TRACE(i);
+    if (i == 5) {  // the same cache contents in other pools: the program must name them
+      for (size_t j = 0; j < l.kv->k.size(); ++j) {
+        ASSERT_TRUE(rec.copy(other.k[j], l.kv->k[j]).ok());
+        ASSERT_TRUE(rec.copy(other.v[j], l.kv->v[j]).ok());
+      }
+    }
+    KvBuffers& kv = i >= 5 ? other : *l.kv;
+    Result<Tensor> lg = l.model->forward(steps[i], kv);
+    ASSERT_TRUE(lg.ok()) << lg.status().to_string();
+    std::vector<float> got, want;
+    ASSERT_TRUE(read_logits(rec, *lg, got).ok());
+    Result<Tensor> plg = plain.model->forward(steps[i], *plain.kv);
+    ASSERT_TRUE(plg.ok());
+    ASSERT_TRUE(read_logits(fresh, *plg, want).ok());
+    EXPECT_EQ(got, want);
+    ASSERT_EQ(rec.versions.size(), i + 1);
+    if (i > 0) EXPECT_EQ(rec.versions[i] == rec.versions[i - 1], again[i]);
+    if (i > 0) EXPECT_NE(fresh.versions[i], fresh.versions[i - 1]);  // recorded every step
+    check_operands(rec, rec.programs.back());
+  }
 }
 
 // The scratch of a step: the residual stream and the logits live across layers, each layer's scratch is

@@ -15,6 +15,7 @@
 
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "core/log.h"
 
 namespace kiln {
 
@@ -174,12 +175,16 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return name_; }
   bool supports(const ops::Op& op) const override { return cuda::supports(op); }
   Status run(const Program& program) override {
-    for (const ops::Op& op : program.ops()) {
-      if (!supports(op)) {
-        const Tensor* dst = ops::float_dst(op);
-        return unimplemented("{}: {} with these operand types has no CUDA kernel{}", name_, ops::op_name(op),
-                             dst != nullptr ? fmt::format(" (destination {})", dtype_name(dst->type)) : "");
+    if (program.version() != supported_version_) {  // a program run again unchanged was checked before
+      for (const ops::Op& op : program.ops()) {
+        if (!supports(op)) {
+          const Tensor* dst = ops::float_dst(op);
+          return unimplemented("{}: {} with these operand types has no CUDA kernel{}", name_,
+                               ops::op_name(op),
+                               dst != nullptr ? fmt::format(" (destination {})", dtype_name(dst->type)) : "");
+        }
       }
+      supported_version_ = program.version();
     }
     KILN_TRY(select());
     const int32_t max_tokens = graph_failures_ < kGraphMaxFailures ? kGraphMaxTokens : kGraphMaxTokensSafe;
@@ -376,34 +381,67 @@ class CudaBackend final : public Backend {
   // kGraphMaxFailures captures of those fail in a row, only GEMV-sized programs are captured.
   static constexpr int32_t kGraphMaxTokens = 64, kGraphMaxTokensSafe = 8, kGraphMaxFailures = 3;
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
-  // The cluster size of each kernel node of a captured graph (cuBLAS's launches too), in node order.
-  static std::vector<unsigned> cluster_sizes(cudaGraph_t graph) {
-    size_t n = 0;
-    std::vector<unsigned> sizes;
-    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return sizes;
+  // What decides whether an instantiated graph can take another capture's parameters in place: each node of
+  // the graph in node order (its type; a kernel's cluster size, which an update would not carry over; a
+  // memset's shape, whose change from a 2-D one an update refuses), then each edge (its ends' indices, its
+  // ports and type: a programmatic launch's edge is not a plain one). cudaGraphExecUpdate takes only a graph
+  // of the same topology, so an instantiated graph is updated from a graph of the same shape alone: another
+  // token count's kernels, or a cuBLAS kernel where one of ours ran, is instantiated anew.
+  static std::vector<uint64_t> graph_shape(cudaGraph_t graph) {
+    std::vector<uint64_t> shape;
+    size_t n = 0, n_edges = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return shape;
     std::vector<cudaGraphNode_t> nodes(n);
-    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return sizes;
+    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return shape;
+    std::map<cudaGraphNode_t, uint64_t> index;
     for (cudaGraphNode_t node : nodes) {
+      index.emplace(node, index.size());
       cudaGraphNodeType type{};
-      if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) continue;
-      cudaLaunchAttributeValue v{};
-      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &v) != cudaSuccess) {
-        v.clusterDim = {0, 0, 0};
+      if (cudaGraphNodeGetType(node, &type) != cudaSuccess) type = cudaGraphNodeTypeCount;
+      shape.push_back(static_cast<uint64_t>(type));
+      if (type == cudaGraphNodeTypeKernel) {
+        cudaLaunchAttributeValue v{};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &v) != cudaSuccess) {
+          v.clusterDim = {0, 0, 0};
+        }
+        shape.push_back(v.clusterDim.x * v.clusterDim.y * v.clusterDim.z);
+      } else if (type == cudaGraphNodeTypeMemset) {
+        cudaMemsetParams m{};
+        (void)cudaGraphMemsetNodeGetParams(node, &m);
+        shape.insert(shape.end(), {m.elementSize, m.width, m.height, m.height > 1 ? m.pitch : 0});
       }
-      sizes.push_back(v.clusterDim.x * v.clusterDim.y * v.clusterDim.z);
+    }
+    if (cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n_edges) == cudaSuccess) {
+      std::vector<cudaGraphNode_t> from(n_edges), to(n_edges);
+      std::vector<cudaGraphEdgeData> data(n_edges);
+      if (cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n_edges) == cudaSuccess) {
+        for (size_t e = 0; e < n_edges; ++e) {
+          shape.push_back(index[from[e]] << 32 | index[to[e]]);
+          shape.push_back(uint64_t{data[e].from_port} << 16 | uint64_t{data[e].to_port} << 8 | data[e].type);
+        }
+      }
     }
     cudaGetLastError();
-    return sizes;
+    return shape;
   }
 
   Result<bool> run_as_graph(const Program& program) {
-    std::vector<uint64_t> sig = cuda::program_signature(program);
     // The scratch a graph was captured with must still be there: one grown since (and the old freed) differs.
-    for (const Scratch& s : scratch_) sig.push_back(reinterpret_cast<uint64_t>(s.p));
-    if (exec_ != nullptr && sig == graph_sig_) {
+    std::array<void*, cuda::kScratchSlots> scratch{};
+    for (size_t i = 0; i < scratch.size(); ++i) scratch[i] = scratch_[i].p;
+    // The program captured last, unchanged since (its version), needs no signature.
+    if (exec_ != nullptr && program.version() == graph_version_ && scratch == graph_scratch_) {
       KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
       return true;
     }
+    std::vector<uint64_t> sig = cuda::program_signature(program);
+    for (void* p : scratch) sig.push_back(reinterpret_cast<uint64_t>(p));
+    if (exec_ != nullptr && sig == graph_sig_) {
+      graph_version_ = program.version();
+      KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+      return true;
+    }
+    graph_version_ = 0;
     KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     cudaError_t launched = cudaSuccess;
@@ -421,10 +459,10 @@ class CudaBackend final : public Backend {
       return false;
     }
     if (program.n_tokens > kGraphMaxTokensSafe) graph_failures_ = 0;
-    // Same kernels with other parameters (a step further on): update the instantiated graph in place, unless
-    // a launch's cluster size changed, which an update would not carry over.
-    std::vector<unsigned> clusters = cluster_sizes(graph);
-    if (exec_ != nullptr && clusters != graph_clusters_) {
+    // Same kernels with other parameters (a step further on): update the instantiated graph in place, when
+    // the graph has its shape (graph_shape).
+    std::vector<uint64_t> shape = graph_shape(graph);
+    if (exec_ != nullptr && shape != graph_shape_) {
       cudaGraphExecDestroy(exec_);
       exec_ = nullptr;
     }
@@ -432,6 +470,10 @@ class CudaBackend final : public Backend {
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
         cudaGetLastError();
+        log_debug(
+            "{}: the captured graph did not update in place (cudaGraphExecUpdateResult {}); instantiated "
+            "anew",
+            name_, static_cast<int>(info.result));
         cudaGraphExecDestroy(exec_);
         exec_ = nullptr;
       }
@@ -440,7 +482,9 @@ class CudaBackend final : public Backend {
     cudaGraphDestroy(graph);
     KILN_CUDA_TRY(made);
     graph_sig_ = std::move(sig);
-    graph_clusters_ = std::move(clusters);
+    graph_version_ = program.version();
+    for (size_t i = 0; i < graph_scratch_.size(); ++i) graph_scratch_[i] = scratch_[i].p;
+    graph_shape_ = std::move(shape);
     KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
     return true;
   }
@@ -550,7 +594,10 @@ class CudaBackend final : public Backend {
   void* cublas_ws_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   std::vector<uint64_t> graph_sig_;
-  std::vector<unsigned> graph_clusters_;  // the cluster size of each launch of exec_
+  uint64_t graph_version_ = 0;  // Program::version() of the program exec_ was captured from or matched
+  std::array<void*, cuda::kScratchSlots> graph_scratch_{};  // scratch_ when exec_ was captured
+  uint64_t supported_version_ = 0;     // of the last program whose every op supports() took
+  std::vector<uint64_t> graph_shape_;  // exec_'s (graph_shape)
   std::map<std::string, OpTime> profile_times_;
 };
 
