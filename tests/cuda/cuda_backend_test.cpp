@@ -132,5 +132,46 @@ TEST(CudaBackend, GraphReplaySeesNewDataAndNewParameters) {
   step(3.0f, -4.0f);
 }
 
+// The same Program object run again unchanged replays its graph without a signature (Program::version());
+// changed in place, cleared and recorded with another parameter or with an op more, it is captured anew.
+TEST(CudaBackend, AProgramChangedInPlaceIsCapturedAnew) {
+  auto b = cuda();
+  ASSERT_NE(b, nullptr);
+  auto buf = b->allocate(3 * 16 * 4).value();
+  const Tensor x = make_tensor(DType::f32, *buf, 0, 16), y = make_tensor(DType::f32, *buf, 64, 16),
+               z = make_tensor(DType::f32, *buf, 128, 16);
+  std::vector<float> in(16), out_y(16), out_z(16);
+  Program p;
+  p.n_tokens = 1;
+  const auto run = [&](float fill, float want_y, float want_z) {
+    for (size_t i = 0; i < in.size(); ++i) in[i] = fill + static_cast<float>(i);
+    EXPECT_TRUE(b->upload(x, in.data(), 64).ok());
+    EXPECT_TRUE(b->run(p).ok());
+    EXPECT_TRUE(b->download(out_y.data(), y, 64).ok());
+    EXPECT_TRUE(b->download(out_z.data(), z, 64).ok());
+    EXPECT_TRUE(b->synchronize().ok());
+    for (size_t i = 0; i < in.size(); ++i) {
+      EXPECT_EQ(out_y[i], want_y * in[i]) << "fill " << fill;
+      if (want_z != 0.0f) {
+        EXPECT_EQ(out_z[i], want_z * in[i]) << "fill " << fill;
+      }
+    }
+  };
+  ASSERT_TRUE(p.add(ops::Scale{x, 2.0f, y}).ok());
+  run(1.0f, 2.0f, 0.0f);  // captured
+  run(5.0f, 2.0f, 0.0f);  // the same program: replayed, new data
+  p.clear();
+  ASSERT_TRUE(p.add(ops::Scale{x, 3.0f, y}).ok());
+  run(7.0f, 3.0f, 0.0f);  // recorded anew with another parameter
+  run(8.0f, 3.0f, 0.0f);
+  ASSERT_TRUE(p.add(ops::Scale{y, 0.5f, z}).ok());
+  run(9.0f, 3.0f, 1.5f);  // an op more
+  run(-2.0f, 3.0f, 1.5f);
+  p.clear();
+  ASSERT_TRUE(p.add(ops::Scale{x, 3.0f, y}).ok());
+  ASSERT_TRUE(p.add(ops::Scale{y, 0.5f, z}).ok());
+  run(4.0f, 3.0f, 1.5f);  // the same ops recorded again: the graph captured last, by its signature
+}
+
 }  // namespace
 }  // namespace kiln

@@ -331,8 +331,10 @@ TEST(StepProgram, AStepShapedAsTheOneBeforeRunsItsProgramAgain) {
     ASSERT_TRUE(read_logits(fresh, *plg, want).ok());
     EXPECT_EQ(got, want);
     ASSERT_EQ(rec.versions.size(), i + 1);
-    if (i > 0) EXPECT_EQ(rec.versions[i] == rec.versions[i - 1], again[i]);
-    if (i > 0) EXPECT_NE(fresh.versions[i], fresh.versions[i - 1]);  // recorded every step
+    if (i > 0) {
+      EXPECT_EQ(rec.versions[i] == rec.versions[i - 1], again[i]);
+      EXPECT_NE(fresh.versions[i], fresh.versions[i - 1]);  // recorded every step
+    }
     check_operands(rec, rec.programs.back());
   }
 }
