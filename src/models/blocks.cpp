@@ -185,9 +185,10 @@ StepModel::StepModel(Backend& backend, const ModelOptions& options) : backend_(b
   stages_.push_back(std::make_unique<Stage>(backend, nullptr));
   const char* p = std::getenv("KILN_STEP_PROFILE");
   print_offload_profile_ = p != nullptr && std::string_view(p) == "1";
-  // KILN_OFFLOAD_STAGING=0: offloaded weights go up straight from their pages (op_offload.h).
+  // KILN_REUSE_PROGRAM=0: every step recorded anew (step_key).
   const char* reuse = std::getenv("KILN_REUSE_PROGRAM");
   reuse_program_ = reuse == nullptr || std::string_view(reuse) != "0";
+  // KILN_OFFLOAD_STAGING=0: offloaded weights go up straight from their pages (op_offload.h).
   const char* staging = std::getenv("KILN_OFFLOAD_STAGING");
   offload_scratch_.stage_weights = staging == nullptr || std::string_view(staging) != "0";
 }
