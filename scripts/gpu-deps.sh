@@ -58,3 +58,33 @@ if [ ! -f "$peer" ]; then
   say "packing llama.cpp $version for the GPU machine into .gpu-deps/llama.cpp.tar.xz"
   tar cJf "$peer" -C "$(dirname "$src")" llama.cpp
 fi
+# --peer-binaries: also the peer's CUDA tools built here (nvcc compiles for sm_90a without a GPU; about 40
+# minutes on 2 cores), packed as .gpu-deps/llama.cpp-cuda.tar.xz (~42 MB): llama.cpp/build/bin with the three
+# tools and their shared libraries, which find one another through $ORIGIN. The driver's libcuda.so.1, absent
+# here, is left for the GPU machine to resolve; NCCL, which only several GPUs use, is left out.
+# scripts/gpu-check.sh unpacks them instead of building the source when they start there, which spares a call
+# about four minutes of the GPU machine's time.
+# PEER_BUILD_DIR: where the source is unpacked and built (default: the cache; an existing build is reused).
+if [ "${1:-}" = "--peer-binaries" ] && [ ! -f "$dir/llama.cpp-cuda.tar.xz" ]; then
+  command -v nvcc >/dev/null || die "--peer-binaries needs nvcc (the CUDA toolkit) on the PATH"
+  build_root="${PEER_BUILD_DIR:-$KILN_CACHE/peer-cuda/llama.cpp}"
+  if [ ! -f "$build_root/CMakeLists.txt" ]; then
+    mkdir -p "$(dirname "$build_root")"
+    tar xJf "$peer" -C "$(dirname "$build_root")"
+    [ "$(basename "$build_root")" = llama.cpp ] || mv "$(dirname "$build_root")/llama.cpp" "$build_root"
+  fi
+  say "building llama.cpp's CUDA tools in $build_root/build"
+  cmake -S "$build_root" -B "$build_root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_CUDA_NCCL=OFF \
+    '-DCMAKE_BUILD_RPATH=$ORIGIN' -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined >/dev/null
+  cmake --build "$build_root/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-quantize
+  bin="$build_root/build/bin"
+  stage=$(mktemp -d)
+  mkdir -p "$stage/llama.cpp/build/bin"
+  cp -a "$bin"/llama-bench "$bin"/llama-batched-bench "$bin"/llama-quantize "$bin"/*.so* "$stage/llama.cpp/build/bin/"
+  strip --strip-unneeded "$stage"/llama.cpp/build/bin/* 2>/dev/null || true
+  say "packing llama.cpp's CUDA tools into .gpu-deps/llama.cpp-cuda.tar.xz"
+  tar cJf "$dir/llama.cpp-cuda.tar.xz" -C "$stage" llama.cpp
+  rm -rf "$stage"
+fi
