@@ -68,11 +68,11 @@ if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] |
   { [[ " ${steps[*]} " =~ " prep " ]] && [[ -z "${PREP_ONLY:-}" || "${PREP_ONLY}" =~ q4_ ]]; }; } &&
   [ ! -e "$peer_dir.started" ]; then
   touch "$peer_dir.started"
-  # .gpu-deps/llama.cpp-cuda.tar.xz (scripts/gpu-deps.sh --peer-binaries: the same tools built on the
+  # .gpu-peer/llama.cpp-cuda.tar.xz (scripts/gpu-deps.sh --peer-binaries: the same tools built on the
   # development machine, at this same path) is used when its llama-bench starts here; else the source builds.
   setsid bash -c '
-    if [ -f .gpu-deps/llama.cpp-cuda.tar.xz ] && rm -rf "$1" && mkdir -p "$(dirname "$1")" &&
-      tar xJf .gpu-deps/llama.cpp-cuda.tar.xz -C "$(dirname "$1")" && "$1/build/bin/llama-bench" --help >/dev/null
+    if [ -f .gpu-peer/llama.cpp-cuda.tar.xz ] && rm -rf "$1" && mkdir -p "$(dirname "$1")" &&
+      tar xJf .gpu-peer/llama.cpp-cuda.tar.xz -C "$(dirname "$1")" && "$1/build/bin/llama-bench" --help >/dev/null
     then echo ok >"$2"; exit 0; fi
     if rm -rf "$1" && mkdir -p "$(dirname "$1")" && tar xJf .gpu-deps/llama.cpp.tar.xz -C "$(dirname "$1")" &&
       cmake -S "$1" -B "$1/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \

@@ -59,13 +59,14 @@ if [ ! -f "$peer" ]; then
   tar cJf "$peer" -C "$(dirname "$src")" llama.cpp
 fi
 # --peer-binaries: also the peer's CUDA tools built here (nvcc compiles for sm_90a without a GPU; about 40
-# minutes on 2 cores), packed as .gpu-deps/llama.cpp-cuda.tar.xz (~42 MB): llama.cpp/build/bin with the three
+# minutes on 2 cores), packed as .gpu-peer/llama.cpp-cuda.tar.xz (~42 MB, ignored; a folder of its own, to be
+# carried to the GPU machine only by the calls that run the peer): llama.cpp/build/bin with the three
 # tools and their shared libraries, which find one another through $ORIGIN. The driver's libcuda.so.1, absent
 # here, is left for the GPU machine to resolve; NCCL, which only several GPUs use, is left out.
 # scripts/gpu-check.sh unpacks them instead of building the source when they start there, which spares a call
 # about four minutes of the GPU machine's time.
 # PEER_BUILD_DIR: where the source is unpacked and built (default: the cache; an existing build is reused).
-if [ "${1:-}" = "--peer-binaries" ] && [ ! -f "$dir/llama.cpp-cuda.tar.xz" ]; then
+if [ "${1:-}" = "--peer-binaries" ] && [ ! -f "$KILN_ROOT/.gpu-peer/llama.cpp-cuda.tar.xz" ]; then
   command -v nvcc >/dev/null || die "--peer-binaries needs nvcc (the CUDA toolkit) on the PATH"
   build_root="${PEER_BUILD_DIR:-$KILN_CACHE/peer-cuda/llama.cpp}"
   if [ ! -f "$build_root/CMakeLists.txt" ]; then
@@ -84,7 +85,8 @@ if [ "${1:-}" = "--peer-binaries" ] && [ ! -f "$dir/llama.cpp-cuda.tar.xz" ]; th
   mkdir -p "$stage/llama.cpp/build/bin"
   cp -a "$bin"/llama-bench "$bin"/llama-batched-bench "$bin"/llama-quantize "$bin"/*.so* "$stage/llama.cpp/build/bin/"
   strip --strip-unneeded "$stage"/llama.cpp/build/bin/* 2>/dev/null || true
-  say "packing llama.cpp's CUDA tools into .gpu-deps/llama.cpp-cuda.tar.xz"
-  tar cJf "$dir/llama.cpp-cuda.tar.xz" -C "$stage" llama.cpp
+  say "packing llama.cpp's CUDA tools into .gpu-peer/llama.cpp-cuda.tar.xz"
+  mkdir -p "$KILN_ROOT/.gpu-peer"
+  tar cJf "$KILN_ROOT/.gpu-peer/llama.cpp-cuda.tar.xz" -C "$stage" llama.cpp
   rm -rf "$stage"
 fi
