@@ -29,6 +29,7 @@ struct LayerOptions {
   DType pool = DType::f16;  // the K and V pools' type
   int32_t n_rot = kHead;
   ops::RopeLayout layout = ops::RopeLayout::rope_layout_normal;
+  bool act_in_place = false;  // the gated activation writes over the gate (as the models' layers do)
 };
 
 // One attention + FFN input half of a layer, laid out in one device buffer: the same offsets on every
@@ -49,10 +50,11 @@ struct Layer {
   std::vector<std::unique_ptr<WeightHandle>> weights;  // prepared: the weights as prepare_weight made them
 };
 
-// Every operand random (weights bf16 or q8_0, norms, activations and pools f32, or pools f16), then the ops:
-// x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; y = attention(q, pools); x += att;
-// h = rms_norm(x); g, u = h W; a = silu(g) u; o = a W. prepared: the weights as b.prepare_weight() makes them
-// for a matmul, else views of the buffer in the file's form.
+// Every operand random (weights bf16, f16, f32 or q8_0, norms, activations and pools f32, or pools f16), then
+// the ops: x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; y = attention(q, pools);
+// att = y W; x += att; h = rms_norm(x); g, u = h W; a = silu(g) u (a: g itself when act_in_place);
+// o = a W; x += o. prepared: the weights as b.prepare_weight() makes them for a matmul, else views of the
+// buffer in the file's form.
 Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepared = false,
                  const LayerOptions& opt = {}) {
   std::mt19937_64 rng(seed);
@@ -65,7 +67,8 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const size_t nw_at = lay.take(kEmbd * 4);
   const size_t wq_at = lay.take(row_w * kHead * kHeads), wk_at = lay.take(row_w * kHead * kKvHeads),
                wv_at = lay.take(row_w * kHead * kKvHeads), wg_at = lay.take(row_w * kFf),
-               wu_at = lay.take(row_w * kFf), wd_at = lay.take(row_d * kEmbd);
+               wu_at = lay.take(row_w * kFf), wd_at = lay.take(row_d * kEmbd),
+               wo_at = lay.take(row_w * kEmbd);
   const size_t q_at = lay.take(kHead * kHeads * m * 4), k_at = lay.take(kHead * kKvHeads * m * 4),
                v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(kFf * m * 4),
                u_at = lay.take(kFf * m * 4), a_at = lay.take(kFf * m * 4), o_at = lay.take(kEmbd * m * 4);
@@ -108,6 +111,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   fill_weight(wg_at, kFf);
   fill_weight(wu_at, kFf);
   fill_weight(wd_at, kEmbd, kFf);
+  fill_weight(wo_at, kEmbd);
   for (const size_t at : {kp_at, vp_at}) {
     if (opt.pool == DType::f32) {
       fill_f32(at, pool_elems);
@@ -191,12 +195,16 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   EXPECT_TRUE(p.add(ops::Rope{k, pos, rp, ops::Weight(), k}).ok());
   EXPECT_TRUE(p.add(ops::KvWrite{k, v, kp, vp, slots}).ok());
   EXPECT_TRUE(p.add(attn).ok());
+  static_assert(kHead * kHeads == kEmbd, "the output projection's rows are kEmbd long");
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wo_at, kEmbd), flat(attn.dst), att, true}).ok());
   EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
   EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, true, h}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, kFf), h, g, true}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wu_at, kFf), h, u, true}).ok());
-  EXPECT_TRUE(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, a}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wd_at, kEmbd, kFf), a, o, true}).ok());
+  const Tensor act = opt.act_in_place ? g : a;
+  EXPECT_TRUE(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, act}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wd_at, kEmbd, kFf), act, o, true}).ok());
+  EXPECT_TRUE(p.add(ops::Binary{o, ops::Weight(x), ops::BinaryKind::binary_kind_add, x}).ok());
   p.n_tokens = static_cast<int32_t>(m);
   return L;
 }
@@ -222,9 +230,10 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
   return out;
 }
 
+// Three runs: the last replays the graph the second captured.
 void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOptions& opt = {}) {
-  const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 2, prepared, opt),
-                             alone = run_layer(false, m, wtype, true, 2, prepared, opt);
+  const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 3, prepared, opt),
+                             alone = run_layer(false, m, wtype, true, 3, prepared, opt);
   ASSERT_EQ(fused.size(), alone.size());
   ASSERT_FALSE(fused.empty());
   size_t first_diff = fused.size();
@@ -233,7 +242,7 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
   }
   EXPECT_EQ(first_diff, fused.size())
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
-      << " n_rot " << opt.n_rot << ": first differing byte";
+      << " n_rot " << opt.n_rot << (opt.act_in_place ? " act in place" : "") << ": first differing byte";
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
@@ -252,6 +261,13 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   for (const int64_t m : {1, 5, 64}) {
     for (const LayerOptions& opt : {f32_pools, neox_half}) expect_fused_as_alone(m, DType::bf16, false, opt);
   }
+  // f16 and f32 weights (the GEMV's matmul groups), and a gated activation written over its gate.
+  for (const int64_t m : {1, 3}) {
+    for (const DType wtype : {DType::f16, DType::f32}) expect_fused_as_alone(m, wtype, false);
+  }
+  LayerOptions in_place;
+  in_place.act_in_place = true;
+  for (const int64_t m : {1, 4, 8}) expect_fused_as_alone(m, DType::bf16, false, in_place);
 }
 
 // Batched decode steps (9-64 tokens: cuBLAS GEMMs) captured and replayed as graphs give the bytes of the same
@@ -283,28 +299,33 @@ std::vector<size_t> fused_lengths(const Program& program) {
 TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   auto b = make_backend("cpu");  // the program only: fused_length reads operands, launches nothing
   ASSERT_TRUE(b.ok());
-  // One token: add+norm, qkv (one GEMV launch), rope q+k+kv write, the attention alone, add+norm, gate+up,
-  // the activation and down alone. 20 tokens (GEMMs on x in bf16): the add+norm and the activation write x in
-  // bf16 for the GEMMs that read it, which join them: add+norm+qkv, rope q+k+kv write, the attention alone,
-  // add+norm+gate+up, activation+down.
-  for (const int64_t m : {1, 20}) {
-    Layer L = make_layer(**b, m, DType::bf16, 1);
-    const std::vector<size_t> lengths = fused_lengths(L.program);
-    const std::vector<size_t> want =
-        m == 1 ? std::vector<size_t>{2, 3, 3, 0, 2, 2, 0, 0} : std::vector<size_t>{5, 3, 0, 4, 2};
-    EXPECT_EQ(lengths, want) << "m " << m;
+  // One token: add+norm, qkv (one GEMV launch), rope q+k+kv write, the attention and the output projection
+  // alone, add+norm, gate+up, the activation, down and the last add alone. 20 tokens (GEMMs on x in bf16):
+  // the add+norm and the activation write x in bf16 for the GEMMs that read it, which join them:
+  // add+norm+qkv, rope q+k+kv write, the attention, the output projection alone, add+norm+gate+up,
+  // activation+down, the last add alone. The same with the activation written over its gate.
+  for (const bool in_place : {false, true}) {
+    LayerOptions opt;
+    opt.act_in_place = in_place;
+    for (const int64_t m : {1, 20}) {
+      Layer L = make_layer(**b, m, DType::bf16, 1, false, opt);
+      const std::vector<size_t> lengths = fused_lengths(L.program);
+      const std::vector<size_t> want = m == 1 ? std::vector<size_t>{2, 3, 3, 0, 0, 2, 2, 0, 0, 0}
+                                              : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
+      EXPECT_EQ(lengths, want) << "m " << m << (in_place ? " act in place" : "");
+    }
   }
   // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm or the activation whose result they
   // read, and so do the GEMMs beyond (x in f16).
   for (const int64_t m : {1, 12, 20}) {
     Layer L = make_layer(**b, m, DType::q8_0, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    const std::vector<size_t> want{5, 3, 0, 4, 2};
+    const std::vector<size_t> want{5, 3, 0, 0, 4, 2, 0};
     EXPECT_EQ(lengths, want) << "q8_0 m " << m;
     // A matmul that reads something other than the activation's result does not join it.
     std::vector<ops::Op> ops = L.program.ops();
-    std::get<ops::Matmul>(ops[14]).x = std::get<ops::GatedAct>(ops[13]).up;
-    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(13)), 0u) << "q8_0 m " << m;
+    std::get<ops::Matmul>(ops[15]).x = std::get<ops::GatedAct>(ops[14]).up;
+    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
   }
   // A norm of something other than the sum, and a KV write of another k, do not fuse.
   Layer L = make_layer(**b, 1, DType::bf16, 1);
