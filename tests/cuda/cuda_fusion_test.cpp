@@ -300,20 +300,33 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   auto b = make_backend("cpu");  // the program only: fused_length reads operands, launches nothing
   ASSERT_TRUE(b.ok());
   // One token: add+norm, qkv (one GEMV launch), rope q+k+kv write, the attention and the output projection
-  // alone, add+norm, gate+up, the activation, down and the last add alone. 20 tokens (GEMMs on x in bf16):
-  // the add+norm and the activation write x in bf16 for the GEMMs that read it, which join them:
-  // add+norm+qkv, rope q+k+kv write, the attention, the output projection alone, add+norm+gate+up,
-  // activation+down, the last add alone. The same with the activation written over its gate.
+  // alone, add+norm, gate+up with the activation (one GEMV launch), down and the last add alone. 20 tokens
+  // (GEMMs on x in bf16): the add+norm and the activation write x in bf16 for the GEMMs that read it, which
+  // join them: add+norm+qkv, rope q+k+kv write, the attention, the output projection alone,
+  // add+norm+gate+up, activation+down, the last add alone. The same with the activation written over its
+  // gate.
   for (const bool in_place : {false, true}) {
     LayerOptions opt;
     opt.act_in_place = in_place;
     for (const int64_t m : {1, 20}) {
       Layer L = make_layer(**b, m, DType::bf16, 1, false, opt);
       const std::vector<size_t> lengths = fused_lengths(L.program);
-      const std::vector<size_t> want = m == 1 ? std::vector<size_t>{2, 3, 3, 0, 0, 2, 2, 0, 0, 0}
-                                              : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
+      const std::vector<size_t> want =
+          m == 1 ? std::vector<size_t>{2, 3, 3, 0, 0, 2, 3, 0, 0} : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
       EXPECT_EQ(lengths, want) << "m " << m << (in_place ? " act in place" : "");
     }
+  }
+  {
+    // Without the pairing, or with the activation's gate and up swapped, gate+up run as one GEMV launch and
+    // the activation as its own kernel.
+    Layer L = make_layer(**b, 1, DType::bf16, 1);
+    std::vector<ops::Op> ops = L.program.ops();
+    cuda::Context no_pair;
+    no_pair.gemv_act = false;
+    EXPECT_EQ(cuda::fused_length(no_pair, std::span(ops).subspan(12)), 2u);
+    auto& glu = std::get<ops::GatedAct>(ops[14]);
+    std::swap(glu.gate, glu.up);
+    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(12)), 2u);
   }
   // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm or the activation whose result they
   // read, and so do the GEMMs beyond (x in f16).

@@ -148,6 +148,9 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_FUSE=0 runs every op as its own kernel.
     const char* fuse = std::getenv("KILN_CUDA_FUSE");
     fuse_ = fuse == nullptr || std::string_view(fuse) != "0";
+    // KILN_CUDA_GEMV_ACT=0: the gated activation after a gate and an up GEMV runs as its own kernel.
+    if (const char* v = std::getenv("KILN_CUDA_GEMV_ACT"); v != nullptr)
+      ctx_.gemv_act = std::string_view(v) != "0";
     // cuBLAS gets a workspace of its own up front, so that a captured GEMM never allocates.
     if (cudaMallocAsync(&cublas_ws_, kCublasWorkspace, stream_) == cudaSuccess) {
       cublasSetWorkspace(cublas_.get(), cublas_ws_, kCublasWorkspace);

@@ -179,10 +179,25 @@ bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
          !overlap(rq->x, rk->dst);
 }
 
+// A gate and an up matmul (gemv_pairs) and the gated activation of exactly their results, f32 of their shape,
+// written over the gate or up or apart from them and x: gemv_act_pair.
+bool act_pair(const Context& ctx, std::span<const ops::Op> ops) {
+  if (!ctx.gemv_act || ops.size() < 3) return false;
+  const ops::Matmul* group[3] = {};
+  const auto* glu = std::get_if<ops::GatedAct>(&ops[2]);
+  if (glu == nullptr || gemv_run(ctx, ops, group) < 2 || !gemv_pairs(ctx, *group[0], *group[1])) return false;
+  const Tensor &g = group[0]->dst, &u = group[1]->dst, &x = group[0]->x;
+  return same_view(glu->gate, g) && same_view(glu->up, u) && same_shape(g, u) && f32(glu->dst) &&
+         same_shape(glu->dst, g) &&
+         (same_view(glu->dst, g) || same_view(glu->dst, u) ||
+          (!overlap(glu->dst, g) && !overlap(glu->dst, u) && !overlap(glu->dst, x)));
+}
+
 }  // namespace
 
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   if (ops.size() < 2) return 0;
+  if (act_pair(ctx, ops)) return 3;
   if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group)) return n;
   if (const ops::Matmul * group[3]; const size_t n = gemm_group(ctx, ops, group)) return n;
   if (add_norm_pair(ops[0], ops[1])) {
@@ -221,6 +236,10 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
 cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed) {
   consumed = fused_length(ctx, ops);
   if (consumed == 0) return cudaSuccess;
+  if (act_pair(ctx, ops)) {
+    return gemv_act_pair(ctx, std::get<ops::Matmul>(ops[0]), std::get<ops::Matmul>(ops[1]),
+                         std::get<ops::GatedAct>(ops[2]));
+  }
   if (std::holds_alternative<ops::Matmul>(ops[0])) {
     const ops::Matmul* group[3] = {};
     for (size_t i = 0; i < consumed; ++i) group[i] = &std::get<ops::Matmul>(ops[i]);

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_rowmath.cuh"
 #include "core/dtype.h"
 
 namespace kiln::cuda {
@@ -44,6 +45,15 @@ struct GemvPart {
 };
 inline constexpr int kGemvMaxParts = 3;
 
+// Gate and up computed together (on): a block's first kRows / 2 rows are rows i .. of the first matrix (the
+// gate) and the rest the same rows of the second (up), and the block also stores act(gate) * up, the gated
+// activation of the two results, as its own kernel computes it (cuda_rowmath.cuh), into f32 rows `out`.
+struct GemvPair {
+  bool on;
+  ops::GluKind kind;
+  Rows out;
+};
+
 // Columns q = group * m + c, c < m, of one GEMV launch (group = blockIdx.y, grid-strided).
 struct GemvArgs {
   const uint8_t* w;      // [k, n] or, with ids, [k, n, n_expert]
@@ -71,6 +81,8 @@ struct GemvArgs {
   int n_parts;
   GemvPart more[kGemvMaxParts - 1];
   unsigned part_start[kGemvMaxParts];
+  // Gate and up (the first matrix and more[0]) paired in each block, f32 results (the exact GEMV).
+  GemvPair pair;
 };
 
 // The matrix that row block `block` of the launch belongs to; `block` becomes the block's index in it.
@@ -111,12 +123,14 @@ __device__ __forceinline__ void butterfly(float (&v)[kValues], int lane, int& at
 // of the values and adds its partner's half, so kRows x kCols sums take 2 * values - 1 shuffles instead of 5
 // each. Every value's additions pair the same lanes in the same order as warp_sum's (a + b = b + a in
 // IEEE arithmetic), so the bits are warp_sum's. Then the warps' sums meet in shared memory in warp order.
-// Ends with `red` written and read: a later call must follow a __syncthreads().
-template <int kRows, int kCols>
+// Ends with `red` written and read: a later call must follow a __syncthreads(). kPair (pair.on): the block's
+// rows are kRows / 2 rows of `part` (the gate) from row0 and the same rows of `up`, and each of the first
+// kRows / 2 x kCols threads stores a gate value, its up value and their activation.
+template <int kRows, int kCols, bool kPair = false>
 __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
                                            float (&red)[kGemvThreads / 32][kRows][kCols],
                                            const GemvPart& part, DType dst_type, int64_t row0, int64_t q0,
-                                           int cols) {
+                                           int cols, const GemvPair& pair, const GemvPart& up) {
   constexpr int kValues = kRows * kCols;
   static_assert(kValues <= 32 && (kValues & (kValues - 1)) == 0,
                 "a power of two of values, at most a lane each");
@@ -128,6 +142,21 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
   butterfly<0>(v, lane, at);
   if (lane % (32 / kValues) == 0) red[warp][at / kCols][at % kCols] = v[0];
   __syncthreads();
+  if constexpr (kPair) {
+    constexpr int kHalf = kRows / 2;
+    if (threadIdx.x < kHalf * kCols) {
+      const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
+      if (c < cols && row0 + r < part.n) {
+        float g = 0.0f, u = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kGemvThreads / 32; ++i) g += red[i][r][c], u += red[i][r + kHalf][c];
+        reinterpret_cast<float*>(part.dst.row(q0 + c))[row0 + r] = g;
+        reinterpret_cast<float*>(up.dst.row(q0 + c))[row0 + r] = u;
+        pair.out.row_as<float>(q0 + c)[row0 + r] = glu_times(pair.kind, g, u);
+      }
+    }
+    return;
+  }
   if (threadIdx.x < kValues) {
     const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
     if (c < cols && row0 + r < part.n) {

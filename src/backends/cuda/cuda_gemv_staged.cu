@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
       }
     }
     if (next_seg == 0) {  // the item's last segment
-      gemv_store(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols);
+      gemv_store(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair, a.more[0]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll

@@ -42,6 +42,9 @@ struct Context {
   // cuBLAS. mmq_min_cols: the fewest rows of x that take it.
   bool mmq = true;
   int mmq_min_cols = kMmqMinCols;
+  // The exact GEMV of a gate and an up matmul applies their gated activation as it stores them
+  // (gemv_act_pair).
+  bool gemv_act = true;
   // Device scratch of at least `bytes`, one buffer per slot (0 .. kScratchSlots-1); valid, in stream order,
   // until the next request for the same slot. Null when the device is out of memory.
   void* (*scratch_fn)(void* owner, int slot, size_t bytes) = nullptr;
@@ -74,9 +77,10 @@ bool supports(const ops::Op& op);
 // Enqueues `op` (dispatches to the launchers below).
 cudaError_t run(const Context& ctx, const ops::Op& op);
 // Enqueues the ops that start `ops` as one fused kernel when they form a sequence it knows (cuda_dispatch.cu:
-// matmuls sharing their x, a residual add and the norm of its sum (and the integer GEMVs that read it), RoPE
-// of q and k with their KV write), with the arithmetic of the ops run one by one, so results are
-// bit-identical. Sets `consumed` to the number of ops it ran: 0 when none of its sequences starts there.
+// matmuls sharing their x, a gate and an up GEMV and their gated activation, a residual add and the norm of
+// its sum (and the integer GEMVs that read it), RoPE of q and k with their KV write), with the arithmetic of
+// the ops run one by one, so results are bit-identical. Sets `consumed` to the number of ops it ran: 0 when
+// none of its sequences starts there.
 cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed);
 // The length of the fused sequence run_fused would run at the start of `ops` (0: none).
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops);
@@ -127,6 +131,15 @@ bool takes_q8(const Context& ctx, const ops::Matmul& op);
 // 1-3 matmuls on the same x that take the GEMV, with weights of one type and k and one quantize_x: one GEMV
 // launch.
 cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group);
+// Whether a gate and an up matmul on one x (as matmul_gemv_group takes them) can run paired: the exact GEMV
+// of at most kGemvMaxCols rows, as many rows each, f32 results.
+bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up);
+// Such a pair and the gated activation of their results (glu.gate, glu.up: their destinations; f32 dst of
+// that shape, written over one of them or apart from every operand): one GEMV launch whose blocks each
+// compute rows i .. of both and store the activation of each pair beside them, with the arithmetic of the
+// activation's own kernel (the same bits), so no kernel of its own runs.
+cudaError_t gemv_act_pair(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up,
+                          const ops::GatedAct& glu);
 // Whether two matmuls that take the GEMM give it x in the same type.
 bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b);
 // 2-3 matmuls on the same x that take the GEMM, with one GEMM input type (same_gemm_input): x converted to it

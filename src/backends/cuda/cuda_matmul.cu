@@ -159,13 +159,28 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
 // the integer path (a.xq, a.xds), else f32 x. A with kGrouped: rows in grouped form
-// (cuda_quant.cuh's legacy_block), 16-byte aligned.
-template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8>
+// (cuda_quant.cuh's legacy_block), 16-byte aligned. kPair (kRows >= 2, a.pair.on): the block's rows are
+// kRows / 2 rows of the first matrix from row0 and the same rows of the second (GemvPair).
+template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kPair = false>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+  static_assert(!kPair || kRows >= 2, "a paired block holds a row of each matrix at least");
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
+  constexpr int kHalf = kPair ? kRows / 2 : 1;
+  constexpr bool paired = kPair;
   unsigned block = blockIdx.x / a.col_split;
-  const GemvPart part = gemv_part(a, block);
-  const int64_t row0 = static_cast<int64_t>(block) * kRows;
+  const GemvPart part = paired ? GemvPart{a.w, a.w_nb1, a.n, a.dst} : gemv_part(a, block);
+  const int64_t row0 = static_cast<int64_t>(block) * (paired ? kHalf : kRows);
+  // Row r of the block: its matrix's row (clamped to the last, so that loads stay in bounds) and whether it
+  // is a row of that matrix (scalars chosen one by one: a reference to either part would put them in local
+  // memory).
+  const auto row_of = [&](int r, bool& real) {
+    const bool second = paired && r >= kHalf;
+    const uint8_t* w = second ? a.more[0].w : part.w;
+    const int64_t nb1 = second ? a.more[0].w_nb1 : part.w_nb1, n = second ? a.more[0].n : part.n;
+    const int64_t i = row0 + (paired ? r % kHalf : r);
+    real = i < n;
+    return w + min(i, n - 1) * nb1;
+  };
   // The first 2 KiB of each weight row (what the first pass of the threads reads) head for L2 before the wait
   // for the kernel before (pdl_wait): weights are constant, and under programmatic launch that kernel's tail
   // hides their latency. Expert weights wait for their ids.
@@ -173,8 +188,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     const int64_t row_bytes = a.k / Quant<T>::kBlock * Quant<T>::kBytes;
     const int lines = static_cast<int>((min(row_bytes, int64_t{2048}) + 127) / 128);
     for (int i = threadIdx.x; i < kRows * lines; i += kGemvThreads) {
-      const int64_t r = row0 + i / lines;
-      if (r < part.n) prefetch_l2(part.w + r * part.w_nb1 + (i % lines) * 128);
+      bool real = false;
+      const uint8_t* row = row_of(i / lines, real);
+      if (real) prefetch_l2(row + (i % lines) * 128);
     }
   }
   pdl_wait();
@@ -183,10 +199,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
        g += g_step) {
     const int64_t q0 = g * a.m;
     const int cols = static_cast<int>(min(static_cast<int64_t>(a.m), a.n_cols - q0));
-    const uint8_t* w = part.w + (a.use_ids ? a.ids[q0] * a.w_nb2 : 0);
+    const int64_t expert = a.use_ids ? a.ids[q0] * a.w_nb2 : 0;  // MoE: never paired
     const uint8_t* rows[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) rows[r] = w + min(row0 + r, part.n - 1) * part.w_nb1;
+    for (int r = 0; r < kRows; ++r) {
+      bool real = false;
+      rows[r] = row_of(r, real) + expert;
+    }
     float acc[kRows][kCols] = {};
     if constexpr (kQ8) {
       XRow x[kCols];
@@ -204,7 +223,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
     }
     pdl_trigger();  // the weights are read: the next kernel may be scheduled
-    gemv_store(acc, red, part, a.dst_type, row0, q0, cols);
+    gemv_store<kRows, kCols, kPair>(acc, red, part, a.dst_type, row0, q0, cols, a.pair, a.more[0]);
     __syncthreads();  // red is reused by the next column group
   }
 }
@@ -213,7 +232,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
 // grouped form (rows 16-byte aligned).
 enum class Access : uint8_t { natural, safe, grouped };
 
-template <DType T, bool kQ8, int kCols, int kRows, int kUnroll>
+template <DType T, bool kQ8, int kCols, int kRows, int kUnroll, bool kPair = false>
 void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
   int64_t blocks = ceil_div(a.n, kRows);
   a.part_start[0] = 0;
@@ -223,6 +242,12 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
   }
   const dim3 grid(static_cast<unsigned>(blocks * a.col_split),
                   static_cast<unsigned>(std::min<int64_t>(ceil_div(a.n_groups, a.col_split), kMaxGridY)));
+  if constexpr (kPair) {  // each block: rows of both; float weights at their natural alignment (gemv_pairs)
+    const dim3 pair_grid(static_cast<unsigned>(ceil_div(a.n, kRows / 2) * a.col_split), grid.y);
+    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, false, true>, pair_grid,
+                        kGemvThreads, 0, a);
+    return;
+  }
   if constexpr (kQ8 && kStagedType<T>) {
     if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks);
   }
@@ -246,10 +271,10 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
 // f32: with one row its traffic is twice the weight's); fewer keep the device evenly busy on short matrices.
 // The pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows, and
 // four or eight columns.
-template <DType T, bool kQ8>
+template <DType T, bool kQ8, bool kPair = false>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access) {
-  if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1>(ctx, a, access);
-  if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1>(ctx, a, access);
+  if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1, kPair>(ctx, a, access);
+  if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1, kPair>(ctx, a, access);
   // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/matmul_bench).
   static const int forced = [] {
     const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
@@ -262,10 +287,12 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access) {
   for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
   const int rows = forced != 0 ? forced : n >= 4096 ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
-    case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1>(ctx, a, access);
-    case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2>(ctx, a, access);
-    case 2: return launch_gemv_shape<T, kQ8, 1, 2, 4>(ctx, a, access);
-    default: return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, access);
+    case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1, kPair>(ctx, a, access);
+    case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2, kPair>(ctx, a, access);
+    case 1:
+      if constexpr (!kPair) return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, access);
+      [[fallthrough]];  // a gate row and an up row at least
+    default: return launch_gemv_shape<T, kQ8, 1, 2, 4, kPair>(ctx, a, access);
   }
 }
 
@@ -806,6 +833,31 @@ cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* c
     if (const cudaError_t err = quantize_x(ctx, first.x, a); err != cudaSuccess) return err;
   }
   return launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w));
+}
+
+bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up) {
+  const Tensor &g = gate.w.tensor, &u = up.w.tensor;
+  const bool float_weight = g.type == DType::bf16 || g.type == DType::f16 || g.type == DType::f32;
+  return ctx.gemv_act && float_weight && u.type == g.type && gate.x.n_rows() <= kGemvMaxCols &&
+         !takes_q8(ctx, gate) && !takes_q8(ctx, up) && u.ne[1] == g.ne[1] && gate.dst.type == DType::f32 &&
+         up.dst.type == DType::f32 && aligned(g.data, 16) && g.nb[1] % 16 == 0 && aligned(u.data, 16) &&
+         u.nb[1] % 16 == 0;
+}
+
+cudaError_t gemv_act_pair(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up,
+                          const ops::GatedAct& glu) {
+  if (!gemv_pairs(ctx, gate, up)) return cudaErrorInvalidValue;
+  const ops::Matmul* both[2] = {&gate, &up};
+  GemvArgs a = group_args(both);
+  a.pair = {true, glu.kind, rows_of(glu.dst)};
+  a.prefetch = ctx.pdl;
+  switch (gate.w.tensor.type) {
+    case DType::bf16: launch_gemv_rows<DType::bf16, false, true>(ctx, a, Access::natural); break;
+    case DType::f16: launch_gemv_rows<DType::f16, false, true>(ctx, a, Access::natural); break;
+    case DType::f32: launch_gemv_rows<DType::f32, false, true>(ctx, a, Access::natural); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_round_q8.cuh"
+#include "backends/cuda/cuda_rowmath.cuh"
 #include "ops/rope_freq.h"
 
 namespace kiln::cuda {
@@ -423,16 +424,6 @@ __global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows, B
 
 // ---- elementwise: one thread per element ----
 
-__device__ inline float glu(ops::GluKind kind, float g) {
-  switch (kind) {
-    case ops::GluKind::glu_kind_silu: return g / (1.0f + expf(-g));
-    case ops::GluKind::glu_kind_sigmoid: return 1.0f / (1.0f + expf(-g));
-    case ops::GluKind::glu_kind_gelu_tanh: break;
-  }
-  constexpr float c = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-}
-
 // xq / xds (n a multiple of 32, f32 dst): each warp's 32 consecutive elements are one block of a row, also
 // rounded to 8 bits there (round_q8).
 // xh: the result also in 16 bits (store_half), row r at xh + r * n.
@@ -444,7 +435,7 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::Gl
     const DivMod ri = divmod(e, n);
     const int64_t r = ri.q, i = ri.r;
     const float g = gate.row_as<const float>(r)[broadcast ? 0 : i];
-    const float v = glu(kind, g) * up.row_as<const float>(r)[i];
+    const float v = glu_times(kind, g, up.row_as<const float>(r)[i]);
     store(st, dst.row(r), i, v);
     if (xq != nullptr) round_q8(v, xq + r * n + i, xds + r * (n / 32) + i / 32);
     if (xh != nullptr) store_half({reinterpret_cast<char*>(xh + r * n), f16}, i, v);
@@ -464,8 +455,8 @@ __global__ void gated_act4_kernel(Rows gate, Rows up, Rows dst, Store st, ops::G
     const int64_t r = ri.q, i = 4 * ri.r;
     const float4 g = *reinterpret_cast<const float4*>(gate.row_as<const float>(r) + i);
     const float4 u = *reinterpret_cast<const float4*>(up.row_as<const float>(r) + i);
-    const float v[4] = {glu(kind, g.x) * u.x, glu(kind, g.y) * u.y, glu(kind, g.z) * u.z,
-                        glu(kind, g.w) * u.w};
+    const float v[4] = {glu_times(kind, g.x, u.x), glu_times(kind, g.y, u.y), glu_times(kind, g.z, u.z),
+                        glu_times(kind, g.w, u.w)};
     char* y = dst.row(r);
     if (st == Store::f32) {
       *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + i) = make_float4(v[0], v[1], v[2], v[3]);
