@@ -270,6 +270,68 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   for (const int64_t m : {1, 4, 8}) expect_fused_as_alone(m, DType::bf16, false, in_place);
 }
 
+// Gate and up (bf16, n rows each, k = 256) on m tokens, then silu(g) u written over g: the buffer after two
+// runs, fused (the paired GEMV) or op by op.
+std::vector<uint8_t> run_gate_up(bool fuse, int64_t n, int64_t m) {
+  setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
+  auto made = make_backend("cuda");
+  unsetenv("KILN_CUDA_FUSE");
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  if (!made.ok()) return {};
+  Backend& b = **made;
+  constexpr int64_t k = 256;
+  std::mt19937_64 rng(static_cast<uint64_t>(n * 31 + m));
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  Layout lay;
+  const auto row = static_cast<size_t>(dtype_row_bytes(DType::bf16, k).value());
+  const size_t wg_at = lay.take(row * n), wu_at = lay.take(row * n), x_at = lay.take(k * m * 4),
+               g_at = lay.take(n * m * 4), u_at = lay.take(n * m * 4);
+  std::vector<uint8_t> host(lay.bytes);
+  std::vector<float> values(static_cast<size_t>(k));
+  for (const size_t at : {wg_at, wu_at}) {
+    for (int64_t r = 0; r < n; ++r) {
+      for (float& v : values) v = uni(rng) * 0.1f;
+      dtype_info(DType::bf16).quantize_row(values.data(), host.data() + at + r * row, k);
+    }
+  }
+  for (int64_t i = 0; i < k * m; ++i) {
+    const float v = uni(rng);
+    std::memcpy(host.data() + x_at + 4 * i, &v, 4);
+  }
+  auto buf = b.allocate(lay.bytes).value();
+  EXPECT_TRUE(
+      b.upload(make_tensor(DType::i8, *buf, 0, static_cast<int64_t>(lay.bytes)), host.data(), lay.bytes)
+          .ok());
+  const Tensor x = make_tensor(DType::f32, *buf, x_at, k, m), g = make_tensor(DType::f32, *buf, g_at, n, m),
+               u = make_tensor(DType::f32, *buf, u_at, n, m);
+  Program p;
+  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(make_tensor(DType::bf16, *buf, wg_at, k, n)), x, g, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(make_tensor(DType::bf16, *buf, wu_at, k, n)), x, u, true}).ok());
+  EXPECT_TRUE(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, g}).ok());
+  p.n_tokens = static_cast<int32_t>(m);
+  EXPECT_EQ(cuda::fused_length(cuda::Context{}, p.ops()), 3u);
+  for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(b.run(p).ok());
+  std::vector<uint8_t> out(lay.bytes);
+  EXPECT_TRUE(
+      b.download(out.data(), make_tensor(DType::i8, *buf, 0, static_cast<int64_t>(lay.bytes)), lay.bytes)
+          .ok());
+  EXPECT_TRUE(b.synchronize().ok());
+  return out;
+}
+
+// The paired gate/up GEMV at each of its block shapes (one token: 2 rows a block below 1024 rows in all, 8
+// from 4096, with a partial last block; 2-8 tokens: 4 rows, 4 or 8 columns) gives the bytes of the ops one by
+// one.
+TEST(CudaFusion, GateUpWithTheActivationGivesTheOpsBits) {
+  for (const int64_t n : {300, 700, 2051, 4096}) {
+    for (const int64_t m : {1, 2, 5, 8}) {
+      const std::vector<uint8_t> fused = run_gate_up(true, n, m), alone = run_gate_up(false, n, m);
+      ASSERT_FALSE(fused.empty());
+      EXPECT_TRUE(fused == alone) << "n " << n << " m " << m;
+    }
+  }
+}
+
 // Batched decode steps (9-64 tokens: cuBLAS GEMMs) captured and replayed as graphs give the bytes of the same
 // steps launched op by op.
 TEST(CudaFusion, GemmStepsReplayAsLaunchedOneByOne) {
