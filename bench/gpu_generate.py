@@ -28,6 +28,43 @@ import transformers  # noqa: E402
 
 from parity_text import PARITY_TEXT  # noqa: E402
 
+# The card's copy bandwidth, as matmul_bench measures it: bytes read + written a second by a 1 GiB
+# device-to-device copy, the mean of 10 after a warm-up, through PyTorch in a process of its own (so that its
+# CUDA context is gone before the engines run).
+_COPY_PROBE = """
+import torch
+n = 1 << 28
+a = torch.empty(n, device="cuda")
+b = torch.empty_like(a)
+b.copy_(a)
+start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+for _ in range(10):
+    b.copy_(a)
+stop.record()
+torch.cuda.synchronize()
+print(2 * 4 * n * 10 / (start.elapsed_time(stop) / 1e3) / 1e9)
+"""
+
+
+def copy_gbs(given: float | None) -> float:
+    """`given` when set (--copy-gbs), else the copy bandwidth measured here, GB/s; 0 when it cannot be."""
+    if given:
+        return given
+    r = subprocess.run([sys.executable, "-c", _COPY_PROBE], capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip():
+        print(f"copy bandwidth: not measured (exit {r.returncode}): {r.stderr.strip()[-300:]}", flush=True)
+        return 0.0
+    gbs = float(r.stdout.strip().splitlines()[-1])
+    print(f"copy bandwidth: {gbs:.1f} GB/s (read + written)", flush=True)
+    return gbs
+
+
+def of_copy(gbs: float, copy: float) -> str:
+    """gbs as a share of the copy bandwidth (n/a when that is unknown)."""
+    return f"{gbs / copy:.0%}" if copy > 0 else "n/a"
+
+
 SHAPES = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192,
@@ -83,8 +120,9 @@ def main() -> int:
     ap.add_argument("--tokenizer", type=Path, default=ROOT / ".gpu-deps" / "tokenizer")
     ap.add_argument("--models", type=Path, default=Path("/tmp/kiln-models"))
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--copy-gbs", type=float, default=3014.8, help="the card's measured copy bandwidth, GB/s")
+    ap.add_argument("--copy-gbs", type=float, help="the card's copy bandwidth, GB/s (default: measured here)")
     a = ap.parse_args()
+    a.copy_gbs = copy_gbs(a.copy_gbs)
     kiln = a.build / "tools" / "kiln" / "kiln"
     a.models.mkdir(parents=True, exist_ok=True)
     short = PARITY_TEXT[:80]
@@ -116,7 +154,7 @@ def main() -> int:
             kiln_run(kiln, path, short, 32, a.out / "profiles.txt")
             kiln_run(kiln, path, long[:12000], 1, a.out / "profiles.txt")
             gbs = weight_bytes(path) * best["tg"] / 1e9
-            rows.append((name, typ, best["tg"], gbs, gbs / a.copy_gbs, best["pp"], best["n_prompt"]))
+            rows.append((name, typ, best["tg"], gbs, of_copy(gbs, a.copy_gbs), best["pp"], best["n_prompt"]))
             print(f"{name} {typ}: tg128 {best['tg']:.1f} tok/s ({gbs:.0f} GB/s), pp{best['n_prompt']} "
                   f"{best['pp']:.0f} tok/s | {best['line']}", flush=True)
     # Batched decode: 16 and 64 requests of 128 greedy tokens at once through the engine (logits_driver
@@ -141,7 +179,7 @@ def main() -> int:
     lines = ["| model | weights | tg128 tok/s | file GB/s | of copy bandwidth | prompt tokens | prefill tok/s |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for name, typ, tg, gbs, frac, pp, n in rows:
-        lines.append(f"| {name} | {typ} | {tg:.1f} | {gbs:.0f} | {frac:.0%} | {n} | {pp:.0f} |")
+        lines.append(f"| {name} | {typ} | {tg:.1f} | {gbs:.0f} | {frac} | {n} | {pp:.0f} |")
     for bs, tps, ms in batched:
         lines.append(f"\nllama3-8b bf16, {bs} requests decoding together: {tps:.0f} tok/s")
     lines.append(f"\n32k-token context: {big['line']}")

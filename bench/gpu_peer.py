@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_generate import make_folder  # noqa: E402
+from gpu_generate import copy_gbs, make_folder, of_copy  # noqa: E402
 
 BATCHED = {("llama3-8b", "bf16"), ("llama3-8b", "q4_k_m")}
 BATCH_SIZES = (4, 16, 64)
@@ -237,7 +237,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", type=Path, default=ROOT / ".gpu-deps" / "tokenizer")
     ap.add_argument("--models", type=Path, default=Path("/tmp/kiln-models"))
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--copy-gbs", type=float, default=3014.8, help="the card's measured copy bandwidth, GB/s")
+    ap.add_argument("--copy-gbs", type=float, help="the card's copy bandwidth, GB/s (default: measured here)")
     ap.add_argument("--only", default="", help="comma-separated model-type names to run (default: all)")
     ap.add_argument("--prepare-only", action="store_true", help="make the files, run nothing")
     ap.add_argument("--peer-ready", type=Path, help="a file whose existence says the peer's build has ended")
@@ -267,6 +267,7 @@ def main() -> int:
         (a.out / "offload.md").write_text("\n".join(["## Partial offload", "", *lines]) + "\n")
         print("\n".join(lines), flush=True)
         return 0
+    a.copy_gbs = copy_gbs(a.copy_gbs)
     lines = ["| model | weights | engine | tg128 tok/s | decode GB/s | of copy bw | pp2048 tok/s |",
              "|---|---|---|---:|---:|---:|---:|"]
     ratios, batched_lines = [], []
@@ -283,7 +284,7 @@ def main() -> int:
             tg, pp = res["tg128"][0], res["pp2048"][0]
             gbs = per_token * tg / 1e9
             lines.append(f"| {name} | {typ} | {engine} | {tg:.1f} ± {res['tg128'][1]:.1f} | {gbs:.0f} | "
-                         f"{gbs / a.copy_gbs:.0%} | {pp:.0f} ± {res['pp2048'][1]:.0f} |")
+                         f"{of_copy(gbs, a.copy_gbs)} | {pp:.0f} ± {res['pp2048'][1]:.0f} |")
         ratios.append(f"| {name} | {typ} | {k['tg128'][0] / ll['tg128'][0]:.2f}x | "
                       f"{k['pp2048'][0] / ll['pp2048'][0]:.2f}x |")
         if batched:
