@@ -3,7 +3,8 @@
 // prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
 // and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
 // file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, then the
-// attention that reads them, over f16 and f32 pools, one or several chunks of positions).
+// attention that reads them, over f16 and f32 pools, one or several chunks of positions; float weights: the
+// gate/up GEMV that applies the activation, at each of its block shapes).
 #include <gtest/gtest.h>
 
 #include <cstdint>
