@@ -71,6 +71,7 @@ struct GemvArgs {
   Rows x;         // f32 rows of k
   bool x_vec;     // every x row is 16-byte aligned
   bool prefetch;  // programmatic launch: the first bytes of the weight rows head for L2 before the wait
+  bool early_trigger;  // pdl_trigger right after the wait, not after the main loop (gemv_early_trigger)
   bool staged;    // integer path: the weight rows go through shared memory (cuda_gemv_staged.cu)
   // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
   const int* xq;

@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
   if (a.use_ids) pdl_wait();  // the experts' ids come from the kernel before
   issue(item, 0, 0);
   pdl_wait();
+  if (a.early_trigger) pdl_trigger();
   Item it{};
   XRow x[kCols];
   float acc[kRows][kCols] = {};

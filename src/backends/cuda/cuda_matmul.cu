@@ -194,6 +194,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     }
   }
   pdl_wait();
+  if (a.early_trigger) pdl_trigger();
   const int64_t g_step = static_cast<int64_t>(gridDim.y) * a.col_split;
   for (int64_t g = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split; g < a.n_groups;
        g += g_step) {
@@ -232,8 +233,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
 // grouped form (rows 16-byte aligned).
 enum class Access : uint8_t { natural, safe, grouped };
 
+// Under programmatic launch, when a GEMV lets the next kernel be scheduled: after its blocks' main loops, or
+// right after their wait. Early for the persistent staged kernel, whose blocks all start at once, so that the
+// next kernel's launch overlaps the whole GEMV, and for rows of at most kEarlyTriggerMaxK elements, whose
+// blocks' passes are short. Measured on the H200 (`kiln bench -p 0 -n 128`, two rounds, tokens/s, this rule
+// against KILN_CUDA_GEMV_EARLY_TRIGGER=0): the 8B's Q4_0 394-395 -> 406, the 135M-shaped BF16 model's
+// 1,024 -> 1,047-1,049; early for every GEMV, the 8B's BF16 (rows of 4096 and 14336) measured 206.0 ->
+// 204.7-205.2. KILN_CUDA_GEMV_EARLY_TRIGGER=0|1: never|always.
+constexpr int64_t kEarlyTriggerMaxK = 2048;
+bool gemv_early_trigger(const Context& ctx, int64_t k, bool staged) {
+  static const int mode = [] {
+    const char* v = std::getenv("KILN_CUDA_GEMV_EARLY_TRIGGER");
+    return v != nullptr ? std::atoi(v) : -1;
+  }();
+  if (!ctx.pdl || mode == 0) return false;
+  return mode > 0 || staged || k <= kEarlyTriggerMaxK;
+}
+
 template <DType T, bool kQ8, int kCols, int kRows, int kUnroll, bool kPair = false>
 void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
+  a.early_trigger = gemv_early_trigger(ctx, a.k, kQ8 && kStagedType<T> && a.staged);
   int64_t blocks = ceil_div(a.n, kRows);
   a.part_start[0] = 0;
   for (int i = 1; i < a.n_parts; ++i) {
