@@ -273,15 +273,14 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
 
 // Gate and up (bf16, n rows each, k = 256) on m tokens, then silu(g) u written over g: the buffer after two
 // runs, fused (the paired GEMV) or op by op.
-std::vector<uint8_t> run_gate_up(bool fuse, int64_t n, int64_t m) {
+std::vector<uint8_t> run_gate_up(bool fuse, int64_t k, int64_t n, int64_t m) {
   setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
   auto made = make_backend("cuda");
   unsetenv("KILN_CUDA_FUSE");
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
   Backend& b = **made;
-  constexpr int64_t k = 256;
-  std::mt19937_64 rng(static_cast<uint64_t>(n * 31 + m));
+  std::mt19937_64 rng(static_cast<uint64_t>(k * 7 + n * 31 + m));
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   Layout lay;
   const auto row = static_cast<size_t>(dtype_row_bytes(DType::bf16, k).value());
@@ -320,15 +319,17 @@ std::vector<uint8_t> run_gate_up(bool fuse, int64_t n, int64_t m) {
   return out;
 }
 
-// The paired gate/up GEMV at each of its block shapes (one token: 2 rows a block below 1024 rows in all, 8
-// from 4096, with a partial last block; 2-8 tokens: 4 rows, 4 or 8 columns) gives the bytes of the ops one by
-// one.
+// The paired gate/up GEMV at each of its block shapes (one token: rows of more than 2048 elements 2 a block
+// below 1024 rows in all, 8 from 4096, shorter rows 8 a block whatever their count, with a partial last
+// block; 2-8 tokens: 4 rows, 4 or 8 columns) gives the bytes of the ops one by one.
 TEST(CudaFusion, GateUpWithTheActivationGivesTheOpsBits) {
-  for (const int64_t n : {300, 700, 2051, 4096}) {
-    for (const int64_t m : {1, 2, 5, 8}) {
-      const std::vector<uint8_t> fused = run_gate_up(true, n, m), alone = run_gate_up(false, n, m);
-      ASSERT_FALSE(fused.empty());
-      EXPECT_TRUE(fused == alone) << "n " << n << " m " << m;
+  for (const int64_t k : {256, 2304}) {
+    for (const int64_t n : {300, 700, 2051, 4096}) {
+      for (const int64_t m : {1, 2, 5, 8}) {
+        const std::vector<uint8_t> fused = run_gate_up(true, k, n, m), alone = run_gate_up(false, k, n, m);
+        ASSERT_FALSE(fused.empty());
+        EXPECT_TRUE(fused == alone) << "k " << k << " n " << n << " m " << m;
+      }
     }
   }
 }

@@ -569,9 +569,10 @@ TEST(OpHarness, Matmul) {
                           {257, 1, 1, Layout::strided},  {257, 5, 1, Layout::sliced}};
   for (DType type : kWeightTypes) {
     const DTypeInfo& info = dtype_info(type);
-    const std::vector<int64_t> ks = info.block_size == 1    ? std::vector<int64_t>{1, 7, 33, 257, 64, 3}
-                                    : info.block_size == 32 ? std::vector<int64_t>{32, 96, 288}
-                                                            : std::vector<int64_t>{256, 512};
+    // Rows of more than 2048 elements too: CUDA's one-token GEMV takes fewer rows a block there.
+    const std::vector<int64_t> ks = info.block_size == 1    ? std::vector<int64_t>{1, 7, 33, 257, 64, 3, 2051}
+                                    : info.block_size == 32 ? std::vector<int64_t>{32, 96, 288, 2080}
+                                                            : std::vector<int64_t>{256, 512, 2304};
     for (size_t s = 0; s < std::size(shapes) * ks.size(); ++s) {
       const Shape& sh = shapes[s % std::size(shapes)];
       const int64_t k = ks[s / std::size(shapes)];
