@@ -271,7 +271,7 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   for (const int64_t m : {1, 4, 8}) expect_fused_as_alone(m, DType::bf16, false, in_place);
 }
 
-// Gate and up (bf16, n rows each, k = 256) on m tokens, then silu(g) u written over g: the buffer after two
+// Gate and up (bf16 [k, n] each) on m tokens, then silu(g) u written over g: the buffer after two
 // runs, fused (the paired GEMV) or op by op.
 std::vector<uint8_t> run_gate_up(bool fuse, int64_t k, int64_t n, int64_t m) {
   setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);

@@ -236,7 +236,7 @@ enum class Access : uint8_t { natural, safe, grouped };
 // Under programmatic launch, when a GEMV lets the next kernel be scheduled: after its blocks' main loops, or
 // right after their wait. Early for the persistent staged kernel, whose blocks all start at once, so that the
 // next kernel's launch overlaps the whole GEMV, and for one token's rows of at most kEarlyTriggerMaxK
-// elements, whose blocks' passes are short (with 4 tokens, early measured 1.7% slower on the 135M). Measured
+// elements, whose blocks' passes are short (with 4 tokens, early measured 2.5% slower on the 135M). Measured
 // on the H200 (`kiln bench -p 0 -n 128`, two rounds, tokens/s, this rule against
 // KILN_CUDA_GEMV_EARLY_TRIGGER=0): the 8B's Q4_0 394-395 -> 406, the 135M-shaped BF16 model's 1,024 ->
 // 1,047-1,049; early for every GEMV, the 8B's BF16 (rows of 4096 and 14336) measured 206.0 -> 204.7-205.2.
