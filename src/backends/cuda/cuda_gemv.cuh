@@ -169,6 +169,16 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
   }
 }
 
+// How the GEMV reads the weight's blocks: at their natural alignment (Quant<T>::kAlign), byte-safe, or in
+// grouped form (rows 16-byte aligned).
+enum class Access : uint8_t { natural, safe, grouped };
+
+// The GEMV of `a` (1 to kGemvMaxCols columns) with weight type T: exact (f32 x) or integer (kQ8: x rounded to
+// 8 bits), kPair: gate and up paired with their activation (a.pair). Defined in cuda_gemv_kernel.cuh and
+// instantiated for a few weight types in each cuda_gemv_*.cu.
+template <DType T, bool kQ8, bool kPair = false>
+void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access);
+
 // The types whose integer GEMV reads its weights through shared memory where the rows allow (the K-quants'
 // rows 16-byte aligned and whole 16-byte chunks; the legacy types' in grouped form): docs/cuda.md has the
 // measurements.

@@ -507,7 +507,8 @@ struct Q8G<DType::q8_0> {
 template <DType T, int A>
 using Q8At = std::conditional_t<(A & kGrouped) != 0, Q8G<T>, Q8<T>>;
 
-// The weight types with an integer path.
+// The weight types with an integer path; each needs its integer GEMV instantiated
+// (KILN_GEMV_INSTANTIATE(T, true, false)) in one of cuda_gemv_*.cu.
 #define KILN_CUDA_Q8_TYPES(X) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q4_k) X(q5_k) X(q6_k)
 
 }  // namespace kiln::cuda

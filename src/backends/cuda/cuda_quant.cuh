@@ -490,6 +490,8 @@ template <DType T>
 inline constexpr bool kGroupedType =
     T == DType::q4_0 || T == DType::q4_1 || T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
 
+// The weight types the kernels take. A type added here needs its GEMV instantiated in one of cuda_gemv_*.cu
+// (KILN_GEMV_INSTANTIATE), or the backend does not link.
 #define KILN_CUDA_WEIGHT_TYPES(X)                                                                          \
   X(f32)                                                                                                   \
   X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) \
