@@ -61,10 +61,11 @@ export OPENSSL_ROOT_DIR="$deps/usr"
 } | tee "$out/build.log"
 # The peer (llama-bench, llama-batched-bench, llama-quantize) builds beside kiln (the machine has 16 cores), in a
 # process session of its own, so that it outlives this call: a later call on the same machine finds it done.
+# PEER_BUILD=1 starts it whatever the steps (a later invocation's peer step in the same call waits for it).
 # /tmp/llama.cpp.status holds "ok" or "failed" once it has ended.
 peer_dir=/tmp/llama.cpp
 peer_status=/tmp/llama.cpp.status
-if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] ||
+if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] || [ -n "${PEER_BUILD:-}" ] ||
   { [[ " ${steps[*]} " =~ " prep " ]] && [[ -z "${PREP_ONLY:-}" || "${PREP_ONLY}" =~ q4_ ]]; }; } &&
   [ ! -e "$peer_dir.started" ]; then
   touch "$peer_dir.started"

@@ -58,8 +58,9 @@ TEST(CudaNorm, ARowAloneAndAmongManyGetTheSameBits) {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
   // 4096: 8 slices of 512; 2880: 6 of 480; 1000: 2 of 512 (a short last one); 4000 elements past the
-  // registers' 8 a thread for no shape; 256: one slice.
-  for (const int64_t n : {4096, 2880, 1000, 256}) {
+  // registers' 8 a thread for no shape; 256: one slice; 8192: 8 slices of 1024, in registers alone (8 a
+  // thread) and read twice among many (the packed kernel holds 4 a thread).
+  for (const int64_t n : {4096, 2880, 1000, 256, 8192}) {
     std::vector<float> x(static_cast<size_t>(n * kMany)), y(x.size()), w(static_cast<size_t>(n));
     for (float& v : x) v = uni(rng);
     for (float& v : y) v = uni(rng);

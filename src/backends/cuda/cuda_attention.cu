@@ -203,6 +203,14 @@ constexpr int kMmaWarps = 4;
 constexpr int kMmaRows = 16 * kMmaWarps;  // query rows a block
 constexpr int kMmaChunk = 64;             // positions a chunk
 
+// 2^x, subnormal results flushed to zero: one MUFU instruction, where exp2f adds a fix-up for them. P is
+// rounded to f16 for p.v, whose smallest subnormal is 2^-24, and a row's sum l is at least 1.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -305,7 +313,8 @@ constexpr size_t mma_shared_bytes() {
   return sizeof(__half) * 2 * 2 * kMmaChunk * (D + 8);
 }
 
-template <int D, class KV>
+// kCap: the softcap applies (a template parameter, so that the kernel without it is that much shorter).
+template <int D, class KV, bool kCap>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     attention_mma_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                          const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
@@ -432,7 +441,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
       // Softcap, mask, and the online softmax of each row. A chunk that every row of the warp sees whole
       // (most of a causal prefill's) needs no mask.
-      if (g.softcap > 0.0f) {
+      if constexpr (kCap) {
 #pragma unroll
         for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
 #pragma unroll
@@ -468,14 +477,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float mm = fmaxf(m[i], mx);
         // Nothing seen yet (mm = -inf): P is 0 and the state stays as it is.
-        scale_o[i] = mm == -INFINITY ? 1.0f : exp2f(m[i] - mm);
+        scale_o[i] = mm == -INFINITY ? 1.0f : exp2_ftz(m[i] - mm);
         const float sub = mm == -INFINITY ? 0.0f : mm;  // exp2(-inf - 0) = 0
         float sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
-            const float e = exp2f(sc[nb][2 * i + cc] - sub);
+            const float e = exp2_ftz(sc[nb][2 * i + cc] - sub);
             sc[nb][2 * i + cc] = e;
             sum += e;
           }
@@ -483,10 +492,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         l[i] = l[i] * scale_o[i] + sum;
         m[i] = mm;
       }
+      // O times 1 is O: a warp none of whose rows' maxima moved (most chunks past a row's first few) skips
+      // it.
+      if (__any_sync(0xffffffffu, scale_o[0] != 1.0f || scale_o[1] != 1.0f)) {
 #pragma unroll
-      for (int nb = 0; nb < D / 8; ++nb) {
-        o[nb][0] *= scale_o[0], o[nb][1] *= scale_o[0];
-        o[nb][2] *= scale_o[1], o[nb][3] *= scale_o[1];
+        for (int nb = 0; nb < D / 8; ++nb) {
+          o[nb][0] *= scale_o[0], o[nb][1] *= scale_o[0];
+          o[nb][2] *= scale_o[1], o[nb][3] *= scale_o[1];
+        }
       }
       // O += P V, 16 positions a step: P's A fragment from the S registers, V's B fragments by ldmatrix.trans
       // (matrix i: positions 16kk + 8(i % 2) .., dims 16 db + 8(i / 2) ..).
@@ -534,7 +547,7 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
   const int64_t tile_tokens = std::max<int64_t>(1, kMmaRows / heads_per_tile);
   const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
-  auto* kernel = attention_mma_kernel<D, KV>;
+  auto* kernel = g.softcap > 0.0f ? attention_mma_kernel<D, KV, true> : attention_mma_kernel<D, KV, false>;
   constexpr size_t shm = mma_shared_bytes<D>();
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));

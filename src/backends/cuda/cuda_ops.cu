@@ -44,6 +44,12 @@ constexpr int64_t kNormMinSlice = 512;
 // blocks of a row cut into slices (decode) fit, with room to hold the slice in registers
 // (KILN_CUDA_NORM_SMALL_BLOCK=0: the 1024-thread kernels always, for measuring).
 constexpr int kNormSmallBlock = 256;
+// The slots a thread holds in a kernel bounded at `max_threads`: kRowRegs, but 4 at 1024 threads, whose 64
+// registers a thread held 8 slots of a, b and the weight only by spilling them (524 bytes of local loads a
+// thread, 153 us for the 8B's 2048 x 4096 add + norm, 4.6 times its bytes at the copy bandwidth). A packed
+// row's slices are of 128 threads (norm_shape), so 4 slots hold rows of up to 4096; longer ones read x twice
+// (rms_norm_loop: the same sums in the same order, the slots past a slice adding zeros).
+__host__ __device__ constexpr int norm_slots(int max_threads) { return max_threads >= 1024 ? 4 : kRowRegs; }
 bool norm_small_block(int threads) {
   static const bool on = [] {
     const char* v = std::getenv("KILN_CUDA_NORM_SMALL_BLOCK");
@@ -118,20 +124,25 @@ struct Slice {
   int64_t lo, hi;
   int tid, nt;
   __device__ int64_t at(int k) const { return lo + tid + int64_t{k} * nt; }
-  __device__ bool in_regs() const { return hi - lo <= int64_t{kRowRegs} * nt; }
+  template <int kSlots>
+  __device__ bool in_regs() const {
+    return hi - lo <= int64_t{kSlots} * nt;
+  }
 };
 __device__ inline Slice slice_of(int64_t n, int64_t slice, const Part& P) {
   const int64_t lo = P.rank * slice;
   return {lo, min(n, lo + slice), P.tid, P.nt};
 }
 
-__device__ inline void load_slice(const float* p, const Slice& s, float (&v)[kRowRegs]) {
+template <int kSlots>
+__device__ inline void load_slice(const float* p, const Slice& s, float (&v)[kSlots]) {
 #pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) v[k] = s.at(k) < s.hi ? p[s.at(k)] : 0.0f;
+  for (int k = 0; k < kSlots; ++k) v[k] = s.at(k) < s.hi ? p[s.at(k)] : 0.0f;
 }
-__device__ inline void load_norm_weight(const float* w, float w_add, const Slice& s, float (&g)[kRowRegs]) {
+template <int kSlots>
+__device__ inline void load_norm_weight(const float* w, float w_add, const Slice& s, float (&g)[kSlots]) {
 #pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) g[k] = w != nullptr && s.at(k) < s.hi ? w[s.at(k)] + w_add : 1.0f;
+  for (int k = 0; k < kSlots; ++k) g[k] = w != nullptr && s.at(k) < s.hi ? w[s.at(k)] + w_add : 1.0f;
 }
 
 // A row of a GEMM's 16-bit input that a kernel writes beside its f32 result: bf16, or f16 when f16.
@@ -153,16 +164,17 @@ __device__ inline void store_half(const HalfCopy& h, int64_t i, float v) {
 // multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
 // quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
 // result also in 16 bits for the GEMM (store_half).
-__device__ inline void rms_norm_regs(const float (&x)[kRowRegs], const float (&g)[kRowRegs], const Slice& s,
+template <int kSlots>
+__device__ inline void rms_norm_regs(const float (&x)[kSlots], const float (&g)[kSlots], const Slice& s,
                                      char* yr, Store st, int64_t n, float eps, float* red, float* part,
                                      const Part& P, int8_t* xq, float2* xds, HalfCopy half = {}) {
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) ss += x[k] * x[k];  // zero past the slice
+  for (int k = 0; k < kSlots; ++k) ss += x[k] * x[k];  // zero past the slice
   ss = slices_sum(ss, red, part, P);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) {
+  for (int k = 0; k < kSlots; ++k) {
     const int64_t i = s.at(k);
     if (i >= s.hi) break;
     const float v = x[k] * inv * g[k];
@@ -196,14 +208,15 @@ template <int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
                     int64_t n_rows, int64_t slice, bool packed) {
+  constexpr int kSlots = norm_slots(kMaxThreads);
   pdl_begin();
   __shared__ float red[32], part[kNormMaxCluster];
   const Part P = part_of(n, slice, packed);
   const Slice s = slice_of(n, slice, P);
   for (int64_t r = first_row(P); r < n_rows; r += row_step(P)) {
     const float* xr = x.row_as<const float>(r);
-    if (s.in_regs()) {
-      float v[kRowRegs], g[kRowRegs];
+    if (s.in_regs<kSlots>()) {
+      float v[kSlots], g[kSlots];
       load_slice(xr, s, v);
       load_norm_weight(w, w_add, s, g);
       rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, part, P, nullptr, nullptr);
@@ -595,6 +608,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
                         float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds,
                         uint16_t* xh, bool f16) {
+  constexpr int kSlots = norm_slots(kMaxThreads);
   pdl_begin();
   __shared__ float red[32], part[kNormMaxCluster];
   const Part P = part_of(n, slice, packed);
@@ -606,13 +620,13 @@ __global__ void __launch_bounds__(kMaxThreads)
     int8_t* q = xq != nullptr ? xq + r * n : nullptr;
     float2* ds = xds != nullptr ? xds + r * (n / 32) : nullptr;
     const HalfCopy half{kHalf ? reinterpret_cast<char*>(xh + r * n) : nullptr, f16};
-    if (s.in_regs()) {
-      float va[kRowRegs], vb[kRowRegs], g[kRowRegs];
+    if (s.in_regs<kSlots>()) {
+      float va[kSlots], vb[kSlots], g[kSlots];
       load_slice(ar, s, va);
       load_slice(br, s, vb);
       load_norm_weight(w, w_add, s, g);
 #pragma unroll
-      for (int k = 0; k < kRowRegs; ++k) {
+      for (int k = 0; k < kSlots; ++k) {
         va[k] += vb[k];
         if (s.at(k) < s.hi) sr[s.at(k)] = va[k];
       }
