@@ -21,47 +21,15 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "bench_args.h"
 #include "core/half.h"
 #include "ops/program.h"
 
 namespace kiln {
 namespace {
 
-template <class T>
-T check(Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, r.status().to_string().c_str());
-    std::exit(1);
-  }
-  return std::move(r).value();
-}
-void check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
-    std::exit(1);
-  }
-}
-
-// A comma-separated list after `flag` in argv, or `fallback`.
-std::vector<std::string> list_arg(int argc, char** argv, std::string_view flag,
-                                  std::vector<std::string> fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (flag != argv[i]) continue;
-    std::vector<std::string> out;
-    std::string item;
-    for (const char* c = argv[i + 1];; ++c) {
-      if (*c == ',' || *c == '\0') {
-        if (!item.empty()) out.push_back(item);
-        item.clear();
-        if (*c == '\0') break;
-      } else {
-        item += *c;
-      }
-    }
-    return out;
-  }
-  return fallback;
-}
+using bench::check;
+using bench::list_arg;
 
 struct Shape {
   int64_t n_heads, n_kv, head_dim;

@@ -20,30 +20,18 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "bench_args.h"
 #include "core/half.h"
 #include "ops/program.h"
 
 namespace kiln {
 namespace {
 
+using bench::check;
+using bench::list_arg;
+
 constexpr int kReps = 200;
 bool g_cached = false;  // --cached: one copy of each weight
-
-// Aborts with the failed call's message: a benchmark has no error path worth more than that.
-template <class T>
-T check(Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, r.status().to_string().c_str());
-    std::exit(1);
-  }
-  return std::move(r).value();
-}
-void check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
-    std::exit(1);
-  }
-}
 
 // Byte offsets of the f16 scale fields in one block, which random bytes must not make huge or NaN.
 std::vector<size_t> scale_offsets(DType type) {
@@ -160,27 +148,6 @@ void bench_weight(Backend& b, DType type, Shape sh, const std::vector<int64_t>& 
     ws.push_back(check(b.prepare_weight(logical, "w", WeightRole::weight_role_matmul), "prepare_weight"));
   }
   for (int64_t m : ms) bench_m(b, ws, static_cast<int64_t>(host.size()), m, copy_bw, json, rng);
-}
-
-// A comma-separated list after `flag` in argv, or `fallback`.
-std::vector<std::string> list_arg(int argc, char** argv, std::string_view flag,
-                                  std::vector<std::string> fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (flag != argv[i]) continue;
-    std::vector<std::string> out;
-    std::string item;
-    for (const char* c = argv[i + 1];; ++c) {
-      if (*c == ',' || *c == '\0') {
-        if (!item.empty()) out.push_back(item);
-        item.clear();
-        if (*c == '\0') break;
-      } else {
-        item += *c;
-      }
-    }
-    return out;
-  }
-  return fallback;
 }
 
 }  // namespace
