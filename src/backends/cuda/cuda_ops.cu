@@ -48,7 +48,7 @@ constexpr int kNormSmallBlock = 256;
 // registers a thread held 8 slots of a, b and the weight only by spilling them (524 bytes of local loads a
 // thread, 153 us for the 8B's 2048 x 4096 add + norm, 4.6 times its bytes at the copy bandwidth). A packed
 // row's slices are of 128 threads (norm_shape), so 4 slots hold rows of up to 4096; longer ones read x twice
-// (rms_norm_loop: the same sums in the same order, the slots past a slice adding zeros).
+// (rms_norm_loop: the same sums in the same order as the registers' slots, whose empty ones add zeros).
 __host__ __device__ constexpr int norm_slots(int max_threads) { return max_threads >= 1024 ? 4 : kRowRegs; }
 bool norm_small_block(int threads) {
   static const bool on = [] {
