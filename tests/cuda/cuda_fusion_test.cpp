@@ -23,7 +23,7 @@ namespace {
 constexpr int64_t kEmbd = 256, kHead = 64, kHeads = 4, kKvHeads = 2, kFf = 384, kBlock = 16;
 // Token t of a step is at position 37 + 5t. Every sequence's blocks before its token's are the shared blocks
 // 0 .. kShared - 1 (as a common prefix: read, never written); the token's own block is kShared + t.
-constexpr int64_t kMaxTokens = 64, kShared = (37 + 5 * (kMaxTokens - 1)) / kBlock,
+constexpr int64_t kMaxTokens = 100, kShared = (37 + 5 * (kMaxTokens - 1)) / kBlock,
                   kBlocks = kShared + kMaxTokens;
 
 struct LayerOptions {
@@ -248,11 +248,13 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   // bf16, q8_0 in the file's form, q8_0 prepared (grouped). m = 1: the attention's positions in one chunk;
-  // more tokens: in several, merged by the last block.
+  // more tokens: in several, merged by the last block. 100 bf16 rows: past the GEMMs of decode batches, where
+  // the gated activation still writes the down projection's x in bf16.
   for (const auto& [wtype, prepared] :
        {std::pair{DType::bf16, false}, {DType::q8_0, false}, {DType::q8_0, true}}) {
     for (const int64_t m : {1, 3, 8, 12, 20}) expect_fused_as_alone(m, wtype, prepared);
   }
+  expect_fused_as_alone(100, DType::bf16, false);
   // RoPE + KV write over f32 pools, and with half the dims rotated as NeoX pairs.
   LayerOptions f32_pools;
   f32_pools.pool = DType::f32;

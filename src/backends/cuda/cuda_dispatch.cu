@@ -211,7 +211,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     }
     // ... or the GEMMs that read it in 16 bits, which the norm's kernel writes for them.
     if (const size_t n = gemm_run(ctx, ops.subspan(2), group);
-        n > 0 && same_view(group[0]->x, norm.dst) && gemm_takes_half_x(ctx, *group[0])) {
+        n > 0 && same_view(group[0]->x, norm.dst) && gemm_takes_half_x(ctx, *group[0], add_norm_max_rows())) {
       return 2 + n;
     }
     return 2;
@@ -225,7 +225,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
       return 1 + n;
     }
     if (const size_t n = gemm_run(ctx, ops.subspan(1), group);
-        n > 0 && same_view(group[0]->x, glu->dst) && gemm_takes_half_x(ctx, *group[0])) {
+        n > 0 && same_view(group[0]->x, glu->dst) && gemm_takes_half_x(ctx, *group[0], glu_max_rows())) {
       return 1 + n;
     }
   }

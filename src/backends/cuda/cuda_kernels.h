@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "ops/ops.h"
@@ -156,10 +157,17 @@ cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, cons
 // its kernel also rounds that result to 8 bits for them.
 cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group);
-// Whether a matmul that takes the GEMM reads x in 16 bits (bf16, or f16 saturated), with at most
-// kDecodeGemmMaxCols rows: the kernel that produces x then writes it so for the GEMM (add_norm_gemm_group,
-// glu_gemm_group).
-bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op);
+// Whether a matmul that takes the GEMM reads x in 16 bits (bf16, or f16 saturated), with at most `max_rows`
+// rows: the kernel that produces x then writes it so for the GEMM (add_norm_gemm_group, glu_gemm_group).
+// add_norm_max_rows() and glu_max_rows() bound each producer.
+bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op, int64_t max_rows);
+// The norm's 16-bit copy up to kDecodeGemmMaxCols rows: above, its packed 1024-thread kernel holds the copy's
+// stores only by spilling (184 bytes a thread), and a prefill keeps the conversion kernel
+// (KILN_CUDA_NORM_HALF_ROWS=N moves the bound, for measuring).
+int64_t add_norm_max_rows();
+// The gated activation's at any rows: its kernel writes 4 values a thread in one 8-byte store, where the
+// conversion kernel would read the f32 result back (the 8B's pp2048: 42 us a layer for 2048 x 14336).
+inline constexpr int64_t glu_max_rows() { return INT64_MAX; }
 // A residual add and the RMSNorm of its sum, then 1-3 matmuls on the norm's f32 result that take the GEMM in
 // 16 bits (gemm_takes_half_x; one input type): the norm's kernel also writes that result in the GEMM's type,
 // rounded as the GEMM's own conversion rounds it, so no conversion kernel runs (the same bits).

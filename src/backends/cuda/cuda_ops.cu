@@ -160,6 +160,23 @@ __device__ inline void store_half(const HalfCopy& h, int64_t i, float v) {
   }
 }
 
+// Elements i .. i + 3 (i a multiple of 4, the row 8-byte aligned) as store_half rounds them, in one store.
+__device__ inline void store_half4(const HalfCopy& h, int64_t i, const float (&v)[4]) {
+  uint16_t b[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (h.f16) {
+      const __half x = __float2half_rn(fminf(fmaxf(v[j], -65504.0f), 65504.0f));
+      b[j] = *reinterpret_cast<const uint16_t*>(&x);
+    } else {
+      const __nv_bfloat16 x = __float2bfloat16_rn(v[j]);
+      b[j] = *reinterpret_cast<const uint16_t*>(&x);
+    }
+  }
+  *reinterpret_cast<uint2*>(h.row + 2 * i) =
+      make_uint2(b[0] | uint32_t{b[1]} << 16, b[2] | uint32_t{b[3]} << 16);
+}
+
 // dst slice = x * inv_rms * g, the row's sum of squares taken over the cluster. xq / xds (optional; n a
 // multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
 // quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
@@ -477,11 +494,7 @@ __global__ void gated_act4_kernel(Rows gate, Rows up, Rows dst, Store st, ops::G
 #pragma unroll
       for (int j = 0; j < 4; ++j) store(st, y, i + j, v[j]);
     }
-    if (xh != nullptr) {
-      const HalfCopy half{reinterpret_cast<char*>(xh + r * n), f16};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) store_half(half, i + j, v[j]);
-    }
+    if (xh != nullptr) store_half4(HalfCopy{reinterpret_cast<char*>(xh + r * n), f16}, i, v);
   }
 }
 
