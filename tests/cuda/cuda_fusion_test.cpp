@@ -243,7 +243,8 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
   }
   EXPECT_EQ(first_diff, fused.size())
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
-      << " n_rot " << opt.n_rot << (opt.act_in_place ? " act in place" : "") << ": first differing byte";
+      << " n_rot " << opt.n_rot << (opt.layout == ops::RopeLayout::rope_layout_neox ? " neox" : "")
+      << (opt.act_in_place ? " act in place" : "") << ": first differing byte";
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
@@ -255,14 +256,18 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
     for (const int64_t m : {1, 3, 8, 12, 20}) expect_fused_as_alone(m, wtype, prepared);
   }
   expect_fused_as_alone(100, DType::bf16, false);
-  // RoPE + KV write over f32 pools, and with half the dims rotated as NeoX pairs.
+  // RoPE + KV write over f32 pools, with all dims rotated as NeoX pairs (the 16-byte units of the kernel for
+  // whole heads), and with half the dims rotated as NeoX pairs (the kernel of any shape).
   LayerOptions f32_pools;
   f32_pools.pool = DType::f32;
-  LayerOptions neox_half;
+  LayerOptions neox;
+  neox.layout = ops::RopeLayout::rope_layout_neox;
+  LayerOptions neox_half = neox;
   neox_half.n_rot = kHead / 2;
-  neox_half.layout = ops::RopeLayout::rope_layout_neox;
   for (const int64_t m : {1, 5, 64}) {
-    for (const LayerOptions& opt : {f32_pools, neox_half}) expect_fused_as_alone(m, DType::bf16, false, opt);
+    for (const LayerOptions& opt : {f32_pools, neox, neox_half}) {
+      expect_fused_as_alone(m, DType::bf16, false, opt);
+    }
   }
   // f16 and f32 weights (the GEMV's matmul groups), and a gated activation written over its gate.
   for (const int64_t m : {1, 3}) {
