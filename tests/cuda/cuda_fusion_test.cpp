@@ -31,6 +31,10 @@ struct LayerOptions {
   int32_t n_rot = kHead;
   ops::RopeLayout layout = ops::RopeLayout::rope_layout_normal;
   bool act_in_place = false;  // the gated activation writes over the gate (as the models' layers do)
+  // A prefill: the step's tokens one sequence at positions 37 + t (blocks 0, 1, ... of the pools, the first
+  // positions as context), the attention on tensor cores (quantize_x), which writes the output projection's x
+  // in 16 bits.
+  bool prefill = false;
 };
 
 // One attention + FFN input half of a layer, laid out in one device buffer: the same offsets on every
@@ -78,10 +82,16 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const size_t kp_at = lay.take(pool_bytes), vp_at = lay.take(pool_bytes);
   const size_t pos_at = lay.take(m * 4), slot_at = lay.take(m * 4), seq_at = lay.take(m * 4),
                indptr_at = lay.take((m + 1) * 4), y_at = lay.take(kHead * kHeads * m * 4);
-  // Each token's table: the shared blocks up to its position's, then its own.
+  // Each token's table: the shared blocks up to its position's, then its own. A prefill's one sequence:
+  // blocks 0, 1, ...
   std::vector<int32_t> indptr{0}, indices;
-  for (int64_t t = 0; t < m; ++t) {
-    const int64_t pos = 37 + 5 * t;
+  const auto position = [&](int64_t t) { return static_cast<int32_t>(opt.prefill ? 37 + t : 37 + 5 * t); };
+  if (opt.prefill) {
+    for (int64_t j = 0; j <= position(m - 1) / kBlock; ++j) indices.push_back(static_cast<int32_t>(j));
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+  }
+  for (int64_t t = 0; t < m && !opt.prefill; ++t) {
+    const int64_t pos = position(t);
     for (int64_t j = 0; j < pos / kBlock; ++j) indices.push_back(static_cast<int32_t>(j));
     indices.push_back(static_cast<int32_t>(kShared + t));
     indptr.push_back(static_cast<int32_t>(indices.size()));
@@ -124,9 +134,9 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
     }
   }
   for (int64_t t = 0; t < m; ++t) {
-    const int32_t pos = static_cast<int32_t>(37 + 5 * t),
-                  slot = static_cast<int32_t>((kShared + t) * kBlock + pos % kBlock),
-                  seq = static_cast<int32_t>(t);
+    const int32_t pos = position(t),
+                  slot = opt.prefill ? pos : static_cast<int32_t>((kShared + t) * kBlock + pos % kBlock),
+                  seq = opt.prefill ? 0 : static_cast<int32_t>(t);
     std::memcpy(host.data() + pos_at + 4 * t, &pos, 4);
     std::memcpy(host.data() + slot_at + 4 * t, &slot, 4);
     std::memcpy(host.data() + seq_at + 4 * t, &seq, 4);
@@ -170,9 +180,10 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   attn.v_pool = vp;
   attn.positions = pos;
   attn.seq = make_tensor(DType::i32, buf, seq_at, m);
-  attn.bt_indptr = make_tensor(DType::i32, buf, indptr_at, m + 1);
+  attn.bt_indptr = make_tensor(DType::i32, buf, indptr_at, static_cast<int64_t>(indptr.size()));
   attn.bt_indices = make_tensor(DType::i32, buf, indices_at, static_cast<int64_t>(indices.size()));
   attn.scale = 0.125f;
+  attn.quantize_x = opt.prefill;
   attn.dst = make_tensor(DType::f32, buf, y_at, kHead, kHeads, m);
   const auto flat = [](Tensor t) {
     t.ne[0] *= t.ne[1];
@@ -244,7 +255,8 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
   EXPECT_EQ(first_diff, fused.size())
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
       << " n_rot " << opt.n_rot << (opt.layout == ops::RopeLayout::rope_layout_neox ? " neox" : "")
-      << (opt.act_in_place ? " act in place" : "") << ": first differing byte";
+      << (opt.act_in_place ? " act in place" : "") << (opt.prefill ? " prefill" : "")
+      << ": first differing byte";
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
@@ -276,6 +288,12 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   LayerOptions in_place;
   in_place.act_in_place = true;
   for (const int64_t m : {1, 4, 8}) expect_fused_as_alone(m, DType::bf16, false, in_place);
+  // Prefills, whose attention writes the output projection's x in bf16 (f16 weights: in f16), one tile of
+  // tokens or several.
+  LayerOptions prefill;
+  prefill.prefill = true;
+  for (const int64_t m : {40, 100}) expect_fused_as_alone(m, DType::bf16, false, prefill);
+  expect_fused_as_alone(40, DType::f16, false, prefill);
 }
 
 // Gate and up (bf16 [k, n] each) on m tokens, then silu(g) u written over g: the buffer after two
@@ -373,9 +391,9 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   // One token: add+norm, qkv (one GEMV launch), rope q+k+kv write, the attention and the output projection
   // alone, add+norm, gate+up with the activation (one GEMV launch), down and the last add alone. 20 tokens
   // (GEMMs on x in bf16): the add+norm and the activation write x in bf16 for the GEMMs that read it, which
-  // join them: add+norm+qkv, rope q+k+kv write, the attention, the output projection alone,
-  // add+norm+gate+up, activation+down, the last add alone. The same with the activation written over its
-  // gate.
+  // join them: add+norm+qkv, rope q+k+kv write, the attention, the output projection alone (the attention of
+  // 20 sequences of a token takes the decode kernel), add+norm+gate+up, activation+down, the last add alone.
+  // The same with the activation written over its gate.
   for (const bool in_place : {false, true}) {
     LayerOptions opt;
     opt.act_in_place = in_place;
@@ -386,6 +404,18 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
           m == 1 ? std::vector<size_t>{2, 3, 3, 0, 0, 2, 3, 0, 0} : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
       EXPECT_EQ(lengths, want) << "m " << m << (in_place ? " act in place" : "");
     }
+  }
+  {
+    // A prefill of 40 tokens: the attention (tensor cores) writes the output projection's x in bf16, which
+    // joins it.
+    LayerOptions opt;
+    opt.prefill = true;
+    Layer L = make_layer(**b, 40, DType::bf16, 1, false, opt);
+    EXPECT_EQ(fused_lengths(L.program), (std::vector<size_t>{5, 3, 2, 4, 2, 0})) << "prefill";
+    // Not when the projection reads something else.
+    std::vector<ops::Op> ops = L.program.ops();
+    std::get<ops::Matmul>(ops[9]).x = std::get<ops::RmsNorm>(ops[1]).dst;
+    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(8)), 0u);
   }
   {
     // Without the pairing, or with the activation's gate and up swapped, gate+up run as one GEMV launch and

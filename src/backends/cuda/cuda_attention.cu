@@ -9,6 +9,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_rowmath.cuh"
 
 namespace kiln::cuda {
 
@@ -318,7 +319,7 @@ template <int D, class KV, bool kCap>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     attention_mma_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                          const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
-                         Geometry g, int64_t tile_tokens, int64_t heads_per_tile) {
+                         Geometry g, int64_t tile_tokens, int64_t heads_per_tile, uint16_t* xh, bool f16) {
   pdl_begin();
   constexpr int kLd = D + 8;  // shared row length (halves): 16 bytes of padding
   constexpr int kBuf = kMmaChunk * kLd;
@@ -521,7 +522,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
     }
   }
-  // Each row's sum over its four lanes, then dst = O / l.
+  // Each row's sum over its four lanes, then dst = O / l; with xh, dst also in 16 bits for the GEMM after
+  // (store_half2: as the GEMM's conversion of dst rounds it), row r at xh + r * head_dim.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -532,17 +534,22 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     if (row_seq[i] < 0) continue;
     float* y = dst.row_as<float>(row_q[i]);
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const HalfCopy half{
+        xh != nullptr ? reinterpret_cast<char*>(xh + int64_t{row_q[i]} * g.head_dim) : nullptr, f16};
 #pragma unroll
     for (int nb = 0; nb < D / 8; ++nb) {
-      const int64_t d = 8 * nb + 2 * tq;
-      if (d < g.head_dim) y[d] = o[nb][2 * i] * inv;
-      if (d + 1 < g.head_dim) y[d + 1] = o[nb][2 * i + 1] * inv;
+      const int64_t d = 8 * nb + 2 * tq;  // head_dim is a multiple of 8: d and d + 1 are both in or out
+      if (d >= g.head_dim) continue;
+      const float y0 = o[nb][2 * i] * inv, y1 = o[nb][2 * i + 1] * inv;
+      *reinterpret_cast<float2*>(y + d) = make_float2(y0, y1);
+      if (half.row != nullptr) store_half2(half, d, y0, y1);
     }
   }
 }
 
 template <int D, class KV>
-cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geometry& g) {
+cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geometry& g, uint16_t* xh,
+                       bool f16) {
   const int64_t heads_per_tile = std::min<int64_t>(g.group, kMmaRows);
   const int64_t tile_tokens = std::max<int64_t>(1, kMmaRows / heads_per_tile);
   const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
@@ -559,30 +566,30 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
       static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
       static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
       static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
-      rows_of(op.dst), g, tile_tokens, heads_per_tile);
+      rows_of(op.dst), g, tile_tokens, heads_per_tile, xh, f16);
   return cudaGetLastError();
 }
 
 // The tensor-core kernel takes head dims that are whole 16-byte vectors of the pool, up to 128, from
-// 16-byte-aligned pools.
+// 16-byte-aligned pools, into 8-byte-aligned rows.
 bool mma_eligible(const ops::Attention& op, const Geometry& g) {
   const int64_t vec = op.k_pool.type == DType::f16 ? 8 : 4;
   const auto aligned16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  const Tensor& y = op.dst;  // written two floats a store
+  const bool y8 = reinterpret_cast<uintptr_t>(y.data) % 8 == 0 && y.nb[1] % 8 == 0 && y.nb[2] % 8 == 0 &&
+                  y.nb[3] % 8 == 0;
   return op.quantize_x && g.head_dim % 8 == 0 && g.head_dim % vec == 0 && g.head_dim <= 128 &&
-         aligned16(op.k_pool) && aligned16(op.v_pool);
+         aligned16(op.k_pool) && aligned16(op.v_pool) && y8;
 }
 
 template <class KV>
-cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g) {
-  if (g.head_dim <= 64) return launch_mma<64, KV>(ctx, op, g);
-  return launch_mma<128, KV>(ctx, op, g);
+cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
+                                    uint16_t* xh, bool f16) {
+  if (g.head_dim <= 64) return launch_mma<64, KV>(ctx, op, g, xh, f16);
+  return launch_mma<128, KV>(ctx, op, g, xh, f16);
 }
 
-}  // namespace
-
-bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHeadDim; }
-
-cudaError_t attention(const Context& ctx, const ops::Attention& op) {
+Geometry geometry_of(const ops::Attention& op) {
   Geometry g{};
   g.head_dim = op.q.ne[0];
   g.n_heads = op.q.ne[1];
@@ -593,17 +600,40 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op) {
   g.scale = op.scale;
   g.softcap = op.softcap;
   g.window = op.window;
-  if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
-  // A batch of many tokens, several a sequence on average (prefill), is mostly tokens of the same sequences:
-  // tiles of them share K/V reads. A batch of one token a sequence (batched decode) takes the split-KV
-  // kernel, whose blocks each serve one token.
+  return g;
+}
+
+// A batch of many tokens, several a sequence on average (prefill), is mostly tokens of the same sequences:
+// tiles of them share K/V reads. A batch of one token a sequence (batched decode) takes the split-KV kernel,
+// whose blocks each serve one token.
+bool takes_tiles(const ops::Attention& op, const Geometry& g) {
   const int64_t n_seqs = std::max<int64_t>(1, op.bt_indptr.ne[0] - 1);
-  if (g.n_tokens >= kTileMinTokens && g.n_tokens >= kTileMinTokensPerSeq * n_seqs) {
-    const bool f16 = op.k_pool.type == DType::f16;
+  return g.n_tokens >= kTileMinTokens && g.n_tokens >= kTileMinTokensPerSeq * n_seqs;
+}
+
+}  // namespace
+
+bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHeadDim; }
+
+bool attention_writes_half(const ops::Attention& op) {
+  const Geometry g = geometry_of(op);
+  const Tensor& y = op.dst;
+  return g.head_dim <= kMaxHeadDim && takes_tiles(op, g) && mma_eligible(op, g) && y.type == DType::f32 &&
+         y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 && y.nb[2] == g.n_heads * g.head_dim * 4;
+}
+
+cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh, bool f16) {
+  const Geometry g = geometry_of(op);
+  if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
+  if (xh != nullptr && !attention_writes_half(op)) return cudaErrorInvalidValue;
+  if (takes_tiles(op, g)) {
+    const bool pool16 = op.k_pool.type == DType::f16;
     if (mma_eligible(op, g)) {
-      return f16 ? launch_mma_for_head_dim<__half>(ctx, op, g) : launch_mma_for_head_dim<float>(ctx, op, g);
+      return pool16 ? launch_mma_for_head_dim<__half>(ctx, op, g, xh, f16)
+                    : launch_mma_for_head_dim<float>(ctx, op, g, xh, f16);
     }
-    return f16 ? launch_tile_for_head_dim<__half>(ctx, op, g) : launch_tile_for_head_dim<float>(ctx, op, g);
+    return pool16 ? launch_tile_for_head_dim<__half>(ctx, op, g)
+                  : launch_tile_for_head_dim<float>(ctx, op, g);
   }
   return attention_decode(ctx, op, g);
 }

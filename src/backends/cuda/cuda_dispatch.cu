@@ -1,5 +1,6 @@
 // cuda::supports, cuda::run and cuda::run_fused: which ops and operand types the kernels take, the dispatch
 // to them, and the sequences of ops that run as one kernel.
+#include <cstdlib>
 #include <utility>
 
 #include "backends/cuda/cuda_kernels.h"
@@ -157,6 +158,13 @@ size_t gemv_group(const Context& ctx, std::span<const ops::Op> ops, const ops::M
 
 namespace {
 
+// Whether x is t's elements viewed as rows of x.ne[0] (both contiguous): a matmul's view of a [head_dim,
+// heads, tokens] result as [head_dim * heads, tokens].
+bool flat_view_of(const Tensor& x, const Tensor& t) {
+  return x.data == t.data && x.type == t.type && x.is_contiguous() && t.is_contiguous() &&
+         x.n_elements() == t.n_elements() && x.ne[0] % t.ne[0] == 0;
+}
+
 // x = x + y; h = rms_norm(x): the residual add and the next norm (no broadcast; all f32 but h).
 bool add_norm_pair(const ops::Op& a, const ops::Op& b) {
   const auto* add = std::get_if<ops::Binary>(&a);
@@ -211,7 +219,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     }
     // ... or the GEMMs that read it in 16 bits, which the norm's kernel writes for them.
     if (const size_t n = gemm_run(ctx, ops.subspan(2), group);
-        n > 0 && same_view(group[0]->x, norm.dst) && gemm_takes_half_x(ctx, *group[0], add_norm_max_rows())) {
+        n > 0 && same_view(group[0]->x, norm.dst) && gemm_takes_half_x(ctx, *group[0])) {
       return 2 + n;
     }
     return 2;
@@ -225,7 +233,21 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
       return 1 + n;
     }
     if (const size_t n = gemm_run(ctx, ops.subspan(1), group);
-        n > 0 && same_view(group[0]->x, glu->dst) && gemm_takes_half_x(ctx, *group[0], glu_max_rows())) {
+        n > 0 && same_view(group[0]->x, glu->dst) && gemm_takes_half_x(ctx, *group[0])) {
+      return 1 + n;
+    }
+  }
+  static const bool att_half = [] {  // KILN_CUDA_ATTENTION_HALF=0: the conversion kernel, for measuring
+    const char* v = std::getenv("KILN_CUDA_ATTENTION_HALF");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0]);
+      att != nullptr && att_half && attention_writes_half(*att)) {
+    // A prefill's attention and the GEMM that reads its result (the output projection) in 16 bits, which
+    // its kernel writes for it.
+    const ops::Matmul* group[3] = {};
+    if (const size_t n = gemm_run(ctx, ops.subspan(1), group);
+        n > 0 && flat_view_of(group[0]->x, att->dst) && gemm_takes_half_x(ctx, *group[0])) {
       return 1 + n;
     }
   }
@@ -261,6 +283,11 @@ cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& 
     for (size_t i = 1; i < consumed; ++i) group[i - 1] = &std::get<ops::Matmul>(ops[i]);
     const std::span<const ops::Matmul* const> mms(group, consumed - 1);
     return takes_gemv(ctx, *group[0]) ? glu_gemv_group(ctx, *glu, mms) : glu_gemm_group(ctx, *glu, mms);
+  }
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0])) {
+    const ops::Matmul* group[3] = {};
+    for (size_t i = 1; i < consumed; ++i) group[i - 1] = &std::get<ops::Matmul>(ops[i]);
+    return attention_gemm_group(ctx, *att, std::span<const ops::Matmul* const>(group, consumed - 1));
   }
   return rope_kv_write(ctx, std::get<ops::Rope>(ops[0]), std::get<ops::Rope>(ops[1]),
                        std::get<ops::KvWrite>(ops[2]));

@@ -157,18 +157,11 @@ cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, cons
 // its kernel also rounds that result to 8 bits for them.
 cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group);
-// Whether a matmul that takes the GEMM reads x in 16 bits (bf16, or f16 saturated), with at most `max_rows`
-// rows: the kernel that produces x then writes it so for the GEMM (add_norm_gemm_group, glu_gemm_group).
-// add_norm_max_rows() and glu_max_rows() bound each producer.
-bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op, int64_t max_rows);
-// The norm's 16-bit copy up to kDecodeGemmMaxCols rows: above, its packed 1024-thread kernel holds the copy's
-// stores only by spilling (184 bytes a thread), and a prefill keeps the conversion kernel
-// (KILN_CUDA_NORM_HALF_ROWS=N moves the bound, for measuring).
-int64_t add_norm_max_rows();
-// The gated activation's at any rows: its kernel writes 4 values a thread in one 8-byte store, where the
-// conversion kernel would read the f32 result back (the 8B's 2048 x 14336 in a pp2048: 176 MB read and
-// written, ~42 us at the H200's copy bandwidth).
-inline constexpr int64_t glu_max_rows() { return INT64_MAX; }
+// Whether a matmul that takes the GEMM reads x in 16 bits (bf16, or f16 saturated): the kernel that produces
+// x then writes it so for the GEMM (add_norm_gemm_group, glu_gemm_group, attention_gemm_group), at any row
+// count, where the conversion kernel would read the f32 result back (the 8B's pp2048: 96 conversions of 14.5
+// to 21.7 us each).
+bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op);
 // A residual add and the RMSNorm of its sum, then 1-3 matmuls on the norm's f32 result that take the GEMM in
 // 16 bits (gemm_takes_half_x; one input type): the norm's kernel also writes that result in the GEMM's type,
 // rounded as the GEMM's own conversion rounds it, so no conversion kernel runs (the same bits).
@@ -177,6 +170,11 @@ cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, cons
 // The same for a gated activation (f32 dst) and the matmul(s) on its result.
 cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group);
+// The same for a prefill's attention (attention_writes_half) and the matmul on its result (the output
+// projection), whose x is the attention's dst: the 8B's 2048 x 4096 in a pp2048, 50 MB read and written by
+// the conversion kernel otherwise.
+cudaError_t attention_gemm_group(const Context& ctx, const ops::Attention& att,
+                                 std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
@@ -205,6 +203,11 @@ cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op);
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
 // cuda_attention.cu (head_dim <= 256)
 bool attention_supported(const ops::Attention& op);
-cudaError_t attention(const Context& ctx, const ops::Attention& op);
+// With xh: also the result in 16 bits for the GEMM after (bf16, or f16 saturated when f16; as add_rms_norm),
+// row r (token t, head h: h + n_heads * t) at xh + r * head_dim; only where attention_writes_half(op).
+cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh = nullptr, bool f16 = false);
+// Whether the op takes the tensor-core prefill kernel, which writes the 16-bit copy, into a contiguous f32
+// dst.
+bool attention_writes_half(const ops::Attention& op);
 
 }  // namespace kiln::cuda

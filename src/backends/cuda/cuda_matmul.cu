@@ -659,16 +659,8 @@ cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
   return produced_gemv_group(ctx, group, [&](int* xq, float2* xds) { return gated_act(ctx, glu, xq, xds); });
 }
 
-bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op, int64_t max_rows) {
-  return !takes_gemv(ctx, op) && op.x.n_rows() <= max_rows && gemm_input_type(op) != DType::f32;
-}
-
-int64_t add_norm_max_rows() {
-  static const int64_t rows = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_HALF_ROWS");
-    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{kDecodeGemmMaxCols};
-  }();
-  return rows;
+bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op) {
+  return !takes_gemv(ctx, op) && gemm_input_type(op) != DType::f32;
 }
 
 namespace {
@@ -678,9 +670,9 @@ namespace {
 // layout.
 template <class Produce>
 cudaError_t produced_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group,
-                                int64_t max_rows, Produce&& produce) {
+                                Produce&& produce) {
   const ops::Matmul& first = *group[0];
-  if (!gemm_takes_half_x(ctx, first, max_rows)) return cudaErrorInvalidValue;
+  if (!gemm_takes_half_x(ctx, first)) return cudaErrorInvalidValue;
   const int64_t k = first.x.ne[0], m = first.x.n_rows();
   const DType in = gemm_input_type(first);
   void* out = ctx.scratch(kSlotX, static_cast<size_t>(k * m * 2));
@@ -700,16 +692,21 @@ cudaError_t produced_gemm_group(const Context& ctx, std::span<const ops::Matmul*
 
 cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                                 std::span<const ops::Matmul* const> group) {
-  return produced_gemm_group(ctx, group, add_norm_max_rows(), [&](uint16_t* xh, bool f16) {
+  return produced_gemm_group(ctx, group, [&](uint16_t* xh, bool f16) {
     return add_rms_norm(ctx, add, norm, nullptr, nullptr, xh, f16);
   });
 }
 
 cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group) {
-  return produced_gemm_group(ctx, group, glu_max_rows(), [&](uint16_t* xh, bool f16) {
-    return gated_act(ctx, glu, nullptr, nullptr, xh, f16);
-  });
+  return produced_gemm_group(
+      ctx, group, [&](uint16_t* xh, bool f16) { return gated_act(ctx, glu, nullptr, nullptr, xh, f16); });
+}
+
+cudaError_t attention_gemm_group(const Context& ctx, const ops::Attention& att,
+                                 std::span<const ops::Matmul* const> group) {
+  return produced_gemm_group(ctx, group,
+                             [&](uint16_t* xh, bool f16) { return attention(ctx, att, xh, f16); });
 }
 
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {

@@ -146,38 +146,6 @@ __device__ inline void load_norm_weight(const float* w, float w_add, const Slice
   for (int k = 0; k < kSlots; ++k) g[k] = w != nullptr && s.at(k) < s.hi ? w[s.at(k)] + w_add : 1.0f;
 }
 
-// A row of a GEMM's 16-bit input that a kernel writes beside its f32 result: bf16, or f16 when f16.
-struct HalfCopy {
-  char* row = nullptr;
-  bool f16 = false;
-};
-// The result also as a GEMM's 16-bit input: bf16, or f16 saturated to its range, rounded as
-// cuda_convert.cuh's convert_rows8_kernel rounds x for cuBLAS, so the GEMM reads the same bits.
-__device__ inline void store_half(const HalfCopy& h, int64_t i, float v) {
-  if (h.f16) {
-    reinterpret_cast<__half*>(h.row)[i] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
-  } else {
-    reinterpret_cast<__nv_bfloat16*>(h.row)[i] = __float2bfloat16_rn(v);
-  }
-}
-
-// Elements i .. i + 3 (i a multiple of 4, the row 8-byte aligned) as store_half rounds them, in one store.
-__device__ inline void store_half4(const HalfCopy& h, int64_t i, const float (&v)[4]) {
-  uint16_t b[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (h.f16) {
-      const __half x = __float2half_rn(fminf(fmaxf(v[j], -65504.0f), 65504.0f));
-      b[j] = *reinterpret_cast<const uint16_t*>(&x);
-    } else {
-      const __nv_bfloat16 x = __float2bfloat16_rn(v[j]);
-      b[j] = *reinterpret_cast<const uint16_t*>(&x);
-    }
-  }
-  *reinterpret_cast<uint2*>(h.row + 2 * i) =
-      make_uint2(b[0] | uint32_t{b[1]} << 16, b[2] | uint32_t{b[3]} << 16);
-}
-
 // dst slice = x * inv_rms * g, the row's sum of squares taken over the cluster. xq / xds (optional; n a
 // multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
 // quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
@@ -732,10 +700,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
-// xq / xds: see rms_norm_regs; row r's go at xq + r * n and xds + r * n / 32. kHalf: xh gets the result also
-// in 16 bits (f16: as f16, else bf16), row r at xh + r * n; a template parameter, so that the kernel without
-// it keeps its registers. kMaxThreads: the block's bound (see norm_shape).
-template <bool kHalf, int kMaxThreads>
+// kOut says what the kernel writes beside dst (a template parameter, so that each kernel holds the registers
+// of its own copy alone: at 1024 threads, 64 a thread): q8, xq / xds (see rms_norm_regs; row r's at xq + r *
+// n and xds + r * n / 32); half, xh the result in 16 bits (f16: as f16, else bf16), row r at xh + r * n.
+// kMaxThreads: the block's bound (see norm_shape).
+enum class NormOut : uint8_t { plain, q8, half };
+template <NormOut kOut, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads)
     add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
                         float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds,
@@ -749,9 +719,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float* ar = a.row_as<const float>(r);
     const float* br = b.row_as<const float>(r);
     float* sr = sum.row_as<float>(r);
-    int8_t* q = xq != nullptr ? xq + r * n : nullptr;
-    float2* ds = xds != nullptr ? xds + r * (n / 32) : nullptr;
-    const HalfCopy half{kHalf ? reinterpret_cast<char*>(xh + r * n) : nullptr, f16};
+    int8_t* q = kOut == NormOut::q8 && xq != nullptr ? xq + r * n : nullptr;
+    float2* ds = kOut == NormOut::q8 && xds != nullptr ? xds + r * (n / 32) : nullptr;
+    const HalfCopy half{kOut == NormOut::half ? reinterpret_cast<char*>(xh + r * n) : nullptr, f16};
     if (s.in_regs<kSlots>()) {
       float va[kSlots], vb[kSlots], g[kSlots];
       load_slice(ar, s, va);
@@ -1060,11 +1030,17 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
 namespace {
 using AddNormKernel = void (*)(Rows, Rows, Rows, Rows, Store, const float*, int64_t, float, float, int64_t,
                                int64_t, bool, int8_t*, float2*, uint16_t*, bool);
-AddNormKernel add_rms_norm_for(bool half, int threads) {
-  if (norm_small_block(threads)) {
-    return half ? add_rms_norm_kernel<true, kNormSmallBlock> : add_rms_norm_kernel<false, kNormSmallBlock>;
+template <int kMaxThreads>
+AddNormKernel add_rms_norm_for(NormOut out) {
+  switch (out) {
+    case NormOut::q8: return add_rms_norm_kernel<NormOut::q8, kMaxThreads>;
+    case NormOut::half: return add_rms_norm_kernel<NormOut::half, kMaxThreads>;
+    case NormOut::plain: break;
   }
-  return half ? add_rms_norm_kernel<true, 1024> : add_rms_norm_kernel<false, 1024>;
+  return add_rms_norm_kernel<NormOut::plain, kMaxThreads>;
+}
+AddNormKernel add_rms_norm_for(NormOut out, int threads) {
+  return norm_small_block(threads) ? add_rms_norm_for<kNormSmallBlock>(out) : add_rms_norm_for<1024>(out);
 }
 }  // namespace
 
@@ -1073,10 +1049,14 @@ cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
   const NormShape sh = norm_shape(ctx, n, rows);
   (void)launch_kernel_cluster(
-      ctx, add_rms_norm_for(xh != nullptr, sh.threads), sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a),
-      rows_of(add.b.tensor), rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
-      static_cast<const float*>(norm.w.tensor.data), n, norm.eps, norm.add_one ? 1.0f : 0.0f, rows, sh.slice,
-      sh.packed, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
+      ctx,
+      add_rms_norm_for(xh != nullptr   ? NormOut::half
+                       : xq != nullptr ? NormOut::q8
+                                       : NormOut::plain,
+                       sh.threads),
+      sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a), rows_of(add.b.tensor), rows_of(add.dst),
+      rows_of(norm.dst), store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n, norm.eps,
+      norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
   return launched();
 }
 
