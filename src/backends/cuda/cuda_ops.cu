@@ -903,25 +903,33 @@ cudaError_t scale(const Context& ctx, const ops::Scale& op) {
   return launched();
 }
 
+namespace {
+// f(KT{}, VT{}): the K and V pools' element types (f16 or f32 each), as the KV-writing kernels' template
+// arguments.
+template <class F>
+void with_pool_types(const ops::KvWrite& kv, F&& f) {
+  const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
+  if (k16 && v16) {
+    f(__half{}, __half{});
+  } else if (!k16 && !v16) {
+    f(float{}, float{});
+  } else if (k16) {
+    f(__half{}, float{});
+  } else {
+    f(float{}, __half{});
+  }
+}
+}  // namespace
+
 cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
   const int64_t head_dim = op.k.ne[0], n_kv = op.k.ne[1], total = head_dim * n_kv * op.k.ne[2];
   const auto* slots = static_cast<const int32_t*>(op.slots.data);
   const unsigned grid = grid_for(total, kThreads);
-  const bool k16 = op.k_pool.type == DType::f16, v16 = op.v_pool.type == DType::f16;
   const Rows k = rows_of(op.k), v = rows_of(op.v);
-  if (k16 && v16) {
-    (void)launch_kernel(ctx, kv_write_kernel<__half, __half>, grid, kThreads, 0, k, v, op.k_pool.data,
-                        op.v_pool.data, slots, head_dim, n_kv, total);
-  } else if (!k16 && !v16) {
-    (void)launch_kernel(ctx, kv_write_kernel<float, float>, grid, kThreads, 0, k, v, op.k_pool.data,
-                        op.v_pool.data, slots, head_dim, n_kv, total);
-  } else if (k16) {
-    (void)launch_kernel(ctx, kv_write_kernel<__half, float>, grid, kThreads, 0, k, v, op.k_pool.data,
-                        op.v_pool.data, slots, head_dim, n_kv, total);
-  } else {
-    (void)launch_kernel(ctx, kv_write_kernel<float, __half>, grid, kThreads, 0, k, v, op.k_pool.data,
-                        op.v_pool.data, slots, head_dim, n_kv, total);
-  }
+  with_pool_types(op, [&](auto k_elem, auto v_elem) {
+    (void)launch_kernel(ctx, kv_write_kernel<decltype(k_elem), decltype(v_elem)>, grid, kThreads, 0, k, v,
+                        op.k_pool.data, op.v_pool.data, slots, head_dim, n_kv, total);
+  });
   return launched();
 }
 
@@ -970,23 +978,13 @@ cudaError_t rope_kv_write_vec(const Context& ctx, const ops::Rope& q, const ops:
         q.p, host_rope_freqs(q.p, q.freq_factors.tensor.data), static_cast<int>(n_heads),
         static_cast<int>(n_kv), n_tokens, static_cast<int>(per_split));
   };
-  const auto by_layout = [&](auto k_elem, auto v_elem) {
+  with_pool_types(kv, [&](auto k_elem, auto v_elem) {
     if (neox) {
       launch(k_elem, v_elem, std::true_type{});
     } else {
       launch(k_elem, v_elem, std::false_type{});
     }
-  };
-  const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
-  if (k16 && v16) {
-    by_layout(__half{}, __half{});
-  } else if (!k16 && !v16) {
-    by_layout(float{}, float{});
-  } else if (k16) {
-    by_layout(__half{}, float{});
-  } else {
-    by_layout(float{}, __half{});
-  }
+  });
   return launched();
 }
 
@@ -1014,16 +1012,7 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
         static_cast<const float*>(q.freq_factors.tensor.data), q.p,
         host_rope_freqs(q.p, q.freq_factors.tensor.data), head_dim, n_heads, n_kv, n_tokens, per_split);
   };
-  const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
-  if (k16 && v16) {
-    launch(__half{}, __half{});
-  } else if (!k16 && !v16) {
-    launch(float{}, float{});
-  } else if (k16) {
-    launch(__half{}, float{});
-  } else {
-    launch(float{}, __half{});
-  }
+  with_pool_types(kv, launch);
   return launched();
 }
 
