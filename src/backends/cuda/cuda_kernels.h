@@ -176,22 +176,16 @@ cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
 cudaError_t attention_gemm_group(const Context& ctx, const ops::Attention& att,
                                  std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
-// cuda_ops.cu: row-wise and elementwise ops, KV writes, MoE routing and mixing
+// cuda_ops.cu: row-wise and elementwise ops, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
 cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op);
-cudaError_t rope(const Context& ctx, const ops::Rope& op);
 // binary (add, no broadcast, f32 dst) then rms_norm of its dst; with xq / xds (an f32 norm dst, n a multiple
 // of 32) also that result rounded to 8 bits for the integer GEMV, in quantize_x's layout (cuda_matmul.cu).
 // With xh (n a multiple of 8): also that result in 16 bits for a GEMM (bf16, or f16 saturated when f16), row
 // r at xh + r * n.
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                          int* xq = nullptr, float2* xds = nullptr, uint16_t* xh = nullptr, bool f16 = false);
-// rope of q, rope of k (same positions and parameters), then kv_write of the rotated k and v.
-cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv);
-// Whether rope_kv_write takes a RoPE of these parameters.
-bool rope_supported(const ops::RopeParams& p);
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op);
-cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
 // With xq / xds (an f32 dst, n a multiple of 32): also the result rounded to 8 bits, as add_rms_norm; with
 // xh, also in 16 bits, as add_rms_norm.
 cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq = nullptr, float2* xds = nullptr,
@@ -201,6 +195,13 @@ cudaError_t scale(const Context& ctx, const ops::Scale& op);
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op);
 cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op);
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
+// cuda_rope.cu: RoPE and the KV write
+cudaError_t rope(const Context& ctx, const ops::Rope& op);
+cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
+// rope of q, rope of k (same positions and parameters), then kv_write of the rotated k and v.
+cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv);
+// Whether rope_kv_write takes a RoPE of these parameters.
+bool rope_supported(const ops::RopeParams& p);
 // cuda_attention.cu (head_dim <= 256)
 bool attention_supported(const ops::Attention& op);
 // With xh: also the result in 16 bits for the GEMM after (bf16, or f16 saturated when f16; as add_rms_norm),

@@ -1,6 +1,6 @@
-// The row-wise and elementwise ops on CUDA: norms, RoPE, softmax, KV writes, gated activations, add/mul,
-// scale, argmax, MoE routing and mixing. All are bound by memory traffic: one pass over their operands,
-// f32 arithmetic (double for RoPE angles, as the CPU backend), rows addressed through their views' strides.
+// The row-wise and elementwise ops on CUDA: norms, softmax, gated activations, add/mul, scale, argmax, MoE
+// routing and mixing (RoPE and the KV writes: cuda_rope.cu). All are bound by memory traffic: one pass over
+// their operands, f32 arithmetic, rows addressed through their views' strides.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,14 +8,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_round_q8.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
-#include "ops/rope_freq.h"
 
 namespace kiln::cuda {
 
@@ -231,111 +229,6 @@ __global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float*
   }
 }
 
-// ---- RoPE: one block per token; its cos/sin table computed once (in double, as the CPU) for all heads ----
-
-constexpr int kMaxRopePairs = 512;
-
-// Each pair's frequency and magnitude (ops::rope_freq: a double pow, more under YaRN), made on the host as
-// the CPU backend makes them and passed by value, when there are at most kRopeArgPairs pairs and no frequency
-// factors (a tensor in device memory); else (on = false) each block makes them itself.
-// KILN_CUDA_ROPE_HOST_FREQ=0: always on the device (for comparison).
-constexpr int kRopeArgPairs = 128;
-struct RopeFreqs {
-  ops::RopeFreq f[kRopeArgPairs];
-  bool on;
-};
-RopeFreqs host_rope_freqs(const ops::RopeParams& p, const void* factors) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("KILN_CUDA_ROPE_HOST_FREQ");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  RopeFreqs r{};
-  r.on = enabled && factors == nullptr && p.n_rot / 2 <= kRopeArgPairs;
-  if (r.on) {
-    for (int i = 0; i < p.n_rot / 2; ++i) r.f[i] = ops::rope_freq(p, i, 1.0f);
-  }
-  return r;
-}
-
-// The block computes the cos/sin table of position `pos` into cs_sn (n_rot / 2 pairs).
-__device__ inline void rope_table(float2* cs_sn, const ops::RopeParams& p, const float* factors,
-                                  const RopeFreqs& fr, int32_t pos) {
-  for (int i = threadIdx.x; i < p.n_rot / 2; i += blockDim.x) {
-    const ops::RopeFreq f = fr.on ? fr.f[i] : ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
-    const double angle = static_cast<double>(pos) * f.theta_scale;
-    cs_sn[i] =
-        make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
-  }
-}
-
-// Element i of a head's n_rot / 2 pairs and head_dim - n_rot pass-through dims: pair i (dims a and b) or
-// pass-through dim a = n_rot + i - n_rot / 2 (b < 0), with the values read from the head's row.
-struct RopeIn {
-  int64_t a, b;
-  float xa, xb;
-};
-__device__ inline RopeIn rope_load(const float* xr, int64_t i, const ops::RopeParams& p) {
-  const int32_t half = p.n_rot / 2;
-  if (i >= half) {
-    const int64_t d = p.n_rot + (i - half);
-    return {d, -1, xr[d], 0.0f};
-  }
-  const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
-  const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
-  return {a, b, xr[a], xr[b]};
-}
-// Pair (xa, xb) rotated by cs_sn = (cos, sin), each product rounded as written (no contraction left to the
-// compiler), so that every RoPE kernel, fused or not, gets the same bits whatever code surrounds it.
-__device__ inline float2 rope_rotate(float xa, float xb, float2 cs_sn) {
-  return make_float2(__fmaf_rn(xa, cs_sn.x, -__fmul_rn(xb, cs_sn.y)),
-                     __fmaf_rn(xa, cs_sn.y, __fmul_rn(xb, cs_sn.x)));
-}
-// Rotates element i (read by rope_load) into yr, and hands each element written to out(dim, value). Every
-// RoPE kernel goes through here, so fused and unfused RoPE round alike.
-template <class Out>
-__device__ inline void rope_store(const RopeIn& x, float* yr, int64_t i, const float2* cs_sn, Out out) {
-  if (x.b < 0) {
-    yr[x.a] = x.xa;
-    out(x.a, x.xa);
-    return;
-  }
-  const float2 y = rope_rotate(x.xa, x.xb, cs_sn[i]);
-  yr[x.a] = y.x;
-  yr[x.b] = y.y;
-  out(x.a, y.x);
-  out(x.b, y.y);
-}
-template <class Out>
-__device__ inline void rope_element(const float* xr, float* yr, int64_t i, const float2* cs_sn,
-                                    const ops::RopeParams& p, Out out) {
-  rope_store(rope_load(xr, i, p), yr, i, cs_sn, out);
-}
-
-__global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const float* factors,
-                            ops::RopeParams p, RopeFreqs fr, int64_t head_dim, int64_t n_heads,
-                            int64_t n_tokens) {
-  __shared__ float2 cs_sn[kMaxRopePairs];
-  const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);  // pairs, then pass-through dims
-  bool waited = false;
-  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-    __syncthreads();  // the previous token's table is no longer read
-    // The positions (step metadata) and the factors (a weight) are not written by kernels: the first token's
-    // table is made before the wait on the kernel before.
-    rope_table(cs_sn, p, factors, fr, positions[t]);
-    if (!waited) {
-      pdl_begin();
-      waited = true;
-    }
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
-      const DivMod hi = divmod(c, per_head);
-      const int64_t h = hi.q, i = hi.r, row = h + n_heads * t;
-      rope_element(x.row_as<const float>(row), dst.row_as<float>(row), i, cs_sn, p, [](int64_t, float) {});
-    }
-  }
-  if (!waited) pdl_begin();
-}
-
 // ---- softmax, argmax: one block per row ----
 
 __global__ void softmax_kernel(Rows x, Rows dst, float scale, int64_t n, int64_t n_rows) {
@@ -494,210 +387,7 @@ __global__ void scale_kernel(Rows x, Rows dst, float s, int64_t n, int64_t total
   }
 }
 
-// ---- KV write: one thread per element of k and v ----
-
-template <class T>
-__device__ inline void put(void* pool, int64_t i, float v);
-template <>
-__device__ inline void put<float>(void* pool, int64_t i, float v) {
-  static_cast<float*>(pool)[i] = v;
-}
-template <>
-__device__ inline void put<__half>(void* pool, int64_t i, float v) {
-  static_cast<__half*>(pool)[i] = __float2half_rn(v);
-}
-
-template <class KT, class VT>
-__global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, const int32_t* slots,
-                                int64_t head_dim, int64_t n_kv, int64_t total) {
-  pdl_begin();
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const DivMod rd = divmod(e, head_dim), th = divmod(rd.q, n_kv);  // row rd.q = h + n_kv * t
-    const int64_t d = rd.r, row = rd.q, h = th.r, t = th.q;
-    // Pools are [head_dim, n_kv, block_size, n_blocks], contiguous: slot s is row s * n_kv + h.
-    const int64_t at = (int64_t{slots[t]} * n_kv + h) * head_dim + d;
-    put<KT>(k_pool, at, k.row_as<const float>(row)[d]);
-    put<VT>(v_pool, at, v.row_as<const float>(row)[d]);
-  }
-}
-
 // ---- fused sequences (run_fused): one launch, the arithmetic of the ops one by one ----
-
-// RoPE of q and of k, one block per token as rope_kernel, the rotated k also written to the K pool and v to
-// the V pool at the token's slot, as kv_write_kernel.
-// A token's heads (q's, then k's) may be split among gridDim.y blocks, heads_per_split each (decode: one
-// token's work spread over several multiprocessors); each block computes the token's table itself. The block
-// that rotates k head h also writes v head h.
-template <class KT, class VT>
-__global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, void* k_pool,
-                                     void* v_pool, const int32_t* slots, const int32_t* positions,
-                                     const float* factors, ops::RopeParams p, RopeFreqs fr, int64_t head_dim,
-                                     int64_t n_heads, int64_t n_kv, int64_t n_tokens,
-                                     int64_t heads_per_split) {
-  __shared__ float2 cs_sn[kMaxRopePairs];
-  const int64_t per_head = p.n_rot / 2 + (head_dim - p.n_rot);
-  const int64_t h_lo = blockIdx.y * heads_per_split, h_hi = min(h_lo + heads_per_split, n_heads + n_kv);
-  const int64_t v_lo = max(h_lo - n_heads, int64_t{0}), v_hi = max(h_hi - n_heads, int64_t{0});
-  const int64_t n_items = per_head * (h_hi - h_lo), n_v = head_dim * (v_hi - v_lo);
-  bool waited = false;
-  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-    // Item c of the block: element i of head h (q's heads, then k's) and its row.
-    auto item = [&](int64_t c) {
-      const DivMod hi = divmod(c, per_head);
-      const int64_t h = h_lo + hi.q;
-      const int64_t row = h < n_heads ? h + n_heads * t : h - n_heads + n_kv * t;
-      return RopeIn{rope_load((h < n_heads ? q : k).row_as<const float>(row), hi.r, p)};
-    };
-    auto v_at = [&](int64_t e) {
-      const DivMod hd = divmod(e, head_dim);
-      return v.row_as<const float>(v_lo + hd.q + n_kv * t)[hd.r];
-    };
-    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
-    __syncthreads();                                    // the previous token's table is no longer read
-    // The slots and positions (step metadata) and the factors (a weight) are not written by kernels: the
-    // first token's table is made before the wait on the kernel before (decode: the block's only token).
-    rope_table(cs_sn, p, factors, fr, positions[t]);
-    if (!waited) {
-      pdl_begin();
-      waited = true;
-    }
-    const RopeIn first = threadIdx.x < n_items ? item(threadIdx.x) : RopeIn{};
-    const float first_v = threadIdx.x < n_v ? v_at(threadIdx.x) : 0.0f;
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < n_items; c += blockDim.x) {
-      const RopeIn x = c == threadIdx.x ? first : item(c);
-      const DivMod hi = divmod(c, per_head);
-      const int64_t h = h_lo + hi.q, i = hi.r;
-      if (h < n_heads) {
-        rope_store(x, q_dst.row_as<float>(h + n_heads * t), i, cs_sn, [](int64_t, float) {});
-      } else {
-        const int64_t hk = h - n_heads;
-        KT* pool = static_cast<KT*>(k_pool) + (slot_row + hk) * head_dim;
-        rope_store(x, k_dst.row_as<float>(hk + n_kv * t), i, cs_sn,
-                   [&](int64_t d, float val) { put<KT>(pool, d, val); });
-      }
-    }
-    for (int64_t e = threadIdx.x; e < n_v; e += blockDim.x) {
-      const DivMod hd = divmod(e, head_dim);
-      put<VT>(v_pool, (slot_row + v_lo + hd.q) * head_dim + hd.r, e == threadIdx.x ? first_v : v_at(e));
-    }
-  }
-  if (!waited) pdl_begin();
-}
-
-// rope_kv_write_kernel for the common shape, where all of a head rotates (n_rot = head_dim, a multiple of 4)
-// and every row is 16-byte aligned. A thread's unit is 16 bytes of a row: pairs 2u and 2u + 1 of a q or k
-// head (dims 4u..4u+3; neox: dims 2u, 2u + 1 and their partners half on), or 4 dims of a v head, which goes
-// to the V pool unrotated. A token's units are its q heads', its k heads', then its v heads'; block (t, s)
-// takes units [s * units_per_split, ...) of token t. A unit's row is found with one 32-bit division, and all
-// of a thread's loads are issued before its first store and before the barrier that waits for the table. The
-// rotation and the roundings are rope_store's, so the bits are rope_kv_write_kernel's and rope_kernel's.
-// (rope_kv_write_kernel costs 109 us on the 8B's 2048 tokens, at a quarter of the copy bandwidth: three
-// 64-bit divisions an element pair, and one load in flight a thread.)
-struct HeadRows {  // row (h, t) of a [head_dim, heads, tokens] view
-  char* data;
-  int64_t nb_h, nb_t;
-  __device__ float* at(int64_t h, int64_t t) const {
-    return reinterpret_cast<float*>(data + h * nb_h + t * nb_t);
-  }
-};
-HeadRows head_rows(const Tensor& x) { return {static_cast<char*>(x.data), x.nb[1], x.nb[2]}; }
-constexpr int kRopeUnits = 8;  // units a thread holds at once
-
-__device__ inline void put4(float* dst, float4 v) { *reinterpret_cast<float4*>(dst) = v; }
-__device__ inline void put4(__half* dst, float4 v) {
-  const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
-  *reinterpret_cast<uint2*>(dst) =
-      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-}
-__device__ inline void put2(float* dst, float a, float b) {
-  *reinterpret_cast<float2*>(dst) = make_float2(a, b);
-}
-__device__ inline void put2(__half* dst, float a, float b) {
-  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
-}
-
-template <class KT, class VT, bool kNeox>
-__global__ void __launch_bounds__(kThreads)
-    rope_kv_write_vec_kernel(HeadRows q, HeadRows q_dst, HeadRows k, HeadRows k_dst, HeadRows v, KT* k_pool,
-                             VT* v_pool, const int32_t* slots, const int32_t* positions, const float* factors,
-                             ops::RopeParams p, RopeFreqs fr, int n_heads, int n_kv, int64_t n_tokens,
-                             int units_per_split) {
-  __shared__ __align__(16) float2 cs_sn[kMaxRopePairs];
-  const int head_dim = p.n_rot, half = head_dim / 2, upr = head_dim / 4;  // units a row
-  const int rot = (n_heads + n_kv) * upr, units = rot + n_kv * upr;
-  const int lo = static_cast<int>(blockIdx.y) * units_per_split, hi = min(units, lo + units_per_split);
-  bool waited = false;
-  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-    if (t != blockIdx.x) __syncthreads();  // the previous token's table is no longer read
-    // The slots and positions (step metadata) and the factors (a weight) are not written by kernels: the
-    // first token's table is made before the wait on the kernel before.
-    rope_table(cs_sn, p, factors, fr, positions[t]);
-    if (!waited) {
-      pdl_begin();
-      waited = true;
-    }
-    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
-    // Unit u's head (q's, k's, then v's, counted from 0) and its first dim.
-    const auto head_of = [&](int u, int& h, int& d) {
-      const int r = u < rot ? u : u - rot;
-      h = r / upr;
-      d = (r - h * upr) * (kNeox && u < rot ? 2 : 4);
-    };
-    for (int c = lo; c < hi;
-         c += kRopeUnits * static_cast<int>(blockDim.x)) {  // the same trips in all threads
-      float4 x[kRopeUnits];  // (a, b) of the unit's first pair, then of its second
-#pragma unroll
-      for (int j = 0; j < kRopeUnits; ++j) {
-        const int u = c + static_cast<int>(threadIdx.x + j * blockDim.x);
-        if (u >= hi) break;
-        int h, d;
-        head_of(u, h, d);
-        const float* row = u >= rot ? v.at(h, t) : h < n_heads ? q.at(h, t) : k.at(h - n_heads, t);
-        if (!kNeox || u >= rot) {
-          x[j] = *reinterpret_cast<const float4*>(row + d);
-        } else {
-          const float2 a = *reinterpret_cast<const float2*>(row + d),
-                       b = *reinterpret_cast<const float2*>(row + d + half);
-          x[j] = make_float4(a.x, b.x, a.y, b.y);
-        }
-      }
-      if (c == lo) __syncthreads();  // the table is made
-#pragma unroll
-      for (int j = 0; j < kRopeUnits; ++j) {
-        const int u = c + static_cast<int>(threadIdx.x + j * blockDim.x);
-        if (u >= hi) break;
-        int h, d;
-        head_of(u, h, d);
-        if (u >= rot) {
-          put4(v_pool + (slot_row + h) * head_dim + d, x[j]);
-          continue;
-        }
-        const int pair = kNeox ? d : d / 2;
-        const float4 cs = *reinterpret_cast<const float4*>(&cs_sn[pair]);  // pairs `pair` and `pair` + 1
-        const float2 y0 = rope_rotate(x[j].x, x[j].y, make_float2(cs.x, cs.y));
-        const float2 y1 = rope_rotate(x[j].z, x[j].w, make_float2(cs.z, cs.w));
-        const bool is_k = h >= n_heads;
-        float* row = is_k ? k_dst.at(h - n_heads, t) : q_dst.at(h, t);
-        KT* pool = is_k ? k_pool + (slot_row + h - n_heads) * head_dim : nullptr;
-        if (!kNeox) {
-          const float4 y = make_float4(y0.x, y0.y, y1.x, y1.y);
-          put4(row + d, y);
-          if (is_k) put4(pool + d, y);
-        } else {
-          put2(row + d, y0.x, y1.x);
-          put2(row + d + half, y0.y, y1.y);
-          if (is_k) {
-            put2(pool + d, y0.x, y1.x);
-            put2(pool + d + half, y0.y, y1.y);
-          }
-        }
-      }
-    }
-  }
-  if (!waited) pdl_begin();
-}
 
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
 // kOut says what the kernel writes beside dst (a template parameter, so that each kernel holds the registers
@@ -833,16 +523,6 @@ cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op) {
   return launched();
 }
 
-cudaError_t rope(const Context& ctx, const ops::Rope& op) {
-  if (op.p.n_rot / 2 > kMaxRopePairs) return cudaErrorNotSupported;
-  const int64_t head_dim = op.x.ne[0], n_heads = op.x.ne[1], n_tokens = op.x.ne[2];
-  (void)launch_kernel(ctx, rope_kernel, grid_for(n_tokens, 1), kThreads, 0, rows_of(op.x), rows_of(op.dst),
-                      static_cast<const int32_t*>(op.positions.data),
-                      static_cast<const float*>(op.freq_factors.tensor.data), op.p,
-                      host_rope_freqs(op.p, op.freq_factors.tensor.data), head_dim, n_heads, n_tokens);
-  return launched();
-}
-
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
   (void)launch_kernel(ctx, softmax_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
@@ -900,119 +580,6 @@ cudaError_t scale(const Context& ctx, const ops::Scale& op) {
   const int64_t n = op.x.ne[0], total = n * op.x.n_rows();
   (void)launch_kernel(ctx, scale_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.x),
                       rows_of(op.dst), op.scale, n, total);
-  return launched();
-}
-
-namespace {
-// f(KT{}, VT{}): the K and V pools' element types (f16 or f32 each), as the KV-writing kernels' template
-// arguments.
-template <class F>
-void with_pool_types(const ops::KvWrite& kv, F&& f) {
-  const bool k16 = kv.k_pool.type == DType::f16, v16 = kv.v_pool.type == DType::f16;
-  if (k16 && v16) {
-    f(__half{}, __half{});
-  } else if (!k16 && !v16) {
-    f(float{}, float{});
-  } else if (k16) {
-    f(__half{}, float{});
-  } else {
-    f(float{}, __half{});
-  }
-}
-}  // namespace
-
-cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
-  const int64_t head_dim = op.k.ne[0], n_kv = op.k.ne[1], total = head_dim * n_kv * op.k.ne[2];
-  const auto* slots = static_cast<const int32_t*>(op.slots.data);
-  const unsigned grid = grid_for(total, kThreads);
-  const Rows k = rows_of(op.k), v = rows_of(op.v);
-  with_pool_types(op, [&](auto k_elem, auto v_elem) {
-    (void)launch_kernel(ctx, kv_write_kernel<decltype(k_elem), decltype(v_elem)>, grid, kThreads, 0, k, v,
-                        op.k_pool.data, op.v_pool.data, slots, head_dim, n_kv, total);
-  });
-  return launched();
-}
-
-bool rope_supported(const ops::RopeParams& p) { return p.n_rot / 2 <= kMaxRopePairs; }
-
-namespace {
-
-// Whether rope_kv_write_vec_kernel takes these operands (KILN_CUDA_ROPE_VEC=0: never, for measuring).
-bool rope_vec_ok(const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("KILN_CUDA_ROPE_VEC");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
-  const auto rows_ok = [&](const Tensor& t, int64_t heads) {
-    return t.ne[0] == head_dim && t.ne[1] == heads && t.ne[2] == n_tokens && t.ne[3] == 1 &&
-           rows_aligned16(rows_of(t));
-  };
-  const auto pool_ok = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-  return enabled && q.p.n_rot == head_dim && head_dim % 4 == 0 && head_dim / 2 <= kMaxRopePairs &&
-         (n_heads + 2 * n_kv) * (head_dim / 4) <= INT32_MAX && rows_ok(q.x, n_heads) &&
-         rows_ok(q.dst, n_heads) && rows_ok(k.x, n_kv) && rows_ok(k.dst, n_kv) && rows_ok(kv.v, n_kv) &&
-         pool_ok(kv.k_pool) && pool_ok(kv.v_pool);
-}
-
-cudaError_t rope_kv_write_vec(const Context& ctx, const ops::Rope& q, const ops::Rope& k,
-                              const ops::KvWrite& kv) {
-  const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
-  // Few tokens (decode): a token's units split among blocks of at least 64, until the device has ~2 blocks
-  // a multiprocessor.
-  const int64_t units = (n_heads + 2 * n_kv) * (head_dim / 4);
-  const int64_t splits =
-      std::clamp<int64_t>((2 * int64_t{ctx.n_sms} + n_tokens - 1) / n_tokens, 1, (units + 63) / 64);
-  const int64_t per_split = (units + splits - 1) / splits;
-  const dim3 grid(grid_for(n_tokens, 1), static_cast<unsigned>((units + per_split - 1) / per_split));
-  const int threads = static_cast<int>(std::min<int64_t>(kThreads, (per_split + 31) / 32 * 32));
-  const bool neox = q.p.layout != ops::RopeLayout::rope_layout_normal;
-  const auto launch = [&](auto k_elem, auto v_elem, auto neox_tag) {
-    using KT = decltype(k_elem);
-    using VT = decltype(v_elem);
-    (void)launch_kernel(
-        ctx, rope_kv_write_vec_kernel<KT, VT, decltype(neox_tag)::value>, grid, threads, 0, head_rows(q.x),
-        head_rows(q.dst), head_rows(k.x), head_rows(k.dst), head_rows(kv.v), static_cast<KT*>(kv.k_pool.data),
-        static_cast<VT*>(kv.v_pool.data), static_cast<const int32_t*>(kv.slots.data),
-        static_cast<const int32_t*>(q.positions.data), static_cast<const float*>(q.freq_factors.tensor.data),
-        q.p, host_rope_freqs(q.p, q.freq_factors.tensor.data), static_cast<int>(n_heads),
-        static_cast<int>(n_kv), n_tokens, static_cast<int>(per_split));
-  };
-  with_pool_types(kv, [&](auto k_elem, auto v_elem) {
-    if (neox) {
-      launch(k_elem, v_elem, std::true_type{});
-    } else {
-      launch(k_elem, v_elem, std::false_type{});
-    }
-  });
-  return launched();
-}
-
-}  // namespace
-
-cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k,
-                          const ops::KvWrite& kv) {
-  if (!rope_supported(q.p)) return cudaErrorNotSupported;
-  if (rope_vec_ok(q, k, kv)) return rope_kv_write_vec(ctx, q, k, kv);
-  const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
-  // Few tokens (decode): a token's heads split among blocks, four a block, until the device has ~2 blocks a
-  // multiprocessor.
-  const int64_t heads = n_heads + n_kv;
-  const int64_t splits =
-      std::clamp<int64_t>((2 * int64_t{ctx.n_sms} + n_tokens - 1) / n_tokens, 1, (heads + 3) / 4);
-  const int64_t per_split = (heads + splits - 1) / splits;
-  const dim3 grid(grid_for(n_tokens, 1), static_cast<unsigned>((heads + per_split - 1) / per_split));
-  const auto launch = [&](auto k_elem, auto v_elem) {
-    using KT = decltype(k_elem);
-    using VT = decltype(v_elem);
-    (void)launch_kernel(
-        ctx, rope_kv_write_kernel<KT, VT>, grid, kThreads, 0, rows_of(q.x), rows_of(q.dst), rows_of(k.x),
-        rows_of(k.dst), rows_of(kv.v), kv.k_pool.data, kv.v_pool.data,
-        static_cast<const int32_t*>(kv.slots.data), static_cast<const int32_t*>(q.positions.data),
-        static_cast<const float*>(q.freq_factors.tensor.data), q.p,
-        host_rope_freqs(q.p, q.freq_factors.tensor.data), head_dim, n_heads, n_kv, n_tokens, per_split);
-  };
-  with_pool_types(kv, launch);
   return launched();
 }
 
