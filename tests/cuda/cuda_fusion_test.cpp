@@ -450,5 +450,53 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(5)), 0u);
 }
 
+// What a GEMV sends toward L2 for the matmuls after it: the weights of the next group (Q/K/V, o, gate and up)
+// whole, when they take at most the cap; nothing when they take more, or when the next matmul takes no GEMV.
+TEST(CudaFusion, WeightsAheadAreTheNextGroupWhole) {
+  auto b = make_backend("cpu");  // the program only: weights_ahead reads operands, launches nothing
+  ASSERT_TRUE(b.ok());
+  const auto bytes_of = [](const Tensor& w) { return w.row_bytes() + (w.ne[1] - 1) * w.nb[1]; };
+  for (const DType type : {DType::bf16, DType::q8_0}) {
+    Layer L = make_layer(**b, 1, type, 1);
+    const std::vector<ops::Op> ops = L.program.ops();
+    const std::span<const ops::Op> all(ops);
+    const auto w = [&](size_t i) -> const Tensor& { return std::get<ops::Matmul>(ops[i]).w.tensor; };
+    const int64_t cap = int64_t{1} << 40;
+    struct Case {
+      size_t from;                  // the ops after a GEMV sequence
+      std::vector<size_t> matmuls;  // the next group's matmuls
+    };
+    for (const Case& c : {Case{0, {2, 3, 4}}, Case{5, {9}}, Case{10, {12, 13}}, Case{14, {15}}}) {
+      const cuda::L2Ahead ahead = cuda::weights_ahead(cuda::Context{}, all.subspan(c.from), cap);
+      int64_t total = 0;
+      for (size_t j = 0; j < 3; ++j) {
+        if (j >= c.matmuls.size()) {
+          EXPECT_EQ(ahead.bytes[j], 0) << dtype_name(type) << " from " << c.from << " range " << j;
+          continue;
+        }
+        const Tensor& t = w(c.matmuls[j]);
+        const auto at = reinterpret_cast<uintptr_t>(t.data);
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(ahead.p[j]), (at + 15) & ~uintptr_t{15}) << c.from << " " << j;
+        EXPECT_EQ(ahead.bytes[j] % 16, 0);
+        EXPECT_GT(ahead.bytes[j], bytes_of(t) - 32)
+            << dtype_name(type) << " from " << c.from << " range " << j;
+        EXPECT_LE(reinterpret_cast<uintptr_t>(ahead.p[j]) + ahead.bytes[j], at + bytes_of(t));
+        total += ahead.bytes[j];
+      }
+      // A cap below the group's bytes: nothing; no matmul after the ops: nothing.
+      const cuda::L2Ahead none = cuda::weights_ahead(cuda::Context{}, all.subspan(c.from), total - 16);
+      EXPECT_EQ(none.bytes[0] + none.bytes[1] + none.bytes[2], 0) << dtype_name(type) << " from " << c.from;
+    }
+    const cuda::L2Ahead end = cuda::weights_ahead(cuda::Context{}, all.subspan(16), cap);
+    EXPECT_EQ(end.bytes[0], 0) << dtype_name(type);
+  }
+  // The next matmul taking the GEMM (20 tokens): nothing.
+  Layer L = make_layer(**b, 20, DType::bf16, 1);
+  const std::vector<ops::Op> ops = L.program.ops();
+  const cuda::L2Ahead gemm =
+      cuda::weights_ahead(cuda::Context{}, std::span<const ops::Op>(ops).subspan(5), int64_t{1} << 40);
+  EXPECT_EQ(gemm.bytes[0], 0);
+}
+
 }  // namespace
 }  // namespace kiln

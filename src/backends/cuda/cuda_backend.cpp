@@ -151,6 +151,10 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_GEMV_ACT=0: the gated activation after a gate and an up GEMV runs as its own kernel.
     if (const char* v = std::getenv("KILN_CUDA_GEMV_ACT"); v != nullptr)
       ctx_.gemv_act = std::string_view(v) != "0";
+    // KILN_CUDA_L2_AHEAD=MiB: the next matmuls' weights that a GEMV sends toward L2 when they are at most
+    // this large (0: never).
+    if (const char* v = std::getenv("KILN_CUDA_L2_AHEAD"); v != nullptr)
+      l2_ahead_ = std::max<int64_t>(std::atoll(v), 0) << 20;
     // cuBLAS gets a workspace of its own up front, so that a captured GEMM never allocates.
     if (cudaMallocAsync(&cublas_ws_, kCublasWorkspace, stream_) == cudaSuccess) {
       cublasSetWorkspace(cublas_.get(), cublas_ws_, kCublasWorkspace);
@@ -493,15 +497,24 @@ class CudaBackend final : public Backend {
   }
 
   // Enqueues ops[i] and sets n = 1, or the fused sequence that starts there and n = its length.
+  // A sequence with a matmul in it also gets the weights of the next matmuls when they take at most l2_ahead_
+  // bytes (cuda::weights_ahead), which its GEMV sends toward L2 as its blocks finish.
   cudaError_t enqueue(const std::vector<ops::Op>& ops, size_t i, size_t& n) {
+    const std::span<const ops::Op> rest = std::span(ops).subspan(i);
+    cuda::Context ctx = ctx_;
+    if (l2_ahead_ > 0) {
+      const size_t len = fuse_ ? std::max<size_t>(cuda::fused_length(ctx_, rest), 1) : 1;
+      bool matmul = false;
+      for (size_t j = 0; j < len; ++j) matmul = matmul || std::holds_alternative<ops::Matmul>(rest[j]);
+      if (matmul) ctx.ahead = cuda::weights_ahead(ctx_, rest.subspan(len), l2_ahead_);
+    }
     n = 0;
     if (fuse_) {
-      if (const cudaError_t e = cuda::run_fused(ctx_, std::span(ops).subspan(i), n); e != cudaSuccess)
-        return e;
+      if (const cudaError_t e = cuda::run_fused(ctx, rest, n); e != cudaSuccess) return e;
     }
     if (n > 0) return cudaSuccess;
     n = 1;
-    return cuda::run(ctx_, ops[i]);
+    return cuda::run(ctx, ops[i]);
   }
 
   // KILN_CUDA_PROFILE=1: each op timed alone (events around it, then a wait: slower, but per-op figures),
@@ -589,6 +602,7 @@ class CudaBackend final : public Backend {
   bool profile_ = false;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   bool graphs_ = true;  // KILN_CUDA_GRAPHS=0 launches every op
+  int64_t l2_ahead_ = int64_t{8} << 20;  // the next matmuls' weights up to this size go toward L2 (enqueue)
   bool fuse_ = true;    // the sequences cuda::run_fused knows run as one kernel each (KILN_CUDA_FUSE=0: not)
   bool stack_weights_ = true;  // matmul weights prepared together held as one matrix (KILN_CUDA_STACK)
   bool group_weights_ = true;  // matmul weights of the legacy block types in grouped form (KILN_CUDA_GROUPED)

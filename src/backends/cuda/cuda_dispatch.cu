@@ -1,5 +1,7 @@
 // cuda::supports, cuda::run and cuda::run_fused: which ops and operand types the kernels take, the dispatch
 // to them, and the sequences of ops that run as one kernel.
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
@@ -253,6 +255,25 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   }
   if (ops.size() >= 3 && rope_kv_triple(ops[0], ops[1], ops[2])) return 3;
   return 0;
+}
+
+L2Ahead weights_ahead(const Context& ctx, std::span<const ops::Op> ops, int64_t cap) {
+  L2Ahead ahead;
+  size_t i = 0;
+  while (i < ops.size() && !std::holds_alternative<ops::Matmul>(ops[i])) ++i;
+  const ops::Matmul* group[3] = {};
+  const size_t n = cap > 0 && i < ops.size() ? gemv_run(ctx, ops.subspan(i), group) : 0;
+  int64_t total = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const Tensor& w = group[j]->w.tensor;
+    const auto begin = reinterpret_cast<uintptr_t>(w.data);
+    const uintptr_t end = begin + static_cast<uintptr_t>(w.row_bytes() + (w.ne[1] - 1) * w.nb[1]);
+    const uintptr_t first = (begin + 15) & ~uintptr_t{15};
+    ahead.p[j] = reinterpret_cast<const void*>(first);
+    ahead.bytes[j] = end > first ? static_cast<int64_t>((end - first) & ~uintptr_t{15}) : 0;
+    total += ahead.bytes[j];
+  }
+  return total <= cap ? ahead : L2Ahead{};
 }
 
 cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed) {

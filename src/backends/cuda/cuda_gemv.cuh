@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
 #include "core/dtype.h"
 
@@ -84,7 +85,24 @@ struct GemvArgs {
   unsigned part_start[kGemvMaxParts];
   // Gate and up (the first matrix and more[0]) paired in each block, f32 results (the exact GEMV).
   GemvPair pair;
+  // Weights of the matmuls after this one that the blocks send toward L2 as they finish (prefetch_ahead).
+  L2Ahead ahead;
 };
+
+// Block `block` of `blocks`' share of `ahead`: its bytes split evenly over the blocks in 16-byte units, a
+// 128-byte line a thread sent toward L2.
+__device__ __forceinline__ void prefetch_ahead(const L2Ahead& ahead, unsigned block, unsigned blocks) {
+  const int64_t units = (ahead.bytes[0] + ahead.bytes[1] + ahead.bytes[2]) / 16;
+  const int64_t lo = units * block / blocks, hi = units * (block + 1) / blocks;
+  int64_t base = 0;
+#pragma unroll
+  for (int r = 0; r < 3; ++r) {
+    const int64_t n = ahead.bytes[r] / 16, from = max(lo, base), to = min(hi, base + n);
+    const auto* p = static_cast<const uint8_t*>(ahead.p[r]) + (from - base) * 16;
+    for (int64_t u = threadIdx.x * 8; u < to - from; u += int64_t{blockDim.x} * 8) prefetch_l2(p + u * 16);
+    base += n;
+  }
+}
 
 // The matrix that row block `block` of the launch belongs to; `block` becomes the block's index in it.
 __device__ __forceinline__ GemvPart gemv_part(const GemvArgs& a, unsigned& block) {

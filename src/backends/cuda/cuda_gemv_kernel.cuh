@@ -160,6 +160,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   }
   pdl_wait();
   if (a.early_trigger) pdl_trigger();
+  bool ahead =
+      blockIdx.y == 0;  // the first row of blocks sends the next weights toward L2, once (exact GEMV)
   const int64_t g_step = static_cast<int64_t>(gridDim.y) * a.col_split;
   for (int64_t g = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split; g < a.n_groups;
        g += g_step) {
@@ -189,6 +191,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       gemv_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
     }
     pdl_trigger();  // the weights are read: the next kernel may be scheduled
+    if constexpr (!kQ8) {
+      if (ahead) prefetch_ahead(a.ahead, blockIdx.x, gridDim.x), ahead = false;
+    }
     gemv_store<kRows, kCols, kPair>(acc, red, part, a.dst_type, row0, q0, cols, a.pair, a.more[0]);
     __syncthreads();  // red is reused by the next column group
   }

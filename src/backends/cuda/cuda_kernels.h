@@ -23,6 +23,15 @@ namespace kiln::cuda {
 inline constexpr int kMmqMinCols = 5;
 inline constexpr int kMmqMaxCols = 64;
 
+// The weights of the next matmuls of a program (up to three ranges, each 16-byte aligned and a multiple of
+// 16 bytes long; empty ranges have no bytes). A GEMV's blocks send them toward L2 as they finish their own
+// rows (weights_ahead, cuda_dispatch.cu), so that the next GEMV's loads hit L2 while its launch and the
+// short kernels between the two run.
+struct L2Ahead {
+  const void* p[3] = {};
+  int64_t bytes[3] = {};
+};
+
 // What a launcher may use besides its op: the stream, a cuBLAS handle bound to it, and scratch memory.
 struct Context {
   cudaStream_t stream = nullptr;
@@ -46,6 +55,9 @@ struct Context {
   // The exact GEMV of a gate and an up matmul applies their gated activation as it stores them
   // (gemv_act_pair).
   bool gemv_act = true;
+  // What the GEMVs of this launch send toward L2 for the matmuls after them (set per sequence by the backend;
+  // empty: nothing).
+  L2Ahead ahead;
   // Device scratch of at least `bytes`, one buffer per slot (0 .. kScratchSlots-1); valid, in stream order,
   // until the next request for the same slot. Null when the device is out of memory.
   void* (*scratch_fn)(void* owner, int slot, size_t bytes) = nullptr;
@@ -85,6 +97,10 @@ cudaError_t run(const Context& ctx, const ops::Op& op);
 cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& consumed);
 // The length of the fused sequence run_fused would run at the start of `ops` (0: none).
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops);
+// The weights that the first GEMV matmuls in `ops` read (those of its first group: matmuls on one x, or a
+// gate and up pair), when they take at most `cap` bytes in all; else, or when the first matmul in `ops` takes
+// no GEMV, none.
+L2Ahead weights_ahead(const Context& ctx, std::span<const ops::Op> ops, int64_t cap);
 
 // Weight / table types the quantized kernels read (cuda_matmul.cu).
 bool supports_weight_type(DType type);

@@ -135,6 +135,9 @@ bool launch_mmq(const Context& ctx, const GemvArgs& a, DType type, cudaError_t& 
 // weight's rows (every part's) are in grouped form.
 cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped) {
   a.prefetch = ctx.pdl;
+  // The exact GEMV sends the next matmuls' weights toward L2; the integer one does not (the 135M-shaped
+  // model in Q8_0 measured no gain, and 4 requests about 1% less: docs/cuda.md).
+  a.ahead = q8 ? L2Ahead{} : ctx.ahead;
   if (cudaError_t err = cudaSuccess; q8 && !grouped && launch_mmq(ctx, a, w.type, err)) return err;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
@@ -613,6 +616,7 @@ cudaError_t gemv_act_pair(const Context& ctx, const ops::Matmul& gate, const ops
   GemvArgs a = group_args(both);
   a.pair = {true, glu.kind, rows_of(glu.dst)};
   a.prefetch = ctx.pdl;
+  a.ahead = ctx.ahead;
   switch (gate.w.tensor.type) {
     case DType::bf16: launch_gemv_rows<DType::bf16, false, true>(ctx, a, Access::natural); break;
     case DType::f16: launch_gemv_rows<DType::f16, false, true>(ctx, a, Access::natural); break;
