@@ -188,7 +188,7 @@ cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& o
 
 // ---- prefill on tensor cores (Attention::quantize_x): flash attention with mma.sync ----
 //
-// A block of kMmaWarps warps holds 16 query rows a warp (the rows as the tile kernel numbers them: T tokens x
+// A block of W warps holds 16 query rows a warp (the rows as the tile kernel numbers them: T tokens x
 // the query heads of one KV head). Each warp keeps its Q rows (f16, scaled) as mma A fragments in registers,
 // and for each chunk of 64 positions of the sequence whose turn it is: S = Q K^T (m16n8k16, f16 inputs, f32
 // sums) from the K chunk in shared memory, the causal / window mask and softcap on S in f32, the online
@@ -200,8 +200,7 @@ cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& o
 // Chunks start at multiples of 64 positions whatever the tile holds, and a row's state is untouched by chunks
 // it sees nothing of (every score masked: scale factor 1, P = 0), so a row's result does not depend on the
 // other rows of its batch.
-constexpr int kMmaWarps = 4;
-constexpr int kMmaRows = 16 * kMmaWarps;  // query rows a block
+// Warps a block (W): 4 or 8 (KILN_CUDA_ATTN_MMA_WARPS); a block holds 16 * W query rows.
 constexpr int kMmaChunk = 64;             // positions a chunk
 
 // 2^x, subnormal results flushed to zero: one MUFU instruction, where exp2f adds a fix-up for them. P is
@@ -251,57 +250,69 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* row)
 __device__ __forceinline__ int32_t chunk_slot(const int32_t* table, int32_t p, int32_t lo, int32_t hi,
                                               const Geometry& g) {
   if (p < lo || p > hi) return -1;
-  const DivMod pb = divmod(p, g.block_size);
-  return table[pb.q] * static_cast<int32_t>(g.block_size) + pb.r;
+  const auto bs = static_cast<int32_t>(g.block_size);  // 32-bit division: p and the block size are ints
+  return table[p / bs] * bs + p % bs;
 }
 
-// K or V rows of a chunk (slots[j]: position j's pool slot, or -1) into shared memory as f16 (dst[j * ld +
-// d], d < D); rows of slot -1 and dims past head_dim are zero (they must not be NaN: P is 0 there). f16 pools
-// are copied by cp.async (the caller commits and waits); f32 pools are loaded, converted and stored, every
-// load of a thread issued before its first store.
-template <int D, class KV>
-__device__ inline void load_chunk(__half* dst, int ld, const KV* pool, const int32_t* slots, int64_t kvh,
-                                  const Geometry& g) {
+// The K and V rows of a chunk (slots[j]: position j's pool slot, or -1) into shared memory as f16 (ks / vs[j
+// * ld + d], d < D); rows of slot -1 and dims past head_dim are zero (they must not be NaN: P is 0 there).
+// f16 pools are copied by cp.async (the caller commits and waits): a thread reads its rows' slots first, so
+// that their shared-memory loads overlap (a copy is ordered after every load before it), and each row's
+// offset serves its K and its V copy. f32 pools are loaded, converted and stored, K then V, every load of a
+// batch of rows issued before its first store.
+template <int D, int W, class KV>
+__device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_pool, const KV* v_pool,
+                                  const int32_t* slots, int64_t kvh, const Geometry& g) {
   constexpr int kVec = 8;  // elements a store: 16 bytes of f16
   constexpr int kVecs = D / kVec;
-  constexpr int kThreads = kMmaWarps * 32;
+  constexpr int kThreads = W * 32;
   constexpr int kStep = kThreads / kVecs;  // rows a pass of the block
   constexpr int kIters = kMmaChunk / kStep;
   // A thread takes the same 16 bytes of rows j0, j0 + kStep, ...
   const int j0 = threadIdx.x / kVecs, d = (threadIdx.x % kVecs) * kVec;
   const bool dim_on = d < g.head_dim;
-  const int64_t row_stride = g.n_kv * g.head_dim;
-  const KV* base = pool + kvh * g.head_dim + d;
-  __half* out = dst + j0 * ld + d;
+  const auto row_stride = static_cast<uint32_t>(g.n_kv * g.head_dim);
+  const int64_t base = kvh * g.head_dim + d;
   if constexpr (sizeof(KV) == 2) {
+    int32_t slot[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) slot[i] = dim_on ? slots[j0 + i * kStep] : -1;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int32_t slot = slots[j0 + i * kStep];
-      const bool valid = slot >= 0 && dim_on;
-      cp_async16_zfill(out + i * kStep * ld, valid ? base + int64_t{slot} * row_stride : pool, valid);
+      const bool valid = slot[i] >= 0;
+      // A slot is at least 0 here: one 32 x 32 -> 64-bit product.
+      const int64_t off = valid ? base + int64_t{static_cast<uint32_t>(slot[i])} * int64_t{row_stride} : 0;
+      const int64_t at = (j0 + i * kStep) * ld + d;
+      cp_async16_zfill(ks + at, k_pool + off, valid);
+      cp_async16_zfill(vs + at, v_pool + off, valid);
     }
   } else {
-    constexpr int kBatch = kIters < 4 ? kIters : 4;  // loads in flight a thread
+    constexpr int kBatch = kIters < 4 ? kIters : 4;  // rows in flight a thread
 #pragma unroll
-    for (int i0 = 0; i0 < kIters; i0 += kBatch) {
-      float4 a[kBatch], b[kBatch];
+    for (int kv = 0; kv < 2; ++kv) {
+      const KV* pool = kv == 0 ? k_pool : v_pool;
+      __half* out = (kv == 0 ? ks : vs) + j0 * ld + d;
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int32_t slot = slots[j0 + (i0 + i) * kStep];
-        a[i] = b[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (slot >= 0 && dim_on) {
-          const KV* src = base + int64_t{slot} * row_stride;
-          a[i] = *reinterpret_cast<const float4*>(src);
-          b[i] = *reinterpret_cast<const float4*>(src + 4);
+      for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+        float4 a[kBatch], b[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          a[i] = b[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          const int32_t slot = slots[j0 + (i0 + i) * kStep];
+          if (slot >= 0 && dim_on) {
+            const KV* src = pool + base + static_cast<int64_t>(slot) * int64_t{row_stride};
+            a[i] = *reinterpret_cast<const float4*>(src);
+            b[i] = *reinterpret_cast<const float4*>(src + 4);
+          }
         }
-      }
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        __half2 h[4] = {__halves2half2(to_half_sat(a[i].x), to_half_sat(a[i].y)),
-                        __halves2half2(to_half_sat(a[i].z), to_half_sat(a[i].w)),
-                        __halves2half2(to_half_sat(b[i].x), to_half_sat(b[i].y)),
-                        __halves2half2(to_half_sat(b[i].z), to_half_sat(b[i].w))};
-        *reinterpret_cast<uint4*>(out + (i0 + i) * kStep * ld) = *reinterpret_cast<const uint4*>(h);
+        for (int i = 0; i < kBatch; ++i) {
+          __half2 h[4] = {__halves2half2(to_half_sat(a[i].x), to_half_sat(a[i].y)),
+                          __halves2half2(to_half_sat(a[i].z), to_half_sat(a[i].w)),
+                          __halves2half2(to_half_sat(b[i].x), to_half_sat(b[i].y)),
+                          __halves2half2(to_half_sat(b[i].z), to_half_sat(b[i].w))};
+          *reinterpret_cast<uint4*>(out + (i0 + i) * kStep * ld) = *reinterpret_cast<const uint4*>(h);
+        }
       }
     }
   }
@@ -315,8 +326,8 @@ constexpr size_t mma_shared_bytes() {
 }
 
 // kCap: the softcap applies (a template parameter, so that the kernel without it is that much shorter).
-template <int D, class KV, bool kCap>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+template <int D, int W, class KV, bool kCap>
+__global__ void __launch_bounds__(W * 32)
     attention_mma_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                          const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
                          Geometry g, int64_t tile_tokens, int64_t heads_per_tile, uint16_t* xh, bool f16) {
@@ -356,6 +367,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   constexpr float kLog2e = 1.4426950408889634f;
   const float q_scale = g.scale * kLog2e, cap2 = g.softcap * kLog2e;
   // Q as A fragments: qa[kk] holds dims 16kk .. 16kk+15 of the two rows (pairs 2tq, 2tq+1 and +8).
+  const float* q_row[2];  // found once: a row of a 3-D view takes two 64-bit divisions
+#pragma unroll
+  for (int i = 0; i < 2; ++i) q_row[i] = row_seq[i] >= 0 ? q.row_as<const float>(row_q[i]) : nullptr;
   uint32_t qa[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -366,7 +380,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       for (int i = 0; i < 2; ++i) {
         float x0 = 0.0f, x1 = 0.0f;
         if (row_seq[i] >= 0 && d < g.head_dim) {
-          const float* qr = q.row_as<const float>(row_q[i]);
+          const float* qr = q_row[i];
           x0 = qr[d] * q_scale;
           x1 = d + 1 < g.head_dim ? qr[d + 1] * q_scale : 0.0f;
         }
@@ -404,8 +418,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       if (n_c > 1) next_slot = chunk_slot(table, c_first + kMmaChunk + threadIdx.x, lo, hi, g);
     }
     __syncthreads();
-    load_chunk<D>(ks, kLd, k_pool, slots[0], kvh, g);
-    load_chunk<D>(vs, kLd, v_pool, slots[0], kvh, g);
+    load_chunk<D, W>(ks, vs, kLd, k_pool, v_pool, slots[0], kvh, g);
     cp_async_commit();
     for (int32_t c = 0; c < n_c; ++c) {
       const int32_t c0 = c_first + c * kMmaChunk;
@@ -416,8 +429,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
       __syncthreads();  // slots[nb_] written; buffer nb_ (chunk c - 1) no longer read
       if (c + 1 < n_c) {
-        load_chunk<D>(ks + nb_ * kBuf, kLd, k_pool, slots[nb_], kvh, g);
-        load_chunk<D>(vs + nb_ * kBuf, kLd, v_pool, slots[nb_], kvh, g);
+        load_chunk<D, W>(ks + nb_ * kBuf, vs + nb_ * kBuf, kLd, k_pool, v_pool, slots[nb_], kvh, g);
       }
       cp_async_commit();
       cp_async_wait<1>();  // chunk c's copies have landed
@@ -547,14 +559,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
-template <int D, class KV>
+template <int D, int W, class KV>
 cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geometry& g, uint16_t* xh,
                        bool f16) {
-  const int64_t heads_per_tile = std::min<int64_t>(g.group, kMmaRows);
-  const int64_t tile_tokens = std::max<int64_t>(1, kMmaRows / heads_per_tile);
+  constexpr int64_t kRows = 16 * W;  // query rows a block
+  const int64_t heads_per_tile = std::min<int64_t>(g.group, kRows);
+  const int64_t tile_tokens = std::max<int64_t>(1, kRows / heads_per_tile);
   const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
-  auto* kernel = g.softcap > 0.0f ? attention_mma_kernel<D, KV, true> : attention_mma_kernel<D, KV, false>;
+  auto* kernel =
+      g.softcap > 0.0f ? attention_mma_kernel<D, W, KV, true> : attention_mma_kernel<D, W, KV, false>;
   constexpr size_t shm = mma_shared_bytes<D>();
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
@@ -562,7 +576,7 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
     return e;
   }
   (void)launch_kernel(
-      ctx, kernel, static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), kMmaWarps * 32, shm, rows_of(op.q),
+      ctx, kernel, static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), W * 32, shm, rows_of(op.q),
       static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
       static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
       static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
@@ -585,8 +599,16 @@ bool mma_eligible(const ops::Attention& op, const Geometry& g) {
 template <class KV>
 cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                     uint16_t* xh, bool f16) {
-  if (g.head_dim <= 64) return launch_mma<64, KV>(ctx, op, g, xh, f16);
-  return launch_mma<128, KV>(ctx, op, g, xh, f16);
+  static const int warps = [] {  // KILN_CUDA_ATTN_MMA_WARPS=4|8: warps a block (for measuring)
+    const char* v = std::getenv("KILN_CUDA_ATTN_MMA_WARPS");
+    return v != nullptr && std::atoi(v) == 8 ? 8 : 4;
+  }();
+  if (warps == 8) {
+    if (g.head_dim <= 64) return launch_mma<64, 8, KV>(ctx, op, g, xh, f16);
+    return launch_mma<128, 8, KV>(ctx, op, g, xh, f16);
+  }
+  if (g.head_dim <= 64) return launch_mma<64, 4, KV>(ctx, op, g, xh, f16);
+  return launch_mma<128, 4, KV>(ctx, op, g, xh, f16);
 }
 
 Geometry geometry_of(const ops::Attention& op) {
