@@ -85,9 +85,15 @@ __device__ inline Part part_of(int64_t n, int64_t slice, bool packed) {
 }
 
 // The sum over a row's slices, in rank order, of each slice's sum of v (a block's sum: warp sums, then the
-// sum of the warps' in one warp); every thread gets it. `red` holds 32 floats, `part` kNormMaxCluster; the
-// block synchronises.
-__device__ inline float slices_sum(float v, float* red, float* part, const Part& P) {
+// sum of the warps' in one warp); every thread gets it. `red` holds 32 floats, `part` 2 * kNormMaxCluster
+// (cluster: the slices' sums, by the parity of the row's turn `turn`); the block synchronises.
+//
+// In a cluster each block writes its sum into every block's `part` (st.shared::cluster), then one cluster
+// barrier (release / acquire) makes them visible, and each block adds its own copy: after the barrier no
+// block reads another's shared memory, so none waits for the others to have read before it exits. A block
+// can be one row ahead of another (it passes the next barrier only once all have arrived at it, after their
+// reads of this row), hence the two halves of `part`.
+__device__ inline float slices_sum(float v, float* red, float* part, const Part& P, int64_t turn = 0) {
   if (P.packed) {
     v = warp_sum(v);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = P.nt / 32;
@@ -107,11 +113,16 @@ __device__ inline float slices_sum(float v, float* red, float* part, const Part&
   cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
   const unsigned n = cl.num_blocks();
   if (n == 1) return v;
-  if (threadIdx.x == 0) *part = v;
-  cl.sync();
+  float* mine = part + (turn % 2) * kNormMaxCluster;
+  if (threadIdx.x < n) {
+    const auto local = static_cast<unsigned>(__cvta_generic_to_shared(mine + cl.block_rank()));
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(threadIdx.x));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
   float s = 0.0f;
-  for (unsigned j = 0; j < n; ++j) s += *cl.map_shared_rank(part, j);
-  cl.sync();  // every block has read the others' parts before one overwrites its own or exits
+  for (unsigned j = 0; j < n; ++j) s += mine[j];
   return s;
 #else
   return v;
@@ -147,20 +158,24 @@ __device__ inline void load_norm_weight(const float* w, float w_add, const Slice
 // dst slice = x * inv_rms * g, the row's sum of squares taken over the cluster. xq / xds (optional; n a
 // multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
 // quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
-// result also in 16 bits for the GEMM (store_half).
+// result also in 16 bits for the GEMM (store_half). sum_row (optional): x is also stored there, after the
+// sums (a cluster's barrier then waits for no global store of this thread). turn: the row's turn in the
+// block.
 template <int kSlots>
 __device__ inline void rms_norm_regs(const float (&x)[kSlots], const float (&g)[kSlots], const Slice& s,
                                      char* yr, Store st, int64_t n, float eps, float* red, float* part,
-                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half = {}) {
+                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half, float* sum_row,
+                                     int64_t turn) {
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) ss += x[k] * x[k];  // zero past the slice
-  ss = slices_sum(ss, red, part, P);
+  ss = slices_sum(ss, red, part, P, turn);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
     const int64_t i = s.at(k);
     if (i >= s.hi) break;
+    if (sum_row != nullptr) sum_row[i] = x[k];
     const float v = x[k] * inv * g[k];
     store(st, yr, i, v);
     if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
@@ -171,10 +186,10 @@ __device__ inline void rms_norm_regs(const float (&x)[kSlots], const float (&g)[
 // before: each thread reads only the elements it wrote).
 __device__ inline void rms_norm_loop(const float* xr, const Slice& s, char* yr, Store st, const float* w,
                                      int64_t n, float eps, float w_add, float* red, float* part,
-                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half = {}) {
+                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half, int64_t turn) {
   float ss = 0.0f;
   for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) ss += xr[i] * xr[i];
-  ss = slices_sum(ss, red, part, P);
+  ss = slices_sum(ss, red, part, P, turn);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
   for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) {
     const float v = xr[i] * inv * (w != nullptr ? w[i] + w_add : 1.0f);
@@ -193,19 +208,27 @@ __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_kernel(Rows x, Rows dst, Store st, const float* w, int64_t n, float eps, float w_add,
                     int64_t n_rows, int64_t slice, bool packed) {
   constexpr int kSlots = norm_slots(kMaxThreads);
-  pdl_begin();
-  __shared__ float red[32], part[kNormMaxCluster];
+  __shared__ float red[32], part[2 * kNormMaxCluster];
+  // Before the wait: the shape and, in the small-block kernel (a row's slices spread over blocks: decode),
+  // the norm's weights (constant), which every row of a thread shares. (The 1024-thread kernel of packed rows
+  // holding them across rows would spill.)
+  constexpr bool kEarly = kMaxThreads <= kNormSmallBlock;
   const Part P = part_of(n, slice, packed);
   const Slice s = slice_of(n, slice, P);
-  for (int64_t r = first_row(P); r < n_rows; r += row_step(P)) {
+  const bool regs = s.in_regs<kSlots>();
+  float g[kSlots];
+  if (kEarly && regs) load_norm_weight(w, w_add, s, g);
+  pdl_begin();
+  int64_t turn = 0;
+  for (int64_t r = first_row(P); r < n_rows; r += row_step(P), ++turn) {
     const float* xr = x.row_as<const float>(r);
-    if (s.in_regs<kSlots>()) {
-      float v[kSlots], g[kSlots];
+    if (regs) {
+      float v[kSlots];
       load_slice(xr, s, v);
-      load_norm_weight(w, w_add, s, g);
-      rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, part, P, nullptr, nullptr);
+      if (!kEarly) load_norm_weight(w, w_add, s, g);
+      rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, part, P, nullptr, nullptr, {}, nullptr, turn);
     } else {
-      rms_norm_loop(xr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, nullptr, nullptr);
+      rms_norm_loop(xr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, nullptr, nullptr, {}, turn);
     }
   }
 }
@@ -401,31 +424,38 @@ __global__ void __launch_bounds__(kMaxThreads)
                         float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds,
                         uint16_t* xh, bool f16) {
   constexpr int kSlots = norm_slots(kMaxThreads);
-  pdl_begin();
-  __shared__ float red[32], part[kNormMaxCluster];
+  __shared__ float red[32], part[2 * kNormMaxCluster];
+  // Before the wait: as rms_norm_kernel's.
+  constexpr bool kEarly = kMaxThreads <= kNormSmallBlock;
   const Part P = part_of(n, slice, packed);
   const Slice s = slice_of(n, slice, P);
-  for (int64_t r = first_row(P); r < n_rows; r += row_step(P)) {
+  const bool regs = s.in_regs<kSlots>();
+  float g[kSlots];
+  if (kEarly && regs) load_norm_weight(w, w_add, s, g);
+  pdl_begin();
+  int64_t turn = 0;
+  for (int64_t r = first_row(P); r < n_rows; r += row_step(P), ++turn) {
     const float* ar = a.row_as<const float>(r);
     const float* br = b.row_as<const float>(r);
     float* sr = sum.row_as<float>(r);
     int8_t* q = kOut == NormOut::q8 && xq != nullptr ? xq + r * n : nullptr;
     float2* ds = kOut == NormOut::q8 && xds != nullptr ? xds + r * (n / 32) : nullptr;
     const HalfCopy half{kOut == NormOut::half ? reinterpret_cast<char*>(xh + r * n) : nullptr, f16};
-    if (s.in_regs<kSlots>()) {
-      float va[kSlots], vb[kSlots], g[kSlots];
+    if (regs) {
+      float va[kSlots], vb[kSlots];
       load_slice(ar, s, va);
       load_slice(br, s, vb);
-      load_norm_weight(w, w_add, s, g);
+      if (!kEarly) load_norm_weight(w, w_add, s, g);
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
         va[k] += vb[k];
-        if (s.at(k) < s.hi) sr[s.at(k)] = va[k];
+        if (!kEarly && s.at(k) < s.hi) sr[s.at(k)] = va[k];
       }
-      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, part, P, q, ds, half);
+      // The small-block kernel stores the sum as the norm's results, after the row's sum of squares.
+      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, part, P, q, ds, half, kEarly ? sr : nullptr, turn);
     } else {
       for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) sr[i] = ar[i] + br[i];
-      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, q, ds, half);
+      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, q, ds, half, turn);
     }
   }
 }
