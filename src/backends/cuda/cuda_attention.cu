@@ -644,10 +644,22 @@ bool attention_writes_half(const ops::Attention& op) {
          y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 && y.nb[2] == g.n_heads * g.head_dim * 4;
 }
 
-cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh, bool f16) {
+bool attention_rounds_q8(const ops::Attention& op) {
   const Geometry g = geometry_of(op);
+  const Tensor& y = op.dst;
+  return g.head_dim <= kMaxHeadDim && !takes_tiles(op, g) && g.head_dim % 32 == 0 && y.type == DType::f32 &&
+         y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 && y.nb[2] == g.n_heads * g.head_dim * 4;
+}
+
+cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh, bool f16, int8_t* xq,
+                      float2* xds) {
+  Geometry g = geometry_of(op);
   if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
   if (xh != nullptr && !attention_writes_half(op)) return cudaErrorInvalidValue;
+  if (xq != nullptr) {
+    if (!attention_rounds_q8(op)) return cudaErrorInvalidValue;
+    g.xq = xq, g.xds = xds;
+  }
   if (takes_tiles(op, g)) {
     const bool pool16 = op.k_pool.type == DType::f16;
     if (mma_eligible(op, g)) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -15,6 +16,12 @@ struct Geometry {
   int64_t n_chunks;  // splits of each token's positions
   float scale, softcap;
   int32_t window;
+  // Decode only: the result also rounded to 8 bits for the integer GEMV that reads it (the output
+  // projection), in quantize_x's layout: row r's element d at xq + r * head_dim + d, its block's scales at
+  // xds + (r * head_dim + d) / 32; head_dim a multiple of 32, so that a head's 32s are blocks of the matmul's
+  // row. Null: not rounded.
+  int8_t* xq;
+  float2* xds;
 };
 
 __device__ inline float load(const float* p) { return *p; }

@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_round_q8.cuh"
 
 namespace kiln::cuda {
 
@@ -38,6 +39,40 @@ __device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) 
   a.m = mm;
 }
 
+// Row `row` (head h of token t: h + n_heads * t) of the result, held by a warp (v[j]: element lane + 32 j),
+// into y, and rounded to 8 bits where g.xq says (a block of 32 a j, as quantize_x_kernel rounds the stored
+// values: the same bits).
+template <int DPL>
+__device__ void store_row(float* y, int64_t row, const float (&v)[DPL], const Geometry& g, int lane) {
+#pragma unroll
+  for (int j = 0; j < DPL; ++j) {
+    const int64_t d = lane + 32 * j;
+    if (d < g.head_dim) y[d] = v[j];
+  }
+  if (g.xq == nullptr) return;
+#pragma unroll
+  for (int j = 0; j < DPL; ++j) {
+    if (32 * j < g.head_dim) {
+      const int64_t i = row * g.head_dim + 32 * j;
+      round_q8(v[j], g.xq + i + lane, g.xds + i / 32);
+    }
+  }
+}
+
+// The same for rows row0 .. row0 + n - 1 that this block's threads wrote to dst in another layout (before a
+// __syncthreads): each warp reads its rows back and rounds them.
+__device__ void round_rows(const Rows& dst, int64_t row0, int n, const Geometry& g) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  for (int h = warp; h < n; h += n_warps) {
+    const int64_t row = row0 + h;
+    const float* y = dst.row_as<const float>(row);
+    for (int64_t j = 0; 32 * j < g.head_dim; ++j) {
+      const int64_t i = row * g.head_dim + 32 * j;
+      round_q8(__ldcg(y + 32 * j + lane), g.xq + i + lane, g.xds + i / 32);
+    }
+  }
+}
+
 // One (token, head)'s chunk records (base: n_chunks <= 64 records of head_dim + 2 floats) scaled to their
 // common maximum and summed in chunk order into dst row y, by one warp. Up to kFewChunks chunks, every record
 // is loaded before the first is used: the merge waits on memory once. More: every chunk's maximum and sum are
@@ -47,7 +82,7 @@ __device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) 
 constexpr int kMaxChunks = 64;
 constexpr int kFewChunks = 8;
 template <int DPL>
-__device__ void merge_chunks(const float* base, float* y, const Geometry& g, int lane) {
+__device__ void merge_chunks(const float* base, float* y, int64_t row, const Geometry& g, int lane) {
   constexpr int kMergeUnroll = 8;
   const int64_t rec = g.head_dim + 2;
   float sum = 0.0f, acc[DPL] = {};
@@ -110,10 +145,9 @@ __device__ void merge_chunks(const float* base, float* y, const Geometry& g, int
     }
   }
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  for (int k = 0; k < DPL; ++k) {
-    const int64_t d = lane + 32 * k;
-    if (d < g.head_dim) y[d] = acc[k] * inv;
-  }
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) acc[k] *= inv;
+  store_row<DPL>(y, row, acc, g, lane);
 }
 
 // The end of a split block whose records are written: the last chunk of these heads to finish merges them
@@ -136,7 +170,7 @@ __device__ void merge_if_last(const float* partial, unsigned* done, const Rows& 
   const int64_t rec = g.head_dim + 2;
   for (int h = warp; h < n_q; h += n_warps) {
     const int64_t row = row0 + h;
-    merge_chunks<DPL>(partial + row * g.n_chunks * rec, dst.row_as<float>(row), g, lane);
+    merge_chunks<DPL>(partial + row * g.n_chunks * rec, dst.row_as<float>(row), row, g, lane);
   }
 }
 
@@ -248,12 +282,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     }
     const int64_t row = h0 + h + g.n_heads * t;
     if (g.n_chunks == 1) {
-      float* y = dst.row_as<float>(row);
       const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
-      for (int j = 0; j < DPL; ++j) {
-        const int64_t d = lane + 32 * j;
-        if (d < g.head_dim) y[d] = a.acc[j] * inv;
-      }
+      float y[DPL];
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) y[j] = a.acc[j] * inv;
+      store_row<DPL>(dst.row_as<float>(row), row, y, g, lane);
     } else {
       float* r = partial + (row * g.n_chunks + chunk) * rec;
       for (int j = 0; j < DPL; ++j) {
@@ -576,6 +609,10 @@ __global__ void __launch_bounds__(kStagedThreads)
         if (dp == 0) r[g.head_dim] = ms[h], r[g.head_dim + 1] = ls[h];
       }
     }
+  }
+  if (g.n_chunks == 1 && g.xq != nullptr) {
+    __syncthreads();  // the rows are written (two adjacent dims a thread): read back a warp a row
+    round_rows(dst, h0 + g.n_heads * t, n_q, g);
   }
   if (g.n_chunks > 1) merge_if_last<D / 32>(partial, done, dst, g, h0 + g.n_heads * t, n_q);
 }

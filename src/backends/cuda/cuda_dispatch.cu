@@ -160,6 +160,8 @@ size_t gemv_group(const Context& ctx, std::span<const ops::Op> ops, const ops::M
 
 namespace {
 
+constexpr int64_t kAttentionRoundsMaxK = 2048;
+
 // Whether x is t's elements viewed as rows of x.ne[0] (both contiguous): a matmul's view of a [head_dim,
 // heads, tokens] result as [head_dim * heads, tokens].
 bool flat_view_of(const Tensor& x, const Tensor& t) {
@@ -253,6 +255,26 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
       return 1 + n;
     }
   }
+  // A decode's attention and the integer GEMV that reads its result (the output projection), which its
+  // kernel rounds for it, where that GEMV's rows are short (k <= kAttentionRoundsMaxK): such a GEMV is bound
+  // by its launch and fixed costs, and one kernel fewer pays. On the H200 (`kiln bench -p 0 -n 128 --batch
+  // 1,4`, three interleaved rounds, tokens/s) the 135M-shaped Q4_0 model's decode went from 1,072-1,100 to
+  // 1,120-1,126, and 4 requests from 3,140-3,193 to 3,236-3,309; on the 8B (k = 4096), where the rounding
+  // lands on the attention's merge, the last block of a split, Q8_0 went from 312-314 to 308-310 and Q4_0
+  // from 404-408 to 399-405, hence the bound. KILN_CUDA_ATTENTION_Q8=0|1: never|whatever k.
+  static const int att_q8 = [] {
+    const char* v = std::getenv("KILN_CUDA_ATTENTION_Q8");
+    return v != nullptr ? std::atoi(v) : -1;
+  }();
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0]);
+      att != nullptr && att_q8 != 0 && attention_rounds_q8(*att)) {
+    const ops::Matmul* group[3] = {};
+    if (const size_t n = gemv_run(ctx, ops.subspan(1), group);
+        n > 0 && flat_view_of(group[0]->x, att->dst) && takes_q8(ctx, *group[0]) &&
+        (att_q8 > 0 || group[0]->x.ne[0] <= kAttentionRoundsMaxK)) {
+      return 1 + n;
+    }
+  }
   if (ops.size() >= 3 && rope_kv_triple(ops[0], ops[1], ops[2])) return 3;
   return 0;
 }
@@ -308,7 +330,9 @@ cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& 
   if (const auto* att = std::get_if<ops::Attention>(&ops[0])) {
     const ops::Matmul* group[3] = {};
     for (size_t i = 1; i < consumed; ++i) group[i - 1] = &std::get<ops::Matmul>(ops[i]);
-    return attention_gemm_group(ctx, *att, std::span<const ops::Matmul* const>(group, consumed - 1));
+    const std::span<const ops::Matmul* const> mms(group, consumed - 1);
+    return takes_gemv(ctx, *group[0]) ? attention_gemv_group(ctx, *att, mms)
+                                      : attention_gemm_group(ctx, *att, mms);
   }
   return rope_kv_write(ctx, std::get<ops::Rope>(ops[0]), std::get<ops::Rope>(ops[1]),
                        std::get<ops::KvWrite>(ops[2]));

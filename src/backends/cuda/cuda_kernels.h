@@ -191,6 +191,11 @@ cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
 // the conversion kernel otherwise.
 cudaError_t attention_gemm_group(const Context& ctx, const ops::Attention& att,
                                  std::span<const ops::Matmul* const> group);
+// A decode's attention (attention_rounds_q8) and the matmul on its result that takes the integer GEMV: the
+// attention's kernel rounds x for it, so quantize_x's kernel does not run (run_fused: where that matmul's
+// rows are short).
+cudaError_t attention_gemv_group(const Context& ctx, const ops::Attention& att,
+                                 std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // cuda_ops.cu: row-wise and elementwise ops, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
@@ -221,10 +226,16 @@ bool rope_supported(const ops::RopeParams& p);
 // cuda_attention.cu (head_dim <= 256)
 bool attention_supported(const ops::Attention& op);
 // With xh: also the result in 16 bits for the GEMM after (bf16, or f16 saturated when f16; as add_rms_norm),
-// row r (token t, head h: h + n_heads * t) at xh + r * head_dim; only where attention_writes_half(op).
-cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh = nullptr, bool f16 = false);
+// row r (token t, head h: h + n_heads * t) at xh + r * head_dim; only where attention_writes_half(op). With
+// xq / xds: also the result rounded to 8 bits for the integer GEMV after, in quantize_x's layout (token t's
+// row of n_heads * head_dim); only where attention_rounds_q8(op).
+cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh = nullptr, bool f16 = false,
+                      int8_t* xq = nullptr, float2* xds = nullptr);
 // Whether the op takes the tensor-core prefill kernel, which writes the 16-bit copy, into a contiguous f32
 // dst.
 bool attention_writes_half(const ops::Attention& op);
+// Whether the op takes a decode kernel, which rounds the result for an integer GEMV: heads whose dims are
+// whole blocks of 32, into a contiguous f32 dst.
+bool attention_rounds_q8(const ops::Attention& op);
 
 }  // namespace kiln::cuda

@@ -707,6 +707,13 @@ cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
       ctx, group, [&](uint16_t* xh, bool f16) { return gated_act(ctx, glu, nullptr, nullptr, xh, f16); });
 }
 
+cudaError_t attention_gemv_group(const Context& ctx, const ops::Attention& att,
+                                 std::span<const ops::Matmul* const> group) {
+  return produced_gemv_group(ctx, group, [&](int* xq, float2* xds) {
+    return attention(ctx, att, nullptr, false, reinterpret_cast<int8_t*>(xq), xds);
+  });
+}
+
 cudaError_t attention_gemm_group(const Context& ctx, const ops::Attention& att,
                                  std::span<const ops::Matmul* const> group) {
   return produced_gemm_group(ctx, group,
