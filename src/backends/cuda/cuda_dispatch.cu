@@ -259,7 +259,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   // kernel rounds for it, where that GEMV's rows are short (k <= kAttentionRoundsMaxK): such a GEMV is bound
   // by its launch and fixed costs, and one kernel fewer pays. On the H200 (`kiln bench -p 0 -n 128 --batch
   // 1,4`, three interleaved rounds, tokens/s) the 135M-shaped Q4_0 model's decode went from 1,072-1,100 to
-  // 1,120-1,126, and 4 requests from 3,140-3,193 to 3,236-3,309; on the 8B (k = 4096), where the rounding
+  // 1,120-1,126, and 4 requests from 3,140-3,193 to 3,235-3,309; on the 8B (k = 4096), where the rounding
   // lands on the attention's merge, the last block of a split, Q8_0 went from 312-314 to 308-310 and Q4_0
   // from 404-408 to 399-405, hence the bound. KILN_CUDA_ATTENTION_Q8=0|1: never|whatever k.
   static const int att_q8 = [] {
