@@ -113,7 +113,7 @@ class CudaBackend final : public Backend {
     const char* int8 = std::getenv("KILN_CUDA_INT8");
     ctx_.int8_gemv = int8 == nullptr || std::string_view(int8) != "0";
     // KILN_CUDA_GEMV_STAGED=0: the integer GEMV loads its weights directly instead of through shared memory;
-    // =k: the K-quants' through shared memory, the grouped legacy types' directly.
+    // =k: Q4_K's and Q5_K's through shared memory, grouped rows (the legacy types', Q6_K's) directly.
     const char* staged = std::getenv("KILN_CUDA_GEMV_STAGED");
     ctx_.staged_gemv = staged == nullptr || std::string_view(staged) != "0";
     ctx_.staged_gemv_grouped = ctx_.staged_gemv && (staged == nullptr || std::string_view(staged) != "k");
@@ -296,8 +296,8 @@ class CudaBackend final : public Backend {
     Tensor device = logical;
     device.data = h->storage->data();
     device.buffer = h->storage.get();
-    // Matmul weights of the legacy block types go to grouped form (cuda_kernels.h: GroupedRows), which the
-    // integer GEMV reads in whole 16-byte loads; the file's form is freed (in stream order).
+    // Matmul weights of the legacy block types and of Q6_K go to grouped form (cuda_kernels.h: WeightLayout),
+    // which the integer GEMV reads in whole 16-byte loads; the file's form is freed (in stream order).
     if (const int64_t row = cuda::grouped_row_bytes(logical.type, logical.ne[0]);
         group_weights_ && role == WeightRole::weight_role_matmul && row > 0 && logical.ne[1] > 0 &&
         logical.ne[2] == 1 && logical.ne[3] == 1) {
@@ -316,7 +316,7 @@ class CudaBackend final : public Backend {
     return h;
   }
   // Matmul weights of one type and k whose rows are plain (the file's tensors, or row slices of a fused one)
-  // go into one allocation as one matrix [k, sum n_i], in grouped form for the legacy block types, each
+  // go into one allocation as one matrix [k, sum n_i], in grouped form for the grouped types, each
   // handle's storage its slice of it (cuda_kernels.h: WeightLayout); anything else is prepared weight by
   // weight.
   Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(
@@ -605,7 +605,7 @@ class CudaBackend final : public Backend {
   int64_t l2_ahead_ = int64_t{8} << 20;  // the next matmuls' weights up to this size go toward L2 (enqueue)
   bool fuse_ = true;    // the sequences cuda::run_fused knows run as one kernel each (KILN_CUDA_FUSE=0: not)
   bool stack_weights_ = true;  // matmul weights prepared together held as one matrix (KILN_CUDA_STACK)
-  bool group_weights_ = true;  // matmul weights of the legacy block types in grouped form (KILN_CUDA_GROUPED)
+  bool group_weights_ = true;  // matmul weights of the grouped types in grouped form (KILN_CUDA_GROUPED)
   bool capturing_ = false;
   int graph_failures_ = 0;  // captures of programs of more than 8 tokens that failed in a row
   void* cublas_ws_ = nullptr;

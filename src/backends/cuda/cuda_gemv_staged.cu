@@ -1,6 +1,7 @@
-// The integer GEMV through shared memory (Matmul under quantize_x where cuda_matmul.cu takes the integer GEMV)
-// of Q4_K, Q5_K and Q6_K rows that start 16-byte aligned and are whole 16-byte chunks, and of the legacy block
-// types' rows in grouped form (cuda_quant.cuh's legacy_block: always so) for one column of x.
+// The integer GEMV through shared memory (Matmul under quantize_x where cuda_matmul.cu takes the integer
+// GEMV) of Q4_K and Q5_K rows that start 16-byte aligned and are whole 16-byte chunks, and of rows in grouped
+// form (always so): Q6_K's (cuda_quant.cuh's q6k_block), and the legacy block types' (legacy_block) for one
+// column of x.
 //
 // The work of a launch is items of kRows weight rows and a group of up to kCols columns; a block takes the
 // items blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is what the device holds at once, so there is no
@@ -13,8 +14,8 @@
 // A landed K-quant segment's super-block scales are decoded once, into a table of f32 factors in shared
 // memory, one super-block a thread, and every unit reads its factors from there: decoding them per unit
 // (eight units share a super-block) cost more instructions than the dot products. A grouped row's segment is
-// whole runs of 8 blocks, itself a row in grouped form: its units load from it as from the row (Q8G<T>), with
-// no table.
+// whole runs of 8 blocks (Q6_K: super-blocks), itself a row in grouped form: its units load from it as from
+// the row (Q8G<T>), the legacy types' with no table.
 //
 // Each thread takes the units t, t + kGemvThreads, ... of a row in the order cuda_matmul.cu's gemv_q8_partial
 // does, with the same arithmetic (the table holds the products k_pair_scales and Q8<q6_k>::load compute), and
@@ -36,8 +37,8 @@ namespace {
 
 // How a type's rows are staged: Q, its units (Q8<T> or Q8G<T>); kA, the alignment of its rows' blocks;
 // kSbBytes, the bytes of 256 elements (a K-quant super-block, a run of 8 legacy blocks); row_bytes(k), a
-// row's length; kTable, whether a segment's scales go to a table first (table() writes a super-block's 16
-// floats); load(), a unit of a staged segment.
+// row's length; kTable, whether a segment's scales go to a table first (table() writes a quarter of a
+// super-block's 16 floats); load(), a unit of a staged segment.
 template <DType T>
 struct Staged;
 
@@ -56,14 +57,12 @@ struct StagedK {
   static constexpr int kA = Quant<T>::kAlign, kSbBytes = Q::kBytes;
   static constexpr bool kTable = true;
   __device__ static int64_t row_bytes(int64_t k) { return k / 256 * kSbBytes; }
+  // Part `part` (0..3) of super-block sb's table: the pair of sub-blocks j = part.
   template <int A>
-  __device__ static void table(const uint8_t* b, float* t) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      WK w;
-      k_pair_scales<A>(b, j, w);
-      reinterpret_cast<float4*>(t)[j] = make_float4(w.d0, w.d1, w.m0, w.m1);
-    }
+  __device__ static void table(const uint8_t* seg, int sb, int part, float* t) {
+    WK w;
+    k_pair_scales<A>(seg + sb * kSbBytes, part, w);
+    reinterpret_cast<float4*>(t)[part] = make_float4(w.d0, w.d1, w.m0, w.m1);
   }
   // Unit v (0 .. kGemvThreads - 1) of a segment.
   template <int A>
@@ -81,24 +80,33 @@ struct Staged<DType::q4_k> : StagedK<DType::q4_k> {};
 template <>
 struct Staged<DType::q5_k> : StagedK<DType::q5_k> {};
 
-// Q6_K: d * scale(i) of sub-block i = 8h + 2g + q at 8h + 4q + g, so that the unit (h, t) of a super-block
-// reads its four (g = 0..3, q = t / 4) as one float4.
+// Q6_K in grouped form (cuda_quant.cuh's q6k_block): a segment is one run of 8 super-blocks. d * scale(i) of
+// sub-block i = 8h + 2g + q at 8h + 4q + g, so that the unit (h, t) of a super-block reads its four (g =
+// 0..3, q = t / 4) as one float4.
 template <>
 struct Staged<DType::q6_k> {
   using Q = Q8<DType::q6_k>;
-  static constexpr int kA = Quant<DType::q6_k>::kAlign, kSbBytes = Q::kBytes;
+  static constexpr int kA = 16 | kGrouped, kSbBytes = Q::kBytes;
   static constexpr bool kTable = true;
-  __device__ static int64_t row_bytes(int64_t k) { return k / 256 * kSbBytes; }
+  __device__ static int64_t row_bytes(int64_t k) { return grouped_bytes(k, 256, 18, 192); }
+  // Part `part` (0..3) of super-block sb's table: sub-blocks 4 * part .. 4 * part + 3.
   template <int A>
-  __device__ static void table(const uint8_t* b, float* t) {
+  __device__ static void table(const uint8_t* seg, int sb, int part, float* t) {
+    static_assert((A & kGrouped) != 0, "grouped rows");
+    const Q6kBlock b = q6k_block<A>(seg, sb);
+    const float d = f16_bits_to_f32(ld_u16<q6k_d_align<A>()>(b.d));
+    const uint32_t sc = ld_u32<A>(b.scales + 4 * part);  // 16-byte aligned
 #pragma unroll
-    for (int i = 0; i < 16; ++i) t[8 * (i / 8) + 4 * (i % 2) + (i % 8) / 2] = Q::scale<A>(b, i);
+    for (int q = 0; q < 4; ++q) {  // as Q8<q6_k>::load
+      const int i = 4 * part + q;
+      t[8 * (i / 8) + 4 * (i % 2) + (i % 8) / 2] = d * static_cast<float>(static_cast<int8_t>(sc >> (8 * q)));
+    }
   }
   template <int A>
   __device__ static Q::W load(const uint8_t* seg, const float* table, int v) {
     const int sb = v / 16, h = (v % 16) / 8, t = v % 8;
     Q::W w;
-    Q::quants<A>(seg + sb * Q::kBytes, h, t, w);
+    Q::quants<A>(q6k_block<A>(seg, sb), h, t, w);
     const float4 s = reinterpret_cast<const float4*>(table + 16 * sb + 8 * h)[t / 4];
     w.d[0] = s.x, w.d[1] = s.y, w.d[2] = s.z, w.d[3] = s.w;
     return w;
@@ -115,9 +123,9 @@ struct StagedGrouped {
   static constexpr bool kTable = false;
   // A last run of r < 8 blocks keeps the room of 8 headers: a multiple of 16 bytes all the same (kHead is
   // even).
-  __device__ static int64_t row_bytes(int64_t k) { return grouped_bytes(k, kHead, kQs); }
+  __device__ static int64_t row_bytes(int64_t k) { return grouped_bytes(k, 32, kHead, kQs); }
   template <int A>
-  __device__ static void table(const uint8_t*, float*) {}
+  __device__ static void table(const uint8_t*, int, int, float*) {}
   template <int A>
   __device__ static typename Q::W load(const uint8_t* seg, const float*, int v) {
     return Q::template load<A>(seg, v);
@@ -169,19 +177,31 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
   const int64_t n_units = a.k / Q::kUnit;
   const int64_t row_bytes = S::row_bytes(a.k);
   const int n_seg = static_cast<int>((n_units + kGemvThreads - 1) / kGemvThreads);
+  // A slot holds a segment of each of the item's rows, kSeg bytes apart. Thread t copies the chunks c,
+  // c + kPerRow, ... (c = t % kPerRow) of row t / kPerRow: one row pointer a thread, set once an item, and
+  // copies at fixed offsets from it (a warp writes 16-byte chunks of one or two rows, in distinct banks).
+  constexpr int kChunks = kSeg / 16, kPerRow = kGemvThreads / kRows,
+                kCopies = (kChunks + kPerRow - 1) / kPerRow;
+  static_assert(kGemvThreads % kRows == 0, "whole threads a row");
+  const int my_row = static_cast<int>(threadIdx.x) / kPerRow,
+            my_chunk = static_cast<int>(threadIdx.x) % kPerRow;
   // Segment `seg` of item `item`'s rows into slot `slot`; a group is committed even when there is none, so
-  // that cp_async_wait<1> below always leaves just the next segment in flight.
+  // that cp_async_wait<1> below always leaves just the next segment in flight. The item of the segments being
+  // issued is kept (next): item_at() runs once an item.
+  Item next{};
+  const uint8_t* from = nullptr;  // the thread's row of `next`, at its first chunk
   const auto issue = [&](unsigned item, int seg, int slot) {
     if (item < n_items) {
-      const Item it = item_at<kRows>(a, item);
+      if (seg == 0) {
+        next = item_at<kRows>(a, item);
+        from = next.w + min(next.row0 + my_row, next.part.n - 1) * next.part.w_nb1 + 16 * my_chunk;
+      }
       const int64_t off = int64_t{seg} * kSeg;
-      const int chunks = static_cast<int>(min(int64_t{kSeg}, row_bytes - off) / 16);
-      uint8_t* dst = stage + slot * (kRows * kSeg);
+      const int left = static_cast<int>(min(int64_t{kSeg}, row_bytes - off) / 16) - my_chunk;
+      uint8_t* dst = stage + slot * (kRows * kSeg) + my_row * kSeg + 16 * my_chunk;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const uint8_t* src = it.w + min(it.row0 + r, it.part.n - 1) * it.part.w_nb1 + off;
-        for (int c = threadIdx.x; c < chunks; c += kGemvThreads)
-          cp_async16(dst + r * kSeg + 16 * c, src + 16 * c);
+      for (int j = 0; j < kCopies; ++j) {
+        if (kPerRow * j < left) cp_async16(dst + 16 * kPerRow * j, from + off + 16 * kPerRow * j);
       }
     }
     cp_async_commit();
@@ -197,7 +217,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
   float acc[kRows][kCols] = {};
   while (item < n_items) {
     if (seg == 0) {
-      it = item_at<kRows>(a, item);
+      it = next;  // issued last
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int64_t i = divmod(it.q0 + min(c, it.cols - 1), a.x_div).q;
@@ -214,12 +234,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
     __syncthreads();  // every thread's copies of this segment have landed
     const uint8_t* buf = stage + slot * (kRows * kSeg);
     if constexpr (S::kTable) {
-      const int n_sb =
-          static_cast<int>(min(int64_t{kSbSeg}, (row_bytes - int64_t{seg} * kSeg) / S::kSbBytes));
-      for (int i = threadIdx.x; i < kRows * kSbSeg; i += kGemvThreads) {
-        if (i % kSbSeg < n_sb) {
-          S::template table<A>(buf + (i / kSbSeg) * kSeg + (i % kSbSeg) * S::kSbBytes, table + 16 * i);
-        }
+      // A quarter of a super-block's table a thread at a time: all the block's threads share the work.
+      const int n_sb = static_cast<int>(min(int64_t{kSbSeg}, a.k / 256 - int64_t{seg} * kSbSeg));
+      for (int e = threadIdx.x; e < kRows * kSbSeg * 4; e += kGemvThreads) {
+        const int i = e / 4;
+        if (i % kSbSeg < n_sb)
+          S::template table<A>(buf + (i / kSbSeg) * kSeg, i % kSbSeg, e % 4, table + 16 * i);
       }
       __syncthreads();  // the table is written
     }

@@ -1,5 +1,6 @@
-// The grouped form of the legacy block types' matmul weights (cuda_quant.cuh's legacy_block): each run of 8
-// blocks of a row rewritten on the device as its 8 headers, then its 8 quant arrays, rows 16-byte aligned.
+// The grouped form of the matmul weights of the legacy block types (cuda_quant.cuh's legacy_block: each run
+// of 8 blocks of a row rewritten on the device as its 8 headers, then its 8 quant arrays) and of Q6_K
+// (q6k_block: 8 super-blocks' scales, their d, their quants), rows 16-byte aligned.
 #include <algorithm>
 #include <cstdint>
 
@@ -27,15 +28,38 @@ __global__ void group_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n
   }
 }
 
+// Thread: one Q6_K super-block of one row (grid-strided): its scales, d and quants (ql's quarters 0, 2, 1, 3,
+// then qh) to their places in grouped form.
+__global__ void group_q6k_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
+                                      uint8_t* dst, int64_t dst_nb1) {
+  const int64_t total = n_blocks * n_rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n_blocks, b = i % n_blocks;
+    const uint8_t* from = src + r * src_nb1 + b * 210;
+    uint8_t* g = dst + r * dst_nb1 + (b / 8) * (8 * 210);
+    const int j = static_cast<int>(b % 8);
+    for (int e = 0; e < 16; ++e) g[16 * j + e] = from[192 + e];
+    g[128 + 2 * j] = from[208];
+    g[128 + 2 * j + 1] = from[209];
+    uint8_t* qs = g + 144 + 192 * j;
+    for (int e = 0; e < 128; ++e) qs[32 * ((e / 32) / 2 + 2 * ((e / 32) % 2)) + e % 32] = from[e];
+    for (int e = 128; e < 192; ++e) qs[e] = from[e];
+  }
+}
+
 }  // namespace
 
 int64_t grouped_row_bytes(DType type, int64_t k) {
   int64_t bytes = 0;
-  if (k % 32 == 0) {
+  if (type == DType::q6_k) {
+    if (k % 256 == 0) bytes = grouped_bytes(k, 256, 18, 192);  // a multiple of 16
+  } else if (k % 32 == 0) {
     (void)visit_weight_type(type, [&](auto tag) {
       using Q = Quant<decltype(tag)::value>;
-      if constexpr (kGroupedType<decltype(tag)::value>) {
-        bytes = (grouped_bytes(k, Q::kHead, Q::kBytes - Q::kHead) + 15) / 16 * 16;  // rows 16-byte aligned
+      if constexpr (kLegacyType<decltype(tag)::value>) {
+        bytes =
+            (grouped_bytes(k, 32, Q::kHead, Q::kBytes - Q::kHead) + 15) / 16 * 16;  // rows 16-byte aligned
       }
       return cudaSuccess;
     });
@@ -44,7 +68,7 @@ int64_t grouped_row_bytes(DType type, int64_t k) {
 }
 
 cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1) {
-  const int64_t n_blocks = src.ne[0] / 32, n_rows = src.ne[1];
+  const int64_t n_blocks = src.ne[0] / (src.type == DType::q6_k ? 256 : 32), n_rows = src.ne[1];
   if (const cudaError_t err = cudaMemsetAsync(dst, 0, static_cast<size_t>(n_rows * dst_nb1), ctx.stream);
       err != cudaSuccess) {
     return err;
@@ -52,9 +76,15 @@ cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t
   constexpr int kThreads = 256;
   const auto grid =
       static_cast<unsigned>(std::min<int64_t>((n_blocks * n_rows + kThreads - 1) / kThreads, 1 << 16));
+  if (src.type == DType::q6_k) {
+    group_q6k_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<const uint8_t*>(src.data), src.nb[1],
+                                                             n_blocks, n_rows, static_cast<uint8_t*>(dst),
+                                                             dst_nb1);
+    return cudaGetLastError();
+  }
   return visit_weight_type(src.type, [&](auto tag) {
     using Q = Quant<decltype(tag)::value>;
-    if constexpr (kGroupedType<decltype(tag)::value>) {
+    if constexpr (kLegacyType<decltype(tag)::value>) {
       group_rows_kernel<Q::kHead, Q::kBytes - Q::kHead>
           <<<grid, kThreads, 0, ctx.stream>>>(static_cast<const uint8_t*>(src.data), src.nb[1], n_blocks,
                                               n_rows, static_cast<uint8_t*>(dst), dst_nb1);

@@ -107,9 +107,10 @@ bool supports_weight_type(DType type);
 
 // How the backend holds a matmul weight beyond a plain copy of the file's bytes. Weight::tensor keeps the
 // file's type and shape, and:
-// - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) are in grouped form
-//   (cuda_quant.cuh's legacy_block: each 8 blocks' headers, then their quants, 16-byte aligned),
-//   grouped_row_bytes() apart. Every kernel that reads a Matmul weight reads both forms.
+// - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) or of q6_k are in grouped form
+//   (cuda_quant.cuh's legacy_block: each 8 blocks' headers, then their quants; q6k_block: each 8
+//   super-blocks' scales, their d, then their quants; 16-byte aligned), grouped_row_bytes() apart. Every
+//   kernel that reads a Matmul weight reads both forms.
 // - stack (not null): the weight is one of the matrices prepared together (Backend::prepare_weight_group: Q,
 //   K, V), held as one matrix: each one's rows right after the previous one's, in the allocation that
 //   `stack` points at. The GEMM computes such parts as one (matmul_gemm_group).

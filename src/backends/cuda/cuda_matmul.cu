@@ -115,14 +115,14 @@ bool mmq_batch(const Context& ctx, DType type, int64_t m) {
 
 // The parts of an integer-path GEMV through the tensor-core kernel, when its type, batch and weight rows
 // allow (a part at a time, on the one rounding of x); false when they do not.
-bool launch_mmq(const Context& ctx, const GemvArgs& a, DType type, cudaError_t& err) {
+bool launch_mmq(const Context& ctx, const GemvArgs& a, DType type, bool grouped, cudaError_t& err) {
   if (a.use_ids || a.x_div != 1 || !mmq_batch(ctx, type, a.n_cols)) return false;
   GemvPart parts[kGemvMaxParts] = {{a.w, a.w_nb1, a.n, a.dst}};
   for (int i = 1; i < a.n_parts; ++i) parts[i] = a.more[i - 1];
   for (int i = 0; i < a.n_parts; ++i) {
-    if (!mmq_rows_fit(type, parts[i].w, parts[i].w_nb1, a.k)) return false;
+    if (!mmq_rows_fit(type, parts[i].w, parts[i].w_nb1, a.k, grouped)) return false;
   }
-  MmqArgs m{a.w, a.w_nb1, a.n, a.k, a.n_cols, a.xq, a.xds, a.dst, a.dst_type};
+  MmqArgs m{a.w, a.w_nb1, a.n, a.k, a.n_cols, a.xq, a.xds, a.dst, a.dst_type, grouped};
   err = mmq_tile_x(ctx, m, kSlotW);  // the weights are used in place: their slot is free
   for (int i = 0; i < a.n_parts && err == cudaSuccess; ++i) {
     m.w = parts[i].w, m.w_nb1 = parts[i].w_nb1, m.n = parts[i].n, m.dst = parts[i].dst;
@@ -138,20 +138,21 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
   // The exact GEMV sends the next matmuls' weights toward L2; the integer one does not (the 135M-shaped
   // model in Q8_0 measured no gain, and 4 requests about 1% less: docs/cuda.md).
   a.ahead = q8 ? L2Ahead{} : ctx.ahead;
-  if (cudaError_t err = cudaSuccess; q8 && !grouped && launch_mmq(ctx, a, w.type, err)) return err;
+  if (cudaError_t err = cudaSuccess; q8 && launch_mmq(ctx, a, w.type, grouped, err)) return err;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
     if (grouped) {
       if (!kGroupedType<T>) return cudaErrorNotSupported;
       // Grouped rows are whole 16-byte chunks; the staged GEMV needs them to start 16-byte aligned, and takes
-      // them for one column of x only: measured on an H100 (docs/cuda.md), the 8B's Q4_0 decode gains 3-4%
-      // that way while 4 requests lose 5% and Q8_0 neither gains nor loses.
+      // the legacy types' for one column of x only: measured on an H100 (docs/cuda.md), the 8B's Q4_0 decode
+      // gains 3-4% that way while 4 requests lose 5% and Q8_0 neither gains nor loses. Q6_K's it takes for
+      // any columns, as the other K-quants' in the file's form.
       bool rows16 = aligned(w.data, 16) && a.w_nb1 % 16 == 0 && (!a.use_ids || a.w_nb2 % 16 == 0);
       for (int i = 1; i < a.n_parts; ++i) {
         rows16 = rows16 && aligned(a.more[i - 1].w, 16) && a.more[i - 1].w_nb1 % 16 == 0;
       }
-      a.staged =
-          decltype(q8_tag)::value && kStagedType<T> && ctx.staged_gemv_grouped && rows16 && a.n_cols == 1;
+      a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.staged_gemv_grouped && rows16 &&
+                 (a.n_cols == 1 || !kLegacyType<T>);
       launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, Access::grouped);
       return cudaGetLastError();
     }
@@ -167,7 +168,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
     for (int i = 1; i < a.n_parts; ++i) {
       rows16 = rows16 && aligned(a.more[i - 1].w, 16) && a.more[i - 1].w_nb1 % 16 == 0;
     }
-    // The legacy types' staged GEMV reads grouped rows only.
+    // The staged GEMV of the legacy types and Q6_K reads grouped rows only.
     a.staged = decltype(q8_tag)::value && kStagedType<T> && !kGroupedType<T> && ctx.staged_gemv && rows16;
     launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, natural ? Access::natural : Access::safe);
     return cudaGetLastError();
@@ -450,7 +451,8 @@ bool takes_q8(const Context& ctx, const ops::Matmul& op) {
   const Tensor& w = op.w.tensor;
   const int64_t m = op.x.n_rows();
   return ctx.int8_gemv && op.quantize_x && q8_type(w.type) &&
-         (m <= kQ8MaxCols || (mmq_batch(ctx, w.type, m) && mmq_rows_fit(w.type, w.data, w.nb[1], w.ne[0])));
+         (m <= kQ8MaxCols ||
+          (mmq_batch(ctx, w.type, m) && mmq_rows_fit(w.type, w.data, w.nb[1], w.ne[0], grouped(op.w))));
 }
 
 bool takes_gemv(const Context& ctx, const ops::Matmul& op) {

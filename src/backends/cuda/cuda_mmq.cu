@@ -137,22 +137,23 @@ __device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, co
 }
 
 // The signed 6-bit values (q - 32, as bytes) of Q6_K elements 128h + 32q + 16l + 4c .. + 3 of a super-block
-// (cuda_q8.cuh's Q8<q6_k> describes the layout).
+// whose quants are at b (cuda_quant.cuh's Quant<q6_k> describes the layout; A: its form and alignment).
+template <int A>
 __device__ __forceinline__ uint32_t q6_word(const uint8_t* b, int h, int q, int l, int c) {
-  constexpr int A = 2 | kInShared;
-  const uint32_t ql = ld_u32<A>(b + 64 * h + 32 * (q % 2) + 16 * l + 4 * c);
+  const uint32_t ql = ld_u32<A>(b + q6k_ql<A>(h, q % 2) + 16 * l + 4 * c);
   const uint32_t qh = ld_u32<A>(b + 128 + 32 * h + 16 * l + 4 * c);
   const uint32_t v = ((q < 2 ? ql : ql >> 4) & 0x0F0F0F0Fu) | (((qh >> (2 * q)) & 0x03030303u) << 4);
   return (v + 0x60606060u) ^ 0x80808080u;  // q - 32 per byte without borrows
 }
 
 // Q6_K: super-block sb of rows r0 (g) and r1 (g + 8) times the batch, a block of 32 (4h + q) at a time as
-// two sub-blocks of 16 (l = 0, 1), one scale each.
-template <int NT>
+// two sub-blocks of 16 (l = 0, 1), one scale each. In a slot, the quants (192 bytes) then the scales at 192,
+// d at 208 + d_at.
+template <int NT, int A>
 __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const XTile& x, int64_t sb,
-                                         int g, int c, float (&acc)[NT][4]) {
-  constexpr int A = 2 | kInShared;
-  const float d0 = f16_bits_to_f32(ld_u16<A>(r0 + 208)), d1 = f16_bits_to_f32(ld_u16<A>(r1 + 208));
+                                         int d_at, int g, int c, float (&acc)[NT][4]) {
+  const float d0 = f16_bits_to_f32(ld_u16<A>(r0 + 208 + d_at)),
+              d1 = f16_bits_to_f32(ld_u16<A>(r1 + 208 + d_at));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -162,8 +163,8 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
       float s0[2], s1[2];
 #pragma unroll
       for (int l = 0; l < 2; ++l) {
-        w0[l] = q6_word(r0, h, q, l, c);
-        w1[l] = q6_word(r1, h, q, l, c);
+        w0[l] = q6_word<A>(r0, h, q, l, c);
+        w1[l] = q6_word<A>(r1, h, q, l, c);
         s0[l] = __fmul_rn(d0, static_cast<float>(static_cast<int8_t>(r0[192 + 8 * h + 2 * q + l])));
         s1[l] = __fmul_rn(d1, static_cast<float>(static_cast<int8_t>(r1[192 + 8 * h + 2 * q + l])));
       }
@@ -191,8 +192,11 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
 }
 
 // dst[:, t] = W x_t for the 8 * NT tokens of blockIdx.y and the 16 * (kWarps / k_split) rows of blockIdx.x.
-template <DType T, int NT>
+// kGrouped: Q6_K rows in grouped form (q6k_block), a super-block's quants, scales and the 16 bytes holding
+// its d copied as 14 chunks into a slot of 224 bytes in that order.
+template <DType T, int NT, bool kGrouped6 = false>
 __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to, int k_split) {
+  static_assert(!kGrouped6 || T == DType::q6_k, "Q6_K's grouped form");
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kBytes = MmqType<T>::kBytes, kSlot = MmqType<T>::kSlot;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
@@ -208,12 +212,22 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
   // the last one); one commit group per call, empty past the end, so that the waits below count uniformly.
   auto issue = [&](int64_t it) {
     if (it < count) {
-      const int64_t start = (kp + it * k_split) * kBytes, first = start & ~int64_t{15};
-      const int chunks = static_cast<int>((start - first + kBytes + 15) / 16);
+      const int64_t sb = kp + it * k_split;
       uint8_t* dst = stage + (it % kStages) * kTileRows * kSlot;
-      for (int i = lane; i < kTileRows * chunks; i += 32) {
-        const int r = i / chunks, ch = i - r * chunks;
-        cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + first + 16 * ch);
+      if constexpr (kGrouped6) {
+        const Q6kAt at = q6k_at<kGrouped>(sb);
+        for (int i = lane; i < kTileRows * 14; i += 32) {
+          const int r = i / 14, ch = i - r * 14;
+          const int64_t from = ch < 12 ? at.qs + 16 * ch : ch == 12 ? at.scales : at.d & ~int64_t{15};
+          cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + from);
+        }
+      } else {
+        const int64_t start = sb * kBytes, first = start & ~int64_t{15};
+        const int chunks = static_cast<int>((start - first + kBytes + 15) / 16);
+        for (int i = lane; i < kTileRows * chunks; i += 32) {
+          const int r = i / chunks, ch = i - r * chunks;
+          cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + first + 16 * ch);
+        }
       }
     }
     cp_async_commit();
@@ -229,10 +243,15 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int64_t sb = kp + it * k_split;
-    const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
-    if constexpr (T == DType::q6_k) {
-      super_q6<NT>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb, g, c, acc);
+    if constexpr (kGrouped6) {
+      const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot;
+      super_q6<NT, 16 | kGrouped | kInShared>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb,
+                                              2 * static_cast<int>(sb % 8), g, c, acc);
+    } else if constexpr (T == DType::q6_k) {
+      const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
+      super_q6<NT, 2 | kInShared>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb, 0, g, c, acc);
     } else {
+      const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
       super_k<T, NT>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb, g, c, acc);
     }
     __syncwarp();  // the slot is copied into again two iterations on
@@ -272,8 +291,12 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The token tiles a block of a batch of m takes (NT): 2, 4 or 8.
+int tiles_a_block(int64_t m) { return m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
 // x in quantize_x's layout (token t's quants at xq + t * k, its scales at xds + t * k / 32) into tiles of 8
-// tokens (XTile); the last tile's tokens past m are copies of the last token. One thread a token's sub-block.
+// tokens (XTile); the tokens past m, up to a whole block's tiles, are copies of the last token. One thread a
+// token's sub-block.
 __global__ void tile_x_kernel(const uint8_t* xq, const float2* xds, int64_t k, int64_t m, int64_t total,
                               uint8_t* q, float2* ds) {
   pdl_begin();
@@ -344,15 +367,24 @@ cudaError_t launch(const Context& ctx, const MmqArgs& a) {
   static_assert(smem_bytes<T>() <= 48 * 1024, "the default dynamic shared memory limit");
   static_assert(smem_bytes<T>() >= size_t{kWarps} * 8 * 4 * 32 * sizeof(float),
                 "room for the k-split partial sums");
+  if constexpr (T == DType::q6_k) {
+    if (a.grouped) {
+      return launch_kernel(ctx, mmq_kernel<T, NT, true>, grid, kThreads, smem_bytes<T>(), a,
+                           store_of(a.dst_type), k_split);
+    }
+  }
+  if (a.grouped) return cudaErrorNotSupported;
   return launch_kernel(ctx, mmq_kernel<T, NT>, grid, kThreads, smem_bytes<T>(), a, store_of(a.dst_type),
                        k_split);
 }
 
 template <DType T>
 cudaError_t launch_type(const Context& ctx, const MmqArgs& a) {
-  if (a.m <= 16) return launch<T, 2>(ctx, a);
-  if (a.m <= 32) return launch<T, 4>(ctx, a);
-  return launch<T, 8>(ctx, a);
+  switch (tiles_a_block(a.m)) {
+    case 2: return launch<T, 2>(ctx, a);
+    case 4: return launch<T, 4>(ctx, a);
+    default: return launch<T, 8>(ctx, a);
+  }
 }
 
 int super_bytes(DType type) {
@@ -368,13 +400,15 @@ int super_bytes(DType type) {
 
 bool mmq_type(DType type) { return super_bytes(type) != 0; }
 
-bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k) {
-  return mmq_type(type) && reinterpret_cast<uintptr_t>(data) % 16 == 0 && nb1 % 16 == 0 && k % 256 == 0 &&
-         (k / 256 * super_bytes(type)) % 16 == 0;
+bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k, bool grouped) {
+  return mmq_type(type) && (!grouped || type == DType::q6_k) && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
+         nb1 % 16 == 0 && k % 256 == 0 && (grouped || (k / 256 * super_bytes(type)) % 16 == 0);
 }
 
 cudaError_t mmq_tile_x(const Context& ctx, MmqArgs& a, int slot) {
-  const int64_t tokens = ceil_div(a.m, 8) * 8, total = tokens * (a.k / 32);
+  // Whole blocks' tiles: a block reads its NT tiles whatever the tokens left.
+  const int64_t block_tokens = 8 * tiles_a_block(a.m);
+  const int64_t tokens = ceil_div(a.m, block_tokens) * block_tokens, total = tokens * (a.k / 32);
   const auto q_bytes = static_cast<size_t>(tokens * a.k);
   auto* out = static_cast<uint8_t*>(ctx.scratch(slot, q_bytes + static_cast<size_t>(total) * sizeof(float2)));
   if (out == nullptr) return cudaErrorMemoryAllocation;

@@ -21,13 +21,14 @@ struct MmqArgs {
   const float2* xds;
   Rows dst;  // rows of n
   DType dst_type;
+  bool grouped;  // Q6_K rows in grouped form (cuda_quant.cuh's q6k_block)
 };
 
 // The weight types the kernel reads: Q4_K, Q5_K and Q6_K.
 bool mmq_type(DType type);
-// Whether a weight of k elements a row, its rows nb1 bytes apart from `data`, is laid out as the kernel copies
-// it: rows 16-byte aligned and whole 16-byte chunks.
-bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k);
+// Whether a weight of k elements a row, its rows nb1 bytes apart from `data` (in grouped form when
+// `grouped`), is laid out as the kernel copies it: rows 16-byte aligned and whole 16-byte chunks.
+bool mmq_rows_fit(DType type, const void* data, int64_t nb1, int64_t k, bool grouped);
 // Copies x from quantize_x's layout (xq, xds: x row t at xq + t * k / 4 and xds + t * k / 32) into the
 // kernel's tiles of 8 tokens in scratch slot `slot`, and points a.xq / a.xds there: once for the matmuls that
 // share x.

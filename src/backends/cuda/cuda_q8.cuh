@@ -291,10 +291,10 @@ struct Q8<DType::q5_k> : Q8KPair<Q8<DType::q5_k>> {
   }
 };
 
-// Q6_K: ql:128 qh:64 scales:16 (int8, one a sub-block of 16) d:2; w = d * scale * (q - 32). Half h (128
-// elements) of a super-block: element 32g + l (g 0..3, l 0..31) takes the low (g 0, 1) or high (g 2, 3)
-// nibble of ql[64h + 32(g%2) + l] and bits 2g, 2g+1 of qh[32h + l]. Unit u (0..15): h = u/8, l = 4t .. 4t+3
-// (t = u%8) for all four g.
+// Q6_K (cuda_quant.cuh's Quant<q6_k> gives the layout, in the file's form and grouped): w = d * scale *
+// (q - 32). Unit u (0..15 of a super-block): half h = u / 8 (128 elements), l = 4t .. 4t+3 (t = u % 8) of
+// each of its four runs of 32 (g = 0..3): three 32-bit words of quants (ql 64h + 4t, ql 64h + 32 + 4t, qh 32h
+// + 4t) and four scales (sub-blocks 8h + 2g + t / 4).
 template <>
 struct Q8<DType::q6_k> {
   static constexpr int kUnit = 16;
@@ -307,17 +307,13 @@ struct Q8<DType::q6_k> {
     float d[4];
   };
   static constexpr int kBytes = 210;
-  // d * scale of sub-block i (0..15) of super-block b.
+  // The quants (q - 32) of the unit (h, t) of the super-block b.
   template <int A>
-  __device__ static float scale(const uint8_t* b, int i) {
-    const float d = f16_bits_to_f32(ld_u16<A>(b + 208));
-    return d * static_cast<float>(static_cast<int8_t>(b[192 + i]));
-  }
-  // The quants (q - 32) of the unit (h, t) of super-block b.
-  template <int A>
-  __device__ static void quants(const uint8_t* b, int h, int t, W& w) {
-    const uint32_t a = ld_u32<A>(b + 64 * h + 4 * t), c = ld_u32<A>(b + 64 * h + 32 + 4 * t);
-    const uint32_t hb = ld_u32<A>(b + 128 + 32 * h + 4 * t);
+  __device__ static void quants(const Q6kBlock& b, int h, int t, W& w) {
+    constexpr int Q = q6k_qs_align<A>();
+    const uint32_t a = ld_u32<Q>(b.qs + q6k_ql<A>(h, 0) + 4 * t),
+                   c = ld_u32<Q>(b.qs + q6k_ql<A>(h, 1) + 4 * t);
+    const uint32_t hb = ld_u32<Q>(b.qs + 128 + 32 * h + 4 * t);
     const uint32_t q[4] = {(a & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u),
                            (c & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
                            ((a >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u),
@@ -328,12 +324,12 @@ struct Q8<DType::q6_k> {
   }
   template <int A>
   __device__ static W load(const uint8_t* row, int64_t u) {
-    const uint8_t* b = row + (u / 16) * kBytes;
+    const Q6kBlock b = q6k_block<A>(row, u / 16);
     const int h = static_cast<int>(u % 16) / 8, t = static_cast<int>(u % 8);
     W w;
     quants<A>(b, h, t, w);
-    const uint2 scales = ld_u64<A>(b + 192 + 8 * h);  // sub-blocks 8h .. 8h+7
-    const float d = f16_bits_to_f32(ld_u16<A>(b + 208));
+    const uint2 scales = ld_u64<q6k_scales_align<A>()>(b.scales + 8 * h);  // sub-blocks 8h .. 8h+7
+    const float d = f16_bits_to_f32(ld_u16<q6k_d_align<A>()>(b.d));
 #pragma unroll
     for (int g = 0; g < 4; ++g)
       w.d[g] = d * static_cast<float>(static_cast<int8_t>(byte_of(scales, 2 * g + t / 4)));
@@ -502,6 +498,10 @@ struct Q8G<DType::q8_0> {
     return __fmul_rn(__fmul_rn(w.d, x.d), static_cast<float>(dp4a4(w.q, x.q)));
   }
 };
+
+// Q6_K's units are the same in either form (q6k_block finds their bytes).
+template <>
+struct Q8G<DType::q6_k> : Q8<DType::q6_k> {};
 
 // The unit structure of a row read with alignment A: grouped form or the file's.
 template <DType T, int A>

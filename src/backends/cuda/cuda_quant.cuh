@@ -183,7 +183,7 @@ __device__ __forceinline__ const uint8_t* block_of(const uint8_t* row, int64_t p
 
 // The legacy blocks (q4_0, q4_1, q5_0, q5_1, q8_0: 32 elements) are a header of kHead bytes (d, m, qh) then
 // kQs bytes of quants. A row in grouped form (A has kGrouped; made at load for matmul weights,
-// group_rows() in cuda_matmul.cu) stores each run of 8 blocks as their 8 headers, then their 8 quant arrays:
+// group_rows() in cuda_grouped.cu) stores each run of 8 blocks as their 8 headers, then their 8 quant arrays:
 // the same 8 * kBytes bytes, with every quant array 16-byte aligned when the row is, so that a block's
 // quants are whole 16-byte loads. A last run of r < 8 blocks keeps the room of 8 headers (the same offsets)
 // before its r quant arrays. grouped_bytes() is the length of such a row.
@@ -211,9 +211,9 @@ template <int A, int kHead>
 __host__ __device__ constexpr int qs_align() {
   return (A & kGrouped) != 0 ? A : align_at(A, kHead);
 }
-// Bytes of a row of k elements in grouped form (k a multiple of 32).
-__host__ __device__ constexpr int64_t grouped_bytes(int64_t k, int head, int qs) {
-  const int64_t nb = k / 32, r = nb % 8;
+// Bytes of a row of k elements in grouped form (k a multiple of `block`, the elements of a block).
+__host__ __device__ constexpr int64_t grouped_bytes(int64_t k, int block, int head, int qs) {
+  const int64_t nb = k / block, r = nb % 8;
   return nb * (head + qs) + (r != 0 ? (8 - r) * head : 0);
 }
 
@@ -443,18 +443,71 @@ struct Quant<DType::q5_k> {  // d:2 dmin:2 scales:12 qh:32 qs:128
   }
 };
 
+// Q6_K: ql:128 qh:64 scales:16 (int8) d:2 (f16). Element 128h + 32g + l (h 0..1, g 0..3, l 0..31) of a
+// super-block is d * scales[8h + 2g + l / 16] * (q - 32), q's low 4 bits the low (g 0, 1) or high (g 2, 3)
+// nibble of ql byte 64h + 32(g % 2) + l, its high 2 bits bits 2g, 2g + 1 of qh byte 32h + l.
+//
+// Grouped form (A has kGrouped; made at load for matmul weights, group_rows()): each run of 8 super-blocks
+// as their 8 scale arrays, their 8 d, then their 8 quant arrays of 192 bytes (a last run of r < 8 keeps the
+// room of 8 scale arrays and d before its r quant arrays: grouped_bytes(k, 256, 18, 192)). A quant array is
+// the file's with ql's quarters in the order 0, 2, 1, 3 (ql bytes 64h + 32(g % 2) + l at 32h + 64(g % 2) +
+// l), then qh: the 32-bit words of the unit (h, t) of Q8<q6_k> (ql 64h + 4t, 64h + 32 + 4t, qh 32h + 4t) lie
+// in three runs of 64 bytes, one word a thread, so that the 32 threads of a warp (two super-blocks 192 bytes
+// apart in a staged segment) read distinct banks. Quants and scales are 16-byte aligned when the row is.
+struct Q6kBlock {
+  const uint8_t* qs;      // ql (in the form's order), then qh at +128
+  const uint8_t* scales;  // 16 int8
+  const uint8_t* d;       // f16
+};
+// The offsets of super-block b's parts in a row.
+struct Q6kAt {
+  int64_t qs, scales, d;
+};
+template <int A>
+__host__ __device__ constexpr Q6kAt q6k_at(int64_t b) {
+  if constexpr ((A & kGrouped) != 0) {
+    const int64_t g = (b / 8) * (8 * 210), i = b % 8;
+    return {g + 144 + 192 * i, g + 16 * i, g + 128 + 2 * i};
+  } else {
+    return {b * 210, b * 210 + 192, b * 210 + 208};
+  }
+}
+template <int A>
+__device__ __forceinline__ Q6kBlock q6k_block(const uint8_t* row, int64_t b) {
+  const Q6kAt at = q6k_at<A>(b);
+  return {row + at.qs, row + at.scales, row + at.d};
+}
+// The offset in a Q6kBlock's qs of ql byte 64h + 32 * odd + l (l = 0).
+template <int A>
+__host__ __device__ constexpr int q6k_ql(int h, int odd) {
+  return (A & kGrouped) != 0 ? 32 * h + 64 * odd : 64 * h + 32 * odd;
+}
+// The alignments of a Q6kBlock's parts: qs, scales, d.
+template <int A>
+__host__ __device__ constexpr int q6k_qs_align() {
+  return A;
+}
+template <int A>
+__host__ __device__ constexpr int q6k_scales_align() {
+  return (A & kGrouped) != 0 ? A : align_at(A, 192);
+}
+template <int A>
+__host__ __device__ constexpr int q6k_d_align() {
+  return (A & kGrouped) != 0 ? align_flags(A) | 2 : align_at(A, 208);  // grouped: at 128 + 2i
+}
+
 template <>
-struct Quant<DType::q6_k> {  // ql:128 qh:64 scales:16 d:2
+struct Quant<DType::q6_k> {
   static constexpr int kBlock = 256, kBytes = 210, kAlign = 2, kSafeAlign = 1;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    int i;
-    const uint8_t* b = block_of<Quant>(row, p, i);
-    const float d = f16_bits_to_f32(ld_u16<align_at(A, 208)>(b + 208));
-    const float dl = __fmul_rn(d, small_int_to_f32(static_cast<int8_t>(ld_u8(b + 192 + i / 2))));
+    const Q6kBlock b = q6k_block<A>(row, p / 32);
+    const int i = static_cast<int>(p % 32);
+    const float d = f16_bits_to_f32(ld_u16<q6k_d_align<A>()>(b.d));
+    const float dl = __fmul_rn(d, small_int_to_f32(static_cast<int8_t>(ld_u8(b.scales + i / 2))));
     const int h = i / 16, k = (i / 4) % 4, l0 = (i % 4) * 8;
-    const uint2 lo = ld_u64<A>(b + h * 64 + (k % 2) * 32 + l0);
-    const uint2 hi = ld_u64<A>(b + 128 + h * 32 + l0);
+    const uint2 lo = ld_u64<A>(b.qs + q6k_ql<A>(h, k % 2) + l0);
+    const uint2 hi = ld_u64<A>(b.qs + 128 + h * 32 + l0);
     const int lshift = k / 2 ? 4 : 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -485,10 +538,13 @@ struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
   }
 };
 
-// The legacy block types, whose matmul weights the backend holds in grouped form (legacy_block).
+// The legacy block types (legacy_block) and Q6_K (q6k_block), whose matmul weights the backend holds in
+// grouped form.
 template <DType T>
-inline constexpr bool kGroupedType =
+inline constexpr bool kLegacyType =
     T == DType::q4_0 || T == DType::q4_1 || T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
+template <DType T>
+inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k;
 
 // The weight types the kernels take. A type added here needs its GEMV instantiated in one of cuda_gemv_*.cu
 // (KILN_GEMV_INSTANTIATE), or the backend does not link.
