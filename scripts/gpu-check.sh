@@ -3,7 +3,8 @@
 # unpacks the build dependencies into a prefix, builds the `cuda-dev` preset (sm_90a), then runs the steps
 # named (default: test), writing logs under $OUT.
 #   usage (on the GPU machine, in the tree): scripts/gpu-check.sh [STEP]...
-#   BASE_TREE=DIR also builds an earlier tree (kiln, matmul_bench; BASE_TARGETS others) for A/B runs: see below.
+#   BASE_TREE=DIR also builds an earlier tree (kiln, matmul_bench; BASE_TARGETS others) in /tmp/kiln-base for A/B
+#             runs: see below.
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck (SANITIZE_FILTER: a gtest filter
 #             instead of every OpHarness test; SANITIZE_TESTS=cuda_tests: that test binary instead of ops_tests)
@@ -85,10 +86,13 @@ if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] |
 fi
 # The output folder comes back only while it holds few files: one log a step.
 # BASE_TREE=DIR: a second source tree (an earlier commit: `git archive` into an ignored folder of the tree, carried)
-# built beside this one into DIR/build/cuda-dev (kiln and matmul_bench, or the targets BASE_TARGETS names), for
-# BENCH_BASE and the ab step's KILN_BIN.
+# copied to /tmp/kiln-base and built there beside this one, into /tmp/kiln-base/build/cuda-dev (kiln and
+# matmul_bench, or the targets BASE_TARGETS names), for BENCH_BASE and the ab step's KILN_BIN. Outside the tree:
+# a later call on the same machine, whose copy of the tree replaces DIR, still finds that build.
+base_dir=/tmp/kiln-base
 if [ -n "${BASE_TREE:-}" ]; then
-  (cd "$BASE_TREE" &&
+  rm -rf "$base_dir" && cp -r "$BASE_TREE" "$base_dir"
+  (cd "$base_dir" &&
     cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= &&
     cmake --build build/cuda-dev -j "$(nproc)" $(printf -- '--target %s ' ${BASE_TARGETS:-kiln matmul_bench})) \
     >"$out/build-base.log" 2>&1 &
@@ -102,6 +106,7 @@ for t in ${BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 cmake --build build/cuda-dev -j "$(nproc)" "${targets[@]}" -- -k 0 >>"$out/build.log" 2>&1 || true
 if [ -n "${BASE_TREE:-}" ]; then
   wait "$base_pid" || echo "the base tree did not build: $(tail -3 "$out/build-base.log")"
+  echo "base build: $base_dir/build/cuda-dev"
 fi
 grep -E "error|warning: " "$out/build.log" | head -40 || true
 # BUILD_TARGETS may leave kiln out; the steps that need no kiln still run.
