@@ -12,7 +12,7 @@
 // the kernel before (weights are constant).
 //
 // A landed K-quant segment's super-block scales are decoded once, into a table of f32 factors in shared
-// memory, one super-block a thread, and every unit reads its factors from there: decoding them per unit
+// memory, a quarter super-block a thread, and every unit reads its factors from there: decoding them per unit
 // (eight units share a super-block) cost more instructions than the dot products. A grouped row's segment is
 // whole runs of 8 blocks (Q6_K: super-blocks), itself a row in grouped form: its units load from it as from
 // the row (Q8G<T>), the legacy types' with no table.

@@ -192,7 +192,7 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
 }
 
 // dst[:, t] = W x_t for the 8 * NT tokens of blockIdx.y and the 16 * (kWarps / k_split) rows of blockIdx.x.
-// kGrouped: Q6_K rows in grouped form (q6k_block), a super-block's quants, scales and the 16 bytes holding
+// kGrouped6: Q6_K rows in grouped form (q6k_block), a super-block's quants, scales and the 16 bytes holding
 // its d copied as 14 chunks into a slot of 224 bytes in that order.
 template <DType T, int NT, bool kGrouped6 = false>
 __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to, int k_split) {
