@@ -296,19 +296,29 @@ class CudaBackend final : public Backend {
     Tensor device = logical;
     device.data = h->storage->data();
     device.buffer = h->storage.get();
-    // Matmul weights of the legacy block types and of Q6_K go to grouped form (cuda_kernels.h: WeightLayout),
-    // which the integer GEMV reads in whole 16-byte loads; the file's form is freed (in stream order).
+    // Product weights of the legacy block types and of Q6_K go to grouped form (cuda_kernels.h:
+    // WeightLayout), which the GEMVs read in whole 16-byte loads and the staged GEMV of these types reads
+    // only; the file's form is freed (in stream order). That includes a table that is also the output head
+    // (GetRows reads grouped rows too) and the experts of a MoE matmul, whose matrices follow one another
+    // (rows of all experts grouped as one matrix).
+    const bool product = role == WeightRole::weight_role_matmul ||
+                         role == WeightRole::weight_role_tied_embedding ||
+                         role == WeightRole::weight_role_expert_matmul;
+    const int64_t rows = logical.ne[1] * logical.ne[2];
     if (const int64_t row = cuda::grouped_row_bytes(logical.type, logical.ne[0]);
-        group_weights_ && role == WeightRole::weight_role_matmul && row > 0 && logical.ne[1] > 0 &&
-        logical.ne[2] == 1 && logical.ne[3] == 1) {
-      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> grouped,
-                            allocate(static_cast<size_t>(row * logical.ne[1])));
-      KILN_CUDA_TRY(cuda::group_rows(ctx_, device, grouped->data(), row));
+        group_weights_ && product && row > 0 && rows > 0 && logical.ne[3] == 1 &&
+        (logical.ne[2] == 1 || logical.nb[2] == logical.nb[1] * logical.ne[1])) {
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> grouped, allocate(static_cast<size_t>(row * rows)));
+      Tensor flat = device;  // the experts' matrices as one
+      flat.ne[1] = rows;
+      flat.ne[2] = 1;
+      KILN_CUDA_TRY(cuda::group_rows(ctx_, flat, grouped->data(), row));
       h->storage = std::move(grouped);
       device.data = h->storage->data();
       device.buffer = h->storage.get();
       device.nb[1] = row;
-      device.nb[2] = device.nb[3] = row * logical.ne[1];
+      device.nb[2] = row * logical.ne[1];
+      device.nb[3] = row * rows;
       h->prepared = std::make_unique<cuda::WeightLayout>(true, nullptr);
     }
     h->weight = ops::Weight(device);

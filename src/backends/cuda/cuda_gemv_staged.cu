@@ -163,8 +163,14 @@ __device__ __forceinline__ Item item_at(const GemvArgs& a, unsigned item) {
   return it;
 }
 
+// Blocks a multiprocessor must hold (registers): a one-column launch of one or two rows a block is many short
+// blocks (a small model's matmuls), which run in one wave only when the device holds them all at once.
+template <int kCols, int kRows>
+inline constexpr int kStagedMinBlocks = kCols == 1 && kRows <= 2 ? 12 : 1;
+
 template <DType T, int kCols, int kRows>
-__global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, unsigned n_items) {
+__global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
+    gemv_staged_kernel(GemvArgs a, unsigned n_items) {
   using S = Staged<T>;
   using Q = typename S::Q;
   constexpr int kSeg = seg_bytes<T>();
@@ -187,14 +193,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
             my_chunk = static_cast<int>(threadIdx.x) % kPerRow;
   // Segment `seg` of item `item`'s rows into slot `slot`; a group is committed even when there is none, so
   // that cp_async_wait<1> below always leaves just the next segment in flight. The item of the segments being
-  // issued is kept (next): item_at() runs once an item.
+  // issued is kept (next), so that item_at() runs once an item, except in the kernels that must hold many
+  // blocks: there it runs again where the item's segments are read, since holding the Item across the loop
+  // took the one-column kernels of 1-2 rows from 38 to 52-70 registers.
+  constexpr bool kKeepItem = kStagedMinBlocks<kCols, kRows> == 1;
   Item next{};
-  const uint8_t* from = nullptr;  // the thread's row of `next`, at its first chunk
+  const uint8_t* from = nullptr;  // the thread's row of the item being issued, at its first chunk
   const auto issue = [&](unsigned item, int seg, int slot) {
     if (item < n_items) {
       if (seg == 0) {
-        next = item_at<kRows>(a, item);
-        from = next.w + min(next.row0 + my_row, next.part.n - 1) * next.part.w_nb1 + 16 * my_chunk;
+        const Item n = item_at<kRows>(a, item);
+        if constexpr (kKeepItem) next = n;
+        from = n.w + min(n.row0 + my_row, n.part.n - 1) * n.part.w_nb1 + 16 * my_chunk;
       }
       const int64_t off = int64_t{seg} * kSeg;
       const int left = static_cast<int>(min(int64_t{kSeg}, row_bytes - off) / 16) - my_chunk;
@@ -217,7 +227,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_staged_kernel(GemvArgs a, u
   float acc[kRows][kCols] = {};
   while (item < n_items) {
     if (seg == 0) {
-      it = next;  // issued last
+      it = kKeepItem ? next : item_at<kRows>(a, item);  // issued last
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int64_t i = divmod(it.q0 + min(c, it.cols - 1), a.x_div).q;

@@ -444,6 +444,7 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
   a.ids = ids_of(op.ids);
   a.dst = rows_of(op.dst);
   a.dst_type = op.dst.type;
+  a.grouped = grouped(op.table);  // a table that is also the output head
   return launch_dequant(ctx, a, table.type);
 }
 
