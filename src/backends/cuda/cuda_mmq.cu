@@ -146,14 +146,37 @@ __device__ __forceinline__ uint32_t q6_word(const uint8_t* b, int h, int q, int 
   return (v + 0x60606060u) ^ 0x80808080u;  // q - 32 per byte without borrows
 }
 
+// A Q6_K super-block's d and its 16 scales (signed bytes, little-endian in sc).
+struct Q6Head {
+  float d;
+  uint4 sc;
+};
+// The head from a slot of the file form: the scales at 192, d at 208 (A: their alignment, in shared memory).
+template <int A>
+__device__ __forceinline__ Q6Head q6_head_slot(const uint8_t* r) {
+  return {f16_bits_to_f32(ld_u16<A>(r + 208)),
+          make_uint4(ld_u32<A>(r + 192), ld_u32<A>(r + 196), ld_u32<A>(r + 200), ld_u32<A>(r + 204))};
+}
+// The head of super-block sb of a row in grouped form (q6k_block), from global memory: a run's scales and d
+// share a line, so a warp's next super-blocks find them in L1.
+__device__ __forceinline__ Q6Head q6_head_grouped(const uint8_t* row, int64_t sb) {
+  const Q6kAt at = q6k_at<kGrouped>(sb);
+  return {f16_bits_to_f32(__ldg(reinterpret_cast<const unsigned short*>(row + at.d))),
+          __ldg(reinterpret_cast<const uint4*>(row + at.scales))};
+}
+// Scale j (0-15) of a head, times its d.
+__device__ __forceinline__ float q6_scale(const Q6Head& h, int j) {
+  const uint32_t w = j < 4 ? h.sc.x : j < 8 ? h.sc.y : j < 12 ? h.sc.z : h.sc.w;
+  return __fmul_rn(h.d, static_cast<float>(static_cast<int8_t>((w >> (8 * (j % 4))) & 0xFF)));
+}
+
 // Q6_K: super-block sb of rows r0 (g) and r1 (g + 8) times the batch, a block of 32 (4h + q) at a time as
-// two sub-blocks of 16 (l = 0, 1), one scale each. In a slot, the quants (192 bytes) then the scales at 192,
-// d at 208 + d_at.
+// two sub-blocks of 16 (l = 0, 1), one scale each. r0, r1: the quants (192 bytes, in a slot); h0, h1: the
+// rows' heads.
 template <int NT, int A>
-__device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const XTile& x, int64_t sb,
-                                         int d_at, int g, int c, float (&acc)[NT][4]) {
-  const float d0 = f16_bits_to_f32(ld_u16<A>(r0 + 208 + d_at)),
-              d1 = f16_bits_to_f32(ld_u16<A>(r1 + 208 + d_at));
+__device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, const Q6Head& h0,
+                                         const Q6Head& h1, const XTile& x, int64_t sb, int g, int c,
+                                         float (&acc)[NT][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -165,8 +188,8 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
       for (int l = 0; l < 2; ++l) {
         w0[l] = q6_word<A>(r0, h, q, l, c);
         w1[l] = q6_word<A>(r1, h, q, l, c);
-        s0[l] = __fmul_rn(d0, static_cast<float>(static_cast<int8_t>(r0[192 + 8 * h + 2 * q + l])));
-        s1[l] = __fmul_rn(d1, static_cast<float>(static_cast<int8_t>(r1[192 + 8 * h + 2 * q + l])));
+        s0[l] = q6_scale(h0, 8 * h + 2 * q + l);
+        s1[l] = q6_scale(h1, 8 * h + 2 * q + l);
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -192,8 +215,11 @@ __device__ __forceinline__ void super_q6(const uint8_t* r0, const uint8_t* r1, c
 }
 
 // dst[:, t] = W x_t for the 8 * NT tokens of blockIdx.y and the 16 * (kWarps / k_split) rows of blockIdx.x.
-// kGrouped6: Q6_K rows in grouped form (q6k_block), a super-block's quants, scales and the 16 bytes holding
-// its d copied as 14 chunks into a slot of 224 bytes in that order.
+// kGrouped6: Q6_K rows in grouped form (q6k_block): a super-block's quants are copied into the slot as 12
+// chunks, and its scales and d are read from global memory (a run's share a line: L1 hits) before the wait
+// for the slot. Copying them too, as 2 chunks from two other places of the run, the 64-token kernel waited
+// twice as long on its x loads (docs/cuda.md). Both heads stay in registers: 168 a thread at 64 tokens, three
+// blocks a multiprocessor, as blocks_per_sm() (the file form's kernel) assumes.
 template <DType T, int NT, bool kGrouped6 = false>
 __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to, int k_split) {
   static_assert(!kGrouped6 || T == DType::q6_k, "Q6_K's grouped form");
@@ -215,11 +241,10 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
       const int64_t sb = kp + it * k_split;
       uint8_t* dst = stage + (it % kStages) * kTileRows * kSlot;
       if constexpr (kGrouped6) {
-        const Q6kAt at = q6k_at<kGrouped>(sb);
-        for (int i = lane; i < kTileRows * 14; i += 32) {
-          const int r = i / 14, ch = i - r * 14;
-          const int64_t from = ch < 12 ? at.qs + 16 * ch : ch == 12 ? at.scales : at.d & ~int64_t{15};
-          cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + from);
+        const int64_t qs = q6k_at<kGrouped>(sb).qs;
+        for (int i = lane; i < kTileRows * 12; i += 32) {
+          const int r = i / 12, ch = i - r * 12;
+          cp_async16(dst + r * kSlot + 16 * ch, a.w + min(row0 + r, a.n - 1) * a.w_nb1 + qs + 16 * ch);
         }
       } else {
         const int64_t start = sb * kBytes, first = start & ~int64_t{15};
@@ -240,16 +265,23 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MmqArgs a, Store store_to
   float acc[NT][4] = {};
   for (int64_t it = 0; it < count; ++it) {
     issue(it + 2);
+    const int64_t sb = kp + it * k_split;
+    Q6Head head0{}, head1{};  // grouped Q6_K: the heads of rows g and g + 8
+    if constexpr (kGrouped6) {
+      head0 = q6_head_grouped(a.w + min(row0 + g, a.n - 1) * a.w_nb1, sb);
+      head1 = q6_head_grouped(a.w + min(row0 + g + 8, a.n - 1) * a.w_nb1, sb);
+    }
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const int64_t sb = kp + it * k_split;
     if constexpr (kGrouped6) {
       const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot;
-      super_q6<NT, 16 | kGrouped | kInShared>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb,
-                                              2 * static_cast<int>(sb % 8), g, c, acc);
+      super_q6<NT, 16 | kGrouped | kInShared>(buf + g * kSlot, buf + (g + 8) * kSlot, head0, head1, x, sb, g,
+                                              c, acc);
     } else if constexpr (T == DType::q6_k) {
       const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
-      super_q6<NT, 2 | kInShared>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb, 0, g, c, acc);
+      const uint8_t *s0 = buf + g * kSlot, *s1 = buf + (g + 8) * kSlot;
+      super_q6<NT, 2 | kInShared>(s0, s1, q6_head_slot<2 | kInShared>(s0), q6_head_slot<2 | kInShared>(s1), x,
+                                  sb, g, c, acc);
     } else {
       const uint8_t* buf = stage + (it % kStages) * kTileRows * kSlot + ((sb * kBytes) & 15);
       super_k<T, NT>(buf + g * kSlot, buf + (g + 8) * kSlot, x, sb, g, c, acc);
