@@ -37,8 +37,8 @@ namespace {
 
 // How a type's rows are staged: Q, its units (Q8<T> or Q8G<T>); kA, the alignment of its rows' blocks;
 // kSbBytes, the bytes of 256 elements (a K-quant super-block, a run of 8 legacy blocks); row_bytes(k), a
-// row's length; kTable, whether a segment's scales go to a table first (table() writes a quarter of a
-// super-block's 16 floats); load(), a unit of a staged segment.
+// row's length; kTable, whether a segment's scales go to a table first (table() writes a super-block's 16
+// floats); load(), a unit of a staged segment.
 template <DType T>
 struct Staged;
 
@@ -57,12 +57,28 @@ struct StagedK {
   static constexpr int kA = Quant<T>::kAlign, kSbBytes = Q::kBytes;
   static constexpr bool kTable = true;
   __device__ static int64_t row_bytes(int64_t k) { return k / 256 * kSbBytes; }
-  // Part `part` (0..3) of super-block sb's table: the pair of sub-blocks j = part.
+  // Super-block sb's table, whole: its 12 packed bytes decoded four at a time (each 32-bit operation works
+  // on one byte of each of four sub-blocks, as k_pair_scales does on one), into the products k_pair_scales
+  // computes, d * scale and dmin * min, with the same rounding.
   template <int A>
-  __device__ static void table(const uint8_t* seg, int sb, int part, float* t) {
-    WK w;
-    k_pair_scales<A>(seg + sb * kSbBytes, part, w);
-    reinterpret_cast<float4*>(t)[part] = make_float4(w.d0, w.d1, w.m0, w.m1);
+  __device__ static void table(const uint8_t* seg, unsigned sb, float* t) {
+    const uint8_t* b = seg + sb * kSbBytes;
+    const uint32_t dd = ld_u32<A>(b);
+    const uint32_t s0 = ld_u32<align_at(A, 4)>(b + 4), s1 = ld_u32<align_at(A, 8)>(b + 8),
+                   s2 = ld_u32<align_at(A, 4)>(b + 12);
+    const float d = f16_bits_to_f32(dd & 0xFFFF), dmin = f16_bits_to_f32(dd >> 16);
+    // Sub-blocks 0..3 hold 6 bits in bytes 0..3 (scales) and 4..7 (mins); 4..7 the nibbles of bytes 8..11
+    // and, above them, the top two bits of bytes 0..3 (scales) and 4..7 (mins).
+    const uint32_t sc[2] = {s0 & 0x3F3F3F3Fu, (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u)};
+    const uint32_t mn[2] = {s1 & 0x3F3F3F3Fu, ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u)};
+    const auto f = [](uint32_t w, int i) { return static_cast<float>((w >> (8 * i)) & 0xFF); };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // the pair of sub-blocks 2j, 2j + 1
+      const uint32_t s = sc[j / 2], m = mn[j / 2];
+      const int i = 2 * (j % 2);
+      reinterpret_cast<float4*>(t)[j] =
+          make_float4(d * f(s, i), d * f(s, i + 1), dmin * f(m, i), dmin * f(m, i + 1));
+    }
   }
   // Unit v (0 .. kGemvThreads - 1) of a segment.
   template <int A>
@@ -89,17 +105,25 @@ struct Staged<DType::q6_k> {
   static constexpr int kA = 16 | kGrouped, kSbBytes = Q::kBytes;
   static constexpr bool kTable = true;
   __device__ static int64_t row_bytes(int64_t k) { return grouped_bytes(k, 256, 18, 192); }
-  // Part `part` (0..3) of super-block sb's table: sub-blocks 4 * part .. 4 * part + 3.
+  // Super-block sb's table, whole: its 16 scales in one 16-byte load, each times d as Q8<q6_k>::load
+  // computes it.
   template <int A>
-  __device__ static void table(const uint8_t* seg, int sb, int part, float* t) {
+  __device__ static void table(const uint8_t* seg, unsigned sb, float* t) {
     static_assert((A & kGrouped) != 0, "grouped rows");
     const Q6kBlock b = q6k_block<A>(seg, sb);
     const float d = f16_bits_to_f32(ld_u16<q6k_d_align<A>()>(b.d));
-    const uint32_t sc = ld_u32<A>(b.scales + 4 * part);  // 16-byte aligned
+    const uint4 v = ld_u128<A>(b.scales);  // 16-byte aligned
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const auto f = [&](int i) {  // d * scale(i)
+      return d * static_cast<float>(static_cast<int8_t>(w[i / 4] >> (8 * (i % 4))));
+    };
+    // Sub-block i = 8h + 2g + q goes to 8h + 4q + g: each float4 holds one q of one half.
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {  // as Q8<q6_k>::load
-      const int i = 4 * part + q;
-      t[8 * (i / 8) + 4 * (i % 2) + (i % 8) / 2] = d * static_cast<float>(static_cast<int8_t>(sc >> (8 * q)));
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        reinterpret_cast<float4*>(t)[2 * h + q] =
+            make_float4(f(8 * h + q), f(8 * h + 2 + q), f(8 * h + 4 + q), f(8 * h + 6 + q));
     }
   }
   template <int A>
@@ -244,12 +268,10 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
     __syncthreads();  // every thread's copies of this segment have landed
     const uint8_t* buf = stage + slot * (kRows * kSeg);
     if constexpr (S::kTable) {
-      // A quarter of a super-block's table a thread at a time: all the block's threads share the work.
-      const int n_sb = static_cast<int>(min(int64_t{kSbSeg}, a.k / 256 - int64_t{seg} * kSbSeg));
-      for (int e = threadIdx.x; e < kRows * kSbSeg * 4; e += kGemvThreads) {
-        const int i = e / 4;
-        if (i % kSbSeg < n_sb)
-          S::template table<A>(buf + (i / kSbSeg) * kSeg, i % kSbSeg, e % 4, table + 16 * i);
+      // A super-block's table a thread (the 8B's rows of 8 in Q4_K: each thread one).
+      const auto n_sb = static_cast<unsigned>(min(int64_t{kSbSeg}, a.k / 256 - int64_t{seg} * kSbSeg));
+      for (unsigned i = threadIdx.x; i < unsigned{kRows * kSbSeg}; i += kGemvThreads) {
+        if (i % kSbSeg < n_sb) S::template table<A>(buf + (i / kSbSeg) * kSeg, i % kSbSeg, table + 16 * i);
       }
       __syncthreads();  // the table is written
     }
