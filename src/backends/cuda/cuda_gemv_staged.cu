@@ -37,8 +37,8 @@ namespace {
 
 // How a type's rows are staged: Q, its units (Q8<T> or Q8G<T>); kA, the alignment of its rows' blocks;
 // kSbBytes, the bytes of 256 elements (a K-quant super-block, a run of 8 legacy blocks); row_bytes(k), a
-// row's length; kTable, whether a segment's scales go to a table first (table() writes a super-block's 16
-// floats); load(), a unit of a staged segment.
+// row's length; kTable, whether a segment's scales go to a table first (table() writes part p of kParts of a
+// super-block's 16 floats); load(), a unit of a staged segment.
 template <DType T>
 struct Staged;
 
@@ -56,12 +56,13 @@ struct StagedK {
   using Q = Q8<T>;
   static constexpr int kA = Quant<T>::kAlign, kSbBytes = Q::kBytes;
   static constexpr bool kTable = true;
+  static constexpr int kParts = 1;
   __device__ static int64_t row_bytes(int64_t k) { return k / 256 * kSbBytes; }
   // Super-block sb's table, whole: its 12 packed bytes decoded four at a time (each 32-bit operation works
   // on one byte of each of four sub-blocks, as k_pair_scales does on one), into the products k_pair_scales
   // computes, d * scale and dmin * min, with the same rounding.
   template <int A>
-  __device__ static void table(const uint8_t* seg, unsigned sb, float* t) {
+  __device__ static void table(const uint8_t* seg, unsigned sb, unsigned, float* t) {
     const uint8_t* b = seg + sb * kSbBytes;
     const uint32_t dd = ld_u32<A>(b);
     const uint32_t s0 = ld_u32<align_at(A, 4)>(b + 4), s1 = ld_u32<align_at(A, 8)>(b + 8),
@@ -104,27 +105,23 @@ struct Staged<DType::q6_k> {
   using Q = Q8<DType::q6_k>;
   static constexpr int kA = 16 | kGrouped, kSbBytes = Q::kBytes;
   static constexpr bool kTable = true;
+  static constexpr int kParts = 2;
   __device__ static int64_t row_bytes(int64_t k) { return grouped_bytes(k, 256, 18, 192); }
-  // Super-block sb's table, whole: its 16 scales in one 16-byte load, each times d as Q8<q6_k>::load
-  // computes it.
+  // Half h of super-block sb's table: its scales 8h .. 8h + 7 in one 8-byte load, each times d as
+  // Q8<q6_k>::load computes it.
   template <int A>
-  __device__ static void table(const uint8_t* seg, unsigned sb, float* t) {
+  __device__ static void table(const uint8_t* seg, unsigned sb, unsigned h, float* t) {
     static_assert((A & kGrouped) != 0, "grouped rows");
     const Q6kBlock b = q6k_block<A>(seg, sb);
     const float d = f16_bits_to_f32(ld_u16<q6k_d_align<A>()>(b.d));
-    const uint4 v = ld_u128<A>(b.scales);  // 16-byte aligned
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    const auto f = [&](int i) {  // d * scale(i)
-      return d * static_cast<float>(static_cast<int8_t>(w[i / 4] >> (8 * (i % 4))));
+    const uint2 v = ld_u64<A>(b.scales + 8 * h);  // 8-byte aligned
+    const auto f = [&](int i) {                   // d * scale(8h + i)
+      return d * static_cast<float>(static_cast<int8_t>((i < 4 ? v.x : v.y) >> (8 * (i % 4))));
     };
-    // Sub-block i = 8h + 2g + q goes to 8h + 4q + g: each float4 holds one q of one half.
+    // Sub-block 8h + 2g + q goes to 8h + 4q + g: each float4 holds one q of the half.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-        reinterpret_cast<float4*>(t)[2 * h + q] =
-            make_float4(f(8 * h + q), f(8 * h + 2 + q), f(8 * h + 4 + q), f(8 * h + 6 + q));
-    }
+    for (int q = 0; q < 2; ++q)
+      reinterpret_cast<float4*>(t)[2 * h + q] = make_float4(f(q), f(2 + q), f(4 + q), f(6 + q));
   }
   template <int A>
   __device__ static Q::W load(const uint8_t* seg, const float* table, int v) {
@@ -145,11 +142,12 @@ struct StagedGrouped {
   static constexpr int kHead = Quant<T>::kHead, kQs = Quant<T>::kBytes - kHead;
   static constexpr int kA = 16 | kGrouped, kSbBytes = 8 * (kHead + kQs);
   static constexpr bool kTable = false;
+  static constexpr int kParts = 1;
   // A last run of r < 8 blocks keeps the room of 8 headers: a multiple of 16 bytes all the same (kHead is
   // even).
   __device__ static int64_t row_bytes(int64_t k) { return grouped_bytes(k, 32, kHead, kQs); }
   template <int A>
-  __device__ static void table(const uint8_t*, int, int, float*) {}
+  __device__ static void table(const uint8_t*, unsigned, unsigned, float*) {}
   template <int A>
   __device__ static typename Q::W load(const uint8_t* seg, const float*, int v) {
     return Q::template load<A>(seg, v);
@@ -268,10 +266,14 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
     __syncthreads();  // every thread's copies of this segment have landed
     const uint8_t* buf = stage + slot * (kRows * kSeg);
     if constexpr (S::kTable) {
-      // A super-block's table a thread (the 8B's rows of 8 in Q4_K: each thread one).
+      // A super-block's table a thread, or a part of one (S::kParts): with the 8B's rows of 8, each thread
+      // writes one super-block of Q4_K or half of one of Q6_K.
+      constexpr unsigned kP = S::kParts;
       const auto n_sb = static_cast<unsigned>(min(int64_t{kSbSeg}, a.k / 256 - int64_t{seg} * kSbSeg));
-      for (unsigned i = threadIdx.x; i < unsigned{kRows * kSbSeg}; i += kGemvThreads) {
-        if (i % kSbSeg < n_sb) S::template table<A>(buf + (i / kSbSeg) * kSeg, i % kSbSeg, table + 16 * i);
+      for (unsigned e = threadIdx.x; e < unsigned{kRows * kSbSeg} * kP; e += kGemvThreads) {
+        const unsigned i = e / kP;
+        if (i % kSbSeg < n_sb)
+          S::template table<A>(buf + (i / kSbSeg) * kSeg, i % kSbSeg, e % kP, table + 16 * i);
       }
       __syncthreads();  // the table is written
     }
