@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
   static_assert(kGemvThreads % kRows == 0, "whole threads a row");
   const int my_row = static_cast<int>(threadIdx.x) / kPerRow,
             my_chunk = static_cast<int>(threadIdx.x) % kPerRow;
+  const auto stage_at = static_cast<unsigned>(__cvta_generic_to_shared(stage));
   // Segment `seg` of item `item`'s rows into slot `slot`; a group is committed even when there is none, so
   // that cp_async_wait<1> below always leaves just the next segment in flight. The item of the segments being
   // issued is kept (next), so that item_at() runs once an item, except in the kernels that must hold many
@@ -230,10 +231,18 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
       }
       const int64_t off = int64_t{seg} * kSeg;
       const int left = static_cast<int>(min(int64_t{kSeg}, row_bytes - off) / 16) - my_chunk;
-      uint8_t* dst = stage + slot * (kRows * kSeg) + my_row * kSeg + 16 * my_chunk;
+      const int at = slot * (kRows * kSeg) + my_row * kSeg + 16 * my_chunk;
 #pragma unroll
       for (int j = 0; j < kCopies; ++j) {
-        if (kPerRow * j < left) cp_async16(dst + 16 * kPerRow * j, from + off + 16 * kPerRow * j);
+        if (kPerRow * j < left) {
+          // The K-quants' copies go to a shared-memory address worked out once (docs/cuda.md: their
+          // launches measured faster so); the legacy types' keep the generic pointer, measured within the
+          // spread of their short launches but not shown faster.
+          if constexpr (S::kTable)
+            cp_async16_at(stage_at + at + 16 * kPerRow * j, from + off + 16 * kPerRow * j);
+          else
+            cp_async16(stage + at + 16 * kPerRow * j, from + off + 16 * kPerRow * j);
+        }
       }
     }
     cp_async_commit();
