@@ -114,8 +114,9 @@ struct Staged<DType::q6_k> {
     static_assert((A & kGrouped) != 0, "grouped rows");
     const Q6kBlock b = q6k_block<A>(seg, sb);
     const float d = f16_bits_to_f32(ld_u16<q6k_d_align<A>()>(b.d));
-    const uint2 v = ld_u64<A>(b.scales + 8 * h);  // 8-byte aligned
-    const auto f = [&](int i) {                   // d * scale(8h + i)
+    const uint2 v = ld_u64<align_at(A, 8)>(b.scales + 8 * h);
+    // d * scale(8h + i)
+    const auto f = [&](int i) {
       return d * static_cast<float>(static_cast<int8_t>((i < 4 ? v.x : v.y) >> (8 * (i % 4))));
     };
     // Sub-block 8h + 2g + q goes to 8h + 4q + g: each float4 holds one q of the half.
@@ -197,6 +198,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
   using Q = typename S::Q;
   constexpr int kSeg = seg_bytes<T>();
   static_assert(kSeg % 16 == 0, "a segment is whole 16-byte chunks");
+  static_assert(S::kParts >= 1 && 16 % S::kParts == 0, "a super-block's table in whole parts");
   constexpr int kSbSeg = kSeg / S::kSbBytes;  // super-blocks (runs of 8 blocks) of a row in a segment
   constexpr int A = S::kA | kInShared;
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
