@@ -19,6 +19,9 @@ struct ConvertOptions {
   // "f32", "f16", "bf16", "q8_0"; empty: as stored (F32 / F16 / BF16). 1-d tensors and expert routers stay
   // f32; q8_0 rows whose length is not a multiple of 32 fall back to f16.
   std::string type;
+  // Threads that cast tensors to `type` (0: the physical cores, or KILN_THREADS); the file is the same
+  // whatever the count.
+  int threads = 0;
   // Called after each tensor: (tensors done, tensors in all).
   std::function<void(size_t, size_t)> progress;
 };

@@ -69,15 +69,20 @@ bool cuda_available() {
 #endif
 }
 
-Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options) {
+Status check_thread_count(int n_threads) {
   // More threads than a few per core only cost memory and scheduling (and thousands fail to start at all).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int max_threads = std::max(kMaxThreadsPerCore * cores, 16);
-  if (options.n_threads < 0 || options.n_threads > max_threads) {
+  if (n_threads < 0 || n_threads > max_threads) {
     return invalid_argument(
-        "{} threads: the count must be in [0, {}] ({} x the {} cores here; 0 = the default)",
-        options.n_threads, max_threads, kMaxThreadsPerCore, cores);
+        "{} threads: the count must be in [0, {}] ({} x the {} cores here; 0 = the default)", n_threads,
+        max_threads, kMaxThreadsPerCore, cores);
   }
+  return Status::ok_status();
+}
+
+Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options) {
+  KILN_TRY(check_thread_count(options.n_threads));
   if (name == "cpu") return make_cpu_backend(options);
   if (name == "auto") {
 #if defined(KILN_HAVE_CUDA)

@@ -127,6 +127,9 @@ struct BackendOptions {
   std::string cpu_isa = {};
 };
 inline constexpr int kMaxThreadsPerCore = 4;
+// An error naming the bound when n_threads is negative or more than kMaxThreadsPerCore per core (16 at
+// least).
+Status check_thread_count(int n_threads);
 
 // "cpu" (always), "cuda" / "cuda:N" (when built with it), or "auto": CUDA device 0 when this build has CUDA
 // and the device is usable, else the CPU. not_found naming the available ones otherwise; a thread count out

@@ -2,12 +2,14 @@
 // to the requested type, its tokenizer and chat template as GGUF keys.
 #include "kiln/convert.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <vector>
 
 #include "backends/backend.h"
 #include "core/dtype.h"
+#include "core/thread_pool.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
 #include "formats/output_file.h"
@@ -34,25 +36,35 @@ DType target_type(const gguf::TensorInfo& t, std::optional<DType> wanted) {
   return *wanted;
 }
 
-// `t` re-encoded as `type` into `out` (its byte size), row by row through f32.
-void cast(const gguf::TensorInfo& t, DType type, std::span<uint8_t> out) {
+// `t` re-encoded as `type` into `out` (its byte size), row by row through f32, the rows split over the pool's
+// threads (each row is encoded alone: the same bytes whatever the threads).
+void cast(const gguf::TensorInfo& t, DType type, std::span<uint8_t> out, ThreadPool& pool) {
   const DTypeInfo& src = dtype_info(t.type);
   const DTypeInfo& dst = dtype_info(type);
   const int64_t ne0 = t.shape[0], rows = t.n_elements() / ne0;
   const size_t src_row = static_cast<size_t>(ne0 / src.block_size * src.type_size);
   const size_t dst_row = static_cast<size_t>(ne0 / dst.block_size * dst.type_size);
   KILN_ASSERT(out.size() == dst_row * static_cast<size_t>(rows));
-  std::vector<float> row(static_cast<size_t>(ne0));
-  for (int64_t r = 0; r < rows; ++r) {
-    src.dequantize_row(t.data + r * src_row, row.data(), ne0);
-    dst.quantize_row(row.data(), out.data() + r * dst_row, ne0);
-  }
+  // At least 64 KiB of elements a chunk, so that a small tensor stays on one thread.
+  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / ne0);
+  pool.parallel_for(
+      rows,
+      [&](int64_t begin, int64_t end, int) {
+        std::vector<float> row(static_cast<size_t>(ne0));
+        for (int64_t r = begin; r < end; ++r) {
+          src.dequantize_row(t.data + r * src_row, row.data(), ne0);
+          dst.quantize_row(row.data(), out.data() + r * dst_row, ne0);
+        }
+      },
+      min_rows);
 }
 
 }  // namespace
 
 Result<ConvertStats> convert_model(const ConvertOptions& options) {
   KILN_ASSIGN_OR_RETURN(const std::optional<DType> wanted, parse_type(options.type));
+  if (Status s = check_thread_count(options.threads); !s.ok())
+    return Status(s.code(), "convert: " + s.message());
   if (options.output.empty()) return invalid_argument("convert: no output file given");
   // Before any work: the output may not be a device, a link, a folder or one of the folder's own files.
   if (Status s = check_output_path(options.output); !s.ok())
@@ -82,22 +94,23 @@ Result<ConvertStats> convert_model(const ConvertOptions& options) {
   ConvertStats stats;
   stats.architecture = file->architecture();
   const size_t total = file->tensors().size();
+  ThreadPool pool(options.threads);
   // Each tensor is produced while the file is written (one in memory at a time): copied from the folder's
   // memory maps, or cast.
   for (const gguf::TensorInfo& t : file->tensors()) {
     const DType type = target_type(t, wanted);
-    KILN_TRY(
-        w.add_tensor_lazy(t.name, t.shape, type, [&t, type, &stats, &options, total](std::span<uint8_t> out) {
-          if (type == t.type) {
-            std::memcpy(out.data(), t.data, out.size());
-          } else {
-            cast(t, type, out);
-          }
-          stats.tensor_bytes += out.size();
-          ++stats.n_tensors;
-          if (options.progress) options.progress(stats.n_tensors, total);
-          return Status();
-        }));
+    KILN_TRY(w.add_tensor_lazy(t.name, t.shape, type,
+                               [&t, type, &stats, &options, total, &pool](std::span<uint8_t> out) {
+                                 if (type == t.type) {
+                                   std::memcpy(out.data(), t.data, out.size());
+                                 } else {
+                                   cast(t, type, out, pool);
+                                 }
+                                 stats.tensor_bytes += out.size();
+                                 ++stats.n_tensors;
+                                 if (options.progress) options.progress(stats.n_tensors, total);
+                                 return Status();
+                               }));
   }
   // llama.cpp's file type ids (LLAMA_FTYPE_*): the type most weights have.
   const DType main = wanted.value_or(embd->type);

@@ -257,14 +257,20 @@ def test_converted_gguf_greedy_in_llama_cpp(arch):
     assert all(gap <= lp.F32_TIE for _, _, gap in div), f"{arch['name']}: llama.cpp {got} vs kiln {kiln}: {div}"
 
 
+def q8_folder(tokenizer_dir, out: Path, config_class, seed: int):
+    """A random model of 96-wide rows (q8_0 blocks; its 100-wide FFN rows are not) saved in f32 at `out`."""
+    tok_dir, tok = tokenizer_dir
+    torch.manual_seed(seed)
+    cfg = config_class(**dict(COMMON, hidden_size=96, num_attention_heads=6, num_key_value_heads=2),
+                       vocab_size=len(tok))
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    return model, save_folder(model, tok_dir, out, torch.float32)
+
+
 def test_q8_0_conversion_reads_back(tokenizer_dir, tmp_path):
     gguf = pytest.importorskip("gguf")
-    tok_dir, tok = tokenizer_dir
-    torch.manual_seed(7)
-    cfg = transformers.Qwen2Config(**dict(COMMON, hidden_size=96, num_attention_heads=6, num_key_value_heads=2),
-                                   vocab_size=len(tok))
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    folder = save_folder(model, tok_dir, tmp_path / "f32", torch.float32)
+    tok = tokenizer_dir[1]
+    model, folder = q8_folder(tokenizer_dir, tmp_path / "f32", transformers.Qwen2Config, 7)
     out = tmp_path / "q8.gguf"
     run_kiln("convert", folder, out, "--type", "q8_0")
     r = gguf.GGUFReader(str(out))
@@ -281,6 +287,19 @@ def test_q8_0_conversion_reads_back(tokenizer_dir, tmp_path):
     rel = np.linalg.norm(ref - got) / np.linalg.norm(ref)
     print(f"\nq8_0 conversion: relative L2 of the logits {rel:.2e}")
     assert rel < 2e-2
+
+
+def test_q8_0_conversion_is_the_same_on_any_threads(tokenizer_dir, tmp_path):
+    """The cast splits a tensor's rows over threads (the embedding's ~49k rows over several): the file's bytes
+    do not depend on how many; a thread count out of range is an error that names the bound."""
+    folder = q8_folder(tokenizer_dir, tmp_path / "f32", transformers.LlamaConfig, 11)[1]
+    outs = [tmp_path / f"q8-t{n}.gguf" for n in (1, 3)]
+    for n, out in zip((1, 3), outs):
+        run_kiln("convert", folder, out, "--type", "q8_0", "-t", n)
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    proc = run_kiln("convert", folder, tmp_path / "x.gguf", "--type", "q8_0", "-t", 100000, expect_ok=False)
+    assert proc.returncode != 0 and "threads: the count must be in [0, " in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_unsupported_architecture_is_named(tmp_path):

@@ -1,4 +1,4 @@
-// kiln convert HF_DIR OUT.gguf [--type f32|f16|bf16|q8_0]: a Hugging Face folder as a GGUF file.
+// kiln convert HF_DIR OUT.gguf [--type f32|f16|bf16|q8_0] [-t N]: a Hugging Face folder as a GGUF file.
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +39,8 @@ void register_convert(CLI::App& app, int& rc) {
   cmd->add_option("output", opt->output, "The GGUF file to write")->required();
   cmd->add_option("--type", opt->type,
                   "Weight type: f32, f16, bf16, q8_0 (default: as stored; 1-d tensors and routers stay f32)");
+  cmd->add_option("-t,--threads", opt->threads,
+                  "CPU threads that cast the weights (default: physical cores)");
   cmd->callback([opt, &rc] {
     Status s = run_convert(*opt);
     if (!s.ok()) rc = report_error("convert", s);
