@@ -45,7 +45,7 @@ void cast(const gguf::TensorInfo& t, DType type, std::span<uint8_t> out, ThreadP
   const size_t src_row = static_cast<size_t>(ne0 / src.block_size * src.type_size);
   const size_t dst_row = static_cast<size_t>(ne0 / dst.block_size * dst.type_size);
   KILN_ASSERT(out.size() == dst_row * static_cast<size_t>(rows));
-  // At least 64 KiB of elements a chunk, so that a small tensor stays on one thread.
+  // At least 65,536 elements a chunk, so that a small tensor stays on one thread.
   const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / ne0);
   pool.parallel_for(
       rows,
