@@ -88,11 +88,11 @@ __device__ inline Part part_of(int64_t n, int64_t slice, bool packed) {
 // sum of the warps' in one warp); every thread gets it. `red` holds 32 floats, `part` 2 * kNormMaxCluster
 // (cluster: the slices' sums, by the parity of the row's turn `turn`); the block synchronises.
 //
-// In a cluster each block writes its sum into every block's `part` (st.shared::cluster), then one cluster
-// barrier (release / acquire) makes them visible, and each block adds its own copy: after the barrier no
-// block reads another's shared memory, so none waits for the others to have read before it exits. A block
-// can be one row ahead of another (it passes the next barrier only once all have arrived at it, after their
-// reads of this row), hence the two halves of `part`.
+// In a cluster (all of whose blocks have started: cluster_started) each block writes its sum into every
+// block's `part` (st.shared::cluster), then one cluster barrier (release / acquire) makes them visible, and
+// each block adds its own copy: after the barrier no block reads another's shared memory, so none waits for
+// the others to have read before it exits. A block can be one row ahead of another (it passes the next
+// barrier only once all have arrived at it, after their reads of this row), hence the two halves of `part`.
 __device__ inline float slices_sum(float v, float* red, float* part, const Part& P, int64_t turn = 0) {
   if (P.packed) {
     v = warp_sum(v);
@@ -126,6 +126,17 @@ __device__ inline float slices_sum(float v, float* red, float* part, const Part&
   return s;
 #else
   return v;
+#endif
+}
+
+// In a cluster (a row's slices over blocks), every block waits until all of its cluster's have started: a
+// block may write into another's shared memory (slices_sum) only once that one runs (the rule of distributed
+// shared memory; compute-sanitizer's racecheck flags the writes otherwise). Called before the PDL wait, so
+// that under programmatic launch the barrier overlaps the kernel before.
+__device__ inline void cluster_started(const Part& P) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (!P.packed && cooperative_groups::this_cluster().num_blocks() > 1)
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
 
@@ -218,6 +229,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const bool regs = s.in_regs<kSlots>();
   float g[kSlots];
   if (kEarly && regs) load_norm_weight(w, w_add, s, g);
+  cluster_started(P);
   pdl_begin();
   int64_t turn = 0;
   for (int64_t r = first_row(P); r < n_rows; r += row_step(P), ++turn) {
@@ -432,6 +444,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const bool regs = s.in_regs<kSlots>();
   float g[kSlots];
   if (kEarly && regs) load_norm_weight(w, w_add, s, g);
+  cluster_started(P);
   pdl_begin();
   int64_t turn = 0;
   for (int64_t r = first_row(P); r < n_rows; r += row_step(P), ++turn) {
