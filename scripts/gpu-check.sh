@@ -22,7 +22,8 @@
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
 #   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them);
 #             PREP_ONLY=smollm2-135m-bf16,llama3-8b-q8_0 makes those alone (files `kiln convert` writes need no
-#             llama.cpp build; the q4_ ones are quantized from the model's bf16 file, which PREP_ONLY must name)
+#             llama.cpp build; the q4_ ones are quantized from the model's bf16 file, which PREP_ONLY must name);
+#             on a machine kept from an earlier call, it runs again unless one is running (its files are kept)
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
 #             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; A=1+B=2 sets two; KILN_BIN=PATH runs another kiln binary), interleaved,
@@ -113,6 +114,12 @@ grep -E "error|warning: " "$out/build.log" | head -40 || true
 if [ -x build/cuda-dev/tools/kiln/kiln ]; then build/cuda-dev/tools/kiln/kiln --version | tee -a "$out/build.log"; fi
 bin=build/cuda-dev
 status=0
+# The prep step's background process runs: started, not ended (no status yet), and alive. One that was killed
+# before writing its status is not waited for.
+prep_running() {
+  [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ] && [ -e /tmp/kiln-prep.pid ] &&
+    kill -0 "$(cat /tmp/kiln-prep.pid)" 2>/dev/null
+}
 for step in "${steps[@]}"; do
   case "$step" in
     test)
@@ -181,17 +188,21 @@ for step in "${steps[@]}"; do
     prep)
       # The GGUF files of the peer step, made in the background (they outlive this call): 8B folder by
       # transformers, kiln convert, then llama-quantize once the peer is built. /tmp/kiln-prep.status at the end.
-      if [ ! -e /tmp/kiln-prep.started ]; then
+      # Started again by a later call on the same machine unless one is running (files already made are kept,
+      # so a later PREP_ONLY adds its own, and a failed prep is retried).
+      if ! prep_running; then
+        rm -f /tmp/kiln-prep.status
         touch /tmp/kiln-prep.started
         setsid bash -c '
           if python3 bench/gpu_peer.py --prepare-only --build "$1" --peer "$2/build" --out /tmp --peer-ready "$3" \
             ${4:+--only "$4"}
           then echo ok >/tmp/kiln-prep.status; else echo failed >/tmp/kiln-prep.status; fi
-        ' _ "$bin" "$peer_dir" "$peer_status" "${PREP_ONLY:-}" >/tmp/kiln-prep.log 2>&1 </dev/null &
+        ' _ "$bin" "$peer_dir" "$peer_status" "${PREP_ONLY:-}" >>/tmp/kiln-prep.log 2>&1 </dev/null &
+        echo $! >/tmp/kiln-prep.pid
       fi
       ;;
     ab)
-      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+      while prep_running; do sleep 5; done
       for f in ${AB_FILES:-smollm2-135m-bf16 llama3-8b-bf16 llama3-8b-q8_0}; do
         path=/tmp/kiln-models/$f.gguf
         if [ ! -e "$path" ]; then
@@ -211,7 +222,7 @@ for step in "${steps[@]}"; do
       done 2>&1 | tee "$out/ab.md"
       ;;
     profile)
-      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+      while prep_running; do sleep 5; done
       for f in ${PROFILE_FILES:-llama3-8b-q4_0}; do
         echo "## $f"
         python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_peer as g; from pathlib import Path as P
@@ -222,7 +233,7 @@ print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
     prefill)
       while [ ! -e "$peer_status" ]; do sleep 5; done
       for f in ${PREFILL_FILES:-llama3-8b-bf16}; do
-        while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ] && [ ! -e /tmp/kiln-models/$f.gguf ]; do
+        while prep_running && [ ! -e /tmp/kiln-models/$f.gguf ]; do
           sleep 5
         done
         echo "## $f"
@@ -235,7 +246,7 @@ print(g.prefill_profile(P('$bin/tools/kiln/kiln'), P('$peer_dir/build/bin/llama-
       files=${OFFLOAD_FILES:-llama3-8b-q4_0}
       layers=${OFFLOAD_LAYERS:-16}
       first=/tmp/kiln-models/${files%%,*}.gguf
-      while [ ! -e "$first" ] && [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+      while [ ! -e "$first" ] && prep_running; do sleep 5; done
       "$bin/tools/kiln/kiln" run -m "$first" --gpu-layers "${layers%%,*}" -p "The quick brown fox" -n 32 --temp 0 \
         >"$out/offload-run.log" 2>&1 || status=1
       tail -4 "$out/offload-run.log"
@@ -246,7 +257,7 @@ print(g.prefill_profile(P('$bin/tools/kiln/kiln'), P('$peer_dir/build/bin/llama-
           -p 512 -n 0 -r 2 2>&1 | grep -E "pp512|prefill steps|offloaded steps")"
       done | tee -a "$out/offload-run.log"
       while [ ! -e "$peer_status" ]; do sleep 5; done
-      while [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+      while prep_running; do sleep 5; done
       python3 bench/gpu_peer.py --build "$bin" --peer "$peer_dir/build" --out "$out" --only "$files" \
         --offload "$layers" --reps 2 2>&1 | tee "$out/offload.log" || status=1
       ;;
@@ -258,7 +269,7 @@ print(g.prefill_profile(P('$bin/tools/kiln/kiln'), P('$peer_dir/build/bin/llama-
         continue
       fi
       if [ -e /tmp/kiln-prep.started ]; then
-        while [ ! -e /tmp/kiln-prep.status ]; do sleep 5; done
+        while prep_running; do sleep 5; done
         cat /tmp/kiln-prep.log
       fi
       python3 bench/gpu_peer.py --build "$bin" --peer "$peer_dir/build" --out "$out" ${PEER_ARGS:-} 2>&1 |
