@@ -31,6 +31,9 @@
 #             bench arguments AB_ARGS (default: -p 512 -n 128; batched decode: -p 0 -n 128 --batch 16,64)
 #   profile   each kernel's time in decode steps by ncu (bench/gpu_peer.py's kernel_profile) on PROFILE_FILES
 #             (default: the 8B Q4_0; waits for prep's files)
+#   trace     each kernel's time within the decode steps as they run (graphs, programmatic launch): CUPTI's
+#             records (bench/cuda_trace.cpp) summed by bench/cuda_trace.py, on TRACE_FILES (default: the 8B Q4_0
+#             and the 135M BF16; waits for prep's files), TRACE_ARGS the bench's arguments
 #   prefill   each kernel's time in a pp2048 (ncu), kiln's and llama.cpp's, and kiln's per-op table
 #             (KILN_CUDA_PROFILE) on PREFILL_FILES (default: the 8B BF16; waits for that file and the peer's build)
 #   offload   partial offload beside llama.cpp (bench/gpu_peer.py --offload): OFFLOAD_LAYERS (default 16) layers on
@@ -229,6 +232,22 @@ for step in "${steps[@]}"; do
 print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
                        'The quick brown fox jumps over the lazy dog. ' * 4))" || status=1
       done 2>&1 | tee "$out/profile.md"
+      ;;
+    trace)
+      # Where a decode step's GPU time goes, kernel by kernel, under CUDA graphs and programmatic launch as it
+      # runs (ncu, above, times each kernel alone): kiln bench with bench/cuda_trace.cpp's CUPTI records, then
+      # bench/cuda_trace.py, on TRACE_FILES (default: the 8B Q4_0 and the 135M BF16; waits for prep's files).
+      # The same bench without the records first, for what recording costs.
+      while prep_running; do sleep 5; done
+      lib=$PWD/$bin/tests/libkiln_cuda_trace.so
+      for f in ${TRACE_FILES:-llama3-8b-q4_0 smollm2-135m-bf16}; do
+        args=(bench -m "/tmp/kiln-models/$f.gguf" -d cuda ${TRACE_ARGS:--p 0 -n 128 -r 1})
+        echo "$f without the records: $("$bin/tools/kiln/kiln" "${args[@]}" 2>/dev/null | grep -E "^\| .*tg")"
+        echo "$f with them: $(KILN_CUDA_TRACE_OUT="/tmp/trace-$f.csv" CUDA_INJECTION64_PATH="$lib" \
+          "$bin/tools/kiln/kiln" "${args[@]}" 2>"/tmp/trace-$f.log" | grep -E "^\| .*tg")"
+        tail -1 "/tmp/trace-$f.log"
+        python3 bench/cuda_trace.py "/tmp/trace-$f.csv" --label "$f" || status=1
+      done 2>&1 | tee "$out/trace.md"
       ;;
     prefill)
       while [ ! -e "$peer_status" ]; do sleep 5; done

@@ -1,0 +1,113 @@
+// The GPU's kernel timeline of any CUDA program, kiln's included, where no Nsight Systems runs: an injection
+// library that the CUDA driver loads at cuInit when CUDA_INJECTION64_PATH names it. It turns on CUPTI's
+// concurrent-kernel activity records (each kernel's start and end on the GPU, kernels replayed from CUDA
+// graphs and programmatic launches included, none of them serialised) and, as the program exits, writes one
+// line a kernel to KILN_CUDA_TRACE_OUT (default cuda-trace.csv):
+//   start_ns,end_ns,correlation,graph_id,graph_node,name
+// where a graph's kernels share the correlation id of the launch that replayed it, and the name is demangled.
+// bench/cuda_trace.py says from it where a step's time goes (scripts/gpu-check.sh trace). Built by
+// tests/CMakeLists.txt (target kiln_cuda_trace) in the cuda preset.
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Kernel {
+  uint64_t start, end;
+  uint32_t correlation, graph_id;
+  uint64_t graph_node;
+  std::string name;
+};
+
+std::mutex g_mu;
+std::vector<Kernel> g_kernels;
+bool g_failed = false;
+
+constexpr size_t kBufferBytes = size_t{8} << 20;
+
+// CUPTI asks for a buffer to fill with records; 8-byte aligned, as it requires.
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = *buffer != nullptr ? kBufferBytes : 0;
+  *max_records = 0;  // as many as fit
+}
+
+std::string demangled(const char* name) {
+  if (name == nullptr) return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string s = status == 0 && d != nullptr ? d : name;
+  std::free(d);
+  return s;
+}
+
+// A filled buffer: its kernel records are copied out (CUPTI owns the names only while the buffer lives).
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  std::vector<Kernel> got;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+    got.push_back({k->start, k->end, k->correlationId, k->graphId, k->graphNodeId, demangled(k->name)});
+  }
+  std::free(buffer);
+  const std::lock_guard<std::mutex> lock(g_mu);
+  g_kernels.insert(g_kernels.end(), got.begin(), got.end());
+}
+
+// A CSV field: the name in quotes, its own quotes doubled (template arguments hold commas).
+std::string quoted(const std::string& s) {
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+void write_trace() {
+  if (g_failed) return;
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  const char* out = std::getenv("KILN_CUDA_TRACE_OUT");
+  const std::string path = out != nullptr && *out != '\0' ? out : "cuda-trace.csv";
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "kiln_cuda_trace: cannot write %s\n", path.c_str());
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(g_mu);
+  std::fprintf(f, "start_ns,end_ns,correlation,graph_id,graph_node,name\n");
+  for (const Kernel& k : g_kernels) {
+    std::fprintf(f, "%llu,%llu,%u,%u,%llu,%s\n", static_cast<unsigned long long>(k.start),
+                 static_cast<unsigned long long>(k.end), k.correlation, k.graph_id,
+                 static_cast<unsigned long long>(k.graph_node), quoted(k.name).c_str());
+  }
+  std::fclose(f);
+  std::fprintf(stderr, "kiln_cuda_trace: %zu kernels to %s\n", g_kernels.size(), path.c_str());
+}
+
+bool ok(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return true;
+  const char* msg = nullptr;
+  cuptiGetResultString(r, &msg);
+  std::fprintf(stderr, "kiln_cuda_trace: %s failed: %s\n", what, msg != nullptr ? msg : "?");
+  g_failed = true;
+  return false;
+}
+
+}  // namespace
+
+// Called by the CUDA driver as it initialises (CUDA_INJECTION64_PATH); 1: loaded.
+extern "C" int InitializeInjection() {
+  if (!ok(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
+          "cuptiActivityRegisterCallbacks") ||
+      !ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
+          "cuptiActivityEnable(CONCURRENT_KERNEL)"))
+    return 1;
+  std::atexit(write_trace);
+  return 1;
+}

@@ -1,0 +1,163 @@
+"""Where the steps of a CUDA program spend their time on the GPU, from the kernel records bench/cuda_trace.cpp
+writes (CUDA_INJECTION64_PATH=libkiln_cuda_trace.so; scripts/gpu-check.sh trace).
+
+A step is the kernels that one CUDA graph launch replayed (one correlation id). The steps of the most common
+kernel sequence are compared (a decode's, once its graph is captured), the last --steps of them. Over a step's
+span (its first kernel's start to its last kernel's end) every instant is one kernel's when that kernel ran
+alone, shared when several ran at once (programmatic launches overlap a kernel's start with the end of the one
+before), or idle when none ran. Printed, as Markdown: per kernel (its short name), launches a step, mean
+duration, time alone a step and its share of the span; then the step's first --first kernels in order (a
+layer), each with its duration and its start against the end of the kernel before (negative: they overlapped).
+
+Usage: python3 bench/cuda_trace.py TRACE.csv [--steps 20] [--first 12] [--label NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import re
+import statistics
+import sys
+from pathlib import Path
+
+# kiln's DType values (src/core/dtype.h) as the demangled template arguments spell them: (kiln::DType)12.
+DTYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 12: "q4_k", 13: "q5_k",
+          14: "q6_k", 30: "bf16"}
+
+
+def short_name(name: str) -> str:
+    """A demangled kernel signature without its return type, namespaces and parameter list, with kiln's dtype
+    template arguments by name: 'gemv_staged_kernel<q4_0, 1, 8>'."""
+    s = name.strip()
+    if s.startswith("void "):
+        s = s[5:]
+    if s.endswith(")"):  # drop the trailing balanced parameter list
+        depth = 0
+        for i in range(len(s) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(s[i], 0)
+            if depth == 0:
+                s = s[:i]
+                break
+    s = re.sub(r"\(kiln::DType\)(\d+)", lambda m: DTYPES.get(int(m.group(1)), m.group(0)), s)
+    for ns in ("(anonymous namespace)::", "kiln::cuda::", "kiln::ops::", "kiln::"):
+        s = s.replace(ns, "")
+    return s
+
+
+def load(path: Path) -> list[dict]:
+    rows = []
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append({"start": int(r["start_ns"]), "end": int(r["end_ns"]), "corr": int(r["correlation"]),
+                         "graph": int(r["graph_id"]), "node": int(r["graph_node"]), "name": short_name(r["name"])})
+    return rows
+
+
+def replays(rows: list[dict]) -> list[list[dict]]:
+    """The kernels of each graph launch, sorted by start: those that share the launch's correlation id, or,
+    should every kernel of a graph carry an id of its own, runs of one graph's kernels in start order, a new
+    run where a node comes again."""
+    graph = sorted((r for r in rows if r["graph"] != 0), key=lambda r: (r["start"], r["end"]))
+    by_launch = collections.defaultdict(list)
+    for r in graph:
+        by_launch[(r["graph"], r["corr"])].append(r)
+    if any(len(g) > 1 for g in by_launch.values()):
+        return list(by_launch.values())
+    runs, current = [], {}
+    for r in graph:
+        run = current.get(r["graph"])
+        if run is None or r["node"] in run["nodes"]:
+            run = current[r["graph"]] = {"nodes": set(), "kernels": []}
+            runs.append(run["kernels"])
+        run["nodes"].add(r["node"])
+        run["kernels"].append(r)
+    return runs
+
+
+def steps(rows: list[dict], last: int) -> list[list[dict]]:
+    """The graph replays of the most common kernel sequence, the last `last` of them, each sorted by start."""
+    replays_ = replays(rows)
+    if not replays_:
+        return []
+    shape = collections.Counter(tuple(r["name"] for r in g) for g in replays_).most_common(1)[0][0]
+    same = sorted((g for g in replays_ if tuple(r["name"] for r in g) == shape), key=lambda g: g[0]["start"])
+    return same[-last:]
+
+
+def split(step: list[dict]) -> tuple[list[int], int, int]:
+    """Each kernel's time alone, the time shared by several and the idle time of a step's span, in ns."""
+    events = []
+    for i, r in enumerate(step):
+        events.append((r["start"], 1, i))
+        events.append((r["end"], 0, i))
+    events.sort()  # at one instant, ends before starts
+    alone = [0] * len(step)
+    shared = idle = 0
+    active: set[int] = set()
+    prev = events[0][0]
+    for t, kind, i in events:
+        dt = t - prev
+        if dt > 0:
+            if len(active) == 1:
+                alone[next(iter(active))] += dt
+            elif active:
+                shared += dt
+            else:
+                idle += dt
+        prev = t
+        if kind == 1:
+            active.add(i)
+        else:
+            active.discard(i)
+    return alone, shared, idle
+
+
+def report(rows: list[dict], last: int, first: int, label: str) -> str:
+    chosen = steps(rows, last)
+    if not chosen:
+        return f"## {label}\n\nno kernel replayed from a CUDA graph in the trace\n"
+    n = len(chosen)
+    spans = [max(r["end"] for r in g) - g[0]["start"] for g in chosen]
+    per_kernel = collections.defaultdict(lambda: {"count": 0, "dur": 0, "alone": 0})
+    shared_total = idle_total = 0
+    for g in chosen:
+        alone, shared, idle = split(g)
+        shared_total += shared
+        idle_total += idle
+        for r, a in zip(g, alone):
+            k = per_kernel[r["name"]]
+            k["count"] += 1
+            k["dur"] += r["end"] - r["start"]
+            k["alone"] += a
+    span = statistics.mean(spans)
+    lines = [f"## {label}", "",
+             f"{n} steps of {len(chosen[0])} kernels: span {span / 1e3:.1f} us (min {min(spans) / 1e3:.1f}, "
+             f"max {max(spans) / 1e3:.1f}); a step: {shared_total / n / 1e3:.1f} us with several kernels running, "
+             f"{idle_total / n / 1e3:.1f} us with none", "",
+             "| kernel | a step | mean us | alone, us a step | of the span |", "|---|---:|---:|---:|---:|"]
+    for name, k in sorted(per_kernel.items(), key=lambda kv: -kv[1]["alone"]):
+        lines.append(f"| `{name}` | {k['count'] // n} | {k['dur'] / k['count'] / 1e3:.2f} | "
+                     f"{k['alone'] / n / 1e3:.1f} | {k['alone'] / n / span:.1%} |")
+    lines += ["", f"The step's first {min(first, len(chosen[0]))} kernels (mean over the steps):", "",
+              "| # | kernel | us | start - end of the one before, us |", "|---:|---|---:|---:|"]
+    for i in range(min(first, len(chosen[0]))):
+        dur = statistics.mean(g[i]["end"] - g[i]["start"] for g in chosen)
+        gap = "" if i == 0 else f"{statistics.mean(g[i]['start'] - g[i - 1]['end'] for g in chosen) / 1e3:.2f}"
+        lines.append(f"| {i} | `{chosen[0][i]['name']}` | {dur / 1e3:.2f} | {gap} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--steps", type=int, default=20, help="the last N steps of the common shape")
+    ap.add_argument("--first", type=int, default=12, help="the step's first N kernels, in order")
+    ap.add_argument("--label", default="")
+    a = ap.parse_args()
+    print(report(load(a.trace), a.steps, a.first, a.label or a.trace.name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
