@@ -240,6 +240,11 @@ print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
       # The same bench without the records first, for what recording costs.
       while prep_running; do sleep 5; done
       lib=$PWD/$bin/tests/libkiln_cuda_trace.so
+      if [ ! -e "$lib" ]; then
+        echo "no $lib: the kiln_cuda_trace target (built where CMake finds CUPTI) was not built" | tee "$out/trace.md"
+        status=1
+        continue
+      fi
       for f in ${TRACE_FILES:-llama3-8b-q4_0 smollm2-135m-bf16}; do
         args=(bench -m "/tmp/kiln-models/$f.gguf" -d cuda ${TRACE_ARGS:--p 0 -n 128 -r 1})
         echo "$f without the records: $("$bin/tools/kiln/kiln" "${args[@]}" 2>/dev/null | grep -E "^\| .*tg")"
