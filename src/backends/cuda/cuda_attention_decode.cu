@@ -562,8 +562,12 @@ __global__ void __launch_bounds__(kStagedThreads)
     }
     __syncthreads();  // before the next stage's copies land in this one's buffers
   }
-  cp_async_wait<0>();  // an empty chunk's copies (zeros) must land before the buffers are reused below
-  pdl_trigger();       // K and V are read: the next kernel may be scheduled
+  // An empty chunk's copies (zeros) must land before the buffers are reused below: every thread's, so a
+  // barrier after the waits when the loop, whose barriers would have ordered them, did not run (c0 >= c1 for
+  // the whole block).
+  cp_async_wait<0>();
+  if (c0 >= c1) __syncthreads();
+  pdl_trigger();  // K and V are read: the next kernel may be scheduled
 #pragma unroll
   for (int k = 0; k < kHeadsAWarp; ++k) {
     const int h = warp + kStagedWarps * k;
