@@ -13,7 +13,7 @@ and greedy 32-token continuations of 10 prompts through the engine on both devic
 Targets: top-1 >= 99%, mean KL <= 1e-3, greedy identical on >= 8 of 10. Exit status 1 when one is missed.
 For the fast paths, where the KL comes from: the positions that hold most of it and, on MoE models, the
 router's closest call there (the gap between its k-th and (k+1)-th logit in transformers, f32).
-`--only mixtral,qwen2-moe` runs some architectures alone.
+`--only mixtral,qwen2moe` runs some architectures alone.
 
 Runs on the GPU machine: scripts/gpu-check.sh parity (the tokenizer travels in .gpu-deps/tokenizer).
 """
@@ -111,6 +111,9 @@ def main() -> int:
     ap.add_argument("--tokenizer", type=Path, default=ROOT / ".gpu-deps" / "tokenizer")
     ap.add_argument("--only", default="", help="comma-separated architectures (default: all)")
     a = ap.parse_args()
+    unknown = [n for n in a.only.split(",") if n and n not in ARCHS]
+    if unknown:
+        ap.error(f"--only: no architecture {', '.join(unknown)} (there are {', '.join(ARCHS)})")
     archs = [n for n in ARCHS if not a.only or n in a.only.split(",")]
     tok = transformers.AutoTokenizer.from_pretrained(str(a.tokenizer))
     words = tok(PARITY_TEXT)["input_ids"]
