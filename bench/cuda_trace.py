@@ -5,9 +5,13 @@ A step is the kernels that one CUDA graph launch replayed (one correlation id). 
 kernel sequence are compared (a decode's, once its graph is captured), the last --steps of them. Over a step's
 span (its first kernel's start to its last kernel's end) every instant is one kernel's when that kernel ran
 alone, shared when several ran at once (programmatic launches overlap a kernel's start with the end of the one
-before), or idle when none ran. Printed, as Markdown: per kernel (its short name), launches a step, mean
-duration, time alone a step and its share of the span; then the step's first --first kernels in order (a
-layer), each with its duration and its start against the end of the kernel before (negative: they overlapped).
+before), or idle when none ran. A kernel also advances the step's end by the time from the end of every kernel
+before it to its own end (nothing when it ends earlier): these add up to the span, and under programmatic
+launches, where a kernel starts while the one before still runs and waits for it, they are what the step waits
+on each kernel. Printed, as Markdown: per kernel (its short name), launches a step, mean duration, time alone
+and advance a step, and the advance's share of the span; then the step's first --first kernels in order (a
+layer), each with its duration, its start against the end of the kernel before (negative: they overlapped) and
+its advance.
 
 Usage: python3 bench/cuda_trace.py TRACE.csv [--steps 20] [--first 12] [--label NAME]
 """
@@ -113,38 +117,52 @@ def split(step: list[dict]) -> tuple[list[int], int, int]:
     return alone, shared, idle
 
 
+def advances(step: list[dict]) -> list[int]:
+    """How far each kernel of a step (sorted by start) moved the latest end so far, in ns: the first kernel its
+    duration, every other max(0, its end - the latest end before it). They add up to the step's span."""
+    out, latest = [], step[0]["start"]
+    for r in step:
+        out.append(max(0, r["end"] - latest))
+        latest = max(latest, r["end"])
+    return out
+
+
 def report(rows: list[dict], last: int, first: int, label: str) -> str:
     chosen = steps(rows, last)
     if not chosen:
         return f"## {label}\n\nno kernel replayed from a CUDA graph in the trace\n"
     n = len(chosen)
     spans = [max(r["end"] for r in g) - g[0]["start"] for g in chosen]
-    per_kernel = collections.defaultdict(lambda: {"count": 0, "dur": 0, "alone": 0})
+    per_kernel = collections.defaultdict(lambda: {"count": 0, "dur": 0, "alone": 0, "advance": 0})
     shared_total = idle_total = 0
     for g in chosen:
         alone, shared, idle = split(g)
         shared_total += shared
         idle_total += idle
-        for r, a in zip(g, alone):
+        for r, a, adv in zip(g, alone, advances(g)):
             k = per_kernel[r["name"]]
             k["count"] += 1
             k["dur"] += r["end"] - r["start"]
             k["alone"] += a
+            k["advance"] += adv
     span = statistics.mean(spans)
     lines = [f"## {label}", "",
              f"{n} steps of {len(chosen[0])} kernels: span {span / 1e3:.1f} us (min {min(spans) / 1e3:.1f}, "
              f"max {max(spans) / 1e3:.1f}); a step: {shared_total / n / 1e3:.1f} us with several kernels running, "
              f"{idle_total / n / 1e3:.1f} us with none", "",
-             "| kernel | a step | mean us | alone, us a step | of the span |", "|---|---:|---:|---:|---:|"]
-    for name, k in sorted(per_kernel.items(), key=lambda kv: -kv[1]["alone"]):
+             "| kernel | a step | mean us | alone, us a step | advance, us a step | of the span |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, k in sorted(per_kernel.items(), key=lambda kv: -kv[1]["advance"]):
         lines.append(f"| `{name}` | {k['count'] // n} | {k['dur'] / k['count'] / 1e3:.2f} | "
-                     f"{k['alone'] / n / 1e3:.1f} | {k['alone'] / n / span:.1%} |")
+                     f"{k['alone'] / n / 1e3:.1f} | {k['advance'] / n / 1e3:.1f} | {k['advance'] / n / span:.1%} |")
+    step_adv = [advances(g) for g in chosen]
     lines += ["", f"The step's first {min(first, len(chosen[0]))} kernels (mean over the steps):", "",
-              "| # | kernel | us | start - end of the one before, us |", "|---:|---|---:|---:|"]
+              "| # | kernel | us | start - end of the one before, us | advance, us |", "|---:|---|---:|---:|---:|"]
     for i in range(min(first, len(chosen[0]))):
         dur = statistics.mean(g[i]["end"] - g[i]["start"] for g in chosen)
         gap = "" if i == 0 else f"{statistics.mean(g[i]['start'] - g[i - 1]['end'] for g in chosen) / 1e3:.2f}"
-        lines.append(f"| {i} | `{chosen[0][i]['name']}` | {dur / 1e3:.2f} | {gap} |")
+        adv = statistics.mean(a[i] for a in step_adv)
+        lines.append(f"| {i} | `{chosen[0][i]['name']}` | {dur / 1e3:.2f} | {gap} | {adv / 1e3:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -49,6 +49,15 @@ def test_a_step_is_split_into_each_kernels_time_alone_the_shared_time_and_idle(t
     assert sum(alone) + shared + idle == 15000
 
 
+def test_a_steps_advances_add_up_to_its_span_and_a_kernel_ending_early_advances_nothing(tmp_path):
+    rows = cuda_trace.load(write(tmp_path / "t.csv", step(1_000_000, 5)))
+    (only,) = cuda_trace.steps(rows, 20)
+    assert cuda_trace.advances(only) == [4000, 6000, 5000]  # the attention's includes the idle 2 us before it
+    inner = step(0, 1)[:2] + [(5000, 8000, 1, 7, ATTN)]  # ends inside the GEMV
+    (only,) = cuda_trace.steps(cuda_trace.load(write(tmp_path / "u.csv", inner)), 20)
+    assert cuda_trace.advances(only) == [4000, 6000, 0]
+
+
 def test_the_steps_compared_are_the_last_graph_replays_of_the_common_sequence(tmp_path):
     rows = []
     for i in range(5):  # five replays of one decode graph
@@ -75,9 +84,10 @@ def test_the_report_gives_the_shares_and_the_sequence(tmp_path):
     text = cuda_trace.report(cuda_trace.load(write(tmp_path / "t.csv", rows)), 20, 12, "toy")
     assert "2 steps of 3 kernels: span 15.0 us" in text
     assert "1.0 us with several kernels running, 2.0 us with none" in text
-    assert "| `gemv_staged_kernel<q4_0, 1, 8>` | 1 | 7.00 | 6.0 | 40.0% |" in text
-    assert "| 1 | `gemv_staged_kernel<q4_0, 1, 8>` | 7.00 | -1.00 |" in text
-    assert "| 2 | `attention_staged_kernel<64, 4, __half>` | 3.00 | 2.00 |" in text
+    assert "| `gemv_staged_kernel<q4_0, 1, 8>` | 1 | 7.00 | 6.0 | 6.0 | 40.0% |" in text
+    assert "| `attention_staged_kernel<64, 4, __half>` | 1 | 3.00 | 3.0 | 5.0 | 33.3% |" in text
+    assert "| 1 | `gemv_staged_kernel<q4_0, 1, 8>` | 7.00 | -1.00 | 6.00 |" in text
+    assert "| 2 | `attention_staged_kernel<64, 4, __half>` | 3.00 | 2.00 | 5.00 |" in text
 
 
 def test_a_trace_without_graph_replays_says_so(tmp_path):

@@ -13,7 +13,9 @@ namespace kiln::cuda {
 
 struct Geometry {
   int64_t head_dim, n_heads, n_kv, group, block_size, n_tokens;
-  int64_t n_chunks;  // splits of each token's positions
+  // Decode: the most chunks a token's positions split into (the grid's y), and the fewest positions a chunk:
+  // a token whose span is shorter takes fewer chunks (live_chunks), the blocks past them return at once.
+  int64_t n_chunks, min_chunk;
   float scale, softcap;
   int32_t window;
   // Decode only: the result also rounded to 8 bits for the integer GEMV that reads it (the output
@@ -23,6 +25,14 @@ struct Geometry {
   int8_t* xq;
   float2* xds;
 };
+
+// The chunks a decode token of `span` positions splits into: as many of at least g.min_chunk positions as
+// fit, from 1 to g.n_chunks. The split depends on the token alone (its position, the launch's geometry), so a
+// token's result does not depend on the other tokens of its batch.
+__host__ __device__ inline int64_t live_chunks(int64_t span, const Geometry& g) {
+  const int64_t n = (span + g.min_chunk - 1) / g.min_chunk;
+  return n < 1 ? 1 : n > g.n_chunks ? g.n_chunks : n;
+}
 
 __device__ inline float load(const float* p) { return *p; }
 __device__ inline float load(const __half* p) { return __half2float(*p); }

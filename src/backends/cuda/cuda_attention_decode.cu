@@ -73,24 +73,25 @@ __device__ void round_rows(const Rows& dst, int64_t row0, int n, const Geometry&
   }
 }
 
-// One (token, head)'s chunk records (base: n_chunks <= 64 records of head_dim + 2 floats) scaled to their
-// common maximum and summed in chunk order into dst row y, by one warp. Up to kFewChunks chunks, every record
-// is loaded before the first is used: the merge waits on memory once. More: every chunk's maximum and sum are
-// read at once (chunks lane and lane + 32), then the records' values, kMergeUnroll chunks in flight, about
-// three waits. Both sum the same terms in the same order. The records were written by other blocks of the
-// grid: they are read past L1 (__ldcg).
+// One (token, head)'s chunk records (base: n <= 64 records, of the g.n_chunks a row holds, of head_dim + 2
+// floats) scaled to their common maximum and summed in chunk order into dst row y, by one warp. Up to
+// kFewChunks chunks, every record is loaded before the first is used: the merge waits on memory once. More:
+// every chunk's maximum and sum are read at once (chunks lane and lane + 32), then the records' values,
+// kMergeUnroll chunks in flight, about three waits. Both sum the same terms in the same order. The records
+// were written by other blocks of the grid: they are read past L1 (__ldcg).
 constexpr int kMaxChunks = 64;
 constexpr int kFewChunks = 8;
 template <int DPL>
-__device__ void merge_chunks(const float* base, float* y, int64_t row, const Geometry& g, int lane) {
+__device__ void merge_chunks(const float* base, float* y, int64_t row, const Geometry& g, int64_t n,
+                             int lane) {
   constexpr int kMergeUnroll = 8;
   const int64_t rec = g.head_dim + 2;
   float sum = 0.0f, acc[DPL] = {};
-  if (g.n_chunks <= kFewChunks) {
+  if (n <= kFewChunks) {
     float m[kFewChunks], l[kFewChunks], v[kFewChunks][DPL];
 #pragma unroll
     for (int c = 0; c < kFewChunks; ++c) {
-      const bool on = c < g.n_chunks;
+      const bool on = c < n;
       const float* r = base + c * rec;
       m[c] = on ? __ldcg(r + g.head_dim) : -INFINITY;
       l[c] = on ? __ldcg(r + g.head_dim + 1) : 0.0f;
@@ -106,7 +107,7 @@ __device__ void merge_chunks(const float* base, float* y, int64_t row, const Geo
     if (mx != -INFINITY) {
 #pragma unroll
       for (int c = 0; c < kFewChunks; ++c) {
-        if (c >= g.n_chunks) break;
+        if (c >= n) break;
         const float e = m[c] == -INFINITY ? 0.0f : expf(m[c] - mx);
         sum += l[c] * e;
 #pragma unroll
@@ -118,8 +119,8 @@ __device__ void merge_chunks(const float* base, float* y, int64_t row, const Geo
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t c = lane + 32 * h;
-      m[h] = c < g.n_chunks ? __ldcg(base + c * rec + g.head_dim) : -INFINITY;
-      l[h] = c < g.n_chunks ? __ldcg(base + c * rec + g.head_dim + 1) : 0.0f;
+      m[h] = c < n ? __ldcg(base + c * rec + g.head_dim) : -INFINITY;
+      l[h] = c < n ? __ldcg(base + c * rec + g.head_dim + 1) : 0.0f;
     }
     const float mx = warp_max(fmaxf(m[0], m[1]));
     if (mx != -INFINITY) {
@@ -131,7 +132,7 @@ __device__ void merge_chunks(const float* base, float* y, int64_t row, const Geo
         const int64_t c0 = 32 * h;
 #pragma unroll kMergeUnroll
         for (int j = 0; j < 32; ++j) {
-          if (c0 + j >= g.n_chunks) break;
+          if (c0 + j >= n) break;
           const float* r = base + (c0 + j) * rec;
           const float ej = __shfl_sync(0xffffffffu, e[h], j);
           sum += __shfl_sync(0xffffffffu, l[h], j) * ej;
@@ -155,12 +156,12 @@ __device__ void merge_chunks(const float* base, float* y, int64_t row, const Geo
 // order. done[blockIdx.x] is reset for the next launch (a graph replays this one).
 template <int DPL>
 __device__ void merge_if_last(const float* partial, unsigned* done, const Rows& dst, const Geometry& g,
-                              int64_t row0, int n_q) {
+                              int64_t row0, int n_q, int64_t n) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(done + blockIdx.x, 1u) == static_cast<unsigned>(g.n_chunks - 1);
+    last = atomicAdd(done + blockIdx.x, 1u) == static_cast<unsigned>(n - 1);
     if (last) done[blockIdx.x] = 0;
   }
   __syncthreads();
@@ -170,11 +171,11 @@ __device__ void merge_if_last(const float* partial, unsigned* done, const Rows& 
   const int64_t rec = g.head_dim + 2;
   for (int h = warp; h < n_q; h += n_warps) {
     const int64_t row = row0 + h;
-    merge_chunks<DPL>(partial + row * g.n_chunks * rec, dst.row_as<float>(row), row, g, lane);
+    merge_chunks<DPL>(partial + row * g.n_chunks * rec, dst.row_as<float>(row), row, g, n, lane);
   }
 }
 
-// partial (n_chunks > 1): [n_tokens * n_heads, n_chunks] records of head_dim + 2 floats (acc, m, l);
+// partial (live chunks > 1): [n_tokens * n_heads, g.n_chunks] records of head_dim + 2 floats (acc, m, l);
 // done[blockIdx.x] counts the chunks of its heads whose records are written (zero before the launch, and
 // again after it: the block that finds itself last resets it, then merges).
 template <int DPL, int G, class KV>
@@ -182,7 +183,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     attention_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions, const int32_t* seq,
                      const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst, float* partial,
                      unsigned* done, Geometry g) {
-  pdl_wait();
   extern __shared__ float shm[];  // kWarps x G x (head_dim + 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t groups_per_kv = (g.group + G - 1) / G;
@@ -198,7 +198,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int32_t* table = bt_indices + bt_indptr[seq[t]];
   const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
   const int64_t span = int64_t{pos} - lo + 1;
-  const int64_t c0 = lo + span * chunk / g.n_chunks, c1 = lo + span * (chunk + 1) / g.n_chunks;
+  const int64_t n_chunks = live_chunks(span, g);
+  if (chunk >= n_chunks) return;  // past this token's chunks (the step metadata: no kernel writes it)
+  const int64_t c0 = lo + span * chunk / n_chunks, c1 = lo + span * (chunk + 1) / n_chunks;
+  pdl_wait();  // q, and the K/V rows of this step, come from the kernels before
 
   // The loops over the G heads unroll fully (heads past n_q are predicated off), so that the states stay in
   // registers: a loop that breaks at n_q indexes them at run time, which puts them in local memory.
@@ -281,7 +284,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       merge(a, r[g.head_dim], r[g.head_dim + 1], acc);
     }
     const int64_t row = h0 + h + g.n_heads * t;
-    if (g.n_chunks == 1) {
+    if (n_chunks == 1) {
       const float inv = a.l > 0.0f ? 1.0f / a.l : 0.0f;
       float y[DPL];
 #pragma unroll
@@ -296,7 +299,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       if (lane == 0) r[g.head_dim] = a.m, r[g.head_dim + 1] = a.l;
     }
   }
-  if (g.n_chunks > 1) merge_if_last<DPL>(partial, done, dst, g, h0 + g.n_heads * t, n_q);
+  if (n_chunks > 1) merge_if_last<DPL>(partial, done, dst, g, h0 + g.n_heads * t, n_q, n_chunks);
 }
 
 template <int DPL, int G, class KV>
@@ -429,7 +432,9 @@ __global__ void __launch_bounds__(kStagedThreads)
   const int32_t* table = bt_indices + bt_indptr[seq[t]];
   const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
   const int64_t span = int64_t{pos} - lo + 1;
-  const int64_t c0 = lo + span * chunk / g.n_chunks, c1 = lo + span * (chunk + 1) / g.n_chunks;
+  const int64_t n_chunks = live_chunks(span, g);
+  if (chunk >= n_chunks) return;  // past this token's chunks (the step metadata: no kernel writes it)
+  const int64_t c0 = lo + span * chunk / n_chunks, c1 = lo + span * (chunk + 1) / n_chunks;
 
   // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage.
   constexpr int kRows = kStagedThreads / S::kRowVecs;
@@ -601,7 +606,7 @@ __global__ void __launch_bounds__(kStagedThreads)
       if (h >= n_q) break;
       const int64_t row = h0 + h + g.n_heads * t;
       const int64_t d = 2 * dp;
-      if (g.n_chunks == 1) {
+      if (n_chunks == 1) {
         float* y = dst.row_as<float>(row);
         const float inv = ls[h] > 0.0f ? 1.0f / ls[h] : 0.0f;
         if (d < g.head_dim) y[d] = acc[h][0] * inv;
@@ -614,11 +619,11 @@ __global__ void __launch_bounds__(kStagedThreads)
       }
     }
   }
-  if (g.n_chunks == 1 && g.xq != nullptr) {
+  if (n_chunks == 1 && g.xq != nullptr) {
     __syncthreads();  // the rows are written (two adjacent dims a thread): read back a warp a row
     round_rows(dst, h0 + g.n_heads * t, n_q, g);
   }
-  if (g.n_chunks > 1) merge_if_last<D / 32>(partial, done, dst, g, h0 + g.n_heads * t, n_q);
+  if (n_chunks > 1) merge_if_last<D / 32>(partial, done, dst, g, h0 + g.n_heads * t, n_q, n_chunks);
 }
 
 template <int D, int G, class KV>
@@ -674,8 +679,10 @@ cudaError_t launch_staged_for_head_dim(const Context& ctx, const ops::Attention&
 cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geometry g) {
   // Split the positions when the blocks alone would not fill the device four times over: decode is bound by
   // the latency of each warp's walk over its positions more than by bytes. The longest context a token may
-  // see bounds the useful split (at least 16 positions a chunk, four a warp): the positions live on the
-  // device, so the block tables' total length stands in for it.
+  // see bounds the useful split: the positions live on the device (a recorded step replays with others), so
+  // the block tables' total length bounds the grid, and each token splits its own span into as many chunks
+  // of at least min_chunk positions as fit (live_chunks), the grid's other blocks returning at once. A short
+  // span thus takes one chunk and writes its result without the merge.
   // The staged kernel's chunks hold at least 64 positions (a stage of 16-byte-row f16 pools), the unstaged
   // kernel's 16 (four a warp). KILN_CUDA_ATTN_CHUNK sets the fewest positions a chunk (for tuning);
   // KILN_CUDA_ATTN_STAGED=0 sends every decode to the unstaged kernel.
@@ -695,6 +702,7 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   const int64_t want = (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
   g.n_chunks =
       std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, kMaxChunks}));
+  g.min_chunk = min_chunk;
   float* partial = nullptr;
   unsigned* done = nullptr;
   if (g.n_chunks > 1) {
