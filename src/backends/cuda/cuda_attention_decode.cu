@@ -362,28 +362,29 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 //   C. p.v: a thread two adjacent dims of every head, over every kPg-th position of the stage.
 // f32 arithmetic, the same sums as the unstaged kernel up to their order. Rows whose head_dim is not a whole
 // number of 16-byte vectors take attention_kernel.
-constexpr int kStagedThreads = 256;
-constexpr int kStagedWarps = kStagedThreads / 32;
-constexpr int kHeadsAWarp = (kGroup + kStagedWarps - 1) / kStagedWarps;  // step B's heads a warp, at most
-
 template <int D, class KV>
 struct Staged {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(KV));  // elements a 16-byte vector
   static constexpr int kRowVecs = D / kVec;                       // vectors a row
   static constexpr int kRowBytes = D * static_cast<int>(sizeof(KV)) + 16;
   static constexpr int kStage = D * sizeof(KV) <= 256 ? 64 : D * sizeof(KV) <= 512 ? 32 : 16;  // positions
-  static constexpr int kTpp = kStagedThreads / kStage;  // threads a position's scores
-  static constexpr int kSliceVecs = kRowVecs / kTpp;    // vectors of a row a thread scores
-  static constexpr int kCopies =
-      kStage * kRowVecs / kStagedThreads;             // copies a thread a stage, of K and of V
-  static constexpr int kPg = 2 * kStagedThreads / D;  // position groups of step C
+  // Threads a block: 16 warps for rows of up to 256 bytes, whose states fit the 128 registers a thread that
+  // allows; 8 beyond.
+  static constexpr int kThreads = D * sizeof(KV) <= 256 ? 512 : 256;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kHeadsAWarp = (kGroup + kWarps - 1) / kWarps;  // step B's heads a warp, at most
+  static constexpr int kTpp = kThreads / kStage;                      // threads a position's scores
+  static constexpr int kSliceVecs = kRowVecs / kTpp;                  // vectors of a row a thread scores
+  static constexpr int kCopies = kStage * kRowVecs / kThreads;  // copies a thread a stage, of K and of V
+  static constexpr int kPg = 2 * kThreads / D;                  // position groups of step C
   static constexpr size_t kKvBytes = size_t{4} * kStage * kRowBytes;  // 2 stages of K and V
   static size_t shared_bytes(int g) {
     return kKvBytes +
            sizeof(float) * (size_t(g) * D + size_t(kTpp) * g * kStage + size_t(g) * kStage + 3 * g);
   }
-  static_assert(kRowVecs % kTpp == 0 && (kStage * kRowVecs) % kStagedThreads == 0 &&
-                kStagedThreads % kRowVecs == 0);
+  static_assert(kRowVecs % kTpp == 0 && (kStage * kRowVecs) % kThreads == 0 && kThreads % kRowVecs == 0);
+  // The position groups' sums meet, at the end, in the stages' buffers.
+  static_assert(sizeof(float) * (kPg - 1) * kGroup * D <= kKvBytes);
 };
 
 __device__ inline void unpack(const unsigned char* p, float (&out)[8]) {  // 8 f16
@@ -407,7 +408,7 @@ __device__ inline float2 load_pair(const unsigned char* p, float) {
 }
 
 template <int D, int G, class KV>
-__global__ void __launch_bounds__(kStagedThreads)
+__global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
     attention_staged_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                             const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
                             float* partial, unsigned* done, Geometry g) {
@@ -437,7 +438,7 @@ __global__ void __launch_bounds__(kStagedThreads)
   const int64_t c0 = lo + span * chunk / n_chunks, c1 = lo + span * (chunk + 1) / n_chunks;
 
   // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage.
-  constexpr int kRows = kStagedThreads / S::kRowVecs;
+  constexpr int kRows = S::kThreads / S::kRowVecs;
   const int cr = tid / S::kRowVecs, cv = tid % S::kRowVecs;
   const bool dim_on = cv * S::kVec < g.head_dim;
   const int64_t row_stride = g.n_kv * g.head_dim;
@@ -471,15 +472,15 @@ __global__ void __launch_bounds__(kStagedThreads)
   pdl_wait();
   issue(0);
   if (c0 + S::kStage < c1) find(c0 + S::kStage);
-  for (int e = tid; e < G * D; e += kStagedThreads) {
+  for (int e = tid; e < G * D; e += S::kThreads) {
     const int h = e / D, d = e % D;
     qs[e] = h < n_q && d < g.head_dim ? q.row_as<const float>(h0 + h + g.n_heads * t)[d] * g.scale : 0.0f;
   }
 
-  // Step B's state: warp w holds heads w, w + kStagedWarps, ...
-  float m_run[kHeadsAWarp], l_run[kHeadsAWarp];
+  // Step B's state: warp w holds heads w, w + S::kWarps, ...
+  float m_run[S::kHeadsAWarp], l_run[S::kHeadsAWarp];
 #pragma unroll
-  for (int k = 0; k < kHeadsAWarp; ++k) m_run[k] = -INFINITY, l_run[k] = 0.0f;
+  for (int k = 0; k < S::kHeadsAWarp; ++k) m_run[k] = -INFINITY, l_run[k] = 0.0f;
   // Step C's: dims 2 * dp, 2 * dp + 1 of every head, positions pg, pg + kPg, ...
   const int dp = tid % (D / 2), pg = tid / (D / 2);
   float acc[G][2] = {};
@@ -520,8 +521,8 @@ __global__ void __launch_bounds__(kStagedThreads)
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < kHeadsAWarp; ++k) {  // B
-      const int h = warp + kStagedWarps * k;
+    for (int k = 0; k < S::kHeadsAWarp; ++k) {  // B
+      const int h = warp + S::kWarps * k;
       if (h >= G) break;
       float x[2];
 #pragma unroll
@@ -574,8 +575,8 @@ __global__ void __launch_bounds__(kStagedThreads)
   if (c0 >= c1) __syncthreads();
   pdl_trigger();  // K and V are read: the next kernel may be scheduled
 #pragma unroll
-  for (int k = 0; k < kHeadsAWarp; ++k) {
-    const int h = warp + kStagedWarps * k;
+  for (int k = 0; k < S::kHeadsAWarp; ++k) {
+    const int h = warp + S::kWarps * k;
     if (h < G && lane == 0) ms[h] = m_run[k], ls[h] = l_run[k];
   }
   // The position groups' sums, in group order, into group 0 (the stages' buffers are free).
@@ -640,7 +641,7 @@ cudaError_t launch_staged(const Context& ctx, const ops::Attention& op, const Ge
     return e;
   }
   (void)launch_kernel(
-      ctx, kernel, grid, kStagedThreads, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
+      ctx, kernel, grid, Staged<D, KV>::kThreads, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
       static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
       static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
       static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
@@ -666,6 +667,14 @@ bool staged_eligible(const ops::Attention& op, const Geometry& g) {
          reinterpret_cast<uintptr_t>(op.v_pool.data) % 16 == 0;
 }
 
+// Positions a stage of the staged kernel that takes these rows.
+template <class KV>
+int64_t staged_stage(int64_t head_dim) {
+  return head_dim <= 64    ? Staged<64, KV>::kStage
+         : head_dim <= 128 ? Staged<128, KV>::kStage
+                           : Staged<256, KV>::kStage;
+}
+
 template <class KV>
 cudaError_t launch_staged_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                        float* partial, unsigned* done) {
@@ -683,9 +692,9 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   // the block tables' total length bounds the grid, and each token splits its own span into as many chunks
   // of at least min_chunk positions as fit (live_chunks), the grid's other blocks returning at once. A short
   // span thus takes one chunk and writes its result without the merge.
-  // The staged kernel's chunks hold at least 64 positions (a stage of 16-byte-row f16 pools), the unstaged
-  // kernel's 16 (four a warp). KILN_CUDA_ATTN_CHUNK sets the fewest positions a chunk (for tuning);
-  // KILN_CUDA_ATTN_STAGED=0 sends every decode to the unstaged kernel.
+  // The staged kernel's chunks hold at least four of its stages (256 positions of f16 rows of up to 128
+  // dims), the unstaged kernel's 16 (four a warp). KILN_CUDA_ATTN_CHUNK sets the fewest positions a chunk
+  // (for tuning); KILN_CUDA_ATTN_STAGED=0 sends every decode to the unstaged kernel.
   static const int64_t chunk_env = [] {
     const char* v = std::getenv("KILN_CUDA_ATTN_CHUNK");
     return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{0};
@@ -695,7 +704,11 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
     return v == nullptr || std::atoi(v) != 0;
   }();
   const bool staged = staged_on && staged_eligible(op, g);
-  const int64_t min_chunk = chunk_env > 0 ? chunk_env : staged ? 64 : 16;
+  const bool f16 = op.k_pool.type == DType::f16;
+  const int64_t min_chunk =
+      chunk_env > 0 ? chunk_env
+      : staged      ? 4 * (f16 ? staged_stage<__half>(g.head_dim) : staged_stage<float>(g.head_dim))
+                    : 16;
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
@@ -712,11 +725,11 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
     if (partial == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
   }
   if (staged) {
-    return op.k_pool.type == DType::f16 ? launch_staged_for_head_dim<__half>(ctx, op, g, partial, done)
-                                        : launch_staged_for_head_dim<float>(ctx, op, g, partial, done);
+    return f16 ? launch_staged_for_head_dim<__half>(ctx, op, g, partial, done)
+               : launch_staged_for_head_dim<float>(ctx, op, g, partial, done);
   }
-  return op.k_pool.type == DType::f16 ? launch_for_head_dim<__half>(ctx, op, g, partial, done)
-                                      : launch_for_head_dim<float>(ctx, op, g, partial, done);
+  return f16 ? launch_for_head_dim<__half>(ctx, op, g, partial, done)
+             : launch_for_head_dim<float>(ctx, op, g, partial, done);
 }
 
 }  // namespace kiln::cuda
