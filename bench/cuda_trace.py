@@ -11,7 +11,8 @@ launches, where a kernel starts while the one before still runs and waits for it
 on each kernel. Printed, as Markdown: per kernel (its short name), launches a step, mean duration, time alone
 and advance a step, and the advance's share of the span; then the step's first --first kernels in order (a
 layer), each with its duration, its start against the end of the kernel before (negative: they overlapped) and
-its advance.
+its advance; then the step's repeating unit (a decoder layer), each kernel's duration and advance averaged over
+the layers and the steps.
 
 Usage: python3 bench/cuda_trace.py TRACE.csv [--steps 20] [--first 12] [--label NAME]
 """
@@ -127,6 +128,28 @@ def advances(step: list[dict]) -> list[int]:
     return out
 
 
+def layer_period(names: list[str]) -> tuple[int, int, int]:
+    """The repeating unit of a step's kernel names (a decoder layer): (period, first index, repeats) of the run
+    of at least three repeats in a row that covers the most kernels (the shortest period on a tie, then the
+    latest start); (0, 0, 0) when there is none."""
+    best, covered = (0, 0, 0), 0
+    n = len(names)
+    for p in range(2, n // 3 + 1):
+        for start in range(p):
+            run_start, reps = start, 0
+            for i in range(start, n - p + 1, p):
+                if names[i:i + p] == names[run_start:run_start + p]:
+                    reps += 1
+                    # The same cover by a later rotation of the same unit: a layer whose first kernel the
+                    # step's first layer lacks (a residual add) begins later.
+                    later = reps * p == covered and p == best[0] and run_start > best[1]
+                    if reps >= 3 and (reps * p > covered or later):
+                        best, covered = (p, run_start, reps), reps * p
+                else:
+                    run_start, reps = i, 1
+    return best
+
+
 def report(rows: list[dict], last: int, first: int, label: str) -> str:
     chosen = steps(rows, last)
     if not chosen:
@@ -163,6 +186,19 @@ def report(rows: list[dict], last: int, first: int, label: str) -> str:
         gap = "" if i == 0 else f"{statistics.mean(g[i]['start'] - g[i - 1]['end'] for g in chosen) / 1e3:.2f}"
         adv = statistics.mean(a[i] for a in step_adv)
         lines.append(f"| {i} | `{chosen[0][i]['name']}` | {dur / 1e3:.2f} | {gap} | {adv / 1e3:.2f} |")
+    period, first_i, reps = layer_period([r["name"] for r in chosen[0]])
+    if period:
+        lines += ["", f"A layer: {period} kernels from kernel {first_i}, {reps} times a step (mean over the layers and "
+                      f"the steps; their advance sums to {reps} x the table's):", "",
+                  "| # | kernel | us | advance, us |", "|---:|---|---:|---:|"]
+        for j in range(period):
+            idx = [first_i + period * k + j for k in range(reps)]
+            dur = statistics.mean(g[i]["end"] - g[i]["start"] for g in chosen for i in idx)
+            adv = statistics.mean(a[i] for a in step_adv for i in idx)
+            lines.append(f"| {j} | `{chosen[0][first_i + j]['name']}` | {dur / 1e3:.2f} | {adv / 1e3:.2f} |")
+        total = statistics.mean(sum(a[first_i + period * k + j] for j in range(period)) for a in step_adv
+                                for k in range(reps))
+        lines.append(f"| | a layer | | {total / 1e3:.2f} |")
     return "\n".join(lines) + "\n"
 
 

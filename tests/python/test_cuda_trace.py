@@ -90,6 +90,30 @@ def test_the_report_gives_the_shares_and_the_sequence(tmp_path):
     assert "| 2 | `attention_staged_kernel<64, 4, __half>` | 3.00 | 2.00 | 5.00 |" in text
 
 
+def test_a_layer_is_the_repeating_unit_that_covers_the_most_kernels_at_its_latest_start():
+    layer = ["norm", "qkv", "rope", "attn", "o"]
+    names = ["embd", "first_norm", "qkv", "rope", "attn", "o"] + layer * 6 + ["final_norm", "head"]
+    assert cuda_trace.layer_period(names) == (5, 6, 6)  # not from the first layer's qkv: it has no norm
+    assert cuda_trace.layer_period(["a", "b", "a", "b", "c"]) == (0, 0, 0)  # two repeats are not a layer
+    assert cuda_trace.layer_period(["a", "b"] * 2 + ["a", "c"] * 3) == (2, 4, 3)
+
+
+def test_the_report_averages_a_layer_over_the_layers_and_the_steps(tmp_path):
+    rows = []
+    for s, t0 in enumerate((1_000_000, 2_000_000)):
+        rows.append((t0, t0 + 1000, 10 + s, 7, ATTN))  # a prologue kernel, then 4 layers of NORM, GEMV
+        t = t0 + 1000
+        for _ in range(4):
+            rows += [(t, t + 2000, 10 + s, 7, NORM), (t + 1000, t + 5000, 10 + s, 7, GEMV)]
+            t += 5000
+    text = cuda_trace.report(cuda_trace.load(write(tmp_path / "t.csv", rows)), 20, 12, "toy")
+    assert "A layer: 2 kernels from kernel 1, 4 times a step" in text
+    # The norm: 2 us, ending 2 us after the GEMV before it (or the prologue); the GEMV: 4 us, ending 3 us after.
+    assert "| 0 | `add_rms_norm_kernel<(NormOut)1, 256>` | 2.00 | 2.00 |" in text
+    assert "| 1 | `gemv_staged_kernel<q4_0, 1, 8>` | 4.00 | 3.00 |" in text
+    assert "| | a layer | | 5.00 |" in text
+
+
 def test_a_trace_without_graph_replays_says_so(tmp_path):
     text = cuda_trace.report(cuda_trace.load(write(tmp_path / "t.csv", [(0, 10, 1, 0, GEMV)])), 20, 12, "x")
     assert "no kernel replayed from a CUDA graph" in text
