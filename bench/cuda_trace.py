@@ -14,13 +14,14 @@ layer), each with its duration, its start against the end of the kernel before (
 its advance; then the step's repeating unit (a decoder layer), each kernel's duration and advance averaged over
 the layers and the steps.
 
-Usage: python3 bench/cuda_trace.py TRACE.csv [--steps 20] [--first 12] [--label NAME]
+Usage: python3 bench/cuda_trace.py TRACE.csv[.gz] [--steps 20] [--first 12] [--label NAME]
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import csv
+import gzip
 import re
 import statistics
 import sys
@@ -51,8 +52,10 @@ def short_name(name: str) -> str:
 
 
 def load(path: Path) -> list[dict]:
+    """The kernel records of a trace file, plain or gzip-compressed (a name ending in .gz)."""
     rows = []
-    with path.open(newline="") as f:
+    opened = gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="")
+    with opened as f:
         for r in csv.DictReader(f):
             rows.append({"start": int(r["start_ns"]), "end": int(r["end_ns"]), "corr": int(r["correlation"]),
                          "graph": int(r["graph_id"]), "node": int(r["graph_node"]), "name": short_name(r["name"])})

@@ -33,7 +33,8 @@
 #             (default: the 8B Q4_0; waits for prep's files)
 #   trace     each kernel's time within the decode steps as they run (graphs, programmatic launch): CUPTI's
 #             records (bench/cuda_trace.cpp) summed by bench/cuda_trace.py, on TRACE_FILES (default: the 8B Q4_0
-#             and the 135M BF16; waits for prep's files), TRACE_ARGS the bench's arguments
+#             and the 135M BF16; waits for prep's files), TRACE_ARGS the bench's arguments, TRACE_KEEP=1 the
+#             records as $OUT/trace-FILE.csv.gz
 #   prefill   each kernel's time in a pp2048 (ncu), kiln's and llama.cpp's, and kiln's per-op table
 #             (KILN_CUDA_PROFILE) on PREFILL_FILES (default: the 8B BF16; waits for that file and the peer's build)
 #   offload   partial offload beside llama.cpp (bench/gpu_peer.py --offload): OFFLOAD_LAYERS (default 16) layers on
@@ -252,6 +253,8 @@ print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
           "$bin/tools/kiln/kiln" "${args[@]}" 2>"/tmp/trace-$f.log" | grep -E "^\| .*tg")"
         tail -1 "/tmp/trace-$f.log"
         python3 bench/cuda_trace.py "/tmp/trace-$f.csv" --label "$f" || status=1
+        # TRACE_KEEP=1: the records too, compressed, for bench/cuda_trace.py here (two files more under $OUT).
+        if [ "${TRACE_KEEP:-0}" = 1 ]; then gzip -c "/tmp/trace-$f.csv" >"$out/trace-$f.csv.gz"; fi
       done 2>&1 | tee "$out/trace.md"
       ;;
     prefill)

@@ -2,6 +2,7 @@
 bench/cuda_trace.cpp writes on a GPU machine): which steps it compares, and how it splits a step's span."""
 from __future__ import annotations
 
+import gzip
 import sys
 from pathlib import Path
 
@@ -112,6 +113,13 @@ def test_the_report_averages_a_layer_over_the_layers_and_the_steps(tmp_path):
     assert "| 0 | `add_rms_norm_kernel<(NormOut)1, 256>` | 2.00 | 2.00 |" in text
     assert "| 1 | `gemv_staged_kernel<q4_0, 1, 8>` | 4.00 | 3.00 |" in text
     assert "| | a layer | | 5.00 |" in text
+
+
+def test_a_compressed_trace_reads_as_the_plain_one(tmp_path):
+    plain = write(tmp_path / "t.csv", step(1_000_000, 5))
+    packed = tmp_path / "t.csv.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert cuda_trace.load(packed) == cuda_trace.load(plain)
 
 
 def test_a_trace_without_graph_replays_says_so(tmp_path):
