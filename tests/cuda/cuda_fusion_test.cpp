@@ -21,9 +21,11 @@ namespace kiln {
 namespace {
 
 constexpr int64_t kEmbd = 256, kHead = 64, kHeads = 4, kKvHeads = 2, kFf = 384, kBlock = 16;
-// Token t of a step is at position 37 + 5t. Every sequence's blocks before its token's are the shared blocks
-// 0 .. kShared - 1 (as a common prefix: read, never written); the token's own block is kShared + t.
-constexpr int64_t kMaxTokens = 100, kShared = (37 + 5 * (kMaxTokens - 1)) / kBlock,
+// Token t of a step is at position 37 + 29t: from t = 8 on, a span of more than 256 positions, which a decode
+// attention splits into chunks (at least two) and merges. Every sequence's blocks before its token's are the
+// shared blocks 0 .. kShared - 1 (as a common prefix: read, never written); the token's own block is kShared
+// + t.
+constexpr int64_t kStride = 29, kMaxTokens = 100, kShared = (37 + kStride * (kMaxTokens - 1)) / kBlock,
                   kBlocks = kShared + kMaxTokens;
 
 struct LayerOptions {
@@ -85,7 +87,9 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   // Each token's table: the shared blocks up to its position's, then its own. A prefill's one sequence:
   // blocks 0, 1, ...
   std::vector<int32_t> indptr{0}, indices;
-  const auto position = [&](int64_t t) { return static_cast<int32_t>(opt.prefill ? 37 + t : 37 + 5 * t); };
+  const auto position = [&](int64_t t) {
+    return static_cast<int32_t>(opt.prefill ? 37 + t : 37 + kStride * t);
+  };
   if (opt.prefill) {
     for (int64_t j = 0; j <= position(m - 1) / kBlock; ++j) indices.push_back(static_cast<int32_t>(j));
     indptr.push_back(static_cast<int32_t>(indices.size()));
@@ -260,9 +264,10 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
-  // bf16, q8_0 in the file's form, q8_0 prepared (grouped). m = 1: the attention's positions in one chunk;
-  // more tokens: in several, merged by the last block. 100 bf16 rows: past the GEMMs of decode batches, where
-  // the gated activation still writes the down projection's x in bf16.
+  // bf16, q8_0 in the file's form, q8_0 prepared (grouped). Up to 8 tokens: each token's positions in one
+  // chunk (the block rounds x for the integer GEMV after reading its rows back); 12 and 20: the last tokens'
+  // in several, merged by the last block (which rounds x). 100 bf16 rows: past the GEMMs of decode batches,
+  // where the gated activation still writes the down projection's x in bf16.
   for (const auto& [wtype, prepared] :
        {std::pair{DType::bf16, false}, {DType::q8_0, false}, {DType::q8_0, true}}) {
     for (const int64_t m : {1, 3, 8, 12, 20}) expect_fused_as_alone(m, wtype, prepared);
