@@ -2,15 +2,17 @@
 // what it gives with every op as its own kernel (KILN_CUDA_FUSE=0 against 1), for decode-sized and
 // prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
 // and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
-// file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, then the
-// attention that reads them, over f16 and f32 pools, one or several chunks of positions; float weights: the
-// gate/up GEMV that applies the activation, at each of its block shapes).
+// file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, in the
+// Q/K/V GEMV's stores or as their own kernel, then the attention that reads them, over f16 and f32 pools, one
+// or several chunks of positions; float weights: the gate/up GEMV that applies the activation, at each of
+// its block shapes).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -226,14 +228,18 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
 }
 
 // The layer's buffer after `reps` runs of its program (x accumulates, so each run differs): with graphs, the
-// first run grows scratch (ops one by one), the second is captured, the third replayed.
+// first run grows scratch (ops one by one), the second is captured, the third replayed. env: more settings of
+// the backend (name, value).
+using Env = std::vector<std::pair<const char*, const char*>>;
 std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = true, int reps = 2,
-                               bool prepared = false, const LayerOptions& opt = {}) {
+                               bool prepared = false, const LayerOptions& opt = {}, const Env& env = {}) {
   setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
   setenv("KILN_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+  for (const auto& [name, value] : env) setenv(name, value, 1);
   auto b = make_backend("cuda");
   unsetenv("KILN_CUDA_FUSE");
   unsetenv("KILN_CUDA_GRAPHS");
+  for (const auto& [name, value] : env) unsetenv(name);
   EXPECT_TRUE(b.ok()) << b.status().to_string();
   if (!b.ok()) return {};
   Layer L = make_layer(**b, m, wtype, 42, prepared, opt);
@@ -247,9 +253,10 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
 }
 
 // Three runs: the last replays the graph the second captured.
-void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOptions& opt = {}) {
-  const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 3, prepared, opt),
-                             alone = run_layer(false, m, wtype, true, 3, prepared, opt);
+void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOptions& opt = {},
+                           const Env& env = {}) {
+  const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 3, prepared, opt, env),
+                             alone = run_layer(false, m, wtype, true, 3, prepared, opt, env);
   ASSERT_EQ(fused.size(), alone.size());
   ASSERT_FALSE(fused.empty());
   size_t first_diff = fused.size();
@@ -260,7 +267,7 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
       << " n_rot " << opt.n_rot << (opt.layout == ops::RopeLayout::rope_layout_neox ? " neox" : "")
       << (opt.act_in_place ? " act in place" : "") << (opt.prefill ? " prefill" : "")
-      << ": first differing byte";
+      << (env.empty() ? "" : " with ") << (env.empty() ? "" : env[0].first) << ": first differing byte";
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
@@ -268,11 +275,19 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   // chunk (the block rounds x for the integer GEMV after reading its rows back); 12 and 20: the last tokens'
   // in several, merged by the last block (which rounds x). 100 bf16 rows: past the GEMMs of decode batches,
   // where the gated activation still writes the down projection's x in bf16.
+  // Up to 8 tokens, Q/K/V's GEMV applies RoPE and writes the pools as it stores (the exact GEMV, the integer
+  // one in grouped form: staged for one token, not for more); q8_0 in the file's form takes an integer GEMV
+  // that does not, so the RoPE kernel runs after it.
   for (const auto& [wtype, prepared] :
        {std::pair{DType::bf16, false}, {DType::q8_0, false}, {DType::q8_0, true}}) {
     for (const int64_t m : {1, 3, 8, 12, 20}) expect_fused_as_alone(m, wtype, prepared);
   }
   expect_fused_as_alone(100, DType::bf16, false);
+  // The staged GEMV's blocks taking several items each (the cos/sin of an item after the first made at its
+  // store), and the RoPE kernel after the GEMV by choice.
+  const Env few_blocks{{"KILN_CUDA_GEMV_GRID", "3"}}, no_rope{{"KILN_CUDA_GEMV_ROPE", "0"}};
+  expect_fused_as_alone(1, DType::q8_0, true, {}, few_blocks);
+  for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::bf16, false, {}, no_rope);
   // RoPE + KV write over f32 pools, with all dims rotated as NeoX pairs (the 16-byte units of the kernel for
   // whole heads), and with half the dims rotated as NeoX pairs (the kernel of any shape).
   LayerOptions f32_pools;
@@ -393,12 +408,12 @@ std::vector<size_t> fused_lengths(const Program& program) {
 TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   auto b = make_backend("cpu");  // the program only: fused_length reads operands, launches nothing
   ASSERT_TRUE(b.ok());
-  // One token: add+norm, qkv (one GEMV launch), rope q+k+kv write, the attention and the output projection
-  // alone, add+norm, gate+up with the activation (one GEMV launch), down and the last add alone. 20 tokens
-  // (GEMMs on x in bf16): the add+norm and the activation write x in bf16 for the GEMMs that read it, which
-  // join them: add+norm+qkv, rope q+k+kv write, the attention, the output projection alone (the attention of
-  // 20 sequences of a token takes the decode kernel), add+norm+gate+up, activation+down, the last add alone.
-  // The same with the activation written over its gate.
+  // One token: add+norm, qkv with rope q+k and the kv write (one GEMV launch), the attention and the output
+  // projection alone, add+norm, gate+up with the activation (one GEMV launch), down and the last add alone.
+  // 20 tokens (GEMMs on x in bf16): the add+norm and the activation write x in bf16 for the GEMMs that read
+  // it, which join them: add+norm+qkv, rope q+k+kv write, the attention, the output projection alone (the
+  // attention of 20 sequences of a token takes the decode kernel), add+norm+gate+up, activation+down, the
+  // last add alone. The same with the activation written over its gate.
   for (const bool in_place : {false, true}) {
     LayerOptions opt;
     opt.act_in_place = in_place;
@@ -406,7 +421,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
       Layer L = make_layer(**b, m, DType::bf16, 1, false, opt);
       const std::vector<size_t> lengths = fused_lengths(L.program);
       const std::vector<size_t> want =
-          m == 1 ? std::vector<size_t>{2, 3, 3, 0, 0, 2, 3, 0, 0} : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
+          m == 1 ? std::vector<size_t>{2, 6, 0, 0, 2, 3, 0, 0} : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
       EXPECT_EQ(lengths, want) << "m " << m << (in_place ? " act in place" : "");
     }
   }
@@ -435,12 +450,14 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(12)), 2u);
   }
   // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm, the decode attention or the activation
-  // whose result they read; the GEMMs beyond (x in f16) join the add+norm and the activation.
-  for (const int64_t m : {1, 12, 20}) {
+  // whose result they read, and up to 8 tokens the RoPE and KV write join Q/K/V's; the GEMMs beyond (x in
+  // f16) join the add+norm and the activation.
+  for (const int64_t m : {1, 8, 12, 20}) {
     Layer L = make_layer(**b, m, DType::q8_0, 1);
     const std::vector<size_t> lengths = fused_lengths(L.program);
-    const std::vector<size_t> want =
-        m <= 16 ? std::vector<size_t>{5, 3, 2, 4, 2, 0} : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
+    const std::vector<size_t> want = m <= 8    ? std::vector<size_t>{8, 2, 4, 2, 0}
+                                     : m <= 16 ? std::vector<size_t>{5, 3, 2, 4, 2, 0}
+                                               : std::vector<size_t>{5, 3, 0, 0, 4, 2, 0};
     EXPECT_EQ(lengths, want) << "q8_0 m " << m;
     // A matmul that reads something other than the activation's result does not join it.
     std::vector<ops::Op> ops = L.program.ops();
@@ -454,6 +471,35 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops)), 0u);
   std::get<ops::KvWrite>(ops[7]).k = std::get<ops::Rope>(ops[5]).dst;  // q's, not k's
   EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(5)), 0u);
+  EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(2)), 3u);  // Q/K/V alone
+  // Q/K/V's GEMV rotates q and k in place, in the normal layout, every dim of a head, with no frequency
+  // factors; a RoPE of a view other than q's, NeoX pairs, half the dims rotated or the switch off leave the
+  // RoPE and the KV write to their own kernel.
+  const auto qkv_rope = [&](const std::vector<ops::Op>& o, const cuda::Context& ctx = {}) {
+    return cuda::fused_length(ctx, std::span(o).subspan(2));
+  };
+  ops = L.program.ops();
+  EXPECT_EQ(qkv_rope(ops), 6u);
+  {
+    std::vector<ops::Op> o = ops;
+    std::get<ops::Rope>(o[5]).dst = std::get<ops::Matmul>(o[3]).dst;  // not in place
+    EXPECT_EQ(qkv_rope(o), 3u);
+    o = ops;
+    std::get<ops::Rope>(o[5]).p.layout = ops::RopeLayout::rope_layout_neox;
+    std::get<ops::Rope>(o[6]).p.layout = ops::RopeLayout::rope_layout_neox;
+    EXPECT_EQ(qkv_rope(o), 3u);
+    o = ops;
+    std::get<ops::Rope>(o[5]).p.n_rot = kHead / 2;
+    std::get<ops::Rope>(o[6]).p.n_rot = kHead / 2;
+    EXPECT_EQ(qkv_rope(o), 3u);
+    o = ops;
+    std::get<ops::Rope>(o[5]).freq_factors = ops::Weight(std::get<ops::RmsNorm>(o[1]).w.tensor);
+    std::get<ops::Rope>(o[6]).freq_factors = std::get<ops::Rope>(o[5]).freq_factors;
+    EXPECT_EQ(qkv_rope(o), 3u);
+    cuda::Context off;
+    off.gemv_rope = false;
+    EXPECT_EQ(qkv_rope(ops, off), 3u);
+  }
 }
 
 // What a GEMV sends toward L2 for the matmuls after it: the weights of the next group (Q/K/V, o, gate and up)

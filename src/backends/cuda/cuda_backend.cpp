@@ -151,6 +151,9 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_GEMV_ACT=0: the gated activation after a gate and an up GEMV runs as its own kernel.
     if (const char* v = std::getenv("KILN_CUDA_GEMV_ACT"); v != nullptr)
       ctx_.gemv_act = std::string_view(v) != "0";
+    // KILN_CUDA_GEMV_ROPE=0: RoPE of q and k and the KV write run as their own kernel after the Q/K/V GEMV.
+    if (const char* v = std::getenv("KILN_CUDA_GEMV_ROPE"); v != nullptr)
+      ctx_.gemv_rope = std::string_view(v) != "0";
     // KILN_CUDA_L2_AHEAD=MiB: the next matmuls' weights that a GEMV sends toward L2 when they are at most
     // this large (0: never).
     if (const char* v = std::getenv("KILN_CUDA_L2_AHEAD"); v != nullptr)

@@ -191,6 +191,23 @@ bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
          !overlap(rq->x, rk->dst);
 }
 
+// The RoPE of q and k and the KV write (rope_kv_triple) that start `ops`, on the results of `group`, the Q,
+// K and V matmuls of one GEMV (n of them): q and k rotated in place, the matmuls' destinations their views
+// as [head_dim * heads, tokens] (gemv_rope_ok: the rest). 3 when the GEMV takes them, else 0.
+size_t rope_after(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* const (&group)[3],
+                  size_t n) {
+  if (n != 3 || ops.size() < 3 || !rope_kv_triple(ops[0], ops[1], ops[2])) return 0;
+  const auto& rq = std::get<ops::Rope>(ops[0]);
+  const auto& rk = std::get<ops::Rope>(ops[1]);
+  const auto& kv = std::get<ops::KvWrite>(ops[2]);
+  const bool views = same_view(rq.x, rq.dst) && same_view(rk.x, rk.dst) &&
+                     flat_view_of(group[0]->dst, rq.x) && flat_view_of(group[1]->dst, rk.x) &&
+                     flat_view_of(group[2]->dst, kv.v) && group[0]->dst.ne[0] == rq.x.ne[0] * rq.x.ne[1] &&
+                     group[1]->dst.ne[0] == rk.x.ne[0] * rk.x.ne[1] &&
+                     group[2]->dst.ne[0] == kv.v.ne[0] * kv.v.ne[1] && kv.v.ne[0] == rq.x.ne[0];
+  return views && gemv_rope_ok(ctx, std::span(group, n), RopeOps{&rq, &rk, &kv}) ? 3 : 0;
+}
+
 // A gate and an up matmul (gemv_pairs) and the gated activation of exactly their results, f32 of their shape,
 // written over the gate or up or apart from them and x: gemv_act_pair.
 bool act_pair(const Context& ctx, std::span<const ops::Op> ops) {
@@ -210,7 +227,8 @@ bool act_pair(const Context& ctx, std::span<const ops::Op> ops) {
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   if (ops.size() < 2) return 0;
   if (act_pair(ctx, ops)) return 3;
-  if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group)) return n;
+  if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group))
+    return n + rope_after(ctx, ops.subspan(n), group, n);
   if (const ops::Matmul * group[3]; const size_t n = gemm_group(ctx, ops, group)) return n;
   if (add_norm_pair(ops[0], ops[1])) {
     const auto& norm = std::get<ops::RmsNorm>(ops[1]);
@@ -219,7 +237,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     const ops::Matmul* group[3] = {};
     if (const size_t n = gemv_run(ctx, ops.subspan(2), group);
         n > 0 && same_view(group[0]->x, norm.dst) && takes_q8(ctx, *group[0])) {
-      return 2 + n;
+      return 2 + n + rope_after(ctx, ops.subspan(2 + n), group, n);
     }
     // ... or the GEMMs that read it in 16 bits, which the norm's kernel writes for them.
     if (const size_t n = gemm_run(ctx, ops.subspan(2), group);
@@ -305,32 +323,41 @@ cudaError_t run_fused(const Context& ctx, std::span<const ops::Op> ops, size_t& 
     return gemv_act_pair(ctx, std::get<ops::Matmul>(ops[0]), std::get<ops::Matmul>(ops[1]),
                          std::get<ops::GatedAct>(ops[2]));
   }
+  // The matmuls of ops[from, to), and the RoPE + KV write after them when the sequence goes on past them.
+  const ops::Matmul* group[3] = {};
+  RopeOps rope{};
+  const auto matmuls = [&](size_t from, size_t to) {
+    size_t n = 0;
+    while (from + n < to && n < 3 && std::holds_alternative<ops::Matmul>(ops[from + n])) {
+      group[n] = &std::get<ops::Matmul>(ops[from + n]);
+      ++n;
+    }
+    if (from + n < to) {
+      rope = {&std::get<ops::Rope>(ops[from + n]), &std::get<ops::Rope>(ops[from + n + 1]),
+              &std::get<ops::KvWrite>(ops[from + n + 2])};
+    }
+    return std::span<const ops::Matmul* const>(group, n);
+  };
   if (std::holds_alternative<ops::Matmul>(ops[0])) {
-    const ops::Matmul* group[3] = {};
-    for (size_t i = 0; i < consumed; ++i) group[i] = &std::get<ops::Matmul>(ops[i]);
-    const std::span<const ops::Matmul* const> mms(group, consumed);
+    const auto mms = matmuls(0, consumed);
+    if (rope.q != nullptr) return matmul_gemv_rope_group(ctx, mms, rope);
     return takes_gemv(ctx, *group[0]) ? matmul_gemv_group(ctx, mms) : matmul_gemm_group(ctx, mms);
   }
   if (std::holds_alternative<ops::Binary>(ops[0])) {
     const auto& add = std::get<ops::Binary>(ops[0]);
     const auto& norm = std::get<ops::RmsNorm>(ops[1]);
     if (consumed == 2) return add_rms_norm(ctx, add, norm);
-    const ops::Matmul* group[3] = {};
-    for (size_t i = 2; i < consumed; ++i) group[i - 2] = &std::get<ops::Matmul>(ops[i]);
-    const std::span<const ops::Matmul* const> mms(group, consumed - 2);
+    const auto mms = matmuls(2, consumed);
+    if (rope.q != nullptr) return add_norm_gemv_rope_group(ctx, add, norm, mms, rope);
     return takes_gemv(ctx, *group[0]) ? add_norm_gemv_group(ctx, add, norm, mms)
                                       : add_norm_gemm_group(ctx, add, norm, mms);
   }
   if (const auto* glu = std::get_if<ops::GatedAct>(&ops[0])) {
-    const ops::Matmul* group[3] = {};
-    for (size_t i = 1; i < consumed; ++i) group[i - 1] = &std::get<ops::Matmul>(ops[i]);
-    const std::span<const ops::Matmul* const> mms(group, consumed - 1);
+    const auto mms = matmuls(1, consumed);
     return takes_gemv(ctx, *group[0]) ? glu_gemv_group(ctx, *glu, mms) : glu_gemm_group(ctx, *glu, mms);
   }
   if (const auto* att = std::get_if<ops::Attention>(&ops[0])) {
-    const ops::Matmul* group[3] = {};
-    for (size_t i = 1; i < consumed; ++i) group[i - 1] = &std::get<ops::Matmul>(ops[i]);
-    const std::span<const ops::Matmul* const> mms(group, consumed - 1);
+    const auto mms = matmuls(1, consumed);
     return takes_gemv(ctx, *group[0]) ? attention_gemv_group(ctx, *att, mms)
                                       : attention_gemm_group(ctx, *att, mms);
   }

@@ -7,10 +7,12 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_rope.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
 #include "core/dtype.h"
 
@@ -55,6 +57,22 @@ struct GemvPair {
   Rows out;
 };
 
+// Q, K and V computed together (on: the launch's three parts, f32 results, columns the step's tokens), with
+// RoPE of q and k and the KV write of k and v done as the blocks store them (matmul_gemv_rope_group): a
+// block's rows are whole pairs of dims (normal layout, every dim of a head rotated), rotated in place with
+// the cos/sin of the token's position (RopeFreqs, passed beside the arguments), and the rows of k and v also
+// go to the pools at the token's slot (pools: [head_dim, n_kv, block_size, n_blocks], f32 or f16).
+struct GemvRope {
+  bool on;
+  const int32_t* positions;  // [tokens]
+  const int32_t* slots;      // [tokens]
+  void* k_pool;
+  void* v_pool;
+  bool k16, v16;  // the pools hold f16 (else f32)
+  int head_dim;
+  int n_kv;
+};
+
 // Columns q = group * m + c, c < m, of one GEMV launch (group = blockIdx.y, grid-strided).
 struct GemvArgs {
   const uint8_t* w;      // [k, n] or, with ids, [k, n, n_expert]
@@ -87,7 +105,13 @@ struct GemvArgs {
   GemvPair pair;
   // Weights of the matmuls after this one that the blocks send toward L2 as they finish (prefetch_ahead).
   L2Ahead ahead;
+  GemvRope rope;
 };
+
+// The frequencies of a GEMV that rotates (kRope: GemvRope), a kernel argument of its own; nothing else.
+struct NoRope {};
+template <bool kRope>
+using RopeArg = std::conditional_t<kRope, RopeFreqs, NoRope>;
 
 // Block `block` of `blocks`' share of `ahead`: its bytes split evenly over the blocks in 16-byte units, a
 // 128-byte line a thread sent toward L2.
@@ -104,15 +128,45 @@ __device__ __forceinline__ void prefetch_ahead(const L2Ahead& ahead, unsigned bl
   }
 }
 
-// The matrix that row block `block` of the launch belongs to; `block` becomes the block's index in it.
-__device__ __forceinline__ GemvPart gemv_part(const GemvArgs& a, unsigned& block) {
+// The matrix that row block `block` of the launch belongs to; `block` becomes the block's index in it, and
+// `index` the part's (0: the first matrix).
+__device__ __forceinline__ GemvPart gemv_part(const GemvArgs& a, unsigned& block, int& index) {
   GemvPart part{a.w, a.w_nb1, a.n, a.dst};
   unsigned first = 0;
+  index = 0;
   for (int i = 1; i < a.n_parts; ++i) {
-    if (block >= a.part_start[i]) part = a.more[i - 1], first = a.part_start[i];
+    if (block >= a.part_start[i]) part = a.more[i - 1], first = a.part_start[i], index = i;
   }
   block -= first;
   return part;
+}
+
+// Where a rotating GEMV's block stores (GemvRope): its part (0: q, 1: k, 2: v) and the cos/sin of the pair of
+// the warp-0 lane's row and column, when it was made ahead (before the wait for the kernel before: the
+// positions are step metadata, which no kernel writes).
+struct RopeAt {
+  int part = 0;
+  float2 cs{};
+  bool ready = false;
+};
+
+// The cos/sin of the pair of row `i` of a q or k part at column q (token q's position).
+__device__ __forceinline__ float2 gemv_rope_cs(const GemvRope& g, const RopeFreqs& f, int64_t i, int64_t q) {
+  return rope_cs(f.f[static_cast<int>(i % g.head_dim) / 2], g.positions[q]);
+}
+
+// RopeAt of a block's first rows row0 .. and columns q0 .. (cols of them): the warp-0 lane that will store
+// row row0 + lane / kCols, column q0 + lane % kCols makes its cos/sin now.
+template <int kRows, int kCols>
+__device__ __forceinline__ RopeAt gemv_rope_ahead(const GemvArgs& a, const RopeFreqs& f, int part,
+                                                  int64_t row0, int64_t n, int64_t q0, int cols) {
+  RopeAt at{part};
+  const int lane = static_cast<int>(threadIdx.x), r = lane / kCols, c = lane % kCols;
+  if (part < 2 && lane < kRows * kCols && c < cols && row0 + r < n) {
+    at.cs = gemv_rope_cs(a.rope, f, row0 + r, q0 + c);
+    at.ready = true;
+  }
+  return at;
 }
 
 // Step kStep (lane offset 16 >> kStep) of gemv_store's warp sum over v's values (kValues of them at the
@@ -144,12 +198,17 @@ __device__ __forceinline__ void butterfly(float (&v)[kValues], int lane, int& at
 // IEEE arithmetic), so the bits are warp_sum's. Then the warps' sums meet in shared memory in warp order.
 // Ends with `red` written and read: a later call must follow a __syncthreads(). kPair (pair.on): the block's
 // rows are kRows / 2 rows of `part` (the gate) from row0 and the same rows of `up`, and each of the first
-// kRows / 2 x kCols threads stores a gate value, its up value and their activation.
-template <int kRows, int kCols, bool kPair = false>
+// kRows / 2 x kCols threads stores a gate value, its up value and their activation. kRope (GemvRope; kRows
+// even, row0 a multiple of kRows): warp 0's lanes sum the values, the lanes of a pair's two rows swap their
+// sums, and each stores its element of the rotated pair (q, k) or its value (v), and k's and v's also to the
+// pools.
+template <int kRows, int kCols, bool kPair = false, bool kRope = false>
 __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
                                            float (&red)[kGemvThreads / 32][kRows][kCols],
                                            const GemvPart& part, DType dst_type, int64_t row0, int64_t q0,
-                                           int cols, const GemvPair& pair, const GemvPart& up) {
+                                           int cols, const GemvPair& pair, const GemvPart& up,
+                                           const GemvRope& rope = {}, const RopeArg<kRope>& freqs = {},
+                                           const RopeAt& rope_at = {}) {
   constexpr int kValues = kRows * kCols;
   static_assert(kValues <= 32 && (kValues & (kValues - 1)) == 0,
                 "a power of two of values, at most a lane each");
@@ -176,6 +235,36 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
     }
     return;
   }
+  if constexpr (kRope) {
+    static_assert(kRows % 2 == 0, "whole pairs of rows");
+    if (warp != 0) return;
+    const int r = (lane / kCols) % kRows, c = lane % kCols;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kGemvThreads / 32; ++i) s += red[i][r][c];
+    const float other = __shfl_xor_sync(0xffffffffu, s, kCols);  // row r ^ 1's
+    if (lane >= kValues || c >= cols || row0 + r >= part.n) return;
+    const int64_t i = row0 + r, q = q0 + c;
+    float y = s;
+    if (rope_at.part < 2) {
+      const float2 cs = rope_at.ready ? rope_at.cs : gemv_rope_cs(rope, freqs, i, q);
+      const bool even = r % 2 == 0;
+      const float2 yy = rope_rotate(even ? s : other, even ? other : s, cs);
+      y = even ? yy.x : yy.y;
+    }
+    reinterpret_cast<float*>(part.dst.row(q))[i] = y;
+    if (rope_at.part > 0) {
+      const int h = static_cast<int>(i) / rope.head_dim, d = static_cast<int>(i) - h * rope.head_dim;
+      const int64_t at = (int64_t{rope.slots[q]} * rope.n_kv + h) * rope.head_dim + d;
+      const bool k = rope_at.part == 1;
+      void* pool = k ? rope.k_pool : rope.v_pool;
+      if (k ? rope.k16 : rope.v16)
+        static_cast<__half*>(pool)[at] = __float2half_rn(y);
+      else
+        static_cast<float*>(pool)[at] = y;
+    }
+    return;
+  }
   if (threadIdx.x < kValues) {
     const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
     if (c < cols && row0 + r < part.n) {
@@ -191,12 +280,6 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
 // grouped form (rows 16-byte aligned).
 enum class Access : uint8_t { natural, safe, grouped };
 
-// The GEMV of `a` (1 to kGemvMaxCols columns) with weight type T: exact (f32 x) or integer (kQ8: x rounded to
-// 8 bits), kPair: gate and up paired with their activation (a.pair). Defined in cuda_gemv_kernel.cuh and
-// instantiated for a few weight types in each cuda_gemv_*.cu.
-template <DType T, bool kQ8, bool kPair = false>
-void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access);
-
 // The types whose integer GEMV reads its weights through shared memory where the rows allow (the K-quants'
 // rows 16-byte aligned and whole 16-byte chunks; the legacy types' in grouped form): docs/cuda.md has the
 // measurements.
@@ -205,9 +288,23 @@ inline constexpr bool kStagedType =
     T == DType::q4_k || T == DType::q5_k || T == DType::q6_k || T == DType::q4_0 || T == DType::q4_1 ||
     T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
 
+// Which GEMVs rotate (GemvRope): the exact one of float weights at their natural alignment, and the integer
+// one of the staged types, staged or in grouped form; the others are launched without (cuda_matmul.cu's
+// gemv_rotates).
+template <DType T, bool kQ8>
+inline constexpr bool kRopeGemv =
+    kQ8 ? kStagedType<T> : T == DType::bf16 || T == DType::f16 || T == DType::f32;
+
+// The GEMV of `a` (1 to kGemvMaxCols columns) with weight type T: exact (f32 x) or integer (kQ8: x rounded to
+// 8 bits), kPair: gate and up paired with their activation (a.pair); with RoPE and the KV write (a.rope.on,
+// its frequencies `rope`) where kRopeGemv and the access allow. Defined in cuda_gemv_kernel.cuh and
+// instantiated for a few weight types in each cuda_gemv_*.cu.
+template <DType T, bool kQ8, bool kPair = false>
+void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, const RopeFreqs* rope = nullptr);
+
 // The staged integer GEMV (cuda_gemv_staged.cu) of kStagedType weights: row_blocks blocks of kRows rows
 // (over all parts) times a.n_groups column groups of kCols.
 template <DType T, int kCols, int kRows>
-void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks);
+void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, const RopeFreqs* rope);
 
 }  // namespace kiln::cuda

@@ -125,15 +125,18 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
 // the integer path (a.xq, a.xds), else f32 x. A with kGrouped: rows in grouped form
 // (cuda_quant.cuh's legacy_block), 16-byte aligned. kPair (kRows >= 2, a.pair.on): the block's rows are
-// kRows / 2 rows of the first matrix from row0 and the same rows of the second (GemvPair).
-template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kPair = false>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+// kRows / 2 rows of the first matrix from row0 and the same rows of the second (GemvPair). kRope (kRows
+// even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), the frequencies in `freqs`.
+template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kPair = false, bool kRope = false>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<kRope> freqs) {
   static_assert(!kPair || kRows >= 2, "a paired block holds a row of each matrix at least");
+  static_assert(!kRope || (!kPair && kRows % 2 == 0), "a rotating block holds whole pairs of rows");
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   constexpr int kHalf = kPair ? kRows / 2 : 1;
   constexpr bool paired = kPair;
   unsigned block = blockIdx.x / a.col_split;
-  const GemvPart part = paired ? GemvPart{a.w, a.w_nb1, a.n, a.dst} : gemv_part(a, block);
+  int part_index = 0;
+  const GemvPart part = paired ? GemvPart{a.w, a.w_nb1, a.n, a.dst} : gemv_part(a, block, part_index);
   const int64_t row0 = static_cast<int64_t>(block) * (paired ? kHalf : kRows);
   // Row r of the block: its matrix's row (clamped to the last, so that loads stay in bounds) and whether it
   // is a row of that matrix (scalars chosen one by one: a reference to either part would put them in local
@@ -158,13 +161,22 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       if (real) prefetch_l2(row + (i % lines) * 128);
     }
   }
+  const int64_t g_first = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split;
+  RopeAt rope_at{part_index};
+  if constexpr (kRope) {
+    if (threadIdx.x < 32 && g_first < a.n_groups) {
+      const int64_t q0 = g_first * a.m;
+      rope_at =
+          gemv_rope_ahead<kRows, kCols>(a, freqs, part_index, row0, part.n, q0,
+                                        static_cast<int>(min(static_cast<int64_t>(a.m), a.n_cols - q0)));
+    }
+  }
   pdl_wait();
   if (a.early_trigger) pdl_trigger();
   bool ahead =
       blockIdx.y == 0;  // the first row of blocks sends the next weights toward L2, once (exact GEMV)
   const int64_t g_step = static_cast<int64_t>(gridDim.y) * a.col_split;
-  for (int64_t g = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split; g < a.n_groups;
-       g += g_step) {
+  for (int64_t g = g_first; g < a.n_groups; g += g_step) {
     const int64_t q0 = g * a.m;
     const int cols = static_cast<int>(min(static_cast<int64_t>(a.m), a.n_cols - q0));
     const int64_t expert = a.use_ids ? a.ids[q0] * a.w_nb2 : 0;  // MoE: never paired
@@ -194,8 +206,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     if constexpr (!kQ8) {
       if (ahead) prefetch_ahead(a.ahead, blockIdx.x, gridDim.x), ahead = false;
     }
-    gemv_store<kRows, kCols, kPair>(acc, red, part, a.dst_type, row0, q0, cols, a.pair, a.more[0]);
-    __syncthreads();  // red is reused by the next column group
+    gemv_store<kRows, kCols, kPair, kRope>(acc, red, part, a.dst_type, row0, q0, cols, a.pair, a.more[0],
+                                           a.rope, freqs, rope_at);
+    rope_at.ready = false;  // made for the first column group only
+    __syncthreads();        // red is reused by the next column group
   }
 }
 
@@ -218,7 +232,7 @@ inline bool gemv_early_trigger(const Context& ctx, int64_t k, int64_t cols, bool
 }
 
 template <DType T, bool kQ8, int kCols, int kRows, int kUnroll, bool kPair = false>
-void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
+void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const RopeFreqs* rope) {
   a.early_trigger = gemv_early_trigger(ctx, a.k, a.n_cols, kQ8 && kStagedType<T> && a.staged);
   int64_t blocks = gemv_div_up(a.n, kRows);
   a.part_start[0] = 0;
@@ -232,25 +246,42 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
   if constexpr (kPair) {  // each block: rows of both; float weights at their natural alignment (gemv_pairs)
     const dim3 pair_grid(static_cast<unsigned>(gemv_div_up(a.n, kRows / 2) * a.col_split), grid.y);
     (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, false, true>, pair_grid,
-                        kGemvThreads, 0, a);
+                        kGemvThreads, 0, a, NoRope{});
     return;
   }
   if constexpr (kQ8 && kStagedType<T>) {
-    if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks);
+    if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks, rope);
   }
+  // Rotating (a.rope.on): the exact GEMV at the natural alignment or the integer one in grouped form, of
+  // rows a block in pairs (launch_gemv_rows; gemv_rotates chose the path).
+  constexpr bool kMayRope = kRopeGemv<T, kQ8> && kRows % 2 == 0;
   if constexpr (kGroupedType<T>) {
     if (access == Access::grouped) {
+      if constexpr (kMayRope && kQ8) {
+        if (a.rope.on) {
+          (void)launch_kernel(ctx, gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, kQ8, false, true>,
+                              grid, kGemvThreads, 0, a, *rope);
+          return;
+        }
+      }
       (void)launch_kernel(ctx, gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, kQ8>, grid, kGemvThreads,
-                          0, a);
+                          0, a, NoRope{});
       return;
     }
   }
   if (access == Access::natural) {
+    if constexpr (kMayRope && !kQ8) {
+      if (a.rope.on) {
+        (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, true>,
+                            grid, kGemvThreads, 0, a, *rope);
+        return;
+      }
+    }
     (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8>, grid, kGemvThreads,
-                        0, a);
+                        0, a, NoRope{});
   } else {
     (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll, kQ8>, grid,
-                        kGemvThreads, 0, a);
+                        kGemvThreads, 0, a, NoRope{});
   }
 }
 
@@ -259,9 +290,9 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access) {
 // The pieces a thread keeps in flight shrink as rows grow (the registers they take). m > 1: four rows, and
 // four or eight columns.
 template <DType T, bool kQ8, bool kPair>
-void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access) {
-  if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1, kPair>(ctx, a, access);
-  if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1, kPair>(ctx, a, access);
+void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, const RopeFreqs* rope) {
+  if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1, kPair>(ctx, a, access, rope);
+  if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1, kPair>(ctx, a, access, rope);
   // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/matmul_bench).
   static const int forced = [] {
     const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
@@ -285,18 +316,21 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access) {
   const bool short_rows = !kQ8 && a.k <= short_k;
   const int rows = forced != 0 ? forced : n >= 4096 || short_rows ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
-    case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1, kPair>(ctx, a, access);
-    case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2, kPair>(ctx, a, access);
+    case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1, kPair>(ctx, a, access, rope);
+    case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2, kPair>(ctx, a, access, rope);
     case 1:
-      if constexpr (!kPair) return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, access);
-      [[fallthrough]];  // a gate row and an up row at least
-    default: return launch_gemv_shape<T, kQ8, 1, 2, 4, kPair>(ctx, a, access);
+      if constexpr (!kPair) {
+        if (!a.rope.on) return launch_gemv_shape<T, kQ8, 1, 1, 4>(ctx, a, access, rope);
+      }
+      [[fallthrough]];  // a gate row and an up row, or the two rows of a rotated pair, at least
+    default: return launch_gemv_shape<T, kQ8, 1, 2, 4, kPair>(ctx, a, access, rope);
   }
 }
 
 // launch_gemv_rows for weight type T: the exact GEMV (every weight type), the integer one (the types with an
 // integer path) and the paired gate/up one (float weights), as cuda_matmul.cu calls them.
-#define KILN_GEMV_INSTANTIATE(T, kQ8, kPair) \
-  template void launch_gemv_rows<DType::T, kQ8, kPair>(const Context&, const GemvArgs&, Access);
+#define KILN_GEMV_INSTANTIATE(T, kQ8, kPair)                                                    \
+  template void launch_gemv_rows<DType::T, kQ8, kPair>(const Context&, const GemvArgs&, Access, \
+                                                       const RopeFreqs*);
 
 }  // namespace kiln::cuda

@@ -169,6 +169,7 @@ struct Staged<DType::q8_0> : StagedGrouped<DType::q8_0> {};
 // q0 .. q0 + cols - 1.
 struct Item {
   GemvPart part;
+  int part_index;
   const uint8_t* w;  // the part's weight (the expert's, with ids)
   int64_t row0, q0;
   int cols;
@@ -178,7 +179,7 @@ __device__ __forceinline__ Item item_at(const GemvArgs& a, unsigned item) {
   const auto groups = static_cast<unsigned>(a.n_groups);
   unsigned block = groups == 1 ? item : item / groups;
   Item it;
-  it.part = gemv_part(a, block);
+  it.part = gemv_part(a, block, it.part_index);
   it.row0 = int64_t{block} * kRows;
   it.q0 = int64_t{groups == 1 ? 0u : item % groups} * a.m;
   it.cols = static_cast<int>(min(static_cast<int64_t>(a.m), a.n_cols - it.q0));
@@ -187,13 +188,15 @@ __device__ __forceinline__ Item item_at(const GemvArgs& a, unsigned item) {
 }
 
 // Blocks a multiprocessor must hold (registers): a one-column launch of one or two rows a block is many short
-// blocks (a small model's matmuls), which run in one wave only when the device holds them all at once.
-template <int kCols, int kRows>
-inline constexpr int kStagedMinBlocks = kCols == 1 && kRows <= 2 ? 12 : 1;
+// blocks (a small model's matmuls), which run in one wave only when the device holds them all at once. With
+// RoPE (kRope), whose store takes more registers, 8: at 12 the kernel spilled.
+template <int kCols, int kRows, bool kRope = false>
+inline constexpr int kStagedMinBlocks = kCols == 1 && kRows <= 2 ? (kRope ? 8 : 12) : 1;
 
-template <DType T, int kCols, int kRows>
-__global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
-    gemv_staged_kernel(GemvArgs a, unsigned n_items) {
+// kRope (kRows even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), as gemv_kernel.
+template <DType T, int kCols, int kRows, bool kRope>
+__global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, kRope>)
+    gemv_staged_kernel(GemvArgs a, unsigned n_items, RopeArg<kRope> freqs) {
   using S = Staged<T>;
   using Q = typename S::Q;
   constexpr int kSeg = seg_bytes<T>();
@@ -221,7 +224,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
   // issued is kept (next), so that item_at() runs once an item, except in the kernels that must hold many
   // blocks: there it runs again where the item's segments are read, since holding the Item across the loop
   // took the one-column kernels of 1-2 rows from 38 to 52-70 registers.
-  constexpr bool kKeepItem = kStagedMinBlocks<kCols, kRows> == 1;
+  constexpr bool kKeepItem = kStagedMinBlocks<kCols, kRows, kRope> == 1;
   Item next{};
   const uint8_t* from = nullptr;  // the thread's row of the item being issued, at its first chunk
   const auto issue = [&](unsigned item, int seg, int slot) {
@@ -253,6 +256,14 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
   int seg = 0, slot = 0;
   if (a.use_ids) pdl_wait();  // the experts' ids come from the kernel before
   issue(item, 0, 0);
+  RopeAt rope_at;
+  if constexpr (kRope) {
+    if (threadIdx.x < 32 && item < n_items) {
+      const Item first = item_at<kRows>(a, item);
+      rope_at = gemv_rope_ahead<kRows, kCols>(a, freqs, first.part_index, first.row0, first.part.n, first.q0,
+                                              first.cols);
+    }
+  }
   pdl_wait();
   if (a.early_trigger) pdl_trigger();
   Item it{};
@@ -313,7 +324,14 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
       }
     }
     if (next_seg == 0) {  // the item's last segment
-      gemv_store(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair, a.more[0]);
+      if constexpr (kRope) {
+        rope_at.part = it.part_index;
+        gemv_store<kRows, kCols, false, true>(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair,
+                                              a.more[0], a.rope, freqs, rope_at);
+        rope_at.ready = false;  // made for the first item only
+      } else {
+        gemv_store(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair, a.more[0]);
+      }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -325,11 +343,9 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows>)
   }
 }
 
-}  // namespace
-
-template <DType T, int kCols, int kRows>
-void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks) {
-  const auto kernel = gemv_staged_kernel<T, kCols, kRows>;
+template <DType T, int kCols, int kRows, bool kRope>
+void launch_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, const RopeArg<kRope>& freqs) {
+  const auto kernel = gemv_staged_kernel<T, kCols, kRows, kRope>;
   constexpr size_t smem = 2 * kRows * seg_bytes<T>();
   // Blocks a multiprocessor holds (registers, the two slots and the table): the grid is that many a
   // multiprocessor, or fewer when there are fewer items (or Context::staged_gemv_grid says fewer).
@@ -347,16 +363,27 @@ void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_block
   const int64_t items = row_blocks * a.n_groups;
   const int64_t grid = std::min({items, int64_t{per_sm} * std::max(ctx.n_sms, 1), cap});
   (void)launch_kernel(ctx, kernel, dim3(static_cast<unsigned>(grid)), dim3(kGemvThreads), smem, a,
-                      static_cast<unsigned>(items));
+                      static_cast<unsigned>(items), freqs);
 }
 
-#define KILN_STAGED(T)                                                                 \
-  template void launch_gemv_staged<T, 1, 8>(const Context&, const GemvArgs&, int64_t); \
-  template void launch_gemv_staged<T, 1, 4>(const Context&, const GemvArgs&, int64_t); \
-  template void launch_gemv_staged<T, 1, 2>(const Context&, const GemvArgs&, int64_t); \
-  template void launch_gemv_staged<T, 1, 1>(const Context&, const GemvArgs&, int64_t); \
-  template void launch_gemv_staged<T, 4, 4>(const Context&, const GemvArgs&, int64_t); \
-  template void launch_gemv_staged<T, kGemvMaxCols, 4>(const Context&, const GemvArgs&, int64_t);
+}  // namespace
+
+template <DType T, int kCols, int kRows>
+void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, const RopeFreqs* rope) {
+  if constexpr (kRows % 2 == 0) {
+    if (a.rope.on) return launch_staged<T, kCols, kRows, true>(ctx, a, row_blocks, *rope);
+  }
+  launch_staged<T, kCols, kRows, false>(ctx, a, row_blocks, NoRope{});
+}
+
+#define KILN_STAGED(T)                                                                                   \
+  template void launch_gemv_staged<T, 1, 8>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
+  template void launch_gemv_staged<T, 1, 4>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
+  template void launch_gemv_staged<T, 1, 2>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
+  template void launch_gemv_staged<T, 1, 1>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
+  template void launch_gemv_staged<T, 4, 4>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
+  template void launch_gemv_staged<T, kGemvMaxCols, 4>(const Context&, const GemvArgs&, int64_t,         \
+                                                       const RopeFreqs*);
 KILN_STAGED(DType::q4_k)
 KILN_STAGED(DType::q5_k)
 KILN_STAGED(DType::q6_k)

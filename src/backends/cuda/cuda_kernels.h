@@ -55,6 +55,9 @@ struct Context {
   // The exact GEMV of a gate and an up matmul applies their gated activation as it stores them
   // (gemv_act_pair).
   bool gemv_act = true;
+  // The GEMV of Q, K and V applies RoPE to q and k and writes k and v to the pools as it stores them
+  // (matmul_gemv_rope_group).
+  bool gemv_rope = true;
   // What the GEMVs of this launch send toward L2 for the matmuls after them (set per sequence by the backend;
   // empty: nothing).
   L2Ahead ahead;
@@ -149,6 +152,21 @@ bool takes_q8(const Context& ctx, const ops::Matmul& op);
 // 1-3 matmuls on the same x that take the GEMV, with weights of one type and k and one quantize_x: one GEMV
 // launch.
 cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group);
+// RoPE of q, RoPE of k and the KV write after the matmuls that compute q, k and v (rope_kv_write's ops).
+struct RopeOps {
+  const ops::Rope* q;
+  const ops::Rope* k;
+  const ops::KvWrite* kv;
+};
+// Whether the Q, K and V matmuls of one GEMV launch (as matmul_gemv_group takes them, at most kGemvMaxCols
+// tokens) may rotate and write the pools as they store (RopeOps: in place on their f32 results, in the
+// normal layout, every dim of a head rotated, no frequency factors); cuda_dispatch.cu checks the operands.
+bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group, const RopeOps& rope);
+// matmul_gemv_group of Q, K and V, then `rope` (rope_kv_write's ops on their results): in the GEMV's stores
+// where its path rotates (cuda_gemv.cuh's GemvRope), else by rope_kv_write after it. The same bits either
+// way.
+cudaError_t matmul_gemv_rope_group(const Context& ctx, std::span<const ops::Matmul* const> group,
+                                   const RopeOps& rope);
 // Whether a gate and an up matmul on one x (as matmul_gemv_group takes them) can run paired: the exact GEMV
 // of at most kGemvMaxCols rows, as many rows each, f32 results.
 bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up);
@@ -170,6 +188,9 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
 // of its own does.
 cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                                 std::span<const ops::Matmul* const> group);
+// The same for Q, K and V, then `rope` as matmul_gemv_rope_group.
+cudaError_t add_norm_gemv_rope_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                                     std::span<const ops::Matmul* const> group, const RopeOps& rope);
 // A gated activation (f32 dst, n a multiple of 32) and 1-3 matmuls on its result that take the integer GEMV:
 // its kernel also rounds that result to 8 bits for them.
 cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,

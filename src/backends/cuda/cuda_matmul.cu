@@ -132,15 +132,26 @@ bool launch_mmq(const Context& ctx, const GemvArgs& a, DType type, bool grouped,
 }
 
 // q8: on the integer path (x rounded to 8 bits by quantize_x() first); else exact, in f32. grouped: the
-// weight's rows (every part's) are in grouped form.
-cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped) {
+// weight's rows (every part's) are in grouped form. rope (a.rope set but for `on`): the frequencies of Q, K
+// and V's RoPE, which the GEMV applies with the KV write where its path allows (kRopeGemv: the exact GEMV at
+// the natural alignment, the integer one staged or in grouped form), saying so in *roped.
+cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped,
+                        const RopeFreqs* rope = nullptr, bool* roped = nullptr) {
   a.prefetch = ctx.pdl;
   // The exact GEMV sends the next matmuls' weights toward L2; the integer one does not (the 135M-shaped
   // model in Q8_0 measured no gain, and 4 requests about 1% less: docs/cuda.md).
   a.ahead = q8 ? L2Ahead{} : ctx.ahead;
+  a.rope.on = false;
+  if (roped != nullptr) *roped = false;
   if (cudaError_t err = cudaSuccess; q8 && launch_mmq(ctx, a, w.type, grouped, err)) return err;
+  const bool may_rope = rope != nullptr && rope->on;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
+    constexpr bool kQ8 = decltype(q8_tag)::value;
+    const auto rotate = [&](bool path_ok) {
+      a.rope.on = may_rope && kRopeGemv<T, kQ8> && path_ok;
+      if (roped != nullptr) *roped = a.rope.on;
+    };
     if (grouped) {
       if (!kGroupedType<T>) return cudaErrorNotSupported;
       // Grouped rows are whole 16-byte chunks; the staged GEMV needs them to start 16-byte aligned, and takes
@@ -153,7 +164,8 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
       }
       a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.staged_gemv_grouped && rows16 &&
                  (a.n_cols == 1 || !kLegacyType<T>);
-      launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, Access::grouped);
+      rotate(kQ8);
+      launch_gemv_rows<T, kQ8>(ctx, a, Access::grouped, rope);
       return cudaGetLastError();
     }
     const int64_t align = Quant<T>::kAlign;
@@ -170,7 +182,8 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
     }
     // The staged GEMV of the legacy types and Q6_K reads grouped rows only.
     a.staged = decltype(q8_tag)::value && kStagedType<T> && !kGroupedType<T> && ctx.staged_gemv && rows16;
-    launch_gemv_rows<T, decltype(q8_tag)::value>(ctx, a, natural ? Access::natural : Access::safe);
+    rotate(kQ8 ? a.staged : natural);
+    launch_gemv_rows<T, kQ8>(ctx, a, natural ? Access::natural : Access::safe, rope);
     return cudaGetLastError();
   };
   if (!q8) return visit_weight_type(w.type, [&](auto tag) { return launch(tag, std::false_type{}); });
@@ -603,6 +616,63 @@ cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* c
   return launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w));
 }
 
+bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group, const RopeOps& rope) {
+  if (!ctx.gemv_rope || group.size() != 3) return false;
+  const ops::Matmul& first = *group[0];
+  const int64_t m = first.x.n_rows();
+  for (const ops::Matmul* op : group) {
+    if (op->dst.type != DType::f32) return false;
+  }
+  const ops::RopeParams& p = rope.q->p;
+  return m <= kGemvMaxCols && takes_gemv(ctx, first) &&
+         !(takes_q8(ctx, first) && mmq_batch(ctx, first.w.tensor.type, m)) &&
+         p.layout == ops::RopeLayout::rope_layout_normal && p.n_rot == rope.q->x.ne[0] && p.n_rot % 2 == 0 &&
+         p.n_rot / 2 <= kRopeArgPairs && rope.q->freq_factors.tensor.data == nullptr &&
+         rope.q->positions.is_contiguous() && rope.kv->slots.is_contiguous();
+}
+
+namespace {
+
+// The GemvRope of `rope` (but for `on`, which launch_gemv sets) and its frequencies.
+RopeFreqs rope_args(GemvArgs& a, const RopeOps& rope) {
+  const ops::KvWrite& kv = *rope.kv;
+  a.rope.positions = static_cast<const int32_t*>(rope.q->positions.data);
+  a.rope.slots = static_cast<const int32_t*>(kv.slots.data);
+  a.rope.k_pool = kv.k_pool.data;
+  a.rope.v_pool = kv.v_pool.data;
+  a.rope.k16 = kv.k_pool.type == DType::f16;
+  a.rope.v16 = kv.v_pool.type == DType::f16;
+  a.rope.head_dim = static_cast<int>(rope.q->x.ne[0]);
+  a.rope.n_kv = static_cast<int>(kv.k.ne[1]);
+  return host_rope_freqs(rope.q->p, rope.q->freq_factors.tensor.data);
+}
+
+// The GEMV of `a` (launch_gemv's arguments) with `rope` applied in its stores where its path allows, else by
+// rope_kv_write after it.
+cudaError_t launch_gemv_rope(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped,
+                             const RopeOps& rope) {
+  const RopeFreqs freqs = rope_args(a, rope);
+  bool roped = false;
+  if (const cudaError_t err = launch_gemv(ctx, a, w, q8, grouped, &freqs, &roped);
+      err != cudaSuccess || roped)
+    return err;
+  return rope_kv_write(ctx, *rope.q, *rope.k, *rope.kv);
+}
+
+}  // namespace
+
+cudaError_t matmul_gemv_rope_group(const Context& ctx, std::span<const ops::Matmul* const> group,
+                                   const RopeOps& rope) {
+  const ops::Matmul& first = *group[0];
+  if (!gemv_rope_ok(ctx, group, rope)) return cudaErrorInvalidValue;
+  GemvArgs a = group_args(group);
+  const bool q8 = takes_q8(ctx, first);
+  if (q8) {
+    if (const cudaError_t err = quantize_x(ctx, first.x, a); err != cudaSuccess) return err;
+  }
+  return launch_gemv_rope(ctx, a, first.w.tensor, q8, grouped(first.w), rope);
+}
+
 bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up) {
   const Tensor &g = gate.w.tensor, &u = up.w.tensor;
   const bool float_weight = g.type == DType::bf16 || g.type == DType::f16 || g.type == DType::f32;
@@ -633,9 +703,10 @@ namespace {
 
 // 1-3 matmuls on one x that take the integer GEMV, x rounded to 8 bits by the kernel that produces it:
 // produce(xq, xds) launches that kernel, given the scratch quantize_x() would round into, in its layout.
+// rope: Q, K and V with RoPE after them (launch_gemv_rope).
 template <class Produce>
 cudaError_t produced_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group,
-                                Produce&& produce) {
+                                Produce&& produce, const RopeOps* rope = nullptr) {
   const ops::Matmul& first = *group[0];
   if (group.size() > kGemvMaxParts || !takes_q8(ctx, first)) return cudaErrorInvalidValue;
   GemvArgs a = group_args(group);
@@ -650,6 +721,7 @@ cudaError_t produced_gemv_group(const Context& ctx, std::span<const ops::Matmul*
       err != cudaSuccess) {
     return err;
   }
+  if (rope != nullptr) return launch_gemv_rope(ctx, a, first.w.tensor, true, grouped(first.w), *rope);
   return launch_gemv(ctx, a, first.w.tensor, true, grouped(first.w));
 }
 
@@ -659,6 +731,13 @@ cudaError_t add_norm_gemv_group(const Context& ctx, const ops::Binary& add, cons
                                 std::span<const ops::Matmul* const> group) {
   return produced_gemv_group(ctx, group,
                              [&](int* xq, float2* xds) { return add_rms_norm(ctx, add, norm, xq, xds); });
+}
+
+cudaError_t add_norm_gemv_rope_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
+                                     std::span<const ops::Matmul* const> group, const RopeOps& rope) {
+  if (!gemv_rope_ok(ctx, group, rope)) return cudaErrorInvalidValue;
+  return produced_gemv_group(
+      ctx, group, [&](int* xq, float2* xds) { return add_rms_norm(ctx, add, norm, xq, xds); }, &rope);
 }
 
 cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,

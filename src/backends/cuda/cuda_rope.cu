@@ -11,29 +11,11 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
+#include "backends/cuda/cuda_rope.cuh"
 #include "ops/rope_freq.h"
 
 namespace kiln::cuda {
 
-namespace {
-
-constexpr int kThreads = 256;
-
-cudaError_t launched() { return cudaGetLastError(); }
-
-// ---- RoPE: one block per token; its cos/sin table computed once (in double, as the CPU) for all heads ----
-
-constexpr int kMaxRopePairs = 512;
-
-// Each pair's frequency and magnitude (ops::rope_freq: a double pow, more under YaRN), made on the host as
-// the CPU backend makes them and passed by value, when there are at most kRopeArgPairs pairs and no frequency
-// factors (a tensor in device memory); else (on = false) each block makes them itself.
-// KILN_CUDA_ROPE_HOST_FREQ=0: always on the device (for comparison).
-constexpr int kRopeArgPairs = 128;
-struct RopeFreqs {
-  ops::RopeFreq f[kRopeArgPairs];
-  bool on;
-};
 RopeFreqs host_rope_freqs(const ops::RopeParams& p, const void* factors) {
   static const bool enabled = [] {
     const char* v = std::getenv("KILN_CUDA_ROPE_HOST_FREQ");
@@ -47,14 +29,21 @@ RopeFreqs host_rope_freqs(const ops::RopeParams& p, const void* factors) {
   return r;
 }
 
+namespace {
+
+constexpr int kThreads = 256;
+
+cudaError_t launched() { return cudaGetLastError(); }
+
+// ---- RoPE: one block per token; its cos/sin table computed once (in double, as the CPU) for all heads ----
+
+constexpr int kMaxRopePairs = 512;
+
 // The block computes the cos/sin table of position `pos` into cs_sn (n_rot / 2 pairs).
 __device__ inline void rope_table(float2* cs_sn, const ops::RopeParams& p, const float* factors,
                                   const RopeFreqs& fr, int32_t pos) {
   for (int i = threadIdx.x; i < p.n_rot / 2; i += blockDim.x) {
-    const ops::RopeFreq f = fr.on ? fr.f[i] : ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f);
-    const double angle = static_cast<double>(pos) * f.theta_scale;
-    cs_sn[i] =
-        make_float2(static_cast<float>(cos(angle) * f.mscale), static_cast<float>(sin(angle) * f.mscale));
+    cs_sn[i] = rope_cs(fr.on ? fr.f[i] : ops::rope_freq(p, i, factors != nullptr ? factors[i] : 1.0f), pos);
   }
 }
 
@@ -73,12 +62,6 @@ __device__ inline RopeIn rope_load(const float* xr, int64_t i, const ops::RopePa
   const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
   const int64_t a = normal ? 2 * i : i, b = normal ? 2 * i + 1 : i + half;
   return {a, b, xr[a], xr[b]};
-}
-// Pair (xa, xb) rotated by cs_sn = (cos, sin), each product rounded as written (no contraction left to the
-// compiler), so that every RoPE kernel, fused or not, gets the same bits whatever code surrounds it.
-__device__ inline float2 rope_rotate(float xa, float xb, float2 cs_sn) {
-  return make_float2(__fmaf_rn(xa, cs_sn.x, -__fmul_rn(xb, cs_sn.y)),
-                     __fmaf_rn(xa, cs_sn.y, __fmul_rn(xb, cs_sn.x)));
 }
 // Rotates element i (read by rope_load) into yr, and hands each element written to out(dim, value). Every
 // RoPE kernel goes through here, so fused and unfused RoPE round alike.
