@@ -256,7 +256,9 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
   int seg = 0, slot = 0;
   if (a.use_ids) pdl_wait();  // the experts' ids come from the kernel before
   issue(item, 0, 0);
-  RopeAt rope_at;
+  // kRope: the cos/sin of the item being multiplied (rope_at) and of the next (rope_next), each made while
+  // its first segment is on its way: the first item's before the wait, a later one's as it is issued.
+  RopeAt rope_at, rope_next;
   if constexpr (kRope) {
     if (threadIdx.x < 32 && item < n_items) {
       const Item first = item_at<kRows>(a, item);
@@ -282,6 +284,12 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
     int next_seg = seg + 1;
     if (next_seg == n_seg) next_seg = 0, next_item += gridDim.x;
     issue(next_item, next_seg, slot ^ 1);
+    if constexpr (kRope) {
+      if (next_seg == 0 && next_item < n_items && threadIdx.x < 32) {
+        const Item n = kKeepItem ? next : item_at<kRows>(a, next_item);
+        rope_next = gemv_rope_ahead<kRows, kCols>(a, freqs, n.part_index, n.row0, n.part.n, n.q0, n.cols);
+      }
+    }
     if (next_item >= n_items)
       pdl_trigger();  // this block's weights are on their way: the next kernel may start
     cp_async_wait<1>();
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
         rope_at.part = it.part_index;
         gemv_store<kRows, kCols, false, true>(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair,
                                               a.more[0], a.rope, freqs, rope_at);
-        rope_at.ready = false;  // made for the first item only
+        rope_at = rope_next;
       } else {
         gemv_store(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair, a.more[0]);
       }
