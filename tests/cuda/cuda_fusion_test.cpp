@@ -34,6 +34,7 @@ struct LayerOptions {
   DType pool = DType::f16;  // the K and V pools' type
   int32_t n_rot = kHead;
   ops::RopeLayout layout = ops::RopeLayout::rope_layout_normal;
+  bool factors = false;       // per-pair frequency factors (Llama 3.1's rope_freqs), each 1 to 8
   bool act_in_place = false;  // the gated activation writes over the gate (as the models' layers do)
   // A prefill: the step's tokens one sequence at positions 37 + t (blocks 0, 1, ... of the pools, the first
   // positions as context), the attention on tensor cores (quantize_x), which writes the output projection's x
@@ -85,7 +86,8 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const size_t pool_bytes = static_cast<size_t>(pool_elems * dtype_info(opt.pool).type_size);
   const size_t kp_at = lay.take(pool_bytes), vp_at = lay.take(pool_bytes);
   const size_t pos_at = lay.take(m * 4), slot_at = lay.take(m * 4), seq_at = lay.take(m * 4),
-               indptr_at = lay.take((m + 1) * 4), y_at = lay.take(kHead * kHeads * m * 4);
+               indptr_at = lay.take((m + 1) * 4), y_at = lay.take(kHead * kHeads * m * 4),
+               factors_at = lay.take(kHead / 2 * 4);
   // Each token's table: the shared blocks up to its position's, then its own. A prefill's one sequence:
   // blocks 0, 1, ...
   std::vector<int32_t> indptr{0}, indices;
@@ -122,6 +124,10 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   fill_f32(x_at, kEmbd * m);
   fill_f32(att_at, kEmbd * m);
   fill_f32(nw_at, kEmbd);
+  for (int64_t i = 0; i < kHead / 2; ++i) {
+    const float f = 4.5f + 3.5f * uni(rng);
+    std::memcpy(host.data() + factors_at + 4 * i, &f, 4);
+  }
   fill_weight(wq_at, kHead * kHeads);
   fill_weight(wk_at, kHead * kKvHeads);
   fill_weight(wv_at, kHead * kKvHeads);
@@ -209,8 +215,10 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   EXPECT_TRUE(p.add(ops::Matmul{weight(wq_at, kHead * kHeads), h, flat(q), true}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wk_at, kHead * kKvHeads), h, flat(k), true}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wv_at, kHead * kKvHeads), h, flat(v), true}).ok());
-  EXPECT_TRUE(p.add(ops::Rope{q, pos, rp, ops::Weight(), q}).ok());
-  EXPECT_TRUE(p.add(ops::Rope{k, pos, rp, ops::Weight(), k}).ok());
+  const ops::Weight factors =
+      opt.factors ? ops::Weight(make_tensor(DType::f32, buf, factors_at, opt.n_rot / 2)) : ops::Weight();
+  EXPECT_TRUE(p.add(ops::Rope{q, pos, rp, factors, q}).ok());
+  EXPECT_TRUE(p.add(ops::Rope{k, pos, rp, factors, k}).ok());
   EXPECT_TRUE(p.add(ops::KvWrite{k, v, kp, vp, slots}).ok());
   EXPECT_TRUE(p.add(attn).ok());
   static_assert(kHead * kHeads == kEmbd, "the output projection's rows are kEmbd long");
@@ -266,8 +274,9 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
   EXPECT_EQ(first_diff, fused.size())
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
       << " n_rot " << opt.n_rot << (opt.layout == ops::RopeLayout::rope_layout_neox ? " neox" : "")
-      << (opt.act_in_place ? " act in place" : "") << (opt.prefill ? " prefill" : "")
-      << (env.empty() ? "" : " with ") << (env.empty() ? "" : env[0].first) << ": first differing byte";
+      << (opt.factors ? " factors" : "") << (opt.act_in_place ? " act in place" : "")
+      << (opt.prefill ? " prefill" : "") << (env.empty() ? "" : " with ") << (env.empty() ? "" : env[0].first)
+      << ": first differing byte";
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
@@ -285,9 +294,17 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   expect_fused_as_alone(100, DType::bf16, false);
   // The staged GEMV's blocks taking several items each (the cos/sin of an item after the first made at its
   // store), and the RoPE kernel after the GEMV by choice.
+  // With frequency factors, which the GEMV and the RoPE kernels make the frequencies from on the device.
   const Env few_blocks{{"KILN_CUDA_GEMV_GRID", "3"}}, no_rope{{"KILN_CUDA_GEMV_ROPE", "0"}};
   expect_fused_as_alone(1, DType::q8_0, true, {}, few_blocks);
   for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::bf16, false, {}, no_rope);
+  LayerOptions factors;
+  factors.factors = true;
+  for (const int64_t m : {1, 4}) {
+    expect_fused_as_alone(m, DType::bf16, false, factors);
+    expect_fused_as_alone(m, DType::q8_0, true, factors);
+  }
+  expect_fused_as_alone(1, DType::q8_0, true, factors, few_blocks);
   // RoPE + KV write over f32 pools, with all dims rotated as NeoX pairs (the 16-byte units of the kernel for
   // whole heads), and with half the dims rotated as NeoX pairs (the kernel of any shape).
   LayerOptions f32_pools;
@@ -472,9 +489,9 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   std::get<ops::KvWrite>(ops[7]).k = std::get<ops::Rope>(ops[5]).dst;  // q's, not k's
   EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(5)), 0u);
   EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(2)), 3u);  // Q/K/V alone
-  // Q/K/V's GEMV rotates q and k in place, in the normal layout, every dim of a head, with no frequency
-  // factors; a RoPE of a view other than q's, NeoX pairs, half the dims rotated or the switch off leave the
-  // RoPE and the KV write to their own kernel.
+  // Q/K/V's GEMV rotates q and k in place, in the normal layout, every dim of a head, with or without
+  // frequency factors; a RoPE of a view other than q's, NeoX pairs, half the dims rotated or the switch off
+  // leave the RoPE and the KV write to their own kernel.
   const auto qkv_rope = [&](const std::vector<ops::Op>& o, const cuda::Context& ctx = {}) {
     return cuda::fused_length(ctx, std::span(o).subspan(2));
   };
@@ -495,7 +512,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     o = ops;
     std::get<ops::Rope>(o[5]).freq_factors = ops::Weight(std::get<ops::RmsNorm>(o[1]).w.tensor);
     std::get<ops::Rope>(o[6]).freq_factors = std::get<ops::Rope>(o[5]).freq_factors;
-    EXPECT_EQ(qkv_rope(o), 3u);
+    EXPECT_EQ(qkv_rope(o), 6u);
     cuda::Context off;
     off.gemv_rope = false;
     EXPECT_EQ(qkv_rope(ops, off), 3u);

@@ -60,10 +60,13 @@ struct GemvPair {
 // Q, K and V computed together (on: the launch's three parts, f32 results, columns the step's tokens), with
 // RoPE of q and k and the KV write of k and v done as the blocks store them (matmul_gemv_rope_group): a
 // block's rows are whole pairs of dims (normal layout, every dim of a head rotated), rotated in place with
-// the cos/sin of the token's position (RopeFreqs, passed beside the arguments), and the rows of k and v also
-// go to the pools at the token's slot (pools: [head_dim, n_kv, block_size, n_blocks], f32 or f16).
+// the cos/sin of the token's position (the frequencies made on the host, RopeFreqs, passed beside the
+// arguments, or else on the device from p and the frequency factors), and the rows of k and v also go to the
+// pools at the token's slot (pools: [head_dim, n_kv, block_size, n_blocks], f32 or f16).
 struct GemvRope {
   bool on;
+  ops::RopeParams p;
+  const float* factors;      // [n_rot / 2] or null
   const int32_t* positions;  // [tokens]
   const int32_t* slots;      // [tokens]
   void* k_pool;
@@ -150,9 +153,17 @@ struct RopeAt {
   bool ready = false;
 };
 
+// The frequency of pair `pair` made on the device (frequency factors): a call of its own, so that its double
+// arithmetic does not take registers from the GEMV around it.
+__device__ __noinline__ inline ops::RopeFreq gemv_rope_freq(ops::RopeParams p, const float* factors,
+                                                            int pair) {
+  return ops::rope_freq(p, pair, factors != nullptr ? factors[pair] : 1.0f);
+}
+
 // The cos/sin of the pair of row `i` of a q or k part at column q (token q's position).
 __device__ __forceinline__ float2 gemv_rope_cs(const GemvRope& g, const RopeFreqs& f, int64_t i, int64_t q) {
-  return rope_cs(f.f[static_cast<int>(i % g.head_dim) / 2], g.positions[q]);
+  const int pair = static_cast<int>(i % g.head_dim) / 2;
+  return rope_cs(f.on ? f.f[pair] : gemv_rope_freq(g.p, g.factors, pair), g.positions[q]);
 }
 
 // RopeAt of a block's first rows row0 .. and columns q0 .. (cols of them): the warp-0 lane that will store

@@ -160,7 +160,7 @@ struct RopeOps {
 };
 // Whether the Q, K and V matmuls of one GEMV launch (as matmul_gemv_group takes them, at most kGemvMaxCols
 // tokens) may rotate and write the pools as they store (RopeOps: in place on their f32 results, in the
-// normal layout, every dim of a head rotated, no frequency factors); cuda_dispatch.cu checks the operands.
+// normal layout, every dim of a head rotated); cuda_dispatch.cu checks the operands.
 bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group, const RopeOps& rope);
 // matmul_gemv_group of Q, K and V, then `rope` (rope_kv_write's ops on their results): in the GEMV's stores
 // where its path rotates (cuda_gemv.cuh's GemvRope), else by rope_kv_write after it. The same bits either

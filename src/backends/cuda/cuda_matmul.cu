@@ -144,7 +144,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
   a.rope.on = false;
   if (roped != nullptr) *roped = false;
   if (cudaError_t err = cudaSuccess; q8 && launch_mmq(ctx, a, w.type, grouped, err)) return err;
-  const bool may_rope = rope != nullptr && rope->on;
+  const bool may_rope = rope != nullptr;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
     constexpr bool kQ8 = decltype(q8_tag)::value;
@@ -627,7 +627,6 @@ bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group,
   return m <= kGemvMaxCols && takes_gemv(ctx, first) &&
          !(takes_q8(ctx, first) && mmq_batch(ctx, first.w.tensor.type, m)) &&
          p.layout == ops::RopeLayout::rope_layout_normal && p.n_rot == rope.q->x.ne[0] && p.n_rot % 2 == 0 &&
-         p.n_rot / 2 <= kRopeArgPairs && rope.q->freq_factors.tensor.data == nullptr &&
          rope.q->positions.is_contiguous() && rope.kv->slots.is_contiguous();
 }
 
@@ -636,6 +635,8 @@ namespace {
 // The GemvRope of `rope` (but for `on`, which launch_gemv sets) and its frequencies.
 RopeFreqs rope_args(GemvArgs& a, const RopeOps& rope) {
   const ops::KvWrite& kv = *rope.kv;
+  a.rope.p = rope.q->p;
+  a.rope.factors = static_cast<const float*>(rope.q->freq_factors.tensor.data);
   a.rope.positions = static_cast<const int32_t*>(rope.q->positions.data);
   a.rope.slots = static_cast<const int32_t*>(kv.slots.data);
   a.rope.k_pool = kv.k_pool.data;
