@@ -301,7 +301,7 @@ inline constexpr bool kStagedType =
 
 // Which GEMVs rotate (GemvRope): the exact one of float weights at their natural alignment, and the integer
 // one of the staged types, staged or in grouped form; the others are launched without (cuda_matmul.cu's
-// gemv_rotates).
+// launch_gemv decides).
 template <DType T, bool kQ8>
 inline constexpr bool kRopeGemv =
     kQ8 ? kStagedType<T> : T == DType::bf16 || T == DType::f16 || T == DType::f32;

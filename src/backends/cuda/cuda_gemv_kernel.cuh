@@ -253,7 +253,7 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
     if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks, rope);
   }
   // Rotating (a.rope.on): the exact GEMV at the natural alignment or the integer one in grouped form, of
-  // rows a block in pairs (launch_gemv_rows; gemv_rotates chose the path).
+  // rows a block in pairs (launch_gemv_rows; cuda_matmul.cu's launch_gemv chose the path).
   constexpr bool kMayRope = kRopeGemv<T, kQ8> && kRows % 2 == 0;
   if constexpr (kGroupedType<T>) {
     if (access == Access::grouped) {
