@@ -499,7 +499,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   EXPECT_EQ(qkv_rope(ops), 6u);
   {
     std::vector<ops::Op> o = ops;
-    std::get<ops::Rope>(o[5]).dst = std::get<ops::Matmul>(o[3]).dst;  // not in place
+    std::get<ops::Rope>(o[5]).dst = std::get<ops::Matmul>(o[2]).dst;  // q's bytes, another view: not in place
     EXPECT_EQ(qkv_rope(o), 3u);
     o = ops;
     std::get<ops::Rope>(o[5]).p.layout = ops::RopeLayout::rope_layout_neox;
