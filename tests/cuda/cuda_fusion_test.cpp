@@ -4,8 +4,8 @@
 // and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
 // file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, in the
 // Q/K/V GEMV's stores or as their own kernel, then the attention that reads them, over f16 and f32 pools, one
-// or several chunks of positions; float weights: the gate/up GEMV that applies the activation, at each of
-// its block shapes).
+// or several chunks of positions; Q4_K, Q5_K, Q6_K and Q4_0 weights, random blocks of them, on the staged
+// integer GEMV; float weights: the gate/up GEMV that applies the activation, at each of its block shapes).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -40,6 +40,7 @@ struct LayerOptions {
   // positions as context), the attention on tensor cores (quantize_x), which writes the output projection's x
   // in 16 bits.
   bool prefill = false;
+  int64_t ff = kFf;  // the gate and up matmuls' rows (down's k)
 };
 
 // One attention + FFN input half of a layer, laid out in one device buffer: the same offsets on every
@@ -60,28 +61,45 @@ struct Layer {
   std::vector<std::unique_ptr<WeightHandle>> weights;  // prepared: the weights as prepare_weight made them
 };
 
-// Every operand random (weights bf16, f16, f32 or q8_0, norms, activations and pools f32, or pools f16), then
-// the ops: x += att; h = rms_norm(x); q, k, v = h W; rope q, k; kv_write; y = attention(q, pools);
-// att = y W; x += att; h = rms_norm(x); g, u = h W; a = silu(g) u (a: g itself when act_in_place);
-// o = a W; x += o. prepared: the weights as b.prepare_weight() makes them for a matmul, else views of the
-// buffer in the file's form.
+// Rows of a block type made from random bytes (the K-quants, which kiln does not quantize to): quants and
+// Q6_K's int8 scales any bytes, the f16 scales (and minimums) positive normals in 2^-9 .. 2^-8.
+void random_blocks(DType type, uint8_t* w, size_t bytes, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> byte(0, 255), mant(0, 0x3FF);
+  for (size_t i = 0; i < bytes; ++i) w[i] = static_cast<uint8_t>(byte(rng));
+  const auto block = static_cast<size_t>(dtype_info(type).type_size);
+  const std::vector<size_t> f16_at = type == DType::q6_k                          ? std::vector<size_t>{208}
+                                     : type == DType::q4_k || type == DType::q5_k ? std::vector<size_t>{0, 2}
+                                                                                  : std::vector<size_t>{0};
+  for (size_t b = 0; b < bytes / block; ++b) {
+    for (const size_t at : f16_at) {
+      const auto bits = static_cast<uint16_t>(0x1800 + mant(rng));
+      std::memcpy(w + b * block + at, &bits, 2);
+    }
+  }
+}
+
+// Every operand random (weights bf16, f16, f32, q8_0 or another block type (random_blocks), norms,
+// activations and pools f32, or pools f16), then the ops: x += att; h = rms_norm(x); q, k, v = h W; rope q,
+// k; kv_write; y = attention(q, pools); att = y W; x += att; h = rms_norm(x); g, u = h W; a = silu(g) u (a: g
+// itself when act_in_place); o = a W; x += o. prepared: the weights as b.prepare_weight() makes them for a
+// matmul, else views of the buffer in the file's form.
 Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepared = false,
                  const LayerOptions& opt = {}) {
+  const int64_t ff = opt.ff;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   Layout lay;
   const auto row_w = static_cast<size_t>(dtype_row_bytes(wtype, kEmbd).value()),
-             row_d = static_cast<size_t>(dtype_row_bytes(wtype, kFf).value());
+             row_d = static_cast<size_t>(dtype_row_bytes(wtype, ff).value());
   const size_t x_at = lay.take(kEmbd * m * 4), att_at = lay.take(kEmbd * m * 4),
                h_at = lay.take(kEmbd * m * 4);
   const size_t nw_at = lay.take(kEmbd * 4);
   const size_t wq_at = lay.take(row_w * kHead * kHeads), wk_at = lay.take(row_w * kHead * kKvHeads),
-               wv_at = lay.take(row_w * kHead * kKvHeads), wg_at = lay.take(row_w * kFf),
-               wu_at = lay.take(row_w * kFf), wd_at = lay.take(row_d * kEmbd),
-               wo_at = lay.take(row_w * kEmbd);
+               wv_at = lay.take(row_w * kHead * kKvHeads), wg_at = lay.take(row_w * ff),
+               wu_at = lay.take(row_w * ff), wd_at = lay.take(row_d * kEmbd), wo_at = lay.take(row_w * kEmbd);
   const size_t q_at = lay.take(kHead * kHeads * m * 4), k_at = lay.take(kHead * kKvHeads * m * 4),
-               v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(kFf * m * 4),
-               u_at = lay.take(kFf * m * 4), a_at = lay.take(kFf * m * 4), o_at = lay.take(kEmbd * m * 4);
+               v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(ff * m * 4),
+               u_at = lay.take(ff * m * 4), a_at = lay.take(ff * m * 4), o_at = lay.take(kEmbd * m * 4);
   const int64_t pool_elems = kHead * kKvHeads * kBlock * kBlocks;
   const size_t pool_bytes = static_cast<size_t>(pool_elems * dtype_info(opt.pool).type_size);
   const size_t kp_at = lay.take(pool_bytes), vp_at = lay.take(pool_bytes);
@@ -116,6 +134,10 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const auto fill_weight = [&](size_t at, int64_t rows, int64_t k = kEmbd) {
     std::vector<float> row(static_cast<size_t>(k));
     const size_t row_bytes = k == kEmbd ? row_w : row_d;
+    if (dtype_info(wtype).quantize_row == nullptr) {
+      random_blocks(wtype, host.data() + at, row_bytes * static_cast<size_t>(rows), rng);
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       for (float& v : row) v = uni(rng) * 0.1f;
       dtype_info(wtype).quantize_row(row.data(), host.data() + at + r * row_bytes, k);
@@ -131,9 +153,9 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   fill_weight(wq_at, kHead * kHeads);
   fill_weight(wk_at, kHead * kKvHeads);
   fill_weight(wv_at, kHead * kKvHeads);
-  fill_weight(wg_at, kFf);
-  fill_weight(wu_at, kFf);
-  fill_weight(wd_at, kEmbd, kFf);
+  fill_weight(wg_at, ff);
+  fill_weight(wu_at, ff);
+  fill_weight(wd_at, kEmbd, ff);
   fill_weight(wo_at, kEmbd);
   for (const size_t at : {kp_at, vp_at}) {
     if (opt.pool == DType::f32) {
@@ -179,8 +201,8 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const Tensor q = make_tensor(DType::f32, buf, q_at, kHead, kHeads, m),
                k = make_tensor(DType::f32, buf, k_at, kHead, kKvHeads, m),
                v = make_tensor(DType::f32, buf, v_at, kHead, kKvHeads, m);
-  const Tensor g = make_tensor(DType::f32, buf, g_at, kFf, m), u = make_tensor(DType::f32, buf, u_at, kFf, m),
-               a = make_tensor(DType::f32, buf, a_at, kFf, m),
+  const Tensor g = make_tensor(DType::f32, buf, g_at, ff, m), u = make_tensor(DType::f32, buf, u_at, ff, m),
+               a = make_tensor(DType::f32, buf, a_at, ff, m),
                o = make_tensor(DType::f32, buf, o_at, kEmbd, m);
   const Tensor kp = make_tensor(opt.pool, buf, kp_at, kHead, kKvHeads, kBlock, kBlocks),
                vp = make_tensor(opt.pool, buf, vp_at, kHead, kKvHeads, kBlock, kBlocks);
@@ -225,11 +247,11 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   EXPECT_TRUE(p.add(ops::Matmul{weight(wo_at, kEmbd), flat(attn.dst), att, true}).ok());
   EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
   EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, true, h}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, kFf), h, g, true}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wu_at, kFf), h, u, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, ff), h, g, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wu_at, ff), h, u, true}).ok());
   const Tensor act = opt.act_in_place ? g : a;
   EXPECT_TRUE(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, act}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wd_at, kEmbd, kFf), act, o, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wd_at, kEmbd, ff), act, o, true}).ok());
   EXPECT_TRUE(p.add(ops::Binary{o, ops::Weight(x), ops::BinaryKind::binary_kind_add, x}).ok());
   p.n_tokens = static_cast<int32_t>(m);
   return L;
@@ -275,8 +297,8 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
       << " n_rot " << opt.n_rot << (opt.layout == ops::RopeLayout::rope_layout_neox ? " neox" : "")
       << (opt.factors ? " factors" : "") << (opt.act_in_place ? " act in place" : "")
-      << (opt.prefill ? " prefill" : "") << (env.empty() ? "" : " with ") << (env.empty() ? "" : env[0].first)
-      << ": first differing byte";
+      << (opt.prefill ? " prefill" : "") << " ff " << opt.ff << (env.empty() ? "" : " with ")
+      << (env.empty() ? "" : env[0].first) << ": first differing byte";
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
@@ -331,6 +353,29 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   prefill.prefill = true;
   for (const int64_t m : {40, 100}) expect_fused_as_alone(m, DType::bf16, false, prefill);
   expect_fused_as_alone(40, DType::f16, false, prefill);
+}
+
+// Layers of block-quantized weights beyond q8_0: Q4_K and Q5_K in the file's form (the staged integer GEMV
+// for 1-4 tokens, Q/K/V's rotating), Q6_K and Q4_0 in grouped form, with gate and up of 512 rows each (their
+// launch's blocks of 2 rows for one token) and of 2048 (8 rows); with the activation written over its gate,
+// and with the staged blocks taking many items each.
+TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
+  LayerOptions narrow, wide;
+  narrow.ff = 512;
+  wide.ff = 2048;
+  for (const LayerOptions& opt : {narrow, wide}) {
+    for (const int64_t m : {1, 2, 4}) expect_fused_as_alone(m, DType::q4_k, false, opt);
+    for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::q6_k, true, opt);
+    for (const int64_t m : {1, 2}) expect_fused_as_alone(m, DType::q4_0, true, opt);
+  }
+  expect_fused_as_alone(1, DType::q5_k, false, wide);
+  LayerOptions in_place = wide;
+  in_place.act_in_place = true;
+  expect_fused_as_alone(1, DType::q4_k, false, in_place);
+  expect_fused_as_alone(1, DType::q8_0, true, in_place);
+  const Env few_blocks{{"KILN_CUDA_GEMV_GRID", "3"}};
+  for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::q4_k, false, wide, few_blocks);
+  expect_fused_as_alone(1, DType::q8_0, true, narrow, few_blocks);
 }
 
 // Gate and up (bf16 [k, n] each) on m tokens, then silu(g) u written over g: the buffer after two
