@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -41,6 +42,7 @@ struct LayerOptions {
   // in 16 bits.
   bool prefill = false;
   int64_t ff = kFf;  // the gate and up matmuls' rows (down's k)
+  std::optional<DType> v_type;  // V's weight type when not the layer's (a Q4_K_M layer's Q6_K V)
 };
 
 // One attention + FFN input half of a layer, laid out in one device buffer: the same offsets on every
@@ -89,13 +91,15 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   Layout lay;
+  const DType v_type = opt.v_type.value_or(wtype);
   const auto row_w = static_cast<size_t>(dtype_row_bytes(wtype, kEmbd).value()),
-             row_d = static_cast<size_t>(dtype_row_bytes(wtype, ff).value());
+             row_d = static_cast<size_t>(dtype_row_bytes(wtype, ff).value()),
+             row_v = static_cast<size_t>(dtype_row_bytes(v_type, kEmbd).value());
   const size_t x_at = lay.take(kEmbd * m * 4), att_at = lay.take(kEmbd * m * 4),
                h_at = lay.take(kEmbd * m * 4);
   const size_t nw_at = lay.take(kEmbd * 4);
   const size_t wq_at = lay.take(row_w * kHead * kHeads), wk_at = lay.take(row_w * kHead * kKvHeads),
-               wv_at = lay.take(row_w * kHead * kKvHeads), wg_at = lay.take(row_w * ff),
+               wv_at = lay.take(row_v * kHead * kKvHeads), wg_at = lay.take(row_w * ff),
                wu_at = lay.take(row_w * ff), wd_at = lay.take(row_d * kEmbd), wo_at = lay.take(row_w * kEmbd);
   const size_t q_at = lay.take(kHead * kHeads * m * 4), k_at = lay.take(kHead * kKvHeads * m * 4),
                v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(ff * m * 4),
@@ -131,16 +135,18 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
       std::memcpy(host.data() + at + 4 * i, &v, 4);
     }
   };
-  const auto fill_weight = [&](size_t at, int64_t rows, int64_t k = kEmbd) {
+  const auto fill_weight = [&](size_t at, int64_t rows, int64_t k = kEmbd,
+                               std::optional<DType> other = std::nullopt) {
+    const DType type = other.value_or(wtype);
     std::vector<float> row(static_cast<size_t>(k));
-    const size_t row_bytes = k == kEmbd ? row_w : row_d;
-    if (dtype_info(wtype).quantize_row == nullptr) {
-      random_blocks(wtype, host.data() + at, row_bytes * static_cast<size_t>(rows), rng);
+    const auto row_bytes = static_cast<size_t>(dtype_row_bytes(type, k).value());
+    if (dtype_info(type).quantize_row == nullptr) {
+      random_blocks(type, host.data() + at, row_bytes * static_cast<size_t>(rows), rng);
       return;
     }
     for (int64_t r = 0; r < rows; ++r) {
       for (float& v : row) v = uni(rng) * 0.1f;
-      dtype_info(wtype).quantize_row(row.data(), host.data() + at + r * row_bytes, k);
+      dtype_info(type).quantize_row(row.data(), host.data() + at + r * row_bytes, k);
     }
   };
   fill_f32(x_at, kEmbd * m);
@@ -152,7 +158,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   }
   fill_weight(wq_at, kHead * kHeads);
   fill_weight(wk_at, kHead * kKvHeads);
-  fill_weight(wv_at, kHead * kKvHeads);
+  fill_weight(wv_at, kHead * kKvHeads, kEmbd, v_type);
   fill_weight(wg_at, ff);
   fill_weight(wu_at, ff);
   fill_weight(wd_at, kEmbd, ff);
@@ -189,10 +195,12 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
                att = make_tensor(DType::f32, buf, att_at, kEmbd, m),
                h = make_tensor(DType::f32, buf, h_at, kEmbd, m);
   const ops::Weight nw(make_tensor(DType::f32, buf, nw_at, kEmbd));
-  const auto weight = [&](size_t at, int64_t rows, int64_t k = kEmbd) {
-    if (!prepared) return ops::Weight(make_tensor(wtype, buf, at, k, rows));
+  const auto weight = [&](size_t at, int64_t rows, int64_t k = kEmbd,
+                          std::optional<DType> other = std::nullopt) {
+    const DType type = other.value_or(wtype);
+    if (!prepared) return ops::Weight(make_tensor(type, buf, at, k, rows));
     auto made =
-        b.prepare_weight(make_tensor(wtype, host.data() + at, k, rows), "w", WeightRole::weight_role_matmul);
+        b.prepare_weight(make_tensor(type, host.data() + at, k, rows), "w", WeightRole::weight_role_matmul);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     if (!made.ok()) return ops::Weight();
     L.weights.push_back(std::move(made).value());
@@ -236,7 +244,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, false, h}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wq_at, kHead * kHeads), h, flat(q), true}).ok());
   EXPECT_TRUE(p.add(ops::Matmul{weight(wk_at, kHead * kKvHeads), h, flat(k), true}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wv_at, kHead * kKvHeads), h, flat(v), true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wv_at, kHead * kKvHeads, kEmbd, v_type), h, flat(v), true}).ok());
   const ops::Weight factors =
       opt.factors ? ops::Weight(make_tensor(DType::f32, buf, factors_at, opt.n_rot / 2)) : ops::Weight();
   EXPECT_TRUE(p.add(ops::Rope{q, pos, rp, factors, q}).ok());
@@ -376,6 +384,20 @@ TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
   const Env few_blocks{{"KILN_CUDA_GEMV_GRID", "3"}};
   for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::q4_k, false, wide, few_blocks);
   expect_fused_as_alone(1, DType::q8_0, true, narrow, few_blocks);
+  // V's weight of another type than Q and K's (a Q4_K_M layer's Q6_K V): Q and K's GEMV and V's, on one
+  // rounding of x, rotate and write the pools in two launches (Q6_K in grouped form), or neither does and the
+  // RoPE kernel follows (Q6_K in the file's form, which the staged GEMV does not take; the split switched
+  // off).
+  LayerOptions q6_v = wide;
+  q6_v.v_type = DType::q6_k;
+  for (const bool prepared : {false, true}) {
+    for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::q4_k, prepared, q6_v);
+  }
+  expect_fused_as_alone(1, DType::q4_k, true, q6_v, {{"KILN_CUDA_GEMV_ROPE_SPLIT", "0"}});
+  expect_fused_as_alone(1, DType::q4_k, true, q6_v, few_blocks);
+  LayerOptions q4_v;
+  q4_v.v_type = DType::q4_0;
+  expect_fused_as_alone(1, DType::q8_0, true, q4_v);
 }
 
 // Gate and up (bf16 [k, n] each) on m tokens, then silu(g) u written over g: the buffer after two
@@ -525,6 +547,21 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::vector<ops::Op> ops = L.program.ops();
     std::get<ops::Matmul>(ops[15]).x = std::get<ops::GatedAct>(ops[14]).up;
     EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
+  }
+  // V's weight of another type (q4_0 beside q8_0): the same sequences, V's GEMV a launch of its own; with the
+  // split switched off, V and the RoPE + KV write run apart.
+  {
+    LayerOptions q4_v;
+    q4_v.v_type = DType::q4_0;
+    Layer L = make_layer(**b, 1, DType::q8_0, 1, false, q4_v);
+    EXPECT_EQ(fused_lengths(L.program), (std::vector<size_t>{8, 2, 4, 2, 0})) << "v q4_0";
+    const std::vector<ops::Op>& ops = L.program.ops();
+    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(2)), 6u) << "v q4_0, no norm";
+    cuda::Context off;
+    off.gemv_rope_split = false;
+    EXPECT_EQ(cuda::fused_length(off, std::span(ops)), 4u) << "v q4_0, split off";
+    EXPECT_EQ(cuda::fused_length(off, std::span(ops).subspan(4)), 0u) << "v q4_0, split off";
+    EXPECT_EQ(cuda::fused_length(off, std::span(ops).subspan(5)), 3u) << "v q4_0, split off";
   }
   // A norm of something other than the sum, and a KV write of another k, do not fuse.
   Layer L = make_layer(**b, 1, DType::bf16, 1);

@@ -154,6 +154,10 @@ class CudaBackend final : public Backend {
     // KILN_CUDA_GEMV_ROPE=0: RoPE of q and k and the KV write run as their own kernel after the Q/K/V GEMV.
     if (const char* v = std::getenv("KILN_CUDA_GEMV_ROPE"); v != nullptr)
       ctx_.gemv_rope = std::string_view(v) != "0";
+    // KILN_CUDA_GEMV_ROPE_SPLIT=0: not where V's weight has another type than Q and K's (V's GEMV, on x
+    // rounded again, and the RoPE + KV write kernel after it).
+    if (const char* v = std::getenv("KILN_CUDA_GEMV_ROPE_SPLIT"); v != nullptr)
+      ctx_.gemv_rope_split = std::string_view(v) != "0";
     // KILN_CUDA_L2_AHEAD=MiB: the next matmuls' weights that a GEMV sends toward L2 when they are at most
     // this large (0: never).
     if (const char* v = std::getenv("KILN_CUDA_L2_AHEAD"); v != nullptr)

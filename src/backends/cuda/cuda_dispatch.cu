@@ -208,6 +208,23 @@ size_t rope_after(const Context& ctx, std::span<const ops::Op> ops, const ops::M
   return views && gemv_rope_ok(ctx, std::span(group, n), RopeOps{&rq, &rk, &kv}) ? 3 : 0;
 }
 
+// After Q and K of one GEMV launch (group, n == 2), V on the same x with a weight of another type (and the
+// same k, and like them on the integer GEMV: gemv_rope_ok) and the RoPE + KV write of the three (rope_after),
+// which start `ops`: 4, else 0.
+size_t v_rope_after(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* const (&group)[3],
+                    size_t n) {
+  if (n != 2 || ops.empty()) return 0;
+  const auto* v = std::get_if<ops::Matmul>(&ops[0]);
+  const ops::Matmul& q = *group[0];
+  if (v == nullptr || !same_view(v->x, q.x) || v->w.tensor.type == q.w.tensor.type ||
+      v->quantize_x != q.quantize_x || overlap(v->dst, q.x) || overlap(v->dst, group[0]->dst) ||
+      overlap(v->dst, group[1]->dst)) {
+    return 0;
+  }
+  const ops::Matmul* const qkv[3] = {group[0], group[1], v};
+  return rope_after(ctx, ops.subspan(1), qkv, 3) > 0 ? 4 : 0;
+}
+
 // A gate and an up matmul (gemv_pairs) and the gated activation of exactly their results, f32 of their shape,
 // written over the gate or up or apart from them and x: gemv_act_pair.
 bool act_pair(const Context& ctx, std::span<const ops::Op> ops) {
@@ -227,8 +244,10 @@ bool act_pair(const Context& ctx, std::span<const ops::Op> ops) {
 size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   if (ops.size() < 2) return 0;
   if (act_pair(ctx, ops)) return 3;
-  if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group))
+  if (const ops::Matmul * group[3]; const size_t n = gemv_group(ctx, ops, group)) {
+    if (const size_t v = v_rope_after(ctx, ops.subspan(n), group, n)) return n + v;
     return n + rope_after(ctx, ops.subspan(n), group, n);
+  }
   if (const ops::Matmul * group[3]; const size_t n = gemm_group(ctx, ops, group)) return n;
   if (add_norm_pair(ops[0], ops[1])) {
     const auto& norm = std::get<ops::RmsNorm>(ops[1]);
@@ -237,6 +256,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     const ops::Matmul* group[3] = {};
     if (const size_t n = gemv_run(ctx, ops.subspan(2), group);
         n > 0 && same_view(group[0]->x, norm.dst) && takes_q8(ctx, *group[0])) {
+      if (const size_t v = v_rope_after(ctx, ops.subspan(2 + n), group, n)) return 2 + n + v;
       return 2 + n + rope_after(ctx, ops.subspan(2 + n), group, n);
     }
     // ... or the GEMMs that read it in 16 bits, which the norm's kernel writes for them.

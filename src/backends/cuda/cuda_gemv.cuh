@@ -74,6 +74,9 @@ struct GemvRope {
   bool k16, v16;  // the pools hold f16 (else f32)
   int head_dim;
   int n_kv;
+  // The part of Q, K and V that the launch's first part is (0; 2: a launch of V alone, whose weight has
+  // another type than Q and K's).
+  int first_part;
 };
 
 // Columns q = group * m + c, c < m, of one GEMV launch (group = blockIdx.y, grid-strided).
@@ -144,9 +147,10 @@ __device__ __forceinline__ GemvPart gemv_part(const GemvArgs& a, unsigned& block
   return part;
 }
 
-// Where a rotating GEMV's block stores (GemvRope): its part (0: q, 1: k, 2: v) and the cos/sin of the pair of
-// the warp-0 lane's row and column, when it was made ahead (before the wait for the kernel before: the
-// positions are step metadata, which no kernel writes).
+// Where a rotating GEMV's block stores (GemvRope): its part of Q, K and V (0: q, 1: k, 2: v; the launch's
+// part index plus GemvRope::first_part) and the cos/sin of the pair of the warp-0 lane's row and column, when
+// it was made ahead (before the wait for the kernel before: the positions are step metadata, which no kernel
+// writes).
 struct RopeAt {
   int part = 0;
   float2 cs{};
@@ -166,11 +170,12 @@ __device__ __forceinline__ float2 gemv_rope_cs(const GemvRope& g, const RopeFreq
   return rope_cs(f.on ? f.f[pair] : gemv_rope_freq(g.p, g.factors, pair), g.positions[q]);
 }
 
-// RopeAt of a block's first rows row0 .. and columns q0 .. (cols of them): the warp-0 lane that will store
-// row row0 + lane / kCols, column q0 + lane % kCols makes its cos/sin now.
+// RopeAt of a block's first rows row0 .. of the launch's part `part` and columns q0 .. (cols of them): the
+// warp-0 lane that will store row row0 + lane / kCols, column q0 + lane % kCols makes its cos/sin now.
 template <int kRows, int kCols>
 __device__ __forceinline__ RopeAt gemv_rope_ahead(const GemvArgs& a, const RopeFreqs& f, int part,
                                                   int64_t row0, int64_t n, int64_t q0, int cols) {
+  part += a.rope.first_part;
   RopeAt at{part};
   const int lane = static_cast<int>(threadIdx.x), r = lane / kCols, c = lane % kCols;
   if (part < 2 && lane < kRows * kCols && c < cols && row0 + r < n) {

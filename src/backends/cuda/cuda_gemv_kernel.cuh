@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<
     }
   }
   const int64_t g_first = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split;
-  RopeAt rope_at{part_index};
+  RopeAt rope_at{part_index + a.rope.first_part};
   if constexpr (kRope) {
     if (threadIdx.x < 32 && g_first < a.n_groups) {
       const int64_t q0 = g_first * a.m;

@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
     }
     if (next_seg == 0) {  // the item's last segment
       if constexpr (kRope) {
-        rope_at.part = it.part_index;
+        rope_at.part = it.part_index + a.rope.first_part;
         gemv_store<kRows, kCols, false, true>(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair,
                                               a.more[0], a.rope, freqs, rope_at);
         rope_at = rope_next;

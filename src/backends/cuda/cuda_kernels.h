@@ -58,6 +58,9 @@ struct Context {
   // The GEMV of Q, K and V applies RoPE to q and k and writes k and v to the pools as it stores them
   // (matmul_gemv_rope_group).
   bool gemv_rope = true;
+  // ... also where V's weight has another type than Q and K's: V's GEMV a launch of its own on the same
+  // rounding of x (matmul_gemv_rope_group).
+  bool gemv_rope_split = true;
   // What the GEMVs of this launch send toward L2 for the matmuls after them (set per sequence by the backend;
   // empty: nothing).
   L2Ahead ahead;
@@ -160,11 +163,13 @@ struct RopeOps {
 };
 // Whether the Q, K and V matmuls of one GEMV launch (as matmul_gemv_group takes them, at most kGemvMaxCols
 // tokens) may rotate and write the pools as they store (RopeOps: in place on their f32 results, in the
-// normal layout, every dim of a head rotated); cuda_dispatch.cu checks the operands.
+// normal layout, every dim of a head rotated); cuda_dispatch.cu checks the operands. Or, on the integer GEMV,
+// Q and K of one launch and V, whose weight has another type (of the same k), of a launch of its own on the
+// same rounding of x (a Q4_K_M layer's Q6_K V).
 bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group, const RopeOps& rope);
 // matmul_gemv_group of Q, K and V, then `rope` (rope_kv_write's ops on their results): in the GEMV's stores
 // where its path rotates (cuda_gemv.cuh's GemvRope), else by rope_kv_write after it. The same bits either
-// way.
+// way. V of another type: two launches, which rotate where both paths allow, else neither does.
 cudaError_t matmul_gemv_rope_group(const Context& ctx, std::span<const ops::Matmul* const> group,
                                    const RopeOps& rope);
 // Whether a gate and an up matmul on one x (as matmul_gemv_group takes them) can run paired: the exact GEMV

@@ -135,15 +135,16 @@ bool launch_mmq(const Context& ctx, const GemvArgs& a, DType type, bool grouped,
 // weight's rows (every part's) are in grouped form. rope (a.rope set but for `on`): the frequencies of Q, K
 // and V's RoPE, which the GEMV applies with the KV write where its path allows (kRopeGemv: the exact GEMV at
 // the natural alignment, the integer one staged or in grouped form), saying so in *roped.
+// probe: nothing launched, *roped alone set (the tensor-core kernel's batches excluded: see launch_mmq).
 cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped,
-                        const RopeFreqs* rope = nullptr, bool* roped = nullptr) {
+                        const RopeFreqs* rope = nullptr, bool* roped = nullptr, bool probe = false) {
   a.prefetch = ctx.pdl;
   // The exact GEMV sends the next matmuls' weights toward L2; the integer one does not (the 135M-shaped
   // model in Q8_0 measured no gain, and 4 requests about 1% less: docs/cuda.md).
   a.ahead = q8 ? L2Ahead{} : ctx.ahead;
   a.rope.on = false;
   if (roped != nullptr) *roped = false;
-  if (cudaError_t err = cudaSuccess; q8 && launch_mmq(ctx, a, w.type, grouped, err)) return err;
+  if (cudaError_t err = cudaSuccess; !probe && q8 && launch_mmq(ctx, a, w.type, grouped, err)) return err;
   const bool may_rope = rope != nullptr;
   auto launch = [&](auto tag, auto q8_tag) {
     constexpr DType T = decltype(tag)::value;
@@ -165,6 +166,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
       a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.staged_gemv_grouped && rows16 &&
                  (a.n_cols == 1 || !kLegacyType<T>);
       rotate(kQ8);
+      if (probe) return cudaSuccess;
       launch_gemv_rows<T, kQ8>(ctx, a, Access::grouped, rope);
       return cudaGetLastError();
     }
@@ -183,6 +185,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
     // The staged GEMV of the legacy types and Q6_K reads grouped rows only.
     a.staged = decltype(q8_tag)::value && kStagedType<T> && !kGroupedType<T> && ctx.staged_gemv && rows16;
     rotate(kQ8 ? a.staged : natural);
+    if (probe) return cudaSuccess;
     launch_gemv_rows<T, kQ8>(ctx, a, natural ? Access::natural : Access::safe, rope);
     return cudaGetLastError();
   };
@@ -616,12 +619,26 @@ cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* c
   return launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w));
 }
 
+namespace {
+
+// Whether V's weight has another type than Q and K's (a Q4_K_M layer's Q6_K V): two GEMV launches.
+bool split_v(std::span<const ops::Matmul* const> group) {
+  return group.size() == 3 && group[2]->w.tensor.type != group[0]->w.tensor.type;
+}
+
+}  // namespace
+
 bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group, const RopeOps& rope) {
   if (!ctx.gemv_rope || group.size() != 3) return false;
   const ops::Matmul& first = *group[0];
   const int64_t m = first.x.n_rows();
   for (const ops::Matmul* op : group) {
     if (op->dst.type != DType::f32) return false;
+  }
+  const ops::Matmul& v = *group[2];
+  if (split_v(group) && !(ctx.gemv_rope_split && takes_q8(ctx, first) && takes_q8(ctx, v) &&
+                          !mmq_batch(ctx, v.w.tensor.type, m) && v.w.tensor.ne[0] == first.w.tensor.ne[0])) {
+    return false;
   }
   const ops::RopeParams& p = rope.q->p;
   return m <= kGemvMaxCols && takes_gemv(ctx, first) &&
@@ -660,18 +677,53 @@ cudaError_t launch_gemv_rope(const Context& ctx, GemvArgs a, const Tensor& w, bo
   return rope_kv_write(ctx, *rope.q, *rope.k, *rope.kv);
 }
 
+// The group args of Q, K and V (group: the three), or of Q and K where V's weight has another type
+// (split_v).
+GemvArgs qkv_args(std::span<const ops::Matmul* const> group) {
+  return group_args(split_v(group) ? group.first(2) : group);
+}
+
+// Q, K and V's GEMV (`a`: qkv_args, x set) with `rope` as launch_gemv_rope; where V's weight has another
+// type, V's GEMV is a launch of its own on the same x (first_part 2: its rows are v's), and the two rotate
+// and write the pools where both their paths allow, else neither does and rope_kv_write follows.
+cudaError_t launch_qkv_rope(const Context& ctx, std::span<const ops::Matmul* const> group, GemvArgs a,
+                            bool q8, const RopeOps& rope) {
+  const ops::Matmul& first = *group[0];
+  if (!split_v(group)) return launch_gemv_rope(ctx, a, first.w.tensor, q8, grouped(first.w), rope);
+  const ops::Matmul& v = *group[2];
+  GemvArgs b = group_args(group.subspan(2));
+  b.xq = a.xq, b.xds = a.xds;
+  const RopeFreqs freqs = rope_args(a, rope);
+  (void)rope_args(b, rope);
+  b.rope.first_part = 2;
+  bool qk_rotates = false, v_rotates = false;
+  (void)launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w), &freqs, &qk_rotates, true);
+  (void)launch_gemv(ctx, b, v.w.tensor, q8, grouped(v.w), &freqs, &v_rotates, true);
+  const bool rotate = qk_rotates && v_rotates;
+  if (const cudaError_t err =
+          launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w), rotate ? &freqs : nullptr);
+      err != cudaSuccess) {
+    return err;
+  }
+  if (const cudaError_t err = launch_gemv(ctx, b, v.w.tensor, q8, grouped(v.w), rotate ? &freqs : nullptr);
+      err != cudaSuccess || rotate) {
+    return err;
+  }
+  return rope_kv_write(ctx, *rope.q, *rope.k, *rope.kv);
+}
+
 }  // namespace
 
 cudaError_t matmul_gemv_rope_group(const Context& ctx, std::span<const ops::Matmul* const> group,
                                    const RopeOps& rope) {
   const ops::Matmul& first = *group[0];
   if (!gemv_rope_ok(ctx, group, rope)) return cudaErrorInvalidValue;
-  GemvArgs a = group_args(group);
+  GemvArgs a = qkv_args(group);
   const bool q8 = takes_q8(ctx, first);
   if (q8) {
     if (const cudaError_t err = quantize_x(ctx, first.x, a); err != cudaSuccess) return err;
   }
-  return launch_gemv_rope(ctx, a, first.w.tensor, q8, grouped(first.w), rope);
+  return launch_qkv_rope(ctx, group, a, q8, rope);
 }
 
 bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up) {
@@ -704,13 +756,13 @@ namespace {
 
 // 1-3 matmuls on one x that take the integer GEMV, x rounded to 8 bits by the kernel that produces it:
 // produce(xq, xds) launches that kernel, given the scratch quantize_x() would round into, in its layout.
-// rope: Q, K and V with RoPE after them (launch_gemv_rope).
+// rope: Q, K and V with RoPE after them (launch_qkv_rope; V's weight may have another type).
 template <class Produce>
 cudaError_t produced_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group,
                                 Produce&& produce, const RopeOps* rope = nullptr) {
   const ops::Matmul& first = *group[0];
   if (group.size() > kGemvMaxParts || !takes_q8(ctx, first)) return cudaErrorInvalidValue;
-  GemvArgs a = group_args(group);
+  GemvArgs a = rope != nullptr ? qkv_args(group) : group_args(group);
   const int64_t k = first.x.ne[0], n_rows = first.x.n_rows();
   const size_t q_bytes = static_cast<size_t>(n_rows * k);
   auto* out =
@@ -722,7 +774,7 @@ cudaError_t produced_gemv_group(const Context& ctx, std::span<const ops::Matmul*
       err != cudaSuccess) {
     return err;
   }
-  if (rope != nullptr) return launch_gemv_rope(ctx, a, first.w.tensor, true, grouped(first.w), *rope);
+  if (rope != nullptr) return launch_qkv_rope(ctx, group, a, true, *rope);
   return launch_gemv(ctx, a, first.w.tensor, true, grouped(first.w));
 }
 
