@@ -23,7 +23,9 @@
 #   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them);
 #             PREP_ONLY=smollm2-135m-bf16,llama3-8b-q8_0 makes those alone (files `kiln convert` writes need no
 #             llama.cpp build; the q4_ ones are quantized from the model's bf16 file, which PREP_ONLY must name);
-#             on a machine kept from an earlier call, it runs again unless one is running (its files are kept)
+#             on a machine kept from an earlier call, it runs again unless one is running (its files are kept);
+#             llama3-8b-q4_k_r (named alone) is bench/random_kquant_gguf.py's file, Q4_K_M's types and bytes
+#             from the bf16 file, with no llama.cpp build
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
 #             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; A=1+B=2 sets two; KILN_BIN=PATH runs another kiln binary), interleaved,
@@ -60,6 +62,10 @@ export PKG_CONFIG_PATH="$lib/pkgconfig:$deps/usr/share/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$deps"  # the .pc files say prefix=/usr
 export CMAKE_PREFIX_PATH="$deps/usr"
 export OPENSSL_ROOT_DIR="$deps/usr"
+# gguf-py (scripts/gpu-deps.sh carries its wheel): bench/random_kquant_gguf.py, and gpu_peer.py's byte counts.
+for w in .gpu-deps/gguf-*.whl; do
+  [ -e "$w" ] && export PYTHONPATH="$PWD/$w${PYTHONPATH:+:$PYTHONPATH}"
+done
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
@@ -72,7 +78,7 @@ export OPENSSL_ROOT_DIR="$deps/usr"
 peer_dir=/tmp/llama.cpp
 peer_status=/tmp/llama.cpp.status
 if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] || [ -n "${PEER_BUILD:-}" ] ||
-  { [[ " ${steps[*]} " =~ " prep " ]] && [[ -z "${PREP_ONLY:-}" || "${PREP_ONLY}" =~ q4_ ]]; }; } &&
+  { [[ " ${steps[*]} " =~ " prep " ]] && [[ -z "${PREP_ONLY:-}" || "${PREP_ONLY}" =~ q4_(0|k_m) ]]; }; } &&
   [ ! -e "$peer_dir.started" ]; then
   touch "$peer_dir.started"
   # .gpu-peer/llama.cpp-cuda.tar.xz (scripts/gpu-deps.sh --peer-binaries: the same tools built on the

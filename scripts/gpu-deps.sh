@@ -28,6 +28,15 @@ import parity_lib as lp
 from hf_cache import hf_tokenizer
 hf_tokenizer(lp.MODELS / 'SmolLM2-135M-Instruct.Q4_1.gguf').save_pretrained('$dir/tokenizer')")
 fi
+# gguf-py's wheel (pure Python, the version the test venv pins): bench/random_kquant_gguf.py and gpu_peer.py read
+# and write GGUF files there with it (scripts/gpu-check.sh puts it on PYTHONPATH).
+if ! compgen -G "$dir/gguf-*.whl" >/dev/null; then
+  gguf_version=$(grep -E '^gguf==' "$KILN_ROOT/scripts/requirements-test.txt" | cut -d= -f3)
+  [ -n "$gguf_version" ] || die "scripts/requirements-test.txt does not pin gguf"
+  [ -x "$KILN_VENV/bin/pip" ] || die "the test venv is missing: run scripts/setup-venv.sh"
+  say "downloading the gguf $gguf_version wheel into .gpu-deps/"
+  "$KILN_VENV/bin/pip" download --quiet --no-deps --only-binary :all: -d "$dir" "gguf==$gguf_version"
+fi
 # The peer: llama.cpp as the llama-cpp-python source package vendors it (the version the test venv pins),
 # trimmed to what llama-bench, llama-batched-bench and llama-quantize need with the CPU and CUDA backends
 # (~6 MB). scripts/gpu-check.sh peer builds it there.
