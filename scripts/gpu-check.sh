@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (with .gpu-deps copied there beside the tree: scripts/gpu-deps.sh fetches it):
-# unpacks the build dependencies into a prefix, builds the `cuda-dev` preset (sm_90a), then runs the steps
-# named (default: test), writing logs under $OUT.
+# unpacks the build dependencies into a prefix, builds the `cuda-dev` preset (sm_90a; or unpacks kiln and
+# cuda_tests built from this same tree by scripts/gpu-deps.sh --kiln-binaries), then runs the steps named
+# (default: test), writing logs under $OUT.
 #   usage (on the GPU machine, in the tree): scripts/gpu-check.sh [STEP]...
 #   BASE_TREE=DIR also builds an earlier tree (kiln, matmul_bench; BASE_TARGETS others) in /tmp/kiln-base for A/B
 #             runs: see below.
@@ -109,12 +110,45 @@ if [ -n "${BASE_TREE:-}" ]; then
     >"$out/build-base.log" 2>&1 &
   base_pid=$!
 fi
-cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
-  >>"$out/build.log" 2>&1
+# .gpu-kiln/kiln-cuda.tar.xz (scripts/gpu-deps.sh --kiln-binaries: kiln and cuda_tests of this preset built on
+# the development machine): unpacked into the build folder instead of building, where the hash of the sources
+# they were built from (.gpu-kiln/tree.sha256) is this tree's; then only what BUILD_TARGETS names, or the other
+# binaries the steps run, build.
+# Their RUNPATH names the other machine's CUDA folder: this machine's CUDA libraries go on the loader's path,
+# and binaries that do not start here are built after all.
+prebuilt=0
+if [ -f .gpu-kiln/kiln-cuda.tar.xz ] && [ "$(cat .gpu-kiln/tree.sha256 2>/dev/null)" = "$(scripts/tree-hash.sh)" ] &&
+  mkdir -p build/cuda-dev && tar xJf .gpu-kiln/kiln-cuda.tar.xz -C build/cuda-dev; then
+  cuda_lib="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)/lib64"
+  [ -d "$cuda_lib" ] && export LD_LIBRARY_PATH="$cuda_lib:$LD_LIBRARY_PATH"
+  if build/cuda-dev/tools/kiln/kiln --version >/dev/null 2>&1 &&
+    build/cuda-dev/tests/cuda_tests --gtest_list_tests >/dev/null 2>&1; then
+    prebuilt=1
+    echo "kiln and cuda_tests: built from this tree elsewhere (.gpu-kiln)" | tee -a "$out/build.log"
+  else
+    echo "the binaries of .gpu-kiln do not start here: building them" | tee -a "$out/build.log"
+    rm -f build/cuda-dev/tools/kiln/kiln build/cuda-dev/tests/cuda_tests
+  fi
+fi
 # BUILD_TARGETS="kiln matmul_bench ...": only those targets (a shorter call for the bench or ncu steps).
 targets=()
 for t in ${BUILD_TARGETS:-}; do targets+=(--target "$t"); done
-cmake --build build/cuda-dev -j "$(nproc)" "${targets[@]}" -- -k 0 >>"$out/build.log" 2>&1 || true
+# With the binaries of .gpu-kiln, the steps that run others build those.
+if [ "$prebuilt" = 1 ] && [ ${#targets[@]} -eq 0 ]; then
+  for step in "${steps[@]}"; do
+    case "$step" in
+      test) targets+=(--target core_tests --target ops_tests) ;;
+      sanitize) targets+=(--target "${SANITIZE_TESTS:-ops_tests}") ;;
+      bench | mmq | ncu | tune) targets+=(--target matmul_bench) ;;
+      trace) targets+=(--target kiln_cuda_trace) ;;
+    esac
+  done
+fi
+if [ "$prebuilt" = 0 ] || [ ${#targets[@]} -gt 0 ]; then
+  cmake --preset cuda-dev -DKILN_PYTHON= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER= \
+    >>"$out/build.log" 2>&1
+  cmake --build build/cuda-dev -j "$(nproc)" "${targets[@]}" -- -k 0 >>"$out/build.log" 2>&1 || true
+fi
 if [ -n "${BASE_TREE:-}" ]; then
   wait "$base_pid" || echo "the base tree did not build: $(tail -3 "$out/build-base.log")"
   echo "base build: $base_dir/build/cuda-dev"
