@@ -2,9 +2,9 @@
 
 Models: random-weight Llama-3-8B- and SmolLM2-135M-shaped folders made there by transformers (gpu_generate.py),
 written as GGUF by `kiln convert` (BF16, Q8_0) and quantized from the BF16 file by llama.cpp's `llama-quantize`
-(Q4_0, Q4_K_M): both engines read the very same files. Named in --only, NAME-q4_k_r is random K-quant blocks
-typed as Q4_K_M types them (random_kquant_gguf.py, from the bf16 file): no llama-quantize, so no wait for the
-peer's build.
+(Q4_0, Q4_K_M): both engines read the very same files. Named in --only, NAME-q4_k_r and NAME-q4_0_r are random
+blocks typed as Q4_K_M and Q4_0 type them (random_kquant_gguf.py, from the bf16 file): no llama-quantize, so no
+wait for the peer's build.
 
 Per file, interleaved: `kiln bench -d cuda -p 2048 -n 128` and `llama-bench -ngl 99 -fa 1 -p 2048 -n 128` (pp2048:
 a 2048-token prompt in one step; tg128: 128 tokens decoded one step at a time after it), and for the 8B BF16 and
@@ -51,9 +51,9 @@ def json_rows(stdout: str) -> list:
 
 MODELS = (("smollm2-135m", ("bf16", "q4_0")), ("llama3-8b", ("bf16", "q8_0", "q4_0", "q4_k_m")))
 CONVERTED = ("bf16", "q8_0")  # written by `kiln convert` from the folder; the others by llama-quantize from bf16
-# Made only when --only names them: random K-quant blocks typed as Q4_K_M types them (random_kquant_gguf.py),
-# from the bf16 file: a Q4_K_M file's bytes with no llama-quantize, hence no wait for the peer's build.
-RANDOM = "q4_k_r"
+# Made only when --only names them: random blocks typed as Q4_K_M or Q4_0 types them (random_kquant_gguf.py's
+# mixes), from the bf16 file: such a file's bytes with no llama-quantize, hence no wait for the peer's build.
+RANDOM = {"q4_k_r": "q4_k_m", "q4_0_r": "q4_0"}
 
 
 def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path,
@@ -74,8 +74,8 @@ def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path,
     def wanted(name: str, typ: str) -> bool:
         return not only or f"{name}-{typ}" in only
 
-    def random_wanted(name: str) -> bool:
-        return bool(only) and f"{name}-{RANDOM}" in only
+    def random_wanted(name: str) -> list[str]:
+        return [r for r in RANDOM if only and f"{name}-{r}" in only]
 
     for name, types in MODELS:
         folder = models / name
@@ -87,11 +87,11 @@ def make_files(kiln: Path, quantize: Path, models: Path, tokenizer: Path,
             make(path, lambda out: [kiln, "convert", folder, out, "--type", typ])
     random_files = []
     for name, _ in MODELS:
-        if random_wanted(name):
-            path = models / f"{name}-{RANDOM}.gguf"
+        for typ in random_wanted(name):
+            path = models / f"{name}-{typ}.gguf"
             make(path, lambda out: [sys.executable, ROOT / "bench" / "random_kquant_gguf.py",
-                                    models / f"{name}-bf16.gguf", out])
-            random_files.append((name, RANDOM, path))
+                                    models / f"{name}-bf16.gguf", out, "--mix", RANDOM[typ]])
+            random_files.append((name, typ, path))
     deadline = time.time() + 900
     needs_quantize = any(t not in CONVERTED and wanted(n, t) for n, types in MODELS for t in types)
     while needs_quantize and peer_ready and not peer_ready.exists() and time.time() < deadline:

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Writes a GGUF file whose weight matrices are random K-quant blocks, typed as llama.cpp's Q4_K_M mix types
-them, from a GGUF file of the same model in any type (its metadata, tensor names and shapes; its 1-D tensors
-copied as f32). For measuring decode speed on K-quant weights where no quantizer for them is at hand: the
+"""Writes a GGUF file whose weight matrices are random quantized blocks, typed as llama.cpp's Q4_K_M (or Q4_0)
+mix types them, from a GGUF file of the same model in any type (its metadata, tensor names and shapes; its 1-D
+tensors copied as f32). For measuring decode speed on those types where no quantizer for them is at hand: the
 values mean nothing (quants any bytes, f16 scales and minimums positive normals in 2^-9 .. 2^-8), the bytes
-read per token are a Q4_K_M file's.
+read per token are such a file's.
 
-    random_kquant_gguf.py FROM.gguf TO.gguf [--seed N]
+    random_kquant_gguf.py FROM.gguf TO.gguf [--mix q4_k_m|q4_0] [--seed N]
 
-Types: the output head and token embedding Q6_K and Q4_K; in each layer, V and down Q6_K in the layers
+Types, q4_k_m: the output head and token embedding Q6_K and Q4_K; in each layer, V and down Q6_K in the layers
 llama.cpp gives more bits (the first and last eighth, and every third between), Q4_K otherwise; every other
-matrix Q4_K. Matrices whose rows are not a multiple of 256 stay as they are in FROM.
+matrix Q4_K. q4_0: the output head Q6_K, every other matrix Q4_0. Matrices whose rows are not whole blocks of
+their type stay as they are in FROM.
 """
 
 import argparse
@@ -19,18 +20,21 @@ import sys
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
-Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
-# Bytes of a 256-element block, and the offsets of its f16 scales within it.
-BLOCK = {Q4_K: (144, (0, 2)), Q6_K: (210, (208,))}
+Q4_0, Q4_K, Q6_K = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+# Elements and bytes of a block, and the offsets of its f16 scales within it.
+BLOCK = {Q4_0: (32, 18, (0,)), Q4_K: (256, 144, (0, 2)), Q6_K: (256, 210, (208,))}
+MIXES = {"q4_k_m": 15, "q4_0": 2}  # LLAMA_FTYPE_MOSTLY_*
 
 
 def more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
-def kquant_type(name: str, n_layers: int) -> GGMLQuantizationType:
+def kquant_type(name: str, n_layers: int, mix: str) -> GGMLQuantizationType:
     if name == "output.weight":
         return Q6_K
+    if mix == "q4_0":
+        return Q4_0
     m = re.match(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight$", name)
     if m and more_bits(int(m.group(1)), n_layers):
         return Q6_K
@@ -38,7 +42,7 @@ def kquant_type(name: str, n_layers: int) -> GGMLQuantizationType:
 
 
 def random_blocks(qtype: GGMLQuantizationType, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    size, scales = BLOCK[qtype]
+    _, size, scales = BLOCK[qtype]
     data = np.frombuffer(rng.bytes(n_blocks * size), dtype=np.uint8).reshape(n_blocks, size).copy()
     for at in scales:
         bits = (0x1800 + rng.integers(0, 0x400, n_blocks)).astype("<u2")
@@ -65,6 +69,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src")
     ap.add_argument("dst")
+    ap.add_argument("--mix", choices=sorted(MIXES), default="q4_k_m")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -80,16 +85,17 @@ def main() -> int:
             writer.add_key_value(name, value, vtype, sub_type=etype)
         else:
             writer.add_key_value(name, value, vtype)
-    writer.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    writer.add_file_type(MIXES[args.mix])
     counts = {}
     for t in reader.tensors:
         shape = [int(d) for d in t.shape]  # ne0 first
-        if len(shape) >= 2 and shape[0] % 256 == 0:
-            qtype = kquant_type(t.name, n_layers)
-            n_blocks = int(np.prod(shape)) // 256
+        qtype = kquant_type(t.name, n_layers, args.mix)
+        elems, size, _ = BLOCK[qtype]
+        if len(shape) >= 2 and shape[0] % elems == 0:
+            n_blocks = int(np.prod(shape)) // elems
             data = random_blocks(qtype, n_blocks, rng)
             # GGUFWriter takes quantized data as bytes rows: [rows..., bytes of a row].
-            data = data.reshape(*reversed(shape[1:]), (shape[0] // 256) * BLOCK[qtype][0])
+            data = data.reshape(*reversed(shape[1:]), (shape[0] // elems) * size)
             writer.add_tensor(t.name, data, raw_dtype=qtype)
             counts[qtype.name] = counts.get(qtype.name, 0) + 1
         elif len(shape) == 1:

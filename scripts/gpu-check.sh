@@ -25,8 +25,9 @@
 #             PREP_ONLY=smollm2-135m-bf16,llama3-8b-q8_0 makes those alone (files `kiln convert` writes need no
 #             llama.cpp build; the q4_ ones are quantized from the model's bf16 file, which PREP_ONLY must name);
 #             on a machine kept from an earlier call, it runs again unless one is running (its files are kept);
-#             llama3-8b-q4_k_r (named alone) is bench/random_kquant_gguf.py's file, Q4_K_M's types and bytes
-#             from the bf16 file, with no llama.cpp build
+#             llama3-8b-q4_k_r and llama3-8b-q4_0_r (smollm2-135m-... too; named alone) are
+#             bench/random_kquant_gguf.py's files, Q4_K_M's or Q4_0's types and bytes from the bf16 file, with no
+#             llama.cpp build
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
 #             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; A=1+B=2 sets two; KILN_BIN=PATH runs another kiln binary), interleaved,

@@ -384,6 +384,10 @@ TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
   const Env few_blocks{{"KILN_CUDA_GEMV_GRID", "3"}};
   for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::q4_k, false, wide, few_blocks);
   expect_fused_as_alone(1, DType::q8_0, true, narrow, few_blocks);
+  // One token's launches at 4 rows a block (KILN_CUDA_GEMV_ROWS), Q/K/V's rotating.
+  const Env four_rows{{"KILN_CUDA_GEMV_ROWS", "4"}};
+  expect_fused_as_alone(1, DType::q4_k, false, wide, four_rows);
+  expect_fused_as_alone(1, DType::q4_0, true, wide, four_rows);
   // V's weight of another type than Q and K's (a Q4_K_M layer's Q6_K V): Q and K's GEMV and V's, on one
   // rounding of x, rotate and write the pools in two launches (Q6_K in grouped form), or neither does and the
   // RoPE kernel follows (Q6_K in the file's form, which the staged GEMV does not take; the split switched
@@ -395,6 +399,7 @@ TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
   }
   expect_fused_as_alone(1, DType::q4_k, true, q6_v, {{"KILN_CUDA_GEMV_ROPE_SPLIT", "0"}});
   expect_fused_as_alone(1, DType::q4_k, true, q6_v, few_blocks);
+  expect_fused_as_alone(1, DType::q4_k, true, q6_v, four_rows);
   LayerOptions q4_v;
   q4_v.v_type = DType::q4_0;
   expect_fused_as_alone(1, DType::q8_0, true, q4_v);

@@ -34,16 +34,16 @@ struct Case {
   int64_t m;
 };
 
-// dst's bytes of w x with quantize_x, on a backend made with KILN_CUDA_GEMV_STAGED=staged (and, grid > 0,
-// KILN_CUDA_GEMV_GRID=grid) and KILN_CUDA_MMQ=0 (so that 9 to 16 tokens take the GEMV in two column groups);
-// weights and x drawn from `seed`.
-std::vector<uint8_t> run(bool staged, const Case& c, uint64_t seed, int grid = 0) {
-  setenv("KILN_CUDA_GEMV_STAGED", staged ? "1" : "0", 1);
-  if (grid > 0) setenv("KILN_CUDA_GEMV_GRID", std::to_string(grid).c_str(), 1);
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// dst's bytes of w x with quantize_x, on a backend made with KILN_CUDA_MMQ=0 (so that 9 to 16 tokens take the
+// GEMV in two column groups) and the settings `env` (KILN_CUDA_GEMV_STAGED and the like); weights and x drawn
+// from `seed`.
+std::vector<uint8_t> run(const Env& env, const Case& c, uint64_t seed) {
   setenv("KILN_CUDA_MMQ", "0", 1);
+  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
   auto made = make_backend("cuda");
-  unsetenv("KILN_CUDA_GEMV_STAGED");
-  unsetenv("KILN_CUDA_GEMV_GRID");
+  for (const auto& [name, value] : env) unsetenv(name.c_str());
   unsetenv("KILN_CUDA_MMQ");
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
@@ -92,22 +92,30 @@ std::vector<uint8_t> run(bool staged, const Case& c, uint64_t seed, int grid = 0
 
 TEST(CudaGemv, StagedWeightsGiveTheDirectLoadsBits) {
   // Q4_K / Q5_K segments are 4096 elements (128 units of 32): 6144 ends in a partial one. The staged kernel
-  // runs once with a block for each item (kRows rows, a column group) and once on a grid of 2 blocks, which
-  // walk several items each: the next item's first segment in flight while the last one's is multiplied.
-  // (Q6_K's staged GEMV reads grouped rows: StagedGroupedRowsGiveTheDirectLoadsBits.)
+  // runs with a block for each item (kRows rows, a column group) and on a grid of 2 blocks, which walk
+  // several items each: the next item's first segment in flight while the last one's is multiplied; one
+  // column at every rows a block (KILN_CUDA_GEMV_ROWS; more columns take 4). (Q6_K's staged GEMV reads
+  // grouped rows: StagedGroupedRowsGiveTheDirectLoadsBits.)
   for (const DType t : {DType::q4_k, DType::q5_k}) {
     for (const int64_t k : {4096, 6144}) {
       for (const int64_t m : {1, 3, 12}) {
         const Case c{t, k, m};
-        const std::vector<uint8_t> staged = run(true, c, 7), direct = run(false, c, 7),
-                                   walked = run(true, c, 7, 2);
-        ASSERT_FALSE(staged.empty());
-        EXPECT_TRUE(staged == direct) << dtype_name(t) << " k " << k << " m " << m;
-        EXPECT_TRUE(walked == direct) << dtype_name(t) << " k " << k << " m " << m << ", 2 blocks";
-        const auto* f = reinterpret_cast<const float*>(staged.data());
+        const std::vector<uint8_t> direct = run({{"KILN_CUDA_GEMV_STAGED", "0"}}, c, 7);
+        ASSERT_FALSE(direct.empty());
+        const auto* f = reinterpret_cast<const float*>(direct.data());
         bool written = false;  // the destination started as zeros
         for (int64_t i = 0; i < kRowsOut * m; ++i) written = written || f[i] != 0.0f;
         EXPECT_TRUE(written) << dtype_name(t) << " k " << k << " m " << m;
+        for (const char* rows : {"", "1", "2", "4", "8"}) {
+          if (m > 1 && *rows != 0) continue;
+          for (const char* grid : {"", "2"}) {
+            Env env{{"KILN_CUDA_GEMV_STAGED", "1"}};
+            if (*rows != 0) env.emplace_back("KILN_CUDA_GEMV_ROWS", rows);
+            if (*grid != 0) env.emplace_back("KILN_CUDA_GEMV_GRID", grid);
+            EXPECT_TRUE(run(env, c, 7) == direct)
+                << dtype_name(t) << " k " << k << " m " << m << " rows " << rows << " grid " << grid;
+          }
+        }
       }
     }
   }
@@ -156,12 +164,18 @@ TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
   // partial segment ending in a partial run (9 blocks); 4096: whole runs; 6368: a partial last segment ending
   // in a partial run (199 blocks). Q6_K's (any columns): a segment is one run of 8 super-blocks; k = 256: one
   // super-block, 2304: a whole run and a run of 1, 4096: whole runs. Once more on a grid of 2 blocks that
-  // walk many items each.
+  // walk many items each, and at 2, 4 and 8 rows a block (KILN_CUDA_GEMV_ROWS; one column: more take 4).
   std::unique_ptr<Backend> staged = cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "1"}}),
                            direct = cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "0"}}),
                            walked = cuda_backend_env(
                                {{"KILN_CUDA_GEMV_STAGED", "1"}, {"KILN_CUDA_GEMV_GRID", "2"}});
   ASSERT_TRUE(staged != nullptr && direct != nullptr && walked != nullptr);
+  std::vector<std::pair<std::string, std::unique_ptr<Backend>>> shapes;
+  for (const char* rows : {"2", "4", "8"}) {
+    shapes.emplace_back(fmt::format("rows {}", rows),
+                        cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "1"}, {"KILN_CUDA_GEMV_ROWS", rows}}));
+    ASSERT_TRUE(shapes.back().second != nullptr);
+  }
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   constexpr int64_t n = 37;
@@ -176,6 +190,12 @@ TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
       auto hd = direct->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
       auto hw = walked->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
       ASSERT_TRUE(hs.ok() && hd.ok() && hw.ok()) << what;
+      std::vector<std::unique_ptr<WeightHandle>> hshapes;
+      for (auto& [name, backend] : shapes) {
+        auto h = backend->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+        ASSERT_TRUE(h.ok()) << what << ", " << name;
+        hshapes.push_back(std::move(h).value());
+      }
       EXPECT_NE((*hs)->weight.prepared, nullptr) << what << ": not in grouped form";
       for (const int64_t m : {1, 3, 8, 12}) {
         std::vector<float> x(static_cast<size_t>(k * m));
@@ -185,6 +205,10 @@ TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
                                  c = matmul_product(*walked, (*hw)->weight, x.data(), m, true);
         EXPECT_TRUE(a == b) << what << " m " << m;
         EXPECT_TRUE(c == b) << what << " m " << m << ", 2 blocks";
+        for (size_t i = 0; i < shapes.size() && m == 1; ++i) {
+          EXPECT_TRUE(matmul_product(*shapes[i].second, hshapes[i]->weight, x.data(), m, true) == b)
+              << what << " m " << m << ", " << shapes[i].first;
+        }
         bool written = false;
         for (const float v : a) written = written || v != 0.0f;
         EXPECT_TRUE(written) << what << " m " << m;

@@ -117,6 +117,12 @@ class CudaBackend final : public Backend {
     const char* staged = std::getenv("KILN_CUDA_GEMV_STAGED");
     ctx_.staged_gemv = staged == nullptr || std::string_view(staged) != "0";
     ctx_.staged_gemv_grouped = ctx_.staged_gemv && (staged == nullptr || std::string_view(staged) != "k");
+    // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block of one-column GEMVs (for tuning with
+    // bench/matmul_bench, and tests).
+    if (const char* v = std::getenv("KILN_CUDA_GEMV_ROWS"); v != nullptr) {
+      const int rows = std::atoi(v);
+      if (rows == 1 || rows == 2 || rows == 4 || rows == 8) ctx_.gemv_rows = rows;
+    }
     // KILN_CUDA_GEMV_GRID=N: at most N blocks a staged GEMV launch (tests: many items a block).
     if (const char* v = std::getenv("KILN_CUDA_GEMV_GRID"); v != nullptr && std::atoi(v) > 0) {
       ctx_.staged_gemv_grid = std::atoi(v);

@@ -293,11 +293,7 @@ template <DType T, bool kQ8, bool kPair>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, const RopeFreqs* rope) {
   if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1, kPair>(ctx, a, access, rope);
   if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1, kPair>(ctx, a, access, rope);
-  // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block (for tuning with bench/matmul_bench).
-  static const int forced = [] {
-    const char* v = std::getenv("KILN_CUDA_GEMV_ROWS");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
+  const int forced = ctx.gemv_rows;
   // KILN_CUDA_GEMV_SHORT_K=N: exact GEMVs of rows of at most N elements take eight rows a block (0: by the
   // row count alone).
   static const int64_t short_k = [] {

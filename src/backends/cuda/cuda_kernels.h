@@ -48,6 +48,7 @@ struct Context {
   bool staged_gemv_grouped = true;
   int staged_gemv_grid =
       0;  // > 0: at most this many blocks a staged GEMV launch (tests); else the device's fill
+  int gemv_rows = 0;  // 1, 2, 4, 8: the rows a block of one-column GEMVs (tuning, tests); else by shape
   // Batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols); else the integer GEMV or
   // cuBLAS. mmq_min_cols: the fewest rows of x that take it.
   bool mmq = true;
