@@ -37,7 +37,22 @@ cudaError_t launched() { return cudaGetLastError(); }
 // for the one before: the compiler cannot tell they do not alias).
 constexpr int kRowRegs = 8;
 constexpr int kNormMaxCluster = 8;  // the portable cluster size
-constexpr int64_t kNormMinSlice = 512;
+// The fewest elements a slice (KILN_CUDA_NORM_SLICE=N sets it, for measuring: 1024 cuts a 4096-wide row
+// into 4 blocks instead of 8) and the fewest threads a slice's block (KILN_CUDA_NORM_THREADS=N, 32 to 1024).
+int64_t norm_min_slice() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("KILN_CUDA_NORM_SLICE");
+    return v != nullptr && std::atoll(v) >= 32 ? std::atoll(v) / 32 * 32 : int64_t{512};
+  }();
+  return n;
+}
+int norm_min_threads() {
+  static const int n = [] {
+    const char* v = std::getenv("KILN_CUDA_NORM_THREADS");
+    return v != nullptr ? std::clamp(std::atoi(v) / 32 * 32, 32, 1024) : 128;
+  }();
+  return n;
+}
 // The norm kernels are compiled twice: bounded at 1024 threads a block (a prefill's packed rows), where ptxas
 // gives a thread 64 registers and the fused add + norm spills its slice, and at kNormSmallBlock, which the
 // blocks of a row cut into slices (decode) fit, with room to hold the slice in registers
@@ -517,8 +532,9 @@ __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t
   }
 }
 
-// How a norm of rows of n elements is cut (see the norms above): slices of at least kNormMinSlice elements,
-// as many as kNormMaxCluster, one block of `threads` each, a cluster a row; one block a row before sm_90.
+// How a norm of rows of n elements is cut (see the norms above): slices of at least norm_min_slice()
+// elements, as many as kNormMaxCluster, one block of `threads` each, a cluster a row; one block a row before
+// sm_90.
 struct NormShape {
   int64_t slice;
   unsigned cluster;  // blocks a cluster: 1 when packed
@@ -527,13 +543,14 @@ struct NormShape {
   bool packed;  // a row's slices in one block (part_of)
 };
 NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
-  const int64_t want = ctx.clusters && n > norm_one_block()
-                           ? std::clamp<int64_t>((n + kNormMinSlice - 1) / kNormMinSlice, 1, kNormMaxCluster)
-                           : 1;
+  const int64_t want =
+      ctx.clusters && n > norm_one_block()
+          ? std::clamp<int64_t>((n + norm_min_slice() - 1) / norm_min_slice(), 1, kNormMaxCluster)
+          : 1;
   const int64_t slice = want == 1 ? n : ((n + want - 1) / want + 31) / 32 * 32;
   const auto cluster = static_cast<unsigned>((n + slice - 1) / slice);
-  // Threads: enough for the slice to fit kRowRegs slots (at least 128, at most 1024).
-  const int threads = std::max(128, row_threads((slice + kRowRegs - 1) / kRowRegs));
+  // Threads: enough for the slice to fit kRowRegs slots (at least norm_min_threads(), at most 1024).
+  const int threads = std::max(norm_min_threads(), row_threads((slice + kRowRegs - 1) / kRowRegs));
   // Rows enough to fill the device with whole blocks: a row's slices packed into one block, which spares the
   // cluster's launch and its two barriers across multiprocessors (prefill).
   if (cluster > 1 && int64_t{cluster} * threads <= 1024 && rows >= ctx.n_sms) {
