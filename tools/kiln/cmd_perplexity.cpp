@@ -84,6 +84,10 @@ Status run_perplexity(const PplOptions& o) {
   eo.backend = o.device;
   eo.gpu_layers = o.gpu_layers;
   eo.quantize_activations = !o.exact;
+  // What the requests' callbacks write, declared before the engine so that it outlives any callback the
+  // engine's end may still make (an error below returns with requests in flight).
+  std::vector<std::vector<PromptLogprob>> scores;
+  std::vector<std::string> errors;
   KILN_ASSIGN_OR_RETURN(auto engine, Engine::create(eo));
   KILN_ASSIGN_OR_RETURN(const std::vector<int32_t> tokens, engine->tokenize(text, /*add_special=*/true));
   KILN_ASSIGN_OR_RETURN(const std::vector<int32_t> bos, engine->tokenize("", /*add_special=*/true));
@@ -99,8 +103,8 @@ Status run_perplexity(const PplOptions& o) {
 
   // Every chunk at once; the engine runs --parallel of them at a time. The scores come with each request's
   // last event.
-  std::vector<std::vector<PromptLogprob>> scores(static_cast<size_t>(n_chunks));
-  std::vector<std::string> errors(static_cast<size_t>(n_chunks));
+  scores.resize(static_cast<size_t>(n_chunks));
+  errors.resize(static_cast<size_t>(n_chunks));
   std::vector<uint64_t> ids;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t c = 0; c < n_chunks; ++c) {
