@@ -9,8 +9,8 @@
 - `kiln run` streams only the text to stdout and its speeds to stderr, a seed fixes the text, `kiln chat` holds a
   conversation read from stdin, and a missing file, an unknown architecture or a prompt too long for the context
   is a one-line error;
-- `kiln perplexity` gives the perplexity llama.cpp's measure gives from llama.cpp's own logits on the same file
-  and text, and a missing, unreadable or too short text is a one-line error.
+- `kiln perplexity` gives the perplexity that llama.cpp's measure gives from llama.cpp's own logits on the same
+  file and tokens, and a missing, unreadable or too short text is a one-line error.
 """
 import os
 import json
@@ -332,8 +332,9 @@ def llama_cpp_perplexity(model: Path, tokens: list[int], n_ctx: int, n_chunks: i
 def test_perplexity_matches_llama_cpp(tmp_path):
     """kiln perplexity against the same measure from llama.cpp's logits, on the same GGUF file and tokens (kiln's,
     which are the Hugging Face tokenizer's: llama.cpp's own split one run of newlines in this text otherwise).
-    Both engines round activations to 8 bits on the CPU, so the two agree closely but not bit for bit; a slip in
-    what is scored (a position off, the chunk's first half, BOS) moves a perplexity of ~10 by far more."""
+    Both engines round activations to 8 bits on the CPU, so the two agree closely but not bit for bit (27.70 and
+    27.89 here); a slip in what is scored moves it far more (each row scored against its own token: 68,263; the
+    chunks' first halves: 31.94)."""
     require(SMOL)
     from parity_text import PARITY_TEXT
 
@@ -351,7 +352,7 @@ def test_perplexity_matches_llama_cpp(tmp_path):
     assert len(out["chunk_ppl"]) == 4 and out["chunk_ppl"][-1] == out["ppl"]
     ref = llama_cpp_perplexity(SMOL, tokens, 128, 4)
     assert 1 < ref < 100, ref  # real text on a real model
-    assert out["ppl"] == pytest.approx(ref, rel=0.02), (out["ppl"], ref)  # 27.70 against 27.89 here
+    assert out["ppl"] == pytest.approx(ref, rel=0.02), (out["ppl"], ref)
     assert 0 < out["ppl_error"] < out["ppl"]
     # The exact path measures the same text within the rounding's cost, and the text form prints the running
     # perplexity after each chunk, then the estimate.
