@@ -1,4 +1,4 @@
-// GGUF v2/v3 reader: validates every field before use (QUALITY.md "Files").
+// GGUF v2/v3 reader: validates every field before use (docs/limits.md).
 // Layout (little-endian): magic "GGUF", u32 version, u64 n_tensors, u64 n_kv,
 // n_kv x {string key, u32 type, value}, n_tensors x {string name, u32 n_dims, u64 dims[n_dims],
 // u32 type, u64 offset}, padding to the alignment, then the data section.
