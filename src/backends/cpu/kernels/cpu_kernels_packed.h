@@ -121,7 +121,7 @@ KILN_INLINE typename S::I dot_x4(typename S::I acc, typename S::I w, const int8_
 // one FMA per chain into the rows' f32 accumulators. Each x row's arithmetic is the same whatever NX is, so a
 // token's result does not depend on its batch.
 template <class S, int NX, int kBits, uint32_t kScales, bool kSigned>
-void packed_rows(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float* out) {
+void packed_group(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float* out) {
   using V = typename S::V;
   constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = packed_quant_bytes(kBits);
   constexpr bool kHeader = kScales == kPackK32 || kScales == kPackK16;
@@ -202,7 +202,7 @@ void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, floa
     constexpr bool kSigned = kBits == 8 && kPackedSigned;
     for (int h = 0; h < kPackRows / PackedVec::kL; ++h) {
       with_count<kPackCols>(
-          n_x, [&]<int NX>() { packed_rows<PackedVec, NX, kBits, kScales, kSigned>(w, g, h, x, out); });
+          n_x, [&]<int NX>() { packed_group<PackedVec, NX, kBits, kScales, kSigned>(w, g, h, x, out); });
     }
   });
 }
@@ -210,10 +210,10 @@ constexpr auto kQdotPacked = qdot_packed;
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 // ---- AMX: the integer products in tiles ----------------------------------------------------------------
-// A packed sub-block's 8 pieces, unpacked as packed_rows unpacks them, are an AMX B tile as they stand
+// A packed sub-block's 8 pieces, unpacked as packed_group unpacks them, are an AMX B tile as they stand
 // ([K / 4 rows][16 rows][4 bytes]: 4 consecutive quants of each of the 16 weight rows a tile row), and up to
 // 16 x rows' quants at a common stride are an A tile: one tdpbsud (x signed, weights unsigned) makes every
-// int32 product packed_rows makes with 8 vpdpbusd per x row, exact. The scales then go on as packed_rows
+// int32 product packed_group makes with 8 vpdpbusd per x row, exact. The scales then go on as packed_group
 // puts them on, the same f32 operations in the same order, so each result is the same bits as qdot_packed's
 // (and a token's result still does not depend on its batch).
 //
