@@ -37,6 +37,14 @@ class Out {
   std::vector<uint8_t>& b_;
 };
 
+// Puts *p as a T; false (nothing put) when p is null: the value holds another type.
+template <class T, class U>
+bool put_as(Out& out, const U* p) {
+  if (p == nullptr) return false;
+  out.put(static_cast<T>(*p));
+  return true;
+}
+
 // Writes a value's payload (not its type tag). Error when the variant does not match `type`.
 Status put_value(Out& out, const Value& v, ValueType type, std::string_view key) {
   if (v.type != type) {
@@ -48,52 +56,17 @@ Status put_value(Out& out, const Value& v, ValueType type, std::string_view key)
   const auto* d = std::get_if<double>(&v.v);
   bool ok = true;
   switch (type) {
-    case ValueType::uint8:
-      ok = u != nullptr;
-      if (ok) out.put(static_cast<uint8_t>(*u));
-      break;
-    case ValueType::uint16:
-      ok = u != nullptr;
-      if (ok) out.put(static_cast<uint16_t>(*u));
-      break;
-    case ValueType::uint32:
-      ok = u != nullptr;
-      if (ok) out.put(static_cast<uint32_t>(*u));
-      break;
-    case ValueType::uint64:
-      ok = u != nullptr;
-      if (ok) out.put(*u);
-      break;
-    case ValueType::int8:
-      ok = i != nullptr;
-      if (ok) out.put(static_cast<int8_t>(*i));
-      break;
-    case ValueType::int16:
-      ok = i != nullptr;
-      if (ok) out.put(static_cast<int16_t>(*i));
-      break;
-    case ValueType::int32:
-      ok = i != nullptr;
-      if (ok) out.put(static_cast<int32_t>(*i));
-      break;
-    case ValueType::int64:
-      ok = i != nullptr;
-      if (ok) out.put(*i);
-      break;
-    case ValueType::float32:
-      ok = d != nullptr;
-      if (ok) out.put(static_cast<float>(*d));
-      break;
-    case ValueType::float64:
-      ok = d != nullptr;
-      if (ok) out.put(*d);
-      break;
-    case ValueType::boolean: {
-      const auto* b = std::get_if<bool>(&v.v);
-      ok = b != nullptr;
-      if (ok) out.put(static_cast<uint8_t>(*b ? 1 : 0));
-      break;
-    }
+    case ValueType::uint8: ok = put_as<uint8_t>(out, u); break;
+    case ValueType::uint16: ok = put_as<uint16_t>(out, u); break;
+    case ValueType::uint32: ok = put_as<uint32_t>(out, u); break;
+    case ValueType::uint64: ok = put_as<uint64_t>(out, u); break;
+    case ValueType::int8: ok = put_as<int8_t>(out, i); break;
+    case ValueType::int16: ok = put_as<int16_t>(out, i); break;
+    case ValueType::int32: ok = put_as<int32_t>(out, i); break;
+    case ValueType::int64: ok = put_as<int64_t>(out, i); break;
+    case ValueType::float32: ok = put_as<float>(out, d); break;
+    case ValueType::float64: ok = put_as<double>(out, d); break;
+    case ValueType::boolean: ok = put_as<uint8_t>(out, std::get_if<bool>(&v.v)); break;
     case ValueType::string: {
       const std::string* s = v.as_string();
       ok = s != nullptr;

@@ -14,7 +14,8 @@ namespace kiln::unicode {
 // (overlong forms, surrogates and values above U+10FFFF are invalid).
 size_t utf8_decode(std::string_view s, size_t pos, uint32_t& cp);
 
-// Appends the UTF-8 encoding of `cp` (must be <= U+10FFFF and not a surrogate).
+// Appends the UTF-8 encoding of `cp` (<= U+10FFFF; a surrogate gets its 3-byte form, which no decoder here
+// accepts).
 void utf8_append(std::string& out, uint32_t cp);
 
 // The byte length a sequence announces from its lead byte: 1..4, or 0 for a continuation byte or

@@ -4,6 +4,7 @@
 #include "core/quant/fp_contract_off.h"
 // (the line above must stay first)
 #include <cmath>
+#include <utility>
 
 #include "core/half.h"
 #include "core/quant/quant_blocks.h"
@@ -58,17 +59,49 @@ int tq1_trit(uint8_t byte, int k) {
 
 }  // namespace
 
+namespace {
+
+// y[e] = dl * q(e) - ml over a super-block's sub-blocks of kLen elements, (dl, ml) = scale_min(s) for
+// sub-block s.
+template <int kLen, class ScaleMin, class Quant>
+void dequantize_sub_blocks(float* y, ScaleMin&& scale_min, Quant&& quant) {
+  for (int s = 0; s < kQK_K / kLen; ++s) {
+    const auto [dl, ml] = scale_min(s);
+    for (int e = s * kLen; e < s * kLen + kLen; ++e) y[e] = dl * static_cast<float>(quant(e)) - ml;
+  }
+}
+
+// Q4_K and Q5_K (the latter's fifth bit in qh): 8 sub-blocks of 32, 6-bit scales and mins.
+template <class Block>
+void dequantize_row_q45_k(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const auto b = load_block<Block>(src, i);
+    const float d = f16_to_f32(b.d);
+    const float dmin = f16_to_f32(b.dmin);
+    auto scale_min = [&](int s) {
+      int scale, min;
+      k_scale_min(b.scales, s, &scale, &min);
+      return std::pair{d * static_cast<float>(scale), dmin * static_cast<float>(min)};
+    };
+    dequantize_sub_blocks<32>(dst + i * kQK_K, scale_min, [&](int e) {
+      if constexpr (requires { b.qh; }) return four_bit_quant(b.qs, e) | (mask_bit(b.qh, e) << 4);
+      return four_bit_quant(b.qs, e);
+    });
+  }
+}
+
+}  // namespace
+
 void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const auto b = load_block<BlockQ2_K>(src, i);
     const float d = f16_to_f32(b.d);
     const float dmin = f16_to_f32(b.dmin);
-    for (int s = 0; s < kQK_K / 16; ++s) {
-      const float dl = d * static_cast<float>(b.scales[s] & 0x0F);
-      const float ml = dmin * static_cast<float>(b.scales[s] >> 4);
-      for (int e = s * 16; e < s * 16 + 16; ++e)
-        dst[i * kQK_K + e] = dl * static_cast<float>(two_bit_quant(b.qs, e)) - ml;
-    }
+    auto scale_min = [&](int s) {
+      return std::pair{d * static_cast<float>(b.scales[s] & 0x0F),
+                       dmin * static_cast<float>(b.scales[s] >> 4)};
+    };
+    dequantize_sub_blocks<16>(dst + i * kQK_K, scale_min, [&](int e) { return two_bit_quant(b.qs, e); });
   }
 }
 
@@ -87,37 +120,10 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
 }
 
 void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const auto b = load_block<BlockQ4_K>(src, i);
-    const float d = f16_to_f32(b.d);
-    const float dmin = f16_to_f32(b.dmin);
-    for (int s = 0; s < kQK_K / 32; ++s) {
-      int scale, min;
-      k_scale_min(b.scales, s, &scale, &min);
-      const float dl = d * static_cast<float>(scale);
-      const float ml = dmin * static_cast<float>(min);
-      for (int e = s * 32; e < s * 32 + 32; ++e)
-        dst[i * kQK_K + e] = dl * static_cast<float>(four_bit_quant(b.qs, e)) - ml;
-    }
-  }
+  dequantize_row_q45_k<BlockQ4_K>(src, dst, n);
 }
-
 void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const auto b = load_block<BlockQ5_K>(src, i);
-    const float d = f16_to_f32(b.d);
-    const float dmin = f16_to_f32(b.dmin);
-    for (int s = 0; s < kQK_K / 32; ++s) {
-      int scale, min;
-      k_scale_min(b.scales, s, &scale, &min);
-      const float dl = d * static_cast<float>(scale);
-      const float ml = dmin * static_cast<float>(min);
-      for (int e = s * 32; e < s * 32 + 32; ++e) {
-        const int q = four_bit_quant(b.qs, e) | (mask_bit(b.qh, e) << 4);
-        dst[i * kQK_K + e] = dl * static_cast<float>(q) - ml;
-      }
-    }
-  }
+  dequantize_row_q45_k<BlockQ5_K>(src, dst, n);
 }
 
 void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {

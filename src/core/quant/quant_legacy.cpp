@@ -71,62 +71,52 @@ void pack_high_bits(const int* q, uint8_t* qh) {
   for (int j = 0; j < kQK; ++j) qh[j / 8] = static_cast<uint8_t>(qh[j / 8] | (((q[j] >> 4) & 1) << (j % 8)));
 }
 
+// Quant j of a legacy block: its nibble (with the fifth bit where the block has one), or its int8.
+template <class Block>
+int legacy_quant(const Block& b, int j) {
+  if constexpr (requires { b.qh; }) {
+    return nibble(b.qs, j) | (high_bit(b.qh, j) << 4);
+  } else if constexpr (sizeof(b.qs) == kQK) {
+    return b.qs[j];
+  } else {
+    return nibble(b.qs, j);
+  }
+}
+
+// y = (q - kZero) * d, or y = q * d + m for the blocks with a minimum m.
+template <class Block, int kZero>
+void dequantize_row_legacy(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const auto b = load_block<Block>(src, i);
+    const float d = f16_to_f32(b.d);
+    if constexpr (requires { b.m; }) {
+      const float m = f16_to_f32(b.m);
+      for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = static_cast<float>(legacy_quant(b, j)) * d + m;
+    } else {
+      for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = static_cast<float>(legacy_quant(b, j) - kZero) * d;
+    }
+  }
+}
+
 }  // namespace
 
 void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const auto b = load_block<BlockQ4_0>(src, i);
-    const float d = f16_to_f32(b.d);
-    for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = static_cast<float>(nibble(b.qs, j) - 8) * d;
-  }
+  dequantize_row_legacy<BlockQ4_0, 8>(src, dst, n);
 }
-
 void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const auto b = load_block<BlockQ4_1>(src, i);
-    const float d = f16_to_f32(b.d);
-    const float m = f16_to_f32(b.m);
-    for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = static_cast<float>(nibble(b.qs, j)) * d + m;
-  }
+  dequantize_row_legacy<BlockQ4_1, 0>(src, dst, n);
 }
-
 void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const auto b = load_block<BlockQ5_0>(src, i);
-    const float d = f16_to_f32(b.d);
-    for (int j = 0; j < kQK; ++j) {
-      const int q = nibble(b.qs, j) | (high_bit(b.qh, j) << 4);
-      dst[i * kQK + j] = static_cast<float>(q - 16) * d;
-    }
-  }
+  dequantize_row_legacy<BlockQ5_0, 16>(src, dst, n);
 }
-
 void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const auto b = load_block<BlockQ5_1>(src, i);
-    const float d = f16_to_f32(b.d);
-    const float m = f16_to_f32(b.m);
-    for (int j = 0; j < kQK; ++j) {
-      const int q = nibble(b.qs, j) | (high_bit(b.qh, j) << 4);
-      dst[i * kQK + j] = static_cast<float>(q) * d + m;
-    }
-  }
+  dequantize_row_legacy<BlockQ5_1, 0>(src, dst, n);
 }
-
 void dequantize_row_q8_0(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const auto b = load_block<BlockQ8_0>(src, i);
-    const float d = f16_to_f32(b.d);
-    for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = static_cast<float>(b.qs[j]) * d;
-  }
+  dequantize_row_legacy<BlockQ8_0, 0>(src, dst, n);
 }
-
 void dequantize_row_q8_1(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const auto b = load_block<BlockQ8_1>(src, i);
-    const float d = f16_to_f32(b.d);
-    for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = static_cast<float>(b.qs[j]) * d;
-  }
+  dequantize_row_legacy<BlockQ8_1, 0>(src, dst, n);
 }
 
 void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
@@ -151,83 +141,70 @@ void dequantize_row_mxfp4(const void* src, float* dst, int64_t n) {
   }
 }
 
-// Symmetric 4-bit: d = (signed absmax) / -8, so the largest magnitude maps to q = 0 (-8 * d).
+namespace {
+
+// The 4- and 5-bit quantizers: kMax + 1 levels. Symmetric blocks (Q4_0, Q5_0): d = (signed absmax) /
+// -(kMax + 1) / 2, so that the largest magnitude maps to q = 0; blocks with a minimum m (Q4_1, Q5_1): [min,
+// max] split into kMax steps.
+template <class Block, int kMax>
+void quantize_row_nibbles(const float* src, void* dst, int64_t n) {
+  constexpr int kZero = (kMax + 1) / 2;
+  constexpr float kZeroHalf = static_cast<float>(kZero) + 0.5f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const float* x = src + i * kQK;
+    Block b;
+    float min = 0.0f, d;
+    if constexpr (requires { b.m; }) {
+      float max;
+      min_max(x, kQK, &min, &max);
+      d = (max - min) / static_cast<float>(kMax);
+    } else {
+      d = signed_absmax(x, kQK) / -static_cast<float>(kZero);
+    }
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q[kQK];
+    for (int j = 0; j < kQK; ++j) {
+      if constexpr (requires { b.m; }) {
+        q[j] = trunc_clamped((x[j] - min) * id + 0.5f, kMax);
+      } else {
+        q[j] = trunc_clamped(x[j] * id + kZeroHalf, kMax);
+      }
+    }
+    b.d = f32_to_f16(d);
+    if constexpr (requires { b.m; }) b.m = f32_to_f16(min);
+    if constexpr (requires { b.qh; }) pack_high_bits(q, b.qh);
+    pack_nibbles(q, b.qs);
+    store_block(dst, i, b);
+  }
+}
+
+// Symmetric 8-bit: d = absmax / 127, q = round(x / d), half away from zero; returns d.
+float quantize_block_q8(const float* x, int8_t* qs) {
+  const float d = absmax(x, kQK) / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < kQK; ++j) qs[j] = static_cast<int8_t>(round_clamped_127(x[j] * id));
+  return d;
+}
+
+}  // namespace
+
 void quantize_row_q4_0(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const float* x = src + i * kQK;
-    const float d = signed_absmax(x, kQK) / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int q[kQK];
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamped(x[j] * id + 8.5f, 15);
-    BlockQ4_0 b;
-    b.d = f32_to_f16(d);
-    pack_nibbles(q, b.qs);
-    store_block(dst, i, b);
-  }
+  quantize_row_nibbles<BlockQ4_0, 15>(src, dst, n);
 }
-
-// Asymmetric 4-bit: [min, max] split into 15 steps.
 void quantize_row_q4_1(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const float* x = src + i * kQK;
-    float min, max;
-    min_max(x, kQK, &min, &max);
-    const float d = (max - min) / 15.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int q[kQK];
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamped((x[j] - min) * id + 0.5f, 15);
-    BlockQ4_1 b;
-    b.d = f32_to_f16(d);
-    b.m = f32_to_f16(min);
-    pack_nibbles(q, b.qs);
-    store_block(dst, i, b);
-  }
+  quantize_row_nibbles<BlockQ4_1, 15>(src, dst, n);
 }
-
-// Symmetric 5-bit: d = (signed absmax) / -16.
 void quantize_row_q5_0(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const float* x = src + i * kQK;
-    const float d = signed_absmax(x, kQK) / -16.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int q[kQK];
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamped(x[j] * id + 16.5f, 31);
-    BlockQ5_0 b;
-    b.d = f32_to_f16(d);
-    pack_high_bits(q, b.qh);
-    pack_nibbles(q, b.qs);
-    store_block(dst, i, b);
-  }
+  quantize_row_nibbles<BlockQ5_0, 31>(src, dst, n);
 }
-
-// Asymmetric 5-bit: [min, max] split into 31 steps.
 void quantize_row_q5_1(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const float* x = src + i * kQK;
-    float min, max;
-    min_max(x, kQK, &min, &max);
-    const float d = (max - min) / 31.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int q[kQK];
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamped((x[j] - min) * id + 0.5f, 31);
-    BlockQ5_1 b;
-    b.d = f32_to_f16(d);
-    b.m = f32_to_f16(min);
-    pack_high_bits(q, b.qh);
-    pack_nibbles(q, b.qs);
-    store_block(dst, i, b);
-  }
+  quantize_row_nibbles<BlockQ5_1, 31>(src, dst, n);
 }
 
-// Symmetric 8-bit: d = absmax / 127, q = round(x / d), half away from zero.
 void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const float* x = src + i * kQK;
-    const float d = absmax(x, kQK) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
     BlockQ8_0 b;
-    b.d = f32_to_f16(d);
-    for (int j = 0; j < kQK; ++j) b.qs[j] = static_cast<int8_t>(round_clamped_127(x[j] * id));
+    b.d = f32_to_f16(quantize_block_q8(src + i * kQK, b.qs));
     store_block(dst, i, b);
   }
 }
@@ -235,15 +212,10 @@ void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
 // As Q8_0, plus s = d * sum(q).
 void quantize_row_q8_1(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const float* x = src + i * kQK;
-    const float d = absmax(x, kQK) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
     BlockQ8_1 b;
+    const float d = quantize_block_q8(src + i * kQK, b.qs);
     int sum = 0;
-    for (int j = 0; j < kQK; ++j) {
-      b.qs[j] = static_cast<int8_t>(round_clamped_127(x[j] * id));
-      sum += b.qs[j];
-    }
+    for (int j = 0; j < kQK; ++j) sum += b.qs[j];
     b.d = f32_to_f16(d);
     b.s = f32_to_f16(static_cast<float>(sum) * d);
     store_block(dst, i, b);

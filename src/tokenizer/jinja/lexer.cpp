@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "tokenizer/jinja/ast.h"
+#include "tokenizer/unicode.h"
 
 namespace kiln::jinja {
 namespace {
@@ -9,24 +10,6 @@ namespace {
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
 
 class Lexer {
  public:
@@ -312,7 +295,7 @@ class Lexer {
             cp = cp * 16 + uint32_t(h);
           }
           if (cp > 0x10FFFF) return error_at(at, "escape beyond U+10FFFF in string literal");
-          append_utf8(out, cp);
+          unicode::utf8_append(out, cp);
           p += size_t(n);
           break;
         }

@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstdint>
 
+#include "tokenizer/unicode.h"
+
 namespace kiln::jinja {
 
 std::vector<size_t> code_point_offsets(const std::string& s) {
@@ -140,24 +142,6 @@ uint32_t decode_at(const std::string& s, size_t& p, bool& valid) {
   return cp;
 }
 
-void encode(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
-
 uint32_t to_upper_cp(uint32_t c) {
   if (c >= 'a' && c <= 'z') return c - 32;
   if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
@@ -205,7 +189,7 @@ std::string map_case(const std::string& s, bool upper) {
       out += "SS";  // Python: 'ß'.upper() == 'SS'
       continue;
     }
-    encode(out, upper ? to_upper_cp(cp) : to_lower_cp(cp));
+    unicode::utf8_append(out, upper ? to_upper_cp(cp) : to_lower_cp(cp));
   }
   return out;
 }

@@ -7,57 +7,21 @@
 
 namespace kiln::jinja {
 
-Value Value::undefined(std::string name) {
-  Value v;
-  v.s = std::move(name);
-  return v;
-}
-Value Value::none() {
-  Value v;
-  v.kind = Kind::none;
-  return v;
-}
-Value Value::boolean(bool x) {
-  Value v;
-  v.kind = Kind::boolean;
-  v.b = x;
-  return v;
-}
-Value Value::integer(int64_t x) {
-  Value v;
-  v.kind = Kind::integer;
-  v.i = x;
-  return v;
-}
-Value Value::floating(double x) {
-  Value v;
-  v.kind = Kind::floating;
-  v.f = x;
-  return v;
-}
-Value Value::string(std::string x) {
-  Value v;
-  v.kind = Kind::string;
-  v.s = std::move(x);
-  return v;
-}
+Value Value::undefined(std::string name) { return Value{.s = std::move(name)}; }
+Value Value::none() { return Value{.kind = Kind::none}; }
+Value Value::boolean(bool x) { return Value{.kind = Kind::boolean, .b = x}; }
+Value Value::integer(int64_t x) { return Value{.kind = Kind::integer, .i = x}; }
+Value Value::floating(double x) { return Value{.kind = Kind::floating, .f = x}; }
+Value Value::string(std::string x) { return Value{.kind = Kind::string, .s = std::move(x)}; }
 Value Value::new_list(List items) {
-  Value v;
-  v.kind = Kind::list;
-  v.list = std::make_shared<List>(std::move(items));
-  return v;
+  return Value{.kind = Kind::list, .list = std::make_shared<List>(std::move(items))};
 }
 Value Value::new_tuple(List items) {
   Value v = new_list(std::move(items));
   v.is_tuple = true;
   return v;
 }
-Value Value::new_dict() {
-  Value v;
-  v.kind = Kind::dict;
-  v.dict = std::make_shared<Dict>();
-  return v;
-}
+Value Value::new_dict() { return Value{.kind = Kind::dict, .dict = std::make_shared<Dict>()}; }
 Value Value::new_namespace() {
   Value v = new_dict();
   v.kind = Kind::ns;

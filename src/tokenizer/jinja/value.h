@@ -23,14 +23,14 @@ using List = std::vector<Value>;
 
 struct Value {
   Kind kind = Kind::undefined;
-  bool b = false;                // boolean
-  int64_t i = 0;                 // integer
-  double f = 0;                  // floating
-  std::string s;                 // string; for undefined: the name that was looked up (for messages)
-  std::shared_ptr<List> list;    // list (tuples are lists too)
-  bool is_tuple = false;         // list: prints as a Python tuple
-  std::shared_ptr<Dict> dict;    // dict and ns
-  std::shared_ptr<Callable> fn;  // callable
+  bool b = false;                  // boolean
+  int64_t i = 0;                   // integer
+  double f = 0;                    // floating
+  std::string s{};                 // string; for undefined: the name that was looked up (for messages)
+  std::shared_ptr<List> list{};    // list (tuples are lists too)
+  bool is_tuple = false;           // list: prints as a Python tuple
+  std::shared_ptr<Dict> dict{};    // dict and ns
+  std::shared_ptr<Callable> fn{};  // callable
 
   static Value undefined(std::string name = {});
   static Value none();

@@ -4,7 +4,8 @@
 //
 // Rows are in lanes: kL of them a vector (16 at the avx512 levels, 8 there for tiles of up to 8 rows and at
 // avx2, 1 at scalar), so each K element, broadcast, feeds one FMA per kL rows and the softmax is lanewise.
-// - S = Q K^T: per element d, the rows' q[d] from qt and each position's k[d] broadcast; kQkPos positions x up
+// - S = Q K^T: per element d, the rows' q[d] from qt and each position's k[d] broadcast; kQkPos positions x
+// up
 //   to kQkVecs row vectors of accumulators (AVX-512: 8 x 3 = 24).
 // - softmax over the chunk, per row vector: mask, scale, softcap, max, exp, sum.
 // - O += P V: per position, kPvDim vectors of the V row and kPvRows rows' p broadcast (AVX-512: 6 x 4 = 24
@@ -14,127 +15,45 @@ namespace kiln::cpu {
 namespace {
 namespace attn {
 
-// A vector policy: V (kL floats), M (a lane mask), the lanewise operations, and the kernels' block sizes. Every
-// policy computes the same operations per lane (FMA where the level has it, round to nearest even, the same
-// exp), so a row's bits do not depend on the policy its tile ran with either.
+// A vector policy: a vector type of cpu_kernels_simd.h (V, kL floats, M, a lane mask, and the lanewise
+// operations) and the kernels' block sizes. Every vector type computes the same operations per lane, so a
+// row's bits do not depend on the policy its tile ran with either.
 #if defined(__AVX2__)
 // 8 lanes: the avx2 level, and tiles of at most 8 rows (decode) at the avx512 levels, where a 256-bit FMA
 // issues at twice the rate of a 512-bit one (Zen 4), so that a decode step's 3 or 4 rows waste less.
-struct Ymm {
-  using V = __m256;
-  using M = __m256;
-  static constexpr int kL = 8;
+struct AttnYmm : Ymm {
 #if defined(__AVX512F__)  // 32 registers
   static constexpr int kQkPos = 16, kQkVecs = 1, kPvRows = 4, kPvDim = 4;
 #else  // 16 registers: 12 or 9 accumulators
   static constexpr int kQkPos = 4, kQkVecs = 3, kPvRows = 3, kPvDim = 3;
 #endif
-  static KILN_INLINE V set1(float x) { return _mm256_set1_ps(x); }
-  static KILN_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
-  static KILN_INLINE void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static KILN_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static KILN_INLINE V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static KILN_INLINE V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static KILN_INLINE V sub(V a, V b) { return _mm256_sub_ps(a, b); }
-  static KILN_INLINE V div(V a, V b) { return _mm256_div_ps(a, b); }
-  static KILN_INLINE V max(V a, V b) { return _mm256_max_ps(a, b); }
-  static KILN_INLINE M le(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
-  static KILN_INLINE M gt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
-  static KILN_INLINE M both(M a, M b) { return _mm256_and_ps(a, b); }
-  static KILN_INLINE V select(M m, V a, V b) { return _mm256_blendv_ps(b, a, m); }  // m ? a : b
-  static KILN_INLINE V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  // 2^n for integral n in [-126, 127].
-  static KILN_INLINE V pow2(V n) {
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  }
-  static KILN_INLINE V abs(V x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
-  static KILN_INLINE V with_sign_of(V mag, V x) {  // |mag| carrying x's sign (mag >= 0)
-    return _mm256_or_ps(_mm256_and_ps(_mm256_set1_ps(-0.0f), x), mag);
-  }
 };
 #endif
 
 #if defined(__AVX512F__)
-struct Zmm {
-  using V = __m512;
-  using M = __mmask16;
-  static constexpr int kL = 16;
+struct AttnZmm : Zmm {
   static constexpr int kQkPos = 8, kQkVecs = 3, kPvRows = 6, kPvDim = 4;  // 24 accumulators of 32 registers
-  static KILN_INLINE V set1(float x) { return _mm512_set1_ps(x); }
-  static KILN_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
-  static KILN_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static KILN_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static KILN_INLINE V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static KILN_INLINE V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static KILN_INLINE V sub(V a, V b) { return _mm512_sub_ps(a, b); }
-  static KILN_INLINE V div(V a, V b) { return _mm512_div_ps(a, b); }
-  static KILN_INLINE V max(V a, V b) { return _mm512_max_ps(a, b); }
-  static KILN_INLINE M le(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
-  static KILN_INLINE M gt(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
-  static KILN_INLINE M both(M a, M b) { return static_cast<M>(a & b); }
-  static KILN_INLINE V select(M m, V a, V b) { return _mm512_mask_blend_ps(m, b, a); }
-  static KILN_INLINE V round(V x) {
-    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  }
-  static KILN_INLINE V pow2(V n) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-  }
-  static KILN_INLINE V abs(V x) { return _mm512_abs_ps(x); }
-  static KILN_INLINE V with_sign_of(V mag, V x) {
-    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
-    return _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_castps_si512(mag)));
-  }
 };
-using Wide = Zmm;    // tiles of more than 8 rows
-using Narrow = Ymm;  // tiles of at most 8
+using Wide = AttnZmm;    // tiles of more than 8 rows
+using Narrow = AttnYmm;  // tiles of at most 8
 #elif defined(__AVX2__)
-using Wide = Ymm;
-using Narrow = Ymm;
+using Wide = AttnYmm;
+using Narrow = AttnYmm;
 #else
-// The portable level: a "vector" of one float. No FMA instruction: fma rounds twice (the build does not
-// contract, so the product and the sum stay two operations).
-struct Scalar {
-  using V = float;
-  using M = bool;
-  static constexpr int kL = 1;
+struct AttnScalar : Scalar {
   static constexpr int kQkPos = 4, kQkVecs = 3, kPvRows = 4, kPvDim = 4;
-  static KILN_INLINE V set1(float x) { return x; }
-  static KILN_INLINE V load(const float* p) { return *p; }
-  static KILN_INLINE void store(float* p, V v) { *p = v; }
-  static KILN_INLINE V fma(V a, V b, V c) { return a * b + c; }
-  static KILN_INLINE V mul(V a, V b) { return a * b; }
-  static KILN_INLINE V add(V a, V b) { return a + b; }
-  static KILN_INLINE V sub(V a, V b) { return a - b; }
-  static KILN_INLINE V div(V a, V b) { return a / b; }
-  static KILN_INLINE V max(V a, V b) { return a > b ? a : b; }
-  static KILN_INLINE M le(V a, V b) { return a <= b; }
-  static KILN_INLINE M gt(V a, V b) { return a > b; }
-  static KILN_INLINE M both(M a, M b) { return a && b; }
-  static KILN_INLINE V select(M m, V a, V b) { return m ? a : b; }
-  // Round to nearest even: |x| < 2^22 here (at most 127 in magnitude).
-  static KILN_INLINE V round(V x) { return (x + 12582912.0f) - 12582912.0f; }
-  static KILN_INLINE V pow2(V n) {
-    const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  static KILN_INLINE V abs(V x) { return x < 0.0f ? -x : x; }
-  static KILN_INLINE V with_sign_of(V mag, V x) { return x < 0.0f ? -mag : mag; }
 };
-using Wide = Scalar;
-using Narrow = Scalar;
+using Wide = AttnScalar;
+using Narrow = AttnScalar;
 #endif
 
 // 16 halves to f32.
 KILN_INLINE void f16_to_f32_16(const uint16_t* h, float* f) {
 #if defined(__AVX512F__)
-  _mm512_storeu_ps(f, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))));
+  Zmm::store(f, Zmm::load_f16(h));
 #elif defined(__AVX2__)
-  _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
-  _mm256_storeu_ps(f + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8))));
+  Ymm::store(f, Ymm::load_f16(h));
+  Ymm::store(f + 8, Ymm::load_f16(h + 8));
 #else
   for (int i = 0; i < 16; ++i) f[i] = h2f(h[i]);
 #endif
@@ -186,18 +105,6 @@ KILN_INLINE void merge_factors(float* m, float* l, const float* m2, const float*
   P::store(m + r0, mn);
   P::store(ao + r0, a);
   P::store(ac + r0, c);
-}
-
-// fn.template operator()<N>() for N = n, 1 <= n <= Max.
-template <int Max, class Fn>
-KILN_INLINE void count_as_template(int n, Fn&& fn) {
-  if constexpr (Max > 1) {
-    if (n < Max) {
-      count_as_template<Max - 1>(n, fn);
-      return;
-    }
-  }
-  fn.template operator()<Max>();
 }
 
 // s[p][r0 .. r0 + NV kL) = qt rows . k[p] for the NP positions k[0 .. NP).
@@ -258,12 +165,13 @@ KILN_INLINE void pv_block(const float* p, int64_t rp, const float* const* v, int
     float* orow = o + (r0 + r) * dp + d0;
     const V a = P::set1(ao[r0 + r]), c = P::set1(ac[r0 + r]);
     KILN_UNROLL
-    for (int i = 0; i < ND; ++i) P::store(orow + i * kL, P::fma(acc[r][i], c, P::mul(P::load(orow + i * kL), a)));
+    for (int i = 0; i < ND; ++i)
+      P::store(orow + i * kL, P::fma(acc[r][i], c, P::mul(P::load(orow + i * kL), a)));
   }
 }
 
-// K or V rows [j0, j1) as f32 pointers: f32 rows in place unless `padded` asks for rows of `stride` floats with
-// zeros past n (a vector load past the end of the row must read zeros); f16 rows converted into buf.
+// K or V rows [j0, j1) as f32 pointers: f32 rows in place unless `padded` asks for rows of `stride` floats
+// with zeros past n (a vector load past the end of the row must read zeros); f16 rows converted into buf.
 void rows_f32(const AttnChunk& c, const uint8_t* const* rows, int64_t n, bool padded, int64_t stride,
               float* buf, const float** out) {
   for (int j = c.j0; j < c.j1; ++j) {
@@ -288,7 +196,8 @@ void rows_f32(const AttnChunk& c, const uint8_t* const* rows, int64_t n, bool pa
 template <class P>
 void attn_chunk_t(const AttnChunk& c) {
   using V = typename P::V;
-  constexpr int kL = P::kL, kQkPos = P::kQkPos, kQkVecs = P::kQkVecs, kPvRows = P::kPvRows, kPvDim = P::kPvDim;
+  constexpr int kL = P::kL, kQkPos = P::kQkPos, kQkVecs = P::kQkVecs, kPvRows = P::kPvRows,
+                kPvDim = P::kPvDim;
   static_assert(kAttnChunk % kQkPos == 0 && kAttnAlign % kL == 0);
   const int64_t rp = c.rp, dp = c.dp, head_dim = c.head_dim;
   const int64_t n_vecs = (c.n_rows + kL - 1) / kL;  // row vectors holding rows
@@ -313,7 +222,7 @@ void attn_chunk_t(const AttnChunk& c) {
     int64_t v0 = 0;
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t nv = (n_vecs - v0) / (n_blocks - b);
-      count_as_template<kQkVecs>(static_cast<int>(nv), [&]<int NV>() {
+      with_count<kQkVecs>(static_cast<int>(nv), [&]<int NV>() {
         qk_block<P, kQkPos, NV>(c.qt, rp, head_dim, k + j, v0 * kL, s + j * rp);
       });
       v0 += nv;
@@ -354,8 +263,8 @@ void attn_chunk_t(const AttnChunk& c) {
     const int nr = static_cast<int>(c.n_rows - r0 < kPvRows ? c.n_rows - r0 : kPvRows);
     for (int64_t i0 = 0; i0 < d_vecs; i0 += kPvDim) {
       const int nd = static_cast<int>(d_vecs - i0 < kPvDim ? d_vecs - i0 : kPvDim);
-      count_as_template<kPvRows>(nr, [&]<int NR>() {
-        count_as_template<kPvDim>(nd, [&]<int ND>() {
+      with_count<kPvRows>(nr, [&]<int NR>() {
+        with_count<kPvDim>(nd, [&]<int ND>() {
           pv_block<P, NR, ND>(s, rp, vrows, c.j0, c.j1, r0, i0 * kL, c.o, dp, ao, ac);
         });
       });
@@ -371,8 +280,8 @@ void attn_chunk(const AttnChunk& c) {
   }
 }
 
-void attn_merge(float* m, float* l, float* o, const float* m2, const float* l2, const float* o2, int64_t n_rows,
-                int64_t rp, int64_t dp, float* scratch) {
+void attn_merge(float* m, float* l, float* o, const float* m2, const float* l2, const float* o2,
+                int64_t n_rows, int64_t rp, int64_t dp, float* scratch) {
   using P = Wide;
   using V = P::V;
   float* ao = scratch;

@@ -9,14 +9,6 @@ namespace {
 // the others (and the portable level) take the tile path.
 
 #if defined(__AVX2__)
-KILN_INLINE __m256i dot32(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
 // Legacy nibbles in a register: element j (low nibble of byte j) and j + 16 (high nibble).
 KILN_INLINE __m256i nibbles_reg(const uint8_t* qs) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), m = _mm_set1_epi8(0x0F);
@@ -51,13 +43,14 @@ struct DirectRow {
     for (int c = 0; c < NX; ++c) {
       __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c].q + sub * 32));
       if constexpr (kSigned) xs = _mm256_sign_epi8(xs, q);
-      const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(dot32(wu, xs)), _mm256_loadu_ps(x[c].d + sub * 8));
+      const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(Ymm::dot(Ymm::izero(), wu, xs)),
+                                     _mm256_loadu_ps(x[c].d + sub * 8));
       acc[c] = _mm256_fmadd_ps(p, dl, acc[c]);
     }
   }
   // accm[c][r]: the offsets' part (offsets4).
   void store(float* out, int r, const float (*accm)[kTileRows]) {
-    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = hsum256(acc[c]) + accm[c][r];
+    for (int c = 0; c < NX; ++c) out[c * kTileRows + r] = Ymm::hsum(acc[c]) + accm[c][r];
   }
 };
 
@@ -84,7 +77,8 @@ struct DirectRow512 {
     for (int c = 0; c < NX; ++c) {
       __m512i xs = _mm512_loadu_si512(x[c].q + psub * 32);
       if constexpr (kSigned) xs = _mm512_mask_sub_epi8(xs, neg, _mm512_setzero_si512(), xs);
-      const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(dot_u8s8(q, xs)), _mm512_loadu_ps(x[c].d + psub * 8));
+      const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(Zmm::dot(Zmm::izero(), q, xs)),
+                                     _mm512_loadu_ps(x[c].d + psub * 8));
       acc[c] = _mm512_fmadd_ps(p, dl, acc[c]);
     }
   }

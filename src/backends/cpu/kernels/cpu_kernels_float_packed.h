@@ -18,66 +18,20 @@ namespace {
 
 #if defined(__AVX2__)
 #if defined(__AVX512F__)
-using VecF = __m512;
-constexpr int kVecLanes = 16;
+using FVec = Zmm;
 constexpr int kFTileCols = 8;     // x rows of a batch tile
 constexpr int kBatchGroups = 3;   // groups of a batch tile: 24 accumulators + 3 weight vectors
 constexpr int kFDecodeCols = 2;   // up to this many x rows take the decode tile
 constexpr int kDecodeGroups = 6;  // groups of a decode tile: up to 12 accumulators + 6 weight vectors
-KILN_INLINE VecF vset1(float v) { return _mm512_set1_ps(v); }
-KILN_INLINE VecF vzero() { return _mm512_setzero_ps(); }
-KILN_INLINE VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
-// Elements [0, min(n, 16)) of v to y (none when n <= 0).
-KILN_INLINE void vstore(float* y, VecF v, int64_t n) {
-  if (n >= kVecLanes) {
-    _mm512_storeu_ps(y, v);
-  } else if (n > 0) {
-    _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << n) - 1), v);
-  }
-}
-// Element i of 16 rows at p (16 elements of type T, 64-byte aligned for f32, 32 for the 16-bit types).
-template <uint32_t T>
-KILN_INLINE VecF load_rows(const uint8_t* p) {
-  if constexpr (T == kF32) {
-    return _mm512_load_ps(reinterpret_cast<const float*>(p));
-  } else if constexpr (T == kF16) {
-    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-  } else {
-    const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-  }
-}
 #else
-using VecF = __m256;
-constexpr int kVecLanes = 8;
+using FVec = Ymm;
 constexpr int kFTileCols = 6;  // 12 accumulators + 2 weight vectors + a broadcast of 16 registers
 constexpr int kBatchGroups = 1;
 constexpr int kFDecodeCols = 2;
 constexpr int kDecodeGroups = 2;  // 16 registers hold no more
-KILN_INLINE VecF vset1(float v) { return _mm256_set1_ps(v); }
-KILN_INLINE VecF vzero() { return _mm256_setzero_ps(); }
-KILN_INLINE VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
-KILN_INLINE void vstore(float* y, VecF v, int64_t n) {
-  if (n >= kVecLanes) {
-    _mm256_storeu_ps(y, v);
-  } else if (n > 0) {
-    alignas(32) float t[kVecLanes];
-    _mm256_store_ps(t, v);
-    for (int64_t l = 0; l < n; ++l) y[l] = t[l];
-  }
-}
-template <uint32_t T>
-KILN_INLINE VecF load_rows(const uint8_t* p) {
-  if constexpr (T == kF32) {
-    return _mm256_load_ps(reinterpret_cast<const float*>(p));
-  } else if constexpr (T == kF16) {
-    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
-  }
-}
 #endif
+using VecF = FVec::V;
+constexpr int kVecLanes = FVec::kL;
 
 // Vectors per group of kPackRows rows; bytes per element of type T.
 constexpr int kGroupVecs = kPackRows / kVecLanes;
@@ -101,7 +55,7 @@ void fpacked_tile(const PackedFloatMatrix& w, int64_t g0, const float* const* x,
   VecF acc[NX][kV];
   KILN_UNROLL
   for (auto& row : acc) KILN_UNROLL
-  for (VecF& a : row) a = vzero();
+  for (VecF& a : row) a = FVec::zero();
   const int64_t k = w.k;
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC unroll 2
@@ -112,33 +66,21 @@ void fpacked_tile(const PackedFloatMatrix& w, int64_t g0, const float* const* x,
     for (int g = 0; g < NG; ++g) {
       KILN_UNROLL
       for (int v = 0; v < kGroupVecs; ++v)
-        wv[g * kGroupVecs + v] = load_rows<T>(p[g] + i * kStep + v * kVecBytes);
+        wv[g * kGroupVecs + v] = load_elems<FVec, T>(p[g] + i * kStep + v * kVecBytes);
     }
     KILN_UNROLL
     for (int c = 0; c < NX; ++c) {
-      const VecF xb = vset1(xr[c][i]);
+      const VecF xb = FVec::set1(xr[c][i]);
       KILN_UNROLL
-      for (int v = 0; v < kV; ++v) acc[c][v] = vfma(wv[v], xb, acc[c][v]);
+      for (int v = 0; v < kV; ++v) acc[c][v] = FVec::fma(wv[v], xb, acc[c][v]);
     }
   }
   KILN_UNROLL
   for (int c = 0; c < NX; ++c) {
     float* out = y[c] + g0 * kPackRows;
     KILN_UNROLL
-    for (int v = 0; v < kV; ++v) vstore(out + v * kVecLanes, acc[c][v], ny - v * kVecLanes);
+    for (int v = 0; v < kV; ++v) FVec::store_n(out + v * kVecLanes, acc[c][v], ny - v * kVecLanes);
   }
-}
-
-// fn.template operator()<N>() for N = n, 1 <= n <= Max: a runtime count as a template argument.
-template <int Max, class Fn>
-KILN_INLINE void with_count(int n, Fn&& fn) {
-  if constexpr (Max > 1) {
-    if (n < Max) {
-      with_count<Max - 1>(n, fn);
-      return;
-    }
-  }
-  fn.template operator()<Max>();
 }
 
 // n_x x rows times nt (1..NGMax) groups from g0, NXMax x rows a tile; ny as in fpacked_tile.
