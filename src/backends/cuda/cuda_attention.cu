@@ -3,7 +3,6 @@
 // CUDA cores; decode-shaped ones the split-KV kernels of cuda_attention_decode.cu.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_attention.cuh"
 #include "backends/cuda/cuda_common.cuh"
@@ -200,8 +199,9 @@ cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& o
 // Chunks start at multiples of 64 positions whatever the tile holds, and a row's state is untouched by chunks
 // it sees nothing of (every score masked: scale factor 1, P = 0), so a row's result does not depend on the
 // other rows of its batch.
-// Warps a block (W): 4 or 8 (KILN_CUDA_ATTN_MMA_WARPS); a block holds 16 * W query rows.
-constexpr int kMmaChunk = 64;             // positions a chunk
+// Warps a block (W): kMmaWarps; a block holds 16 * W query rows.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaChunk = 64;  // positions a chunk
 
 // 2^x, subnormal results flushed to zero: one MUFU instruction, where exp2f adds a fix-up for them. P is
 // rounded to f16 for p.v, whose smallest subnormal is 2^-24, and a row's sum l is at least 1.
@@ -599,16 +599,8 @@ bool mma_eligible(const ops::Attention& op, const Geometry& g) {
 template <class KV>
 cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                     uint16_t* xh, bool f16) {
-  static const int warps = [] {  // KILN_CUDA_ATTN_MMA_WARPS=4|8: warps a block (for measuring)
-    const char* v = std::getenv("KILN_CUDA_ATTN_MMA_WARPS");
-    return v != nullptr && std::atoi(v) == 8 ? 8 : 4;
-  }();
-  if (warps == 8) {
-    if (g.head_dim <= 64) return launch_mma<64, 8, KV>(ctx, op, g, xh, f16);
-    return launch_mma<128, 8, KV>(ctx, op, g, xh, f16);
-  }
-  if (g.head_dim <= 64) return launch_mma<64, 4, KV>(ctx, op, g, xh, f16);
-  return launch_mma<128, 4, KV>(ctx, op, g, xh, f16);
+  if (g.head_dim <= 64) return launch_mma<64, kMmaWarps, KV>(ctx, op, g, xh, f16);
+  return launch_mma<128, kMmaWarps, KV>(ctx, op, g, xh, f16);
 }
 
 Geometry geometry_of(const ops::Attention& op) {

@@ -6,7 +6,6 @@
 // last of them to finish merges the chunks in order.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_attention.cuh"
 #include "backends/cuda/cuda_common.cuh"
@@ -693,22 +692,11 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   // of at least min_chunk positions as fit (live_chunks), the grid's other blocks returning at once. A short
   // span thus takes one chunk and writes its result without the merge.
   // The staged kernel's chunks hold at least four of its stages (256 positions of f16 rows of up to 128
-  // dims), the unstaged kernel's 16 (four a warp). KILN_CUDA_ATTN_CHUNK sets the fewest positions a chunk
-  // (for tuning); KILN_CUDA_ATTN_STAGED=0 sends every decode to the unstaged kernel.
-  static const int64_t chunk_env = [] {
-    const char* v = std::getenv("KILN_CUDA_ATTN_CHUNK");
-    return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{0};
-  }();
-  static const bool staged_on = [] {
-    const char* v = std::getenv("KILN_CUDA_ATTN_STAGED");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  const bool staged = staged_on && staged_eligible(op, g);
+  // dims), the unstaged kernel's 16 (four a warp).
+  const bool staged = staged_eligible(op, g);
   const bool f16 = op.k_pool.type == DType::f16;
   const int64_t min_chunk =
-      chunk_env > 0 ? chunk_env
-      : staged      ? 4 * (f16 ? staged_stage<__half>(g.head_dim) : staged_stage<float>(g.head_dim))
-                    : 16;
+      staged ? 4 * (f16 ? staged_stage<__half>(g.head_dim) : staged_stage<float>(g.head_dim)) : 16;
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;

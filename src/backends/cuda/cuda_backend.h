@@ -8,14 +8,18 @@
 #include <memory>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_options.h"
 
 namespace kiln {
 
-// Device `device` (cudaGetDeviceCount order). Errors name what is missing: no driver, no device, a device
-// index out of range.
 // Whether a CUDA driver and at least one device are usable.
 bool cuda_device_present();
 
+// Device `device` (cudaGetDeviceCount order), with the options of the environment (cuda_options_from_env).
+// Errors name what is missing: no driver, no device, a device index out of range.
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions& options);
+// The same with the options given (tests and benches: cuda_options_from_env(), then the fields they vary);
+// invalid_argument naming a field out of its range.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaOptions& options);
 
 }  // namespace kiln

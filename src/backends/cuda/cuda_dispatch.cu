@@ -2,7 +2,6 @@
 // to them, and the sequences of ops that run as one kernel.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <utility>
 
 #include "backends/cuda/cuda_kernels.h"
@@ -228,7 +227,7 @@ size_t v_rope_after(const Context& ctx, std::span<const ops::Op> ops, const ops:
 // A gate and an up matmul (gemv_pairs) and the gated activation of exactly their results, f32 of their shape,
 // written over the gate or up or apart from them and x: gemv_act_pair.
 bool act_pair(const Context& ctx, std::span<const ops::Op> ops) {
-  if (!ctx.gemv_act || ops.size() < 3) return false;
+  if (ops.size() < 3) return false;
   const ops::Matmul* group[3] = {};
   const auto* glu = std::get_if<ops::GatedAct>(&ops[2]);
   if (glu == nullptr || gemv_run(ctx, ops, group) < 2 || !gemv_pairs(ctx, *group[0], *group[1])) return false;
@@ -279,12 +278,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
       return 1 + n;
     }
   }
-  static const bool att_half = [] {  // KILN_CUDA_ATTENTION_HALF=0: the conversion kernel, for measuring
-    const char* v = std::getenv("KILN_CUDA_ATTENTION_HALF");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  if (const auto* att = std::get_if<ops::Attention>(&ops[0]);
-      att != nullptr && att_half && attention_writes_half(*att)) {
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0]); att != nullptr && attention_writes_half(*att)) {
     // A prefill's attention and the GEMM that reads its result (the output projection) in 16 bits, which
     // its kernel writes for it.
     const ops::Matmul* group[3] = {};
@@ -299,17 +293,12 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   // 1,4`, three interleaved rounds, tokens/s) the 135M-shaped Q4_0 model's decode went from 1,072-1,100 to
   // 1,120-1,126, and 4 requests from 3,140-3,193 to 3,235-3,309; on the 8B (k = 4096), where the rounding
   // lands on the attention's merge, the last block of a split, Q8_0 went from 312-314 to 308-310 and Q4_0
-  // from 404-408 to 399-405, hence the bound. KILN_CUDA_ATTENTION_Q8=0|1: never|whatever k.
-  static const int att_q8 = [] {
-    const char* v = std::getenv("KILN_CUDA_ATTENTION_Q8");
-    return v != nullptr ? std::atoi(v) : -1;
-  }();
-  if (const auto* att = std::get_if<ops::Attention>(&ops[0]);
-      att != nullptr && att_q8 != 0 && attention_rounds_q8(*att)) {
+  // from 404-408 to 399-405, hence the bound.
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0]); att != nullptr && attention_rounds_q8(*att)) {
     const ops::Matmul* group[3] = {};
-    if (const size_t n = gemv_run(ctx, ops.subspan(1), group);
-        n > 0 && flat_view_of(group[0]->x, att->dst) && takes_q8(ctx, *group[0]) &&
-        (att_q8 > 0 || group[0]->x.ne[0] <= kAttentionRoundsMaxK)) {
+    if (const size_t n = gemv_run(ctx, ops.subspan(1), group); n > 0 && flat_view_of(group[0]->x, att->dst) &&
+                                                               takes_q8(ctx, *group[0]) &&
+                                                               group[0]->x.ne[0] <= kAttentionRoundsMaxK) {
       return 1 + n;
     }
   }

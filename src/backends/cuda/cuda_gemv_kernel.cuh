@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_gemv.cuh"
@@ -217,18 +216,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<
 // right after their wait. Early for the persistent staged kernel, whose blocks all start at once, so that the
 // next kernel's launch overlaps the whole GEMV, and for one token's rows of at most kEarlyTriggerMaxK
 // elements, whose blocks' passes are short (with 4 tokens, early measured 2.5% slower on the 135M). Measured
-// on the H200 (`kiln bench -p 0 -n 128`, two rounds, tokens/s, this rule against
-// KILN_CUDA_GEMV_EARLY_TRIGGER=0): the 8B's Q4_0 394-395 -> 406, the 135M-shaped BF16 model's 1,024 ->
-// 1,047-1,049; early for every GEMV, the 8B's BF16 (rows of 4096 and 14336) measured 206.0 -> 204.7-205.2.
-// KILN_CUDA_GEMV_EARLY_TRIGGER=0|1: never|always.
+// on the H200 (`kiln bench -p 0 -n 128`, two rounds, tokens/s, this rule against the trigger after the main
+// loops always): the 8B's Q4_0 394-395 -> 406, the 135M-shaped BF16 model's 1,024 -> 1,047-1,049; early for
+// every GEMV, the 8B's BF16 (rows of 4096 and 14336) measured 206.0 -> 204.7-205.2.
 constexpr int64_t kEarlyTriggerMaxK = 2048;
 inline bool gemv_early_trigger(const Context& ctx, int64_t k, int64_t cols, bool staged) {
-  static const int mode = [] {
-    const char* v = std::getenv("KILN_CUDA_GEMV_EARLY_TRIGGER");
-    return v != nullptr ? std::atoi(v) : -1;
-  }();
-  if (!ctx.pdl || mode == 0) return false;
-  return mode > 0 || staged || (k <= kEarlyTriggerMaxK && cols == 1);
+  return ctx.pdl && (staged || (k <= kEarlyTriggerMaxK && cols == 1));
 }
 
 template <DType T, bool kQ8, int kCols, int kRows, int kUnroll, bool kPair = false>
@@ -293,23 +286,18 @@ template <DType T, bool kQ8, bool kPair>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, const RopeFreqs* rope) {
   if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1, kPair>(ctx, a, access, rope);
   if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1, kPair>(ctx, a, access, rope);
-  const int forced = ctx.gemv_rows;
-  // KILN_CUDA_GEMV_SHORT_K=N: exact GEMVs of rows of at most N elements take eight rows a block (0: by the
-  // row count alone).
-  static const int64_t short_k = [] {
-    const char* v = std::getenv("KILN_CUDA_GEMV_SHORT_K");
-    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{2048};
-  }();
+  const int forced = ctx.options.gemv_rows;  // tests and tuning (bench/matmul_bench --gemv-rows)
   // Measured on an H100 (scripts/gpu-check.sh tune): eight rows from 4096 up (84% of the copy bandwidth on
   // the 8B's gate/up/down in bf16, 67% on 4096 x 4096); two on the short k/v projections (1024 rows), where
-  // eight leave too few blocks. On the exact path, rows of at most short_k elements (a small model's: 576 and
+  // eight leave too few blocks. On the exact path, rows of at most kShortK elements (a small model's: 576 and
   // 1536 in the 135M) take eight whatever their count: a block's pass over them is short, so each launch is
   // bound by its blocks' fixed costs (the wait, the sums across warps, the stores), which eight rows share.
-  // On the H200 (`kiln bench -p 0 -n 128`, two rounds, against KILN_CUDA_GEMV_SHORT_K=0) the 135M-shaped BF16
-  // model's decode went from 1,064-1,066 to 1,175-1,180 tokens/s.
+  // On the H200 (`kiln bench -p 0 -n 128`, two rounds, against rows by their count alone) the 135M-shaped
+  // BF16 model's decode went from 1,064-1,066 to 1,175-1,180 tokens/s.
+  constexpr int64_t kShortK = 2048;
   int64_t n = a.n;  // all the rows of the launch
   for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
-  const bool short_rows = !kQ8 && a.k <= short_k;
+  const bool short_rows = !kQ8 && a.k <= kShortK;
   const int rows = forced != 0 ? forced : n >= 4096 || short_rows ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
     case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1, kPair>(ctx, a, access, rope);

@@ -356,7 +356,7 @@ void launch_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, co
   const auto kernel = gemv_staged_kernel<T, kCols, kRows, kRope>;
   constexpr size_t smem = 2 * kRows * seg_bytes<T>();
   // Blocks a multiprocessor holds (registers, the two slots and the table): the grid is that many a
-  // multiprocessor, or fewer when there are fewer items (or Context::staged_gemv_grid says fewer).
+  // multiprocessor, or fewer when there are fewer items (or CudaOptions::staged_gemv_grid says fewer).
   static const int per_sm = [&] {
     int b = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
@@ -367,7 +367,7 @@ void launch_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, co
     }
     return std::max(b, 1);
   }();
-  const int64_t cap = ctx.staged_gemv_grid > 0 ? ctx.staged_gemv_grid : int64_t{0x7fffffff};
+  const int64_t cap = ctx.options.staged_gemv_grid > 0 ? ctx.options.staged_gemv_grid : int64_t{0x7fffffff};
   const int64_t items = row_blocks * a.n_groups;
   const int64_t grid = std::min({items, int64_t{per_sm} * std::max(ctx.n_sms, 1), cap});
   (void)launch_kernel(ctx, kernel, dim3(static_cast<unsigned>(grid)), dim3(kGemvThreads), smem, a,

@@ -12,16 +12,10 @@
 #include <cstdint>
 #include <span>
 
+#include "backends/cuda/cuda_options.h"
 #include "ops/ops.h"
 
 namespace kiln::cuda {
-
-// K-quant weights (Q4_K, Q5_K, Q6_K) take the integer tensor-core kernel (cuda_mmq.cu) for batches of
-// kMmqMinCols to kMmqMaxCols rows, part of the integer GEMV's range included. Measured on an H100 (the 8B's
-// Q4_K_M, kiln bench --batch, KILN_CUDA_MMQ_MIN=9 against 4 and 5): 4 requests decode 651-663 tokens/s by
-// the GEMV and 557-566 by this kernel; 5 requests 639-641 and 694-695, 8 requests 897-899 and 1,075-1,095.
-inline constexpr int kMmqMinCols = 5;
-inline constexpr int kMmqMaxCols = 64;
 
 // The weights of the next matmuls of a program (up to three ranges, each 16-byte aligned and a multiple of
 // 16 bytes long; empty ranges have no bytes). A GEMV's blocks send them toward L2 as they finish their own
@@ -36,32 +30,13 @@ struct L2Ahead {
 struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  int n_sms = 0;  // multiprocessors of the device
+  int n_sms = 0;          // multiprocessors of the device
   bool clusters = false;  // thread-block clusters (sm_90 and newer)
-  // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail.
+  // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail
+  // (options.pdl on a device that has it).
   bool pdl = false;
-  // Matmuls under quantize_x may take the integer GEMV (cuda_q8.cuh); else the exact one.
-  bool int8_gemv = true;
-  // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment
-  // allows: K-quant rows (staged_gemv), legacy-type rows in grouped form (staged_gemv_grouped).
-  bool staged_gemv = true;
-  bool staged_gemv_grouped = true;
-  int staged_gemv_grid =
-      0;  // > 0: at most this many blocks a staged GEMV launch (tests); else the device's fill
-  int gemv_rows = 0;  // 1, 2, 4, 8: the rows a block of one-column GEMVs (tuning, tests); else by shape
-  // Batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols); else the integer GEMV or
-  // cuBLAS. mmq_min_cols: the fewest rows of x that take it.
-  bool mmq = true;
-  int mmq_min_cols = kMmqMinCols;
-  // The exact GEMV of a gate and an up matmul applies their gated activation as it stores them
-  // (gemv_act_pair).
-  bool gemv_act = true;
-  // The GEMV of Q, K and V applies RoPE to q and k and writes k and v to the pools as it stores them
-  // (matmul_gemv_rope_group).
-  bool gemv_rope = true;
-  // ... also where V's weight has another type than Q and K's: V's GEMV a launch of its own on the same
-  // rounding of x (matmul_gemv_rope_group).
-  bool gemv_rope_split = true;
+  // The backend's options (cuda_options.h), read once when it was made: the launch code reads them here.
+  CudaOptions options;
   // What the GEMVs of this launch send toward L2 for the matmuls after them (set per sequence by the backend;
   // empty: nothing).
   L2Ahead ahead;

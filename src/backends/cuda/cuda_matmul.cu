@@ -110,7 +110,7 @@ cudaError_t quantize_x(const Context& ctx, const Tensor& x, GemvArgs& a) {
 
 // Whether a batch of m x rows on the integer path takes the tensor-core kernel (cuda_mmq.cu) for this type.
 bool mmq_batch(const Context& ctx, DType type, int64_t m) {
-  return ctx.mmq && m >= ctx.mmq_min_cols && m <= kMmqMaxCols && mmq_type(type);
+  return ctx.options.mmq && m >= ctx.options.mmq_min_cols && m <= kMmqMaxCols && mmq_type(type);
 }
 
 // The parts of an integer-path GEMV through the tensor-core kernel, when its type, batch and weight rows
@@ -163,7 +163,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
       for (int i = 1; i < a.n_parts; ++i) {
         rows16 = rows16 && aligned(a.more[i - 1].w, 16) && a.more[i - 1].w_nb1 % 16 == 0;
       }
-      a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.staged_gemv_grouped && rows16 &&
+      a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.options.staged_gemv && rows16 &&
                  (a.n_cols == 1 || !kLegacyType<T>);
       rotate(kQ8);
       if (probe) return cudaSuccess;
@@ -183,7 +183,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
       rows16 = rows16 && aligned(a.more[i - 1].w, 16) && a.more[i - 1].w_nb1 % 16 == 0;
     }
     // The staged GEMV of the legacy types and Q6_K reads grouped rows only.
-    a.staged = decltype(q8_tag)::value && kStagedType<T> && !kGroupedType<T> && ctx.staged_gemv && rows16;
+    a.staged = decltype(q8_tag)::value && kStagedType<T> && !kGroupedType<T> && ctx.options.staged_gemv && rows16;
     rotate(kQ8 ? a.staged : natural);
     if (probe) return cudaSuccess;
     launch_gemv_rows<T, kQ8>(ctx, a, natural ? Access::natural : Access::safe, rope);
@@ -467,7 +467,7 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
 bool takes_q8(const Context& ctx, const ops::Matmul& op) {
   const Tensor& w = op.w.tensor;
   const int64_t m = op.x.n_rows();
-  return ctx.int8_gemv && op.quantize_x && q8_type(w.type) &&
+  return op.quantize_x && q8_type(w.type) &&
          (m <= kQ8MaxCols ||
           (mmq_batch(ctx, w.type, m) && mmq_rows_fit(w.type, w.data, w.nb[1], w.ne[0], grouped(op.w))));
 }
@@ -629,14 +629,14 @@ bool split_v(std::span<const ops::Matmul* const> group) {
 }  // namespace
 
 bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group, const RopeOps& rope) {
-  if (!ctx.gemv_rope || group.size() != 3) return false;
+  if (!ctx.options.gemv_rope || group.size() != 3) return false;
   const ops::Matmul& first = *group[0];
   const int64_t m = first.x.n_rows();
   for (const ops::Matmul* op : group) {
     if (op->dst.type != DType::f32) return false;
   }
   const ops::Matmul& v = *group[2];
-  if (split_v(group) && !(ctx.gemv_rope_split && takes_q8(ctx, first) && takes_q8(ctx, v) &&
+  if (split_v(group) && !(ctx.options.gemv_rope_split && takes_q8(ctx, first) && takes_q8(ctx, v) &&
                           !mmq_batch(ctx, v.w.tensor.type, m) && v.w.tensor.ne[0] == first.w.tensor.ne[0])) {
     return false;
   }
@@ -729,7 +729,7 @@ cudaError_t matmul_gemv_rope_group(const Context& ctx, std::span<const ops::Matm
 bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up) {
   const Tensor &g = gate.w.tensor, &u = up.w.tensor;
   const bool float_weight = g.type == DType::bf16 || g.type == DType::f16 || g.type == DType::f32;
-  return ctx.gemv_act && float_weight && u.type == g.type && gate.x.n_rows() <= kGemvMaxCols &&
+  return float_weight && u.type == g.type && gate.x.n_rows() <= kGemvMaxCols &&
          !takes_q8(ctx, gate) && !takes_q8(ctx, up) && u.ne[1] == g.ne[1] && gate.dst.type == DType::f32 &&
          up.dst.type == DType::f32 && aligned(g.data, 16) && g.nb[1] % 16 == 0 && aligned(u.data, 16) &&
          u.nb[1] % 16 == 0;
@@ -865,7 +865,7 @@ cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
   a.use_ids = true;
   a.ids = ids_of(op.ids);                  // read flat: id q = s + n_used * t
   a.x_div = op.x.ne[1] == 1 ? n_used : 1;  // x row t, or (s, t)
-  const bool q8 = ctx.int8_gemv && op.quantize_x && q8_type(op.w.tensor.type);
+  const bool q8 = op.quantize_x && q8_type(op.w.tensor.type);
   if (q8) {
     if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
   }

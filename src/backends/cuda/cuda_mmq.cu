@@ -371,19 +371,12 @@ int64_t blocks_per_sm() {
 // rounds of blocks_per_sm() * n_sms, each block's time 1 / k_split of an unsplit one's, so the split that
 // takes the fewest rounds / k_split, the smaller on a tie. The 8B's 14336-row matrices at 3 blocks a
 // multiprocessor: 224 blocks in 1 round, 448 in 2 (the last with 52), 896 in 3 of a quarter the length: 4.
-// KILN_CUDA_MMQ_KSPLIT forces it (for measuring).
 template <DType T>
 int k_split_for(const Context& ctx, int64_t n, int64_t k) {
-  static const int forced = [] {
-    const char* v = std::getenv("KILN_CUDA_MMQ_KSPLIT");
-    const int f = v != nullptr ? std::atoi(v) : 0;
-    return f == 1 || f == 2 || f == 4 ? f : 0;
-  }();
   const int64_t slots = blocks_per_sm<T>() * std::max(ctx.n_sms, 1);
   int best = 1;
   double best_cost = 0.0;
   for (int ks = 1; ks <= kWarps && ks <= k / 256; ks *= 2) {
-    if (forced != 0 && ks != forced) continue;
     const int64_t blocks = ceil_div(n, kTileRows * (kWarps / ks));
     const double cost = static_cast<double>(ceil_div(blocks, slots)) / ks;
     if (best_cost == 0.0 || cost < best_cost) best = ks, best_cost = cost;

@@ -1,6 +1,6 @@
-// The integer tensor-core matmul of block-quantized weights (cuda_mmq.cu): batches of Context::mmq_min_cols
-// (kMmqMinCols unless set) to kMmqMaxCols x rows under quantize_x, x rounded to 8 bits as for the integer
-// GEMV (cuda_q8.cuh).
+// The integer tensor-core matmul of block-quantized weights (cuda_mmq.cu): batches of
+// CudaOptions::mmq_min_cols (kMmqMinCols unless set) to kMmqMaxCols x rows under quantize_x, x rounded to 8
+// bits as for the integer GEMV (cuda_q8.cuh).
 #pragma once
 
 #include <cstdint>

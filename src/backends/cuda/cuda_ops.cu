@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -37,26 +36,12 @@ cudaError_t launched() { return cudaGetLastError(); }
 // for the one before: the compiler cannot tell they do not alias).
 constexpr int kRowRegs = 8;
 constexpr int kNormMaxCluster = 8;  // the portable cluster size
-// The fewest elements a slice (KILN_CUDA_NORM_SLICE=N sets it, for measuring: 1024 cuts a 4096-wide row
-// into 4 blocks instead of 8) and the fewest threads a slice's block (KILN_CUDA_NORM_THREADS=N, 32 to 1024).
-int64_t norm_min_slice() {
-  static const int64_t n = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_SLICE");
-    return v != nullptr && std::atoll(v) >= 32 ? std::atoll(v) / 32 * 32 : int64_t{512};
-  }();
-  return n;
-}
-int norm_min_threads() {
-  static const int n = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_THREADS");
-    return v != nullptr ? std::clamp(std::atoi(v) / 32 * 32, 32, 1024) : 128;
-  }();
-  return n;
-}
+// The fewest elements a slice (a 4096-wide row: 8 blocks) and the fewest threads a slice's block.
+constexpr int64_t kNormMinSlice = 512;
+constexpr int kNormMinThreads = 128;
 // The norm kernels are compiled twice: bounded at 1024 threads a block (a prefill's packed rows), where ptxas
 // gives a thread 64 registers and the fused add + norm spills its slice, and at kNormSmallBlock, which the
-// blocks of a row cut into slices (decode) fit, with room to hold the slice in registers
-// (KILN_CUDA_NORM_SMALL_BLOCK=0: the 1024-thread kernels always, for measuring).
+// blocks of a row cut into slices (decode) fit, with room to hold the slice in registers.
 constexpr int kNormSmallBlock = 256;
 // The slots a thread holds in a kernel bounded at `max_threads`: kRowRegs, but 4 at 1024 threads, whose 64
 // registers a thread held 8 slots of a, b and the weight only by spilling them (524 bytes of local loads a
@@ -64,22 +49,10 @@ constexpr int kNormSmallBlock = 256;
 // row's slices are of 128 threads (norm_shape), so 4 slots hold rows of up to 4096; longer ones read x twice
 // (rms_norm_loop: the same sums in the same order as the registers' slots, whose empty ones add zeros).
 __host__ __device__ constexpr int norm_slots(int max_threads) { return max_threads >= 1024 ? 4 : kRowRegs; }
-bool norm_small_block(int threads) {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_SMALL_BLOCK");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  return on && threads <= kNormSmallBlock;
-}
-// A row of at most this many elements is one block's (KILN_CUDA_NORM_ONE_BLOCK=N sets it, for measuring):
-// cutting it would pay the cluster's two barriers for a few elements a thread.
-int64_t norm_one_block() {
-  static const int64_t n = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_ONE_BLOCK");
-    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{1024};
-  }();
-  return n;
-}
+bool norm_small_block(int threads) { return threads <= kNormSmallBlock; }
+// A row of at most this many elements is one block's: cutting it would pay the cluster's two barriers for a
+// few elements a thread.
+constexpr int64_t kNormOneBlock = 1024;
 
 // Where a row's slices run: each a block of a cluster (decode: a row spread over multiprocessors), or, for
 // many rows (prefill), packed into one block a row, slice j taking threads [j * nt, (j + 1) * nt) with the
@@ -532,7 +505,7 @@ __global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t
   }
 }
 
-// How a norm of rows of n elements is cut (see the norms above): slices of at least norm_min_slice()
+// How a norm of rows of n elements is cut (see the norms above): slices of at least kNormMinSlice
 // elements, as many as kNormMaxCluster, one block of `threads` each, a cluster a row; one block a row before
 // sm_90.
 struct NormShape {
@@ -543,14 +516,13 @@ struct NormShape {
   bool packed;  // a row's slices in one block (part_of)
 };
 NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
-  const int64_t want =
-      ctx.clusters && n > norm_one_block()
-          ? std::clamp<int64_t>((n + norm_min_slice() - 1) / norm_min_slice(), 1, kNormMaxCluster)
-          : 1;
+  const int64_t want = ctx.clusters && n > kNormOneBlock
+                           ? std::clamp<int64_t>((n + kNormMinSlice - 1) / kNormMinSlice, 1, kNormMaxCluster)
+                           : 1;
   const int64_t slice = want == 1 ? n : ((n + want - 1) / want + 31) / 32 * 32;
   const auto cluster = static_cast<unsigned>((n + slice - 1) / slice);
-  // Threads: enough for the slice to fit kRowRegs slots (at least norm_min_threads(), at most 1024).
-  const int threads = std::max(norm_min_threads(), row_threads((slice + kRowRegs - 1) / kRowRegs));
+  // Threads: enough for the slice to fit kRowRegs slots (at least kNormMinThreads, at most 1024).
+  const int threads = std::max(kNormMinThreads, row_threads((slice + kRowRegs - 1) / kRowRegs));
   // Rows enough to fill the device with whole blocks: a row's slices packed into one block, which spares the
   // cluster's launch and its two barriers across multiprocessors (prefill).
   if (cluster > 1 && int64_t{cluster} * threads <= 1024 && rows >= ctx.n_sms) {

@@ -14,7 +14,6 @@ namespace kiln::cuda {
 // Each pair's frequency and magnitude (ops::rope_freq: a double pow, more under YaRN), made on the host as
 // the CPU backend makes them and passed by value, when there are at most kRopeArgPairs pairs and no frequency
 // factors (a tensor in device memory); else (on = false) each kernel makes them itself.
-// KILN_CUDA_ROPE_HOST_FREQ=0: always on the device (for comparison).
 inline constexpr int kRopeArgPairs = 128;
 struct RopeFreqs {
   ops::RopeFreq f[kRopeArgPairs];
