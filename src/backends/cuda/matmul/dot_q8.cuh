@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 
 namespace kiln::cuda {
 

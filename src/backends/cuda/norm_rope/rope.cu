@@ -10,7 +10,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_rope.cuh"
+#include "backends/cuda/norm_rope/rope.cuh"
 #include "ops/rope_freq.h"
 
 namespace kiln::cuda {

@@ -1,5 +1,5 @@
 // The K-quants: exact, and integer for Q4_K, Q5_K and Q6_K GEMVs (cuda_gemv_kernel.cuh).
-#include "backends/cuda/cuda_gemv_kernel.cuh"
+#include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {
 

@@ -1,5 +1,5 @@
 // Q4_0, Q4_1 and Q5_0: exact and integer GEMVs (cuda_gemv_kernel.cuh).
-#include "backends/cuda/cuda_gemv_kernel.cuh"
+#include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {
 

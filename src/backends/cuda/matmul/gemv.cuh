@@ -12,7 +12,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_rope.cuh"
+#include "backends/cuda/norm_rope/rope.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
 #include "core/dtype.h"
 

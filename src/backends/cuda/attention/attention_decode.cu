@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backends/cuda/cuda_attention.cuh"
+#include "backends/cuda/attention/attention.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"

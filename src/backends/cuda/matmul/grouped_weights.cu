@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_kernels.h"
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 
 namespace kiln::cuda {
 

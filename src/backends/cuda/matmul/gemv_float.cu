@@ -1,5 +1,5 @@
 // The float weight types (f32, f16, bf16): exact and paired GEMVs (cuda_gemv_kernel.cuh).
-#include "backends/cuda/cuda_gemv_kernel.cuh"
+#include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {
 

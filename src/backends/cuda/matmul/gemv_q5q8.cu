@@ -1,5 +1,5 @@
 // Q5_1 and Q8_0 (exact and integer), IQ4_NL, IQ4_XS and MXFP4 (exact) GEMVs (cuda_gemv_kernel.cuh).
-#include "backends/cuda/cuda_gemv_kernel.cuh"
+#include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {
 

@@ -25,13 +25,13 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/cuda_convert.cuh"
-#include "backends/cuda/cuda_gemv.cuh"
+#include "backends/cuda/matmul/convert.cuh"
+#include "backends/cuda/matmul/gemv.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_mmq.cuh"
-#include "backends/cuda/cuda_q8.cuh"
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/mmq.cuh"
+#include "backends/cuda/matmul/dot_q8.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 #include "backends/cuda/cuda_round_q8.cuh"
 
 namespace kiln::cuda {

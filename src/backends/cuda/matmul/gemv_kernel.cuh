@@ -11,11 +11,11 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/cuda_gemv.cuh"
+#include "backends/cuda/matmul/gemv.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_q8.cuh"
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/dot_q8.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 
 namespace kiln::cuda {
 
