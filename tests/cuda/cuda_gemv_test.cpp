@@ -1,4 +1,4 @@
-// The GEMV's ways of reading weights (cuda_matmul.cu, cuda_gemv_staged.cu).
+// The GEMV's ways of reading weights (backends/cuda/matmul/matmul.cu, matmul/gemv_staged.cu).
 // - The integer GEMV of Q4_K, Q5_K and of rows in grouped form reads through shared memory, a
 //   segment of every row in flight ahead of its use (the default where rows are 16-byte aligned), or straight
 //   from global memory (CudaOptions::staged_gemv false). Each thread takes the same units in the same order

@@ -1,7 +1,7 @@
-// The integer tensor-core matmul of K-quant weights (cuda_mmq.cu), which batches of kMmqMinCols to
-// kMmqMaxCols tokens take under quantize_x (from 2 with CudaOptions::mmq_min_cols 2): a token's products are
-// the same bits alone (in a batch of its own size) or among others, and they are the integer GEMV's products
-// (batches of up to 8) summed in another order.
+// The integer tensor-core matmul of K-quant weights (backends/cuda/matmul/mmq.cu), which batches of
+// kMmqMinCols to kMmqMaxCols tokens take under quantize_x (from 2 with CudaOptions::mmq_min_cols 2): a
+// token's products are the same bits alone (in a batch of its own size) or among others, and they are the
+// integer GEMV's products (batches of up to 8) summed in another order.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

@@ -173,7 +173,7 @@ class CudaBackend final : public Backend {
     }
     return Status::ok_status();
   }
-  // Matmuls under quantize_x run on tensor cores in bf16 / f16 (cuda_matmul.cu).
+  // Matmuls under quantize_x run on tensor cores in bf16 / f16 (matmul/matmul.cu).
   double quantize_x_tolerance() const override { return 1e-2; }
   uint64_t scratch_bytes() const override {
     uint64_t total = 0;

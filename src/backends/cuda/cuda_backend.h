@@ -1,8 +1,10 @@
 // The CUDA backend: device memory from a stream-ordered pool, transfers and programs on one stream, weights
 // uploaded once at load (prepare_weight). Built with the `cuda` presets (KILN_CUDA).
 //
-// The kernels live in the .cu files beside it (cuda_kernels.h lists them); supports() says which ops and
-// operand types they take, and run() refuses anything else as unimplemented, naming the op.
+// The kernels live in the folders beside it, one an op family (matmul/, attention/, norm_rope/, elementwise/,
+// and fusion/ for the sequences of ops that run as one kernel; cuda_kernels.h lists them); the options it
+// reads once are in cuda_options.h. supports() says which ops and operand types the kernels take, and run()
+// refuses anything else as unimplemented, naming the op.
 #pragma once
 
 #include <memory>

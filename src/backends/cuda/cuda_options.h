@@ -17,7 +17,7 @@
 
 namespace kiln {
 
-// The fewest x rows of a batch of K-quant weights that the integer tensor-core kernel takes (cuda_mmq.cu).
+// The fewest x rows of a batch of K-quant weights that the integer tensor-core kernel takes (matmul/mmq.cu).
 // Measured on an H100 (the 8B's Q4_K_M, kiln bench --batch, from 9 rows against 4 and 5): 4 requests decode
 // 651-663 tokens/s by the GEMV and 557-566 by this kernel; 5 requests 639-641 and 694-695, 8 requests
 // 897-899 and 1,075-1,095.

@@ -1,6 +1,6 @@
 // Paged causal attention on CUDA: the op's dispatch, and the prefill kernels. Prefill-shaped batches (many
 // tokens, several a sequence) take a tiled kernel: on tensor cores under Attention::quantize_x, else exact on
-// CUDA cores; decode-shaped ones the split-KV kernels of cuda_attention_decode.cu.
+// CUDA cores; decode-shaped ones the split-KV kernels of attention/attention_decode.cu.
 #include <algorithm>
 #include <cstdint>
 

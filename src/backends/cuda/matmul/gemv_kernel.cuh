@@ -1,7 +1,7 @@
 // The GEMV kernel that reads its weight rows straight from global memory (gemv_kernel), and its launch by
 // shape: included by the translation units that instantiate launch_gemv_rows for a few weight types each
-// (cuda_gemv_*.cu), so that its many instantiations compile in parallel. cuda_matmul.cu calls them through
-// the declaration in cuda_gemv.cuh.
+// (gemv_*.cu, each expanding its part of the list of instances at the end), so that its many instantiations
+// compile in parallel. matmul.cu calls them through the declaration in gemv.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -87,7 +87,7 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
 }
 
 // gemv_partial on the integer path: x rounded to 8 bits, units of kUnit elements (Q8<T>, or Q8G<T> for rows
-// in grouped form: cuda_q8.cuh).
+// in grouped form: matmul/dot_q8.cuh).
 template <DType T, int A, int kCols, int kRows, int kUnroll>
 __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRows], const XRow (&x)[kCols],
                                                 int cols, const GemvArgs& a, float (&acc)[kRows][kCols]) {
@@ -123,7 +123,7 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
 // the integer path (a.xq, a.xds), else f32 x. A with kGrouped: rows in grouped form
-// (cuda_quant.cuh's legacy_block), 16-byte aligned. kPair (kRows >= 2, a.pair.on): the block's rows are
+// (matmul/dequant.cuh's legacy_block), 16-byte aligned. kPair (kRows >= 2, a.pair.on): the block's rows are
 // kRows / 2 rows of the first matrix from row0 and the same rows of the second (GemvPair). kRope (kRows
 // even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), the frequencies in `freqs`.
 template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kPair = false, bool kRope = false>
@@ -246,7 +246,7 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
     if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks, rope);
   }
   // Rotating (a.rope.on): the exact GEMV at the natural alignment or the integer one in grouped form, of
-  // rows a block in pairs (launch_gemv_rows; cuda_matmul.cu's launch_gemv chose the path).
+  // rows a block in pairs (launch_gemv_rows; matmul/matmul.cu's launch_gemv chose the path).
   constexpr bool kMayRope = kRopeGemv<T, kQ8> && kRows % 2 == 0;
   if constexpr (kGroupedType<T>) {
     if (access == Access::grouped) {
@@ -311,10 +311,26 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, cons
   }
 }
 
-// launch_gemv_rows for weight type T: the exact GEMV (every weight type), the integer one (the types with an
-// integer path) and the paired gate/up one (float weights), as cuda_matmul.cu calls them.
+// The GEMV instances: launch_gemv_rows for each weight type, the exact GEMV always, the integer one
+// (integer = 1: the types of KILN_CUDA_Q8_TYPES) and the paired gate/up one (paired = 1: the float types) where
+// the type has them. One list, in four parts, each expanded by its own translation unit (gemv_float.cu,
+// gemv_kquant.cu, gemv_q4.cu, gemv_q5q8.cu) so that the instances compile in parallel: X(type, integer,
+// paired).
+#define KILN_GEMV_FLOAT_TYPES(X) X(f32, 0, 1) X(f16, 0, 1) X(bf16, 0, 1)
+#define KILN_GEMV_KQUANT_TYPES(X) X(q2_k, 0, 0) X(q3_k, 0, 0) X(q4_k, 1, 0) X(q5_k, 1, 0) X(q6_k, 1, 0)
+#define KILN_GEMV_Q4_TYPES(X) X(q4_0, 1, 0) X(q4_1, 1, 0) X(q5_0, 1, 0)
+#define KILN_GEMV_Q5Q8_TYPES(X) X(q5_1, 1, 0) X(q8_0, 1, 0) X(iq4_nl, 0, 0) X(iq4_xs, 0, 0) X(mxfp4, 0, 0)
+
+#define KILN_GEMV_IF_0(...)
+#define KILN_GEMV_IF_1(...) __VA_ARGS__
+#define KILN_GEMV_IF(c, ...) KILN_GEMV_IF_##c(__VA_ARGS__)
 #define KILN_GEMV_INSTANTIATE(T, kQ8, kPair)                                                    \
   template void launch_gemv_rows<DType::T, kQ8, kPair>(const Context&, const GemvArgs&, Access, \
                                                        const RopeFreqs*);
+// The instances of one entry of the list.
+#define KILN_GEMV_INSTANCES(T, integer, paired)                  \
+  KILN_GEMV_INSTANTIATE(T, false, false)                         \
+  KILN_GEMV_IF(integer, KILN_GEMV_INSTANTIATE(T, true, false))   \
+  KILN_GEMV_IF(paired, KILN_GEMV_INSTANTIATE(T, false, true))
 
 }  // namespace kiln::cuda

@@ -1,5 +1,5 @@
 // The integer tensor-core matmul ("MMQ") of K-quant weights with x rounded to 8 bits per block of 32
-// (quantize_x's rounding, cuda_q8.cuh, copied once into tiles of 8 tokens: XTile): the batches of a batched
+// (quantize_x's rounding, matmul/dot_q8.cuh, copied once into tiles of 8 tokens: XTile): the batches of a batched
 // decode, where the integer GEMV reads each weight row once but spends a __dp4a and a scaling per weight and
 // token.
 //
@@ -137,7 +137,7 @@ __device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, co
 }
 
 // The signed 6-bit values (q - 32, as bytes) of Q6_K elements 128h + 32q + 16l + 4c .. + 3 of a super-block
-// whose quants are at b (cuda_quant.cuh's Quant<q6_k> describes the layout; A: its form and alignment).
+// whose quants are at b (matmul/dequant.cuh's Quant<q6_k> describes the layout; A: its form and alignment).
 template <int A>
 __device__ __forceinline__ uint32_t q6_word(const uint8_t* b, int h, int q, int l, int c) {
   const uint32_t ql = ld_u32<A>(b + q6k_ql<A>(h, q % 2) + 16 * l + 4 * c);
