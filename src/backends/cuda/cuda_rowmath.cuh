@@ -1,8 +1,9 @@
-// The arithmetic of the gated activations, shared by their own kernels (norm_rope/norm.cu) and by the GEMV that
-// applies one as it stores the gate and up rows it computes (matmul/matmul.cu, GemvPair), so that both give the
-// same bits. Every operation is written as the intrinsic that rounds it, so the compiler cannot contract a
-// product and a sum into one fma in one kernel and not in the other. Also the 16-bit copy of a result that a
-// kernel writes for the GEMM after it (norms, activations, attention), rounded as the GEMM's own conversion.
+// The arithmetic of the gated activations, shared by their own kernels (elementwise/elementwise.cu) and by
+// the GEMV that applies one as it stores the gate and up rows it computes (matmul/matmul.cu, GemvPair), so
+// that both give the same bits. Every operation is written as the intrinsic that rounds it, so the compiler
+// cannot contract a product and a sum into one fma in one kernel and not in the other. Also the 16-bit copy
+// of a result that a kernel writes for the GEMM after it (norms, activations, attention), rounded as the
+// GEMM's own conversion.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -63,6 +63,23 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
   }
 }
 
+// Whether token f of the tile's tokens [t0, t1) is the first of its sequence s = seq[f] there, which opens
+// s's turn; if so, [lo, hi]: the positions any token of s in the tile sees (causal, window).
+__device__ inline bool opens_turn(const int32_t* seq, const int32_t* positions, int64_t t0, int64_t f,
+                                  int64_t t1, const Geometry& g, int32_t& lo, int32_t& hi) {
+  const int32_t s = seq[f];
+  bool first = true;
+  for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
+  if (!first) return false;
+  lo = INT32_MAX, hi = -1;
+  for (int64_t e = f; e < t1; ++e) {
+    if (seq[e] != s) continue;
+    hi = max(hi, positions[e]);
+    lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
+  }
+  return true;
+}
+
 template <int kTpr, class KV>
 __global__ void __launch_bounds__(kTileThreads)
     attention_tile_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
@@ -102,15 +119,8 @@ __global__ void __launch_bounds__(kTileThreads)
   // One sequence of the tile at a time: the first token of each sequence in the tile opens its turn.
   for (int64_t f = t0; f < t1; ++f) {
     const int32_t s = seq[f];
-    bool first = true;
-    for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
-    if (!first) continue;
-    int32_t lo = INT32_MAX, hi = -1;  // positions any token of s in the tile sees
-    for (int64_t e = f; e < t1; ++e) {
-      if (seq[e] != s) continue;
-      hi = max(hi, positions[e]);
-      lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
-    }
+    int32_t lo, hi;
+    if (!opens_turn(seq, positions, t0, f, t1, g, lo, hi)) continue;
     const int32_t* table = bt_indices + bt_indptr[s];
     for (int32_t c0 = lo; c0 <= hi; c0 += chunk_len) {
       const int32_t n_c = min(chunk_len, hi - c0 + 1);
@@ -394,15 +404,8 @@ __global__ void __launch_bounds__(W * 32)
 
   for (int64_t f = t0; f < t1; ++f) {  // one sequence of the tile at a time
     const int32_t s = seq[f];
-    bool first = true;
-    for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
-    if (!first) continue;
-    int32_t lo = INT32_MAX, hi = -1;  // positions any token of s in the tile sees
-    for (int64_t e = f; e < t1; ++e) {
-      if (seq[e] != s) continue;
-      hi = max(hi, positions[e]);
-      lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
-    }
+    int32_t lo, hi;
+    if (!opens_turn(seq, positions, t0, f, t1, g, lo, hi)) continue;
     const int32_t* table = bt_indices + bt_indptr[s];
     const bool mine = row_seq[0] == s || row_seq[1] == s;
     const bool warp_in = __any_sync(0xffffffffu, mine);

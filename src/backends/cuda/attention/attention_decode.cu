@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backends/cuda/attention/decode_merge.cuh"
 #include "backends/cuda/attention/attention.cuh"
+#include "backends/cuda/attention/decode_merge.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
@@ -21,6 +21,38 @@ namespace {
 constexpr int kGroup = 8;  // query heads per block, at most
 constexpr int kWarps = 4;  // warps per block of the unstaged kernel
 
+// What block (blockIdx.x, blockIdx.y) of a decode kernel of G heads a block serves: token t, KV head kvh, its
+// query heads h0 .. h0 + n_q - 1, and chunk `chunk` of the token's n_chunks live ones, positions [c0, c1) of
+// its span, read through its block table `table`; past: the chunk is past the token's (the step metadata,
+// which no kernel writes), and the block returns at once.
+struct BlockWork {
+  int64_t t, kvh, h0;
+  int n_q;
+  int64_t chunk, n_chunks, c0, c1;
+  const int32_t* table;
+  bool past;
+};
+template <int G>
+__device__ inline BlockWork block_work(const int32_t* positions, const int32_t* seq, const int32_t* bt_indptr,
+                                       const int32_t* bt_indices, const Geometry& g) {
+  BlockWork w{};
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
+  const DivMod bg = divmod(blockIdx.x, groups_per_kv), tk = divmod(bg.q, g.n_kv);
+  w.t = tk.q, w.kvh = tk.r;
+  w.h0 = w.kvh * g.group + bg.r * G;
+  const int64_t left = w.kvh * g.group + g.group - w.h0;  // query heads of this KV head from h0 on
+  w.n_q = static_cast<int>(left < G ? left : G);
+  w.chunk = blockIdx.y;
+  const int32_t pos = positions[w.t];
+  w.table = bt_indices + bt_indptr[seq[w.t]];
+  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
+  const int64_t span = int64_t{pos} - lo + 1;
+  w.n_chunks = live_chunks(span, g);
+  w.past = w.chunk >= w.n_chunks;
+  if (!w.past) w.c0 = lo + span * w.chunk / w.n_chunks, w.c1 = lo + span * (w.chunk + 1) / w.n_chunks;
+  return w;
+}
+
 // partial (live chunks > 1): [n_tokens * n_heads, g.n_chunks] records of head_dim + 2 floats (acc, m, l);
 // done[blockIdx.x] counts the chunks of its heads whose records are written (zero before the launch, and
 // again after it: the block that finds itself last resets it, then merges).
@@ -31,22 +63,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
                      unsigned* done, Geometry g) {
   extern __shared__ float shm[];  // kWarps x G x (head_dim + 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t groups_per_kv = (g.group + G - 1) / G;
-  const int64_t b = blockIdx.x;
-  const DivMod bg = divmod(b, groups_per_kv), tk = divmod(bg.q, g.n_kv);
-  const int64_t t = tk.q, kvh = tk.r;
-  const int64_t h0 = kvh * g.group + bg.r * G;
-  const int64_t left = kvh * g.group + g.group - h0;  // query heads of this KV head from h0 on
-  const int n_q = static_cast<int>(left < G ? left : G);
-  const int64_t chunk = blockIdx.y;
-
-  const int32_t pos = positions[t];
-  const int32_t* table = bt_indices + bt_indptr[seq[t]];
-  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
-  const int64_t span = int64_t{pos} - lo + 1;
-  const int64_t n_chunks = live_chunks(span, g);
-  if (chunk >= n_chunks) return;  // past this token's chunks (the step metadata: no kernel writes it)
-  const int64_t c0 = lo + span * chunk / n_chunks, c1 = lo + span * (chunk + 1) / n_chunks;
+  const BlockWork w = block_work<G>(positions, seq, bt_indptr, bt_indices, g);
+  if (w.past) return;
+  const int64_t t = w.t, kvh = w.kvh, h0 = w.h0, chunk = w.chunk, n_chunks = w.n_chunks, c0 = w.c0, c1 = w.c1;
+  const int n_q = w.n_q;
+  const int32_t* table = w.table;
   pdl_wait();  // q, and the K/V rows of this step, come from the kernels before
 
   // The loops over the G heads unroll fully (heads past n_q are predicated off), so that the states stay in
@@ -148,25 +169,33 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   if (n_chunks > 1) merge_if_last<DPL>(partial, done, dst, g, h0 + g.n_heads * t, n_q, n_chunks);
 }
 
-template <int DPL, int G, class KV>
-cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
-                   unsigned* done) {
+// A decode kernel of G query heads a block (attention_kernel, attention_staged_kernel: the same parameters)
+// on `threads` threads and `shm` bytes of dynamic shared memory: a block a (token, KV head, head group) and
+// chunk.
+template <int G, class KV, class Kernel>
+cudaError_t launch_decode(const Context& ctx, Kernel kernel, int threads, size_t shm,
+                          const ops::Attention& op, const Geometry& g, float* partial, unsigned* done) {
   const int64_t groups_per_kv = (g.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
                   static_cast<unsigned>(g.n_chunks));
-  const size_t shm = sizeof(float) * kWarps * G * (g.head_dim + 2);
-  auto* kernel = attention_kernel<DPL, G, KV>;
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
       e != cudaSuccess) {
     return e;
   }
-  (void)launch_kernel(
-      ctx, kernel, grid, kWarps * 32, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
-      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
-      static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
-      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
+  (void)launch_kernel(ctx, kernel, grid, threads, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
+                      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
+                      static_cast<const int32_t*>(op.seq.data),
+                      static_cast<const int32_t*>(op.bt_indptr.data),
+                      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
   return cudaGetLastError();
+}
+
+template <int DPL, int G, class KV>
+cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
+                   unsigned* done) {
+  return launch_decode<G, KV>(ctx, attention_kernel<DPL, G, KV>, kWarps * 32,
+                              sizeof(float) * kWarps * G * (g.head_dim + 2), op, g, partial, done);
 }
 
 // Query heads a block: the group's, rounded up to a power of two, at most kGroup.
@@ -267,21 +296,11 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
   float* ms = corr + G;                                      // [G] running max, at the end
   float* ls = ms + G;                                        // [G] running sum, at the end
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t groups_per_kv = (g.group + G - 1) / G;
-  const DivMod bg = divmod(blockIdx.x, groups_per_kv), tk = divmod(bg.q, g.n_kv);
-  const int64_t t = tk.q, kvh = tk.r;
-  const int64_t h0 = kvh * g.group + bg.r * G;
-  const int64_t left = kvh * g.group + g.group - h0;
-  const int n_q = static_cast<int>(left < G ? left : G);
-  const int64_t chunk = blockIdx.y;
-
-  const int32_t pos = positions[t];
-  const int32_t* table = bt_indices + bt_indptr[seq[t]];
-  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
-  const int64_t span = int64_t{pos} - lo + 1;
-  const int64_t n_chunks = live_chunks(span, g);
-  if (chunk >= n_chunks) return;  // past this token's chunks (the step metadata: no kernel writes it)
-  const int64_t c0 = lo + span * chunk / n_chunks, c1 = lo + span * (chunk + 1) / n_chunks;
+  const BlockWork w = block_work<G>(positions, seq, bt_indptr, bt_indices, g);
+  if (w.past) return;
+  const int64_t t = w.t, kvh = w.kvh, h0 = w.h0, chunk = w.chunk, n_chunks = w.n_chunks, c0 = w.c0, c1 = w.c1;
+  const int n_q = w.n_q;
+  const int32_t* table = w.table;
 
   // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage.
   constexpr int kRows = S::kThreads / S::kRowVecs;
@@ -476,22 +495,8 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
 template <int D, int G, class KV>
 cudaError_t launch_staged(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
                           unsigned* done) {
-  const int64_t groups_per_kv = (g.group + G - 1) / G;
-  const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
-                  static_cast<unsigned>(g.n_chunks));
-  const size_t shm = Staged<D, KV>::shared_bytes(G);
-  auto* kernel = attention_staged_kernel<D, G, KV>;
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
-      e != cudaSuccess) {
-    return e;
-  }
-  (void)launch_kernel(
-      ctx, kernel, grid, Staged<D, KV>::kThreads, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
-      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
-      static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
-      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
-  return cudaGetLastError();
+  return launch_decode<G, KV>(ctx, attention_staged_kernel<D, G, KV>, Staged<D, KV>::kThreads,
+                              Staged<D, KV>::shared_bytes(G), op, g, partial, done);
 }
 
 template <int D, class KV>

@@ -45,20 +45,19 @@ bool same_rope(const ops::Rope& a, const ops::Rope& b) {
          p.beta_slow == q.beta_slow && p.attn_factor == q.attn_factor;
 }
 
-// Matmuls on one x at GEMV size, each writing its own destination that is not x: up to three in one launch
-// (one counts).
-size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+// The matmuls that start `ops` (up to three; one counts), each writing its own destination that is not x:
+// the first where takes_gemv says `gemv`, and the next ones on the same x that join(first, next) allows.
+template <class Join>
+size_t matmul_run(const Context& ctx, std::span<const ops::Op> ops, bool gemv, const ops::Matmul* (&group)[3],
+                  Join join) {
   if (ops.empty()) return 0;  // an add + norm that ends the program
   const auto* first = std::get_if<ops::Matmul>(&ops[0]);
-  if (first == nullptr || !takes_gemv(ctx, *first) || overlap(first->dst, first->x)) return 0;
+  if (first == nullptr || takes_gemv(ctx, *first) != gemv || overlap(first->dst, first->x)) return 0;
   size_t n = 1;
   group[0] = first;
   while (n < 3 && n < ops.size()) {
     const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
-    if (mm == nullptr || !same_view(mm->x, first->x) || mm->w.tensor.type != first->w.tensor.type ||
-        mm->w.tensor.ne[0] != first->w.tensor.ne[0] || mm->dst.type != first->dst.type ||
-        mm->quantize_x != first->quantize_x || grouped(mm->w) != grouped(first->w) ||
-        overlap(mm->dst, first->x)) {
+    if (mm == nullptr || !same_view(mm->x, first->x) || !join(*first, *mm) || overlap(mm->dst, first->x)) {
       break;
     }
     bool disjoint = true;
@@ -68,26 +67,19 @@ size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Mat
   }
   return n;
 }
-// Matmuls on one x that take the GEMM with one input type, each writing its own destination that is not x:
-// up to three (one counts).
+// ... at GEMV size, with one weight type, k, destination type, quantize_x and weight form: one launch.
+size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
+  return matmul_run(ctx, ops, true, group, [](const ops::Matmul& first, const ops::Matmul& mm) {
+    return mm.w.tensor.type == first.w.tensor.type && mm.w.tensor.ne[0] == first.w.tensor.ne[0] &&
+           mm.dst.type == first.dst.type && mm.quantize_x == first.quantize_x &&
+           grouped(mm.w) == grouped(first.w);
+  });
+}
+// ... that take the GEMM, with one input type.
 size_t gemm_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
-  if (ops.empty()) return 0;
-  const auto* first = std::get_if<ops::Matmul>(&ops[0]);
-  if (first == nullptr || takes_gemv(ctx, *first) || overlap(first->dst, first->x)) return 0;
-  size_t n = 1;
-  group[0] = first;
-  while (n < 3 && n < ops.size()) {
-    const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
-    if (mm == nullptr || !same_view(mm->x, first->x) || takes_gemv(ctx, *mm) ||
-        !same_gemm_input(*mm, *first) || overlap(mm->dst, first->x)) {
-      break;
-    }
-    bool disjoint = true;
-    for (size_t i = 0; i < n; ++i) disjoint = disjoint && !overlap(mm->dst, group[i]->dst);
-    if (!disjoint) break;
-    group[n++] = mm;
-  }
-  return n;
+  return matmul_run(ctx, ops, false, group, [&](const ops::Matmul& first, const ops::Matmul& mm) {
+    return !takes_gemv(ctx, mm) && same_gemm_input(mm, first);
+  });
 }
 // gemm_run of two or three matmuls.
 size_t gemm_group(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {

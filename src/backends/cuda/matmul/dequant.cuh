@@ -182,11 +182,11 @@ __device__ __forceinline__ const uint8_t* block_of(const uint8_t* row, int64_t p
 }
 
 // The legacy blocks (q4_0, q4_1, q5_0, q5_1, q8_0: 32 elements) are a header of kHead bytes (d, m, qh) then
-// kQs bytes of quants. A row in grouped form (A has kGrouped; made at load for matmul weights,
-// group_rows() in matmul/grouped_weights.cu) stores each run of 8 blocks as their 8 headers, then their 8 quant arrays:
-// the same 8 * kBytes bytes, with every quant array 16-byte aligned when the row is, so that a block's
-// quants are whole 16-byte loads. A last run of r < 8 blocks keeps the room of 8 headers (the same offsets)
-// before its r quant arrays. grouped_bytes() is the length of such a row.
+// kQs bytes of quants. A row in grouped form (A has kGrouped; made at load for matmul weights, group_rows()
+// in matmul/grouped_weights.cu) stores each run of 8 blocks as their 8 headers, then their 8 quant arrays:
+// the same 8 * kBytes bytes, with every quant array 16-byte aligned when the row is, so that a block's quants
+// are whole 16-byte loads. A last run of r < 8 blocks keeps the room of 8 headers (the same offsets) before
+// its r quant arrays. grouped_bytes() is the length of such a row.
 struct LegacyBlock {
   const uint8_t* head;
   const uint8_t* qs;

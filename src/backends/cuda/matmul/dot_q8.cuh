@@ -356,8 +356,8 @@ struct Q8<DType::q6_k> {
   }
 };
 
-// Rows in grouped form (legacy_block, matmul/dequant.cuh): unit u is block u, whole (q8_0: half of it). Its 16
-// quant bytes are one 16-byte load and its header one more load, against a 4-byte load (two 2-byte ones at
+// Rows in grouped form (legacy_block, matmul/dequant.cuh): unit u is block u, whole (q8_0: half of it). Its
+// 16 quant bytes are one 16-byte load and its header one more load, against a 4-byte load (two 2-byte ones at
 // the blocks' 2-byte alignment) of quants and a header load per quarter block in the file's form. The dot
 // products round operation by operation (no contraction left to the compiler), so that the GEMV that reads
 // rows directly and the one that stages them (matmul/gemv_staged.cu) get the same bits.

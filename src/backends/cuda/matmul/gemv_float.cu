@@ -1,5 +1,5 @@
-// The float weight types (f32, f16, bf16): exact and paired GEMVs: its part of the list of GEMV instances
-// (gemv_kernel.cuh).
+// The GEMV instances of the float weight types (f32, f16, bf16), exact and paired: this unit's part of the
+// list in gemv_kernel.cuh.
 #include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {

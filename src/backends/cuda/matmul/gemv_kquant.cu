@@ -1,5 +1,5 @@
-// The K-quants: exact, and integer for Q4_K, Q5_K and Q6_K GEMVs: its part of the list of GEMV instances
-// (gemv_kernel.cuh).
+// The GEMV instances of the K-quants, exact, and integer for Q4_K, Q5_K and Q6_K: this unit's part of the
+// list in gemv_kernel.cuh.
 #include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {

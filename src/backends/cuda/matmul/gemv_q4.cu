@@ -1,5 +1,5 @@
-// Q4_0, Q4_1 and Q5_0: exact and integer GEMVs: its part of the list of GEMV instances
-// (gemv_kernel.cuh).
+// The GEMV instances of Q4_0, Q4_1 and Q5_0, exact and integer: this unit's part of the list in
+// gemv_kernel.cuh.
 #include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {

@@ -1,5 +1,5 @@
-// Q5_1 and Q8_0 (exact and integer), IQ4_NL, IQ4_XS and MXFP4 (exact) GEMVs: its part of the list of GEMV
-// instances (gemv_kernel.cuh).
+// The GEMV instances of Q5_1 and Q8_0 (exact and integer), IQ4_NL, IQ4_XS and MXFP4 (exact): this unit's part
+// of the list in gemv_kernel.cuh.
 #include "backends/cuda/matmul/gemv_kernel.cuh"
 
 namespace kiln::cuda {

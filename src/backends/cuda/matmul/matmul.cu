@@ -5,20 +5,20 @@
 // Which kernel a Matmul takes, by its weight type, quantize_x and m = x.n_rows() (takes_gemv, takes_q8,
 // mmq_batch; the same for each matmul of a fused group):
 //
-// | weight type                  | quantize_x | m        | kernel |
-// |------------------------------|------------|----------|---------------------------------------------------|
-// | any                          | no         | 1-8      | exact GEMV (gemv_kernel.cuh) | | any | no | > 8 |
-// weight dequantized to f32, cublasSgemm            | | Q4_K, Q5_K, Q6_K             | yes        | 1-4 |
-// integer GEMV, staged (gemv_staged.cu) where the   | |                              |            | | rows
-// allow                                        | | Q4_K, Q5_K, Q6_K             | yes        | 5-64     |
-// integer tensor-core kernel (mmq.cu) where the     | |                              |            | | rows
-// fit; else the integer GEMV up to 16          | | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | yes        | 1-16     |
-// integer GEMV (staged: rows in grouped form, m = 1)| | other types                  | yes        | 1-8 |
-// exact GEMV                                        | | bf16                         | yes        | beyond |
-// cublasGemmEx, bf16 weight and x, f32 accumulate   | | f32                          | yes        | beyond |
-// cublasGemmEx in TF32                              | | f16, block types             | yes        | beyond |
-// cublasGemmEx, f16 (weight dequantized into        | |                              |            | |
-// scratch), x saturated to f16's range              |
+// | weight type                  | quantize_x | m       | kernel                                           |
+// |------------------------------|------------|---------|--------------------------------------------------|
+// | any                          | no         | 1-8     | exact GEMV (gemv_kernel.cuh)                     |
+// | any                          | no         | > 8     | weight dequantized to f32, cublasSgemm           |
+// | Q4_K, Q5_K, Q6_K             | yes        | 1-4     | integer GEMV, staged (gemv_staged.cu) where the  |
+// |                              |            |         | rows allow                                       |
+// | Q4_K, Q5_K, Q6_K             | yes        | 5-64    | integer tensor-core kernel (mmq.cu) where the    |
+// |                              |            |         | rows fit; else the integer GEMV up to 16         |
+// | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | yes        | 1-16    | integer GEMV (staged: rows in grouped form, m 1) |
+// | other types                  | yes        | 1-8     | exact GEMV                                       |
+// | bf16                         | yes        | beyond  | cublasGemmEx, bf16 weight and x, f32 accumulate  |
+// | f32                          | yes        | beyond  | cublasGemmEx in TF32                             |
+// | f16, block types             | yes        | beyond  | cublasGemmEx in f16 (the weight dequantized into |
+// |                              |            |         | scratch), x saturated to f16's range             |
 //
 // Why: a decode step's matmul (few rows of x) is bound by the weight's bytes, which the GEMV streams once,
 // dequantizing in registers, for all its columns (kGemvMaxCols a block, column groups side by side up to
@@ -228,14 +228,9 @@ bool takes_gemv(const Context& ctx, const ops::Matmul& op) {
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
   if (!takes_gemv(ctx, op)) return matmul_gemm(ctx, op);
   // The exact GEMV serves quantize_x too for the types without an integer path (quantize_x allows, never
-  // requires, lower precision).
-  GemvArgs a = gemv_args(op.w.tensor, op.x, op.dst);
-  set_columns(a, op.x.n_rows());
-  const bool q8 = takes_q8(ctx, op);
-  if (q8) {
-    if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
-  }
-  return launch_gemv(ctx, a, op.w.tensor, q8, grouped(op.w));
+  // requires, lower precision). A group of one: the launch of one matmul.
+  const ops::Matmul* const one[1] = {&op};
+  return matmul_gemv_group(ctx, one);
 }
 
 namespace {

@@ -18,8 +18,6 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
 cudaError_t launched() { return cudaGetLastError(); }
 
 // ---- norms: one row per cluster of blocks ----

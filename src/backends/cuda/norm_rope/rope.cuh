@@ -1,6 +1,6 @@
-// RoPE's arithmetic on the device, shared by the kernels that rotate (norm_rope/rope.cu's, and the Q/K/V GEMV that
-// rotates q and k as it stores them: matmul/gemv.cuh), so that every path computes the same cos/sin and rounds
-// the rotation alike: the same bits, fused or not.
+// RoPE's arithmetic on the device, shared by the kernels that rotate (norm_rope/rope.cu's, and the Q/K/V GEMV
+// that rotates q and k as it stores them: matmul/gemv.cuh), so that every path computes the same cos/sin and
+// rounds the rotation alike: the same bits, fused or not.
 #pragma once
 
 #include <cuda_runtime.h>
