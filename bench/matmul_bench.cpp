@@ -4,8 +4,12 @@
 // GB/s (the file's bytes), % of the measured copy bandwidth (bytes read + written), and TFLOP/s from m = 16.
 //   build/<preset>/tests/matmul_bench [--device cpu|cuda] [--json] [--types bf16,q4_0,...] [--m 1,2,...]
 //                                     [--shapes 4096x4096,576x1536,...]   (k x n)   [--cached]
+//                                     [--gemv-rows 1|2|4|8] [--mmq-min N]
 // --cached multiplies one copy of each weight, which then stays in the caches where it fits: the kernels'
 // compute rate.
+// CUDA only (options that no environment variable sets: cuda_options.h): --gemv-rows forces the rows a block
+// of the one-column GEMVs (scripts/gpu-check.sh tune); --mmq-min N sends batches of N rows and more (2 ..
+// 64) of K-quant weights to the integer tensor-core kernel (gpu-check.sh mmq).
 // Default shapes: on cuda a Llama-3-8B layer (q/o, k/v, gate/up, down) and its output head; on cpu the layers
 // of SmolLM2-135M and Qwen2.5-1.5B. The CPU's thread count is KILN_THREADS or the machine's.
 #include <chrono>
@@ -21,6 +25,9 @@
 
 #include "backends/backend.h"
 #include "bench_args.h"
+#ifdef KILN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 #include "core/half.h"
 #include "ops/program.h"
 
@@ -171,7 +178,24 @@ int main(int argc, char** argv) {
   for (const std::string& m : list_arg(argc, argv, "--m", {"1", "2", "4", "8", "16", "64", "512"})) {
     ms.push_back(std::stoll(m));
   }
-  auto b = check(make_backend(device), "make_backend");
+  const std::vector<std::string> gemv_rows = list_arg(argc, argv, "--gemv-rows", {});
+  const std::vector<std::string> mmq_min = list_arg(argc, argv, "--mmq-min", {});
+  std::unique_ptr<Backend> b;
+#ifdef KILN_HAVE_CUDA
+  if (device == "cuda") {
+    CudaOptions options = cuda_options_from_env();
+    if (!gemv_rows.empty()) options.gemv_rows = std::stoi(gemv_rows.at(0));
+    if (!mmq_min.empty()) options.mmq_min_cols = std::stoi(mmq_min.at(0));
+    b = check(make_cuda_backend(0, options), "make_cuda_backend");
+  }
+#endif
+  if (b == nullptr) {
+    if (!gemv_rows.empty() || !mmq_min.empty()) {
+      std::fprintf(stderr, "--gemv-rows and --mmq-min are options of a CUDA build's cuda device\n");
+      return 2;
+    }
+    b = check(make_backend(device), "make_backend");
+  }
   const double copy_bw = copy_bandwidth(*b);
   if (json) {
     std::printf("{\"copy_gbs\":%.1f}\n", copy_bw / 1e9);

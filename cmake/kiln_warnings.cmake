@@ -16,8 +16,10 @@ endif()
 
 # kiln_library(NAME DEPS...): one library per src/ folder, sources globbed from that folder.
 function(kiln_library name)
-  file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
-  list(FILTER srcs EXCLUDE REGEX "/cuda/")  # CUDA code is added by its folder's CMakeLists, with KILN_CUDA only
+  # Paths relative to the folder, so that only its own cuda/ subfolders are left out (not a checkout whose
+  # path names a `cuda` folder): CUDA code is added by its folder's CMakeLists, with KILN_CUDA only.
+  file(GLOB_RECURSE srcs CONFIGURE_DEPENDS RELATIVE ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  list(FILTER srcs EXCLUDE REGEX "(^|/)cuda/")
   if(NOT srcs)
     message(FATAL_ERROR "${name}: no .cpp files in ${CMAKE_CURRENT_SOURCE_DIR}")
   endif()

@@ -13,12 +13,13 @@
 #             arguments, BENCH_BASE=PATH another build's matmul_bench beside it, BENCH_REPS rounds)
 #   mmq       the K-quant matmuls of 2 to 64 tokens (MMQ_M; the 8B's shapes) by the integer GEMV / cuBLAS
 #             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 5 tokens (the default), and from 2
+#             (matmul_bench --mmq-min 2)
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
 #             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
 #   ltprobe   bench/cublaslt_probe.cu: cuBLAS's bf16 GEMMs on the 8B's shapes at 9 to 64 tokens, its default and every
 #             algorithm cuBLASLt's heuristic offers (LTPROBE_SHAPES: KxN ... instead)
-#   tune      the m = 1 GEMV at each forced rows-a-block (KILN_CUDA_GEMV_ROWS), for the launch heuristic (types:
-#             TUNE_TYPES)
+#   tune      the m = 1 GEMV at each forced rows-a-block (matmul_bench --gemv-rows), for the launch heuristic
+#             (types: TUNE_TYPES)
 #   parity    bench/gpu_parity.py: random-weight models of every architecture, CPU exact vs CUDA
 #   models    bench/gpu_generate.py: Llama-3-8B- and 135M-shaped models, decode and prefill, batched decode
 #   prep      start making the peer step's GGUF files in the background (a later call's peer step waits for them);
@@ -192,10 +193,11 @@ for step in "${steps[@]}"; do
       done 2>&1 | tee "$out/matmul_bench.md"
       ;;
     mmq)
-      for e in KILN_CUDA_MMQ=0 KILN_CUDA_MMQ=1 KILN_CUDA_MMQ_MIN=2; do
-        echo "$e"
+      for setting in "KILN_CUDA_MMQ=0" "KILN_CUDA_MMQ=1" "KILN_CUDA_MMQ=1 --mmq-min 2"; do
+        echo "$setting"
+        read -r e extra <<<"$setting"
         env "$e" "$bin/tests/matmul_bench" --device cuda --types q4_k,q5_k,q6_k --m ${MMQ_M:-2,4,8,9,16,32,64} \
-          --shapes 4096x4096,4096x14336,14336x4096 || status=1
+          --shapes 4096x4096,4096x14336,14336x4096 $extra || status=1
       done 2>&1 | tee "$out/mmq.md"
       ;;
     ncu)
@@ -216,9 +218,9 @@ for step in "${steps[@]}"; do
       ;;
     tune)
       for rows in 1 2 4 8; do
-        echo "KILN_CUDA_GEMV_ROWS=$rows"
-        KILN_CUDA_GEMV_ROWS=$rows "$bin/tests/matmul_bench" --device cuda --types ${TUNE_TYPES:-bf16,q8_0,q4_0,q4_k,q6_k} \
-          --m 1 || status=1
+        echo "--gemv-rows $rows"
+        "$bin/tests/matmul_bench" --device cuda --types ${TUNE_TYPES:-bf16,q8_0,q4_0,q4_k,q6_k} --m 1 \
+          --gemv-rows "$rows" || status=1
       done 2>&1 | tee "$out/tune.md"
       ;;
     parity) python3 bench/gpu_parity.py --build "$bin" --out "$out" 2>&1 | tee "$out/parity.log" || status=1 ;;

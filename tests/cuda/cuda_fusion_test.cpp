@@ -1,5 +1,5 @@
 // The CUDA backend's fused sequences (cuda::run_fused): a layer's program run with fusion gives bit for bit
-// what it gives with every op as its own kernel (KILN_CUDA_FUSE=0 against 1), for decode-sized and
+// what it gives with every op as its own kernel (CudaOptions::fuse off against on), for decode-sized and
 // prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
 // and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
 // file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, in the
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "core/half.h"
 
@@ -41,7 +42,7 @@ struct LayerOptions {
   // positions as context), the attention on tensor cores (quantize_x), which writes the output projection's x
   // in 16 bits.
   bool prefill = false;
-  int64_t ff = kFf;  // the gate and up matmuls' rows (down's k)
+  int64_t ff = kFf;             // the gate and up matmuls' rows (down's k)
   std::optional<DType> v_type;  // V's weight type when not the layer's (a Q4_K_M layer's Q6_K V)
 };
 
@@ -266,18 +267,19 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
 }
 
 // The layer's buffer after `reps` runs of its program (x accumulates, so each run differs): with graphs, the
-// first run grows scratch (ops one by one), the second is captured, the third replayed. env: more settings of
-// the backend (name, value).
-using Env = std::vector<std::pair<const char*, const char*>>;
+// first run grows scratch (ops one by one), the second is captured, the third replayed. tweak: more options
+// of the backend, named for the failure message.
+struct Tweak {
+  const char* name = nullptr;
+  void (*apply)(CudaOptions&) = nullptr;
+};
 std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = true, int reps = 2,
-                               bool prepared = false, const LayerOptions& opt = {}, const Env& env = {}) {
-  setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
-  setenv("KILN_CUDA_GRAPHS", graphs ? "1" : "0", 1);
-  for (const auto& [name, value] : env) setenv(name, value, 1);
-  auto b = make_backend("cuda");
-  unsetenv("KILN_CUDA_FUSE");
-  unsetenv("KILN_CUDA_GRAPHS");
-  for (const auto& [name, value] : env) unsetenv(name);
+                               bool prepared = false, const LayerOptions& opt = {}, const Tweak& tweak = {}) {
+  CudaOptions options = cuda_options_from_env();
+  options.fuse = fuse;
+  options.graphs = graphs;
+  if (tweak.apply != nullptr) tweak.apply(options);
+  auto b = make_cuda_backend(0, options);
   EXPECT_TRUE(b.ok()) << b.status().to_string();
   if (!b.ok()) return {};
   Layer L = make_layer(**b, m, wtype, 42, prepared, opt);
@@ -292,9 +294,9 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
 
 // Three runs: the last replays the graph the second captured.
 void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOptions& opt = {},
-                           const Env& env = {}) {
-  const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 3, prepared, opt, env),
-                             alone = run_layer(false, m, wtype, true, 3, prepared, opt, env);
+                           const Tweak& tweak = {}) {
+  const std::vector<uint8_t> fused = run_layer(true, m, wtype, true, 3, prepared, opt, tweak),
+                             alone = run_layer(false, m, wtype, true, 3, prepared, opt, tweak);
   ASSERT_EQ(fused.size(), alone.size());
   ASSERT_FALSE(fused.empty());
   size_t first_diff = fused.size();
@@ -305,8 +307,8 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
       << " n_rot " << opt.n_rot << (opt.layout == ops::RopeLayout::rope_layout_neox ? " neox" : "")
       << (opt.factors ? " factors" : "") << (opt.act_in_place ? " act in place" : "")
-      << (opt.prefill ? " prefill" : "") << " ff " << opt.ff << (env.empty() ? "" : " with ")
-      << (env.empty() ? "" : env[0].first) << ": first differing byte";
+      << (opt.prefill ? " prefill" : "") << " ff " << opt.ff << (tweak.name == nullptr ? "" : " with ")
+      << (tweak.name == nullptr ? "" : tweak.name) << ": first differing byte";
 }
 
 TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
@@ -325,7 +327,8 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   // The staged GEMV's blocks taking several items each (the cos/sin of an item after the first made at its
   // store), and the RoPE kernel after the GEMV by choice.
   // With frequency factors, which the GEMV and the RoPE kernels make the frequencies from on the device.
-  const Env few_blocks{{"KILN_CUDA_GEMV_GRID", "3"}}, no_rope{{"KILN_CUDA_GEMV_ROPE", "0"}};
+  const Tweak few_blocks{"staged_gemv_grid 3", [](CudaOptions&o) { o.staged_gemv_grid = 3; }},
+      no_rope{"gemv_rope off", [](CudaOptions&o) { o.gemv_rope = false; }};
   expect_fused_as_alone(1, DType::q8_0, true, {}, few_blocks);
   for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::bf16, false, {}, no_rope);
   LayerOptions factors;
@@ -381,11 +384,11 @@ TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
   in_place.act_in_place = true;
   expect_fused_as_alone(1, DType::q4_k, false, in_place);
   expect_fused_as_alone(1, DType::q8_0, true, in_place);
-  const Env few_blocks{{"KILN_CUDA_GEMV_GRID", "3"}};
+  const Tweak few_blocks{"staged_gemv_grid 3", [](CudaOptions& o) { o.staged_gemv_grid = 3; }};
   for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::q4_k, false, wide, few_blocks);
   expect_fused_as_alone(1, DType::q8_0, true, narrow, few_blocks);
-  // One token's launches at 4 rows a block (KILN_CUDA_GEMV_ROWS), Q/K/V's rotating.
-  const Env four_rows{{"KILN_CUDA_GEMV_ROWS", "4"}};
+  // One token's launches at 4 rows a block (CudaOptions::gemv_rows), Q/K/V's rotating.
+  const Tweak four_rows{"gemv_rows 4", [](CudaOptions& o) { o.gemv_rows = 4; }};
   expect_fused_as_alone(1, DType::q4_k, false, wide, four_rows);
   expect_fused_as_alone(1, DType::q4_0, true, wide, four_rows);
   // V's weight of another type than Q and K's (a Q4_K_M layer's Q6_K V): Q and K's GEMV and V's, on one
@@ -397,7 +400,8 @@ TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
   for (const bool prepared : {false, true}) {
     for (const int64_t m : {1, 3}) expect_fused_as_alone(m, DType::q4_k, prepared, q6_v);
   }
-  expect_fused_as_alone(1, DType::q4_k, true, q6_v, {{"KILN_CUDA_GEMV_ROPE_SPLIT", "0"}});
+  expect_fused_as_alone(1, DType::q4_k, true, q6_v,
+                        {"gemv_rope_split off", [](CudaOptions& o) { o.gemv_rope_split = false; }});
   expect_fused_as_alone(1, DType::q4_k, true, q6_v, few_blocks);
   expect_fused_as_alone(1, DType::q4_k, true, q6_v, four_rows);
   LayerOptions q4_v;
@@ -408,9 +412,9 @@ TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
 // Gate and up (bf16 [k, n] each) on m tokens, then silu(g) u written over g: the buffer after two
 // runs, fused (the paired GEMV) or op by op.
 std::vector<uint8_t> run_gate_up(bool fuse, int64_t k, int64_t n, int64_t m) {
-  setenv("KILN_CUDA_FUSE", fuse ? "1" : "0", 1);
-  auto made = make_backend("cuda");
-  unsetenv("KILN_CUDA_FUSE");
+  CudaOptions options = cuda_options_from_env();
+  options.fuse = fuse;
+  auto made = make_cuda_backend(0, options);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
   Backend& b = **made;
@@ -527,13 +531,10 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(8)), 0u);
   }
   {
-    // Without the pairing, or with the activation's gate and up swapped, gate+up run as one GEMV launch and
-    // the activation as its own kernel.
+    // With the activation's gate and up swapped, gate+up run as one GEMV launch and the activation as its own
+    // kernel.
     Layer L = make_layer(**b, 1, DType::bf16, 1);
     std::vector<ops::Op> ops = L.program.ops();
-    cuda::Context no_pair;
-    no_pair.gemv_act = false;
-    EXPECT_EQ(cuda::fused_length(no_pair, std::span(ops).subspan(12)), 2u);
     auto& glu = std::get<ops::GatedAct>(ops[14]);
     std::swap(glu.gate, glu.up);
     EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(12)), 2u);
@@ -563,7 +564,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     const std::vector<ops::Op>& ops = L.program.ops();
     EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(2)), 6u) << "v q4_0, no norm";
     cuda::Context off;
-    off.gemv_rope_split = false;
+    off.options.gemv_rope_split = false;
     EXPECT_EQ(cuda::fused_length(off, std::span(ops)), 4u) << "v q4_0, split off";
     EXPECT_EQ(cuda::fused_length(off, std::span(ops).subspan(4)), 0u) << "v q4_0, split off";
     EXPECT_EQ(cuda::fused_length(off, std::span(ops).subspan(5)), 3u) << "v q4_0, split off";
@@ -601,7 +602,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::get<ops::Rope>(o[6]).freq_factors = std::get<ops::Rope>(o[5]).freq_factors;
     EXPECT_EQ(qkv_rope(o), 6u);
     cuda::Context off;
-    off.gemv_rope = false;
+    off.options.gemv_rope = false;
     EXPECT_EQ(qkv_rope(ops, off), 3u);
   }
 }

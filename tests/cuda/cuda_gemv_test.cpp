@@ -1,12 +1,13 @@
-// The GEMV's ways of reading weights (cuda_matmul.cu, cuda_gemv_staged.cu).
+// The GEMV's ways of reading weights (backends/cuda/matmul/matmul.cu, matmul/gemv_staged.cu).
 // - The integer GEMV of Q4_K, Q5_K and of rows in grouped form reads through shared memory, a
 //   segment of every row in flight ahead of its use (the default where rows are 16-byte aligned), or straight
-//   from global memory (KILN_CUDA_GEMV_STAGED=0). Each thread takes the same units in the same order either
-//   way, so the results are the same bits, at lengths with a partial last segment and at 1 to 16 tokens.
+//   from global memory (CudaOptions::staged_gemv false). Each thread takes the same units in the same order
+//   either way, so the results are the same bits, at lengths with a partial last segment and at 1 to 16
+//   tokens.
 // - Matmul weights of the legacy block types and of Q6_K are held in grouped form (prepare_weight;
-//   KILN_CUDA_GROUPED=0 keeps the file's). The exact paths (GEMV and GEMM) give the same bits from either
-//   form, and so does Q6_K's integer GEMV and tensor-core matmul; the legacy types' integer GEMV sums a
-//   block's products in one piece instead of four, the same integers scaled in another order.
+//   CudaOptions::grouped_weights false keeps the file's). The exact paths (GEMV and GEMM) give the same bits
+//   from either form, and so does Q6_K's integer GEMV and tensor-core matmul; the legacy types' integer GEMV
+//   sums a block's products in one piece instead of four, the same integers scaled in another order.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_backend.h"
 #include "cuda_matmul_product.h"
 
 namespace kiln {
@@ -34,17 +36,21 @@ struct Case {
   int64_t m;
 };
 
-using Env = std::vector<std::pair<std::string, std::string>>;
+// The environment's options with the staged GEMV on or off, `rows` rows a block (0: by shape) and at most
+// `grid` blocks a staged launch (0: the device's fill).
+CudaOptions gemv_options(bool staged, int rows = 0, int grid = 0) {
+  CudaOptions o = cuda_options_from_env();
+  o.staged_gemv = staged;
+  o.gemv_rows = rows;
+  o.staged_gemv_grid = grid;
+  return o;
+}
 
-// dst's bytes of w x with quantize_x, on a backend made with KILN_CUDA_MMQ=0 (so that 9 to 16 tokens take the
-// GEMV in two column groups) and the settings `env` (KILN_CUDA_GEMV_STAGED and the like); weights and x drawn
-// from `seed`.
-std::vector<uint8_t> run(const Env& env, const Case& c, uint64_t seed) {
-  setenv("KILN_CUDA_MMQ", "0", 1);
-  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-  auto made = make_backend("cuda");
-  for (const auto& [name, value] : env) unsetenv(name.c_str());
-  unsetenv("KILN_CUDA_MMQ");
+// dst's bytes of w x with quantize_x, on a backend made with `options` and mmq off (so that 9 to 16 tokens
+// take the GEMV in two column groups); weights and x drawn from `seed`.
+std::vector<uint8_t> run(CudaOptions options, const Case& c, uint64_t seed) {
+  options.mmq = false;
+  auto made = make_cuda_backend(0, options);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
   Backend& b = **made;
@@ -94,25 +100,22 @@ TEST(CudaGemv, StagedWeightsGiveTheDirectLoadsBits) {
   // Q4_K / Q5_K segments are 4096 elements (128 units of 32): 6144 ends in a partial one. The staged kernel
   // runs with a block for each item (kRows rows, a column group) and on a grid of 2 blocks, which walk
   // several items each: the next item's first segment in flight while the last one's is multiplied; one
-  // column at every rows a block (KILN_CUDA_GEMV_ROWS; more columns take 4). (Q6_K's staged GEMV reads
+  // column at every rows a block (CudaOptions::gemv_rows; more columns take 4). (Q6_K's staged GEMV reads
   // grouped rows: StagedGroupedRowsGiveTheDirectLoadsBits.)
   for (const DType t : {DType::q4_k, DType::q5_k}) {
     for (const int64_t k : {4096, 6144}) {
       for (const int64_t m : {1, 3, 12}) {
         const Case c{t, k, m};
-        const std::vector<uint8_t> direct = run({{"KILN_CUDA_GEMV_STAGED", "0"}}, c, 7);
+        const std::vector<uint8_t> direct = run(gemv_options(false), c, 7);
         ASSERT_FALSE(direct.empty());
         const auto* f = reinterpret_cast<const float*>(direct.data());
         bool written = false;  // the destination started as zeros
         for (int64_t i = 0; i < kRowsOut * m; ++i) written = written || f[i] != 0.0f;
         EXPECT_TRUE(written) << dtype_name(t) << " k " << k << " m " << m;
-        for (const char* rows : {"", "1", "2", "4", "8"}) {
-          if (m > 1 && *rows != 0) continue;
-          for (const char* grid : {"", "2"}) {
-            Env env{{"KILN_CUDA_GEMV_STAGED", "1"}};
-            if (*rows != 0) env.emplace_back("KILN_CUDA_GEMV_ROWS", rows);
-            if (*grid != 0) env.emplace_back("KILN_CUDA_GEMV_GRID", grid);
-            EXPECT_TRUE(run(env, c, 7) == direct)
+        for (const int rows : {0, 1, 2, 4, 8}) {
+          if (m > 1 && rows != 0) continue;
+          for (const int grid : {0, 2}) {
+            EXPECT_TRUE(run(gemv_options(true, rows, grid), c, 7) == direct)
                 << dtype_name(t) << " k " << k << " m " << m << " rows " << rows << " grid " << grid;
           }
         }
@@ -141,21 +144,17 @@ std::vector<uint8_t> grouped_type_blocks(DType type, int64_t k, int64_t n, std::
   return w;
 }
 
-std::unique_ptr<Backend> cuda_backend(bool grouped) {
-  setenv("KILN_CUDA_GROUPED", grouped ? "1" : "0", 1);
-  auto made = make_backend("cuda");
-  unsetenv("KILN_CUDA_GROUPED");
+// A CUDA backend made with `options`.
+std::unique_ptr<Backend> cuda_backend_with(const CudaOptions& options) {
+  auto made = make_cuda_backend(0, options);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   return made.ok() ? std::move(made).value() : nullptr;
 }
 
-// A CUDA backend made under the environment settings `env`, each unset again after.
-std::unique_ptr<Backend> cuda_backend_env(const std::vector<std::pair<std::string, std::string>>& env) {
-  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-  auto made = make_backend("cuda");
-  for (const auto& [name, value] : env) unsetenv(name.c_str());
-  EXPECT_TRUE(made.ok()) << made.status().to_string();
-  return made.ok() ? std::move(made).value() : nullptr;
+std::unique_ptr<Backend> cuda_backend(bool grouped) {
+  CudaOptions o = cuda_options_from_env();
+  o.grouped_weights = grouped;
+  return cuda_backend_with(o);
 }
 
 TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
@@ -164,16 +163,14 @@ TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
   // partial segment ending in a partial run (9 blocks); 4096: whole runs; 6368: a partial last segment ending
   // in a partial run (199 blocks). Q6_K's (any columns): a segment is one run of 8 super-blocks; k = 256: one
   // super-block, 2304: a whole run and a run of 1, 4096: whole runs. Once more on a grid of 2 blocks that
-  // walk many items each, and at 2, 4 and 8 rows a block (KILN_CUDA_GEMV_ROWS; one column: more take 4).
-  std::unique_ptr<Backend> staged = cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "1"}}),
-                           direct = cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "0"}}),
-                           walked = cuda_backend_env(
-                               {{"KILN_CUDA_GEMV_STAGED", "1"}, {"KILN_CUDA_GEMV_GRID", "2"}});
+  // walk many items each, and at 2, 4 and 8 rows a block (CudaOptions::gemv_rows; one column: more take 4).
+  std::unique_ptr<Backend> staged = cuda_backend_with(gemv_options(true)),
+                           direct = cuda_backend_with(gemv_options(false)),
+                           walked = cuda_backend_with(gemv_options(true, 0, 2));
   ASSERT_TRUE(staged != nullptr && direct != nullptr && walked != nullptr);
   std::vector<std::pair<std::string, std::unique_ptr<Backend>>> shapes;
-  for (const char* rows : {"2", "4", "8"}) {
-    shapes.emplace_back(fmt::format("rows {}", rows),
-                        cuda_backend_env({{"KILN_CUDA_GEMV_STAGED", "1"}, {"KILN_CUDA_GEMV_ROWS", rows}}));
+  for (const int rows : {2, 4, 8}) {
+    shapes.emplace_back(fmt::format("rows {}", rows), cuda_backend_with(gemv_options(true, rows)));
     ASSERT_TRUE(shapes.back().second != nullptr);
   }
   std::mt19937_64 rng(13);

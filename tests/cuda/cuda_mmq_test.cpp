@@ -1,7 +1,7 @@
-// The integer tensor-core matmul of K-quant weights (cuda_mmq.cu), which batches of kMmqMinCols to
-// kMmqMaxCols tokens take under quantize_x (from 2 with KILN_CUDA_MMQ_MIN=2): a token's products are the same
-// bits alone (in a batch of its own size) or among others, and they are the integer GEMV's products (batches
-// of up to 8) summed in another order.
+// The integer tensor-core matmul of K-quant weights (backends/cuda/matmul/mmq.cu), which batches of
+// kMmqMinCols to kMmqMaxCols tokens take under quantize_x (from 2 with CudaOptions::mmq_min_cols 2): a
+// token's products are the same bits alone (in a batch of its own size) or among others, and they are the
+// integer GEMV's products (batches of up to 8) summed in another order.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_backend.h"
 #include "cuda_matmul_product.h"
 
 namespace kiln {
@@ -52,17 +53,17 @@ TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
   auto made = make_backend("cuda");
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   Backend& b = **made;
-  // A second backend whose batches of 2 tokens and more take the kernel (KILN_CUDA_MMQ_MIN), for the small
-  // batches.
-  setenv("KILN_CUDA_MMQ_MIN", "2", 1);
-  auto made_small = make_backend("cuda");
-  unsetenv("KILN_CUDA_MMQ_MIN");
+  // A second backend whose batches of 2 tokens and more take the kernel (CudaOptions::mmq_min_cols), for
+  // the small batches.
+  CudaOptions from_two = cuda_options_from_env();
+  from_two.mmq_min_cols = 2;
+  auto made_small = make_cuda_backend(0, from_two);
   ASSERT_TRUE(made_small.ok()) << made_small.status().to_string();
   Backend& small = **made_small;
-  // And one without it (KILN_CUDA_MMQ=0), whose batches of 8 take the integer GEMV.
-  setenv("KILN_CUDA_MMQ", "0", 1);
-  auto made_gemv = make_backend("cuda");
-  unsetenv("KILN_CUDA_MMQ");
+  // And one without it (CudaOptions::mmq off), whose batches of 8 take the integer GEMV.
+  CudaOptions no_mmq = cuda_options_from_env();
+  no_mmq.mmq = false;
+  auto made_gemv = make_cuda_backend(0, no_mmq);
   ASSERT_TRUE(made_gemv.ok()) << made_gemv.status().to_string();
   Backend& gemv_backend = **made_gemv;
   std::mt19937_64 rng(23);

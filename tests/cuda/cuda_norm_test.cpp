@@ -1,7 +1,7 @@
-// RMSNorm's two shapes on CUDA (cuda_ops.cu, norm_shape): a few rows (decode) cut into slices, one block of a
-// thread-block cluster each; many rows (prefill) with a row's slices packed into one block. Both take the
-// same per-thread elements and sum in the same order, so a row gets the same bits alone or among many, fused
-// with the residual add or not.
+// RMSNorm's two shapes on CUDA (backends/cuda/norm_rope/norm.cu, norm_shape): a few rows (decode) cut into
+// slices, one block of a thread-block cluster each; many rows (prefill) with a row's slices packed into one
+// block. Both take the same per-thread elements and sum in the same order, so a row gets the same bits alone
+// or among many, fused with the residual add or not.
 #include <gtest/gtest.h>
 
 #include <cstdint>

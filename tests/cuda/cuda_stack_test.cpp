@@ -1,10 +1,10 @@
 // Matmul weights prepared together (Backend::prepare_weight_group: a layer's Q, K and V) are held on the
-// device as one matrix, each one's rows right after the previous one's (KILN_CUDA_STACK=0: apart). Three
-// matmuls on one x over such weights run as one GEMM at more than 8 tokens, and give the products of the
-// weights held apart: the same bits through the GEMV (1-8 tokens, the integer GEMV up to 16), within f32
-// rounding of sums taken in another order through cuBLAS, at f32 and bf16 destinations, at widths the split
-// kernel moves 8 at a time and at widths it cannot. Beyond 64 tokens (prefill) the GEMMs run apart, with the
-// same bits.
+// device as one matrix, each one's rows right after the previous one's (CudaOptions::stack_weights false:
+// apart). Three matmuls on one x over such weights run as one GEMM at more than 8 tokens, and give the
+// products of the weights held apart: the same bits through the GEMV (1-8 tokens, the integer GEMV up to 16),
+// within f32 rounding of sums taken in another order through cuBLAS, at f32 and bf16 destinations, at widths
+// the split kernel moves 8 at a time and at widths it cannot. Beyond 64 tokens (prefill) the GEMMs run apart,
+// with the same bits.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -19,15 +19,16 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_backend.h"
 #include "core/half.h"
 
 namespace kiln {
 namespace {
 
 std::unique_ptr<Backend> cuda_backend(bool stack) {
-  setenv("KILN_CUDA_STACK", stack ? "1" : "0", 1);
-  auto made = make_backend("cuda");
-  unsetenv("KILN_CUDA_STACK");
+  CudaOptions options = cuda_options_from_env();
+  options.stack_weights = stack;
+  auto made = make_cuda_backend(0, options);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   return made.ok() ? std::move(made).value() : nullptr;
 }

@@ -796,7 +796,8 @@ TEST(OpHarness, GetRows) {
 struct RowShape {
   int64_t n, r1, r2;
 };
-// 4096 and 8200: rows a block of 1024 threads holds in registers, and one past them (cuda_ops.cu).
+// 4096 and 8200: rows a block of 1024 threads holds in registers, and one past them
+// (backends/cuda/norm_rope/norm.cu).
 constexpr RowShape kRowShapes[] = {{1, 1, 1},  {7, 3, 1},    {64, 5, 2},  {257, 3, 1},
                                    {33, 1, 3}, {4096, 2, 1}, {8200, 1, 1}};
 

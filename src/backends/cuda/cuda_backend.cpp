@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <span>
@@ -92,7 +91,8 @@ using Cublas = std::unique_ptr<cublasContext, CublasDeleter>;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, cudaStream_t stream, Cublas cublas, int n_sms, std::string name)
+  CudaBackend(int device, cudaStream_t stream, Cublas cublas, int n_sms, std::string name,
+              const CudaOptions& options)
       : device_(device),
         owner_(make_stream_owner(stream)),
         stream_(stream),
@@ -101,73 +101,20 @@ class CudaBackend final : public Backend {
     ctx_.stream = stream_;
     ctx_.cublas = cublas_.get();
     ctx_.n_sms = n_sms;
-    // Programmatic dependent launches (sm_90 and newer) unless KILN_CUDA_PDL=0. Measured on an H100 with the
-    // launch trigger after the GEMV's and attention's main loops: decode 2% faster on an 8B model, 7-13% on
-    // a 135M one (docs/cuda.md).
+    ctx_.options = options;
+    // Programmatic dependent launches (sm_90 and newer) unless options.pdl is off. Measured on an H100 with
+    // the launch trigger after the GEMV's and attention's main loops: decode 2% faster on an 8B model, 7-13%
+    // on a 135M one (docs/cuda.md).
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    const char* pdl = std::getenv("KILN_CUDA_PDL");
-    ctx_.pdl = major >= 9 && (pdl == nullptr || std::string_view(pdl) != "0");
+    ctx_.pdl = major >= 9 && options.pdl;
     ctx_.clusters = major >= 9;
-    // KILN_CUDA_INT8=0: quantize_x matmuls of block-quantized weights take the exact GEMV (for comparison).
-    const char* int8 = std::getenv("KILN_CUDA_INT8");
-    ctx_.int8_gemv = int8 == nullptr || std::string_view(int8) != "0";
-    // KILN_CUDA_GEMV_STAGED=0: the integer GEMV loads its weights directly instead of through shared memory;
-    // =k: Q4_K's and Q5_K's through shared memory, grouped rows (the legacy types', Q6_K's) directly.
-    const char* staged = std::getenv("KILN_CUDA_GEMV_STAGED");
-    ctx_.staged_gemv = staged == nullptr || std::string_view(staged) != "0";
-    ctx_.staged_gemv_grouped = ctx_.staged_gemv && (staged == nullptr || std::string_view(staged) != "k");
-    // KILN_CUDA_GEMV_ROWS=1|2|4|8 forces the rows a block of one-column GEMVs (for tuning with
-    // bench/matmul_bench, and tests).
-    if (const char* v = std::getenv("KILN_CUDA_GEMV_ROWS"); v != nullptr) {
-      const int rows = std::atoi(v);
-      if (rows == 1 || rows == 2 || rows == 4 || rows == 8) ctx_.gemv_rows = rows;
-    }
-    // KILN_CUDA_GEMV_GRID=N: at most N blocks a staged GEMV launch (tests: many items a block).
-    if (const char* v = std::getenv("KILN_CUDA_GEMV_GRID"); v != nullptr && std::atoi(v) > 0) {
-      ctx_.staged_gemv_grid = std::atoi(v);
-    }
-    // KILN_CUDA_MMQ=0: batches of K-quant weights take the integer GEMV (up to kQ8MaxCols) or cuBLAS.
-    const char* mmq = std::getenv("KILN_CUDA_MMQ");
-    ctx_.mmq = mmq == nullptr || std::string_view(mmq) != "0";
-    // KILN_CUDA_MMQ_MIN=N: batches of N rows and more take it (2 .. kMmqMaxCols; for measuring the
-    // crossover).
-    if (const char* v = std::getenv("KILN_CUDA_MMQ_MIN"); v != nullptr) {
-      ctx_.mmq_min_cols = std::clamp(std::atoi(v), 2, cuda::kMmqMaxCols);
-    }
     ctx_.scratch_fn = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };
     ctx_.owner = this;
-    // KILN_CUDA_GROUPED=0: matmul weights keep the file's block layout (for comparison).
-    const char* grouped = std::getenv("KILN_CUDA_GROUPED");
-    group_weights_ = grouped == nullptr || std::string_view(grouped) != "0";
-    // KILN_CUDA_STACK=0: the matmul weights prepared together (Q, K, V) are held apart, as any other.
-    const char* stack = std::getenv("KILN_CUDA_STACK");
-    stack_weights_ = stack == nullptr || std::string_view(stack) != "0";
-    const char* profile = std::getenv("KILN_CUDA_PROFILE");
-    profile_ = profile != nullptr && std::string_view(profile) == "1" &&
-               cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
-    const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
-    graphs_ = graphs == nullptr || std::string_view(graphs) != "0";
-    // Fused sequences (bit-identical to the ops one by one: tests/cuda/cuda_fusion_test.cpp);
-    // KILN_CUDA_FUSE=0 runs every op as its own kernel.
-    const char* fuse = std::getenv("KILN_CUDA_FUSE");
-    fuse_ = fuse == nullptr || std::string_view(fuse) != "0";
-    // KILN_CUDA_GEMV_ACT=0: the gated activation after a gate and an up GEMV runs as its own kernel.
-    if (const char* v = std::getenv("KILN_CUDA_GEMV_ACT"); v != nullptr)
-      ctx_.gemv_act = std::string_view(v) != "0";
-    // KILN_CUDA_GEMV_ROPE=0: RoPE of q and k and the KV write run as their own kernel after the Q/K/V GEMV.
-    if (const char* v = std::getenv("KILN_CUDA_GEMV_ROPE"); v != nullptr)
-      ctx_.gemv_rope = std::string_view(v) != "0";
-    // KILN_CUDA_GEMV_ROPE_SPLIT=0: not where V's weight has another type than Q and K's (V's GEMV, on x
-    // rounded again, and the RoPE + KV write kernel after it).
-    if (const char* v = std::getenv("KILN_CUDA_GEMV_ROPE_SPLIT"); v != nullptr)
-      ctx_.gemv_rope_split = std::string_view(v) != "0";
-    // KILN_CUDA_L2_AHEAD=MiB: the next matmuls' weights that a GEMV sends toward L2 when they are at most
-    // this large (0: never).
-    if (const char* v = std::getenv("KILN_CUDA_L2_AHEAD"); v != nullptr)
-      l2_ahead_ = std::max<int64_t>(std::atoll(v), 0) << 20;
+    profile_ =
+        options.profile && cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
     // cuBLAS gets a workspace of its own up front, so that a captured GEMM never allocates.
     if (cudaMallocAsync(&cublas_ws_, kCublasWorkspace, stream_) == cudaSuccess) {
       cublasSetWorkspace(cublas_.get(), cublas_ws_, kCublasWorkspace);
@@ -208,7 +155,7 @@ class CudaBackend final : public Backend {
     }
     KILN_TRY(select());
     const int32_t max_tokens = graph_failures_ < kGraphMaxFailures ? kGraphMaxTokens : kGraphMaxTokensSafe;
-    if (graphs_ && !profile_ && program.n_tokens > 0 && program.n_tokens <= max_tokens) {
+    if (ctx_.options.graphs && !profile_ && program.n_tokens > 0 && program.n_tokens <= max_tokens) {
       KILN_ASSIGN_OR_RETURN(const bool replayed, run_as_graph(program));
       if (replayed) return Status::ok_status();
     }
@@ -226,7 +173,7 @@ class CudaBackend final : public Backend {
     }
     return Status::ok_status();
   }
-  // Matmuls under quantize_x run on tensor cores in bf16 / f16 (cuda_matmul.cu).
+  // Matmuls under quantize_x run on tensor cores in bf16 / f16 (matmul/matmul.cu).
   double quantize_x_tolerance() const override { return 1e-2; }
   uint64_t scratch_bytes() const override {
     uint64_t total = 0;
@@ -319,7 +266,7 @@ class CudaBackend final : public Backend {
                          role == WeightRole::weight_role_expert_matmul;
     const int64_t rows = logical.ne[1] * logical.ne[2];
     if (const int64_t row = cuda::grouped_row_bytes(logical.type, logical.ne[0]);
-        group_weights_ && product && row > 0 && rows > 0 && logical.ne[3] == 1 &&
+        ctx_.options.grouped_weights && product && row > 0 && rows > 0 && logical.ne[3] == 1 &&
         (logical.ne[2] == 1 || logical.nb[2] == logical.nb[1] * logical.ne[1])) {
       KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> grouped, allocate(static_cast<size_t>(row * rows)));
       Tensor flat = device;  // the experts' matrices as one
@@ -345,8 +292,8 @@ class CudaBackend final : public Backend {
   Result<std::vector<std::unique_ptr<WeightHandle>>> prepare_weight_group(
       std::span<const Tensor> logicals, std::span<const std::string> names, WeightRole role,
       const ReadDone& read_done) override {
-    bool stack = stack_weights_ && role == WeightRole::weight_role_matmul && logicals.size() >= 2 &&
-                 names.size() == logicals.size();
+    bool stack = ctx_.options.stack_weights && role == WeightRole::weight_role_matmul &&
+                 logicals.size() >= 2 && names.size() == logicals.size();
     for (const Tensor& t : logicals) {
       stack = stack && t.type == logicals[0].type && t.ne[0] == logicals[0].ne[0] && t.ne[1] > 0 &&
               t.ne[2] == 1 && t.ne[3] == 1 && t.nb[0] == dtype_info(t.type).type_size &&
@@ -368,7 +315,7 @@ class CudaBackend final : public Backend {
     std::shared_ptr<Buffer> whole = std::move(file_form);
     int64_t row = file_row;
     const int64_t grouped_row = cuda::grouped_row_bytes(type, k);
-    const bool grouped = group_weights_ && grouped_row > 0;
+    const bool grouped = ctx_.options.grouped_weights && grouped_row > 0;
     if (grouped) {
       Tensor src = make_tensor(type, whole->data(), k, rows);
       src.buffer = whole.get();
@@ -411,6 +358,7 @@ class CudaBackend final : public Backend {
   // kGraphMaxFailures captures of those fail in a row, only GEMV-sized programs are captured.
   static constexpr int32_t kGraphMaxTokens = 64, kGraphMaxTokensSafe = 8, kGraphMaxFailures = 3;
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  static constexpr int64_t kL2Ahead = int64_t{8} << 20;  // the next matmuls' weights up to this size: enqueue
   // What decides whether an instantiated graph can take another capture's parameters in place: each node of
   // the graph in node order (its type; a kernel's cluster size, which an update would not carry over; a
   // memset's shape, whose change from a 2-D one an update refuses), then each edge (its ends' indices, its
@@ -520,19 +468,18 @@ class CudaBackend final : public Backend {
   }
 
   // Enqueues ops[i] and sets n = 1, or the fused sequence that starts there and n = its length.
-  // A sequence with a matmul in it also gets the weights of the next matmuls when they take at most l2_ahead_
-  // bytes (cuda::weights_ahead), which its GEMV sends toward L2 as its blocks finish.
+  // A sequence with a matmul in it also gets the weights of the next matmuls when they take at most
+  // kL2Ahead bytes (cuda::weights_ahead), which its GEMV sends toward L2 as its blocks finish.
   cudaError_t enqueue(const std::vector<ops::Op>& ops, size_t i, size_t& n) {
     const std::span<const ops::Op> rest = std::span(ops).subspan(i);
+    const bool fuse = ctx_.options.fuse;
     cuda::Context ctx = ctx_;
-    if (l2_ahead_ > 0) {
-      const size_t len = fuse_ ? std::max<size_t>(cuda::fused_length(ctx_, rest), 1) : 1;
-      bool matmul = false;
-      for (size_t j = 0; j < len; ++j) matmul = matmul || std::holds_alternative<ops::Matmul>(rest[j]);
-      if (matmul) ctx.ahead = cuda::weights_ahead(ctx_, rest.subspan(len), l2_ahead_);
-    }
+    const size_t len = fuse ? std::max<size_t>(cuda::fused_length(ctx_, rest), 1) : 1;
+    bool matmul = false;
+    for (size_t j = 0; j < len; ++j) matmul = matmul || std::holds_alternative<ops::Matmul>(rest[j]);
+    if (matmul) ctx.ahead = cuda::weights_ahead(ctx_, rest.subspan(len), kL2Ahead);
     n = 0;
-    if (fuse_) {
+    if (fuse) {
       if (const cudaError_t e = cuda::run_fused(ctx, rest, n); e != cudaSuccess) return e;
     }
     if (n > 0) return cudaSuccess;
@@ -540,7 +487,7 @@ class CudaBackend final : public Backend {
     return cuda::run(ctx, ops[i]);
   }
 
-  // KILN_CUDA_PROFILE=1: each op timed alone (events around it, then a wait: slower, but per-op figures),
+  // CudaOptions::profile: each op timed alone (events around it, then a wait: slower, but per-op figures),
   // summed per kind of op (name, weight type, shape), printed to stderr when the backend goes away.
   struct OpTime {
     double ms = 0;
@@ -624,11 +571,6 @@ class CudaBackend final : public Backend {
   std::array<Scratch, cuda::kScratchSlots> scratch_{};
   bool profile_ = false;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  bool graphs_ = true;  // KILN_CUDA_GRAPHS=0 launches every op
-  int64_t l2_ahead_ = int64_t{8} << 20;  // the next matmuls' weights up to this size go toward L2 (enqueue)
-  bool fuse_ = true;    // the sequences cuda::run_fused knows run as one kernel each (KILN_CUDA_FUSE=0: not)
-  bool stack_weights_ = true;  // matmul weights prepared together held as one matrix (KILN_CUDA_STACK)
-  bool group_weights_ = true;  // matmul weights of the grouped types in grouped form (KILN_CUDA_GROUPED)
   bool capturing_ = false;
   int graph_failures_ = 0;  // captures of programs of more than 8 tokens that failed in a row
   void* cublas_ws_ = nullptr;
@@ -649,6 +591,21 @@ bool cuda_device_present() {
 }
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions&) {
+  return make_cuda_backend(device, cuda_options_from_env());
+}
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaOptions& options) {
+  if (options.gemv_rows != 0 && options.gemv_rows != 1 && options.gemv_rows != 2 && options.gemv_rows != 4 &&
+      options.gemv_rows != 8) {
+    return invalid_argument("cuda: gemv_rows is {}; 0 (by shape), 1, 2, 4 or 8", options.gemv_rows);
+  }
+  if (options.mmq_min_cols < 2 || options.mmq_min_cols > kMmqMaxCols) {
+    return invalid_argument("cuda: mmq_min_cols is {}; 2 to {}", options.mmq_min_cols, kMmqMaxCols);
+  }
+  if (options.staged_gemv_grid < 0) {
+    return invalid_argument("cuda: staged_gemv_grid is {}; 0 (the device's fill) or more",
+                            options.staged_gemv_grid);
+  }
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
     return unimplemented("cuda: no usable CUDA driver or device: {} ({})", cudaGetErrorString(e),
@@ -678,8 +635,10 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOpti
     uint64_t keep = UINT64_MAX;
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
+  std::string name = "cuda:" + std::to_string(device);
+  log_debug("{}: options: {}", name, describe(options));
   return std::unique_ptr<Backend>(
-      new CudaBackend(device, stream, std::move(cublas), n_sms, "cuda:" + std::to_string(device)));
+      new CudaBackend(device, stream, std::move(cublas), n_sms, std::move(name), options));
 }
 
 }  // namespace kiln

@@ -12,20 +12,14 @@
 #include <cstdint>
 #include <span>
 
+#include "backends/cuda/cuda_options.h"
 #include "ops/ops.h"
 
 namespace kiln::cuda {
 
-// K-quant weights (Q4_K, Q5_K, Q6_K) take the integer tensor-core kernel (cuda_mmq.cu) for batches of
-// kMmqMinCols to kMmqMaxCols rows, part of the integer GEMV's range included. Measured on an H100 (the 8B's
-// Q4_K_M, kiln bench --batch, KILN_CUDA_MMQ_MIN=9 against 4 and 5): 4 requests decode 651-663 tokens/s by
-// the GEMV and 557-566 by this kernel; 5 requests 639-641 and 694-695, 8 requests 897-899 and 1,075-1,095.
-inline constexpr int kMmqMinCols = 5;
-inline constexpr int kMmqMaxCols = 64;
-
 // The weights of the next matmuls of a program (up to three ranges, each 16-byte aligned and a multiple of
 // 16 bytes long; empty ranges have no bytes). A GEMV's blocks send them toward L2 as they finish their own
-// rows (weights_ahead, cuda_dispatch.cu), so that the next GEMV's loads hit L2 while its launch and the
+// rows (weights_ahead, fusion/fusion.cu), so that the next GEMV's loads hit L2 while its launch and the
 // short kernels between the two run.
 struct L2Ahead {
   const void* p[3] = {};
@@ -36,32 +30,13 @@ struct L2Ahead {
 struct Context {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  int n_sms = 0;  // multiprocessors of the device
+  int n_sms = 0;          // multiprocessors of the device
   bool clusters = false;  // thread-block clusters (sm_90 and newer)
-  // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail.
+  // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail
+  // (options.pdl on a device that has it).
   bool pdl = false;
-  // Matmuls under quantize_x may take the integer GEMV (cuda_q8.cuh); else the exact one.
-  bool int8_gemv = true;
-  // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment
-  // allows: K-quant rows (staged_gemv), legacy-type rows in grouped form (staged_gemv_grouped).
-  bool staged_gemv = true;
-  bool staged_gemv_grouped = true;
-  int staged_gemv_grid =
-      0;  // > 0: at most this many blocks a staged GEMV launch (tests); else the device's fill
-  int gemv_rows = 0;  // 1, 2, 4, 8: the rows a block of one-column GEMVs (tuning, tests); else by shape
-  // Batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols); else the integer GEMV or
-  // cuBLAS. mmq_min_cols: the fewest rows of x that take it.
-  bool mmq = true;
-  int mmq_min_cols = kMmqMinCols;
-  // The exact GEMV of a gate and an up matmul applies their gated activation as it stores them
-  // (gemv_act_pair).
-  bool gemv_act = true;
-  // The GEMV of Q, K and V applies RoPE to q and k and writes k and v to the pools as it stores them
-  // (matmul_gemv_rope_group).
-  bool gemv_rope = true;
-  // ... also where V's weight has another type than Q and K's: V's GEMV a launch of its own on the same
-  // rounding of x (matmul_gemv_rope_group).
-  bool gemv_rope_split = true;
+  // The backend's options (cuda_options.h), read once when it was made: the launch code reads them here.
+  CudaOptions options;
   // What the GEMVs of this launch send toward L2 for the matmuls after them (set per sequence by the backend;
   // empty: nothing).
   L2Ahead ahead;
@@ -77,10 +52,10 @@ struct Context {
 inline constexpr int kSlotPartial = 3, kSlotCounters = 4;
 inline constexpr int kScratchSlots = 5;
 
-// Matmuls of at most this many x rows take the GEMV kernel (cuda_matmul.cu); more take cuBLAS, except:
+// Matmuls of at most this many x rows take the GEMV kernel (matmul/matmul.cu); more take cuBLAS, except:
 inline constexpr int kGemvMaxCols = 8;
-// under quantize_x, block-quantized weights with an integer path (cuda_q8.cuh) take the GEMV up to this many
-// rows (batched decode), in groups of kGemvMaxCols. Measured on an H100 (Llama-3-8B Q4_K_M): 16 requests
+// under quantize_x, block-quantized weights with an integer path (matmul/dot_q8.cuh) take the GEMV up to this
+// many rows (batched decode), in groups of kGemvMaxCols. Measured on an H100 (Llama-3-8B Q4_K_M): 16 requests
 // decode 1.5x faster than through cuBLAS, 64 requests 2.2x slower.
 inline constexpr int kQ8MaxCols = 16;
 
@@ -96,7 +71,7 @@ inline constexpr int kDecodeGemmMaxCols = 64;
 bool supports(const ops::Op& op);
 // Enqueues `op` (dispatches to the launchers below).
 cudaError_t run(const Context& ctx, const ops::Op& op);
-// Enqueues the ops that start `ops` as one fused kernel when they form a sequence it knows (cuda_dispatch.cu:
+// Enqueues the ops that start `ops` as one fused kernel when they form a sequence it knows (fusion/fusion.cu:
 // matmuls sharing their x, a gate and an up GEMV and their gated activation, a residual add and the norm of
 // its sum (and the integer GEMVs that read it), RoPE of q and k with their KV write), with the arithmetic of
 // the ops run one by one, so results are bit-identical. Sets `consumed` to the number of ops it ran: 0 when
@@ -109,13 +84,13 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops);
 // no GEMV, none.
 L2Ahead weights_ahead(const Context& ctx, std::span<const ops::Op> ops, int64_t cap);
 
-// Weight / table types the quantized kernels read (cuda_matmul.cu).
+// Weight / table types the quantized kernels read (matmul/matmul_gemm.cu).
 bool supports_weight_type(DType type);
 
 // How the backend holds a matmul weight beyond a plain copy of the file's bytes. Weight::tensor keeps the
 // file's type and shape, and:
 // - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) or of q6_k are in grouped form
-//   (cuda_quant.cuh's legacy_block: each 8 blocks' headers, then their quants; q6k_block: each 8
+//   (matmul/dequant.cuh's legacy_block: each 8 blocks' headers, then their quants; q6k_block: each 8
 //   super-blocks' scales, their d, then their quants; 16-byte aligned), grouped_row_bytes() apart. Every
 //   kernel that reads a Matmul weight reads both forms.
 // - stack (not null): the weight is one of the matrices prepared together (Backend::prepare_weight_group: Q,
@@ -146,7 +121,8 @@ int64_t grouped_row_bytes(DType type, int64_t k);
 // dst_nb1 (grouped_row_bytes) apart; the padding is zero.
 cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1);
 
-// cuda_matmul.cu
+// matmul/matmul.cu (the decision table of which kernel a matmul takes is at its top) and
+// matmul/matmul_gemm.cu
 cudaError_t get_rows(const Context& ctx, const ops::GetRows& op);
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op);
 // Whether `op` takes the GEMV kernel (its x rows and weight type, as above).
@@ -164,12 +140,12 @@ struct RopeOps {
 };
 // Whether the Q, K and V matmuls of one GEMV launch (as matmul_gemv_group takes them, at most kGemvMaxCols
 // tokens) may rotate and write the pools as they store (RopeOps: in place on their f32 results, in the
-// normal layout, every dim of a head rotated); cuda_dispatch.cu checks the operands. Or, on the integer GEMV,
+// normal layout, every dim of a head rotated); fusion/fusion.cu checks the operands. Or, on the integer GEMV,
 // Q and K of one launch and V, whose weight has another type (of the same k), of a launch of its own on the
 // same rounding of x (a Q4_K_M layer's Q6_K V).
 bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group, const RopeOps& rope);
 // matmul_gemv_group of Q, K and V, then `rope` (rope_kv_write's ops on their results): in the GEMV's stores
-// where its path rotates (cuda_gemv.cuh's GemvRope), else by rope_kv_write after it. The same bits either
+// where its path rotates (matmul/gemv.cuh's GemvRope), else by rope_kv_write after it. The same bits either
 // way. V of another type: two launches, which rotate where both paths allow, else neither does.
 cudaError_t matmul_gemv_rope_group(const Context& ctx, std::span<const ops::Matmul* const> group,
                                    const RopeOps& rope);
@@ -225,11 +201,12 @@ cudaError_t attention_gemm_group(const Context& ctx, const ops::Attention& att,
 cudaError_t attention_gemv_group(const Context& ctx, const ops::Attention& att,
                                  std::span<const ops::Matmul* const> group);
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
-// cuda_ops.cu: row-wise and elementwise ops, MoE routing and mixing
+// norm_rope/norm.cu (rms_norm, layer_norm, add_rms_norm) and elementwise/elementwise.cu (the rest):
+// row-wise and elementwise ops, MoE routing and mixing
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
 cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op);
 // binary (add, no broadcast, f32 dst) then rms_norm of its dst; with xq / xds (an f32 norm dst, n a multiple
-// of 32) also that result rounded to 8 bits for the integer GEMV, in quantize_x's layout (cuda_matmul.cu).
+// of 32) also that result rounded to 8 bits for the integer GEMV, in quantize_x's layout (matmul/matmul.cu).
 // With xh (n a multiple of 8): also that result in 16 bits for a GEMM (bf16, or f16 saturated when f16), row
 // r at xh + r * n.
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
@@ -244,14 +221,14 @@ cudaError_t scale(const Context& ctx, const ops::Scale& op);
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op);
 cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op);
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
-// cuda_rope.cu: RoPE and the KV write
+// norm_rope/rope.cu: RoPE and the KV write
 cudaError_t rope(const Context& ctx, const ops::Rope& op);
 cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
 // rope of q, rope of k (same positions and parameters), then kv_write of the rotated k and v.
 cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv);
 // Whether rope_kv_write takes a RoPE of these parameters.
 bool rope_supported(const ops::RopeParams& p);
-// cuda_attention.cu (head_dim <= 256)
+// attention/attention.cu (head_dim <= 256)
 bool attention_supported(const ops::Attention& op);
 // With xh: also the result in 16 bits for the GEMM after (bf16, or f16 saturated when f16; as add_rms_norm),
 // row r (token t, head h: h + n_heads * t) at xh + r * head_dim; only where attention_writes_half(op). With

@@ -1,6 +1,6 @@
-// x rounded to 8 bits per block of 32, as the integer GEMV reads it (cuda_q8.cuh): by the kernel that does
-// nothing else (quantize_x_kernel, cuda_matmul.cu) or by the norm that produces x (cuda_ops.cu), the same
-// bits.
+// x rounded to 8 bits per block of 32, as the integer GEMV reads it (matmul/dot_q8.cuh): by the kernel that
+// does nothing else (quantize_x_kernel, matmul/matmul.cu) or by the norm that produces x (norm_rope/norm.cu),
+// the same bits.
 #pragma once
 
 #include <cuda_runtime.h>

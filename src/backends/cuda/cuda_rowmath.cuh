@@ -1,8 +1,9 @@
-// The arithmetic of the gated activations, shared by their own kernels (cuda_ops.cu) and by the GEMV that
-// applies one as it stores the gate and up rows it computes (cuda_matmul.cu, GemvPair), so that both give the
-// same bits. Every operation is written as the intrinsic that rounds it, so the compiler cannot contract a
-// product and a sum into one fma in one kernel and not in the other. Also the 16-bit copy of a result that a
-// kernel writes for the GEMM after it (norms, activations, attention), rounded as the GEMM's own conversion.
+// The arithmetic of the gated activations, shared by their own kernels (elementwise/elementwise.cu) and by
+// the GEMV that applies one as it stores the gate and up rows it computes (matmul/matmul.cu, GemvPair), so
+// that both give the same bits. Every operation is written as the intrinsic that rounds it, so the compiler
+// cannot contract a product and a sum into one fma in one kernel and not in the other. Also the 16-bit copy
+// of a result that a kernel writes for the GEMM after it (norms, activations, attention), rounded as the
+// GEMM's own conversion.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,7 +39,7 @@ struct HalfCopy {
   bool f16 = false;
 };
 // The result also as a GEMM's 16-bit input: bf16, or f16 saturated to its range, rounded as
-// cuda_convert.cuh's convert_rows8_kernel rounds x for cuBLAS, so the GEMM reads the same bits.
+// matmul/convert.cuh's convert_rows8_kernel rounds x for cuBLAS, so the GEMM reads the same bits.
 __device__ inline void store_half(const HalfCopy& h, int64_t i, float v) {
   if (h.f16) {
     reinterpret_cast<__half*>(h.row)[i] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));

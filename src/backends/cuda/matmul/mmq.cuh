@@ -1,6 +1,6 @@
-// The integer tensor-core matmul of block-quantized weights (cuda_mmq.cu): batches of Context::mmq_min_cols
-// (kMmqMinCols unless set) to kMmqMaxCols x rows under quantize_x, x rounded to 8 bits as for the integer
-// GEMV (cuda_q8.cuh).
+// The integer tensor-core matmul of block-quantized weights (matmul/mmq.cu): batches of
+// CudaOptions::mmq_min_cols (kMmqMinCols unless set) to kMmqMaxCols x rows under quantize_x, x rounded to 8
+// bits as for the integer GEMV (matmul/dot_q8.cuh).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,7 @@ struct MmqArgs {
   const float2* xds;
   Rows dst;  // rows of n
   DType dst_type;
-  bool grouped;  // Q6_K rows in grouped form (cuda_quant.cuh's q6k_block)
+  bool grouped;  // Q6_K rows in grouped form (matmul/dequant.cuh's q6k_block)
 };
 
 // The weight types the kernel reads: Q4_K, Q5_K and Q6_K.

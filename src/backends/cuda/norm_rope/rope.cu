@@ -5,24 +5,19 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_rope.cuh"
+#include "backends/cuda/norm_rope/rope.cuh"
 #include "ops/rope_freq.h"
 
 namespace kiln::cuda {
 
 RopeFreqs host_rope_freqs(const ops::RopeParams& p, const void* factors) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("KILN_CUDA_ROPE_HOST_FREQ");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
   RopeFreqs r{};
-  r.on = enabled && factors == nullptr && p.n_rot / 2 <= kRopeArgPairs;
+  r.on = factors == nullptr && p.n_rot / 2 <= kRopeArgPairs;
   if (r.on) {
     for (int i = 0; i < p.n_rot / 2; ++i) r.f[i] = ops::rope_freq(p, i, 1.0f);
   }
@@ -360,19 +355,15 @@ bool rope_supported(const ops::RopeParams& p) { return p.n_rot / 2 <= kMaxRopePa
 
 namespace {
 
-// Whether rope_kv_write_vec_kernel takes these operands (KILN_CUDA_ROPE_VEC=0: never, for measuring).
+// Whether rope_kv_write_vec_kernel takes these operands.
 bool rope_vec_ok(const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("KILN_CUDA_ROPE_VEC");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
   const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
   const auto rows_ok = [&](const Tensor& t, int64_t heads) {
     return t.ne[0] == head_dim && t.ne[1] == heads && t.ne[2] == n_tokens && t.ne[3] == 1 &&
            rows_aligned16(rows_of(t));
   };
   const auto pool_ok = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-  return enabled && q.p.n_rot == head_dim && head_dim % 4 == 0 && head_dim / 2 <= kMaxRopePairs &&
+  return q.p.n_rot == head_dim && head_dim % 4 == 0 && head_dim / 2 <= kMaxRopePairs &&
          (n_heads + 2 * n_kv) * (head_dim / 4) <= INT32_MAX && rows_ok(q.x, n_heads) &&
          rows_ok(q.dst, n_heads) && rows_ok(k.x, n_kv) && rows_ok(k.dst, n_kv) && rows_ok(kv.v, n_kv) &&
          pool_ok(kv.k_pool) && pool_ok(kv.v_pool);

@@ -6,9 +6,9 @@
 // last of them to finish merges the chunks in order.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
-#include "backends/cuda/cuda_attention.cuh"
+#include "backends/cuda/attention/attention.cuh"
+#include "backends/cuda/attention/decode_merge.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
@@ -21,158 +21,36 @@ namespace {
 constexpr int kGroup = 8;  // query heads per block, at most
 constexpr int kWarps = 4;  // warps per block of the unstaged kernel
 
-// The running softmax state of one query head over the positions seen so far: max m, sum l of exp(s - m), and
-// acc = sum exp(s - m) * v (the lane's dims).
-template <int DPL>
-struct State {
-  float m = -INFINITY, l = 0.0f;
-  float acc[DPL] = {};
+// What block (blockIdx.x, blockIdx.y) of a decode kernel of G heads a block serves: token t, KV head kvh, its
+// query heads h0 .. h0 + n_q - 1, and chunk `chunk` of the token's n_chunks live ones, positions [c0, c1) of
+// its span, read through its block table `table`; past: the chunk is past the token's (the step metadata,
+// which no kernel writes), and the block returns at once.
+struct BlockWork {
+  int64_t t, kvh, h0;
+  int n_q;
+  int64_t chunk, n_chunks, c0, c1;
+  const int32_t* table;
+  bool past;
 };
-
-template <int DPL>
-__device__ inline void merge(State<DPL>& a, float m, float l, const float* acc) {
-  const float mm = fmaxf(a.m, m);
-  if (mm == -INFINITY) return;
-  const float ca = a.m == -INFINITY ? 0.0f : expf(a.m - mm), cb = m == -INFINITY ? 0.0f : expf(m - mm);
-  a.l = a.l * ca + l * cb;
-  for (int j = 0; j < DPL; ++j) a.acc[j] = a.acc[j] * ca + acc[j] * cb;
-  a.m = mm;
-}
-
-// Row `row` (head h of token t: h + n_heads * t) of the result, held by a warp (v[j]: element lane + 32 j),
-// into y, and rounded to 8 bits where g.xq says (a block of 32 a j, as quantize_x_kernel rounds the stored
-// values: the same bits).
-template <int DPL>
-__device__ void store_row(float* y, int64_t row, const float (&v)[DPL], const Geometry& g, int lane) {
-#pragma unroll
-  for (int j = 0; j < DPL; ++j) {
-    const int64_t d = lane + 32 * j;
-    if (d < g.head_dim) y[d] = v[j];
-  }
-  if (g.xq == nullptr) return;
-#pragma unroll
-  for (int j = 0; j < DPL; ++j) {
-    if (32 * j < g.head_dim) {
-      const int64_t i = row * g.head_dim + 32 * j;
-      round_q8(v[j], g.xq + i + lane, g.xds + i / 32);
-    }
-  }
-}
-
-// The same for rows row0 .. row0 + n - 1 that this block's threads wrote to dst in another layout (before a
-// __syncthreads): each warp reads its rows back and rounds them.
-__device__ void round_rows(const Rows& dst, int64_t row0, int n, const Geometry& g) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-  for (int h = warp; h < n; h += n_warps) {
-    const int64_t row = row0 + h;
-    const float* y = dst.row_as<const float>(row);
-    for (int64_t j = 0; 32 * j < g.head_dim; ++j) {
-      const int64_t i = row * g.head_dim + 32 * j;
-      round_q8(__ldcg(y + 32 * j + lane), g.xq + i + lane, g.xds + i / 32);
-    }
-  }
-}
-
-// One (token, head)'s chunk records (base: n <= 64 records, of the g.n_chunks a row holds, of head_dim + 2
-// floats) scaled to their common maximum and summed in chunk order into dst row y, by one warp. Up to
-// kFewChunks chunks, every record is loaded before the first is used: the merge waits on memory once. More:
-// every chunk's maximum and sum are read at once (chunks lane and lane + 32), then the records' values,
-// kMergeUnroll chunks in flight, about three waits. Both sum the same terms in the same order. The records
-// were written by other blocks of the grid: they are read past L1 (__ldcg).
-constexpr int kMaxChunks = 64;
-constexpr int kFewChunks = 8;
-template <int DPL>
-__device__ void merge_chunks(const float* base, float* y, int64_t row, const Geometry& g, int64_t n,
-                             int lane) {
-  constexpr int kMergeUnroll = 8;
-  const int64_t rec = g.head_dim + 2;
-  float sum = 0.0f, acc[DPL] = {};
-  if (n <= kFewChunks) {
-    float m[kFewChunks], l[kFewChunks], v[kFewChunks][DPL];
-#pragma unroll
-    for (int c = 0; c < kFewChunks; ++c) {
-      const bool on = c < n;
-      const float* r = base + c * rec;
-      m[c] = on ? __ldcg(r + g.head_dim) : -INFINITY;
-      l[c] = on ? __ldcg(r + g.head_dim + 1) : 0.0f;
-#pragma unroll
-      for (int k = 0; k < DPL; ++k) {
-        const int64_t d = lane + 32 * k;
-        v[c][k] = on && d < g.head_dim ? __ldcg(r + d) : 0.0f;
-      }
-    }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kFewChunks; ++c) mx = fmaxf(mx, m[c]);
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int c = 0; c < kFewChunks; ++c) {
-        if (c >= n) break;
-        const float e = m[c] == -INFINITY ? 0.0f : expf(m[c] - mx);
-        sum += l[c] * e;
-#pragma unroll
-        for (int k = 0; k < DPL; ++k) acc[k] += v[c][k] * e;
-      }
-    }
-  } else {
-    float m[2], l[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t c = lane + 32 * h;
-      m[h] = c < n ? __ldcg(base + c * rec + g.head_dim) : -INFINITY;
-      l[h] = c < n ? __ldcg(base + c * rec + g.head_dim + 1) : 0.0f;
-    }
-    const float mx = warp_max(fmaxf(m[0], m[1]));
-    if (mx != -INFINITY) {
-      float e[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) e[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t c0 = 32 * h;
-#pragma unroll kMergeUnroll
-        for (int j = 0; j < 32; ++j) {
-          if (c0 + j >= n) break;
-          const float* r = base + (c0 + j) * rec;
-          const float ej = __shfl_sync(0xffffffffu, e[h], j);
-          sum += __shfl_sync(0xffffffffu, l[h], j) * ej;
-#pragma unroll
-          for (int k = 0; k < DPL; ++k) {
-            const int64_t d = lane + 32 * k;
-            acc[k] += (d < g.head_dim ? __ldcg(r + d) : 0.0f) * ej;
-          }
-        }
-      }
-    }
-  }
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) acc[k] *= inv;
-  store_row<DPL>(y, row, acc, g, lane);
-}
-
-// The end of a split block whose records are written: the last chunk of these heads to finish merges them
-// all (no second kernel), its own records and those the others made visible (fence, then count), in chunk
-// order. done[blockIdx.x] is reset for the next launch (a graph replays this one).
-template <int DPL>
-__device__ void merge_if_last(const float* partial, unsigned* done, const Rows& dst, const Geometry& g,
-                              int64_t row0, int n_q, int64_t n) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(done + blockIdx.x, 1u) == static_cast<unsigned>(n - 1);
-    if (last) done[blockIdx.x] = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-  const int64_t rec = g.head_dim + 2;
-  for (int h = warp; h < n_q; h += n_warps) {
-    const int64_t row = row0 + h;
-    merge_chunks<DPL>(partial + row * g.n_chunks * rec, dst.row_as<float>(row), row, g, n, lane);
-  }
+template <int G>
+__device__ inline BlockWork block_work(const int32_t* positions, const int32_t* seq, const int32_t* bt_indptr,
+                                       const int32_t* bt_indices, const Geometry& g) {
+  BlockWork w{};
+  const int64_t groups_per_kv = (g.group + G - 1) / G;
+  const DivMod bg = divmod(blockIdx.x, groups_per_kv), tk = divmod(bg.q, g.n_kv);
+  w.t = tk.q, w.kvh = tk.r;
+  w.h0 = w.kvh * g.group + bg.r * G;
+  const int64_t left = w.kvh * g.group + g.group - w.h0;  // query heads of this KV head from h0 on
+  w.n_q = static_cast<int>(left < G ? left : G);
+  w.chunk = blockIdx.y;
+  const int32_t pos = positions[w.t];
+  w.table = bt_indices + bt_indptr[seq[w.t]];
+  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
+  const int64_t span = int64_t{pos} - lo + 1;
+  w.n_chunks = live_chunks(span, g);
+  w.past = w.chunk >= w.n_chunks;
+  if (!w.past) w.c0 = lo + span * w.chunk / w.n_chunks, w.c1 = lo + span * (w.chunk + 1) / w.n_chunks;
+  return w;
 }
 
 // partial (live chunks > 1): [n_tokens * n_heads, g.n_chunks] records of head_dim + 2 floats (acc, m, l);
@@ -185,22 +63,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
                      unsigned* done, Geometry g) {
   extern __shared__ float shm[];  // kWarps x G x (head_dim + 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t groups_per_kv = (g.group + G - 1) / G;
-  const int64_t b = blockIdx.x;
-  const DivMod bg = divmod(b, groups_per_kv), tk = divmod(bg.q, g.n_kv);
-  const int64_t t = tk.q, kvh = tk.r;
-  const int64_t h0 = kvh * g.group + bg.r * G;
-  const int64_t left = kvh * g.group + g.group - h0;  // query heads of this KV head from h0 on
-  const int n_q = static_cast<int>(left < G ? left : G);
-  const int64_t chunk = blockIdx.y;
-
-  const int32_t pos = positions[t];
-  const int32_t* table = bt_indices + bt_indptr[seq[t]];
-  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
-  const int64_t span = int64_t{pos} - lo + 1;
-  const int64_t n_chunks = live_chunks(span, g);
-  if (chunk >= n_chunks) return;  // past this token's chunks (the step metadata: no kernel writes it)
-  const int64_t c0 = lo + span * chunk / n_chunks, c1 = lo + span * (chunk + 1) / n_chunks;
+  const BlockWork w = block_work<G>(positions, seq, bt_indptr, bt_indices, g);
+  if (w.past) return;
+  const int64_t t = w.t, kvh = w.kvh, h0 = w.h0, chunk = w.chunk, n_chunks = w.n_chunks, c0 = w.c0, c1 = w.c1;
+  const int n_q = w.n_q;
+  const int32_t* table = w.table;
   pdl_wait();  // q, and the K/V rows of this step, come from the kernels before
 
   // The loops over the G heads unroll fully (heads past n_q are predicated off), so that the states stay in
@@ -302,25 +169,33 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   if (n_chunks > 1) merge_if_last<DPL>(partial, done, dst, g, h0 + g.n_heads * t, n_q, n_chunks);
 }
 
-template <int DPL, int G, class KV>
-cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
-                   unsigned* done) {
+// A decode kernel of G query heads a block (attention_kernel, attention_staged_kernel: the same parameters)
+// on `threads` threads and `shm` bytes of dynamic shared memory: a block a (token, KV head, head group) and
+// chunk.
+template <int G, class KV, class Kernel>
+cudaError_t launch_decode(const Context& ctx, Kernel kernel, int threads, size_t shm,
+                          const ops::Attention& op, const Geometry& g, float* partial, unsigned* done) {
   const int64_t groups_per_kv = (g.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
                   static_cast<unsigned>(g.n_chunks));
-  const size_t shm = sizeof(float) * kWarps * G * (g.head_dim + 2);
-  auto* kernel = attention_kernel<DPL, G, KV>;
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
       e != cudaSuccess) {
     return e;
   }
-  (void)launch_kernel(
-      ctx, kernel, grid, kWarps * 32, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
-      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
-      static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
-      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
+  (void)launch_kernel(ctx, kernel, grid, threads, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
+                      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
+                      static_cast<const int32_t*>(op.seq.data),
+                      static_cast<const int32_t*>(op.bt_indptr.data),
+                      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
   return cudaGetLastError();
+}
+
+template <int DPL, int G, class KV>
+cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
+                   unsigned* done) {
+  return launch_decode<G, KV>(ctx, attention_kernel<DPL, G, KV>, kWarps * 32,
+                              sizeof(float) * kWarps * G * (g.head_dim + 2), op, g, partial, done);
 }
 
 // Query heads a block: the group's, rounded up to a power of two, at most kGroup.
@@ -421,21 +296,11 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
   float* ms = corr + G;                                      // [G] running max, at the end
   float* ls = ms + G;                                        // [G] running sum, at the end
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t groups_per_kv = (g.group + G - 1) / G;
-  const DivMod bg = divmod(blockIdx.x, groups_per_kv), tk = divmod(bg.q, g.n_kv);
-  const int64_t t = tk.q, kvh = tk.r;
-  const int64_t h0 = kvh * g.group + bg.r * G;
-  const int64_t left = kvh * g.group + g.group - h0;
-  const int n_q = static_cast<int>(left < G ? left : G);
-  const int64_t chunk = blockIdx.y;
-
-  const int32_t pos = positions[t];
-  const int32_t* table = bt_indices + bt_indptr[seq[t]];
-  const int32_t lo = g.window > 0 ? max(0, pos - g.window + 1) : 0;
-  const int64_t span = int64_t{pos} - lo + 1;
-  const int64_t n_chunks = live_chunks(span, g);
-  if (chunk >= n_chunks) return;  // past this token's chunks (the step metadata: no kernel writes it)
-  const int64_t c0 = lo + span * chunk / n_chunks, c1 = lo + span * (chunk + 1) / n_chunks;
+  const BlockWork w = block_work<G>(positions, seq, bt_indptr, bt_indices, g);
+  if (w.past) return;
+  const int64_t t = w.t, kvh = w.kvh, h0 = w.h0, chunk = w.chunk, n_chunks = w.n_chunks, c0 = w.c0, c1 = w.c1;
+  const int n_q = w.n_q;
+  const int32_t* table = w.table;
 
   // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage.
   constexpr int kRows = S::kThreads / S::kRowVecs;
@@ -630,22 +495,8 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
 template <int D, int G, class KV>
 cudaError_t launch_staged(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
                           unsigned* done) {
-  const int64_t groups_per_kv = (g.group + G - 1) / G;
-  const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
-                  static_cast<unsigned>(g.n_chunks));
-  const size_t shm = Staged<D, KV>::shared_bytes(G);
-  auto* kernel = attention_staged_kernel<D, G, KV>;
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
-      e != cudaSuccess) {
-    return e;
-  }
-  (void)launch_kernel(
-      ctx, kernel, grid, Staged<D, KV>::kThreads, shm, rows_of(op.q), static_cast<const KV*>(op.k_pool.data),
-      static_cast<const KV*>(op.v_pool.data), static_cast<const int32_t*>(op.positions.data),
-      static_cast<const int32_t*>(op.seq.data), static_cast<const int32_t*>(op.bt_indptr.data),
-      static_cast<const int32_t*>(op.bt_indices.data), rows_of(op.dst), partial, done, g);
-  return cudaGetLastError();
+  return launch_decode<G, KV>(ctx, attention_staged_kernel<D, G, KV>, Staged<D, KV>::kThreads,
+                              Staged<D, KV>::shared_bytes(G), op, g, partial, done);
 }
 
 template <int D, class KV>
@@ -693,22 +544,11 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   // of at least min_chunk positions as fit (live_chunks), the grid's other blocks returning at once. A short
   // span thus takes one chunk and writes its result without the merge.
   // The staged kernel's chunks hold at least four of its stages (256 positions of f16 rows of up to 128
-  // dims), the unstaged kernel's 16 (four a warp). KILN_CUDA_ATTN_CHUNK sets the fewest positions a chunk
-  // (for tuning); KILN_CUDA_ATTN_STAGED=0 sends every decode to the unstaged kernel.
-  static const int64_t chunk_env = [] {
-    const char* v = std::getenv("KILN_CUDA_ATTN_CHUNK");
-    return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{0};
-  }();
-  static const bool staged_on = [] {
-    const char* v = std::getenv("KILN_CUDA_ATTN_STAGED");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  const bool staged = staged_on && staged_eligible(op, g);
+  // dims), the unstaged kernel's 16 (four a warp).
+  const bool staged = staged_eligible(op, g);
   const bool f16 = op.k_pool.type == DType::f16;
   const int64_t min_chunk =
-      chunk_env > 0 ? chunk_env
-      : staged      ? 4 * (f16 ? staged_stage<__half>(g.head_dim) : staged_stage<float>(g.head_dim))
-                    : 16;
+      staged ? 4 * (f16 ? staged_stage<__half>(g.head_dim) : staged_stage<float>(g.head_dim)) : 16;
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;

@@ -1,7 +1,7 @@
 // The GEMV kernel that reads its weight rows straight from global memory (gemv_kernel), and its launch by
 // shape: included by the translation units that instantiate launch_gemv_rows for a few weight types each
-// (cuda_gemv_*.cu), so that its many instantiations compile in parallel. cuda_matmul.cu calls them through
-// the declaration in cuda_gemv.cuh.
+// (gemv_*.cu, each expanding its part of the list of instances at the end), so that its many instantiations
+// compile in parallel. matmul.cu calls them through the declaration in gemv.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,14 +9,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/cuda_gemv.cuh"
+#include "backends/cuda/matmul/gemv.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_q8.cuh"
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/dot_q8.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 
 namespace kiln::cuda {
 
@@ -88,7 +87,7 @@ __device__ __forceinline__ void gemv_partial(const uint8_t* const (&rows)[kRows]
 }
 
 // gemv_partial on the integer path: x rounded to 8 bits, units of kUnit elements (Q8<T>, or Q8G<T> for rows
-// in grouped form: cuda_q8.cuh).
+// in grouped form: matmul/dot_q8.cuh).
 template <DType T, int A, int kCols, int kRows, int kUnroll>
 __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRows], const XRow (&x)[kCols],
                                                 int cols, const GemvArgs& a, float (&acc)[kRows][kCols]) {
@@ -124,7 +123,7 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
 // the integer path (a.xq, a.xds), else f32 x. A with kGrouped: rows in grouped form
-// (cuda_quant.cuh's legacy_block), 16-byte aligned. kPair (kRows >= 2, a.pair.on): the block's rows are
+// (matmul/dequant.cuh's legacy_block), 16-byte aligned. kPair (kRows >= 2, a.pair.on): the block's rows are
 // kRows / 2 rows of the first matrix from row0 and the same rows of the second (GemvPair). kRope (kRows
 // even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), the frequencies in `freqs`.
 template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kPair = false, bool kRope = false>
@@ -217,18 +216,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<
 // right after their wait. Early for the persistent staged kernel, whose blocks all start at once, so that the
 // next kernel's launch overlaps the whole GEMV, and for one token's rows of at most kEarlyTriggerMaxK
 // elements, whose blocks' passes are short (with 4 tokens, early measured 2.5% slower on the 135M). Measured
-// on the H200 (`kiln bench -p 0 -n 128`, two rounds, tokens/s, this rule against
-// KILN_CUDA_GEMV_EARLY_TRIGGER=0): the 8B's Q4_0 394-395 -> 406, the 135M-shaped BF16 model's 1,024 ->
-// 1,047-1,049; early for every GEMV, the 8B's BF16 (rows of 4096 and 14336) measured 206.0 -> 204.7-205.2.
-// KILN_CUDA_GEMV_EARLY_TRIGGER=0|1: never|always.
+// on the H200 (`kiln bench -p 0 -n 128`, two rounds, tokens/s, this rule against the trigger after the main
+// loops always): the 8B's Q4_0 394-395 -> 406, the 135M-shaped BF16 model's 1,024 -> 1,047-1,049; early for
+// every GEMV, the 8B's BF16 (rows of 4096 and 14336) measured 206.0 -> 204.7-205.2.
 constexpr int64_t kEarlyTriggerMaxK = 2048;
 inline bool gemv_early_trigger(const Context& ctx, int64_t k, int64_t cols, bool staged) {
-  static const int mode = [] {
-    const char* v = std::getenv("KILN_CUDA_GEMV_EARLY_TRIGGER");
-    return v != nullptr ? std::atoi(v) : -1;
-  }();
-  if (!ctx.pdl || mode == 0) return false;
-  return mode > 0 || staged || (k <= kEarlyTriggerMaxK && cols == 1);
+  return ctx.pdl && (staged || (k <= kEarlyTriggerMaxK && cols == 1));
 }
 
 template <DType T, bool kQ8, int kCols, int kRows, int kUnroll, bool kPair = false>
@@ -253,7 +246,7 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
     if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks, rope);
   }
   // Rotating (a.rope.on): the exact GEMV at the natural alignment or the integer one in grouped form, of
-  // rows a block in pairs (launch_gemv_rows; cuda_matmul.cu's launch_gemv chose the path).
+  // rows a block in pairs (launch_gemv_rows; matmul/matmul.cu's launch_gemv chose the path).
   constexpr bool kMayRope = kRopeGemv<T, kQ8> && kRows % 2 == 0;
   if constexpr (kGroupedType<T>) {
     if (access == Access::grouped) {
@@ -293,23 +286,18 @@ template <DType T, bool kQ8, bool kPair>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, const RopeFreqs* rope) {
   if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1, kPair>(ctx, a, access, rope);
   if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1, kPair>(ctx, a, access, rope);
-  const int forced = ctx.gemv_rows;
-  // KILN_CUDA_GEMV_SHORT_K=N: exact GEMVs of rows of at most N elements take eight rows a block (0: by the
-  // row count alone).
-  static const int64_t short_k = [] {
-    const char* v = std::getenv("KILN_CUDA_GEMV_SHORT_K");
-    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{2048};
-  }();
+  const int forced = ctx.options.gemv_rows;  // tests and tuning (bench/matmul_bench --gemv-rows)
   // Measured on an H100 (scripts/gpu-check.sh tune): eight rows from 4096 up (84% of the copy bandwidth on
   // the 8B's gate/up/down in bf16, 67% on 4096 x 4096); two on the short k/v projections (1024 rows), where
-  // eight leave too few blocks. On the exact path, rows of at most short_k elements (a small model's: 576 and
+  // eight leave too few blocks. On the exact path, rows of at most kShortK elements (a small model's: 576 and
   // 1536 in the 135M) take eight whatever their count: a block's pass over them is short, so each launch is
   // bound by its blocks' fixed costs (the wait, the sums across warps, the stores), which eight rows share.
-  // On the H200 (`kiln bench -p 0 -n 128`, two rounds, against KILN_CUDA_GEMV_SHORT_K=0) the 135M-shaped BF16
-  // model's decode went from 1,064-1,066 to 1,175-1,180 tokens/s.
+  // On the H200 (`kiln bench -p 0 -n 128`, two rounds, against rows by their count alone) the 135M-shaped
+  // BF16 model's decode went from 1,064-1,066 to 1,175-1,180 tokens/s.
+  constexpr int64_t kShortK = 2048;
   int64_t n = a.n;  // all the rows of the launch
   for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
-  const bool short_rows = !kQ8 && a.k <= short_k;
+  const bool short_rows = !kQ8 && a.k <= kShortK;
   const int rows = forced != 0 ? forced : n >= 4096 || short_rows ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
     case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1, kPair>(ctx, a, access, rope);
@@ -323,10 +311,26 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, cons
   }
 }
 
-// launch_gemv_rows for weight type T: the exact GEMV (every weight type), the integer one (the types with an
-// integer path) and the paired gate/up one (float weights), as cuda_matmul.cu calls them.
+// The GEMV instances: launch_gemv_rows for each weight type, the exact GEMV always, the integer one
+// (integer = 1: the types of KILN_CUDA_Q8_TYPES) and the paired gate/up one (paired = 1: the float types)
+// where the type has them. One list, in four parts, each expanded by its own translation unit
+// (gemv_float.cu, gemv_kquant.cu, gemv_q4.cu, gemv_q5q8.cu) so that the instances compile in parallel:
+// X(type, integer, paired).
+#define KILN_GEMV_FLOAT_TYPES(X) X(f32, 0, 1) X(f16, 0, 1) X(bf16, 0, 1)
+#define KILN_GEMV_KQUANT_TYPES(X) X(q2_k, 0, 0) X(q3_k, 0, 0) X(q4_k, 1, 0) X(q5_k, 1, 0) X(q6_k, 1, 0)
+#define KILN_GEMV_Q4_TYPES(X) X(q4_0, 1, 0) X(q4_1, 1, 0) X(q5_0, 1, 0)
+#define KILN_GEMV_Q5Q8_TYPES(X) X(q5_1, 1, 0) X(q8_0, 1, 0) X(iq4_nl, 0, 0) X(iq4_xs, 0, 0) X(mxfp4, 0, 0)
+
+#define KILN_GEMV_IF_0(...)
+#define KILN_GEMV_IF_1(...) __VA_ARGS__
+#define KILN_GEMV_IF(c, ...) KILN_GEMV_IF_##c(__VA_ARGS__)
 #define KILN_GEMV_INSTANTIATE(T, kQ8, kPair)                                                    \
   template void launch_gemv_rows<DType::T, kQ8, kPair>(const Context&, const GemvArgs&, Access, \
                                                        const RopeFreqs*);
+// The instances of one entry of the list.
+#define KILN_GEMV_INSTANCES(T, integer, paired)                  \
+  KILN_GEMV_INSTANTIATE(T, false, false)                         \
+  KILN_GEMV_IF(integer, KILN_GEMV_INSTANTIATE(T, true, false))   \
+  KILN_GEMV_IF(paired, KILN_GEMV_INSTANTIATE(T, false, true))
 
 }  // namespace kiln::cuda

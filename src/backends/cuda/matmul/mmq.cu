@@ -1,5 +1,5 @@
 // The integer tensor-core matmul ("MMQ") of K-quant weights with x rounded to 8 bits per block of 32
-// (quantize_x's rounding, cuda_q8.cuh, copied once into tiles of 8 tokens: XTile): the batches of a batched
+// (quantize_x's rounding, dot_q8.cuh, copied once into tiles of 8 tokens: XTile): the batches of a batched
 // decode, where the integer GEMV reads each weight row once but spends a __dp4a and a scaling per weight and
 // token.
 //
@@ -24,9 +24,9 @@
 #include <cstdlib>
 
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_mmq.cuh"
-#include "backends/cuda/cuda_q8.cuh"
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/mmq.cuh"
+#include "backends/cuda/matmul/dot_q8.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 
 namespace kiln::cuda {
 
@@ -137,7 +137,7 @@ __device__ __forceinline__ void super_k(const uint8_t* r0, const uint8_t* r1, co
 }
 
 // The signed 6-bit values (q - 32, as bytes) of Q6_K elements 128h + 32q + 16l + 4c .. + 3 of a super-block
-// whose quants are at b (cuda_quant.cuh's Quant<q6_k> describes the layout; A: its form and alignment).
+// whose quants are at b (matmul/dequant.cuh's Quant<q6_k> describes the layout; A: its form and alignment).
 template <int A>
 __device__ __forceinline__ uint32_t q6_word(const uint8_t* b, int h, int q, int l, int c) {
   const uint32_t ql = ld_u32<A>(b + q6k_ql<A>(h, q % 2) + 16 * l + 4 * c);
@@ -371,19 +371,12 @@ int64_t blocks_per_sm() {
 // rounds of blocks_per_sm() * n_sms, each block's time 1 / k_split of an unsplit one's, so the split that
 // takes the fewest rounds / k_split, the smaller on a tie. The 8B's 14336-row matrices at 3 blocks a
 // multiprocessor: 224 blocks in 1 round, 448 in 2 (the last with 52), 896 in 3 of a quarter the length: 4.
-// KILN_CUDA_MMQ_KSPLIT forces it (for measuring).
 template <DType T>
 int k_split_for(const Context& ctx, int64_t n, int64_t k) {
-  static const int forced = [] {
-    const char* v = std::getenv("KILN_CUDA_MMQ_KSPLIT");
-    const int f = v != nullptr ? std::atoi(v) : 0;
-    return f == 1 || f == 2 || f == 4 ? f : 0;
-  }();
   const int64_t slots = blocks_per_sm<T>() * std::max(ctx.n_sms, 1);
   int best = 1;
   double best_cost = 0.0;
   for (int ks = 1; ks <= kWarps && ks <= k / 256; ks *= 2) {
-    if (forced != 0 && ks != forced) continue;
     const int64_t blocks = ceil_div(n, kTileRows * (kWarps / ks));
     const double cost = static_cast<double>(ceil_div(blocks, slots)) / ks;
     if (best_cost == 0.0 || cost < best_cost) best = ks, best_cost = cost;

@@ -22,7 +22,7 @@ namespace kiln::cuda {
 // ---- loads of A-aligned bytes through the read-only cache ----
 
 // The loads take the alignment A guaranteed for their address; kInShared or-ed into A says the bytes are in
-// shared memory (a staged copy of the weight, cuda_matmul.cu), read with plain loads instead of __ldg.
+// shared memory (a staged copy of the weight, matmul/matmul.cu), read with plain loads instead of __ldg.
 // kGrouped or-ed into A says a row of a legacy block type is in grouped form (legacy_block below).
 inline constexpr int kInShared = 1 << 10;
 inline constexpr int kGrouped = 1 << 11;
@@ -182,11 +182,11 @@ __device__ __forceinline__ const uint8_t* block_of(const uint8_t* row, int64_t p
 }
 
 // The legacy blocks (q4_0, q4_1, q5_0, q5_1, q8_0: 32 elements) are a header of kHead bytes (d, m, qh) then
-// kQs bytes of quants. A row in grouped form (A has kGrouped; made at load for matmul weights,
-// group_rows() in cuda_grouped.cu) stores each run of 8 blocks as their 8 headers, then their 8 quant arrays:
-// the same 8 * kBytes bytes, with every quant array 16-byte aligned when the row is, so that a block's
-// quants are whole 16-byte loads. A last run of r < 8 blocks keeps the room of 8 headers (the same offsets)
-// before its r quant arrays. grouped_bytes() is the length of such a row.
+// kQs bytes of quants. A row in grouped form (A has kGrouped; made at load for matmul weights, group_rows()
+// in matmul/grouped_weights.cu) stores each run of 8 blocks as their 8 headers, then their 8 quant arrays:
+// the same 8 * kBytes bytes, with every quant array 16-byte aligned when the row is, so that a block's quants
+// are whole 16-byte loads. A last run of r < 8 blocks keeps the room of 8 headers (the same offsets) before
+// its r quant arrays. grouped_bytes() is the length of such a row.
 struct LegacyBlock {
   const uint8_t* head;
   const uint8_t* qs;
@@ -546,8 +546,8 @@ inline constexpr bool kLegacyType =
 template <DType T>
 inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k;
 
-// The weight types the kernels take. A type added here needs its GEMV instantiated in one of cuda_gemv_*.cu
-// (KILN_GEMV_INSTANTIATE), or the backend does not link.
+// The weight types the kernels take. A type added here needs its entry in the list of GEMV instances
+// (gemv_kernel.cuh), or the backend does not link.
 #define KILN_CUDA_WEIGHT_TYPES(X)                                                                          \
   X(f32)                                                                                                   \
   X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) \

@@ -1,11 +1,10 @@
 // Paged causal attention on CUDA: the op's dispatch, and the prefill kernels. Prefill-shaped batches (many
 // tokens, several a sequence) take a tiled kernel: on tensor cores under Attention::quantize_x, else exact on
-// CUDA cores; decode-shaped ones the split-KV kernels of cuda_attention_decode.cu.
+// CUDA cores; decode-shaped ones the split-KV kernels of attention/attention_decode.cu.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
-#include "backends/cuda/cuda_attention.cuh"
+#include "backends/cuda/attention/attention.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
@@ -64,6 +63,23 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
   }
 }
 
+// Whether token f of the tile's tokens [t0, t1) is the first of its sequence s = seq[f] there, which opens
+// s's turn; if so, [lo, hi]: the positions any token of s in the tile sees (causal, window).
+__device__ inline bool opens_turn(const int32_t* seq, const int32_t* positions, int64_t t0, int64_t f,
+                                  int64_t t1, const Geometry& g, int32_t& lo, int32_t& hi) {
+  const int32_t s = seq[f];
+  bool first = true;
+  for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
+  if (!first) return false;
+  lo = INT32_MAX, hi = -1;
+  for (int64_t e = f; e < t1; ++e) {
+    if (seq[e] != s) continue;
+    hi = max(hi, positions[e]);
+    lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
+  }
+  return true;
+}
+
 template <int kTpr, class KV>
 __global__ void __launch_bounds__(kTileThreads)
     attention_tile_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
@@ -103,15 +119,8 @@ __global__ void __launch_bounds__(kTileThreads)
   // One sequence of the tile at a time: the first token of each sequence in the tile opens its turn.
   for (int64_t f = t0; f < t1; ++f) {
     const int32_t s = seq[f];
-    bool first = true;
-    for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
-    if (!first) continue;
-    int32_t lo = INT32_MAX, hi = -1;  // positions any token of s in the tile sees
-    for (int64_t e = f; e < t1; ++e) {
-      if (seq[e] != s) continue;
-      hi = max(hi, positions[e]);
-      lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
-    }
+    int32_t lo, hi;
+    if (!opens_turn(seq, positions, t0, f, t1, g, lo, hi)) continue;
     const int32_t* table = bt_indices + bt_indptr[s];
     for (int32_t c0 = lo; c0 <= hi; c0 += chunk_len) {
       const int32_t n_c = min(chunk_len, hi - c0 + 1);
@@ -200,8 +209,9 @@ cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& o
 // Chunks start at multiples of 64 positions whatever the tile holds, and a row's state is untouched by chunks
 // it sees nothing of (every score masked: scale factor 1, P = 0), so a row's result does not depend on the
 // other rows of its batch.
-// Warps a block (W): 4 or 8 (KILN_CUDA_ATTN_MMA_WARPS); a block holds 16 * W query rows.
-constexpr int kMmaChunk = 64;             // positions a chunk
+// Warps a block (W): kMmaWarps; a block holds 16 * W query rows.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaChunk = 64;  // positions a chunk
 
 // 2^x, subnormal results flushed to zero: one MUFU instruction, where exp2f adds a fix-up for them. P is
 // rounded to f16 for p.v, whose smallest subnormal is 2^-24, and a row's sum l is at least 1.
@@ -394,15 +404,8 @@ __global__ void __launch_bounds__(W * 32)
 
   for (int64_t f = t0; f < t1; ++f) {  // one sequence of the tile at a time
     const int32_t s = seq[f];
-    bool first = true;
-    for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
-    if (!first) continue;
-    int32_t lo = INT32_MAX, hi = -1;  // positions any token of s in the tile sees
-    for (int64_t e = f; e < t1; ++e) {
-      if (seq[e] != s) continue;
-      hi = max(hi, positions[e]);
-      lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
-    }
+    int32_t lo, hi;
+    if (!opens_turn(seq, positions, t0, f, t1, g, lo, hi)) continue;
     const int32_t* table = bt_indices + bt_indptr[s];
     const bool mine = row_seq[0] == s || row_seq[1] == s;
     const bool warp_in = __any_sync(0xffffffffu, mine);
@@ -599,16 +602,8 @@ bool mma_eligible(const ops::Attention& op, const Geometry& g) {
 template <class KV>
 cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                     uint16_t* xh, bool f16) {
-  static const int warps = [] {  // KILN_CUDA_ATTN_MMA_WARPS=4|8: warps a block (for measuring)
-    const char* v = std::getenv("KILN_CUDA_ATTN_MMA_WARPS");
-    return v != nullptr && std::atoi(v) == 8 ? 8 : 4;
-  }();
-  if (warps == 8) {
-    if (g.head_dim <= 64) return launch_mma<64, 8, KV>(ctx, op, g, xh, f16);
-    return launch_mma<128, 8, KV>(ctx, op, g, xh, f16);
-  }
-  if (g.head_dim <= 64) return launch_mma<64, 4, KV>(ctx, op, g, xh, f16);
-  return launch_mma<128, 4, KV>(ctx, op, g, xh, f16);
+  if (g.head_dim <= 64) return launch_mma<64, kMmaWarps, KV>(ctx, op, g, xh, f16);
+  return launch_mma<128, kMmaWarps, KV>(ctx, op, g, xh, f16);
 }
 
 Geometry geometry_of(const ops::Attention& op) {

@@ -1,5 +1,5 @@
-// What the GEMV kernels share (cuda_matmul.cu: the kernel that reads weights straight from global memory;
-// cuda_gemv_staged.cu: the integer one whose weight rows go through shared memory): the launch's arguments,
+// What the GEMV kernels share (matmul/matmul.cu: the kernel that reads weights straight from global memory;
+// matmul/gemv_staged.cu: the integer one whose weight rows go through shared memory): the launch's arguments,
 // the split of a launch's blocks between the matrices on one x, and the block's final sums.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_rope.cuh"
+#include "backends/cuda/norm_rope/rope.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
 #include "core/dtype.h"
 
@@ -97,8 +97,8 @@ struct GemvArgs {
   bool x_vec;     // every x row is 16-byte aligned
   bool prefetch;  // programmatic launch: the first bytes of the weight rows head for L2 before the wait
   bool early_trigger;  // pdl_trigger right after the wait, not after the main loop (gemv_early_trigger)
-  bool staged;    // integer path: the weight rows go through shared memory (cuda_gemv_staged.cu)
-  // x rounded to 8 bits (the integer path, cuda_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
+  bool staged;    // integer path: the weight rows go through shared memory (matmul/gemv_staged.cu)
+  // x rounded to 8 bits (the integer path, matmul/dot_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
   const int* xq;
   const float2* xds;
   Rows dst;  // rows of n
@@ -305,7 +305,7 @@ inline constexpr bool kStagedType =
     T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
 
 // Which GEMVs rotate (GemvRope): the exact one of float weights at their natural alignment, and the integer
-// one of the staged types, staged or in grouped form; the others are launched without (cuda_matmul.cu's
+// one of the staged types, staged or in grouped form; the others are launched without (matmul/matmul.cu's
 // launch_gemv decides).
 template <DType T, bool kQ8>
 inline constexpr bool kRopeGemv =
@@ -313,12 +313,12 @@ inline constexpr bool kRopeGemv =
 
 // The GEMV of `a` (1 to kGemvMaxCols columns) with weight type T: exact (f32 x) or integer (kQ8: x rounded to
 // 8 bits), kPair: gate and up paired with their activation (a.pair); with RoPE and the KV write (a.rope.on,
-// its frequencies `rope`) where kRopeGemv and the access allow. Defined in cuda_gemv_kernel.cuh and
-// instantiated for a few weight types in each cuda_gemv_*.cu.
+// its frequencies `rope`) where kRopeGemv and the access allow. Defined in gemv_kernel.cuh and instantiated
+// from its list of instances, a part in each gemv_*.cu.
 template <DType T, bool kQ8, bool kPair = false>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, const RopeFreqs* rope = nullptr);
 
-// The staged integer GEMV (cuda_gemv_staged.cu) of kStagedType weights: row_blocks blocks of kRows rows
+// The staged integer GEMV (matmul/gemv_staged.cu) of kStagedType weights: row_blocks blocks of kRows rows
 // (over all parts) times a.n_groups column groups of kCols.
 template <DType T, int kCols, int kRows>
 void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, const RopeFreqs* rope);

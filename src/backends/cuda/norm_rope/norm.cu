@@ -1,13 +1,12 @@
-// The row-wise and elementwise ops on CUDA: norms, softmax, gated activations, add/mul, scale, argmax, MoE
-// routing and mixing (RoPE and the KV writes: cuda_rope.cu). All are bound by memory traffic: one pass over
-// their operands, f32 arithmetic, rows addressed through their views' strides.
+// RMSNorm, LayerNorm and the residual add fused with the RMSNorm of its sum (run_fused's add + norm) on CUDA.
+// Bound by memory traffic: one pass over their operands, f32 arithmetic, rows addressed through their views'
+// strides.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -18,8 +17,6 @@
 namespace kiln::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
 
 cudaError_t launched() { return cudaGetLastError(); }
 
@@ -37,26 +34,12 @@ cudaError_t launched() { return cudaGetLastError(); }
 // for the one before: the compiler cannot tell they do not alias).
 constexpr int kRowRegs = 8;
 constexpr int kNormMaxCluster = 8;  // the portable cluster size
-// The fewest elements a slice (KILN_CUDA_NORM_SLICE=N sets it, for measuring: 1024 cuts a 4096-wide row
-// into 4 blocks instead of 8) and the fewest threads a slice's block (KILN_CUDA_NORM_THREADS=N, 32 to 1024).
-int64_t norm_min_slice() {
-  static const int64_t n = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_SLICE");
-    return v != nullptr && std::atoll(v) >= 32 ? std::atoll(v) / 32 * 32 : int64_t{512};
-  }();
-  return n;
-}
-int norm_min_threads() {
-  static const int n = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_THREADS");
-    return v != nullptr ? std::clamp(std::atoi(v) / 32 * 32, 32, 1024) : 128;
-  }();
-  return n;
-}
+// The fewest elements a slice (a 4096-wide row: 8 blocks) and the fewest threads a slice's block.
+constexpr int64_t kNormMinSlice = 512;
+constexpr int kNormMinThreads = 128;
 // The norm kernels are compiled twice: bounded at 1024 threads a block (a prefill's packed rows), where ptxas
 // gives a thread 64 registers and the fused add + norm spills its slice, and at kNormSmallBlock, which the
-// blocks of a row cut into slices (decode) fit, with room to hold the slice in registers
-// (KILN_CUDA_NORM_SMALL_BLOCK=0: the 1024-thread kernels always, for measuring).
+// blocks of a row cut into slices (decode) fit, with room to hold the slice in registers.
 constexpr int kNormSmallBlock = 256;
 // The slots a thread holds in a kernel bounded at `max_threads`: kRowRegs, but 4 at 1024 threads, whose 64
 // registers a thread held 8 slots of a, b and the weight only by spilling them (524 bytes of local loads a
@@ -64,22 +47,10 @@ constexpr int kNormSmallBlock = 256;
 // row's slices are of 128 threads (norm_shape), so 4 slots hold rows of up to 4096; longer ones read x twice
 // (rms_norm_loop: the same sums in the same order as the registers' slots, whose empty ones add zeros).
 __host__ __device__ constexpr int norm_slots(int max_threads) { return max_threads >= 1024 ? 4 : kRowRegs; }
-bool norm_small_block(int threads) {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_SMALL_BLOCK");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  return on && threads <= kNormSmallBlock;
-}
-// A row of at most this many elements is one block's (KILN_CUDA_NORM_ONE_BLOCK=N sets it, for measuring):
-// cutting it would pay the cluster's two barriers for a few elements a thread.
-int64_t norm_one_block() {
-  static const int64_t n = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_ONE_BLOCK");
-    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{1024};
-  }();
-  return n;
-}
+bool norm_small_block(int threads) { return threads <= kNormSmallBlock; }
+// A row of at most this many elements is one block's: cutting it would pay the cluster's two barriers for a
+// few elements a thread.
+constexpr int64_t kNormOneBlock = 1024;
 
 // Where a row's slices run: each a block of a cluster (decode: a row spread over multiprocessors), or, for
 // many rows (prefill), packed into one block a row, slice j taking threads [j * nt, (j + 1) * nt) with the
@@ -183,7 +154,7 @@ __device__ inline void load_norm_weight(const float* w, float w_add, const Slice
 
 // dst slice = x * inv_rms * g, the row's sum of squares taken over the cluster. xq / xds (optional; n a
 // multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
-// quantize_x_kernel (cuda_matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
+// quantize_x_kernel (matmul/matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
 // result also in 16 bits for the GEMM (store_half). sum_row (optional): x is also stored there, after the
 // sums (a cluster's barrier then waits for no global store of this thread). turn: the row's turn in the
 // block.
@@ -279,164 +250,6 @@ __global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float*
   }
 }
 
-// ---- softmax, argmax: one block per row ----
-
-__global__ void softmax_kernel(Rows x, Rows dst, float scale, int64_t n, int64_t n_rows) {
-  pdl_begin();
-  __shared__ float red[32];
-  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
-    const float* xr = x.row_as<const float>(r);
-    float* yr = dst.row_as<float>(r);
-    float mx = -INFINITY;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, xr[i] * scale);
-    mx = block_max(mx, red);
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += expf(xr[i] * scale - mx);
-    const float inv = 1.0f / block_sum(s, red);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = expf(xr[i] * scale - mx) * inv;
-  }
-}
-
-// Whether (v, i) comes before (bv, bi): larger, or equal and earlier (the first index on ties).
-__device__ inline bool better(float v, int64_t i, float bv, int64_t bi) {
-  return v > bv || (v == bv && i < bi);
-}
-
-// One block's best (value, index) of the elements [lo, hi) of xr (bi = n: none), and whether any is a NaN
-// or +inf; the block's thread 0 holds the result.
-struct Best {
-  float v;
-  int bad;  // 0 or 1
-  int64_t i;
-};
-__device__ inline void take(Best& a, float v, int64_t i, int64_t n) {
-  if (i != n && (a.i == n || better(v, i, a.v, a.i))) a.v = v, a.i = i;
-}
-__device__ Best block_argmax(const float* xr, int64_t lo, int64_t hi, int64_t n) {
-  __shared__ float sv[32];
-  __shared__ int64_t si[32];
-  Best b{-INFINITY, 0, n};
-  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    const float v = xr[i];
-    b.bad = b.bad || isnan(v) || v == INFINITY ? 1 : 0;
-    take(b, v, i, n);
-  }
-  b.bad = __syncthreads_or(b.bad) != 0 ? 1 : 0;
-  for (int o = 16; o > 0; o >>= 1) {
-    take(b, __shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o), n);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) sv[warp] = b.v, si[warp] = b.i;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) take(b, sv[w], si[w], n);
-  }
-  __syncthreads();  // sv / si are free for the next call
-  return b;
-}
-
-// Row r's elements in gridDim.y slices, a block each. With one slice the block writes out[r]; with several
-// each writes its best to part[r * slices + slice], then counts itself done (done[r]: zero before the launch
-// and after it), and the last of them takes the best of all slices. The order of (value, index) is total,
-// so the result does not depend on which block is last.
-__global__ void argmax_kernel(Rows x, int32_t* out, int64_t n, int64_t n_rows, Best* part, unsigned* done) {
-  pdl_begin();
-  const int64_t slices = gridDim.y, len = (n + slices - 1) / slices;
-  const int64_t lo = blockIdx.y * len, hi = min(n, lo + len);
-  __shared__ bool last;
-  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
-    Best b = block_argmax(x.row_as<const float>(r), lo, hi, n);
-    if (slices > 1) {
-      if (threadIdx.x == 0) {
-        part[r * slices + blockIdx.y] = b;
-        __threadfence();
-        last = atomicAdd(done + r, 1u) == static_cast<unsigned>(slices - 1);
-        if (last) done[r] = 0;  // for the next launch (a graph replays this one)
-      }
-      __syncthreads();
-      if (!last) continue;
-      if (threadIdx.x == 0) {
-        __threadfence();
-        for (int64_t s = 0; s < slices; ++s) {  // written by other blocks: read past L1
-          const Best* o = part + r * slices + s;
-          const auto oi = static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(&o->i)));
-          take(b, __ldcg(&o->v), oi, n);
-          b.bad |= __ldcg(&o->bad);
-        }
-      }
-    }
-    if (threadIdx.x == 0) out[r] = b.bad || b.v == -INFINITY ? -1 : static_cast<int32_t>(b.i);
-  }
-}
-
-// ---- elementwise: one thread per element ----
-
-// xq / xds (n a multiple of 32, f32 dst): each warp's 32 consecutive elements are one block of a row, also
-// rounded to 8 bits there (round_q8).
-// xh: the result also in 16 bits (store_half), row r at xh + r * n.
-__global__ void gated_act_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, bool broadcast,
-                                 int64_t n, int64_t total, int8_t* xq, float2* xds, uint16_t* xh, bool f16) {
-  pdl_begin();
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const DivMod ri = divmod(e, n);
-    const int64_t r = ri.q, i = ri.r;
-    const float g = gate.row_as<const float>(r)[broadcast ? 0 : i];
-    const float v = glu_times(kind, g, up.row_as<const float>(r)[i]);
-    store(st, dst.row(r), i, v);
-    if (xq != nullptr) round_q8(v, xq + r * n + i, xds + r * (n / 32) + i / 32);
-    if (xh != nullptr) store_half({reinterpret_cast<char*>(xh + r * n), f16}, i, v);
-  }
-}
-
-// The same without a broadcast gate or the 8-bit rounding, 4 elements a thread (16-byte loads) for rows of a
-// multiple of 4 that start 16-byte aligned (prefill: the per-element kernel moved half the bytes the memory
-// could).
-__global__ void gated_act4_kernel(Rows gate, Rows up, Rows dst, Store st, ops::GluKind kind, int64_t n,
-                                  int64_t total, uint16_t* xh, bool f16) {
-  pdl_begin();
-  const int64_t n4 = n / 4;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total / 4;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const DivMod ri = divmod(e, n4);
-    const int64_t r = ri.q, i = 4 * ri.r;
-    const float4 g = *reinterpret_cast<const float4*>(gate.row_as<const float>(r) + i);
-    const float4 u = *reinterpret_cast<const float4*>(up.row_as<const float>(r) + i);
-    const float v[4] = {glu_times(kind, g.x, u.x), glu_times(kind, g.y, u.y), glu_times(kind, g.z, u.z),
-                        glu_times(kind, g.w, u.w)};
-    char* y = dst.row(r);
-    if (st == Store::f32) {
-      *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + i) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) store(st, y, i + j, v[j]);
-    }
-    if (xh != nullptr) store_half4(HalfCopy{reinterpret_cast<char*>(xh + r * n), f16}, i, v);
-  }
-}
-
-__global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool b_one_row, int64_t n,
-                              int64_t total) {
-  pdl_begin();
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const DivMod ri = divmod(e, n);
-    const int64_t r = ri.q, i = ri.r;
-    const float av = a.row_as<const float>(r)[i], bv = b.row_as<const float>(b_one_row ? 0 : r)[i];
-    store(st, dst.row(r), i, mul ? av * bv : av + bv);
-  }
-}
-
-__global__ void scale_kernel(Rows x, Rows dst, float s, int64_t n, int64_t total) {
-  pdl_begin();
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const DivMod ri = divmod(e, n);
-    const int64_t r = ri.q, i = ri.r;
-    dst.row_as<float>(r)[i] = x.row_as<const float>(r)[i] * s;
-  }
-}
-
 // ---- fused sequences (run_fused): one launch, the arithmetic of the ops one by one ----
 
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
@@ -488,51 +301,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// ---- MoE routing (one thread per token) and mixing (one thread per output element) ----
-
-__global__ void moe_route_kernel(Rows logits, int32_t* ids, Rows weights, int64_t n_expert, int64_t n_used,
-                                 bool normalize, int64_t n_tokens) {
-  pdl_begin();
-  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n_tokens;
-       t += int64_t{gridDim.x} * blockDim.x) {
-    const float* x = logits.row_as<const float>(t);
-    float mx = -INFINITY;
-    for (int64_t e = 0; e < n_expert; ++e) mx = fmaxf(mx, x[e]);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < n_expert; ++e) sum += expf(x[e] - mx);
-    int32_t* id = ids + n_used * t;
-    float chosen = 0.0f;
-    // Repeated maximum over the experts not chosen yet: strictly larger logits win, so ties keep the lower
-    // index. "Not chosen" is a scan of the ids so far (n_used is small).
-    for (int64_t s = 0; s < n_used; ++s) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < n_expert; ++e) {
-        bool taken = false;
-        for (int64_t u = 0; u < s; ++u) taken = taken || id[u] == e;
-        if (!taken && (best < 0 || x[e] > x[best])) best = e;
-      }
-      id[s] = static_cast<int32_t>(best);
-      chosen += expf(x[best] - mx) / sum;
-    }
-    float* w = weights.row_as<float>(t);
-    for (int64_t s = 0; s < n_used; ++s) w[s] = expf(x[id[s]] - mx) / sum / (normalize ? chosen : 1.0f);
-  }
-}
-
-__global__ void weighted_sum_kernel(Rows y, Rows w, Rows dst, int64_t n, int64_t n_slots, int64_t total) {
-  pdl_begin();
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const DivMod ti = divmod(e, n);
-    const int64_t t = ti.q, i = ti.r;
-    const float* wt = w.row_as<const float>(t);
-    float acc = 0.0f;
-    for (int64_t s = 0; s < n_slots; ++s) acc += wt[s] * y.row_as<const float>(s + n_slots * t)[i];
-    dst.row_as<float>(t)[i] = acc;
-  }
-}
-
-// How a norm of rows of n elements is cut (see the norms above): slices of at least norm_min_slice()
+// How a norm of rows of n elements is cut (see the norms above): slices of at least kNormMinSlice
 // elements, as many as kNormMaxCluster, one block of `threads` each, a cluster a row; one block a row before
 // sm_90.
 struct NormShape {
@@ -543,14 +312,13 @@ struct NormShape {
   bool packed;  // a row's slices in one block (part_of)
 };
 NormShape norm_shape(const Context& ctx, int64_t n, int64_t rows) {
-  const int64_t want =
-      ctx.clusters && n > norm_one_block()
-          ? std::clamp<int64_t>((n + norm_min_slice() - 1) / norm_min_slice(), 1, kNormMaxCluster)
-          : 1;
+  const int64_t want = ctx.clusters && n > kNormOneBlock
+                           ? std::clamp<int64_t>((n + kNormMinSlice - 1) / kNormMinSlice, 1, kNormMaxCluster)
+                           : 1;
   const int64_t slice = want == 1 ? n : ((n + want - 1) / want + 31) / 32 * 32;
   const auto cluster = static_cast<unsigned>((n + slice - 1) / slice);
-  // Threads: enough for the slice to fit kRowRegs slots (at least norm_min_threads(), at most 1024).
-  const int threads = std::max(norm_min_threads(), row_threads((slice + kRowRegs - 1) / kRowRegs));
+  // Threads: enough for the slice to fit kRowRegs slots (at least kNormMinThreads, at most 1024).
+  const int threads = std::max(kNormMinThreads, row_threads((slice + kRowRegs - 1) / kRowRegs));
   // Rows enough to fill the device with whole blocks: a row's slices packed into one block, which spares the
   // cluster's launch and its two barriers across multiprocessors (prefill).
   if (cluster > 1 && int64_t{cluster} * threads <= 1024 && rows >= ctx.n_sms) {
@@ -580,66 +348,6 @@ cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op) {
   (void)launch_kernel(ctx, layer_norm_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
                       rows_of(op.dst), static_cast<const float*>(op.w.tensor.data),
                       static_cast<const float*>(op.b.tensor.data), n, op.eps, rows);
-  return launched();
-}
-
-cudaError_t softmax(const Context& ctx, const ops::Softmax& op) {
-  const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  (void)launch_kernel(ctx, softmax_kernel, grid_for(rows, 1), row_threads(n), 0, rows_of(op.x),
-                      rows_of(op.dst), op.scale, n, rows);
-  return launched();
-}
-
-cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
-  const int64_t n = op.x.ne[0], rows = op.x.n_rows();
-  // A few long rows (a vocabulary's logits, a token or a few decoding) are split over the multiprocessors, at
-  // least kArgmaxMinSlice elements a block.
-  constexpr int64_t kArgmaxMinSlice = 4096;
-  const int64_t slices = std::clamp<int64_t>(
-      std::min<int64_t>(ctx.n_sms / std::max<int64_t>(rows, 1), n / kArgmaxMinSlice), 1, 64);
-  Best* part = nullptr;
-  unsigned* done = nullptr;
-  if (slices > 1) {
-    part = static_cast<Best*>(ctx.scratch(kSlotPartial, sizeof(Best) * rows * slices));
-    done = static_cast<unsigned*>(ctx.scratch(kSlotCounters, sizeof(unsigned) * rows));
-    if (part == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
-  }
-  const dim3 grid(grid_for(rows, 1), static_cast<unsigned>(slices));
-  (void)launch_kernel(ctx, argmax_kernel, grid, row_threads(slices > 1 ? n / slices : n), 0, rows_of(op.x),
-                      static_cast<int32_t*>(op.out.data), n, rows, part, done);
-  return launched();
-}
-
-cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq, float2* xds, uint16_t* xh,
-                      bool f16) {
-  const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
-  if (xq != nullptr && (n % 32 != 0 || op.dst.type != DType::f32)) return cudaErrorInvalidValue;
-  const bool broadcast = op.gate.ne[0] == 1 && n > 1;
-  const Rows gate = rows_of(op.gate), up = rows_of(op.up), dst = rows_of(op.dst);
-  if (xq == nullptr && !broadcast && n % 4 == 0 && rows_aligned16(gate) && rows_aligned16(up) &&
-      rows_aligned16(dst)) {
-    (void)launch_kernel(ctx, gated_act4_kernel, grid_for(total / 4, kThreads), kThreads, 0, gate, up, dst,
-                        store_of(op.dst.type), op.kind, n, total, xh, f16);
-    return launched();
-  }
-  (void)launch_kernel(ctx, gated_act_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.gate),
-                      rows_of(op.up), rows_of(op.dst), store_of(op.dst.type), op.kind,
-                      op.gate.ne[0] == 1 && n > 1, n, total, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
-  return launched();
-}
-
-cudaError_t binary(const Context& ctx, const ops::Binary& op) {
-  const int64_t n = op.a.ne[0], total = n * op.a.n_rows();
-  (void)launch_kernel(ctx, binary_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.a),
-                      rows_of(op.b.tensor), rows_of(op.dst), store_of(op.dst.type),
-                      op.kind == ops::BinaryKind::binary_kind_mul, op.b.tensor.n_rows() == 1, n, total);
-  return launched();
-}
-
-cudaError_t scale(const Context& ctx, const ops::Scale& op) {
-  const int64_t n = op.x.ne[0], total = n * op.x.n_rows();
-  (void)launch_kernel(ctx, scale_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.x),
-                      rows_of(op.dst), op.scale, n, total);
   return launched();
 }
 
@@ -673,21 +381,6 @@ cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::
       sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a), rows_of(add.b.tensor), rows_of(add.dst),
       rows_of(norm.dst), store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n, norm.eps,
       norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
-  return launched();
-}
-
-cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op) {
-  const int64_t n_tokens = op.logits.n_rows();
-  (void)launch_kernel(ctx, moe_route_kernel, grid_for(n_tokens, 64), 64, 0, rows_of(op.logits),
-                      static_cast<int32_t*>(op.ids.data), rows_of(op.weights), op.logits.ne[0],
-                      op.weights.ne[0], op.normalize, n_tokens);
-  return launched();
-}
-
-cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op) {
-  const int64_t n = op.y.ne[0], n_slots = op.y.ne[1], total = n * op.dst.n_rows();
-  (void)launch_kernel(ctx, weighted_sum_kernel, grid_for(total, kThreads), kThreads, 0, rows_of(op.y),
-                      rows_of(op.w), rows_of(op.dst), n, n_slots, total);
   return launched();
 }
 

@@ -1,5 +1,5 @@
 // Integer dot products of block-quantized weights with x rounded to 8 bits (Matmul::quantize_x on the GEMV
-// path, cuda_matmul.cu).
+// path, matmul/matmul.cu).
 //
 // x is rounded per block of 32 elements, as llama.cpp's q8_1: int8 q = round(x / d) with d = max|x| / 127,
 // and the block's pair {d, d * sum(q)} beside it. The products are then __dp4a of the weight's integers with
@@ -9,14 +9,14 @@
 //
 // The unit of work is Q8<T>::kUnit elements of a row, which need not be contiguous: for the 4- and 5-bit
 // types they are the low and high nibbles of the same bytes. Q8<T>::load<A>(row, u) reads unit u of a weight
-// row (A: the alignment guaranteed for every block start, as in cuda_quant.cuh) into registers;
+// row (A: the alignment guaranteed for every block start, as in matmul/dequant.cuh) into registers;
 // Q8<T>::load_x(u, x) reads the x values the unit multiplies; Q8<T>::dot(w, x) is their product.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 
 namespace kiln::cuda {
 
@@ -291,7 +291,7 @@ struct Q8<DType::q5_k> : Q8KPair<Q8<DType::q5_k>> {
   }
 };
 
-// Q6_K (cuda_quant.cuh's Quant<q6_k> gives the layout, in the file's form and grouped): w = d * scale *
+// Q6_K (matmul/dequant.cuh's Quant<q6_k> gives the layout, in the file's form and grouped): w = d * scale *
 // (q - 32). Unit u (0..15 of a super-block): half h = u / 8 (128 elements), l = 4t .. 4t+3 (t = u % 8) of
 // each of its four runs of 32 (g = 0..3): three 32-bit words of quants (ql 64h + 4t, ql 64h + 32 + 4t, qh 32h
 // + 4t) and four scales (sub-blocks 8h + 2g + t / 4).
@@ -356,11 +356,11 @@ struct Q8<DType::q6_k> {
   }
 };
 
-// Rows in grouped form (legacy_block, cuda_quant.cuh): unit u is block u, whole (q8_0: half of it). Its 16
-// quant bytes are one 16-byte load and its header one more load, against a 4-byte load (two 2-byte ones at
+// Rows in grouped form (legacy_block, matmul/dequant.cuh): unit u is block u, whole (q8_0: half of it). Its
+// 16 quant bytes are one 16-byte load and its header one more load, against a 4-byte load (two 2-byte ones at
 // the blocks' 2-byte alignment) of quants and a header load per quarter block in the file's form. The dot
 // products round operation by operation (no contraction left to the compiler), so that the GEMV that reads
-// rows directly and the one that stages them (cuda_gemv_staged.cu) get the same bits.
+// rows directly and the one that stages them (matmul/gemv_staged.cu) get the same bits.
 template <DType T>
 struct Q8G;
 
@@ -507,8 +507,8 @@ struct Q8G<DType::q6_k> : Q8<DType::q6_k> {};
 template <DType T, int A>
 using Q8At = std::conditional_t<(A & kGrouped) != 0, Q8G<T>, Q8<T>>;
 
-// The weight types with an integer path; each needs its integer GEMV instantiated
-// (KILN_GEMV_INSTANTIATE(T, true, false)) in one of cuda_gemv_*.cu.
+// The weight types with an integer path; each needs `integer` 1 in its entry of the list of GEMV instances
+// (gemv_kernel.cuh), and is a staged type (kStagedType: gemv_staged.cu instantiates its staged GEMV).
 #define KILN_CUDA_Q8_TYPES(X) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q4_k) X(q5_k) X(q6_k)
 
 }  // namespace kiln::cuda

@@ -1,5 +1,5 @@
-// Internal to the CUDA attention kernels (cuda_attention.cu: the op and prefill; cuda_attention_decode.cu:
-// decode): the shape of one Attention op as the kernels take it.
+// Internal to the CUDA attention kernels (attention/attention.cu: the op and prefill;
+// attention/attention_decode.cu: decode): the shape of one Attention op as the kernels take it.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -37,8 +37,8 @@ __host__ __device__ inline int64_t live_chunks(int64_t span, const Geometry& g) 
 __device__ inline float load(const float* p) { return *p; }
 __device__ inline float load(const __half* p) { return __half2float(*p); }
 
-// Decode-shaped batches (one or a few tokens a sequence): the split-KV kernels (cuda_attention_decode.cu).
-// Chooses g.n_chunks.
+// Decode-shaped batches (one or a few tokens a sequence): the split-KV kernels
+// (attention/attention_decode.cu). Chooses g.n_chunks.
 cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geometry g);
 
 }  // namespace kiln::cuda

@@ -1,11 +1,11 @@
-// The grouped form of the matmul weights of the legacy block types (cuda_quant.cuh's legacy_block: each run
-// of 8 blocks of a row rewritten on the device as its 8 headers, then its 8 quant arrays) and of Q6_K
+// The grouped form of the matmul weights of the legacy block types (matmul/dequant.cuh's legacy_block: each
+// run of 8 blocks of a row rewritten on the device as its 8 headers, then its 8 quant arrays) and of Q6_K
 // (q6k_block: 8 super-blocks' scales, their d, their quants), rows 16-byte aligned.
 #include <algorithm>
 #include <cstdint>
 
 #include "backends/cuda/cuda_kernels.h"
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
 
 namespace kiln::cuda {
 

@@ -1,6 +1,6 @@
-// RoPE's arithmetic on the device, shared by the kernels that rotate (cuda_rope.cu's, and the Q/K/V GEMV that
-// rotates q and k as it stores them: cuda_gemv.cuh), so that every path computes the same cos/sin and rounds
-// the rotation alike: the same bits, fused or not.
+// RoPE's arithmetic on the device, shared by the kernels that rotate (norm_rope/rope.cu's, and the Q/K/V GEMV
+// that rotates q and k as it stores them: matmul/gemv.cuh), so that every path computes the same cos/sin and
+// rounds the rotation alike: the same bits, fused or not.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,7 +14,6 @@ namespace kiln::cuda {
 // Each pair's frequency and magnitude (ops::rope_freq: a double pow, more under YaRN), made on the host as
 // the CPU backend makes them and passed by value, when there are at most kRopeArgPairs pairs and no frequency
 // factors (a tensor in device memory); else (on = false) each kernel makes them itself.
-// KILN_CUDA_ROPE_HOST_FREQ=0: always on the device (for comparison).
 inline constexpr int kRopeArgPairs = 128;
 struct RopeFreqs {
   ops::RopeFreq f[kRopeArgPairs];

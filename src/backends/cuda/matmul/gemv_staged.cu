@@ -1,7 +1,7 @@
-// The integer GEMV through shared memory (Matmul under quantize_x where cuda_matmul.cu takes the integer
+// The integer GEMV through shared memory (Matmul under quantize_x where matmul/matmul.cu takes the integer
 // GEMV) of Q4_K and Q5_K rows that start 16-byte aligned and are whole 16-byte chunks, and of rows in grouped
-// form (always so): Q6_K's (cuda_quant.cuh's q6k_block), and the legacy block types' (legacy_block) for one
-// column of x.
+// form (always so): Q6_K's (matmul/dequant.cuh's q6k_block), and the legacy block types' (legacy_block) for
+// one column of x.
 //
 // The work of a launch is items of kRows weight rows and a group of up to kCols columns; a block takes the
 // items blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is what the device holds at once, so there is no
@@ -17,19 +17,20 @@
 // whole runs of 8 blocks (Q6_K: super-blocks), itself a row in grouped form: its units load from it as from
 // the row (Q8G<T>), the legacy types' with no table.
 //
-// Each thread takes the units t, t + kGemvThreads, ... of a row in the order cuda_matmul.cu's gemv_q8_partial
-// does, with the same arithmetic (the table holds the products k_pair_scales and Q8<q6_k>::load compute), and
-// the block's sums meet as gemv_kernel's do: the two give the same bits (CudaGemv.Staged*).
+// Each thread takes the units t, t + kGemvThreads, ... of a row in the order matmul/matmul.cu's
+// gemv_q8_partial does, with the same arithmetic (the table holds the products k_pair_scales and
+// Q8<q6_k>::load compute), and the block's sums meet as gemv_kernel's do: the two give the same bits
+// (CudaGemv.Staged*).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/cuda_gemv.cuh"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/cuda_q8.cuh"
-#include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/matmul/dequant.cuh"
+#include "backends/cuda/matmul/dot_q8.cuh"
+#include "backends/cuda/matmul/gemv.cuh"
 
 namespace kiln::cuda {
 
@@ -97,8 +98,8 @@ struct Staged<DType::q4_k> : StagedK<DType::q4_k> {};
 template <>
 struct Staged<DType::q5_k> : StagedK<DType::q5_k> {};
 
-// Q6_K in grouped form (cuda_quant.cuh's q6k_block): a segment is one run of 8 super-blocks. d * scale(i) of
-// sub-block i = 8h + 2g + q at 8h + 4q + g, so that the unit (h, t) of a super-block reads its four (g =
+// Q6_K in grouped form (matmul/dequant.cuh's q6k_block): a segment is one run of 8 super-blocks. d * scale(i)
+// of sub-block i = 8h + 2g + q at 8h + 4q + g, so that the unit (h, t) of a super-block reads its four (g =
 // 0..3, q = t / 4) as one float4.
 template <>
 struct Staged<DType::q6_k> {
@@ -356,7 +357,7 @@ void launch_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, co
   const auto kernel = gemv_staged_kernel<T, kCols, kRows, kRope>;
   constexpr size_t smem = 2 * kRows * seg_bytes<T>();
   // Blocks a multiprocessor holds (registers, the two slots and the table): the grid is that many a
-  // multiprocessor, or fewer when there are fewer items (or Context::staged_gemv_grid says fewer).
+  // multiprocessor, or fewer when there are fewer items (or CudaOptions::staged_gemv_grid says fewer).
   static const int per_sm = [&] {
     int b = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
@@ -367,7 +368,7 @@ void launch_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, co
     }
     return std::max(b, 1);
   }();
-  const int64_t cap = ctx.staged_gemv_grid > 0 ? ctx.staged_gemv_grid : int64_t{0x7fffffff};
+  const int64_t cap = ctx.options.staged_gemv_grid > 0 ? ctx.options.staged_gemv_grid : int64_t{0x7fffffff};
   const int64_t items = row_blocks * a.n_groups;
   const int64_t grid = std::min({items, int64_t{per_sm} * std::max(ctx.n_sms, 1), cap});
   (void)launch_kernel(ctx, kernel, dim3(static_cast<unsigned>(grid)), dim3(kGemvThreads), smem, a,
@@ -384,22 +385,22 @@ void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_block
   launch_staged<T, kCols, kRows, false>(ctx, a, row_blocks, NoRope{});
 }
 
-#define KILN_STAGED(T)                                                                                   \
-  template void launch_gemv_staged<T, 1, 8>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
-  template void launch_gemv_staged<T, 1, 4>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
-  template void launch_gemv_staged<T, 1, 2>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
-  template void launch_gemv_staged<T, 1, 1>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
-  template void launch_gemv_staged<T, 4, 4>(const Context&, const GemvArgs&, int64_t, const RopeFreqs*); \
-  template void launch_gemv_staged<T, kGemvMaxCols, 4>(const Context&, const GemvArgs&, int64_t,         \
-                                                       const RopeFreqs*);
-KILN_STAGED(DType::q4_k)
-KILN_STAGED(DType::q5_k)
-KILN_STAGED(DType::q6_k)
-KILN_STAGED(DType::q4_0)
-KILN_STAGED(DType::q4_1)
-KILN_STAGED(DType::q5_0)
-KILN_STAGED(DType::q5_1)
-KILN_STAGED(DType::q8_0)
+// The types with an integer path (KILN_CUDA_Q8_TYPES) are the staged ones (kStagedType).
+#define KILN_STAGED(name)                                                                                  \
+  static_assert(kStagedType<DType::name>);                                                                 \
+  template void launch_gemv_staged<DType::name, 1, 8>(const Context&, const GemvArgs&, int64_t,            \
+                                                      const RopeFreqs*);                                   \
+  template void launch_gemv_staged<DType::name, 1, 4>(const Context&, const GemvArgs&, int64_t,            \
+                                                      const RopeFreqs*);                                   \
+  template void launch_gemv_staged<DType::name, 1, 2>(const Context&, const GemvArgs&, int64_t,            \
+                                                      const RopeFreqs*);                                   \
+  template void launch_gemv_staged<DType::name, 1, 1>(const Context&, const GemvArgs&, int64_t,            \
+                                                      const RopeFreqs*);                                   \
+  template void launch_gemv_staged<DType::name, 4, 4>(const Context&, const GemvArgs&, int64_t,            \
+                                                      const RopeFreqs*);                                   \
+  template void launch_gemv_staged<DType::name, kGemvMaxCols, 4>(const Context&, const GemvArgs&, int64_t, \
+                                                                 const RopeFreqs*);
+KILN_CUDA_Q8_TYPES(KILN_STAGED)
 #undef KILN_STAGED
 
 }  // namespace kiln::cuda

@@ -1,5 +1,5 @@
 // f32 rows to float rows of another layout and type (x into a GEMM's input type, a GEMM's f32 result into its
-// destination): the kernels of cuda_matmul.cu's convert_rows.
+// destination): the kernels of matmul/matmul.cu's convert_rows.
 #pragma once
 
 #include <cuda_bf16.h>

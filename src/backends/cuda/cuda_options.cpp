@@ -1,0 +1,40 @@
+#include "backends/cuda/cuda_options.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <string_view>
+
+namespace kiln {
+
+namespace {
+
+// A default-on option: off only when the variable is set to "0".
+bool on_unless_zero(const char* name, bool def) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? def : std::string_view(v) != "0";
+}
+
+}  // namespace
+
+CudaOptions cuda_options_from_env() {
+  CudaOptions o;
+  o.graphs = on_unless_zero("KILN_CUDA_GRAPHS", o.graphs);
+  o.pdl = on_unless_zero("KILN_CUDA_PDL", o.pdl);
+  o.fuse = on_unless_zero("KILN_CUDA_FUSE", o.fuse);
+  o.mmq = on_unless_zero("KILN_CUDA_MMQ", o.mmq);
+  const char* profile = std::getenv("KILN_CUDA_PROFILE");
+  o.profile = profile != nullptr && std::string_view(profile) == "1";
+  return o;
+}
+
+std::string describe(const CudaOptions& o) {
+  return fmt::format(
+      "graphs {} pdl {} fuse {} mmq {} (from {} rows) profile {} staged_gemv {} staged_gemv_grid {} "
+      "gemv_rows {} "
+      "grouped_weights {} stack_weights {} gemv_rope {} gemv_rope_split {}",
+      o.graphs, o.pdl, o.fuse, o.mmq, o.mmq_min_cols, o.profile, o.staged_gemv, o.staged_gemv_grid,
+      o.gemv_rows, o.grouped_weights, o.stack_weights, o.gemv_rope, o.gemv_rope_split);
+}
+
+}  // namespace kiln

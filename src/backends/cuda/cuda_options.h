@@ -1,0 +1,61 @@
+// The CUDA backend's options: read once, when the backend is made (cuda_options_from_env), logged at debug
+// level, and carried in the kernels' Context (cuda_kernels.h), whose launch code reads the fields. Nothing
+// else in the backend reads the environment.
+//
+// | variable           | default | field   | what it changes                                                |
+// |--------------------|---------|---------|----------------------------------------------------------------|
+// | KILN_CUDA_GRAPHS=0 | 1       | graphs  | decode steps launched op by op instead of as a CUDA graph      |
+// | KILN_CUDA_PDL=0    | 1       | pdl     | no programmatic dependent launch (sm_90 and newer only anyway) |
+// | KILN_CUDA_FUSE=0   | 1       | fuse    | every op its own kernel (fused sequences: run_fused)           |
+// | KILN_CUDA_MMQ=0    | 1       | mmq     | K-quant batches take the integer GEMV or cuBLAS, not mmq       |
+// | KILN_CUDA_PROFILE=1| 0       | profile | each op timed alone, a table printed when the backend goes     |
+//
+// The other fields have no variable: tests and bench/matmul_bench set them to reach each kernel path.
+#pragma once
+
+#include <string>
+
+namespace kiln {
+
+// The fewest x rows of a batch of K-quant weights that the integer tensor-core kernel takes (matmul/mmq.cu).
+// Measured on an H100 (the 8B's Q4_K_M, kiln bench --batch, from 9 rows against 4 and 5): 4 requests decode
+// 651-663 tokens/s by the GEMV and 557-566 by this kernel; 5 requests 639-641 and 694-695, 8 requests
+// 897-899 and 1,075-1,095.
+inline constexpr int kMmqMinCols = 5;
+// The most x rows a batch that takes it may have.
+inline constexpr int kMmqMaxCols = 64;
+
+struct CudaOptions {
+  // ---- from the environment (the table above) ----
+  bool graphs = true;    // decode steps (few tokens a request) captured and replayed as CUDA graphs
+  bool pdl = true;       // programmatic dependent launches where the device has them (sm_90 and newer)
+  bool fuse = true;      // the sequences cuda::run_fused knows run as one kernel each
+  bool mmq = true;       // batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols)
+  bool profile = false;  // each op timed alone (events and a wait), summed per kind, printed to stderr
+  // ---- fields only (tests, bench/matmul_bench) ----
+  // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment
+  // allows (K-quant rows, rows in grouped form); false: it loads them directly.
+  bool staged_gemv = true;
+  int staged_gemv_grid = 0;  // > 0: at most this many blocks a staged GEMV launch; else the device's fill
+  int gemv_rows = 0;         // 1, 2, 4 or 8: the rows a block of one-column GEMVs; 0: by shape
+  int mmq_min_cols = kMmqMinCols;  // the fewest x rows that take mmq (2 .. kMmqMaxCols)
+  // Matmul weights of the legacy block types and of Q6_K held in grouped form (cuda_kernels.h: WeightLayout);
+  // false: in the file's.
+  bool grouped_weights = true;
+  // The matmul weights prepared together (Q, K, V) held as one matrix; false: apart, as any other.
+  bool stack_weights = true;
+  // The GEMV of Q, K and V applies RoPE to q and k and writes k and v to the pools as it stores them
+  // (matmul_gemv_rope_group); false: the RoPE + KV write kernel runs after it.
+  bool gemv_rope = true;
+  // ... also where V's weight has another type than Q and K's: V's GEMV a launch of its own on the same
+  // rounding of x.
+  bool gemv_rope_split = true;
+};
+
+// The defaults, with the variables of the table above that are set applied (any value but "0" turns a
+// default-on option on; KILN_CUDA_PROFILE only "1" turns profiling on).
+CudaOptions cuda_options_from_env();
+// The options as one line, for the log.
+std::string describe(const CudaOptions& o);
+
+}  // namespace kiln

@@ -1,0 +1,42 @@
+// Internal to the Matmul kernels (matmul.cu: the entry point and the GEMVs; matmul_gemm.cu: the GEMMs):
+// scratch slots, row helpers, and the GEMM path of one matmul.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/matmul/gemv.cuh"
+
+namespace kiln::cuda {
+
+inline constexpr int kMaxGridY = 65535;
+inline constexpr int kPieceThreads = 128;  // threads per block of the elementwise kernels (one piece each)
+
+// Scratch slots of one matmul.
+inline constexpr int kSlotW = 0, kSlotX = 1, kSlotDst = 2;
+
+// A contiguous [ne0, n_rows] matrix of elements of `elem` bytes.
+inline Rows packed_rows(void* data, int64_t ne0, int64_t n_rows, int elem) {
+  const int64_t ld = ne0 * elem;
+  return {static_cast<char*>(data), n_rows, 1, ld, ld * n_rows, ld * n_rows};
+}
+
+inline Ids ids_of(const Tensor& t) { return {static_cast<const char*>(t.data), t.ne[0], t.nb[0], t.nb[1]}; }
+
+inline int elem_bytes(DType float_type) { return float_type == DType::f32 ? 4 : 2; }
+
+inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// x_vec: the GEMV reads x as float4 when every x row it may read is 16-byte aligned.
+inline bool rows_aligned16(const Tensor& t) {
+  return aligned(t.data, 16) && t.nb[1] % 16 == 0 && t.nb[2] % 16 == 0 && t.nb[3] % 16 == 0;
+}
+
+// One matmul through cuBLAS (matmul_gemm.cu): x converted to the GEMM's input type, the weight in place or
+// dequantized into scratch, the f32 result converted into dst where dst is not f32 with equally spaced rows.
+cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op);
+
+}  // namespace kiln::cuda
