@@ -42,26 +42,32 @@ std::vector<uint8_t> k_quant_rows(DType type, int64_t k, int64_t n, std::mt19937
   return w;
 }
 
-// dst (f32 [n, m]) of w x[:, first .. first + m) with quantize_x.
+// dst (f32 [n, m]) of w x[:, first .. first + m) on `b`, a backend of the fast precision.
 std::vector<float> product(Backend& b, const Tensor& w, const std::vector<float>& x, int64_t first,
                            int64_t m) {
-  return matmul_product(b, ops::Weight(w), x.data() + first * w.ne[0], m, true);
+  return matmul_product(b, ops::Weight(w), x.data() + first * w.ne[0], m);
+}
+
+BackendOptions fast_options() {
+  BackendOptions options;
+  options.precision = ops::Precision::precision_fast;
+  return options;
 }
 
 TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
-  auto made = make_backend("cuda");
+  auto made = make_backend("cuda", fast_options());
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   Backend& b = **made;
   // A second backend whose batches of 2 tokens and more take the kernel (KILN_CUDA_MMQ_MIN), for the small
   // batches.
   setenv("KILN_CUDA_MMQ_MIN", "2", 1);
-  auto made_small = make_backend("cuda");
+  auto made_small = make_backend("cuda", fast_options());
   unsetenv("KILN_CUDA_MMQ_MIN");
   ASSERT_TRUE(made_small.ok()) << made_small.status().to_string();
   Backend& small = **made_small;
   // And one without it (KILN_CUDA_MMQ=0), whose batches of 8 take the integer GEMV.
   setenv("KILN_CUDA_MMQ", "0", 1);
-  auto made_gemv = make_backend("cuda");
+  auto made_gemv = make_backend("cuda", fast_options());
   unsetenv("KILN_CUDA_MMQ");
   ASSERT_TRUE(made_gemv.ok()) << made_gemv.status().to_string();
   Backend& gemv_backend = **made_gemv;

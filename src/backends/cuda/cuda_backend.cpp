@@ -92,7 +92,7 @@ using Cublas = std::unique_ptr<cublasContext, CublasDeleter>;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, cudaStream_t stream, Cublas cublas, int n_sms, std::string name)
+  CudaBackend(int device, cudaStream_t stream, Cublas cublas, int n_sms, std::string name, bool fast)
       : device_(device),
         owner_(make_stream_owner(stream)),
         stream_(stream),
@@ -101,6 +101,7 @@ class CudaBackend final : public Backend {
     ctx_.stream = stream_;
     ctx_.cublas = cublas_.get();
     ctx_.n_sms = n_sms;
+    ctx_.fast = fast;
     // Programmatic dependent launches (sm_90 and newer) unless KILN_CUDA_PDL=0. Measured on an H100 with the
     // launch trigger after the GEMV's and attention's main loops: decode 2% faster on an 8B model, 7-13% on
     // a 135M one (docs/cuda.md).
@@ -226,8 +227,13 @@ class CudaBackend final : public Backend {
     }
     return Status::ok_status();
   }
-  // Matmuls under quantize_x run on tensor cores in bf16 / f16 (cuda_matmul.cu).
-  double quantize_x_tolerance() const override { return 1e-2; }
+  bool host_memory() const override { return false; }
+  DType preferred_kv_type() const override { return ctx_.fast ? DType::f16 : DType::f32; }
+  ops::Precision precision() const override {
+    return ctx_.fast ? ops::Precision::precision_fast : ops::Precision::precision_exact;
+  }
+  // precision_fast matmuls run on tensor cores in bf16 / f16 (cuda_matmul.cu).
+  double fast_tolerance() const override { return 1e-2; }
   uint64_t scratch_bytes() const override {
     uint64_t total = 0;
     for (const Scratch& s : scratch_) total += s.bytes;
@@ -648,7 +654,7 @@ bool cuda_device_present() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions&) {
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions& options) {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
     return unimplemented("cuda: no usable CUDA driver or device: {} ({})", cudaGetErrorString(e),
@@ -679,7 +685,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOpti
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
   return std::unique_ptr<Backend>(
-      new CudaBackend(device, stream, std::move(cublas), n_sms, "cuda:" + std::to_string(device)));
+      new CudaBackend(device, stream, std::move(cublas), n_sms, "cuda:" + std::to_string(device),
+                      options.precision == ops::Precision::precision_fast));
 }
 
 }  // namespace kiln

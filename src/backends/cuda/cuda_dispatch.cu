@@ -113,7 +113,7 @@ size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Mat
     const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
     if (mm == nullptr || !same_view(mm->x, first->x) || mm->w.tensor.type != first->w.tensor.type ||
         mm->w.tensor.ne[0] != first->w.tensor.ne[0] || mm->dst.type != first->dst.type ||
-        mm->quantize_x != first->quantize_x || grouped(mm->w) != grouped(first->w) ||
+        grouped(mm->w) != grouped(first->w) ||
         overlap(mm->dst, first->x)) {
       break;
     }
@@ -135,7 +135,7 @@ size_t gemm_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Mat
   while (n < 3 && n < ops.size()) {
     const auto* mm = std::get_if<ops::Matmul>(&ops[n]);
     if (mm == nullptr || !same_view(mm->x, first->x) || takes_gemv(ctx, *mm) ||
-        !same_gemm_input(*mm, *first) || overlap(mm->dst, first->x)) {
+        !same_gemm_input(ctx, *mm, *first) || overlap(mm->dst, first->x)) {
       break;
     }
     bool disjoint = true;
@@ -217,7 +217,7 @@ size_t v_rope_after(const Context& ctx, std::span<const ops::Op> ops, const ops:
   const auto* v = std::get_if<ops::Matmul>(&ops[0]);
   const ops::Matmul& q = *group[0];
   if (v == nullptr || !same_view(v->x, q.x) || v->w.tensor.type == q.w.tensor.type ||
-      v->quantize_x != q.quantize_x || overlap(v->dst, q.x) || overlap(v->dst, group[0]->dst) ||
+      overlap(v->dst, q.x) || overlap(v->dst, group[0]->dst) ||
       overlap(v->dst, group[1]->dst)) {
     return 0;
   }
@@ -284,7 +284,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     return v == nullptr || std::atoi(v) != 0;
   }();
   if (const auto* att = std::get_if<ops::Attention>(&ops[0]);
-      att != nullptr && att_half && attention_writes_half(*att)) {
+      att != nullptr && att_half && attention_writes_half(ctx, *att)) {
     // A prefill's attention and the GEMM that reads its result (the output projection) in 16 bits, which
     // its kernel writes for it.
     const ops::Matmul* group[3] = {};

@@ -40,7 +40,10 @@ struct Context {
   bool clusters = false;  // thread-block clusters (sm_90 and newer)
   // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail.
   bool pdl = false;
-  // Matmuls under quantize_x may take the integer GEMV (cuda_q8.cuh); else the exact one.
+  // The backend's precision is precision_fast (BackendOptions::precision): Matmul, MoeMatmul and Attention
+  // may compute at lower precision (the integer GEMV, tensor cores); else exact.
+  bool fast = false;
+  // Matmuls under `fast` may take the integer GEMV (cuda_q8.cuh); else the exact one.
   bool int8_gemv = true;
   // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment
   // allows: K-quant rows (staged_gemv), legacy-type rows in grouped form (staged_gemv_grouped).
@@ -183,7 +186,7 @@ bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& 
 cudaError_t gemv_act_pair(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up,
                           const ops::GatedAct& glu);
 // Whether two matmuls that take the GEMM give it x in the same type.
-bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b);
+bool same_gemm_input(const Context& ctx, const ops::Matmul& a, const ops::Matmul& b);
 // 2-3 matmuls on the same x that take the GEMM, with one GEMM input type (same_gemm_input): x converted to it
 // once, then each matmul's GEMM as matmul() runs it; or, when their weights are the parts of one stack in
 // order (WeightLayout) and their destinations of one type, one GEMM over the stack whose f32 result one
@@ -261,7 +264,7 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh
                       int8_t* xq = nullptr, float2* xds = nullptr);
 // Whether the op takes the tensor-core prefill kernel, which writes the 16-bit copy, into a contiguous f32
 // dst.
-bool attention_writes_half(const ops::Attention& op);
+bool attention_writes_half(const Context& ctx, const ops::Attention& op);
 // Whether the op takes a decode kernel, which rounds the result for an integer GEMV: heads whose dims are
 // whole blocks of 32, into a contiguous f32 dst.
 bool attention_rounds_q8(const ops::Attention& op);
