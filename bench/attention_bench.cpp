@@ -5,7 +5,7 @@
 // query head and position seen), and for decode the K/V bytes read per second.
 //   build/<preset>/tests/attention_bench [--device cpu|cuda] [--json] [--shape 8b|135m|HxKVxD]
 //       [--prefill 512,2048] [--decode 1x128,1x1024,16x1024] [--kv-type f16|f32] [--block 16] [--exact]
-// Default: the Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128), f16 pools, quantize_x (the
+// Default: the Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128), f16 pools, the fast precision (the
 // engine's default on a GPU; --exact: the f32 path).
 #include <algorithm>
 #include <chrono>
@@ -39,7 +39,7 @@ struct Options {
   Shape shape{32, 8, 128};
   DType kv_type = DType::f16;
   int64_t block_size = 16;
-  bool quantize_x = true;
+  bool fast = true;  // the backend's precision: fast, or exact (--exact)
   bool json = false;
 };
 
@@ -108,7 +108,7 @@ void bench_case(Backend& b, const Options& o, const char* kind, int64_t n_seqs, 
   dst.t = make_tensor(DType::f32, *dst.buf, 0, s.head_dim, s.n_heads, n_tokens);
   Program p;
   check(p.add(ops::Attention{q.t, k.t, v.t, pos.t, sq.t, ip.t, bt.t,
-                             1.0f / std::sqrt(static_cast<float>(s.head_dim)), 0.0f, 0, dst.t, o.quantize_x}),
+                             1.0f / std::sqrt(static_cast<float>(s.head_dim)), 0.0f, 0, dst.t}),
         "program");
   p.n_tokens = static_cast<int32_t>(n_tokens);
   check(b.run(p), "attention");
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     o.json = o.json || std::string_view(argv[i]) == "--json";
-    if (std::string_view(argv[i]) == "--exact") o.quantize_x = false;
+    if (std::string_view(argv[i]) == "--exact") o.fast = false;
   }
   const std::string device = list_arg(argc, argv, "--device", {"cuda"}).at(0);
   if (device != "cpu" && device != "cuda") {
@@ -184,10 +184,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--block: must be at least 1\n");
     return 2;
   }
-  auto b = check(make_backend(device), "make_backend");
+  BackendOptions bo;
+  bo.precision = o.fast ? ops::Precision::precision_fast : ops::Precision::precision_exact;
+  auto b = check(make_backend(device, bo), "make_backend");
   if (!o.json) {
     std::printf("%s, %s pools, %s\n\n", device.c_str(), kv_type.c_str(),
-                o.quantize_x ? "quantize_x" : "exact");
+                o.fast ? "fast" : "exact");
     std::printf("| kind    | heads     | seqs | context | tokens |   us/call | TFLOP/s | K/V GB/s |\n");
     std::printf("|---------|----------:|-----:|--------:|-------:|----------:|--------:|---------:|\n");
   }

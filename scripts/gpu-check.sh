@@ -320,12 +320,10 @@ print(g.prefill_profile(P('$bin/tools/kiln/kiln'), P('$peer_dir/build/bin/llama-
       "$bin/tools/kiln/kiln" run -m "$first" --gpu-layers "${layers%%,*}" -p "The quick brown fox" -n 32 --temp 0 \
         >"$out/offload-run.log" 2>&1 || status=1
       tail -4 "$out/offload-run.log"
-      # The CPU layers' prompt matmuls on the CPU; on the GPU with their weights straight from the file's pages;
-      # through page-locked staging (the default).
-      for e in KILN_OFFLOAD_MIN_TOKENS=0 KILN_OFFLOAD_STAGING=0 KILN_OFFLOAD_STAGING=1; do
-        echo "$e: $(env "$e" KILN_STEP_PROFILE=1 "$bin/tools/kiln/kiln" bench -m "$first" --gpu-layers "${layers%%,*}" \
-          -p 512 -n 0 -r 2 2>&1 | grep -E "pp512|prefill steps|offloaded steps")"
-      done | tee -a "$out/offload-run.log"
+      # Where a prompt's time goes with the CPU layers' prompt matmuls on the GPU, their weights through
+      # page-locked staging.
+      echo "offload: $(KILN_STEP_PROFILE=1 "$bin/tools/kiln/kiln" bench -m "$first" --gpu-layers "${layers%%,*}" \
+        -p 512 -n 0 -r 2 2>&1 | grep -E "pp512|prefill steps|offloaded steps")" | tee -a "$out/offload-run.log"
       while [ ! -e "$peer_status" ]; do sleep 5; done
       while prep_running; do sleep 5; done
       python3 bench/gpu_peer.py --build "$bin" --peer "$peer_dir/build" --out "$out" --only "$files" \

@@ -38,7 +38,8 @@ struct EngineOptions {
   int32_t n_seq_max = 1;           // sequences decoded together; more requests wait in a queue
   int32_t max_batch_tokens = 512;  // tokens per forward step (prefill chunks are cut to fit)
   int32_t kv_block_size = 16;      // tokens per KV cache block
-  // "f32", "f16", or "auto": f16 on a GPU with quantize_activations (as llama.cpp's default cache), else f32.
+  // "f32", "f16", or "auto": the backend's preference (Backend::preferred_kv_type): f16 on a GPU with
+  // quantize_activations (as llama.cpp's default cache), else f32.
   std::string kv_type = "auto";
   // Where the model runs: "cpu", "cuda" / "cuda:N" (a build with CUDA), or "auto" (CUDA device 0 when there
   // is one, else the CPU).
@@ -50,6 +51,9 @@ struct EngineOptions {
   // so); >= the model's layers: every layer; 0: the whole model on the CPU. With backend "cpu" it must stay
   // -1; with "auto" on a machine without a GPU it is ignored.
   int32_t gpu_layers = -1;
+  // Under partial offload, the fewest tokens of a step (a prompt's) whose CPU layers' matmuls run on the GPU,
+  // their weights uploaded for the step; 0: never.
+  int32_t offload_min_tokens = 32;
   // Matmuls at lower precision, faster: on the CPU, 8-bit quantized activations with integer dot products, as
   // llama.cpp does (~1e-3 relative error per product); on CUDA, bf16 / f16 tensor cores for batches of more
   // than 8 tokens, and prefill attention on f16 tensor cores. false: exact f32 activations.

@@ -53,6 +53,12 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Whether its memory is the host's (the CPU backend: the host reads its buffers in place, and a model on it
+  // has no layers to place anywhere else); false: a device with memory of its own (a GPU).
+  virtual bool host_memory() const = 0;
+  // The KV cache type it runs best with, what EngineOptions::kv_type "auto" picks: f16 where its fast
+  // precision reads f16 K/V (a GPU's tensor cores, as llama.cpp's default cache), else f32.
+  virtual DType preferred_kv_type() const { return DType::f32; }
   // Whether run() accepts this op with these operand types (destination float types included).
   virtual bool supports(const ops::Op& op) const = 0;
   // Runs the ops of `program` in order, as one unit (the program's ops were check()ed when recorded).
@@ -103,10 +109,12 @@ class Backend {
 
   // Worker threads the backend uses (CPU) or 1.
   virtual int n_threads() const { return 1; }
-  // How Matmul / MoeMatmul::quantize_x rounds: 0 = x through ops::activation_type() exactly as the reference
+  // The precision it computes Matmul, MoeMatmul and Attention at (BackendOptions::precision).
+  virtual ops::Precision precision() const { return ops::Precision::precision_exact; }
+  // How its precision_fast products round: 0 = x through ops::activation_type() exactly as the reference
   // does (the CPU's q8 blocks); > 0 = the backend's own lower-precision products (a GPU's bf16 / f16 tensor
   // cores), within this relative L2 error of the exact product.
-  virtual double quantize_x_tolerance() const { return 0.0; }
+  virtual double fast_tolerance() const { return 0.0; }
   // Free bytes of the backend's own memory (a GPU's), which the KV cache is sized by; 0 for host memory.
   virtual uint64_t device_memory_free() const { return 0; }
   // Bytes the backend holds as its kernels' own scratch (beyond the buffers it was asked for), as of now.
@@ -122,6 +130,9 @@ bool cuda_available();
 
 struct BackendOptions {
   int n_threads = 0;  // CPU: 0 = default_thread_count(); at most kMaxThreadsPerCore per core (16 at least)
+  // Every Matmul, MoeMatmul and Attention the backend runs (ops::Precision): exact f32 products, or the
+  // faster lower-precision ones (`kiln run`'s default; `--exact` turns them off).
+  ops::Precision precision = ops::Precision::precision_exact;
   // CPU: the kernels' ISA level, "scalar", "avx2", "avx512", "avx512vnni" or "amx"; "" = KILN_CPU_ISA when
   // set, else the best this CPU runs. A level the CPU cannot run is an error.
   std::string cpu_isa = {};

@@ -2,20 +2,20 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
+#include <string>
+
+#include "core/env_options.h"
 
 namespace kiln {
 namespace {
 
 LogLevel level_from_env() {
-  const char* env = std::getenv("KILN_LOG_LEVEL");
-  if (env == nullptr) return LogLevel::info;
-  if (std::strcmp(env, "debug") == 0) return LogLevel::debug;
-  if (std::strcmp(env, "warn") == 0) return LogLevel::warn;
-  if (std::strcmp(env, "error") == 0) return LogLevel::error;
-  if (std::strcmp(env, "off") == 0) return LogLevel::off;
+  const std::string& env = core_env_options().log_level;
+  if (env == "debug") return LogLevel::debug;
+  if (env == "warn") return LogLevel::warn;
+  if (env == "error") return LogLevel::error;
+  if (env == "off") return LogLevel::off;
   return LogLevel::info;
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "core/env_options.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -157,10 +159,7 @@ void ThreadPool::worker(int index) {
 }
 
 int default_thread_count() {
-  if (const char* env = std::getenv("KILN_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+  if (const int n = core_env_options().threads; n > 0) return n;
   // Distinct (package, core) pairs among the online CPUs.
   std::set<std::pair<std::string, std::string>> cores;
   for (int cpu = 0; cpu < 4096; ++cpu) {

@@ -21,7 +21,7 @@ namespace kiln::blocks {
 class Arena {
  public:
   // host_of: chunks are that backend's host memory (Backend::allocate_host) instead of `backend`'s own: a
-  // host backend's arena whose tensors a GPU also reads and writes (op_offload.h).
+  // host backend's arena whose tensors a GPU also reads and writes (ModelOptions::host_stage).
   explicit Arena(Backend& backend, Backend* host_of = nullptr) : backend_(backend), host_of_(host_of) {}
   // A contiguous tensor of `type` [ne0, ne1, ne2] from the arena (f32 activations, i32 ids).
   Result<Tensor> alloc(DType type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1);

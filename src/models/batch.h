@@ -1,4 +1,4 @@
-// Batch: the input of Model::forward, the one path every token takes (DESIGN.md "The one forward path").
+// Batch: the input of Model::forward, the one path every token takes (docs/architecture.md).
 // A flat list of tokens from any number of sequences: a prefill is many tokens of one sequence, a decode one
 // token of each of many sequences, and a step may mix both. Nothing is padded.
 #pragma once

@@ -101,16 +101,15 @@ Result<Tensor> embed(Recorder& r, const EmbeddingWeights& w, int64_t n_embd) {
 Result<Tensor> attention(Recorder& r, const Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
                          const RopeConfig& rope, KvBuffers& kv, int32_t layer) {
   const int64_t n_tokens = x.ne[1], hd = shape.head_dim;
-  const bool qx = r.quantize_x;
   Program& p = r.program;
   KILN_ASSIGN_OR_RETURN(Tensor out, r.arena.f32(w.wo.tensor.ne[1], n_tokens));  // outlives the scope
   Arena::Scope scope(r.arena);
   KILN_ASSIGN_OR_RETURN(Tensor q, r.arena.f32(hd, shape.n_heads, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor k, r.arena.f32(hd, shape.n_kv_heads, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor v, r.arena.f32(hd, shape.n_kv_heads, n_tokens));
-  KILN_TRY(p.add(ops::Matmul{w.wq, x, reshape(q, hd * shape.n_heads, n_tokens), qx}));
-  KILN_TRY(p.add(ops::Matmul{w.wk, x, reshape(k, hd * shape.n_kv_heads, n_tokens), qx}));
-  KILN_TRY(p.add(ops::Matmul{w.wv, x, reshape(v, hd * shape.n_kv_heads, n_tokens), qx}));
+  KILN_TRY(p.add(ops::Matmul{w.wq, x, reshape(q, hd * shape.n_heads, n_tokens)}));
+  KILN_TRY(p.add(ops::Matmul{w.wk, x, reshape(k, hd * shape.n_kv_heads, n_tokens)}));
+  KILN_TRY(p.add(ops::Matmul{w.wv, x, reshape(v, hd * shape.n_kv_heads, n_tokens)}));
   for (auto [b, t] : {std::pair{&w.bq, &q}, {&w.bk, &k}, {&w.bv, &v}}) {
     if (b->tensor.data == nullptr) continue;
     const Tensor flat = reshape(*t, t->ne[0] * t->ne[1], n_tokens);
@@ -134,9 +133,8 @@ Result<Tensor> attention(Recorder& r, const Tensor& x, const AttentionWeights& w
   att.softcap = shape.softcap;
   att.window = shape.window;
   att.dst = a;
-  att.quantize_x = qx;
   KILN_TRY(p.add(att));
-  KILN_TRY(p.add(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out, qx}));
+  KILN_TRY(p.add(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out}));
   if (w.bo.tensor.data != nullptr)
     KILN_TRY(p.add(ops::Binary{out, w.bo, ops::BinaryKind::binary_kind_add, out}));
   return out;
@@ -148,10 +146,10 @@ Result<Tensor> gated_ffn(Recorder& r, const Tensor& x, const FfnWeights& w, ops:
   Arena::Scope scope(r.arena);
   KILN_ASSIGN_OR_RETURN(Tensor g, r.arena.f32(n_ff, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor u, r.arena.f32(n_ff, n_tokens));
-  KILN_TRY(r.program.add(ops::Matmul{w.gate, x, g, r.quantize_x}));
-  KILN_TRY(r.program.add(ops::Matmul{w.up, x, u, r.quantize_x}));
+  KILN_TRY(r.program.add(ops::Matmul{w.gate, x, g}));
+  KILN_TRY(r.program.add(ops::Matmul{w.up, x, u}));
   KILN_TRY(r.program.add(ops::GatedAct{g, u, kind, g}));
-  KILN_TRY(r.program.add(ops::Matmul{w.down, g, out, r.quantize_x}));
+  KILN_TRY(r.program.add(ops::Matmul{w.down, g, out}));
   return out;
 }
 
@@ -173,7 +171,7 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
   KILN_ASSIGN_OR_RETURN(Tensor sel, r.arena.f32(x.ne[0], r.step.n_logits));
   KILN_TRY(r.program.add(ops::GetRows{ops::Weight(x), r.step.logit_rows, sel}));
   KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(r, sel, w.output_norm, eps));
-  KILN_TRY(r.program.add(ops::Matmul{w.output, h, logits, r.quantize_x}));
+  KILN_TRY(r.program.add(ops::Matmul{w.output, h, logits}));
   if (r.step.argmax_vocab == 0) return logits;
   Tensor considered = logits;
   considered.ne[0] = r.step.argmax_vocab;  // a view of each row's first argmax_vocab logits
@@ -183,20 +181,9 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
 
 StepModel::StepModel(Backend& backend, const ModelOptions& options) : backend_(backend), options_(options) {
   stages_.push_back(std::make_unique<Stage>(backend, nullptr));
-  const char* p = std::getenv("KILN_STEP_PROFILE");
-  print_offload_profile_ = p != nullptr && std::string_view(p) == "1";
-  // KILN_REUSE_PROGRAM=0: every step recorded anew (step_key).
-  const char* reuse = std::getenv("KILN_REUSE_PROGRAM");
-  reuse_program_ = reuse == nullptr || std::string_view(reuse) != "0";
-  // KILN_OFFLOAD_STAGING=0: offloaded weights go up straight from their pages (op_offload.h).
-  const char* staging = std::getenv("KILN_OFFLOAD_STAGING");
-  offload_scratch_.stage_weights = staging == nullptr || std::string_view(staging) != "0";
 }
 
-StepModel::~StepModel() {
-  if (print_offload_profile_ && offload_profile_.steps > 0)
-    fmt::print(stderr, "{}\n", offload_profile_.summary());
-}
+StepModel::~StepModel() = default;
 
 Status StepModel::place_layers() {
   if (options_.rest == nullptr || options_.rest == &backend_) return Status::ok_status();
@@ -205,7 +192,7 @@ Status StepModel::place_layers() {
                             options_.n_first_layers);
   }
   if (options_.n_first_layers >= info_.n_layers || stages_.size() > 1) return Status::ok_status();
-  offload_matmuls_ = options_.offload_min_tokens > 0 && backend_.device_memory_free() > 0 &&
+  offload_matmuls_ = options_.host_stage != nullptr && backend_.device_memory_free() > 0 &&
                      options_.rest->device_memory_free() == 0;
   // Offloading, the host stage's scratch is the device's page-locked memory: x and the products cross the
   // link without staging.
@@ -217,7 +204,7 @@ Status StepModel::place_layers() {
 size_t StepModel::peak_scratch_bytes() const {
   size_t total = 0;
   for (const auto& s : stages_) total += s->arena.peak_bytes();
-  for (const auto& b : offload_scratch_.staging) total += b != nullptr ? b->size() : 0;
+  if (offload_matmuls_) total += options_.host_stage->scratch_bytes();
   return total;
 }
 
@@ -254,7 +241,7 @@ Result<Tensor> StepModel::record(KvBuffers& kv) {
   hops_.clear();
   for (size_t s = 0; s < stages_.size(); ++s) {
     Stage& st = *stages_[s];
-    Recorder r{st.program, st.arena, st.step, options_.quantize_activations};
+    Recorder r{st.program, st.arena, st.step};
     if (s == 0) {
       KILN_ASSIGN_OR_RETURN(x, record_embedding(r));
     } else {
@@ -279,7 +266,7 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
     KILN_ASSIGN_OR_RETURN(s->step, s->steps.build(batch, kv, info_));
   }
   step_key(kv, next_key_);
-  if (!reuse_program_ || key_.empty() || next_key_ != key_) {
+  if (!options_.reuse_program || key_.empty() || next_key_ != key_) {
     key_.clear();  // until recorded whole
     KILN_ASSIGN_OR_RETURN(logits_, record(kv));
     key_.swap(next_key_);
@@ -300,9 +287,8 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
       }
     }
     Stage& st = *stages_[s];
-    if (s > 0 && offload_matmuls_ && st.step.n_tokens >= options_.offload_min_tokens) {
-      KILN_TRY(run_offloading(st.program, st.backend, stages_[0]->backend, options_.offload_min_tokens,
-                              offload_scratch_, &offload_profile_));
+    if (s > 0 && offload_matmuls_) {
+      KILN_TRY(options_.host_stage->run(st.program, st.backend, stages_[0]->backend));
     } else {
       KILN_TRY(st.backend.run(st.program));
     }

@@ -9,7 +9,6 @@
 #include "models/arena.h"
 #include "models/hparams.h"
 #include "models/model.h"
-#include "models/op_offload.h"
 #include "models/step.h"
 #include "models/weights.h"
 #include "ops/program.h"
@@ -56,7 +55,6 @@ struct Recorder {
   Program& program;
   Arena& arena;
   const StepTensors& step;
-  bool quantize_x = false;  // Matmul::quantize_x of every matmul
 };
 
 // x = embedding rows of the step's tokens.   x: f32 [n_embd, n_tokens] (from the arena).
@@ -87,7 +85,7 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
 class StepModel : public Model {
  public:
   StepModel(Backend& backend, const ModelOptions& options);
-  ~StepModel() override;  // prints the offload profile (KILN_STEP_PROFILE=1)
+  ~StepModel() override;
   const ModelInfo& info() const final { return info_; }
   Result<Tensor> forward(const Batch& batch, KvBuffers& kv) final;
   // The first backend's program, when split.
@@ -135,20 +133,17 @@ class StepModel : public Model {
   Result<Tensor> record(KvBuffers& kv);
   // What a step's recording depends on besides the weights: each stage's metadata (counts, and its tensors'
   // places and lengths) and the KV pools (places, types, shapes). A step with the key of the one before
-  // records the same program, so forward() runs that program again instead (KILN_REUSE_PROGRAM=0: records
-  // every step).
+  // records the same program, so forward() runs that program again instead (ModelOptions::reuse_program
+  // false: records every step).
   void step_key(const KvBuffers& kv, std::vector<uint64_t>& key) const;
 
   std::vector<std::unique_ptr<Stage>> stages_;
-  bool reuse_program_ = true;
   std::vector<uint64_t> key_, next_key_;  // the recorded programs' key (empty: none), this step's
   Tensor logits_;                         // the recorded programs' result
   // The residual stream of stage s - 1 and stage s's copy of it (hops_[s - 1]).
   std::vector<std::pair<Tensor, Tensor>> hops_;
-  bool offload_matmuls_ = false;  // the second stage's large matmuls run on the first's device (op_offload.h)
-  OffloadScratch offload_scratch_;
-  OffloadProfile offload_profile_;
-  bool print_offload_profile_ = false;
+  // The second stage runs through ModelOptions::host_stage (some of its ops on the first's device).
+  bool offload_matmuls_ = false;
   std::vector<float> carry_;  // the residual stream on its way from one backend to the next
 };
 

@@ -82,10 +82,18 @@ Status read_logits(Backend& backend, const Tensor& logits, std::vector<float>& o
 // The same for forward()'s token ids under Batch::argmax_vocab ([n_logits] i32).
 Status read_token_ids(Backend& backend, const Tensor& ids, std::vector<int32_t>& out);
 
+// How a split model's host stage runs its program (ModelOptions::host_stage), given by the layer above.
+class HostStageRunner {
+ public:
+  virtual ~HostStageRunner() = default;
+  // Runs `program` (recorded for `host`, program.n_tokens tokens) as host.run(program) would, any of its ops
+  // possibly on `device` (the first stage's backend); returns when the results are in host memory.
+  virtual Status run(const Program& program, Backend& host, Backend& device) = 0;
+  // Host memory it holds for its own use (staging), in bytes.
+  virtual size_t scratch_bytes() const = 0;
+};
+
 struct ModelOptions {
-  // Matmuls round activations to 8-bit blocks and take integer dot products with quantized weights
-  // (ops::Matmul::quantize_x): several times faster on the CPU, ~1e-3 relative error. false: exact f32.
-  bool quantize_activations = false;
   // The context the model will serve (0: unknown). Long-context RoPE variants (Phi-3 longrope) pick their
   // frequencies from it, as llama.cpp does.
   int32_t n_ctx = 0;
@@ -96,10 +104,13 @@ struct ModelOptions {
   // them. rest == nullptr, or n_first_layers >= the model's layers: every layer on the first backend.
   Backend* rest = nullptr;
   int32_t n_first_layers = 0;
-  // Split with the first backend a device (a GPU) and `rest` the host: the host layers' matmuls of steps of
-  // at least this many tokens (a prompt's) run on the device, their weights uploaded for the step
-  // (models/op_offload.h). 0: never.
-  int32_t offload_min_tokens = 32;
+  // Split with the first backend a device (a GPU) and `rest` the host: what runs the host layers' program,
+  // which may send some of its ops to the device (the runtime's placement unit: runtime/placement/offload.h,
+  // the host layers' matmuls of a prompt's step). It must outlive the model. nullptr: `rest` runs it all.
+  HostStageRunner* host_stage = nullptr;
+  // A step whose metadata has the shapes and places of the step before runs the program recorded for that
+  // step again; false: every step is recorded anew.
+  bool reuse_program = true;
 };
 
 // Loads the architecture named by the file's general.architecture. The file must outlive the model (weights

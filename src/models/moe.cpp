@@ -38,13 +38,12 @@ Result<MoeWeights> load_moe(WeightLoader& weights, const std::string& prefix, in
 
 Result<Tensor> moe_ffn(Recorder& r, const Tensor& x, const MoeWeights& w, const MoeShape& shape) {
   const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], n_used = shape.n_used, n_ff = shape.n_ff_exp;
-  const bool qx = r.quantize_x;
   Program& p = r.program;
   KILN_ASSIGN_OR_RETURN(Tensor out, r.arena.f32(n_embd, n_tokens));  // outlives the scope
   Arena::Scope scope(r.arena);
   // Routing: logits f32 [n_expert, n_tokens] -> ids i32 [n_used, n_tokens], weights f32 [n_used, n_tokens].
   KILN_ASSIGN_OR_RETURN(Tensor logits, r.arena.f32(shape.n_expert, n_tokens));
-  KILN_TRY(p.add(ops::Matmul{w.router, x, logits, qx}));
+  KILN_TRY(p.add(ops::Matmul{w.router, x, logits}));
   KILN_ASSIGN_OR_RETURN(Tensor ids, r.arena.i32(n_used, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor mix, r.arena.f32(n_used, n_tokens));
   KILN_TRY(p.add(ops::MoeRoute{logits, ids, mix, shape.normalize}));
@@ -55,17 +54,17 @@ Result<Tensor> moe_ffn(Recorder& r, const Tensor& x, const MoeWeights& w, const 
   x_slots.nb = {x.nb[0], x.nb[1] * n_tokens, x.nb[1], x.nb[1] * n_tokens};
   KILN_ASSIGN_OR_RETURN(Tensor g, r.arena.f32(n_ff, n_used, n_tokens));
   KILN_ASSIGN_OR_RETURN(Tensor u, r.arena.f32(n_ff, n_used, n_tokens));
-  KILN_TRY(p.add(ops::MoeMatmul{w.gate_exps, x_slots, ids, g, qx}));
-  KILN_TRY(p.add(ops::MoeMatmul{w.up_exps, x_slots, ids, u, qx}));
+  KILN_TRY(p.add(ops::MoeMatmul{w.gate_exps, x_slots, ids, g}));
+  KILN_TRY(p.add(ops::MoeMatmul{w.up_exps, x_slots, ids, u}));
   KILN_TRY(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, g}));
   KILN_ASSIGN_OR_RETURN(Tensor y, r.arena.f32(n_embd, n_used, n_tokens));
-  KILN_TRY(p.add(ops::MoeMatmul{w.down_exps, g, ids, y, qx}));
+  KILN_TRY(p.add(ops::MoeMatmul{w.down_exps, g, ids, y}));
   KILN_TRY(p.add(ops::WeightedSum{y, mix, out}));
   if (w.shared.gate.tensor.data == nullptr) return out;
   KILN_ASSIGN_OR_RETURN(Tensor sh, gated_ffn(r, x, w.shared, ops::GluKind::glu_kind_silu));
   if (w.shared_gate.tensor.data != nullptr) {
     KILN_ASSIGN_OR_RETURN(Tensor gate, r.arena.f32(1, n_tokens));  // [1, n_tokens]: one gate per token
-    KILN_TRY(p.add(ops::Matmul{w.shared_gate, x, gate, qx}));
+    KILN_TRY(p.add(ops::Matmul{w.shared_gate, x, gate}));
     KILN_TRY(p.add(ops::GatedAct{gate, sh, ops::GluKind::glu_kind_sigmoid, sh}));
   }
   KILN_TRY(p.add(ops::Binary{out, sh, ops::BinaryKind::binary_kind_add, out}));

@@ -51,18 +51,26 @@ struct GetRows {
 };
 
 // dst[j, i] = sum_k w[k, j] * x[k, i].   w: any type [k, n] (rows contiguous); x: f32 [k, m]; dst: float [n,
-// m]. quantize_x: the backend may compute the products at lower precision, faster. The CPU rounds each x row
-// to the weight type's activation format (activation_type(): q8_0, q8_1 or q8_K blocks, as llama.cpp does),
-// so the products become integer dot products, at ~1e-3 relative error; weight types without one (f32, f16,
-// bf16) ignore it there. A GPU may use bf16 / f16 tensor cores instead (Backend::quantize_x_tolerance).
+// m]. How exactly a backend computes the products is its own option, fixed when it is made (Precision).
 struct Matmul {
   Weight w;
   Tensor x;
   Tensor dst;
-  bool quantize_x = false;
 };
 
-// The block format x is rounded to under Matmul::quantize_x for weights of type `w`; f32 when there is none.
+// How a backend computes Matmul, MoeMatmul and Attention: a backend option (BackendOptions::precision), the
+// same for every op it runs; the reference takes it as an argument (ops/ref), the oracle of both.
+enum class Precision : uint8_t {
+  precision_exact,  // f32 products (in another summation order than the reference's f64, at most)
+  // Faster, lower precision. The CPU rounds each x row of a matmul to the weight type's activation format
+  // (activation_type(): q8_0, q8_1 or q8_K blocks, as llama.cpp does), so the products become integer dot
+  // products, at ~1e-3 relative error (weight types without one, f32 / f16 / bf16, stay exact), and runs
+  // attention tiled. A GPU may use bf16 / f16 tensor cores instead (Backend::fast_tolerance).
+  precision_fast,
+};
+
+// The block format x is rounded to under Precision::precision_fast for weights of type `w` (the CPU's, and
+// the reference's rounded products); f32 when there is none.
 DType activation_type(DType w);
 
 // dst[:, r] = x[:, r] / sqrt(mean(x[:, r]^2) + eps) * (w (+1 when add_one))   x: f32 [n, rows]; dst: float
@@ -147,9 +155,9 @@ struct KvWrite {
 // scores = q.k * scale (then softcap * tanh(scores / softcap) when softcap > 0); window > 0 keeps only the
 // last `window` positions (sliding-window attention). Table entries below every token's window may be
 // kFreedBlock.
-// quantize_x: the backend may compute q.k and p.v at lower precision, faster (a GPU: f16 tensor cores with f32
-// sums, within Backend::quantize_x_tolerance of the exact result), or in another order (the CPU: a tiled
-// online softmax in f32, held to the reference as the exact path is).
+// Under Precision::precision_fast a backend may compute q.k and p.v at lower precision (a GPU: f16 tensor
+// cores with f32 sums, within Backend::fast_tolerance of the exact result), or in another order (the CPU: a
+// tiled online softmax in f32, held to the reference as the exact path is).
 // A block-table entry whose block was given back (sliding window: no token of the batch reaches it).
 inline constexpr int32_t kFreedBlock = -1;
 struct Attention {
@@ -162,7 +170,6 @@ struct Attention {
   float softcap = 0.0f;
   int32_t window = 0;
   Tensor dst;
-  bool quantize_x = false;
 };
 
 enum class GluKind : uint8_t { glu_kind_silu, glu_kind_gelu_tanh, glu_kind_sigmoid };
@@ -213,13 +220,12 @@ struct MoeRoute {
 // Matmul with one expert's matrix per (slot, token): dst[j, s, t] = sum_k w[k, j, e] * x[k, s or 0, t] with
 // e = ids[s + n_used * t].   w: any Matmul weight type [k, n, n_expert], expert e the slab e (rows
 // contiguous); x: f32 [k, n_x, n_tokens], n_x = 1 (every slot reads the token's one row) or n_used; dst: f32
-// [n, n_used, n_tokens]; ids: i32 [n_used, n_tokens], each in [0, n_expert). quantize_x as in Matmul.
+// [n, n_used, n_tokens]; ids: i32 [n_used, n_tokens], each in [0, n_expert). Precision as in Matmul.
 struct MoeMatmul {
   Weight w;
   Tensor x;
   Tensor ids;
   Tensor dst;
-  bool quantize_x = false;
 };
 
 // dst[:, t] = sum over s = 0..n_slots-1 (in that order) of w[s, t] * y[:, s, t] (the experts' outputs mixed

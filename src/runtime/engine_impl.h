@@ -21,6 +21,7 @@
 #include "formats/gguf.h"
 #include "kiln/kiln.h"
 #include "models/model.h"
+#include "runtime/placement/offload.h"
 #include "runtime/sampler/sampler.h"
 #include "runtime/scheduler/scheduler.h"
 #include "tokenizer/chat_template.h"
@@ -131,6 +132,9 @@ struct Engine::Impl {
   std::shared_ptr<const gguf::File> file;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Backend> host_backend;  // partial offload: the CPU backend of the later layers, or null
+  // Partial offload with options.offload_min_tokens > 0: the host layers' runner (ModelOptions::host_stage),
+  // or null. Declared before `model`, which uses it, so that it goes after the model.
+  std::unique_ptr<OffloadRunner> offload;
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;

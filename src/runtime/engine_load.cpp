@@ -1,7 +1,6 @@
-// Engine setup: the model file, backend, model, tokenizer, chat template, and the KV pool sized by the memory
-// budget (runtime/kv_cache/kv_budget.h) under the scheduler.
+// Engine setup: the model file, backends (placed by runtime/placement/), model, tokenizer, chat template, and
+// the KV pool sized by the memory budget (runtime/kv_cache/kv_budget.h) under the scheduler.
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -9,7 +8,9 @@
 #include "core/log.h"
 #include "engine_impl.h"
 #include "formats/hf_config.h"
+#include "runtime/env_options.h"
 #include "runtime/kv_cache/kv_budget.h"
+#include "runtime/placement/placement.h"
 #include "tokenizer/load.h"
 
 namespace kiln {
@@ -23,8 +24,7 @@ constexpr int32_t kMaxContext = 1 << 24;
 Status Engine::Impl::load(const EngineOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   options = opt;
-  if (const char* p = std::getenv("KILN_STEP_PROFILE"); p != nullptr && std::string_view(p) == "1")
-    profile.on = true;
+  profile.on = runtime_env_options().step_profile;
   if (opt.n_threads < 0) return invalid_argument("n_threads = {} must be >= 0", opt.n_threads);
   if (opt.n_ctx < 0 || opt.n_ctx > kMaxContext)
     return invalid_argument("n_ctx = {} must be in [0, {}] tokens (0 = the model's, at most 4096)", opt.n_ctx,
@@ -34,6 +34,8 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   if (opt.keep_finished < 0) return invalid_argument("keep_finished = {} must be >= 0", opt.keep_finished);
   if (opt.max_queued < 0)
     return invalid_argument("max_queued = {} must be >= 0 (0: no limit)", opt.max_queued);
+  if (opt.offload_min_tokens < 0)
+    return invalid_argument("offload_min_tokens = {} must be >= 0 (0: never)", opt.offload_min_tokens);
   if (opt.max_batch_tokens < 1)
     return invalid_argument("max_batch_tokens = {} must be >= 1", opt.max_batch_tokens);
   if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
@@ -59,12 +61,13 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     n_ctx_train = static_cast<int32_t>(std::min<uint64_t>(c, 1u << 30));
   }
   const int32_t n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(n_ctx_train, 4096);
-  ModelOptions model_options{opt.quantize_activations, n_ctx};
+  ModelOptions model_options;
+  model_options.n_ctx = n_ctx;
   KILN_TRY(make_backends(*file, model_options));
-  const bool gpu = backend->name() != "cpu";
-  const DType kv_type = opt.kv_type == "f16" || (opt.kv_type == "auto" && gpu && opt.quantize_activations)
-                            ? DType::f16
-                            : DType::f32;
+  const bool device = !backend->host_memory();
+  const DType kv_type = opt.kv_type == "f16"    ? DType::f16
+                        : opt.kv_type == "auto" ? backend->preferred_kv_type()
+                                                : DType::f32;
   // The model before the tokenizer: what a file is (its architecture) is the first thing to report on.
   KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, model_options));
   KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
@@ -120,7 +123,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.kv_block_size = opt.kv_block_size;
   desc.n_threads = (host_backend != nullptr ? host_backend : backend)->n_threads();
   desc.backend = std::string(backend->name());
-  desc.n_gpu_layers = gpu ? mi.n_layers : 0;
+  desc.n_gpu_layers = device ? mi.n_layers : 0;
   if (host_backend != nullptr) {
     desc.backend += " + cpu";
     desc.n_gpu_layers = model_options.n_first_layers;
@@ -130,40 +133,15 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   return Status::ok_status();
 }
 
-namespace {
-
-// What the first N layers of `f` put on a GPU, read from the file's tensor table (GpuFitInput).
-GpuFitInput gpu_fit_input(const gguf::File& f, int32_t n_layers, uint64_t free) {
-  GpuFitInput in;
-  in.layer_bytes.assign(static_cast<size_t>(n_layers), 0);
-  in.free = free;
-  // Kept for the KV cache (sized afterwards from what is left) and the steps' scratch (cuBLAS's workspace, a
-  // prompt's activations, a quantized matrix dequantized for a GEMM).
-  in.reserve = std::max<uint64_t>(uint64_t{1} << 30, free / 10);
-  for (const gguf::TensorInfo& t : f.tensors()) {
-    int32_t layer = -1;
-    if (t.name.starts_with("blk.")) {
-      const char* p = t.name.data() + 4;
-      std::from_chars(p, t.name.data() + t.name.size(), layer);
-    }
-    if (layer >= 0 && layer < n_layers) {
-      in.layer_bytes[static_cast<size_t>(layer)] += t.n_bytes;
-    } else if (t.name == "output.weight" || t.name == "output_norm.weight") {
-      in.last_bytes += t.n_bytes;
-    } else {
-      in.first_bytes += t.n_bytes;  // the embedding (also the head when tied: one copy), RoPE factors
-    }
-  }
-  return in;
-}
-
-}  // namespace
-
 Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_options) {
   int32_t g = options.gpu_layers;
   if (g < -1) return invalid_argument("gpu_layers = {} must be >= 0, or -1 for every layer", g);
-  KILN_ASSIGN_OR_RETURN(backend, make_backend(options.backend, BackendOptions{options.n_threads}));
-  if (backend->name() == "cpu") {
+  // Every backend of the engine (the host's too, under partial offload) computes at one precision.
+  BackendOptions bo;
+  bo.n_threads = options.n_threads;
+  bo.precision = options.quantize_activations ? ops::Precision::precision_fast : ops::Precision::precision_exact;
+  KILN_ASSIGN_OR_RETURN(backend, make_backend(options.backend, bo));
+  if (backend->host_memory()) {
     if (g == -1) return Status::ok_status();
     if (options.backend == "cpu") {
       return invalid_argument(
@@ -191,20 +169,19 @@ Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_opti
     }
   }
   if (g >= n_layers) return Status::ok_status();
-  KILN_ASSIGN_OR_RETURN(host_backend, make_backend("cpu", BackendOptions{options.n_threads}));
+  KILN_ASSIGN_OR_RETURN(host_backend, make_backend("cpu", bo));
   if (g == 0) {  // nothing on the GPU
     backend = std::move(host_backend);
     return Status::ok_status();
   }
   model_options.rest = host_backend.get();
   model_options.n_first_layers = g;
-  // KILN_OFFLOAD_MIN_TOKENS: the fewest tokens of a step whose CPU-layer matmuls run on the GPU (0: never).
-  if (const char* p = std::getenv("KILN_OFFLOAD_MIN_TOKENS"); p != nullptr && *p != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(p, &end, 10);
-    if (*end != '\0' || v < 0 || v > (1 << 30))
-      return invalid_argument("KILN_OFFLOAD_MIN_TOKENS = \"{}\" is not a token count", p);
-    model_options.offload_min_tokens = static_cast<int32_t>(v);
+  if (options.offload_min_tokens > 0) {
+    OffloadOptions oo;
+    oo.min_tokens = options.offload_min_tokens;
+    oo.print_profile = runtime_env_options().step_profile;
+    offload = std::make_unique<OffloadRunner>(oo);
+    model_options.host_stage = offload.get();
   }
   return Status::ok_status();
 }

@@ -24,6 +24,14 @@
 namespace kiln {
 namespace {
 
+// The context of a backend of the fast precision, as the layers here run (their matmuls and attention at
+// lower precision: the integer GEMV, tensor cores), for the fusion decisions alone.
+cuda::Context fast_context() {
+  cuda::Context ctx;
+  ctx.fast = true;
+  return ctx;
+}
+
 constexpr int64_t kEmbd = 256, kHead = 64, kHeads = 4, kKvHeads = 2, kFf = 384, kBlock = 16;
 // Token t of a step is at position 37 + 29t: from t = 8 on, a span of more than 256 positions, which a decode
 // attention splits into chunks (at least two) and merges. Every sequence's blocks before its token's are the
@@ -39,7 +47,7 @@ struct LayerOptions {
   bool factors = false;       // per-pair frequency factors (Llama 3.1's rope_freqs), each 1 to 8
   bool act_in_place = false;  // the gated activation writes over the gate (as the models' layers do)
   // A prefill: the step's tokens one sequence at positions 37 + t (blocks 0, 1, ... of the pools, the first
-  // positions as context), the attention on tensor cores (quantize_x), which writes the output projection's x
+  // positions as context), the attention on tensor cores (the fast precision), which writes the output projection's x
   // in 16 bits.
   bool prefill = false;
   int64_t ff = kFf;             // the gate and up matmuls' rows (down's k)
@@ -226,7 +234,6 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   attn.bt_indptr = make_tensor(DType::i32, buf, indptr_at, static_cast<int64_t>(indptr.size()));
   attn.bt_indices = make_tensor(DType::i32, buf, indices_at, static_cast<int64_t>(indices.size()));
   attn.scale = 0.125f;
-  attn.quantize_x = opt.prefill;
   attn.dst = make_tensor(DType::f32, buf, y_at, kHead, kHeads, m);
   const auto flat = [](Tensor t) {
     t.ne[0] *= t.ne[1];
@@ -243,9 +250,9 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   Program& p = L.program;
   EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
   EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, false, h}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wq_at, kHead * kHeads), h, flat(q), true}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wk_at, kHead * kKvHeads), h, flat(k), true}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wv_at, kHead * kKvHeads, kEmbd, v_type), h, flat(v), true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wq_at, kHead * kHeads), h, flat(q)}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wk_at, kHead * kKvHeads), h, flat(k)}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wv_at, kHead * kKvHeads, kEmbd, v_type), h, flat(v)}).ok());
   const ops::Weight factors =
       opt.factors ? ops::Weight(make_tensor(DType::f32, buf, factors_at, opt.n_rot / 2)) : ops::Weight();
   EXPECT_TRUE(p.add(ops::Rope{q, pos, rp, factors, q}).ok());
@@ -253,14 +260,14 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   EXPECT_TRUE(p.add(ops::KvWrite{k, v, kp, vp, slots}).ok());
   EXPECT_TRUE(p.add(attn).ok());
   static_assert(kHead * kHeads == kEmbd, "the output projection's rows are kEmbd long");
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wo_at, kEmbd), flat(attn.dst), att, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wo_at, kEmbd), flat(attn.dst), att}).ok());
   EXPECT_TRUE(p.add(ops::Binary{x, ops::Weight(att), ops::BinaryKind::binary_kind_add, x}).ok());
   EXPECT_TRUE(p.add(ops::RmsNorm{x, nw, 1e-5f, true, h}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, ff), h, g, true}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wu_at, ff), h, u, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wg_at, ff), h, g}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wu_at, ff), h, u}).ok());
   const Tensor act = opt.act_in_place ? g : a;
   EXPECT_TRUE(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, act}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{weight(wd_at, kEmbd, ff), act, o, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{weight(wd_at, kEmbd, ff), act, o}).ok());
   EXPECT_TRUE(p.add(ops::Binary{o, ops::Weight(x), ops::BinaryKind::binary_kind_add, x}).ok());
   p.n_tokens = static_cast<int32_t>(m);
   return L;
@@ -278,6 +285,7 @@ std::vector<uint8_t> run_layer(bool fuse, int64_t m, DType wtype, bool graphs = 
   CudaOptions options = cuda_options_from_env();
   options.fuse = fuse;
   options.graphs = graphs;
+  options.precision = ops::Precision::precision_fast;
   if (tweak.apply != nullptr) tweak.apply(options);
   auto b = make_cuda_backend(0, options);
   EXPECT_TRUE(b.ok()) << b.status().to_string();
@@ -414,6 +422,7 @@ TEST(CudaFusion, BlockQuantizedLayersAreBitIdenticalToOpByOp) {
 std::vector<uint8_t> run_gate_up(bool fuse, int64_t k, int64_t n, int64_t m) {
   CudaOptions options = cuda_options_from_env();
   options.fuse = fuse;
+  options.precision = ops::Precision::precision_fast;
   auto made = make_cuda_backend(0, options);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
@@ -443,11 +452,11 @@ std::vector<uint8_t> run_gate_up(bool fuse, int64_t k, int64_t n, int64_t m) {
   const Tensor x = make_tensor(DType::f32, *buf, x_at, k, m), g = make_tensor(DType::f32, *buf, g_at, n, m),
                u = make_tensor(DType::f32, *buf, u_at, n, m);
   Program p;
-  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(make_tensor(DType::bf16, *buf, wg_at, k, n)), x, g, true}).ok());
-  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(make_tensor(DType::bf16, *buf, wu_at, k, n)), x, u, true}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(make_tensor(DType::bf16, *buf, wg_at, k, n)), x, g}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(make_tensor(DType::bf16, *buf, wu_at, k, n)), x, u}).ok());
   EXPECT_TRUE(p.add(ops::GatedAct{g, u, ops::GluKind::glu_kind_silu, g}).ok());
   p.n_tokens = static_cast<int32_t>(m);
-  EXPECT_EQ(cuda::fused_length(cuda::Context{}, p.ops()), 3u);
+  EXPECT_EQ(cuda::fused_length(fast_context(), p.ops()), 3u);
   for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(b.run(p).ok());
   std::vector<uint8_t> out(lay.bytes);
   EXPECT_TRUE(
@@ -491,7 +500,7 @@ std::vector<size_t> fused_lengths(const Program& program) {
   const std::vector<ops::Op>& ops = program.ops();
   std::vector<size_t> lengths;
   for (size_t i = 0; i < ops.size();) {
-    const size_t n = cuda::fused_length(cuda::Context{}, std::span(ops).subspan(i));
+    const size_t n = cuda::fused_length(fast_context(), std::span(ops).subspan(i));
     lengths.push_back(n);
     i += n > 0 ? n : 1;
   }
@@ -528,7 +537,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     // Not when the projection reads something else.
     std::vector<ops::Op> ops = L.program.ops();
     std::get<ops::Matmul>(ops[9]).x = std::get<ops::RmsNorm>(ops[1]).dst;
-    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(8)), 0u);
+    EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(8)), 0u);
   }
   {
     // With the activation's gate and up swapped, gate+up run as one GEMV launch and the activation as its own
@@ -537,7 +546,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::vector<ops::Op> ops = L.program.ops();
     auto& glu = std::get<ops::GatedAct>(ops[14]);
     std::swap(glu.gate, glu.up);
-    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(12)), 2u);
+    EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(12)), 2u);
   }
   // Integer GEMVs (q8_0 weights, up to 16 tokens) join the add+norm, the decode attention or the activation
   // whose result they read, and up to 8 tokens the RoPE and KV write join Q/K/V's; the GEMMs beyond (x in
@@ -552,7 +561,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     // A matmul that reads something other than the activation's result does not join it.
     std::vector<ops::Op> ops = L.program.ops();
     std::get<ops::Matmul>(ops[15]).x = std::get<ops::GatedAct>(ops[14]).up;
-    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
+    EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
   }
   // V's weight of another type (q4_0 beside q8_0): the same sequences, V's GEMV a launch of its own; with the
   // split switched off, V and the RoPE + KV write run apart.
@@ -562,8 +571,8 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     Layer L = make_layer(**b, 1, DType::q8_0, 1, false, q4_v);
     EXPECT_EQ(fused_lengths(L.program), (std::vector<size_t>{8, 2, 4, 2, 0})) << "v q4_0";
     const std::vector<ops::Op>& ops = L.program.ops();
-    EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(2)), 6u) << "v q4_0, no norm";
-    cuda::Context off;
+    EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(2)), 6u) << "v q4_0, no norm";
+    cuda::Context off = fast_context();
     off.options.gemv_rope_split = false;
     EXPECT_EQ(cuda::fused_length(off, std::span(ops)), 4u) << "v q4_0, split off";
     EXPECT_EQ(cuda::fused_length(off, std::span(ops).subspan(4)), 0u) << "v q4_0, split off";
@@ -573,14 +582,14 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
   Layer L = make_layer(**b, 1, DType::bf16, 1);
   std::vector<ops::Op> ops = L.program.ops();
   std::get<ops::RmsNorm>(ops[1]).x = std::get<ops::Binary>(ops[0]).b.tensor;
-  EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops)), 0u);
+  EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops)), 0u);
   std::get<ops::KvWrite>(ops[7]).k = std::get<ops::Rope>(ops[5]).dst;  // q's, not k's
-  EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(5)), 0u);
-  EXPECT_EQ(cuda::fused_length(cuda::Context{}, std::span(ops).subspan(2)), 3u);  // Q/K/V alone
+  EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(5)), 0u);
+  EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(2)), 3u);  // Q/K/V alone
   // Q/K/V's GEMV rotates q and k in place, in the normal layout, every dim of a head, with or without
   // frequency factors; a RoPE of a view other than q's, NeoX pairs, half the dims rotated or the switch off
   // leave the RoPE and the KV write to their own kernel.
-  const auto qkv_rope = [&](const std::vector<ops::Op>& o, const cuda::Context& ctx = {}) {
+  const auto qkv_rope = [&](const std::vector<ops::Op>& o, const cuda::Context& ctx = fast_context()) {
     return cuda::fused_length(ctx, std::span(o).subspan(2));
   };
   ops = L.program.ops();
@@ -601,7 +610,7 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::get<ops::Rope>(o[5]).freq_factors = ops::Weight(std::get<ops::RmsNorm>(o[1]).w.tensor);
     std::get<ops::Rope>(o[6]).freq_factors = std::get<ops::Rope>(o[5]).freq_factors;
     EXPECT_EQ(qkv_rope(o), 6u);
-    cuda::Context off;
+    cuda::Context off = fast_context();
     off.options.gemv_rope = false;
     EXPECT_EQ(qkv_rope(ops, off), 3u);
   }
@@ -624,7 +633,7 @@ TEST(CudaFusion, WeightsAheadAreTheNextGroupWhole) {
       std::vector<size_t> matmuls;  // the next group's matmuls
     };
     for (const Case& c : {Case{0, {2, 3, 4}}, Case{5, {9}}, Case{10, {12, 13}}, Case{14, {15}}}) {
-      const cuda::L2Ahead ahead = cuda::weights_ahead(cuda::Context{}, all.subspan(c.from), cap);
+      const cuda::L2Ahead ahead = cuda::weights_ahead(fast_context(), all.subspan(c.from), cap);
       int64_t total = 0;
       for (size_t j = 0; j < 3; ++j) {
         if (j >= c.matmuls.size()) {
@@ -641,17 +650,17 @@ TEST(CudaFusion, WeightsAheadAreTheNextGroupWhole) {
         total += ahead.bytes[j];
       }
       // A cap below the group's bytes: nothing; no matmul after the ops: nothing.
-      const cuda::L2Ahead none = cuda::weights_ahead(cuda::Context{}, all.subspan(c.from), total - 16);
+      const cuda::L2Ahead none = cuda::weights_ahead(fast_context(), all.subspan(c.from), total - 16);
       EXPECT_EQ(none.bytes[0] + none.bytes[1] + none.bytes[2], 0) << dtype_name(type) << " from " << c.from;
     }
-    const cuda::L2Ahead end = cuda::weights_ahead(cuda::Context{}, all.subspan(16), cap);
+    const cuda::L2Ahead end = cuda::weights_ahead(fast_context(), all.subspan(16), cap);
     EXPECT_EQ(end.bytes[0], 0) << dtype_name(type);
   }
   // The next matmul taking the GEMM (20 tokens): nothing.
   Layer L = make_layer(**b, 20, DType::bf16, 1);
   const std::vector<ops::Op> ops = L.program.ops();
   const cuda::L2Ahead gemm =
-      cuda::weights_ahead(cuda::Context{}, std::span<const ops::Op>(ops).subspan(5), int64_t{1} << 40);
+      cuda::weights_ahead(fast_context(), std::span<const ops::Op>(ops).subspan(5), int64_t{1} << 40);
   EXPECT_EQ(gemm.bytes[0], 0);
 }
 

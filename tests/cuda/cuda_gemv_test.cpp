@@ -43,13 +43,15 @@ CudaOptions gemv_options(bool staged, int rows = 0, int grid = 0) {
   o.staged_gemv = staged;
   o.gemv_rows = rows;
   o.staged_gemv_grid = grid;
+  o.precision = ops::Precision::precision_fast;
   return o;
 }
 
-// dst's bytes of w x with quantize_x, on a backend made with `options` and mmq off (so that 9 to 16 tokens
+// dst's bytes of w x at the fast precision, on a backend made with `options` and mmq off (so that 9 to 16 tokens
 // take the GEMV in two column groups); weights and x drawn from `seed`.
 std::vector<uint8_t> run(CudaOptions options, const Case& c, uint64_t seed) {
   options.mmq = false;
+  options.precision = ops::Precision::precision_fast;
   auto made = make_cuda_backend(0, options);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
@@ -85,7 +87,7 @@ std::vector<uint8_t> run(CudaOptions options, const Case& c, uint64_t seed) {
   const Tensor d = make_tensor(DType::f32, *buf, d_at, kRowsOut, c.m);
   Program p;
   EXPECT_TRUE(
-      p.add(ops::Matmul{ops::Weight(make_tensor(c.type, *buf, w_at, c.k, kRowsOut)), x, d, true}).ok());
+      p.add(ops::Matmul{ops::Weight(make_tensor(c.type, *buf, w_at, c.k, kRowsOut)), x, d}).ok());
   p.n_tokens = static_cast<int32_t>(c.m);
   EXPECT_TRUE(b.run(p).ok());
   std::vector<uint8_t> out(d_bytes);
@@ -151,9 +153,10 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaOptions& options) {
   return made.ok() ? std::move(made).value() : nullptr;
 }
 
-std::unique_ptr<Backend> cuda_backend(bool grouped) {
+std::unique_ptr<Backend> cuda_backend(bool grouped, bool fast) {
   CudaOptions o = cuda_options_from_env();
   o.grouped_weights = grouped;
+  o.precision = fast ? ops::Precision::precision_fast : ops::Precision::precision_exact;
   return cuda_backend_with(o);
 }
 
@@ -197,13 +200,13 @@ TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
       for (const int64_t m : {1, 3, 8, 12}) {
         std::vector<float> x(static_cast<size_t>(k * m));
         for (float& v : x) v = uni(rng);
-        const std::vector<float> a = matmul_product(*staged, (*hs)->weight, x.data(), m, true),
-                                 b = matmul_product(*direct, (*hd)->weight, x.data(), m, true),
-                                 c = matmul_product(*walked, (*hw)->weight, x.data(), m, true);
+        const std::vector<float> a = matmul_product(*staged, (*hs)->weight, x.data(), m),
+                                 b = matmul_product(*direct, (*hd)->weight, x.data(), m),
+                                 c = matmul_product(*walked, (*hw)->weight, x.data(), m);
         EXPECT_TRUE(a == b) << what << " m " << m;
         EXPECT_TRUE(c == b) << what << " m " << m << ", 2 blocks";
         for (size_t i = 0; i < shapes.size() && m == 1; ++i) {
-          EXPECT_TRUE(matmul_product(*shapes[i].second, hshapes[i]->weight, x.data(), m, true) == b)
+          EXPECT_TRUE(matmul_product(*shapes[i].second, hshapes[i]->weight, x.data(), m) == b)
               << what << " m " << m << ", " << shapes[i].first;
         }
         bool written = false;
@@ -215,8 +218,10 @@ TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
 }
 
 TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
-  std::unique_ptr<Backend> grouped = cuda_backend(true), file = cuda_backend(false);
-  ASSERT_TRUE(grouped != nullptr && file != nullptr);
+  // Each exact ([0]) and fast ([1]).
+  std::unique_ptr<Backend> grouped[2] = {cuda_backend(true, false), cuda_backend(true, true)};
+  std::unique_ptr<Backend> file[2] = {cuda_backend(false, false), cuda_backend(false, true)};
+  for (int q = 0; q < 2; ++q) ASSERT_TRUE(grouped[q] != nullptr && file[q] != nullptr);
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   constexpr int64_t n = 37;
@@ -228,19 +233,24 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
     for (const int64_t k : ks) {
       const std::vector<uint8_t> w = grouped_type_blocks(t, k, n, rng);
       const Tensor logical = make_tensor(t, const_cast<uint8_t*>(w.data()), k, n);
-      auto hg = grouped->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
-      auto hf = file->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
-      ASSERT_TRUE(hg.ok() && hf.ok());
       const std::string what = fmt::format("{} k {}", dtype_name(t), k);
-      EXPECT_NE((*hg)->weight.prepared, nullptr) << what;
-      EXPECT_EQ((*hf)->weight.prepared, nullptr) << what;
-      EXPECT_EQ((*hg)->weight.tensor.nb[1] % 16, 0) << what;
+      std::unique_ptr<WeightHandle> hg[2], hf[2];  // on the exact backends, and the fast ones
+      for (int q = 0; q < 2; ++q) {
+        auto g = grouped[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+        auto f = file[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+        ASSERT_TRUE(g.ok() && f.ok());
+        hg[q] = std::move(g).value();
+        hf[q] = std::move(f).value();
+        EXPECT_NE(hg[q]->weight.prepared, nullptr) << what;
+        EXPECT_EQ(hf[q]->weight.prepared, nullptr) << what;
+        EXPECT_EQ(hg[q]->weight.tensor.nb[1] % 16, 0) << what;
+      }
       // An embedding table keeps the file's form (GetRows reads it).
-      auto he = grouped->prepare_weight(logical, "token_embd.weight", WeightRole::weight_role_embedding);
+      auto he = grouped[0]->prepare_weight(logical, "token_embd.weight", WeightRole::weight_role_embedding);
       ASSERT_TRUE(he.ok());
       EXPECT_EQ((*he)->weight.prepared, nullptr) << what;
-      // 1-8 tokens: the GEMV; 12 and 40: the integer GEMV under quantize_x, else cuBLAS on dequantized rows.
-      // Q6_K from 5 tokens under quantize_x: the tensor-core matmul, which takes grouped rows always and the
+      // 1-8 tokens: the GEMV; 12 and 40: the integer GEMV at the fast precision, else cuBLAS on dequantized rows.
+      // Q6_K from 5 tokens at the fast precision: the tensor-core matmul, which takes grouped rows always and the
       // file's only where they are whole 16-byte chunks (k a multiple of 2048); elsewhere the file's form
       // takes the integer GEMV (12 tokens: the same integers summed in another order) or cuBLAS (40: x not
       // rounded).
@@ -248,12 +258,12 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
         std::vector<float> x(static_cast<size_t>(k * m));
         for (float& v : x) v = uni(rng);
         for (const bool qx : {false, true}) {
-          const std::vector<float> a = matmul_product(*grouped, (*hg)->weight, x.data(), m, qx),
-                                   b = matmul_product(*file, (*hf)->weight, x.data(), m, qx);
+          const std::vector<float> a = matmul_product(*grouped[qx], hg[qx]->weight, x.data(), m),
+                                   b = matmul_product(*file[qx], hf[qx]->weight, x.data(), m);
           const bool q6_mmq_alone = t == DType::q6_k && qx && m >= 5 && k % 2048 != 0;
           const bool integer = qx && m <= 16 && (t != DType::q6_k || q6_mmq_alone);
           if (!integer && !q6_mmq_alone) {
-            EXPECT_TRUE(a == b) << what << " m " << m << (qx ? " quantize_x" : "");
+            EXPECT_TRUE(a == b) << what << " m " << m << (qx ? " fast" : "");
             continue;
           }
           double num = 0, den = 0;

@@ -43,25 +43,27 @@ std::vector<uint8_t> k_quant_rows(DType type, int64_t k, int64_t n, std::mt19937
   return w;
 }
 
-// dst (f32 [n, m]) of w x[:, first .. first + m) with quantize_x.
+// dst (f32 [n, m]) of w x[:, first .. first + m) on `b`, a backend of the fast precision.
 std::vector<float> product(Backend& b, const Tensor& w, const std::vector<float>& x, int64_t first,
                            int64_t m) {
-  return matmul_product(b, ops::Weight(w), x.data() + first * w.ne[0], m, true);
+  return matmul_product(b, ops::Weight(w), x.data() + first * w.ne[0], m);
 }
 
 TEST(CudaMmq, BatchesGetTheSameBitsAndTheGemvsProducts) {
-  auto made = make_backend("cuda");
+  CudaOptions fast = cuda_options_from_env();
+  fast.precision = ops::Precision::precision_fast;
+  auto made = make_cuda_backend(0, fast);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   Backend& b = **made;
   // A second backend whose batches of 2 tokens and more take the kernel (CudaOptions::mmq_min_cols), for
   // the small batches.
-  CudaOptions from_two = cuda_options_from_env();
+  CudaOptions from_two = fast;
   from_two.mmq_min_cols = 2;
   auto made_small = make_cuda_backend(0, from_two);
   ASSERT_TRUE(made_small.ok()) << made_small.status().to_string();
   Backend& small = **made_small;
   // And one without it (CudaOptions::mmq off), whose batches of 8 take the integer GEMV.
-  CudaOptions no_mmq = cuda_options_from_env();
+  CudaOptions no_mmq = fast;
   no_mmq.mmq = false;
   auto made_gemv = make_cuda_backend(0, no_mmq);
   ASSERT_TRUE(made_gemv.ok()) << made_gemv.status().to_string();

@@ -25,9 +25,10 @@
 namespace kiln {
 namespace {
 
-std::unique_ptr<Backend> cuda_backend(bool stack) {
+std::unique_ptr<Backend> cuda_backend(bool stack, bool fast = false) {
   CudaOptions options = cuda_options_from_env();
   options.stack_weights = stack;
+  options.precision = fast ? ops::Precision::precision_fast : ops::Precision::precision_exact;
   auto made = make_cuda_backend(0, options);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   return made.ok() ? std::move(made).value() : nullptr;
@@ -66,7 +67,7 @@ std::vector<std::unique_ptr<WeightHandle>> prepare(Backend& b, DType type, int64
 
 // Each matmul's product (as f32), the three run as one program on x [k, m].
 std::vector<std::vector<float>> products(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& w,
-                                         const std::vector<float>& x, int64_t m, bool qx, DType dst_type) {
+                                         const std::vector<float>& x, int64_t m, DType dst_type) {
   const int64_t k = w[0]->weight.tensor.ne[0];
   const int elem = dst_type == DType::f32 ? 4 : 2;
   auto xb = b.allocate(x.size() * 4).value();
@@ -77,7 +78,7 @@ std::vector<std::vector<float>> products(Backend& b, const std::vector<std::uniq
   for (const auto& h : w) {
     const int64_t n = h->weight.tensor.ne[1];
     dbs.push_back(b.allocate(static_cast<size_t>(n * m * elem)).value());
-    EXPECT_TRUE(p.add(ops::Matmul{h->weight, xt, make_tensor(dst_type, *dbs.back(), 0, n, m), qx}).ok());
+    EXPECT_TRUE(p.add(ops::Matmul{h->weight, xt, make_tensor(dst_type, *dbs.back(), 0, n, m)}).ok());
   }
   p.n_tokens = static_cast<int32_t>(m);
   EXPECT_TRUE(b.run(p).ok());
@@ -131,8 +132,10 @@ TEST(CudaStack, WeightsPreparedTogetherAreOneMatrix) {
 }
 
 TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
-  std::unique_ptr<Backend> stacked = cuda_backend(true), apart = cuda_backend(false);
-  ASSERT_TRUE(stacked != nullptr && apart != nullptr);
+  // Each exact ([0]) and fast ([1]).
+  std::unique_ptr<Backend> stacked[2] = {cuda_backend(true), cuda_backend(true, true)};
+  std::unique_ptr<Backend> apart[2] = {cuda_backend(false), cuda_backend(false, true)};
+  for (int q = 0; q < 2; ++q) ASSERT_TRUE(stacked[q] != nullptr && apart[q] != nullptr);
   std::mt19937_64 rng(9);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   struct Shape {
@@ -145,18 +148,22 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
   for (const DType t : {DType::bf16, DType::f16, DType::f32, DType::q8_0, DType::q4_0}) {
     for (const Shape& s : shapes) {
       std::vector<std::vector<uint8_t>> bytes = make_weights(t, s.k, s.ns, rng);
-      const auto ws = prepare(*stacked, t, s.k, s.ns, bytes);
-      const auto wa = prepare(*apart, t, s.k, s.ns, bytes);
-      ASSERT_EQ(ws.size(), s.ns.size());
-      ASSERT_EQ(wa.size(), s.ns.size());
+      std::vector<std::unique_ptr<WeightHandle>> ws[2], wa[2];
+      for (int q = 0; q < 2; ++q) {
+        ws[q] = prepare(*stacked[q], t, s.k, s.ns, bytes);
+        wa[q] = prepare(*apart[q], t, s.k, s.ns, bytes);
+        ASSERT_EQ(ws[q].size(), s.ns.size());
+        ASSERT_EQ(wa[q].size(), s.ns.size());
+      }
       for (const int64_t m : {1, 3, 8, 9, 12, 20, 64, 65}) {
         std::vector<float> x(static_cast<size_t>(s.k * m));
         for (float& v : x) v = uni(rng);
         for (const bool qx : {false, true}) {
           for (const DType dst : {DType::f32, DType::bf16}) {
-            const auto a = products(*stacked, ws, x, m, qx, dst), b = products(*apart, wa, x, m, qx, dst);
+            const auto a = products(*stacked[qx], ws[qx], x, m, dst);
+            const auto b = products(*apart[qx], wa[qx], x, m, dst);
             ASSERT_EQ(a.size(), b.size());
-            // The GEMV (and the integer GEMV of the legacy types under quantize_x, up to 16 tokens) reads
+            // The GEMV (and the integer GEMV of the legacy types at the fast precision, up to 16 tokens) reads
             // each matrix as before; cuBLAS sums in an order of its own choosing per shape.
             const bool legacy = t == DType::q8_0 || t == DType::q4_0;
             const bool gemv = m <= 8 || (qx && legacy && m <= 16);
@@ -164,7 +171,7 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
             const bool one_gemm = !gemv && m <= 64;
             for (size_t i = 0; i < a.size(); ++i) {
               const std::string what = fmt::format("{} k {} part {} m {}{} dst {}", dtype_name(t), s.k, i, m,
-                                                   qx ? " quantize_x" : "", dtype_name(dst));
+                                                   qx ? " fast" : "", dtype_name(dst));
               if (!one_gemm) {
                 EXPECT_TRUE(a[i] == b[i]) << what;
                 continue;
@@ -176,7 +183,7 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
               }
               ASSERT_GT(den, 0.0) << what;
               // f32 destinations: sums of the same products in another order (TF32 inputs for f32 weights
-              // under quantize_x); bf16 ones: the same, then one rounding to 8 bits that may fall either way.
+              // at the fast precision); bf16 ones: the same, then one rounding to 8 bits that may fall either way.
               const double tol = dst == DType::bf16 ? 4e-3 : (t == DType::f32 && qx ? 1e-4 : 1e-5);
               EXPECT_LE(std::sqrt(num / den), tol) << what;
             }

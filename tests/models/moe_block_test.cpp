@@ -151,9 +151,14 @@ std::vector<double> reference(const Layer& l, const MoeShape& shape, const std::
 }
 
 TEST(MoeBlock, MatchesTheFormula) {
-  BackendOptions options;
-  options.n_threads = 3;
-  std::unique_ptr<Backend> backend = make_backend("cpu", options).value();
+  // The exact backend, and the fast one (x rounded to q8 blocks for the products).
+  std::unique_ptr<Backend> backends[2];
+  for (const bool qx : {false, true}) {
+    BackendOptions options;
+    options.n_threads = 3;
+    options.precision = qx ? ops::Precision::precision_fast : ops::Precision::precision_exact;
+    backends[qx] = make_backend("cpu", options).value();
+  }
   int seed = 0;
   for (DType type : {DType::f32, DType::q4_0}) {
     for (bool shared : {false, true}) {
@@ -163,19 +168,20 @@ TEST(MoeBlock, MatchesTheFormula) {
       for (int32_t n_used : {1, 2}) {
         for (bool normalize : {false, true}) {
           const MoeShape shape{kExperts, n_used, kFf, kFfShared, normalize};
-          blocks::WeightLoader loader(file, *backend);
-          Result<blocks::MoeWeights> w = blocks::load_moe(loader, "blk.3.", kEmbd, shape, shared);
-          ASSERT_TRUE(w.ok()) << w.status().to_string();
           std::mt19937_64 gen(seed * 31 + n_used);
           std::uniform_real_distribution<float> u(-1.0f, 1.0f);
           std::vector<float> x(kEmbd * kTokens);
           for (float& v : x) v = u(gen);
           const std::vector<double> want = reference(*layer, shape, x);
           for (bool qx : {false, true}) {
+            Backend* backend = backends[qx].get();
+            blocks::WeightLoader loader(file, *backend);
+            Result<blocks::MoeWeights> w = blocks::load_moe(loader, "blk.3.", kEmbd, shape, shared);
+            ASSERT_TRUE(w.ok()) << w.status().to_string();
             blocks::Arena arena(*backend);
             Program program;
             const blocks::StepTensors step;  // moe_ffn reads no step metadata
-            blocks::Recorder rec{program, arena, step, qx};
+            blocks::Recorder rec{program, arena, step};
             const Tensor xt = make_tensor(DType::f32, x.data(), kEmbd, kTokens);
             Result<Tensor> out = blocks::moe_ffn(rec, xt, *w, shape);
             ASSERT_TRUE(out.ok()) << out.status().to_string();
@@ -189,10 +195,10 @@ TEST(MoeBlock, MatchesTheFormula) {
                 ref2 += want[t * kEmbd + i] * want[t * kEmbd + i];
               }
             }
-            // f32 accumulation: ~1e-7; quantize_x rounds activations to q8_0 (~0.4% per value) for q4_0.
+            // f32 accumulation: ~1e-7; precision_fast rounds activations to q8_0 (~0.4% per value) for q4_0.
             const double limit = qx && type != DType::f32 ? 2e-2 : 1e-5;
             EXPECT_LE(std::sqrt(diff2 / ref2), limit)
-                << fmt::format("{} shared {} n_used {} normalize {} quantize_x {}", dtype_name(type), shared,
+                << fmt::format("{} shared {} n_used {} normalize {} fast {}", dtype_name(type), shared,
                                n_used, normalize, qx);
             EXPECT_GT(ref2, 1e-3);
           }

@@ -21,6 +21,7 @@
 #include "formats/gguf.h"
 #include "models/model.h"
 #include "ops/ops.h"
+#include "runtime/placement/offload.h"  // the host stage of a split model, as the engine gives it
 
 namespace kiln {
 namespace {
@@ -37,6 +38,7 @@ class RecordingBackend final : public Backend {
  public:
   RecordingBackend() : cpu_(make_backend("cpu", BackendOptions{2}).value()) {}
   std::string_view name() const override { return "recording"; }
+  bool host_memory() const override { return device_free == 0; }  // a device when it says it has memory
   bool supports(const ops::Op& op) const override { return cpu_->supports(op); }
   Status run(const Program& program) override {
     programs.push_back(program.ops());
@@ -142,18 +144,26 @@ bool inside(const std::set<const Buffer*>& buffers, const Tensor& t) {
 
 struct Loaded {
   std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<OffloadRunner> host_stage;  // split: the engine's runner, with its defaults
   std::unique_ptr<Model> model;
   std::unique_ptr<KvBuffers> kv;
 };
-Loaded load(Backend& backend, const char* file_name, Backend* rest = nullptr, int32_t n_first_layers = 0) {
+Loaded load(Backend& backend, const char* file_name, Backend* rest = nullptr, int32_t n_first_layers = 0,
+            bool reuse_program = true) {
   Loaded l;
   auto f = gguf::File::open(model_path(file_name));
   EXPECT_TRUE(f.ok()) << f.status().to_string();
   if (!f.ok()) return l;
   l.file = std::make_shared<const gguf::File>(std::move(f).value());
-  ModelOptions options{false, 256};
+  ModelOptions options;
+  options.n_ctx = 256;
   options.rest = rest;
   options.n_first_layers = n_first_layers;
+  options.reuse_program = reuse_program;
+  if (rest != nullptr) {
+    l.host_stage = std::make_unique<OffloadRunner>(OffloadOptions{});
+    options.host_stage = l.host_stage.get();
+  }
   auto m = load_model(l.file, backend, options);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   if (!m.ok()) return l;
@@ -299,14 +309,13 @@ TEST(StepProgram, DecodeAndMixedStepsOnTheDefaultModel) {
 
 // A step whose metadata has the shapes and places of the step before, over the same KV pools, runs the
 // program recorded for that step again (Program::version() unchanged: a backend keeps what it made of it),
-// with the logits of a model that records every step (KILN_REUSE_PROGRAM=0); any other step records anew.
+// with the logits of a model that records every step (ModelOptions::reuse_program false); any other step
+// records anew.
 TEST(StepProgram, AStepShapedAsTheOneBeforeRunsItsProgramAgain) {
   RecordingBackend rec, fresh;
   Loaded l = load(rec, "SmolLM2-135M-Instruct.Q4_1.gguf");
   ASSERT_TRUE(l.model);
-  ::setenv("KILN_REUSE_PROGRAM", "0", 1);
-  Loaded plain = load(fresh, "SmolLM2-135M-Instruct.Q4_1.gguf");
-  ::unsetenv("KILN_REUSE_PROGRAM");
+  Loaded plain = load(fresh, "SmolLM2-135M-Instruct.Q4_1.gguf", nullptr, 0, /*reuse_program=*/false);
   ASSERT_TRUE(plain.model);
   KvBuffers other = KvBuffers::allocate(*l.model, 16, 16, DType::f32).value();
   const std::vector<Batch> steps = {prefill(19, 4), decode(),          decode_at(20, 5), decode_at(21, 6),

@@ -25,6 +25,7 @@ class Recording final : public Backend {
  public:
   explicit Recording(std::unique_ptr<Backend> cpu) : cpu_(std::move(cpu)) {}
   std::string_view name() const override { return cpu_->name(); }
+  bool host_memory() const override { return cpu_->host_memory(); }
   bool supports(const ops::Op& op) const override { return cpu_->supports(op); }
   using Backend::run;
   Status run(const Program& program) override { return cpu_->run(program); }

@@ -1,6 +1,6 @@
 // The CPU backend's ISA level: names, the KILN_CPU_ISA override and its errors; which weights a level keeps
 // in its own memory and layout.
-#include "backends/cpu/cpu_isa.h"
+#include "backends/cpu/cpu_options.h"
 
 #include <gtest/gtest.h>
 

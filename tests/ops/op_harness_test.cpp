@@ -50,7 +50,7 @@ struct Budget {
   Metric metric;
   double limit;
   double ref_rms_floor = 0.0;  // rel_l2 divides by max(|ref|, ref_rms_floor * sqrt(N))
-  // quantize_x against the exact product (a backend's own tolerance): the floor is at least this, the typical
+  // precision_fast against the exact product (a backend's own tolerance): the floor is at least this, the typical
   // size of the dot products (product_scale()). Rounding x perturbs a product by a fraction of that size,
   // however much its terms cancel, and a case of a single output may cancel down to little.
   double qx_floor = 0.0;
@@ -266,12 +266,16 @@ struct NamedBackend {
   BackendOptions options;    // as made, the thread count aside
 };
 
-// Every backend make_backend() gives here, the CPU once per ISA level this machine runs (so every level's
-// kernels are held to the references in one run). The harness fills inputs in host memory; a backend whose
-// memory the host cannot read (a GPU's) gets each op's operands copied over and back (run_on).
-const std::vector<NamedBackend>& backends() {
-  static const std::vector<NamedBackend> all = [] {
-    std::vector<NamedBackend> v;
+constexpr Precision kExact = Precision::precision_exact;
+constexpr Precision kFast = Precision::precision_fast;
+Precision precision_of(bool fast) { return fast ? kFast : kExact; }
+
+// Every backend make_backend() gives here at `precision` (BackendOptions::precision), the CPU once per ISA
+// level this machine runs (so every level's kernels are held to the references in one run). The harness fills
+// inputs in host memory; a backend whose memory the host cannot read (a GPU's) gets each op's operands copied
+// over and back (run_on).
+std::vector<NamedBackend> make_backends(Precision precision) {
+  std::vector<NamedBackend> v;
     std::vector<std::pair<std::string, BackendOptions>> wanted;
     for (cpu::CpuIsa isa : cpu::kCpuIsaLevels) {
       if (!cpu::cpu_isa_supported(isa)) continue;
@@ -282,16 +286,21 @@ const std::vector<NamedBackend>& backends() {
     wanted.emplace_back("cuda", BackendOptions{});
     for (auto& [kind, options] : wanted) {
       options.n_threads = 3;  // odd: uneven chunks
+      options.precision = precision;
       Result<std::unique_ptr<Backend>> b = make_backend(kind, options);
       if (!b.ok()) continue;
       Result<std::unique_ptr<Buffer>> probe = (*b)->allocate(64);
       if (!probe.ok()) continue;
-      const std::string name = options.cpu_isa.empty() ? kind : kind + "/" + options.cpu_isa;
+      std::string name = options.cpu_isa.empty() ? kind : kind + "/" + options.cpu_isa;
+      if (precision == kFast) name += " fast";
       v.push_back({name, std::move(b).value(), (*probe)->host_visible(), kind, options});
     }
     return v;
-  }();
-  return all;
+}
+const std::vector<NamedBackend>& backends(Precision precision = kExact) {
+  static const std::vector<NamedBackend> exact = make_backends(kExact);
+  static const std::vector<NamedBackend> fast = make_backends(kFast);
+  return precision == kFast ? fast : exact;
 }
 
 // Every tensor operand of an op, weights included (empty ones too: data == nullptr).
@@ -482,39 +491,32 @@ Error compare(const std::vector<float>& out, const std::vector<float>& ref, doub
           max_diff / max_ref};
 }
 
-bool quantizes_x(const Op& op) {
-  return std::visit(
-      [](const auto& o) {
-        if constexpr (requires { o.quantize_x; }) return o.quantize_x;
-        return false;
-      },
-      op);
+// The ops a backend's precision applies to.
+bool precision_applies(const Op& op) {
+  return std::holds_alternative<Matmul>(op) || std::holds_alternative<MoeMatmul>(op) ||
+         std::holds_alternative<Attention>(op);
 }
 
-// Runs make_op(dst) with the reference and on every backend, each into its own copy of `dst`, and holds each
-// backend's dst view to the reference's within `budget`, and the storage around the view to be untouched.
+// Runs make_op(dst) with the reference and on every backend of `precision`, each into its own copy of `dst`,
+// and holds each backend's dst view to the reference's (at that precision) within `budget`, and the storage
+// around the view to be untouched.
 template <class MakeOp>
-void expect_matches_ref(const std::string& what, const Host& dst, Budget budget, MakeOp&& make_op) {
+void expect_matches_ref(const std::string& what, const Host& dst, Budget budget, MakeOp&& make_op,
+                        Precision precision = kExact) {
   Host want = clone(dst);
   const Op ref_op = make_op(want.t);
   const Status valid = check(ref_op);
   ASSERT_TRUE(valid.ok()) << what << ": " << valid.to_string();
-  ref::run(ref_op);
+  ref::run(ref_op, precision);
   const std::vector<float> ref_values = gather(want.t);
-  // A backend with its own quantize_x precision is held to the exact product within its tolerance.
+  // A backend with its own fast precision is held to the exact product within its tolerance.
   std::vector<float> exact_values;
-  if (quantizes_x(ref_op)) {
+  if (precision == kFast && precision_applies(ref_op)) {
     Host exact = clone(dst);
-    Op exact_op = make_op(exact.t);
-    std::visit(
-        [](auto& o) {
-          if constexpr (requires { o.quantize_x; }) o.quantize_x = false;
-        },
-        exact_op);
-    ref::run(exact_op);
+    ref::run(make_op(exact.t), kExact);
     exact_values = gather(exact.t);
   }
-  for (const NamedBackend& nb : backends()) {
+  for (const NamedBackend& nb : backends(precision)) {
     // The weight as given (a plain tensor), then as the backend prepares it at load (its own layout).
     for (const bool prepared : {false, true}) {
       Host out = clone(dst);
@@ -523,7 +525,7 @@ void expect_matches_ref(const std::string& what, const Host& dst, Budget budget,
       if (prepared && !prepare_product_weight(*nb.backend, op, &handle)) continue;
       const std::string label = nb.name + (prepared ? " (prepared weight)" : "");
       if (!run_on(nb, op, what)) continue;
-      const double tolerance = nb.backend->quantize_x_tolerance();
+      const double tolerance = nb.backend->fast_tolerance();
       if (!exact_values.empty() && tolerance > 0.0) {
         const Error e = compare(gather(out.t), exact_values, std::max(budget.ref_rms_floor, budget.qx_floor));
         EXPECT_LE(e.rel_l2, tolerance) << label << " " << what << " (against the exact product)";
@@ -583,10 +585,11 @@ TEST(OpHarness, Matmul) {
       for (bool qx : {false, true}) {
         const std::string what =
             fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n, k, sh.m1, sh.m2,
-                        layout_name(sh.layout), qx ? " quantize_x" : "");
+                        layout_name(sh.layout), qx ? " fast" : "");
         Budget budget = kMatmul;
         budget.qx_floor = product_scale(w.t, x.t);
-        expect_matches_ref(what, dst, budget, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d, qx}); });
+        expect_matches_ref(
+            what, dst, budget, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d}); }, precision_of(qx));
       }
     }
   }
@@ -613,10 +616,11 @@ TEST(OpHarness, MatmulBatches) {
       const Host dst = make_f32(sh.layout, n, sh.m1, sh.m2, nullptr);
       for (bool qx : {false, true}) {
         const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, n, k,
-                                             sh.m1, sh.m2, layout_name(sh.layout), qx ? " quantize_x" : "");
+                                             sh.m1, sh.m2, layout_name(sh.layout), qx ? " fast" : "");
         Budget budget = kMatmul;
         budget.qx_floor = product_scale(w.t, x.t);
-        expect_matches_ref(what, dst, budget, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d, qx}); });
+        expect_matches_ref(
+            what, dst, budget, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d}); }, precision_of(qx));
       }
     }
   }
@@ -624,7 +628,7 @@ TEST(OpHarness, MatmulBatches) {
 
 // Batch invariance of the quantized products: a token's row of dst is the same bits whether it is multiplied
 // alone (decode: straight from the packed blocks), with one other token, or in a batch (unpacked tiles).
-TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
+TEST(OpHarness, MatmulFastIsBatchInvariant) {
   Rng rng(13);
   for (DType type : kWeightTypes) {
     if (activation_type(type) == DType::f32) continue;
@@ -634,7 +638,7 @@ TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
       const int64_t n = 9, m = 7;
       const Host w = make_weights(type, k, n, 0, rng);
       const Host x = dense(k, m, 1, &rng);
-      for (const NamedBackend& nb : backends()) {
+      for (const NamedBackend& nb : backends(kFast)) {
         if (!nb.host_visible) continue;
         for (const bool prepared : {false, true}) {  // the file's blocks, then the backend's layout
           ops::Weight wt(w.t);
@@ -643,12 +647,12 @@ TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
           ASSERT_TRUE(h.ok());
           if (prepared) wt = (*h)->weight;
           const Host batch = dense(n, m, 1, nullptr);
-          ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t, true}).ok());
+          ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t}).ok());
           for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{5}}) {
             for (int64_t i = 0; i + rows <= m; i += rows) {
               const Tensor xi = make_tensor(DType::f32, const_cast<uint8_t*>(x.t.row(i)), k, rows);
               const Host alone = dense(n, rows, 1, nullptr);
-              ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t, true}).ok());
+              ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t}).ok());
               EXPECT_EQ(
                   std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)), 0)
                   << nb.name << (prepared ? " (prepared weight) " : " ") << info.name << " k " << k
@@ -669,9 +673,9 @@ TEST(OpHarness, MatmulQuantizeXIsBatchInvariant) {
 TEST(OpHarness, MatmulTilesAreTheVnniBits) {
   const NamedBackend* vnni = nullptr;
   const NamedBackend* amx = nullptr;
-  for (const NamedBackend& nb : backends()) {
-    if (nb.name == "cpu/avx512vnni") vnni = &nb;
-    if (nb.name == "cpu/amx") amx = &nb;
+  for (const NamedBackend& nb : backends(kFast)) {
+    if (nb.name == "cpu/avx512vnni fast") vnni = &nb;
+    if (nb.name == "cpu/amx fast") amx = &nb;
   }
   if (vnni == nullptr || amx == nullptr) GTEST_SKIP() << "this machine runs no AMX tiles";
   Rng rng(19);
@@ -693,7 +697,7 @@ TEST(OpHarness, MatmulTilesAreTheVnniBits) {
       }
       const ops::Weight wt = (*h)->weight;
       const Host batch = dense(n, m, 1, nullptr);
-      ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t, true}).ok());
+      ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t}).ok());
       bits[level] = gather(batch.t);
       for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{13}, int64_t{21}}) {
         for (int64_t i = 0; i + rows <= m; i += rows) {
@@ -701,7 +705,7 @@ TEST(OpHarness, MatmulTilesAreTheVnniBits) {
           xi.data = x.t.row(i);
           xi.ne[1] = rows;
           const Host alone = dense(n, rows, 1, nullptr);
-          ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t, true}).ok());
+          ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t}).ok());
           EXPECT_EQ(std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)),
                     0)
               << nb.name << " " << info.name << ": rows " << i << ".." << i + rows - 1
@@ -715,7 +719,7 @@ TEST(OpHarness, MatmulTilesAreTheVnniBits) {
   }
 }
 
-// The float products (f32 / f16 / bf16 weights; quantize_x does not apply to them) on batches large enough
+// The float products (f32 / f16 / bf16 weights; the fast precision does not apply to them) on batches large enough
 // for every tile shape of the packed kernel (1..8 x rows, 1..6 groups of 16 rows a call; 21 groups over 3
 // threads: runs of 7), held to the reference; a token's row of dst the same bits alone, with one other token
 // or in any part of the batch (x rows strided); and on the packed layout the same bits at every level that
@@ -728,7 +732,7 @@ TEST(OpHarness, MatmulFloatIsBatchInvariant) {
       const Host w = make_weights(type, k, n, 0, rng);
       const Host x = make_f32(Layout::strided, k, m, 1, &rng);
       Host want = dense(n, m, 1, nullptr);
-      ref::run(Matmul{w.t, x.t, want.t, false});
+      ref::run(Matmul{w.t, x.t, want.t});
       const std::vector<float> ref_values = gather(want.t);
       std::vector<float> packed_bits;  // the batch on the packed layout at the first level that packs
       for (const NamedBackend& nb : backends()) {
@@ -742,7 +746,7 @@ TEST(OpHarness, MatmulFloatIsBatchInvariant) {
           const std::string label =
               fmt::format("{}{} {} k {}", nb.name, prepared ? " (prepared weight)" : "", dtype_name(type), k);
           const Host batch = dense(n, m, 1, nullptr);
-          ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t, false}).ok());
+          ASSERT_TRUE(nb.backend->run(Matmul{wt, x.t, batch.t}).ok());
           const std::vector<float> got = gather(batch.t);
           EXPECT_LE(compare(got, ref_values, kMatmul.ref_rms_floor).rel_l2, kMatmul.limit) << label;
           if (prepared && packed_bits.empty()) {
@@ -757,7 +761,7 @@ TEST(OpHarness, MatmulFloatIsBatchInvariant) {
               xi.data = x.t.row(i);
               xi.ne[1] = rows;
               const Host alone = dense(n, rows, 1, nullptr);
-              ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t, false}).ok());
+              ASSERT_TRUE(nb.backend->run(Matmul{wt, xi, alone.t}).ok());
               EXPECT_EQ(
                   std::memcmp(alone.t.data, batch.t.row(i), static_cast<size_t>(n * rows) * sizeof(float)), 0)
                   << label << ": rows " << i << ".." << i + rows - 1
@@ -1034,10 +1038,10 @@ TEST(OpHarness, Attention) {
               "attention {} heads {}/{} head_dim {} block_size {} softcap {} window {} {}", dtype_name(type),
               n_heads, n_kv, head_dim, block_size, var.softcap, var.window, layout_name(layout));
           for (bool qx : {false, true}) {
-            expect_matches_ref(what + (qx ? " quantize_x" : ""), dst, kAttention, [&](const Tensor& d) {
+            expect_matches_ref(what + (qx ? " fast" : ""), dst, kAttention, [&](const Tensor& d) {
               return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
-                                  scale, var.softcap, var.window, d, qx});
-            });
+                                  scale, var.softcap, var.window, d});
+            }, precision_of(qx));
           }
         }
       }
@@ -1089,16 +1093,16 @@ TEST(OpHarness, AttentionPrefill) {
           fmt::format("attention prefill {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
                       dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
       for (bool qx : {false, true}) {
-        expect_matches_ref(what + (qx ? " quantize_x" : ""), dst, kAttention, [&](const Tensor& d) {
+        expect_matches_ref(what + (qx ? " fast" : ""), dst, kAttention, [&](const Tensor& d) {
           return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                              var.softcap, var.window, d, qx});
-        });
+                              var.softcap, var.window, d});
+        }, precision_of(qx));
       }
     }
   }
 }
 
-// Long prefill chunks under quantize_x (a GPU may run them on f16 tensor cores, within its quantize_x
+// Long prefill chunks at precision_fast (a GPU may run them on f16 tensor cores, within its fast
 // tolerance of the exact result) and exactly: a 200-token prompt, a 130-token chunk continuing a 260-token
 // sequence, and a decode token, so that tiles of query rows span several 64-position chunks, sequences share
 // a tile, and windows start mid-chunk; f32 and f16 pools, GQA, MQA and plain heads, head dims 64, 96 and 128.
@@ -1147,11 +1151,11 @@ TEST(OpHarness, AttentionPrefillLong) {
       const std::string what = fmt::format(
           "attention long prefill {} heads {}/{} head_dim {} block_size {} softcap {} window {}{}",
           dtype_name(c.type), c.n_heads, c.n_kv, c.head_dim, c.block_size, c.softcap, c.window,
-          qx ? " quantize_x" : "");
+          qx ? " fast" : "");
       expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
         return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                            c.softcap, c.window, d, qx});
-      });
+                            c.softcap, c.window, d});
+      }, precision_of(qx));
     }
   }
 }
@@ -1210,10 +1214,10 @@ TEST(OpHarness, AttentionLongContext) {
           fmt::format("attention long context {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
                       dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
       for (bool qx : {false, true}) {
-        expect_matches_ref(what + (qx ? " quantize_x" : ""), dst, kAttention, [&](const Tensor& d) {
+        expect_matches_ref(what + (qx ? " fast" : ""), dst, kAttention, [&](const Tensor& d) {
           return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                              var.softcap, var.window, d, qx});
-        });
+                              var.softcap, var.window, d});
+        }, precision_of(qx));
       }
     }
   }
@@ -1239,7 +1243,7 @@ std::vector<std::vector<int32_t>> block_tables(const std::vector<int64_t>& lens,
   return tables;
 }
 
-// The tiled path (quantize_x) where its tiling has edges: head dims that are no whole vectors (7, 80) or
+// The tiled path (precision_fast) where its tiling has edges: head dims that are no whole vectors (7, 80) or
 // large (256); GQA groups 1, 3, 4 and 8 (tiles of 64, 21, 16 and 8 tokens); block sizes that divide no length
 // (5, 7) and one position a block; a ragged batch: a prompt from position 0 longer than a tile, a chunk
 // continuing a sequence past 1,024 positions (rows cross segments of 512 positions) in two runs with another
@@ -1287,8 +1291,8 @@ TEST(OpHarness, AttentionTiled) {
                       single ? " one token" : "");
       expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
         return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                            c.softcap, c.window, d, true});
-      });
+                            c.softcap, c.window, d});
+      }, kFast);
     }
   }
 }
@@ -1332,7 +1336,7 @@ TEST(OpHarness, AttentionTiledIsBatchInvariant) {
     NamedBackend threads1;
   };
   std::vector<Level> levels;  // each CPU level, on 3 threads and on 1
-  for (const NamedBackend& nb : backends()) {
+  for (const NamedBackend& nb : backends(kFast)) {
     if (nb.kind != "cpu") continue;
     BackendOptions options = nb.options;
     options.n_threads = 1;
@@ -1370,7 +1374,7 @@ TEST(OpHarness, AttentionTiledIsBatchInvariant) {
         const Host dst = dense(head_dim, n_heads, n, nullptr);
         std::vector<float> rows(n_all * n_heads * head_dim, std::nanf(""));
         const Op op = Attention{q.t,    k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
-                                0.125f, softcap,  window,   dst.t,   true};
+                                0.125f, softcap,  window,   dst.t};
         if (!run_on(nb, op, what)) return rows;
         for (int64_t j = 0; j < n; ++j) {
           std::memcpy(&rows[ids[j] * n_heads * head_dim], dst.t.row(0, j), head_dim * n_heads * 4);
@@ -1481,12 +1485,12 @@ TEST(OpHarness, MoeMatmul) {
         for (bool qx : {false, true}) {
           const std::string what =
               fmt::format("moe_matmul {} w [{}, {}, {}] x {} n_used {} {}{}", info.name, k, sh.n, sh.n_expert,
-                          x.t.describe(), sh.n_used, layout_name(layout), qx ? " quantize_x" : "");
+                          x.t.describe(), sh.n_used, layout_name(layout), qx ? " fast" : "");
           Budget budget = kMatmul;
           budget.qx_floor = product_scale(w.t, x.t);
           expect_matches_ref(what, dst, budget, [&](const Tensor& d) {
-            return Op(MoeMatmul{w.t, x.t, iv(ids), d, qx});
-          });
+            return Op(MoeMatmul{w.t, x.t, iv(ids), d});
+          }, precision_of(qx));
         }
       }
     }
@@ -1803,26 +1807,30 @@ TEST(OpHarness, Perf) {
   if (env == nullptr || std::string_view(env) != "1") return;
   Rng rng(12);
   std::vector<NamedBackend> timed;  // default options: the thread count a user gets
-  for (const NamedBackend& nb : backends()) {
-    // Host-memory backends only: a device backend's time here would be the operands' copies.
-    if (!nb.host_visible) continue;
-    BackendOptions options = nb.options;
-    options.n_threads = 0;
-    timed.push_back({nb.name, make_backend(nb.kind, options).value(), true, nb.kind, options});
+  for (const Precision precision : {kExact, kFast}) {
+    for (const NamedBackend& nb : backends(precision)) {
+      // Host-memory backends only: a device backend's time here would be the operands' copies.
+      if (!nb.host_visible) continue;
+      BackendOptions options = nb.options;
+      options.n_threads = 0;
+      timed.push_back({nb.name, make_backend(nb.kind, options).value(), true, nb.kind, options});
+    }
   }
   for (const NamedBackend& nb : timed) fmt::print("{}: {} threads\n", nb.name, nb.backend->n_threads());
   fmt::print("{:<10} {:<7} {:<34} {:<15} {:>12} {:>12} {:>8}\n", "op", "type", "shape", "back", "backend us",
              "ref us", "ref/back");
-  auto row = [&](std::string_view op, std::string_view type, const std::string& shape, const Op& run_op) {
+  // `run_op` on the timed backends of `precision`.
+  auto row = [&](std::string_view op, std::string_view type, const std::string& shape, const Op& run_op,
+                 Precision precision = kExact) {
     for (const NamedBackend& nb : timed) {
-      if (!nb.backend->supports(run_op)) continue;
+      if (nb.options.precision != precision || !nb.backend->supports(run_op)) continue;
       const double back = median_us(
           [&] {
             EXPECT_TRUE(nb.backend->run(run_op).ok());
             EXPECT_TRUE(nb.backend->synchronize().ok());
           },
           15);
-      const double ref_us = median_us([&] { ref::run(run_op); }, 3);
+      const double ref_us = median_us([&] { ref::run(run_op, precision); }, 3);
       fmt::print("{:<10} {:<7} {:<34} {:<15} {:>12.1f} {:>12.1f} {:>8.1f}\n", op, type, shape, nb.name, back,
                  ref_us, ref_us / back);
     }
@@ -1835,7 +1843,7 @@ TEST(OpHarness, Perf) {
       row("matmul", dtype_name(type), fmt::format("w [1536, 576] x [1536, {}]", m), Matmul{w.t, x.t, d.t});
       if (ops::activation_type(type) != DType::f32) {
         row("matmul", dtype_name(type), fmt::format("w [1536, 576] x [1536, {}] qx", m),
-            Matmul{w.t, x.t, d.t, true});
+            Matmul{w.t, x.t, d.t}, kFast);
       }
     }
   }
@@ -1893,8 +1901,8 @@ TEST(OpHarness, Perf) {
         for (bool qx : {false, true}) {
           row("attention", dtype_name(type),
               fmt::format("9/3 heads x 64, {} tokens, {} pos{}", n, len, qx ? " qx" : ""),
-              Attention{qn.t, kp, vp, iv(pn), iv(sn), iv(bts.indptr), iv(bts.indices), 0.125f, 0.0f, 0, on.t,
-                        qx});
+              Attention{qn.t, kp, vp, iv(pn), iv(sn), iv(bts.indptr), iv(bts.indices), 0.125f, 0.0f, 0, on.t},
+              precision_of(qx));
         }
       }
     }

@@ -14,6 +14,7 @@
 #include "ops/ops.h"
 #include "runtime/kv_cache/block_pool.h"
 #include "runtime/kv_cache/kv_budget.h"
+#include "runtime/placement/placement.h"
 
 namespace kiln {
 namespace {

@@ -31,6 +31,7 @@
 #include "kiln/kiln.h"
 #include "models/model.h"
 #include "runtime/kv_cache/kv_cache.h"
+#include "runtime/placement/offload.h"
 
 namespace {
 
@@ -58,13 +59,20 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
     KILN_ASSIGN_OR_RETURN(kiln::gguf::File f, kiln::gguf::File::open(model_path));
     file = std::make_shared<const kiln::gguf::File>(std::move(f));
   }
-  KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend(g_device, {threads}));
-  kiln::ModelOptions options{g_quantize_x, kContext};
+  kiln::BackendOptions bo;
+  bo.n_threads = threads;
+  bo.precision = g_quantize_x ? kiln::ops::Precision::precision_fast : kiln::ops::Precision::precision_exact;
+  KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend(g_device, bo));
+  kiln::ModelOptions options;
+  options.n_ctx = kContext;
   std::unique_ptr<kiln::Backend> rest;
+  std::unique_ptr<kiln::OffloadRunner> host_stage;  // as the engine runs a split model's host layers
   if (g_split >= 0) {
-    KILN_ASSIGN_OR_RETURN(rest, kiln::make_backend("cpu", {threads}));
+    KILN_ASSIGN_OR_RETURN(rest, kiln::make_backend("cpu", bo));
     options.rest = rest.get();
     options.n_first_layers = g_split;
+    host_stage = std::make_unique<kiln::OffloadRunner>(kiln::OffloadOptions{});
+    options.host_stage = host_stage.get();
   }
   KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, options));
   const kiln::ModelInfo& info = model->info();

@@ -169,7 +169,7 @@ Status run_bench(const BenchOptions& o) {
       base.model = d.name;
       base.path = eo.model_path;
       base.backend = d.backend;
-      if (d.backend != "cpu" && d.n_gpu_layers < d.n_layers)
+      if (d.n_gpu_layers > 0 && d.n_gpu_layers < d.n_layers)  // partial offload
         base.backend += fmt::format(", ngl {}", d.n_gpu_layers);
       base.size_bytes = d.weight_bytes;
       base.n_params = d.n_params;

@@ -118,8 +118,9 @@ Result<RequestStats> generate(Engine& engine, const Request& req, std::string* r
 void print_stats(const Engine& engine, const RequestStats& st) {
   const ModelDescription& m = engine.model();
   const int32_t computed = st.n_prompt - st.n_cached;
-  const bool split = m.backend != "cpu" && m.n_gpu_layers < m.n_layers;
-  const std::string where = m.backend == "cpu" ? fmt::format("cpu, {} threads", m.n_threads)
+  const bool host = m.n_gpu_layers == 0;  // every layer on the CPU
+  const bool split = !host && m.n_gpu_layers < m.n_layers;
+  const std::string where = host ? fmt::format("cpu, {} threads", m.n_threads)
                             : split ? fmt::format("{} (the first {} of {} layers on the GPU, {} CPU threads)",
                                                   m.backend, m.n_gpu_layers, m.n_layers, m.n_threads)
                                     : m.backend;
@@ -128,7 +129,7 @@ void print_stats(const Engine& engine, const RequestStats& st) {
   const std::string copy = m.prepared_bytes == 0
                                ? ""
                                : fmt::format(" ({:.2f} GiB {})", m.prepared_bytes / 1073741824.0,
-                                             m.backend == "cpu" ? "repacked"
+                                             host ? "repacked"
                                              : split            ? "on the device and repacked"
                                                                 : "on the device");
   std::fprintf(

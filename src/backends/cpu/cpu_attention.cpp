@@ -1,13 +1,13 @@
 // Paged causal attention on the CPU, two paths.
 //
-// Exact (ops::Attention::quantize_x false, `--exact`): threads split the (token, head) pairs; each computes
+// Exact (ops::Precision::precision_exact, `--exact`): threads split the (token, head) pairs; each computes
 // the scores of its query against the positions it may see (read through the block table), a softmax in f32
 // with the max subtracted, and the weighted sum of the V rows. K/V rows are f32 or f16 (converted per row).
 // The loop is compiled twice: for the baseline ISA and, on x86-64, for AVX2 without FMA, picked at run time.
 // The arithmetic is written once (attend_range) and holds no fused multiply-add and no reassociation, so the
 // wider vectors compute the same bits: each of dot_f32's 8 sums is one lane, each output element its own.
 //
-// Tiled (quantize_x, the default of run / bench / serve): online softmax over chunks of kAttnChunk positions,
+// Tiled (precision_fast, the default of run / bench / serve): online softmax over chunks of kAttnChunk positions,
 // in the level's kernels (kernels/cpu_kernels.h, AttnChunk; docs/cpu-kernels.md). A tile is up to kTileRows
 // query rows: consecutive tokens of one sequence (consecutive positions) x the query heads of one KV head, so
 // each K/V row read serves the GQA group and the tile's tokens. Positions go in segments of kAttnSegment (at
@@ -355,8 +355,8 @@ void attention_tiled(ThreadPool& pool, const CpuKernels& kern, const ops::Attent
 
 }  // namespace
 
-void attention(ThreadPool& pool, const CpuKernels& kern, const ops::Attention& op) {
-  if (op.quantize_x) {
+void attention(ThreadPool& pool, const CpuKernels& kern, const ops::Attention& op, ops::Precision precision) {
+  if (precision == ops::Precision::precision_fast) {
     attention_tiled(pool, kern, op);
     return;
   }

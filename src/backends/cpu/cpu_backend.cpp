@@ -3,15 +3,14 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/cpu_options.h"
 #include "backends/cpu/cpu_pack.h"
+#include "core/log.h"
 
 namespace kiln {
 
 namespace {
-
-using cpu::CpuIsa;
 
 class HostBuffer final : public Buffer {
  public:
@@ -28,13 +27,14 @@ class HostBuffer final : public Buffer {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int n_threads, CpuIsa isa) : pool_(n_threads), isa_(isa), kernels_(cpu::cpu_kernels(isa)) {
-    const char* env = std::getenv("KILN_CPU_REPACK");
-    repack_ = env == nullptr || std::string_view(env) != "0";
+  explicit CpuBackend(const cpu::CpuOptions& options)
+      : pool_(options.n_threads), options_(options), kernels_(cpu::cpu_kernels(options.isa)) {
+    options_.n_threads = pool_.n_threads();
+    log_debug("cpu backend: {}", cpu::cpu_options_describe(options_));
   }
   using Backend::run;  // run(op) as well as run(program)
   std::string_view name() const override { return "cpu"; }
-  std::string_view isa() const { return cpu_isa_name(isa_); }
+  bool host_memory() const override { return true; }
   // Every op, every weight type with a dequantizer; destinations in f32 only.
   bool supports(const ops::Op& op) const override {
     const Tensor* dst = ops::float_dst(op);
@@ -47,7 +47,7 @@ class CpuBackend final : public Backend {
                              ops::op_name(op), dtype_name(ops::float_dst(op)->type));
       }
     }
-    for (const ops::Op& op : program.ops()) cpu::run(pool_, kernels_, op);
+    for (const ops::Op& op : program.ops()) cpu::run(pool_, kernels_, op, options_.precision);
     return Status::ok_status();
   }
   Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes) override { return allocate(bytes); }
@@ -79,8 +79,8 @@ class CpuBackend final : public Backend {
   }
   Status synchronize() override { return Status::ok_status(); }  // every call above has finished on return
   // Weights are read in place, from the mapped file, unless this level has a packed kernel for their type
-  // (KILN_CPU_REPACK=0: none is used): then the product matrices are repacked (cpu_pack.h), those of
-  // block-quantized types for quantize_x matmuls (the exact path keeps reading their file blocks), the
+  // (CpuOptions::repack false: none is used): then the product matrices are repacked (cpu_pack.h), those of
+  // block-quantized types for precision_fast matmuls (the exact path keeps reading their file blocks), the
   // f32 / f16 / bf16 ones for every matmul; a tied table's rows come from its packed copy.
   Result<std::unique_ptr<WeightHandle>> prepare_weight(const Tensor& logical, std::string_view name,
                                                        WeightRole role) override {
@@ -98,7 +98,7 @@ class CpuBackend final : public Backend {
     const bool product = role == WeightRole::weight_role_matmul ||
                          role == WeightRole::weight_role_expert_matmul ||
                          role == WeightRole::weight_role_tied_embedding;
-    if (product && repack_) {
+    if (product && options_.repack) {
       if (std::unique_ptr<cpu::PackedWeight> packed = cpu::pack_weight(pool_, kernels_, logical, read_done)) {
         h->weight.prepared = packed.get();
         h->prepared = std::move(packed);
@@ -110,6 +110,7 @@ class CpuBackend final : public Backend {
     return h;
   }
   int n_threads() const override { return pool_.n_threads(); }
+  ops::Precision precision() const override { return options_.precision; }
 
  private:
   // The weight's bytes copied into memory of this backend, contiguous, and the ops pointed at the copy. For
@@ -128,16 +129,15 @@ class CpuBackend final : public Backend {
   }
 
   ThreadPool pool_;
-  CpuIsa isa_;
+  cpu::CpuOptions options_;
   const cpu::CpuKernels& kernels_;
-  bool repack_ = true;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options) {
-  KILN_ASSIGN_OR_RETURN(const CpuIsa isa, cpu::cpu_isa_select(options.cpu_isa));
-  return std::unique_ptr<Backend>(new CpuBackend(options.n_threads, isa));
+  KILN_ASSIGN_OR_RETURN(const cpu::CpuOptions o, cpu::cpu_options(options));
+  return std::unique_ptr<Backend>(new CpuBackend(o));
 }
 
 }  // namespace kiln

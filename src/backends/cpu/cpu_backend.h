@@ -1,5 +1,5 @@
 // The CPU backend: every op of ops/ops.h, multithreaded on a persistent thread pool, the matmuls with the
-// kernels of one ISA level (BackendOptions::cpu_isa, else KILN_CPU_ISA, else the best cpuid reports).
+// kernels of one ISA level and at the precision its options say (cpu_options.h).
 // Operands are host memory; weights are read in place (e.g. from a memory-mapped GGUF file).
 #pragma once
 

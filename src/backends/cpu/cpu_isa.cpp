@@ -98,23 +98,6 @@ CpuIsa cpu_isa_best() {
   return best;
 }
 
-Result<CpuIsa> cpu_isa_select(std::string_view name) {
-  std::string_view what = "cpu isa";
-  if (name.empty()) {
-    const char* env = std::getenv("KILN_CPU_ISA");
-    if (env == nullptr || *env == '\0') return cpu_isa_best();
-    name = env;
-    what = "KILN_CPU_ISA";
-  }
-  Result<CpuIsa> isa = cpu_isa_from_name(name);
-  if (!isa.ok()) return invalid_argument("{}: {}", what, isa.status().message());
-  if (!cpu_isa_supported(*isa)) {
-    return invalid_argument("{}={}: this CPU cannot run it (the best it runs is {})", what, name,
-                            cpu_isa_name(cpu_isa_best()));
-  }
-  return isa;
-}
-
 const CpuKernels& cpu_kernels(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::cpu_isa_avx2: return cpu_kernels_avx2();

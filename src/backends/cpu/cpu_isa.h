@@ -1,5 +1,5 @@
 // The instruction-set levels the CPU kernels are compiled for, and which one a process uses: the best this
-// machine runs (cpuid, read once), unless KILN_CPU_ISA or BackendOptions::cpu_isa names one. Levels are
+// machine runs (cpuid, read once), unless the backend's options name one (cpu_options.h). Levels are
 // ordered: each runs everything the one before it does. ARM (NEON, dotprod) slots in as its own levels.
 #pragma once
 
@@ -30,9 +30,6 @@ Result<CpuIsa> cpu_isa_from_name(std::string_view name);
 bool cpu_isa_supported(CpuIsa isa);
 // The best level this machine runs.
 CpuIsa cpu_isa_best();
-// The level for `name`: "" = KILN_CPU_ISA when set, else cpu_isa_best(). invalid_argument for an unknown name
-// or a level this machine cannot run.
-Result<CpuIsa> cpu_isa_select(std::string_view name);
 // The kernels of a level this machine runs.
 const CpuKernels& cpu_kernels(CpuIsa isa);
 

@@ -4,7 +4,7 @@
 // items; each item runs every x row of its group through the tile, kTileCols x rows per micro-kernel call,
 // so a weight block is read once per kTileCols tokens (prefill is a tiled GEMM, decode the same code with
 // one column). The kernels are those of the backend's ISA level (kernels/cpu_kernels.h).
-// - quantize_x (the default of kiln run/chat/bench): the x rows are quantized once per call to the weight
+// - precision_fast (the default of kiln run/chat/bench): the x rows are quantized once per call to the weight
 //   type's activation format; each tile of weight rows is unpacked once to int8 sub-blocks and multiplied
 //   with integer dot products. Types without an activation format (f32, f16, bf16) take the float path.
 // - f32 activations: f32/f16/bf16 weights go through the packed float layout (cpu_pack.h) when the backend
@@ -365,8 +365,9 @@ void products_float_packed(ThreadPool& pool, const CpuKernels& kern, const Produ
 }
 
 void run_products(ThreadPool& pool, const CpuKernels& kern, const Products& pr, const PackedWeight* packed,
-                  const Tensor& x_t, const Tensor& dst_t, bool quantize_x) {
-  const DType act = quantize_x ? ops::activation_type(pr.w.type) : DType::f32;
+                  const Tensor& x_t, const Tensor& dst_t, ops::Precision precision) {
+  const DType act =
+      precision == ops::Precision::precision_fast ? ops::activation_type(pr.w.type) : DType::f32;
   const bool packed_fits = packed != nullptr && static_cast<int64_t>(packed->mats.size()) == pr.w.ne[2] &&
                            packed->mats[0].k == pr.w.ne[0] && packed->mats[0].n == pr.w.ne[1];
   const bool float_packed_fits = packed != nullptr &&
@@ -386,15 +387,16 @@ void run_products(ThreadPool& pool, const CpuKernels& kern, const Products& pr, 
 
 }  // namespace
 
-void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op) {
+void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op, ops::Precision precision) {
   const int64_t m = op.x.n_rows();
   Products pr{op.w.tensor, {0}, {0, m}, std::vector<int64_t>(m), {}};
   std::iota(pr.x_rows.begin(), pr.x_rows.end(), 0);
   pr.y_rows = pr.x_rows;
-  run_products(pool, kern, pr, packed_form(op.w), op.x, op.dst, op.quantize_x);
+  run_products(pool, kern, pr, packed_form(op.w), op.x, op.dst, precision);
 }
 
-void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op) {
+void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op,
+                ops::Precision precision) {
   const int64_t n_expert = op.w.tensor.ne[2], n_used = op.dst.ne[1];
   const auto ids = op.ids.span_as<const int32_t>();
   const auto n_pairs = static_cast<int64_t>(ids.size());
@@ -416,7 +418,7 @@ void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& 
     pr.mats.push_back(static_cast<int32_t>(e));
     pr.start.push_back(first[e + 1]);
   }
-  run_products(pool, kern, pr, packed_form(op.w), op.x, op.dst, op.quantize_x);
+  run_products(pool, kern, pr, packed_form(op.w), op.x, op.dst, precision);
 }
 
 }  // namespace kiln::cpu

@@ -263,23 +263,23 @@ void weighted_sum(ThreadPool& pool, const WeightedSum& op) {
 
 }  // namespace
 
-void run(ThreadPool& pool, const CpuKernels& kern, const Op& op) {
+void run(ThreadPool& pool, const CpuKernels& kern, const Op& op, Precision precision) {
   // One case per op: an op without a CPU kernel does not compile.
   std::visit(Overloaded{
                  [&](const GetRows& o) { get_rows(pool, o); },
-                 [&](const Matmul& o) { matmul(pool, kern, o); },
+                 [&](const Matmul& o) { matmul(pool, kern, o, precision); },
                  [&](const RmsNorm& o) { rms_norm(pool, o); },
                  [&](const LayerNorm& o) { layer_norm(pool, o); },
                  [&](const Rope& o) { rope(pool, o); },
                  [&](const Softmax& o) { softmax(pool, o); },
                  [&](const KvWrite& o) { kv_write(pool, o); },
-                 [&](const Attention& o) { attention(pool, kern, o); },
+                 [&](const Attention& o) { attention(pool, kern, o, precision); },
                  [&](const GatedAct& o) { gated_act(pool, o); },
                  [&](const Binary& o) { binary(pool, o); },
                  [&](const Scale& o) { scale(pool, o); },
                  [&](const Argmax& o) { argmax(pool, o); },
                  [&](const MoeRoute& o) { moe_route(pool, o); },
-                 [&](const MoeMatmul& o) { moe_matmul(pool, kern, o); },
+                 [&](const MoeMatmul& o) { moe_matmul(pool, kern, o, precision); },
                  [&](const WeightedSum& o) { weighted_sum(pool, o); },
              },
              op);

@@ -18,11 +18,13 @@
 namespace kiln::cpu {
 
 // `kern`: the matmul kernels of the backend's ISA level.
-void run(ThreadPool& pool, const CpuKernels& kern, const ops::Op& op);
+void run(ThreadPool& pool, const CpuKernels& kern, const ops::Op& op, ops::Precision precision);
 
-void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op);
-void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op);
-void attention(ThreadPool& pool, const CpuKernels& kern, const ops::Attention& op);
+void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op, ops::Precision precision);
+void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op,
+                ops::Precision precision);
+void attention(ThreadPool& pool, const CpuKernels& kern, const ops::Attention& op,
+               ops::Precision precision);
 
 // sum a[i] * b[i] over n floats, in eight interleaved f32 lanes (vectorisable without reassociation flags).
 inline float dot_f32(const float* a, const float* b, int64_t n) {

@@ -38,7 +38,7 @@ std::vector<uint64_t> program_signature(const Program& program) {
     w.put(u(op.index()));
     std::visit(Overloaded{
                    [&](const ops::GetRows& o) { w.all(o.table, o.ids, o.dst); },
-                   [&](const ops::Matmul& o) { w.all(o.w, o.x, o.dst, u(o.quantize_x)); },
+                   [&](const ops::Matmul& o) { w.all(o.w, o.x, o.dst); },
                    [&](const ops::RmsNorm& o) { w.all(o.x, o.w, o.eps, u(o.add_one), o.dst); },
                    [&](const ops::LayerNorm& o) { w.all(o.x, o.w, o.b, o.eps, o.dst); },
                    [&](const ops::Rope& o) {
@@ -51,14 +51,14 @@ std::vector<uint64_t> program_signature(const Program& program) {
                    [&](const ops::KvWrite& o) { w.all(o.k, o.v, o.k_pool, o.v_pool, o.slots); },
                    [&](const ops::Attention& o) {
                      w.all(o.q, o.k_pool, o.v_pool, o.positions, o.seq, o.bt_indptr, o.bt_indices, o.scale,
-                           o.softcap, u(o.window), o.dst, u(o.quantize_x));
+                           o.softcap, u(o.window), o.dst);
                    },
                    [&](const ops::GatedAct& o) { w.all(o.gate, o.up, u(o.kind), o.dst); },
                    [&](const ops::Binary& o) { w.all(o.a, o.b, u(o.kind), o.dst); },
                    [&](const ops::Scale& o) { w.all(o.x, o.scale, o.dst); },
                    [&](const ops::Argmax& o) { w.all(o.x, o.out); },
                    [&](const ops::MoeRoute& o) { w.all(o.logits, o.ids, o.weights, u(o.normalize)); },
-                   [&](const ops::MoeMatmul& o) { w.all(o.w, o.x, o.ids, o.dst, u(o.quantize_x)); },
+                   [&](const ops::MoeMatmul& o) { w.all(o.w, o.x, o.ids, o.dst); },
                    [&](const ops::WeightedSum& o) { w.all(o.y, o.w, o.dst); },
                },
                op);

@@ -37,6 +37,9 @@ struct Context {
   bool pdl = false;
   // The backend's options (cuda_options.h), read once when it was made: the launch code reads them here.
   CudaOptions options;
+  // The backend's precision is precision_fast (CudaOptions::precision, from BackendOptions::precision): Matmul,
+  // MoeMatmul and Attention may compute at lower precision (the integer GEMV, tensor cores); else exact.
+  bool fast = false;
   // What the GEMVs of this launch send toward L2 for the matmuls after them (set per sequence by the backend;
   // empty: nothing).
   L2Ahead ahead;
@@ -159,7 +162,7 @@ bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& 
 cudaError_t gemv_act_pair(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up,
                           const ops::GatedAct& glu);
 // Whether two matmuls that take the GEMM give it x in the same type.
-bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b);
+bool same_gemm_input(const Context& ctx, const ops::Matmul& a, const ops::Matmul& b);
 // 2-3 matmuls on the same x that take the GEMM, with one GEMM input type (same_gemm_input): x converted to it
 // once, then each matmul's GEMM as matmul() runs it; or, when their weights are the parts of one stack in
 // order (WeightLayout) and their destinations of one type, one GEMM over the stack whose f32 result one
@@ -238,7 +241,7 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh
                       int8_t* xq = nullptr, float2* xds = nullptr);
 // Whether the op takes the tensor-core prefill kernel, which writes the 16-bit copy, into a contiguous f32
 // dst.
-bool attention_writes_half(const ops::Attention& op);
+bool attention_writes_half(const Context& ctx, const ops::Attention& op);
 // Whether the op takes a decode kernel, which rounds the result for an integer GEMV: heads whose dims are
 // whole blocks of 32, into a contiguous f32 dst.
 bool attention_rounds_q8(const ops::Attention& op);

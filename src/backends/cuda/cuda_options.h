@@ -10,10 +10,13 @@
 // | KILN_CUDA_MMQ=0    | 1       | mmq     | K-quant batches take the integer GEMV or cuBLAS, not mmq       |
 // | KILN_CUDA_PROFILE=1| 0       | profile | each op timed alone, a table printed when the backend goes     |
 //
-// The other fields have no variable: tests and bench/matmul_bench set them to reach each kernel path.
+// precision comes from BackendOptions. The other fields have no variable: tests and bench/matmul_bench set
+// them to reach each kernel path.
 #pragma once
 
 #include <string>
+
+#include "ops/ops.h"
 
 namespace kiln {
 
@@ -26,6 +29,9 @@ inline constexpr int kMmqMinCols = 5;
 inline constexpr int kMmqMaxCols = 64;
 
 struct CudaOptions {
+  // ---- from BackendOptions ----
+  // precision_fast: Matmul, MoeMatmul and Attention on the integer GEMV and tensor cores; else exact f32.
+  ops::Precision precision = ops::Precision::precision_exact;
   // ---- from the environment (the table above) ----
   bool graphs = true;    // decode steps (few tokens a request) captured and replayed as CUDA graphs
   bool pdl = true;       // programmatic dependent launches where the device has them (sm_90 and newer)

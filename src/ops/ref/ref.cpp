@@ -52,12 +52,12 @@ void get_rows(const GetRows& op) {
   }
 }
 
-void matmul(const Matmul& op) {
+void matmul(const Matmul& op, Precision precision) {
   const Tensor& wt = op.w.tensor;
   const int64_t k = wt.ne[0], n = wt.ne[1], m = op.x.n_rows();
-  // x as the products see it: rounded through the activation format under quantize_x.
+  // x as the products see it: rounded through the activation format under precision_fast.
   std::vector<float> xs(static_cast<size_t>(k * m));
-  const DType act = op.quantize_x ? activation_type(wt.type) : DType::f32;
+  const DType act = precision == Precision::precision_fast ? activation_type(wt.type) : DType::f32;
   std::vector<uint8_t> q(act == DType::f32 ? 0 : static_cast<size_t>(dtype_row_bytes(act, k).value()));
   for (int64_t i = 0; i < m; ++i) {
     const auto* x = reinterpret_cast<const float*>(op.x.flat_row(i));
@@ -301,7 +301,7 @@ void moe_route(const MoeRoute& op) {
   }
 }
 
-void moe_matmul(const MoeMatmul& op) {
+void moe_matmul(const MoeMatmul& op, Precision precision) {
   // Each (slot, token) is a Matmul of its expert's slab with one x row.
   const int64_t n_used = op.dst.ne[1], n_tokens = op.dst.ne[2];
   const auto ids = op.ids.span_as<const int32_t>();
@@ -315,7 +315,7 @@ void moe_matmul(const MoeMatmul& op) {
       x.ne[1] = x.ne[2] = 1;
       dst.data = op.dst.row(s, t);
       dst.ne[1] = dst.ne[2] = 1;
-      matmul(Matmul{w, x, dst, op.quantize_x});
+      matmul(Matmul{w, x, dst}, precision);
     }
   }
 }
@@ -335,11 +335,11 @@ void weighted_sum(const WeightedSum& op) {
   }
 }
 
-void run(const Op& op) {
+void run(const Op& op, Precision precision) {
   // One case per op: an op without its reference does not compile.
   std::visit(Overloaded{
                  [](const GetRows& o) { get_rows(o); },
-                 [](const Matmul& o) { matmul(o); },
+                 [&](const Matmul& o) { matmul(o, precision); },
                  [](const RmsNorm& o) { rms_norm(o); },
                  [](const LayerNorm& o) { layer_norm(o); },
                  [](const Rope& o) { rope(o); },
@@ -351,7 +351,7 @@ void run(const Op& op) {
                  [](const Scale& o) { scale(o); },
                  [](const Argmax& o) { argmax(o); },
                  [](const MoeRoute& o) { moe_route(o); },
-                 [](const MoeMatmul& o) { moe_matmul(o); },
+                 [&](const MoeMatmul& o) { moe_matmul(o, precision); },
                  [](const WeightedSum& o) { weighted_sum(o); },
              },
              op);

@@ -7,7 +7,8 @@
 namespace kiln::ops::ref {
 
 void get_rows(const GetRows& op);
-void matmul(const Matmul& op);
+// precision_fast: x rounded through activation_type() first, as the CPU rounds it.
+void matmul(const Matmul& op, Precision precision = Precision::precision_exact);
 void rms_norm(const RmsNorm& op);
 void layer_norm(const LayerNorm& op);
 void rope(const Rope& op);
@@ -19,11 +20,12 @@ void binary(const Binary& op);
 void scale(const Scale& op);
 void argmax(const Argmax& op);
 void moe_route(const MoeRoute& op);
-void moe_matmul(const MoeMatmul& op);
+void moe_matmul(const MoeMatmul& op, Precision precision = Precision::precision_exact);
 void weighted_sum(const WeightedSum& op);
 
-// Runs any op with its reference.
-void run(const Op& op);
+// Runs any op with its reference; `precision` applies to Matmul and MoeMatmul (Attention's reference is the
+// exact result either way).
+void run(const Op& op, Precision precision = Precision::precision_exact);
 
 // Writes the f32 values `v` (dst.ne[0] of them) to a row of a float-activation tensor (f32, f16, bf16),
 // rounding to nearest even.

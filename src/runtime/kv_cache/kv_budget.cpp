@@ -32,22 +32,6 @@ Result<int64_t> kv_blocks_for_budget(const KvBudgetInput& in) {
   return n;
 }
 
-int32_t fit_gpu_layers(const GpuFitInput& in) {
-  const auto n = static_cast<int32_t>(in.layer_bytes.size());
-  if (in.free <= in.reserve) return 0;
-  const uint64_t room = in.free - in.reserve;
-  uint64_t all = in.first_bytes + in.last_bytes;
-  for (const uint64_t b : in.layer_bytes) all += b;
-  if (all <= room) return n;
-  uint64_t used = in.first_bytes;
-  int32_t fit = 0;
-  while (fit < n - 1 && used + in.layer_bytes[static_cast<size_t>(fit)] <= room) {
-    used += in.layer_bytes[static_cast<size_t>(fit)];
-    ++fit;
-  }
-  return used <= room ? fit : 0;
-}
-
 std::optional<uint64_t> parse_mem_available(std::string_view meminfo) {
   constexpr std::string_view kKey = "MemAvailable:";
   size_t at = meminfo.find(kKey);

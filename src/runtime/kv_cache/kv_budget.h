@@ -32,19 +32,6 @@ struct KvBudgetInput {
 //    existed (every sequence at full length); on a small one it stops at half of what is free.
 Result<int64_t> kv_blocks_for_budget(const KvBudgetInput& in);
 
-// How many leading layers of a model fit on a GPU when the user did not say (`--gpu-layers` unset): all of
-// them (n_layers) when every weight fits in `free` less `reserve` (the room the KV cache and scratch are
-// sized from); else the most that fit beside `first_bytes` (the token embedding, which stays on the GPU), the
-// rest and the output head going to the CPU (at most n_layers - 1 then); 0 when not even the embedding fits.
-struct GpuFitInput {
-  std::vector<uint64_t> layer_bytes;  // [n_layers] each layer's weights
-  uint64_t first_bytes = 0;           // on the GPU whatever the split: the token embedding and the like
-  uint64_t last_bytes = 0;            // the final norm and the output head: on the GPU only with every layer
-  uint64_t free = 0;                  // the GPU's free memory
-  uint64_t reserve = 0;               // kept free of weights
-};
-int32_t fit_gpu_layers(const GpuFitInput& in);
-
 // MemAvailable from the text of /proc/meminfo ("MemAvailable:   23670480 kB"), in bytes; nullopt when absent
 // or malformed.
 std::optional<uint64_t> parse_mem_available(std::string_view meminfo);

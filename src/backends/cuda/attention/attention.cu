@@ -589,13 +589,13 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
 
 // The tensor-core kernel takes head dims that are whole 16-byte vectors of the pool, up to 128, from
 // 16-byte-aligned pools, into 8-byte-aligned rows.
-bool mma_eligible(const ops::Attention& op, const Geometry& g) {
+bool mma_eligible(const Context& ctx, const ops::Attention& op, const Geometry& g) {
   const int64_t vec = op.k_pool.type == DType::f16 ? 8 : 4;
   const auto aligned16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
   const Tensor& y = op.dst;  // written two floats a store
   const bool y8 = reinterpret_cast<uintptr_t>(y.data) % 8 == 0 && y.nb[1] % 8 == 0 && y.nb[2] % 8 == 0 &&
                   y.nb[3] % 8 == 0;
-  return op.quantize_x && g.head_dim % 8 == 0 && g.head_dim % vec == 0 && g.head_dim <= 128 &&
+  return ctx.fast && g.head_dim % 8 == 0 && g.head_dim % vec == 0 && g.head_dim <= 128 &&
          aligned16(op.k_pool) && aligned16(op.v_pool) && y8;
 }
 
@@ -632,10 +632,10 @@ bool takes_tiles(const ops::Attention& op, const Geometry& g) {
 
 bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHeadDim; }
 
-bool attention_writes_half(const ops::Attention& op) {
+bool attention_writes_half(const Context& ctx, const ops::Attention& op) {
   const Geometry g = geometry_of(op);
   const Tensor& y = op.dst;
-  return g.head_dim <= kMaxHeadDim && takes_tiles(op, g) && mma_eligible(op, g) && y.type == DType::f32 &&
+  return g.head_dim <= kMaxHeadDim && takes_tiles(op, g) && mma_eligible(ctx, op, g) && y.type == DType::f32 &&
          y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 && y.nb[2] == g.n_heads * g.head_dim * 4;
 }
 
@@ -650,14 +650,14 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh
                       float2* xds) {
   Geometry g = geometry_of(op);
   if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
-  if (xh != nullptr && !attention_writes_half(op)) return cudaErrorInvalidValue;
+  if (xh != nullptr && !attention_writes_half(ctx, op)) return cudaErrorInvalidValue;
   if (xq != nullptr) {
     if (!attention_rounds_q8(op)) return cudaErrorInvalidValue;
     g.xq = xq, g.xds = xds;
   }
   if (takes_tiles(op, g)) {
     const bool pool16 = op.k_pool.type == DType::f16;
-    if (mma_eligible(op, g)) {
+    if (mma_eligible(ctx, op, g)) {
       return pool16 ? launch_mma_for_head_dim<__half>(ctx, op, g, xh, f16)
                     : launch_mma_for_head_dim<float>(ctx, op, g, xh, f16);
     }

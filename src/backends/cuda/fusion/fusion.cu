@@ -71,14 +71,14 @@ size_t matmul_run(const Context& ctx, std::span<const ops::Op> ops, bool gemv, c
 size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
   return matmul_run(ctx, ops, true, group, [](const ops::Matmul& first, const ops::Matmul& mm) {
     return mm.w.tensor.type == first.w.tensor.type && mm.w.tensor.ne[0] == first.w.tensor.ne[0] &&
-           mm.dst.type == first.dst.type && mm.quantize_x == first.quantize_x &&
+           mm.dst.type == first.dst.type &&
            grouped(mm.w) == grouped(first.w);
   });
 }
 // ... that take the GEMM, with one input type.
 size_t gemm_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
   return matmul_run(ctx, ops, false, group, [&](const ops::Matmul& first, const ops::Matmul& mm) {
-    return !takes_gemv(ctx, mm) && same_gemm_input(mm, first);
+    return !takes_gemv(ctx, mm) && same_gemm_input(ctx, mm, first);
   });
 }
 // gemm_run of two or three matmuls.
@@ -153,7 +153,7 @@ size_t v_rope_after(const Context& ctx, std::span<const ops::Op> ops, const ops:
   const auto* v = std::get_if<ops::Matmul>(&ops[0]);
   const ops::Matmul& q = *group[0];
   if (v == nullptr || !same_view(v->x, q.x) || v->w.tensor.type == q.w.tensor.type ||
-      v->quantize_x != q.quantize_x || overlap(v->dst, q.x) || overlap(v->dst, group[0]->dst) ||
+      overlap(v->dst, q.x) || overlap(v->dst, group[0]->dst) ||
       overlap(v->dst, group[1]->dst)) {
     return 0;
   }
@@ -215,7 +215,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
       return 1 + n;
     }
   }
-  if (const auto* att = std::get_if<ops::Attention>(&ops[0]); att != nullptr && attention_writes_half(*att)) {
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0]); att != nullptr && attention_writes_half(ctx, *att)) {
     // A prefill's attention and the GEMM that reads its result (the output projection) in 16 bits, which
     // its kernel writes for it.
     const ops::Matmul* group[3] = {};

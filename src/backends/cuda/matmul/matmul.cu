@@ -216,7 +216,7 @@ GemvArgs gemv_args(const Tensor& w, const Tensor& x, const Tensor& dst) {
 bool takes_q8(const Context& ctx, const ops::Matmul& op) {
   const Tensor& w = op.w.tensor;
   const int64_t m = op.x.n_rows();
-  return op.quantize_x && q8_type(w.type) &&
+  return ctx.fast && q8_type(w.type) &&
          (m <= kQ8MaxCols ||
           (mmq_batch(ctx, w.type, m) && mmq_rows_fit(w.type, w.data, w.nb[1], w.ne[0], grouped(op.w))));
 }
@@ -457,7 +457,7 @@ cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op) {
   a.use_ids = true;
   a.ids = ids_of(op.ids);                  // read flat: id q = s + n_used * t
   a.x_div = op.x.ne[1] == 1 ? n_used : 1;  // x row t, or (s, t)
-  const bool q8 = op.quantize_x && q8_type(op.w.tensor.type);
+  const bool q8 = ctx.fast && q8_type(op.w.tensor.type);
   if (q8) {
     if (const cudaError_t err = quantize_x(ctx, op.x, a); err != cudaSuccess) return err;
   }

@@ -211,23 +211,23 @@ Operand gemm_w(const Context& ctx, const ops::Weight& weight, DType to, cudaErro
 // The GEMM's input type under the matmul's precision: tensor-core inputs that keep the weight's precision
 // under quantize_x (bf16 weights with bf16 x, f32 ones in TF32, f16 and block-quantized ones, whose d * q
 // needs more than bf16's 8 bits, in f16 with x saturated to f16's range); f32 otherwise.
-DType gemm_input_type(const ops::Matmul& op) {
+DType gemm_input_type(const Context& ctx, const ops::Matmul& op) {
   const DType w = op.w.tensor.type;
-  return !op.quantize_x || w == DType::f32 ? DType::f32 : w == DType::bf16 ? DType::bf16 : DType::f16;
+  return !ctx.fast || w == DType::f32 ? DType::f32 : w == DType::bf16 ? DType::bf16 : DType::f16;
 }
 
 // One matmul's GEMM on x already in the GEMM's input type.
 cudaError_t gemm_on(const Context& ctx, const ops::Matmul& op, const Operand& x) {
   const Tensor& wt = op.w.tensor;
   const int64_t k = wt.ne[0], n = wt.ne[1], m = op.x.n_rows();
-  const DType in = gemm_input_type(op);
+  const DType in = gemm_input_type(ctx, op);
   cudaError_t err = cudaSuccess;
   const Operand w = gemm_w(ctx, op.w, in, &err);
   if (err != cudaSuccess) return err;
   const Operand d = gemm_dst(ctx, op.dst, &err);
   if (err != cudaSuccess) return err;
   const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
-  if (err = gemm(ctx, w, x, d, type, n, m, k, op.quantize_x); err != cudaSuccess) return err;
+  if (err = gemm(ctx, w, x, d, type, n, m, k, ctx.fast); err != cudaSuccess) return err;
   if (d.data == op.dst.data) return cudaSuccess;
   return convert_rows(ctx, packed_rows(d.data, n, m, 4), n, m, rows_of(op.dst), op.dst.type);
 }
@@ -236,7 +236,7 @@ cudaError_t gemm_on(const Context& ctx, const ops::Matmul& op, const Operand& x)
 
 cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
   cudaError_t err = cudaSuccess;
-  const Operand x = gemm_x(ctx, op.x, gemm_input_type(op), &err);
+  const Operand x = gemm_x(ctx, op.x, gemm_input_type(ctx, op), &err);
   if (err != cudaSuccess) return err;
   return gemm_on(ctx, op, x);
 }
@@ -266,8 +266,8 @@ cudaError_t get_rows(const Context& ctx, const ops::GetRows& op) {
   return launch_dequant(ctx, a, table.type);
 }
 
-bool same_gemm_input(const ops::Matmul& a, const ops::Matmul& b) {
-  return gemm_input_type(a) == gemm_input_type(b);
+bool same_gemm_input(const Context& ctx, const ops::Matmul& a, const ops::Matmul& b) {
+  return gemm_input_type(ctx, a) == gemm_input_type(ctx, b);
 }
 
 namespace {
@@ -288,7 +288,7 @@ bool stacked(std::span<const ops::Matmul* const> group) {
     const WeightLayout* l = layout_of(op->w);
     if (l == nullptr || l->stack() != l0->stack() || w.data != next || w.type != w0.type ||
         w.ne[0] != w0.ne[0] || w.nb[1] != w0.nb[1] || w.ne[2] != 1 || w.ne[3] != 1 ||
-        op->quantize_x != first.quantize_x || op->dst.type != first.dst.type) {
+        op->dst.type != first.dst.type) {
       return false;
     }
     next += w.ne[1] * w.nb[1];
@@ -309,14 +309,14 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
   ops::Weight whole(w);
   whole.prepared = first.w.prepared;
   const int64_t k = w.ne[0], m = first.x.n_rows();
-  const DType in = gemm_input_type(first);
+  const DType in = gemm_input_type(ctx, first);
   cudaError_t err = cudaSuccess;
   const Operand wo = gemm_w(ctx, whole, in, &err);
   if (err != cudaSuccess) return err;
   void* d = ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4));
   if (d == nullptr) return cudaErrorMemoryAllocation;
   const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
-  if (err = gemm(ctx, wo, x, {d, n}, type, n, m, k, first.quantize_x); err != cudaSuccess) return err;
+  if (err = gemm(ctx, wo, x, {d, n}, type, n, m, k, ctx.fast); err != cudaSuccess) return err;
   const Rows result = packed_rows(d, n, m, 4);
   SplitParts parts{};
   bool wide = true;
@@ -359,7 +359,7 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
 
 cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
   cudaError_t err = cudaSuccess;
-  const Operand x = gemm_x(ctx, group[0]->x, gemm_input_type(*group[0]), &err);
+  const Operand x = gemm_x(ctx, group[0]->x, gemm_input_type(ctx, *group[0]), &err);
   if (err == cudaSuccess && stacked(group)) return stacked_gemm(ctx, group, x);
   for (const ops::Matmul* op : group) {
     if (err != cudaSuccess) break;
@@ -369,7 +369,7 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
 }
 
 bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op) {
-  return !takes_gemv(ctx, op) && gemm_input_type(op) != DType::f32;
+  return !takes_gemv(ctx, op) && gemm_input_type(ctx, op) != DType::f32;
 }
 
 namespace {
@@ -383,7 +383,7 @@ cudaError_t produced_gemm_group(const Context& ctx, std::span<const ops::Matmul*
   const ops::Matmul& first = *group[0];
   if (!gemm_takes_half_x(ctx, first)) return cudaErrorInvalidValue;
   const int64_t k = first.x.ne[0], m = first.x.n_rows();
-  const DType in = gemm_input_type(first);
+  const DType in = gemm_input_type(ctx, first);
   void* out = ctx.scratch(kSlotX, static_cast<size_t>(k * m * 2));
   if (out == nullptr) return cudaErrorMemoryAllocation;
   if (const cudaError_t err = produce(static_cast<uint16_t*>(out), in == DType::f16); err != cudaSuccess) {

@@ -1,4 +1,4 @@
-#include "models/op_offload.h"
+#include "runtime/placement/offload.h"
 
 #include <fmt/format.h>
 
@@ -16,7 +16,7 @@
 #include <variant>
 #include <vector>
 
-namespace kiln::blocks {
+namespace kiln {
 
 namespace {
 
@@ -85,7 +85,7 @@ Status run_on_device(std::span<const ops::Op> matmuls, std::span<const Tensor> s
     prof.wait_ms += ms_since(t0);
     prof.weight_bytes += static_cast<uint64_t>(m.w.tensor.row_bytes() * m.w.tensor.ne[1]);
     KILN_ASSIGN_OR_RETURN(const Tensor dst, device_copy(m.dst, /*upload=*/false));
-    KILN_TRY(program.add(ops::Matmul{w->weight, x, dst, m.quantize_x}));
+    KILN_TRY(program.add(ops::Matmul{w->weight, x, dst}));
     program.n_tokens = static_cast<int32_t>(m.x.ne[1]);
     weights.push_back(std::move(w));
     results.emplace_back(dst, m.dst);
@@ -272,4 +272,23 @@ Status run_offloading(const Program& program, Backend& host, Backend& device, in
   return part.size() > 0 ? run_host() : Status::ok_status();
 }
 
-}  // namespace kiln::blocks
+OffloadRunner::OffloadRunner(const OffloadOptions& options) : options_(options) {
+  scratch_.stage_weights = options.stage_weights;
+}
+
+OffloadRunner::~OffloadRunner() {
+  if (options_.print_profile && profile_.steps > 0) fmt::print(stderr, "{}\n", profile_.summary());
+}
+
+Status OffloadRunner::run(const Program& program, Backend& host, Backend& device) {
+  if (program.n_tokens < options_.min_tokens) return host.run(program);
+  return run_offloading(program, host, device, options_.min_tokens, scratch_, &profile_);
+}
+
+size_t OffloadRunner::scratch_bytes() const {
+  size_t total = 0;
+  for (const auto& b : scratch_.staging) total += b != nullptr ? b->size() : 0;
+  return total;
+}
+
+}  // namespace kiln
