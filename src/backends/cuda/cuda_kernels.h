@@ -57,7 +57,7 @@ inline constexpr int kScratchSlots = 5;
 
 // Matmuls of at most this many x rows take the GEMV kernel (matmul/matmul.cu); more take cuBLAS, except:
 inline constexpr int kGemvMaxCols = 8;
-// under quantize_x, block-quantized weights with an integer path (matmul/dot_q8.cuh) take the GEMV up to this
+// at the fast precision, block-quantized weights with an integer path (matmul/dot_q8.cuh) take the GEMV up to this
 // many rows (batched decode), in groups of kGemvMaxCols. Measured on an H100 (Llama-3-8B Q4_K_M): 16 requests
 // decode 1.5x faster than through cuBLAS, 64 requests 2.2x slower.
 inline constexpr int kQ8MaxCols = 16;
@@ -132,7 +132,7 @@ cudaError_t matmul(const Context& ctx, const ops::Matmul& op);
 bool takes_gemv(const Context& ctx, const ops::Matmul& op);
 // Whether it takes the integer GEMV (x rounded to 8 bits).
 bool takes_q8(const Context& ctx, const ops::Matmul& op);
-// 1-3 matmuls on the same x that take the GEMV, with weights of one type and k and one quantize_x: one GEMV
+// 1-3 matmuls on the same x that take the GEMV, with weights of one type and k: one GEMV
 // launch.
 cudaError_t matmul_gemv_group(const Context& ctx, std::span<const ops::Matmul* const> group);
 // RoPE of q, RoPE of k and the KV write after the matmuls that compute q, k and v (rope_kv_write's ops).
@@ -199,7 +199,7 @@ cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
 cudaError_t attention_gemm_group(const Context& ctx, const ops::Attention& att,
                                  std::span<const ops::Matmul* const> group);
 // A decode's attention (attention_rounds_q8) and the matmul on its result that takes the integer GEMV: the
-// attention's kernel rounds x for it, so quantize_x's kernel does not run (run_fused: where that matmul's
+// attention's kernel rounds x for it, so quantize_x()'s kernel does not run (run_fused: where that matmul's
 // rows are short).
 cudaError_t attention_gemv_group(const Context& ctx, const ops::Attention& att,
                                  std::span<const ops::Matmul* const> group);

@@ -1,5 +1,5 @@
 // Paged causal attention on CUDA: the op's dispatch, and the prefill kernels. Prefill-shaped batches (many
-// tokens, several a sequence) take a tiled kernel: on tensor cores under Attention::quantize_x, else exact on
+// tokens, several a sequence) take a tiled kernel: on tensor cores at the fast precision, else exact on
 // CUDA cores; decode-shaped ones the split-KV kernels of attention/attention_decode.cu.
 #include <algorithm>
 #include <cstdint>
@@ -195,7 +195,7 @@ cudaError_t launch_tile_for_head_dim(const Context& ctx, const ops::Attention& o
   return launch_tile<8, KV>(ctx, op, g);
 }
 
-// ---- prefill on tensor cores (Attention::quantize_x): flash attention with mma.sync ----
+// ---- prefill on tensor cores (the fast precision): flash attention with mma.sync ----
 //
 // A block of W warps holds 16 query rows a warp (the rows as the tile kernel numbers them: T tokens x
 // the query heads of one KV head). Each warp keeps its Q rows (f16, scaled) as mma A fragments in registers,

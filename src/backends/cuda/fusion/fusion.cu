@@ -67,7 +67,7 @@ size_t matmul_run(const Context& ctx, std::span<const ops::Op> ops, bool gemv, c
   }
   return n;
 }
-// ... at GEMV size, with one weight type, k, destination type, quantize_x and weight form: one launch.
+// ... at GEMV size, with one weight type, k, destination type and weight form: one launch.
 size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
   return matmul_run(ctx, ops, true, group, [](const ops::Matmul& first, const ops::Matmul& mm) {
     return mm.w.tensor.type == first.w.tensor.type && mm.w.tensor.ne[0] == first.w.tensor.ne[0] &&

@@ -1,4 +1,4 @@
-// Integer dot products of block-quantized weights with x rounded to 8 bits (Matmul::quantize_x on the GEMV
+// Integer dot products of block-quantized weights with x rounded to 8 bits (Matmul at the fast precision on the GEMV
 // path, matmul/matmul.cu).
 //
 // x is rounded per block of 32 elements, as llama.cpp's q8_1: int8 q = round(x / d) with d = max|x| / 127,

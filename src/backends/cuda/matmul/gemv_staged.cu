@@ -1,4 +1,4 @@
-// The integer GEMV through shared memory (Matmul under quantize_x where matmul/matmul.cu takes the integer
+// The integer GEMV through shared memory (Matmul at the fast precision where matmul/matmul.cu takes the integer
 // GEMV) of Q4_K and Q5_K rows that start 16-byte aligned and are whole 16-byte chunks, and of rows in grouped
 // form (always so): Q6_K's (matmul/dequant.cuh's q6k_block), and the legacy block types' (legacy_block) for
 // one column of x.

@@ -2,10 +2,10 @@
 // (matmul_gemm.cu: the GEMM path through cuBLAS, GetRows, and the fused groups that end in a GEMM).
 // Contracts: ops/ops.h; dequantization: dequant.cuh; integer dot products: dot_q8.cuh.
 //
-// Which kernel a Matmul takes, by its weight type, quantize_x and m = x.n_rows() (takes_gemv, takes_q8,
+// Which kernel a Matmul takes, by its weight type, the backend's precision (fast: yes) and m = x.n_rows() (takes_gemv, takes_q8,
 // mmq_batch; the same for each matmul of a fused group):
 //
-// | weight type                  | quantize_x | m       | kernel                                           |
+// | weight type                  | fast       | m       | kernel                                           |
 // |------------------------------|------------|---------|--------------------------------------------------|
 // | any                          | no         | 1-8     | exact GEMV (gemv_kernel.cuh)                     |
 // | any                          | no         | > 8     | weight dequantized to f32, cublasSgemm           |
@@ -22,14 +22,14 @@
 //
 // Why: a decode step's matmul (few rows of x) is bound by the weight's bytes, which the GEMV streams once,
 // dequantizing in registers, for all its columns (kGemvMaxCols a block, column groups side by side up to
-// kQ8MaxCols on the integer path, so that a weight row is read from memory once). Under quantize_x x is
+// kQ8MaxCols on the integer path, so that a weight row is read from memory once). At the fast precision x is
 // rounded to 8 bits per block of 32 and the products are integer dot products (__dp4a), which cost fewer
 // instructions than dequantizing to f32. From CudaOptions::mmq_min_cols rows (kMmqMinCols, measured there)
 // the int8 tensor cores beat the integer GEMV on K-quant batches (kMmqMaxCols at most); beyond the GEMVs'
-// ranges a matmul is bound by arithmetic and cuBLAS takes it, on tensor cores under quantize_x. Without
-// quantize_x every path is exact: the products of the exactly dequantized weight and f32 x. Every path
+// ranges a matmul is bound by arithmetic and cuBLAS takes it, on tensor cores at the fast precision. At
+// the exact precision every path is exact: the products of the exactly dequantized weight and f32 x. Every path
 // computes f32 and rounds once to an f16 / bf16 destination. MoeMatmul is a GEMV of one column per (token,
-// expert slot), on the integer path under quantize_x when the type has one.
+// expert slot), on the integer path at the fast precision when the type has one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -227,7 +227,7 @@ bool takes_gemv(const Context& ctx, const ops::Matmul& op) {
 
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
   if (!takes_gemv(ctx, op)) return matmul_gemm(ctx, op);
-  // The exact GEMV serves quantize_x too for the types without an integer path (quantize_x allows, never
+  // The exact GEMV serves the fast precision too for the types without an integer path (it allows, never
   // requires, lower precision). A group of one: the launch of one matmul.
   const ops::Matmul* const one[1] = {&op};
   return matmul_gemv_group(ctx, one);

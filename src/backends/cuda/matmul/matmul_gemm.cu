@@ -209,7 +209,7 @@ Operand gemm_w(const Context& ctx, const ops::Weight& weight, DType to, cudaErro
 }
 
 // The GEMM's input type under the matmul's precision: tensor-core inputs that keep the weight's precision
-// under quantize_x (bf16 weights with bf16 x, f32 ones in TF32, f16 and block-quantized ones, whose d * q
+// at the fast precision (bf16 weights with bf16 x, f32 ones in TF32, f16 and block-quantized ones, whose d * q
 // needs more than bf16's 8 bits, in f16 with x saturated to f16's range); f32 otherwise.
 DType gemm_input_type(const Context& ctx, const ops::Matmul& op) {
   const DType w = op.w.tensor.type;
@@ -273,7 +273,7 @@ bool same_gemm_input(const Context& ctx, const ops::Matmul& a, const ops::Matmul
 namespace {
 
 // Whether the group's weights are parts of one stack (WeightLayout), each one's rows right after the previous
-// one's, with one quantize_x and destinations of one float type: then one GEMM computes them all.
+// one's, with destinations of one float type: then one GEMM computes them all.
 bool stacked(std::span<const ops::Matmul* const> group) {
   const ops::Matmul& first = *group[0];
   const WeightLayout* l0 = layout_of(first.w);

@@ -1,5 +1,5 @@
 // The integer tensor-core matmul ("MMQ") of K-quant weights with x rounded to 8 bits per block of 32
-// (quantize_x's rounding, dot_q8.cuh, copied once into tiles of 8 tokens: XTile): the batches of a batched
+// (quantize_x()'s rounding, dot_q8.cuh, copied once into tiles of 8 tokens: XTile): the batches of a batched
 // decode, where the integer GEMV reads each weight row once but spends a __dp4a and a scaling per weight and
 // token.
 //

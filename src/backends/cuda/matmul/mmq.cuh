@@ -1,5 +1,5 @@
 // The integer tensor-core matmul of block-quantized weights (matmul/mmq.cu): batches of
-// CudaOptions::mmq_min_cols (kMmqMinCols unless set) to kMmqMaxCols x rows under quantize_x, x rounded to 8
+// CudaOptions::mmq_min_cols (kMmqMinCols unless set) to kMmqMaxCols x rows at the fast precision, x rounded to 8
 // bits as for the integer GEMV (matmul/dot_q8.cuh).
 #pragma once
 
