@@ -19,21 +19,17 @@ void log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {
   if (level < log_level()) return;
   log_write(level, fmt::format(f, std::forward<Args>(args)...));
 }
-template <class... Args>
-void log_debug(fmt::format_string<Args...> f, Args&&... a) {
-  log(LogLevel::debug, f, std::forward<Args>(a)...);
-}
-template <class... Args>
-void log_info(fmt::format_string<Args...> f, Args&&... a) {
-  log(LogLevel::info, f, std::forward<Args>(a)...);
-}
-template <class... Args>
-void log_warn(fmt::format_string<Args...> f, Args&&... a) {
-  log(LogLevel::warn, f, std::forward<Args>(a)...);
-}
-template <class... Args>
-void log_error(fmt::format_string<Args...> f, Args&&... a) {
-  log(LogLevel::error, f, std::forward<Args>(a)...);
-}
+// log_debug(...), log_info(...), log_warn(...), log_error(...): log at one level.
+template <LogLevel kLevel>
+struct LogAt {
+  template <class... Args>
+  void operator()(fmt::format_string<Args...> f, Args&&... a) const {
+    log(kLevel, f, std::forward<Args>(a)...);
+  }
+};
+inline constexpr LogAt<LogLevel::debug> log_debug;
+inline constexpr LogAt<LogLevel::info> log_info;
+inline constexpr LogAt<LogLevel::warn> log_warn;
+inline constexpr LogAt<LogLevel::error> log_error;
 
 }  // namespace kiln

@@ -122,6 +122,12 @@ class Parser {
     pos_ += sizeof(T);
     return x;
   }
+  // Reads a T and wraps it with make (Value::u8, ...).
+  template <class T>
+  Result<Value> read_scalar(std::string_view field, Value (*make)(T)) {
+    KILN_ASSIGN_OR_RETURN(T x, read<T>(field));
+    return make(x);
+  }
   // Reserves `n` bytes of metadata memory against the per-process cap.
   Status charge(uint64_t n, std::string_view field) {
     used_ += n;
@@ -192,46 +198,16 @@ Result<Value> Parser::read_array(std::string_view field, int depth) {
 
 Result<Value> Parser::read_value(ValueType type, std::string_view field, int depth) {
   switch (type) {
-    case ValueType::uint8: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<uint8_t>(field));
-      return Value::u8(x);
-    }
-    case ValueType::int8: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<int8_t>(field));
-      return Value::i8(x);
-    }
-    case ValueType::uint16: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<uint16_t>(field));
-      return Value::u16(x);
-    }
-    case ValueType::int16: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<int16_t>(field));
-      return Value::i16(x);
-    }
-    case ValueType::uint32: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<uint32_t>(field));
-      return Value::u32(x);
-    }
-    case ValueType::int32: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<int32_t>(field));
-      return Value::i32(x);
-    }
-    case ValueType::uint64: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<uint64_t>(field));
-      return Value::u64(x);
-    }
-    case ValueType::int64: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<int64_t>(field));
-      return Value::i64(x);
-    }
-    case ValueType::float32: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<float>(field));
-      return Value::f32(x);
-    }
-    case ValueType::float64: {
-      KILN_ASSIGN_OR_RETURN(auto x, read<double>(field));
-      return Value::f64(x);
-    }
+    case ValueType::uint8: return read_scalar(field, Value::u8);
+    case ValueType::int8: return read_scalar(field, Value::i8);
+    case ValueType::uint16: return read_scalar(field, Value::u16);
+    case ValueType::int16: return read_scalar(field, Value::i16);
+    case ValueType::uint32: return read_scalar(field, Value::u32);
+    case ValueType::int32: return read_scalar(field, Value::i32);
+    case ValueType::uint64: return read_scalar(field, Value::u64);
+    case ValueType::int64: return read_scalar(field, Value::i64);
+    case ValueType::float32: return read_scalar(field, Value::f32);
+    case ValueType::float64: return read_scalar(field, Value::f64);
     case ValueType::boolean: {
       uint64_t at = pos_;
       KILN_ASSIGN_OR_RETURN(auto x, read<uint8_t>(field));

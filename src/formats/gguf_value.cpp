@@ -188,6 +188,20 @@ Result<const Array*> array_of(const File& f, std::string_view key, const char* w
   return arr;
 }
 
+// The items of arr converted by convert (Value -> std::optional<T>); fail(i, item) makes the error for the
+// first item that does not convert.
+template <class T, class Convert, class Fail>
+Result<std::vector<T>> convert_items(const Array& arr, Convert&& convert, Fail&& fail) {
+  std::vector<T> out;
+  out.reserve(arr.items.size());
+  for (size_t i = 0; i < arr.items.size(); ++i) {
+    const std::optional<T> x = convert(arr.items[i]);
+    if (!x) return fail(i, arr.items[i]);
+    out.push_back(*x);
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<std::vector<std::string>> File::get_string_array(std::string_view key) const {
@@ -204,33 +218,19 @@ Result<std::vector<std::string>> File::get_string_array(std::string_view key) co
 
 Result<std::vector<double>> File::get_float_array(std::string_view key) const {
   KILN_ASSIGN_OR_RETURN(const Array* arr, array_of(*this, key, "array of numbers"));
-  std::vector<double> out;
-  out.reserve(arr->items.size());
-  for (size_t i = 0; i < arr->items.size(); ++i) {
-    auto d = as_f64(arr->items[i]);
-    if (!d) {
-      return invalid_argument("{}: metadata key '{}' is an array of {}, expected numbers", name_, key,
-                              value_type_name(arr->elem_type));
-    }
-    out.push_back(*d);
-  }
-  return out;
+  return convert_items<double>(*arr, as_f64, [&](size_t, const Value&) {
+    return invalid_argument("{}: metadata key '{}' is an array of {}, expected numbers", name_, key,
+                            value_type_name(arr->elem_type));
+  });
 }
 
 Result<std::vector<int64_t>> File::get_int_array(std::string_view key) const {
   KILN_ASSIGN_OR_RETURN(const Array* arr, array_of(*this, key, "array of integers"));
-  std::vector<int64_t> out;
-  out.reserve(arr->items.size());
-  for (size_t i = 0; i < arr->items.size(); ++i) {
-    const Value& item = arr->items[i];
-    auto x = item.is_integer() ? as_i64(item) : std::nullopt;
-    if (!x) {
-      return invalid_argument("{}: metadata key '{}'[{}] = {} ({}) is not an int64", name_, key, i,
-                              item.to_display_string(), value_type_name(item.type));
-    }
-    out.push_back(*x);
-  }
-  return out;
+  auto integer = [](const Value& item) { return item.is_integer() ? as_i64(item) : std::nullopt; };
+  return convert_items<int64_t>(*arr, integer, [&](size_t i, const Value& item) {
+    return invalid_argument("{}: metadata key '{}'[{}] = {} ({}) is not an int64", name_, key, i,
+                            item.to_display_string(), value_type_name(item.type));
+  });
 }
 
 Result<std::string> File::get_string_or(std::string_view key, std::string fallback) const {

@@ -23,7 +23,7 @@ class Decoder final : public StepModel {
 
   Status load() {
     const gguf::File& f = *file_;
-    const std::string& a = traits_.arch;
+    const std::string a(traits_.arch);
     KILN_TRY(read_hparams(f, a, {.n_ctx_train = traits_.n_ctx_train_default}, info_, shape_));
     info_.kv_window = shape_.window;  // every layer has the same window
 
@@ -86,7 +86,7 @@ class Decoder final : public StepModel {
   // {arch}.expert_count / expert_used_count / expert_feed_forward_length (else feed_forward_length) /
   // expert_shared_feed_forward_length / expert_weights_norm; n_expert 0 when the model has no experts.
   Status read_moe_shape(const gguf::File& f) {
-    const std::string& a = traits_.arch;
+    const std::string a(traits_.arch);
     if (f.find(a + ".expert_count") == nullptr) return Status::ok_status();
     KILN_ASSIGN_OR_RETURN(moe_.n_expert, hparam_int(f, a + ".expert_count", {}));
     KILN_ASSIGN_OR_RETURN(moe_.n_used, hparam_int(f, a + ".expert_used_count", {}));

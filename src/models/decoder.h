@@ -6,14 +6,14 @@
 #pragma once
 
 #include <memory>
-#include <string>
+#include <string_view>
 
 #include "models/model.h"
 
 namespace kiln::blocks {
 
 struct DecoderTraits {
-  std::string arch;  // the GGUF key prefix ("qwen2")
+  std::string_view arch;  // the GGUF key prefix ("qwen2")
   ops::RopeLayout rope_layout = ops::RopeLayout::rope_layout_normal;
   bool qk_norm = false;             // attn_{q,k}_norm.weight in every layer
   bool expert_weights_norm = true;  // default of {arch}.expert_weights_norm: top-k weights renormalised
@@ -22,5 +22,12 @@ struct DecoderTraits {
 
 Result<std::unique_ptr<Model>> make_decoder(std::shared_ptr<const gguf::File> file, Backend& backend,
                                             const ModelOptions& options, const DecoderTraits& traits);
+
+// The Architecture::make of an architecture that is the decoder with kTraits.
+template <const DecoderTraits& kTraits>
+Result<std::unique_ptr<Model>> make_decoder_with(std::shared_ptr<const gguf::File> file, Backend& backend,
+                                                 const ModelOptions& options) {
+  return make_decoder(std::move(file), backend, options, kTraits);
+}
 
 }  // namespace kiln::blocks

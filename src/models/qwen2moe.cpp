@@ -16,19 +16,15 @@ namespace kiln {
 
 namespace {
 
-Result<std::unique_ptr<Model>> make(std::shared_ptr<const gguf::File> file, Backend& backend,
-                                    const ModelOptions& options) {
-  return blocks::make_decoder(std::move(file), backend, options,
-                              {.arch = "qwen2moe",
-                               .rope_layout = ops::RopeLayout::rope_layout_neox,
-                               .expert_weights_norm = false,
-                               .n_ctx_train_default = 32768});
-}
+constexpr blocks::DecoderTraits kTraits = {.arch = "qwen2moe",
+                                           .rope_layout = ops::RopeLayout::rope_layout_neox,
+                                           .expert_weights_norm = false,
+                                           .n_ctx_train_default = 32768};
 
 constexpr std::string_view kHfClasses[] = {"Qwen2MoeForCausalLM"};
 
 }  // namespace
 
-extern const Architecture kQwen2Moe = {make, {.hf_classes = kHfClasses}};
+extern const Architecture kQwen2Moe = {blocks::make_decoder_with<kTraits>, {.hf_classes = kHfClasses}};
 
 }  // namespace kiln

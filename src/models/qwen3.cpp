@@ -11,19 +11,15 @@ namespace kiln {
 
 namespace {
 
-Result<std::unique_ptr<Model>> make(std::shared_ptr<const gguf::File> file, Backend& backend,
-                                    const ModelOptions& options) {
-  return blocks::make_decoder(std::move(file), backend, options,
-                              {.arch = "qwen3",
-                               .rope_layout = ops::RopeLayout::rope_layout_neox,
-                               .qk_norm = true,
-                               .n_ctx_train_default = 40960});
-}
+constexpr blocks::DecoderTraits kTraits = {.arch = "qwen3",
+                                           .rope_layout = ops::RopeLayout::rope_layout_neox,
+                                           .qk_norm = true,
+                                           .n_ctx_train_default = 40960};
 
 constexpr std::string_view kHfClasses[] = {"Qwen3ForCausalLM"};
 
 }  // namespace
 
-extern const Architecture kQwen3 = {make, {.hf_classes = kHfClasses}};
+extern const Architecture kQwen3 = {blocks::make_decoder_with<kTraits>, {.hf_classes = kHfClasses}};
 
 }  // namespace kiln

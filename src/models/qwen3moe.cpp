@@ -14,19 +14,15 @@ namespace kiln {
 
 namespace {
 
-Result<std::unique_ptr<Model>> make(std::shared_ptr<const gguf::File> file, Backend& backend,
-                                    const ModelOptions& options) {
-  return blocks::make_decoder(std::move(file), backend, options,
-                              {.arch = "qwen3moe",
-                               .rope_layout = ops::RopeLayout::rope_layout_neox,
-                               .qk_norm = true,
-                               .n_ctx_train_default = 40960});
-}
+constexpr blocks::DecoderTraits kTraits = {.arch = "qwen3moe",
+                                           .rope_layout = ops::RopeLayout::rope_layout_neox,
+                                           .qk_norm = true,
+                                           .n_ctx_train_default = 40960};
 
 constexpr std::string_view kHfClasses[] = {"Qwen3MoeForCausalLM"};
 
 }  // namespace
 
-extern const Architecture kQwen3Moe = {make, {.hf_classes = kHfClasses}};
+extern const Architecture kQwen3Moe = {blocks::make_decoder_with<kTraits>, {.hf_classes = kHfClasses}};
 
 }  // namespace kiln

@@ -79,15 +79,22 @@ std::string quote_regex(std::string_view s) {
   return out;
 }
 
+// A "Sequence" node of a normalizer, pre_tokenizer or decoder: parse(c) for each c of its `list` member.
+template <class Parse>
+Status parse_sequence(const json& n, std::string_view what, const char* list, Parse&& parse) {
+  if (!n.contains(list) || !n[list].is_array()) {
+    return invalid_argument("{} Sequence has no \"{}\" list", what, list);
+  }
+  for (const json& c : n[list]) KILN_TRY(parse(c));
+  return Status::ok_status();
+}
+
 Status parse_normalizer(const json& n, Vocab& v) {
   if (n.is_null()) return Status::ok_status();
   const std::string type = type_of(n);
   if (type == "Sequence") {
-    if (!n.contains("normalizers") || !n["normalizers"].is_array()) {
-      return invalid_argument("normalizer Sequence has no \"normalizers\" list");
-    }
-    for (const json& c : n["normalizers"]) KILN_TRY(parse_normalizer(c, v));
-    return Status::ok_status();
+    return parse_sequence(n, "normalizer", "normalizers",
+                          [&](const json& c) { return parse_normalizer(c, v); });
   }
   if (type == "Replace" && str_member(member(n, "pattern"), "String") == " " &&
       str_member(n, "content") == kMetaspace) {
@@ -105,11 +112,8 @@ Status parse_pre_tokenizer(const json& p, Vocab& v, Pipeline& pipe) {
   if (p.is_null()) return Status::ok_status();
   const std::string type = type_of(p);
   if (type == "Sequence") {
-    if (!p.contains("pretokenizers") || !p["pretokenizers"].is_array()) {
-      return invalid_argument("pre_tokenizer Sequence has no \"pretokenizers\" list");
-    }
-    for (const json& c : p["pretokenizers"]) KILN_TRY(parse_pre_tokenizer(c, v, pipe));
-    return Status::ok_status();
+    return parse_sequence(p, "pre_tokenizer", "pretokenizers",
+                          [&](const json& c) { return parse_pre_tokenizer(c, v, pipe); });
   }
   if (type == "ByteLevel") {
     KILN_ASSIGN_OR_RETURN(bool prefix, bool_field(p, "add_prefix_space", "pre_tokenizer ByteLevel", false));
@@ -162,11 +166,7 @@ Status parse_decoder(const json& d, Vocab& v) {
   if (d.is_null()) return Status::ok_status();
   const std::string type = type_of(d);
   if (type == "Sequence") {
-    if (!d.contains("decoders") || !d["decoders"].is_array()) {
-      return invalid_argument("decoder Sequence has no \"decoders\" list");
-    }
-    for (const json& c : d["decoders"]) KILN_TRY(parse_decoder(c, v));
-    return Status::ok_status();
+    return parse_sequence(d, "decoder", "decoders", [&](const json& c) { return parse_decoder(c, v); });
   }
   if (type == "ByteLevel" || type == "ByteFallback" || type == "Fuse") return Status::ok_status();
   if (type == "Replace" && str_member(member(d, "pattern"), "String") == kMetaspace &&

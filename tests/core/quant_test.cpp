@@ -133,7 +133,7 @@ TEST(Quant, ZeroBlocksStayZero) {
 TEST(Quant, Q8AuxiliaryFields) {
   const std::vector<float> x = random_row(5);
   std::vector<uint8_t> q(static_cast<size_t>(*dtype_row_bytes(DType::q8_1, 256)));
-  quant::quantize_row_q8_1(x.data(), q.data(), 256);
+  quant::LegacyRow<quant::BlockQ8_1>::quantize(x.data(), q.data(), 256);
   for (int64_t i = 0; i < 256 / 32; ++i) {
     const auto b = quant::load_block<quant::BlockQ8_1>(q.data(), i);
     int sum = 0;

@@ -204,19 +204,6 @@ void quantize_row_f32(const float* src, void* dst, int64_t n);
 void quantize_row_f16(const float* src, void* dst, int64_t n);
 void quantize_row_bf16(const float* src, void* dst, int64_t n);
 
-void dequantize_row_q4_0(const void* src, float* dst, int64_t n);
-void dequantize_row_q4_1(const void* src, float* dst, int64_t n);
-void dequantize_row_q5_0(const void* src, float* dst, int64_t n);
-void dequantize_row_q5_1(const void* src, float* dst, int64_t n);
-void dequantize_row_q8_0(const void* src, float* dst, int64_t n);
-void dequantize_row_q8_1(const void* src, float* dst, int64_t n);
-void quantize_row_q4_0(const float* src, void* dst, int64_t n);
-void quantize_row_q4_1(const float* src, void* dst, int64_t n);
-void quantize_row_q5_0(const float* src, void* dst, int64_t n);
-void quantize_row_q5_1(const float* src, void* dst, int64_t n);
-void quantize_row_q8_0(const float* src, void* dst, int64_t n);
-void quantize_row_q8_1(const float* src, void* dst, int64_t n);
-
 void dequantize_row_q2_k(const void* src, float* dst, int64_t n);
 void dequantize_row_q3_k(const void* src, float* dst, int64_t n);
 void dequantize_row_q4_k(const void* src, float* dst, int64_t n);
@@ -230,5 +217,13 @@ void dequantize_row_mxfp4(const void* src, float* dst, int64_t n);
 void dequantize_row_iq4_xs(const void* src, float* dst, int64_t n);
 void dequantize_row_tq1_0(const void* src, float* dst, int64_t n);
 void dequantize_row_tq2_0(const void* src, float* dst, int64_t n);
+
+// The row functions of the legacy blocks: Block is BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0 or
+// BlockQ8_1 (quant_legacy.cpp instantiates these six).
+template <class Block>
+struct LegacyRow {
+  static void dequantize(const void* src, float* dst, int64_t n);
+  static void quantize(const float* src, void* dst, int64_t n);
+};
 
 }  // namespace kiln::quant

@@ -16,38 +16,33 @@ void quantize_row_f32(const float* src, void* dst, int64_t n) {
   std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
-void dequantize_row_f16(const void* src, float* dst, int64_t n) {
+namespace {
+
+// F16 and BF16: 2-byte elements, converted one at a time by kToF32 / kFromF32.
+template <float (*kToF32)(uint16_t)>
+void dequant_16(const void* src, float* dst, int64_t n) {
   const auto* bytes = static_cast<const uint8_t*>(src);
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, bytes + 2 * i, 2);
-    dst[i] = f16_to_f32(h);
+    dst[i] = kToF32(h);
   }
 }
 
-void quantize_row_f16(const float* src, void* dst, int64_t n) {
+template <uint16_t (*kFromF32)(float)>
+void quant_16(const float* src, void* dst, int64_t n) {
   auto* bytes = static_cast<uint8_t*>(dst);
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t h = f32_to_f16(src[i]);
+    const uint16_t h = kFromF32(src[i]);
     std::memcpy(bytes + 2 * i, &h, 2);
   }
 }
 
-void dequantize_row_bf16(const void* src, float* dst, int64_t n) {
-  const auto* bytes = static_cast<const uint8_t*>(src);
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t b;
-    std::memcpy(&b, bytes + 2 * i, 2);
-    dst[i] = bf16_to_f32(b);
-  }
-}
+}  // namespace
 
-void quantize_row_bf16(const float* src, void* dst, int64_t n) {
-  auto* bytes = static_cast<uint8_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t b = f32_to_bf16(src[i]);
-    std::memcpy(bytes + 2 * i, &b, 2);
-  }
-}
+void dequantize_row_f16(const void* src, float* dst, int64_t n) { dequant_16<f16_to_f32>(src, dst, n); }
+void quantize_row_f16(const float* src, void* dst, int64_t n) { quant_16<f32_to_f16>(src, dst, n); }
+void dequantize_row_bf16(const void* src, float* dst, int64_t n) { dequant_16<bf16_to_f32>(src, dst, n); }
+void quantize_row_bf16(const float* src, void* dst, int64_t n) { quant_16<f32_to_bf16>(src, dst, n); }
 
 }  // namespace kiln::quant

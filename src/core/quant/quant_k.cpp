@@ -4,6 +4,7 @@
 #include "core/quant/fp_contract_off.h"
 // (the line above must stay first)
 #include <cmath>
+#include <type_traits>
 #include <utility>
 
 #include "core/half.h"
@@ -71,39 +72,42 @@ void dequantize_sub_blocks(float* y, ScaleMin&& scale_min, Quant&& quant) {
   }
 }
 
-// Q4_K and Q5_K (the latter's fifth bit in qh): 8 sub-blocks of 32, 6-bit scales and mins.
+// The K-quants with scales and mins, y = d * scale * q - dmin * min: Q2_K (16 sub-blocks of 16, 4-bit scale
+// and min, 2-bit quants), Q4_K and Q5_K (8 sub-blocks of 32, 6-bit scales and mins; Q5_K's fifth bit in qh).
 template <class Block>
-void dequantize_row_q45_k(const void* src, float* dst, int64_t n) {
+void dequant_dmin_k(const void* src, float* dst, int64_t n) {
+  constexpr bool kQ2 = std::is_same_v<Block, BlockQ2_K>;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const auto b = load_block<Block>(src, i);
     const float d = f16_to_f32(b.d);
     const float dmin = f16_to_f32(b.dmin);
     auto scale_min = [&](int s) {
       int scale, min;
-      k_scale_min(b.scales, s, &scale, &min);
+      if constexpr (kQ2) {
+        scale = b.scales[s] & 0x0F;
+        min = b.scales[s] >> 4;
+      } else {
+        k_scale_min(b.scales, s, &scale, &min);
+      }
       return std::pair{d * static_cast<float>(scale), dmin * static_cast<float>(min)};
     };
-    dequantize_sub_blocks<32>(dst + i * kQK_K, scale_min, [&](int e) {
-      if constexpr (requires { b.qh; }) return four_bit_quant(b.qs, e) | (mask_bit(b.qh, e) << 4);
-      return four_bit_quant(b.qs, e);
+    dequantize_sub_blocks<kQ2 ? 16 : 32>(dst + i * kQK_K, scale_min, [&](int e) {
+      if constexpr (kQ2) {
+        return two_bit_quant(b.qs, e);
+      } else if constexpr (requires { b.qh; }) {
+        return four_bit_quant(b.qs, e) | (mask_bit(b.qh, e) << 4);
+      } else {
+        return four_bit_quant(b.qs, e);
+      }
     });
   }
 }
 
 }  // namespace
 
-void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const auto b = load_block<BlockQ2_K>(src, i);
-    const float d = f16_to_f32(b.d);
-    const float dmin = f16_to_f32(b.dmin);
-    auto scale_min = [&](int s) {
-      return std::pair{d * static_cast<float>(b.scales[s] & 0x0F),
-                       dmin * static_cast<float>(b.scales[s] >> 4)};
-    };
-    dequantize_sub_blocks<16>(dst + i * kQK_K, scale_min, [&](int e) { return two_bit_quant(b.qs, e); });
-  }
-}
+void dequantize_row_q2_k(const void* src, float* dst, int64_t n) { dequant_dmin_k<BlockQ2_K>(src, dst, n); }
+void dequantize_row_q4_k(const void* src, float* dst, int64_t n) { dequant_dmin_k<BlockQ4_K>(src, dst, n); }
+void dequantize_row_q5_k(const void* src, float* dst, int64_t n) { dequant_dmin_k<BlockQ5_K>(src, dst, n); }
 
 void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -117,13 +121,6 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
       }
     }
   }
-}
-
-void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
-  dequantize_row_q45_k<BlockQ4_K>(src, dst, n);
-}
-void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
-  dequantize_row_q45_k<BlockQ5_K>(src, dst, n);
 }
 
 void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {

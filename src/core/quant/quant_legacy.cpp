@@ -4,6 +4,7 @@
 // (the line above must stay first)
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/half.h"
 #include "core/quant/quant_blocks.h"
@@ -83,9 +84,20 @@ int legacy_quant(const Block& b, int j) {
   }
 }
 
+// The largest quant of a 4- or 5-bit block: kMax + 1 levels.
+template <class Block>
+constexpr int kNibbleMax = std::is_same_v<Block, BlockQ5_0> || std::is_same_v<Block, BlockQ5_1> ? 31 : 15;
+
+// The quant that stands for 0 in a symmetric block (Q4_0: 8, Q5_0: 16); 0 for the 8-bit blocks.
+template <class Block>
+constexpr int kZeroQuant = sizeof(Block::qs) == kQK ? 0 : (kNibbleMax<Block> + 1) / 2;
+
+}  // namespace
+
 // y = (q - kZero) * d, or y = q * d + m for the blocks with a minimum m.
-template <class Block, int kZero>
-void dequantize_row_legacy(const void* src, float* dst, int64_t n) {
+template <class Block>
+void LegacyRow<Block>::dequantize(const void* src, float* dst, int64_t n) {
+  constexpr int kZero = kZeroQuant<Block>;
   for (int64_t i = 0; i < n / kQK; ++i) {
     const auto b = load_block<Block>(src, i);
     const float d = f16_to_f32(b.d);
@@ -96,27 +108,6 @@ void dequantize_row_legacy(const void* src, float* dst, int64_t n) {
       for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = static_cast<float>(legacy_quant(b, j) - kZero) * d;
     }
   }
-}
-
-}  // namespace
-
-void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
-  dequantize_row_legacy<BlockQ4_0, 8>(src, dst, n);
-}
-void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
-  dequantize_row_legacy<BlockQ4_1, 0>(src, dst, n);
-}
-void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
-  dequantize_row_legacy<BlockQ5_0, 16>(src, dst, n);
-}
-void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
-  dequantize_row_legacy<BlockQ5_1, 0>(src, dst, n);
-}
-void dequantize_row_q8_0(const void* src, float* dst, int64_t n) {
-  dequantize_row_legacy<BlockQ8_0, 0>(src, dst, n);
-}
-void dequantize_row_q8_1(const void* src, float* dst, int64_t n) {
-  dequantize_row_legacy<BlockQ8_1, 0>(src, dst, n);
 }
 
 void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
@@ -146,9 +137,10 @@ namespace {
 // The 4- and 5-bit quantizers: kMax + 1 levels. Symmetric blocks (Q4_0, Q5_0): d = (signed absmax) /
 // -(kMax + 1) / 2, so that the largest magnitude maps to q = 0; blocks with a minimum m (Q4_1, Q5_1): [min,
 // max] split into kMax steps.
-template <class Block, int kMax>
+template <class Block>
 void quantize_row_nibbles(const float* src, void* dst, int64_t n) {
-  constexpr int kZero = (kMax + 1) / 2;
+  constexpr int kMax = kNibbleMax<Block>;
+  constexpr int kZero = kZeroQuant<Block>;
   constexpr float kZeroHalf = static_cast<float>(kZero) + 0.5f;
   for (int64_t i = 0; i < n / kQK; ++i) {
     const float* x = src + i * kQK;
@@ -178,48 +170,41 @@ void quantize_row_nibbles(const float* src, void* dst, int64_t n) {
   }
 }
 
-// Symmetric 8-bit: d = absmax / 127, q = round(x / d), half away from zero; returns d.
-float quantize_block_q8(const float* x, int8_t* qs) {
-  const float d = absmax(x, kQK) / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  for (int j = 0; j < kQK; ++j) qs[j] = static_cast<int8_t>(round_clamped_127(x[j] * id));
-  return d;
+// Symmetric 8-bit: d = absmax / 127, q = round(x / d), half away from zero; Q8_1 adds s = d * sum(q).
+template <class Block>
+void quantize_row_q8(const float* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const float* x = src + i * kQK;
+    Block b;
+    const float d = absmax(x, kQK) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < kQK; ++j) b.qs[j] = static_cast<int8_t>(round_clamped_127(x[j] * id));
+    b.d = f32_to_f16(d);
+    if constexpr (requires { b.s; }) {
+      int sum = 0;
+      for (int j = 0; j < kQK; ++j) sum += b.qs[j];
+      b.s = f32_to_f16(static_cast<float>(sum) * d);
+    }
+    store_block(dst, i, b);
+  }
 }
 
 }  // namespace
 
-void quantize_row_q4_0(const float* src, void* dst, int64_t n) {
-  quantize_row_nibbles<BlockQ4_0, 15>(src, dst, n);
-}
-void quantize_row_q4_1(const float* src, void* dst, int64_t n) {
-  quantize_row_nibbles<BlockQ4_1, 15>(src, dst, n);
-}
-void quantize_row_q5_0(const float* src, void* dst, int64_t n) {
-  quantize_row_nibbles<BlockQ5_0, 31>(src, dst, n);
-}
-void quantize_row_q5_1(const float* src, void* dst, int64_t n) {
-  quantize_row_nibbles<BlockQ5_1, 31>(src, dst, n);
-}
-
-void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    BlockQ8_0 b;
-    b.d = f32_to_f16(quantize_block_q8(src + i * kQK, b.qs));
-    store_block(dst, i, b);
+template <class Block>
+void LegacyRow<Block>::quantize(const float* src, void* dst, int64_t n) {
+  if constexpr (sizeof(Block::qs) == kQK) {
+    quantize_row_q8<Block>(src, dst, n);
+  } else {
+    quantize_row_nibbles<Block>(src, dst, n);
   }
 }
 
-// As Q8_0, plus s = d * sum(q).
-void quantize_row_q8_1(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    BlockQ8_1 b;
-    const float d = quantize_block_q8(src + i * kQK, b.qs);
-    int sum = 0;
-    for (int j = 0; j < kQK; ++j) sum += b.qs[j];
-    b.d = f32_to_f16(d);
-    b.s = f32_to_f16(static_cast<float>(sum) * d);
-    store_block(dst, i, b);
-  }
-}
+template struct LegacyRow<BlockQ4_0>;
+template struct LegacyRow<BlockQ4_1>;
+template struct LegacyRow<BlockQ5_0>;
+template struct LegacyRow<BlockQ5_1>;
+template struct LegacyRow<BlockQ8_0>;
+template struct LegacyRow<BlockQ8_1>;
 
 }  // namespace kiln::quant

@@ -289,14 +289,13 @@ Result<Value> string_filters(const std::string& name, const Value& v, const Call
   if (name == "safe") return v;
   if (name == "escape" || name == "e") {
     std::string out;
+    static constexpr CharEscape kHtml[] = {
+        {'&', "&amp;"}, {'<', "&lt;"}, {'>', "&gt;"}, {'"', "&#34;"}, {'\'', "&#39;"}};
     for (char c : to_str(v)) {
-      switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&#34;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out += c;
+      if (const std::string_view* text = find_escape(kHtml, c)) {
+        out += *text;
+      } else {
+        out += c;
       }
     }
     return Value::string(std::move(out));

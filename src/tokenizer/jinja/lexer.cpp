@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "tokenizer/jinja/ast.h"
+#include "tokenizer/jinja/strutil.h"
 #include "tokenizer/unicode.h"
 
 namespace kiln::jinja {
@@ -254,7 +255,12 @@ class Lexer {
     return -1;
   }
 
-  // Python string literal escapes (Jinja decodes literals with "unicode-escape").
+  // Python string literal escapes (Jinja decodes literals with "unicode-escape"); \x, \u and \U take hex
+  // digits, an unknown escape stays as written.
+  static constexpr CharEscape kStringEscapes[] = {{'n', "\n"}, {'t', "\t"}, {'r', "\r"},      {'\\', "\\"},
+                                                  {'\'', "'"}, {'"', "\""}, {'a', "\a"},      {'b', "\b"},
+                                                  {'f', "\f"}, {'v', "\v"}, {'0', {"\0", 1}}, {'\n', ""}};
+
   Status string_literal(size_t at) {
     const char quote = src_[pos_];
     std::string out;
@@ -271,35 +277,22 @@ class Lexer {
       if (p + 1 >= src_.size()) return error_at(at, "unterminated string literal");
       char e = src_[p + 1];
       p += 2;
-      switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '0': out += '\0'; break;
-        case '\n': break;
-        case 'x':
-        case 'u':
-        case 'U': {
-          int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          uint32_t cp = 0;
-          for (int k = 0; k < n; ++k) {
-            int h = p + size_t(k) < src_.size() ? hex_value(src_[p + size_t(k)]) : -1;
-            if (h < 0) return error_at(at, std::string("bad \\") + e + " escape in string literal");
-            cp = cp * 16 + uint32_t(h);
-          }
-          if (cp > 0x10FFFF) return error_at(at, "escape beyond U+10FFFF in string literal");
-          unicode::utf8_append(out, cp);
-          p += size_t(n);
-          break;
+      if (const std::string_view* text = find_escape(kStringEscapes, e)) {
+        out += *text;
+      } else if (e == 'x' || e == 'u' || e == 'U') {
+        int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+        uint32_t cp = 0;
+        for (int k = 0; k < n; ++k) {
+          int h = p + size_t(k) < src_.size() ? hex_value(src_[p + size_t(k)]) : -1;
+          if (h < 0) return error_at(at, std::string("bad \\") + e + " escape in string literal");
+          cp = cp * 16 + uint32_t(h);
         }
-        default: out += '\\'; out += e;
+        if (cp > 0x10FFFF) return error_at(at, "escape beyond U+10FFFF in string literal");
+        unicode::utf8_append(out, cp);
+        p += size_t(n);
+      } else {
+        out += '\\';
+        out += e;
       }
     }
     push(Tok::string, std::move(out), at);

@@ -265,4 +265,11 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
   return out;
 }
 
+const std::string_view* find_escape(std::span<const CharEscape> table, char c) {
+  for (const CharEscape& e : table) {
+    if (e.c == c) return &e.text;
+  }
+  return nullptr;
+}
+
 }  // namespace kiln::jinja

@@ -1,7 +1,9 @@
 // String helpers with Python's semantics on UTF-8 text (indices count code points).
 #pragma once
 
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::jinja {
@@ -20,5 +22,13 @@ std::string py_capitalize(const std::string& s);
 std::string py_title(const std::string& s);     // str.title()
 std::string jinja_title(const std::string& s);  // the `title` filter
 std::string py_replace(const std::string& s, const std::string& from, const std::string& to, long count);
+
+// One character of an escaping and the text that stands for it ('&' and "&amp;").
+struct CharEscape {
+  char c;
+  std::string_view text;
+};
+// The text that stands for c in table; nullptr when c has none.
+const std::string_view* find_escape(std::span<const CharEscape> table, char c);
 
 }  // namespace kiln::jinja

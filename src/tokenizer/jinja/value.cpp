@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tokenizer/jinja/strutil.h"
+
 namespace kiln::jinja {
 
 Value Value::undefined(std::string name) { return Value{.s = std::move(name)}; }
@@ -276,21 +278,16 @@ Value from_json(const nlohmann::json& j) { return from_json_impl(j); }
 Value from_json(const nlohmann::ordered_json& j) { return from_json_impl(j); }
 
 static void json_string(std::string& out, const std::string& s) {
+  static constexpr CharEscape kJson[] = {{'"', "\\\""}, {'\\', "\\\\"}, {'\n', "\\n"}, {'\r', "\\r"},
+                                         {'\t', "\\t"}, {'\b', "\\b"},  {'\f', "\\f"}};
   out += '"';
   for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20)
-          out += fmt::format("\\u{:04x}", c);
-        else
-          out += char(c);
+    if (const std::string_view* text = find_escape(kJson, char(c))) {
+      out += *text;
+    } else if (c < 0x20) {
+      out += fmt::format("\\u{:04x}", c);
+    } else {
+      out += char(c);
     }
   }
   out += '"';
