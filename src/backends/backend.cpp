@@ -61,6 +61,16 @@ Status check_transfer(std::string_view what, const Tensor& t, size_t bytes) {
   return Status::ok_status();
 }
 
+Result<size_t> check_copy(std::string_view what, const Tensor& dst, const Tensor& src) {
+  if (dst.type != src.type || dst.ne != src.ne) {
+    return invalid_argument("{}: dst is {} but src is {}", what, dst.describe(), src.describe());
+  }
+  const auto bytes = static_cast<size_t>(src.nb[3] * src.ne[3]);
+  KILN_TRY(check_transfer(what, src, bytes));
+  KILN_TRY(check_transfer(what, dst, bytes));
+  return bytes;
+}
+
 bool cuda_available() {
 #if defined(KILN_HAVE_CUDA)
   return cuda_device_present();

@@ -124,6 +124,9 @@ class Backend {
 // The check every backend's upload/download/copy makes: `t` is contiguous, in host-visible memory or a buffer
 // of the backend, and holds exactly `bytes`.
 Status check_transfer(std::string_view what, const Tensor& t, size_t bytes);
+// The check every backend's copy makes: dst and src of one type and shape, each passing check_transfer; the
+// bytes to copy.
+Result<size_t> check_copy(std::string_view what, const Tensor& dst, const Tensor& src);
 
 // Whether this build has the CUDA backend and a CUDA device is usable (what "auto" picks).
 bool cuda_available();

@@ -68,12 +68,7 @@ class CpuBackend final : public Backend {
     return Status::ok_status();
   }
   Status copy(const Tensor& dst, const Tensor& src) override {
-    if (dst.type != src.type || dst.ne != src.ne) {
-      return invalid_argument("cpu copy: dst is {} but src is {}", dst.describe(), src.describe());
-    }
-    const auto bytes = static_cast<size_t>(src.nb[3] * src.ne[3]);
-    KILN_TRY(check_transfer("cpu copy", src, bytes));
-    KILN_TRY(check_transfer("cpu copy", dst, bytes));
+    KILN_ASSIGN_OR_RETURN(const size_t bytes, check_copy("cpu copy", dst, src));
     std::memmove(dst.data, src.data, bytes);
     return Status::ok_status();
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -38,19 +39,24 @@ Stream make_stream_owner(cudaStream_t s) {
   });
 }
 
-class DeviceBuffer final : public Buffer {
+// n bytes at p that `release` hands back when the buffer goes: device memory (cudaFreeAsync on the backend's
+// stream: stream-ordered, after the work already queued that may read it) or page-locked host memory
+// (cudaHostAlloc: transfers to and from it run at the link's speed, without staging; cudaFreeHost waits for
+// the device first).
+class CudaBuffer final : public Buffer {
  public:
-  DeviceBuffer(void* p, size_t n, Stream stream) : p_(p), n_(n), stream_(std::move(stream)) {}
-  // Stream-ordered: the memory goes back to the pool after the work already queued that may read it.
-  ~DeviceBuffer() override { cudaFreeAsync(p_, stream_.get()); }
+  CudaBuffer(void* p, size_t n, bool host_visible, std::function<void(void*)> release)
+      : p_(p), n_(n), host_visible_(host_visible), release_(std::move(release)) {}
+  ~CudaBuffer() override { release_(p_); }
   void* data() override { return p_; }
   size_t size() const override { return n_; }
-  bool host_visible() const override { return false; }
+  bool host_visible() const override { return host_visible_; }
 
  private:
   void* p_;
   size_t n_;
-  Stream stream_;
+  bool host_visible_;
+  std::function<void(void*)> release_;
 };
 
 // A weight's rows within the allocation that the weights prepared together share (prepare_weight_group);
@@ -66,20 +72,6 @@ class SliceBuffer final : public Buffer {
  private:
   std::shared_ptr<Buffer> whole_;
   size_t offset_;
-  size_t n_;
-};
-
-// Page-locked host memory (cudaHostAlloc): transfers to and from it run at the link's speed, without staging.
-class PinnedBuffer final : public Buffer {
- public:
-  PinnedBuffer(void* p, size_t n) : p_(p), n_(n) {}
-  ~PinnedBuffer() override { cudaFreeHost(p_); }  // waits for the device first
-  void* data() override { return p_; }
-  size_t size() const override { return n_; }
-  bool host_visible() const override { return true; }
-
- private:
-  void* p_;
   size_t n_;
 };
 
@@ -199,7 +191,7 @@ class CudaBackend final : public Backend {
       cudaGetLastError();  // clear the sticky-free error state of a failed allocation
       return resource_exhausted("{}: cannot allocate {} bytes of device memory", name_, bytes);
     }
-    return std::unique_ptr<Buffer>(new DeviceBuffer(p, bytes, owner_));
+    return std::unique_ptr<Buffer>(new CudaBuffer(p, bytes, false, [stream = owner_](void* q) { cudaFreeAsync(q, stream.get()); }));
   }
   Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes) override {
     KILN_TRY(select());
@@ -208,7 +200,7 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       return resource_exhausted("{}: cannot allocate {} bytes of page-locked host memory", name_, bytes);
     }
-    return std::unique_ptr<Buffer>(new PinnedBuffer(p, bytes));
+    return std::unique_ptr<Buffer>(new CudaBuffer(p, bytes, true, [](void* q) { cudaFreeHost(q); }));
   }
   Status upload(const Tensor& dst, const void* src, size_t bytes) override {
     KILN_TRY(check_transfer("cuda upload", dst, bytes));
@@ -223,12 +215,7 @@ class CudaBackend final : public Backend {
     return Status::ok_status();
   }
   Status copy(const Tensor& dst, const Tensor& src) override {
-    if (dst.type != src.type || dst.ne != src.ne) {
-      return invalid_argument("cuda copy: dst is {} but src is {}", dst.describe(), src.describe());
-    }
-    const auto bytes = static_cast<size_t>(src.nb[3] * src.ne[3]);
-    KILN_TRY(check_transfer("cuda copy", src, bytes));
-    KILN_TRY(check_transfer("cuda copy", dst, bytes));
+    KILN_ASSIGN_OR_RETURN(const size_t bytes, check_copy("cuda copy", dst, src));
     KILN_TRY(select());
     KILN_CUDA_TRY(cudaMemcpyAsync(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, stream_));
     return Status::ok_status();

@@ -553,14 +553,15 @@ inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k;
   X(f16) X(bf16) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) \
       X(iq4_xs) X(mxfp4)
 
+// A visitor's case for one type of such a list: f(std::integral_constant<DType, t>).
+#define KILN_CUDA_TYPE_CASE(name) \
+  case DType::name: return f(std::integral_constant<DType, DType::name>{});
+
 // Calls f(std::integral_constant<DType, t>) for a weight type above; cudaErrorNotSupported for any other.
 template <class F>
 cudaError_t visit_weight_type(DType t, F&& f) {
   switch (t) {
-#define KILN_CASE(name) \
-  case DType::name: return f(std::integral_constant<DType, DType::name>{});
-    KILN_CUDA_WEIGHT_TYPES(KILN_CASE)
-#undef KILN_CASE
+    KILN_CUDA_WEIGHT_TYPES(KILN_CUDA_TYPE_CASE)
     default: return cudaErrorNotSupported;
   }
 }

@@ -13,39 +13,42 @@ namespace {
 
 // Thread: one block of one row (grid-strided), its header and quants copied to their places in grouped
 // form.
-template <int kHead, int kQs>
-__global__ void group_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
-                                  uint8_t* dst, int64_t dst_nb1) {
+// Calls f(from, g, j) for block b of row r, a thread each (grid-strided): from, the block's bytes in the
+// file's row; g, its run of 8 in the grouped row; j = b % 8, its place in the run.
+template <int kBlockBytes, class F>
+__device__ void for_each_block(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
+                               uint8_t* dst, int64_t dst_nb1, F&& f) {
   const int64_t total = n_blocks * n_rows;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / n_blocks, b = i % n_blocks;
-    const uint8_t* from = src + r * src_nb1 + b * (kHead + kQs);
-    uint8_t* g = dst + r * dst_nb1 + (b / 8) * (8 * (kHead + kQs));
-    const int j = static_cast<int>(b % 8);
-    for (int e = 0; e < kHead; ++e) g[j * kHead + e] = from[e];
-    for (int e = 0; e < kQs; ++e) g[8 * kHead + j * kQs + e] = from[kHead + e];
+    f(src + r * src_nb1 + b * kBlockBytes, dst + r * dst_nb1 + (b / 8) * (8 * kBlockBytes),
+      static_cast<int>(b % 8));
   }
+}
+
+template <int kHead, int kQs>
+__global__ void group_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
+                                  uint8_t* dst, int64_t dst_nb1) {
+  for_each_block<kHead + kQs>(src, src_nb1, n_blocks, n_rows, dst, dst_nb1,
+                              [](const uint8_t* from, uint8_t* g, int j) {
+                                for (int e = 0; e < kHead; ++e) g[j * kHead + e] = from[e];
+                                for (int e = 0; e < kQs; ++e) g[8 * kHead + j * kQs + e] = from[kHead + e];
+                              });
 }
 
 // Thread: one Q6_K super-block of one row (grid-strided): its scales, d and quants (ql's quarters 0, 2, 1, 3,
 // then qh) to their places in grouped form.
 __global__ void group_q6k_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
                                       uint8_t* dst, int64_t dst_nb1) {
-  const int64_t total = n_blocks * n_rows;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / n_blocks, b = i % n_blocks;
-    const uint8_t* from = src + r * src_nb1 + b * 210;
-    uint8_t* g = dst + r * dst_nb1 + (b / 8) * (8 * 210);
-    const int j = static_cast<int>(b % 8);
+  for_each_block<210>(src, src_nb1, n_blocks, n_rows, dst, dst_nb1, [](const uint8_t* from, uint8_t* g, int j) {
     for (int e = 0; e < 16; ++e) g[16 * j + e] = from[192 + e];
     g[128 + 2 * j] = from[208];
     g[128 + 2 * j + 1] = from[209];
     uint8_t* qs = g + 144 + 192 * j;
     for (int e = 0; e < 128; ++e) qs[32 * ((e / 32) / 2 + 2 * ((e / 32) % 2)) + e % 32] = from[e];
     for (int e = 128; e < 192; ++e) qs[e] = from[e];
-  }
+  });
 }
 
 }  // namespace

@@ -55,10 +55,7 @@ namespace {
 template <class F>
 cudaError_t visit_q8_type(DType t, F&& f) {
   switch (t) {
-#define KILN_CASE(name) \
-  case DType::name: return f(std::integral_constant<DType, DType::name>{});
-    KILN_CUDA_Q8_TYPES(KILN_CASE)
-#undef KILN_CASE
+    KILN_CUDA_Q8_TYPES(KILN_CUDA_TYPE_CASE)
     default: return cudaErrorNotSupported;
   }
 }
