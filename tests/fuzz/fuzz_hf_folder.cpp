@@ -87,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!file.ok()) return 0;
   auto backend = kiln::make_backend("cpu", kiln::BackendOptions{1});
   if (!backend.ok()) std::abort();
-  auto model = kiln::load_model(*file, **backend, kiln::ModelOptions{false, 64});
+  auto model = kiln::load_model(*file, **backend, kiln::ModelOptions{.n_ctx = 64});
   auto tok = kiln::load_tokenizer(dir);
   (void)model;
   (void)tok;
