@@ -5,8 +5,8 @@
 // query head and position seen), and for decode the K/V bytes read per second.
 //   build/<preset>/tests/attention_bench [--device cpu|cuda] [--json] [--shape 8b|135m|HxKVxD]
 //       [--prefill 512,2048] [--decode 1x128,1x1024,16x1024] [--kv-type f16|f32] [--block 16] [--exact]
-// Default: the Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128), f16 pools, the fast precision (the
-// engine's default on a GPU; --exact: the f32 path).
+// Default: the Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128), f16 pools, the fast precision
+// (the engine's default on a GPU; --exact: the f32 path).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -188,8 +188,7 @@ int main(int argc, char** argv) {
   bo.precision = o.fast ? ops::Precision::precision_fast : ops::Precision::precision_exact;
   auto b = check(make_backend(device, bo), "make_backend");
   if (!o.json) {
-    std::printf("%s, %s pools, %s\n\n", device.c_str(), kv_type.c_str(),
-                o.fast ? "fast" : "exact");
+    std::printf("%s, %s pools, %s\n\n", device.c_str(), kv_type.c_str(), o.fast ? "fast" : "exact");
     std::printf("| kind    | heads     | seqs | context | tokens |   us/call | TFLOP/s | K/V GB/s |\n");
     std::printf("|---------|----------:|-----:|--------:|-------:|----------:|--------:|---------:|\n");
   }

@@ -2,8 +2,8 @@
 // x (k x m), f32 out, as src/backends/cuda/matmul/matmul_gemm.cu's gemm() calls it. For each shape and token
 // count, the time a call of cublasGemmEx's default, then of every algorithm cuBLASLt's heuristic returns (up
 // to 16, each with its config: algo id, tile id, split-k), weights cycled past the L2 cache; % of the card's
-// copy bandwidth (read + write of a 1 GiB device copy). Standalone (cuBLAS only), built and run on the GPU machine by
-// `scripts/gpu-check.sh ltprobe`:
+// copy bandwidth (read + write of a 1 GiB device copy). Standalone (cuBLAS only), built and run on the GPU
+// machine by `scripts/gpu-check.sh ltprobe`:
 //   nvcc -O2 -arch=sm_90a -std=c++20 bench/cublaslt_probe.cu -lcublasLt -lcublas -o cublaslt_probe
 //   cublaslt_probe [KxN ...]   (default: the 8B's q, k/v, q+k+v, gate, gate+up, down)
 #include <cublasLt.h>

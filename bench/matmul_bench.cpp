@@ -119,8 +119,7 @@ void bench_m(Backend& b, const std::vector<std::unique_ptr<WeightHandle>>& ws, i
   // The backend is made at the fast precision, the default path (on the GPU tensor cores for m > 8; its GEMV
   // is exact either way).
   std::vector<Program> calls(ws.size());
-  for (size_t i = 0; i < ws.size(); ++i)
-    check(calls[i].add(ops::Matmul{ws[i]->weight, x, dst}), "program");
+  for (size_t i = 0; i < ws.size(); ++i) check(calls[i].add(ops::Matmul{ws[i]->weight, x, dst}), "program");
   for (const Program& p : calls) check(b.run(p), "matmul");
   check(b.synchronize(), "synchronize");
   const auto t0 = std::chrono::steady_clock::now();

@@ -25,7 +25,9 @@ class Arena {
   explicit Arena(Backend& backend, Backend* host_of = nullptr) : backend_(backend), host_of_(host_of) {}
   // A contiguous tensor of `type` [ne0, ne1, ne2] from the arena (f32 activations, i32 ids).
   Result<Tensor> alloc(DType type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1);
-  Result<Tensor> f32(int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1) { return alloc(DType::f32, ne0, ne1, ne2); }
+  Result<Tensor> f32(int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1) {
+    return alloc(DType::f32, ne0, ne1, ne2);
+  }
   Result<Tensor> i32(int64_t ne0, int64_t ne1 = 1) { return alloc(DType::i32, ne0, ne1); }
   // Forgets every tensor handed out (keeps the memory; merges chunks into one when there were several).
   void reset();
@@ -37,7 +39,8 @@ class Arena {
   // Everything allocated while a Scope lives is given back when it ends (scopes nest, last in first out).
   class Scope {
    public:
-    explicit Scope(Arena& arena) : arena_(arena), chunk_(arena.chunk_), used_(arena.used_), total_(arena.total_used_) {}
+    explicit Scope(Arena& arena)
+        : arena_(arena), chunk_(arena.chunk_), used_(arena.used_), total_(arena.total_used_) {}
     ~Scope() {
       arena_.chunk_ = chunk_;
       arena_.used_ = used_;

@@ -1,7 +1,7 @@
 // The op contracts: what each op computes, its operands' shapes and types, and check(), which validates an
 // op's operands before any backend runs it. Shapes are written innermost first, as Tensor stores them. Inputs
-// may be non-contiguous views unless a contract says otherwise. The scalar reference of every op is in ops/ref/
-// (the oracle); backends implement the same contracts (backends/backend.h).
+// may be non-contiguous views unless a contract says otherwise. The scalar reference of every op is in
+// ops/ref/ (the oracle); backends implement the same contracts (backends/backend.h).
 //
 // Every operand is a Tensor, step metadata included (token ids, positions, KV slots, block tables, expert
 // ids: i32 tensors in backend memory), so that a backend that does not share the host's memory can run an op
@@ -42,8 +42,8 @@ struct Weight {
   Weight(const Tensor& t) : tensor(t) {}  // NOLINT(google-explicit-constructor): a plain tensor is a weight
 };
 
-// dst[:, i] = table[:, ids[i]] converted to dst's type.   table: any type [n, n_rows]; ids: i32 [n_ids], each in
-// [0, n_rows); dst: float [n, n_ids].
+// dst[:, i] = table[:, ids[i]] converted to dst's type.   table: any type [n, n_rows]; ids: i32 [n_ids], each
+// in [0, n_rows); dst: float [n, n_ids].
 struct GetRows {
   Weight table;
   Tensor ids;
@@ -149,16 +149,15 @@ struct KvWrite {
 // 0..pos[t] of its sequence, read from the pools through that sequence's block table (position p is in block
 // table[p / block_size], offset p % block_size). Query head h uses KV head h / (n_heads / n_kv_heads) (GQA).
 // q: f32 [head_dim, n_heads, n_tokens]; pools as in KvWrite; dst: f32 [head_dim, n_heads, n_tokens].
-// positions, seq: i32 [n_tokens]. The block tables are flattened (CSR, as FlashInfer's paged layout): sequence
-// s's table is bt_indices[bt_indptr[s] .. bt_indptr[s + 1]); bt_indptr: i32 [n_seqs + 1], bt_indices: i32
-// [total blocks], each a block of the pools or kFreedBlock.
-// scores = q.k * scale (then softcap * tanh(scores / softcap) when softcap > 0); window > 0 keeps only the
-// last `window` positions (sliding-window attention). Table entries below every token's window may be
-// kFreedBlock.
-// Under Precision::precision_fast a backend may compute q.k and p.v at lower precision (a GPU: f16 tensor
-// cores with f32 sums, within Backend::fast_tolerance of the exact result), or in another order (the CPU: a
-// tiled online softmax in f32, held to the reference as the exact path is).
-// A block-table entry whose block was given back (sliding window: no token of the batch reaches it).
+// positions, seq: i32 [n_tokens]. The block tables are flattened (CSR, as FlashInfer's paged layout):
+// sequence s's table is bt_indices[bt_indptr[s] .. bt_indptr[s + 1]); bt_indptr: i32 [n_seqs + 1],
+// bt_indices: i32 [total blocks], each a block of the pools or kFreedBlock. scores = q.k * scale (then
+// softcap * tanh(scores / softcap) when softcap > 0); window > 0 keeps only the last `window` positions
+// (sliding-window attention). Table entries below every token's window may be kFreedBlock. Under
+// Precision::precision_fast a backend may compute q.k and p.v at lower precision (a GPU: f16 tensor cores
+// with f32 sums, within Backend::fast_tolerance of the exact result), or in another order (the CPU: a tiled
+// online softmax in f32, held to the reference as the exact path is). A block-table entry whose block was
+// given back (sliding window: no token of the batch reaches it).
 inline constexpr int32_t kFreedBlock = -1;
 struct Attention {
   Tensor q;
@@ -173,8 +172,9 @@ struct Attention {
 };
 
 enum class GluKind : uint8_t { glu_kind_silu, glu_kind_gelu_tanh, glu_kind_sigmoid };
-// dst = act(gate) * up.   up: f32 [n, rows]; dst: float [n, rows]; gate: f32 [n, rows], or [1, rows]: one gate per row,
-// broadcast over it (dst[:, r] = act(gate[0, r]) * up[:, r], e.g. a shared expert's sigmoid gate).
+// dst = act(gate) * up.   up: f32 [n, rows]; dst: float [n, rows]; gate: f32 [n, rows], or [1, rows]: one
+// gate per row, broadcast over it (dst[:, r] = act(gate[0, r]) * up[:, r], e.g. a shared expert's sigmoid
+// gate).
 struct GatedAct {
   Tensor gate, up;
   GluKind kind = GluKind::glu_kind_silu;
@@ -182,8 +182,8 @@ struct GatedAct {
 };
 
 enum class BinaryKind : uint8_t { binary_kind_add, binary_kind_mul };
-// dst = a (+|*) b, b broadcast over rows when it has one row.   a: f32 [n, rows]; dst: float [n, rows]; b: f32
-// [n, rows] or [n, 1] (a bias: a weight).
+// dst = a (+|*) b, b broadcast over rows when it has one row.   a: f32 [n, rows]; dst: float [n, rows]; b:
+// f32 [n, rows] or [n, 1] (a bias: a weight).
 struct Binary {
   Tensor a;
   Weight b;

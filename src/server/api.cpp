@@ -174,8 +174,8 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   respond(g, p, ex);
 }
 
-std::shared_ptr<Api::Generation> Api::make_generation(Parsed& p, const std::shared_ptr<Exchange>& ex, bool chat,
-                                                      Engine& engine) {
+std::shared_ptr<Api::Generation> Api::make_generation(Parsed& p, const std::shared_ptr<Exchange>& ex,
+                                                      bool chat, Engine& engine) {
   auto g = std::make_shared<Generation>();
   g->ex = ex;
   g->metrics = metrics_;
@@ -225,7 +225,8 @@ std::optional<ApiError> Api::submit(const std::shared_ptr<Generation>& g, const 
   return std::nullopt;
 }
 
-void Api::respond(const std::shared_ptr<Generation>& g, const Parsed& p, const std::shared_ptr<Exchange>& ex) {
+void Api::respond(const std::shared_ptr<Generation>& g, const Parsed& p,
+                  const std::shared_ptr<Exchange>& ex) {
   ex->on_disconnect([g] {
     for (uint64_t id : g->ids) g->engine->cancel(id);
   });

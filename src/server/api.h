@@ -52,11 +52,12 @@ class Api {
   void completions(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, bool chat);
   // The parts of completions() after parse and validate (api_internal.h): the generation its choices feed;
   // submit: one engine request a choice (under g->mu), the error when the engine refuses one (those already
-  // submitted cancelled); respond: the cancellation on disconnect, and for a stream its head and first chunks.
+  // submitted cancelled); respond: the cancellation on disconnect, and for a stream its head and first
+  // chunks.
   std::shared_ptr<Generation> make_generation(api_detail::Parsed& p, const std::shared_ptr<Exchange>& ex,
                                               bool chat, Engine& engine);
-  std::optional<api_detail::ApiError> submit(const std::shared_ptr<Generation>& g, const api_detail::Parsed& p,
-                                             Engine& engine, bool chat);
+  std::optional<api_detail::ApiError> submit(const std::shared_ptr<Generation>& g,
+                                             const api_detail::Parsed& p, Engine& engine, bool chat);
   void respond(const std::shared_ptr<Generation>& g, const api_detail::Parsed& p,
                const std::shared_ptr<Exchange>& ex);
   void tokenize(const HttpRequest& req, const std::shared_ptr<Exchange>& ex);

@@ -248,9 +248,9 @@ std::optional<ApiError> parse_completion(const std::string& body_text, bool chat
     if (!m->is_string()) return bad("model", "'model' must be a string");
     if (*m != model_name) {
       return ApiError{404,
-                   fmt::format("The model '{}' does not exist: this server serves '{}'",
-                               m->get<std::string>(), model_name),
-                   "invalid_request_error", "model", "model_not_found"};
+                      fmt::format("The model '{}' does not exist: this server serves '{}'",
+                                  m->get<std::string>(), model_name),
+                      "invalid_request_error", "model", "model_not_found"};
     }
   }
   if (auto e = read_sampling(body, model, p)) return e;
@@ -330,8 +330,7 @@ std::optional<ApiError> parse_completion(const std::string& body_text, bool chat
       e = bad_prompt();
     }
     if (e) return e;
-    if (p.prompts.size() > 16)
-      return bad("prompt", fmt::format("{} prompts: at most 16", p.prompts.size()));
+    if (p.prompts.size() > 16) return bad("prompt", fmt::format("{} prompts: at most 16", p.prompts.size()));
   }
   p.base.sampling.logprobs = p.logprobs;
   p.base.sampling.n_logprobs = static_cast<int32_t>(p.top_logprobs);
@@ -345,14 +344,14 @@ std::optional<ApiError> validate_completion(const Parsed& p, const ModelDescript
     const int64_t room = model.n_ctx - static_cast<int64_t>(t.size());
     const int64_t want = p.max_tokens >= 0 ? p.max_tokens : room;
     if (room <= 0 || want > room) {
-      return ApiError{400,
-           fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
-                       "({} in the {}, {} in the completion). Please reduce the length of the {} or the "
-                       "completion.",
-                       model.n_ctx, static_cast<int64_t>(t.size()) + std::max<int64_t>(want, 1), t.size(),
-                       chat ? "messages" : "prompt", std::max<int64_t>(want, 1),
-                       chat ? "messages" : "prompt"),
-           "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
+      return ApiError{
+          400,
+          fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                      "({} in the {}, {} in the completion). Please reduce the length of the {} or the "
+                      "completion.",
+                      model.n_ctx, static_cast<int64_t>(t.size()) + std::max<int64_t>(want, 1), t.size(),
+                      chat ? "messages" : "prompt", std::max<int64_t>(want, 1), chat ? "messages" : "prompt"),
+          "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
     }
   }
   return std::nullopt;

@@ -215,13 +215,12 @@ void Api::Generation::finish_all() {  // under mu
   }
   if (stream) {
     if (err != nullptr) {
-      emit("data: " +
-           dump(json{{"error",
-                      {{"message", err->error},
-                       {"type", "server_error"},
-                       {"param", nullptr},
-                       {"code", nullptr}}}}) +
-           "\n\n");
+      emit(
+          "data: " +
+          dump(json{
+              {"error",
+               {{"message", err->error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}}) +
+          "\n\n");
     } else if (include_usage) {
       json j = chunk_base();
       j["choices"] = json::array();

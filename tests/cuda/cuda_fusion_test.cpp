@@ -47,8 +47,8 @@ struct LayerOptions {
   bool factors = false;       // per-pair frequency factors (Llama 3.1's rope_freqs), each 1 to 8
   bool act_in_place = false;  // the gated activation writes over the gate (as the models' layers do)
   // A prefill: the step's tokens one sequence at positions 37 + t (blocks 0, 1, ... of the pools, the first
-  // positions as context), the attention on tensor cores (the fast precision), which writes the output projection's x
-  // in 16 bits.
+  // positions as context), the attention on tensor cores (the fast precision), which writes the output
+  // projection's x in 16 bits.
   bool prefill = false;
   int64_t ff = kFf;             // the gate and up matmuls' rows (down's k)
   std::optional<DType> v_type;  // V's weight type when not the layer's (a Q4_K_M layer's Q6_K V)

@@ -47,8 +47,8 @@ CudaOptions gemv_options(bool staged, int rows = 0, int grid = 0) {
   return o;
 }
 
-// dst's bytes of w x at the fast precision, on a backend made with `options` and mmq off (so that 9 to 16 tokens
-// take the GEMV in two column groups); weights and x drawn from `seed`.
+// dst's bytes of w x at the fast precision, on a backend made with `options` and mmq off (so that 9 to 16
+// tokens take the GEMV in two column groups); weights and x drawn from `seed`.
 std::vector<uint8_t> run(CudaOptions options, const Case& c, uint64_t seed) {
   options.mmq = false;
   options.precision = ops::Precision::precision_fast;
@@ -86,8 +86,7 @@ std::vector<uint8_t> run(CudaOptions options, const Case& c, uint64_t seed) {
   const Tensor x = make_tensor(DType::f32, *buf, x_at, c.k, c.m);
   const Tensor d = make_tensor(DType::f32, *buf, d_at, kRowsOut, c.m);
   Program p;
-  EXPECT_TRUE(
-      p.add(ops::Matmul{ops::Weight(make_tensor(c.type, *buf, w_at, c.k, kRowsOut)), x, d}).ok());
+  EXPECT_TRUE(p.add(ops::Matmul{ops::Weight(make_tensor(c.type, *buf, w_at, c.k, kRowsOut)), x, d}).ok());
   p.n_tokens = static_cast<int32_t>(c.m);
   EXPECT_TRUE(b.run(p).ok());
   std::vector<uint8_t> out(d_bytes);
@@ -249,11 +248,11 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
       auto he = grouped[0]->prepare_weight(logical, "token_embd.weight", WeightRole::weight_role_embedding);
       ASSERT_TRUE(he.ok());
       EXPECT_EQ((*he)->weight.prepared, nullptr) << what;
-      // 1-8 tokens: the GEMV; 12 and 40: the integer GEMV at the fast precision, else cuBLAS on dequantized rows.
-      // Q6_K from 5 tokens at the fast precision: the tensor-core matmul, which takes grouped rows always and the
-      // file's only where they are whole 16-byte chunks (k a multiple of 2048); elsewhere the file's form
-      // takes the integer GEMV (12 tokens: the same integers summed in another order) or cuBLAS (40: x not
-      // rounded).
+      // 1-8 tokens: the GEMV; 12 and 40: the integer GEMV at the fast precision, else cuBLAS on dequantized
+      // rows. Q6_K from 5 tokens at the fast precision: the tensor-core matmul, which takes grouped rows
+      // always and the file's only where they are whole 16-byte chunks (k a multiple of 2048); elsewhere the
+      // file's form takes the integer GEMV (12 tokens: the same integers summed in another order) or cuBLAS
+      // (40: x not rounded).
       for (const int64_t m : {1, 3, 8, 12, 40}) {
         std::vector<float> x(static_cast<size_t>(k * m));
         for (float& v : x) v = uni(rng);

@@ -163,8 +163,8 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
             const auto a = products(*stacked[qx], ws[qx], x, m, dst);
             const auto b = products(*apart[qx], wa[qx], x, m, dst);
             ASSERT_EQ(a.size(), b.size());
-            // The GEMV (and the integer GEMV of the legacy types at the fast precision, up to 16 tokens) reads
-            // each matrix as before; cuBLAS sums in an order of its own choosing per shape.
+            // The GEMV (and the integer GEMV of the legacy types at the fast precision, up to 16 tokens)
+            // reads each matrix as before; cuBLAS sums in an order of its own choosing per shape.
             const bool legacy = t == DType::q8_0 || t == DType::q4_0;
             const bool gemv = m <= 8 || (qx && legacy && m <= 16);
             // More than 64 tokens (a prefill): the GEMMs run apart there too.
@@ -183,7 +183,8 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
               }
               ASSERT_GT(den, 0.0) << what;
               // f32 destinations: sums of the same products in another order (TF32 inputs for f32 weights
-              // at the fast precision); bf16 ones: the same, then one rounding to 8 bits that may fall either way.
+              // at the fast precision); bf16 ones: the same, then one rounding to 8 bits that may fall either
+              // way.
               const double tol = dst == DType::bf16 ? 4e-3 : (t == DType::f32 && qx ? 1e-4 : 1e-5);
               EXPECT_LE(std::sqrt(num / den), tol) << what;
             }

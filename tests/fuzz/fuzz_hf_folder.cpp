@@ -21,9 +21,16 @@
 namespace {
 
 constexpr std::string_view kNames[] = {
-    "config.json",          "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-    "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
 };
 
 // One folder per process, emptied before each input, and removed when the process exits (libFuzzer ends
@@ -76,7 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (eol == std::string_view::npos) break;
     const std::string_view name = in.substr(at + kMark.size(), eol - at - kMark.size());
     size_t next = in.find("\n@@ ", eol);
-    const std::string_view body = in.substr(eol + 1, (next == std::string_view::npos ? in.size() : next) - eol - 1);
+    const std::string_view body =
+        in.substr(eol + 1, (next == std::string_view::npos ? in.size() : next) - eol - 1);
     for (std::string_view known : kNames) {
       if (name == known) write_file(dir + "/" + std::string(name), body);
     }

@@ -59,7 +59,9 @@ class RecordingBackend final : public Backend {
     ++uploads;
     return cpu_->upload(dst, src, bytes);
   }
-  Status download(void* dst, const Tensor& src, size_t bytes) override { return cpu_->download(dst, src, bytes); }
+  Status download(void* dst, const Tensor& src, size_t bytes) override {
+    return cpu_->download(dst, src, bytes);
+  }
   Status copy(const Tensor& dst, const Tensor& src) override { return cpu_->copy(dst, src); }
   Status synchronize() override { return cpu_->synchronize(); }
   uint64_t device_memory_free() const override { return device_free; }
@@ -97,22 +99,35 @@ std::vector<Operand> operands(const ops::Op& op) {
             return {Operand{"table", o.table.tensor, o.table.tensor.buffer == nullptr}, a("ids", o.ids),
                     a("dst", o.dst)};
           },
-          [&](const Matmul& o) -> std::vector<Operand> { return {w("w", o.w), a("x", o.x), a("dst", o.dst)}; },
-          [&](const RmsNorm& o) -> std::vector<Operand> { return {a("x", o.x), w("w", o.w), a("dst", o.dst)}; },
+          [&](const Matmul& o) -> std::vector<Operand> {
+            return {w("w", o.w), a("x", o.x), a("dst", o.dst)};
+          },
+          [&](const RmsNorm& o) -> std::vector<Operand> {
+            return {a("x", o.x), w("w", o.w), a("dst", o.dst)};
+          },
           [&](const LayerNorm& o) -> std::vector<Operand> {
             return {a("x", o.x), w("w", o.w), w("b", o.b), a("dst", o.dst)};
           },
           [&](const Rope& o) -> std::vector<Operand> {
-            return {a("x", o.x), a("positions", o.positions), w("freq_factors", o.freq_factors), a("dst", o.dst)};
+            return {a("x", o.x), a("positions", o.positions), w("freq_factors", o.freq_factors),
+                    a("dst", o.dst)};
           },
-          [&](const Softmax& o) -> std::vector<Operand> { return {a("x", o.x), a("dst", o.dst)}; },
+          [&](const Softmax& o) -> std::vector<Operand> {
+            return {a("x", o.x), a("dst", o.dst)};
+          },
           [&](const KvWrite& o) -> std::vector<Operand> {
-            return {a("k", o.k), a("v", o.v), a("k_pool", o.k_pool), a("v_pool", o.v_pool), a("slots", o.slots)};
+            return {a("k", o.k), a("v", o.v), a("k_pool", o.k_pool), a("v_pool", o.v_pool),
+                    a("slots", o.slots)};
           },
           [&](const Attention& o) -> std::vector<Operand> {
-            return {a("q", o.q),           a("k_pool", o.k_pool),       a("v_pool", o.v_pool),
-                    a("positions", o.positions), a("seq", o.seq),     a("bt_indptr", o.bt_indptr),
-                    a("bt_indices", o.bt_indices), a("dst", o.dst)};
+            return {a("q", o.q),
+                    a("k_pool", o.k_pool),
+                    a("v_pool", o.v_pool),
+                    a("positions", o.positions),
+                    a("seq", o.seq),
+                    a("bt_indptr", o.bt_indptr),
+                    a("bt_indices", o.bt_indices),
+                    a("dst", o.dst)};
           },
           [&](const GatedAct& o) -> std::vector<Operand> {
             return {a("gate", o.gate), a("up", o.up), a("dst", o.dst)};
@@ -120,15 +135,21 @@ std::vector<Operand> operands(const ops::Op& op) {
           [&](const Binary& o) -> std::vector<Operand> {
             return {a("a", o.a), Operand{"b", o.b.tensor, o.b.tensor.buffer == nullptr}, a("dst", o.dst)};
           },
-          [&](const Scale& o) -> std::vector<Operand> { return {a("x", o.x), a("dst", o.dst)}; },
-          [&](const Argmax& o) -> std::vector<Operand> { return {a("x", o.x), a("out", o.out)}; },
+          [&](const Scale& o) -> std::vector<Operand> {
+            return {a("x", o.x), a("dst", o.dst)};
+          },
+          [&](const Argmax& o) -> std::vector<Operand> {
+            return {a("x", o.x), a("out", o.out)};
+          },
           [&](const MoeRoute& o) -> std::vector<Operand> {
             return {a("logits", o.logits), a("ids", o.ids), a("weights", o.weights)};
           },
           [&](const MoeMatmul& o) -> std::vector<Operand> {
             return {w("w", o.w), a("x", o.x), a("ids", o.ids), a("dst", o.dst)};
           },
-          [&](const WeightedSum& o) -> std::vector<Operand> { return {a("y", o.y), a("w", o.w), a("dst", o.dst)}; },
+          [&](const WeightedSum& o) -> std::vector<Operand> {
+            return {a("y", o.y), a("w", o.w), a("dst", o.dst)};
+          },
       },
       op);
 }
@@ -262,7 +283,7 @@ TEST(StepProgram, DecodeAndMixedStepsOnTheDefaultModel) {
   const std::vector<std::string> decode_ops = names(rec.programs.back());
 
   // The program: embedding gather, 16 ops per layer, then the logit rows' gather, the final norm, the head.
-  const std::vector<std::string> layer = {"rms_norm", "matmul", "matmul", "matmul", "rope",   "rope",
+  const std::vector<std::string> layer = {"rms_norm", "matmul",    "matmul", "matmul", "rope",     "rope",
                                           "kv_write", "attention", "matmul", "binary", "rms_norm", "matmul",
                                           "matmul",   "gated_act", "matmul", "binary"};
   std::vector<std::string> want = {"get_rows"};
@@ -360,7 +381,7 @@ Scratch scratch(const ModelInfo& info, int64_t n_heads, int64_t n_ff, int64_t n,
   Scratch s;
   s.x = s.norm = s.attention_out = rounded(e * n * f);
   s.attention = s.attention_out + 2 * rounded(q * n * f) + 2 * rounded(kvd * n * f);  // out, q, k, v, a
-  s.ffn = rounded(e * n * f) + 2 * rounded(n_ff * n * f);                              // out, gate, up
+  s.ffn = rounded(e * n * f) + 2 * rounded(n_ff * n * f);                             // out, gate, up
   s.logits = n_logits == 0 ? 0 : rounded(info.n_vocab * n_logits * f) + 2 * rounded(e * n_logits * f);
   return s;
 }
@@ -497,7 +518,8 @@ TEST(StepProgram, ScratchPeakIsOneLayer) {
     ASSERT_TRUE(l.model);
     Batch b;  // two sequences of 16 tokens
     b.block_tables = {kTable0, kTable1};
-    for (int32_t i = 0; i < 32; ++i) b.tokens.push_back(i), b.positions.push_back(i % 16), b.seq.push_back(i / 16);
+    for (int32_t i = 0; i < 32; ++i)
+      b.tokens.push_back(i), b.positions.push_back(i % 16), b.seq.push_back(i / 16);
     b.logit_rows = {15, 31};
     ASSERT_TRUE(l.model->forward(b, *l.kv).ok());
     const ModelInfo& info = l.model->info();
@@ -514,9 +536,10 @@ TEST(StepProgram, ScratchPeakIsOneLayer) {
   ModelInfo l8;
   l8.n_embd = 4096, l8.head_dim = 128, l8.n_kv_heads = 8, l8.n_vocab = 128256, l8.n_layers = 32;
   const Scratch big = scratch(l8, 32, 14336, 512, 1);
-  fmt::print("scratch of a 512-token step, Llama-3-8B shapes: {:.1f} MiB with per-layer scopes, {:.1f} MiB "
-             "without\n",
-             peak_scoped(big) / 1048576.0, peak_unscoped(big, l8.n_layers) / 1048576.0);
+  fmt::print(
+      "scratch of a 512-token step, Llama-3-8B shapes: {:.1f} MiB with per-layer scopes, {:.1f} MiB "
+      "without\n",
+      peak_scoped(big) / 1048576.0, peak_unscoped(big, l8.n_layers) / 1048576.0);
   EXPECT_LT(peak_scoped(big) * 10, peak_unscoped(big, l8.n_layers));
 }
 
@@ -548,8 +571,11 @@ TEST(CheckBatch, EveryValueAnOpReadsIsChecked) {
   expect(batch([&](Batch& b) { b.block_tables[0] = freed; }), StatusCode::out_of_range,
          "reads block_tables[0][0], which is freed", kv);
   // Inside a window that starts past the freed block, the same table is fine.
-  EXPECT_TRUE(check_batch(batch([&](Batch& b) { b.block_tables[0] = freed; b.positions[0] = 5; }), 10,
-                          KvGeometry{4, 4, 2})
+  EXPECT_TRUE(check_batch(batch([&](Batch& b) {
+                            b.block_tables[0] = freed;
+                            b.positions[0] = 5;
+                          }),
+                          10, KvGeometry{4, 4, 2})
                   .ok());
   expect(batch([](Batch& b) { b.logit_rows = {2, 1}; }), StatusCode::invalid_argument, "logit_rows[1]", kv);
 }

@@ -1,7 +1,5 @@
 // The CPU backend's ISA level: names, the KILN_CPU_ISA override and its errors; which weights a level keeps
 // in its own memory and layout.
-#include "backends/cpu/cpu_options.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_options.h"
 #include "backends/cpu/kernels/cpu_kernels.h"
 #include "core/quant/quant_blocks.h"
 

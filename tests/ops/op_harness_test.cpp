@@ -50,9 +50,9 @@ struct Budget {
   Metric metric;
   double limit;
   double ref_rms_floor = 0.0;  // rel_l2 divides by max(|ref|, ref_rms_floor * sqrt(N))
-  // precision_fast against the exact product (a backend's own tolerance): the floor is at least this, the typical
-  // size of the dot products (product_scale()). Rounding x perturbs a product by a fraction of that size,
-  // however much its terms cancel, and a case of a single output may cancel down to little.
+  // precision_fast against the exact product (a backend's own tolerance): the floor is at least this, the
+  // typical size of the dot products (product_scale()). Rounding x perturbs a product by a fraction of that
+  // size, however much its terms cancel, and a case of a single output may cancel down to little.
   double qx_floor = 0.0;
 };
 constexpr Budget kMatmul{Metric::rel_l2, 1e-5, 1.0};
@@ -276,26 +276,26 @@ Precision precision_of(bool fast) { return fast ? kFast : kExact; }
 // over and back (run_on).
 std::vector<NamedBackend> make_backends(Precision precision) {
   std::vector<NamedBackend> v;
-    std::vector<std::pair<std::string, BackendOptions>> wanted;
-    for (cpu::CpuIsa isa : cpu::kCpuIsaLevels) {
-      if (!cpu::cpu_isa_supported(isa)) continue;
-      BackendOptions options;
-      options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
-      wanted.emplace_back("cpu", options);
-    }
-    wanted.emplace_back("cuda", BackendOptions{});
-    for (auto& [kind, options] : wanted) {
-      options.n_threads = 3;  // odd: uneven chunks
-      options.precision = precision;
-      Result<std::unique_ptr<Backend>> b = make_backend(kind, options);
-      if (!b.ok()) continue;
-      Result<std::unique_ptr<Buffer>> probe = (*b)->allocate(64);
-      if (!probe.ok()) continue;
-      std::string name = options.cpu_isa.empty() ? kind : kind + "/" + options.cpu_isa;
-      if (precision == kFast) name += " fast";
-      v.push_back({name, std::move(b).value(), (*probe)->host_visible(), kind, options});
-    }
-    return v;
+  std::vector<std::pair<std::string, BackendOptions>> wanted;
+  for (cpu::CpuIsa isa : cpu::kCpuIsaLevels) {
+    if (!cpu::cpu_isa_supported(isa)) continue;
+    BackendOptions options;
+    options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+    wanted.emplace_back("cpu", options);
+  }
+  wanted.emplace_back("cuda", BackendOptions{});
+  for (auto& [kind, options] : wanted) {
+    options.n_threads = 3;  // odd: uneven chunks
+    options.precision = precision;
+    Result<std::unique_ptr<Backend>> b = make_backend(kind, options);
+    if (!b.ok()) continue;
+    Result<std::unique_ptr<Buffer>> probe = (*b)->allocate(64);
+    if (!probe.ok()) continue;
+    std::string name = options.cpu_isa.empty() ? kind : kind + "/" + options.cpu_isa;
+    if (precision == kFast) name += " fast";
+    v.push_back({name, std::move(b).value(), (*probe)->host_visible(), kind, options});
+  }
+  return v;
 }
 const std::vector<NamedBackend>& backends(Precision precision = kExact) {
   static const std::vector<NamedBackend> exact = make_backends(kExact);
@@ -583,13 +583,16 @@ TEST(OpHarness, Matmul) {
       const Host x = make_f32(sh.layout, k, sh.m1, sh.m2, &rng);
       const Host dst = make_f32(sh.layout, sh.n, sh.m1, sh.m2, nullptr);
       for (bool qx : {false, true}) {
-        const std::string what =
-            fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n, k, sh.m1, sh.m2,
-                        layout_name(sh.layout), qx ? " fast" : "");
+        const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n,
+                                             k, sh.m1, sh.m2, layout_name(sh.layout), qx ? " fast" : "");
         Budget budget = kMatmul;
         budget.qx_floor = product_scale(w.t, x.t);
         expect_matches_ref(
-            what, dst, budget, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d}); }, precision_of(qx));
+            what, dst, budget,
+            [&](const Tensor& d) {
+              return Op(Matmul{w.t, x.t, d});
+            },
+            precision_of(qx));
       }
     }
   }
@@ -620,7 +623,11 @@ TEST(OpHarness, MatmulBatches) {
         Budget budget = kMatmul;
         budget.qx_floor = product_scale(w.t, x.t);
         expect_matches_ref(
-            what, dst, budget, [&](const Tensor& d) { return Op(Matmul{w.t, x.t, d}); }, precision_of(qx));
+            what, dst, budget,
+            [&](const Tensor& d) {
+              return Op(Matmul{w.t, x.t, d});
+            },
+            precision_of(qx));
       }
     }
   }
@@ -719,11 +726,11 @@ TEST(OpHarness, MatmulTilesAreTheVnniBits) {
   }
 }
 
-// The float products (f32 / f16 / bf16 weights; the fast precision does not apply to them) on batches large enough
-// for every tile shape of the packed kernel (1..8 x rows, 1..6 groups of 16 rows a call; 21 groups over 3
-// threads: runs of 7), held to the reference; a token's row of dst the same bits alone, with one other token
-// or in any part of the batch (x rows strided); and on the packed layout the same bits at every level that
-// packs, since each product is one FMA chain over k in order.
+// The float products (f32 / f16 / bf16 weights; the fast precision does not apply to them) on batches large
+// enough for every tile shape of the packed kernel (1..8 x rows, 1..6 groups of 16 rows a call; 21 groups
+// over 3 threads: runs of 7), held to the reference; a token's row of dst the same bits alone, with one other
+// token or in any part of the batch (x rows strided); and on the packed layout the same bits at every level
+// that packs, since each product is one FMA chain over k in order.
 TEST(OpHarness, MatmulFloatIsBatchInvariant) {
   Rng rng(16);
   for (DType type : {DType::f32, DType::f16, DType::bf16}) {
@@ -1038,10 +1045,13 @@ TEST(OpHarness, Attention) {
               "attention {} heads {}/{} head_dim {} block_size {} softcap {} window {} {}", dtype_name(type),
               n_heads, n_kv, head_dim, block_size, var.softcap, var.window, layout_name(layout));
           for (bool qx : {false, true}) {
-            expect_matches_ref(what + (qx ? " fast" : ""), dst, kAttention, [&](const Tensor& d) {
-              return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
-                                  scale, var.softcap, var.window, d});
-            }, precision_of(qx));
+            expect_matches_ref(
+                what + (qx ? " fast" : ""), dst, kAttention,
+                [&](const Tensor& d) {
+                  return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr),
+                                      iv(bt.indices), scale, var.softcap, var.window, d});
+                },
+                precision_of(qx));
           }
         }
       }
@@ -1093,10 +1103,13 @@ TEST(OpHarness, AttentionPrefill) {
           fmt::format("attention prefill {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
                       dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
       for (bool qx : {false, true}) {
-        expect_matches_ref(what + (qx ? " fast" : ""), dst, kAttention, [&](const Tensor& d) {
-          return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                              var.softcap, var.window, d});
-        }, precision_of(qx));
+        expect_matches_ref(
+            what + (qx ? " fast" : ""), dst, kAttention,
+            [&](const Tensor& d) {
+              return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
+                                  scale, var.softcap, var.window, d});
+            },
+            precision_of(qx));
       }
     }
   }
@@ -1152,10 +1165,13 @@ TEST(OpHarness, AttentionPrefillLong) {
           "attention long prefill {} heads {}/{} head_dim {} block_size {} softcap {} window {}{}",
           dtype_name(c.type), c.n_heads, c.n_kv, c.head_dim, c.block_size, c.softcap, c.window,
           qx ? " fast" : "");
-      expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
-        return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                            c.softcap, c.window, d});
-      }, precision_of(qx));
+      expect_matches_ref(
+          what, dst, kAttention,
+          [&](const Tensor& d) {
+            return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
+                                scale, c.softcap, c.window, d});
+          },
+          precision_of(qx));
     }
   }
 }
@@ -1214,10 +1230,13 @@ TEST(OpHarness, AttentionLongContext) {
           fmt::format("attention long context {} heads {}/{} head_dim {} block_size {} softcap {} window {}",
                       dtype_name(type), n_heads, n_kv, head_dim, block_size, var.softcap, var.window);
       for (bool qx : {false, true}) {
-        expect_matches_ref(what + (qx ? " fast" : ""), dst, kAttention, [&](const Tensor& d) {
-          return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                              var.softcap, var.window, d});
-        }, precision_of(qx));
+        expect_matches_ref(
+            what + (qx ? " fast" : ""), dst, kAttention,
+            [&](const Tensor& d) {
+              return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
+                                  scale, var.softcap, var.window, d});
+            },
+            precision_of(qx));
       }
     }
   }
@@ -1289,10 +1308,13 @@ TEST(OpHarness, AttentionTiled) {
           fmt::format("attention tiled {} heads {}/{} head_dim {} block_size {} softcap {} window {}{}",
                       dtype_name(c.type), c.n_heads, c.n_kv, c.head_dim, c.block_size, c.softcap, c.window,
                       single ? " one token" : "");
-      expect_matches_ref(what, dst, kAttention, [&](const Tensor& d) {
-        return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices), scale,
-                            c.softcap, c.window, d});
-      }, kFast);
+      expect_matches_ref(
+          what, dst, kAttention,
+          [&](const Tensor& d) {
+            return Op(Attention{q.t, k_pool.t, v_pool.t, iv(pos), iv(seq), iv(bt.indptr), iv(bt.indices),
+                                scale, c.softcap, c.window, d});
+          },
+          kFast);
     }
   }
 }
@@ -1488,9 +1510,12 @@ TEST(OpHarness, MoeMatmul) {
                           x.t.describe(), sh.n_used, layout_name(layout), qx ? " fast" : "");
           Budget budget = kMatmul;
           budget.qx_floor = product_scale(w.t, x.t);
-          expect_matches_ref(what, dst, budget, [&](const Tensor& d) {
-            return Op(MoeMatmul{w.t, x.t, iv(ids), d});
-          }, precision_of(qx));
+          expect_matches_ref(
+              what, dst, budget,
+              [&](const Tensor& d) {
+                return Op(MoeMatmul{w.t, x.t, iv(ids), d});
+              },
+              precision_of(qx));
         }
       }
     }

@@ -120,7 +120,7 @@ void print_stats(const Engine& engine, const RequestStats& st) {
   const int32_t computed = st.n_prompt - st.n_cached;
   const bool host = m.n_gpu_layers == 0;  // every layer on the CPU
   const bool split = !host && m.n_gpu_layers < m.n_layers;
-  const std::string where = host ? fmt::format("cpu, {} threads", m.n_threads)
+  const std::string where = host    ? fmt::format("cpu, {} threads", m.n_threads)
                             : split ? fmt::format("{} (the first {} of {} layers on the GPU, {} CPU threads)",
                                                   m.backend, m.n_gpu_layers, m.n_layers, m.n_threads)
                                     : m.backend;
@@ -129,9 +129,9 @@ void print_stats(const Engine& engine, const RequestStats& st) {
   const std::string copy = m.prepared_bytes == 0
                                ? ""
                                : fmt::format(" ({:.2f} GiB {})", m.prepared_bytes / 1073741824.0,
-                                             host ? "repacked"
-                                             : split            ? "on the device and repacked"
-                                                                : "on the device");
+                                             host    ? "repacked"
+                                             : split ? "on the device and repacked"
+                                                     : "on the device");
   std::fprintf(
       stderr,
       "\n%s on %s: load %.0f ms, context %d, weights %.2f GiB%s, KV cache %.2f GiB, scratch %.1f MiB\n",

@@ -7,14 +7,15 @@
 // The arithmetic is written once (attend_range) and holds no fused multiply-add and no reassociation, so the
 // wider vectors compute the same bits: each of dot_f32's 8 sums is one lane, each output element its own.
 //
-// Tiled (precision_fast, the default of run / bench / serve): online softmax over chunks of kAttnChunk positions,
-// in the level's kernels (kernels/cpu_kernels.h, AttnChunk; docs/cpu-kernels.md). A tile is up to kTileRows
-// query rows: consecutive tokens of one sequence (consecutive positions) x the query heads of one KV head, so
-// each K/V row read serves the GQA group and the tile's tokens. Positions go in segments of kAttnSegment (at
-// multiples of it): a row's state takes in its chunks in order, each segment from a fresh state, and the
-// segments in order. Where the merges happen is thus fixed by position alone, so a tile of few tokens over a
-// long context (decode) may run its segments on several threads and merge them after, with the same bits as
-// one thread walking them. Work units (tile x KV head, or x segment when split) go to threads largest first.
+// Tiled (precision_fast, the default of run / bench / serve): online softmax over chunks of kAttnChunk
+// positions, in the level's kernels (kernels/cpu_kernels.h, AttnChunk; docs/cpu-kernels.md). A tile is up to
+// kTileRows query rows: consecutive tokens of one sequence (consecutive positions) x the query heads of one
+// KV head, so each K/V row read serves the GQA group and the tile's tokens. Positions go in segments of
+// kAttnSegment (at multiples of it): a row's state takes in its chunks in order, each segment from a fresh
+// state, and the segments in order. Where the merges happen is thus fixed by position alone, so a tile of few
+// tokens over a long context (decode) may run its segments on several threads and merge them after, with the
+// same bits as one thread walking them. Work units (tile x KV head, or x segment when split) go to threads
+// largest first.
 #include <algorithm>
 #include <atomic>
 #include <cassert>
@@ -172,10 +173,11 @@ struct TiledAttention {
         }
         if (j0 >= j1) continue;
         pool_rows(table, kv, c0 + j0, c0 + j1, k_rows + j0, v_rows + j0);
-        // The next chunk's rows, asked for ahead of their use: a decode step reads them from memory, once each,
-        // and the kernel's walk over 8 or 16 rows at a time, 4 bytes of each, leaves the hardware prefetchers
-        // behind (SmolLM2 at 3,300 positions: ~1.5 ms of attention a layer without this).
-        const int64_t n0 = std::max(c0 + kAttnChunk, tl.first), n1 = std::min(c0 + 2 * kAttnChunk, tl.last + 1);
+        // The next chunk's rows, asked for ahead of their use: a decode step reads them from memory, once
+        // each, and the kernel's walk over 8 or 16 rows at a time, 4 bytes of each, leaves the hardware
+        // prefetchers behind (SmolLM2 at 3,300 positions: ~1.5 ms of attention a layer without this).
+        const int64_t n0 = std::max(c0 + kAttnChunk, tl.first),
+                      n1 = std::min(c0 + 2 * kAttnChunk, tl.last + 1);
         if (n0 < n1) {
           pool_rows(table, kv, n0, n1, k_next, v_next);
           const int64_t bytes = head_dim * static_cast<int64_t>(op.k_pool.nb[0]);  // a row (both pools)

@@ -21,10 +21,8 @@ namespace kiln::cpu {
 void run(ThreadPool& pool, const CpuKernels& kern, const ops::Op& op, ops::Precision precision);
 
 void matmul(ThreadPool& pool, const CpuKernels& kern, const ops::Matmul& op, ops::Precision precision);
-void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op,
-                ops::Precision precision);
-void attention(ThreadPool& pool, const CpuKernels& kern, const ops::Attention& op,
-               ops::Precision precision);
+void moe_matmul(ThreadPool& pool, const CpuKernels& kern, const ops::MoeMatmul& op, ops::Precision precision);
+void attention(ThreadPool& pool, const CpuKernels& kern, const ops::Attention& op, ops::Precision precision);
 
 // sum a[i] * b[i] over n floats, in eight interleaved f32 lanes (vectorisable without reassociation flags).
 inline float dot_f32(const float* a, const float* b, int64_t n) {

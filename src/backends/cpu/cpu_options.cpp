@@ -35,7 +35,8 @@ Result<CpuOptions> cpu_options(const BackendOptions& options) {
 }
 
 std::string cpu_options_describe(const CpuOptions& o) {
-  return fmt::format("isa {}, repack {}, precision {}, {} threads", cpu_isa_name(o.isa), o.repack ? "on" : "off",
+  return fmt::format("isa {}, repack {}, precision {}, {} threads", cpu_isa_name(o.isa),
+                     o.repack ? "on" : "off",
                      o.precision == ops::Precision::precision_fast ? "fast" : "exact", o.n_threads);
 }
 

@@ -16,7 +16,7 @@ namespace kiln::cpu {
 
 struct CpuOptions {
   CpuIsa isa = CpuIsa::cpu_isa_scalar;  // the matmul kernels' level
-  bool repack = true;                   // product weights repacked at load where the level has a packed kernel
+  bool repack = true;  // product weights repacked at load where the level has a packed kernel
   ops::Precision precision = ops::Precision::precision_exact;  // every Matmul, MoeMatmul, Attention
   int n_threads = 0;  // the pool's threads (0: default_thread_count())
 };

@@ -1,7 +1,7 @@
 // Weights repacked at load into the packed layouts of kernels/cpu_kernels.h, 16 rows interleaved: the
 // block-quantized types with their scales beside their quants, which the backend's packed kernel streams for
-// every precision_fast matmul; f32 / f16 / bf16 element by element, for every matmul of those weights (exact or
-// not). The layouts belong to the CPU backend: the model and the ops see the file's tensor, and the exact
+// every precision_fast matmul; f32 / f16 / bf16 element by element, for every matmul of those weights (exact
+// or not). The layouts belong to the CPU backend: the model and the ops see the file's tensor, and the exact
 // path (--exact) reads a quantized tensor's file blocks.
 #pragma once
 

@@ -191,7 +191,8 @@ class CudaBackend final : public Backend {
       cudaGetLastError();  // clear the sticky-free error state of a failed allocation
       return resource_exhausted("{}: cannot allocate {} bytes of device memory", name_, bytes);
     }
-    return std::unique_ptr<Buffer>(new CudaBuffer(p, bytes, false, [stream = owner_](void* q) { cudaFreeAsync(q, stream.get()); }));
+    return std::unique_ptr<Buffer>(
+        new CudaBuffer(p, bytes, false, [stream = owner_](void* q) { cudaFreeAsync(q, stream.get()); }));
   }
   Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes) override {
     KILN_TRY(select());

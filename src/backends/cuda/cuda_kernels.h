@@ -37,8 +37,9 @@ struct Context {
   bool pdl = false;
   // The backend's options (cuda_options.h), read once when it was made: the launch code reads them here.
   CudaOptions options;
-  // The backend's precision is precision_fast (CudaOptions::precision, from BackendOptions::precision): Matmul,
-  // MoeMatmul and Attention may compute at lower precision (the integer GEMV, tensor cores); else exact.
+  // The backend's precision is precision_fast (CudaOptions::precision, from BackendOptions::precision):
+  // Matmul, MoeMatmul and Attention may compute at lower precision (the integer GEMV, tensor cores); else
+  // exact.
   bool fast = false;
   // What the GEMVs of this launch send toward L2 for the matmuls after them (set per sequence by the backend;
   // empty: nothing).
@@ -57,9 +58,9 @@ inline constexpr int kScratchSlots = 5;
 
 // Matmuls of at most this many x rows take the GEMV kernel (matmul/matmul.cu); more take cuBLAS, except:
 inline constexpr int kGemvMaxCols = 8;
-// at the fast precision, block-quantized weights with an integer path (matmul/dot_q8.cuh) take the GEMV up to this
-// many rows (batched decode), in groups of kGemvMaxCols. Measured on an H100 (Llama-3-8B Q4_K_M): 16 requests
-// decode 1.5x faster than through cuBLAS, 64 requests 2.2x slower.
+// at the fast precision, block-quantized weights with an integer path (matmul/dot_q8.cuh) take the GEMV up to
+// this many rows (batched decode), in groups of kGemvMaxCols. Measured on an H100 (Llama-3-8B Q4_K_M): 16
+// requests decode 1.5x faster than through cuBLAS, 64 requests 2.2x slower.
 inline constexpr int kQ8MaxCols = 16;
 
 // GEMMs of at most this many x rows (batched decode) are fused with their neighbours: over stacked weights

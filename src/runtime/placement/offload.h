@@ -42,8 +42,8 @@ struct OffloadScratch {
 
 // Runs `program` (recorded for `host`) in order: runs of consecutive matmuls that qualify on `device`, every
 // other op on `host`. Waits for the device after each run of matmuls. The results are those of the device's
-// matmul (at its precision: Backend::fast_tolerance) in place of the host's. `profile`, when given, adds this step's
-// times.
+// matmul (at its precision: Backend::fast_tolerance) in place of the host's. `profile`, when given, adds this
+// step's times.
 Status run_offloading(const Program& program, Backend& host, Backend& device, int32_t min_tokens,
                       OffloadScratch& scratch, OffloadProfile* profile = nullptr);
 

@@ -635,8 +635,9 @@ bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHe
 bool attention_writes_half(const Context& ctx, const ops::Attention& op) {
   const Geometry g = geometry_of(op);
   const Tensor& y = op.dst;
-  return g.head_dim <= kMaxHeadDim && takes_tiles(op, g) && mma_eligible(ctx, op, g) && y.type == DType::f32 &&
-         y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 && y.nb[2] == g.n_heads * g.head_dim * 4;
+  return g.head_dim <= kMaxHeadDim && takes_tiles(op, g) && mma_eligible(ctx, op, g) &&
+         y.type == DType::f32 && y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 &&
+         y.nb[2] == g.n_heads * g.head_dim * 4;
 }
 
 bool attention_rounds_q8(const ops::Attention& op) {

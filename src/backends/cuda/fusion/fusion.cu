@@ -71,8 +71,7 @@ size_t matmul_run(const Context& ctx, std::span<const ops::Op> ops, bool gemv, c
 size_t gemv_run(const Context& ctx, std::span<const ops::Op> ops, const ops::Matmul* (&group)[3]) {
   return matmul_run(ctx, ops, true, group, [](const ops::Matmul& first, const ops::Matmul& mm) {
     return mm.w.tensor.type == first.w.tensor.type && mm.w.tensor.ne[0] == first.w.tensor.ne[0] &&
-           mm.dst.type == first.dst.type &&
-           grouped(mm.w) == grouped(first.w);
+           mm.dst.type == first.dst.type && grouped(mm.w) == grouped(first.w);
   });
 }
 // ... that take the GEMM, with one input type.
@@ -152,9 +151,8 @@ size_t v_rope_after(const Context& ctx, std::span<const ops::Op> ops, const ops:
   if (n != 2 || ops.empty()) return 0;
   const auto* v = std::get_if<ops::Matmul>(&ops[0]);
   const ops::Matmul& q = *group[0];
-  if (v == nullptr || !same_view(v->x, q.x) || v->w.tensor.type == q.w.tensor.type ||
-      overlap(v->dst, q.x) || overlap(v->dst, group[0]->dst) ||
-      overlap(v->dst, group[1]->dst)) {
+  if (v == nullptr || !same_view(v->x, q.x) || v->w.tensor.type == q.w.tensor.type || overlap(v->dst, q.x) ||
+      overlap(v->dst, group[0]->dst) || overlap(v->dst, group[1]->dst)) {
     return 0;
   }
   const ops::Matmul* const qkv[3] = {group[0], group[1], v};
@@ -215,7 +213,8 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
       return 1 + n;
     }
   }
-  if (const auto* att = std::get_if<ops::Attention>(&ops[0]); att != nullptr && attention_writes_half(ctx, *att)) {
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0]);
+      att != nullptr && attention_writes_half(ctx, *att)) {
     // A prefill's attention and the GEMM that reads its result (the output projection) in 16 bits, which
     // its kernel writes for it.
     const ops::Matmul* group[3] = {};

@@ -1,5 +1,5 @@
-// Integer dot products of block-quantized weights with x rounded to 8 bits (Matmul at the fast precision on the GEMV
-// path, matmul/matmul.cu).
+// Integer dot products of block-quantized weights with x rounded to 8 bits (Matmul at the fast precision on
+// the GEMV path, matmul/matmul.cu).
 //
 // x is rounded per block of 32 elements, as llama.cpp's q8_1: int8 q = round(x / d) with d = max|x| / 127,
 // and the block's pair {d, d * sum(q)} beside it. The products are then __dp4a of the weight's integers with
@@ -85,7 +85,8 @@ struct Q8<DType::q4_1> {  // d:2 m:2 qs:16; w = d * q + m
   __device__ static W load(const uint8_t* row, int64_t u) {
     const uint8_t* b = row + (u / 4) * 20;
     const uint32_t dm = ld_u32<A>(b);
-    return {ld_u32<align_at(A, 4)>(b + 4 + 4 * (u % 4)), f16_bits_to_f32(dm & 0xFFFF), f16_bits_to_f32(dm >> 16)};
+    return {ld_u32<align_at(A, 4)>(b + 4 + 4 * (u % 4)), f16_bits_to_f32(dm & 0xFFFF),
+            f16_bits_to_f32(dm >> 16)};
   }
   __device__ static X load_x(int64_t u, const XRow& x) { return load_x32(u, x); }
   __device__ static float dot(const W& w, const X& x) {
@@ -314,10 +315,9 @@ struct Q8<DType::q6_k> {
     const uint32_t a = ld_u32<Q>(b.qs + q6k_ql<A>(h, 0) + 4 * t),
                    c = ld_u32<Q>(b.qs + q6k_ql<A>(h, 1) + 4 * t);
     const uint32_t hb = ld_u32<Q>(b.qs + 128 + 32 * h + 4 * t);
-    const uint32_t q[4] = {(a & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u),
-                           (c & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
-                           ((a >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u),
-                           ((c >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
+    const uint32_t q[4] = {
+        (a & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u), (c & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
+        ((a >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u), ((c >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
     // q - 32 per byte without borrows: q + 0x60 stays below 0x100, and flipping bit 7 subtracts 0x80.
 #pragma unroll
     for (int g = 0; g < 4; ++g) w.q[g] = static_cast<int>((q[g] + 0x60606060u) ^ 0x80808080u);

@@ -12,8 +12,8 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/norm_rope/rope.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
+#include "backends/cuda/norm_rope/rope.cuh"
 #include "core/dtype.h"
 
 namespace kiln::cuda {
@@ -92,12 +92,12 @@ struct GemvArgs {
   int col_split;
   bool use_ids;  // MoE: column q uses expert ids[q] (m == 1); else expert 0
   Ids ids;
-  int64_t x_div;  // column q reads x row q / x_div
-  Rows x;         // f32 rows of k
-  bool x_vec;     // every x row is 16-byte aligned
-  bool prefetch;  // programmatic launch: the first bytes of the weight rows head for L2 before the wait
+  int64_t x_div;       // column q reads x row q / x_div
+  Rows x;              // f32 rows of k
+  bool x_vec;          // every x row is 16-byte aligned
+  bool prefetch;       // programmatic launch: the first bytes of the weight rows head for L2 before the wait
   bool early_trigger;  // pdl_trigger right after the wait, not after the main loop (gemv_early_trigger)
-  bool staged;    // integer path: the weight rows go through shared memory (matmul/gemv_staged.cu)
+  bool staged;         // integer path: the weight rows go through shared memory (matmul/gemv_staged.cu)
   // x rounded to 8 bits (the integer path, matmul/dot_q8.cuh): x row i is qs + i * k / 4 and ds + i * k / 32.
   const int* xq;
   const float2* xds;

@@ -11,11 +11,11 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/matmul/gemv.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/matmul/dot_q8.cuh"
 #include "backends/cuda/matmul/dequant.cuh"
+#include "backends/cuda/matmul/dot_q8.cuh"
+#include "backends/cuda/matmul/gemv.cuh"
 
 namespace kiln::cuda {
 
@@ -328,9 +328,9 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, cons
   template void launch_gemv_rows<DType::T, kQ8, kPair>(const Context&, const GemvArgs&, Access, \
                                                        const RopeFreqs*);
 // The instances of one entry of the list.
-#define KILN_GEMV_INSTANCES(T, integer, paired)                  \
-  KILN_GEMV_INSTANTIATE(T, false, false)                         \
-  KILN_GEMV_IF(integer, KILN_GEMV_INSTANTIATE(T, true, false))   \
+#define KILN_GEMV_INSTANCES(T, integer, paired)                \
+  KILN_GEMV_INSTANTIATE(T, false, false)                       \
+  KILN_GEMV_IF(integer, KILN_GEMV_INSTANTIATE(T, true, false)) \
   KILN_GEMV_IF(paired, KILN_GEMV_INSTANTIATE(T, false, true))
 
 }  // namespace kiln::cuda

@@ -1,7 +1,7 @@
-// The integer GEMV through shared memory (Matmul at the fast precision where matmul/matmul.cu takes the integer
-// GEMV) of Q4_K and Q5_K rows that start 16-byte aligned and are whole 16-byte chunks, and of rows in grouped
-// form (always so): Q6_K's (matmul/dequant.cuh's q6k_block), and the legacy block types' (legacy_block) for
-// one column of x.
+// The integer GEMV through shared memory (Matmul at the fast precision where matmul/matmul.cu takes the
+// integer GEMV) of Q4_K and Q5_K rows that start 16-byte aligned and are whole 16-byte chunks, and of rows in
+// grouped form (always so): Q6_K's (matmul/dequant.cuh's q6k_block), and the legacy block types'
+// (legacy_block) for one column of x.
 //
 // The work of a launch is items of kRows weight rows and a group of up to kCols columns; a block takes the
 // items blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is what the device holds at once, so there is no

@@ -41,14 +41,16 @@ __global__ void group_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n
 // then qh) to their places in grouped form.
 __global__ void group_q6k_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
                                       uint8_t* dst, int64_t dst_nb1) {
-  for_each_block<210>(src, src_nb1, n_blocks, n_rows, dst, dst_nb1, [](const uint8_t* from, uint8_t* g, int j) {
-    for (int e = 0; e < 16; ++e) g[16 * j + e] = from[192 + e];
-    g[128 + 2 * j] = from[208];
-    g[128 + 2 * j + 1] = from[209];
-    uint8_t* qs = g + 144 + 192 * j;
-    for (int e = 0; e < 128; ++e) qs[32 * ((e / 32) / 2 + 2 * ((e / 32) % 2)) + e % 32] = from[e];
-    for (int e = 128; e < 192; ++e) qs[e] = from[e];
-  });
+  for_each_block<210>(src, src_nb1, n_blocks, n_rows, dst, dst_nb1,
+                      [](const uint8_t* from, uint8_t* g, int j) {
+                        for (int e = 0; e < 16; ++e) g[16 * j + e] = from[192 + e];
+                        g[128 + 2 * j] = from[208];
+                        g[128 + 2 * j + 1] = from[209];
+                        uint8_t* qs = g + 144 + 192 * j;
+                        for (int e = 0; e < 128; ++e)
+                          qs[32 * ((e / 32) / 2 + 2 * ((e / 32) % 2)) + e % 32] = from[e];
+                        for (int e = 128; e < 192; ++e) qs[e] = from[e];
+                      });
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // (matmul_gemm.cu: the GEMM path through cuBLAS, GetRows, and the fused groups that end in a GEMM).
 // Contracts: ops/ops.h; dequantization: dequant.cuh; integer dot products: dot_q8.cuh.
 //
-// Which kernel a Matmul takes, by its weight type, the backend's precision (fast: yes) and m = x.n_rows() (takes_gemv, takes_q8,
-// mmq_batch; the same for each matmul of a fused group):
+// Which kernel a Matmul takes, by its weight type, the backend's precision (fast: yes) and m = x.n_rows()
+// (takes_gemv, takes_q8, mmq_batch; the same for each matmul of a fused group):
 //
 // | weight type                  | fast       | m       | kernel                                           |
 // |------------------------------|------------|---------|--------------------------------------------------|
@@ -27,9 +27,9 @@
 // instructions than dequantizing to f32. From CudaOptions::mmq_min_cols rows (kMmqMinCols, measured there)
 // the int8 tensor cores beat the integer GEMV on K-quant batches (kMmqMaxCols at most); beyond the GEMVs'
 // ranges a matmul is bound by arithmetic and cuBLAS takes it, on tensor cores at the fast precision. At
-// the exact precision every path is exact: the products of the exactly dequantized weight and f32 x. Every path
-// computes f32 and rounds once to an f16 / bf16 destination. MoeMatmul is a GEMV of one column per (token,
-// expert slot), on the integer path at the fast precision when the type has one.
+// the exact precision every path is exact: the products of the exactly dequantized weight and f32 x. Every
+// path computes f32 and rounds once to an f16 / bf16 destination. MoeMatmul is a GEMV of one column per
+// (token, expert slot), on the integer path at the fast precision when the type has one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

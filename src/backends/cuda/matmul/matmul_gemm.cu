@@ -209,8 +209,8 @@ Operand gemm_w(const Context& ctx, const ops::Weight& weight, DType to, cudaErro
 }
 
 // The GEMM's input type under the matmul's precision: tensor-core inputs that keep the weight's precision
-// at the fast precision (bf16 weights with bf16 x, f32 ones in TF32, f16 and block-quantized ones, whose d * q
-// needs more than bf16's 8 bits, in f16 with x saturated to f16's range); f32 otherwise.
+// at the fast precision (bf16 weights with bf16 x, f32 ones in TF32, f16 and block-quantized ones, whose d *
+// q needs more than bf16's 8 bits, in f16 with x saturated to f16's range); f32 otherwise.
 DType gemm_input_type(const Context& ctx, const ops::Matmul& op) {
   const DType w = op.w.tensor.type;
   return !ctx.fast || w == DType::f32 ? DType::f32 : w == DType::bf16 ? DType::bf16 : DType::f16;

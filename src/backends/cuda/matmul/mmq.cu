@@ -24,9 +24,9 @@
 #include <cstdlib>
 
 #include "backends/cuda/cuda_launch.cuh"
-#include "backends/cuda/matmul/mmq.cuh"
-#include "backends/cuda/matmul/dot_q8.cuh"
 #include "backends/cuda/matmul/dequant.cuh"
+#include "backends/cuda/matmul/dot_q8.cuh"
+#include "backends/cuda/matmul/mmq.cuh"
 
 namespace kiln::cuda {
 

@@ -1,6 +1,6 @@
 // The integer tensor-core matmul of block-quantized weights (matmul/mmq.cu): batches of
-// CudaOptions::mmq_min_cols (kMmqMinCols unless set) to kMmqMaxCols x rows at the fast precision, x rounded to 8
-// bits as for the integer GEMV (matmul/dot_q8.cuh).
+// CudaOptions::mmq_min_cols (kMmqMinCols unless set) to kMmqMaxCols x rows at the fast precision, x rounded
+// to 8 bits as for the integer GEMV (matmul/dot_q8.cuh).
 #pragma once
 
 #include <cstdint>
