@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "ops/ops.h"
+#include "ops/sample.h"
 
 namespace kiln::ops {
 
@@ -32,7 +33,8 @@ Status need_float(std::string_view op, std::string_view name, const Tensor& t) {
 // A contiguous i32 tensor of n elements (step metadata, ids).
 Status need_i32(std::string_view op, std::string_view name, const Tensor& t, int64_t n) {
   if (t.data == nullptr) return invalid_argument("{}: {} has no data", op, name);
-  if (t.type != DType::i32) return invalid_argument("{}: {} must be i32, not {}", op, name, dtype_name(t.type));
+  if (t.type != DType::i32)
+    return invalid_argument("{}: {} must be i32, not {}", op, name, dtype_name(t.type));
   if (!t.is_contiguous()) return invalid_argument("{}: {} must be contiguous", op, name);
   if (n >= 0 && t.n_elements() != n)
     return invalid_argument("{}: {} is {}, expected {} elements", op, name, t.describe(), n);
@@ -107,7 +109,8 @@ Status check(const Matmul& op) {
                             w.describe());
   }
   if (op.dst.ne[0] != w.ne[1] || op.dst.n_rows() != op.x.n_rows()) {
-    return invalid_argument("matmul: dst is {}, expected [{}, {}]", op.dst.describe(), w.ne[1], op.x.n_rows());
+    return invalid_argument("matmul: dst is {}, expected [{}, {}]", op.dst.describe(), w.ne[1],
+                            op.x.n_rows());
   }
   return Status::ok_status();
 }
@@ -230,7 +233,8 @@ Status check(const Binary& op) {
   KILN_TRY(need_float("binary", "dst", op.dst));
   KILN_TRY(need_same("binary", "a", op.a, "dst", op.dst));
   if (!same_shape(op.a, b) && !(b.ne[0] == op.a.ne[0] && b.n_rows() == 1)) {
-    return invalid_argument("binary: b is {}, expected {} or [{}]", b.describe(), op.a.describe(), op.a.ne[0]);
+    return invalid_argument("binary: b is {}, expected {} or [{}]", b.describe(), op.a.describe(),
+                            op.a.ne[0]);
   }
   return Status::ok_status();
 }
@@ -247,6 +251,27 @@ Status check(const Argmax& op) {
   KILN_TRY(need_f32("argmax", "x", op.x));
   if (op.x.ne[0] <= 0) return invalid_argument("argmax: x is {}", op.x.describe());
   KILN_TRY(need_i32("argmax", "out", op.out, op.x.n_rows()));
+  return Status::ok_status();
+}
+
+Status check(const Sample& op) {
+  KILN_TRY(need_f32("sample", "x", op.x));
+  const int64_t rows = op.x.n_rows();
+  if (op.x.ne[0] <= 0) return invalid_argument("sample: x is {}", op.x.describe());
+  KILN_TRY(need_i32("sample", "rows", op.rows, 16 * rows));
+  if (op.rows.ne[0] != 16)
+    return invalid_argument("sample: rows is {}, expected i32[16, {}]", op.rows.describe(), rows);
+  if (op.adjust.n_elements() > 0) {
+    KILN_TRY(need_i32("sample", "adjust", op.adjust, -1));
+    if (op.adjust.ne[0] != 4)
+      return invalid_argument("sample: adjust is {}, expected i32[4, n]", op.adjust.describe());
+  }
+  KILN_TRY(need_i32("sample", "out", op.out, -1));
+  if (op.out.ne[0] < 2 || op.out.ne[0] % 2 != 0 || op.out.ne[0] > 2 + 2 * kSampleMaxTop ||
+      op.out.n_rows() != rows) {
+    return invalid_argument("sample: out is {}, expected i32[2 + 2 * n_top (n_top <= {}), {}]",
+                            op.out.describe(), kSampleMaxTop, rows);
+  }
   return Status::ok_status();
 }
 
@@ -270,8 +295,8 @@ Status check(const MoeMatmul& op) {
     return invalid_argument("moe_matmul: weight type {} has no dequantizer", info.name);
   }
   if (w.nb[0] != info.type_size || w.ne[3] != 1) {
-    return invalid_argument("moe_matmul: w must be a 3-d tensor [k, n, n_expert] with contiguous rows, not {}",
-                            w.describe());
+    return invalid_argument(
+        "moe_matmul: w must be a 3-d tensor [k, n, n_expert] with contiguous rows, not {}", w.describe());
   }
   KILN_TRY(need_f32("moe_matmul", "x", op.x));
   KILN_TRY(need_f32("moe_matmul", "dst", op.dst));
@@ -327,8 +352,8 @@ const Tensor* float_dst(const Op& op) {
 
 std::string_view op_name(const Op& op) {
   static constexpr std::string_view names[] = {
-      "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",      "softmax",    "kv_write",    "attention",
-      "gated_act", "binary", "scale",    "argmax",     "moe_route", "moe_matmul", "weighted_sum"};
+      "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",   "softmax",   "kv_write",   "attention",
+      "gated_act", "binary", "scale",    "argmax",     "sample", "moe_route", "moe_matmul", "weighted_sum"};
   static_assert(std::size(names) == std::variant_size_v<Op>);
   return names[op.index()];
 }

@@ -205,6 +205,19 @@ struct Argmax {
   Tensor out;
 };
 
+// One token drawn per row of logits under the row's own sampling parameters (ops/sample.h: the stages, the
+// counter-based draw, the reference). x: f32 [n_vocab, rows] (a view may narrow n_vocab); rows: i32 [16,
+// rows], a SampleRow each; adjust: i32 [4, n_adjust], a SampleAdjust each (n_adjust may be 0), every row's
+// range inside it; out: i32 [2 + 2 * n_top_max, rows]: the token (or a kSample* error code), its logprob
+// (f32 bits), then n_top_max (id, logprob f32 bits) pairs, of which the row's n_top are written (n_top <=
+// n_top_max). The values of rows and adjust are checked where they are built (runtime), not here.
+struct Sample {
+  Tensor x;
+  Tensor rows;
+  Tensor adjust;
+  Tensor out;
+};
+
 // Mixture-of-experts routing: per token t, p = softmax(logits[:, t]); the n_used experts of largest p
 // (ranked by logit, which orders them the same; ties: the lower expert index first) go to ids[s + n_used * t]
 // in descending order, s = 0..n_used-1, and weights[s, t] = p[ids[s + n_used * t]], divided by the sum of the
@@ -238,7 +251,7 @@ struct WeightedSum {
 };
 
 using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct,
-                        Binary, Scale, Argmax, MoeRoute, MoeMatmul, WeightedSum>;
+                        Binary, Scale, Argmax, Sample, MoeRoute, MoeMatmul, WeightedSum>;
 
 // "matmul", "rms_norm", ...
 std::string_view op_name(const Op& op);
@@ -257,6 +270,7 @@ Status check(const GatedAct& op);
 Status check(const Binary& op);
 Status check(const Scale& op);
 Status check(const Argmax& op);
+Status check(const Sample& op);
 Status check(const MoeRoute& op);
 Status check(const MoeMatmul& op);
 Status check(const WeightedSum& op);
@@ -270,7 +284,7 @@ struct RopeFreq {
 
 // The float types an op's destination may have (see the top of this file): f32, f16, bf16.
 bool is_float_activation(DType t);
-// The destination of an op, when it has one tensor that is its output (null for KvWrite, Argmax, MoeRoute).
+// The destination of an op, when it has one tensor that is its output (null for KvWrite, Argmax, Sample, MoeRoute).
 const Tensor* float_dst(const Op& op);
 
 }  // namespace kiln::ops

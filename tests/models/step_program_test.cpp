@@ -141,6 +141,9 @@ std::vector<Operand> operands(const ops::Op& op) {
           [&](const Argmax& o) -> std::vector<Operand> {
             return {a("x", o.x), a("out", o.out)};
           },
+          [&](const Sample& o) -> std::vector<Operand> {
+            return {a("x", o.x), a("rows", o.rows), a("adjust", o.adjust), a("out", o.out)};
+          },
           [&](const MoeRoute& o) -> std::vector<Operand> {
             return {a("logits", o.logits), a("ids", o.ids), a("weights", o.weights)};
           },

@@ -343,6 +343,9 @@ std::vector<Tensor*> operands(Op& op) {
                         [](Argmax& o) {
                           return std::vector<Tensor*>{&o.x, &o.out};
                         },
+                        [](Sample& o) {
+                          return std::vector<Tensor*>{&o.x, &o.rows, &o.adjust, &o.out};
+                        },
                         [](MoeRoute& o) {
                           return std::vector<Tensor*>{&o.logits, &o.ids, &o.weights};
                         },

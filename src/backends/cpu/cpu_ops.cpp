@@ -14,6 +14,7 @@
 #include "core/overloaded.h"
 #include "ops/ref/ref.h"
 #include "ops/rope_freq.h"
+#include "ops/sample.h"
 
 namespace kiln::cpu {
 
@@ -217,6 +218,16 @@ void argmax(ThreadPool& pool, const Argmax& op) {
   });
 }
 
+void sample(ThreadPool& pool, const Sample& op) {
+  // A row at a time per thread, each thread with its own scratch (rows are 50-260k logits).
+  for_rows(pool, op.x.n_rows(), [&](int64_t r) {
+    thread_local SampleScratch scratch;
+    const SampleRow p = sample_op_row(op, r);
+    write_sample_out(op, r, sample_row({f32_row(op.x, r), static_cast<size_t>(op.x.ne[0])}, p,
+                                       sample_op_adjust(op, p), scratch));
+  });
+}
+
 void moe_route(ThreadPool& pool, const MoeRoute& op) {
   const int64_t n_expert = op.logits.ne[0], n_used = op.weights.ne[0];
   for_rows(pool, op.logits.n_rows(), [&](int64_t t) {
@@ -278,6 +289,7 @@ void run(ThreadPool& pool, const CpuKernels& kern, const Op& op, Precision preci
                  [&](const Binary& o) { binary(pool, o); },
                  [&](const Scale& o) { scale(pool, o); },
                  [&](const Argmax& o) { argmax(pool, o); },
+                 [&](const Sample& o) { sample(pool, o); },
                  [&](const MoeRoute& o) { moe_route(pool, o); },
                  [&](const MoeMatmul& o) { moe_matmul(pool, kern, o, precision); },
                  [&](const WeightedSum& o) { weighted_sum(pool, o); },

@@ -10,6 +10,7 @@
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "ops/rope_freq.h"
+#include "ops/sample.h"
 
 namespace kiln::ops::ref {
 
@@ -272,6 +273,14 @@ void argmax(const Argmax& op) {
   }
 }
 
+void sample(const Sample& op) {
+  for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+    const SampleRow p = sample_op_row(op, r);
+    const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
+    write_sample_out(op, r, sample_row_reference({x, static_cast<size_t>(op.x.ne[0])}, p, sample_op_adjust(op, p)));
+  }
+}
+
 void moe_route(const MoeRoute& op) {
   const int64_t n_expert = op.logits.ne[0], n_used = op.weights.ne[0];
   std::vector<double> p(n_expert);
@@ -350,6 +359,7 @@ void run(const Op& op, Precision precision) {
                  [](const Binary& o) { binary(o); },
                  [](const Scale& o) { scale(o); },
                  [](const Argmax& o) { argmax(o); },
+                 [](const Sample& o) { sample(o); },
                  [](const MoeRoute& o) { moe_route(o); },
                  [&](const MoeMatmul& o) { moe_matmul(o, precision); },
                  [](const WeightedSum& o) { weighted_sum(o); },

@@ -19,6 +19,7 @@ void gated_act(const GatedAct& op);
 void binary(const Binary& op);
 void scale(const Scale& op);
 void argmax(const Argmax& op);
+void sample(const Sample& op);  // ops/sample.h: sample_row_reference, row by row
 void moe_route(const MoeRoute& op);
 void moe_matmul(const MoeMatmul& op, Precision precision = Precision::precision_exact);
 void weighted_sum(const WeightedSum& op);
