@@ -6,6 +6,48 @@
 
 namespace kiln {
 
+namespace {
+
+Status check_sampling(const Batch& b, int32_t n_vocab) {
+  if (b.sample_vocab == 0) {
+    if (!b.sample_rows.empty() || !b.sample_adjust.empty())
+      return invalid_argument("batch: sample_rows / sample_adjust given with sample_vocab = 0");
+    return Status::ok_status();
+  }
+  if (b.sample_vocab < 0 || b.sample_vocab > n_vocab || b.argmax_vocab != 0) {
+    return invalid_argument(
+        "batch: sample_vocab = {} is outside [0, n_vocab = {}] or comes with argmax_vocab", b.sample_vocab,
+        n_vocab);
+  }
+  if (b.sample_rows.size() != b.logit_rows.size()) {
+    return invalid_argument("batch: {} sample_rows for {} logit_rows", b.sample_rows.size(),
+                            b.logit_rows.size());
+  }
+  if (b.sample_n_top < 0 || b.sample_n_top > ops::kSampleMaxTop) {
+    return invalid_argument("batch: sample_n_top = {} is outside [0, {}]", b.sample_n_top,
+                            ops::kSampleMaxTop);
+  }
+  const auto n_adjust = static_cast<int64_t>(b.sample_adjust.size());
+  for (size_t i = 0; i < b.sample_rows.size(); ++i) {
+    const ops::SampleRow& r = b.sample_rows[i];
+    if (r.n_top < 0 || r.n_top > b.sample_n_top || r.adjust_begin < 0 || r.adjust_count < 0 ||
+        int64_t{r.adjust_begin} + r.adjust_count > n_adjust) {
+      return invalid_argument("batch: sample_rows[{}]: n_top {} (at most {}), adjust [{}, +{}) of {}", i,
+                              r.n_top, b.sample_n_top, r.adjust_begin, r.adjust_count, n_adjust);
+    }
+    for (int32_t j = r.adjust_begin; j < r.adjust_begin + r.adjust_count; ++j) {
+      const int32_t id = b.sample_adjust[static_cast<size_t>(j)].id;
+      if (id < 0 || id >= b.sample_vocab || (j > r.adjust_begin && id <= b.sample_adjust[j - 1].id)) {
+        return invalid_argument("batch: sample_adjust[{}].id = {} is not an ascending id below {}", j, id,
+                                b.sample_vocab);
+      }
+    }
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
 Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
   const int32_t block_size = kv.block_size;
   const size_t n = b.tokens.size();
@@ -56,6 +98,7 @@ Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
   if (b.argmax_vocab < 0 || b.argmax_vocab > n_vocab) {
     return invalid_argument("batch: argmax_vocab = {} is outside [0, n_vocab = {}]", b.argmax_vocab, n_vocab);
   }
+  KILN_TRY(check_sampling(b, n_vocab));
   return Status::ok_status();
 }
 

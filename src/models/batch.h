@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "ops/sample.h"
 
 namespace kiln {
 
@@ -21,6 +22,14 @@ struct Batch {
   // the tokenizer's vocabulary, when the model's rows are padded past it). forward() then returns i32 token
   // ids: a step of greedy requests downloads 4 bytes a row instead of n_vocab floats.
   int32_t argmax_vocab = 0;
+  // > 0 (argmax_vocab then 0): draw each wanted row's token on the backend from its first sample_vocab logits
+  // (ops::Sample), row i under sample_rows[i] and its entries of sample_adjust. forward() then returns i32
+  // [2 + 2 * sample_n_top, logit_rows.size()]: a sampled step downloads its tokens and the logprobs asked
+  // for, not its logits.
+  int32_t sample_vocab = 0;
+  int32_t sample_n_top = 0;  // every row's n_top at most, <= ops::kSampleMaxTop
+  std::vector<ops::SampleRow> sample_rows;
+  std::vector<ops::SampleAdjust> sample_adjust;
 
   int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
   void clear() {
@@ -30,6 +39,10 @@ struct Batch {
     block_tables.clear();
     logit_rows.clear();
     argmax_vocab = 0;
+    sample_vocab = 0;
+    sample_n_top = 0;
+    sample_rows.clear();
+    sample_adjust.clear();
   }
 };
 

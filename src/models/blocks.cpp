@@ -166,16 +166,23 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
   Tensor ids;
   if (r.step.argmax_vocab > 0) {
     KILN_ASSIGN_OR_RETURN(ids, r.arena.i32(r.step.n_logits));
+  } else if (r.step.sample_vocab > 0) {
+    KILN_ASSIGN_OR_RETURN(ids, r.arena.i32(2 + 2 * int64_t{r.step.sample_n_top}, r.step.n_logits));
   }
   Arena::Scope scope(r.arena);
   KILN_ASSIGN_OR_RETURN(Tensor sel, r.arena.f32(x.ne[0], r.step.n_logits));
   KILN_TRY(r.program.add(ops::GetRows{ops::Weight(x), r.step.logit_rows, sel}));
   KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(r, sel, w.output_norm, eps));
   KILN_TRY(r.program.add(ops::Matmul{w.output, h, logits}));
-  if (r.step.argmax_vocab == 0) return logits;
-  Tensor considered = logits;
-  considered.ne[0] = r.step.argmax_vocab;  // a view of each row's first argmax_vocab logits
-  KILN_TRY(r.program.add(ops::Argmax{considered, ids}));
+  if (r.step.argmax_vocab == 0 && r.step.sample_vocab == 0) return logits;
+  Tensor considered = logits;  // a view of each row's first argmax_vocab / sample_vocab logits
+  if (r.step.argmax_vocab > 0) {
+    considered.ne[0] = r.step.argmax_vocab;
+    KILN_TRY(r.program.add(ops::Argmax{considered, ids}));
+  } else {
+    considered.ne[0] = r.step.sample_vocab;
+    KILN_TRY(r.program.add(ops::Sample{considered, r.step.sample_rows, r.step.sample_adjust, ids}));
+  }
   return ids;
 }
 
@@ -217,10 +224,11 @@ void StepModel::step_key(const KvBuffers& kv, std::vector<uint64_t>& key) const 
   };
   for (const auto& s : stages_) {
     const StepTensors& st = s->step;
-    for (const int32_t v : {st.n_tokens, st.n_seqs, st.n_logits, st.argmax_vocab})
+    for (const int32_t v :
+         {st.n_tokens, st.n_seqs, st.n_logits, st.argmax_vocab, st.sample_vocab, st.sample_n_top})
       key.push_back(static_cast<uint64_t>(static_cast<uint32_t>(v)));
-    for (const Tensor* t :
-         {&st.tokens, &st.positions, &st.slots, &st.seq, &st.bt_indptr, &st.bt_indices, &st.logit_rows})
+    for (const Tensor* t : {&st.tokens, &st.positions, &st.slots, &st.seq, &st.bt_indptr, &st.bt_indices,
+                            &st.logit_rows, &st.sample_rows, &st.sample_adjust})
       put(*t);
   }
   key.push_back(static_cast<uint64_t>(kv.block_size));

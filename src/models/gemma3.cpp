@@ -64,9 +64,11 @@ class Gemma3 final : public blocks::StepModel {
       w.place_on(layer_backend(l));
       L.sliding = l % kSwaPattern < kSwaPattern - 1;
       KILN_ASSIGN_OR_RETURN(L.attn_norm, w.get(p + "attn_norm.weight", WeightRole::weight_role_norm, e));
-      KILN_ASSIGN_OR_RETURN(L.post_attn_norm, w.get(p + "post_attention_norm.weight", WeightRole::weight_role_norm, e));
+      KILN_ASSIGN_OR_RETURN(L.post_attn_norm,
+                            w.get(p + "post_attention_norm.weight", WeightRole::weight_role_norm, e));
       KILN_ASSIGN_OR_RETURN(L.ffn_norm, w.get(p + "ffn_norm.weight", WeightRole::weight_role_norm, e));
-      KILN_ASSIGN_OR_RETURN(L.post_ffn_norm, w.get(p + "post_ffw_norm.weight", WeightRole::weight_role_norm, e));
+      KILN_ASSIGN_OR_RETURN(L.post_ffn_norm,
+                            w.get(p + "post_ffw_norm.weight", WeightRole::weight_role_norm, e));
       KILN_ASSIGN_OR_RETURN(L.attn, blocks::load_attention(w, p, e, shape_, /*qk_norm=*/true));
       KILN_ASSIGN_OR_RETURN(L.ffn, blocks::load_ffn(w, p, e, n_ff_));
     }
@@ -79,7 +81,8 @@ class Gemma3 final : public blocks::StepModel {
  protected:
   Result<Tensor> record_embedding(blocks::Recorder& r) override {
     const int64_t e = info_.n_embd;
-    KILN_ASSIGN_OR_RETURN(Tensor x, blocks::embed(r, embd_, e));  // f32 [n_embd, n_tokens] the residual stream
+    KILN_ASSIGN_OR_RETURN(Tensor x,
+                          blocks::embed(r, embd_, e));  // f32 [n_embd, n_tokens] the residual stream
     KILN_TRY(r.program.add(ops::Scale{x, std::sqrt(static_cast<float>(e)), x}));
     return x;
   }

@@ -105,8 +105,9 @@ Result<RopeConfig> read_rope(const gguf::File& file, WeightLoader& weights, cons
   if (const gguf::TensorInfo* t = file.find_tensor(factors_name); t != nullptr && t->type != DType::f32) {
     return invalid_argument("{}: {} must be f32", file.name(), factors_name);
   }
-  KILN_ASSIGN_OR_RETURN(config.freq_factors,
-                        weights.get_optional(factors_name, WeightRole::weight_role_rope_factors, p.n_rot / 2));
+  KILN_ASSIGN_OR_RETURN(
+      config.freq_factors,
+      weights.get_optional(factors_name, WeightRole::weight_role_rope_factors, p.n_rot / 2));
   return config;
 }
 

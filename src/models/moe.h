@@ -20,11 +20,11 @@ struct MoeShape {
 
 // The weights of one MoE layer. Expert e's matrices are slab e of the stacked tensors.
 struct MoeWeights {
-  ops::Weight router;       // ffn_gate_inp [n_embd, n_expert]
-  ops::Weight gate_exps;    // ffn_gate_exps [n_embd, n_ff_exp, n_expert]
-  ops::Weight up_exps;      // ffn_up_exps [n_embd, n_ff_exp, n_expert]
-  ops::Weight down_exps;    // ffn_down_exps [n_ff_exp, n_embd, n_expert]
-  FfnWeights shared;        // ffn_{gate,up,down}_shexp [n_embd, n_ff_shexp] ... or none (tensor.data == nullptr)
+  ops::Weight router;     // ffn_gate_inp [n_embd, n_expert]
+  ops::Weight gate_exps;  // ffn_gate_exps [n_embd, n_ff_exp, n_expert]
+  ops::Weight up_exps;    // ffn_up_exps [n_embd, n_ff_exp, n_expert]
+  ops::Weight down_exps;  // ffn_down_exps [n_ff_exp, n_embd, n_expert]
+  FfnWeights shared;  // ffn_{gate,up,down}_shexp [n_embd, n_ff_shexp] ... or none (tensor.data == nullptr)
   ops::Weight shared_gate;  // ffn_gate_inp_shexp [n_embd, 1] (stored [n_embd] or [n_embd, 1]), or none
 };
 

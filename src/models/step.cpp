@@ -1,5 +1,7 @@
 #include "models/step.h"
 
+#include <cstring>
+
 namespace kiln::blocks {
 
 Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, const ModelInfo& info) {
@@ -17,9 +19,15 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
   int64_t indices_len = 16;
   while (indices_len < n_indices) indices_len *= 2;
   const int64_t n_logits = static_cast<int64_t>(batch.logit_rows.size());
+  // Sampling: the rows' parameters, and their adjustments padded as the block tables are (unused entries are
+  // read by no row).
+  const bool sampling = batch.sample_vocab > 0;
+  int64_t adjust_len = sampling ? 16 : 0;
+  while (adjust_len < static_cast<int64_t>(batch.sample_adjust.size())) adjust_len *= 2;
 
-  // Seven arrays packed one after another, each padded to 16 elements (64 bytes).
-  const int64_t sizes[] = {n, n, n, n, n_seqs + 1, indices_len, n_logits};
+  // Nine arrays packed one after another, each padded to 16 elements (64 bytes).
+  const int64_t sizes[] = {
+      n, n, n, n, n_seqs + 1, indices_len, n_logits, sampling ? 16 * n_logits : 0, 4 * adjust_len};
   int64_t offsets[std::size(sizes)];
   int64_t total = 0;
   for (size_t i = 0; i < std::size(sizes); ++i) {
@@ -47,6 +55,12 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
     indptr[s + 1] = indptr[s] + static_cast<int32_t>(table.size());
   }
   std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host_.data() + offsets[6]);
+  if (sampling) {
+    std::memcpy(host_.data() + offsets[7], batch.sample_rows.data(),
+                batch.sample_rows.size() * sizeof(ops::SampleRow));
+    std::memcpy(host_.data() + offsets[8], batch.sample_adjust.data(),
+                batch.sample_adjust.size() * sizeof(ops::SampleAdjust));
+  }
 
   const size_t bytes = static_cast<size_t>(total) * sizeof(int32_t);
   if (!buffer_ || buffer_->size() < bytes) {
@@ -60,12 +74,21 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
   st.n_seqs = static_cast<int32_t>(n_seqs);
   st.n_logits = static_cast<int32_t>(n_logits);
   st.argmax_vocab = batch.argmax_vocab;
-  Tensor* views[] = {&st.tokens,    &st.positions,  &st.slots,     &st.seq,
-                     &st.bt_indptr, &st.bt_indices, &st.logit_rows};
+  st.sample_vocab = batch.sample_vocab;
+  st.sample_n_top = batch.sample_n_top;
+  Tensor* views[] = {&st.tokens,     &st.positions,  &st.slots,       &st.seq,          &st.bt_indptr,
+                     &st.bt_indices, &st.logit_rows, &st.sample_rows, &st.sample_adjust};
   for (size_t i = 0; i < std::size(sizes); ++i) {
     *views[i] = make_tensor(DType::i32, *buffer_, static_cast<size_t>(offsets[i]) * sizeof(int32_t),
                             std::max<int64_t>(sizes[i], 1));
     views[i]->ne[0] = sizes[i];  // an empty array is a 0-element view
+  }
+  for (Tensor* t : {&st.sample_rows, &st.sample_adjust}) {  // rows of 16 and of 4 words
+    const int64_t width = t == &st.sample_rows ? 16 : 4;
+    t->ne[1] = t->ne[0] / width;
+    t->ne[0] = width;
+    t->nb[1] = t->nb[0] * width;
+    t->nb[2] = t->nb[3] = t->nb[1] * t->ne[1];
   }
   return st;
 }

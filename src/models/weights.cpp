@@ -26,12 +26,14 @@ Result<ops::Weight> WeightLoader::get_bias(const std::string& name, int64_t n) {
   if (file_.find_tensor(name) == nullptr) return ops::Weight{};
   KILN_ASSIGN_OR_RETURN(const Tensor b, find(name, {n}));
   if (b.type != DType::f32)
-    return invalid_argument("{}: tensor {} has type {}, biases must be f32", file_.name(), name, dtype_name(b.type));
+    return invalid_argument("{}: tensor {} has type {}, biases must be f32", file_.name(), name,
+                            dtype_name(b.type));
   return prepare(b, name, WeightRole::weight_role_bias);
 }
 
-Result<ops::Weight> WeightLoader::get_rows_of(const std::string& name, const std::string& part, WeightRole role,
-                                              int64_t ne0, int64_t ne1, int64_t first, int64_t count) {
+Result<ops::Weight> WeightLoader::get_rows_of(const std::string& name, const std::string& part,
+                                              WeightRole role, int64_t ne0, int64_t ne1, int64_t first,
+                                              int64_t count) {
   KILN_ASSIGN_OR_RETURN(const Tensor t, find_part({name, part, ne1, first, count}, ne0));
   return prepare(t, name + "[" + part + "]", role);
 }
@@ -85,8 +87,8 @@ Result<Tensor> WeightLoader::find(const std::string& name, const std::vector<int
     n_params_ += t->n_elements();
     n_bytes_ += t->n_bytes;
   }
-  return make_tensor(t->type, const_cast<uint8_t*>(t->data), expected[0], expected.size() > 1 ? expected[1] : 1,
-                     expected.size() > 2 ? expected[2] : 1);
+  return make_tensor(t->type, const_cast<uint8_t*>(t->data), expected[0],
+                     expected.size() > 1 ? expected[1] : 1, expected.size() > 2 ? expected[2] : 1);
 }
 
 Backend::ReadDone WeightLoader::read_done() const {

@@ -1,6 +1,6 @@
-// WeightLoader: finds a model's weights in the file, checks their shapes (errors name the tensor), and has the
-// backend prepare each one once (Backend::prepare_weight: a device copy, a repacked layout). The handles it
-// makes are the model's: release() hands them over, and Model::weights() lists them by name.
+// WeightLoader: finds a model's weights in the file, checks their shapes (errors name the tensor), and has
+// the backend prepare each one once (Backend::prepare_weight: a device copy, a repacked layout). The handles
+// it makes are the model's: release() hands them over, and Model::weights() lists them by name.
 #pragma once
 
 #include <memory>
@@ -35,8 +35,8 @@ class WeightLoader {
   Result<ops::Weight> get_bias(const std::string& name, int64_t n);
   // Rows [first, first + count) of the 2-d tensor `name` [ne0, ne1] as a weight of its own, named
   // "name[part]" (a fused QKV or gate-up tensor split into its matrices). Errors as get().
-  Result<ops::Weight> get_rows_of(const std::string& name, const std::string& part, WeightRole role, int64_t ne0,
-                                  int64_t ne1, int64_t first, int64_t count);
+  Result<ops::Weight> get_rows_of(const std::string& name, const std::string& part, WeightRole role,
+                                  int64_t ne0, int64_t ne1, int64_t first, int64_t count);
   // One of several matrices [ne0, count] that the model multiplies by the same x (get_group): the tensor
   // `name` [ne0, ne1] whole (part empty; count = ne1), or its rows [first, first + count) as "name[part]".
   struct GroupPart {

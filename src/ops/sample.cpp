@@ -26,8 +26,9 @@ uint64_t order_key(float a, int32_t id) {
 }
 int32_t key_id(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
 
-// Stage 2 for one entry.
-float adjusted(float x, const SampleRow& p, const SampleAdjust& e) {
+}  // namespace
+
+float sample_adjusted(float x, const SampleRow& p, const SampleAdjust& e) {
   float a = x + e.bias;
   if (e.count > 0) {
     if (p.repeat_penalty != 1.0f) a = a > 0.0f ? a / p.repeat_penalty : a * p.repeat_penalty;
@@ -35,6 +36,10 @@ float adjusted(float x, const SampleRow& p, const SampleAdjust& e) {
   }
   return e.banned != 0 ? kNegInf : a;
 }
+
+namespace {
+
+float adjusted(float x, const SampleRow& p, const SampleAdjust& e) { return sample_adjusted(x, p, e); }
 
 float weight(float a, float a_max, float temperature) { return std::exp((a - a_max) / temperature); }
 

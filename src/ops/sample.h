@@ -78,6 +78,9 @@ constexpr double sample_uniform(uint64_t seed, uint32_t counter) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
+// Stage 2 for one token: x with the entry's changes.
+float sample_adjusted(float x, const SampleRow& p, const SampleAdjust& e);
+
 // What one row came to.
 struct SampleOut {
   int32_t token = kSampleBadLogits;

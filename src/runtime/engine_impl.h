@@ -119,6 +119,8 @@ struct Engine::Impl {
   static std::pair<int32_t, int32_t> scored_positions(const Seq& s, const ScheduledChunk& c);
   Status score_prompt(Seq& s, int32_t position, std::span<const float> row_logits);
   static void hand_over_prompt_logprobs(Seq& s, TokenEvent& ev);
+  // Row `row` of a sampled step's output (Batch::sample_vocab), read from token_ids.
+  ops::SampleOut sampled_row(size_t row) const;
   // Streams the token the request's sampler chose (or ends the request with the sampler's error).
   void emit(Seq& s, Result<SampleResult> sampled);
   // Ends request `id`: leaves the scheduler (its blocks freed), final callback, Outcome for wait(), state
@@ -147,7 +149,10 @@ struct Engine::Impl {
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> live;  // requests the scheduler holds
   Batch batch;
   std::vector<float> logits;       // f32 [model n_vocab, logit rows]
-  std::vector<int32_t> token_ids;  // [logit rows], when the step's argmax ran on the backend
+  // When the step's argmax ran on the backend: [logit rows]; when its draws did: ops::Sample's out, [2 + 2 *
+  // batch.sample_n_top, logit rows].
+  std::vector<int32_t> token_ids;
+  bool backend_samples = false;  // the output backend runs ops::Sample (set at load)
   Delta delta;
   StepProfile profile;
 

@@ -72,6 +72,13 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, model_options));
   KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
   const ModelInfo& mi = model->info();
+  {
+    // Whether the backend that holds the logits draws tokens (ops::Sample): its types are what it answers on.
+    Tensor x, i;
+    x.type = DType::f32;
+    i.type = DType::i32;
+    backend_samples = model->output_backend().supports(ops::Sample{x, i, i, i});
+  }
   if (tok.n_vocab() > mi.n_vocab) {
     return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has only {} rows",
                             file->name(), tok.n_vocab(), mi.n_vocab);
@@ -208,9 +215,15 @@ Status Engine::Impl::warm_up(int32_t n_blocks) {
     batch.logit_rows.push_back(n - 1);
     Clock::time_point launched;
     KILN_TRY(run_forward(launched));
-    if (n == 1) {  // and a greedy decode step, which ends in an argmax
+    if (n == 1) {  // and a greedy decode step, which ends in an argmax, and a sampled one
       batch.argmax_vocab = tokenizer->n_vocab();
       KILN_TRY(run_forward(launched));
+      if (backend_samples) {
+        batch.argmax_vocab = 0;
+        batch.sample_vocab = tokenizer->n_vocab();
+        batch.sample_rows.push_back(ops::SampleRow{.temperature = 1.0f});
+        KILN_TRY(run_forward(launched));
+      }
     }
   }
   batch.clear();

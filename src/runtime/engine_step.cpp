@@ -7,6 +7,7 @@
 #include <openssl/crypto.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <utility>
 
@@ -126,6 +127,8 @@ void Engine::Impl::step() {
         } else if (batch.argmax_vocab > 0) {
           emit(s, token_ids[row] >= 0 ? Result<SampleResult>(Sampler::greedy_result(token_ids[row]))
                                       : invalid_argument("the logits hold a NaN or +inf, or only -inf"));
+        } else if (batch.sample_vocab > 0) {
+          emit(s, s.sampler->take(sampled_row(row)));
         } else {
           const std::span<const float> row_logits(logits.data() + row * stride,
                                                   static_cast<size_t>(desc.n_vocab));
@@ -195,7 +198,44 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
     const auto [lo, hi] = scored_positions(*live.at(c.id), c);
     return lo == hi && (!c.sample || live.at(c.id)->sampler->plain_greedy());
   });
-  if (all_greedy && !batch.logit_rows.empty()) batch.argmax_vocab = desc.n_vocab;
+  if (batch.logit_rows.empty()) return;
+  if (all_greedy) {
+    batch.argmax_vocab = desc.n_vocab;
+    return;
+  }
+  // Otherwise, with no prompt scored this step (its rows need every logit), every row is drawn where the
+  // logits are (ops::Sample): the step downloads tokens, not logits.
+  if (!backend_samples || batch.logit_rows.size() != static_cast<size_t>(std::count_if(
+                                                         plan.chunks.begin(), plan.chunks.end(),
+                                                         [](const ScheduledChunk& c) { return c.sample; })))
+    return;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    Seq& s = *live.at(c.id);
+    ops::SampleRow& row = batch.sample_rows.emplace_back();
+    if (!s.sampler->next_row(scheduler->tokens(c.id), row, batch.sample_adjust).ok()) {
+      // A request whose row cannot be made: the step's logits come back, and sample() names its error.
+      batch.sample_rows.clear();
+      batch.sample_adjust.clear();
+      return;
+    }
+    batch.sample_n_top = std::max(batch.sample_n_top, row.n_top);
+  }
+  batch.sample_vocab = desc.n_vocab;
+}
+
+ops::SampleOut Engine::Impl::sampled_row(size_t row) const {
+  const size_t width = 2 + 2 * static_cast<size_t>(batch.sample_n_top);
+  const int32_t* w = token_ids.data() + row * width;
+  ops::SampleOut out;
+  out.token = w[0];
+  out.logprob = std::bit_cast<float>(w[1]);
+  out.n_top = batch.sample_rows[row].n_top;
+  for (int32_t j = 0; j < out.n_top; ++j) {
+    out.top_id[j] = w[2 + 2 * j];
+    out.top_logprob[j] = std::bit_cast<float>(w[3 + 2 * j]);
+  }
+  return out;
 }
 
 std::pair<int32_t, int32_t> Engine::Impl::scored_positions(const Seq& s, const ScheduledChunk& c) {
@@ -224,7 +264,7 @@ Status Engine::Impl::run_forward(Clock::time_point& launched) {
   launched = Clock::now();
   if (!out.ok()) return out.status();
   Backend& where = model->output_backend();
-  if (batch.argmax_vocab > 0) return read_token_ids(where, *out, token_ids);
+  if (batch.argmax_vocab > 0 || batch.sample_vocab > 0) return read_token_ids(where, *out, token_ids);
   return read_logits(where, *out, logits);
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -29,6 +30,7 @@
 #include "core/quant/quant_blocks.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
+#include "ops/sample.h"
 
 namespace kiln {
 namespace {
@@ -63,8 +65,8 @@ constexpr Budget kRowWise{Metric::max_abs, 1e-6};
 
 // Every op the harness has a case for; EveryOpHasACase fails when the Op variant grows without one.
 constexpr std::string_view kHarnessOps[] = {
-    "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",      "softmax",    "kv_write",    "attention",
-    "gated_act", "binary", "scale",    "argmax",     "moe_route", "moe_matmul", "weighted_sum"};
+    "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",   "softmax",   "kv_write",   "attention",
+    "gated_act", "binary", "scale",    "argmax",     "sample", "moe_route", "moe_matmul", "weighted_sum"};
 
 // The weight / table types of matmul and get_rows.
 constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q4_0,  DType::q4_1,
@@ -956,6 +958,101 @@ TEST(OpHarness, Argmax) {
         const std::string what = fmt::format("argmax [{}, {}, {}] {}", s.n, s.r1, s.r2, layout_name(layout));
         if (run_on(nb, Argmax{x.t, iv(got)}, what)) {
           EXPECT_EQ(got, want) << nb.name << " " << what;
+        }
+      }
+    }
+  }
+}
+
+// Sample: every backend's words (token, logprob, top pairs) against the reference, row by row, over every
+// filter and adjustment, on continuous logits and on logits with many exact ties (rounded to 1/8).
+TEST(OpHarness, Sample) {
+  Rng rng(61);
+  std::vector<SampleRow> kinds;
+  for (const auto& [t, k, p, m] : {std::tuple{0.0f, 0, 1.0f, 0.0f},
+                                   {1.0f, 0, 1.0f, 0.0f},
+                                   {0.7f, 40, 1.0f, 0.0f},
+                                   {1.0f, 1, 1.0f, 0.0f},
+                                   {0.8f, 0, 0.95f, 0.0f},
+                                   {1.3f, 0, 0.5f, 0.0f},
+                                   {1.0f, 0, 1e-6f, 0.0f},
+                                   {1.0f, 0, 1.0f, 0.05f},
+                                   {0.9f, 50, 0.9f, 0.02f},
+                                   {2.0f, 100000000, 0.99f, 0.0f}}) {
+    SampleRow r;
+    r.temperature = t, r.top_k = k, r.top_p = p, r.min_p = m;
+    kinds.push_back(r);
+  }
+  for (const auto& [n, rows] : {std::pair{7, 5}, {300, 33}, {49152, 12}, {151936, 3}}) {
+    for (const bool ties : {false, true}) {
+      for (const Layout layout : {kLayouts[0], kLayouts[1]}) {
+        Host x = make_f32(layout, n, rows, 1, &rng, -8.0f, 8.0f);
+        std::vector<int32_t> row_words;
+        std::vector<SampleAdjust> adjust;
+        int32_t n_top_max = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          auto* xr = reinterpret_cast<float*>(x.t.flat_row(r));
+          if (ties) {
+            for (int64_t i = 0; i < n; ++i) xr[i] = std::round(xr[i] * 8.0f) / 8.0f;
+          }
+          if (r % 4 == 3) xr[rng.integer(0, n - 1)] = -std::numeric_limits<float>::infinity();
+          SampleRow p = kinds[static_cast<size_t>(r) % kinds.size()];
+          p.seed_lo = static_cast<uint32_t>(rng.integer(0, 1 << 30));
+          p.counter = static_cast<uint32_t>(r);
+          p.n_top = static_cast<int32_t>(r % 3 == 0 ? std::min<int64_t>(r % 21, n) : 0);
+          p.logprobs = r % 2;
+          p.repeat_penalty = r % 5 == 1 ? 1.3f : 1.0f;
+          p.frequency_penalty = r % 5 == 1 ? 0.5f : 0.0f;
+          p.presence_penalty = r % 5 == 1 ? 0.25f : 0.0f;
+          p.adjust_begin = static_cast<int32_t>(adjust.size());
+          if (r % 5 == 1 || r % 5 == 2) {  // penalties and a bias on some tokens; a ban
+            for (int32_t id = rng.integer(0, 2); id < n; id += rng.integer(1, std::max<int32_t>(2, n / 16))) {
+              adjust.push_back(
+                  {id, r % 5 == 2 ? rng.uniform(-2.0f, 2.0f) : 0.0f, rng.integer(0, 3), id % 7 == 3});
+            }
+          }
+          p.adjust_count = static_cast<int32_t>(adjust.size()) - p.adjust_begin;
+          n_top_max = std::max(n_top_max, p.n_top);
+          const auto* words = reinterpret_cast<const int32_t*>(&p);
+          row_words.insert(row_words.end(), words, words + 16);
+        }
+        std::vector<int32_t> adjust_words(4 * adjust.size());
+        std::memcpy(adjust_words.data(), adjust.data(), adjust_words.size() * sizeof(int32_t));
+        Tensor rows_t = iv(row_words);
+        rows_t.ne = {16, rows, 1, 1};
+        rows_t.nb = {4, 64, 64 * rows, 64 * rows};
+        Tensor adjust_t = iv(adjust_words);
+        adjust_t.ne = {4, static_cast<int64_t>(adjust.size()), 1, 1};
+        adjust_t.nb = {4, 16, 16 * adjust_t.ne[1], 16 * adjust_t.ne[1]};
+        const int64_t width = 2 + 2 * n_top_max;
+        const auto out_t = [&](std::vector<int32_t>& v) {
+          Tensor t = iv(v);
+          t.ne = {width, rows, 1, 1};
+          t.nb = {4, 4 * width, 4 * width * rows, 4 * width * rows};
+          return t;
+        };
+        std::vector<int32_t> want(static_cast<size_t>(width * rows), 0);
+        ref::sample(Sample{x.t, rows_t, adjust_t, out_t(want)});
+        for (const NamedBackend& nb : backends()) {
+          std::vector<int32_t> got(want.size(), 0);
+          const std::string what =
+              fmt::format("sample [{}, {}] ties {} {}", n, rows, ties, layout_name(layout));
+          if (!run_on(nb, Sample{x.t, rows_t, adjust_t, out_t(got)}, what)) continue;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int32_t* g = got.data() + width * r;
+            const int32_t* w = want.data() + width * r;
+            const auto p = std::bit_cast<SampleRow>(
+                *reinterpret_cast<const std::array<int32_t, 16>*>(&row_words[16 * r]));
+            ASSERT_EQ(g[0], w[0]) << nb.name << " " << what << " row " << r;
+            const auto f = [](int32_t v) { return std::bit_cast<float>(v); };
+            if (p.logprobs != 0 || p.n_top > 0) {
+              EXPECT_NEAR(f(g[1]), f(w[1]), 1e-4f) << nb.name << " " << what << " row " << r;
+            }
+            for (int32_t j = 0; j < p.n_top; ++j) {
+              EXPECT_EQ(g[2 + 2 * j], w[2 + 2 * j]) << nb.name << " " << what << " row " << r << " top " << j;
+              EXPECT_NEAR(f(g[3 + 2 * j]), f(w[3 + 2 * j]), 1e-4f) << nb.name << " " << what << " row " << r;
+            }
+          }
         }
       }
     }

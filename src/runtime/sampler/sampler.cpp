@@ -9,10 +9,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// A uniform double in [0, 1) from the top 53 bits of one 64-bit draw: the same on every standard library
-// (std::uniform_real_distribution is not).
-double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
-
 // Fills out.logprob (of `token`) and out.top (the n_logprobs best); raw_max = max(logits), finite.
 void report_logprobs(std::span<const float> logits, float raw_max, int32_t token, int32_t n_logprobs,
                      SampleResult& out);
@@ -84,84 +80,117 @@ Result<Sampler> Sampler::create(SamplingParams params, int32_t n_vocab) {
   return Sampler(std::move(params), n_vocab);
 }
 
-Sampler::Sampler(SamplingParams params, int32_t n_vocab)
-    : params_(std::move(params)), n_vocab_(n_vocab), rng_(params_.seed) {
+Sampler::Sampler(SamplingParams params, int32_t n_vocab) : params_(std::move(params)), n_vocab_(n_vocab) {
   KILN_ASSERT(validate(params_, n_vocab_).ok());
 }
 
-Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
-  const size_t n_vocab = static_cast<size_t>(n_vocab_);
-  if (logits.size() != n_vocab) {
-    return invalid_argument("logits: {} values, expected n_vocab = {}", logits.size(), n_vocab);
-  }
-  if (work_.size() != n_vocab) {  // first call: the only n_vocab-sized allocations
-    work_.resize(n_vocab);
-    cands_.resize(n_vocab);
-    counts_.assign(n_vocab, 0);
-  }
-  float raw_max = kNegInf;
-  for (size_t i = 0; i < n_vocab; ++i) {
-    const float v = logits[i];
-    if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
-      return invalid_argument("logits[{}] = {}: must not be NaN or +inf", i, v);
-    }
-    raw_max = std::max(raw_max, v);
-    work_[i] = v;
-  }
-  if (raw_max == kNegInf) return invalid_argument("logits: all {} values are -inf", n_vocab);
+bool Sampler::penalties_on() const {
+  return params_.repeat_last_n != 0 && (params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                                        params_.frequency_penalty != 0.0f);
+}
 
-  for (const auto& [id, bias] : params_.logit_bias) work_[static_cast<size_t>(id)] += bias;
-  KILN_TRY(apply_penalties(history));
-  // Huge finite biases or penalties can overflow a logit: only the ids they touched can be affected.
-  for (const auto& [id, bias] : params_.logit_bias) KILN_TRY(check_adjusted(id));
-  for (const int32_t id : window_ids_) KILN_TRY(check_adjusted(id));
+Status Sampler::next_row(std::span<const int32_t> history, ops::SampleRow& row,
+                         std::vector<ops::SampleAdjust>& adjust) {
+  row = ops::SampleRow{};
+  row.temperature = params_.temperature;
+  row.top_k = params_.top_k;
+  row.top_p = params_.top_p;
+  row.min_p = params_.min_p;
+  row.repeat_penalty = params_.repeat_penalty;
+  row.presence_penalty = params_.presence_penalty;
+  row.frequency_penalty = params_.frequency_penalty;
+  row.seed_lo = static_cast<uint32_t>(params_.seed);
+  row.seed_hi = static_cast<uint32_t>(params_.seed >> 32);
+  row.counter = static_cast<uint32_t>(n_sampled_);
+  row.n_top = params_.n_logprobs;
+  row.logprobs = params_.logprobs || params_.n_logprobs > 0 ? 1 : 0;
+
+  // Every (id, change) the row makes, then merged per id: ascending, distinct.
+  entries_.clear();
+  for (const auto& [id, bias] : params_.logit_bias) entries_.push_back({id, bias, 0, 0});
+  if (params_.repeat_last_n != 0) {
+    const size_t w = params_.repeat_last_n < 0
+                         ? history.size()
+                         : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
+    const std::span<const int32_t> window = history.last(w);
+    for (size_t i = 0; i < w; ++i) {
+      if (window[i] < 0 || window[i] >= n_vocab_) {
+        return invalid_argument("history[{}] = {}: must be in [0, {})", history.size() - w + i, window[i],
+                                n_vocab_);
+      }
+    }
+    if (penalties_on()) {
+      for (const int32_t id : window) entries_.push_back({id, 0.0f, 1, 0});
+    }
+  }
   if (n_sampled_ < params_.min_tokens) {
-    for (const int32_t id : held_back_) work_[static_cast<size_t>(id)] = kNegInf;
+    for (const int32_t id : held_back_) entries_.push_back({id, 0.0f, 0, 1});
   }
+  std::sort(entries_.begin(), entries_.end(),
+            [](const ops::SampleAdjust& a, const ops::SampleAdjust& b) { return a.id < b.id; });
+  row.adjust_begin = static_cast<int32_t>(adjust.size());
+  for (const ops::SampleAdjust& e : entries_) {
+    if (static_cast<int32_t>(adjust.size()) > row.adjust_begin && adjust.back().id == e.id) {
+      ops::SampleAdjust& m = adjust.back();
+      m.bias += e.bias;
+      m.count += e.count;
+      m.banned |= e.banned;
+    } else {
+      adjust.push_back(e);
+    }
+  }
+  row.adjust_count = static_cast<int32_t>(adjust.size()) - row.adjust_begin;
+  return Status::ok_status();
+}
 
-  SampleResult out;
-  if (params_.temperature == 0.0f) {
-    // Greedy: the first strict maximum, so ties go to the lowest id.
-    float best = kNegInf;
-    for (size_t i = 0; i < n_vocab; ++i) {
-      if (work_[i] > best) {
-        best = work_[i];
-        out.token = static_cast<int32_t>(i);
-      }
-    }
-  } else {
-    bool sorted = false;
-    const size_t n_cand = select_candidates(sorted);
-    if (n_cand > 0) {
-      // Softmax with temperature, left unnormalized: weight = exp((logit - l_max) / T) in [0, 1], exactly 1
-      // for the best token; top-p compares partial sums with top_p * sum, min-p compares with min_p * 1.
-      float l_max = kNegInf;
-      for (size_t i = 0; i < n_cand; ++i) l_max = std::max(l_max, cands_[i].logit);
-      double sum = 0.0;
-      for (size_t i = 0; i < n_cand; ++i) {
-        cands_[i].weight = std::exp((cands_[i].logit - l_max) / params_.temperature);
-        sum += cands_[i].weight;
-      }
-      size_t n = n_cand;
-      if (params_.top_p < 1.0f) n = apply_top_p(n, sorted, sum);
-      if (params_.min_p > 0.0f) {
-        // p >= min_p * p_max, as weight >= min_p * 1: a ratio, so the renormalization top-p implies does not
-        // change it, and the best token always survives top-p, so this is min-p over the top-p survivors.
-        size_t kept = 0;
-        for (size_t i = 0; i < n; ++i) {
-          if (cands_[i].weight >= params_.min_p) cands_[kept++] = cands_[i];
-        }
-        n = kept;
-      }
-      out.token = draw(n);
-    }
+Result<SampleResult> Sampler::take(const ops::SampleOut& out) {
+  switch (out.token) {
+    case ops::kSampleBadLogits: return invalid_argument("logits: a NaN or +inf, or every value -inf");
+    case ops::kSampleBadAdjusted:
+      return invalid_argument("a logit is NaN or +inf after logit_bias and penalties");
+    case ops::kSampleAllMasked:
+      return invalid_argument("every token has a -inf logit after logit_bias and penalties");
+    default: break;
   }
-  if (out.token < 0) return invalid_argument("every token has a -inf logit after logit_bias and penalties");
-  if (params_.logprobs || params_.n_logprobs > 0) {
-    report_logprobs(logits, raw_max, out.token, params_.n_logprobs, out);
+  if (out.token < 0 || out.token >= n_vocab_) {
+    return make_status(StatusCode::internal, "sampled token {} is outside the vocabulary of {}", out.token,
+                       n_vocab_);
   }
+  SampleResult r;
+  r.token = out.token;
+  r.logprob = out.logprob;
+  for (int32_t j = 0; j < std::min(out.n_top, params_.n_logprobs); ++j)
+    r.top.push_back({out.top_id[j], out.top_logprob[j]});
   ++n_sampled_;
-  return out;
+  return r;
+}
+
+Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (logits.size() != static_cast<size_t>(n_vocab_)) {
+    return invalid_argument("logits: {} values, expected n_vocab = {}", logits.size(), n_vocab_);
+  }
+  ops::SampleRow row;
+  row_adjust_.clear();
+  KILN_TRY(next_row(history, row, row_adjust_));
+  const ops::SampleOut out = ops::sample_row(logits, row, row_adjust_, scratch_);
+  // Errors name the logit, here where the logits are.
+  if (out.token == ops::kSampleBadLogits) {
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity())
+        return invalid_argument("logits[{}] = {}: must not be NaN or +inf", i, logits[i]);
+    }
+    return invalid_argument("logits: all {} values are -inf", logits.size());
+  }
+  if (out.token == ops::kSampleBadAdjusted) {
+    for (const ops::SampleAdjust& e : row_adjust_) {
+      const float v = ops::sample_adjusted(logits[static_cast<size_t>(e.id)], row, e);
+      if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
+        return invalid_argument(
+            "logit of token {} = {} after logit_bias and penalties: must not be NaN or +inf", e.id, v);
+      }
+    }
+  }
+  return take(out);
 }
 
 void Sampler::set_end_tokens(std::span<const int32_t> eog) {
@@ -170,125 +199,8 @@ void Sampler::set_end_tokens(std::span<const int32_t> eog) {
 }
 
 bool Sampler::plain_greedy() const {
-  const bool penalties =
-      params_.repeat_last_n != 0 && (params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                                     params_.frequency_penalty != 0.0f);
-  return params_.temperature == 0.0f && params_.logit_bias.empty() && !penalties && !params_.logprobs &&
+  return params_.temperature == 0.0f && params_.logit_bias.empty() && !penalties_on() && !params_.logprobs &&
          params_.n_logprobs == 0 && params_.min_tokens == 0;
-}
-
-Status Sampler::check_adjusted(int32_t id) const {
-  const float v = work_[static_cast<size_t>(id)];
-  if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
-    return invalid_argument("logit of token {} = {} after logit_bias and penalties: must not be NaN or +inf",
-                            id, v);
-  }
-  return Status::ok_status();
-}
-
-Status Sampler::apply_penalties(std::span<const int32_t> history) {
-  window_ids_.clear();
-  if (params_.repeat_last_n == 0) return Status::ok_status();
-  const size_t w = params_.repeat_last_n < 0
-                       ? history.size()
-                       : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
-  const std::span<const int32_t> window = history.last(w);
-  for (size_t i = 0; i < w; ++i) {
-    if (window[i] < 0 || window[i] >= n_vocab_) {
-      return invalid_argument("history[{}] = {}: must be in [0, {})", history.size() - w + i, window[i],
-                              n_vocab_);
-    }
-  }
-  for (const int32_t id : window) {
-    if (counts_[static_cast<size_t>(id)]++ == 0) window_ids_.push_back(id);
-  }
-  const float pen = params_.repeat_penalty;
-  for (const int32_t id : window_ids_) {
-    int32_t& count = counts_[static_cast<size_t>(id)];
-    float& l = work_[static_cast<size_t>(id)];
-    if (pen != 1.0f) l = l > 0.0f ? l / pen : l * pen;
-    l -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
-    count = 0;  // counts_ is all zero again when this returns
-  }
-  return Status::ok_status();
-}
-
-namespace {
-// Higher logit first; equal logits: lower id first. A strict total order, so every sort agrees.
-struct ByLogitDesc {
-  template <class C>
-  bool operator()(const C& a, const C& b) const {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-  }
-};
-}  // namespace
-
-size_t Sampler::select_candidates(bool& sorted) {
-  const auto k = static_cast<size_t>(std::max(params_.top_k, 0));
-  size_t n = 0;
-  if (k == 0) {
-    for (size_t i = 0; i < work_.size(); ++i) {
-      if (work_[i] != kNegInf) cands_[n++] = Candidate{work_[i], static_cast<int32_t>(i), 0.0f};
-    }
-    sorted = false;
-    return n;
-  }
-  // top-k in one pass: cands_[0, n) is a heap of the best k so far whose front is the worst of them, so a
-  // token that does not beat it costs one comparison. O(n_vocab + k log k) for typical logits, O(n_vocab log
-  // k) at worst.
-  const ByLogitDesc better;
-  const auto first = cands_.begin();
-  for (size_t i = 0; i < work_.size(); ++i) {
-    if (work_[i] == kNegInf) continue;
-    const Candidate c{work_[i], static_cast<int32_t>(i), 0.0f};
-    if (n < k) {
-      cands_[n++] = c;
-      std::push_heap(first, first + static_cast<ptrdiff_t>(n), better);
-    } else if (better(c, cands_[0])) {
-      std::pop_heap(first, first + static_cast<ptrdiff_t>(n), better);
-      cands_[n - 1] = c;
-      std::push_heap(first, first + static_cast<ptrdiff_t>(n), better);
-    }
-  }
-  std::sort_heap(first, first + static_cast<ptrdiff_t>(n), better);  // best first
-  sorted = true;
-  return n;
-}
-
-size_t Sampler::apply_top_p(size_t n, bool sorted, double total) {
-  // Sort only as far as needed: cands_[0, done) is sorted and summed; the sorted prefix grows 4x at a time
-  // (nth_element of the rest, then a sort of the new part), so a peaked distribution costs O(n_vocab), not
-  // O(n_vocab log n_vocab).
-  auto first = cands_.begin();
-  double cum = 0.0;
-  size_t done = 0;
-  size_t k = sorted ? n : std::min<size_t>(n, 64);
-  while (true) {
-    if (!sorted) {  // the next k - done best of cands_[done, n) to the front of it, then sorted
-      const auto lo = first + static_cast<ptrdiff_t>(done), mid = first + static_cast<ptrdiff_t>(k);
-      if (k < n) std::nth_element(lo, mid, first + static_cast<ptrdiff_t>(n), ByLogitDesc{});
-      std::sort(lo, mid, ByLogitDesc{});
-    }
-    for (; done < k; ++done) {
-      cum += cands_[done].weight;
-      if (cum >= params_.top_p * total) return done + 1;  // the token that crosses top_p is kept
-    }
-    if (k == n) return n;
-    k = std::min(n, k * 4);
-  }
-}
-
-int32_t Sampler::draw(size_t n) {
-  KILN_ASSERT(n > 0);
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += cands_[i].weight;
-  const double u = uniform01(rng_) * total;
-  double cum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    cum += cands_[i].weight;
-    if (u < cum) return cands_[i].id;
-  }
-  return cands_[n - 1].id;  // u rounded up to total
 }
 
 Result<SampleResult> score_token(std::span<const float> logits, int32_t token, int32_t n_top) {
@@ -314,6 +226,14 @@ Result<SampleResult> score_token(std::span<const float> logits, int32_t token, i
 }
 
 namespace {
+
+// Higher logit first; equal logits: lower id first. A strict total order, so every sort agrees.
+struct ByLogitDesc {
+  template <class C>
+  bool operator()(const C& a, const C& b) const {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  }
+};
 
 void report_logprobs(std::span<const float> logits, float raw_max, int32_t token, int32_t n_logprobs,
                      SampleResult& out) {

@@ -1,16 +1,15 @@
-// The sampler: picks the next token from one row of logits, and StopMatcher, which cuts the generated text
-// at the first stop string.
+// The sampler: a request's sampling parameters checked, turned into ops::Sample's per-row form and its
+// results read back; and StopMatcher, which cuts the generated text at the first stop string.
 //
-// Stage order of Sampler::sample (each stage sees the output of the one before):
+// Stage order (ops/sample.h; each stage sees the output of the one before):
 //   logit bias -> penalties (repeat, presence, frequency over the window) -> greedy if temperature == 0 ->
-//   top-k -> softmax with temperature -> top-p -> min-p -> one draw from the seeded RNG.
+//   top-k -> softmax with temperature -> top-p -> min-p -> one draw, u = a hash of (seed, draw index).
 // The reported log-probabilities ignore every stage: they are the log-softmax of the raw model logits.
-// Ties between equal logits always go to the lower token id, so results do not depend on the standard
-// library's sort; the RNG is std::mt19937_64 with its 64-bit output mapped to [0, 1) by hand.
+// Ties between equal logits always go to the lower token id. A draw depends on the seed, the draw's index and
+// the logits alone: not on the other requests of the step, nor on the device.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +17,7 @@
 
 #include "core/status.h"
 #include "kiln/sampling.h"
+#include "ops/sample.h"
 
 namespace kiln {
 
@@ -41,6 +41,10 @@ struct SampleResult {
 // [0, kSamplerMaxLogprobs], a NaN or +inf logit, or logits that are all -inf.
 Result<SampleResult> score_token(std::span<const float> logits, int32_t token, int32_t n_top);
 
+// One request's sampling: its parameters and its state between draws (the tokens drawn so far, which
+// number the next draw and decide what min_tokens holds back). The draw itself is ops::Sample's
+// (ops/sample.h: the stages, the counter-based uniform): on the backend, where the logits are (next_row()
+// then take()), or here on downloaded logits (sample()); both give the same token for the same logits.
 class Sampler {
  public:
   // Validates `params` first. Error: invalid_argument from validate().
@@ -48,12 +52,20 @@ class Sampler {
   // Precondition (asserted): validate(params, n_vocab) is ok.
   Sampler(SamplingParams params, int32_t n_vocab);
 
-  // logits: [n_vocab] raw model output for the next position (-inf allowed: a masked token).
-  // history: the prompt and the tokens generated so far, oldest first (the penalties read its last
-  // repeat_last_n ids). Errors: invalid_argument for logits of the wrong size, NaN or +inf logits, a history
-  // id outside the vocabulary in the penalty window, a logit that logit_bias or penalties overflow, or when
-  // every token ends up with a -inf logit.
-  // Advances the RNG by one draw when temperature > 0.
+  // The next draw as ops::Sample reads it: `row` (counter = the tokens drawn so far) and the row's
+  // adjustments (logit bias, the penalties over history's window, the end tokens min_tokens holds back)
+  // appended to `adjust`, ascending ids. history: the prompt and the tokens generated so far, oldest first.
+  // Error: invalid_argument for a history id outside the vocabulary in the penalty window.
+  Status next_row(std::span<const int32_t> history, ops::SampleRow& row,
+                  std::vector<ops::SampleAdjust>& adjust);
+  // What a draw of next_row()'s row came to: the token and its logprobs, or the error its code names. A token
+  // counts as drawn (the next row's counter) when it is returned.
+  Result<SampleResult> take(const ops::SampleOut& out);
+
+  // next_row(), ops::sample_row() on these logits, take(). logits: [n_vocab] raw model output for the next
+  // position (-inf allowed: a masked token). Errors: invalid_argument for logits of the wrong size, NaN or
+  // +inf logits, a history id outside the vocabulary in the penalty window, a logit that logit_bias or
+  // penalties overflow, or when every token ends up with a -inf logit.
   Result<SampleResult> sample(std::span<const float> logits, std::span<const int32_t> history);
 
   // The model's end-of-generation ids: with stop_token_ids (and unless ignore_eos), what min_tokens keeps
@@ -71,33 +83,16 @@ class Sampler {
   int32_t n_vocab() const { return n_vocab_; }
 
  private:
-  struct Candidate {
-    float logit;   // after bias and penalties
-    int32_t id;    // token id
-    float weight;  // exp((logit - max logit) / temperature): the softmax over the candidates, unnormalized
-  };
-
-  // Leaves window_ids_ = the distinct ids it changed.
-  Status apply_penalties(std::span<const int32_t> history);
-  // Error unless work_[id] is finite or -inf.
-  Status check_adjusted(int32_t id) const;
-  // Fills cands_ with the logits > -inf, or the top_k best of them when top-k is on (then `sorted` is set:
-  // they are in descending logit order, ties by ascending id); returns their count.
-  size_t select_candidates(bool& sorted);
-  // Sorts a prefix of cands_[0, n) as far as needed; returns the count kept by top-p. total: sum of weights.
-  size_t apply_top_p(size_t n, bool sorted, double total);
-  int32_t draw(size_t n);
+  bool penalties_on() const;
 
   SamplingParams params_;
   int32_t n_vocab_;
-  std::mt19937_64 rng_;
-  // Scratch, sized n_vocab on the first call and reused.
-  std::vector<float> work_;          // [n_vocab] logits after bias and penalties
-  std::vector<int32_t> held_back_;   // end tokens masked while fewer than min_tokens were sampled
-  int32_t n_sampled_ = 0;            // successful sample() calls
-  std::vector<Candidate> cands_;     // [n_vocab] at most
-  std::vector<int32_t> counts_;      // [n_vocab] occurrences in the penalty window; all zero between calls
-  std::vector<int32_t> window_ids_;  // distinct ids of the penalty window
+  std::vector<int32_t> held_back_;  // end tokens masked while fewer than min_tokens were sampled
+  int32_t n_sampled_ = 0;           // tokens drawn
+  // Scratch, reused between calls.
+  std::vector<ops::SampleAdjust> entries_;
+  std::vector<ops::SampleAdjust> row_adjust_;
+  ops::SampleScratch scratch_;
 };
 
 // Cuts streamed text at the first stop string. Text is pushed piece by piece (any split, even inside a UTF-8

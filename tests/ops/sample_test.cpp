@@ -1,0 +1,201 @@
+// The CPU's token draw (ops::sample_row) against distributions computed here from first principles: for
+// fixed logits and each filter, 10^5 draws pass a chi-square test against the exact filtered distribution,
+// and the same draws fail it against the distribution with the filter's boundary moved by one token.
+#include "ops/sample.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace kiln::ops {
+namespace {
+
+// The exact distribution a row defines (ops/sample.h), computed directly: sort, cut, renormalize. shift moves
+// the boundary of the last filter that cuts by that many tokens (the test's deliberately wrong answer).
+std::vector<double> exact(const std::vector<float>& a, const SampleRow& p, int shift = 0) {
+  std::vector<int> order(a.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int x, int y) { return a[x] > a[y] || (a[x] == a[y] && x < y); });
+  std::vector<double> w(a.size());  // in order
+  for (size_t i = 0; i < a.size(); ++i) w[i] = std::exp((a[order[i]] - a[order[0]]) / p.temperature);
+  size_t n = a.size();
+  if (p.top_k > 0) n = std::min<size_t>(n, p.top_k);
+  if (p.top_p < 1.0f) {
+    const double total = std::accumulate(w.begin(), w.begin() + static_cast<ptrdiff_t>(n), 0.0);
+    double cum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      cum += w[i];
+      if (cum >= p.top_p * total) {
+        n = i + 1;
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.0f) {
+    size_t kept = 0;
+    while (kept < n && w[kept] >= p.min_p) ++kept;
+    n = kept;
+  }
+  n = static_cast<size_t>(static_cast<int>(n) + shift);
+  const double total = std::accumulate(w.begin(), w.begin() + static_cast<ptrdiff_t>(n), 0.0);
+  std::vector<double> prob(a.size(), 0.0);
+  for (size_t i = 0; i < n; ++i) prob[static_cast<size_t>(order[i])] = w[i] / total;
+  return prob;
+}
+
+// Pearson's statistic over cells of expected count >= 5 (the rest merged into one cell); a draw of a token
+// with probability 0 makes it infinite. dof: cells - 1.
+double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& prob, int64_t draws,
+                  int& dof) {
+  double stat = 0.0, rest_expected = 0.0;
+  int64_t rest_count = 0;
+  int cells = 0;
+  for (size_t i = 0; i < prob.size(); ++i) {
+    const double e = prob[i] * static_cast<double>(draws);
+    if (prob[i] == 0.0) {
+      if (counts[i] > 0) return INFINITY;
+      continue;
+    }
+    if (e < 5.0) {
+      rest_expected += e;
+      rest_count += counts[i];
+      continue;
+    }
+    stat += (static_cast<double>(counts[i]) - e) * (static_cast<double>(counts[i]) - e) / e;
+    ++cells;
+  }
+  if (rest_expected > 0.0) {
+    stat += (static_cast<double>(rest_count) - rest_expected) *
+            (static_cast<double>(rest_count) - rest_expected) / rest_expected;
+    ++cells;
+  }
+  dof = std::max(cells - 1, 1);
+  return stat;
+}
+
+// The chi-square distribution's 1 - 1e-3 quantile (Wilson-Hilferty).
+double chi_square_limit(int dof) {
+  const double k = dof, z = 3.0902;  // the normal's 1 - 1e-3 quantile
+  const double c = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
+  return k * c * c * c;
+}
+
+TEST(Sample, DrawsFollowTheExactFilteredDistribution) {
+  std::mt19937_64 gen(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> a(200);
+  for (float& v : a) v = normal(gen);
+  a[17] = a[18];  // a tie
+  struct Case {
+    const char* name;
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+  };
+  const Case cases[] = {{"temperature", 0.9f, 0, 1.0f, 0.0f},
+                        {"top_k", 1.0f, 12, 1.0f, 0.0f},
+                        {"top_p", 0.8f, 0, 0.9f, 0.0f},
+                        {"min_p", 1.0f, 0, 1.0f, 0.05f},
+                        {"all", 1.1f, 30, 0.95f, 0.01f}};
+  constexpr int64_t kDraws = 100000;
+  SampleScratch scratch;
+  for (const Case& c : cases) {
+    SampleRow p;
+    p.temperature = c.temperature, p.top_k = c.top_k, p.top_p = c.top_p, p.min_p = c.min_p;
+    p.seed_lo = 1234;
+    std::vector<int64_t> counts(a.size(), 0);
+    for (int64_t d = 0; d < kDraws; ++d) {
+      p.counter = static_cast<uint32_t>(d);
+      const SampleOut o = sample_row(a, p, {}, scratch);
+      ASSERT_GE(o.token, 0);
+      ++counts[static_cast<size_t>(o.token)];
+    }
+    int dof = 0;
+    const double stat = chi_square(counts, exact(a, p), kDraws, dof);
+    EXPECT_LT(stat, chi_square_limit(dof)) << c.name << " dof " << dof;
+    if (c.top_k > 0 || c.top_p < 1.0f || c.min_p > 0.0f) {
+      // The test has teeth: one token more or fewer kept is rejected.
+      for (const int shift : {-1, 1}) {
+        const double wrong = chi_square(counts, exact(a, p, shift), kDraws, dof);
+        EXPECT_GT(wrong, chi_square_limit(dof)) << c.name << " shift " << shift;
+      }
+    }
+  }
+}
+
+TEST(Sample, PenalizedDrawsFollowThePenalizedLogits) {
+  std::vector<float> x(50);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  SampleRow p;
+  p.temperature = 1.0f;
+  p.repeat_penalty = 1.5f, p.frequency_penalty = 0.3f, p.presence_penalty = 0.2f;
+  const std::vector<SampleAdjust> adjust = {
+      {1, 0.0f, 2, 0}, {2, 1.5f, 0, 0}, {8, -0.5f, 1, 0}, {11, 0.0f, 0, 1}};
+  std::vector<float> a = x;
+  for (const SampleAdjust& e : adjust)
+    a[static_cast<size_t>(e.id)] = sample_adjusted(x[static_cast<size_t>(e.id)], p, e);
+  EXPECT_EQ(a[11], -INFINITY);
+  EXPECT_FLOAT_EQ(a[1], (x[1] > 0 ? x[1] / 1.5f : x[1] * 1.5f) - 0.6f - 0.2f);
+  constexpr int64_t kDraws = 100000;
+  std::vector<int64_t> counts(x.size(), 0);
+  SampleScratch scratch;
+  for (int64_t d = 0; d < kDraws; ++d) {
+    p.counter = static_cast<uint32_t>(d);
+    ++counts[static_cast<size_t>(sample_row(x, p, adjust, scratch).token)];
+  }
+  std::vector<float> finite = a;
+  finite[11] = -1e30f;  // weight 0: the exact distribution never draws it
+  int dof = 0;
+  const double stat = chi_square(counts, exact(finite, p), kDraws, dof);
+  EXPECT_LT(stat, chi_square_limit(dof));
+  EXPECT_EQ(counts[11], 0);
+}
+
+// The reference and the partial-selection path agree token for token, over seeds, filters and ties.
+TEST(Sample, PartialSelectionIsTheReference) {
+  std::mt19937_64 gen(9);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  SampleScratch scratch;
+  for (const int n : {1, 2, 64, 4099, 49152}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int rep = 0; rep < 40; ++rep) {
+      for (float& v : x) v = rep % 2 ? std::round(u(gen) * 4.0f) / 4.0f : u(gen);
+      SampleRow p;
+      p.temperature = rep % 7 == 0 ? 0.0f : 0.5f + 0.1f * static_cast<float>(rep % 9);
+      p.top_k = rep % 3 == 0 ? 0 : rep * 3;
+      p.top_p = rep % 4 == 0 ? 1.0f : 0.6f + 0.01f * static_cast<float>(rep);
+      p.min_p = rep % 5 == 0 ? 0.02f : 0.0f;
+      p.seed_lo = static_cast<uint32_t>(rep * 77);
+      p.counter = static_cast<uint32_t>(rep);
+      p.n_top = rep % 21;
+      const SampleOut want = sample_row_reference(x, p, {});
+      const SampleOut got = sample_row(x, p, {}, scratch);
+      ASSERT_EQ(got.token, want.token) << "n " << n << " rep " << rep;
+      ASSERT_EQ(got.n_top, want.n_top);
+      for (int j = 0; j < got.n_top; ++j) EXPECT_EQ(got.top_id[j], want.top_id[j]);
+    }
+  }
+}
+
+TEST(Sample, UniformDependsOnSeedAndCounterOnly) {
+  EXPECT_EQ(sample_uniform(7, 3), sample_uniform(7, 3));
+  EXPECT_NE(sample_uniform(7, 3), sample_uniform(7, 4));
+  EXPECT_NE(sample_uniform(7, 3), sample_uniform(8, 3));
+  double lo = 1.0, hi = 0.0, sum = 0.0;
+  for (uint32_t c = 0; c < 100000; ++c) {
+    const double v = sample_uniform(42, c);
+    ASSERT_GE(v, 0.0);
+    ASSERT_LT(v, 1.0);
+    lo = std::min(lo, v), hi = std::max(hi, v), sum += v;
+  }
+  EXPECT_LT(lo, 1e-3);
+  EXPECT_GT(hi, 1.0 - 1e-3);
+  EXPECT_NEAR(sum / 100000.0, 0.5, 0.005);
+}
+
+}  // namespace
+}  // namespace kiln::ops
