@@ -47,6 +47,11 @@
 #             files and the peer's build), and one `kiln run --gpu-layers` generation
 #   fit       bench/gpu_fit.py: a model whose weights do not fit the GPU's free memory (the rest held by another
 #             process) loads with the layers that fit, unasked (the 8B Q4_K_M when prep has made it)
+#   serve     kiln serve on CUDA under load, beside kiln bench --batch 64 of the same model (the engine's ceiling):
+#             kiln bench serve at 1, 16 and 64 concurrent requests (256-token random prompts, 128 tokens out),
+#             greedy and sampled (temperature 0.8, top_p 0.95, repetition_penalty 1.1, no top_k), on SERVE_FILES
+#             (default: the default model, when .gpu-model's parts have made it, and the 8B BF16 of prep); then
+#             bench/deterministic_check.py against a server with and without --deterministic
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -166,6 +171,19 @@ prep_running() {
   [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ] && [ -e /tmp/kiln-prep.pid ] &&
     kill -0 "$(cat /tmp/kiln-prep.pid)" 2>/dev/null
 }
+# The default model travels in parts (.gpu-model/part-*, with its sha256 in .gpu-model/sha256: the tree of one
+# call is too small for it), gathered in /tmp over back-to-back calls and joined once all are there.
+default_model=/tmp/kiln-models/default.gguf
+if compgen -G ".gpu-model/part-*" >/dev/null && [ ! -e "$default_model" ]; then
+  mkdir -p /tmp/kiln-model-parts /tmp/kiln-models
+  cp .gpu-model/part-* /tmp/kiln-model-parts/
+  if [ "$(cat /tmp/kiln-model-parts/part-* | sha256sum | cut -d' ' -f1)" = "$(cat .gpu-model/sha256)" ]; then
+    cat /tmp/kiln-model-parts/part-* >"$default_model"
+    echo "the default model: joined" | tee -a "$out/build.log"
+  else
+    echo "the default model: $(ls /tmp/kiln-model-parts | wc -l) parts here, not all yet" | tee -a "$out/build.log"
+  fi
+fi
 for step in "${steps[@]}"; do
   case "$step" in
     test)
@@ -247,6 +265,43 @@ for step in "${steps[@]}"; do
         ' _ "$bin" "$peer_dir" "$peer_status" "${PREP_ONLY:-}" >>/tmp/kiln-prep.log 2>&1 </dev/null &
         echo $! >/tmp/kiln-prep.pid
       fi
+      ;;
+    serve)
+      while prep_running; do sleep 5; done
+      k="$bin/tools/kiln/kiln"
+      sampled='"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.1, "top_k": -1'
+      for f in ${SERVE_FILES:-default llama3-8b-bf16}; do
+        path=/tmp/kiln-models/$f.gguf
+        [ -e "$path" ] || { echo "$f: not here"; status=1; continue; }
+        echo "## $f"
+        "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\|" || status=1
+        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8090 >"/tmp/serve-$f.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8090/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        for c in 1 16 64; do
+          for s in '"temperature": 0' "$sampled"; do
+            n=$((c * 4 > 256 ? 256 : (c * 4 < 16 ? 16 : c * 4)))
+            r=$("$k" bench serve --base-url http://localhost:8090 --num-prompts "$n" --max-concurrency "$c" \
+              --random-input-len 256 --random-output-len 128 --extra-body "{\"ignore_eos\": true, $s}" -o json |
+              python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')
+            echo "| $f | $c | ${s%%,*} | $r |"
+          done
+        done
+        python3 bench/deterministic_check.py --base-url http://localhost:8090 || status=1
+        kill "$spid"; wait "$spid" || true
+        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8090 --deterministic >>"/tmp/serve-$f.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8090/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        echo "--deterministic:"
+        python3 bench/deterministic_check.py --base-url http://localhost:8090 --expect-identical || status=1
+        for s in '"temperature": 0' "$sampled"; do
+          r=$("$k" bench serve --base-url http://localhost:8090 --num-prompts 256 --max-concurrency 64 \
+            --random-input-len 256 --random-output-len 128 --extra-body "{\"ignore_eos\": true, $s}" -o json |
+            python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')
+          echo "| $f --deterministic | 64 | ${s%%,*} | $r |"
+        done
+        kill "$spid"; wait "$spid" || true
+      done 2>&1 | tee "$out/serve.md"
       ;;
     ab)
       while prep_running; do sleep 5; done

@@ -58,6 +58,10 @@ struct EngineOptions {
   // llama.cpp does (~1e-3 relative error per product); on CUDA, bf16 / f16 tensor cores for batches of more
   // than 8 tokens, and prefill attention on f16 tensor cores. false: exact f32 activations.
   bool quantize_activations = false;
+  // Batch-invariant execution: a request's logits (and so its greedy or seeded tokens) do not depend on the
+  // other requests that share its steps. The CPU always is; on CUDA this fixes one kernel and one reduction
+  // order per op whatever the batch (slower: README). false: the fastest kernels for each batch size.
+  bool deterministic = false;
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load
   // (MemAvailable; a GPU's free memory after the weights)), which on a machine with room is exactly

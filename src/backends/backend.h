@@ -139,6 +139,9 @@ struct BackendOptions {
   // CPU: the kernels' ISA level, "scalar", "avx2", "avx512", "avx512vnni" or "amx"; "" = KILN_CPU_ISA when
   // set, else the best this CPU runs. A level the CPU cannot run is an error.
   std::string cpu_isa = {};
+  // A row's result independent of the other rows of the step (EngineOptions::deterministic): the CPU's
+  // kernels always are; a GPU then keeps one kernel and one reduction order per op whatever the batch.
+  bool batch_invariant = false;
 };
 inline constexpr int kMaxThreadsPerCore = 4;
 // An error naming the bound when n_threads is negative or more than kMaxThreadsPerCore per core (16 at

@@ -148,6 +148,7 @@ Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_opti
   bo.n_threads = options.n_threads;
   bo.precision =
       options.quantize_activations ? ops::Precision::precision_fast : ops::Precision::precision_exact;
+  bo.batch_invariant = options.deterministic;
   KILN_ASSIGN_OR_RETURN(backend, make_backend(options.backend, bo));
   if (backend->host_memory()) {
     if (g == -1) return Status::ok_status();

@@ -1991,6 +1991,34 @@ TEST(OpHarness, Perf) {
   std::vector<int32_t> best(1);
   const Host logits = dense(49152, 1, 1, &rng);
   row("argmax", "f32", "[49152, 1]", Argmax{logits.t, iv(best)});
+  // sample: 8 rows of temperature 0.8, top_p 0.95, repetition penalty 1.1 over 64 tokens, no top-k (top-p
+  // sees the whole row): logits flat (uniform in [-1, 1]: top-p keeps most of the row) and peaked (x 12).
+  {
+    Host many = dense(49152, 8, 1, &rng);
+    std::vector<int32_t> words, adjust_words, out(2 * 8);
+    for (int32_t r = 0; r < 8; ++r) {
+      SampleRow p;
+      p.temperature = 0.8f, p.top_p = 0.95f, p.repeat_penalty = 1.1f, p.counter = static_cast<uint32_t>(r);
+      p.adjust_begin = 64 * r, p.adjust_count = 64;
+      const auto* pw = reinterpret_cast<const int32_t*>(&p);
+      words.insert(words.end(), pw, pw + 16);
+      for (int32_t j = 0; j < 64; ++j) {
+        const SampleAdjust e{j * 700 + r, 0.0f, 1, 0};
+        const auto* ew = reinterpret_cast<const int32_t*>(&e);
+        adjust_words.insert(adjust_words.end(), ew, ew + 4);
+      }
+    }
+    Tensor rows_t = iv(words), adjust_t = iv(adjust_words), out_t = iv(out);
+    rows_t.ne = {16, 8, 1, 1}, rows_t.nb = {4, 64, 512, 512};
+    adjust_t.ne = {4, 512, 1, 1}, adjust_t.nb = {4, 16, 8192, 8192};
+    out_t.ne = {2, 8, 1, 1}, out_t.nb = {4, 8, 64, 64};
+    row("sample", "f32", "[49152, 8] top-p, flat", Sample{many.t, rows_t, adjust_t, out_t});
+    for (int64_t r = 0; r < 8; ++r) {
+      auto* xr = reinterpret_cast<float*>(many.t.flat_row(r));
+      for (int64_t i = 0; i < 49152; ++i) xr[i] *= 12.0f;
+    }
+    row("sample", "f32", "[49152, 8] top-p, peaked", Sample{many.t, rows_t, adjust_t, out_t});
+  }
   // Attention: 9 heads / 3 KV heads, head_dim 64, one sequence of 512 positions in blocks of 16.
   const Host q = dense(64, 9, 64, &rng), o = dense(64, 9, 64, nullptr);
   std::vector<int32_t> pos(64), seq(64, 0), table(32), slots(64);

@@ -34,6 +34,7 @@ struct BenchOptions {
   std::string kv_type = "auto";
   bool quantize_activations = false;
   bool exact = false;
+  bool deterministic = false;
 };
 
 struct Row {
@@ -160,6 +161,7 @@ Status run_bench(const BenchOptions& o) {
       eo.gpu_layers = o.gpu_layers;
       eo.kv_type = o.kv_type;
       eo.quantize_activations = !o.exact;
+      eo.deterministic = o.deterministic;
       eo.n_seq_max = max_batch;
       eo.n_ctx = std::max(max_prompt, o.n_gen + 1) + 1;
       eo.max_batch_tokens = std::max(max_prompt, max_batch);  // a prompt in one step, as llama-bench's ubatch
@@ -248,6 +250,9 @@ void register_bench(CLI::App& app, int& rc) {
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls (as kiln run; the default, --exact turns it off)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);
+  cmd->add_flag("--deterministic", o->deterministic,
+                "Batch-invariant execution: a request's tokens do not depend on the requests beside it "
+                "(slower on CUDA)");
   register_bench_serve(*cmd, rc);
   cmd->callback([o, &rc, cmd] {
     if (cmd->got_subcommand("serve")) return;  // kiln bench serve ran instead

@@ -38,6 +38,7 @@ struct PplOptions {
   int32_t gpu_layers = -1;
   std::string kv_type = "auto";
   bool exact = false;
+  bool deterministic = false;
   std::string output = "text";
 };
 
@@ -84,6 +85,7 @@ Status run_perplexity(const PplOptions& o) {
   eo.backend = o.device;
   eo.gpu_layers = o.gpu_layers;
   eo.quantize_activations = !o.exact;
+  eo.deterministic = o.deterministic;
   // What the requests' callbacks write, declared before the engine so that it outlives any callback the
   // engine's end may still make (an error below returns with requests in flight).
   std::vector<std::vector<PromptLogprob>> scores;
@@ -203,6 +205,9 @@ void register_perplexity(CLI::App& app, int& rc) {
       ->check(CLI::IsMember({"f32", "f16", "auto"}));
   cmd->add_flag("--exact", o->exact,
                 "Exact f32 matmuls (the reference path; default: the fast path, as kiln run)");
+  cmd->add_flag(
+      "--deterministic", o->deterministic,
+      "Batch-invariant execution: a chunk's scores do not depend on the chunks beside it (slower on CUDA)");
   cmd->add_option("-o,--output", o->output, "text or json")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();

@@ -31,6 +31,7 @@ struct GenOptions {
   int32_t gpu_layers = -1;
   bool quantize_activations = false;
   bool exact = false;
+  bool deterministic = false;
   SamplingParams sampling;
 };
 
@@ -79,6 +80,9 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
                            "products, as llama.cpp does (~1e-3 relative error); on CUDA bf16 tensor cores "
                            "(the default on every device; --exact turns it off)");
   cmd->add_flag("--exact", o.exact, "Exact f32 matmuls on every device (the reference path)")->excludes(qa);
+  cmd->add_flag("--deterministic", o.deterministic,
+                "Batch-invariant execution: a request's tokens do not depend on the requests beside it "
+                "(slower on CUDA)");
 }
 
 Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
@@ -94,6 +98,7 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
   eo.gpu_layers = o.gpu_layers;
   // The fast path (8-bit activations on the CPU, tensor cores on a GPU) unless --exact.
   eo.quantize_activations = !o.exact;
+  eo.deterministic = o.deterministic;
   return Engine::create(eo);
 }
 

@@ -42,6 +42,7 @@ struct ServeOptions {
   int32_t http_timeout = 60;
   bool quantize_activations = false;
   bool exact = false;
+  bool deterministic = false;
 };
 
 Status run_serve(const ServeOptions& o) {
@@ -58,6 +59,7 @@ Status run_serve(const ServeOptions& o) {
   eo.backend = o.device;
   eo.gpu_layers = o.gpu_layers;
   eo.quantize_activations = !o.exact;  // the fast path on every device, as kiln run
+  eo.deterministic = o.deterministic;
 
   server::HttpOptions ho;
   ho.host = o.host;
@@ -188,6 +190,9 @@ void register_serve(CLI::App& app, int& rc) {
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls, faster: the default (as kiln run)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);
+  cmd->add_flag("--deterministic", o->deterministic,
+                "Batch-invariant execution: a request's tokens do not depend on the requests beside it "
+                "(slower on CUDA)");
   cmd->callback([o, &rc] {
     Status s = run_serve(*o);
     if (!s.ok()) rc = report_error("serve", s);
