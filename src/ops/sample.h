@@ -27,6 +27,12 @@
 
 #include "ops/ops.h"
 
+#if defined(__CUDACC__)
+#define KILN_HOST_DEVICE __host__ __device__
+#else
+#define KILN_HOST_DEVICE
+#endif
+
 namespace kiln::ops {
 
 inline constexpr int32_t kSampleMaxTop = 20;  // SampleRow::n_top at most
@@ -66,13 +72,14 @@ struct SampleAdjust {
 static_assert(sizeof(SampleAdjust) == 4 * 4);
 
 // A uniform double in [0, 1) from (seed, counter) alone: a SplitMix64-style hash, so that a draw depends on
-// the request and its token index, not on what else shares the step or on the device.
-constexpr uint64_t sample_mix64(uint64_t z) {
+// the request and its token index, not on what else shares the step or on the device (the CUDA kernel calls
+// these on the device).
+KILN_HOST_DEVICE constexpr uint64_t sample_mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-constexpr double sample_uniform(uint64_t seed, uint32_t counter) {
+KILN_HOST_DEVICE constexpr double sample_uniform(uint64_t seed, uint32_t counter) {
   const uint64_t h = sample_mix64(sample_mix64(seed + 0x9E3779B97F4A7C15ull) ^
                                   (static_cast<uint64_t>(counter) * 0xD1B54A32D192ED03ull));
   return static_cast<double>(h >> 11) * 0x1.0p-53;
