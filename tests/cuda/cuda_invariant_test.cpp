@@ -424,8 +424,10 @@ int attention_differing(Backend& b, DType pool_type, const Sequences& seqs, std:
         const std::vector<float> in_step = token_row(got, static_cast<int64_t>(i));
         if (std::memcmp(in_step.data(), row.data(), row.size() * 4) != 0) {
           if (n++ == 0) {
-            first_diff = fmt::format("sequence {} token {} alone and at {} of the step of {}", token.seq,
-                                     token.chunk_index < 0 ? 0 : token.chunk_index, i, name);
+            first_diff = fmt::format("sequence {}'s {} alone and at {} of the step of {}", token.seq,
+                                     token.chunk_index < 0 ? std::string("decode token")
+                                                           : fmt::format("chunk token {}", token.chunk_index),
+                                     i, name);
           }
         }
       }
