@@ -239,7 +239,7 @@ bool attention_supported(const ops::Attention& op);
 // With xh: also the result in 16 bits for the GEMM after (bf16, or f16 saturated when f16; as add_rms_norm),
 // row r (token t, head h: h + n_heads * t) at xh + r * head_dim; only where attention_writes_half(op). With
 // xq / xds: also the result rounded to 8 bits for the integer GEMV after, in quantize_x's layout (token t's
-// row of n_heads * head_dim); only where attention_rounds_q8(op).
+// row of n_heads * head_dim); only where attention_rounds_q8(ctx, op).
 cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh = nullptr, bool f16 = false,
                       int8_t* xq = nullptr, float2* xds = nullptr);
 // Whether the op takes the tensor-core prefill kernel, which writes the 16-bit copy, into a contiguous f32
@@ -247,6 +247,6 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh
 bool attention_writes_half(const Context& ctx, const ops::Attention& op);
 // Whether the op takes a decode kernel, which rounds the result for an integer GEMV: heads whose dims are
 // whole blocks of 32, into a contiguous f32 dst.
-bool attention_rounds_q8(const ops::Attention& op);
+bool attention_rounds_q8(const Context& ctx, const ops::Attention& op);
 
 }  // namespace kiln::cuda

@@ -30,13 +30,12 @@ CudaOptions cuda_options_from_env() {
 
 std::string describe(const CudaOptions& o) {
   return fmt::format(
-      "precision {} graphs {} pdl {} fuse {} mmq {} (from {} rows) profile {} staged_gemv {} "
-      "staged_gemv_grid {} "
-      "gemv_rows {} "
+      "precision {} batch_invariant {} graphs {} pdl {} fuse {} mmq {} (from {} rows) profile {} "
+      "staged_gemv {} staged_gemv_grid {} gemv_rows {} "
       "grouped_weights {} stack_weights {} gemv_rope {} gemv_rope_split {}",
-      o.precision == ops::Precision::precision_fast ? "fast" : "exact", o.graphs, o.pdl, o.fuse, o.mmq,
-      o.mmq_min_cols, o.profile, o.staged_gemv, o.staged_gemv_grid, o.gemv_rows, o.grouped_weights,
-      o.stack_weights, o.gemv_rope, o.gemv_rope_split);
+      o.precision == ops::Precision::precision_fast ? "fast" : "exact", o.batch_invariant, o.graphs, o.pdl,
+      o.fuse, o.mmq, o.mmq_min_cols, o.profile, o.staged_gemv, o.staged_gemv_grid, o.gemv_rows,
+      o.grouped_weights, o.stack_weights, o.gemv_rope, o.gemv_rope_split);
 }
 
 }  // namespace kiln

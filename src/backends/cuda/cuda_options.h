@@ -10,8 +10,8 @@
 // | KILN_CUDA_MMQ=0    | 1       | mmq     | K-quant batches take the integer GEMV or cuBLAS, not mmq       |
 // | KILN_CUDA_PROFILE=1| 0       | profile | each op timed alone, a table printed when the backend goes     |
 //
-// precision comes from BackendOptions. The other fields have no variable: tests and bench/matmul_bench set
-// them to reach each kernel path.
+// precision comes from BackendOptions, batch_invariant from the engine. The other fields have no variable:
+// tests and bench/matmul_bench set them to reach each kernel path.
 #pragma once
 
 #include <string>
@@ -32,6 +32,15 @@ struct CudaOptions {
   // ---- from BackendOptions ----
   // precision_fast: Matmul, MoeMatmul and Attention on the integer GEMV and tensor cores; else exact f32.
   ops::Precision precision = ops::Precision::precision_exact;
+  // ---- set by the engine (--deterministic) ----
+  // Batch-invariant execution: every op's result for a token (a row of x, a query of Attention, an expert
+  // slot of MoeMatmul) is bitwise independent of the other rows, tokens and sequences of the step (alone, in
+  // a decode of 64 sequences, or a prefill chunk among decodes), for every weight type and both precisions.
+  // Each op then takes one kernel whatever the batch, one whose order of sums for a row depends on shapes
+  // alone: matmuls never take cuBLAS, attention always the split-KV kernel, split by the token's span alone
+  // (docs/cuda.md, "Batch-invariant mode"). Slower where the default would take cuBLAS or the prefill
+  // attention kernels.
+  bool batch_invariant = false;
   // ---- from the environment (the table above) ----
   bool graphs = true;    // decode steps (few tokens a request) captured and replayed as CUDA graphs
   bool pdl = true;       // programmatic dependent launches where the device has them (sm_90 and newer)

@@ -622,10 +622,14 @@ Geometry geometry_of(const ops::Attention& op) {
 
 // A batch of many tokens, several a sequence on average (prefill), is mostly tokens of the same sequences:
 // tiles of them share K/V reads. A batch of one token a sequence (batched decode) takes the split-KV kernel,
-// whose blocks each serve one token.
-bool takes_tiles(const ops::Attention& op, const Geometry& g) {
+// whose blocks each serve one token. Under CudaOptions::batch_invariant every batch takes the split-KV
+// kernel (its chunks then chosen by the token's span alone: attention_decode): a token's kernel must not
+// depend on the tokens beside it, and a prefill chunk alone and among decodes would take different ones
+// here.
+bool takes_tiles(const Context& ctx, const ops::Attention& op, const Geometry& g) {
   const int64_t n_seqs = std::max<int64_t>(1, op.bt_indptr.ne[0] - 1);
-  return g.n_tokens >= kTileMinTokens && g.n_tokens >= kTileMinTokensPerSeq * n_seqs;
+  return !ctx.options.batch_invariant && g.n_tokens >= kTileMinTokens &&
+         g.n_tokens >= kTileMinTokensPerSeq * n_seqs;
 }
 
 }  // namespace
@@ -635,16 +639,17 @@ bool attention_supported(const ops::Attention& op) { return op.q.ne[0] <= kMaxHe
 bool attention_writes_half(const Context& ctx, const ops::Attention& op) {
   const Geometry g = geometry_of(op);
   const Tensor& y = op.dst;
-  return g.head_dim <= kMaxHeadDim && takes_tiles(op, g) && mma_eligible(ctx, op, g) &&
+  return g.head_dim <= kMaxHeadDim && takes_tiles(ctx, op, g) && mma_eligible(ctx, op, g) &&
          y.type == DType::f32 && y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 &&
          y.nb[2] == g.n_heads * g.head_dim * 4;
 }
 
-bool attention_rounds_q8(const ops::Attention& op) {
+bool attention_rounds_q8(const Context& ctx, const ops::Attention& op) {
   const Geometry g = geometry_of(op);
   const Tensor& y = op.dst;
-  return g.head_dim <= kMaxHeadDim && !takes_tiles(op, g) && g.head_dim % 32 == 0 && y.type == DType::f32 &&
-         y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 && y.nb[2] == g.n_heads * g.head_dim * 4;
+  return g.head_dim <= kMaxHeadDim && !takes_tiles(ctx, op, g) && g.head_dim % 32 == 0 &&
+         y.type == DType::f32 && y.ne[3] == 1 && y.nb[1] == g.head_dim * 4 &&
+         y.nb[2] == g.n_heads * g.head_dim * 4;
 }
 
 cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh, bool f16, int8_t* xq,
@@ -653,10 +658,10 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh
   if (g.head_dim > kMaxHeadDim) return cudaErrorNotSupported;
   if (xh != nullptr && !attention_writes_half(ctx, op)) return cudaErrorInvalidValue;
   if (xq != nullptr) {
-    if (!attention_rounds_q8(op)) return cudaErrorInvalidValue;
+    if (!attention_rounds_q8(ctx, op)) return cudaErrorInvalidValue;
     g.xq = xq, g.xds = xds;
   }
-  if (takes_tiles(op, g)) {
+  if (takes_tiles(ctx, op, g)) {
     const bool pool16 = op.k_pool.type == DType::f16;
     if (mma_eligible(ctx, op, g)) {
       return pool16 ? launch_mma_for_head_dim<__half>(ctx, op, g, xh, f16)

@@ -545,6 +545,10 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   // span thus takes one chunk and writes its result without the merge.
   // The staged kernel's chunks hold at least four of its stages (256 positions of f16 rows of up to 128
   // dims), the unstaged kernel's 16 (four a warp).
+  // Under CudaOptions::batch_invariant the split ignores how many blocks the batch has: a token's chunks are
+  // then as many as its own span fills, up to kMaxChunks (the block tables' length bounds every token's
+  // span, so the capacity below never clamps a token's live_chunks), and its sums are the same alone or
+  // among any others.
   const bool staged = staged_eligible(op, g);
   const bool f16 = op.k_pool.type == DType::f16;
   const int64_t min_chunk =
@@ -552,7 +556,8 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
-  const int64_t want = (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
+  const int64_t want =
+      ctx.options.batch_invariant ? kMaxChunks : (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
   g.n_chunks =
       std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, kMaxChunks}));
   g.min_chunk = min_chunk;

@@ -230,7 +230,8 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
   // 1,120-1,126, and 4 requests from 3,140-3,193 to 3,235-3,309; on the 8B (k = 4096), where the rounding
   // lands on the attention's merge, the last block of a split, Q8_0 went from 312-314 to 308-310 and Q4_0
   // from 404-408 to 399-405, hence the bound.
-  if (const auto* att = std::get_if<ops::Attention>(&ops[0]); att != nullptr && attention_rounds_q8(*att)) {
+  if (const auto* att = std::get_if<ops::Attention>(&ops[0]);
+      att != nullptr && attention_rounds_q8(ctx, *att)) {
     const ops::Matmul* group[3] = {};
     if (const size_t n = gemv_run(ctx, ops.subspan(1), group); n > 0 && flat_view_of(group[0]->x, att->dst) &&
                                                                takes_q8(ctx, *group[0]) &&

@@ -30,6 +30,15 @@
 // the exact precision every path is exact: the products of the exactly dequantized weight and f32 x. Every
 // path computes f32 and rounds once to an f16 / bf16 destination. MoeMatmul is a GEMV of one column per
 // (token, expert slot), on the integer path at the fast precision when the type has one.
+//
+// Under CudaOptions::batch_invariant the kernel depends on the weight type, the precision and the weight's
+// layout, never on m: a row's product must not depend on the rows beside it, and every GEMV and the
+// tensor-core kernel sum a row's products in an order fixed by the weight's shape alone (gemv_kernel.cuh,
+// gemv_staged.cu: a thread's units, then the threads' sums in a fixed tree, whatever the rows a block and
+// the columns; mmq.cu: k split from the shape, each token's tile apart), while cuBLAS picks its algorithm by
+// m. So: K-quants at the fast precision take the tensor-core kernel for every m where the rows fit (column
+// tiles of 8 tokens, the last padded), the other types with an integer path the integer GEMV for every m
+// (column groups of kGemvMaxCols), and everything else the exact GEMV for every m.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -97,8 +106,10 @@ cudaError_t quantize_x(const Context& ctx, const Tensor& x, GemvArgs& a) {
 }
 
 // Whether a batch of m x rows on the integer path takes the tensor-core kernel (matmul/mmq.cu) for this type.
+// Batch-invariant: every m, so that a token's product is the kernel's whatever its batch.
 bool mmq_batch(const Context& ctx, DType type, int64_t m) {
-  return ctx.options.mmq && m >= ctx.options.mmq_min_cols && m <= kMmqMaxCols && mmq_type(type);
+  return ctx.options.mmq && mmq_type(type) &&
+         (ctx.options.batch_invariant || (m >= ctx.options.mmq_min_cols && m <= kMmqMaxCols));
 }
 
 // The parts of an integer-path GEMV through the tensor-core kernel, when its type, batch and weight rows
@@ -183,7 +194,8 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
 }
 
 // The columns of a dense GEMV of m columns: one group of up to kGemvMaxCols, or groups of kGemvMaxCols side
-// by side (the integer path, up to kQ8MaxCols).
+// by side (the integer path up to kQ8MaxCols; any m under CudaOptions::batch_invariant, where a block's
+// columns do not change a column's sums).
 void set_columns(GemvArgs& a, int64_t m) {
   a.m = static_cast<int>(std::min<int64_t>(m, kGemvMaxCols));
   a.n_cols = m;
@@ -214,12 +226,13 @@ bool takes_q8(const Context& ctx, const ops::Matmul& op) {
   const Tensor& w = op.w.tensor;
   const int64_t m = op.x.n_rows();
   return ctx.fast && q8_type(w.type) &&
-         (m <= kQ8MaxCols ||
+         (ctx.options.batch_invariant || m <= kQ8MaxCols ||
           (mmq_batch(ctx, w.type, m) && mmq_rows_fit(w.type, w.data, w.nb[1], w.ne[0], grouped(op.w))));
 }
 
+// Batch-invariant: never cuBLAS, whose algorithm (tiles, split of k) depends on m.
 bool takes_gemv(const Context& ctx, const ops::Matmul& op) {
-  return op.x.n_rows() <= kGemvMaxCols || takes_q8(ctx, op);
+  return ctx.options.batch_invariant || op.x.n_rows() <= kGemvMaxCols || takes_q8(ctx, op);
 }
 
 cudaError_t matmul(const Context& ctx, const ops::Matmul& op) {
