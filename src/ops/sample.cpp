@@ -177,29 +177,65 @@ using Cand = SampleScratch::Cand;
 
 bool by_key_desc(const Cand& x, const Cand& y) { return x.key > y.key; }
 
-// c[0, sorted) is in order (descending key) and its weights sum to cum. Sorts further, 4x at a time (a
-// selection of the next part, then a sort of it only), until the first index whose cumulative weight passes
-// target (> target when strict, >= otherwise); returns it (n - 1 when none does: rounding).
-size_t crossing(std::vector<Cand>& c, size_t n, size_t& sorted, double target, bool strict) {
-  double cum = 0.0;
-  size_t i = 0;
-  size_t k = std::max<size_t>(sorted, std::min<size_t>(n, 64));
-  const auto first = c.begin();
-  for (;;) {
-    if (k > sorted) {
-      const auto lo = first + static_cast<ptrdiff_t>(sorted), mid = first + static_cast<ptrdiff_t>(k);
-      if (k < n) std::nth_element(lo, mid, first + static_cast<ptrdiff_t>(n), by_key_desc);
-      std::sort(lo, mid, by_key_desc);
-      sorted = k;
-    }
-    for (; i < k; ++i) {
-      cum += c[i].w;
-      if (strict ? cum > target : cum >= target) return i;
-    }
-    if (k == n) return n - 1;
-    k = std::min(n, k * 4);
-  }
+// exp(x) for x <= 0 within about an ulp of std::exp, 0 below -87.3 (where f32 runs out): no branches and no
+// calls, so a loop of it vectorizes. Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial, and
+// 2^n put into the exponent.
+float exp_nonpositive(float x) {
+  const float xc = std::max(x, -87.3f);
+  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23)
+  float r = xc - n * 0.693359375f;
+  r -= n * -2.12194440e-4f;
+  float q = 1.9875691500e-4f;
+  q = q * r + 1.3981999507e-3f;
+  q = q * r + 8.3334519073e-3f;
+  q = q * r + 4.1665795894e-2f;
+  q = q * r + 1.6666665459e-1f;
+  q = q * r + 5.0000001201e-1f;
+  q = q * r * r + r + 1.0f;
+  const float v = q * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // n in [-126, 0]
+  return x < -87.3f ? 0.0f : v;
 }
+
+// The candidates in bucket order: cands[seg[j], seg[j + 1]) is segment j, the tokens of one range of a,
+// highest first, so that every token of a segment comes before every token of the next in the order of
+// stage 3. Within a segment the order is sorted only when a search lands there (sorted[j]).
+struct Segments {
+  std::vector<Cand>& c;
+  std::vector<int32_t>& seg;   // [n_seg + 1]
+  std::vector<double>& mass;   // [n_seg] the weights of each segment, summed
+  std::vector<uint8_t>& sorted;
+  double beyond = 0.0;  // the weight of the candidates past the gathered segments (none gathered)
+
+  size_t n_seg() const { return seg.size() - 1; }
+  void sort(size_t j) {
+    if (sorted[j] != 0) return;
+    std::sort(c.begin() + seg[j], c.begin() + seg[j + 1], by_key_desc);
+    sorted[j] = 1;
+  }
+  // The first position of c[0, n) (in order) whose cumulative weight passes target (> when strict, else >=);
+  // n - 1 when rounding leaves none.
+  size_t crossing(size_t n, double target, bool strict) {
+    double cum = 0.0;
+    for (size_t j = 0; j < n_seg() && static_cast<size_t>(seg[j]) < n; ++j) {
+      const size_t lo = static_cast<size_t>(seg[j]), hi = std::min(n, static_cast<size_t>(seg[j + 1]));
+      double m = mass[j];
+      if (hi < static_cast<size_t>(seg[j + 1])) {  // a segment cut by an earlier filter (so already sorted)
+        m = 0.0;
+        for (size_t i = lo; i < hi; ++i) m += c[i].w;
+      }
+      if (strict ? cum + m > target : cum + m >= target) {
+        sort(j);
+        for (size_t i = lo; i < hi; ++i) {
+          cum += c[i].w;
+          if (strict ? cum > target : cum >= target) return i;
+        }
+        continue;  // rounding: the scan's sum fell short of the segments'
+      }
+      cum += m;
+    }
+    return n - 1;
+  }
+};
 
 }  // namespace
 
@@ -209,15 +245,16 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
   const size_t n_vocab = x.size();
   std::vector<float>& a = scratch.a;
   a.resize(n_vocab);
+  // The loops over the row are written to vectorize: counts instead of flags, selects instead of branches.
   float x_max = kNegInf;
-  bool bad = false;
+  int32_t n_bad = 0;
   for (size_t i = 0; i < n_vocab; ++i) {
     const float v = x[i];
-    bad |= !(v < kPosInf);  // NaN or +inf
+    n_bad += !(v < kPosInf) ? 1 : 0;  // NaN or +inf
     x_max = std::max(x_max, v);
     a[i] = v;
   }
-  if (bad || x_max == kNegInf) return out;  // kSampleBadLogits
+  if (n_bad > 0 || x_max == kNegInf) return out;  // kSampleBadLogits
   for (const SampleAdjust& e : adjust) {
     float& v = a[static_cast<size_t>(e.id)];
     v = adjusted(v, p, e);
@@ -226,77 +263,161 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
       return out;
     }
   }
-  // The best adjusted token (the first maximum) and the number of candidates.
-  float a_max = kNegInf;
-  int32_t best = -1;
-  size_t n_finite = 0;
+  // The best adjusted logit, the lowest finite one and the number of candidates (a loop that vectorizes),
+  // then the first token at the best.
+  float a_max = kNegInf, a_min = kPosInf;
+  int32_t n_masked = 0;
   for (size_t i = 0; i < n_vocab; ++i) {
-    n_finite += a[i] != kNegInf;
-    if (a[i] > a_max) a_max = a[i], best = static_cast<int32_t>(i);
+    const float v = a[i];
+    a_max = std::max(a_max, v);
+    a_min = std::min(a_min, v == kNegInf ? kPosInf : v);
+    n_masked += v == kNegInf ? 1 : 0;
   }
+  const size_t n_finite = n_vocab - static_cast<size_t>(n_masked);
+  int32_t best = -1;
+  if (a_max != kNegInf) best = static_cast<int32_t>(std::find(a.begin(), a.end(), a_max) - a.begin());
   if (best < 0) {
     out.token = kSampleAllMasked;
     return out;
   }
   if (p.temperature == 0.0f) {
     out.token = best;
-  } else {
-    std::vector<Cand>& c = scratch.cands;
-    size_t n = 0, sorted = 0;
-    const float t = p.temperature;
-    if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n_finite) {
-      // Top-k in one pass: a min-heap of the best k keys; a token below its front costs one comparison.
-      const auto k = static_cast<size_t>(p.top_k);
-      c.resize(k);
-      const auto greater = [](const Cand& l, const Cand& r) { return l.key > r.key; };  // front: the worst
-      for (size_t i = 0; i < n_vocab; ++i) {
-        if (a[i] == kNegInf) continue;
-        const uint64_t key = order_key(a[i], static_cast<int32_t>(i));
-        if (n < k) {
-          c[n++] = Cand{key, 0.0f};
-          std::push_heap(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), greater);
-        } else if (key > c[0].key) {
-          std::pop_heap(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), greater);
-          c[n - 1] = Cand{key, 0.0f};
-          std::push_heap(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), greater);
-        }
-      }
-      std::sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), by_key_desc);
-      sorted = n;
-      for (size_t i = 0; i < n; ++i) c[i].w = weight(a[static_cast<size_t>(key_id(c[i].key))], a_max, t);
-    } else {
-      c.resize(n_finite);
-      for (size_t i = 0; i < n_vocab; ++i) {
-        if (a[i] != kNegInf) c[n++] = Cand{order_key(a[i], static_cast<int32_t>(i)), weight(a[i], a_max, t)};
-      }
-    }
-    double total = 0.0;
-    for (size_t i = 0; i < n; ++i) total += c[i].w;
-    if (p.top_p < 1.0f) {
-      n = crossing(c, n, sorted, static_cast<double>(p.top_p) * total, /*strict=*/false) + 1;
-      total = 0.0;
-      for (size_t i = 0; i < n; ++i) total += c[i].w;
-    }
-    if (p.min_p > 0.0f) {
-      // w falls along the order, so min-p keeps a prefix of it: a cut inside the sorted part, or else the
-      // sorted part and the unsorted tokens that pass, gathered behind it.
-      size_t kept = 0;
-      while (kept < sorted && c[kept].w >= p.min_p) ++kept;
-      if (kept == sorted) {
-        for (size_t i = sorted; i < n; ++i) {
-          if (c[i].w >= p.min_p) c[kept++] = c[i];
-        }
-      }
-      sorted = std::min(sorted, kept);
-      if (kept < n) {
-        n = kept;
-        total = 0.0;
-        for (size_t i = 0; i < n; ++i) total += c[i].w;
-      }
-    }
-    const double u = sample_uniform(uint64_t{p.seed_hi} << 32 | p.seed_lo, p.counter);
-    out.token = key_id(c[crossing(c, n, sorted, u * total, /*strict=*/true)].key);
+    if (p.logprobs != 0 || p.n_top > 0) report(x, x_max, p, out);
+    return out;
   }
+
+  std::vector<Cand>& c = scratch.cands;
+  std::vector<float>& w = scratch.w;
+  Segments sg{c, scratch.seg, scratch.mass, scratch.sorted};
+  const float t = p.temperature;
+  size_t n = 0;
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n_finite) {
+    // Top-k in one pass: a min-heap of the best k keys; a token below its front costs one comparison. The k
+    // then form one sorted segment.
+    const auto k = static_cast<size_t>(p.top_k);
+    c.resize(k);
+    const auto worse_first = [](const Cand& l, const Cand& r) { return l.key > r.key; };
+    for (size_t i = 0; i < n_vocab; ++i) {
+      if (a[i] == kNegInf || (n == k && a[i] < a[static_cast<size_t>(key_id(c[0].key))])) continue;
+      const uint64_t key = order_key(a[i], static_cast<int32_t>(i));
+      if (n < k) {
+        c[n++] = Cand{key, 0.0f};
+        std::push_heap(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), worse_first);
+      } else if (key > c[0].key) {
+        std::pop_heap(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), worse_first);
+        c[n - 1] = Cand{key, 0.0f};
+        std::push_heap(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), worse_first);
+      }
+    }
+    std::sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), by_key_desc);
+    double total = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      c[i].w = weight(a[static_cast<size_t>(key_id(c[i].key))], a_max, t);
+      total += c[i].w;
+    }
+    sg.seg.assign({0, static_cast<int32_t>(n)});
+    sg.mass.assign({total});
+    sg.sorted.assign({1});
+  } else {
+    // Every finite token: the weights in one vectorized pass, and their sums over segments of equal width in
+    // a (enough of them that a segment of a flat row holds a few tokens). Which segments a filter or the draw
+    // can reach follows from the sums alone; only those tokens are gathered (a counting sort), never the row.
+    const size_t n_seg = std::clamp<size_t>(n_finite / 8, 1, 8192);
+    const float scale = a_max > a_min ? static_cast<float>(n_seg - 1) / (a_max - a_min) : 0.0f;
+    // Segment of a: the highest a in segment 0; monotone in a, so the order is kept. -inf: n_seg (none).
+    const float top = static_cast<float>(n_seg - 1);
+    const auto segment = [&](float v) {
+      const int32_t j = static_cast<int32_t>(n_seg - 1) -
+                        static_cast<int32_t>(std::max(0.0f, std::min((v - a_min) * scale, top)));
+      return v == kNegInf ? static_cast<int32_t>(n_seg) : j;
+    };
+    w.resize(n_vocab);
+    std::vector<int32_t>& at = scratch.at;
+    at.resize(n_vocab);
+    for (size_t i = 0; i < n_vocab; ++i) {
+      w[i] = exp_nonpositive((a[i] - a_max) / t);
+      at[i] = segment(a[i]);
+    }
+    sg.seg.assign(n_seg + 2, 0);
+    sg.mass.assign(n_seg + 1, 0.0);
+    sg.sorted.assign(n_seg, 0);
+    for (size_t i = 0; i < n_vocab; ++i) {
+      const auto j = static_cast<size_t>(at[i]);
+      ++sg.seg[j + 1];
+      sg.mass[j] += w[i];
+    }
+    sg.seg.pop_back();  // the -inf tokens' count and weight (0)
+    sg.mass.pop_back();
+    double total = 0.0;
+    for (const double m : sg.mass) total += m;
+    for (size_t j = 0; j < n_seg; ++j) sg.seg[j + 1] += sg.seg[j];
+    // The last segment any stage reads: one past where top-p's sum crosses (a margin for rounding), or
+    // min-p's first segment with a token below it, or one past where the draw's sum crosses.
+    const auto crossing_segment = [&](double target) {
+      double cum = 0.0;
+      for (size_t j = 0; j < n_seg; ++j) {
+        cum += sg.mass[j];
+        if (cum >= target) return j;
+      }
+      return n_seg - 1;
+    };
+    size_t last = n_seg - 1;
+    if (p.top_p < 1.0f) {
+      last = std::min(n_seg - 1, crossing_segment(static_cast<double>(p.top_p) * total) + 1);
+    } else if (p.min_p > 0.0f) {
+      // w >= min_p where a >= a_max + T ln(min_p), up to exp's rounding: a segment of margin.
+      const float a_cut = a_max + t * std::log(p.min_p);
+      last = a_cut <= a_min ? n_seg - 1 : std::min<size_t>(n_seg - 1, static_cast<size_t>(segment(a_cut)) + 1);
+    } else {
+      const double u = sample_uniform(uint64_t{p.seed_hi} << 32 | p.seed_lo, p.counter);
+      last = std::min(n_seg - 1, crossing_segment(u * total) + 1);
+    }
+    n = static_cast<size_t>(sg.seg[last + 1]);
+    c.resize(n);
+    std::vector<int32_t>& fill = scratch.fill;
+    fill.assign(sg.seg.begin(), sg.seg.begin() + static_cast<ptrdiff_t>(last + 1));
+    for (size_t i = 0; i < n_vocab; ++i) {
+      const auto j = static_cast<size_t>(at[i]);
+      if (j <= last) c[static_cast<size_t>(fill[j]++)] = Cand{order_key(a[i], static_cast<int32_t>(i)), w[i]};
+    }
+    sg.seg.resize(last + 2);
+    sg.mass.resize(last + 1);
+    sg.sorted.resize(last + 1);
+    sg.beyond = total;  // the weight of every candidate, gathered or not (top-p's denominator)
+    for (const double m : sg.mass) sg.beyond -= m;
+  }
+  const auto kept_mass = [&](size_t upto) {
+    double m = 0.0;
+    for (size_t j = 0; j < sg.n_seg() && static_cast<size_t>(sg.seg[j]) < upto; ++j) {
+      if (static_cast<size_t>(sg.seg[j + 1]) <= upto) {
+        m += sg.mass[j];
+      } else {
+        for (size_t i = static_cast<size_t>(sg.seg[j]); i < upto; ++i) m += c[i].w;
+      }
+    }
+    return m;
+  };
+  double total = kept_mass(n) + sg.beyond;  // every candidate's weight: top-p's denominator
+  if (p.top_p < 1.0f) {
+    n = sg.crossing(n, static_cast<double>(p.top_p) * total, /*strict=*/false) + 1;
+    total = kept_mass(n);
+  }
+  if (p.min_p > 0.0f) {
+    // w falls along the order, so min-p keeps a prefix: the cut is in the first segment holding a token
+    // below min_p (sorted, then cut there).
+    for (size_t j = 0; j < sg.n_seg() && static_cast<size_t>(sg.seg[j]) < n; ++j) {
+      const size_t lo = static_cast<size_t>(sg.seg[j]), hi = std::min(n, static_cast<size_t>(sg.seg[j + 1]));
+      if (std::all_of(c.begin() + lo, c.begin() + hi, [&](const Cand& e) { return e.w >= p.min_p; })) continue;
+      sg.sort(j);
+      size_t cut = lo;
+      while (cut < hi && c[cut].w >= p.min_p) ++cut;
+      n = cut;
+      total = kept_mass(n);
+      break;
+    }
+  }
+  const double u = sample_uniform(uint64_t{p.seed_hi} << 32 | p.seed_lo, p.counter);
+  out.token = key_id(c[sg.crossing(n, u * total, /*strict=*/true)].key);
   if (p.logprobs != 0 || p.n_top > 0) report(x, x_max, p, out);
   return out;
 }

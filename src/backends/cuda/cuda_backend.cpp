@@ -587,6 +587,7 @@ bool cuda_device_present() {
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions& backend_options) {
   CudaOptions options = cuda_options_from_env();
   options.precision = backend_options.precision;
+  options.batch_invariant = backend_options.batch_invariant;
   return make_cuda_backend(device, options);
 }
 
