@@ -404,7 +404,8 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
   }
   if (p.min_p > 0.0f) {
     // w falls along the order, so min-p keeps a prefix: the cut is in the first segment holding a token
-    // below min_p (sorted, then cut there).
+    // below min_p (sorted, then cut there), or else where the gathered segments end.
+    total = kept_mass(n);
     for (size_t j = 0; j < sg.n_seg() && static_cast<size_t>(sg.seg[j]) < n; ++j) {
       const size_t lo = static_cast<size_t>(sg.seg[j]), hi = std::min(n, static_cast<size_t>(sg.seg[j + 1]));
       if (std::all_of(c.begin() + lo, c.begin() + hi, [&](const Cand& e) { return e.w >= p.min_p; })) continue;
