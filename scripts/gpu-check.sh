@@ -194,7 +194,7 @@ for step in "${steps[@]}"; do
       done
       ;;
     sanitize)
-      for tool in memcheck racecheck; do
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/tests/${SANITIZE_TESTS:-ops_tests}" --gtest_brief=1 \
           --gtest_filter="${SANITIZE_FILTER:-OpHarness.*:-OpHarness.Perf}" >>"$out/sanitize.log" 2>&1 || status=1
         tail -4 "$out/sanitize.log"
@@ -275,7 +275,9 @@ for step in "${steps[@]}"; do
         [ -e "$path" ] || { echo "$f: not here"; status=1; continue; }
         echo "## $f"
         "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\|" || status=1
-        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8090 >"/tmp/serve-$f.log" 2>&1 &
+        echo "--deterministic:"
+        "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 2 --deterministic 2>&1 | grep -E "^\| [^-]" || status=1
+        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --max-queue 0 --port 8090 >"/tmp/serve-$f.log" 2>&1 &
         spid=$!
         for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8090/health', timeout=1)" 2>/dev/null && break; sleep 1; done
         for c in 1 16 64; do
@@ -289,7 +291,7 @@ for step in "${steps[@]}"; do
         done
         python3 bench/deterministic_check.py --base-url http://localhost:8090 || status=1
         kill "$spid"; wait "$spid" || true
-        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8090 --deterministic >>"/tmp/serve-$f.log" 2>&1 &
+        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --max-queue 0 --port 8090 --deterministic >>"/tmp/serve-$f.log" 2>&1 &
         spid=$!
         for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8090/health', timeout=1)" 2>/dev/null && break; sleep 1; done
         echo "--deterministic:"
@@ -301,6 +303,7 @@ for step in "${steps[@]}"; do
           echo "| $f --deterministic | 64 | ${s%%,*} | $r |"
         done
         kill "$spid"; wait "$spid" || true
+        grep -iE "assert|error|fatal" "/tmp/serve-$f.log" | head -5
       done 2>&1 | tee "$out/serve.md"
       ;;
     ab)

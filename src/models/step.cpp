@@ -34,6 +34,7 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
     offsets[i] = total;
     total += (sizes[i] + 15) / 16 * 16;
   }
+  total += 16;  // an empty array is a one-element view at its offset: room for one past the last
   host_.assign(static_cast<size_t>(total), 0);
   int32_t* tokens = host_.data() + offsets[0];
   int32_t* positions = host_.data() + offsets[1];

@@ -201,8 +201,8 @@ float exp_nonpositive(float x) {
 // stage 3. Within a segment the order is sorted only when a search lands there (sorted[j]).
 struct Segments {
   std::vector<Cand>& c;
-  std::vector<int32_t>& seg;   // [n_seg + 1]
-  std::vector<double>& mass;   // [n_seg] the weights of each segment, summed
+  std::vector<int32_t>& seg;  // [n_seg + 1]
+  std::vector<double>& mass;  // [n_seg] the weights of each segment, summed
   std::vector<uint8_t>& sorted;
   double beyond = 0.0;  // the weight of the candidates past the gathered segments (none gathered)
 
@@ -246,15 +246,28 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
   std::vector<float>& a = scratch.a;
   a.resize(n_vocab);
   // The loops over the row are written to vectorize: counts instead of flags, selects instead of branches.
-  float x_max = kNegInf;
-  int32_t n_bad = 0;
-  for (size_t i = 0; i < n_vocab; ++i) {
+  // Reductions keep kLanes partial results (a float max is no reduction the compiler may reorder).
+  constexpr size_t kLanes = 8;
+  float lane_max[kLanes], lane_min[kLanes];
+  int32_t lane_n[kLanes];
+  const auto reduce = [&](float init, auto&& body) {
+    std::fill(lane_max, lane_max + kLanes, init);
+    std::fill(lane_min, lane_min + kLanes, kPosInf);
+    std::fill(lane_n, lane_n + kLanes, 0);
+    size_t i = 0;
+    for (; i + kLanes <= n_vocab; i += kLanes) {
+      for (size_t j = 0; j < kLanes; ++j) body(i + j, j);
+    }
+    for (; i < n_vocab; ++i) body(i, 0);
+  };
+  reduce(kNegInf, [&](size_t i, size_t j) {
     const float v = x[i];
-    n_bad += !(v < kPosInf) ? 1 : 0;  // NaN or +inf
-    x_max = std::max(x_max, v);
+    lane_n[j] += !(v < kPosInf) ? 1 : 0;  // NaN or +inf
+    lane_max[j] = std::max(lane_max[j], v);
     a[i] = v;
-  }
-  if (n_bad > 0 || x_max == kNegInf) return out;  // kSampleBadLogits
+  });
+  const float x_max = *std::max_element(lane_max, lane_max + kLanes);
+  if (std::accumulate(lane_n, lane_n + kLanes, 0) > 0 || x_max == kNegInf) return out;  // kSampleBadLogits
   for (const SampleAdjust& e : adjust) {
     float& v = a[static_cast<size_t>(e.id)];
     v = adjusted(v, p, e);
@@ -265,15 +278,15 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
   }
   // The best adjusted logit, the lowest finite one and the number of candidates (a loop that vectorizes),
   // then the first token at the best.
-  float a_max = kNegInf, a_min = kPosInf;
-  int32_t n_masked = 0;
-  for (size_t i = 0; i < n_vocab; ++i) {
+  reduce(kNegInf, [&](size_t i, size_t j) {
     const float v = a[i];
-    a_max = std::max(a_max, v);
-    a_min = std::min(a_min, v == kNegInf ? kPosInf : v);
-    n_masked += v == kNegInf ? 1 : 0;
-  }
-  const size_t n_finite = n_vocab - static_cast<size_t>(n_masked);
+    lane_max[j] = std::max(lane_max[j], v);
+    lane_min[j] = std::min(lane_min[j], v == kNegInf ? kPosInf : v);
+    lane_n[j] += v == kNegInf ? 1 : 0;
+  });
+  const float a_max = *std::max_element(lane_max, lane_max + kLanes);
+  const float a_min = *std::min_element(lane_min, lane_min + kLanes);
+  const size_t n_finite = n_vocab - static_cast<size_t>(std::accumulate(lane_n, lane_n + kLanes, 0));
   int32_t best = -1;
   if (a_max != kNegInf) best = static_cast<int32_t>(std::find(a.begin(), a.end(), a_max) - a.begin());
   if (best < 0) {
@@ -367,7 +380,8 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
     } else if (p.min_p > 0.0f) {
       // w >= min_p where a >= a_max + T ln(min_p), up to exp's rounding: a segment of margin.
       const float a_cut = a_max + t * std::log(p.min_p);
-      last = a_cut <= a_min ? n_seg - 1 : std::min<size_t>(n_seg - 1, static_cast<size_t>(segment(a_cut)) + 1);
+      last =
+          a_cut <= a_min ? n_seg - 1 : std::min<size_t>(n_seg - 1, static_cast<size_t>(segment(a_cut)) + 1);
     } else {
       const double u = sample_uniform(uint64_t{p.seed_hi} << 32 | p.seed_lo, p.counter);
       last = std::min(n_seg - 1, crossing_segment(u * total) + 1);
@@ -408,7 +422,8 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
     total = kept_mass(n);
     for (size_t j = 0; j < sg.n_seg() && static_cast<size_t>(sg.seg[j]) < n; ++j) {
       const size_t lo = static_cast<size_t>(sg.seg[j]), hi = std::min(n, static_cast<size_t>(sg.seg[j + 1]));
-      if (std::all_of(c.begin() + lo, c.begin() + hi, [&](const Cand& e) { return e.w >= p.min_p; })) continue;
+      if (std::all_of(c.begin() + lo, c.begin() + hi, [&](const Cand& e) { return e.w >= p.min_p; }))
+        continue;
       sg.sort(j);
       size_t cut = lo;
       while (cut < hi && c[cut].w >= p.min_p) ++cut;

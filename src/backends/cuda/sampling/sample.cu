@@ -287,15 +287,33 @@ __device__ Found search(const Row& r, bool raw, uint64_t lo, uint64_t top, Goal 
     while (((hi - lo) >> shift) >= static_cast<uint64_t>(kBuckets)) ++shift;
     for (int b = threadIdx.x; b < kBuckets; b += kThreads) r.cnt[b] = 0, r.hi[b] = 0, r.lo[b] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < r.n; i += kThreads) {
-      const uint64_t k = r.key_at(i, raw);
-      if (k == kNone || k < lo || k > hi) continue;
-      const auto b = static_cast<int>((hi - k) >> shift);
-      atomicAdd(r.cnt + b, 1u);
+    for (int base = 0; base < r.n; base += kThreads) {  // every lane of a warp takes each round
+      const int i = base + static_cast<int>(threadIdx.x);
+      int b = -1;
+      Fx w{0, 0};
+      if (i < r.n) {
+        const uint64_t k = r.key_at(i, raw);
+        if (k != kNone && k >= lo && k <= hi) {
+          b = static_cast<int>((hi - k) >> shift);
+          if (want_w) w = fx_of(weight(key_value(k), a_max, t));
+        }
+      }
+      // A row's tokens crowd into few buckets: the lanes of one bucket add up in the warp first, and one
+      // atomic per bucket and warp goes out instead of one per token queueing on the same address.
+      const unsigned peers = __match_any_sync(0xffffffffu, b);
+      uint64_t sh = 0, sl = 0;
       if (want_w) {
-        const Fx w = fx_of(weight(key_value(k), a_max, t));
-        atomicAdd(r.hi + b, static_cast<unsigned long long>(w.hi));
-        atomicAdd(r.lo + b, static_cast<unsigned long long>(w.lo));
+        for (int src = 0; src < 32; ++src) {
+          const uint64_t h = __shfl_sync(0xffffffffu, w.hi, src), l = __shfl_sync(0xffffffffu, w.lo, src);
+          if ((peers >> src) & 1u) sh += h, sl += l;
+        }
+      }
+      if (b >= 0 && static_cast<int>(threadIdx.x % 32) == __ffs(static_cast<int>(peers)) - 1) {
+        atomicAdd(r.cnt + b, static_cast<unsigned>(__popc(peers)));
+        if (want_w) {
+          atomicAdd(r.hi + b, static_cast<unsigned long long>(sh));
+          atomicAdd(r.lo + b, static_cast<unsigned long long>(sl));
+        }
       }
     }
     __syncthreads();
