@@ -196,45 +196,75 @@ float exp_nonpositive(float x) {
   return x < -87.3f ? 0.0f : v;
 }
 
-// The candidates in bucket order: cands[seg[j], seg[j + 1]) is segment j, the tokens of one range of a,
-// highest first, so that every token of a segment comes before every token of the next in the order of
-// stage 3. Within a segment the order is sorted only when a search lands there (sorted[j]).
+// The candidates in segments: segment j holds the tokens of one range of a (the highest range first), so
+// every token of a segment comes before every token of the next in the order of stage 3. A segment is known
+// by its count and weight; its tokens are gathered and sorted only when a search lands in it.
 struct Segments {
-  std::vector<Cand>& c;
-  std::vector<int32_t>& seg;  // [n_seg + 1]
-  std::vector<double>& mass;  // [n_seg] the weights of each segment, summed
-  std::vector<uint8_t>& sorted;
-  double beyond = 0.0;  // the weight of the candidates past the gathered segments (none gathered)
+  struct Pos {
+    size_t seg, i;  // token i (in order) of segment seg
+  };
+  std::vector<double>& mass;    // [n_seg] weight of each segment
+  std::vector<int32_t>& count;  // [n_seg] tokens of each segment
+  std::vector<int32_t>& first;  // [n_seg] where its sorted tokens start in c, or -1 (not gathered yet)
+  std::vector<Cand>& c;         // the gathered segments
+  const std::vector<int32_t>* at = nullptr;  // each token's segment (null: the one segment is gathered)
+  const std::vector<float>* a = nullptr;
+  const std::vector<float>* w = nullptr;
 
-  size_t n_seg() const { return seg.size() - 1; }
-  void sort(size_t j) {
-    if (sorted[j] != 0) return;
-    std::sort(c.begin() + seg[j], c.begin() + seg[j + 1], by_key_desc);
-    sorted[j] = 1;
+  size_t n_seg() const { return mass.size(); }
+  const Cand* tokens(size_t j) {
+    if (first[j] < 0) {
+      first[j] = static_cast<int32_t>(c.size());
+      for (size_t i = 0; i < at->size(); ++i) {
+        if (static_cast<size_t>((*at)[i]) == j)
+          c.push_back(Cand{order_key((*a)[i], static_cast<int32_t>(i)), (*w)[i]});
+      }
+      std::sort(c.begin() + first[j], c.end(), by_key_desc);
+    }
+    return c.data() + first[j];
   }
-  // The first position of c[0, n) (in order) whose cumulative weight passes target (> when strict, else >=);
-  // n - 1 when rounding leaves none.
-  size_t crossing(size_t n, double target, bool strict) {
+  // Tokens of segment j inside the prefix that ends before `end`.
+  size_t in(size_t j, Pos end) const {
+    return j < end.seg ? static_cast<size_t>(count[j]) : j == end.seg ? end.i : 0;
+  }
+  // The weight of the prefix that ends before `end`.
+  double weight_before(Pos end) {
+    double m = 0.0;
+    for (size_t j = 0; j < end.seg && j < n_seg(); ++j) m += mass[j];
+    if (end.seg < n_seg() && end.i > 0) {
+      const Cand* t = tokens(end.seg);
+      for (size_t i = 0; i < end.i; ++i) m += t[i].w;
+    }
+    return m;
+  }
+  // The first token of the prefix before `end` whose cumulative weight passes target (> when strict, else
+  // >=); the prefix's last token when rounding leaves none.
+  Pos crossing(Pos end, double target, bool strict) {
     double cum = 0.0;
-    for (size_t j = 0; j < n_seg() && static_cast<size_t>(seg[j]) < n; ++j) {
-      const size_t lo = static_cast<size_t>(seg[j]), hi = std::min(n, static_cast<size_t>(seg[j + 1]));
+    Pos last{0, 0};
+    for (size_t j = 0; j <= end.seg && j < n_seg(); ++j) {
+      const size_t n = in(j, end);
+      if (n == 0) continue;
+      last = {j, n - 1};
       double m = mass[j];
-      if (hi < static_cast<size_t>(seg[j + 1])) {  // a segment cut by an earlier filter (so already sorted)
+      if (n < static_cast<size_t>(count[j])) {
         m = 0.0;
-        for (size_t i = lo; i < hi; ++i) m += c[i].w;
+        const Cand* t = tokens(j);
+        for (size_t i = 0; i < n; ++i) m += t[i].w;
       }
       if (strict ? cum + m > target : cum + m >= target) {
-        sort(j);
-        for (size_t i = lo; i < hi; ++i) {
-          cum += c[i].w;
-          if (strict ? cum > target : cum >= target) return i;
+        const Cand* t = tokens(j);
+        for (size_t i = 0; i < n; ++i) {
+          cum += t[i].w;
+          if (strict ? cum > target : cum >= target) return {j, i};
         }
-        continue;  // rounding: the scan's sum fell short of the segments'
+        continue;  // rounding: the scan's sum fell short of the segment's
       }
       cum += m;
     }
-    return n - 1;
+    return last;
   }
+  int32_t id(Pos pos) { return key_id(tokens(pos.seg)[pos.i].key); }
 };
 
 }  // namespace
@@ -301,13 +331,14 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
 
   std::vector<Cand>& c = scratch.cands;
   std::vector<float>& w = scratch.w;
-  Segments sg{c, scratch.seg, scratch.mass, scratch.sorted};
+  Segments sg{scratch.mass, scratch.count, scratch.first, c};
+  c.clear();
   const float t = p.temperature;
-  size_t n = 0;
   if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n_finite) {
     // Top-k in one pass: a min-heap of the best k keys; a token below its front costs one comparison. The k
-    // then form one sorted segment.
+    // then form one segment, gathered and sorted.
     const auto k = static_cast<size_t>(p.top_k);
+    size_t n = 0;
     c.resize(k);
     const auto worse_first = [](const Cand& l, const Cand& r) { return l.key > r.key; };
     for (size_t i = 0; i < n_vocab; ++i) {
@@ -322,118 +353,85 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
         std::push_heap(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), worse_first);
       }
     }
-    std::sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), by_key_desc);
+    std::sort(c.begin(), c.end(), by_key_desc);
     double total = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      c[i].w = weight(a[static_cast<size_t>(key_id(c[i].key))], a_max, t);
-      total += c[i].w;
+    for (Cand& e : c) {
+      e.w = weight(a[static_cast<size_t>(key_id(e.key))], a_max, t);
+      total += e.w;
     }
-    sg.seg.assign({0, static_cast<int32_t>(n)});
     sg.mass.assign({total});
-    sg.sorted.assign({1});
+    sg.count.assign({static_cast<int32_t>(k)});
+    sg.first.assign({0});
   } else {
-    // Every finite token: the weights in one vectorized pass, and their sums over segments of equal width in
-    // a (enough of them that a segment of a flat row holds a few tokens). Which segments a filter or the draw
-    // can reach follows from the sums alone; only those tokens are gathered (a counting sort), never the row.
+    // Every finite token: the weights in one vectorized pass, and the count and weight of each segment
+    // (ranges of equal width in a, enough of them that a segment of a flat row holds a few tokens).
     const size_t n_seg = std::clamp<size_t>(n_finite / 8, 1, 8192);
     const float scale = a_max > a_min ? static_cast<float>(n_seg - 1) / (a_max - a_min) : 0.0f;
-    // Segment of a: the highest a in segment 0; monotone in a, so the order is kept. -inf: n_seg (none).
     const float top = static_cast<float>(n_seg - 1);
+    // Segment of a: the highest range first; monotone in a, so the order is kept. -inf: n_seg (none).
     const auto segment = [&](float v) {
-      const int32_t j = static_cast<int32_t>(n_seg - 1) -
-                        static_cast<int32_t>(std::max(0.0f, std::min((v - a_min) * scale, top)));
-      return v == kNegInf ? static_cast<int32_t>(n_seg) : j;
+      return static_cast<int32_t>(n_seg - 1) -
+             static_cast<int32_t>(std::max(0.0f, std::min((v - a_min) * scale, top)));
     };
-    w.resize(n_vocab);
     std::vector<int32_t>& at = scratch.at;
+    w.resize(n_vocab);
     at.resize(n_vocab);
     for (size_t i = 0; i < n_vocab; ++i) {
-      w[i] = exp_nonpositive((a[i] - a_max) / t);
-      at[i] = segment(a[i]);
+      const float v = a[i];
+      w[i] = exp_nonpositive((v - a_max) / t);
+      at[i] = v == kNegInf ? static_cast<int32_t>(n_seg) : segment(v);
     }
-    sg.seg.assign(n_seg + 2, 0);
+    sg.count.assign(n_seg + 1, 0);
     sg.mass.assign(n_seg + 1, 0.0);
-    sg.sorted.assign(n_seg, 0);
     for (size_t i = 0; i < n_vocab; ++i) {
       const auto j = static_cast<size_t>(at[i]);
-      ++sg.seg[j + 1];
+      ++sg.count[j];
       sg.mass[j] += w[i];
     }
-    sg.seg.pop_back();  // the -inf tokens' count and weight (0)
+    sg.count.pop_back();  // the -inf tokens
     sg.mass.pop_back();
-    double total = 0.0;
-    for (const double m : sg.mass) total += m;
-    for (size_t j = 0; j < n_seg; ++j) sg.seg[j + 1] += sg.seg[j];
-    // The last segment any stage reads: one past where top-p's sum crosses (a margin for rounding), or
-    // min-p's first segment with a token below it, or one past where the draw's sum crosses.
-    const auto crossing_segment = [&](double target) {
-      double cum = 0.0;
-      for (size_t j = 0; j < n_seg; ++j) {
-        cum += sg.mass[j];
-        if (cum >= target) return j;
-      }
-      return n_seg - 1;
-    };
-    size_t last = n_seg - 1;
-    if (p.top_p < 1.0f) {
-      last = std::min(n_seg - 1, crossing_segment(static_cast<double>(p.top_p) * total) + 1);
-    } else if (p.min_p > 0.0f) {
-      // w >= min_p where a >= a_max + T ln(min_p), up to exp's rounding: a segment of margin.
-      const float a_cut = a_max + t * std::log(p.min_p);
-      last =
-          a_cut <= a_min ? n_seg - 1 : std::min<size_t>(n_seg - 1, static_cast<size_t>(segment(a_cut)) + 1);
-    } else {
-      const double u = sample_uniform(uint64_t{p.seed_hi} << 32 | p.seed_lo, p.counter);
-      last = std::min(n_seg - 1, crossing_segment(u * total) + 1);
-    }
-    n = static_cast<size_t>(sg.seg[last + 1]);
-    c.resize(n);
-    std::vector<int32_t>& fill = scratch.fill;
-    fill.assign(sg.seg.begin(), sg.seg.begin() + static_cast<ptrdiff_t>(last + 1));
-    for (size_t i = 0; i < n_vocab; ++i) {
-      const auto j = static_cast<size_t>(at[i]);
-      if (j <= last) c[static_cast<size_t>(fill[j]++)] = Cand{order_key(a[i], static_cast<int32_t>(i)), w[i]};
-    }
-    sg.seg.resize(last + 2);
-    sg.mass.resize(last + 1);
-    sg.sorted.resize(last + 1);
-    sg.beyond = total;  // the weight of every candidate, gathered or not (top-p's denominator)
-    for (const double m : sg.mass) sg.beyond -= m;
+    sg.first.assign(n_seg, -1);
+    sg.at = &at, sg.a = &a, sg.w = &w;
   }
-  const auto kept_mass = [&](size_t upto) {
-    double m = 0.0;
-    for (size_t j = 0; j < sg.n_seg() && static_cast<size_t>(sg.seg[j]) < upto; ++j) {
-      if (static_cast<size_t>(sg.seg[j + 1]) <= upto) {
-        m += sg.mass[j];
-      } else {
-        for (size_t i = static_cast<size_t>(sg.seg[j]); i < upto; ++i) m += c[i].w;
-      }
-    }
-    return m;
-  };
-  double total = kept_mass(n) + sg.beyond;  // every candidate's weight: top-p's denominator
+  Segments::Pos end{sg.n_seg(), 0};  // the kept prefix: every candidate
   if (p.top_p < 1.0f) {
-    n = sg.crossing(n, static_cast<double>(p.top_p) * total, /*strict=*/false) + 1;
-    total = kept_mass(n);
+    const Segments::Pos cross = sg.crossing(end, static_cast<double>(p.top_p) * sg.weight_before(end), false);
+    end = {cross.seg, cross.i + 1};
   }
   if (p.min_p > 0.0f) {
-    // w falls along the order, so min-p keeps a prefix: the cut is in the first segment holding a token
-    // below min_p (sorted, then cut there), or else where the gathered segments end.
-    total = kept_mass(n);
-    for (size_t j = 0; j < sg.n_seg() && static_cast<size_t>(sg.seg[j]) < n; ++j) {
-      const size_t lo = static_cast<size_t>(sg.seg[j]), hi = std::min(n, static_cast<size_t>(sg.seg[j + 1]));
-      if (std::all_of(c.begin() + lo, c.begin() + hi, [&](const Cand& e) { return e.w >= p.min_p; }))
-        continue;
-      sg.sort(j);
-      size_t cut = lo;
-      while (cut < hi && c[cut].w >= p.min_p) ++cut;
-      n = cut;
-      total = kept_mass(n);
-      break;
+    // w falls along the order, so min-p keeps a prefix. Its cut is near a = a_max + T ln(min_p): the
+    // segments before that one's neighbour pass by a margin far above exp's rounding, and from there the
+    // tokens are compared one by one, up to the segment after it (the rest fail).
+    size_t j0 = 0, j1 = sg.n_seg();
+    if (sg.at != nullptr && sg.n_seg() > 1) {
+      const float a_cut = std::max(a_max + t * std::log(p.min_p), a_min);
+      const auto j = static_cast<size_t>(std::min<int32_t>(
+          static_cast<int32_t>(sg.n_seg() - 1),
+          static_cast<int32_t>(sg.n_seg() - 1) -
+              static_cast<int32_t>(std::max(
+                  0.0f, std::min((a_cut - a_min) * (static_cast<float>(sg.n_seg() - 1) / (a_max - a_min)),
+                                 static_cast<float>(sg.n_seg() - 1))))));
+      j0 = j > 0 ? j - 1 : 0;
+      j1 = j + 2;
+    }
+    for (size_t j = j0; j <= end.seg && j < sg.n_seg(); ++j) {
+      if (j >= j1) {
+        end = {j, 0};
+        break;
+      }
+      const size_t n = sg.in(j, end);
+      if (n == 0) continue;
+      const Cand* tok = sg.tokens(j);
+      size_t i = 0;
+      while (i < n && tok[i].w >= p.min_p) ++i;
+      if (i < n) {
+        end = {j, i};
+        break;
+      }
     }
   }
   const double u = sample_uniform(uint64_t{p.seed_hi} << 32 | p.seed_lo, p.counter);
-  out.token = key_id(c[sg.crossing(n, u * total, /*strict=*/true)].key);
+  out.token = sg.id(sg.crossing(end, u * sg.weight_before(end), /*strict=*/true));
   if (p.logprobs != 0 || p.n_top > 0) report(x, x_max, p, out);
   return out;
 }

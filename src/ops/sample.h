@@ -109,14 +109,13 @@ struct SampleScratch {
     uint64_t key;  // the order of stage 3 as one integer: larger first
     float w;       // the weight of stage 6
   };
-  std::vector<float> a;         // [n] adjusted logits
-  std::vector<float> w;         // [n] their weights
-  std::vector<Cand> cands;      // the candidates
-  std::vector<int32_t> seg;     // where each segment of cands starts
-  std::vector<double> mass;     // each segment's weight
-  std::vector<uint8_t> sorted;  // whether each segment is in order yet
-  std::vector<int32_t> fill;    // counting sort's cursors
-  std::vector<int32_t> at;      // [n] each token's segment
+  std::vector<float> a;        // [n] adjusted logits
+  std::vector<float> w;        // [n] their weights
+  std::vector<int32_t> at;     // [n] each token's segment of a
+  std::vector<double> mass;    // each segment's weight
+  std::vector<int32_t> count;  // each segment's tokens
+  std::vector<int32_t> first;  // where each gathered segment starts in cands
+  std::vector<Cand> cands;     // the gathered segments, each sorted
 };
 SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<const SampleAdjust> adjust,
                      SampleScratch& scratch);

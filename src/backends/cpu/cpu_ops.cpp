@@ -219,13 +219,20 @@ void argmax(ThreadPool& pool, const Argmax& op) {
 }
 
 void sample(ThreadPool& pool, const Sample& op) {
-  // A row at a time per thread, each thread with its own scratch (rows are 50-260k logits).
-  for_rows(pool, op.x.n_rows(), [&](int64_t r) {
-    thread_local SampleScratch scratch;
-    const SampleRow p = sample_op_row(op, r);
-    write_sample_out(op, r, sample_row({f32_row(op.x, r), static_cast<size_t>(op.x.ne[0])}, p,
-                                       sample_op_adjust(op, p), scratch));
-  });
+  // A row is 50-260k logits: rows go to the threads one by one (not for_rows' chunks of 8), each thread
+  // with its own scratch.
+  pool.parallel_for(
+      op.x.n_rows(),
+      [&](int64_t b, int64_t e, int) {
+        thread_local SampleScratch scratch;
+        for (int64_t r = b; r < e; ++r) {
+          const SampleRow p = sample_op_row(op, r);
+          write_sample_out(op, r,
+                           sample_row({f32_row(op.x, r), static_cast<size_t>(op.x.ne[0])}, p,
+                                      sample_op_adjust(op, p), scratch));
+        }
+      },
+      /*min_chunk=*/1);
 }
 
 void moe_route(ThreadPool& pool, const MoeRoute& op) {

@@ -285,6 +285,7 @@ __device__ Found search(const Row& r, bool raw, uint64_t lo, uint64_t top, Goal 
   for (bool first = true;; first = false) {
     int shift = 0;
     while (((hi - lo) >> shift) >= static_cast<uint64_t>(kBuckets)) ++shift;
+    __syncthreads();  // every thread done with the list (the histogram's memory) before it is cleared
     for (int b = threadIdx.x; b < kBuckets; b += kThreads) r.cnt[b] = 0, r.hi[b] = 0, r.lo[b] = 0;
     __syncthreads();
     for (int base = 0; base < r.n; base += kThreads) {  // every lane of a warp takes each round
