@@ -303,7 +303,7 @@ for step in "${steps[@]}"; do
           echo "| $f --deterministic | 64 | ${s%%,*} | $r |"
         done
         kill "$spid"; wait "$spid" || true
-        grep -iE "assert|error|fatal" "/tmp/serve-$f.log" | head -5
+        grep -iE "assert|error|fatal" "/tmp/serve-$f.log" | head -5 || true
       done 2>&1 | tee "$out/serve.md"
       ;;
     ab)
