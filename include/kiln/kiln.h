@@ -72,6 +72,9 @@ struct EngineOptions {
   // Requests waiting for admission (submitted or preempted, not running) at most; submit() beyond that
   // fails with resource_exhausted (a server answers 429). 0: no limit.
   int32_t max_queued = 0;
+  // A request not admitted this many milliseconds after submit() ends with FinishReason::error (the message
+  // names the wait); preempted requests, admitted once, are not timed. 0: no limit.
+  int64_t queue_timeout_ms = 0;
   // Finished requests whose RequestStats wait() can still return, at most: a request's stats are dropped
   // when it is waited for or when this many requests have finished after it (see the top of this file).
   int32_t keep_finished = 1024;
@@ -107,6 +110,7 @@ struct RequestStats {
   double prefill_ms = 0;      // from the first admission to the first sampled token
   double decode_ms = 0;       // from the first sampled token to the end
   int32_t n_preemptions = 0;  // times its KV blocks were taken back (and recomputed on resume)
+  bool timed_out = false;     // ended unadmitted by EngineOptions::queue_timeout_ms (finish: error)
   FinishReason finish = FinishReason::none;
 };
 
@@ -150,11 +154,12 @@ struct EngineMetrics {
   uint64_t n_cached_tokens = 0;     // sum of RequestStats::n_cached (first admissions only)
   uint64_t n_generated_tokens = 0;  // tokens sampled
   uint64_t n_preemptions = 0;
-  uint64_t n_finished = 0;      // requests that ended, for any reason
-  uint64_t n_rejected = 0;      // submit() calls refused for a full queue or a drain
-  std::vector<double> ttft_ms;  // from submit() to the first token, per request
-  std::vector<double> itl_ms;   // between two consecutive tokens of one request
-  std::vector<double> e2e_ms;   // from submit() to the end, per request that finished with stop or length
+  uint64_t n_finished = 0;        // requests that ended, for any reason
+  uint64_t n_rejected = 0;        // submit() calls refused for a full queue or a drain
+  uint64_t n_queue_timeouts = 0;  // requests ended by EngineOptions::queue_timeout_ms
+  std::vector<double> ttft_ms;    // from submit() to the first token, per request
+  std::vector<double> itl_ms;     // between two consecutive tokens of one request
+  std::vector<double> e2e_ms;     // from submit() to the end, per request that finished with stop or length
 };
 
 struct ModelDescription {

@@ -88,7 +88,7 @@ struct Engine::Impl {
   struct Delta {
     uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
     uint64_t n_prompt_tokens = 0, n_cached_tokens = 0, n_generated_tokens = 0;
-    uint64_t n_preemptions = 0, n_finished = 0;
+    uint64_t n_preemptions = 0, n_finished = 0, n_queue_timeouts = 0;
     std::vector<double> ttft_ms, itl_ms, e2e_ms;
   };
 
@@ -108,6 +108,8 @@ struct Engine::Impl {
   void loop();
   void step();
   void take_incoming();
+  // Ends the requests never admitted that waited past options.queue_timeout_ms.
+  void expire_queued();
   void on_plan(const StepPlan& plan);
   void build_batch(const StepPlan& plan);
   // The one call into the model: runs `batch`, fills `logits` (f32 [model n_vocab, batch.logit_rows.size()])
@@ -148,7 +150,7 @@ struct Engine::Impl {
   std::optional<Scheduler> scheduler;
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> live;  // requests the scheduler holds
   Batch batch;
-  std::vector<float> logits;       // f32 [model n_vocab, logit rows]
+  std::vector<float> logits;  // f32 [model n_vocab, logit rows]
   // When the step's argmax ran on the backend: [logit rows]; when its draws did: ops::Sample's out, [2 + 2 *
   // batch.sample_n_top, logit rows].
   std::vector<int32_t> token_ids;

@@ -32,6 +32,8 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   if (opt.n_seq_max < 1 || opt.n_seq_max > 4096)
     return invalid_argument("n_seq_max = {} must be in [1, 4096]", opt.n_seq_max);
   if (opt.keep_finished < 0) return invalid_argument("keep_finished = {} must be >= 0", opt.keep_finished);
+  if (opt.queue_timeout_ms < 0)
+    return invalid_argument("queue_timeout_ms = {} must be >= 0 (0: no limit)", opt.queue_timeout_ms);
   if (opt.max_queued < 0)
     return invalid_argument("max_queued = {} must be >= 0 (0: no limit)", opt.max_queued);
   if (opt.offload_min_tokens < 0)

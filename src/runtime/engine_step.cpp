@@ -73,9 +73,29 @@ void Engine::Impl::take_incoming() {
   publish_locked();
 }
 
+void Engine::Impl::expire_queued() {
+  if (options.queue_timeout_ms <= 0) return;
+  const auto now = Clock::now();
+  std::vector<uint64_t> late;
+  for (const auto& [id, s] : live) {
+    if (!s->admitted && ms_between(s->t_submit, now) > static_cast<double>(options.queue_timeout_ms))
+      late.push_back(id);
+  }
+  std::sort(late.begin(), late.end());
+  for (const uint64_t id : late) {
+    ++delta.n_queue_timeouts;
+    live.at(id)->stats.timed_out = true;
+    finish(
+        id, FinishReason::error,
+        fmt::format("waited {} ms for admission (queue_timeout_ms = {})",
+                    static_cast<int64_t>(ms_between(live.at(id)->t_submit, now)), options.queue_timeout_ms));
+  }
+}
+
 void Engine::Impl::step() {
   const auto t0 = Clock::now();
   take_incoming();
+  expire_queued();
   const StepPlan plan = scheduler->schedule();
   on_plan(plan);
   {
@@ -371,6 +391,7 @@ void Engine::Impl::publish_locked() {
   totals.n_cached_tokens += delta.n_cached_tokens;
   totals.n_generated_tokens += delta.n_generated_tokens;
   totals.n_preemptions += delta.n_preemptions;
+  totals.n_queue_timeouts += delta.n_queue_timeouts;
   totals.n_finished += delta.n_finished;
   for (double v : delta.ttft_ms) ttft.push(v);
   for (double v : delta.itl_ms) itl.push(v);

@@ -156,12 +156,28 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   if (auto e = parse_completion(req.body, chat, engine, options_.model_name, p)) return fail(*e);
   if (auto e = validate_completion(p, model, chat)) return fail(*e);
   if (!admitting_) return fail({503, "the server is shutting down", "unavailable_error", "", ""});
+  // Load shedding, only past the operator's bounds: 503 with Retry-After (the server is busy, as OpenAI's
+  // "overloaded" and vLLM's own), not 429 (a client's rate limit), so that clients retry after a pause.
   if (options_.max_queue > 0) {
     const int32_t waiting = engine.metrics().n_waiting;
     if (waiting >= options_.max_queue) {
+      metrics_->rejected.fetch_add(1);
       return fail({503,
                    fmt::format("the queue is full: {} requests wait for admission (--max-queue {})", waiting,
                                options_.max_queue),
+                   "unavailable_error", "", "server_busy"});
+    }
+  }
+  int64_t tokens = 0;
+  for (const auto& prompt : p.prompts) tokens += static_cast<int64_t>(prompt.size()) * p.n;
+  if (options_.max_queued_tokens > 0) {
+    const int64_t queued = queued_tokens_->load();
+    if (queued + tokens > options_.max_queued_tokens) {
+      metrics_->rejected.fetch_add(1);
+      return fail({503,
+                   fmt::format("the queue is full: {} prompt tokens wait, this request adds {} "
+                               "(--max-queued-tokens {})",
+                               queued, tokens, options_.max_queued_tokens),
                    "unavailable_error", "", "server_busy"});
     }
   }
@@ -170,7 +186,13 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   in_flight_->fetch_add(1);
   std::lock_guard<std::mutex> lock(
       g->mu);  // callbacks wait until every choice is submitted and the head sent
-  if (auto e = submit(g, p, engine, chat)) return fail(*e);
+  g->queue_counter = queued_tokens_;
+  g->queued_tokens = tokens;
+  queued_tokens_->fetch_add(tokens);
+  if (auto e = submit(g, p, engine, chat)) {
+    queued_tokens_->fetch_sub(std::exchange(g->queued_tokens, 0));
+    return fail(*e);
+  }
   respond(g, p, ex);
 }
 

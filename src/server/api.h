@@ -30,6 +30,9 @@ struct ApiOptions {
   // Counted here, not by the engine's max_queued, so that a request of n choices is let in whole or not at
   // all.
   int32_t max_queue = 0;
+  // Generation requests are refused with 503 when the prompt tokens of the requests not yet started (queued
+  // or in their first prefill) would pass this many (0: never): the memory a burst holds, bounded.
+  int64_t max_queued_tokens = 0;
 };
 
 class Api {
@@ -68,6 +71,7 @@ class Api {
   std::atomic<Engine*> engine_{nullptr};
   std::atomic<bool> admitting_{true};
   std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> queued_tokens_ = std::make_shared<std::atomic<int64_t>>(0);
   std::shared_ptr<ServerMetrics> metrics_ = std::make_shared<ServerMetrics>();
   int64_t created_ = 0;  // the Unix time /v1/models reports
   std::mutex live_mu_;

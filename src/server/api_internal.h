@@ -96,6 +96,9 @@ struct Api::Generation {
   std::shared_ptr<Exchange> ex;
   std::shared_ptr<ServerMetrics> metrics;
   std::shared_ptr<std::atomic<int64_t>> in_flight;
+  // The prompt tokens this request adds to the server's queue (Api's queued_tokens_) until its first event.
+  std::shared_ptr<std::atomic<int64_t>> queue_counter;
+  int64_t queued_tokens = 0;
   Engine* engine = nullptr;
   bool chat = false, stream = false, include_usage = false, logprobs = false;
   bool echo_logprobs = false;  // completions with echo and logprobs: the prompt comes scored, first event

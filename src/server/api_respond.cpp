@@ -71,6 +71,10 @@ void Api::Generation::emit_json(json j) {
 
 void Api::Generation::on_event(size_t i, const TokenEvent& ev) {
   std::lock_guard<std::mutex> lock(mu);
+  if (queued_tokens > 0) {  // the first event: the request left the queue (admitted, or ended there)
+    queue_counter->fetch_sub(queued_tokens);
+    queued_tokens = 0;
+  }
   if (failed) return;
   Choice& c = choices[i];
   const auto now = Clock::now();
@@ -232,7 +236,10 @@ void Api::Generation::finish_all() {  // under mu
     return;
   }
   if (err != nullptr) {
-    ex->respond(error_response({500, err->error, "server_error", "", ""}));
+    // A request that waited past --queue-timeout: the server was too busy (503, Retry-After), not broken.
+    ex->respond(error_response(
+        err->stats.timed_out ? api_detail::ApiError{503, err->error, "unavailable_error", "", "queue_timeout"}
+                             : api_detail::ApiError{500, err->error, "server_error", "", ""}));
     return;
   }
   json out = {{"id", id},

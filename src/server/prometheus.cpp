@@ -76,6 +76,10 @@ std::string ServerMetrics::text(const EngineMetrics& m, const std::string& model
   counter("generation_tokens_total", "Tokens generated.", m.n_generated_tokens);
   counter("num_preemptions_total", "Requests preempted for lack of KV cache blocks (recomputed later).",
           m.n_preemptions);
+  counter("num_requests_rejected_total", "Generation requests refused with 503: the queue was at its bound.",
+          rejected.load());
+  counter("num_requests_queue_timeout_total", "Requests that waited past --queue-timeout for admission.",
+          m.n_queue_timeouts);
   {
     std::lock_guard<std::mutex> lock(mu);
     out +=

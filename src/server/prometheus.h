@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -34,6 +35,7 @@ struct ServerMetrics {
   Histogram ttft, itl, e2e, queue, prefill, decode;  // seconds
   std::mutex mu;
   std::map<std::string, uint64_t> finished;  // requests by finish_reason ("stop", "length", "abort", "error")
+  std::atomic<uint64_t> rejected{0};  // generation requests shed with 503 (--max-queue, --max-queued-tokens)
   void count_finished(const std::string& reason);
   // The exposition of everything: the engine's metrics m and the model name as a label.
   std::string text(const EngineMetrics& m, const std::string& model);

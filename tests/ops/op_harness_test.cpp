@@ -1024,11 +1024,11 @@ TEST(OpHarness, Sample) {
         Tensor adjust_t = iv(adjust_words);
         adjust_t.ne = {4, static_cast<int64_t>(adjust.size()), 1, 1};
         adjust_t.nb = {4, 16, 16 * adjust_t.ne[1], 16 * adjust_t.ne[1]};
-        const int64_t width = 2 + 2 * n_top_max;
+        const int64_t width = 2 + 2 * n_top_max, n_rows = rows;  // a structured binding: no lambda capture
         const auto out_t = [&](std::vector<int32_t>& v) {
           Tensor t = iv(v);
-          t.ne = {width, rows, 1, 1};
-          t.nb = {4, 4 * width, 4 * width * rows, 4 * width * rows};
+          t.ne = {width, n_rows, 1, 1};
+          t.nb = {4, 4 * width, 4 * width * n_rows, 4 * width * n_rows};
           return t;
         };
         std::vector<int32_t> want(static_cast<size_t>(width * rows), 0);

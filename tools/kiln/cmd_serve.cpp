@@ -3,6 +3,7 @@
 // requests in flight finish (or are cancelled after --shutdown-timeout), exit status 0.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,15 @@
 namespace kiln::cli {
 namespace {
 
+// The default bound on queued prompt tokens: 1/8 of the machine's memory at 64 bytes a queued token (its id
+// in the request and the engine, the request's text, the JSON around it), so that a burst cannot take the
+// server's memory, and short of that every valid request waits its turn.
+int64_t default_max_queued_tokens() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return int64_t{1} << 24;
+  return static_cast<int64_t>(pages) * page / 8 / 64;
+}
+
 struct ServeOptions {
   std::string model;
   std::string alias;
@@ -30,7 +40,9 @@ struct ServeOptions {
   int32_t parallel = 4;
   int32_t n_ctx = 0;
   int32_t n_threads = 0;
-  int32_t max_queue = 64;
+  int32_t max_queue = 0;
+  int64_t max_queued_tokens = -1;  // -1: from the machine's memory (default_max_queued_tokens)
+  double queue_timeout = 0;
   int32_t max_batch_tokens = 512;
   int32_t http_threads = 2;
   std::string max_body = "8M";
@@ -60,6 +72,7 @@ Status run_serve(const ServeOptions& o) {
   eo.gpu_layers = o.gpu_layers;
   eo.quantize_activations = !o.exact;  // the fast path on every device, as kiln run
   eo.deterministic = o.deterministic;
+  eo.queue_timeout_ms = static_cast<int64_t>(o.queue_timeout * 1000.0);
 
   server::HttpOptions ho;
   ho.host = o.host;
@@ -75,6 +88,7 @@ Status run_serve(const ServeOptions& o) {
                                                 : path.filename().string();
   ao.api_keys = o.api_keys;
   ao.max_queue = o.max_queue;
+  ao.max_queued_tokens = o.max_queued_tokens >= 0 ? o.max_queued_tokens : default_max_queued_tokens();
   server::Api api(ao);
 
   // SIGINT and SIGTERM are taken by sigwait() below: blocked in this thread and every thread started after.
@@ -152,6 +166,14 @@ void register_serve(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--max-queue", o->max_queue, "Requests waiting at most; more get 503 (0: no limit)")
       ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-queued-tokens", o->max_queued_tokens,
+                  "Prompt tokens of requests not started yet at most; more get 503 (0: no limit; default: "
+                  "what 1/8 of this machine's memory holds at 64 bytes a token)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--queue-timeout", o->queue_timeout,
+                  "Seconds a request may wait for admission; later it gets 503 (0: no limit)")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
                   "Tokens per step: long prompts are prefilled in chunks of this size between decode steps")

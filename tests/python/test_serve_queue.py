@@ -1,0 +1,101 @@
+"""`kiln serve`'s queue: a burst larger than the slots is queued and answered, not shed; the bound on queued
+prompt tokens sheds only the excess, with 503 and Retry-After, counted in /metrics; `--queue-timeout` ends a
+request that waited too long with a 503 of its own; a client that hangs up while queued leaves the queue.
+"""
+import concurrent.futures as cf
+import json
+import socket
+import threading
+import time
+
+from test_serve import NAME, SLOW, Server, wait_idle
+
+
+def long_request(server, max_tokens):
+    """A request that holds the server's one slot for a while; returns its thread."""
+    t = threading.Thread(target=server.request, args=("POST", "/v1/completions", {
+        "model": NAME, "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True}))
+    t.start()
+    deadline = time.time() + 30 * SLOW
+    while server.metrics()["kiln:num_requests_running"] < 1:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    return t
+
+
+def test_a_burst_of_ten_times_the_slots_is_answered():
+    s = Server("--parallel", 2)  # the default limits
+    try:
+        client = s.client()  # the unchanged openai client, retries off: a 503 would fail the test
+
+        def one(i):
+            r = client.completions.create(model=NAME, prompt=f"Item {i}: the", max_tokens=4)
+            return r.choices[0].finish_reason
+
+        with cf.ThreadPoolExecutor(max_workers=20) as ex:
+            reasons = list(ex.map(one, range(20)))
+        assert len(reasons) == 20 and all(r in ("stop", "length") for r in reasons)
+        assert wait_idle(s)["kiln:num_requests_rejected_total"] == 0
+    finally:
+        s.stop()
+
+
+def test_the_token_bound_sheds_only_the_excess_and_disconnects_leave_the_queue():
+    s = Server("--parallel", 1, "--max-queued-tokens", 450, "-c", 1024)
+    try:
+        holder = long_request(s, 1000)
+        prompt = " ".join(["word"] * 200)  # about 200 tokens each: two fit the bound, the third does not
+        statuses = [None] * 3
+
+        def send(i):
+            statuses[i] = s.request("POST", "/v1/completions", {"model": NAME, "prompt": prompt, "max_tokens": 2})
+
+        threads = []
+        for i in range(2):
+            threads.append(threading.Thread(target=send, args=(i,)))
+            threads[-1].start()
+        deadline = time.time() + 30 * SLOW
+        while s.metrics()["kiln:num_requests_waiting"] < 2:
+            assert time.time() < deadline
+            time.sleep(0.02)
+        status, body, headers = s.request("POST", "/v1/completions", {"model": NAME, "prompt": prompt, "max_tokens": 2})
+        assert status == 503 and body["error"]["code"] == "server_busy", body
+        assert "max-queued-tokens" in body["error"]["message"] and int(headers["Retry-After"]) >= 1
+        assert s.metrics()["kiln:num_requests_rejected_total"] == 1
+        # A queued client that hangs up leaves the queue while the slot is still held.
+        data = json.dumps({"model": NAME, "prompt": "hello", "max_tokens": 2})
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
+        while s.metrics()["kiln:num_requests_waiting"] < 3:
+            assert time.time() < deadline
+            time.sleep(0.02)
+        sock.close()
+        while s.metrics()["kiln:num_requests_waiting"] > 2:
+            assert time.time() < deadline, "the hung-up request stayed queued"
+            time.sleep(0.02)
+        assert s.metrics()["kiln:num_requests_running"] == 1
+        for t in threads:
+            t.join()
+        holder.join()
+        assert [st[0] for st in statuses[:2]] == [200, 200]
+        wait_idle(s)
+    finally:
+        s.stop()
+
+
+def test_queue_timeout_ends_a_request_that_waited_too_long():
+    s = Server("--parallel", 1, "--queue-timeout", 0.5)
+    try:
+        holder = long_request(s, 400)
+        t0 = time.time()
+        status, body, headers = s.request("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 2})
+        waited = time.time() - t0
+        assert status == 503 and body["error"]["code"] == "queue_timeout", body
+        assert "for admission" in body["error"]["message"] and "Retry-After" in headers
+        assert 0.4 < waited < 30 * SLOW
+        holder.join()
+        m = wait_idle(s)
+        assert m["kiln:num_requests_queue_timeout_total"] == 1
+    finally:
+        s.stop()
