@@ -284,7 +284,8 @@ struct RopeFreq {
 
 // The float types an op's destination may have (see the top of this file): f32, f16, bf16.
 bool is_float_activation(DType t);
-// The destination of an op, when it has one tensor that is its output (null for KvWrite, Argmax, Sample, MoeRoute).
+// The destination of an op, when it has one tensor that is its output (null for KvWrite, Argmax, Sample,
+// MoeRoute).
 const Tensor* float_dst(const Op& op);
 
 }  // namespace kiln::ops

@@ -6,13 +6,8 @@
 #include <cstdint>
 #include <numbers>
 
+#include "ops/host_device.h"
 #include "ops/ops.h"
-
-#if defined(__CUDACC__)
-#define KILN_HOST_DEVICE __host__ __device__
-#else
-#define KILN_HOST_DEVICE
-#endif
 
 namespace kiln::ops {
 

@@ -25,13 +25,8 @@
 #include <span>
 #include <vector>
 
+#include "ops/host_device.h"
 #include "ops/ops.h"
-
-#if defined(__CUDACC__)
-#define KILN_HOST_DEVICE __host__ __device__
-#else
-#define KILN_HOST_DEVICE
-#endif
 
 namespace kiln::ops {
 

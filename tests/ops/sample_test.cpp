@@ -1,6 +1,7 @@
-// The CPU's token draw (ops::sample_row) against distributions computed here from first principles: for
-// fixed logits and each filter, 10^5 draws pass a chi-square test against the exact filtered distribution,
-// and the same draws fail it against the distribution with the filter's boundary moved by one token.
+// The CPU's token draw (ops::sample_row) against distributions computed from first principles
+// (sample_stats.h): for fixed logits and each filter, 10^5 draws pass a chi-square test against the exact
+// filtered distribution, and the same draws fail it against the distribution with the filter's boundary moved
+// by one token.
 #include "ops/sample.h"
 
 #include <gtest/gtest.h>
@@ -11,78 +12,14 @@
 #include <random>
 #include <vector>
 
+#include "sample_stats.h"
+
 namespace kiln::ops {
 namespace {
 
-// The exact distribution a row defines (ops/sample.h), computed directly: sort, cut, renormalize. shift moves
-// the boundary of the last filter that cuts by that many tokens (the test's deliberately wrong answer).
-std::vector<double> exact(const std::vector<float>& a, const SampleRow& p, int shift = 0) {
-  std::vector<int> order(a.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int x, int y) { return a[x] > a[y] || (a[x] == a[y] && x < y); });
-  std::vector<double> w(a.size());  // in order
-  for (size_t i = 0; i < a.size(); ++i) w[i] = std::exp((a[order[i]] - a[order[0]]) / p.temperature);
-  size_t n = a.size();
-  if (p.top_k > 0) n = std::min<size_t>(n, p.top_k);
-  if (p.top_p < 1.0f) {
-    const double total = std::accumulate(w.begin(), w.begin() + static_cast<ptrdiff_t>(n), 0.0);
-    double cum = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      cum += w[i];
-      if (cum >= p.top_p * total) {
-        n = i + 1;
-        break;
-      }
-    }
-  }
-  if (p.min_p > 0.0f) {
-    size_t kept = 0;
-    while (kept < n && w[kept] >= p.min_p) ++kept;
-    n = kept;
-  }
-  n = static_cast<size_t>(static_cast<int>(n) + shift);
-  const double total = std::accumulate(w.begin(), w.begin() + static_cast<ptrdiff_t>(n), 0.0);
-  std::vector<double> prob(a.size(), 0.0);
-  for (size_t i = 0; i < n; ++i) prob[static_cast<size_t>(order[i])] = w[i] / total;
-  return prob;
-}
-
-// Pearson's statistic over cells of expected count >= 5 (the rest merged into one cell); a draw of a token
-// with probability 0 makes it infinite. dof: cells - 1.
-double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& prob, int64_t draws,
-                  int& dof) {
-  double stat = 0.0, rest_expected = 0.0;
-  int64_t rest_count = 0;
-  int cells = 0;
-  for (size_t i = 0; i < prob.size(); ++i) {
-    const double e = prob[i] * static_cast<double>(draws);
-    if (prob[i] == 0.0) {
-      if (counts[i] > 0) return INFINITY;
-      continue;
-    }
-    if (e < 5.0) {
-      rest_expected += e;
-      rest_count += counts[i];
-      continue;
-    }
-    stat += (static_cast<double>(counts[i]) - e) * (static_cast<double>(counts[i]) - e) / e;
-    ++cells;
-  }
-  if (rest_expected > 0.0) {
-    stat += (static_cast<double>(rest_count) - rest_expected) *
-            (static_cast<double>(rest_count) - rest_expected) / rest_expected;
-    ++cells;
-  }
-  dof = std::max(cells - 1, 1);
-  return stat;
-}
-
-// The chi-square distribution's 1 - 1e-3 quantile (Wilson-Hilferty).
-double chi_square_limit(int dof) {
-  const double k = dof, z = 3.0902;  // the normal's 1 - 1e-3 quantile
-  const double c = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
-  return k * c * c * c;
-}
+using sample_stats::chi_square;
+using sample_stats::ChiSquare;
+using sample_stats::filtered;
 
 TEST(Sample, DrawsFollowTheExactFilteredDistribution) {
   std::mt19937_64 gen(5);
@@ -114,14 +51,13 @@ TEST(Sample, DrawsFollowTheExactFilteredDistribution) {
       ASSERT_GE(o.token, 0);
       ++counts[static_cast<size_t>(o.token)];
     }
-    int dof = 0;
-    const double stat = chi_square(counts, exact(a, p), kDraws, dof);
-    EXPECT_LT(stat, chi_square_limit(dof)) << c.name << " dof " << dof;
+    const ChiSquare fit = chi_square(counts, filtered(a, p, {}, 0), kDraws);
+    EXPECT_LT(fit.stat, fit.limit) << c.name;
     if (c.top_k > 0 || c.top_p < 1.0f || c.min_p > 0.0f) {
       // The test has teeth: one token more or fewer kept is rejected.
       for (const int shift : {-1, 1}) {
-        const double wrong = chi_square(counts, exact(a, p, shift), kDraws, dof);
-        EXPECT_GT(wrong, chi_square_limit(dof)) << c.name << " shift " << shift;
+        const ChiSquare wrong = chi_square(counts, filtered(a, p, {}, shift), kDraws);
+        EXPECT_GT(wrong.stat, wrong.limit) << c.name << " shift " << shift;
       }
     }
   }
@@ -147,11 +83,8 @@ TEST(Sample, PenalizedDrawsFollowThePenalizedLogits) {
     p.counter = static_cast<uint32_t>(d);
     ++counts[static_cast<size_t>(sample_row(x, p, adjust, scratch).token)];
   }
-  std::vector<float> finite = a;
-  finite[11] = -1e30f;  // weight 0: the exact distribution never draws it
-  int dof = 0;
-  const double stat = chi_square(counts, exact(finite, p), kDraws, dof);
-  EXPECT_LT(stat, chi_square_limit(dof));
+  const ChiSquare fit = chi_square(counts, filtered(x, p, adjust, 0), kDraws);
+  EXPECT_LT(fit.stat, fit.limit);
   EXPECT_EQ(counts[11], 0);
 }
 

@@ -277,7 +277,8 @@ void sample(const Sample& op) {
   for (int64_t r = 0; r < op.x.n_rows(); ++r) {
     const SampleRow p = sample_op_row(op, r);
     const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
-    write_sample_out(op, r, sample_row_reference({x, static_cast<size_t>(op.x.ne[0])}, p, sample_op_adjust(op, p)));
+    write_sample_out(op, r,
+                     sample_row_reference({x, static_cast<size_t>(op.x.ne[0])}, p, sample_op_adjust(op, p)));
   }
 }
 

@@ -350,6 +350,18 @@ __device__ Found search(const Row& r, bool raw, uint64_t lo, uint64_t top, Goal 
   }
 }
 
+// The weight of the first n keys of the list (the kept prefix), summed in fixed point: exact in any order.
+__device__ double list_weight(const Row& r, uint32_t n, float a_max, float t) {
+  uint64_t th = 0, tl = 0;
+  for (uint32_t j = threadIdx.x; j < n; j += kThreads) {
+    const Fx w = fx_of(weight(key_value(r.list[j]), a_max, t));
+    th += w.hi, tl += w.lo;
+  }
+  th = block_reduce<uint64_t>(th, Add{}, r.s->u64);
+  tl = block_reduce<uint64_t>(tl, Add{}, r.s->u64);
+  return fx_value(th, tl);
+}
+
 // The block's sum of f over the row's tokens, in f64 (a fixed order: per thread, then the block).
 template <class F>
 __device__ double row_sum(const Row& r, F f) {
@@ -447,15 +459,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (p.top_p < 1.0f) {
       if (listed) {
-        uint64_t th = 0, tl = 0;
-        for (uint32_t j = threadIdx.x; j < n_kept; j += kThreads) {
-          const Fx w = fx_of(weight(key_value(r.list[j]), a_max, t));
-          th += w.hi, tl += w.lo;
-        }
-        th = block_reduce<uint64_t>(th, Add{}, s.u64);
-        tl = block_reduce<uint64_t>(tl, Add{}, s.u64);
         find_crossing(&s, static_cast<int>(n_kept), Goal::at_least,
-                      static_cast<double>(p.top_p) * fx_value(th, tl), 0, 0, 0, items);
+                      static_cast<double>(p.top_p) * list_weight(r, n_kept, a_max, t), 0, 0, 0, items);
         __syncthreads();
         n_kept = s.idx + 1;
       } else {
@@ -485,14 +490,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const double u = ops::sample_uniform(uint64_t{p.seed_hi} << 32 | p.seed_lo, p.counter);
     if (listed) {
-      uint64_t th = 0, tl = 0;
-      for (uint32_t j = threadIdx.x; j < n_kept; j += kThreads) {
-        const Fx w = fx_of(weight(key_value(r.list[j]), a_max, t));
-        th += w.hi, tl += w.lo;
-      }
-      th = block_reduce<uint64_t>(th, Add{}, s.u64);
-      tl = block_reduce<uint64_t>(tl, Add{}, s.u64);
-      find_crossing(&s, static_cast<int>(n_kept), Goal::above, u * fx_value(th, tl), 0, 0, 0, items);
+      find_crossing(&s, static_cast<int>(n_kept), Goal::above, u * list_weight(r, n_kept, a_max, t), 0, 0, 0,
+                    items);
       __syncthreads();
       token = key_id(r.list[s.idx]);
     } else {
