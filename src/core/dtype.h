@@ -52,6 +52,12 @@ enum class DType : uint32_t {
 using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
 // Convert `n` f32 elements (a multiple of block_size) to this type (reference quantizer).
 using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
+// Quantize `n_rows` rows of `n_per_row` f32 values (a multiple of block_size) into whole rows of this type,
+// as a model file stores a weight. `importance` is null or `n_per_row` non-negative values (an importance
+// matrix's per-column mean squared activation); with it the quantizer minimizes the error weighted by it.
+// The bytes equal ggml's quantize_chunk for the same input.
+using QuantizeRowsFn = void (*)(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                                const float* importance);
 
 struct DTypeInfo {
   DType type;
@@ -61,6 +67,8 @@ struct DTypeInfo {
   bool is_quantized;               // a block-quant layout
   DequantizeRowFn dequantize_row;  // null where kiln has no reference dequantizer yet
   QuantizeRowFn quantize_row;      // null where kiln has no reference quantizer
+  QuantizeRowsFn quantize_rows;    // null where kiln cannot write the type into a model file
+  bool requires_importance;        // quantize_rows needs an importance matrix (the 1- to 3-bit i-quants)
 };
 
 // The table entry of a type. Asserts on a value that is not a DType (use dtype_from_gguf_id first).

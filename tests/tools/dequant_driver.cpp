@@ -4,9 +4,13 @@
 //   dequant_driver table                          JSON array of every table entry, on stdout
 //   dequant_driver dequantize TYPE in.bin out.bin blocks of TYPE -> little-endian f32
 //   dequant_driver quantize TYPE in.bin out.bin   little-endian f32 -> blocks of TYPE
+//   dequant_driver quantize-rows TYPE in.bin out.bin N_PER_ROW [importance.bin]
+//                                                 rows of N_PER_ROW f32 -> rows of TYPE (quantize_rows), with
+//                                                 N_PER_ROW f32 importance weights when given
 // TYPE is a name ("q4_k"). Errors go to stderr with exit status 1.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -42,7 +46,9 @@ int print_table() {
                    {"type_size", t.type_size},
                    {"is_quantized", t.is_quantized},
                    {"dequantize", t.dequantize_row != nullptr},
-                   {"quantize", t.quantize_row != nullptr}});
+                   {"quantize", t.quantize_row != nullptr},
+                   {"quantize_rows", t.quantize_rows != nullptr},
+                   {"requires_importance", t.requires_importance}});
   }
   std::printf("%s\n", out.dump().c_str());
   return 0;
@@ -77,11 +83,51 @@ int quantize(const kiln::DTypeInfo& info, const std::vector<char>& in, const cha
   return write_file(out_path, out.data(), out.size()) ? 0 : fail("cannot write output");
 }
 
+// in.bin holds rows of n_per_row floats; out.bin gets the rows of `info`.
+int quantize_rows(const kiln::DTypeInfo& info, const std::vector<char>& in, const char* out_path,
+                  int64_t n_per_row, const char* importance_path) {
+  if (info.quantize_rows == nullptr) return fail(std::string("no row quantizer for ") + info.name);
+  if (n_per_row <= 0 || n_per_row % info.block_size != 0)
+    return fail("N_PER_ROW is not a whole number of blocks");
+  const size_t row_floats = static_cast<size_t>(n_per_row);
+  if (in.size() % (sizeof(float) * row_floats) != 0)
+    return fail("input is not a whole number of rows of f32");
+  const int64_t n_rows = static_cast<int64_t>(in.size() / sizeof(float) / row_floats);
+  std::vector<float> src(in.size() / sizeof(float));
+  std::copy(in.begin(), in.end(), reinterpret_cast<char*>(src.data()));
+  std::vector<float> importance;
+  if (importance_path != nullptr) {
+    std::vector<char> bytes;
+    if (!read_file(importance_path, &bytes)) return fail(std::string("cannot read ") + importance_path);
+    if (bytes.size() != sizeof(float) * row_floats) return fail("importance is not N_PER_ROW f32");
+    importance.resize(row_floats);
+    std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(importance.data()));
+  } else if (info.requires_importance) {
+    return fail(std::string(info.name) + " requires importance weights");
+  }
+  std::vector<char> out(static_cast<size_t>(n_rows * (n_per_row / info.block_size) * info.type_size));
+  info.quantize_rows(src.data(), out.data(), n_rows, n_per_row,
+                     importance.empty() ? nullptr : importance.data());
+  return write_file(out_path, out.data(), out.size()) ? 0 : fail("cannot write output");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "table") return print_table();
-  if (argc != 5) return fail("usage: dequant_driver table | (dequantize|quantize) TYPE in.bin out.bin");
+  if (argc >= 6 && std::string(argv[1]) == "quantize-rows") {
+    const auto type = kiln::dtype_from_name(argv[2]);
+    if (!type) return fail(std::string("unknown type ") + argv[2]);
+    std::vector<char> in;
+    if (!read_file(argv[3], &in)) return fail(std::string("cannot read ") + argv[3]);
+    return quantize_rows(kiln::dtype_info(*type), in, argv[4], std::atoll(argv[5]),
+                         argc >= 7 ? argv[6] : nullptr);
+  }
+  if (argc != 5) {
+    return fail(
+        "usage: dequant_driver table | (dequantize|quantize) TYPE in.bin out.bin | quantize-rows TYPE in.bin "
+        "out.bin N_PER_ROW [importance.bin]");
+  }
   const std::string mode = argv[1];
   const auto type = kiln::dtype_from_name(argv[2]);
   if (!type) return fail(std::string("unknown type ") + argv[2]);

@@ -203,6 +203,13 @@ void dequantize_row_bf16(const void* src, float* dst, int64_t n);
 void quantize_row_f32(const float* src, void* dst, int64_t n);
 void quantize_row_f16(const float* src, void* dst, int64_t n);
 void quantize_row_bf16(const float* src, void* dst, int64_t n);
+// As model rows (QuantizeRowsFn): a plain float type has no use for importance weights.
+void quantize_rows_f32(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                       const float* importance);
+void quantize_rows_f16(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                       const float* importance);
+void quantize_rows_bf16(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
 
 void dequantize_row_q2_k(const void* src, float* dst, int64_t n);
 void dequantize_row_q3_k(const void* src, float* dst, int64_t n);

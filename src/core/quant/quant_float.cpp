@@ -45,4 +45,14 @@ void quantize_row_f16(const float* src, void* dst, int64_t n) { quant_16<f32_to_
 void dequantize_row_bf16(const void* src, float* dst, int64_t n) { dequant_16<bf16_to_f32>(src, dst, n); }
 void quantize_row_bf16(const float* src, void* dst, int64_t n) { quant_16<f32_to_bf16>(src, dst, n); }
 
+void quantize_rows_f32(const float* src, void* dst, int64_t n_rows, int64_t n_per_row, const float*) {
+  quantize_row_f32(src, dst, n_rows * n_per_row);
+}
+void quantize_rows_f16(const float* src, void* dst, int64_t n_rows, int64_t n_per_row, const float*) {
+  quantize_row_f16(src, dst, n_rows * n_per_row);
+}
+void quantize_rows_bf16(const float* src, void* dst, int64_t n_rows, int64_t n_per_row, const float*) {
+  quantize_row_bf16(src, dst, n_rows * n_per_row);
+}
+
 }  // namespace kiln::quant

@@ -1,0 +1,44 @@
+// Importance matrices on disk: llama.cpp's imatrix GGUF files (what `kiln imatrix` writes) and its legacy
+// `.dat` files (read only). Both interchange with llama-imatrix and llama-quantize.
+//
+// An importance matrix holds, for each weight matrix a model multiplies by, the sum over calibration tokens
+// of each input column's squared activation (per expert for a stacked MoE weight) and how many tokens each
+// sum saw. A quantizer weights each column's rounding error by sum / count.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace kiln::quant {
+
+struct ImatrixTensor {
+  int64_t n_cols = 0;          // input columns of the weight (its row length)
+  int64_t n_mat = 1;           // matrices: 1, or the experts of a stacked MoE weight
+  std::vector<float> sum2;     // [n_mat][n_cols]: sums of squared activations
+  std::vector<float> counts;   // [n_mat]: tokens (activation rows) each matrix's sums saw
+};
+
+struct Imatrix {
+  std::map<std::string, ImatrixTensor> tensors;  // by weight name, as in the model file ("blk.0.attn_q.weight")
+  std::vector<std::string> datasets;             // calibration files the sums came from
+  int64_t chunk_count = 0;                       // chunks of chunk_size tokens evaluated
+  int64_t chunk_size = 0;
+};
+
+// Reads an imatrix GGUF file or a legacy .dat file (told apart by content, not by name). An error names the
+// file and what is wrong (truncated, a count of zero where sums are not, a shape that does not add up).
+Result<Imatrix> read_imatrix(const std::filesystem::path& path);
+
+// Writes `imatrix` as an imatrix GGUF file, complete or not at all (a temporary file renamed at the end).
+Status write_imatrix(const Imatrix& imatrix, const std::filesystem::path& path);
+
+// The importance weights a quantizer takes for matrix `mat` of `tensor`: sum2 / count per column (n_cols
+// values), as llama-quantize derives them.
+std::vector<float> importance(const ImatrixTensor& tensor, int64_t mat);
+
+}  // namespace kiln::quant
