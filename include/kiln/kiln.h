@@ -97,6 +97,9 @@ struct Request {
   // Prefix-cache namespace: cached KV blocks are shared only between requests with the same salt (empty: the
   // default namespace). Give each tenant its own, so one cannot learn another's prompts from cache timing.
   std::string cache_salt;
+  // Admission rank (vLLM's `priority`): lower values are admitted first, and a waiting request preempts a
+  // running one it outranks when every slot is taken; first come, first served among equals.
+  int32_t priority = 0;
 };
 
 enum class FinishReason { none, stop, length, cancelled, error };

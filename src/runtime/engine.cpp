@@ -124,6 +124,7 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
   s->stop.emplace(request.sampling.stop);
   s->params = request.sampling;
   s->cache_salt = request.cache_salt;
+  s->priority = request.priority;
   if (!callback) callback = [](const TokenEvent&) {};  // no streaming: the caller only wait()s
   s->callback = std::move(callback);
   s->outcome = std::make_shared<Impl::Outcome>();

@@ -56,6 +56,7 @@ struct Engine::Impl {
     uint64_t id = 0;
     std::vector<int32_t> prompt;  // handed to the scheduler (which then owns the tokens) by take_incoming()
     std::string cache_salt;
+    int32_t priority = 0;  // Request::priority
     SamplingParams params;
     std::optional<Sampler> sampler;
     std::optional<StreamDecoder> decoder;

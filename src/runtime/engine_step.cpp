@@ -62,7 +62,7 @@ void Engine::Impl::take_incoming() {
     std::unique_ptr<Seq> s = std::move(incoming.front());
     incoming.pop_front();
     Status st = scheduler->add(s->id, std::move(s->prompt), s->cache_salt,
-                               /*reuse_prefix=*/s->params.prompt_logprobs < 0);
+                               /*reuse_prefix=*/s->params.prompt_logprobs < 0, s->priority);
     KILN_ASSERT(st.ok());  // ids are unique and submit() refused empty prompts
     s->prompt = {};
     live.emplace(s->id, std::move(s));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,9 @@ std::optional<ApiError> read_sampling(const json& body, const ModelDescription& 
   }
   if (auto e = read_bool(body, "ignore_eos", s.ignore_eos)) return e;
   if (auto e = read_int(body, "n", 1, 16, p.n)) return e;
+  int64_t priority = 0;  // vLLM's extension: lower is admitted first
+  if (auto e = read_int(body, "priority", INT32_MIN, INT32_MAX, priority)) return e;
+  p.base.priority = static_cast<int32_t>(priority);
   if (auto e = read_bool(body, "stream", p.stream)) return e;
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) return bad("stream_options", "'stream_options' must be an object");

@@ -99,3 +99,39 @@ def test_queue_timeout_ends_a_request_that_waited_too_long():
         assert m["kiln:num_requests_queue_timeout_total"] == 1
     finally:
         s.stop()
+
+
+def test_priority_admits_lower_values_first_and_preempts_what_it_outranks():
+    s = Server("--parallel", 1)
+    try:
+        done = {}
+
+        def send(name, priority, max_tokens):
+            body = {"model": NAME, "prompt": f"{name}: once upon a time", "max_tokens": max_tokens,
+                    "ignore_eos": True, "priority": priority}
+            status, reply, _ = s.request("POST", "/v1/completions", body)
+            assert status == 200, reply
+            done[name] = time.monotonic()
+
+        threads = [threading.Thread(target=send, args=("held", 0, 300))]
+        threads[0].start()
+        deadline = time.time() + 30 * SLOW
+        while s.metrics()["kiln:num_requests_running"] < 1:
+            assert time.time() < deadline
+            time.sleep(0.02)
+        for i, (name, priority) in enumerate([("late", 3), ("equal", 0)]):
+            threads.append(threading.Thread(target=send, args=(name, priority, 8)))
+            threads[-1].start()
+            while s.metrics()["kiln:num_requests_waiting"] < i + 1:
+                assert time.time() < deadline
+                time.sleep(0.02)
+        # Outranks the running request: it is preempted (and later resumed), not waited for.
+        threads.append(threading.Thread(target=send, args=("urgent", -1, 8)))
+        threads[-1].start()
+        for t in threads:
+            t.join()
+        assert sorted(done, key=done.get) == ["urgent", "held", "equal", "late"]
+        status, body, _ = s.request("POST", "/v1/completions", {"model": NAME, "prompt": "x", "priority": "high"})
+        assert status == 400 and body["error"]["param"] == "priority", body
+    finally:
+        s.stop()

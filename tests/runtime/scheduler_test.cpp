@@ -4,7 +4,8 @@
 // output. Covered: admission by free blocks (FCFS, no overtaking), chunked prefill under the token budget,
 // preemption of the newest request and its resume with the same output, cancellation of queued and running
 // requests, requests too large for the cache, prefix-cache salts, and fairness under a flood (requests that
-// arrive later never make an earlier one finish later).
+// arrive later never make an earlier one finish later), and priorities (lower first, FCFS among equals, a
+// waiting request preempting a running one it outranks, block shortage preempting the last-ranked).
 #include "runtime/scheduler/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -68,8 +69,9 @@ struct Sim {
   Sim(int32_t n_blocks, int32_t block_size, SchedulerOptions o)
       : sched(Scheduler::create(o, KvCache(n_blocks, block_size)).value()), model(n_blocks, block_size) {}
 
-  void add(uint64_t id, std::vector<int32_t> prompt, int32_t max_new, std::string salt = {}) {
-    ASSERT_TRUE(sched.add(id, std::move(prompt), std::move(salt)).ok());
+  void add(uint64_t id, std::vector<int32_t> prompt, int32_t max_new, std::string salt = {},
+           int32_t priority = 0) {
+    ASSERT_TRUE(sched.add(id, std::move(prompt), std::move(salt), true, priority).ok());
     max_new_[id] = max_new;
   }
 
@@ -245,6 +247,48 @@ TEST(Scheduler, PreemptsTheNewestAndResumesWithTheSameOutput) {
   EXPECT_TRUE(resumed);
   EXPECT_EQ(sim.out, expected);
   EXPECT_EQ(sim.sched.kv_cache().pool().n_used(), 0);
+}
+
+TEST(Scheduler, PriorityAdmitsLowerValuesFirstAndFcfsAmongEquals) {
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(5, 0), prompt_of(5, 100), prompt_of(5, 200),
+                                                     prompt_of(5, 300), prompt_of(5, 400)};
+  const auto expected = alone(prompts, 8);
+  Sim sim(64, 4, opts(1, 16));  // one slot, blocks to spare
+  sim.add(1, prompts[0], 8);    // priority 0, running from the first step
+  sim.step();
+  sim.add(2, prompts[1], 8, "", 3);
+  sim.add(3, prompts[2], 8, "", 0);
+  sim.add(4, prompts[3], 8, "", 3);
+  sim.add(5, prompts[4], 8, "", -2);  // outranks the running request 1
+  StepPlan p = sim.step();
+  EXPECT_EQ(p.preempted, std::vector<uint64_t>{1});
+  ASSERT_EQ(p.admitted.size(), 1u);
+  EXPECT_EQ(p.admitted[0].id, 5u);
+  sim.run();
+  // 5 first (it preempted 1), then 1 (resumed: it arrived before 3), 3, then the two of priority 3 in order.
+  std::vector<uint64_t> order = {1, 2, 3, 4, 5};
+  std::sort(order.begin(), order.end(),
+            [&](uint64_t a, uint64_t b) { return sim.finish_step.at(a) < sim.finish_step.at(b); });
+  EXPECT_EQ(order, (std::vector<uint64_t>{5, 1, 3, 2, 4}));
+  EXPECT_EQ(sim.out, expected);  // the preempted request resumed with the output it has alone
+}
+
+TEST(Scheduler, BlockShortagePreemptsTheLastRankedNotTheNewest) {
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(6, 0), prompt_of(6, 100)};
+  const auto expected = alone(prompts, 20);  // 26 tokens each: 7 blocks of 4
+  Sim sim(12, 4, opts(2, 16));               // room for fewer than two
+  sim.add(1, prompts[0], 20, "", 5);         // older, but ranked after 2
+  sim.add(2, prompts[1], 20, "", 1);
+  std::vector<uint64_t> victims;
+  while (sim.sched.has_work()) {
+    ASSERT_LT(sim.n_steps, 1000);
+    StepPlan p = sim.step();
+    victims.insert(victims.end(), p.preempted.begin(), p.preempted.end());
+  }
+  ASSERT_FALSE(victims.empty());
+  for (uint64_t v : victims) EXPECT_EQ(v, 1u);
+  EXPECT_LT(sim.finish_step.at(2), sim.finish_step.at(1));
+  EXPECT_EQ(sim.out, expected);
 }
 
 TEST(Scheduler, CancelsQueuedAndRunningRequestsAtOnce) {

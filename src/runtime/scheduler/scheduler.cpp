@@ -29,18 +29,33 @@ Result<Scheduler> Scheduler::create(const SchedulerOptions& options, KvCache kv_
   return Scheduler(options, std::move(kv_cache));
 }
 
-Status Scheduler::add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt, bool reuse_prefix) {
+Status Scheduler::add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt, bool reuse_prefix,
+                      int32_t priority) {
   if (reqs_.contains(id))
     return invalid_argument("scheduler: request id {} is already queued or running", id);
   if (prompt.empty()) return invalid_argument("scheduler: request {} has an empty prompt", id);
   Req r;
+  r.priority = priority;
   r.arrival = next_arrival_++;
   r.tokens = std::move(prompt);
   r.cache_salt = std::move(cache_salt);
   r.reuse_prefix = reuse_prefix;
   reqs_.emplace(id, std::move(r));
-  waiting_.push_back(id);
+  insert_ranked(waiting_, id);
   return Status::ok_status();
+}
+
+bool Scheduler::ranks_before(uint64_t a, uint64_t b) const {
+  const Req& ra = reqs_.at(a);
+  const Req& rb = reqs_.at(b);
+  return ra.priority != rb.priority ? ra.priority < rb.priority : ra.arrival < rb.arrival;
+}
+
+template <class List>
+void Scheduler::insert_ranked(List& list, uint64_t id) {
+  auto at = std::upper_bound(list.begin(), list.end(), id,
+                             [&](uint64_t a, uint64_t b) { return ranks_before(a, b); });
+  list.insert(at, id);
 }
 
 bool Scheduler::cancel(uint64_t id) {
@@ -54,7 +69,13 @@ StepPlan Scheduler::schedule() {
   StepPlan plan;
   end_cancelled(plan);
   int32_t budget = options_.max_batch_tokens;
-  // Decodes (one pending token) first, then prefill chunks, each group oldest first.
+  // Every slot taken and the waiting head outranks the last running request: make room for it.
+  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) == options_.max_running &&
+         ranks_before(waiting_.front(), running_.back())) {
+    preempt_last(plan, budget);
+  }
+  const size_t n_outranked = plan.preempted.size();
+  // Decodes (one pending token) first, then prefill chunks, each group in rank order.
   std::vector<uint64_t> order;
   order.reserve(running_.size());
   for (uint64_t id : running_) {
@@ -76,7 +97,7 @@ StepPlan Scheduler::schedule() {
     budget -= n;
   }
   // Blocks ran out this step: admitting now would only grow the next preemption.
-  if (plan.preempted.empty()) admit_waiting(plan, budget);
+  if (plan.preempted.size() == n_outranked) admit_waiting(plan, budget);
   return plan;
 }
 
@@ -106,19 +127,19 @@ bool Scheduler::reserve_or_preempt(uint64_t id, int32_t n, StepPlan& plan, int32
       return false;
     }
     const uint64_t victim = running_.back();
-    preempt_newest(plan, budget);
+    preempt_last(plan, budget);
     if (victim == id) return false;
   }
 }
 
-void Scheduler::preempt_newest(StepPlan& plan, int32_t& budget) {
+void Scheduler::preempt_last(StepPlan& plan, int32_t& budget) {
   const uint64_t id = running_.back();
   running_.pop_back();
   Req& r = reqs_.at(id);
   kv_.free_sequence(static_cast<int64_t>(id));
   r.running = false;
   r.n_computed = 0;
-  waiting_.push_front(id);  // it is older than every waiting request (the rule's order)
+  insert_ranked(waiting_, id);  // with one priority: the front, as it is older than every waiting request
   auto chunk =
       std::find_if(plan.chunks.begin(), plan.chunks.end(), [&](const auto& c) { return c.id == id; });
   if (chunk != plan.chunks.end()) {
@@ -146,7 +167,7 @@ void Scheduler::admit_waiting(StepPlan& plan, int32_t& budget) {
       continue;
     }
     waiting_.pop_front();
-    running_.push_back(id);
+    insert_ranked(running_, id);  // with one priority: the back
     r.running = true;
     r.n_computed = *cached;
     plan.admitted.push_back({id, n_tokens, *cached, !r.admitted_before});
@@ -218,17 +239,31 @@ Status Scheduler::check_invariants() const {
   if (kv_.n_sequences() != static_cast<int32_t>(running_.size())) {
     return broken(fmt::format("{} KV sequences for {} running requests", kv_.n_sequences(), running_.size()));
   }
-  bool first = true;
-  uint64_t last_arrival = 0;
-  auto check = [&](uint64_t id, bool running) -> Status {
-    auto it = reqs_.find(id);
-    if (it == reqs_.end()) return broken(fmt::format("request {} is listed but unknown", id));
-    const Req& r = it->second;
-    if (!first && r.arrival <= last_arrival) {
-      return broken(fmt::format("request {} (arrival {}) is out of arrival order", id, r.arrival));
+  // Each list in rank order; within a priority, running requests arrived before waiting ones.
+  std::unordered_map<int32_t, uint64_t> newest_running;  // priority -> latest arrival among running
+  auto check_order = [&](const auto& list, bool running) -> Status {
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!reqs_.contains(list[i])) return broken(fmt::format("request {} is listed but unknown", list[i]));
+      if (i > 0 && !ranks_before(list[i - 1], list[i])) {
+        return broken(fmt::format("request {} is out of rank order", list[i]));
+      }
+      const Req& r = reqs_.at(list[i]);
+      if (running) {
+        uint64_t& newest = newest_running[r.priority];
+        newest = std::max(newest, r.arrival + 1);
+      } else if (auto it = newest_running.find(r.priority);
+                 it != newest_running.end() && r.arrival + 1 < it->second) {
+        return broken(
+            fmt::format("waiting request {} (arrival {}) arrived before a running one of priority {}",
+                        list[i], r.arrival, r.priority));
+      }
     }
-    first = false;
-    last_arrival = r.arrival;
+    return Status::ok_status();
+  };
+  KILN_TRY(check_order(running_, true));
+  KILN_TRY(check_order(waiting_, false));
+  auto check = [&](uint64_t id, bool running) -> Status {
+    const Req& r = reqs_.at(id);
     if (r.running != running) return broken(fmt::format("request {} is listed in the wrong queue", id));
     if (r.n_computed < 0 || r.n_computed > static_cast<int32_t>(r.tokens.size())) {
       return broken(fmt::format("request {}: {} computed of {} tokens", id, r.n_computed, r.tokens.size()));

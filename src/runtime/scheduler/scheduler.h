@@ -1,16 +1,20 @@
 // Scheduler: decides, step by step, which requests run and how many of their tokens, over one KvCache.
 //
-// THE RULE: first come, first served, over one list. The running requests followed by the waiting ones are
-// in arrival order, always (check_invariants() verifies it). Each step spends a budget of max_batch_tokens:
-// running decodes first (one token each), then running prefill chunks, then the head of the waiting queue is
-// admitted while a running slot, budget and free KV blocks remain. When a running request needs a block and
-// none is free, the NEWEST running request is preempted (the last of the running part): its blocks are
-// freed and it becomes the head of the waiting queue, to be recomputed later from its tokens so far (prompt
-// + generated). A step that preempted admits nobody.
+// THE RULE: by rank, over one list. A request's rank is its priority (lower first; 0 unless given), then
+// its arrival: with no priorities it is first come, first served. The running requests and the waiting ones
+// are each in rank order, always, and within one priority every running request arrived before every waiting
+// one (check_invariants() verifies both). Each step spends a budget of max_batch_tokens: running decodes
+// first (one token each), then running prefill chunks, then the head of the waiting queue is admitted while a
+// running slot, budget and free KV blocks remain. When a running request needs a block and none is free, the
+// LAST-RANKED running request (the newest, with no priorities) is preempted: its blocks are freed and it
+// goes back into the waiting queue at its rank, to be recomputed later from its tokens so far (prompt +
+// generated). A step that preempted for blocks admits nobody. When every running slot is taken and the head
+// of the waiting queue outranks the last running request, that request is preempted to make room (vLLM's
+// priority scheduling); with one priority this never happens.
 //
-// Consequences: the oldest request always progresses (it is never the victim while a newer one holds
-// blocks), so a request that fits the cache alone always finishes; a request arriving later never delays an
-// earlier one (it is admitted after it, preempted before it, and its prefill comes after the older one's).
+// Consequences: the first-ranked request always progresses (it is never the victim while a lower-ranked one
+// holds blocks), so a request that fits the cache alone always finishes; a request never delays one that
+// outranks it (it is admitted after it, preempted before it, and its prefill comes after the other's).
 // A request that cannot fit even alone (its tokens need more blocks than the whole cache) ends with
 // end_reason_too_large.
 //
@@ -79,8 +83,10 @@ class Scheduler {
 
   // Queues request `id` (arrival order = call order) with its prompt. cache_salt: KvCache::add_sequence.
   // reuse_prefix = false: the request computes every prompt token (its own blocks still join the prefix
-  // cache for others). invalid_argument for an id in use or an empty prompt.
-  Status add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt = {}, bool reuse_prefix = true);
+  // cache for others). priority: its rank before arrival (lower first). invalid_argument for an id in use or
+  // an empty prompt.
+  Status add(uint64_t id, std::vector<int32_t> prompt, std::string cache_salt = {}, bool reuse_prefix = true,
+             int32_t priority = 0);
   // Marks a waiting or running request; the next schedule() ends it (end_reason_cancelled) wherever it is.
   // false (and nothing happens) for an unknown id.
   bool cancel(uint64_t id);
@@ -113,7 +119,8 @@ class Scheduler {
 
  private:
   struct Req {
-    uint64_t arrival = 0;         // position in arrival order
+    int32_t priority = 0;         // rank first by this (lower first)...
+    uint64_t arrival = 0;         // ...then by position in arrival order
     std::vector<int32_t> tokens;  // [n_tokens] prompt, then the sampled tokens
     int32_t n_computed = 0;       // leading tokens whose K/V are in the cache; 0 while waiting
     std::string cache_salt;
@@ -124,10 +131,16 @@ class Scheduler {
     int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
   };
   Scheduler(const SchedulerOptions& options, KvCache kv_cache);
-  // Reserves blocks for n more tokens of `id`, preempting the newest running requests until it fits. false:
-  // `id` itself was the newest and was preempted, or it is alone and too large (then it is in plan.ended).
+  // Reserves blocks for n more tokens of `id`, preempting the last-ranked running requests until it fits.
+  // false: `id` itself was the last and was preempted, or it is alone and too large (then it is in
+  // plan.ended).
   bool reserve_or_preempt(uint64_t id, int32_t n, StepPlan& plan, int32_t& budget);
-  void preempt_newest(StepPlan& plan, int32_t& budget);
+  void preempt_last(StepPlan& plan, int32_t& budget);
+  // Whether request a ranks before request b.
+  bool ranks_before(uint64_t a, uint64_t b) const;
+  // Puts `id` into `list` (in rank order) at its rank.
+  template <class List>
+  void insert_ranked(List& list, uint64_t id);
   void end_cancelled(StepPlan& plan);
   void admit_waiting(StepPlan& plan, int32_t& budget);
   void end(uint64_t id, EndReason reason, std::string message, StepPlan& plan);
@@ -136,8 +149,8 @@ class Scheduler {
   SchedulerOptions options_;
   KvCache kv_;
   std::unordered_map<uint64_t, Req> reqs_;  // every request added and not ended
-  std::vector<uint64_t> running_;           // oldest first; each holds a KvCache sequence
-  std::deque<uint64_t> waiting_;            // oldest first; none holds a KvCache sequence
+  std::vector<uint64_t> running_;           // first-ranked first; each holds a KvCache sequence
+  std::deque<uint64_t> waiting_;            // first-ranked first; none holds a KvCache sequence
   uint64_t next_arrival_ = 0;
 };
 
