@@ -68,7 +68,7 @@ struct DTypeInfo {
   DequantizeRowFn dequantize_row;  // null where kiln has no reference dequantizer yet
   QuantizeRowFn quantize_row;      // null where kiln has no reference quantizer
   QuantizeRowsFn quantize_rows;    // null where kiln cannot write the type into a model file
-  bool requires_importance;        // quantize_rows needs an importance matrix (the 1- to 3-bit i-quants)
+  bool requires_importance;        // quantize_rows needs importance weights (ggml: IQ2_XXS, IQ2_XS, IQ1_S)
 };
 
 // The table entry of a type. Asserts on a value that is not a DType (use dtype_from_gguf_id first).

@@ -37,6 +37,13 @@ F16_FIELDS = {
     "tq1_0": [52],
     "tq2_0": [64],
     "mxfp4": [],  # an E8M0 exponent (byte 0): limited to e <= 252 below
+    "iq2_xxs": [0],
+    "iq2_xs": [0],
+    "iq2_s": [0],
+    "iq3_xxs": [0],
+    "iq3_s": [0],
+    "iq1_s": [0],
+    "iq1_m": [],  # an f16 scale in the top nibbles of bytes 49, 51, 53 and 55: made finite below
 }
 # Types whose dequantizer must exist in kiln (the list) besides the float types.
 REQUIRED_DEQUANT = set(F16_FIELDS) | {"f32", "f16", "bf16"}
@@ -92,6 +99,11 @@ def random_blocks(name: str, type_size: int, rng: np.random.Generator, finite: b
             blocks[:, off : off + 2] = random_f16_finite(rng, N_BLOCKS).view(np.uint8).reshape(N_BLOCKS, 2)
         if name == "mxfp4":
             blocks[:, 0] %= 253  # 2^(e-128) * 12 overflows f32 from e = 253 on
+        if name == "iq1_m":
+            d = random_f16_finite(rng, N_BLOCKS)
+            for k in range(4):  # nibble k of d is the top nibble of the k-th uint16 of the scales (byte 48)
+                byte = blocks[:, 49 + 2 * k]
+                blocks[:, 49 + 2 * k] = (byte & 0x0F) | (((d >> (4 * k)) & 0x0F) << 4).astype(np.uint8)
     return blocks
 
 

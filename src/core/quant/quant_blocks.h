@@ -192,6 +192,80 @@ struct BlockTQ2_0 {
 };
 static_assert(sizeof(BlockTQ2_0) == 66);
 
+// --- i-quants (super-blocks of 256): groups of 8 (IQ2, IQ1) or 4 (IQ3) elements coded as an index into a
+// grid of core/quant/iq_grids.h. A "sub-block" is 32 elements; ib is its number (0..7), l a group in it.
+
+// Sub-block ib is qs[4ib..4ib+3] as two little-endian uint32 a (bytes 0-3) and b (bytes 4-7):
+// group l (8 elements) = kIQ2XXSGrid[byte l of a], signs kIQSigns[(b >> 7l) & 127];
+// y = d * (0.5 + (b >> 28)) * 0.25 * grid * sign.
+struct BlockIQ2_XXS {
+  uint16_t d;              // f16 super-block scale
+  uint16_t qs[kQK_K / 8];  // 4 grid bytes + 4 sign codes and a 4-bit scale per sub-block
+};
+static_assert(sizeof(BlockIQ2_XXS) == 66);
+
+// Group g (0..31): kIQ2XSGrid[qs[g] & 511], signs kIQSigns[qs[g] >> 9];
+// y = d * (0.5 + s) * 0.25 * grid * sign, s = the nibble (g / 2) % 2 of scales[g / 4].
+struct BlockIQ2_XS {
+  uint16_t d;                  // f16 super-block scale
+  uint16_t qs[kQK_K / 8];      // 9-bit grid index and 7-bit sign code per group of 8
+  uint8_t scales[kQK_K / 32];  // two 4-bit scales per sub-block (groups 0-1, groups 2-3)
+};
+static_assert(sizeof(BlockIQ2_XS) == 74);
+
+// Group g (0..31): kIQ2SGrid[qs[g] | ((qh[g / 4] >> (2 * (g % 4))) & 3) << 8], sign bit j of element j in
+// qs[32 + g]; scales as IQ2_XS.
+struct BlockIQ2_S {
+  uint16_t d;                  // f16 super-block scale
+  uint8_t qs[kQK_K / 4];       // 32 low index bytes, then 32 sign bytes
+  uint8_t qh[kQK_K / 32];      // high 2 index bits of the 4 groups of each sub-block
+  uint8_t scales[kQK_K / 32];  // two 4-bit scales per sub-block
+};
+static_assert(sizeof(BlockIQ2_S) == 82);
+
+// Quad q (0..63, 4 elements): kIQ3XXSGrid[qs[q]]. Sub-block ib has a little-endian uint32 b at
+// qs[64 + 4ib]: group l (quads 8ib + 2l, +1) has signs kIQSigns[(b >> 7l) & 127];
+// y = d * (0.5 + (b >> 28)) * 0.5 * grid * sign.
+struct BlockIQ3_XXS {
+  uint16_t d;                 // f16 super-block scale
+  uint8_t qs[3 * kQK_K / 8];  // 64 grid indices, then 8 x (4 sign codes and a 4-bit scale)
+};
+static_assert(sizeof(BlockIQ3_XXS) == 98);
+
+// Quad q (0..63): kIQ3SGrid[qs[q] | ((qh[q / 8] >> (q % 8)) & 1) << 8]; sign of element e in bit e % 8 of
+// signs[e / 8]; y = d * (1 + 2 * s) * grid * sign, s = the nibble ib % 2 of scales[ib / 2].
+struct BlockIQ3_S {
+  uint16_t d;                  // f16 super-block scale
+  uint8_t qs[kQK_K / 4];       // low 8 bits of the 64 grid indices
+  uint8_t qh[kQK_K / 32];      // bit 8 of the grid indices
+  uint8_t signs[kQK_K / 8];    // one sign bit per element
+  uint8_t scales[kQK_K / 64];  // two 4-bit scales per byte, one per sub-block
+};
+static_assert(sizeof(BlockIQ3_S) == 110);
+
+// Sub-block ib: h = qh[ib]; group l = kIQ1SGrid[qs[4ib + l] | ((h >> 3l) & 7) << 8];
+// y = d * (2 * ((h >> 12) & 7) + 1) * (grid + delta), delta = -1/8 when bit 15 of h is set, else +1/8.
+struct BlockIQ1_S {
+  uint16_t d;               // f16 super-block scale
+  uint8_t qs[kQK_K / 8];    // low 8 bits of the 32 grid indices
+  uint16_t qh[kQK_K / 32];  // per sub-block: 4 x 3 high index bits, 3-bit scale, delta sign
+};
+static_assert(sizeof(BlockIQ1_S) == 50);
+
+// Group g (0..31): h = the nibble g % 2 of qh[g / 2]; kIQ1SGrid[qs[g] | (h & 7) << 8], delta = -1/8 when
+// h & 8, else +1/8. scales as 4 little-endian uint16 sc[k]: the f16 super-block scale d has bits
+// 4k..4k+3 in the top nibble of sc[k]; group g uses the 3-bit scale (sc[g / 8] >> (3 * ((g / 2) % 4))) & 7
+// = s; y = d * (2 * s + 1) * (grid + delta).
+struct BlockIQ1_M {
+  uint8_t qs[kQK_K / 8];       // low 8 bits of the 32 grid indices
+  uint8_t qh[kQK_K / 16];      // per group: 3 high index bits and the delta sign
+  uint8_t scales[kQK_K / 32];  // 16 3-bit scales and the f16 scale's nibbles
+};
+static_assert(sizeof(BlockIQ1_M) == 56);
+
+// IQ1_S / IQ1_M: the grid value shift that gives the levels -1 - delta, -delta, 1 - delta (or + delta).
+inline constexpr float kIQ1Delta = 0.125f;
+
 // --- row functions: n elements (a multiple of the block size), src/dst do not overlap ---------
 // Dequantizers read n / block_size blocks from src and write n floats; quantizers the reverse.
 // Quantizers follow ggml's reference (*_ref) quantizers operation for operation, so the bytes are
@@ -224,6 +298,14 @@ void dequantize_row_mxfp4(const void* src, float* dst, int64_t n);
 void dequantize_row_iq4_xs(const void* src, float* dst, int64_t n);
 void dequantize_row_tq1_0(const void* src, float* dst, int64_t n);
 void dequantize_row_tq2_0(const void* src, float* dst, int64_t n);
+
+void dequantize_row_iq2_xxs(const void* src, float* dst, int64_t n);
+void dequantize_row_iq2_xs(const void* src, float* dst, int64_t n);
+void dequantize_row_iq2_s(const void* src, float* dst, int64_t n);
+void dequantize_row_iq3_xxs(const void* src, float* dst, int64_t n);
+void dequantize_row_iq3_s(const void* src, float* dst, int64_t n);
+void dequantize_row_iq1_s(const void* src, float* dst, int64_t n);
+void dequantize_row_iq1_m(const void* src, float* dst, int64_t n);
 
 // The row functions of the legacy blocks: Block is BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0 or
 // BlockQ8_1 (quant_legacy.cpp instantiates these six).
