@@ -79,7 +79,7 @@ done
   nvcc --version | tail -1
   cmake --version | head -1
 } | tee "$out/build.log"
-# The peer (llama-bench, llama-batched-bench, llama-quantize) builds beside kiln (the machine has 16 cores), in a
+# The peer (llama-bench, llama-batched-bench, llama-quantize, llama-imatrix, llama-perplexity) builds beside kiln (the machine has 16 cores), in a
 # process session of its own, so that it outlives this call: a later call on the same machine finds it done.
 # PEER_BUILD=1 starts it whatever the steps (a later invocation's peer step in the same call waits for it).
 # /tmp/llama.cpp.status holds "ok" or "failed" once it has ended.
@@ -99,7 +99,8 @@ if { [[ " ${steps[*]} " =~ " peer " ]] || [[ " ${steps[*]} " =~ " offload " ]] |
       cmake -S "$1" -B "$1/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF &&
-      cmake --build "$1/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-quantize
+      cmake --build "$1/build" -j "$(nproc)" --target llama-bench llama-batched-bench llama-quantize \
+        llama-imatrix llama-perplexity
     then echo ok >"$2"; else echo failed >"$2"; fi
   ' _ "$peer_dir" "$peer_status" >/tmp/llama.cpp.build.log 2>&1 </dev/null &
 fi

@@ -38,8 +38,8 @@ if ! compgen -G "$dir/gguf-*.whl" >/dev/null; then
   "$KILN_VENV/bin/pip" download --quiet --no-deps --only-binary :all: -d "$dir" "gguf==$gguf_version"
 fi
 # The peer: llama.cpp as the llama-cpp-python source package vendors it (the version the test venv pins),
-# trimmed to what llama-bench, llama-batched-bench and llama-quantize need with the CPU and CUDA backends
-# (~6 MB). scripts/gpu-check.sh peer builds it there.
+# trimmed to what llama-bench, llama-batched-bench, llama-quantize, llama-imatrix and llama-perplexity need
+# with the CPU and CUDA backends (~6 MB). scripts/gpu-check.sh peer builds it there.
 peer="$dir/llama.cpp.tar.xz"
 if [ ! -f "$peer" ]; then
   version=$(grep -E '^llama-cpp-python==' "$KILN_ROOT/scripts/requirements-test.txt" | cut -d= -f3)
@@ -57,12 +57,12 @@ if [ ! -f "$peer" ]; then
   src="$work/llama_cpp_python-$version/vendor/llama.cpp"
   rm -rf "$src"/{models,docs,tests,examples,pocs,benches,media,gguf-py,conversion,scripts,skills,ci,app,grammars}
   for d in "$src"/tools/*/; do
-    case "$(basename "$d")" in llama-bench | batched-bench | quantize) ;; *) rm -rf "$d" ;; esac
+    case "$(basename "$d")" in llama-bench | batched-bench | quantize | imatrix | perplexity) ;; *) rm -rf "$d" ;; esac
   done
   for d in "$src"/ggml/src/ggml-*/; do
     case "$(basename "$d")" in ggml-cpu | ggml-cuda) ;; *) rm -rf "$d" ;; esac
   done
-  printf 'llama_add_compile_flags()\nadd_subdirectory(batched-bench)\nadd_subdirectory(llama-bench)\nadd_subdirectory(quantize)\n' \
+  { echo 'llama_add_compile_flags()'; printf 'add_subdirectory(%s)\n' batched-bench llama-bench quantize imatrix perplexity; } \
     >"$src/tools/CMakeLists.txt"
   say "packing llama.cpp $version for the GPU machine into .gpu-deps/llama.cpp.tar.xz"
   tar cJf "$peer" -C "$(dirname "$src")" llama.cpp
