@@ -137,6 +137,105 @@ def test_the_fast_path_collects_the_same(tmp_path, reference):
     assert max(errors) < 0.08 and np.mean(errors) < 0.015, (max(errors), np.mean(errors))
 
 
+# ---- a mixture of experts: per-expert sums by the routing ----
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """A random-weight Qwen2-MoE (5 experts, top 2, a sigmoid-gated shared expert) as a Hugging Face folder with
+    SmolLM2's tokenizer, and per weight its inputs' sums of squares and counts in transformers (f32) over the
+    same chunks: hooks on every projection, the router and the experts (whose routing they see)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from hf_cache import hf_tokenizer
+
+    tok = hf_tokenizer(SMOL)
+    torch.manual_seed(1234)
+    cfg = transformers.Qwen2MoeConfig(hidden_size=72, intermediate_size=100, num_hidden_layers=2, num_attention_heads=9,
+                                      num_key_value_heads=3, max_position_embeddings=512, initializer_range=0.1,
+                                      vocab_size=len(tok), num_experts=5, num_experts_per_tok=2, moe_intermediate_size=40,
+                                      shared_expert_intermediate_size=56)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    folder = tmp_path_factory.mktemp("moe") / "qwen2moe"
+    model.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+
+    sums: dict[str, list] = {}  # name -> [sum2 [n_mat, n_cols], counts [n_mat]]
+
+    def add(name, x, mat=0, n_mat=1):
+        x = x.detach().double().reshape(-1, x.shape[-1]).numpy()
+        e = sums.setdefault(name, [np.zeros((n_mat, x.shape[1])), np.zeros(n_mat)])
+        e[0][mat] += (x * x).sum(axis=0)
+        e[1][mat] += x.shape[0]
+
+    def experts_hook(layer):
+        def hook(mod, args, out):
+            x, ids = args[0], args[1]  # [n_tokens, n_embd], [n_tokens, n_used]
+            for e in range(mod.gate_up_proj.shape[0]):
+                rows = x[(ids == e).nonzero()[:, 0]]
+                gate, up = torch.nn.functional.linear(rows, mod.gate_up_proj[e]).chunk(2, dim=-1)
+                add(f"blk.{layer}.ffn_gate_exps.weight", rows, e, 5)
+                add(f"blk.{layer}.ffn_up_exps.weight", rows, e, 5)
+                add(f"blk.{layer}.ffn_down_exps.weight", torch.nn.functional.silu(gate) * up, e, 5)
+        return hook
+
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate": "ffn_gate_inp",
+             "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+             "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
+    model.lm_head.register_forward_hook(lambda m, args, out: add("output.weight", args[0]))
+    for name, mod in model.named_modules():
+        parts = name.split(".")  # model.layers.N.<rest>
+        if len(parts) < 4 or parts[1] != "layers":
+            continue
+        rest, layer = ".".join(parts[3:]), int(parts[2])
+        if rest == "mlp.experts":
+            mod.register_forward_hook(experts_hook(layer))
+        elif rest in names:
+            gguf_name = f"blk.{layer}.{names[rest]}.weight"
+            mod.register_forward_hook(lambda m, args, out, n=gguf_name: add(n, args[0]))
+    tokens = tok(TEXT.read_text(), add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        for c in range(CHUNKS):
+            model(torch.tensor([tokens[c * 64 : (c + 1) * 64]]))
+    return folder, sums
+
+
+def test_moe_sums_are_per_expert(moe, tmp_path):
+    folder, want = moe
+    out = tmp_path / "moe.gguf"
+    r = kiln("imatrix", "-m", folder, "-f", TEXT, "-o", out, "-c", 64, "--chunks", CHUNKS, "--exact", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    got = read_imatrix(out)
+    assert set(got) == set(want) - {"output.weight"}  # the output head only when asked for
+    worst = 0.0
+    for name, (sum2, counts) in want.items():
+        if name == "output.weight":
+            continue
+        g_sum2, g_counts = got[name]
+        np.testing.assert_array_equal(g_counts, counts, err_msg=name)  # the routing, expert by expert
+        for e in range(len(counts)):
+            if counts[e] == 0:
+                assert not g_sum2[e].any(), name  # an expert no token reached: 0 and 0, as llama-imatrix
+            else:
+                err = np.linalg.norm(g_sum2[e] - sum2[e]) / np.linalg.norm(sum2[e])
+                assert err < 1e-4, (name, e, err)
+                worst = max(worst, err)
+    print(f"\nmoe: {len(want)} weights, expert counts of layer 0 {want['blk.0.ffn_up_exps.weight'][1]}, worst {worst:.1e}")
+    r = gguf.GGUFReader(str(out))
+    shapes = {t.name: list(t.shape) for t in r.tensors}
+    assert shapes["blk.0.ffn_down_exps.weight.in_sum2"] == [40, 5] and shapes["blk.0.ffn_down_exps.weight.counts"] == [1, 5]
+    assert shapes["blk.1.ffn_gate_inp_shexp.weight.in_sum2"] == [72]
+    # --process-output: the head's input, every row of every chunk.
+    out = tmp_path / "head.gguf"
+    r = kiln("imatrix", "-m", folder, "-f", TEXT, "-o", out, "-c", 64, "--chunks", CHUNKS, "--exact", "-t", 2,
+             "--process-output")
+    assert r.returncode == 0, r.stderr
+    (g_sum2, g_counts), (sum2, counts) = read_imatrix(out)["output.weight"], want["output.weight"]
+    np.testing.assert_array_equal(g_counts, counts)
+    assert np.linalg.norm(g_sum2 - sum2) / np.linalg.norm(sum2) < 1e-4
+
+
 # ---- legacy .dat files and combining ----
 
 
