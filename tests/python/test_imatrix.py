@@ -151,10 +151,10 @@ def moe(tmp_path_factory):
 
     tok = hf_tokenizer(SMOL)
     torch.manual_seed(1234)
-    cfg = transformers.Qwen2MoeConfig(hidden_size=72, intermediate_size=100, num_hidden_layers=2, num_attention_heads=9,
-                                      num_key_value_heads=3, max_position_embeddings=512, initializer_range=0.1,
-                                      vocab_size=len(tok), num_experts=5, num_experts_per_tok=2, moe_intermediate_size=40,
-                                      shared_expert_intermediate_size=56)
+    cfg = transformers.Qwen2MoeConfig(
+        hidden_size=72, intermediate_size=100, num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
+        max_position_embeddings=512, initializer_range=0.1, vocab_size=len(tok), num_experts=5,
+        num_experts_per_tok=2, moe_intermediate_size=40, shared_expert_intermediate_size=56)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     folder = tmp_path_factory.mktemp("moe") / "qwen2moe"
     model.save_pretrained(str(folder))
@@ -221,10 +221,12 @@ def test_moe_sums_are_per_expert(moe, tmp_path):
                 err = np.linalg.norm(g_sum2[e] - sum2[e]) / np.linalg.norm(sum2[e])
                 assert err < 1e-4, (name, e, err)
                 worst = max(worst, err)
-    print(f"\nmoe: {len(want)} weights, expert counts of layer 0 {want['blk.0.ffn_up_exps.weight'][1]}, worst {worst:.1e}")
+    counts0 = want["blk.0.ffn_up_exps.weight"][1]
+    print(f"\nmoe: {len(want)} weights, expert counts of layer 0 {counts0}, worst {worst:.1e}")
     r = gguf.GGUFReader(str(out))
     shapes = {t.name: list(t.shape) for t in r.tensors}
-    assert shapes["blk.0.ffn_down_exps.weight.in_sum2"] == [40, 5] and shapes["blk.0.ffn_down_exps.weight.counts"] == [1, 5]
+    assert shapes["blk.0.ffn_down_exps.weight.in_sum2"] == [40, 5]
+    assert shapes["blk.0.ffn_down_exps.weight.counts"] == [1, 5]
     assert shapes["blk.1.ffn_gate_inp_shexp.weight.in_sum2"] == [72]
     # --process-output: the head's input, every row of every chunk.
     out = tmp_path / "head.gguf"
