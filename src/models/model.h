@@ -94,9 +94,9 @@ class HostStageRunner {
 };
 
 // Sees each program a model records before it first runs, and may add ops to it: the quantization tools'
-// statistics of what the matmuls multiply (quant/imatrix.h). It may insert ops between the model's own, never
-// change or remove those. Called once per recording (a step that runs its program again does not call it),
-// for each backend's program of a split model.
+// statistics of what the matmuls multiply (quant/imatrix_collector.h). It may insert ops between the model's
+// own, never change or remove those. Called once per recording (a step that runs its program again does not
+// call it), for each backend's program of a split model.
 class ProgramHook {
  public:
   virtual ~ProgramHook() = default;

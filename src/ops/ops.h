@@ -250,11 +250,11 @@ struct WeightedSum {
   Tensor dst;
 };
 
-// Accumulates the statistics of an importance matrix (quant/imatrix.h): the sum over rows of each column's
-// square, per matrix of the weight that x multiplies. sums[i, m] += x[i, r]^2 for every row r that goes to
-// matrix m, and counts[0, m] += the number of those rows.   x: f32 [n, n_x, n_tokens, n_3]; sums: f32 [n,
-// n_mat] (rows contiguous); counts: f32 [1, n_mat]; sums and counts do not overlap x or each other.
-// ids none: every row of x goes to matrix 0 (n_mat = 1; a Matmul's x). ids: i32 [n_used, n_tokens] (a
+// Accumulates the statistics of an importance matrix (quant/imatrix_collector.h): the sum over rows of each
+// column's square, per matrix of the weight that x multiplies. sums[i, m] += x[i, r]^2 for every row r that
+// goes to matrix m, and counts[0, m] += the number of those rows.   x: f32 [n, n_x, n_tokens, n_3]; sums: f32
+// [n, n_mat] (rows contiguous); counts: f32 [1, n_mat]; sums and counts do not overlap x or each other. ids
+// none: every row of x goes to matrix 0 (n_mat = 1; a Matmul's x). ids: i32 [n_used, n_tokens] (a
 // MoeMatmul's, n_3 = 1, n_x = 1 or n_used): slot s of token t reads x[:, n_x == 1 ? 0 : s, t] and goes to
 // matrix ids[s + n_used * t], each in [0, n_mat). Accumulates in f32 (counts are exact up to 2^24).
 struct SumSquares {
