@@ -266,6 +266,9 @@ Result<Tensor> StepModel::record(KvBuffers& kv) {
       KILN_ASSIGN_OR_RETURN(logits, record_output(r, x));
     }
   }
+  if (options_.program_hook != nullptr) {
+    for (const auto& s : stages_) KILN_TRY(options_.program_hook->recorded(s->program, s->backend));
+  }
   return logits;
 }
 

@@ -93,6 +93,17 @@ class HostStageRunner {
   virtual size_t scratch_bytes() const = 0;
 };
 
+// Sees each program a model records before it first runs, and may add ops to it: the quantization tools'
+// statistics of what the matmuls multiply (quant/imatrix_collector.h). It may insert ops between the model's
+// own, never change or remove those. Called once per recording (a step that runs its program again does not
+// call it), for each backend's program of a split model.
+class ProgramHook {
+ public:
+  virtual ~ProgramHook() = default;
+  // `program`: the ops just recorded for `backend`; the hook replaces it with the program to run.
+  virtual Status recorded(Program& program, Backend& backend) = 0;
+};
+
 struct ModelOptions {
   // The context the model will serve (0: unknown). Long-context RoPE variants (Phi-3 longrope) pick their
   // frequencies from it, as llama.cpp does.
@@ -111,6 +122,8 @@ struct ModelOptions {
   // A step whose metadata has the shapes and places of the step before runs the program recorded for that
   // step again; false: every step is recorded anew.
   bool reuse_program = true;
+  // Sees every program recorded (ProgramHook); it must outlive the model. nullptr: programs run as recorded.
+  ProgramHook* program_hook = nullptr;
 };
 
 // Loads the architecture named by the file's general.architecture. The file must outlive the model (weights

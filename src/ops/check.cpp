@@ -332,6 +332,36 @@ Status check(const WeightedSum& op) {
   return Status::ok_status();
 }
 
+Status check(const SumSquares& op) {
+  KILN_TRY(need_f32("sum_squares", "x", op.x));
+  KILN_TRY(need_f32("sum_squares", "sums", op.sums));
+  KILN_TRY(need_f32("sum_squares", "counts", op.counts));
+  const int64_t n = op.x.ne[0], n_mat = op.sums.ne[1];
+  if (op.sums.ne[0] != n || n_mat < 1 || op.sums.ne[2] != 1 || op.sums.ne[3] != 1) {
+    return invalid_argument("sum_squares: sums is {}, expected f32[{}, n_mat]", op.sums.describe(), n);
+  }
+  if (op.counts.ne[0] != 1 || op.counts.ne[1] != n_mat || op.counts.ne[2] != 1 || op.counts.ne[3] != 1) {
+    return invalid_argument("sum_squares: counts is {}, expected f32[1, {}]", op.counts.describe(), n_mat);
+  }
+  if (op.ids.data == nullptr) {
+    if (n_mat != 1) {
+      return invalid_argument("sum_squares: sums is {} but without ids every row goes to one matrix",
+                              op.sums.describe());
+    }
+    return Status::ok_status();
+  }
+  KILN_TRY(need_i32("sum_squares", "ids", op.ids, -1));
+  if (op.ids.ne[2] != 1 || op.ids.ne[3] != 1) {
+    return invalid_argument("sum_squares: ids is {}, expected i32[n_used, n_tokens]", op.ids.describe());
+  }
+  const int64_t n_used = op.ids.ne[0], n_tokens = op.ids.ne[1];
+  if ((op.x.ne[1] != 1 && op.x.ne[1] != n_used) || op.x.ne[2] != n_tokens || op.x.ne[3] != 1) {
+    return invalid_argument("sum_squares: x is {}, expected f32[{}, 1 or {}, {}] for ids {}", op.x.describe(),
+                            n, n_used, n_tokens, op.ids.describe());
+  }
+  return Status::ok_status();
+}
+
 Status check(const Op& op) {
   return std::visit([](const auto& o) { return check(o); }, op);
 }
@@ -352,8 +382,9 @@ const Tensor* float_dst(const Op& op) {
 
 std::string_view op_name(const Op& op) {
   static constexpr std::string_view names[] = {
-      "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",   "softmax",   "kv_write",   "attention",
-      "gated_act", "binary", "scale",    "argmax",     "sample", "moe_route", "moe_matmul", "weighted_sum"};
+      "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",       "softmax",
+      "kv_write", "attention", "gated_act",  "binary",       "scale",      "argmax",
+      "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares"};
   static_assert(std::size(names) == std::variant_size_v<Op>);
   return names[op.index()];
 }

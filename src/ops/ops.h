@@ -250,8 +250,22 @@ struct WeightedSum {
   Tensor dst;
 };
 
+// Accumulates the statistics of an importance matrix (quant/imatrix_collector.h): the sum over rows of each
+// column's square, per matrix of the weight that x multiplies. sums[i, m] += x[i, r]^2 for every row r that
+// goes to matrix m, and counts[0, m] += the number of those rows.   x: f32 [n, n_x, n_tokens, n_3]; sums: f32
+// [n, n_mat] (rows contiguous); counts: f32 [1, n_mat]; sums and counts do not overlap x or each other. ids
+// none: every row of x goes to matrix 0 (n_mat = 1; a Matmul's x). ids: i32 [n_used, n_tokens] (a
+// MoeMatmul's, n_3 = 1, n_x = 1 or n_used): slot s of token t reads x[:, n_x == 1 ? 0 : s, t] and goes to
+// matrix ids[s + n_used * t], each in [0, n_mat). Accumulates in f32 (counts are exact up to 2^24).
+struct SumSquares {
+  Tensor x;
+  Tensor ids;  // data == nullptr: none
+  Tensor sums;
+  Tensor counts;
+};
+
 using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct,
-                        Binary, Scale, Argmax, Sample, MoeRoute, MoeMatmul, WeightedSum>;
+                        Binary, Scale, Argmax, Sample, MoeRoute, MoeMatmul, WeightedSum, SumSquares>;
 
 // "matmul", "rms_norm", ...
 std::string_view op_name(const Op& op);
@@ -274,6 +288,7 @@ Status check(const Sample& op);
 Status check(const MoeRoute& op);
 Status check(const MoeMatmul& op);
 Status check(const WeightedSum& op);
+Status check(const SumSquares& op);
 Status check(const Op& op);
 
 // The angle of a rotated pair: rope_freq() in ops/rope_freq.h, shared by every backend so all agree.
@@ -285,7 +300,7 @@ struct RopeFreq {
 // The float types an op's destination may have (see the top of this file): f32, f16, bf16.
 bool is_float_activation(DType t);
 // The destination of an op, when it has one tensor that is its output (null for KvWrite, Argmax, Sample,
-// MoeRoute).
+// MoeRoute, SumSquares).
 const Tensor* float_dst(const Op& op);
 
 }  // namespace kiln::ops

@@ -1,5 +1,6 @@
 // Importance matrices on disk: llama.cpp's imatrix GGUF files (what `kiln imatrix` writes) and its legacy
-// `.dat` files (read only). Both interchange with llama-imatrix and llama-quantize.
+// `.dat` files (read only). Both interchange with llama-imatrix and llama-quantize; the layouts are described
+// at the top of imatrix_file.cpp.
 //
 // An importance matrix holds, for each weight matrix a model multiplies by, the sum over calibration tokens
 // of each input column's squared activation (per expert for a stacked MoE weight) and how many tokens each
@@ -17,28 +18,40 @@
 namespace kiln::quant {
 
 struct ImatrixTensor {
-  int64_t n_cols = 0;          // input columns of the weight (its row length)
-  int64_t n_mat = 1;           // matrices: 1, or the experts of a stacked MoE weight
-  std::vector<float> sum2;     // [n_mat][n_cols]: sums of squared activations
-  std::vector<float> counts;   // [n_mat]: tokens (activation rows) each matrix's sums saw
+  int64_t n_cols = 0;         // input columns of the weight (its row length)
+  int64_t n_mat = 1;          // matrices: 1, or the experts of a stacked MoE weight
+  std::vector<float> sum2;    // [n_mat][n_cols]: sums of squared activations
+  std::vector<float> counts;  // [n_mat]: tokens (activation rows) each matrix's sums saw (whole numbers)
 };
 
 struct Imatrix {
-  std::map<std::string, ImatrixTensor> tensors;  // by weight name, as in the model file ("blk.0.attn_q.weight")
-  std::vector<std::string> datasets;             // calibration files the sums came from
-  int64_t chunk_count = 0;                       // chunks of chunk_size tokens evaluated
+  std::map<std::string, ImatrixTensor>
+      tensors;                        // by weight name, as in the model file ("blk.0.attn_q.weight")
+  std::vector<std::string> datasets;  // calibration files the sums came from
+  int64_t chunk_count = 0;            // chunks of chunk_size tokens evaluated
   int64_t chunk_size = 0;
+  // Read from a legacy .dat file: each tensor has n_mat 1 and n_cols = all its values (a stacked weight's
+  // experts one after another: the file does not say how many), sum2 = each column's mean square times
+  // ncall and counts = {ncall} (1 where the file says 0, so that importance() gives the values as stored,
+  // as llama-quantize takes them); chunk_size 0.
+  bool legacy = false;
 };
 
 // Reads an imatrix GGUF file or a legacy .dat file (told apart by content, not by name). An error names the
-// file and what is wrong (truncated, a count of zero where sums are not, a shape that does not add up).
+// file and what is wrong (truncated, a count of zero where sums are not, a shape that does not add up, a
+// value that is not finite, a GGUF file without the imatrix keys).
 Result<Imatrix> read_imatrix(const std::filesystem::path& path);
 
 // Writes `imatrix` as an imatrix GGUF file, complete or not at all (a temporary file renamed at the end).
 Status write_imatrix(const Imatrix& imatrix, const std::filesystem::path& path);
 
 // The importance weights a quantizer takes for matrix `mat` of `tensor`: sum2 / count per column (n_cols
-// values), as llama-quantize derives them.
+// values), as llama-quantize derives them; 1 for every column of a matrix whose count is 0 (an expert no
+// calibration token reached).
 std::vector<float> importance(const ImatrixTensor& tensor, int64_t mat);
+// Every matrix's, one after another (n_mat * n_cols values): what llama-quantize hands its quantizer for a
+// weight [n_cols, n, n_mat], the rows of expert e taking values [e * n_cols, (e + 1) * n_cols). It checks the
+// size against the weight's ne[0] * ne[2] (a legacy file's tensors hold every expert in one "matrix").
+std::vector<float> importance_all(const ImatrixTensor& tensor);
 
 }  // namespace kiln::quant

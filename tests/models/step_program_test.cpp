@@ -153,6 +153,11 @@ std::vector<Operand> operands(const ops::Op& op) {
           [&](const WeightedSum& o) -> std::vector<Operand> {
             return {a("y", o.y), a("w", o.w), a("dst", o.dst)};
           },
+          [&](const SumSquares& o) -> std::vector<Operand> {
+            std::vector<Operand> v{a("x", o.x), a("sums", o.sums), a("counts", o.counts)};
+            if (o.ids.data != nullptr) v.push_back(a("ids", o.ids));
+            return v;
+          },
       },
       op);
 }

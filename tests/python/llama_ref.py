@@ -11,6 +11,8 @@ GGUF conventions this relies on:
 - the output head is `output.weight` when present, else the token embedding (tied).
 
 API: Model(path); model.logits(tokens) -> [n, n_vocab] float64; model.greedy(prompt, n) -> list[int].
+model.tap, when set, is called as tap(weight_name, x) with each projection's input x [n, n_in] (importance
+matrices: the sums of squares of what each weight multiplies).
 """
 from __future__ import annotations
 
@@ -151,6 +153,7 @@ class Model:
         if "rope_freqs.weight" in weights:
             inv_freq = inv_freq / weights["rope_freqs.weight"][: hp.n_rot // 2]
         self.inv_freq = inv_freq  # [n_rot / 2]
+        self.tap = None  # tap(weight name, x [n, n_in]) before each projection, when set
 
     # ---------------------------------------------------------------------------------------------------------------
     def _rms_norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -184,8 +187,12 @@ class Model:
         mask = np.arange(p0 + n)[None, :] > pos[:, None]
 
         x = self.tok_embd[tokens]  # [n, n_embd]
+        tap = self.tap or (lambda name, v: None)
         for il, L in enumerate(self.layers):
+            p = f"blk.{il}."
             h = self._rms_norm(x, L.attn_norm)
+            for w in ("attn_q", "attn_k", "attn_v"):
+                tap(p + w + ".weight", h)
             q = (h @ L.wq.T).reshape(n, hp.n_head, hp.head_dim).transpose(1, 0, 2)  # [n_head, n, head_dim]
             k = (h @ L.wk.T).reshape(n, hp.n_head_kv, hp.head_dim).transpose(1, 0, 2)  # [n_head_kv, n, head_dim]
             v = (h @ L.wv.T).reshape(n, hp.n_head_kv, hp.head_dim).transpose(1, 0, 2)
@@ -198,11 +205,15 @@ class Model:
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
             o = (s @ v_all).transpose(1, 0, 2).reshape(n, hp.n_head * hp.head_dim)  # [n, n_head * head_dim]
+            tap(p + "attn_output.weight", o)
             x = x + o @ L.wo.T
 
             h = self._rms_norm(x, L.ffn_norm)
+            tap(p + "ffn_gate.weight", h)
+            tap(p + "ffn_up.weight", h)
             g = h @ L.w_gate.T  # [n, n_ff]
             ff = (g / (1.0 + np.exp(-g))) * (h @ L.w_up.T)  # SiLU(gate) * up
+            tap(p + "ffn_down.weight", ff)
             x = x + ff @ L.w_down.T
         cache.n_pos += n
         return self._rms_norm(x, self.output_norm)

@@ -13,6 +13,7 @@ void register_convert(CLI::App& app, int& rc);
 void register_bench(CLI::App& app, int& rc);
 void register_serve(CLI::App& app, int& rc);
 void register_perplexity(CLI::App& app, int& rc);
+void register_imatrix(CLI::App& app, int& rc);
 // kiln bench serve, a subcommand of kiln bench.
 void register_bench_serve(CLI::App& bench, int& rc);
 

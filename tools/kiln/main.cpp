@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   kiln::cli::register_bench(app, rc);
   kiln::cli::register_serve(app, rc);
   kiln::cli::register_perplexity(app, rc);
+  kiln::cli::register_imatrix(app, rc);
   if (argc == 1) {
     std::fputs(app.help().c_str(), stderr);
     return 2;

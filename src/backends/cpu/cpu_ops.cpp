@@ -1,12 +1,13 @@
 // The row-wise ops on the CPU (get_rows, norms, rope, softmax, kv_write, gated activations, add/mul, scale,
 // argmax, moe_route, weighted_sum): threads split the rows; arithmetic in f32 except the norms' and
-// softmaxes' sums (f64, one per row, cheap).
+// softmaxes' sums (f64, one per row, cheap). sum_squares: threads split the columns.
 #include "backends/cpu/cpu_ops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "backends/cpu/cpu_pack.h"
@@ -279,6 +280,44 @@ void weighted_sum(ThreadPool& pool, const WeightedSum& op) {
   });
 }
 
+// Threads split the columns (in 16-float blocks), so each owns its slice of every matrix's sums: no two
+// threads add to one sum, and a column's order of additions is the rows' order whatever the threads.
+void sum_squares(ThreadPool& pool, const SumSquares& op) {
+  constexpr int64_t kBlock = 16;
+  const int64_t n = op.x.ne[0], n_blocks = (n + kBlock - 1) / kBlock;
+  const bool routed = op.ids.data != nullptr;
+  const int64_t n_used = routed ? op.ids.ne[0] : 0;
+  const auto ids = routed ? op.ids.span_as<const int32_t>() : std::span<const int32_t>();
+  pool.parallel_for(
+      n_blocks,
+      [&](int64_t b0, int64_t b1, int) {
+        const int64_t c0 = b0 * kBlock, c1 = std::min(n, b1 * kBlock), w = c1 - c0;
+        if (!routed) {  // one matrix: the rows summed in a local slice, added once
+          std::vector<float> acc(static_cast<size_t>(w), 0.0f);
+          for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+            const float* x = f32_row(op.x, r) + c0;
+            for (int64_t i = 0; i < w; ++i) acc[i] += x[i] * x[i];
+          }
+          float* sums = f32_row_mut(op.sums, 0) + c0;
+          for (int64_t i = 0; i < w; ++i) sums[i] += acc[i];
+          return;
+        }
+        for (int64_t t = 0; t < op.ids.ne[1]; ++t) {
+          for (int64_t s = 0; s < n_used; ++s) {
+            const float* x = op.x.row_as<const float>(op.x.ne[1] == 1 ? 0 : s, t) + c0;
+            float* sums = op.sums.row_as<float>(ids[s + n_used * t]) + c0;
+            for (int64_t i = 0; i < w; ++i) sums[i] += x[i] * x[i];
+          }
+        }
+      },
+      /*min_chunk=*/4);
+  if (!routed) {
+    *op.counts.row_as<float>(0) += static_cast<float>(op.x.n_rows());
+    return;
+  }
+  for (const int32_t m : ids) *op.counts.row_as<float>(m) += 1.0f;
+}
+
 }  // namespace
 
 void run(ThreadPool& pool, const CpuKernels& kern, const Op& op, Precision precision) {
@@ -300,6 +339,7 @@ void run(ThreadPool& pool, const CpuKernels& kern, const Op& op, Precision preci
                  [&](const MoeRoute& o) { moe_route(pool, o); },
                  [&](const MoeMatmul& o) { moe_matmul(pool, kern, o, precision); },
                  [&](const WeightedSum& o) { weighted_sum(pool, o); },
+                 [&](const SumSquares& o) { sum_squares(pool, o); },
              },
              op);
 }

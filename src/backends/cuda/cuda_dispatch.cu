@@ -39,6 +39,7 @@ bool supports(const ops::Op& op) {
           [](const ops::Sample&) { return true; },
           [](const ops::MoeRoute&) { return true; },
           [](const ops::WeightedSum& o) { return f32(o.dst); },
+          [](const ops::SumSquares&) { return true; },
       },
       op);
 }
@@ -61,6 +62,7 @@ cudaError_t run(const Context& ctx, const ops::Op& op) {
                         [&](const ops::Sample& o) { return sample(ctx, o); },
                         [&](const ops::MoeRoute& o) { return moe_route(ctx, o); },
                         [&](const ops::WeightedSum& o) { return weighted_sum(ctx, o); },
+                        [&](const ops::SumSquares& o) { return sum_squares(ctx, o); },
                     },
                     op);
 }

@@ -225,6 +225,8 @@ cudaError_t scale(const Context& ctx, const ops::Scale& op);
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op);
 cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op);
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
+// stats/sum_squares.cu
+cudaError_t sum_squares(const Context& ctx, const ops::SumSquares& op);
 // sampling/sample.cu: a token drawn per logits row (ops/sample.h's stages), a block a row
 cudaError_t sample(const Context& ctx, const ops::Sample& op);
 // norm_rope/rope.cu: RoPE and the KV write

@@ -345,6 +345,34 @@ void weighted_sum(const WeightedSum& op) {
   }
 }
 
+void sum_squares(const SumSquares& op) {
+  // The op's rows summed in f64 per matrix, then added to the f32 sums and counts once.
+  const int64_t n = op.x.ne[0], n_mat = op.sums.ne[1];
+  std::vector<double> acc(static_cast<size_t>(n * n_mat), 0.0);
+  std::vector<int64_t> rows(static_cast<size_t>(n_mat), 0);
+  const auto add = [&](const float* x, int64_t m) {
+    double* a = acc.data() + m * n;
+    for (int64_t i = 0; i < n; ++i) a[i] += static_cast<double>(x[i]) * x[i];
+    ++rows[m];
+  };
+  if (op.ids.data == nullptr) {
+    for (int64_t r = 0; r < op.x.n_rows(); ++r) add(reinterpret_cast<const float*>(op.x.flat_row(r)), 0);
+  } else {
+    const int64_t n_used = op.ids.ne[0];
+    const auto ids = op.ids.span_as<const int32_t>();
+    for (int64_t t = 0; t < op.ids.ne[1]; ++t) {
+      for (int64_t s = 0; s < n_used; ++s)
+        add(op.x.row_as<const float>(op.x.ne[1] == 1 ? 0 : s, t), ids[s + n_used * t]);
+    }
+  }
+  for (int64_t m = 0; m < n_mat; ++m) {
+    auto* sums = op.sums.row_as<float>(m);
+    for (int64_t i = 0; i < n; ++i) sums[i] = static_cast<float>(sums[i] + acc[m * n + i]);
+    auto* count = op.counts.row_as<float>(m);
+    count[0] = static_cast<float>(count[0] + static_cast<double>(rows[m]));
+  }
+}
+
 void run(const Op& op, Precision precision) {
   // One case per op: an op without its reference does not compile.
   std::visit(Overloaded{
@@ -364,6 +392,7 @@ void run(const Op& op, Precision precision) {
                  [](const MoeRoute& o) { moe_route(o); },
                  [&](const MoeMatmul& o) { moe_matmul(o, precision); },
                  [](const WeightedSum& o) { weighted_sum(o); },
+                 [](const SumSquares& o) { sum_squares(o); },
              },
              op);
 }

@@ -23,6 +23,7 @@ void sample(const Sample& op);  // ops/sample.h: sample_row_reference, row by ro
 void moe_route(const MoeRoute& op);
 void moe_matmul(const MoeMatmul& op, Precision precision = Precision::precision_exact);
 void weighted_sum(const WeightedSum& op);
+void sum_squares(const SumSquares& op);
 
 // Runs any op with its reference; `precision` applies to Matmul and MoeMatmul (Attention's reference is the
 // exact result either way).

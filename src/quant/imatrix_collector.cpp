@@ -1,0 +1,178 @@
+#include "quant/imatrix_collector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "ops/program.h"
+
+namespace kiln::quant {
+
+namespace {
+
+// llama-imatrix leaves out the matmuls of batches this small (a Matmul's x rows; never a MoeMatmul's).
+constexpr int64_t kMinRows = 16;
+
+// "blk.0.attn_qkv.weight[q]" -> "blk.0.attn_qkv.weight".
+std::string without_part(const std::string& name) {
+  const size_t bracket = name.find('[');
+  return bracket == std::string::npos ? name : name.substr(0, bracket);
+}
+
+// A SumSquares to insert before op `before`.
+struct Insert {
+  size_t before;
+  ops::SumSquares op;
+  std::string name;
+};
+
+}  // namespace
+
+void ImatrixCollector::attach(std::span<const std::unique_ptr<WeightHandle>> weights) {
+  names_.clear();
+  for (const std::unique_ptr<WeightHandle>& h : weights) {
+    if (h->role != WeightRole::weight_role_matmul && h->role != WeightRole::weight_role_expert_matmul &&
+        h->role != WeightRole::weight_role_tied_embedding)
+      continue;
+    names_[{h->weight.tensor.data, h->weight.prepared}] = without_part(h->name);
+  }
+}
+
+std::string ImatrixCollector::collected_name(const ops::Weight& w, int64_t x_rows, bool routed) const {
+  const auto it = names_.find({w.tensor.data, w.prepared});
+  if (it == names_.end()) return {};
+  const std::string& name = it->second;
+  if (routed) return name;
+  if (x_rows < kMinRows) return {};
+  if (name.starts_with("blk.") || (process_output_ && name == "output.weight")) return name;
+  return {};
+}
+
+Status ImatrixCollector::recorded(Program& program, Backend& backend) {
+  const std::vector<ops::Op>& ops = program.ops();
+  // Each collected matmul's SumSquares goes before the run of matmuls on the same x that it ends (Q, K and V;
+  // gate and up): the run stays whole for a backend that fuses it, and x is ready there.
+  std::vector<Insert> inserts;
+  std::map<std::string, std::pair<int64_t, int64_t>> fresh;  // weights not seen before: (n_cols, n_mat)
+  size_t run_start = 0;
+  const void* run_x = nullptr;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto* mm = std::get_if<ops::Matmul>(&ops[i]);
+    const auto* moe = std::get_if<ops::MoeMatmul>(&ops[i]);
+    if (mm == nullptr && moe == nullptr) {
+      run_x = nullptr;
+      continue;
+    }
+    const Tensor& x = mm != nullptr ? mm->x : moe->x;
+    if (x.data != run_x) run_start = i, run_x = x.data;
+    const ops::Weight& w = mm != nullptr ? mm->w : moe->w;
+    const std::string name = collected_name(w, x.n_rows(), moe != nullptr);
+    if (name.empty()) continue;
+    bool again = false;  // another part of the same weight in this run: its x is counted once
+    for (const Insert& in : inserts) again |= in.before == run_start && in.name == name;
+    if (again) continue;
+    const int64_t n_cols = w.tensor.ne[0], n_mat = moe != nullptr ? w.tensor.ne[2] : 1;
+    if (const auto e = entries_.find(name); e != entries_.end()) {
+      if (e->second.n_cols != n_cols || e->second.n_mat != n_mat ||
+          slabs_[e->second.slab].backend != &backend) {
+        return make_status(StatusCode::internal,
+                           "imatrix: {} is multiplied as [{}, {}] matrices on {} here, "
+                           "as [{}, {}] on {} before",
+                           name, n_cols, n_mat, backend.name(), e->second.n_cols, e->second.n_mat,
+                           slabs_[e->second.slab].backend->name());
+      }
+    } else {
+      fresh.emplace(name, std::pair{n_cols, n_mat});
+    }
+    ops::SumSquares op;
+    op.x = x;
+    if (moe != nullptr) op.ids = moe->ids;
+    inserts.push_back({run_start, op, name});
+  }
+  if (inserts.empty()) return Status::ok_status();
+  if (!fresh.empty()) {  // one zeroed slab for the weights first seen here
+    size_t floats = 0;
+    for (const auto& [name, shape] : fresh) {
+      entries_[name] = {slabs_.size(), floats, shape.first, shape.second};
+      floats += static_cast<size_t>(shape.first * shape.second + shape.second);
+    }
+    Slab slab;
+    slab.backend = &backend;
+    KILN_ASSIGN_OR_RETURN(slab.buffer, backend.allocate(floats * sizeof(float)));
+    slab.host.assign(floats, 0.0f);
+    const Tensor all = make_tensor(DType::f32, *slab.buffer, 0, static_cast<int64_t>(floats));
+    KILN_TRY(backend.upload(all, slab.host.data(), floats * sizeof(float)));
+    slabs_.push_back(std::move(slab));
+  }
+  for (Insert& in : inserts) {
+    const Entry& e = entries_.at(in.name);
+    const Buffer& buf = *slabs_[e.slab].buffer;
+    in.op.sums = make_tensor(DType::f32, buf, e.offset * sizeof(float), e.n_cols, e.n_mat);
+    in.op.counts = make_tensor(
+        DType::f32, buf, (e.offset + static_cast<size_t>(e.n_cols * e.n_mat)) * sizeof(float), 1, e.n_mat);
+  }
+  Program out;
+  out.n_tokens = program.n_tokens;
+  size_t next = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (; next < inserts.size() && inserts[next].before == i; ++next) KILN_TRY(out.add(inserts[next].op));
+    KILN_TRY(out.add(ops[i]));
+  }
+  program = std::move(out);
+  return Status::ok_status();
+}
+
+Status ImatrixCollector::read_back(std::map<std::string, ImatrixSums>& totals) {
+  for (Slab& s : slabs_) {
+    const Tensor all = make_tensor(DType::f32, *s.buffer, 0, static_cast<int64_t>(s.host.size()));
+    KILN_TRY(s.backend->download(s.host.data(), all, s.host.size() * sizeof(float)));
+  }
+  for (Slab& s : slabs_) KILN_TRY(s.backend->synchronize());
+  for (const auto& [name, e] : entries_) {
+    const float* v = slabs_[e.slab].host.data() + e.offset;
+    ImatrixSums step;
+    step.n_cols = e.n_cols;
+    step.sum2.assign(v, v + e.n_cols * e.n_mat);
+    step.counts.assign(v + e.n_cols * e.n_mat, v + e.n_cols * e.n_mat + e.n_mat);
+    for (const double x : step.sum2) {
+      if (!std::isfinite(x))
+        return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
+    }
+    KILN_TRY(add_sums(name, step, totals[name]));
+  }
+  for (Slab& s : slabs_) {
+    std::fill(s.host.begin(), s.host.end(), 0.0f);
+    const Tensor all = make_tensor(DType::f32, *s.buffer, 0, static_cast<int64_t>(s.host.size()));
+    KILN_TRY(s.backend->upload(all, s.host.data(), s.host.size() * sizeof(float)));
+  }
+  return Status::ok_status();
+}
+
+Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& into) {
+  if (into.counts.empty()) {
+    into = from;
+    return Status::ok_status();
+  }
+  if (from.sum2.size() != into.sum2.size()) {
+    return invalid_argument("imatrix: {} has {} values here, {} before", name, from.sum2.size(),
+                            into.sum2.size());
+  }
+  if (into.counts.size() == 1 && from.counts.size() > 1) {  // a legacy file's one count, for every expert
+    into.counts.assign(from.counts.size(), into.counts[0]);
+    into.n_cols = from.n_cols;
+  }
+  if (from.counts.size() == 1) {
+    for (double& c : into.counts) c += from.counts[0];
+  } else if (from.counts.size() == into.counts.size()) {
+    for (size_t m = 0; m < into.counts.size(); ++m) into.counts[m] += from.counts[m];
+  } else {
+    return invalid_argument("imatrix: {} has {} matrices here, {} before", name, from.counts.size(),
+                            into.counts.size());
+  }
+  for (size_t i = 0; i < into.sum2.size(); ++i) into.sum2[i] += from.sum2[i];
+  return Status::ok_status();
+}
+
+}  // namespace kiln::quant

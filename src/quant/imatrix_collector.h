@@ -1,0 +1,75 @@
+// ImatrixCollector: the statistics of an importance matrix, collected on the model's own forward path. It is
+// the model's ProgramHook (models/model.h): into each program the model records it inserts, before the
+// matmuls that multiply a weight by an input, an ops::SumSquares that adds the input's column sums of squares
+// and row count into accumulators on that backend (per expert, by the routing ids, for a stacked MoE weight).
+// Nothing else of the program changes; a model without the hook records none of it. read_back() moves the
+// accumulators into f64 sums on the host and zeroes them: once per step, never per op.
+//
+// Which matmuls, as llama-imatrix collects them: every MoeMatmul (llama.cpp's MUL_MAT_ID); a Matmul whose
+// weight is a layer's ("blk.*": attention, FFN, router, shared expert) on an x of at least 16 rows, or the
+// output head "output.weight" when asked (a tied head, "token_embd.weight", never). The parts of a fused
+// weight ("blk.0.attn_qkv.weight[q]", [k], [v]) are one weight, its x counted once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/status.h"
+#include "models/model.h"
+
+namespace kiln::quant {
+
+// One weight's totals: f64 sums of squares [n_mat][n_cols] and rows [n_mat].
+struct ImatrixSums {
+  int64_t n_cols = 0;
+  std::vector<double> sum2;    // [n_mat * n_cols]
+  std::vector<double> counts;  // [n_mat]
+  int64_t n_mat() const { return static_cast<int64_t>(counts.size()); }
+};
+
+class ImatrixCollector final : public ProgramHook {
+ public:
+  explicit ImatrixCollector(bool process_output) : process_output_(process_output) {}
+  // The model's weights (Model::weights()): how a matmul's weight is known by name. Before its first step.
+  void attach(std::span<const std::unique_ptr<WeightHandle>> weights);
+  Status recorded(Program& program, Backend& backend) override;
+  // Adds what the backends accumulated since the last call into `totals` (by weight name) and zeroes it:
+  // after a step's results were read (the backends are then done with it). An error names a weight whose
+  // sums are not finite, or one whose shape differs from its totals' (a legacy file's broadcast counts
+  // aside).
+  Status read_back(std::map<std::string, ImatrixSums>& totals);
+
+ private:
+  // Device accumulators of the weights first seen in one recording on one backend: per weight, sums [n_cols,
+  // n_mat] then counts [1, n_mat], one after another.
+  struct Slab {
+    Backend* backend = nullptr;
+    std::unique_ptr<Buffer> buffer;
+    std::vector<float> host;  // its floats, read back
+  };
+  struct Entry {
+    size_t slab = 0;
+    size_t offset = 0;  // in floats
+    int64_t n_cols = 0, n_mat = 0;
+  };
+  // The weight a matmul multiplies by, as llama-imatrix would collect it; empty: not collected.
+  std::string collected_name(const ops::Weight& w, int64_t x_rows, bool routed) const;
+
+  bool process_output_;
+  // (weight data, prepared form) -> the weight's name without a part suffix.
+  std::map<std::pair<const void*, const void*>, std::string> names_;
+  std::map<std::string, Entry> entries_;
+  std::vector<Slab> slabs_;
+};
+
+// Adds `from` into `into` (llama-imatrix's merge): shapes must agree, except that a weight collected with one
+// count takes as many as `from` has (a legacy file's single count).
+Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& into);
+
+}  // namespace kiln::quant
