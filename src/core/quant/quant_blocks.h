@@ -315,4 +315,33 @@ struct LegacyRow {
   static void quantize(const float* src, void* dst, int64_t n);
 };
 
+// Model rows (QuantizeRowsFn), byte-identical with ggml_quantize_chunk. Without importance the reference
+// quantizers above (Q8_0 always: it has no use for importance); IQ4_NL and IQ4_XS always search their scales,
+// with x^2 weights when there is no importance. With importance, the searches of quant_k_search.h weighted
+// by it (quant_legacy.cpp, quant_k_rows.cpp, quant_iq4_rows.cpp).
+void quantize_rows_q4_0(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q4_1(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q5_0(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q5_1(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q8_0(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q2_k(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q3_k(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q4_k(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q5_k(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_q6_k(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance);
+void quantize_rows_iq4_nl(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                          const float* importance);
+void quantize_rows_iq4_xs(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                          const float* importance);
+
 }  // namespace kiln::quant

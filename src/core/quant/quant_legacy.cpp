@@ -2,12 +2,15 @@
 // which share their layout. Reference code: one block at a time, one element at a time.
 #include "core/quant/fp_contract_off.h"
 // (the line above must stay first)
+#include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "core/half.h"
 #include "core/quant/quant_blocks.h"
+#include "core/quant/quant_k_search.h"
 
 namespace kiln::quant {
 namespace {
@@ -18,19 +21,24 @@ int nibble(const uint8_t* qs, int j) { return j < kQK / 2 ? (qs[j] & 0x0F) : (qs
 // Bit 4 of 5-bit quant j, stored as bit j of the little-endian uint32 qh.
 int high_bit(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8)) & 1; }
 
-// (int)v clamped to [0, hi], truncating toward zero like ggml's (int8_t) casts; NaN gives 0.
-// For finite v in [0, 127] this equals ggml's MIN(hi, (int8_t)v).
-int trunc_clamped(float v, int hi) {
-  if (!(v > 0.0f)) return 0;
-  if (v >= static_cast<float>(hi)) return hi;
-  return static_cast<int>(v);
+// C's conversion of a float to a narrower integer ((int8_t)v, (uint8_t)v) as x86 compiles it: a truncating
+// conversion to int32 (cvttss2si, INT32_MIN for NaN and out-of-range v), then the low byte. Returns the
+// int32. The conversion is undefined in C for such v; ggml's quantizers reach it when a block's scale d is
+// subnormal and 1 / d overflows to inf, and their bytes there are x86's (AArch64 saturates instead).
+int32_t c_float_to_int_x86(float v) {
+  if (!(v >= -2147483648.0f && v < 2147483648.0f)) return INT32_MIN;
+  return static_cast<int32_t>(v);
 }
 
-// roundf(v) (half away from zero) clamped to [-127, 127]; NaN gives 0.
-int round_clamped_127(float v) {
-  if (!(std::fabs(v) <= 127.0f)) return std::isnan(v) ? 0 : (v > 0 ? 127 : -127);
-  return static_cast<int>(std::roundf(v));
+// ggml's MIN(hi, (int8_t)v) (Q5_1: (uint8_t)v, the same on its range). v is NaN, +-inf or finite in
+// [0, hi + 1.5] (the block's largest magnitude maps to 0 or hi + 0.5 within rounding): NaN and inf give 0.
+int trunc_clamped(float v, int hi) {
+  const int t = static_cast<int8_t>(c_float_to_int_x86(v));
+  return hi < t ? hi : t;
 }
+
+// ggml's (int8_t)roundf(v) (half away from zero): v is NaN, +-inf or finite in [-127.5, 127.5).
+int round_to_int8(float v) { return static_cast<int8_t>(c_float_to_int_x86(std::roundf(v))); }
 
 // The element of largest magnitude (the first one on ties), with its sign.
 float signed_absmax(const float* x, int n) {
@@ -45,16 +53,18 @@ float signed_absmax(const float* x, int n) {
   return max;
 }
 
+// max |x| as ggml's MAX(amax, |x|) computes it (a NaN is kept only until a later comparison replaces it).
 float absmax(const float* x, int n) {
   float amax = 0.0f;
-  for (int j = 0; j < n; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+  for (int j = 0; j < n; ++j) amax = amax > std::fabs(x[j]) ? amax : std::fabs(x[j]);
   return amax;
 }
 
+// Smallest and largest element from (FLT_MAX, -FLT_MAX), as ggml starts (NaN elements are skipped).
 void min_max(const float* x, int n, float* min, float* max) {
-  *min = x[0];
-  *max = x[0];
-  for (int j = 1; j < n; ++j) {
+  *min = FLT_MAX;
+  *max = -FLT_MAX;
+  for (int j = 0; j < n; ++j) {
     if (x[j] < *min) *min = x[j];
     if (x[j] > *max) *max = x[j];
   }
@@ -178,7 +188,7 @@ void quantize_row_q8(const float* src, void* dst, int64_t n) {
     Block b;
     const float d = absmax(x, kQK) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < kQK; ++j) b.qs[j] = static_cast<int8_t>(round_clamped_127(x[j] * id));
+    for (int j = 0; j < kQK; ++j) b.qs[j] = static_cast<int8_t>(round_to_int8(x[j] * id));
     b.d = f32_to_f16(d);
     if constexpr (requires { b.s; }) {
       int sum = 0;
@@ -198,6 +208,83 @@ void LegacyRow<Block>::quantize(const float* src, void* dst, int64_t n) {
   } else {
     quantize_row_nibbles<Block>(src, dst, n);
   }
+}
+
+namespace {
+
+// One row with importance weights (ggml: quantize_row_q4_0_impl and its Q4_1, Q5_0, Q5_1 siblings). Each
+// block's weight is importance * sqrt(sigma2 + x^2), sigma2 the row's mean square; the symmetric blocks take
+// the weighted symmetric search, the blocks with a minimum the weighted scale-and-minimum search.
+template <class Block>
+void quantize_row_weighted(const float* x, void* dst, int64_t n_per_row, const float* importance) {
+  constexpr int kMax = kNibbleMax<Block>;
+  float sum_x2 = 0.0f;
+  for (int64_t j = 0; j < n_per_row; ++j) sum_x2 += x[j] * x[j];
+  const float sigma2 = sum_x2 / static_cast<float>(n_per_row);
+  for (int64_t i = 0; i < n_per_row / kQK; ++i) {
+    const float* xb = x + i * kQK;
+    const float* qw = importance + i * kQK;
+    float weight[kQK];
+    for (int j = 0; j < kQK; ++j) weight[j] = qw[j] * std::sqrt(sigma2 + xb[j] * xb[j]);
+    Block b;
+    int q[kQK];
+    if constexpr (requires { b.m; }) {
+      uint8_t L[kQK], Laux[kQK];
+      float neg_min;
+      const float d = search_scale_min(kQK, kMax, xb, weight, L, Laux, &neg_min, -0.9f, 0.05f, 36, false);
+      b.d = f32_to_f16(d);
+      b.m = f32_to_f16(-neg_min);
+      for (int j = 0; j < kQK; ++j) q[j] = L[j];
+    } else {
+      int8_t L[kQK];
+      b.d = f32_to_f16(search_scale_symmetric(kQK, kZeroQuant<Block>, xb, weight, L));
+      for (int j = 0; j < kQK; ++j) q[j] = static_cast<uint8_t>(L[j]);
+    }
+    if constexpr (requires { b.qh; }) pack_high_bits(q, b.qh);
+    pack_nibbles(q, b.qs);
+    store_block(dst, i, b);
+  }
+}
+
+// Model rows: without importance the whole span is one reference row (blocks are independent); with it,
+// row by row (the weights' sigma2 is per row). Q8_0 ignores importance, as ggml does.
+template <class Block>
+void quantize_rows_legacy(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                          const float* importance) {
+  if constexpr (!std::is_same_v<Block, BlockQ8_0>) {
+    if (importance != nullptr) {
+      const int64_t row_bytes = n_per_row / kQK * static_cast<int64_t>(sizeof(Block));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        quantize_row_weighted<Block>(src + r * n_per_row, static_cast<uint8_t*>(dst) + r * row_bytes,
+                                     n_per_row, importance);
+      }
+      return;
+    }
+  }
+  LegacyRow<Block>::quantize(src, dst, n_rows * n_per_row);
+}
+
+}  // namespace
+
+void quantize_rows_q4_0(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance) {
+  quantize_rows_legacy<BlockQ4_0>(src, dst, n_rows, n_per_row, importance);
+}
+void quantize_rows_q4_1(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance) {
+  quantize_rows_legacy<BlockQ4_1>(src, dst, n_rows, n_per_row, importance);
+}
+void quantize_rows_q5_0(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance) {
+  quantize_rows_legacy<BlockQ5_0>(src, dst, n_rows, n_per_row, importance);
+}
+void quantize_rows_q5_1(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance) {
+  quantize_rows_legacy<BlockQ5_1>(src, dst, n_rows, n_per_row, importance);
+}
+void quantize_rows_q8_0(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                        const float* importance) {
+  quantize_rows_legacy<BlockQ8_0>(src, dst, n_rows, n_per_row, importance);
 }
 
 template struct LegacyRow<BlockQ4_0>;

@@ -1,0 +1,268 @@
+// The scale searches of the row quantizers (see quant_k_search.h). Groups are at most kMaxGroup values, so
+// every scratch array lives on the stack.
+#include "core/quant/fp_contract_off.h"
+// (the line above must stay first)
+#include <algorithm>
+#include <cmath>
+
+#include "core/quant/quant_blocks.h"
+#include "core/quant/quant_k_search.h"
+#include "core/status.h"
+
+namespace kiln::quant {
+namespace {
+
+constexpr int kMaxGroup = 32;  // the longest group any caller searches (a Q4_K/Q5_K sub-block, a Q4_0 block)
+
+int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// The signed value of largest magnitude (the first one on ties) and that magnitude.
+float signed_max(int n, const float* x, float* amax) {
+  float max = 0.0f;
+  *amax = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > *amax) {
+      *amax = ax;
+      max = x[i];
+    }
+  }
+  return max;
+}
+
+}  // namespace
+
+float search_scale_symmetric(int n, int nmax, const float* x, const float* weights, int8_t* L) {
+  KILN_ASSERT(n <= kMaxGroup);
+  float amax;
+  const float max = signed_max(n, x, &amax);
+  if (amax < kGroupMaxEps) {
+    std::memset(L, 0, static_cast<size_t>(n));
+    return 0.0f;
+  }
+  float w[kMaxGroup];
+  for (int i = 0; i < n; ++i) w[i] = weights != nullptr ? weights[i] : x[i] * x[i];
+
+  // Levels of scale 1 / iscale, clamped to [-nmax, nmax - 1], with their weighted sums.
+  int8_t trial[kMaxGroup];
+  auto levels = [&](float iscale, float* sumlx, float* suml2) {
+    *sumlx = 0.0f;
+    *suml2 = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+      trial[i] = static_cast<int8_t>(l + nmax);
+      const float fl = static_cast<float>(l);
+      *sumlx += w[i] * x[i] * fl;
+      *suml2 += w[i] * fl * fl;
+    }
+  };
+  float sumlx, suml2;
+  levels(static_cast<float>(-nmax) / max, &sumlx, &suml2);
+  std::memcpy(L, trial, static_cast<size_t>(n));
+  float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    levels(-(static_cast<float>(nmax) + 0.1f * static_cast<float>(is)) / max, &sumlx, &suml2);
+    if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
+      std::memcpy(L, trial, static_cast<size_t>(n));
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+float search_scale_q3(int n, int nmax, const float* x, int8_t* L) {
+  float amax;
+  const float max = signed_max(n, x, &amax);
+  if (amax < kGroupMaxEps) {
+    std::memset(L, 0, static_cast<size_t>(n));
+    return 0.0f;
+  }
+  const float iscale = static_cast<float>(-nmax) / max;
+  float sumlx = 0.0f, suml2 = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+    L[i] = static_cast<int8_t>(l);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * static_cast<float>(l);
+    suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+  }
+  // Move one level at a time to the value that is optimal given the others, while the fit improves.
+  for (int pass = 0; pass < 5; ++pass) {
+    int n_changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = x[i] * x[i];
+      const float li = static_cast<float>(L[i]);
+      float slx = sumlx - w * x[i] * li;
+      if (!(slx > 0.0f)) continue;
+      float sl2 = suml2 - w * li * li;
+      const int new_l = clamp_int(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+      if (new_l == L[i]) continue;
+      const float fl = static_cast<float>(new_l);
+      slx += w * x[i] * fl;
+      sl2 += w * fl * fl;
+      if (sl2 > 0.0f && slx * slx * suml2 > sumlx * sumlx * sl2) {
+        L[i] = static_cast<int8_t>(new_l);
+        sumlx = slx;
+        suml2 = sl2;
+        ++n_changed;
+      }
+    }
+    if (n_changed == 0) break;
+  }
+  for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(L[i] + nmax);
+  return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+float search_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L, uint8_t* Laux,
+                       float* neg_min, float rmin, float rdelta, int nstep, bool use_mad) {
+  float min = x[0];
+  float max = x[0];
+  const float sum_w0 = weights[0];
+  float sum_w = sum_w0;
+  float sum_x = sum_w0 * x[0];
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < min) min = x[i];
+    if (x[i] > max) max = x[i];
+    sum_w += weights[i];
+    sum_x += weights[i] * x[i];
+  }
+  if (min > 0.0f) min = 0.0f;
+  if (max == min) {
+    std::memset(L, 0, static_cast<size_t>(n));
+    *neg_min = -min;
+    return 0.0f;
+  }
+  // The weighted error of levels q under y = scale * q + min.
+  auto error = [&](const uint8_t* q, float scale, float offset) {
+    float err = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      float diff = scale * static_cast<float>(q[i]) + offset - x[i];
+      diff = use_mad ? std::fabs(diff) : diff * diff;
+      err += weights[i] * diff;
+    }
+    return err;
+  };
+  float iscale = static_cast<float>(nmax) / (max - min);
+  float scale = 1.0f / iscale;
+  for (int i = 0; i < n; ++i)
+    L[i] = static_cast<uint8_t>(clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax));
+  float best_error = error(L, scale, min);
+  if (nstep < 1) {
+    *neg_min = -min;
+    return scale;
+  }
+  for (int is = 0; is <= nstep; ++is) {
+    // min is the best fit's so far: later trials start from it
+    iscale = (rmin + rdelta * static_cast<float>(is) + static_cast<float>(nmax)) / (max - min);
+    float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
+      Laux[i] = static_cast<uint8_t>(l);
+      const float fl = static_cast<float>(l);
+      sum_l += weights[i] * fl;
+      sum_l2 += weights[i] * fl * fl;
+      sum_xl += weights[i] * fl * x[i];
+    }
+    const float D = sum_w * sum_l2 - sum_l * sum_l;
+    if (!(D > 0.0f)) continue;
+    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+    if (this_min > 0.0f) {
+      this_min = 0.0f;
+      this_scale = sum_xl / sum_l2;
+    }
+    const float cur_error = error(Laux, this_scale, this_min);
+    if (cur_error < best_error) {
+      std::memcpy(L, Laux, static_cast<size_t>(n));
+      best_error = cur_error;
+      scale = this_scale;
+      min = this_min;
+    }
+  }
+  *neg_min = -min;
+  return scale;
+}
+
+float search_scale_positive(int n, int nmax, const float* x, const float* weights, uint8_t* L) {
+  float max = 0.0f;
+  for (int i = 0; i < n; ++i) max = max > x[i] ? max : x[i];
+  if (max < kGroupMaxEps) {
+    std::memset(L, 0, static_cast<size_t>(n));
+    return 0.0f;
+  }
+  float iscale = static_cast<float>(nmax) / max;
+  for (int i = 0; i < n; ++i) L[i] = static_cast<uint8_t>(nearest_int(iscale * x[i]));
+  const float scale = 1.0f / iscale;
+  float best_mse = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float diff = x[i] - scale * static_cast<float>(L[i]);
+    best_mse += weights[i] * diff * diff;
+  }
+  for (int is = -4; is <= 4; ++is) {
+    if (is == 0) continue;
+    const float iscale_is = (0.1f * static_cast<float>(is) + static_cast<float>(nmax)) / max;
+    const float scale_is = 1.0f / iscale_is;
+    float mse = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::min(nmax, nearest_int(iscale_is * x[i]));
+      const float diff = x[i] - scale_is * static_cast<float>(l);
+      mse += weights[i] * diff * diff;
+    }
+    if (mse < best_mse) {
+      best_mse = mse;
+      iscale = iscale_is;
+    }
+  }
+  float sumlx = 0.0f, suml2 = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const int l = std::min(nmax, nearest_int(iscale * x[i]));
+    L[i] = static_cast<uint8_t>(l);  // the sums below use l itself, the later passes the stored byte
+    const float fl = static_cast<float>(l);
+    sumlx += weights[i] * x[i] * fl;
+    suml2 += weights[i] * fl * fl;
+  }
+  for (int pass = 0; pass < 5; ++pass) {
+    int n_changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = weights[i];
+      const float li = static_cast<float>(L[i]);
+      float slx = sumlx - w * x[i] * li;
+      float sl2 = suml2 - w * li * li;
+      if (!(slx > 0.0f && sl2 > 0.0f)) continue;
+      const int new_l = std::min(nmax, nearest_int(x[i] * sl2 / slx));
+      if (new_l == L[i]) continue;
+      const float fl = static_cast<float>(new_l);
+      slx += w * x[i] * fl;
+      sl2 += w * fl * fl;
+      if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+        L[i] = static_cast<uint8_t>(new_l);
+        sumlx = slx;
+        suml2 = sl2;
+        ++n_changed;
+      }
+    }
+    if (n_changed == 0) break;
+  }
+  return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+int iq4nl_index(float v) {
+  auto level = [](int i) { return static_cast<float>(kIQ4NLValues[i]); };
+  if (v <= level(0)) return 0;
+  if (v >= level(15)) return 15;
+  int lo = 0, hi = 15;  // level(lo) <= v < level(hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (v < level(mid)) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return v - level(hi - 1) < level(hi) - v ? hi - 1 : hi;
+}
+
+}  // namespace kiln::quant
