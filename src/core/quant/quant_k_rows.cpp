@@ -9,6 +9,7 @@
 // and step (1)'s results quantized by a weighted search of their own. No state crosses super-blocks.
 #include "core/quant/fp_contract_off.h"
 // (the line above must stay first)
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -20,7 +21,7 @@
 namespace kiln::quant {
 namespace {
 
-int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+int clamp_int(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
 
 // Sum of x^2 over n values, in order.
 float sum_squares(const float* x, int n) {

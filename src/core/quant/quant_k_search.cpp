@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kMaxGroup = 32;  // the longest group any caller searches (a Q4_K/Q5_K sub-block, a Q4_0 block)
 
-int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+int clamp_int(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
 
 // The signed value of largest magnitude (the first one on ties) and that magnitude.
 float signed_max(int n, const float* x, float* amax) {
@@ -32,45 +32,64 @@ float signed_max(int n, const float* x, float* amax) {
 
 }  // namespace
 
-float search_scale_symmetric(int n, int nmax, const float* x, const float* weights, int8_t* L) {
-  KILN_ASSERT(n <= kMaxGroup);
+namespace {
+template <int n>
+float search_scale_symmetric_n(int nmax, const float* x, const float* weights, int8_t* L) {
   float amax;
   const float max = signed_max(n, x, &amax);
   if (amax < kGroupMaxEps) {
     std::memset(L, 0, static_cast<size_t>(n));
     return 0.0f;
   }
-  float w[kMaxGroup];
-  for (int i = 0; i < n; ++i) w[i] = weights != nullptr ? weights[i] : x[i] * x[i];
+  // w * x is the same in every trial: (w * x) * l is ggml's w * x * l
+  float w[n], wx[n];
+  for (int i = 0; i < n; ++i) {
+    w[i] = weights != nullptr ? weights[i] : x[i] * x[i];
+    wx[i] = w[i] * x[i];
+  }
 
-  // Levels of scale 1 / iscale, clamped to [-nmax, nmax - 1], with their weighted sums.
-  int8_t trial[kMaxGroup];
-  auto levels = [&](float iscale, float* sumlx, float* suml2) {
-    *sumlx = 0.0f;
-    *suml2 = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-      trial[i] = static_cast<int8_t>(l + nmax);
-      const float fl = static_cast<float>(l);
-      *sumlx += w[i] * x[i] * fl;
-      *suml2 += w[i] * fl * fl;
-    }
-  };
-  float sumlx, suml2;
-  levels(static_cast<float>(-nmax) / max, &sumlx, &suml2);
-  std::memcpy(L, trial, static_cast<size_t>(n));
-  float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-  float best = scale * sumlx;
-  for (int is = -9; is <= 9; ++is) {
-    if (is == 0) continue;
-    levels(-(static_cast<float>(nmax) + 0.1f * static_cast<float>(is)) / max, &sumlx, &suml2);
-    if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
-      std::memcpy(L, trial, static_cast<size_t>(n));
-      scale = sumlx / suml2;
-      best = scale * sumlx;
+  // The 19 trial scales 1 / iscale[t] are independent of each other: their sums are computed side by side
+  // (t innermost, each sum still accumulated in element order), then judged in ggml's order.
+  constexpr int kTrials = 19;  // t = 0: -nmax / max; t = 1..18: is = -9..-1, 1..9
+  constexpr int kLanes = 20;   // kTrials rounded up to whole 4-float vectors; the last lane repeats t = 0
+  float iscale[kLanes];
+  iscale[0] = static_cast<float>(-nmax) / max;
+  iscale[kLanes - 1] = iscale[0];
+  for (int t = 1; t < kTrials; ++t) {
+    const int is = t <= 9 ? t - 10 : t - 9;
+    iscale[t] = -(static_cast<float>(nmax) + 0.1f * static_cast<float>(is)) / max;
+  }
+  auto level = [&](float is, float xi) { return clamp_int(nearest_int(is * xi), -nmax, nmax - 1); };
+  float sumlx[kLanes] = {}, suml2[kLanes] = {};
+  for (int i = 0; i < n; ++i) {
+    for (int t = 0; t < kLanes; ++t) {
+      const auto fl = static_cast<float>(level(iscale[t], x[i]));
+      sumlx[t] += wx[i] * fl;
+      suml2[t] += w[i] * fl * fl;
     }
   }
+  int chosen = 0;
+  float scale = suml2[0] != 0.0f ? sumlx[0] / suml2[0] : 0.0f;
+  float best = scale * sumlx[0];
+  for (int t = 1; t < kTrials; ++t) {
+    if (suml2[t] > 0.0f && sumlx[t] * sumlx[t] > best * suml2[t]) {
+      chosen = t;
+      scale = sumlx[t] / suml2[t];
+      best = scale * sumlx[t];
+    }
+  }
+  for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(level(iscale[chosen], x[i]) + nmax);
   return scale;
+}
+
+}  // namespace
+
+float search_scale_symmetric(int n, int nmax, const float* x, const float* weights, int8_t* L) {
+  switch (n) {
+    case 16: return search_scale_symmetric_n<16>(nmax, x, weights, L);
+    case 32: return search_scale_symmetric_n<32>(nmax, x, weights, L);
+    default: KILN_ASSERT(false && "group size"); return 0.0f;
+  }
 }
 
 float search_scale_q3(int n, int nmax, const float* x, int8_t* L) {
@@ -253,16 +272,11 @@ int iq4nl_index(float v) {
   auto level = [](int i) { return static_cast<float>(kIQ4NLValues[i]); };
   if (v <= level(0)) return 0;
   if (v >= level(15)) return 15;
-  int lo = 0, hi = 15;  // level(lo) <= v < level(hi)
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (v < level(mid)) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return v - level(hi - 1) < level(hi) - v ? hi - 1 : hi;
+  // The bisection's bracket level(lo) <= v < level(lo + 1), found without branches: lo counts the inner
+  // levels that v is not below (14 for NaN, as the bisection ends there).
+  int lo = 0;
+  for (int i = 1; i < 15; ++i) lo += !(v < level(i));
+  return v - level(lo) < level(lo + 1) - v ? lo : lo + 1;
 }
 
 }  // namespace kiln::quant

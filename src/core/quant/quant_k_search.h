@@ -8,8 +8,8 @@
 // float where ggml's would); the including .cpp files include fp_contract_off.h first.
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 namespace kiln::quant {
 
@@ -19,10 +19,7 @@ inline constexpr float kGroupMaxEps = 1e-15f;
 // Round to nearest, ties to even, for |v| <= 2^22 - 1: adding 1.5 * 2^23 leaves the integer in the low
 // mantissa bits. Outside that range the result is the same wrapped value as ggml's nearest_int.
 inline int nearest_int(float v) {
-  const float biased = v + 12582912.0f;
-  int32_t bits;
-  std::memcpy(&bits, &biased, sizeof bits);
-  return (bits & 0x007fffff) - 0x00400000;
+  return (std::bit_cast<int32_t>(v + 12582912.0f) & 0x007fffff) - 0x00400000;
 }
 
 // Symmetric levels q in [-nmax, nmax - 1], stored as L = q + nmax (ggml: make_qx_quants, rmse_type 1).
