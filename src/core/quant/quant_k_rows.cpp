@@ -66,15 +66,14 @@ void q2_k_requantize(const float* x, const BlockQ2_K& b, float d_all, float m_al
 
 BlockQ2_K quantize_block_q2_k(const float* x, const float* qw) {
   BlockQ2_K b{};
-  uint8_t L[kQK_K], Laux[16];
-  float scales[kQK_K / 16], mins[kQK_K / 16], weights[16];
+  uint8_t L[kQK_K];
+  float scales[kQK_K / 16], mins[kQK_K / 16], weights[kQK_K];
   if (qw == nullptr) {
     // Reference: weights |x|, the scale and min codes linear in [0, max] with 15 steps.
+    for (int e = 0; e < kQK_K; ++e) weights[e] = std::fabs(x[e]);
+    search_scale_min<16, 16>(3, x, weights, -0.5f, 0.1f, 15, true, L, scales, mins);
     float max_scale = 0.0f, max_min = 0.0f;
     for (int j = 0; j < kQK_K / 16; ++j) {
-      for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-      scales[j] =
-          search_scale_min(16, 3, x + 16 * j, weights, L + 16 * j, Laux, &mins[j], -0.5f, 0.1f, 15, true);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
@@ -97,11 +96,9 @@ BlockQ2_K quantize_block_q2_k(const float* x, const float* qw) {
   } else {
     const float sigma2 = sum_squares(x, kQK_K) / static_cast<float>(kQK_K);
     float sw[kQK_K / 16];
-    for (int j = 0; j < kQK_K / 16; ++j) {
-      sw[j] = importance_weights(qw + 16 * j, x + 16 * j, sigma2, 16, weights);
-      scales[j] =
-          search_scale_min(16, 3, x + 16 * j, weights, L + 16 * j, Laux, &mins[j], -0.9f, 0.05f, 36, false);
-    }
+    for (int j = 0; j < kQK_K / 16; ++j)
+      sw[j] = importance_weights(qw + 16 * j, x + 16 * j, sigma2, 16, weights + 16 * j);
+    search_scale_min<16, 16>(3, x, weights, -0.9f, 0.05f, 36, false, L, scales, mins);
     uint8_t Ls[kQK_K / 16], Lm[kQK_K / 16];
     b.d = f32_to_f16(search_scale_positive(kQK_K / 16, 15, scales, sw, Ls));
     b.dmin = f32_to_f16(search_scale_positive(kQK_K / 16, 15, mins, sw, Lm));
@@ -219,18 +216,21 @@ Block quantize_block_q45_k(const float* x, const float* qw) {
   constexpr bool kQ5 = std::is_same_v<Block, BlockQ5_K>;
   constexpr int kMax = kQ45Max<Block>;
   Block b{};
-  uint8_t L[kQK_K], Laux[32];
-  float scales[kQK_K / 32], mins[kQK_K / 32], weights[32];
+  uint8_t L[kQK_K];
+  float scales[kQK_K / 32], mins[kQK_K / 32], weights[kQK_K];
   if (qw == nullptr) {
     // Reference: weights sqrt(mean x^2) + |x| per sub-block, codes linear in [0, max] with 63 steps.
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      const float av_x = std::sqrt(sum_squares(x + 32 * j, 32) / 32.0f);
+      for (int e = 32 * j; e < 32 * j + 32; ++e) weights[e] = av_x + std::fabs(x[e]);
+    }
+    if constexpr (kQ5) {
+      search_scale_min<8, 32>(kMax, x, weights, -0.5f, 0.1f, 15, false, L, scales, mins);
+    } else {
+      search_scale_min<8, 32>(kMax, x, weights, -1.0f, 0.1f, 20, false, L, scales, mins);
+    }
     float max_scale = 0.0f, max_min = 0.0f;
     for (int j = 0; j < kQK_K / 32; ++j) {
-      const float* xs = x + 32 * j;
-      const float av_x = std::sqrt(sum_squares(xs, 32) / 32.0f);
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-      scales[j] =
-          kQ5 ? search_scale_min(32, kMax, xs, weights, L + 32 * j, Laux, &mins[j], -0.5f, 0.1f, 15, false)
-              : search_scale_min(32, kMax, xs, weights, L + 32 * j, Laux, &mins[j], -1.0f, 0.1f, 20, false);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
@@ -246,11 +246,9 @@ Block quantize_block_q45_k(const float* x, const float* qw) {
   } else {
     const float sigma2 = 2.0f * sum_squares(x, kQK_K) / static_cast<float>(kQK_K);
     float sw[kQK_K / 32];
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      sw[j] = importance_weights(qw + 32 * j, x + 32 * j, sigma2, 32, weights);
-      scales[j] = search_scale_min(32, kMax, x + 32 * j, weights, L + 32 * j, Laux, &mins[j], -0.9f, 0.05f,
-                                   36, false);
-    }
+    for (int j = 0; j < kQK_K / 32; ++j)
+      sw[j] = importance_weights(qw + 32 * j, x + 32 * j, sigma2, 32, weights + 32 * j);
+    search_scale_min<8, 32>(kMax, x, weights, -0.9f, 0.05f, 36, false, L, scales, mins);
     uint8_t Ls[kQK_K / 32], Lm[kQK_K / 32];
     const float d_block = search_scale_positive(kQK_K / 32, 63, scales, sw, Ls);
     const float m_block = search_scale_positive(kQK_K / 32, 63, mins, sw, Lm);

@@ -135,75 +135,131 @@ float search_scale_q3(int n, int nmax, const float* x, int8_t* L) {
   return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-float search_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L, uint8_t* Laux,
-                       float* neg_min, float rmin, float rdelta, int nstep, bool use_mad) {
-  float min = x[0];
-  float max = x[0];
-  const float sum_w0 = weights[0];
-  float sum_w = sum_w0;
-  float sum_x = sum_w0 * x[0];
+namespace {
+
+// search_scale_min for kLanes groups side by side. Transposed copies [n][kLanes] put the lanes innermost, so
+// each loop over lanes runs kLanes independent sums (each still in element order) that the CPU overlaps and
+// the compiler vectorises; each lane's arithmetic is exactly the single search's.
+template <int kLanes, int n, bool kMad>
+void search_scale_min_lanes(int nmax, const float* x, const float* weights, float rmin, float rdelta,
+                            int nstep, uint8_t* L, float* scales, float* neg_mins) {
+  float xt[n][kLanes], wt[n][kLanes];
+  for (int s = 0; s < kLanes; ++s) {
+    for (int i = 0; i < n; ++i) {
+      xt[i][s] = x[s * n + i];
+      wt[i][s] = weights[s * n + i];
+    }
+  }
+  float min[kLanes], max[kLanes], sum_w[kLanes], sum_x[kLanes];
+  for (int s = 0; s < kLanes; ++s) {
+    min[s] = max[s] = xt[0][s];
+    sum_w[s] = wt[0][s];
+    sum_x[s] = sum_w[s] * xt[0][s];
+  }
   for (int i = 1; i < n; ++i) {
-    if (x[i] < min) min = x[i];
-    if (x[i] > max) max = x[i];
-    sum_w += weights[i];
-    sum_x += weights[i] * x[i];
-  }
-  if (min > 0.0f) min = 0.0f;
-  if (max == min) {
-    std::memset(L, 0, static_cast<size_t>(n));
-    *neg_min = -min;
-    return 0.0f;
-  }
-  // The weighted error of levels q under y = scale * q + min.
-  auto error = [&](const uint8_t* q, float scale, float offset) {
-    float err = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      float diff = scale * static_cast<float>(q[i]) + offset - x[i];
-      diff = use_mad ? std::fabs(diff) : diff * diff;
-      err += weights[i] * diff;
+    for (int s = 0; s < kLanes; ++s) {
+      min[s] = xt[i][s] < min[s] ? xt[i][s] : min[s];
+      max[s] = xt[i][s] > max[s] ? xt[i][s] : max[s];
+      sum_w[s] += wt[i][s];
+      sum_x[s] += wt[i][s] * xt[i][s];
     }
-    return err;
+  }
+  bool flat[kLanes];  // max == min: levels 0, scale 0
+  float iscale[kLanes], scale[kLanes], best_error[kLanes] = {};
+  for (int s = 0; s < kLanes; ++s) {
+    min[s] = min[s] > 0.0f ? 0.0f : min[s];
+    flat[s] = max[s] == min[s];
+    iscale[s] = static_cast<float>(nmax) / (max[s] - min[s]);
+    scale[s] = 1.0f / iscale[s];
+  }
+  // The weighted error of levels q under y = sc * q + mn.
+  auto add_error = [&](float diff, float w, float* err) {
+    diff = kMad ? std::fabs(diff) : diff * diff;
+    *err += w * diff;
   };
-  float iscale = static_cast<float>(nmax) / (max - min);
-  float scale = 1.0f / iscale;
-  for (int i = 0; i < n; ++i)
-    L[i] = static_cast<uint8_t>(clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax));
-  float best_error = error(L, scale, min);
-  if (nstep < 1) {
-    *neg_min = -min;
-    return scale;
+  // The levels under trial, as floats: clamping the integer nearest_int gives in float arithmetic (exact for
+  // these small integers) vectorises without SSE4's integer min and max.
+  float lt[n][kLanes];
+  const auto fmax_level = static_cast<float>(nmax);
+  auto level = [&](int i, int s) {
+    const auto l = static_cast<float>(nearest_int(iscale[s] * (xt[i][s] - min[s])));
+    const float lo = l > 0.0f ? l : 0.0f;
+    return lo < fmax_level ? lo : fmax_level;
+  };
+  auto keep_levels = [&](int s) {
+    for (int i = 0; i < n; ++i) L[s * n + i] = static_cast<uint8_t>(lt[i][s]);
+  };
+  for (int i = 0; i < n; ++i) {
+    for (int s = 0; s < kLanes; ++s) {
+      lt[i][s] = level(i, s);
+      add_error(scale[s] * lt[i][s] + min[s] - xt[i][s], wt[i][s], &best_error[s]);
+    }
   }
-  for (int is = 0; is <= nstep; ++is) {
-    // min is the best fit's so far: later trials start from it
-    iscale = (rmin + rdelta * static_cast<float>(is) + static_cast<float>(nmax)) / (max - min);
-    float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
+  for (int s = 0; s < kLanes; ++s) keep_levels(s);
+  for (int is = 0; nstep >= 1 && is <= nstep; ++is) {
+    // min is each lane's best fit so far: later trials start from it
+    for (int s = 0; s < kLanes; ++s)
+      iscale[s] = (rmin + rdelta * static_cast<float>(is) + static_cast<float>(nmax)) / (max[s] - min[s]);
+    float sum_l[kLanes] = {}, sum_l2[kLanes] = {}, sum_xl[kLanes] = {};
     for (int i = 0; i < n; ++i) {
-      const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
-      Laux[i] = static_cast<uint8_t>(l);
-      const float fl = static_cast<float>(l);
-      sum_l += weights[i] * fl;
-      sum_l2 += weights[i] * fl * fl;
-      sum_xl += weights[i] * fl * x[i];
+      for (int s = 0; s < kLanes; ++s) {
+        lt[i][s] = level(i, s);
+        const float fl = lt[i][s];
+        sum_l[s] += wt[i][s] * fl;
+        sum_l2[s] += wt[i][s] * fl * fl;
+        sum_xl[s] += wt[i][s] * fl * xt[i][s];
+      }
     }
-    const float D = sum_w * sum_l2 - sum_l * sum_l;
-    if (!(D > 0.0f)) continue;
-    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-    if (this_min > 0.0f) {
-      this_min = 0.0f;
-      this_scale = sum_xl / sum_l2;
+    // Each lane's weighted least-squares scale and minimum for these levels (the minimum at most 0).
+    bool fits[kLanes];
+    float this_scale[kLanes], this_min[kLanes];
+    for (int s = 0; s < kLanes; ++s) {
+      const float D = sum_w[s] * sum_l2[s] - sum_l[s] * sum_l[s];
+      fits[s] = D > 0.0f && !flat[s];
+      this_scale[s] = (sum_w[s] * sum_xl[s] - sum_x[s] * sum_l[s]) / D;
+      this_min[s] = (sum_l2[s] * sum_x[s] - sum_l[s] * sum_xl[s]) / D;
+      if (this_min[s] > 0.0f) {
+        this_min[s] = 0.0f;
+        this_scale[s] = sum_xl[s] / sum_l2[s];
+      }
     }
-    const float cur_error = error(Laux, this_scale, this_min);
-    if (cur_error < best_error) {
-      std::memcpy(L, Laux, static_cast<size_t>(n));
-      best_error = cur_error;
-      scale = this_scale;
-      min = this_min;
+    float cur_error[kLanes] = {};
+    for (int i = 0; i < n; ++i) {
+      for (int s = 0; s < kLanes; ++s)
+        add_error(this_scale[s] * lt[i][s] + this_min[s] - xt[i][s], wt[i][s], &cur_error[s]);
+    }
+    for (int s = 0; s < kLanes; ++s) {
+      if (fits[s] && cur_error[s] < best_error[s]) {
+        keep_levels(s);
+        best_error[s] = cur_error[s];
+        scale[s] = this_scale[s];
+        min[s] = this_min[s];
+      }
     }
   }
-  *neg_min = -min;
-  return scale;
+  for (int s = 0; s < kLanes; ++s) {
+    if (flat[s]) std::memset(L + s * n, 0, n);
+    scales[s] = flat[s] ? 0.0f : scale[s];
+    neg_mins[s] = -min[s];
+  }
 }
+
+}  // namespace
+
+template <int kLanes, int n>
+void search_scale_min(int nmax, const float* x, const float* weights, float rmin, float rdelta, int nstep,
+                      bool use_mad, uint8_t* L, float* scales, float* neg_mins) {
+  if (use_mad) {
+    search_scale_min_lanes<kLanes, n, true>(nmax, x, weights, rmin, rdelta, nstep, L, scales, neg_mins);
+  } else {
+    search_scale_min_lanes<kLanes, n, false>(nmax, x, weights, rmin, rdelta, nstep, L, scales, neg_mins);
+  }
+}
+
+template void search_scale_min<16, 16>(int, const float*, const float*, float, float, int, bool, uint8_t*,
+                                       float*, float*);
+template void search_scale_min<8, 32>(int, const float*, const float*, float, float, int, bool, uint8_t*,
+                                      float*, float*);
 
 float search_scale_positive(int n, int nmax, const float* x, const float* weights, uint8_t* L) {
   float max = 0.0f;

@@ -32,13 +32,16 @@ float search_scale_symmetric(int n, int nmax, const float* x, const float* weigh
 // passes that move single levels while the x^2-weighted fit improves (ggml: make_q3_quants, do_rmse).
 float search_scale_q3(int n, int nmax, const float* x, int8_t* L);
 
-// Asymmetric levels L in [0, nmax] with y = scale * L - min, min >= 0 returned in *neg_min (ggml:
-// make_qkx2_quants, and make_qkx3_quants, which computes the same with its weights given). The range
-// [min(x, 0), max(x)] is split in nmax steps, then nstep + 1 scales (rmin + rdelta * is + nmax) / range are
-// tried, each with its weighted least-squares scale and minimum; the smallest error wins (absolute error
-// when use_mad, else squared). `weights` is required; Laux is n bytes of scratch.
-float search_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L, uint8_t* Laux,
-                       float* neg_min, float rmin, float rdelta, int nstep, bool use_mad);
+// Asymmetric levels L in [0, nmax] with y = scale * L - min, min >= 0 (ggml: make_qkx2_quants, and
+// make_qkx3_quants, which computes the same with its weights given), for kLanes independent groups of n
+// values at once: group s is x[s * n ..], weights[s * n ..], L[s * n ..], scales[s], neg_mins[s] (its min).
+// The range [min(x, 0), max(x)] is split in nmax steps, then nstep + 1 scales (rmin + rdelta * is + nmax) /
+// range are tried, each with its weighted least-squares scale and minimum (the range's low end moves to the
+// best minimum so far); the smallest error wins (absolute error when use_mad, else squared). Instantiated for
+// 16 groups of 16 and 8 groups of 32.
+template <int kLanes, int n>
+void search_scale_min(int nmax, const float* x, const float* weights, float rmin, float rdelta, int nstep,
+                      bool use_mad, uint8_t* L, float* scales, float* neg_mins);
 
 // Non-negative levels L in [0, nmax] for non-negative x (the sub-block scales and mins of the K-quants
 // with importance; ggml: make_qp_quants): scale max / nmax and 8 nearby ones, the best by weighted squared

@@ -26,8 +26,9 @@ int high_bit(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8)) & 1; }
 // int32. The conversion is undefined in C for such v; ggml's quantizers reach it when a block's scale d is
 // subnormal and 1 / d overflows to inf, and their bytes there are x86's (AArch64 saturates instead).
 int32_t c_float_to_int_x86(float v) {
-  if (!(v >= -2147483648.0f && v < 2147483648.0f)) return INT32_MIN;
-  return static_cast<int32_t>(v);
+  const bool in_range = v >= -2147483648.0f && v < 2147483648.0f;
+  const int32_t t = static_cast<int32_t>(in_range ? v : 0.0f);  // selects, not branches: a row loop vectorises
+  return in_range ? t : INT32_MIN;
 }
 
 // ggml's MIN(hi, (int8_t)v) (Q5_1: (uint8_t)v, the same on its range). v is NaN, +-inf or finite in
@@ -218,31 +219,42 @@ namespace {
 template <class Block>
 void quantize_row_weighted(const float* x, void* dst, int64_t n_per_row, const float* importance) {
   constexpr int kMax = kNibbleMax<Block>;
+  constexpr int kGroup = 8;  // blocks searched side by side (search_scale_min's lanes)
   float sum_x2 = 0.0f;
   for (int64_t j = 0; j < n_per_row; ++j) sum_x2 += x[j] * x[j];
   const float sigma2 = sum_x2 / static_cast<float>(n_per_row);
-  for (int64_t i = 0; i < n_per_row / kQK; ++i) {
-    const float* xb = x + i * kQK;
-    const float* qw = importance + i * kQK;
-    float weight[kQK];
-    for (int j = 0; j < kQK; ++j) weight[j] = qw[j] * std::sqrt(sigma2 + xb[j] * xb[j]);
-    Block b;
-    int q[kQK];
-    if constexpr (requires { b.m; }) {
-      uint8_t L[kQK], Laux[kQK];
-      float neg_min;
-      const float d = search_scale_min(kQK, kMax, xb, weight, L, Laux, &neg_min, -0.9f, 0.05f, 36, false);
-      b.d = f32_to_f16(d);
-      b.m = f32_to_f16(-neg_min);
-      for (int j = 0; j < kQK; ++j) q[j] = L[j];
-    } else {
-      int8_t L[kQK];
-      b.d = f32_to_f16(search_scale_symmetric(kQK, kZeroQuant<Block>, xb, weight, L));
-      for (int j = 0; j < kQK; ++j) q[j] = static_cast<uint8_t>(L[j]);
+  const int64_t nb = n_per_row / kQK;
+  for (int64_t g = 0; g < nb; g += kGroup) {
+    // [kGroup][kQK] values and weights of blocks g.. (lanes past the row's end repeat block g, unused)
+    float xg[kGroup * kQK], weight[kGroup * kQK];
+    for (int k = 0; k < kGroup; ++k) {
+      const int64_t i = g + k < nb ? g + k : g;
+      for (int j = 0; j < kQK; ++j) {
+        xg[k * kQK + j] = x[i * kQK + j];
+        weight[k * kQK + j] = importance[i * kQK + j] * std::sqrt(sigma2 + x[i * kQK + j] * x[i * kQK + j]);
+      }
     }
-    if constexpr (requires { b.qh; }) pack_high_bits(q, b.qh);
-    pack_nibbles(q, b.qs);
-    store_block(dst, i, b);
+    uint8_t L[kGroup * kQK];
+    float d[kGroup], neg_min[kGroup];
+    if constexpr (requires { Block::m; }) {
+      search_scale_min<kGroup, kQK>(kMax, xg, weight, -0.9f, 0.05f, 36, false, L, d, neg_min);
+    } else {
+      for (int k = 0; k < kGroup && g + k < nb; ++k) {
+        int8_t Ls[kQK];
+        d[k] = search_scale_symmetric(kQK, kZeroQuant<Block>, xg + k * kQK, weight + k * kQK, Ls);
+        for (int j = 0; j < kQK; ++j) L[k * kQK + j] = static_cast<uint8_t>(Ls[j]);
+      }
+    }
+    for (int k = 0; k < kGroup && g + k < nb; ++k) {
+      Block b;
+      b.d = f32_to_f16(d[k]);
+      if constexpr (requires { b.m; }) b.m = f32_to_f16(-neg_min[k]);
+      int q[kQK];
+      for (int j = 0; j < kQK; ++j) q[j] = L[k * kQK + j];
+      if constexpr (requires { b.qh; }) pack_high_bits(q, b.qh);
+      pack_nibbles(q, b.qs);
+      store_block(dst, g + k, b);
+    }
   }
 }
 
