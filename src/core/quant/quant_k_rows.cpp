@@ -5,8 +5,9 @@
 // 8-bit scale codes under an f16 super-block scale, and every value is re-quantized with the scale it will
 // be decoded with (the f16 scale times the code). Without importance each type follows ggml's reference
 // quantizer (quantize_row_*_ref); with importance w (n_per_row values, the same for every row) ggml's
-// quantize_row_*_impl: sub-block weights w * sqrt(sigma2 + x^2), sigma2 from the super-block's mean square,
-// and step (1)'s results quantized by a weighted search of their own. No state crosses super-blocks.
+// quantize_row_*_impl: sub-block weights w * sqrt(sigma2 + x^2), sigma2 from the super-block's mean square
+// (Q6_K takes w as is), and step (1)'s results quantized by a weighted search of their own. No state crosses
+// super-blocks.
 #include "core/quant/fp_contract_off.h"
 // (the line above must stay first)
 #include <algorithm>

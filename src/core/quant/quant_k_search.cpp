@@ -1,9 +1,13 @@
-// The scale searches of the row quantizers (see quant_k_search.h). Groups are at most kMaxGroup values, so
-// every scratch array lives on the stack.
+// The scale searches of the row quantizers (see quant_k_search.h). Groups have a compile-time size, so every
+// scratch array lives on the stack. Where a search tries independent candidates (the symmetric search's trial
+// scales, the scale-and-minimum search's groups), they are evaluated side by side with the candidate
+// innermost: each candidate's sums still add in element order, so the results are the sequential search's,
+// while the CPU overlaps the candidates' dependent additions and the compiler vectorises across them.
 #include "core/quant/fp_contract_off.h"
 // (the line above must stay first)
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/quant/quant_blocks.h"
 #include "core/quant/quant_k_search.h"
@@ -11,8 +15,6 @@
 
 namespace kiln::quant {
 namespace {
-
-constexpr int kMaxGroup = 32;  // the longest group any caller searches (a Q4_K/Q5_K sub-block, a Q4_0 block)
 
 int clamp_int(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
 
@@ -30,9 +32,6 @@ float signed_max(int n, const float* x, float* amax) {
   return max;
 }
 
-}  // namespace
-
-namespace {
 template <int n>
 float search_scale_symmetric_n(int nmax, const float* x, const float* weights, int8_t* L) {
   float amax;
@@ -137,9 +136,7 @@ float search_scale_q3(int n, int nmax, const float* x, int8_t* L) {
 
 namespace {
 
-// search_scale_min for kLanes groups side by side. Transposed copies [n][kLanes] put the lanes innermost, so
-// each loop over lanes runs kLanes independent sums (each still in element order) that the CPU overlaps and
-// the compiler vectorises; each lane's arithmetic is exactly the single search's.
+// search_scale_min, its kLanes groups side by side: transposed copies [n][kLanes] put the lanes innermost.
 template <int kLanes, int n, bool kMad>
 void search_scale_min_lanes(int nmax, const float* x, const float* weights, float rmin, float rdelta,
                             int nstep, uint8_t* L, float* scales, float* neg_mins) {
@@ -177,8 +174,8 @@ void search_scale_min_lanes(int nmax, const float* x, const float* weights, floa
     diff = kMad ? std::fabs(diff) : diff * diff;
     *err += w * diff;
   };
-  // The levels under trial, as floats: clamping the integer nearest_int gives in float arithmetic (exact for
-  // these small integers) vectorises without SSE4's integer min and max.
+  // The levels under trial, kept as floats: nearest_int's integer is clamped to [0, nmax] in float arithmetic
+  // (exact for these integers), which vectorises without SSE4.1's integer min and max.
   float lt[n][kLanes];
   const auto fmax_level = static_cast<float>(nmax);
   auto level = [&](int i, int s) {
@@ -238,7 +235,7 @@ void search_scale_min_lanes(int nmax, const float* x, const float* weights, floa
     }
   }
   for (int s = 0; s < kLanes; ++s) {
-    if (flat[s]) std::memset(L + s * n, 0, n);
+    if (flat[s]) std::memset(L + s * n, 0, static_cast<size_t>(n));
     scales[s] = flat[s] ? 0.0f : scale[s];
     neg_mins[s] = -min[s];
   }

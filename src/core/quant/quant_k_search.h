@@ -25,7 +25,7 @@ inline int nearest_int(float v) {
 // Symmetric levels q in [-nmax, nmax - 1], stored as L = q + nmax (ggml: make_qx_quants, rmse_type 1).
 // Weights: `weights` when given, else x^2. Starts from scale max / -nmax (max: the signed value of largest
 // magnitude), then tries 18 nearby scales -(nmax + 0.1 is) / max, is = -9..9, keeping the least-squares scale
-// of the best levels. Returns that scale (0 for an all-zero group).
+// of the best levels. Returns that scale (0 for an all-zero group). n is 16 or 32.
 float search_scale_symmetric(int n, int nmax, const float* x, const float* weights, int8_t* L);
 
 // Q3_K without importance: levels q in [-nmax, nmax - 1] (L = q + nmax) from scale max / -nmax, then up to 5

@@ -27,7 +27,8 @@ int high_bit(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8)) & 1; }
 // subnormal and 1 / d overflows to inf, and their bytes there are x86's (AArch64 saturates instead).
 int32_t c_float_to_int_x86(float v) {
   const bool in_range = v >= -2147483648.0f && v < 2147483648.0f;
-  const int32_t t = static_cast<int32_t>(in_range ? v : 0.0f);  // selects, not branches: a row loop vectorises
+  const int32_t t =
+      static_cast<int32_t>(in_range ? v : 0.0f);  // selects, not branches: a row loop vectorises
   return in_range ? t : INT32_MIN;
 }
 
