@@ -69,9 +69,10 @@ constexpr std::string_view kHarnessOps[] = {
     "gated_act", "binary", "scale",    "argmax",     "sample", "moe_route", "moe_matmul", "weighted_sum"};
 
 // The weight / table types of matmul and get_rows.
-constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q4_0,  DType::q4_1,
-                                  DType::q5_0, DType::q5_1, DType::q8_0, DType::q2_k,  DType::q3_k,
-                                  DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_nl};
+constexpr DType kWeightTypes[] = {
+    DType::f32,     DType::f16,    DType::bf16,  DType::q4_0,    DType::q4_1,  DType::q5_0,  DType::q5_1,
+    DType::q8_0,    DType::q2_k,   DType::q3_k,  DType::q4_k,    DType::q5_k,  DType::q6_k,  DType::iq4_nl,
+    DType::iq2_xxs, DType::iq2_xs, DType::iq2_s, DType::iq3_xxs, DType::iq3_s, DType::iq1_s, DType::iq1_m};
 
 class Rng {
  public:
@@ -216,7 +217,24 @@ std::vector<size_t> scale_offsets(DType type) {
     case DType::q5_k: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
     case DType::q6_k: return {offsetof(BlockQ6_K, d)};
     case DType::iq4_nl: return {offsetof(BlockIQ4_NL, d)};
-    default: return {};
+    case DType::iq2_xxs: return {offsetof(BlockIQ2_XXS, d)};
+    case DType::iq2_xs: return {offsetof(BlockIQ2_XS, d)};
+    case DType::iq2_s: return {offsetof(BlockIQ2_S, d)};
+    case DType::iq3_xxs: return {offsetof(BlockIQ3_XXS, d)};
+    case DType::iq3_s: return {offsetof(BlockIQ3_S, d)};
+    case DType::iq1_s: return {offsetof(BlockIQ1_S, d)};
+    default: return {};  // iq1_m: set_iq1_m_scale
+  }
+}
+
+// IQ1_M's f16 scale d lives in the top nibbles of its four 16-bit scale words: bits 4i..4i+3 of d in word i.
+void set_iq1_m_scale(uint8_t* block, uint16_t d) {
+  for (int i = 0; i < 4; ++i) {
+    uint16_t word;
+    uint8_t* at = block + offsetof(quant::BlockIQ1_M, scales) + 2 * i;
+    std::memcpy(&word, at, sizeof word);
+    word = static_cast<uint16_t>((word & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12));
+    std::memcpy(at, &word, sizeof word);
   }
 }
 
@@ -232,7 +250,8 @@ Host make_weights(DType type, int64_t k, int64_t n, int64_t pad, Rng& rng) {
   h.t.nb[1] = stride;
   h.t.nb[2] = h.t.nb[3] = stride * n;
   const std::vector<size_t> scales = scale_offsets(type);
-  EXPECT_TRUE(info.quantize_row != nullptr || !scales.empty()) << "no generator for " << info.name;
+  EXPECT_TRUE(info.quantize_row != nullptr || !scales.empty() || type == DType::iq1_m)
+      << "no generator for " << info.name;
   std::vector<float> v(k);
   for (int64_t j = 0; j < n; ++j) {
     uint8_t* row = h.t.row(j);
@@ -246,6 +265,10 @@ Host make_weights(DType type, int64_t k, int64_t n, int64_t pad, Rng& rng) {
       for (size_t off : scales) {
         const uint16_t d = f32_to_f16(rng.uniform(0.004f, 0.02f) * (rng.integer(0, 1) ? 1.0f : -1.0f));
         std::memcpy(row + blk * info.type_size + off, &d, sizeof d);
+      }
+      if (type == DType::iq1_m) {
+        set_iq1_m_scale(row + blk * info.type_size,
+                        f32_to_f16(rng.uniform(0.004f, 0.02f) * (rng.integer(0, 1) ? 1.0f : -1.0f)));
       }
     }
   }
