@@ -40,15 +40,16 @@ const char* precision_name(ops::Precision p) {
 constexpr ops::Precision kPrecisions[] = {ops::Precision::precision_exact, ops::Precision::precision_fast};
 
 // The Matmul weight types of the CUDA backend (backends/cuda/matmul/dequant.cuh's KILN_CUDA_WEIGHT_TYPES).
-constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,    DType::bf16,   DType::q4_0,
-                                  DType::q4_1, DType::q5_0,   DType::q5_1,   DType::q8_0,
-                                  DType::q2_k, DType::q3_k,   DType::q4_k,   DType::q5_k,
-                                  DType::q6_k, DType::iq4_nl, DType::iq4_xs, DType::mxfp4};
+constexpr DType kWeightTypes[] = {DType::f32,   DType::f16,     DType::bf16,   DType::q4_0,   DType::q4_1,
+                                  DType::q5_0,  DType::q5_1,    DType::q8_0,   DType::q2_k,   DType::q3_k,
+                                  DType::q4_k,  DType::q5_k,    DType::q6_k,   DType::iq4_nl, DType::iq4_xs,
+                                  DType::mxfp4, DType::iq2_xxs, DType::iq2_xs, DType::iq2_s,  DType::iq3_xxs,
+                                  DType::iq3_s, DType::iq1_s,   DType::iq1_m};
 
 // `rows` random rows of k elements of `type`: float types from uniform values; block types random bytes
 // with their f16 scales (d, and the minimum's where there is one) random positive normals in 2^-9 .. 2^-8
-// and MXFP4's shared exponent 2^-9 .. 2^-6, so that no product overflows (kiln has no quantizer of most of
-// these types).
+// (IQ1_M's d in the top nibbles of its four scale words) and MXFP4's shared exponent 2^-9 .. 2^-6, so that
+// no product overflows (kiln has no quantizer of most of these types).
 std::vector<uint8_t> random_rows(DType type, int64_t k, int64_t rows, std::mt19937_64& rng) {
   const auto row_bytes = static_cast<size_t>(dtype_row_bytes(type, k).value());
   std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows));
@@ -72,8 +73,9 @@ std::vector<uint8_t> random_rows(DType type, int64_t k, int64_t rows, std::mt199
     case DType::q2_k: f16_at = {80, 82}; break;
     case DType::q3_k: f16_at = {108}; break;
     case DType::q6_k: f16_at = {208}; break;
-    case DType::mxfp4: break;
-    default: f16_at = {0}; break;  // q4_0, q5_0, q8_0, iq4_nl, iq4_xs
+    case DType::mxfp4:
+    case DType::iq1_m: break;
+    default: f16_at = {0}; break;  // q4_0, q5_0, q8_0, iq4_nl, iq4_xs, the other i-quants
   }
   const auto block = static_cast<size_t>(dtype_info(type).type_size);
   for (size_t b = 0; b < w.size() / block; ++b) {
@@ -81,6 +83,13 @@ std::vector<uint8_t> random_rows(DType type, int64_t k, int64_t rows, std::mt199
     for (const size_t at : f16_at) {
       const auto bits = static_cast<uint16_t>(0x1800 + mant(rng));
       std::memcpy(w.data() + b * block + at, &bits, 2);
+    }
+    if (type == DType::iq1_m) {  // scale words at 48: bits 4i..4i+3 of d on top of word i
+      const auto bits = static_cast<uint16_t>(0x1800 + mant(rng));
+      for (size_t i = 0; i < 4; ++i) {
+        uint8_t& top = w[b * block + 48 + 2 * i + 1];
+        top = static_cast<uint8_t>((top & 0x0F) | (((bits >> (4 * i)) & 0xF) << 4));
+      }
     }
   }
   return w;

@@ -313,13 +313,16 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, cons
 
 // The GEMV instances: launch_gemv_rows for each weight type, the exact GEMV always, the integer one
 // (integer = 1: the types of KILN_CUDA_Q8_TYPES) and the paired gate/up one (paired = 1: the float types)
-// where the type has them. One list, in four parts, each expanded by its own translation unit
-// (gemv_float.cu, gemv_kquant.cu, gemv_q4.cu, gemv_q5q8.cu) so that the instances compile in parallel:
-// X(type, integer, paired).
+// where the type has them. One list, in five parts, each expanded by its own translation unit
+// (gemv_float.cu, gemv_kquant.cu, gemv_q4.cu, gemv_q5q8.cu, gemv_iquant.cu) so that the instances compile in
+// parallel: X(type, integer, paired).
 #define KILN_GEMV_FLOAT_TYPES(X) X(f32, 0, 1) X(f16, 0, 1) X(bf16, 0, 1)
 #define KILN_GEMV_KQUANT_TYPES(X) X(q2_k, 0, 0) X(q3_k, 0, 0) X(q4_k, 1, 0) X(q5_k, 1, 0) X(q6_k, 1, 0)
 #define KILN_GEMV_Q4_TYPES(X) X(q4_0, 1, 0) X(q4_1, 1, 0) X(q5_0, 1, 0)
 #define KILN_GEMV_Q5Q8_TYPES(X) X(q5_1, 1, 0) X(q8_0, 1, 0) X(iq4_nl, 0, 0) X(iq4_xs, 0, 0) X(mxfp4, 0, 0)
+#define KILN_GEMV_IQUANT_TYPES(X) \
+  X(iq2_xxs, 0, 0)                \
+  X(iq2_xs, 0, 0) X(iq2_s, 0, 0) X(iq3_xxs, 0, 0) X(iq3_s, 0, 0) X(iq1_s, 0, 0) X(iq1_m, 0, 0)
 
 #define KILN_GEMV_IF_0(...)
 #define KILN_GEMV_IF_1(...) __VA_ARGS__
