@@ -60,13 +60,18 @@ struct Budget {
 constexpr Budget kMatmul{Metric::rel_l2, 1e-5, 1.0};
 constexpr Budget kAttention{Metric::rel_l2, 1e-5};
 constexpr Budget kRowWise{Metric::max_abs, 1e-6};
+// sum_squares: max |out - ref| / max(1, |ref|max) over the sums and counts. A backend sums up to a few
+// hundred squares in f32 (in slices, on a GPU) against the f64 reference: a few ulp of the largest sum; a row
+// missed or counted twice moves a sum by O(1) of its O(rows) size, and a count by 1.
+constexpr Budget kSums{Metric::max_abs, 1e-5};
 // argmax, moe_route's ids: exact indices. kv_write: bit-exact pools (f32 copied; f16 rounded to nearest even
 // from the same f32).
 
 // Every op the harness has a case for; EveryOpHasACase fails when the Op variant grows without one.
 constexpr std::string_view kHarnessOps[] = {
-    "get_rows",  "matmul", "rms_norm", "layer_norm", "rope",   "softmax",   "kv_write",   "attention",
-    "gated_act", "binary", "scale",    "argmax",     "sample", "moe_route", "moe_matmul", "weighted_sum"};
+    "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",       "softmax",
+    "kv_write", "attention", "gated_act",  "binary",       "scale",      "argmax",
+    "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares"};
 
 // The weight / table types of matmul and get_rows.
 constexpr DType kWeightTypes[] = {
@@ -379,6 +384,9 @@ std::vector<Tensor*> operands(Op& op) {
                         },
                         [](WeightedSum& o) {
                           return std::vector<Tensor*>{&o.y, &o.w, &o.dst};
+                        },
+                        [](SumSquares& o) {
+                          return std::vector<Tensor*>{&o.x, &o.ids, &o.sums, &o.counts};
                         },
                     },
                     op);
@@ -1661,6 +1669,66 @@ TEST(OpHarness, WeightedSum) {
   }
 }
 
+// sum_squares accumulates into sums f32 [n, n_mat] and counts f32 [1, n_mat], held as the views of one
+// [n + 1, n_mat] tensor (so one dst compares both): columns 0..n-1 the sums, column n the count. They start
+// from earlier sums (positive values) and whole counts.
+struct SumsAndCounts {
+  Tensor sums, counts;
+};
+SumsAndCounts sums_and_counts(const Tensor& acc) {
+  const int64_t n = acc.ne[0] - 1, n_mat = acc.ne[1];
+  SumsAndCounts v{acc, acc};
+  v.sums.ne = {n, n_mat, 1, 1};
+  v.counts.data = acc.row_as<float>(0) + n;
+  v.counts.ne = {1, n_mat, 1, 1};
+  return v;
+}
+Host make_accumulators(Layout layout, int64_t n, int64_t n_mat, Rng& rng) {
+  Host h = make_f32(layout, n + 1, n_mat, 1, &rng, 0.0f, 4.0f);
+  for (int64_t m = 0; m < n_mat; ++m) h.t.row_as<float>(m)[n] = static_cast<float>(rng.integer(0, 9));
+  return h;
+}
+
+TEST(OpHarness, SumSquares) {
+  Rng rng(16);
+  int i = 0;
+  // Dense: every row of x to one matrix (a Matmul's x); 300 rows: a GPU's several slices of rows.
+  for (const RowShape& s : {RowShape{1, 1, 1}, RowShape{7, 3, 2}, RowShape{257, 3, 1}, RowShape{64, 300, 1},
+                            RowShape{33, 1, 3}, RowShape{4096, 2, 1}}) {
+    for (Layout layout : kLayouts) {
+      const Host x = make_f32(layout, s.n, s.r1, s.r2, &rng);
+      const Host acc = make_accumulators(kLayouts[i++ % 3], s.n, 1, rng);
+      expect_matches_ref(fmt::format("sum_squares x {} {}", x.t.describe(), layout_name(layout)), acc, kSums,
+                         [&](const Tensor& d) {
+                           const SumsAndCounts v = sums_and_counts(d);
+                           return Op(SumSquares{x.t, Tensor{}, v.sums, v.counts});
+                         });
+    }
+  }
+  // Routed: slot s of token t to matrix ids[s + n_used t] (a MoeMatmul's x and ids), repeats and unused
+  // matrices included; n = 300: more than a GPU block's columns.
+  struct Shape {
+    int64_t n, n_mat, n_used, n_tokens;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1, 1}, Shape{7, 4, 2, 5}, Shape{33, 8, 3, 6}, Shape{300, 60, 4, 37}}) {
+    for (const bool shared_x : {true, false}) {  // x [n, 1, n_tokens] or [n, n_used, n_tokens]
+      const Layout layout = kLayouts[i++ % 3];
+      std::vector<int32_t> ids(sh.n_used * sh.n_tokens);
+      for (int32_t& id : ids) id = rng.integer(0, static_cast<int32_t>(sh.n_mat) - 1);
+      ids.back() = static_cast<int32_t>(sh.n_mat) - 1;
+      const Host x = make_f32(layout, sh.n, shared_x ? 1 : sh.n_used, sh.n_tokens, &rng);
+      const Host acc = make_accumulators(layout, sh.n, sh.n_mat, rng);
+      expect_matches_ref(
+          fmt::format("sum_squares x {} n_mat {} n_used {} {}", x.t.describe(), sh.n_mat, sh.n_used,
+                      layout_name(layout)),
+          acc, kSums, [&](const Tensor& d) {
+            const SumsAndCounts v = sums_and_counts(d);
+            return Op(SumSquares{x.t, reshape(iv(ids), sh.n_used, sh.n_tokens), v.sums, v.counts});
+          });
+    }
+  }
+}
+
 // ---- typed activations: f16 / bf16 destinations ----
 
 // The ops whose contract allows a float destination (f32, f16, bf16). The reference computes in f32 and
@@ -1878,6 +1946,30 @@ TEST(OpCheck, MoeRouteMoeMatmulWeightedSum) {
   expect_rejected(GatedAct{gate_bad.t, o.x.t, GluKind::glu_kind_sigmoid, o.y.t}, kInvalid, "gate is");
 }
 
+TEST(OpCheck, SumSquares) {
+  Operands o;  // x [8, 4, 2]
+  const Host sums = dense(8, 1, 1, nullptr), sums3 = dense(8, 3, 1, nullptr),
+             narrow = dense(7, 1, 1, nullptr);
+  const Host counts = dense(1, 1, 1, nullptr), counts3 = dense(1, 3, 1, nullptr),
+             wide = dense(2, 1, 1, nullptr);
+  ASSERT_TRUE(check(SumSquares{o.x.t, Tensor{}, sums.t, counts.t}).ok());
+  expect_rejected(SumSquares{o.half.t, Tensor{}, sums.t, counts.t}, kInvalid, "x must");
+  expect_rejected(SumSquares{o.x.t, Tensor{}, narrow.t, counts.t}, kInvalid, "sums is");
+  expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, wide.t}, kInvalid, "counts is");
+  expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, counts3.t}, kInvalid, "counts is");
+  expect_rejected(SumSquares{o.x.t, Tensor{}, sums3.t, counts3.t}, kInvalid, "without ids");
+  expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, o.half.t}, kInvalid, "counts must");
+  // Routed: ids [n_used = 4, n_tokens = 2] for x [8, 4 slots, 2 tokens] or [8, 1, 2].
+  const std::vector<int32_t> ids = {0, 1, 2, 0, 1, 1, 2, 2}, ids_short = {0, 1, 2};
+  const Tensor ids2 = reshape(iv(ids), 4, 2), ids_odd = reshape(iv(ids), 2, 4);
+  const Host x1 = dense(8, 1, 2, &o.rng);
+  ASSERT_TRUE(check(SumSquares{o.x.t, ids2, sums3.t, counts3.t}).ok());
+  ASSERT_TRUE(check(SumSquares{x1.t, ids2, sums3.t, counts3.t}).ok());
+  expect_rejected(SumSquares{o.x.t, ids_odd, sums3.t, counts3.t}, kInvalid, "x is");
+  expect_rejected(SumSquares{o.x.t, iv(ids_short), sums3.t, counts3.t}, kInvalid, "x is");
+  expect_rejected(SumSquares{o.x.t, o.x.t, sums3.t, counts3.t}, kInvalid, "ids must be i32");
+}
+
 TEST(OpCheck, KvWrite) {
   Operands o;  // k, v [8, 4, 2]; pools [8, 4, 2, 3]
   Rng rng(10);
@@ -2011,6 +2103,8 @@ TEST(OpHarness, Perf) {
   row("gated_act", "f32", shape, GatedAct{a.t, b.t, GluKind::glu_kind_silu, d.t});
   row("binary", "f32", shape, Binary{a.t, b.t, BinaryKind::binary_kind_add, d.t});
   row("scale", "f32", shape, Scale{a.t, 0.5f, d.t});
+  const Host sums = dense(576, 1, 1, nullptr), counts = dense(1, 1, 1, nullptr);
+  row("sum_squares", "f32", shape, SumSquares{a.t, Tensor{}, sums.t, counts.t});
   std::vector<int32_t> best(1);
   const Host logits = dense(49152, 1, 1, &rng);
   row("argmax", "f32", "[49152, 1]", Argmax{logits.t, iv(best)});
