@@ -92,14 +92,13 @@ def build_llama_perplexity() -> Path:
             PEER_BUILD.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(src), PEER_BUILD)
     build = PEER_BUILD / "build"
-    subprocess.run(["cmake", "-S", str(PEER_BUILD), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", *isa_options()],
-                   check=True, stdout=subprocess.DEVNULL)
     print(f"building llama-perplexity in {build} (the first time: 10-15 minutes on 2 cores)", file=sys.stderr)
     jobs = str(min(os.cpu_count() or 2, 2))
-    subprocess.run(["nice", "cmake", "--build", str(build), "-j", jobs, "--target", "llama-perplexity"], check=True,
-                   stdout=subprocess.DEVNULL)
+    for cmd in (["cmake", "-S", PEER_BUILD, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                 "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", *isa_options()],
+                ["nice", "cmake", "--build", build, "-j", jobs, "--target", "llama-perplexity"]):
+        run(cmd)
     return build / "bin" / "llama-perplexity"
 
 
@@ -116,7 +115,8 @@ def run(cmd: list, env: dict | None = None) -> tuple[str, float]:
     return res.stdout + "\n" + res.stderr, seconds
 
 
-LINE = re.compile(r"^(?P<label>[^:=\[]+?)\s*:\s*(?P<value>-?[\d.]+|nan|-?inf)\s*(?:±\s*(?P<error>-?[\d.]+|nan|-?inf))?\s*%?\s*$")
+NUMBER = r"-?[\d.]+|nan|-?inf"
+LINE = re.compile(rf"^(?P<label>[^:=\[]+?)\s*:\s*(?P<value>{NUMBER})\s*(?:±\s*(?P<error>{NUMBER}))?\s*%?\s*$")
 SECTION = "====== Perplexity statistics ======"
 
 
@@ -176,7 +176,8 @@ def compare_bases(a: BaseFile, b: BaseFile) -> str:
             pa = np.exp(la)
             kl.append(float((pa * (la - lb)).sum()))
             top.append(np.argmax(la) == np.argmax(lb))
-    return f"{note}; over them mean KL(llama.cpp's || kiln's) {np.mean(kl):.6f}, same top token {100 * np.mean(top):.2f}%"
+    return (f"{note}; over them mean KL(llama.cpp's || kiln's) {np.mean(kl):.6f}, "
+            f"same top token {100 * np.mean(top):.2f}%")
 
 
 # --- main -------------------------------------------------------------------------------------------------------
@@ -231,7 +232,8 @@ def main() -> int:
             from gguf_dequant import requantize_gguf
 
             st = args.base.stat()
-            quant = CACHE / "bench" / f"{args.base.stem}-{st.st_size}-{int(st.st_mtime)}-gguf-{version('gguf')}-Q4_0.gguf"
+            name = f"{args.base.stem}-{st.st_size}-{int(st.st_mtime)}-gguf-{version('gguf')}-Q4_0.gguf"
+            quant = CACHE / "bench" / name
             if not quant.exists():
                 quant.parent.mkdir(parents=True, exist_ok=True)
                 print(f"writing {quant} (gguf-py: Q4_1 matrices dequantized and quantized to Q4_0)", file=sys.stderr)

@@ -20,7 +20,7 @@ import pytest
 from gguf_dequant import requantize_gguf
 from parity_lib import gguf_add_bos, kiln_logits
 from parity_text import PARITY_TEXT
-from test_cli import KILN, SMOL, kiln, one_line_error, require
+from test_cli import SMOL, kiln, one_line_error, require
 
 N_CTX, N_CHUNKS = 128, 3  # 3 x 63 = 189 scored positions
 FIRST = N_CTX // 2
