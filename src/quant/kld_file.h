@@ -21,6 +21,7 @@
 // their place in the file, in any order (pwrite): chunks evaluated together may finish out of order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -89,15 +90,21 @@ class Reader {
   std::vector<int32_t> tokens_;  // [n_chunk * n_ctx]
 };
 
-// A base file being written: the header and tokens at create, then every row of every chunk (write_row, any
-// order, any thread one at a time per row), then commit(), which checks that every row was written and puts
-// the file in place (formats/output_file.h: a temporary file until then; nothing is left on failure).
+// A base file being written: the header and tokens at create, then every row of every chunk once (write_row:
+// in any order, from several threads at once), then commit(), which checks that as many rows were written and
+// puts the file in place (formats/output_file.h: a temporary file until then; nothing is left on failure).
 class Writer {
  public:
   // `tokens`: [header.n_chunk * header.n_ctx]. `model`: the model file the rows come from (never
   // overwritten).
   static Result<Writer> create(const std::string& path, const std::string& model, const Header& header,
                                std::span<const int32_t> tokens);
+  Writer(Writer&& other) noexcept
+      : out_(std::move(other.out_)), header_(other.header_), rows_written_(other.rows_written_.load()) {}
+  Writer& operator=(Writer&&) = delete;
+  Writer(const Writer&) = delete;
+
+  // Writes row j of chunk c ([row_values(n_vocab)]) in its place. Thread-safe (pwrite).
   Status write_row(int64_t c, int64_t j, std::span<const uint16_t> row);
   Status commit();
   const Header& header() const { return header_; }
@@ -106,7 +113,7 @@ class Writer {
   Writer(OutputFile out, const Header& header) : out_(std::move(out)), header_(header) {}
   OutputFile out_;
   Header header_;
-  int64_t rows_written_ = 0;
+  std::atomic<int64_t> rows_written_{0};
 };
 
 }  // namespace kiln::kld

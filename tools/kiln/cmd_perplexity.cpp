@@ -179,15 +179,6 @@ Status choose_tokens(PplRun& run, const PplOptions& o, const Engine& engine) {
 }
 
 Status run_perplexity(const PplOptions& o) {
-  if (o.kl_divergence && o.kld_base.empty()) {
-    return invalid_argument(
-        "--kl-divergence needs --kl-divergence-base FILE: the base model's distributions");
-  }
-  if (!o.kl_divergence && o.file.empty()) {
-    return invalid_argument(
-        "give the text to score with -f FILE (only --kl-divergence takes its tokens from "
-        "the base file)");
-  }
   if (o.kl_divergence && !o.file.empty()) {
     std::fprintf(stderr, "kiln perplexity: %s is not read: the tokens come from %s\n", o.file.c_str(),
                  o.kld_base.c_str());
@@ -369,12 +360,14 @@ void register_perplexity(CLI::App& app, int& rc) {
           ->capture_default_str();
   cmd->add_option("--chunks", o->n_chunks, "Chunks at most (default: all the text, or the base file, holds)")
       ->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--kl-divergence-base", o->kld_base,
-                  "Also write the scored positions' token distributions to FILE (llama-perplexity's format), "
-                  "the base for --kl-divergence; with --kl-divergence, the file to compare with");
+  CLI::Option* base = cmd->add_option(
+      "--kl-divergence-base", o->kld_base,
+      "Also write the scored positions' token distributions to FILE (llama-perplexity's format), "
+      "the base for --kl-divergence; with --kl-divergence, the file to compare with");
   cmd->add_flag("--kl-divergence", o->kl_divergence,
                 "Compare this model's distributions with --kl-divergence-base FILE's over its tokens: KL "
-                "divergence, same top token, perplexity ratio, Δp (docs/kl-divergence.md)");
+                "divergence, same top token, perplexity ratio, Δp (docs/kl-divergence.md)")
+      ->needs(base);
   cmd->add_option("--parallel", o->parallel, "Chunks run together")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -399,6 +392,11 @@ void register_perplexity(CLI::App& app, int& rc) {
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   cmd->callback([o, ctx, &rc] {
+    // A usage error (exit 2) as a missing required option is: -f, unless the tokens come from a base file.
+    if (o->file.empty() && !o->kl_divergence) {
+      throw CLI::RequiredError(
+          "-f,--file (the text to score; only --kl-divergence reads its tokens from the base file)");
+    }
     o->n_ctx_given = ctx->count() > 0;
     if (Status s = run_perplexity(*o); !s.ok()) rc = report_error("perplexity", s);
   });
