@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,10 @@ struct ChatMessage {
   std::string content;
 };
 
+// Receives the raw logits of one prompt position (Request::prompt_logits): `position` p and the logits that
+// predict prompt token p + 1, f32 [n_vocab] (ModelDescription::n_vocab), valid only during the call.
+using PromptLogitsCallback = std::function<void(int32_t position, std::span<const float> logits)>;
+
 struct Request {
   // Exactly one of these is the prompt:
   std::string prompt;                  // text, tokenized with the model's BOS rule
@@ -100,6 +105,13 @@ struct Request {
   // Admission rank (vLLM's `priority`): lower values are admitted first, and a waiting request preempts a
   // running one it outranks when every slot is taken; first come, first served among equals.
   int32_t priority = 0;
+  // Whole distributions over the prompt, for tools that compare models (KL divergence): when set, called on
+  // the engine thread for each prompt position p in [prompt_logits_from, n_prompt - 1), in increasing order
+  // and once each (a preempted request's recomputed positions are not repeated). As with
+  // SamplingParams::prompt_logprobs, the request then computes its whole prompt. Like the token callback, it
+  // must not block for long; it is called before the request's events of the same step.
+  PromptLogitsCallback prompt_logits;
+  int32_t prompt_logits_from = 0;  // in [0, n_prompt - 1]
 };
 
 enum class FinishReason { none, stop, length, cancelled, error };

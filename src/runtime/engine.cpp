@@ -118,6 +118,14 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
   if (request.sampling.prompt_logprobs >= 0) {
     s->prompt_lp.resize(static_cast<size_t>(n_prompt - 1));
   }
+  if (request.prompt_logits) {
+    if (request.prompt_logits_from < 0 || request.prompt_logits_from > n_prompt - 1) {
+      return out_of_range("request: prompt_logits_from = {} is outside [0, {}] (the prompt is {} tokens)",
+                          request.prompt_logits_from, n_prompt - 1, n_prompt);
+    }
+    s->prompt_logits = request.prompt_logits;
+    s->prompt_logits_next = request.prompt_logits_from;
+  }
   s->sampler.emplace(request.sampling, e.desc.n_vocab);
   s->sampler->set_end_tokens(e.tokenizer->eog_ids());
   s->decoder.emplace(*e.tokenizer, /*skip_special=*/true);

@@ -69,6 +69,9 @@ struct Engine::Impl {
     int32_t n_prompt = 0;
     std::vector<PromptLogprob> prompt_lp;
     bool prompt_lp_sent = false;
+    // Request::prompt_logits, and the next position it is owed (positions below it were delivered).
+    PromptLogitsCallback prompt_logits;
+    int32_t prompt_logits_next = 0;
     bool admitted = false;                                 // admitted at least once
     Clock::time_point t_submit, t_admit, t_first, t_last;  // t_last: the latest sampled token
   };
@@ -117,10 +120,12 @@ struct Engine::Impl {
   // or, under batch.argmax_vocab, `token_ids`, and waits for the backend: the step's one synchronisation.
   // `launched`: when the backend had accepted the step (KILN_STEP_PROFILE).
   Status run_forward(Clock::time_point& launched);
-  // Prompt logprobs: the positions of chunk `c` whose logits score the next prompt token ([lo, hi), empty
-  // unless the request asked and has not had them yet); scoring one; putting them on the first event.
+  // Prompt logprobs and logits: the positions of chunk `c` whose logits the step computes for them ([lo, hi),
+  // empty unless the request asked and has not had them yet); scoring one and handing its logits over;
+  // putting the logprobs on the first event.
   static std::pair<int32_t, int32_t> scored_positions(const Seq& s, const ScheduledChunk& c);
   Status score_prompt(Seq& s, int32_t position, std::span<const float> row_logits);
+  static void hand_over_prompt_logits(Seq& s, int32_t position, std::span<const float> row_logits);
   static void hand_over_prompt_logprobs(Seq& s, TokenEvent& ev);
   // Row `row` of a sampled step's output (Batch::sample_vocab), read from token_ids.
   ops::SampleOut sampled_row(size_t row) const;

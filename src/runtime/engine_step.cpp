@@ -61,8 +61,9 @@ void Engine::Impl::take_incoming() {
   while (!incoming.empty()) {
     std::unique_ptr<Seq> s = std::move(incoming.front());
     incoming.pop_front();
-    Status st = scheduler->add(s->id, std::move(s->prompt), s->cache_salt,
-                               /*reuse_prefix=*/s->params.prompt_logprobs < 0, s->priority);
+    Status st =
+        scheduler->add(s->id, std::move(s->prompt), s->cache_salt,
+                       /*reuse_prefix=*/s->params.prompt_logprobs < 0 && !s->prompt_logits, s->priority);
     KILN_ASSERT(st.ok());  // ids are unique and submit() refused empty prompts
     s->prompt = {};
     live.emplace(s->id, std::move(s));
@@ -132,9 +133,12 @@ void Engine::Impl::step() {
         Seq& s = *live.at(c.id);
         const auto [lo, hi] = scored_positions(s, c);
         Status scored = Status::ok_status();
+        const bool score = s.params.prompt_logprobs >= 0 && !s.prompt_lp_sent;
         for (int32_t p = lo; p < hi; ++p, ++row) {
-          if (scored.ok())
-            scored = score_prompt(s, p, {logits.data() + row * stride, static_cast<size_t>(desc.n_vocab)});
+          const std::span<const float> row_logits(logits.data() + row * stride,
+                                                  static_cast<size_t>(desc.n_vocab));
+          if (score && scored.ok()) scored = score_prompt(s, p, row_logits);
+          hand_over_prompt_logits(s, p, row_logits);
         }
         if (!scored.ok()) {
           if (c.sample) ++row;
@@ -259,9 +263,14 @@ ops::SampleOut Engine::Impl::sampled_row(size_t row) const {
 }
 
 std::pair<int32_t, int32_t> Engine::Impl::scored_positions(const Seq& s, const ScheduledChunk& c) {
-  if (s.params.prompt_logprobs < 0 || s.prompt_lp_sent) return {0, 0};
   const int32_t hi = std::min(c.start + c.n_tokens, s.n_prompt - 1);
-  return {c.start, std::max(c.start, hi)};
+  int32_t lo = hi;  // nothing asked for
+  if (s.params.prompt_logprobs >= 0 && !s.prompt_lp_sent) {
+    lo = c.start;
+  } else if (s.prompt_logits) {
+    lo = std::max(c.start, s.prompt_logits_next);
+  }
+  return {lo, std::max(lo, hi)};
 }
 
 Status Engine::Impl::score_prompt(Seq& s, int32_t position, std::span<const float> row_logits) {
@@ -269,6 +278,12 @@ Status Engine::Impl::score_prompt(Seq& s, int32_t position, std::span<const floa
   KILN_ASSIGN_OR_RETURN(SampleResult r, score_token(row_logits, next, s.params.prompt_logprobs));
   s.prompt_lp[static_cast<size_t>(position)] = PromptLogprob{next, r.logprob, std::move(r.top)};
   return Status::ok_status();
+}
+
+void Engine::Impl::hand_over_prompt_logits(Seq& s, int32_t position, std::span<const float> row_logits) {
+  if (!s.prompt_logits || position < s.prompt_logits_next) return;
+  s.prompt_logits(position, row_logits);
+  s.prompt_logits_next = position + 1;
 }
 
 void Engine::Impl::hand_over_prompt_logprobs(Seq& s, TokenEvent& ev) {

@@ -1,5 +1,6 @@
 // The Engine as a serving core, on the default model: a KV pool smaller than the requests need forces
-// preemption, and every preempted request still gives the output it gives alone; a queued cancel does not
+// preemption, and every preempted request still gives the output it gives alone (prompt logits once per
+// position, recomputed ones not repeated); a queued cancel does not
 // wait for a slot; the queue limit and drain() refuse new work with resource_exhausted; metrics() counts
 // tokens, preemptions, prefix-cache hits and latencies; cache salts separate prefix-cache namespaces;
 // finished requests are released whether or not anyone waits for them.
@@ -81,6 +82,53 @@ TEST(EngineServing, PreemptedRequestsGiveTheirOutputAlone) {
   EXPECT_GT(n_preempted, 0);
   EXPECT_GE(e->metrics().n_preemptions, 1u);
   EXPECT_EQ(e->metrics().kv_blocks_used, 0);
+}
+
+TEST(EngineServing, PreemptedRequestsGiveEachPromptLogitOnce) {
+  EngineOptions o;
+  o.n_ctx = 32;
+  o.n_seq_max = 3;
+  o.kv_block_size = 4;
+  const uint64_t bb = block_bytes(o);
+  ASSERT_GT(bb, 0u);
+  o.kv_memory_bytes = 12 * bb;  // 1.5 sequences of 32 tokens: the three requests below preempt one another
+  auto e = make_engine(o);
+  ASSERT_NE(e, nullptr);
+  const std::vector<std::string> prompts = {"Once upon a time", "The three primary colours are",
+                                            "def fibonacci(n):"};
+  struct Seen {
+    std::vector<int32_t> positions;
+    std::vector<float> first_logit;  // logits[0] of each
+    Collected events;
+  };
+  const auto submit = [&](size_t i, Seen& seen) {
+    Request r = greedy(prompts[i], 14);  // ~20 tokens = 5 blocks each
+    r.prompt_logits = [&seen](int32_t p, std::span<const float> logits) {
+      seen.positions.push_back(p);
+      seen.first_logit.push_back(logits[0]);
+    };
+    r.prompt_logits_from = 1;
+    auto id = e->submit(r, collect(seen.events));
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    return *id;
+  };
+  std::vector<Seen> alone(prompts.size()), together(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(e->wait(submit(i, alone[i])).ok());
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(submit(i, together[i]));
+  int n_preempted = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto st = e->wait(ids[i]);
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->finish, FinishReason::length) << together[i].events.error;
+    n_preempted += st->n_preemptions > 0 ? 1 : 0;
+    std::vector<int32_t> expected;
+    for (int32_t p = 1; p < st->n_prompt - 1; ++p) expected.push_back(p);
+    EXPECT_EQ(together[i].positions, expected) << i;
+    EXPECT_EQ(together[i].first_logit, alone[i].first_logit) << i;  // the CPU is batch-invariant
+    EXPECT_EQ(together[i].events.tokens, alone[i].events.tokens) << i;
+  }
+  EXPECT_GT(n_preempted, 0);
 }
 
 TEST(EngineServing, RequestsLargerThanThePoolAreErrors) {

@@ -1,10 +1,13 @@
 // The public Engine API on the default model (SmolLM2-135M Q4_1 from KILN_MODELS_DIR): bad requests are
 // errors that name what is wrong and queue nothing; cancel ends a running request with
 // FinishReason::cancelled; requests running together give the same greedy text as alone; stop strings and
-// max_tokens end a request as they should; prompt logprobs score a prompt as generation scored its tokens.
+// max_tokens end a request as they should; prompt logprobs score a prompt as generation scored its tokens;
+// prompt logits come once per asked position and agree with the prompt logprobs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -136,7 +139,8 @@ TEST(Engine, CancelEndsARunningRequest) {
 // same logprob, the same alternatives), with the whole prompt computed (no prefix-cache hit, however often it
 // is sent) and the same numbers when the prefill is cut into chunks.
 TEST(Engine, PromptLogprobsScoreThePromptAsGenerationScoredIt) {
-  const std::string text = "The history of the old city goes back to Roman times, when a small settlement of traders stood";
+  const std::string text =
+      "The history of the old city goes back to Roman times, when a small settlement of traders stood";
   Request gen = greedy(text, 8);
   gen.sampling.n_logprobs = 3;
   Collected g;
@@ -205,6 +209,76 @@ TEST(Engine, PromptLogprobsScoreThePromptAsGenerationScoredIt) {
   Request bad = greedy("hi", 1);
   bad.sampling.prompt_logprobs = 21;
   expect_error(bad, "prompt_logprobs = 21");
+}
+
+// log softmax(logits)[token], in f64.
+double log_softmax_at(const std::vector<float>& logits, int32_t token) {
+  const float m = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float x : logits) sum += std::exp(static_cast<double>(x - m));
+  return static_cast<double>(logits[static_cast<size_t>(token)] - m) - std::log(sum);
+}
+
+TEST(Engine, PromptLogitsComeOncePerPositionFromTheFirstAsked) {
+  auto prompt =
+      engine().tokenize("The quick brown fox jumps over the lazy dog, then sleeps in the sun.", true);
+  ASSERT_TRUE(prompt.ok());
+  const auto n = static_cast<int32_t>(prompt->size());
+  ASSERT_GT(n, 12);
+  // The reference: prompt logprobs of every position.
+  Request scored;
+  scored.prompt_tokens = *prompt;
+  scored.sampling.temperature = 0;
+  scored.sampling.max_tokens = 0;
+  scored.sampling.prompt_logprobs = 0;
+  Collected ref;
+  auto rid = engine().submit(scored, collect(ref));
+  ASSERT_TRUE(rid.ok());
+  ASSERT_TRUE(engine().wait(*rid).ok());
+  ASSERT_EQ(ref.prompt_lp.size(), static_cast<size_t>(n - 1));
+
+  const auto run = [&](Engine& e, int32_t from) {
+    std::vector<std::pair<int32_t, std::vector<float>>> got;
+    Request r;
+    r.prompt_tokens = *prompt;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 0;
+    r.prompt_logits = [&got](int32_t p, std::span<const float> logits) {
+      got.emplace_back(p, std::vector<float>(logits.begin(), logits.end()));
+    };
+    r.prompt_logits_from = from;
+    auto id = e.submit(r, nullptr);
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    auto st = e.wait(*id);
+    EXPECT_TRUE(st.ok());
+    EXPECT_EQ(st->n_cached, 0);  // the whole prompt is computed, even with its blocks cached
+    EXPECT_EQ(st->finish, FinishReason::length);
+    return got;
+  };
+  EngineOptions o;
+  o.n_ctx = 256;
+  o.max_batch_tokens = 5;  // prefill in chunks of 5: positions from several steps
+  auto chunked = test::make_engine(o);
+  ASSERT_NE(chunked, nullptr);
+  for (Engine* e : {&engine(), chunked.get()}) {
+    for (const int32_t from : {0, 7, n - 1}) {
+      const auto got = run(*e, from);
+      ASSERT_EQ(got.size(), static_cast<size_t>(n - 1 - from)) << from;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int32_t p = got[i].first;
+        ASSERT_EQ(p, from + static_cast<int32_t>(i));
+        ASSERT_EQ(got[i].second.size(), static_cast<size_t>(e->model().n_vocab));
+        const int32_t next = (*prompt)[static_cast<size_t>(p) + 1];
+        EXPECT_NEAR(log_softmax_at(got[i].second, next), ref.prompt_lp[static_cast<size_t>(p)].logprob, 2e-3)
+            << p;
+      }
+    }
+  }
+  Request bad;
+  bad.prompt_tokens = *prompt;
+  bad.prompt_logits = [](int32_t, std::span<const float>) {};
+  bad.prompt_logits_from = n;
+  expect_error(bad, "prompt_logits_from = " + std::to_string(n) + " is outside [0, " + std::to_string(n - 1));
 }
 
 }  // namespace
