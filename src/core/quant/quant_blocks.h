@@ -306,6 +306,22 @@ void dequantize_row_iq3_xxs(const void* src, float* dst, int64_t n);
 void dequantize_row_iq3_s(const void* src, float* dst, int64_t n);
 void dequantize_row_iq1_s(const void* src, float* dst, int64_t n);
 void dequantize_row_iq1_m(const void* src, float* dst, int64_t n);
+// As model rows (QuantizeRowsFn), ggml's quantize_iq* search (quant_iq*_rows.cpp). IQ2_XXS, IQ2_XS and IQ1_S
+// require importance weights; the others weight by x^2 (IQ2_S: by 0.25 sigma^2 + x^2) without them.
+void quantize_rows_iq2_xxs(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                           const float* importance);
+void quantize_rows_iq2_xs(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                          const float* importance);
+void quantize_rows_iq2_s(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                         const float* importance);
+void quantize_rows_iq3_xxs(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                           const float* importance);
+void quantize_rows_iq3_s(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                         const float* importance);
+void quantize_rows_iq1_s(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                         const float* importance);
+void quantize_rows_iq1_m(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                         const float* importance);
 
 // The row functions of the legacy blocks: Block is BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0 or
 // BlockQ8_1 (quant_legacy.cpp instantiates these six).
