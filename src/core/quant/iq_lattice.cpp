@@ -131,6 +131,8 @@ IqLattice build(IqLatticeKind kind) {
   lat.dim = spec.dim;
   lat.bits = spec.bits;
   lat.grid_size = spec.grid_size;
+  lat.values.resize(lat.levels.size());
+  for (size_t i = 0; i < lat.levels.size(); ++i) lat.values[i] = static_cast<float>(2 * lat.levels[i] + 1);
   build_neighbours(spec, &lat);
   return lat;
 }

@@ -22,6 +22,7 @@ struct IqLattice {
   int bits;                     // bits per level in a key: 2 (IQ2, IQ1) or 3 (IQ3)
   int grid_size;                // entries: 256, 512, 1024 or 2048
   std::vector<uint8_t> levels;  // [grid_size][dim] the level of each element of each entry
+  std::vector<float> values;    // [grid_size][dim] 2 * level + 1, the value the searches score
   std::vector<int32_t> map;     // [1 << (bits * dim)] by key: the grid index (>= 0), or -1 - the offset of
                                 // the key's list in `neighbours`
   std::vector<uint16_t> neighbours;  // lists, each a count n > 0 then n grid indices
@@ -32,6 +33,8 @@ struct IqLattice {
   const uint16_t* neighbour_list(uint32_t key) const { return neighbours.data() + (-1 - map[key]); }
   // Level k of grid entry g.
   int level(int g, int k) const { return levels[static_cast<size_t>(g) * dim + k]; }
+  // The dim values 2 l + 1 of grid entry g.
+  const float* entry_values(int g) const { return values.data() + static_cast<size_t>(g) * dim; }
 };
 
 const IqLattice& iq_lattice(IqLatticeKind kind);

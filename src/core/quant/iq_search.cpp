@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "core/quant/iq_search.h"
+#include "core/status.h"
 
 namespace kiln::quant::iq {
 
@@ -36,16 +37,18 @@ uint8_t group_signs(const float* x, const float* weight, float* xval, bool even_
   return s & 127;
 }
 
-int best_neighbour(const IqLattice& lat, uint32_t key, const float* xval, const float* waux, float scale,
-                   int8_t* L) {
-  const uint16_t* list = lat.neighbour_list(key);
+namespace {
+
+template <int kDim>
+int best_neighbour_dim(const IqLattice& lat, const uint16_t* list, const float* xval, const float* waux,
+                       float scale) {
   float best_d2 = FLT_MAX;
   int best = -1;
   for (int j = 1; j <= list[0]; ++j) {
+    const float* q = lat.entry_values(list[j]);
     float d2 = 0;
-    for (int i = 0; i < lat.dim; ++i) {
-      const auto q = static_cast<float>(2 * lat.level(list[j], i) + 1);
-      const float diff = scale * q - xval[i];
+    for (int i = 0; i < kDim; ++i) {
+      const float diff = scale * q[i] - xval[i];
       d2 += waux[i] * diff * diff;
     }
     if (d2 < best_d2) {
@@ -53,6 +56,16 @@ int best_neighbour(const IqLattice& lat, uint32_t key, const float* xval, const 
       best = list[j];
     }
   }
+  return best;
+}
+
+}  // namespace
+
+int best_neighbour(const IqLattice& lat, uint32_t key, const float* xval, const float* waux, float scale,
+                   int8_t* L) {
+  const uint16_t* list = lat.neighbour_list(key);
+  int best = lat.dim == 8 ? best_neighbour_dim<8>(lat, list, xval, waux, scale)
+                          : best_neighbour_dim<4>(lat, list, xval, waux, scale);
   if (best < 0) best = list[1];
   for (int i = 0; i < lat.dim; ++i) L[i] = static_cast<int8_t>(lat.level(best, i));
   return best;
@@ -62,19 +75,32 @@ namespace {
 
 // Levels of every group for the inverse scale id: nearest odd value, clamped, then the best neighbour for
 // off-grid groups at `scale`. on_grid[k] records whether group k's rounded levels were a grid entry. Only the
-// groups with redo[k] (all when redo is null) are written.
+// groups with redo[k] (all when redo is null) are written. kDim = lat.dim, kBits = lat.bits.
+template <int kDim, int kBits>
+void pick_levels_dim(const IqLattice& lat, int k_max_q, int n, const float* xval, const float* waux, float id,
+                     float scale, const bool* redo, int8_t* L, bool* on_grid) {
+  for (int k = 0; k < n / kDim; ++k) {
+    if (redo != nullptr && !redo[k]) continue;
+    int8_t* Lk = L + kDim * k;
+    uint32_t key = 0;
+    for (int i = 0; i < kDim; ++i) {
+      const int l = clamp_level(nearest_int(0.5f * (id * xval[kDim * k + i] - 1)), k_max_q - 1);
+      Lk[i] = static_cast<int8_t>(l);
+      key |= static_cast<uint32_t>(l) << (kBits * i);
+    }
+    on_grid[k] = lat.map[key] >= 0;
+    if (!on_grid[k]) best_neighbour(lat, key, xval + kDim * k, waux + kDim * k, scale, Lk);
+  }
+}
+
 void pick_levels(const IqLattice& lat, int k_max_q, int n, const float* xval, const float* waux, float id,
                  float scale, const bool* redo, int8_t* L, bool* on_grid) {
-  for (int k = 0; k < n / lat.dim; ++k) {
-    if (redo != nullptr && !redo[k]) continue;
-    int8_t* Lk = L + lat.dim * k;
-    for (int i = 0; i < lat.dim; ++i) {
-      const int l = nearest_int(0.5f * (id * xval[lat.dim * k + i] - 1));
-      Lk[i] = static_cast<int8_t>(clamp_level(l, k_max_q - 1));
-    }
-    const uint32_t key = key_of(lat, Lk);
-    on_grid[k] = lat.grid_index(key) >= 0;
-    if (!on_grid[k]) best_neighbour(lat, key, xval + lat.dim * k, waux + lat.dim * k, scale, Lk);
+  if (lat.dim == 8) {
+    KILN_ASSERT(lat.bits == 2);
+    pick_levels_dim<8, 2>(lat, k_max_q, n, xval, waux, id, scale, redo, L, on_grid);
+  } else {
+    KILN_ASSERT(lat.dim == 4 && lat.bits == 3);
+    pick_levels_dim<4, 3>(lat, k_max_q, n, xval, waux, id, scale, redo, L, on_grid);
   }
 }
 
