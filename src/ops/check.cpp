@@ -401,7 +401,14 @@ DType activation_type(DType w) {
     case DType::q3_k:
     case DType::q4_k:
     case DType::q5_k:
-    case DType::q6_k: return DType::q8_k;
+    case DType::q6_k:
+    case DType::iq2_xxs:
+    case DType::iq2_xs:
+    case DType::iq2_s:
+    case DType::iq3_xxs:
+    case DType::iq3_s:
+    case DType::iq1_s:
+    case DType::iq1_m: return DType::q8_k;
     default: return DType::f32;
   }
 }

@@ -31,7 +31,11 @@ static_assert(static_cast<uint32_t>(DType::f32) == 0 && static_cast<uint32_t>(DT
                   static_cast<uint32_t>(DType::q2_k) == 10 && static_cast<uint32_t>(DType::q3_k) == 11 &&
                   static_cast<uint32_t>(DType::q4_k) == 12 && static_cast<uint32_t>(DType::q5_k) == 13 &&
                   static_cast<uint32_t>(DType::q6_k) == 14 && static_cast<uint32_t>(DType::q8_k) == 15 &&
-                  static_cast<uint32_t>(DType::iq4_nl) == 20 && static_cast<uint32_t>(DType::bf16) == 30,
+                  static_cast<uint32_t>(DType::iq2_xxs) == 16 && static_cast<uint32_t>(DType::iq2_xs) == 17 &&
+                  static_cast<uint32_t>(DType::iq3_xxs) == 18 && static_cast<uint32_t>(DType::iq1_s) == 19 &&
+                  static_cast<uint32_t>(DType::iq4_nl) == 20 && static_cast<uint32_t>(DType::iq3_s) == 21 &&
+                  static_cast<uint32_t>(DType::iq2_s) == 22 && static_cast<uint32_t>(DType::iq1_m) == 29 &&
+                  static_cast<uint32_t>(DType::bf16) == 30,
               "the kernels name types by these ids (kernels/cpu_kernels_impl.h)");
 
 int64_t padded_k(int64_t k) { return (k + kKPad - 1) / kKPad * kKPad; }
@@ -145,7 +149,22 @@ void products_f32(ThreadPool& pool, const CpuKernels& kern, const Products& pr, 
   });
 }
 
-bool weight_is_signed(DType t) { return t == DType::q8_0 || t == DType::iq4_nl; }
+// The types whose unpacked quants are int8: q8_0, and the non-linear ones, whose levels (and signs) the
+// unpacker writes as values.
+bool weight_is_signed(DType t) {
+  switch (t) {
+    case DType::q8_0:
+    case DType::iq4_nl:
+    case DType::iq2_xxs:
+    case DType::iq2_xs:
+    case DType::iq2_s:
+    case DType::iq3_xxs:
+    case DType::iq3_s:
+    case DType::iq1_s:
+    case DType::iq1_m: return true;
+    default: return false;
+  }
+}
 
 // The x rows of a call quantized to `act`, in the QRowX layout: quants [m, kp], lane scales [m, kp / 4],
 // half-block sums [m, kp / 16].

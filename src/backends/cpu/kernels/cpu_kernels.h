@@ -6,7 +6,8 @@
 // - an x row, quantized once per call (QRowX): int8 quants and, per sub-block, its f32 scale and the scaled
 //   sums of its two halves (for weights with an offset);
 // - a tile of kTileRows weight rows unpacked from their GGUF blocks (QTileW, per thread, reused for every x
-//   row): quants as uint8 (int8 for the signed types q8_0 / iq4_nl) and, per 16 elements, w = d * q + m.
+//   row): quants as uint8 (int8 for the signed types: q8_0, iq4_nl, and the grid i-quants, whose grid values
+//   times signs are small integers) and, per 16 elements, w = d * q + m.
 // A product is then sum over sub-blocks of d_w * d_x * (q_w . q_x) (exact in int32) + m_w * s_x.
 //
 // This header is all the per-level files include besides the block structs and intrinsics: whatever inline
@@ -199,7 +200,7 @@ struct CpuKernels {
   void (*unpack_w)(uint32_t w, const uint8_t* const* rows, int64_t k, uint8_t* q, float* d, float* m);
   // out[c * kTileRows + r] = product of unpacked row r and x row c over [w.kb, w.ke), for c < n_x
   // (1..kTileCols).
-  // is_signed: the quants are int8 (q8_0, iq4_nl); has_m: some m is non-zero.
+  // is_signed: the quants are int8 (q8_0, iq4_nl, the grid i-quants); has_m: some m is non-zero.
   void (*qdot)(const QTileW& w, const QRowX* x, int n_x, bool is_signed, bool has_m, float* out);
   // As qdot over [0, kp), straight from kTileRows packed rows of type `w` (k elements each) for n_x x rows,
   // rounding exactly as qdot does (so that a token's result does not depend on its batch); false (nothing

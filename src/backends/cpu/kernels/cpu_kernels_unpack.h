@@ -344,6 +344,121 @@ void unpack_k(uint32_t t, const uint8_t* row, int64_t nb, uint8_t* q, float* d, 
   }
 }
 
+// ---- the grid i-quants: quants as signed values (grid magnitude times sign; IQ1: 8 (v + shift))
+// -------------
+
+// The 8 sign bits of a 7-bit IQ2_XXS / IQ2_XS / IQ3_XXS sign code: bit 7 makes the count of set bits even.
+uint8_t iq_sign_bits(uint32_t code) {
+  return static_cast<uint8_t>(code | (static_cast<uint32_t>(__builtin_popcount(code)) & 1) << 7);
+}
+
+// 8 elements from magnitudes (byte j of `grid`) and sign bits.
+void iq_put8(uint64_t grid, uint8_t signs, uint8_t* out) {
+  for (int j = 0; j < 8; ++j) {
+    const int v = static_cast<int>(grid >> (8 * j) & 0xFF);
+    out[j] = static_cast<uint8_t>((signs >> j & 1) != 0 ? -v : v);
+  }
+}
+
+// 8 elements of an IQ1 group: 8 v + (+1 or -1) for the grid's signed bytes v in {-1, 0, 1}; the block's scale
+// is then dl / 8 (exact: dl * (v + shift) = dl / 8 * (8 v + 8 shift), 8 shift = +-1).
+void iq1_put8(uint64_t grid, bool minus, uint8_t* out) {
+  for (int j = 0; j < 8; ++j) {
+    const int v = static_cast<int8_t>(grid >> (8 * j) & 0xFF);
+    out[j] = static_cast<uint8_t>(8 * v + (minus ? -1 : 1));
+  }
+}
+
+uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One row's blocks of a grid i-quant (see core/quant/quant_blocks.h for the layouts); offsets m stay 0.
+void unpack_iq(uint32_t t, const uint8_t* row, int64_t nb, uint8_t* q, float* d) {
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* qb = q + b * kQK_K;
+    float* db = d + b * 64;  // 8 sub-blocks x 8 lanes
+    for (int ib = 0; ib < 8; ++ib) {
+      uint8_t* o = qb + 32 * ib;
+      float lo, hi;
+      if (t == kIQ2_XXS) {
+        const auto* blk = block_at<BlockIQ2_XXS>(row, b);
+        const uint32_t a = load_u32(blk->qs + 4 * ib), s = load_u32(blk->qs + 4 * ib + 2);
+        for (int l = 0; l < 4; ++l)
+          iq_put8(kIQ2XXSGrid[a >> 8 * l & 0xFF], iq_sign_bits(s >> 7 * l & 127), o + 8 * l);
+        lo = hi = h2f(blk->d) * (0.5f + static_cast<float>(s >> 28)) * 0.25f;
+      } else if (t == kIQ2_XS || t == kIQ2_S) {
+        float dd;
+        uint8_t sc;
+        if (t == kIQ2_XS) {
+          const auto* blk = block_at<BlockIQ2_XS>(row, b);
+          for (int l = 0; l < 4; ++l) {
+            const uint16_t v = blk->qs[4 * ib + l];
+            iq_put8(kIQ2XSGrid[v & 511], iq_sign_bits(v >> 9), o + 8 * l);
+          }
+          dd = h2f(blk->d), sc = blk->scales[ib];
+        } else {
+          const auto* blk = block_at<BlockIQ2_S>(row, b);
+          for (int l = 0; l < 4; ++l) {
+            const int g = 4 * ib + l;
+            iq_put8(kIQ2SGrid[blk->qs[g] | (blk->qh[ib] >> 2 * l & 3) << 8], blk->qs[kQK_K / 8 + g],
+                    o + 8 * l);
+          }
+          dd = h2f(blk->d), sc = blk->scales[ib];
+        }
+        lo = dd * (0.5f + static_cast<float>(sc & 0x0F)) * 0.25f;
+        hi = dd * (0.5f + static_cast<float>(sc >> 4)) * 0.25f;
+      } else if (t == kIQ3_XXS) {
+        const auto* blk = block_at<BlockIQ3_XXS>(row, b);
+        const uint32_t s = load_u32(blk->qs + kQK_K / 4 + 4 * ib);
+        const uint8_t* qs = blk->qs + 8 * ib;
+        for (int l = 0; l < 4; ++l) {
+          const uint64_t grid = kIQ3XXSGrid[qs[2 * l]] | static_cast<uint64_t>(kIQ3XXSGrid[qs[2 * l + 1]])
+                                                             << 32;
+          iq_put8(grid, iq_sign_bits(s >> 7 * l & 127), o + 8 * l);
+        }
+        lo = hi = h2f(blk->d) * (0.5f + static_cast<float>(s >> 28)) * 0.5f;
+      } else if (t == kIQ3_S) {
+        const auto* blk = block_at<BlockIQ3_S>(row, b);
+        for (int l = 0; l < 4; ++l) {
+          const int q0 = 8 * ib + 2 * l;
+          const uint32_t g0 = kIQ3SGrid[blk->qs[q0] | (blk->qh[ib] >> 2 * l & 1) << 8];
+          const uint32_t g1 = kIQ3SGrid[blk->qs[q0 + 1] | (blk->qh[ib] >> (2 * l + 1) & 1) << 8];
+          iq_put8(g0 | static_cast<uint64_t>(g1) << 32, blk->signs[4 * ib + l], o + 8 * l);
+        }
+        lo = hi = h2f(blk->d) * static_cast<float>(1 + 2 * (blk->scales[ib / 2] >> 4 * (ib % 2) & 0x0F));
+      } else if (t == kIQ1_S) {
+        const auto* blk = block_at<BlockIQ1_S>(row, b);
+        const int h = blk->qh[ib];
+        for (int l = 0; l < 4; ++l) {
+          iq1_put8(kIQ1SGrid[blk->qs[4 * ib + l] | (h >> 3 * l & 7) << 8], (h & 0x8000) != 0, o + 8 * l);
+        }
+        lo = hi = h2f(blk->d) * static_cast<float>(2 * (h >> 12 & 7) + 1) * 0.125f;
+      } else {  // iq1_m
+        const auto* blk = block_at<BlockIQ1_M>(row, b);
+        uint16_t sc[4];
+        std::memcpy(sc, blk->scales, sizeof(sc));
+        const float dd = h2f(static_cast<uint16_t>((sc[0] >> 12) | (sc[1] >> 8 & 0x00F0) |
+                                                   (sc[2] >> 4 & 0x0F00) | (sc[3] & 0xF000)));
+        for (int l = 0; l < 4; ++l) {
+          const int g = 4 * ib + l, h = blk->qh[g / 2] >> 4 * (g % 2) & 0x0F;
+          iq1_put8(kIQ1SGrid[blk->qs[g] | (h & 7) << 8], (h & 8) != 0, o + 8 * l);
+        }
+        lo = dd * static_cast<float>(2 * (sc[ib / 2] >> 6 * (ib % 2) & 7) + 1) * 0.125f;
+        hi = dd * static_cast<float>(2 * (sc[ib / 2] >> (6 * (ib % 2) + 3) & 7) + 1) * 0.125f;
+      }
+      set_lanes(db, ib, lo, hi);
+    }
+  }
+}
+
+bool is_grid_iquant(uint32_t t) {
+  return t == kIQ2_XXS || t == kIQ2_XS || t == kIQ2_S || t == kIQ3_XXS || t == kIQ3_S || t == kIQ1_S ||
+         t == kIQ1_M;
+}
+
 void unpack_w(uint32_t t, const uint8_t* const* rows, int64_t k, uint8_t* q, float* d, float* m) {
   const int64_t kp = pad_k(k);
   const bool k_quant = t == kQ2_K || t == kQ3_K || t == kQ4_K || t == kQ5_K || t == kQ6_K;
@@ -352,7 +467,10 @@ void unpack_w(uint32_t t, const uint8_t* const* rows, int64_t k, uint8_t* q, flo
     uint8_t* qr = q + r * kp;
     float* dr = d + r * kp / 4;
     float* mr = m + r * kp / 16;
-    if (k_quant) {
+    if (is_grid_iquant(t)) {
+      unpack_iq(t, rows[r], k / kQK_K, qr, dr);
+      std::memset(mr, 0, static_cast<size_t>(k / 16) * sizeof(float));
+    } else if (k_quant) {
       unpack_k(t, rows[r], k / kQK_K, qr, dr, mr);
     } else {
       unpack_legacy(t, rows[r], k / kQK, qr, dr, mr);
