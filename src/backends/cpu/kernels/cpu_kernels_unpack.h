@@ -352,21 +352,31 @@ uint8_t iq_sign_bits(uint32_t code) {
   return static_cast<uint8_t>(code | (static_cast<uint32_t>(__builtin_popcount(code)) & 1) << 7);
 }
 
-// 8 elements from magnitudes (byte j of `grid`) and sign bits.
+// 8 elements from magnitudes (byte j of `grid`, never 0) and sign bits, 8 bytes at once: the sign bits
+// spread to one a byte, each byte made 0x00 or 0xFF (s), then q = (g ^ s) + (s & 1): the byte's negation
+// where s is set (no carry leaves a byte: g ^ 0xFF < 0xFF for g > 0).
 void iq_put8(uint64_t grid, uint8_t signs, uint8_t* out) {
-  for (int j = 0; j < 8; ++j) {
-    const int v = static_cast<int>(grid >> (8 * j) & 0xFF);
-    out[j] = static_cast<uint8_t>((signs >> j & 1) != 0 ? -v : v);
-  }
+  constexpr uint64_t kLow7 = 0x7F7F7F7F7F7F7F7Full, kHigh = 0x8080808080808080ull,
+                     kOnes = 0x0101010101010101ull;
+  const uint64_t m = static_cast<uint64_t>(signs) * kOnes & 0x8040201008040201ull;  // byte j: bit j only
+  const uint64_t s = (((((m & kLow7) + kLow7) | m) & kHigh) >> 7) * 0xFF;
+  const uint64_t q = (grid ^ s) + (s & kOnes);
+  std::memcpy(out, &q, 8);
 }
 
-// 8 elements of an IQ1 group: 8 v + (+1 or -1) for the grid's signed bytes v in {-1, 0, 1}; the block's scale
-// is then dl / 8 (exact: dl * (v + shift) = dl / 8 * (8 v + 8 shift), 8 shift = +-1).
+// 8 elements of an IQ1 group: 8 v + 1 (or 8 v - 1 when minus) for the grid's signed bytes v in {-1, 0, 1};
+// the block's scale is then dl / 8 (exact: dl * (v + shift) = dl / 8 * (8 v + 8 shift), 8 shift = +-1).
+// Bytewise without carries: 8 v + 1 = (8 v) | 1; 8 v - 1 = ~(8 (-v)), -v = v ^ 0xFE where v is odd.
 void iq1_put8(uint64_t grid, bool minus, uint8_t* out) {
-  for (int j = 0; j < 8; ++j) {
-    const int v = static_cast<int8_t>(grid >> (8 * j) & 0xFF);
-    out[j] = static_cast<uint8_t>(8 * v + (minus ? -1 : 1));
+  constexpr uint64_t kTimes8 = 0xF8F8F8F8F8F8F8F8ull, kOnes = 0x0101010101010101ull;
+  uint64_t q;
+  if (minus) {
+    const uint64_t neg = grid ^ (grid & kOnes) * 0xFE;
+    q = ~(neg << 3 & kTimes8);
+  } else {
+    q = (grid << 3 & kTimes8) | kOnes;
   }
+  std::memcpy(out, &q, 8);
 }
 
 uint32_t load_u32(const void* p) {
