@@ -45,7 +45,13 @@ std::vector<size_t> scale_offsets(DType type) {
   switch (type) {
     case DType::q4_0:
     case DType::q5_0:
-    case DType::q8_0: return {0};
+    case DType::q8_0:
+    case DType::iq2_xxs:
+    case DType::iq2_xs:
+    case DType::iq2_s:
+    case DType::iq3_xxs:
+    case DType::iq3_s:
+    case DType::iq1_s: return {0};
     case DType::q4_1:
     case DType::q5_1:
     case DType::q4_k:

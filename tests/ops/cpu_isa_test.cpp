@@ -119,7 +119,8 @@ TEST(CpuIsa, ProductWeightsArePackedAboveScalar) {
 
 // Every block-quantized type with a packed form packs (blocks of random bytes, every quant value and scale
 // bit pattern, under finite f16 scales) into the layout's size at its bit width: 4 bits for q4_* and q3_K
-// (quants 0..7), 5 for q5_*, 6 for q6_K, 8 for q8_0 and iq4_nl (its table's int8 values). A quant that did
+// (quants 0..7), 5 for q5_*, 6 for q6_K, 8 for q8_0, iq4_nl (its table's int8 values) and the grid i-quants
+// (grid values times signs, under integer scales per 16). A quant that did
 // not fit would make the packer keep the file's layout.
 TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
   using namespace quant;
@@ -141,6 +142,13 @@ TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
       {DType::q4_k, 4, cpu::kPackK32, {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}},
       {DType::q5_k, 5, cpu::kPackK32, {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)}},
       {DType::q6_k, 6, cpu::kPackK16, {offsetof(BlockQ6_K, d)}},
+      {DType::iq2_xxs, 8, cpu::kPackK16, {0}},
+      {DType::iq2_xs, 8, cpu::kPackK16, {0}},
+      {DType::iq2_s, 8, cpu::kPackK16, {0}},
+      {DType::iq3_xxs, 8, cpu::kPackK16, {0}},
+      {DType::iq3_s, 8, cpu::kPackK16, {0}},
+      {DType::iq1_s, 8, cpu::kPackK16, {0}},
+      {DType::iq1_m, 8, cpu::kPackK16, {}},  // its f16 scale is the top nibbles of bytes 49, 51, 53, 55
   };
   for (CpuIsa isa : cpu::kCpuIsaLevels) {
     if (isa == CpuIsa::cpu_isa_scalar || !cpu::cpu_isa_supported(isa)) continue;
@@ -160,6 +168,13 @@ TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
       for (int64_t i = 0; i < n_blocks; ++i) {
         for (size_t at : f.f16_at)
           bytes[i * info.type_size + at] = 0, bytes[i * info.type_size + at + 1] = 0x38;
+        if (f.type == DType::iq1_m) {  // 0.5 = 0x3800: nibbles 0, 0, 8, 3
+          const uint8_t top[4] = {0x0, 0x0, 0x8, 0x3};
+          for (int j = 0; j < 4; ++j) {
+            uint8_t& v = bytes[i * info.type_size + offsetof(BlockIQ1_M, scales) + 2 * j + 1];
+            v = static_cast<uint8_t>((v & 0x0F) | top[j] << 4);
+          }
+        }
       }
       const Tensor w = make_tensor(f.type, bytes.data(), k, n);
       Result<std::unique_ptr<WeightHandle>> h = (*b)->prepare_weight(w, "w", WeightRole::weight_role_matmul);

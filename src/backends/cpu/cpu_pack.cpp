@@ -5,14 +5,13 @@
 // (a NaN, say) is not packed.
 #include "core/quant/fp_contract_off.h"  // dequantize_packed_row rounds as the reference dequantizers
 //
-#include "backends/cpu/cpu_pack.h"
-
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 
+#include "backends/cpu/cpu_pack.h"
 #include "core/half.h"
 #include "core/quant/quant_blocks.h"
 
@@ -33,10 +32,11 @@ namespace {
 using namespace kiln::quant;
 
 struct Spec {
-  int bits;         // bits a packed quant: 4, 5, 6 or 8
-  uint32_t scales;  // PackScales
-  float c;          // offset of the stored quants (kPackD, kPackK16)
-  bool is_signed;   // unpack_w gives int8 quants: stored + 128
+  int bits;           // bits a packed quant: 4, 5, 6 or 8
+  uint32_t scales;    // PackScales
+  float c;            // offset of the stored quants (kPackD, kPackK16)
+  bool is_signed;     // unpack_w gives int8 quants: stored + 128
+  float unit = 1.0f;  // PackedMatrix::unit: unpack_w's scales are unit * the packed ones
 };
 
 std::optional<Spec> spec_of(DType t) {
@@ -51,11 +51,39 @@ std::optional<Spec> spec_of(DType t) {
     case DType::q5_k: return Spec{5, kPackK32, 0.0f, false};
     case DType::q3_k: return Spec{4, kPackK16, -4.0f, false};  // quants 0..7
     case DType::q6_k: return Spec{6, kPackK16, -32.0f, false};
+    // The grid i-quants: int8 values (grid value times sign); a scale per 16 is unit * d * (2s + 1), d the
+    // block's f16 (IQ2: d (0.5 + s) / 4; IQ3_XXS: d (0.5 + s) / 2; IQ3_S: d (1 + 2s); IQ1: d (2s + 1) / 8,
+    // its shift folded into the quants).
+    case DType::iq2_xxs:
+    case DType::iq2_xs:
+    case DType::iq2_s:
+    case DType::iq1_s:
+    case DType::iq1_m: return Spec{8, kPackK16, -128.0f, true, 0.125f};
+    case DType::iq3_xxs: return Spec{8, kPackK16, -128.0f, true, 0.25f};
+    case DType::iq3_s: return Spec{8, kPackK16, -128.0f, true, 1.0f};
     default: return std::nullopt;  // q2_K: a min per 16 elements; float types: the packed float layout
   }
 }
 
-// The f16 super-block scale (and negated min scale) of K block b of a row.
+// The f16 scale of grid i-quant block b (IQ1_M: from the top nibbles of its four scale words).
+uint16_t iq_header(DType t, const uint8_t* row, int64_t b) {
+  switch (t) {
+    case DType::iq2_xxs: return load_block<BlockIQ2_XXS>(row, b).d;
+    case DType::iq2_xs: return load_block<BlockIQ2_XS>(row, b).d;
+    case DType::iq2_s: return load_block<BlockIQ2_S>(row, b).d;
+    case DType::iq3_xxs: return load_block<BlockIQ3_XXS>(row, b).d;
+    case DType::iq3_s: return load_block<BlockIQ3_S>(row, b).d;
+    case DType::iq1_s: return load_block<BlockIQ1_S>(row, b).d;
+    default: {
+      uint16_t sc[4];
+      std::memcpy(sc, load_block<BlockIQ1_M>(row, b).scales, sizeof(sc));
+      return static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) |
+                                   (sc[3] & 0xF000));
+    }
+  }
+}
+
+// The f16 super-block scale (and negated min scale) of K block b of a row; a grid i-quant's header.
 void k_header(DType t, const uint8_t* row, int64_t b, uint16_t* d, uint16_t* neg_dmin) {
   *neg_dmin = 0;
   if (t == DType::q4_k) {
@@ -66,6 +94,8 @@ void k_header(DType t, const uint8_t* row, int64_t b, uint16_t* d, uint16_t* neg
     *d = blk->d, *neg_dmin = blk->dmin ^ 0x8000;
   } else if (t == DType::q6_k) {
     *d = (reinterpret_cast<const BlockQ6_K*>(row) + b)->d;
+  } else if (t != DType::q3_k) {
+    *d = iq_header(t, row, b);
   } else {
     *d = (reinterpret_cast<const BlockQ3_K*>(row) + b)->d;
   }
@@ -157,8 +187,10 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
             sc[16 + r] = static_cast<uint8_t>(i1);
             break;
           default:  // kPackK16
-            if (!exact_multiple(d_lo, hd[r], -128, 127, &i0) ||
-                !exact_multiple(d_hi, hd[r], -128, 127, &i1) || m_lo != sp.c * d_lo || m_hi != sp.c * d_hi) {
+            // d / unit: exact (a power of two), as the kernels' final multiply by unit is.
+            if (!exact_multiple(d_lo / sp.unit, hd[r], -128, 127, &i0) ||
+                !exact_multiple(d_hi / sp.unit, hd[r], -128, 127, &i1) ||
+                m_lo != (sp.is_signed ? 0.0f : sp.c * d_lo) || m_hi != (sp.is_signed ? 0.0f : sp.c * d_hi)) {
               return false;
             }
             sc[r] = static_cast<uint8_t>(static_cast<int8_t>(i0));
@@ -299,7 +331,7 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
   if (pw->data() == nullptr) return nullptr;
   for (int64_t a = 0; a < n_mats; ++a) {
     pw->mats.push_back({pw->data() + a * groups * group_bytes, k, n, group_bytes, sp->bits, sp->scales, sp->c,
-                        sp->is_signed});
+                        sp->is_signed, sp->unit});
   }
   std::atomic<bool> ok{true};
   pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {
@@ -369,7 +401,7 @@ void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
         default: {  // kPackK16
           for (int e = 0; e < kSub; ++e) {
             const float dl = hd * static_cast<float>(static_cast<int8_t>(sc[e < 16 ? r : 16 + r]));
-            y[e] = dl * static_cast<float>(q[e] + c);
+            y[e] = dl * static_cast<float>(q[e] + c) * w.unit;
           }
         }
       }

@@ -86,6 +86,9 @@ struct PackedMatrix {
   uint32_t scales = kPackD;
   float c = 0.0f;          // the quants' offset (kPackD, kPackK16)
   bool is_signed = false;  // quants stored + 128 (c is -128): kernels without vpdpbusd multiply them signed
+  // A power of two every product is multiplied by last (exact): the grid i-quants' scales are unit * D * sc
+  // (IQ2, IQ1: 1/8; IQ3_XXS: 1/4), so that D is the block's own f16.
+  float unit = 1.0f;
 };
 
 // x rows for the AMX packed kernel: quants one after another (row c at q + c * kp), and per tile of

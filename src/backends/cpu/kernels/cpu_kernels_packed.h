@@ -177,7 +177,7 @@ void packed_group(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float
     }
   }
   KILN_UNROLL
-  for (int j = 0; j < NX; ++j) S::store(out + j * kPackRows + S::kL * h, acc[j]);
+  for (int j = 0; j < NX; ++j) S::store(out + j * kPackRows + S::kL * h, S::mul(acc[j], S::set1(w.unit)));
 }
 
 // fn.template operator()<kBits, kScales>() for w's form (pack_weight makes no other).
@@ -193,6 +193,7 @@ KILN_INLINE void with_packed_form(const PackedMatrix& w, Fn&& fn) {
     case packed_form(5, kPackDM): fn.template operator()<5, kPackDM>(); return;
     case packed_form(5, kPackK32): fn.template operator()<5, kPackK32>(); return;
     case packed_form(6, kPackK16): fn.template operator()<6, kPackK16>(); return;
+    case packed_form(8, kPackK16): fn.template operator()<8, kPackK16>(); return;  // grid i-quants: signed
     default: fn.template operator()<8, kPackD>(); return;  // q8_0, iq4_nl: signed, stored + 128
   }
 }
@@ -374,7 +375,8 @@ void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_
     }
     KILN_UNROLL
     for (int j = 0; j < kPackTileCols; ++j) {
-      if (j < rows) _mm512_storeu_ps(out + (c0 + j) * kPackRows, acc[j]);
+      if (j < rows)
+        _mm512_storeu_ps(out + (c0 + j) * kPackRows, _mm512_mul_ps(acc[j], _mm512_set1_ps(w.unit)));
     }
   }
 }
