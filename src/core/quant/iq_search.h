@@ -14,17 +14,9 @@
 
 #include "core/quant/iq_lattice.h"
 #include "core/quant/quant_blocks.h"
+#include "core/quant/quant_k_search.h"  // nearest_int, search_scale_positive (ggml: make_qp_quants)
 
 namespace kiln::quant::iq {
-
-// Round to nearest, ties to even, for |v| <= 2^22 - 1 (ggml: nearest_int); other values give ggml's wrapped
-// result.
-inline int nearest_int(float v) {
-  const float biased = v + 12582912.0f;
-  int32_t bits;
-  std::memcpy(&bits, &biased, sizeof bits);
-  return (bits & 0x007fffff) - 0x00400000;
-}
 
 // ggml's MAX macro on floats (the order of the comparison decides NaN and signed-zero results).
 inline float max_of(float a, float b) { return a > b ? a : b; }
@@ -87,11 +79,6 @@ inline int grid_index_of(const IqLattice& lat, const int8_t* L) {
   const int g = lat.grid_index(key);
   return g >= 0 ? g : lat.neighbour_list(key)[1];
 }
-
-// Non-negative levels L in [0, nmax] for non-negative x and their weighted least-squares scale (ggml:
-// make_qp_quants): scale max / nmax and 8 nearby ones, the best by weighted squared error, then up to 5
-// passes of single-level moves. 0 for an all-zero group.
-float make_qp_quants(int n, int nmax, const float* x, uint8_t* L, const float* weights);
 
 // quantize_rows from a one-row quantizer row_fn(src, dst, n, importance): the importance weights index a
 // row's columns, the same for every row.

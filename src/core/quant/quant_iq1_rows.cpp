@@ -21,7 +21,6 @@ namespace kiln::quant {
 namespace {
 
 using iq::max_of;
-using iq::nearest_int;
 
 // The three values v + shift for each shift.
 constexpr float kShiftPlus[3] = {-1 + kIQ1Delta, kIQ1Delta, 1 + kIQ1Delta};

@@ -16,7 +16,6 @@ namespace kiln::quant {
 namespace {
 
 using iq::max_of;
-using iq::nearest_int;
 
 // The 4-bit code of a sub-block scale against the super-block inverse scale id.
 int scale_nibble(float id, float scale) { return iq::clamp_level(nearest_int(0.5f * (id * scale - 1)), 15); }
@@ -58,7 +57,7 @@ void quantize_row_iq2_xxs(const float* x, void* y, int64_t n, const float* qw_ro
       for (int i = 1; i < 32; ++i) max = max_of(max, xval[i]);
       scales[ib] = 0;
       if (max < 1e-15f) continue;
-      float scale = iq::make_qp_quants(32, kMaxQ + 1, xval, reinterpret_cast<uint8_t*>(L), weight);
+      float scale = search_scale_positive(32, kMaxQ + 1, xval, weight, reinterpret_cast<uint8_t*>(L));
       const float eff_max = scale * kMaxQ;
       if (eff_max <= 0) continue;
       scale = iq::grid_search(lat, kSearch, 32, xval, weight, waux, eff_max, scale, L);

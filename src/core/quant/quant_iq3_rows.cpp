@@ -16,7 +16,6 @@ namespace kiln::quant {
 namespace {
 
 using iq::max_of;
-using iq::nearest_int;
 
 int scale_nibble(float id, float scale) { return iq::clamp_level(nearest_int(0.5f * (id * scale - 1)), 15); }
 
