@@ -84,8 +84,10 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> ours(bytes), theirs(bytes);
     const int id = static_cast<int>(*type);
     ggml_quantize_init(id);
+    info.quantize_rows(x.data(), ours.data(), 1, cols, importance.data());  // kiln's i-quant grids, likewise
     for (const float* imp :
          {static_cast<const float*>(nullptr), static_cast<const float*>(importance.data())}) {
+      if (imp == nullptr && info.requires_importance) continue;  // IQ2_XXS, IQ2_XS, IQ1_S
       // kiln and ggml alternate, so that both see the same machine: best times and the median ratio
       std::vector<double> t_kiln, t_ggml, ratio;
       for (int r = 0; r < reps; ++r) {
