@@ -443,6 +443,14 @@ std::optional<FileType> file_type_from_name(std::string_view name) {
   if (equal_ignoring_case(name, "Q3_K")) return FT::q3_k_m;
   if (equal_ignoring_case(name, "Q4_K")) return FT::q4_k_m;
   if (equal_ignoring_case(name, "Q5_K")) return FT::q5_k_m;
+  // Or the general.file_type number, as llama-quantize also takes it.
+  if (!name.empty() && name.size() < 4 && std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) != 0;
+      })) {
+    const uint32_t id = static_cast<uint32_t>(std::stoul(std::string(name)));
+    for (const FileTypeInfo& info : kFileTypes)
+      if (static_cast<uint32_t>(info.type) == id) return info.type;
+  }
   return std::nullopt;
 }
 

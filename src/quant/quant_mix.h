@@ -74,7 +74,8 @@ struct FileTypeInfo {
 // Every file type kiln writes, in llama-quantize's listing order.
 std::span<const FileTypeInfo> file_types();
 const FileTypeInfo& file_type_info(FileType type);
-// "q4_k_m", "Q4_K_M", the aliases Q3_K / Q4_K / Q5_K (the _M mixes); nullopt when unknown.
+// "q4_k_m", "Q4_K_M", the aliases Q3_K / Q4_K / Q5_K (the _M mixes), or the number ("15"); nullopt when
+// unknown.
 std::optional<FileType> file_type_from_name(std::string_view name);
 
 // What the rules read from a model's metadata.

@@ -2,11 +2,14 @@
 
 1. SmolLM2-135M dequantized to an F16 file: for every file type, each tensor's type is the one llama.cpp chooses
    (its dry run; most of SmolLM2's rows, 576 long, are not whole 256-blocks, so the fallbacks are exercised), and
-   for a set of types the whole file is byte-identical to llama.cpp's.
-2. Two tiny random models, qwen2 (GQA 4, an output head of its own, FFN rows of 560: not whole 32-blocks) and
-   qwen2moe (8 experts stacked in 3-d tensors, a shared expert): every file type byte-identical, with an
-   importance matrix (per expert for the stacked experts) for the types that need one and for some that use it.
+   for a few types the whole file is byte-identical to llama.cpp's.
+2. Two tiny random models, qwen2 (GQA 4, an output head of its own, FFN down rows of 272: not whole 32-blocks)
+   and qwen2moe (8 experts stacked in 3-d tensors, a shared expert): every file type's tensor types, with and
+   without an importance matrix; the whole file byte-identical for every legacy and k-quant type and a set of
+   i-quants, with an importance matrix (per expert for the stacked experts) where the type needs or uses one;
+   --pure, --tensor-type, --output-tensor-type, --token-embedding-type, --allow-requantize; threads.
    Where kiln has no quantizer for a type yet, the types are compared and the bytes are not.
+   KILN_QUANTIZE_ALL=1 compares the whole file for every type (minutes).
 3. Bad input: the input as output (also via a hard link, also with --force), an existing output without
    --force, a write that fails (RLIMIT_FSIZE), a truncated input, an unknown type, bad --tensor-type specs, a
    quantized input without --allow-requantize, an i-quant without an importance matrix, an importance matrix
@@ -32,10 +35,21 @@ MODELS = Path(os.environ.get("KILN_MODELS_DIR") or Path.home() / ".cache/kiln/mo
 SMOL_Q4_1 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 KILN = Path(os.environ.get("KILN_BUILD_DIR", "build")) / "tools" / "kiln" / "kiln"
 ALL_TYPES = list(FTYPES)
-# SmolLM2 types whose whole file is compared: one of each family that quantizes in seconds there.
-SMOL_BYTE_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q6_K"]
-# Types the tiny models are also quantized to with an importance matrix (beyond those that need one).
-IMATRIX_TOO = {"Q4_0", "Q4_K_M", "IQ4_XS", "IQ3_S"}
+# Whole files compared (quantizing is the slow part, the i-quants most; the types of every file type are
+# compared by the dry runs): SmolLM2 in one type of each family that fits its 576-long rows differently, the
+# tiny models in every legacy and k-quant type and the quickest i-quants, with an importance matrix where the
+# type needs one ("+im": also with one where it only changes the result). KILN_QUANTIZE_ALL=1: every type
+# (minutes).
+ALL = os.environ.get("KILN_QUANTIZE_ALL") == "1"
+SMOL_BYTE_TYPES = [t for t in ALL_TYPES if t not in NEED_IMATRIX] if ALL else ["BF16", "Q4_0", "Q4_K_M"]
+IMATRIX_TOO = {"Q4_0", "Q5_0", "Q4_K_M", "IQ4_NL", "IQ4_XS", "IQ3_S"}
+TINY_BYTE_CASES = {
+    "qwen2": ["F32", "F16", "Q8_0", "Q4_0+im", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M",
+              "Q3_K_L", "Q4_K_S", "Q4_K_M+im", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS+im", "IQ2_XXS"],
+    "qwen2moe": ["BF16", "Q8_0", "Q5_1", "Q3_K_M", "Q4_K_M+im", "Q2_K_S", "IQ4_XS", "IQ2_XXS"],
+}
+if ALL:
+    TINY_BYTE_CASES = {a: [t + ("+im" if t in IMATRIX_TOO else "") for t in ALL_TYPES] for a in TINY_BYTE_CASES}
 RESULTS: dict[str, str] = {}  # "model type" -> "bytes" | "types" (printed at the end with -s)
 
 
@@ -54,9 +68,9 @@ def kiln_plan(src: Path, ftype: str, *extra) -> list[tuple[str, str]]:
 
 
 def compare(src: Path, ftype: str, tmp: Path, label: str, imatrix: tuple[Path, dict] | None = None,
-            extra: tuple = (), llama_kw: dict | None = None) -> str:
+            extra: tuple = (), llama_kw: dict | None = None, keep: bool = False) -> str:
     """kiln's file vs llama.cpp's for one file type: byte-identical, or (where kiln cannot write one of the
-    types yet) the same types. Returns "bytes" or "types"."""
+    types yet) the same types. Returns "bytes" or "types". keep: kiln's file is left for later tests."""
     out_k, out_l = tmp / f"{label}-{ftype}-kiln.gguf", tmp / f"{label}-{ftype}-llama.gguf"
     args = list(extra)
     kw = dict(llama_kw or {})
@@ -73,7 +87,8 @@ def compare(src: Path, ftype: str, tmp: Path, label: str, imatrix: tuple[Path, d
     assert tensor_types(out_k) == tensor_types(out_l)
     same = out_k.read_bytes() == out_l.read_bytes()
     assert same, first_difference(out_k, out_l)
-    out_k.unlink()
+    if not keep:
+        out_k.unlink()
     out_l.unlink()
     return "bytes"
 
@@ -98,10 +113,10 @@ def smol(tmp) -> Path:
 def tiny(tmp) -> dict[str, Path]:
     return {
         "qwen2": write_tiny_model(tmp / "tiny-qwen2.gguf", "qwen2", n_layer=8, n_embd=256, n_head=8, n_head_kv=2,
-                                  n_ff=560, n_vocab=320, tied=False, seed=1),
-        "qwen2moe": write_tiny_model(tmp / "tiny-qwen2moe.gguf", "qwen2moe", n_layer=4, n_embd=256, n_head=4,
-                                     n_head_kv=4, n_ff=512, n_vocab=320, tied=False, n_expert=8, n_ff_exp=256,
-                                     n_ff_shexp=512, seed=2),
+                                  n_ff=272, n_vocab=320, tied=False, seed=1),
+        "qwen2moe": write_tiny_model(tmp / "tiny-qwen2moe.gguf", "qwen2moe", n_layer=8, n_embd=256, n_head=4,
+                                     n_head_kv=4, n_ff=256, n_vocab=320, tied=False, n_expert=8, n_ff_exp=64,
+                                     n_ff_shexp=256, seed=2),
     }
 
 
@@ -127,15 +142,25 @@ def test_smollm2_types_match_llama_cpp(smol, ftype):
 
 @pytest.mark.parametrize("ftype", SMOL_BYTE_TYPES)
 def test_smollm2_file_matches_llama_cpp(smol, tmp, ftype):
-    RESULTS[f"SmolLM2 {ftype}"] = compare(smol, ftype, tmp, "smol")
+    RESULTS[f"SmolLM2 {ftype}"] = compare(smol, ftype, tmp, "smol", keep=ftype == "Q4_K_M")
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen2moe"])
 @pytest.mark.parametrize("ftype", ALL_TYPES)
-def test_tiny_file_matches_llama_cpp(tiny, tiny_imatrix, tmp, arch, ftype):
+def test_tiny_types_match_llama_cpp(tiny, tiny_imatrix, arch, ftype):
+    """Every file type's tensor types, without and with an importance matrix (some rules differ with one)."""
+    assert kiln_plan(tiny[arch], ftype) == llama_plan(tiny[arch], ftype)
+    path, entries = tiny_imatrix[arch]
+    assert kiln_plan(tiny[arch], ftype, "--imatrix", path) == llama_plan(tiny[arch], ftype, imatrix=entries)
+
+
+@pytest.mark.parametrize("case", [(a, t) for a, ts in TINY_BYTE_CASES.items() for t in ts], ids="-".join)
+def test_tiny_file_matches_llama_cpp(tiny, tiny_imatrix, tmp, case):
+    arch, spec = case
+    ftype = spec.removesuffix("+im")
     im = tiny_imatrix[arch] if ftype in NEED_IMATRIX else None
     RESULTS[f"{arch} {ftype}"] = compare(tiny[arch], ftype, tmp, arch, imatrix=im)
-    if ftype in IMATRIX_TOO:
+    if spec.endswith("+im"):
         RESULTS[f"{arch} {ftype} imatrix"] = compare(tiny[arch], ftype, tmp, arch, imatrix=tiny_imatrix[arch])
 
 
@@ -152,10 +177,20 @@ def test_options_match_llama_cpp(tiny, tmp):
         llama_kw={"output_type": ids["f16"], "token_embd_type": ids["q8_0"]})
 
 
-def test_requantize_matches_llama_cpp(tmp):
-    """A quantized input with --allow-requantize: dequantized as ggml dequantizes, the same file."""
-    RESULTS["SmolLM2 Q4_1 -> F16 --allow-requantize"] = compare(
-        SMOL_Q4_1, "F16", tmp, "requant", extra=("--allow-requantize",), llama_kw={"allow_requantize": True})
+def test_type_names(tiny):
+    """As llama-quantize takes them: any case, the _M aliases, the file type number."""
+    want = kiln_plan(tiny["qwen2"], "Q4_K_M")
+    for name in ("q4_k_m", "Q4_K", "15"):
+        assert kiln_plan(tiny["qwen2"], name) == want
+
+
+def test_requantize_matches_llama_cpp(tiny, tmp):
+    """A quantized input with --allow-requantize: its q4_k, q6_k, q5_0 and f16 tensors dequantized as ggml
+    dequantizes them, the same file."""
+    q4 = tmp / "requant-src.gguf"
+    llama_quantize(tiny["qwen2"], q4, "Q4_K_M")
+    RESULTS["qwen2 Q4_K_M -> Q8_0 --allow-requantize"] = compare(
+        q4, "Q8_0", tmp, "requant", extra=("--allow-requantize",), llama_kw={"allow_requantize": True})
 
 
 def test_threads_do_not_change_the_bytes(tiny, tmp):
@@ -289,13 +324,11 @@ def test_imatrix_that_does_not_fit(tiny, tmp):
 
 
 def test_kiln_and_llama_cpp_run_the_output(smol, tmp):
-    out = tmp / "smol-run.gguf"
-    for ftype in ("Q4_K_M", "Q8_0", "BF16"):  # the first kiln can write
-        p = kiln("quantize", smol, out, ftype, "--force")
-        if p.returncode == 0:
-            break
-        assert "kiln cannot write type" in p.stderr, p.stderr
-    assert p.returncode == 0, p.stderr
+    """The SmolLM2 Q4_K_M file kiln wrote above (or, where kiln cannot write its types yet, a BF16 one)."""
+    out = tmp / "smol-Q4_K_M-kiln.gguf"
+    if not out.exists():
+        out = tmp / "smol-run.gguf"
+        kiln("quantize", smol, out, "BF16", check=True)
     run = kiln("run", "-m", out, "-p", "The capital of France is", "-n", "8", "--temp", "0", check=True)
     assert run.stdout.strip()
     from llama_cpp import Llama
