@@ -124,7 +124,8 @@ Status attach_imatrix(const quant::Imatrix& imatrix, const std::string& path, st
       continue;
     }
     const quant::ImatrixTensor& e = it->second;
-    const int64_t n_mat = j.shape.size() > 2 ? j.shape[2] : 1;
+    // The matrices of a stacked tensor: its 2-d slices ([ne0, ne1] each), one importance vector each.
+    const int64_t n_mat = j.in->n_elements() / (j.shape[0] * (j.shape.size() > 1 ? j.shape[1] : 1));
     if (e.n_cols != j.shape[0] || e.n_mat != n_mat) {
       if (j.in->name == "token_embd.weight" && !j.choice.requires_imatrix) {
         warnings.push_back(fmt::format("{}: the {} entry has {} x {} values, not {} x {}: not used",
@@ -169,7 +170,7 @@ Status convert_rows(const Job& j, std::span<uint8_t> out, ThreadPool& pool) {
   const DTypeInfo& to = dtype_info(j.choice.type);
   const int64_t ne0 = j.shape[0];
   const int64_t n_rows = j.in->n_elements() / ne0;
-  const int64_t rows_per_mat = j.shape.size() > 1 ? j.shape[1] : 1;  // an expert's rows in a 3-d tensor
+  const int64_t rows_per_mat = j.shape.size() > 1 ? j.shape[1] : 1;  // a 2-d slice's rows (an expert's)
   const size_t src_row = static_cast<size_t>(ne0 / from.block_size * from.type_size);
   const size_t dst_row = static_cast<size_t>(ne0 / to.block_size * to.type_size);
   KILN_ASSERT(out.size() == dst_row * static_cast<size_t>(n_rows));

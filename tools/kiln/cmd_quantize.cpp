@@ -93,14 +93,14 @@ Status run_quantize(QuantizeArgs& args) {
                st.file_type.c_str(), st.architecture.c_str(), st.tensors.size(), st.n_converted,
                st.tensors.size() - st.n_converted, st.used_imatrix ? ", with an importance matrix" : "");
   if (st.n_requantized > 0) {
-    std::fprintf(stderr,
-                 "quantize: %zu tensors were already quantized: dequantized to f32, then requantized\n",
+    std::fprintf(stderr, "quantize: tensors quantized already (dequantized to f32, then requantized): %zu\n",
                  st.n_requantized);
   }
   if (st.n_fallback > 0) {
-    std::fprintf(stderr,
-                 "quantize: %zu tensors took a fallback type (rows not whole blocks of the mix's type)\n",
-                 st.n_fallback);
+    std::fprintf(
+        stderr,
+        "quantize: tensors that took a fallback type (rows not whole blocks of the mix's type): %zu\n",
+        st.n_fallback);
   }
   std::fprintf(stderr, "quantize: %.2f MiB -> %.2f MiB, %.2f -> %.2f bits per weight, in %.1f s\n",
                mib(st.bytes_in), mib(st.bytes_out), st.bytes_in * 8.0 / n, st.bytes_out * 8.0 / n, s);
