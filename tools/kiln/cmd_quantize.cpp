@@ -18,7 +18,8 @@ namespace {
 
 struct QuantizeArgs {
   QuantizeOptions opt;
-  std::vector<std::string> positional;  // IN OUT TYPE (IN TYPE with --dry-run)
+  std::string in;         // IN
+  std::string out, type;  // OUT TYPE; with --dry-run also IN TYPE (`out` then holds the type)
 };
 
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -68,13 +69,13 @@ void print_plan(const QuantizeStats& plan) {
 
 Status run_quantize(QuantizeArgs& args) {
   QuantizeOptions& opt = args.opt;
-  const std::vector<std::string>& pos = args.positional;
-  if (pos.size() == 3) {
-    opt.input = pos[0], opt.output = pos[1], opt.type = pos[2];
-  } else if (pos.size() == 2 && opt.dry_run) {
-    opt.input = pos[0], opt.type = pos[1];
+  opt.input = args.in;
+  if (!args.type.empty()) {
+    opt.output = args.out, opt.type = args.type;
+  } else if (opt.dry_run) {
+    opt.type = args.out;
   } else {
-    return invalid_argument("expected IN OUT TYPE (IN TYPE with --dry-run), got {} arguments", pos.size());
+    return invalid_argument("expected IN OUT TYPE (IN TYPE with --dry-run)");
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto progress = std::make_shared<Progress>(isatty(fileno(stderr)) != 0);
@@ -125,10 +126,9 @@ void register_quantize(CLI::App& app, int& rc) {
   CLI::App* cmd = app.add_subcommand(
       "quantize",
       "Quantize a model to a GGUF file of a llama.cpp file type (the same file llama-quantize writes)");
-  cmd->add_option("args", args->positional,
-                  "IN (a GGUF file or Hugging Face folder), OUT (the GGUF file to write), TYPE (below)")
-      ->required()
-      ->expected(2, 3);
+  cmd->add_option("IN", args->in, "A GGUF file or a Hugging Face folder")->required();
+  cmd->add_option("OUT", args->out, "The GGUF file to write (left out with --dry-run)")->required();
+  cmd->add_option("TYPE", args->type, "The file type (below)");
   cmd->add_option(
       "--imatrix", o.imatrix,
       "Importance matrix (kiln imatrix / llama-imatrix file): weights each column's rounding error; "
