@@ -97,19 +97,21 @@ struct Job {
   quant::TypeChoice choice;                       // its type
   const quant::ImatrixTensor* imatrix = nullptr;  // its importance, when it is converted and has one
   bool converted() const { return choice.type != in->type; }
+  // The 2-d slices ([shape[0], shape[1]] each) of a stacked tensor (the experts of a 3-d MoE weight).
+  int64_t n_mat() const { return in->n_elements() / (shape[0] * (shape.size() > 1 ? shape[1] : 1)); }
 };
 
 // The imatrix entry of each converted tensor, checked against its shape. llama.cpp's rules: a tensor without
-// an entry is an error when its type needs one, a note otherwise; an entry whose size does not match is an
-// error, except for the token embedding (which imatrix tools see as a lookup, not a matmul).
+// an entry is an error when its type needs one, a note otherwise; an entry whose size is not the tensor's
+// row length times its matrices is an error, except for the token embedding (which imatrix tools see as a
+// lookup, not a matmul). The size, not the shape: a legacy .dat entry holds a stacked weight's experts as one
+// long row.
 Status attach_imatrix(const quant::Imatrix& imatrix, const std::string& path, std::vector<Job>& jobs,
                       std::vector<std::string>& warnings) {
   for (const auto& [name, entry] : imatrix.tensors) {
-    for (int64_t m = 0; m < entry.n_mat; ++m) {
-      for (float v : quant::importance(entry, m)) {
-        if (!std::isfinite(v))
-          return invalid_argument("{}: entry '{}' holds a non-finite value ({})", path, name, v);
-      }
+    for (float v : quant::importance_all(entry)) {
+      if (!std::isfinite(v))
+        return invalid_argument("{}: entry '{}' holds a non-finite value ({})", path, name, v);
     }
   }
   for (Job& j : jobs) {
@@ -124,16 +126,17 @@ Status attach_imatrix(const quant::Imatrix& imatrix, const std::string& path, st
       continue;
     }
     const quant::ImatrixTensor& e = it->second;
-    // The matrices of a stacked tensor: its 2-d slices ([ne0, ne1] each), one importance vector each.
-    const int64_t n_mat = j.in->n_elements() / (j.shape[0] * (j.shape.size() > 1 ? j.shape[1] : 1));
-    if (e.n_cols != j.shape[0] || e.n_mat != n_mat) {
+    const int64_t ne0 = j.shape[0], n_mat = j.n_mat();
+    if (e.n_cols * e.n_mat != ne0 * n_mat) {
+      const std::string what = fmt::format(
+          "the entry for '{}' has {} values ({} x {}); the tensor takes {} ({} "
+          "columns x {} matrices)",
+          j.in->name, e.n_cols * e.n_mat, e.n_mat, e.n_cols, ne0 * n_mat, ne0, n_mat);
       if (j.in->name == "token_embd.weight" && !j.choice.requires_imatrix) {
-        warnings.push_back(fmt::format("{}: the {} entry has {} x {} values, not {} x {}: not used",
-                                       j.in->name, path, e.n_mat, e.n_cols, n_mat, j.shape[0]));
+        warnings.push_back(fmt::format("{}: {}: not used", path, what));
         continue;
       }
-      return invalid_argument("{}: the entry for '{}' has {} matrices of {} columns; the tensor has {} of {}",
-                              path, j.in->name, e.n_mat, e.n_cols, n_mat, j.shape[0]);
+      return invalid_argument("{}: {}", path, what);
     }
     j.imatrix = &e;
   }
@@ -174,10 +177,8 @@ Status convert_rows(const Job& j, std::span<uint8_t> out, ThreadPool& pool) {
   const size_t src_row = static_cast<size_t>(ne0 / from.block_size * from.type_size);
   const size_t dst_row = static_cast<size_t>(ne0 / to.block_size * to.type_size);
   KILN_ASSERT(out.size() == dst_row * static_cast<size_t>(n_rows));
-  std::vector<std::vector<float>> importance;  // [n_mat][ne0]
-  if (j.imatrix != nullptr) {
-    for (int64_t m = 0; m < j.imatrix->n_mat; ++m) importance.push_back(quant::importance(*j.imatrix, m));
-  }
+  // [n_mat][ne0]: matrix m's rows take [m * ne0, (m + 1) * ne0)
+  const std::vector<float> importance = j.imatrix ? quant::importance_all(*j.imatrix) : std::vector<float>();
   const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 16) / ne0);  // rows: ~64K values a chunk
   std::vector<std::vector<float>> buffers(static_cast<size_t>(pool.n_threads()));
   std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};  // the first row with a nan or inf
@@ -205,7 +206,7 @@ Status convert_rows(const Job& j, std::span<uint8_t> out, ThreadPool& pool) {
         }
       }
       to.quantize_rows(src, out.data() + r * dst_row, n, ne0,
-                       importance.empty() ? nullptr : importance[static_cast<size_t>(mat)].data());
+                       importance.empty() ? nullptr : importance.data() + mat * ne0);
       r = stop;
     }
   });

@@ -192,6 +192,25 @@ def write_imatrix(path: Path, entries: dict[str, tuple[np.ndarray, np.ndarray]],
     return path
 
 
+def write_legacy_imatrix(path: Path, entries: dict[str, tuple[np.ndarray, np.ndarray]], ncall: int = 10,
+                         dataset: str = "calib.txt", chunk_count: int = 10) -> dict:
+    """The same entries as a legacy .dat file (each column's mean square times ncall, a stacked weight's
+    experts one after another). Returns the entries as llama-quantize then sees them: one "matrix" of every
+    expert's values, count ncall."""
+    import struct
+
+    seen = {}
+    with open(path, "wb") as f:
+        f.write(struct.pack("<i", len(entries)))
+        for name, (sums, counts) in entries.items():
+            values = (sums / counts[:, None] * ncall).astype(np.float32).ravel()
+            f.write(struct.pack("<i", len(name)) + name.encode())
+            f.write(struct.pack("<ii", ncall, values.size) + values.tobytes())
+            seen[name] = (values.reshape(1, -1), np.array([ncall], dtype=np.float32))
+        f.write(struct.pack("<ii", chunk_count, len(dataset)) + dataset.encode())
+    return seen
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The peer
 

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from quantize_lib import (FTYPES, NEED_IMATRIX, first_difference, imatrix_entries, llama_plan, llama_quantize,
-                          tensor_types, write_f16_copy, write_imatrix, write_tiny_model)
+                          tensor_types, write_f16_copy, write_imatrix, write_legacy_imatrix, write_tiny_model)
 
 MODELS = Path(os.environ.get("KILN_MODELS_DIR") or Path.home() / ".cache/kiln/models")
 SMOL_Q4_1 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -175,6 +175,14 @@ def test_options_match_llama_cpp(tiny, tmp):
     RESULTS["qwen2 Q4_0 --output/--token-embedding-type"] = compare(
         src, "Q4_0", tmp, "oe", extra=("--output-tensor-type", "f16", "--token-embedding-type", "q8_0"),
         llama_kw={"output_type": ids["f16"], "token_embd_type": ids["q8_0"]})
+
+
+def test_legacy_imatrix_matches_llama_cpp(tiny, tmp):
+    """A legacy .dat importance matrix (a stacked weight's experts in one entry) for the MoE model."""
+    src = tiny["qwen2moe"]
+    dat = tmp / "qwen2moe.imatrix.dat"
+    seen = write_legacy_imatrix(dat, imatrix_entries(src, seed=4))
+    RESULTS["qwen2moe Q4_K_M legacy imatrix"] = compare(src, "Q4_K_M", tmp, "legacy", imatrix=(dat, seen))
 
 
 def test_type_names(tiny):
