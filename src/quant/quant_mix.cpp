@@ -519,7 +519,7 @@ Result<std::vector<TypeChoice>> choose_types(const ModelFacts& model, std::span<
   std::vector<TypeChoice> out;
   out.reserve(tensors.size());
   for (const TensorDesc& t : tensors) {
-    TypeChoice c{t.type, is_weight_matrix(model, t, options), false, {}};
+    TypeChoice c{t.type, is_weight_matrix(model, t, options), false, false, {}};
     const Role role = role_of(t.name);
     if (!c.quantizable) {
       out.push_back(std::move(c));
@@ -555,7 +555,8 @@ Result<std::vector<TypeChoice>> choose_types(const ModelFacts& model, std::span<
         }
         std::string note;
         KILN_ASSIGN_OR_RETURN(c.type, fallback(t.name, t.shape[0], c.type, note));
-        if (!note.empty()) c.note = c.note.empty() ? note : c.note + "; " + note;
+        c.fell_back = !note.empty();
+        if (c.fell_back) c.note = c.note.empty() ? note : c.note + "; " + note;
       }
     }
     c.requires_imatrix = needs_imatrix(t.name, c.type, ft);

@@ -123,6 +123,7 @@ struct TypeChoice {
   DType type;             // what the tensor is written as (its stored type when it is kept)
   bool quantizable;       // a weight matrix the mix applies to (false: copied as it is)
   bool requires_imatrix;  // `type` in this file type needs an importance matrix for this tensor
+  bool fell_back;         // the mix's type did not fit the rows: `type` is its fallback
   std::string note;       // a fallback or override the user should hear of, or empty
 };
 

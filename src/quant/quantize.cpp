@@ -241,6 +241,48 @@ Status set_metadata(const QuantizeOptions& o, const gguf::File& file, bool hf_fo
   return {};
 }
 
+void add_to_stats(const Job& j, QuantizeStats& stats) {
+  QuantizeTensor qt{j.in->name,    j.shape,       dtype_name(j.in->type), dtype_name(j.choice.type),
+                    j.in->n_bytes, j.in->n_bytes, j.choice.note};
+  if (j.converted()) {
+    const DTypeInfo& to = dtype_info(j.choice.type);
+    qt.bytes_out = static_cast<uint64_t>(j.in->n_elements() / to.block_size * to.type_size);
+    ++stats.n_converted;
+    stats.n_requantized += dtype_info(j.in->type).is_quantized ? 1 : 0;
+  }
+  stats.n_fallback += j.choice.fell_back ? 1 : 0;
+  stats.n_elements += static_cast<uint64_t>(j.in->n_elements());
+  stats.bytes_in += qt.bytes_in;
+  stats.bytes_out += qt.bytes_out;
+  stats.tensors.push_back(std::move(qt));
+}
+
+// The output file: `jobs` in order, each converted (or copied) while it is written.
+Status write_output(const QuantizeOptions& o, const gguf::File& file, bool hf_folder,
+                    const quant::FileTypeInfo& ft, const quant::Imatrix* imatrix,
+                    const std::vector<Job>& jobs, const QuantizeEvents& events) {
+  gguf::Writer w(file.alignment());
+  KILN_TRY(set_metadata(o, file, hf_folder, ft, imatrix, w));
+  ThreadPool pool(o.threads);
+  uint64_t written = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    auto fill = [&, i](std::span<uint8_t> out) -> Status {
+      const Job& j = jobs[i];
+      if (j.converted()) {
+        KILN_TRY(convert_rows(j, out, pool));
+      } else {
+        std::memcpy(out.data(), j.in->data, out.size());
+      }
+      file.drop_pages(j.in->data, j.in->n_bytes);  // read once: out of the resident set
+      written += out.size();
+      if (events.tensor_done) events.tensor_done(i, written);
+      return {};
+    };
+    KILN_TRY(w.add_tensor_lazy(jobs[i].in->name, jobs[i].shape, jobs[i].choice.type, std::move(fill)));
+  }
+  return w.write(o.output);
+}
+
 Result<QuantizeStats> quantize(const QuantizeOptions& o, const QuantizeEvents& events) {
   KILN_ASSIGN_OR_RETURN(const quant::MixOptions mix, mix_options(o));
   KILN_TRY(check_thread_count(o.threads));
@@ -282,18 +324,7 @@ Result<QuantizeStats> quantize(const QuantizeOptions& o, const QuantizeEvents& e
                                      dtype_name(j.choice.type)));
     }
     if (!j.choice.note.empty()) warnings.push_back(j.in->name + ": " + j.choice.note);
-    if (j.choice.note.find("falling back") != std::string::npos) ++stats.n_fallback;
-    QuantizeTensor qt{j.in->name,    j.shape, dtype_name(j.in->type), dtype_name(j.choice.type),
-                      j.in->n_bytes, 0,       j.choice.note};
-    const DTypeInfo& to = dtype_info(j.choice.type);
-    qt.bytes_out = j.converted() ? static_cast<uint64_t>(j.in->n_elements() / to.block_size * to.type_size)
-                                 : j.in->n_bytes;
-    stats.n_converted += j.converted() ? 1 : 0;
-    stats.n_requantized += j.converted() && dtype_info(j.in->type).is_quantized ? 1 : 0;
-    stats.n_elements += static_cast<uint64_t>(j.in->n_elements());
-    stats.bytes_in += qt.bytes_in;
-    stats.bytes_out += qt.bytes_out;
-    stats.tensors.push_back(std::move(qt));
+    add_to_stats(j, stats);
   }
   if (imatrix) KILN_TRY(attach_imatrix(*imatrix, o.imatrix, jobs, warnings));
   if (!o.dry_run) {
@@ -303,26 +334,7 @@ Result<QuantizeStats> quantize(const QuantizeOptions& o, const QuantizeEvents& e
   if (events.planned) events.planned(stats, warnings);
   if (o.dry_run) return stats;
 
-  gguf::Writer w(file->alignment());
-  KILN_TRY(set_metadata(o, *file, hf_folder, ft, imatrix ? &*imatrix : nullptr, w));
-  ThreadPool pool(o.threads);
-  uint64_t written = 0;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    auto fill = [&, i](std::span<uint8_t> out) -> Status {
-      const Job& j = jobs[i];
-      if (j.converted()) {
-        KILN_TRY(convert_rows(j, out, pool));
-      } else {
-        std::memcpy(out.data(), j.in->data, out.size());
-      }
-      file->drop_pages(j.in->data, j.in->n_bytes);  // read once: out of the resident set
-      written += out.size();
-      if (events.tensor_done) events.tensor_done(i, written);
-      return {};
-    };
-    KILN_TRY(w.add_tensor_lazy(jobs[i].in->name, jobs[i].shape, jobs[i].choice.type, std::move(fill)));
-  }
-  KILN_TRY(w.write(o.output));
+  KILN_TRY(write_output(o, *file, hf_folder, ft, imatrix ? &*imatrix : nullptr, jobs, events));
   return stats;
 }
 
