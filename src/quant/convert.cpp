@@ -11,11 +11,8 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
-#include "formats/hf_config.h"
 #include "formats/output_file.h"
-#include "models/model.h"
-#include "tokenizer/gguf_export.h"
-#include "tokenizer/load.h"
+#include "quant/hf_folder.h"
 
 namespace kiln {
 
@@ -71,26 +68,13 @@ Result<ConvertStats> convert_model(const ConvertOptions& options) {
     return Status(s.code(), "convert: " + s.message());
   if (Status s = check_output_not_input(options.output, options.input); !s.ok())
     return Status(s.code(), "convert: " + s.message());
-  KILN_ASSIGN_OR_RETURN(const std::shared_ptr<const gguf::File> file, import_hf_folder(options.input));
-  {
-    // The model code checks every tensor it needs (present, shaped as the hyper-parameters say) before
-    // anything is written: a file kiln could not run is not written.
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> cpu, make_backend("cpu", BackendOptions{1}));
-    KILN_ASSIGN_OR_RETURN(const std::unique_ptr<Model> model, load_model(file, *cpu));
-  }
-  KILN_ASSIGN_OR_RETURN(const Tokenizer tok, load_tokenizer(options.input));
-  KILN_ASSIGN_OR_RETURN(const hf::ModelFolder folder, hf::ModelFolder::open(options.input));
-  std::optional<std::string> chat_template;
-  if (folder.tokenizer_config && folder.tokenizer_config->chat_template() != nullptr)
-    chat_template = folder.tokenizer_config->chat_template()->source;
+  KILN_ASSIGN_OR_RETURN(const std::shared_ptr<const gguf::File> file, quant::open_hf_folder(options.input));
   const gguf::TensorInfo* embd = file->find_tensor("token_embd.weight");
   if (embd == nullptr || embd->shape.size() != 2)
     return invalid_argument("{}: the model has no 2-d token embedding", options.input);
 
   gguf::Writer w;
-  for (const auto& [k, v] : file->metadata()) w.set(k, v);
-  w.set("general.file_type", gguf::Value::u32(0));  // replaced below once the types are known
-  KILN_TRY(write_gguf_tokenizer(tok, w, static_cast<int32_t>(embd->shape[1]), chat_template));
+  KILN_TRY(quant::set_hf_folder_keys(options.input, *file, w));
   ConvertStats stats;
   stats.architecture = file->architecture();
   const size_t total = file->tensors().size();

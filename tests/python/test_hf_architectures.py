@@ -302,6 +302,16 @@ def test_q8_0_conversion_is_the_same_on_any_threads(tokenizer_dir, tmp_path):
     assert not (tmp_path / "x.gguf").exists()
 
 
+def test_quantize_of_a_folder_is_the_quantize_of_its_conversion(tokenizer_dir, tmp_path):
+    """`kiln quantize` on a folder writes the file it writes from the folder's `kiln convert` GGUF (Q4_K_M: its
+    96-wide rows fall back from q4_k/q6_k to q5_0/q8_0)."""
+    folder = q8_folder(tokenizer_dir, tmp_path / "f32", transformers.Qwen2Config, 5)[1]
+    run_kiln("convert", folder, tmp_path / "f32.gguf")
+    run_kiln("quantize", folder, tmp_path / "from-folder.gguf", "Q4_K_M")
+    run_kiln("quantize", tmp_path / "f32.gguf", tmp_path / "from-gguf.gguf", "Q4_K_M")
+    assert (tmp_path / "from-folder.gguf").read_bytes() == (tmp_path / "from-gguf.gguf").read_bytes()
+
+
 def test_unsupported_architecture_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "model_type": "foo"}))
     proc = run_kiln("convert", tmp_path, tmp_path / "x.gguf", expect_ok=False)

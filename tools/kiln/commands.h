@@ -10,6 +10,7 @@ void register_tokenize(CLI::App& app, int& rc);
 void register_run(CLI::App& app, int& rc);
 void register_chat(CLI::App& app, int& rc);
 void register_convert(CLI::App& app, int& rc);
+void register_quantize(CLI::App& app, int& rc);
 void register_bench(CLI::App& app, int& rc);
 void register_serve(CLI::App& app, int& rc);
 void register_perplexity(CLI::App& app, int& rc);

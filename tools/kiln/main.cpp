@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln: run, optimize, evaluate and serve large language models", "kiln"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln " KILN_VERSION_STRING);
-  kiln::install_output_cleanup_handlers();  // an interrupted convert leaves no temporary file behind
+  kiln::install_output_cleanup_handlers();    // an interrupted convert or quantize leaves no temporary file
   kiln::install_mapped_file_fault_handler();  // a model file cut short while in use: an error, not SIGBUS
   int rc = 0;
   kiln::cli::register_run(app, rc);
@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   kiln::cli::register_inspect(app, rc);
   kiln::cli::register_tokenize(app, rc);
   kiln::cli::register_convert(app, rc);
+  kiln::cli::register_quantize(app, rc);
   kiln::cli::register_bench(app, rc);
   kiln::cli::register_serve(app, rc);
   kiln::cli::register_perplexity(app, rc);

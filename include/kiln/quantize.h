@@ -1,0 +1,78 @@
+// Model quantization: a GGUF file or Hugging Face folder written as a GGUF file of a llama.cpp file type
+// (Q4_K_M, Q8_0, IQ4_XS, ...), each tensor typed as llama.cpp's llama-quantize types it for the same model
+// and options, with the same bytes, so that the file is the one llama-quantize writes.
+//
+//   kiln::quantize_model({.input = "model-f16.gguf", .output = "model-q4_k_m.gguf", .type = "Q4_K_M"});
+//
+// Tensor by tensor: the input is memory-mapped, one tensor's output is in memory at a time (its rows
+// converted to f32 a slice per thread), the output written to a temporary file renamed at the end.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/status.h"
+
+namespace kiln {
+
+struct QuantizeOptions {
+  std::string input;   // a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer.json)
+  std::string output;  // the GGUF file to write (unused with dry_run)
+  std::string
+      type;  // the file type, as llama-quantize names it (case-insensitive): "Q4_K_M", "IQ4_XS", "F16"
+  // An importance matrix (kiln imatrix / llama-imatrix GGUF, or a legacy .dat): each weight's rounding error
+  // weighted by its input column's mean squared activation. Required by the 1-3 bit i-quant mixes and Q2_K_S.
+  std::string imatrix;
+  std::vector<std::string> tensor_types;  // "PATTERN=TYPE": tensors whose name the regex matches as TYPE
+  std::string output_tensor_type;         // a type for output.weight ("q8_0"); empty: the mix's
+  std::string token_embedding_type;       // a type for token_embd.weight; empty: the mix's
+  bool allow_requantize = false;          // a quantized input is dequantized and quantized again
+  bool leave_output_tensor = false;       // output.weight kept as it is
+  bool pure = false;                      // every weight matrix the base type: no mix
+  bool force = false;                     // replace an existing output file
+  bool dry_run = false;                   // decide every tensor's type, write nothing
+  // Threads that quantize a tensor's rows (0: the physical cores, or KILN_THREADS); the file is the same
+  // whatever the count.
+  int threads = 0;
+};
+
+// One tensor of the output.
+struct QuantizeTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // GGUF order: shape[0] is the row length
+  std::string from;            // stored type: "f16"
+  std::string to;              // written type: "q4_k"
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  std::string note;  // a fallback type or an override, or empty
+};
+
+struct QuantizeStats {
+  std::string architecture;             // general.architecture
+  std::string file_type;                // "Q4_K_M"
+  std::vector<QuantizeTensor> tensors;  // in the order they are written
+  size_t n_converted = 0;               // tensors written in another type than stored (the rest are copied)
+  size_t n_requantized = 0;             // of them, tensors dequantized from a quantized type first
+  size_t n_fallback = 0;                // tensors whose rows did not fit the mix's type
+  uint64_t n_elements = 0;              // of all tensors
+  uint64_t bytes_in = 0;                // tensor data read
+  uint64_t bytes_out = 0;               // tensor data written
+  bool used_imatrix = false;
+};
+
+struct QuantizeEvents {
+  // Once every tensor's type is decided, before anything is written: notes the user should hear of
+  // (fallback types, imatrix entries missing for tensors that can do without).
+  std::function<void(const QuantizeStats& plan, const std::vector<std::string>& warnings)> planned;
+  // After each tensor is written: its index in plan.tensors, and tensor bytes written so far.
+  std::function<void(size_t index, uint64_t bytes_written)> tensor_done;
+};
+
+// Errors name what is wrong: an unknown type or tensor type, a bad pattern, an output that is the input or
+// exists (without force), a quantized input without allow_requantize, a type that needs an importance matrix
+// without one, an imatrix entry whose columns do not match its tensor, a write that fails (no file is left).
+Result<QuantizeStats> quantize_model(const QuantizeOptions& options, const QuantizeEvents& events = {});
+
+}  // namespace kiln
