@@ -6,13 +6,12 @@ byte for byte with gguf.quants.quantize. The driver binary is $KILN_BUILD_DIR/te
 """
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+from dequant_driver import driver, run_driver
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
@@ -59,18 +58,6 @@ def dequantize(data: np.ndarray, qt: QT) -> np.ndarray:
 def quantize(data: np.ndarray, qt: QT) -> np.ndarray:
     with np.errstate(all="ignore"):
         return gguf_quantize(data, qt)
-
-
-def driver() -> Path:
-    build = os.environ.get("KILN_BUILD_DIR")
-    assert build, "KILN_BUILD_DIR is not set (ctest sets it)"
-    path = Path(build) / "tests" / "dequant_driver"
-    assert path.exists(), f"{path} is missing: build the dequant_driver target"
-    return path
-
-
-def run_driver(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(driver()), *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -4,39 +4,18 @@ rows of several distributions, with and without importance weights.
 """
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import ggml_peer
 import numpy as np
 import pytest
+from dequant_driver import driver, quantize_rows
 
 TYPES = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"]
 KINDS = ["normal", "outliers", "skewed", "zero_rows"]
 WEIGHTS = ["uniform", "sparse", "none"]
 N_PER_ROW = 512  # two super-blocks: importance weights index columns across blocks
 N_ROWS = 12
-
-
-def driver() -> Path:
-    build = os.environ.get("KILN_BUILD_DIR")
-    assert build, "KILN_BUILD_DIR is not set (ctest sets it)"
-    path = Path(build) / "tests" / "dequant_driver"
-    assert path.exists(), f"{path} is missing: build the dequant_driver target"
-    return path
-
-
-def kiln_quantize(name: str, x: np.ndarray, importance, tmp_path: Path) -> bytes:
-    src, dst, imp = tmp_path / "in.bin", tmp_path / "out.bin", tmp_path / "imp.bin"
-    src.write_bytes(np.ascontiguousarray(x, dtype=np.float32).tobytes())
-    args = [str(driver()), "quantize-rows", name, str(src), str(dst), str(x.shape[1])]
-    if importance is not None:
-        imp.write_bytes(importance.astype(np.float32).tobytes())
-        args.append(str(imp))
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return dst.read_bytes()
 
 
 def rows(kind: str, rng: np.random.Generator) -> np.ndarray:
@@ -100,7 +79,7 @@ def test_quantize_rows_match_ggml(name, weights, tmp_path):
     rng = np.random.default_rng([TYPES.index(name), WEIGHTS.index(weights)])
     x = np.concatenate([rows(kind, rng) for kind in KINDS])  # N_ROWS rows of each kind, in KINDS order
     importance = None if weights == "none" else importance_for(weights, rng)
-    ours = kiln_quantize(name, x, importance, tmp_path)
+    ours = quantize_rows(name, x, importance, tmp_path)
     assert_same(name, ours, ggml_peer.quantize(name, x, importance), x)
 
 
@@ -110,7 +89,7 @@ def test_quantize_rows_without_importance_differ_from_with(name, tmp_path):
     rng = np.random.default_rng(7)
     x = rows("normal", rng)
     importance = np.where(np.arange(N_PER_ROW) % 2 == 0, 100.0, 0.01).astype(np.float32)
-    assert kiln_quantize(name, x, importance, tmp_path) != kiln_quantize(name, x, None, tmp_path)
+    assert quantize_rows(name, x, importance, tmp_path) != quantize_rows(name, x, None, tmp_path)
 
 
 def test_driver_refuses_missing_importance(tmp_path):

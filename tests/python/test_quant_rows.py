@@ -11,13 +11,13 @@ rows below); ggml built for AArch64, whose conversion saturates, writes other by
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import ggml_peer
 import numpy as np
 import pytest
+from dequant_driver import driver, quantize_rows, run_driver
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
 BLOCK_BYTES = {"q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
@@ -29,34 +29,10 @@ MAX_REL_RMSE = {"q8_0": 0.01, "q6_k": 0.025, "q5_0": 0.06, "q5_1": 0.06, "q5_k":
                 "q4_1": 0.12, "q4_k": 0.1, "iq4_nl": 0.12, "iq4_xs": 0.12, "q3_k": 0.25, "q2_k": 0.45}
 
 
-def driver() -> Path:
-    build = os.environ.get("KILN_BUILD_DIR")
-    assert build, "KILN_BUILD_DIR is not set (ctest sets it)"
-    path = Path(build) / "tests" / "dequant_driver"
-    assert path.exists(), f"{path} is missing: build the dequant_driver target"
-    return path
-
-
-def run_driver(*args: str) -> None:
-    r = subprocess.run([str(driver()), *args], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-
-
-def kiln_quantize_rows(name: str, x: np.ndarray, importance: np.ndarray | None, tmp_path: Path) -> bytes:
-    src, dst, imp = tmp_path / "rows.f32", tmp_path / f"rows.{name}", tmp_path / "importance.f32"
-    src.write_bytes(np.ascontiguousarray(x, dtype=np.float32).tobytes())
-    args = ["quantize-rows", name, str(src), str(dst), str(x.shape[1])]
-    if importance is not None:
-        imp.write_bytes(np.ascontiguousarray(importance, dtype=np.float32).tobytes())
-        args.append(str(imp))
-    run_driver(*args)
-    return dst.read_bytes()
-
-
 def kiln_dequantize(name: str, data: bytes, tmp_path: Path) -> np.ndarray:
     src, dst = tmp_path / f"back.{name}", tmp_path / "back.f32"
     src.write_bytes(data)
-    run_driver("dequantize", name, str(src), str(dst))
+    assert run_driver("dequantize", name, src, dst).returncode == 0
     return np.fromfile(dst, dtype=np.float32)
 
 
@@ -119,7 +95,7 @@ def cases():
 def test_quantize_rows_matches_ggml(name, importance_kind, cases, tmp_path):
     x, row_names, imps = cases
     importance = imps[importance_kind]
-    ours = kiln_quantize_rows(name, x, importance, tmp_path)
+    ours = quantize_rows(name, x, importance, tmp_path)
     ref = ggml_peer.quantize(name, x, importance)
     assert len(ours) == len(ref)
     if ours != ref:
@@ -159,7 +135,7 @@ def test_quantize_rows_odd_block_count(name, tmp_path):
     importance = np.exp(rng.normal(0, 1, n)).astype(np.float32)
     importance[-48:-16] = 0
     for imp in (None, importance):
-        assert kiln_quantize_rows(name, x, imp, tmp_path) == ggml_peer.quantize(name, x, imp), name
+        assert quantize_rows(name, x, imp, tmp_path) == ggml_peer.quantize(name, x, imp), name
 
 
 def test_table_has_row_quantizers():
