@@ -65,8 +65,12 @@ def isa_options() -> list[str]:
     return ["-DGGML_NATIVE=OFF"] + [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for opt, flag in want.items()]
 
 
+# Built beside llama-perplexity for bench/quant_quality.py (--peer PEER_BUILD/build/bin).
+PEER_TOOLS = ("perplexity", "imatrix", "quantize")
+
+
 def build_llama_perplexity() -> Path:
-    """llama-perplexity of the pinned llama.cpp, CPU backend only, built under PEER_BUILD (a build that is up to
+    """llama-perplexity (and llama-imatrix, llama-quantize) of the pinned llama.cpp, CPU backend only, built under PEER_BUILD (a build that is up to
     date costs a second)."""
     version = peer_version()
     if not (PEER_BUILD / "CMakeLists.txt").exists():
@@ -83,12 +87,13 @@ def build_llama_perplexity() -> Path:
                       "scripts", "skills", "ci", "app", "grammars"):
                 shutil.rmtree(src / d, ignore_errors=True)
             for d in (src / "tools").iterdir():
-                if d.is_dir() and d.name != "perplexity":
+                if d.is_dir() and d.name not in PEER_TOOLS:
                     shutil.rmtree(d)
             for d in (src / "ggml" / "src").glob("ggml-*/"):
                 if d.is_dir() and d.name != "ggml-cpu":
                     shutil.rmtree(d)
-            (src / "tools" / "CMakeLists.txt").write_text("llama_add_compile_flags()\nadd_subdirectory(perplexity)\n")
+            (src / "tools" / "CMakeLists.txt").write_text(
+                "llama_add_compile_flags()\n" + "".join(f"add_subdirectory({t})\n" for t in PEER_TOOLS))
             PEER_BUILD.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(src), PEER_BUILD)
     build = PEER_BUILD / "build"
@@ -97,7 +102,8 @@ def build_llama_perplexity() -> Path:
     for cmd in (["cmake", "-S", PEER_BUILD, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
                  "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", *isa_options()],
-                ["nice", "cmake", "--build", build, "-j", jobs, "--target", "llama-perplexity"]):
+                ["nice", "cmake", "--build", build, "-j", jobs, "--target",
+                 *(f"llama-{t}" for t in PEER_TOOLS)]):
         run(cmd)
     return build / "bin" / "llama-perplexity"
 

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""What quantization costs, kiln beside llama.cpp, measured by one tool: for each type, with and without an
+importance matrix, the file kiln makes (kiln imatrix + kiln quantize) and the file llama.cpp makes
+(llama-imatrix + llama-quantize, when --peer names their build) are scored by `kiln perplexity
+--kl-divergence` against the F16 source's distributions over an evaluation text. The calibration text and the
+evaluation text are different files.
+
+    python3 bench/quant_quality.py --model ~/.cache/kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --peer ~/.cache/kiln/peer-build/llama.cpp/build/bin --types Q4_K_M,Q3_K_M,Q2_K,IQ4_XS,IQ2_XS
+
+`bench/kld_vs_llamacpp.py --build-only` builds those llama.cpp tools (~/.cache/kiln/peer-build/llama.cpp/build/bin).
+The source is the model file dequantized to F16 by `kiln quantize ... F16 --allow-requantize` (the test models
+ship quantized only). Prints a markdown table; --json FILE also writes the rows.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LICENSES = Path("/usr/share/common-licenses")
+CALIB = [LICENSES / n for n in ("GPL-3", "LGPL-2.1", "GFDL-1.3")]       # Debian's base-files
+EVAL = [LICENSES / n for n in ("Apache-2.0", "MPL-2.0", "Artistic", "CC0-1.0")]
+
+
+def run(cmd, **kw):
+    t = time.time()
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        sys.exit(f"failed ({r.returncode}): {' '.join(map(str, cmd))}\n{r.stderr[-3000:]}")
+    return r, time.time() - t
+
+
+def concat(paths, out):
+    out.write_text("\n\n".join(p.read_text(errors="replace") for p in paths))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--kiln", type=Path, default=ROOT / "build/release/tools/kiln/kiln")
+    ap.add_argument("--peer", type=Path, help="a llama.cpp build's bin folder (llama-imatrix, llama-quantize)")
+    ap.add_argument("--types", default="Q4_K_M,Q3_K_M,Q2_K,IQ4_XS,IQ2_XS")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/kiln-quant-quality"))
+    ap.add_argument("-c", "--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=8, help="evaluation chunks")
+    ap.add_argument("--calib-chunks", type=int, default=16)
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    k, w, t = a.kiln, a.work, str(a.threads)
+    w.mkdir(parents=True, exist_ok=True)
+    calib, evalt = concat(CALIB, w / "calib.txt"), concat(EVAL, w / "eval.txt")
+    f16 = w / "source-f16.gguf"
+    if not f16.exists():
+        run([k, "quantize", a.model, f16, "F16", "--allow-requantize", "-t", t])
+    base = w / "base.kld"
+    if not base.exists():
+        run([k, "perplexity", "-m", f16, "-f", evalt, "-c", a.ctx, "--chunks", a.chunks, "-d", "cpu", "-t", t,
+             "--kl-divergence-base", base])
+    imx = {"kiln": w / "kiln.imatrix.gguf"}
+    if not imx["kiln"].exists():
+        _, sec = run([k, "imatrix", "-m", f16, "-f", calib, "-o", imx["kiln"], "-c", a.ctx, "--chunks",
+                      a.calib_chunks, "-d", "cpu", "-t", t, "--no-ppl"])
+        print(f"kiln imatrix: {sec:.1f} s", file=sys.stderr)
+    if a.peer:
+        imx["llama"] = w / "llama.imatrix.gguf"
+        if not imx["llama"].exists():
+            _, sec = run([a.peer / "llama-imatrix", "-m", f16, "-f", calib, "-o", imx["llama"], "-c", a.ctx,
+                          "--chunks", a.calib_chunks, "-t", t, "--no-ppl"])
+            print(f"llama-imatrix: {sec:.1f} s", file=sys.stderr)
+    rows = []
+
+    def score(path):
+        r, _ = run([k, "perplexity", "-m", path, "--kl-divergence", "--kl-divergence-base", base, "-d", "cpu",
+                    "-t", t, "-o", "json"])
+        return json.loads(r.stdout)
+
+    src_bytes = f16.stat().st_size
+    for ty in a.types.split(","):
+        for maker in ["kiln"] + (["llama"] if a.peer else []):
+            for use_imx in (False, True):
+                name = f"{ty}-{maker}{'-imx' if use_imx else ''}"
+                out = w / f"{name}.gguf"
+                if not out.exists():
+                    if maker == "kiln":
+                        cmd = [k, "quantize", f16, out, ty, "-t", t] + (["--imatrix", imx["kiln"]] if use_imx else [])
+                    else:
+                        cmd = [a.peer / "llama-quantize"] + (["--imatrix", imx["llama"]] if use_imx else []) + \
+                              [f16, out, ty, t]
+                    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+                    if r.returncode != 0:
+                        last = [x for x in (r.stderr + r.stdout).splitlines() if x.strip() and "===" not in x]
+                        rows.append({"type": ty, "maker": maker, "imatrix": use_imx, "error": last[-1][-160:]})
+                        continue
+                s = score(out)
+                rows.append({"type": ty, "maker": maker, "imatrix": use_imx, "mib": out.stat().st_size / 2**20,
+                             "ratio_to_f16": out.stat().st_size / src_bytes, "ppl": s["ppl"]["value"],
+                             "ppl_base": s["ppl_base"]["value"], "d_ppl": s["ppl_diff"]["value"],
+                             "kld": s["kld"]["value"], "kld_err": s["kld"]["error"],
+                             "kld_p99": s["kld_percentiles"].get("p99"), "same_top": s["same_top"]["value"]})
+        # kiln's imatrix in llama-quantize: the files interchange.
+        if a.peer:
+            out = w / f"{ty}-llama-kilnimx.gguf"
+            if not out.exists():
+                run([a.peer / "llama-quantize", "--imatrix", imx["kiln"], f16, out, ty, t])
+            s = score(out)
+            rows.append({"type": ty, "maker": "llama+kiln-imatrix", "imatrix": True, "mib": out.stat().st_size / 2**20,
+                         "ratio_to_f16": out.stat().st_size / src_bytes, "ppl": s["ppl"]["value"],
+                         "ppl_base": s["ppl_base"]["value"], "d_ppl": s["ppl_diff"]["value"], "kld": s["kld"]["value"],
+                         "kld_err": s["kld"]["error"], "kld_p99": s["kld_percentiles"].get("p99"),
+                         "same_top": s["same_top"]["value"]})
+    print(f"source: {a.model.name} dequantized to F16 ({src_bytes / 2**20:.1f} MiB); eval {a.chunks} x {a.ctx} tokens")
+    print("| type | made by | imatrix | MiB | ppl | Δppl | mean KLD | p99 KLD | same top |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['type']} | {r['maker']} | {'yes' if r['imatrix'] else 'no'} | refused: {r['error']} |")
+            continue
+        print(f"| {r['type']} | {r['maker']} | {'yes' if r['imatrix'] else 'no'} | {r['mib']:.1f} | {r['ppl']:.3f} | "
+              f"{r['d_ppl']:+.3f} | {r['kld']:.5f} ± {r['kld_err']:.5f} | {r['kld_p99']:.4f} | {100 * r['same_top']:.2f}% |")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
