@@ -1,8 +1,9 @@
 // RowWorkers: scores the rows of a perplexity run off the engine thread. The prompt-logits callback (on the
 // engine thread) copies each row into one of a few slots and returns, waiting only when every slot is taken
-// (the workers are behind by that many rows); `n_workers` threads score the rows as they come, so the host's math overlaps the
-// next forward steps and runs on several cores. Each row's result goes to a place of its own (the caller's
-// arrays, indexed by chunk and position), so results do not depend on which worker scored a row, or when.
+// (the workers are behind by that many rows); `n_workers` threads score the rows as they come, so the host's
+// math overlaps the next forward steps and runs on several cores. Each row's result goes to a place of its
+// own (the caller's arrays, indexed by chunk and position), so results do not depend on which worker scored a
+// row, or when.
 #pragma once
 
 #include <condition_variable>
