@@ -93,12 +93,24 @@ struct ChatMessage {
 // predict prompt token p + 1, f32 [n_vocab] (ModelDescription::n_vocab), valid only during the call.
 using PromptLogitsCallback = std::function<void(int32_t position, std::span<const float> logits)>;
 
+// Structured output: the generated text must be a sentence of this grammar. Sampling only ever draws tokens
+// that keep the text inside it, and an end-of-generation token only where the text is complete; a grammar that
+// cannot complete within max_tokens ends with FinishReason::length. Compiled by submit(), which names what is
+// wrong with it (invalid_argument, unimplemented for a construct kiln does not support, resource_exhausted
+// past a size bound). src/grammar/ describes each kind.
+struct OutputConstraint {
+  enum class Kind { none, gbnf, json_schema, regex };
+  Kind kind = Kind::none;
+  std::string text;  // the GBNF grammar (start rule `root`), the JSON schema as JSON text, or the pattern
+};
+
 struct Request {
   // Exactly one of these is the prompt:
   std::string prompt;                  // text, tokenized with the model's BOS rule
   std::vector<int32_t> prompt_tokens;  // token ids as they are
   std::vector<ChatMessage> messages;   // a conversation, rendered with the model's chat template
   SamplingParams sampling;
+  OutputConstraint constraint;
   // Prefix-cache namespace: cached KV blocks are shared only between requests with the same salt (empty: the
   // default namespace). Give each tenant its own, so one cannot learn another's prompts from cache timing.
   std::string cache_salt;
