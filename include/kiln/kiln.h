@@ -94,9 +94,10 @@ struct ToolCall {
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
-  std::vector<ToolCall> tool_calls;  // assistant: the calls it made (the template sees them as OpenAI's)
-  std::string tool_call_id;          // tool: the call this message answers
-  std::string name;                  // tool: the function that answered (optional)
+  // (Initialized, so that {role, content} stays a complete aggregate initializer.)
+  std::vector<ToolCall> tool_calls = {};  // assistant: the calls it made (the template sees them as OpenAI's)
+  std::string tool_call_id = {};          // tool: the call this message answers
+  std::string name = {};                  // the participant's, or a tool's function's (optional)
 };
 
 // A function the model may call (Request::tools): rendered into the prompt by the chat template as OpenAI's

@@ -24,7 +24,7 @@ using api_detail::parse_completion;
 using api_detail::Parsed;
 using api_detail::read_bool;
 using api_detail::read_messages;
-using api_detail::read_tools;
+using api_detail::read_tool_definitions;
 using api_detail::validate_completion;
 
 namespace {
@@ -289,9 +289,9 @@ void Api::tokenize(const HttpRequest& req, const std::shared_ptr<Exchange>& ex) 
   if (field(body, "messages") != nullptr) {
     std::vector<ChatMessage> messages;
     if (auto e = read_messages(body, messages)) return ex->respond(error_response(*e));
-    Parsed tools;  // the tools the template shows (not their grammar: nothing is generated)
-    if (auto e = read_tools(req.body, body, engine.model(), tools)) return ex->respond(error_response(*e));
-    auto t = engine.render_chat(messages, tools.tools);
+    std::vector<ToolDefinition> tools;
+    if (auto e = read_tool_definitions(req.body, body, tools)) return ex->respond(error_response(*e));
+    auto t = engine.render_chat(messages, tools);
     if (!t.ok()) return ex->respond(error_response(bad("messages", t.status().message())));
     text = *t;
     add_special = false;

@@ -72,6 +72,9 @@ struct Parsed {
 // tools; for auto, required or a function, the format its output is parsed in; for required or a function, a
 // grammar (p.base.constraint) that makes the model call. Call after the constraint of response_format is
 // read.
+// tools alone (what /tokenize renders).
+std::optional<ApiError> read_tool_definitions(const std::string& body_text, const json& body,
+                                              std::vector<ToolDefinition>& out);
 std::optional<ApiError> read_tools(const std::string& body_text, const json& body,
                                    const ModelDescription& model, Parsed& p);
 

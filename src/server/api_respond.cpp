@@ -123,9 +123,11 @@ void Api::Generation::on_event(size_t i, const TokenEvent& ev) {
                                 {"type", "function"},
                                 {"function", {{"name", e.text}, {"arguments", ""}}}});
         break;
-      case ToolCallEvent::Kind::arguments:
-        c.tool_calls.back()["function"]["arguments"] =
-            c.tool_calls.back()["function"]["arguments"].get<std::string>() + e.text;
+      case ToolCallEvent::Kind::arguments:  // always after its call
+        if (!c.tool_calls.empty()) {
+          c.tool_calls.back()["function"]["arguments"] =
+              c.tool_calls.back()["function"]["arguments"].get<std::string>() + e.text;
+        }
         break;
     }
   }

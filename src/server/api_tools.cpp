@@ -99,45 +99,16 @@ std::optional<ApiError> read_message_tool_fields(const json& m, size_t i, ChatMe
   return std::nullopt;
 }
 
-std::optional<ApiError> read_tools(const std::string& body_text, const json& body,
-                                   const ModelDescription& model, Parsed& p) {
+std::optional<ApiError> read_tool_definitions(const std::string& body_text, const json& body,
+                                              std::vector<ToolDefinition>& out) {
   const json* tools = field(body, "tools");
-  const json* choice = field(body, "tool_choice");
-  bool parallel = true;
-  if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return e;
-  // tool_choice: "auto" (the default with tools), "none" (the default without), "required", or a function.
-  std::string mode = tools != nullptr && !(tools->is_array() && tools->empty()) ? "auto" : "none";
-  std::string forced;  // the named function
-  if (choice != nullptr && choice->is_string()) {
-    mode = choice->get<std::string>();
-    if (mode != "auto" && mode != "none" && mode != "required") {
-      return bad("tool_choice",
-                 fmt::format("'tool_choice' = '{}' must be auto, none, required or a function", mode));
-    }
-  } else if (choice != nullptr) {
-    const json* fn = choice->is_object() ? field(*choice, "function") : nullptr;
-    const json* name = fn != nullptr && fn->is_object() ? field(*fn, "name") : nullptr;
-    if (field(*choice, "type") == nullptr || *field(*choice, "type") != "function" || name == nullptr ||
-        !name->is_string()) {
-      return bad("tool_choice",
-                 "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-    }
-    mode = "function";
-    forced = name->get<std::string>();
-  }
-  if (mode == "none" && tools == nullptr) return std::nullopt;
-  if (tools == nullptr || !tools->is_array() || tools->empty()) {
-    if (tools != nullptr && !tools->is_array()) return bad("tools", "'tools' must be a list of tools");
-    if (mode == "auto" || mode == "none") return std::nullopt;
-    return bad("tool_choice",
-               fmt::format("'tool_choice' = '{}' needs 'tools'", mode == "function" ? forced : mode));
-  }
+  if (tools == nullptr) return std::nullopt;
+  if (!tools->is_array()) return bad("tools", "'tools' must be a list of tools");
   if (tools->size() > kMaxTools) {
     return bad("tools", fmt::format("'tools' has {} tools: at most {}", tools->size(), kMaxTools));
   }
   // The parameters schemas keep their keys' order (the prompt shows them, the grammar follows them).
   const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  std::vector<std::string> names;
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
     const std::string param = fmt::format("tools[{}]", i);
@@ -155,9 +126,11 @@ std::optional<ApiError> read_tools(const std::string& body_text, const json& bod
     if (d.name.empty()) {
       return bad(param + ".function.name", fmt::format("'{}.function.name' is required", param));
     }
-    if (std::find(names.begin(), names.end(), d.name) != names.end()) {
-      return bad(param + ".function.name",
-                 fmt::format("'{}.function.name': '{}' is defined twice", param, d.name));
+    for (const ToolDefinition& other : out) {
+      if (other.name == d.name) {
+        return bad(param + ".function.name",
+                   fmt::format("'{}.function.name': '{}' is defined twice", param, d.name));
+      }
     }
     if (auto e = read_string(*fn, "description", param + ".function.description", d.description)) return e;
     if (const json* params = field(*fn, "parameters")) {
@@ -167,10 +140,43 @@ std::optional<ApiError> read_tools(const std::string& body_text, const json& bod
       }
       d.parameters = ordered_parameters(ordered, i, *params);
     }
-    names.push_back(d.name);
-    p.tools.push_back(std::move(d));
+    out.push_back(std::move(d));
   }
-  if (mode == "function" && std::find(names.begin(), names.end(), forced) == names.end()) {
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_tools(const std::string& body_text, const json& body,
+                                   const ModelDescription& model, Parsed& p) {
+  if (auto e = read_tool_definitions(body_text, body, p.tools)) return e;
+  bool parallel = true;
+  if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return e;
+  // tool_choice: "auto" (the default with tools), "none" (the default without), "required", or a function.
+  std::string mode = p.tools.empty() ? "none" : "auto";
+  std::string forced;  // the named function
+  if (const json* choice = field(body, "tool_choice"); choice != nullptr && choice->is_string()) {
+    mode = choice->get<std::string>();
+    if (mode != "auto" && mode != "none" && mode != "required") {
+      return bad("tool_choice",
+                 fmt::format("'tool_choice' = '{}' must be auto, none, required or a function", mode));
+    }
+  } else if (choice != nullptr) {
+    const json* type = choice->is_object() ? field(*choice, "type") : nullptr;
+    const json* fn = choice->is_object() ? field(*choice, "function") : nullptr;
+    const json* name = fn != nullptr && fn->is_object() ? field(*fn, "name") : nullptr;
+    if (type == nullptr || *type != "function" || name == nullptr || !name->is_string()) {
+      return bad("tool_choice",
+                 "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    mode = "function";
+    forced = name->get<std::string>();
+  }
+  const std::string choice_text = mode == "function" ? forced : mode;
+  if (p.tools.empty()) {
+    if (mode == "auto" || mode == "none") return std::nullopt;
+    return bad("tool_choice", fmt::format("'tool_choice' = '{}' needs 'tools'", choice_text));
+  }
+  if (mode == "function" && std::none_of(p.tools.begin(), p.tools.end(),
+                                         [&](const ToolDefinition& d) { return d.name == forced; })) {
     return bad("tool_choice",
                fmt::format("'tool_choice' names the function '{}', which is not in 'tools'", forced));
   }
@@ -183,12 +189,12 @@ std::optional<ApiError> read_tools(const std::string& body_text, const json& bod
                "JSON, Mistral [TOOL_CALLS]): its calls could not be read; use 'tool_choice': 'none'");
   }
   p.tool_format = format;
-  p.tool_names = names;
+  for (const ToolDefinition& d : p.tools) p.tool_names.push_back(d.name);
   p.max_tool_calls = parallel ? std::numeric_limits<int32_t>::max() : 1;
   if (mode == "auto") return std::nullopt;
   if (p.base.constraint.kind != OutputConstraint::Kind::none) {
-    return bad("tool_choice", fmt::format("'tool_choice' = '{}' cannot be combined with 'response_format'",
-                                          mode == "function" ? forced : mode));
+    return bad("tool_choice",
+               fmt::format("'tool_choice' = '{}' cannot be combined with 'response_format'", choice_text));
   }
   std::vector<ToolDefinition> callable;
   for (const ToolDefinition& d : p.tools) {

@@ -77,7 +77,7 @@ USER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}
 class Server:
     def __init__(self, model: Path, *extra):
         assert KILN.exists(), f"build kiln first ({KILN})"
-        self.proc = subprocess.Popen([str(KILN), "serve", "-m", str(model), "--port", "0", "-t", "2", "-c", "2048",
+        self.proc = subprocess.Popen([str(KILN), "serve", "-m", str(model), "--port", "0", "-t", "2", "-c", "2048", "--alias", "m",
                                       *map(str, extra)], stderr=subprocess.PIPE, text=True)
         self.lines = []
         port = None
