@@ -152,8 +152,9 @@ def tiny_model(root: Path, arch: str) -> Path:
 def server(request, tmp_path_factory):
     if not SMOLLM.exists():
         pytest.skip(f"missing {SMOLLM} (scripts/fetch-models.sh)")
-    s = Server(tiny_model(tmp_path_factory.mktemp("tools"), request.param))
-    s.arch = request.param
+    folder = tiny_model(tmp_path_factory.mktemp("tools"), request.param)
+    s = Server(folder)
+    s.arch, s.folder = request.param, folder
     yield s
     s.stop()
 
@@ -188,6 +189,26 @@ def stream_calls(client, **kw):
     return content, [calls[i] for i in sorted(calls)], finish
 
 
+def test_rendering_matches_transformers(server):
+    """The prompt of a conversation with tools, a call and its answer: transformers' apply_chat_template on the
+    same messages with the arguments parsed (as vLLM passes them) is the reference."""
+    from transformers import AutoTokenizer
+
+    call = {"id": "abcDEF123", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"unit": "celsius", "city": "Zürich"}'}}
+    messages = [{"role": "system", "content": "Be brief."}, *USER,
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "abcDEF123", "name": "get_weather", "content": '{"t": 21}'}]
+    ref_messages = copy.deepcopy(messages)
+    ref_messages[2]["content"] = ""
+    ref_messages[2]["tool_calls"][0]["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    tok = AutoTokenizer.from_pretrained(str(server.folder))
+    want = tok.apply_chat_template(ref_messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    got = server.detokenize(server.post("/tokenize", {"messages": messages, "tools": TOOLS})["tokens"])
+    assert got == want
+    assert '"city": "Zürich"' in got  # the arguments as the template writes them back
+
+
 def test_required_call_then_answer(server):
     c = server.client
     r = c.chat.completions.create(model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=200,
@@ -206,7 +227,8 @@ def test_required_call_then_answer(server):
     # The prompt shows the call (its arguments as the template writes them back) and the tool's answer.
     prompt = server.detokenize(server.post("/tokenize", {"messages": messages, "tools": TOOLS})["tokens"])
     call = ch.message.tool_calls[0].function
-    assert f'"name": "{call.name}"' in prompt and json.dumps(json.loads(call.arguments)) in prompt, prompt
+    assert f'"name": "{call.name}"' in prompt, prompt
+    assert json.dumps(json.loads(call.arguments), ensure_ascii=False) in prompt, prompt
     assert '{"temperature": 21}' in prompt
 
 
