@@ -18,14 +18,19 @@ bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 // Text that may open a call.
 struct Marker {
   std::string_view text;
-  bool part_of_call;  // the marker is the call's first byte ('{' or '['), not markup before it
-  bool first_only;    // only before any content or call
+  bool part_of_call;         // the marker is the call's first byte ('{' or '['), not markup before it
+  bool first_only;           // only before any content or call
+  std::string_view closing;  // what follows the call object (hermes)
 };
 
 std::span<const Marker> markers(ToolCallFormat f) {
-  static constexpr Marker kHermes[] = {{"<tool_call>", false, false}};
-  static constexpr Marker kLlama3[] = {{"<|python_tag|>", false, true}, {"{", true, true}};
-  static constexpr Marker kMistral[] = {{"[TOOL_CALLS]", false, false}, {"[", true, true}};
+  // Small Qwen models also write a Hermes call as a fenced JSON block, or bare (llama.cpp reads both too).
+  static constexpr Marker kHermes[] = {{"<tool_call>", false, false, "</tool_call>"},
+                                       {"```json", false, false, "```"},
+                                       {"```", false, false, "```"},
+                                       {"{", true, true, ""}};
+  static constexpr Marker kLlama3[] = {{"<|python_tag|>", false, true, ""}, {"{", true, true, ""}};
+  static constexpr Marker kMistral[] = {{"[TOOL_CALLS]", false, false, ""}, {"[", true, true, ""}};
   switch (f) {
     case ToolCallFormat::hermes: return kHermes;
     case ToolCallFormat::llama3: return kLlama3;
@@ -120,8 +125,8 @@ Match match_header(std::string_view s, bool list_open, std::string& name) {
   return c.lit("{");
 }
 
-// After the arguments: (`, STRING: STRING`)* `}`, then hermes's `</tool_call>`.
-Match match_trailer(std::string_view s, ToolCallFormat f) {
+// After the arguments: (`, STRING: STRING`)* `}`, then `closing` (hermes's `</tool_call>`).
+Match match_trailer(std::string_view s, std::string_view closing) {
   Cursor c{s};
   c.ws();
   while (c.i < s.size() && s[c.i] == ',') {
@@ -136,9 +141,9 @@ Match match_trailer(std::string_view s, ToolCallFormat f) {
     c.ws();
   }
   KILN_MATCH(c.lit("}"));
-  if (f != ToolCallFormat::hermes) return Match::done;
+  if (closing.empty()) return Match::done;
   c.ws();
-  return c.lit("</tool_call>");
+  return c.lit(closing);
 }
 
 #undef KILN_MATCH
@@ -262,6 +267,7 @@ void ToolCallParser::step_text(char c, std::vector<ToolCallEvent>& out) {
       state_ = State::header;
       header_from_ = w + (found->part_of_call ? 0 : found->text.size());
       list_open_ = format_ == ToolCallFormat::mistral;
+      closing_ = found->closing;
       return;  // held_ keeps the whitespace and the marker, given back if no call follows
     }
     emit(ToolCallEvent::Kind::content, std::string_view(held_).substr(0, w + 1), out);
@@ -293,7 +299,7 @@ void ToolCallParser::step_header(char c, std::vector<ToolCallEvent>& out) {
 
 void ToolCallParser::step_trailer(char c) {
   held_ += c;
-  const Match m = held_.size() > kMaxTrailerBytes ? Match::fail : match_trailer(held_, format_);
+  const Match m = held_.size() > kMaxTrailerBytes ? Match::fail : match_trailer(held_, closing_);
   if (m == Match::more) return;
   if (m == Match::fail) {  // malformed closing markup is text
     input_.insert(pos_, held_);
@@ -318,6 +324,7 @@ void ToolCallParser::step_between(char c) {
   }
   header_from_ = 0;
   list_open_ = false;
+  closing_ = {};
   state_ = State::header;
 }
 

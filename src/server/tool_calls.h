@@ -4,12 +4,13 @@
 //
 // The syntaxes (whitespace between the parts is free; "parameters" and "arguments" are both accepted as the
 // arguments' key, and a `"type": "function"` pair may come before the name):
-//   hermes   <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, repeated     (Qwen2.5, Qwen3,
-//   Hermes) llama3   {"name": "f", "parameters": {...}} at the start of the output, after an optional
-//   <|python_tag|>,
-//            several separated by ';'                                                   (Llama 3.1, 3.2)
-//   mistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]; the marker is a control token that the
-//            output text leaves out, so a list at the start of the output counts too     (Mistral v3, Nemo)
+// - hermes (Qwen2.5, Qwen3, Hermes): <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, repeated;
+//   also in a ```json (or ```) fenced block, or bare at the start of the output, as small Qwen models write
+//   it.
+// - llama3 (Llama 3.1, 3.2): {"name": "f", "parameters": {...}} at the start of the output, after an optional
+//   <|python_tag|>; several separated by ';'.
+// - mistral (Mistral v3, Nemo): [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]; the marker is a control
+//   token that the output text leaves out, so a list at the start of the output counts too.
 // Extra string-valued keys after the arguments (Mistral's "id") are accepted and ignored.
 //
 // How text is decided, byte by byte (the same whatever the split of the output into pieces):
@@ -85,6 +86,7 @@ class ToolCallParser {
   std::string held_;          // text: whitespace and a marker's prefix; header and trailer: their text so far
   size_t header_from_ = 0;    // header: where the call object's syntax starts in held_ (after a marker)
   bool list_open_ = false;    // mistral header: the '[' of the list is still to come
+  std::string_view closing_;  // hermes: the markup that closes the current call (a static string)
   bool any_content_ = false;  // content was emitted (llama3 / mistral calls only come first)
   bool after_call_ = false;   // no content since the last call began (its whitespace is dropped)
   int32_t n_seen_ = 0, n_reported_ = 0;  // calls taken, and those reported (at most max_calls_)
