@@ -79,7 +79,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     Tensor x, i;
     x.type = DType::f32;
     i.type = DType::i32;
-    backend_samples = model->output_backend().supports(ops::Sample{x, i, i, i});
+    backend_samples = model->output_backend().supports(ops::Sample{x, i, i, i, i});
   }
   if (tok.n_vocab() > mi.n_vocab) {
     return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has only {} rows",
