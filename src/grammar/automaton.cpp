@@ -19,9 +19,111 @@ struct NfaState {
   std::vector<RuleEdge> calls;
 };
 
+// Small rules that are not recursive are built into their callers (an `expr_ref` becomes the callee's body):
+// a caller's states then see through them, so that tokens crossing them (a string's characters, a number's
+// digits, white space) are decided by the caller's cache alone instead of being uncertain at every character.
+constexpr int64_t kInlineMaxSize = 256;  // expression nodes, callees included
+constexpr int32_t kInlineMaxDepth = 8;   // rules built into one another
+
+int64_t expr_size(const Expr& e, const std::vector<int64_t>& inlined_size) {
+  switch (e.kind) {
+    case ExprKind::expr_class: return static_cast<int64_t>(e.chars.size());
+    case ExprKind::expr_ref: {
+      const int64_t callee = inlined_size[static_cast<size_t>(e.rule)];
+      return callee >= 0 ? callee + 1 : 1;
+    }
+    case ExprKind::expr_repeat: {
+      const int64_t copies = std::max<int64_t>(1, e.max < 0 ? e.min + 1 : e.max);
+      return std::min<int64_t>(expr_size(e.items[0], inlined_size) * copies, kInlineMaxSize + 1);
+    }
+    case ExprKind::expr_seq:
+    case ExprKind::expr_alt: {
+      int64_t total = 1;
+      for (const Expr& item : e.items)
+        total = std::min(total + expr_size(item, inlined_size), kInlineMaxSize + 1);
+      return total;
+    }
+  }
+  return 1;
+}
+
+void collect_refs(const Expr& e, std::vector<int32_t>& out) {
+  if (e.kind == ExprKind::expr_ref) out.push_back(e.rule);
+  for (const Expr& item : e.items) collect_refs(item, out);
+}
+
+// inline_rule[r]: references to r are built inline. Tarjan's strongly connected components (iterative) give
+// the recursive rules and visit callees before callers, so sizes and depths are known when needed.
+std::vector<uint8_t> choose_inlined(const GbnfAst& ast) {
+  const size_t n = ast.rules.size();
+  std::vector<std::vector<int32_t>> calls(n);
+  for (size_t r = 0; r < n; ++r) collect_refs(ast.rules[r].body, calls[r]);
+  std::vector<int32_t> index(n, -1), low(n, 0), stack;
+  std::vector<uint8_t> on_stack(n, 0), out(n, 0);
+  std::vector<int64_t> size(n, -1);  // inlined size of inlined rules, -1 for the others
+  std::vector<int32_t> depth(n, 0);
+  int32_t next_index = 0;
+  std::vector<std::pair<int32_t, size_t>> dfs;
+  for (size_t r0 = 0; r0 < n; ++r0) {
+    if (index[r0] >= 0) continue;
+    dfs.assign(1, {static_cast<int32_t>(r0), 0});
+    index[r0] = low[r0] = next_index++;
+    stack.push_back(static_cast<int32_t>(r0));
+    on_stack[r0] = 1;
+    while (!dfs.empty()) {
+      auto& [r, i] = dfs.back();
+      const auto ru = static_cast<size_t>(r);
+      if (i < calls[ru].size()) {
+        const auto c = static_cast<size_t>(calls[ru][i++]);
+        if (index[c] < 0) {
+          index[c] = low[c] = next_index++;
+          stack.push_back(static_cast<int32_t>(c));
+          on_stack[c] = 1;
+          dfs.push_back({static_cast<int32_t>(c), 0});
+        } else if (on_stack[c]) {
+          low[ru] = std::min(low[ru], index[c]);
+        }
+        continue;
+      }
+      if (low[ru] == index[ru]) {  // ru roots a component
+        std::vector<int32_t> comp;
+        int32_t m = -1;
+        do {
+          m = stack.back();
+          stack.pop_back();
+          on_stack[static_cast<size_t>(m)] = 0;
+          comp.push_back(m);
+        } while (m != r);
+        const bool self_call = std::find(calls[ru].begin(), calls[ru].end(), r) != calls[ru].end();
+        if (comp.size() == 1 && !self_call && r != ast.root) {
+          int32_t d = 0;
+          for (int32_t c : calls[ru]) {
+            if (size[static_cast<size_t>(c)] >= 0) d = std::max(d, depth[static_cast<size_t>(c)]);
+          }
+          const int64_t sz = expr_size(ast.rules[ru].body, size);
+          if (sz <= kInlineMaxSize && d + 1 <= kInlineMaxDepth) {
+            size[ru] = sz;
+            depth[ru] = d + 1;
+            out[ru] = 1;
+          }
+        }
+      }
+      const int32_t done = r;
+      dfs.pop_back();
+      if (!dfs.empty()) {
+        const auto parent = static_cast<size_t>(dfs.back().first);
+        low[parent] = std::min(low[parent], low[static_cast<size_t>(done)]);
+      }
+    }
+  }
+  return out;
+}
+
 class NfaBuilder {
  public:
-  NfaBuilder(const Limits& limits, std::string_view rule) : limits_(limits), rule_(rule) {}
+  NfaBuilder(const Limits& limits, std::string_view rule, const GbnfAst& ast,
+             const std::vector<uint8_t>& inlined)
+      : limits_(limits), rule_(rule), ast_(ast), inlined_(inlined) {}
 
   int32_t add() {
     states_.emplace_back();
@@ -38,6 +140,8 @@ class NfaBuilder {
     switch (e.kind) {
       case ExprKind::expr_class: return build_class(e.chars, from);
       case ExprKind::expr_ref: {
+        if (inlined_[static_cast<size_t>(e.rule)])
+          return build(ast_.rules[static_cast<size_t>(e.rule)].body, from);
         const int32_t to = add();
         at(from).calls.push_back({e.rule, to});
         return to;
@@ -108,6 +212,8 @@ class NfaBuilder {
 
   const Limits& limits_;
   std::string_view rule_;
+  const GbnfAst& ast_;
+  const std::vector<uint8_t>& inlined_;
   std::vector<NfaState> states_;
 };
 
@@ -278,9 +384,10 @@ Result<std::shared_ptr<const Grammar>> build_automaton(const GbnfAst& ast, const
   std::vector<Dfa> dfas(n_rules);
   std::vector<std::string> names(n_rules);
   int64_t total = 0;
+  const std::vector<uint8_t> inlined = choose_inlined(ast);
   for (size_t r = 0; r < n_rules; ++r) {
     names[r] = ast.rules[r].name;
-    NfaBuilder nfa(limits, names[r]);
+    NfaBuilder nfa(limits, names[r], ast, inlined);
     const int32_t start = nfa.add();
     KILN_ASSIGN_OR_RETURN(int32_t final, nfa.build(ast.rules[r].body, start));
     const auto budget = static_cast<int32_t>(std::max<int64_t>(0, limits.max_states - total));
