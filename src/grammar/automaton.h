@@ -47,8 +47,11 @@ struct Grammar {
   std::vector<ByteEdge> byte_edges;  //
   std::vector<uint32_t> rule_begin;  // [n_states + 1] into rule_edges
   std::vector<RuleEdge> rule_edges;  //
-  std::vector<ByteSet> follow;       // [n_rules] bytes that may come right after the rule returns
-  std::vector<uint8_t> follow_end;   // [n_rules] 1: the text may end right after the rule returns
+  // States with many byte ranges also have a dense table: byte_table[table_of[s] * 256 + b] = next(s, b).
+  std::vector<int32_t> table_of;    // [n_states] table index or -1
+  std::vector<int32_t> byte_table;  // [n_tables * 256] states, -1 none
+  std::vector<ByteSet> follow;      // [n_rules] bytes that may come right after the rule returns
+  std::vector<uint8_t> follow_end;  // [n_rules] 1: the text may end right after the rule returns
 
   int32_t n_states() const { return static_cast<int32_t>(state_rule.size()); }
   int32_t n_rules() const { return static_cast<int32_t>(rule_start.size()); }
@@ -65,6 +68,8 @@ struct Grammar {
   }
   // The state reached from s on byte b, or -1.
   int32_t next(int32_t s, uint8_t b) const {
+    const int32_t t = table_of[static_cast<size_t>(s)];
+    if (t >= 0) return byte_table[static_cast<size_t>(t) * 256 + b];
     for (const ByteEdge& e : bytes_of(s)) {
       if (b < e.lo) return -1;
       if (b <= e.hi) return e.target;

@@ -196,6 +196,18 @@ Status analyze_grammar(Grammar& g) {
     g.state_tail[static_cast<size_t>(s)] =
         g.state_final[static_cast<size_t>(s)] && !g.has_bytes(s) && g.calls_of(s).empty();
   }
+  // Dense tables for the states whose byte ranges a scan would be slow on, within 8 MiB.
+  constexpr size_t kMinRanges = 4, kMaxTables = 8192;
+  g.table_of.assign(static_cast<size_t>(g.n_states()), -1);
+  for (int32_t s = 0; s < g.n_states() && g.byte_table.size() < kMaxTables * 256; ++s) {
+    if (g.bytes_of(s).size() < kMinRanges) continue;
+    g.table_of[static_cast<size_t>(s)] = static_cast<int32_t>(g.byte_table.size() / 256);
+    const size_t base = g.byte_table.size();
+    g.byte_table.resize(base + 256, -1);
+    for (const ByteEdge& e : g.bytes_of(s)) {
+      for (int32_t b = e.lo; b <= e.hi; ++b) g.byte_table[base + static_cast<size_t>(b)] = e.target;
+    }
+  }
   compute_follow(g);
   return {};
 }

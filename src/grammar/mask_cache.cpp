@@ -13,15 +13,18 @@ namespace {
 // on one core); the rest are built on first use. A typical JSON-schema grammar fits.
 constexpr int64_t kCompileWork = 40'000'000;
 
-void finish_accepted(std::vector<int32_t> ids, int32_t n_vocab, PositionCache& pc) {
-  std::sort(ids.begin(), ids.end());
-  const size_t words = mask_words(n_vocab);
-  if (ids.size() < words) {
-    pc.accept_ids = std::move(ids);
+// `bits` [mask_words(n_vocab)] holds the accepted tokens; kept as is, or as a list when that is smaller.
+void finish_accepted(std::vector<uint32_t> bits, int32_t count, PositionCache& pc) {
+  if (static_cast<size_t>(count) >= bits.size()) {
+    pc.accept_bits = std::move(bits);
     return;
   }
-  pc.accept_bits.assign(words, 0);
-  for (int32_t id : ids) pc.accept_bits[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+  pc.accept_ids.reserve(static_cast<size_t>(count));
+  for (size_t w = 0; w < bits.size(); ++w) {
+    for (uint32_t x = bits[w]; x != 0; x &= x - 1) {
+      pc.accept_ids.push_back(static_cast<int32_t>(w * 32 + static_cast<size_t>(__builtin_ctz(x))));
+    }
+  }
 }
 
 void finish_uncertain(const Vocabulary& vocab, const TokenTrie& trie,
@@ -58,15 +61,17 @@ PositionCache build_position_cache(const Vocabulary& vocab, const TokenTrie& tri
   walker.pool().clear();
   const ByteSet& follow = g.follow[static_cast<size_t>(g.state_rule[static_cast<size_t>(state)])];
   PositionCache pc;
-  std::vector<int32_t> accepted;                     // token ids
+  std::vector<uint32_t> accepted(mask_words(vocab.n_vocab()), 0);
+  int32_t n_accepted = 0;
   std::vector<std::pair<int32_t, int32_t>> entries;  // (rank, offset) of uncertain tokens
   // Per depth d along the current trie path: the expanded set after d bytes, whether the base frame could
   // return there, and how many entries of `active` (offsets where it returned and the next byte may follow
   // the rule) apply at d.
-  std::vector<std::vector<int32_t>> sets(1, {walker.pool().intern(kStackBase, state)});
+  std::vector<std::vector<Stack>> sets(1, {Stack{kStackBase, state}});
   std::vector<uint8_t> escaped(1, 0);
   std::vector<size_t> n_active(1, 0);
-  std::vector<int32_t> active, raw;
+  std::vector<int32_t> active;
+  std::vector<Stack> raw;
   const auto& nodes = trie.nodes;
   const auto n_nodes = static_cast<int32_t>(nodes.size());
   for (int32_t i = 1; i < n_nodes;) {
@@ -85,8 +90,11 @@ PositionCache build_position_cache(const Vocabulary& vocab, const TokenTrie& tri
     WalkEvents ev;
     if (!raw.empty()) walker.expand(raw, sets[d], ev);
     if (!raw.empty() && !ev.overflow) {
-      for (int32_t r = node.tok_begin; r < node.tok_here_end; ++r)
-        accepted.push_back(trie.order[static_cast<size_t>(r)]);
+      for (int32_t r = node.tok_begin; r < node.tok_here_end; ++r) {
+        const int32_t id = trie.order[static_cast<size_t>(r)];
+        accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+        ++n_accepted;
+      }
       escaped[d] = ev.escaped ? 1 : 0;
       const bool more = !sets[d].empty() || ev.escaped || !active.empty();
       i = more ? i + 1 : node.end;
@@ -97,7 +105,7 @@ PositionCache build_position_cache(const Vocabulary& vocab, const TokenTrie& tri
     }
     i = node.end;
   }
-  finish_accepted(std::move(accepted), vocab.n_vocab(), pc);
+  finish_accepted(std::move(accepted), n_accepted, pc);
   finish_uncertain(vocab, trie, std::move(entries), pc);
   return pc;
 }

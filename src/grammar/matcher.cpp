@@ -14,22 +14,20 @@ struct Matcher::State {
   std::shared_ptr<const CompiledGrammar> cg;
   StackPool pool;
   StackWalker walker;
-  std::vector<int32_t> stacks;  // expanded, sorted by top state
-  bool can_end = false;         // a stack returned below the root after the last token
-  bool terminated = false;      // an end token was accepted
-  size_t compacted_size = 0;    // pool size after the last compaction
+  std::vector<Stack> stacks;  // expanded, sorted by top state
+  bool can_end = false;       // a stack returned below the root after the last token
+  bool terminated = false;    // an end token was accepted
+  size_t compacted_size = 0;  // pool size after the last compaction
   // Scratch.
-  std::vector<int32_t> next, below, start, raw;
-  std::vector<std::vector<int32_t>> depth_sets;
+  std::vector<Stack> next, popped, start, raw;
+  std::vector<std::vector<Stack>> depth_sets;
   std::vector<uint8_t> pass;
 
   const Vocabulary& vocab() const { return *cg->vocab; }
 
-  void set_stacks(std::vector<int32_t>& s) {
+  void set_stacks(std::vector<Stack>& s) {
     std::swap(stacks, s);
-    std::sort(stacks.begin(), stacks.end(), [&](int32_t a, int32_t b) {
-      return pool[a].state != pool[b].state ? pool[a].state < pool[b].state : a < b;
-    });
+    std::sort(stacks.begin(), stacks.end(), [](const Stack& a, const Stack& b) { return a.key() < b.key(); });
   }
   void maybe_compact() {
     if (pool.size() < 4096 || pool.size() < 2 * compacted_size) return;
@@ -83,9 +81,9 @@ Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar) {
   state_ = std::make_unique<State>(std::move(grammar));
   State& st = *state_;
   const Grammar& g = *st.cg->grammar;
-  const int32_t root = st.pool.intern(kStackEnd, g.rule_start[static_cast<size_t>(g.root)]);
+  const Stack root{kStackEnd, g.rule_start[static_cast<size_t>(g.root)]};
   WalkEvents ev;
-  st.walker.expand(std::span<const int32_t>(&root, 1), st.next, ev);
+  st.walker.expand(std::span<const Stack>(&root, 1), st.next, ev);
   st.can_end = ev.ended;
   st.set_stacks(st.next);
 }
@@ -101,9 +99,9 @@ void Matcher::fill_mask(std::span<uint32_t> words) {
   std::fill(words.begin(), words.end(), 0u);
   if (st.terminated) return;
   for (size_t lo = 0; lo < st.stacks.size();) {
-    const int32_t state = st.pool[st.stacks[lo]].state;
+    const int32_t state = st.stacks[lo].state;
     size_t hi = lo;
-    while (hi < st.stacks.size() && st.pool[st.stacks[hi]].state == state) ++hi;
+    while (hi < st.stacks.size() && st.stacks[hi].state == state) ++hi;
     const PositionCache& pc = st.cg->position(state);
     if (!pc.accept_bits.empty()) {
       for (size_t w = 0; w < pc.accept_bits.size(); ++w) words[w] |= pc.accept_bits[w];
@@ -111,15 +109,13 @@ void Matcher::fill_mask(std::span<uint32_t> words) {
       for (int32_t id : pc.accept_ids) words[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
     }
     if (!pc.rem_token.empty()) {
-      st.below.clear();
-      for (size_t k = lo; k < hi; ++k) {
-        const int32_t b = st.pool[st.stacks[k]].below;
-        if (b >= 0) st.below.push_back(b);
+      st.popped.clear();
+      for (size_t k = lo; k < hi; ++k) {  // sorted by key: by state, then below
+        const int32_t b = st.stacks[k].below;
+        if (b >= 0 && (k == lo || st.stacks[k - 1].below != b)) st.popped.push_back(st.walker.pop_to(b));
       }
-      std::sort(st.below.begin(), st.below.end());
-      st.below.erase(std::unique(st.below.begin(), st.below.end()), st.below.end());
       WalkEvents ev;
-      st.walker.expand(st.below, st.start, ev);
+      st.walker.expand(st.popped, st.start, ev);
       if (!st.start.empty()) {
         st.evaluate_remainders(pc);
         for (size_t k = 0; k < pc.unc_token.size(); ++k) {
