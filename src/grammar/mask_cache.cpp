@@ -126,6 +126,12 @@ Result<std::shared_ptr<const CompiledGrammar>> compile(std::shared_ptr<const Gra
                                                        std::shared_ptr<const Vocabulary> vocab,
                                                        const Limits& limits) {
   (void)limits;  // the grammar's size was bounded when it was parsed
+  return compile_with_budget(std::move(grammar), std::move(vocab), kCompileWork);
+}
+
+Result<std::shared_ptr<const CompiledGrammar>> compile_with_budget(std::shared_ptr<const Grammar> grammar,
+                                                                   std::shared_ptr<const Vocabulary> vocab,
+                                                                   int64_t work_budget) {
   if (grammar == nullptr || vocab == nullptr)
     return invalid_argument("grammar compile: no grammar or vocabulary");
   const int32_t n_vocab = vocab->n_vocab();
@@ -148,7 +154,7 @@ Result<std::shared_ptr<const CompiledGrammar>> compile(std::shared_ptr<const Gra
   for (size_t s = 0; s < n_states; ++s) cg->caches[s].store(nullptr, std::memory_order_relaxed);
   StackPool pool;
   StackWalker walker(*grammar, pool);
-  for (int32_t s = 0; s < grammar->n_states() && cg->compile_work < kCompileWork; ++s) {
+  for (int32_t s = 0; s < grammar->n_states() && cg->compile_work < work_budget; ++s) {
     if (!grammar->has_bytes(s)) continue;
     cg->owned.push_back(std::make_unique<PositionCache>(build_position_cache(*vocab, *cg->trie, s, walker)));
     cg->compile_work += cg->owned.back()->work;

@@ -56,4 +56,10 @@ struct CompiledGrammar {
   int64_t compile_work = 0;                                             // trie nodes visited by compile()
 };
 
+// compile() with the trie-walk budget given (compile uses about a second's worth); 0 builds every cache on
+// first use.
+Result<std::shared_ptr<const CompiledGrammar>> compile_with_budget(std::shared_ptr<const Grammar> grammar,
+                                                                   std::shared_ptr<const Vocabulary> vocab,
+                                                                   int64_t work_budget);
+
 }  // namespace kiln::grammar
