@@ -10,8 +10,8 @@ namespace {
 
 Status check_sampling(const Batch& b, int32_t n_vocab) {
   if (b.sample_vocab == 0) {
-    if (!b.sample_rows.empty() || !b.sample_adjust.empty())
-      return invalid_argument("batch: sample_rows / sample_adjust given with sample_vocab = 0");
+    if (!b.sample_rows.empty() || !b.sample_adjust.empty() || !b.sample_mask.empty())
+      return invalid_argument("batch: sample_rows / sample_adjust / sample_mask given with sample_vocab = 0");
     return Status::ok_status();
   }
   if (b.sample_vocab < 0 || b.sample_vocab > n_vocab || b.argmax_vocab != 0) {
@@ -28,12 +28,19 @@ Status check_sampling(const Batch& b, int32_t n_vocab) {
                             ops::kSampleMaxTop);
   }
   const auto n_adjust = static_cast<int64_t>(b.sample_adjust.size());
+  const auto mask_words = (static_cast<size_t>(b.sample_vocab) + 31) / 32;
+  if (b.sample_mask.size() % mask_words != 0) {
+    return invalid_argument("batch: sample_mask has {} words, not rows of {} (sample_vocab {})",
+                            b.sample_mask.size(), mask_words, b.sample_vocab);
+  }
+  const auto n_masks = static_cast<int64_t>(b.sample_mask.size() / mask_words);
   for (size_t i = 0; i < b.sample_rows.size(); ++i) {
     const ops::SampleRow& r = b.sample_rows[i];
     if (r.n_top < 0 || r.n_top > b.sample_n_top || r.adjust_begin < 0 || r.adjust_count < 0 ||
-        int64_t{r.adjust_begin} + r.adjust_count > n_adjust) {
-      return invalid_argument("batch: sample_rows[{}]: n_top {} (at most {}), adjust [{}, +{}) of {}", i,
-                              r.n_top, b.sample_n_top, r.adjust_begin, r.adjust_count, n_adjust);
+        int64_t{r.adjust_begin} + r.adjust_count > n_adjust || r.mask_row < -1 || r.mask_row >= n_masks) {
+      return invalid_argument(
+          "batch: sample_rows[{}]: n_top {} (at most {}), adjust [{}, +{}) of {}, mask_row {} of {}", i,
+          r.n_top, b.sample_n_top, r.adjust_begin, r.adjust_count, n_adjust, r.mask_row, n_masks);
     }
     for (int32_t j = r.adjust_begin; j < r.adjust_begin + r.adjust_count; ++j) {
       const int32_t id = b.sample_adjust[static_cast<size_t>(j)].id;

@@ -23,13 +23,15 @@ struct Batch {
   // ids: a step of greedy requests downloads 4 bytes a row instead of n_vocab floats.
   int32_t argmax_vocab = 0;
   // > 0 (argmax_vocab then 0): draw each wanted row's token on the backend from its first sample_vocab logits
-  // (ops::Sample), row i under sample_rows[i] and its entries of sample_adjust. forward() then returns i32
+  // (ops::Sample), row i under sample_rows[i], its entries of sample_adjust and, when its mask_row >= 0, that
+  // row of sample_mask (the tokens a grammar allows). forward() then returns i32
   // [2 + 2 * sample_n_top, logit_rows.size()]: a sampled step downloads its tokens and the logprobs asked
   // for, not its logits.
   int32_t sample_vocab = 0;
   int32_t sample_n_top = 0;  // every row's n_top at most, <= ops::kSampleMaxTop
   std::vector<ops::SampleRow> sample_rows;
   std::vector<ops::SampleAdjust> sample_adjust;
+  std::vector<uint32_t> sample_mask;  // [ceil(sample_vocab / 32), n_masks] bitmasks; empty: no row has one
 
   int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
   void clear() {
@@ -43,6 +45,7 @@ struct Batch {
     sample_n_top = 0;
     sample_rows.clear();
     sample_adjust.clear();
+    sample_mask.clear();
   }
 };
 

@@ -181,7 +181,8 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
     KILN_TRY(r.program.add(ops::Argmax{considered, ids}));
   } else {
     considered.ne[0] = r.step.sample_vocab;
-    KILN_TRY(r.program.add(ops::Sample{considered, r.step.sample_rows, r.step.sample_adjust, ids}));
+    KILN_TRY(r.program.add(
+        ops::Sample{considered, r.step.sample_rows, r.step.sample_adjust, ids, r.step.sample_mask}));
   }
   return ids;
 }
@@ -228,7 +229,7 @@ void StepModel::step_key(const KvBuffers& kv, std::vector<uint64_t>& key) const 
          {st.n_tokens, st.n_seqs, st.n_logits, st.argmax_vocab, st.sample_vocab, st.sample_n_top})
       key.push_back(static_cast<uint64_t>(static_cast<uint32_t>(v)));
     for (const Tensor* t : {&st.tokens, &st.positions, &st.slots, &st.seq, &st.bt_indptr, &st.bt_indices,
-                            &st.logit_rows, &st.sample_rows, &st.sample_adjust})
+                            &st.logit_rows, &st.sample_rows, &st.sample_adjust, &st.sample_mask})
       put(*t);
   }
   key.push_back(static_cast<uint64_t>(kv.block_size));

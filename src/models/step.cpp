@@ -24,10 +24,17 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
   const bool sampling = batch.sample_vocab > 0;
   int64_t adjust_len = sampling ? 16 : 0;
   while (adjust_len < static_cast<int64_t>(batch.sample_adjust.size())) adjust_len *= 2;
+  // The masks of the constrained rows, their count padded to a power of two (a CUDA graph then seldom sees a
+  // new shape).
+  const int64_t mask_words = sampling ? (int64_t{batch.sample_vocab} + 31) / 32 : 1;
+  const auto n_masks = static_cast<int64_t>(batch.sample_mask.size()) / mask_words;
+  int64_t masks_len = n_masks > 0 ? 1 : 0;
+  while (masks_len < n_masks) masks_len *= 2;
 
-  // Nine arrays packed one after another, each padded to 16 elements (64 bytes).
+  // Ten arrays packed one after another, each padded to 16 elements (64 bytes).
+  const int64_t rows_len = sampling ? 16 * n_logits : 0;
   const int64_t sizes[] = {
-      n, n, n, n, n_seqs + 1, indices_len, n_logits, sampling ? 16 * n_logits : 0, 4 * adjust_len};
+      n, n, n, n, n_seqs + 1, indices_len, n_logits, rows_len, 4 * adjust_len, mask_words * masks_len};
   int64_t offsets[std::size(sizes)];
   int64_t total = 0;
   for (size_t i = 0; i < std::size(sizes); ++i) {
@@ -61,6 +68,8 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
                 batch.sample_rows.size() * sizeof(ops::SampleRow));
     std::memcpy(host_.data() + offsets[8], batch.sample_adjust.data(),
                 batch.sample_adjust.size() * sizeof(ops::SampleAdjust));
+    std::memcpy(host_.data() + offsets[9], batch.sample_mask.data(),
+                batch.sample_mask.size() * sizeof(uint32_t));
   }
 
   const size_t bytes = static_cast<size_t>(total) * sizeof(int32_t);
@@ -77,20 +86,21 @@ Result<StepTensors> StepBuilder::build(const Batch& batch, const KvBuffers& kv, 
   st.argmax_vocab = batch.argmax_vocab;
   st.sample_vocab = batch.sample_vocab;
   st.sample_n_top = batch.sample_n_top;
-  Tensor* views[] = {&st.tokens,     &st.positions,  &st.slots,       &st.seq,          &st.bt_indptr,
-                     &st.bt_indices, &st.logit_rows, &st.sample_rows, &st.sample_adjust};
+  Tensor* views[] = {&st.tokens,     &st.positions,  &st.slots,       &st.seq,           &st.bt_indptr,
+                     &st.bt_indices, &st.logit_rows, &st.sample_rows, &st.sample_adjust, &st.sample_mask};
   for (size_t i = 0; i < std::size(sizes); ++i) {
     *views[i] = make_tensor(DType::i32, *buffer_, static_cast<size_t>(offsets[i]) * sizeof(int32_t),
                             std::max<int64_t>(sizes[i], 1));
     views[i]->ne[0] = sizes[i];  // an empty array is a 0-element view
   }
-  for (Tensor* t : {&st.sample_rows, &st.sample_adjust}) {  // rows of 16 and of 4 words
-    const int64_t width = t == &st.sample_rows ? 16 : 4;
+  for (Tensor* t : {&st.sample_rows, &st.sample_adjust, &st.sample_mask}) {  // rows of 16, 4, mask_words
+    const int64_t width = t == &st.sample_rows ? 16 : t == &st.sample_adjust ? 4 : mask_words;
     t->ne[1] = t->ne[0] / width;
     t->ne[0] = width;
     t->nb[1] = t->nb[0] * width;
     t->nb[2] = t->nb[3] = t->nb[1] * t->ne[1];
   }
+  if (masks_len == 0) st.sample_mask = Tensor{};  // no row has a mask: ops::Sample reads none
   return st;
 }
 

@@ -30,6 +30,9 @@ struct StepTensors {
   Tensor logit_rows;     // i32 [n_logits] token indices whose logits are wanted, ascending (or none)
   Tensor sample_rows;    // i32 [16, n_logits] ops::SampleRow each (sampling steps; else empty)
   Tensor sample_adjust;  // i32 [4, n], ops::SampleAdjust each, padded to a power of two from 16 (or empty)
+  // i32 [ceil(sample_vocab / 32), n_masks] Batch::sample_mask, the rows padded (with zeros) to a power of
+  // two, or empty (no data) when no row has a mask
+  Tensor sample_mask;
 };
 
 // Builds StepTensors into one backend buffer that it keeps and reuses (grown when a step needs more).

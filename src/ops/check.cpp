@@ -272,6 +272,13 @@ Status check(const Sample& op) {
     return invalid_argument("sample: out is {}, expected i32[2 + 2 * n_top (n_top <= {}), {}]",
                             op.out.describe(), kSampleMaxTop, rows);
   }
+  if (sample_op_has_mask(op)) {
+    KILN_TRY(need_i32("sample", "mask", op.mask, -1));
+    if (op.mask.ne[0] != (op.x.ne[0] + 31) / 32 || op.mask.ne[2] != 1 || op.mask.ne[3] != 1) {
+      return invalid_argument("sample: mask is {}, expected i32[{}, n_mask_rows]", op.mask.describe(),
+                              (op.x.ne[0] + 31) / 32);
+    }
+  }
   return Status::ok_status();
 }
 

@@ -210,12 +210,15 @@ struct Argmax {
 // rows], a SampleRow each; adjust: i32 [4, n_adjust], a SampleAdjust each (n_adjust may be 0), every row's
 // range inside it; out: i32 [2 + 2 * n_top_max, rows]: the token (or a kSample* error code), its logprob
 // (f32 bits), then n_top_max (id, logprob f32 bits) pairs, of which the row's n_top are written (n_top <=
-// n_top_max). The values of rows and adjust are checked where they are built (runtime), not here.
+// n_top_max); mask: none (no data or no elements), or i32 [ceil(n_vocab / 32), n_mask_rows], rows contiguous,
+// u32 bitmasks of the allowed tokens (bit id % 32 of word id / 32), row SampleRow::mask_row of it for a row
+// that names one. The values of rows and adjust are checked where they are built (runtime), not here.
 struct Sample {
   Tensor x;
   Tensor rows;
   Tensor adjust;
   Tensor out;
+  Tensor mask;
 };
 
 // Mixture-of-experts routing: per token t, p = softmax(logits[:, t]); the n_used experts of largest p

@@ -71,7 +71,7 @@ void report(std::span<const float> x, float x_max, const SampleRow& p, SampleOut
 
 // Stages 1-2 into a (the adjusted row); returns the row's error code, or 0. x_max: the raw maximum.
 int32_t adjust_row(std::span<const float> x, const SampleRow& p, std::span<const SampleAdjust> adjust,
-                   std::vector<float>& a, float& x_max) {
+                   std::span<const uint32_t> mask, std::vector<float>& a, float& x_max) {
   x_max = kNegInf;
   for (const float v : x) {
     if (bad_logit(v)) return kSampleBadLogits;
@@ -81,9 +81,15 @@ int32_t adjust_row(std::span<const float> x, const SampleRow& p, std::span<const
   a.assign(x.begin(), x.end());
   bool any = false;
   for (const SampleAdjust& e : adjust) {
+    if (!mask.empty() && !sample_mask_allows(mask.data(), e.id)) continue;  // -inf below, whatever it was
     float& v = a[static_cast<size_t>(e.id)];
     v = adjusted(v, p, e);
     if (bad_logit(v)) return kSampleBadAdjusted;
+  }
+  if (!mask.empty()) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!sample_mask_allows(mask.data(), static_cast<int64_t>(i))) a[i] = kNegInf;
+    }
   }
   for (const float v : a) any = any || v != kNegInf;
   return any ? 0 : kSampleAllMasked;
@@ -92,11 +98,11 @@ int32_t adjust_row(std::span<const float> x, const SampleRow& p, std::span<const
 }  // namespace
 
 SampleOut sample_row_reference(std::span<const float> x, const SampleRow& p,
-                               std::span<const SampleAdjust> adjust) {
+                               std::span<const SampleAdjust> adjust, std::span<const uint32_t> mask) {
   SampleOut out;
   std::vector<float> a;
   float x_max = kNegInf;
-  if (const int32_t err = adjust_row(x, p, adjust, a, x_max); err != 0) {
+  if (const int32_t err = adjust_row(x, p, adjust, mask, a, x_max); err != 0) {
     out.token = err;
     return out;
   }
@@ -150,6 +156,14 @@ SampleOut sample_row_reference(std::span<const float> x, const SampleRow& p,
 SampleRow sample_op_row(const Sample& op, int64_t r) {
   return std::bit_cast<SampleRow>(
       *reinterpret_cast<const std::array<int32_t, 16>*>(op.rows.span_as<int32_t>().data() + 16 * r));
+}
+
+bool sample_op_has_mask(const Sample& op) { return op.mask.data != nullptr && op.mask.n_elements() > 0; }
+
+std::span<const uint32_t> sample_op_mask(const Sample& op, const SampleRow& p) {
+  if (p.mask_row < 0 || !sample_op_has_mask(op)) return {};
+  const auto* base = reinterpret_cast<const uint32_t*>(op.mask.span_as<int32_t>().data());
+  return {base + op.mask.ne[0] * p.mask_row, static_cast<size_t>(op.mask.ne[0])};
 }
 
 std::span<const SampleAdjust> sample_op_adjust(const Sample& op, const SampleRow& p) {
@@ -270,7 +284,7 @@ struct Segments {
 }  // namespace
 
 SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<const SampleAdjust> adjust,
-                     SampleScratch& scratch) {
+                     SampleScratch& scratch, std::span<const uint32_t> mask) {
   SampleOut out;
   const size_t n_vocab = x.size();
   std::vector<float>& a = scratch.a;
@@ -299,11 +313,25 @@ SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<con
   const float x_max = *std::max_element(lane_max, lane_max + kLanes);
   if (std::accumulate(lane_n, lane_n + kLanes, 0) > 0 || x_max == kNegInf) return out;  // kSampleBadLogits
   for (const SampleAdjust& e : adjust) {
+    if (!mask.empty() && !sample_mask_allows(mask.data(), e.id)) continue;  // -inf below
     float& v = a[static_cast<size_t>(e.id)];
     v = adjusted(v, p, e);
     if (bad_logit(v)) {
       out.token = kSampleBadAdjusted;
       return out;
+    }
+  }
+  if (!mask.empty()) {
+    // A word at a time: 32 selects, no branch (the inner loop vectorizes); the last word's tail apart.
+    const size_t full = n_vocab / 32;
+    for (size_t w = 0; w < full; ++w) {
+      const uint32_t bits = mask[w];
+      if (bits == ~0u) continue;
+      float* aw = a.data() + 32 * w;
+      for (uint32_t j = 0; j < 32; ++j) aw[j] = ((bits >> j) & 1u) != 0 ? aw[j] : kNegInf;
+    }
+    for (size_t i = 32 * full; i < n_vocab; ++i) {
+      if (!sample_mask_allows(mask.data(), static_cast<int64_t>(i))) a[i] = kNegInf;
     }
   }
   // The best adjusted logit, the lowest finite one and the number of candidates (a loop that vectorizes),

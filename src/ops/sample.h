@@ -5,7 +5,9 @@
 //   1. raw logits x: a NaN or +inf, or nothing above -inf -> token kSampleBadLogits.
 //   2. adjusted logits a: for each SampleAdjust entry of the row, a = x + bias; when count > 0, a = (a > 0 ?
 //      a / repeat_penalty : a * repeat_penalty) - frequency_penalty * count - presence_penalty; banned: -inf.
-//      Every other token: a = x. A NaN or +inf a -> kSampleBadAdjusted; every a == -inf -> kSampleAllMasked.
+//      Every other token: a = x. Then a row with a mask (mask_row >= 0): every token whose bit is 0 -> -inf,
+//      as a ban (its adjusted value is not looked at). A NaN or +inf a -> kSampleBadAdjusted; every a == -inf
+//      -> kSampleAllMasked.
 //   3. the order: a descending, ties by ascending id (a strict total order; every stage below keeps a prefix
 //      of it, so the kept set is always a prefix of the order).
 //   4. temperature == 0: the first token of the order (greedy; stages 5-8 are skipped).
@@ -53,7 +55,8 @@ struct SampleRow {
   int32_t n_top = 0;  // raw top logprobs to report, 0..kSampleMaxTop (<= Sample::out's room)
   int32_t logprobs =
       0;  // 1: report the token's logprob (stage 9; implied by n_top > 0). 0: out's logprob is 0
-  int32_t reserved[2] = {0, 0};
+  int32_t mask_row = -1;  // the row's allowed tokens: a row of Sample::mask (< its rows); -1: every token
+  int32_t reserved = 0;
 };
 static_assert(sizeof(SampleRow) == 16 * 4);
 
@@ -92,10 +95,15 @@ struct SampleOut {
   float top_logprob[kSampleMaxTop] = {};
 };
 
+// Whether a mask allows token id (words: [ceil(n_vocab / 32)]; empty: every token is allowed).
+KILN_HOST_DEVICE inline bool sample_mask_allows(const uint32_t* words, int64_t id) {
+  return ((words[id >> 5] >> (id & 31)) & 1u) != 0;
+}
+
 // The scalar reference of one row (full sort; the oracle). x: the row's raw logits; adjust: the row's
-// entries.
+// entries; mask: the row's allowed tokens, [ceil(x.size() / 32)] words, or empty (none).
 SampleOut sample_row_reference(std::span<const float> x, const SampleRow& p,
-                               std::span<const SampleAdjust> adjust);
+                               std::span<const SampleAdjust> adjust, std::span<const uint32_t> mask = {});
 
 // The same result by partial selection (about one pass over the row for typical logits): what the CPU runs.
 // scratch: reused between calls (sized by the call).
@@ -113,12 +121,15 @@ struct SampleScratch {
   std::vector<Cand> cands;     // the gathered segments, each sorted
 };
 SampleOut sample_row(std::span<const float> x, const SampleRow& p, std::span<const SampleAdjust> adjust,
-                     SampleScratch& scratch);
+                     SampleScratch& scratch, std::span<const uint32_t> mask = {});
 
+// Whether the op has a mask tensor (Sample::mask).
+bool sample_op_has_mask(const Sample& op);
 // Host access to an op whose tensors the host can read (the CPU backend, the reference): row r's
-// parameters, its adjust entries, and writing its result into out's row r.
+// parameters, its adjust entries, its mask (empty: none), and writing its result into out's row r.
 SampleRow sample_op_row(const Sample& op, int64_t r);
 std::span<const SampleAdjust> sample_op_adjust(const Sample& op, const SampleRow& p);
+std::span<const uint32_t> sample_op_mask(const Sample& op, const SampleRow& p);
 void write_sample_out(const Sample& op, int64_t r, const SampleOut& o);
 
 }  // namespace kiln::ops

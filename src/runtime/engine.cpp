@@ -131,8 +131,14 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
     s->prompt_logits = request.prompt_logits;
     s->prompt_logits_next = request.prompt_logits_from;
   }
+  // The grammar last: compiling it (on this thread, through the cache) is the costly check.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  if (request.constraint.kind != OutputConstraint::Kind::none) {
+    KILN_ASSIGN_OR_RETURN(grammar, e.grammars->get(request.constraint));
+  }
   s->sampler.emplace(request.sampling, e.desc.n_vocab);
   s->sampler->set_end_tokens(e.tokenizer->eog_ids());
+  if (grammar != nullptr) s->sampler->set_grammar(std::move(grammar));
   s->decoder.emplace(*e.tokenizer, /*skip_special=*/true);
   s->stop.emplace(request.sampling.stop);
   s->params = request.sampling;

@@ -18,9 +18,12 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/thread_pool.h"
 #include "formats/gguf.h"
+#include "grammar/grammar.h"
 #include "kiln/kiln.h"
 #include "models/model.h"
+#include "runtime/grammar_cache.h"
 #include "runtime/placement/offload.h"
 #include "runtime/sampler/sampler.h"
 #include "runtime/scheduler/scheduler.h"
@@ -128,6 +131,9 @@ struct Engine::Impl {
   Status score_prompt(Seq& s, int32_t position, std::span<const float> row_logits);
   static void hand_over_prompt_logits(Seq& s, int32_t position, std::span<const float> row_logits);
   static void hand_over_prompt_logprobs(Seq& s, TokenEvent& ev);
+  // The masks of a sampled step's constrained rows into batch.sample_mask (row i: samplers[i]'s), in
+  // parallel on mask_pool when there are several.
+  void fill_masks(std::span<Sampler* const> samplers);
   // Row `row` of a sampled step's output (Batch::sample_vocab), read from token_ids.
   ops::SampleOut sampled_row(size_t row) const;
   // Streams the token the request's sampler chose (or ends the request with the sampler's error).
@@ -149,6 +155,10 @@ struct Engine::Impl {
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;
+  // The vocabulary as a grammar sees it (made at load), and the constraints compiled against it: submit()
+  // compiles through the cache on the caller's thread (the cache is thread-safe).
+  std::shared_ptr<const grammar::Vocabulary> vocab;
+  std::unique_ptr<GrammarCache> grammars;
   std::unique_ptr<KvBuffers> kv;
   uint64_t kv_block_bytes = 0;  // one block: K and V of every layer
   bool kv_windowed = false;     // the model's layers all attend to a sliding window (blocks are given back)
@@ -162,6 +172,9 @@ struct Engine::Impl {
   // batch.sample_n_top, logit rows].
   std::vector<int32_t> token_ids;
   bool backend_samples = false;  // the output backend runs ops::Sample (set at load)
+  // The threads that fill a step's grammar masks (EngineOptions::n_threads of them), made by the first step
+  // with two constrained rows or more.
+  std::unique_ptr<ThreadPool> mask_pool;
   Delta delta;
   StepProfile profile;
 

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "engine_impl.h"
 #include "formats/hf_config.h"
+#include "grammar/vocabulary.h"
 #include "runtime/env_options.h"
 #include "runtime/kv_cache/kv_budget.h"
 #include "runtime/placement/placement.h"
@@ -19,6 +20,8 @@ namespace {
 // The longest context an engine serves (2^24 tokens): far past any model's, small enough that no size derived
 // from it overflows.
 constexpr int32_t kMaxContext = 1 << 24;
+// Compiled grammars kept for reuse (GrammarCache): a server's requests mostly repeat a few schemas.
+constexpr size_t kGrammarCacheEntries = 64;
 }  // namespace
 
 Status Engine::Impl::load(const EngineOptions& opt) {
@@ -79,13 +82,15 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     Tensor x, i;
     x.type = DType::f32;
     i.type = DType::i32;
-    backend_samples = model->output_backend().supports(ops::Sample{x, i, i, i});
+    backend_samples = model->output_backend().supports(ops::Sample{x, i, i, i, i});
   }
   if (tok.n_vocab() > mi.n_vocab) {
     return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has only {} rows",
                             file->name(), tok.n_vocab(), mi.n_vocab);
   }
   tokenizer.emplace(std::move(tok));
+  vocab = grammar::vocabulary_from(*tokenizer);
+  grammars = std::make_unique<GrammarCache>(vocab, kGrammarCacheEntries);
   // The vocabulary's arrays are read once, by the tokenizer: held as metadata values they would cost ~48
   // bytes an entry for the whole run (Gemma 3: 262,144 entries in each).
   if (gguf_file != nullptr) {

@@ -233,19 +233,39 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
                                                          plan.chunks.begin(), plan.chunks.end(),
                                                          [](const ScheduledChunk& c) { return c.sample; })))
     return;
+  std::vector<Sampler*> constrained;  // the rows with a mask, in mask row order
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
-    Seq& s = *live.at(c.id);
+    Sampler& sampler = *live.at(c.id)->sampler;
+    const int32_t mask_row = sampler.constrained() ? static_cast<int32_t>(constrained.size()) : -1;
     ops::SampleRow& row = batch.sample_rows.emplace_back();
-    if (!s.sampler->next_row(scheduler->tokens(c.id), row, batch.sample_adjust).ok()) {
+    if (!sampler.next_row(scheduler->tokens(c.id), row, batch.sample_adjust, mask_row).ok()) {
       // A request whose row cannot be made: the step's logits come back, and sample() names its error.
       batch.sample_rows.clear();
       batch.sample_adjust.clear();
       return;
     }
+    if (mask_row >= 0) constrained.push_back(&sampler);
     batch.sample_n_top = std::max(batch.sample_n_top, row.n_top);
   }
   batch.sample_vocab = desc.n_vocab;
+  fill_masks(constrained);
+}
+
+void Engine::Impl::fill_masks(std::span<Sampler* const> samplers) {
+  const size_t words = grammar::mask_words(desc.n_vocab);
+  batch.sample_mask.resize(words * samplers.size());
+  const auto fill = [&](size_t i) { samplers[i]->fill_mask({batch.sample_mask.data() + words * i, words}); };
+  if (samplers.size() < 2) {
+    for (size_t i = 0; i < samplers.size(); ++i) fill(i);
+    return;
+  }
+  // A mask costs from microseconds to milliseconds (grammar::Matcher), and the rows of a step differ: the
+  // threads take them one at a time.
+  if (mask_pool == nullptr) mask_pool = std::make_unique<ThreadPool>(options.n_threads);
+  mask_pool->parallel_dynamic(static_cast<int64_t>(samplers.size()), 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) fill(static_cast<size_t>(i));
+  });
 }
 
 ops::SampleOut Engine::Impl::sampled_row(size_t row) const {
@@ -323,6 +343,10 @@ void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
   const std::vector<int32_t>& stop_ids = s.params.stop_token_ids;
   if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end())
     return finish(id, FinishReason::stop, "");
+  // A grammar's end ends the request, ignore_eos or not: an end token it accepted (not streamed), or a token
+  // after which only an end token may follow (streamed, then the end; the draw of that end is saved).
+  const bool grammar_end = s.sampler->grammar_done();
+  if (grammar_end && tokenizer->is_eog(tok)) return finish(id, FinishReason::stop, "");
   auto text = s.decoder->feed(tok);
   if (!text.ok()) {
     // As vLLM does when detokenizing fails, the request ends with an error rather than streaming on with a
@@ -339,7 +363,7 @@ void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
   ev.text = std::move(r.emit);
   hand_over_prompt_logprobs(s, ev);
   s.callback(ev);
-  if (r.stopped) return finish(id, FinishReason::stop, "");
+  if (r.stopped || grammar_end) return finish(id, FinishReason::stop, "");
   if (s.stats.n_generated >= s.params.max_tokens || n_tokens >= desc.n_ctx) {
     return finish(id, FinishReason::length, "");
   }

@@ -2,7 +2,7 @@
 // draws it (ops::sample_row_reference) over many parameter sets, vocabularies and kinds of logits; the error
 // codes; the draws' distribution against the filtered distribution computed here from the contract (a
 // chi-square test, and the same test failing against a boundary moved by one token); a row's result alone
-// and among others.
+// and among others; rows with a mask of allowed tokens among rows without.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,7 +38,13 @@ struct Call {
   std::vector<float> x;  // [stride * rows]
   std::vector<SampleRow> rows;
   std::vector<SampleAdjust> adjust;
+  std::vector<uint32_t> masks;  // [words(), n_masks]: a row's when its mask_row >= 0
+  int64_t words() const { return (n + 31) / 32; }
   std::span<const float> row_x(size_t r) const { return {x.data() + r * stride, static_cast<size_t>(n)}; }
+  std::span<const uint32_t> row_mask(size_t r) const {
+    if (rows[r].mask_row < 0) return {};
+    return {masks.data() + words() * rows[r].mask_row, static_cast<size_t>(words())};
+  }
   std::span<const SampleAdjust> row_adjust(size_t r) const {
     const SampleRow& p = rows[r];
     return {adjust.data() + p.adjust_begin, static_cast<size_t>(p.adjust_count)};
@@ -51,12 +57,14 @@ size_t up16(size_t v) { return (v + 15) / 16 * 16; }
 std::vector<int32_t> run_sample(Backend& b, const Call& c) {
   const size_t n_rows = c.rows.size(), n_adj = std::max<size_t>(c.adjust.size(), 1);
   const size_t x_at = 0, r_at = up16(x_at + c.x.size() * 4), a_at = up16(r_at + n_rows * sizeof(SampleRow)),
-               o_at = up16(a_at + n_adj * sizeof(SampleAdjust)), total = o_at + n_rows * kOutWords * 4;
+               m_at = up16(a_at + n_adj * sizeof(SampleAdjust)), o_at = up16(m_at + c.masks.size() * 4),
+               total = o_at + n_rows * kOutWords * 4;
   std::vector<uint8_t> host(total, 0);
   std::memcpy(host.data() + x_at, c.x.data(), c.x.size() * 4);
   std::memcpy(host.data() + r_at, c.rows.data(), n_rows * sizeof(SampleRow));
   if (!c.adjust.empty())
     std::memcpy(host.data() + a_at, c.adjust.data(), c.adjust.size() * sizeof(SampleAdjust));
+  if (!c.masks.empty()) std::memcpy(host.data() + m_at, c.masks.data(), c.masks.size() * 4);
   std::fill(host.begin() + static_cast<ptrdiff_t>(o_at), host.end(), uint8_t{0x7E});
   auto buf = b.allocate(total).value();
   EXPECT_TRUE(
@@ -66,7 +74,10 @@ std::vector<int32_t> run_sample(Backend& b, const Call& c) {
   const auto rows = static_cast<int64_t>(n_rows);
   const ops::Sample op{xt, make_tensor(DType::i32, *buf, r_at, 16, rows),
                        make_tensor(DType::i32, *buf, a_at, 4, static_cast<int64_t>(n_adj)),
-                       make_tensor(DType::i32, *buf, o_at, kOutWords, rows)};
+                       make_tensor(DType::i32, *buf, o_at, kOutWords, rows),
+                       c.masks.empty() ? Tensor{}
+                                       : make_tensor(DType::i32, *buf, m_at, c.words(),
+                                                     static_cast<int64_t>(c.masks.size()) / c.words())};
   Program p;
   EXPECT_TRUE(p.add(op).ok());
   p.n_tokens = static_cast<int32_t>(std::min<int64_t>(rows, 1 << 30));
@@ -90,7 +101,8 @@ void expect_reference(Backend& b, const Call& c, const std::string& what) {
   const std::vector<int32_t> out = run_sample(b, c);
   int mismatches = 0;
   for (size_t r = 0; r < c.rows.size(); ++r) {
-    const ops::SampleOut want = ops::sample_row_reference(c.row_x(r), c.rows[r], c.row_adjust(r));
+    const ops::SampleOut want =
+        ops::sample_row_reference(c.row_x(r), c.rows[r], c.row_adjust(r), c.row_mask(r));
     const int32_t* o = out.data() + r * kOutWords;
     const bool ok_token = o[0] == want.token;
     mismatches += ok_token ? 0 : 1;
@@ -159,7 +171,8 @@ std::vector<SampleRow> param_sets() {
 }
 
 // The agreement test's call: `per_set` rows a parameter set, each row's logits new; with adjust entries
-// (penalties, logit bias, bans) on every other row, some rows with many entries.
+// (penalties, logit bias, bans) on every other row, some rows with many entries; a mask on every third row
+// (one token in ten allowed, nine in ten, one token, none), the mask rows in reverse order.
 Call agreement_call(int64_t n, int64_t stride, Logits kind, int per_set, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Call c;
@@ -190,6 +203,20 @@ Call agreement_call(int64_t n, int64_t stride, Logits kind, int per_set, uint64_
           e.banned = any(rng) % 10 == 0 ? 1 : 0;
           c.adjust.push_back(e);
         }
+      }
+      if (c.rows.size() % 3 == 2) {
+        const size_t kind = (c.rows.size() / 3) % 4;
+        const int64_t one = static_cast<int64_t>(any(rng) % static_cast<uint32_t>(n));
+        std::vector<uint32_t> m(static_cast<size_t>(c.words()), 0u);
+        for (int64_t id = 0; id < n; ++id) {
+          const bool allowed = kind == 0   ? any(rng) % 10 == 0
+                               : kind == 1 ? any(rng) % 10 != 0
+                                           : kind == 2 && id == one;
+          if (allowed) m[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+        }
+        c.masks.insert(c.masks.begin(), m.begin(), m.end());
+        p.mask_row = 0;
+        for (SampleRow& q : c.rows) q.mask_row += q.mask_row >= 0 ? 1 : 0;
       }
       c.rows.push_back(p);
     }
@@ -264,7 +291,8 @@ TEST(CudaSample, ErrorCodes) {
     } else {
       EXPECT_GE(o[0], 0) << "row " << r;
     }
-    EXPECT_EQ(o[0], ops::sample_row_reference(c.row_x(r), c.rows[r], c.row_adjust(r)).token) << "row " << r;
+    EXPECT_EQ(o[0], ops::sample_row_reference(c.row_x(r), c.rows[r], c.row_adjust(r), c.row_mask(r)).token)
+        << "row " << r;
   }
 }
 
@@ -354,6 +382,9 @@ TEST(CudaSample, ARowAloneAndAmongOthersGetsTheSameWords) {
     const std::span<const SampleAdjust> adj = many.row_adjust(r);
     one.adjust.assign(adj.begin(), adj.end());
     p.adjust_begin = 0;
+    const std::span<const uint32_t> mask = many.row_mask(r);
+    one.masks.assign(mask.begin(), mask.end());
+    if (p.mask_row >= 0) p.mask_row = 0;
     one.rows.push_back(p);
     const std::vector<int32_t> alone = run_sample(*b, one);
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + static_cast<ptrdiff_t>(r * kOutWords)))

@@ -374,7 +374,7 @@ std::vector<Tensor*> operands(Op& op) {
                           return std::vector<Tensor*>{&o.x, &o.out};
                         },
                         [](Sample& o) {
-                          return std::vector<Tensor*>{&o.x, &o.rows, &o.adjust, &o.out};
+                          return std::vector<Tensor*>{&o.x, &o.rows, &o.adjust, &o.out, &o.mask};
                         },
                         [](MoeRoute& o) {
                           return std::vector<Tensor*>{&o.logits, &o.ids, &o.weights};
@@ -996,7 +996,9 @@ TEST(OpHarness, Argmax) {
 }
 
 // Sample: every backend's words (token, logprob, top pairs) against the reference, row by row, over every
-// filter and adjustment, on continuous logits and on logits with many exact ties (rounded to 1/8).
+// filter and adjustment, on continuous logits and on logits with many exact ties (rounded to 1/8); two rows
+// of three with a mask of allowed tokens (sparse, dense, one token, none), the mask rows in another order
+// than the rows.
 TEST(OpHarness, Sample) {
   Rng rng(61);
   std::vector<SampleRow> kinds;
@@ -1020,6 +1022,8 @@ TEST(OpHarness, Sample) {
         Host x = make_f32(layout, n, rows, 1, &rng, -8.0f, 8.0f);
         std::vector<int32_t> row_words;
         std::vector<SampleAdjust> adjust;
+        const int64_t n_words = (n + 31) / 32;
+        std::vector<int32_t> masks;  // [n_words, n_masks]
         int32_t n_top_max = 0;
         for (int64_t r = 0; r < rows; ++r) {
           auto* xr = reinterpret_cast<float*>(x.t.flat_row(r));
@@ -1043,10 +1047,31 @@ TEST(OpHarness, Sample) {
             }
           }
           p.adjust_count = static_cast<int32_t>(adjust.size()) - p.adjust_begin;
+          if (r % 3 != 0) {
+            const int64_t kind = (r / 3) % 4, one = rng.integer(0, static_cast<int32_t>(n - 1));
+            std::vector<int32_t> m(static_cast<size_t>(n_words), 0);
+            for (int64_t id = 0; id < n; ++id) {
+              const bool allowed = kind == 0   ? rng.integer(0, 9) == 0
+                                   : kind == 1 ? rng.integer(0, 9) != 0
+                                               : kind == 2 && id == one;
+              if (allowed) m[static_cast<size_t>(id / 32)] |= static_cast<int32_t>(1u << (id % 32));
+            }
+            masks.insert(masks.begin(), m.begin(), m.end());  // the newest mask row first
+            p.mask_row = static_cast<int32_t>(r);             // renumbered below
+          }
           n_top_max = std::max(n_top_max, p.n_top);
           const auto* words = reinterpret_cast<const int32_t*>(&p);
           row_words.insert(row_words.end(), words, words + 16);
         }
+        const auto n_masks = static_cast<int32_t>(static_cast<int64_t>(masks.size()) / n_words);
+        constexpr size_t kMaskWord = offsetof(SampleRow, mask_row) / 4;
+        for (int32_t m = 0, r = 0; r < rows; ++r) {  // mask rows in reverse: row r's is n_masks - 1 - m
+          int32_t& mask_row = row_words[static_cast<size_t>(16 * r) + kMaskWord];
+          if (mask_row >= 0) mask_row = n_masks - 1 - m++;
+        }
+        Tensor mask_t = iv(masks);
+        mask_t.ne = {n_words, n_masks, 1, 1};
+        mask_t.nb = {4, 4 * n_words, 4 * n_words * n_masks, 4 * n_words * n_masks};
         std::vector<int32_t> adjust_words(4 * adjust.size());
         std::memcpy(adjust_words.data(), adjust.data(), adjust_words.size() * sizeof(int32_t));
         Tensor rows_t = iv(row_words);
@@ -1063,12 +1088,12 @@ TEST(OpHarness, Sample) {
           return t;
         };
         std::vector<int32_t> want(static_cast<size_t>(width * rows), 0);
-        ref::sample(Sample{x.t, rows_t, adjust_t, out_t(want)});
+        ref::sample(Sample{x.t, rows_t, adjust_t, out_t(want), mask_t});
         for (const NamedBackend& nb : backends()) {
           std::vector<int32_t> got(want.size(), 0);
           const std::string what =
               fmt::format("sample [{}, {}] ties {} {}", n, rows, ties, layout_name(layout));
-          if (!run_on(nb, Sample{x.t, rows_t, adjust_t, out_t(got)}, what)) continue;
+          if (!run_on(nb, Sample{x.t, rows_t, adjust_t, out_t(got), mask_t}, what)) continue;
           for (int64_t r = 0; r < rows; ++r) {
             const int32_t* g = got.data() + width * r;
             const int32_t* w = want.data() + width * r;
@@ -2129,12 +2154,20 @@ TEST(OpHarness, Perf) {
     rows_t.ne = {16, 8, 1, 1}, rows_t.nb = {4, 64, 512, 512};
     adjust_t.ne = {4, 512, 1, 1}, adjust_t.nb = {4, 16, 8192, 8192};
     out_t.ne = {2, 8, 1, 1}, out_t.nb = {4, 8, 64, 64};
-    row("sample", "f32", "[49152, 8] top-p, flat", Sample{many.t, rows_t, adjust_t, out_t});
+    row("sample", "f32", "[49152, 8] top-p, flat", Sample{many.t, rows_t, adjust_t, out_t, Tensor{}});
     for (int64_t r = 0; r < 8; ++r) {
       auto* xr = reinterpret_cast<float*>(many.t.flat_row(r));
       for (int64_t i = 0; i < 49152; ++i) xr[i] *= 12.0f;
     }
-    row("sample", "f32", "[49152, 8] top-p, peaked", Sample{many.t, rows_t, adjust_t, out_t});
+    row("sample", "f32", "[49152, 8] top-p, peaked", Sample{many.t, rows_t, adjust_t, out_t, Tensor{}});
+    // The same rows, each with a mask that allows one token in four (a grammar's).
+    std::vector<int32_t> masks(1536 * 8);
+    for (size_t j = 0; j < masks.size(); ++j) masks[j] = static_cast<int32_t>(0x11111111u << (j % 4));
+    for (int32_t r = 0; r < 8; ++r)
+      words[static_cast<size_t>(16 * r) + offsetof(SampleRow, mask_row) / 4] = r;
+    Tensor mask_t = iv(masks);
+    mask_t.ne = {1536, 8, 1, 1}, mask_t.nb = {4, 6144, 6144 * 8, 6144 * 8};
+    row("sample", "f32", "[49152, 8] top-p, peaked, masked", Sample{many.t, rows_t, adjust_t, out_t, mask_t});
   }
   // Attention: 9 heads / 3 KV heads, head_dim 64, one sequence of 512 positions in blocks of 16.
   const Host q = dense(64, 9, 64, &rng), o = dense(64, 9, 64, nullptr);

@@ -114,6 +114,62 @@ TEST(Sample, PartialSelectionIsTheReference) {
   }
 }
 
+// A mask is a ban of every token it leaves out: the reference and the CPU path with a mask give the words
+// of the reference with those tokens banned through adjust entries, over filters, greedy and a few allowed
+// tokens; a masked token's entry never counts, not even one whose bias overflows; no token allowed is
+// kSampleAllMasked; the logprobs stay those of the raw logits.
+TEST(Sample, AMaskIsABanOfTheTokensItLeavesOut) {
+  std::mt19937_64 gen(13);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  SampleScratch scratch;
+  for (const int n : {5, 33, 4099, 49152}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    std::vector<uint32_t> mask(static_cast<size_t>((n + 31) / 32));
+    for (int rep = 0; rep < 24; ++rep) {
+      for (float& v : x) v = rep % 2 ? std::round(u(gen) * 4.0f) / 4.0f : u(gen);
+      std::fill(mask.begin(), mask.end(), 0u);
+      std::vector<SampleAdjust> bans, with_mask;
+      const int every = rep % 3 == 0 ? 2 : rep % 3 == 1 ? std::min(17, n) : n;  // dense, sparse, one
+      for (int id = 0; id < n; ++id) {
+        const bool allowed = (id + rep) % every == 0;
+        if (allowed) mask[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+        if (!allowed) bans.push_back({id, 0.0f, 0, 1});
+        if (id % 5 == 0) with_mask.push_back({id, allowed ? 0.5f : 3e38f, 1, 0});  // overflow if it counted
+      }
+      SampleRow p;
+      p.temperature = rep % 4 == 0 ? 0.0f : 0.7f + 0.05f * static_cast<float>(rep);
+      p.top_k = rep % 5 == 1 ? 3 : 0;
+      p.top_p = rep % 3 == 2 ? 0.9f : 1.0f;
+      p.repeat_penalty = 1.2f;
+      p.seed_lo = static_cast<uint32_t>(rep);
+      p.n_top = 4;
+      // The adjusted values of the allowed tokens, as entries beside the bans.
+      std::vector<SampleAdjust> merged = bans;
+      for (const SampleAdjust& e : with_mask) {
+        if ((mask[static_cast<size_t>(e.id / 32)] >> (e.id % 32) & 1u) != 0) merged.push_back(e);
+      }
+      std::sort(merged.begin(), merged.end(),
+                [](const SampleAdjust& a, const SampleAdjust& b) { return a.id < b.id; });
+      const SampleOut want = sample_row_reference(x, p, merged);
+      ASSERT_GE(want.token, 0) << "n " << n << " rep " << rep;
+      ASSERT_TRUE(mask[static_cast<size_t>(want.token / 32)] >> (want.token % 32) & 1u);
+      for (const SampleOut& got :
+           {sample_row_reference(x, p, with_mask, mask), sample_row(x, p, with_mask, scratch, mask)}) {
+        ASSERT_EQ(got.token, want.token) << "n " << n << " rep " << rep;
+        EXPECT_EQ(got.logprob, want.logprob);
+        for (int j = 0; j < 4 && j < n; ++j) EXPECT_EQ(got.top_id[j], want.top_id[j]);
+      }
+    }
+    std::fill(mask.begin(), mask.end(), 0u);
+    for (const float t : {0.0f, 1.0f}) {
+      SampleRow p;
+      p.temperature = t;
+      EXPECT_EQ(sample_row_reference(x, p, {}, mask).token, kSampleAllMasked);
+      EXPECT_EQ(sample_row(x, p, {}, scratch, mask).token, kSampleAllMasked);
+    }
+  }
+}
+
 TEST(Sample, UniformDependsOnSeedAndCounterOnly) {
   EXPECT_EQ(sample_uniform(7, 3), sample_uniform(7, 3));
   EXPECT_NE(sample_uniform(7, 3), sample_uniform(7, 4));

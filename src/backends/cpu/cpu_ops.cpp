@@ -230,7 +230,7 @@ void sample(ThreadPool& pool, const Sample& op) {
           const SampleRow p = sample_op_row(op, r);
           write_sample_out(op, r,
                            sample_row({f32_row(op.x, r), static_cast<size_t>(op.x.ne[0])}, p,
-                                      sample_op_adjust(op, p), scratch));
+                                      sample_op_adjust(op, p), scratch, sample_op_mask(op, p)));
         }
       },
       /*min_chunk=*/1);

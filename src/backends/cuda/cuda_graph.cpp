@@ -57,7 +57,7 @@ std::vector<uint64_t> program_signature(const Program& program) {
                    [&](const ops::Binary& o) { w.all(o.a, o.b, u(o.kind), o.dst); },
                    [&](const ops::Scale& o) { w.all(o.x, o.scale, o.dst); },
                    [&](const ops::Argmax& o) { w.all(o.x, o.out); },
-                   [&](const ops::Sample& o) { w.all(o.x, o.rows, o.adjust, o.out); },
+                   [&](const ops::Sample& o) { w.all(o.x, o.rows, o.adjust, o.out, o.mask); },
                    [&](const ops::MoeRoute& o) { w.all(o.logits, o.ids, o.weights, u(o.normalize)); },
                    [&](const ops::MoeMatmul& o) { w.all(o.w, o.x, o.ids, o.dst); },
                    [&](const ops::WeightedSum& o) { w.all(o.y, o.w, o.dst); },

@@ -278,7 +278,8 @@ void sample(const Sample& op) {
     const SampleRow p = sample_op_row(op, r);
     const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
     write_sample_out(op, r,
-                     sample_row_reference({x, static_cast<size_t>(op.x.ne[0])}, p, sample_op_adjust(op, p)));
+                     sample_row_reference({x, static_cast<size_t>(op.x.ne[0])}, p, sample_op_adjust(op, p),
+                                          sample_op_mask(op, p)));
   }
 }
 

@@ -90,8 +90,12 @@ bool Sampler::penalties_on() const {
 }
 
 Status Sampler::next_row(std::span<const int32_t> history, ops::SampleRow& row,
-                         std::vector<ops::SampleAdjust>& adjust) {
+                         std::vector<ops::SampleAdjust>& adjust, int32_t mask_row) {
   row = ops::SampleRow{};
+  if (constrained()) {
+    KILN_ASSERT(mask_row >= 0);
+    row.mask_row = mask_row;
+  }
   row.temperature = params_.temperature;
   row.top_k = params_.top_k;
   row.top_p = params_.top_p;
@@ -149,12 +153,20 @@ Result<SampleResult> Sampler::take(const ops::SampleOut& out) {
     case ops::kSampleBadAdjusted:
       return invalid_argument("a logit is NaN or +inf after logit_bias and penalties");
     case ops::kSampleAllMasked:
+      if (constrained()) {
+        return invalid_argument(
+            "every token has a -inf logit after logit_bias, penalties and the grammar's mask of allowed "
+            "tokens");
+      }
       return invalid_argument("every token has a -inf logit after logit_bias and penalties");
     default: break;
   }
   if (out.token < 0 || out.token >= n_vocab_) {
     return make_status(StatusCode::internal, "sampled token {} is outside the vocabulary of {}", out.token,
                        n_vocab_);
+  }
+  if (matcher_.has_value() && !matcher_->accept(out.token)) {
+    return make_status(StatusCode::internal, "sampled token {} is not allowed by the grammar", out.token);
   }
   SampleResult r;
   r.token = out.token;
@@ -171,8 +183,13 @@ Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<co
   }
   ops::SampleRow row;
   row_adjust_.clear();
-  KILN_TRY(next_row(history, row, row_adjust_));
-  const ops::SampleOut out = ops::sample_row(logits, row, row_adjust_, scratch_);
+  KILN_TRY(next_row(history, row, row_adjust_, /*mask_row=*/0));
+  if (constrained()) {
+    mask_.resize(grammar::mask_words(n_vocab_));
+    fill_mask(mask_);
+  }
+  const ops::SampleOut out = ops::sample_row(logits, row, row_adjust_, scratch_,
+                                             constrained() ? mask_ : std::span<const uint32_t>{});
   // Errors name the logit, here where the logits are.
   if (out.token == ops::kSampleBadLogits) {
     for (size_t i = 0; i < logits.size(); ++i) {
@@ -183,6 +200,7 @@ Result<SampleResult> Sampler::sample(std::span<const float> logits, std::span<co
   }
   if (out.token == ops::kSampleBadAdjusted) {
     for (const ops::SampleAdjust& e : row_adjust_) {
+      if (constrained() && !ops::sample_mask_allows(mask_.data(), e.id)) continue;  // a ban, not looked at
       const float v = ops::sample_adjusted(logits[static_cast<size_t>(e.id)], row, e);
       if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
         return invalid_argument(
@@ -198,9 +216,18 @@ void Sampler::set_end_tokens(std::span<const int32_t> eog) {
   if (!params_.ignore_eos) held_back_.insert(held_back_.end(), eog.begin(), eog.end());
 }
 
+void Sampler::set_grammar(std::shared_ptr<const grammar::CompiledGrammar> grammar) {
+  matcher_.emplace(std::move(grammar));
+}
+
+void Sampler::fill_mask(std::span<uint32_t> words) {
+  KILN_ASSERT(matcher_.has_value() && words.size() == grammar::mask_words(n_vocab_));
+  matcher_->fill_mask(words);
+}
+
 bool Sampler::plain_greedy() const {
   return params_.temperature == 0.0f && params_.logit_bias.empty() && !penalties_on() && !params_.logprobs &&
-         params_.n_logprobs == 0 && params_.min_tokens == 0;
+         params_.n_logprobs == 0 && params_.min_tokens == 0 && !constrained();
 }
 
 Result<SampleResult> score_token(std::span<const float> logits, int32_t token, int32_t n_top) {

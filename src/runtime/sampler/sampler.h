@@ -4,18 +4,23 @@
 // Stage order (ops/sample.h; each stage sees the output of the one before):
 //   logit bias -> penalties (repeat, presence, frequency over the window) -> greedy if temperature == 0 ->
 //   top-k -> softmax with temperature -> top-p -> min-p -> one draw, u = a hash of (seed, draw index).
+// A constrained request (set_grammar) also bans, with the adjustments, every token its grammar does not allow
+// next (ops::Sample's mask), and moves its grammar's matcher past each token drawn.
 // The reported log-probabilities ignore every stage: they are the log-softmax of the raw model logits.
 // Ties between equal logits always go to the lower token id. A draw depends on the seed, the draw's index and
 // the logits alone: not on the other requests of the step, nor on the device.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/status.h"
+#include "grammar/grammar.h"
 #include "kiln/sampling.h"
 #include "ops/sample.h"
 
@@ -55,11 +60,14 @@ class Sampler {
   // The next draw as ops::Sample reads it: `row` (counter = the tokens drawn so far) and the row's
   // adjustments (logit bias, the penalties over history's window, the end tokens min_tokens holds back)
   // appended to `adjust`, ascending ids. history: the prompt and the tokens generated so far, oldest first.
+  // mask_row: where the caller puts this row's mask in ops::Sample::mask (fill_mask()) when constrained(),
+  // >= 0 then (asserted); ignored otherwise (the row gets none).
   // Error: invalid_argument for a history id outside the vocabulary in the penalty window.
   Status next_row(std::span<const int32_t> history, ops::SampleRow& row,
-                  std::vector<ops::SampleAdjust>& adjust);
+                  std::vector<ops::SampleAdjust>& adjust, int32_t mask_row = -1);
   // What a draw of next_row()'s row came to: the token and its logprobs, or the error its code names. A token
-  // counts as drawn (the next row's counter) when it is returned.
+  // counts as drawn (the next row's counter) when it is returned; a constrained sampler's matcher accepts it
+  // (an error, internal, if the grammar does not allow it: the mask let through a token it should not have).
   Result<SampleResult> take(const ops::SampleOut& out);
 
   // next_row(), ops::sample_row() on these logits, take(). logits: [n_vocab] raw model output for the next
@@ -72,9 +80,20 @@ class Sampler {
   // from being sampled until the sampler has drawn min_tokens tokens.
   void set_end_tokens(std::span<const int32_t> eog);
 
+  // Constrains every draw from now on to `grammar` (compiled against this sampler's vocabulary of n_vocab
+  // tokens, grammar::vocabulary_from the same tokenizer).
+  void set_grammar(std::shared_ptr<const grammar::CompiledGrammar> grammar);
+  bool constrained() const { return matcher_.has_value(); }
+  // The next draw's mask of allowed tokens: words [grammar::mask_words(n_vocab)]. Precondition (asserted):
+  // constrained(). Touches this sampler alone: samplers of different requests may fill theirs at once.
+  void fill_mask(std::span<uint32_t> words);
+  // The output so far is a complete sentence of the grammar and nothing else may follow, or an end token was
+  // drawn (grammar::Matcher::done()); false when unconstrained.
+  bool grammar_done() const { return matcher_.has_value() && matcher_->done(); }
+
   // True when sample() would return the first maximum of the raw logits and nothing else: greedy, with no
-  // logit_bias, no penalties and no logprobs. Such a request can take its token from an argmax computed where
-  // the logits are (ops::Argmax on the backend) instead of from the downloaded logits.
+  // logit_bias, no penalties, no logprobs and no grammar. Such a request can take its token from an argmax
+  // computed where the logits are (ops::Argmax on the backend) instead of from the downloaded logits.
   bool plain_greedy() const;
   // The result sample() gives for raw logits whose first maximum is `token` when plain_greedy() holds.
   static SampleResult greedy_result(int32_t token) { return SampleResult{token, 0.0f, {}}; }
@@ -87,11 +106,13 @@ class Sampler {
 
   SamplingParams params_;
   int32_t n_vocab_;
-  std::vector<int32_t> held_back_;  // end tokens masked while fewer than min_tokens were sampled
-  int32_t n_sampled_ = 0;           // tokens drawn
+  std::vector<int32_t> held_back_;           // end tokens masked while fewer than min_tokens were sampled
+  int32_t n_sampled_ = 0;                    // tokens drawn
+  std::optional<grammar::Matcher> matcher_;  // constrained: where the output is in its grammar
   // Scratch, reused between calls.
   std::vector<ops::SampleAdjust> entries_;
   std::vector<ops::SampleAdjust> row_adjust_;
+  std::vector<uint32_t> mask_;  // sample()'s mask, [grammar::mask_words(n_vocab)] when constrained
   ops::SampleScratch scratch_;
 };
 

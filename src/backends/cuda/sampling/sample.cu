@@ -14,7 +14,10 @@
 // so sums are exact integers: the same bits whatever the order of the atomics, hence deterministic and
 // batch-invariant; they stand within 2^-64 a token of the reference's f64 sums. The adjusted logits are made
 // on the fly: a bitmap of the adjusted ids in shared memory (one bit test a token), the row's entries there
-// too where they fit (else binary-searched in global memory).
+// too where they fit (else binary-searched in global memory). A row's mask of allowed tokens (constrained
+// decoding) is copied into shared memory beside the bitmap (left in global memory past kMaskSharedMax) and
+// read once per token a pass: a masked token is -inf before its adjustments are looked up. Rows without a
+// mask never read it.
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -30,11 +33,12 @@ using ops::SampleAdjust;
 using ops::SampleRow;
 
 constexpr int kThreads = 1024;
-constexpr int kBuckets = 2048;       // a histogram round: 11 bits of the key range
-constexpr int kCap = 2048;           // tokens sorted in shared memory
-constexpr int kAdjCache = 256;       // a row's adjust entries held in shared memory
-constexpr int kBitmapMax = 1 << 20;  // vocabularies up to this get the bitmap
-constexpr uint64_t kNone = 0;        // no key (every real key is > 0: mono(-inf) is 0x007FFFFF)
+constexpr int kBuckets = 2048;           // a histogram round: 11 bits of the key range
+constexpr int kCap = 2048;               // tokens sorted in shared memory
+constexpr int kAdjCache = 256;           // a row's adjust entries held in shared memory
+constexpr int kBitmapMax = 1 << 20;      // vocabularies up to this get the bitmap
+constexpr int kMaskSharedMax = 1 << 19;  // and up to this a copy of a row's mask
+constexpr uint64_t kNone = 0;            // no key (every real key is > 0: mono(-inf) is 0x007FFFFF)
 
 __device__ inline uint32_t mono(float a) {
   const uint32_t b = __float_as_uint(a);
@@ -108,12 +112,14 @@ struct Row {
   const uint32_t* bits;     // the bitmap of adjusted ids; null: look every token up
   const SampleAdjust* adj;  // the row's entries (shared or global memory)
   int n_adj;
-  uint32_t* cnt;                // [kBuckets] histogram: counts,
+  const uint32_t* mask;  // [ceil(n / 32)] the row's allowed tokens (shared or global memory); null: all
+  uint32_t* cnt;         // [kBuckets] histogram: counts,
   unsigned long long *hi, *lo;  // weights
   uint64_t* list;               // [kCap] gathered keys (over the histogram)
   Shared* s;
 
   __device__ float a_at(int i, float v) const {
+    if (mask != nullptr && !ops::sample_mask_allows(mask, i)) return -INFINITY;
     if (n_adj == 0) return v;
     if (bits != nullptr && ((bits[i >> 5] >> (i & 31)) & 1u) == 0) return v;
     int lo_i = 0, hi_i = n_adj;
@@ -371,8 +377,9 @@ __device__ double row_sum(const Row& r, F f) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    sample_kernel(Rows xs, const SampleRow* rows, const SampleAdjust* adjust, int32_t* out, int out_stride,
-                  int n, int bitmap_words) {
+    sample_kernel(Rows xs, const SampleRow* rows, const SampleAdjust* adjust, const uint32_t* masks,
+                  int mask_words, int n_masks, bool mask_shared, int32_t* out, int out_stride, int n,
+                  int bitmap_words) {
   pdl_begin();
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Shared s;
@@ -383,12 +390,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* hist = reinterpret_cast<unsigned long long*>(smem);  // hi, lo, then counts; the list over them
   auto* cache = reinterpret_cast<SampleAdjust*>(smem + kBuckets * 20);
   auto* bits = reinterpret_cast<uint32_t*>(cache + kAdjCache);
+  uint32_t* mask_copy = bits + bitmap_words;  // [mask_words] under mask_shared
   Row r{xs.row_as<const float>(row),
         n,
         &p,
         nullptr,
         adjust + p.adjust_begin,
         p.adjust_count,
+        masks != nullptr && p.mask_row >= 0 && p.mask_row < n_masks
+            ? masks + static_cast<int64_t>(mask_words) * p.mask_row
+            : nullptr,
         reinterpret_cast<uint32_t*>(hist + 2 * kBuckets),
         hist,
         hist + kBuckets,
@@ -408,6 +419,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       r.bits = bits;
     }
+    __syncthreads();
+  }
+  if (r.mask != nullptr && mask_shared) {
+    for (int w = threadIdx.x; w < mask_words; w += kThreads) mask_copy[w] = r.mask[w];
+    r.mask = mask_copy;
     __syncthreads();
   }
   // Pass 1 (stages 1-2): bad logits, the raw and adjusted extremes, the candidates.
@@ -528,17 +544,21 @@ cudaError_t sample(const Context& ctx, const ops::Sample& op) {
   const int64_t n = op.x.ne[0], rows = op.x.n_rows();
   if (rows == 0) return cudaSuccess;
   const int bitmap_words = n <= kBitmapMax ? static_cast<int>((n + 31) / 32) : 0;
-  const size_t smem =
-      kBuckets * 20 + kAdjCache * sizeof(SampleAdjust) + 4 * static_cast<size_t>(bitmap_words);
+  const bool masked = ops::sample_op_has_mask(op), mask_shared = masked && n <= kMaskSharedMax;
+  // The adjusted ids' bitmap, then room for a row's mask (as many words).
+  const size_t smem = kBuckets * 20 + kAdjCache * sizeof(SampleAdjust) +
+                      4 * static_cast<size_t>(bitmap_words) * (mask_shared ? 2 : 1);
   if (const cudaError_t e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem));
       e != cudaSuccess) {
     return e;
   }
-  (void)launch_kernel(ctx, sample_kernel, static_cast<unsigned>(rows), kThreads, smem, rows_of(op.x),
-                      static_cast<const SampleRow*>(op.rows.data),
-                      static_cast<const SampleAdjust*>(op.adjust.data), static_cast<int32_t*>(op.out.data),
-                      static_cast<int>(op.out.ne[0]), static_cast<int>(n), bitmap_words);
+  (void)launch_kernel(
+      ctx, sample_kernel, static_cast<unsigned>(rows), kThreads, smem, rows_of(op.x),
+      static_cast<const SampleRow*>(op.rows.data), static_cast<const SampleAdjust*>(op.adjust.data),
+      masked ? static_cast<const uint32_t*>(op.mask.data) : nullptr, static_cast<int>(op.mask.ne[0]),
+      masked ? static_cast<int>(op.mask.n_rows()) : 0, mask_shared, static_cast<int32_t*>(op.out.data),
+      static_cast<int>(op.out.ne[0]), static_cast<int>(n), bitmap_words);
   return cudaGetLastError();
 }
 
