@@ -32,7 +32,7 @@ struct PositionCache {
   std::vector<int32_t> rem_token, rem_offset;
   std::vector<int32_t> rem_lcp;             // [n_rem] bytes in common with remainder i-1 (0 for i = 0)
   std::vector<int32_t> unc_token, unc_rem;  // [n_uncertain] the token and the index of its remainder
-  int64_t work = 0;                         // trie nodes visited to build it
+  int64_t work = 0;                         // trie nodes visited + uncertain entries made to build it
 };
 
 // Builds the cache of `state` (one with byte edges) walking the trie; `walker` uses a pool of its own that
