@@ -47,11 +47,12 @@ void finish_uncertain(const Vocabulary& vocab, const TokenTrie& trie,
       pc.rem_token.push_back(trie.order[static_cast<size_t>(e.first)]);
       pc.rem_offset.push_back(e.second);
       pc.rem_lcp.push_back(pc.rem_token.size() == 1 ? 0 : static_cast<int32_t>(lcp));
+      pc.rem_first.push_back(static_cast<int32_t>(pc.unc_token.size()));
       prev = v;
     }
     pc.unc_token.push_back(trie.order[static_cast<size_t>(e.first)]);
-    pc.unc_rem.push_back(static_cast<int32_t>(pc.rem_token.size()) - 1);
   }
+  pc.rem_first.push_back(static_cast<int32_t>(pc.unc_token.size()));
 }
 
 }  // namespace
