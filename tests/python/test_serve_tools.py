@@ -229,7 +229,7 @@ def test_required_call_then_answer(server):
     call = ch.message.tool_calls[0].function
     assert f'"name": "{call.name}"' in prompt, prompt
     assert json.dumps(json.loads(call.arguments), ensure_ascii=False) in prompt, prompt
-    assert '{"temperature": 21}' in prompt
+    assert "temperature" in prompt and prompt.count("temperature") == len(ch.message.tool_calls)
 
 
 def test_streamed_call_is_the_same_call(server):
