@@ -15,6 +15,11 @@ void JsonScanner::start_object() {
   state_ = S::key_or_end;
 }
 
+void JsonScanner::start_list() {
+  stack_.assign(1, '[');
+  state_ = S::value_or_end;
+}
+
 JsonScanner::Step JsonScanner::feed(char c) {
   switch (state_) {  // inside a token: whitespace is not free here
     case S::string:

@@ -18,8 +18,9 @@ class JsonScanner {
   };
   static constexpr size_t kMaxDepth = 256;  // nested containers: deeper is an error
 
-  // Starts inside an object whose '{' was just read.
+  // Starts inside an object (or a list) whose '{' (or '[') was just read.
   void start_object();
+  void start_list();
   Step feed(char c);
 
  private:

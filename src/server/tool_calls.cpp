@@ -11,7 +11,7 @@ namespace {
 // A call's syntax before its arguments is at most this long (a longer one is not taken as a call), and so is
 // its closing markup.
 constexpr size_t kMaxHeaderBytes = 1024;
-constexpr size_t kMaxTrailerBytes = 256;
+constexpr size_t kMaxTrailerBytes = 4096;
 
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -125,7 +125,32 @@ Match match_header(std::string_view s, bool list_open, std::string& name) {
   return c.lit("{");
 }
 
-// After the arguments: (`, STRING: STRING`)* `}`, then `closing` (hermes's `</tool_call>`).
+// A string, object or list, skipped.
+Match skip_value(Cursor& c) {
+  if (c.i == c.s.size()) return Match::more;
+  std::string ignored;
+  if (c.s[c.i] == '"') return c.string(ignored);
+  JsonScanner j;
+  if (c.s[c.i] == '{') {
+    j.start_object();
+  } else if (c.s[c.i] == '[') {
+    j.start_list();
+  } else {
+    return Match::fail;
+  }
+  while (++c.i < c.s.size()) {
+    const JsonScanner::Step r = j.feed(c.s[c.i]);
+    if (r == JsonScanner::Step::error) return Match::fail;
+    if (r == JsonScanner::Step::done) {
+      ++c.i;
+      return Match::done;
+    }
+  }
+  return Match::more;
+}
+
+// After the arguments: (`, STRING: VALUE`)* `}` (keys the call does not need: Mistral's "id", or what a small
+// model adds), then `closing` (hermes's `</tool_call>`).
 Match match_trailer(std::string_view s, std::string_view closing) {
   Cursor c{s};
   c.ws();
@@ -137,7 +162,7 @@ Match match_trailer(std::string_view s, std::string_view closing) {
     c.ws();
     KILN_MATCH(c.lit(":"));
     c.ws();
-    KILN_MATCH(c.string(ignored));
+    KILN_MATCH(skip_value(c));
     c.ws();
   }
   KILN_MATCH(c.lit("}"));

@@ -11,7 +11,7 @@
 //   <|python_tag|>; several separated by ';'.
 // - mistral (Mistral v3, Nemo): [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]; the marker is a control
 //   token that the output text leaves out, so a list at the start of the output counts too.
-// Extra string-valued keys after the arguments (Mistral's "id") are accepted and ignored.
+// Extra keys after the arguments (Mistral's "id"), with a string, object or list value, are read and ignored.
 //
 // How text is decided, byte by byte (the same whatever the split of the output into pieces):
 // - Text that may begin a call (a marker, or a prefix of one) is held back until it is decided. A call is
