@@ -190,6 +190,51 @@ TEST(ToolCallParser, EverySplitGivesTheSameResult) {
   }
 }
 
+// Outputs made of pieces of the syntaxes, valid and broken, around one whole call, in random order (a fixed
+// seed): whatever they are, feeding them byte by byte, or in two pieces, gives what the whole gives.
+TEST(ToolCallParser, RandomOutputsGiveTheSameResultWhateverTheSplit) {
+  // clang-format off
+  const std::vector<std::string> pieces = {
+      "<tool_call>", "</tool_call>", "<tool_", "```json", "```", "[TOOL_CALLS]", "<|python_tag|>", "{", "}", "[", "]",
+      ",", ";", ":", "\n", " ", "\"name\"", "\"arguments\"", "\"parameters\"", "\"add\"", "\"get_weather\"",
+      "\"nope\"", "\"type\": \"function\", ", "\"a\": 1", "tru", "e", "-", "0.5", "\"x\\\"", "text", "é",
+      "{\"name\": \"add\", \"arguments\": {"};
+  const std::vector<std::string> calls = {
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": [1, {}]}}\n</tool_call>",
+      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"\\\"}\"}}",
+      "[{\"name\": \"add\", \"arguments\": {}, \"id\": \"abc\"}, {\"name\": \"add\", \"arguments\": {\"b\": 2}}]",
+      "```json\n{\"name\": \"add\", \"arguments\": {\"x\": null}}\n```"};
+  // clang-format on
+  uint64_t state = 12345;
+  const auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  };
+  int with_calls = 0;
+  for (int n = 0; n < 300; ++n) {
+    std::string text;
+    const uint32_t len = 1 + next() % 12, call_at = next() % len;
+    for (uint32_t k = 0; k < len; ++k) {
+      text += k == call_at ? calls[next() % calls.size()] : pieces[next() % pieces.size()];
+    }
+    const int32_t max_calls = 1 + n % 3;
+    for (const ToolCallFormat f : {ToolCallFormat::hermes, ToolCallFormat::llama3, ToolCallFormat::mistral}) {
+      const ParsedOutput whole = parse(f, text, max_calls);
+      std::vector<std::string> bytes;
+      for (const char ch : text) bytes.emplace_back(1, ch);
+      expect_same(parse_pieces(f, bytes, max_calls), whole, text);
+      const size_t cut = next() % (text.size() + 1);
+      expect_same(parse_pieces(f, {text.substr(0, cut), text.substr(cut)}, max_calls), whole, text);
+      if (whole.calls.empty()) {
+        EXPECT_EQ(whole.content, text);  // no call: the output as it was written
+      }
+      EXPECT_LE(whole.calls.size(), static_cast<size_t>(max_calls));
+      with_calls += !whole.calls.empty();
+    }
+  }
+  EXPECT_GT(with_calls, 200);  // of 900: the outputs make calls often enough to test them
+}
+
 TEST(ToolCallParser, AtMostMaxCalls) {
   const std::string two =
       "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1}}</tool_call>\n<tool_call>{\"name\": "
