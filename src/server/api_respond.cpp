@@ -142,10 +142,10 @@ void Api::Generation::on_event(size_t i, const TokenEvent& ev) {
   }
   if (!ev.done) return;
   c.finish = finish_name(ev.finish);
-  if (ev.finish == FinishReason::stop && !c.tool_calls.empty()) c.finish = "tool_calls";
   c.error = ev.error;
   c.stats = ev.stats;
-  metrics->count_finished(c.finish);
+  metrics->count_finished(c.finish);  // the engine's reason, as vLLM counts them
+  if (ev.finish == FinishReason::stop && !c.tool_calls.empty()) c.finish = "tool_calls";
   metrics->queue.observe(ev.stats.queue_ms / 1000.0);
   if (ev.stats.n_generated > 0) {
     metrics->prefill.observe(ev.stats.prefill_ms / 1000.0);
