@@ -70,6 +70,9 @@ class Matcher {
   // words: [ceil(n_vocab / 32)]; bit (id % 32) of words[id / 32] is set exactly when token id may come next.
   // The end tokens are set when the text so far is a complete sentence of the grammar.
   void fill_mask(std::span<uint32_t> words);
+  // The same mask found the slow way, each token's bytes tried against the stacks one by one (milliseconds on
+  // a large vocabulary): the oracle fill_mask is tested against.
+  void fill_mask_reference(std::span<uint32_t> words);
   // Moves past one token. False (and nothing changes) when the mask would not allow it. Accepting an end
   // token terminates the matcher.
   bool accept(int32_t token);
