@@ -9,9 +9,10 @@ namespace kiln::grammar {
 
 namespace {
 
-// compile() builds caches in state order until their trie walks have visited this many nodes (about a second
-// on one core); the rest are built on first use. A typical JSON-schema grammar fits.
-constexpr int64_t kCompileWork = 40'000'000;
+// compile() builds caches in state order until their walks have done this much work (trie nodes visited +
+// uncertain tokens recorded, ~30 ns each: about a second on one core); the rest are built on first use. A
+// typical JSON-schema grammar needs a few million.
+constexpr int64_t kCompileWork = 30'000'000;
 
 // `bits` [mask_words(n_vocab)] holds the accepted tokens; kept as is, or as a list when that is smaller.
 void finish_accepted(std::vector<uint32_t> bits, int32_t count, PositionCache& pc) {
@@ -46,11 +47,12 @@ void finish_uncertain(const Vocabulary& vocab, const TokenTrie& trie,
       pc.rem_token.push_back(trie.order[static_cast<size_t>(e.first)]);
       pc.rem_offset.push_back(e.second);
       pc.rem_lcp.push_back(pc.rem_token.size() == 1 ? 0 : static_cast<int32_t>(lcp));
+      pc.rem_first.push_back(static_cast<int32_t>(pc.unc_token.size()));
       prev = v;
     }
     pc.unc_token.push_back(trie.order[static_cast<size_t>(e.first)]);
-    pc.unc_rem.push_back(static_cast<int32_t>(pc.rem_token.size()) - 1);
   }
+  pc.rem_first.push_back(static_cast<int32_t>(pc.unc_token.size()));
 }
 
 }  // namespace
@@ -103,6 +105,7 @@ PositionCache build_position_cache(const Vocabulary& vocab, const TokenTrie& tri
     for (int32_t r = node.tok_begin; r < node.tok_end; ++r) {
       for (int32_t e : active) entries.emplace_back(r, e);
     }
+    pc.work += static_cast<int64_t>(active.size()) * (node.tok_end - node.tok_begin);
     i = node.end;
   }
   finish_accepted(std::move(accepted), n_accepted, pc);

@@ -30,9 +30,12 @@ struct PositionCache {
   std::vector<int32_t> accept_ids;    // sorted token ids, when fewer words than the bitset
   // Distinct remainders, sorted by bytes: remainder i is vocab.bytes[rem_token[i]] from rem_offset[i] on.
   std::vector<int32_t> rem_token, rem_offset;
-  std::vector<int32_t> rem_lcp;             // [n_rem] bytes in common with remainder i-1 (0 for i = 0)
-  std::vector<int32_t> unc_token, unc_rem;  // [n_uncertain] the token and the index of its remainder
-  int64_t work = 0;                         // trie nodes visited to build it
+  std::vector<int32_t> rem_lcp;  // [n_rem] bytes in common with remainder i-1 (0 for i = 0)
+  // The uncertain tokens, grouped by remainder: those of remainder i are unc_token[rem_first[i] ..
+  // rem_first[i + 1]).
+  std::vector<int32_t> rem_first;  // [n_rem + 1]
+  std::vector<int32_t> unc_token;  // [n_uncertain]
+  int64_t work = 0;                // trie nodes visited + uncertain entries made to build it
 };
 
 // Builds the cache of `state` (one with byte edges) walking the trie; `walker` uses a pool of its own that

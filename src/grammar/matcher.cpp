@@ -21,7 +21,6 @@ struct Matcher::State {
   // Scratch.
   std::vector<Stack> next, popped, start, raw;
   std::vector<std::vector<Stack>> depth_sets;
-  std::vector<uint8_t> pass;
 
   const Vocabulary& vocab() const { return *cg->vocab; }
 
@@ -39,14 +38,14 @@ struct Matcher::State {
     const Vocabulary& v = vocab();
     return !cg->is_end[i] && !v.bytes[i].empty() && !(i < v.excluded.size() && v.excluded[i]);
   }
-  void evaluate_remainders(const PositionCache& pc);
+  void evaluate_remainders(const PositionCache& pc, std::span<uint32_t> words);
 };
 
-// pass[i] = remainder i continues some stack of `start`. Sorted remainders share prefixes: the sets along the
-// previous remainder are kept per depth, and a prefix that died kills the following remainders sharing it.
-void Matcher::State::evaluate_remainders(const PositionCache& pc) {
+// Sets the uncertain tokens of `pc` whose remainder continues some stack of `start`. Sorted remainders share
+// prefixes: the sets along the previous remainder are kept per depth, and a prefix that died kills the
+// following remainders sharing it.
+void Matcher::State::evaluate_remainders(const PositionCache& pc, std::span<uint32_t> words) {
   const size_t n = pc.rem_token.size();
-  pass.assign(n, 0);
   if (depth_sets.empty()) depth_sets.resize(1);
   depth_sets[0] = start;
   size_t valid = 0;        // depth_sets[0..valid] follow the previous remainder's prefix
@@ -65,7 +64,10 @@ void Matcher::State::evaluate_remainders(const PositionCache& pc) {
         break;
       }
       if (d + 1 == rem.size()) {
-        pass[i] = 1;
+        for (int32_t k = pc.rem_first[i]; k < pc.rem_first[i + 1]; ++k) {
+          const int32_t token = pc.unc_token[static_cast<size_t>(k)];
+          words[static_cast<size_t>(token) / 32] |= 1u << (token % 32);
+        }
         break;
       }
       if (depth_sets.size() <= d + 1) depth_sets.resize(d + 2);
@@ -116,14 +118,7 @@ void Matcher::fill_mask(std::span<uint32_t> words) {
       }
       WalkEvents ev;
       st.walker.expand(st.popped, st.start, ev);
-      if (!st.start.empty()) {
-        st.evaluate_remainders(pc);
-        for (size_t k = 0; k < pc.unc_token.size(); ++k) {
-          if (st.pass[static_cast<size_t>(pc.unc_rem[k])]) {
-            words[static_cast<size_t>(pc.unc_token[k]) / 32] |= 1u << (pc.unc_token[k] % 32);
-          }
-        }
-      }
+      if (!st.start.empty()) st.evaluate_remainders(pc, words);
     }
     lo = hi;
   }
