@@ -8,7 +8,7 @@
 - `kiln tokenize` prints the same ids as the Hugging Face tokenizer built from the same GGUF file;
 - `kiln run` streams only the text to stdout and its speeds to stderr, a seed fixes the text, `kiln chat` holds a
   conversation read from stdin, and a missing file, an unknown architecture or a prompt too long for the context
-  is a one-line error;
+  is a one-line error; `--regex`, `--json-schema` and `--grammar` constrain the output to their language;
 - `kiln perplexity` gives the perplexity that llama.cpp's measure gives from llama.cpp's own logits on the same
   file and tokens, and a missing, unreadable or too short text is a one-line error.
 """
@@ -302,6 +302,43 @@ def test_run_bad_input(tmp_path):
     # Bad sampling parameters are named.
     one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "--top-p", "1.5"), "top_p")
     assert kiln("run", "-m", SMOL).returncode == 2  # -p is required
+
+
+def test_run_structured_output(tmp_path):
+    require(SMOL)
+    help_text = kiln("run", "--help").stdout
+    for flag in ("--json-schema", "--grammar", "--regex"):
+        assert flag in help_text
+    # --regex: the whole output matches, and ends there (finish stop).
+    res = kiln("run", "-m", SMOL, "--chat", "-p", "Give me a product code.", "--temp", "0", "-n", "32",
+               "--regex", "[0-9]{3}-[a-z]{2,5}")
+    assert res.returncode == 0, res.stderr
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,5}", res.stdout), repr(res.stdout)
+    assert "finish: stop" in res.stderr, res.stderr
+    # --json-schema FILE: JSON that the schema accepts, sampled.
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                                                  "age": {"type": "integer", "minimum": 0}},
+                                  "required": ["name", "age"], "additionalProperties": False}))
+    res = kiln("run", "-m", SMOL, "--chat", "-p", "Describe a person as JSON.", "--temp", "0.8", "-s", "3", "-n",
+               "64", "--json-schema", schema)
+    assert res.returncode == 0, res.stderr
+    person = json.loads(res.stdout)
+    assert set(person) == {"name", "age"} and isinstance(person["name"], str) and person["age"] >= 0, person
+    # --grammar FILE (GBNF).
+    grammar = tmp_path / "yes_no.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    res = kiln("run", "-m", SMOL, "--chat", "-p", "Is the sky blue?", "--temp", "0", "--grammar", grammar)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout in ("yes", "no"), repr(res.stdout)
+    # One constraint at most; a bad one is a one-line error naming it.
+    res = kiln("run", "-m", SMOL, "-p", "hi", "--grammar", grammar, "--regex", "a+")
+    assert res.returncode == 2 and "excludes" in res.stderr, res.stderr
+    one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "--regex", "(ab"), "regex")
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text("root ::= undefined-rule\n")
+    one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "--grammar", bad), "undefined-rule")
+    assert kiln("run", "-m", SMOL, "-p", "hi", "--json-schema", tmp_path / "none.json").returncode == 2
 
 
 # --- kiln perplexity --------------------------------------------------------------------------------------------

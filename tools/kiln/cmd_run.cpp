@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "cli_util.h"
@@ -33,7 +35,32 @@ struct GenOptions {
   bool exact = false;
   bool deterministic = false;
   SamplingParams sampling;
+  // kiln run's structured output: at most one of these (CLI11 enforces it).
+  std::string json_schema_file, grammar_file, regex;
 };
+
+// The constraint --json-schema / --grammar / --regex ask for (kind none without them); files are read here.
+Result<OutputConstraint> constraint_of(const GenOptions& o) {
+  OutputConstraint c;
+  const auto read = [](const std::string& path, std::string_view flag) -> Result<std::string> {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return io_error("{} {}: cannot be opened", flag, path);
+    std::ostringstream text;
+    text << f.rdbuf();
+    return text.str();
+  };
+  if (!o.json_schema_file.empty()) {
+    c.kind = OutputConstraint::Kind::json_schema;
+    KILN_ASSIGN_OR_RETURN(c.text, read(o.json_schema_file, "--json-schema"));
+  } else if (!o.grammar_file.empty()) {
+    c.kind = OutputConstraint::Kind::gbnf;
+    KILN_ASSIGN_OR_RETURN(c.text, read(o.grammar_file, "--grammar"));
+  } else if (!o.regex.empty()) {
+    c.kind = OutputConstraint::Kind::regex;
+    c.text = o.regex;
+  }
+  return c;
+}
 
 void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model, "A GGUF file or a Hugging Face folder (default: the default model)");
@@ -156,6 +183,7 @@ Status run_run(GenOptions o) {
   Request req;
   o.sampling.max_tokens = o.n_predict < 0 ? engine->model().n_ctx : o.n_predict;
   req.sampling = o.sampling;
+  KILN_ASSIGN_OR_RETURN(req.constraint, constraint_of(o));
   if (o.chat) {
     if (!o.system.empty()) req.messages.push_back({"system", o.system});
     req.messages.push_back({"user", o.prompt});
@@ -225,6 +253,17 @@ void register_run(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_flag("--chat", o->chat, "Send the prompt as a user message through the model's chat template");
   cmd->add_option("--system", o->system, "System message (with --chat)");
+  // Structured output (docs/structured-output.md): each token is drawn among those that keep the text inside
+  // the language, and the text ends where the language allows it.
+  auto* schema = cmd->add_option("--json-schema", o->json_schema_file,
+                                 "Constrain the output to JSON that a JSON schema (this file) accepts")
+                     ->check(CLI::ExistingFile);
+  auto* gbnf = cmd->add_option("--grammar", o->grammar_file,
+                               "Constrain the output to a GBNF grammar (this file; start rule root)")
+                   ->check(CLI::ExistingFile);
+  auto* regex = cmd->add_option("--regex", o->regex, "Constrain the output to match a regular expression");
+  schema->excludes(gbnf)->excludes(regex);
+  gbnf->excludes(regex);
   add_model_options(cmd, *o);
   cmd->callback([o, &rc] {
     if (o->prompt == "-") {

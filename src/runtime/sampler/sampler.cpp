@@ -127,7 +127,7 @@ Status Sampler::next_row(std::span<const int32_t> history, ops::SampleRow& row,
       for (const int32_t id : window) entries_.push_back({id, 0.0f, 1, 0});
     }
   }
-  if (n_sampled_ < params_.min_tokens) {
+  if (n_sampled_ < params_.min_tokens && !grammar_done()) {  // a grammar's end outranks min_tokens
     for (const int32_t id : held_back_) entries_.push_back({id, 0.0f, 0, 1});
   }
   std::sort(entries_.begin(), entries_.end(),
