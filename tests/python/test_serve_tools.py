@@ -77,8 +77,8 @@ USER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}
 class Server:
     def __init__(self, model: Path, *extra):
         assert KILN.exists(), f"build kiln first ({KILN})"
-        self.proc = subprocess.Popen([str(KILN), "serve", "-m", str(model), "--port", "0", "-t", "2", "-c", "2048", "--alias", "m",
-                                      *map(str, extra)], stderr=subprocess.PIPE, text=True)
+        args = ["serve", "-m", str(model), "--port", "0", "-t", "2", "-c", "2048", "--alias", "m", *map(str, extra)]
+        self.proc = subprocess.Popen([str(KILN), *args], stderr=subprocess.PIPE, text=True)
         self.lines = []
         port = None
         deadline = time.time() + 120 * SLOW
