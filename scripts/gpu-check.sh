@@ -52,6 +52,15 @@
 #             greedy and sampled (temperature 0.8, top_p 0.95, repetition_penalty 1.1, no top_k), on SERVE_FILES
 #             (default: the default model, when .gpu-model's parts have made it, and the 8B BF16 of prep); then
 #             bench/deterministic_check.py against a server with and without --deterministic
+#   quant     kiln quantize and kiln imatrix beside llama-quantize and llama-imatrix on the 8B BF16 of prep (waits
+#             for it and for the peer's build): BF16 -> Q4_K_M on every core (wall time, and whether the files are
+#             byte-identical), then an importance matrix from QUANT_CHUNKS (default 196: about 100k tokens) chunks
+#             of 512 tokens of this tree's text on the GPU
+#   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 20x the slots
+#             (kiln bench serve with every request sent at once): requests answered, TTFT p50/p99, duration
+#   structured kiln serve on CUDA (the default model, --parallel 64): bench/structured_check.py's schema suite (the
+#             outputs in $OUT/structured.json, for --validate where jsonschema is), then kiln bench serve at 64
+#             concurrent requests, unconstrained and under a JSON schema, greedy and sampled (TPOT side by side)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -306,6 +315,82 @@ for step in "${steps[@]}"; do
         kill "$spid"; wait "$spid" || true
         grep -iE "assert|error|fatal" "/tmp/serve-$f.log" | head -5 || true
       done 2>&1 | tee "$out/serve.md"
+      ;;
+    quant)
+      while prep_running; do sleep 5; done
+      [ -e "$peer_dir.started" ] && while [ ! -e "$peer_status" ]; do sleep 5; done
+      k="$bin/tools/kiln/kiln"
+      pb="$peer_dir/build/bin"
+      src=/tmp/kiln-models/llama3-8b-bf16.gguf
+      {
+        [ -e "$src" ] || { echo "$src: not here (run prep with PREP_ONLY=llama3-8b-bf16 first)"; exit 1; }
+        [ -x "$pb/llama-quantize" ] || { echo "the peer did not build: $(tail -3 /tmp/llama.cpp.build.log)"; exit 1; }
+        cat "$src" >/dev/null  # into the page cache, for both
+        TIMEFORMAT="%R s"
+        echo "## BF16 -> Q4_K_M, $(nproc) threads"
+        for round in 1 2; do
+          echo -n "kiln quantize ($round): "; { time "$k" quantize "$src" /tmp/q-kiln.gguf Q4_K_M -t "$(nproc)" --force >/tmp/q-kiln.log 2>&1; } 2>&1
+          rm -f /tmp/q-peer.gguf
+          echo -n "llama-quantize ($round): "; { time "$pb/llama-quantize" "$src" /tmp/q-peer.gguf Q4_K_M "$(nproc)" >/tmp/q-peer.log 2>&1; } 2>&1
+        done
+        cmp -s /tmp/q-kiln.gguf /tmp/q-peer.gguf && echo "the two files: byte-identical" || echo "the two files DIFFER"
+        ls -l /tmp/q-kiln.gguf /tmp/q-peer.gguf
+        # Calibration text: this tree's docs and sources, repeated until long enough.
+        for _ in 1 2 3 4; do cat docs/*.md src/*/*.cpp src/*/*.h; done >/tmp/calib.txt
+        n="${QUANT_CHUNKS:-196}"
+        echo "## imatrix, $n x 512 tokens, the 8B BF16 on the GPU"
+        echo -n "kiln imatrix: "; { time "$k" imatrix -m "$src" -f /tmp/calib.txt -o /tmp/im-kiln.gguf -c 512 --chunks "$n" -d cuda >/tmp/im-kiln.log 2>&1; } 2>&1
+        echo -n "llama-imatrix: "; { time "$pb/llama-imatrix" -m "$src" -f /tmp/calib.txt -o /tmp/im-peer.gguf -c 512 -b 512 --chunks "$n" -ngl 99 >/tmp/im-peer.log 2>&1; } 2>&1
+        tail -3 /tmp/im-kiln.log; grep -E "Final estimate|tokens|chunks" /tmp/im-peer.log | tail -3
+        echo -n "kiln quantize with kiln's imatrix: "; { time "$k" quantize --imatrix /tmp/im-kiln.gguf "$src" /tmp/q-kiln-im.gguf Q4_K_M -t "$(nproc)" --force >/tmp/q-kiln-im.log 2>&1; } 2>&1
+        echo -n "llama-quantize with kiln's imatrix: "; rm -f /tmp/q-peer-im.gguf; { time "$pb/llama-quantize" --imatrix /tmp/im-kiln.gguf "$src" /tmp/q-peer-im.gguf Q4_K_M "$(nproc)" >/tmp/q-peer-im.log 2>&1; } 2>&1
+        cmp -s /tmp/q-kiln-im.gguf /tmp/q-peer-im.gguf && echo "with the imatrix: byte-identical" || echo "with the imatrix: the files DIFFER"
+      } 2>&1 | tee "$out/quant.md" || status=1
+      ;;
+    burst)
+      k="$bin/tools/kiln/kiln"
+      path=/tmp/kiln-models/default.gguf
+      {
+        [ -e "$path" ] || { echo "$path: not here"; exit 1; }
+        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8091 >/tmp/serve-burst.log 2>&1 &
+        spid=$!
+        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8091/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        echo "| burst | prompt tokens | answered | TTFT p50 | TTFT p99 | duration |"
+        ulimit -n 65536 2>/dev/null || true
+        for spec in 640:32 1280:32 640:1024; do
+          n=${spec%%:*}; len=${spec##*:}
+          "$k" bench serve --base-url http://localhost:8091 --num-prompts "$n" --max-concurrency "$n" \
+            --random-input-len "$len" --random-output-len 16 -o json |
+            python3 -c 'import json,sys; d=json.load(sys.stdin); n=sys.argv[1]; print("| %s | %s | %d of %s | %.2f s | %.2f s | %.1f s |" % (n, sys.argv[2], d["completed"], n, d["median_ttft_ms"]/1e3, d["p99_ttft_ms"]/1e3, d["duration"]))' "$n" "$len"
+        done
+        kill "$spid"; wait "$spid" || true
+        grep -iE "assert|error|fatal" /tmp/serve-burst.log | head -5 || true
+      } 2>&1 | tee "$out/burst.md" || status=1
+      ;;
+    structured)
+      k="$bin/tools/kiln/kiln"
+      path=/tmp/kiln-models/default.gguf
+      {
+        [ -e "$path" ] || { echo "$path: not here"; exit 1; }
+        "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8092 >/tmp/serve-structured.log 2>&1 &
+        spid=$!
+        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8092/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        python3 bench/structured_check.py --base-url http://localhost:8092 --out "$out/structured.json" --concurrency 32
+        schema='{"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 30, "maxItems": 30}}, "required": ["items"], "additionalProperties": false}'
+        rf="\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"list\", \"schema\": $schema}}"
+        echo "| requests | sampling | constraint | output tok/s | TPOT mean | TPOT median | failed |"
+        for s in '"temperature": 0' '"temperature": 0.8, "top_p": 0.95'; do
+          for c in none schema; do
+            extra="{\"ignore_eos\": true, $s}"
+            [ "$c" = schema ] && extra="{\"ignore_eos\": true, $s, $rf}"
+            "$k" bench serve --base-url http://localhost:8092 --num-prompts 256 --max-concurrency 64 \
+              --random-input-len 256 --random-output-len 128 --extra-body "$extra" -o json |
+              python3 -c 'import json,sys; d=json.load(sys.stdin); print("| 64 | %s | %s | %.1f | %.2f ms | %.2f ms | %d |" % (sys.argv[1], sys.argv[2], d["output_throughput"], d["mean_tpot_ms"], d["median_tpot_ms"], d["failed"]))' "${s%%,*}" "$c"
+          done
+        done
+        kill "$spid"; wait "$spid" || true
+        grep -iE "assert|error|fatal" /tmp/serve-structured.log | head -5 || true
+      } 2>&1 | tee "$out/structured.md" || status=1
       ;;
     ab)
       while prep_running; do sleep 5; done
