@@ -93,6 +93,16 @@ TEST(GrammarMatcher, FiniteLanguageEndsWithOnlyEndTokens) {
   EXPECT_EQ(checked_mask(m, v->n_vocab()), std::vector<int32_t>{});
 }
 
+TEST(GrammarMatcher, EmptyLanguageIsDoneAtOnce) {
+  auto v = make_vocab({"a", "<eos>"}, {1});
+  auto cg = compile_text(R"gbnf(root ::= "")gbnf", v);
+  Matcher m(cg);
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.done());
+  EXPECT_EQ(checked_mask(m, v->n_vocab()), std::vector<int32_t>{1});
+  EXPECT_FALSE(m.accept(0));
+}
+
 TEST(GrammarMatcher, EmptyAlternativeAllowsEndAtOnce) {
   auto v = make_vocab({"a", "aa", "b", "<eos>"}, {3});
   auto cg = compile_text(R"gbnf(root ::= "a" | "")gbnf", v);
