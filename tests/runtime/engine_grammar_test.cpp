@@ -23,6 +23,7 @@ Engine& engine() {
     EngineOptions o;
     o.n_ctx = 256;
     o.n_seq_max = 4;
+    o.quantize_activations = true;  // kiln run's default, several times faster than exact f32 here
     return test::make_engine(o);
   }();
   return *e;
