@@ -84,9 +84,28 @@ struct EngineOptions {
 // Whether this build of kiln has CUDA and a CUDA device is usable: what backend "auto" picks.
 bool cuda_available();
 
+// A function the assistant called (ChatMessage::tool_calls), as OpenAI's API carries it.
+struct ToolCall {
+  std::string id;         // what the tool's answer names in ChatMessage::tool_call_id
+  std::string name;       // the function's name
+  std::string arguments;  // a JSON object, as text
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  // (Initialized, so that {role, content} stays a complete aggregate initializer.)
+  std::vector<ToolCall> tool_calls = {};  // assistant: the calls it made (the template sees them as OpenAI's)
+  std::string tool_call_id = {};          // tool: the call this message answers
+  std::string name = {};                  // the participant's, or a tool's function's (optional)
+};
+
+// A function the model may call (Request::tools): rendered into the prompt by the chat template as OpenAI's
+// {"type": "function", "function": {name, description, parameters}}.
+struct ToolDefinition {
+  std::string name;
+  std::string description;  // empty: none
+  std::string parameters;   // a JSON schema of the arguments object, as text; empty: none
 };
 
 // Receives the raw logits of one prompt position (Request::prompt_logits): `position` p and the logits that
@@ -96,9 +115,9 @@ using PromptLogitsCallback = std::function<void(int32_t position, std::span<cons
 // Structured output: the generated text must be a sentence of this grammar. Sampling only ever draws tokens
 // that keep the text inside it, and an end-of-generation token only where the text is complete; the request
 // ends with FinishReason::stop where the grammar ends (ignore_eos or not), and a grammar that cannot complete
-// within max_tokens ends with FinishReason::length. Compiled by submit(), which names what is
-// wrong with it (invalid_argument, unimplemented for a construct kiln does not support, resource_exhausted
-// past a size bound). src/grammar/ describes each kind.
+// within max_tokens ends with FinishReason::length. Compiled by submit(), which names what is wrong with it
+// (invalid_argument, unimplemented for a construct kiln does not support, resource_exhausted past a size
+// bound). src/grammar/ describes each kind.
 struct OutputConstraint {
   enum class Kind { none, gbnf, json_schema, regex };
   Kind kind = Kind::none;
@@ -110,6 +129,7 @@ struct Request {
   std::string prompt;                  // text, tokenized with the model's BOS rule
   std::vector<int32_t> prompt_tokens;  // token ids as they are
   std::vector<ChatMessage> messages;   // a conversation, rendered with the model's chat template
+  std::vector<ToolDefinition> tools;   // with messages: the functions the template shows the model
   SamplingParams sampling;
   OutputConstraint constraint;
   // Prefix-cache namespace: cached KV blocks are shared only between requests with the same salt (empty: the
@@ -203,6 +223,7 @@ struct ModelDescription {
   int32_t n_gpu_layers = 0;  // layers on the GPU: all of them, or the first ones under partial offload
   double load_ms = 0;
   bool has_chat_template = false;
+  std::string chat_template;  // its source (Jinja), empty when there is none usable
 };
 
 class Engine {
@@ -237,8 +258,11 @@ class Engine {
   const ModelDescription& model() const;
   Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) const;
   Result<std::string> detokenize(const std::vector<int32_t>& ids) const;
-  // The prompt text a conversation renders to (with the assistant turn opened).
-  Result<std::string> render_chat(const std::vector<ChatMessage>& messages) const;
+  // The prompt text a conversation renders to (with the assistant turn opened), with the tools the model may
+  // call. invalid_argument: a tool call's arguments or a tool's parameters that are not JSON objects (named),
+  // or a conversation the template refuses (its raise_exception message).
+  Result<std::string> render_chat(const std::vector<ChatMessage>& messages,
+                                  const std::vector<ToolDefinition>& tools = {}) const;
 
   struct Impl;
 

@@ -71,8 +71,9 @@ Result<std::string> Engine::detokenize(const std::vector<int32_t>& ids) const {
   return impl_->tokenizer->decode(ids, /*skip_special=*/false);
 }
 
-Result<std::string> Engine::render_chat(const std::vector<ChatMessage>& messages) const {
-  return impl_->render_chat(messages);
+Result<std::string> Engine::render_chat(const std::vector<ChatMessage>& messages,
+                                        const std::vector<ToolDefinition>& tools) const {
+  return impl_->render_chat(messages, tools);
 }
 
 Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) {
@@ -85,8 +86,12 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
                             n_sources);
   }
   KILN_TRY(validate(request.sampling, e.desc.n_vocab));
+  if (!request.tools.empty() && request.messages.empty()) {
+    return invalid_argument("request: tools are only rendered with chat messages ({} tools, no messages)",
+                            request.tools.size());
+  }
   if (!request.messages.empty()) {
-    KILN_ASSIGN_OR_RETURN(std::string text, e.render_chat(request.messages));
+    KILN_ASSIGN_OR_RETURN(std::string text, e.render_chat(request.messages, request.tools));
     s->prompt = e.tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/true);
   } else if (!request.prompt.empty()) {
     s->prompt = e.tokenizer->encode(request.prompt, /*add_special=*/true, /*parse_special=*/true);

@@ -100,7 +100,8 @@ struct Engine::Impl {
   };
 
   Status load(const EngineOptions& options);
-  Result<std::string> render_chat(const std::vector<ChatMessage>& messages) const;
+  Result<std::string> render_chat(const std::vector<ChatMessage>& messages,
+                                  const std::vector<ToolDefinition>& tools) const;
   // The chat template: tokenizer_config.json (+ chat_template.jinja) of a folder, tokenizer.chat_template of
   // a GGUF file; a template that does not parse is a warning, not an error.
   Status load_chat_template(const std::string& path, bool folder);

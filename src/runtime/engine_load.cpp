@@ -143,6 +143,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     desc.n_gpu_layers = model_options.n_first_layers;
   }
   desc.has_chat_template = chat_template.has_value();
+  if (chat_template) desc.chat_template = chat_template->source();
   desc.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return Status::ok_status();
 }
@@ -296,12 +297,59 @@ Status Engine::Impl::load_chat_template(const std::string& path, bool folder) {
   return Status::ok_status();
 }
 
-Result<std::string> Engine::Impl::render_chat(const std::vector<ChatMessage>& messages) const {
+namespace {
+
+// `text` as a JSON object for the template (an empty text: {}); `what` names it in the error.
+Result<nlohmann::ordered_json> json_object_arg(const std::string& text, const std::string& what) {
+  if (text.empty()) return nlohmann::ordered_json::object();
+  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument("chat: {} is not a JSON object", what);
+  return j;
+}
+
+}  // namespace
+
+// Messages and tools as Hugging Face's apply_chat_template gets them from an OpenAI request (as vLLM passes
+// them): tool calls {id, type, function: {name, arguments}} with the arguments parsed into an object, and the
+// keys a message does not use left out (templates test `'tool_calls' in message` and `is defined`).
+Result<std::string> Engine::Impl::render_chat(const std::vector<ChatMessage>& messages,
+                                              const std::vector<ToolDefinition>& tools) const {
   if (!chat_template) return invalid_argument("{}: the model has no usable chat template", file->name());
   ChatTemplateInputs in;
-  for (const ChatMessage& m : messages) {
-    if (m.role.empty()) return invalid_argument("chat: a message has no role");
-    in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role.empty()) return invalid_argument("chat: messages[{}] has no role", i);
+    nlohmann::ordered_json j = {{"role", m.role}, {"content", m.content}};
+    if (!m.tool_calls.empty()) {
+      auto calls = nlohmann::ordered_json::array();
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        const ToolCall& c = m.tool_calls[k];
+        KILN_ASSIGN_OR_RETURN(
+            auto args,
+            json_object_arg(c.arguments, fmt::format("messages[{}].tool_calls[{}].arguments", i, k)));
+        calls.push_back({{"id", c.id},
+                         {"type", "function"},
+                         {"function", {{"name", c.name}, {"arguments", std::move(args)}}}});
+      }
+      j["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    if (!m.name.empty()) j["name"] = m.name;
+    in.messages.push_back(std::move(j));
+  }
+  if (!tools.empty()) {
+    in.tools = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const ToolDefinition& t = tools[i];
+      if (t.name.empty()) return invalid_argument("chat: tools[{}] has no name", i);
+      nlohmann::ordered_json f = {{"name", t.name}};
+      if (!t.description.empty()) f["description"] = t.description;
+      if (!t.parameters.empty()) {
+        KILN_ASSIGN_OR_RETURN(f["parameters"],
+                              json_object_arg(t.parameters, fmt::format("tools[{}].parameters", i)));
+      }
+      in.tools.push_back({{"type", "function"}, {"function", std::move(f)}});
+    }
   }
   in.add_generation_prompt = true;
   in.bos_token = tokenizer->bos_id() >= 0 ? tokenizer->token_to_piece(tokenizer->bos_id()) : "";

@@ -24,6 +24,7 @@ using api_detail::parse_completion;
 using api_detail::Parsed;
 using api_detail::read_bool;
 using api_detail::read_messages;
+using api_detail::read_tool_definitions;
 using api_detail::validate_completion;
 
 namespace {
@@ -209,6 +210,7 @@ std::shared_ptr<Api::Generation> Api::make_generation(Parsed& p, const std::shar
   g->logprobs = p.logprobs;
   g->top_logprobs = p.top_logprobs;
   g->echo_logprobs = p.echo && p.logprobs;
+  g->tool_format = p.tool_format;
   if (g->echo_logprobs) g->prompts = p.prompts;
   g->id = random_id(chat ? "chatcmpl-" : "cmpl-");
   g->model = options_.model_name;
@@ -216,6 +218,10 @@ std::shared_ptr<Api::Generation> Api::make_generation(Parsed& p, const std::shar
   g->t0 = Clock::now();
   const auto n_choices = p.prompts.size() * static_cast<size_t>(p.n);
   g->choices.resize(n_choices);
+  if (p.tool_format != ToolCallFormat::none) {
+    for (Generation::Choice& c : g->choices)
+      c.tool_parser.emplace(p.tool_format, p.tool_names, p.max_tool_calls);
+  }
   g->remaining = n_choices;
   if (!p.seeded) p.base.sampling.seed = std::random_device{}() * uint64_t{0x9E3779B97F4A7C15};
   return g;
@@ -283,7 +289,9 @@ void Api::tokenize(const HttpRequest& req, const std::shared_ptr<Exchange>& ex) 
   if (field(body, "messages") != nullptr) {
     std::vector<ChatMessage> messages;
     if (auto e = read_messages(body, messages)) return ex->respond(error_response(*e));
-    auto t = engine.render_chat(messages);
+    std::vector<ToolDefinition> tools;
+    if (auto e = read_tool_definitions(req.body, body, tools)) return ex->respond(error_response(*e));
+    auto t = engine.render_chat(messages, tools);
     if (!t.ok()) return ex->respond(error_response(bad("messages", t.status().message())));
     text = *t;
     add_special = false;

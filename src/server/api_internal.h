@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "server/api.h"
+#include "server/tool_calls.h"
 
 namespace kiln::server {
 
@@ -43,6 +44,9 @@ const json* field(const json& body, const char* key);
 // Readers of optional fields: nothing when absent or null; an error naming the field when present and wrong.
 std::optional<ApiError> read_bool(const json& body, const char* key, bool& out);
 std::optional<ApiError> read_messages(const json& body, std::vector<ChatMessage>& out);
+// A message's name, an assistant's tool_calls (arguments checked to be JSON objects), a tool's tool_call_id
+// (api_tools.cpp).
+std::optional<ApiError> read_message_tool_fields(const json& m, size_t i, ChatMessage& cm);
 // The request body as a JSON object.
 std::optional<ApiError> parse_body(const std::string& body, json& out);
 
@@ -56,7 +60,23 @@ struct Parsed {
   int64_t top_logprobs = 0;
   bool seeded = false;
   int64_t max_tokens = -1;  // the completion's length limit; -1: the rest of the context
+  // Tool calling (chat): the functions the template shows, and how the output is read for calls (format
+  // none: it is not; tool_choice "none" and requests without tools).
+  std::vector<ToolDefinition> tools;
+  ToolCallFormat tool_format = ToolCallFormat::none;
+  std::vector<std::string> tool_names;
+  int32_t max_tool_calls = 0;
 };
+
+// tools, tool_choice and parallel_tool_calls of a chat request `body` (its text: `body_text`) into `p`: the
+// tools; for auto, required or a function, the format its output is parsed in; for required or a function, a
+// grammar (p.base.constraint) that makes the model call. Call after the constraint of response_format is
+// read.
+// tools alone (what /tokenize renders).
+std::optional<ApiError> read_tool_definitions(const std::string& body_text, const json& body,
+                                              std::vector<ToolDefinition>& out);
+std::optional<ApiError> read_tools(const std::string& body_text, const json& body,
+                                   const ModelDescription& model, Parsed& p);
 
 // Parse: a /v1/chat/completions (chat) or /v1/completions body into `p`, field by field, its prompts rendered
 // and tokenized by `engine`; the first error, naming its field.
@@ -71,6 +91,8 @@ json usage_json(int64_t prompt, int64_t completion, int64_t cached);
 std::vector<int> token_bytes(const std::string& s);
 // Characters (code points) of UTF-8 text, as text_offset counts them: every byte but continuation bytes.
 int64_t utf8_chars(const std::string& s);
+// A new tool call's id: "call_" and 24 letters and digits (Mistral's format: 9 letters and digits).
+std::string tool_call_id(ToolCallFormat format);
 
 }  // namespace api_detail
 
@@ -92,6 +114,8 @@ struct Api::Generation {
     RequestStats stats;
     bool first = true, role_sent = false, echoed = false;
     Clock::time_point last;
+    std::optional<ToolCallParser> tool_parser;  // chat with tools: the output read for calls
+    json tool_calls = json::array();            // [{id, type, function: {name, arguments}}] so far
   };
   std::shared_ptr<Exchange> ex;
   std::shared_ptr<ServerMetrics> metrics;
@@ -102,6 +126,7 @@ struct Api::Generation {
   Engine* engine = nullptr;
   bool chat = false, stream = false, include_usage = false, logprobs = false;
   bool echo_logprobs = false;  // completions with echo and logprobs: the prompt comes scored, first event
+  ToolCallFormat tool_format = ToolCallFormat::none;  // Parsed's: each choice's tool_parser
   std::vector<std::vector<int32_t>> prompts;
   int64_t top_logprobs = 0;
   std::string id, model;
@@ -119,6 +144,9 @@ struct Api::Generation {
   void emit(std::string chunk);  // under mu
   void emit_json(json j);
   void on_event(size_t i, const TokenEvent& ev);
+  // A chat choice's stream chunks for one event: its content and tool call deltas (the first with the role,
+  // and the token's logprobs entry when there is one).
+  void stream_chat(size_t i, Choice& c, const std::vector<ToolCallEvent>& events, json lp_entry);
   json logprob_entry(const TokenEvent& ev, Choice& c) const;
   // echo with logprobs: the prompt's tokens lead the choice's logprobs, the first one unscored (null), as
   // OpenAI's legacy completions give them. Returns them as one logprobs object (a stream's echo chunk).

@@ -184,9 +184,6 @@ std::optional<ApiError> read_sampling(const json& body, const ModelDescription& 
                                                         type->get<std::string>()));
     }
   }
-  if (const json* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return unsupported("tools", "tool calling");
-  }
   if (const json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array() || ids->size() > kMaxStopTokens) {
       return bad("stop_token_ids",
@@ -222,15 +219,16 @@ std::optional<ApiError> read_messages(const json& body, std::vector<ChatMessage>
       return bad(param + ".role", fmt::format("'{}.role' must be a string", param));
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";
-    if (r != "system" && r != "user" && r != "assistant") {
-      return r == "tool" || r == "function"
-                 ? unsupported(param + ".role", fmt::format("the role '{}'", r))
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
+      return r == "function"
+                 ? unsupported(param + ".role", "the role 'function' (deprecated: use 'tool')")
                  : bad(param + ".role",
-                       fmt::format("'{}.role' = '{}' must be system, user or assistant", param, r));
+                       fmt::format("'{}.role' = '{}' must be system, user, assistant or tool", param, r));
     }
     ChatMessage cm;
     cm.role = r;
     if (auto e = read_content(m, i, cm.content)) return e;
+    if (auto e = read_message_tool_fields(m, i, cm)) return e;
     out.push_back(std::move(cm));
   }
   return std::nullopt;
@@ -268,12 +266,17 @@ std::optional<ApiError> parse_completion(const std::string& body_text, bool chat
       return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     std::vector<ChatMessage> messages;
     if (auto e = read_messages(body, messages)) return e;
-    auto text = engine.render_chat(messages);
+    if (auto e = read_tools(body_text, body, model, p)) return e;
+    auto text = engine.render_chat(messages, p.tools);
     if (!text.ok()) return bad("messages", text.status().message());
     auto tokens = engine.tokenize(*text, /*add_special=*/false);
     if (!tokens.ok()) return bad("messages", tokens.status().message());
     p.prompts.push_back(std::move(*tokens));
   } else {
+    for (const char* key : {"tools", "tool_choice"}) {
+      if (field(body, key) != nullptr)
+        return bad(key, fmt::format("'{}' is only for /v1/chat/completions", key));
+    }
     if (const json* lp = field(body, "logprobs")) {
       if (lp->is_boolean()) {
         p.logprobs = lp->get<bool>();

@@ -2,6 +2,7 @@
 // callbacks, streamed (server-sent events) or answered whole.
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,16 @@ std::vector<int> token_bytes(const std::string& s) {
 int64_t utf8_chars(const std::string& s) {
   return std::count_if(s.begin(), s.end(),
                        [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+std::string tool_call_id(ToolCallFormat format) {
+  static constexpr std::string_view kAlnum = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  // Mistral's template takes ids of exactly 9 letters and digits.
+  const bool mistral = format == ToolCallFormat::mistral;
+  std::string id = mistral ? "" : "call_";
+  for (int k = 0; k < (mistral ? 9 : 24); ++k) id += kAlnum[rng() % kAlnum.size()];
+  return id;
 }
 
 }  // namespace api_detail
@@ -96,20 +107,36 @@ void Api::Generation::on_event(size_t i, const TokenEvent& ev) {
     c.last = now;
     if (logprobs) lp_entry = logprob_entry(ev, c);
   }
-  c.text += ev.text;
-  if (stream && (!ev.text.empty() || !lp_entry.is_null() || (chat && !c.role_sent))) {
-    json j = chunk_base();
-    json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-    if (chat) {
-      json delta = {{"content", ev.text}};
-      if (!c.role_sent) delta["role"] = "assistant";
-      c.role_sent = true;
-      choice["delta"] = delta;
-      if (!lp_entry.is_null()) choice["logprobs"] = {{"content", json::array({lp_entry})}};
-    } else {
-      choice["text"] = ev.text;
-      if (!lp_entry.is_null()) choice["logprobs"] = lp_entry;
+  // The output as content and tool calls: all content unless the request's output is read for calls.
+  std::vector<ToolCallEvent> events;
+  if (c.tool_parser) {
+    c.tool_parser->feed(ev.text, events);
+    if (ev.done) c.tool_parser->finish(events);
+  } else if (!ev.text.empty()) {
+    events.push_back({ToolCallEvent::Kind::content, ev.text});
+  }
+  for (const ToolCallEvent& e : events) {
+    switch (e.kind) {
+      case ToolCallEvent::Kind::content: c.text += e.text; break;
+      case ToolCallEvent::Kind::call:
+        c.tool_calls.push_back({{"id", api_detail::tool_call_id(tool_format)},
+                                {"type", "function"},
+                                {"function", {{"name", e.text}, {"arguments", ""}}}});
+        break;
+      case ToolCallEvent::Kind::arguments:  // always after its call
+        if (!c.tool_calls.empty()) {
+          c.tool_calls.back()["function"]["arguments"] =
+              c.tool_calls.back()["function"]["arguments"].get<std::string>() + e.text;
+        }
+        break;
     }
+  }
+  if (stream && chat) {
+    stream_chat(i, c, events, std::move(lp_entry));
+  } else if (stream && (!ev.text.empty() || !lp_entry.is_null())) {
+    json j = chunk_base();
+    json choice = {{"index", i}, {"text", ev.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (!lp_entry.is_null()) choice["logprobs"] = lp_entry;
     j["choices"] = json::array({choice});
     emit_json(std::move(j));
   }
@@ -117,7 +144,8 @@ void Api::Generation::on_event(size_t i, const TokenEvent& ev) {
   c.finish = finish_name(ev.finish);
   c.error = ev.error;
   c.stats = ev.stats;
-  metrics->count_finished(c.finish);
+  metrics->count_finished(c.finish);  // the engine's reason, as vLLM counts them
+  if (ev.finish == FinishReason::stop && !c.tool_calls.empty()) c.finish = "tool_calls";
   metrics->queue.observe(ev.stats.queue_ms / 1000.0);
   if (ev.stats.n_generated > 0) {
     metrics->prefill.observe(ev.stats.prefill_ms / 1000.0);
@@ -134,6 +162,46 @@ void Api::Generation::on_event(size_t i, const TokenEvent& ev) {
     emit_json(std::move(j));
   }
   if (--remaining == 0) finish_all();
+}
+
+void Api::Generation::stream_chat(size_t i, Choice& c, const std::vector<ToolCallEvent>& events,
+                                  json lp_entry) {
+  // The events' calls are in c.tool_calls already: the first of them at index `call`.
+  auto call = static_cast<int64_t>(c.tool_calls.size()) -
+              std::count_if(events.begin(), events.end(),
+                            [](const ToolCallEvent& e) { return e.kind == ToolCallEvent::Kind::call; });
+  std::vector<json> deltas;
+  for (const ToolCallEvent& e : events) {
+    switch (e.kind) {
+      case ToolCallEvent::Kind::content: deltas.push_back({{"content", e.text}}); break;
+      case ToolCallEvent::Kind::call: {
+        const json& call_id = c.tool_calls[static_cast<size_t>(call)]["id"];
+        deltas.push_back(
+            {{"tool_calls", json::array({{{"index", call},
+                                          {"id", call_id},
+                                          {"type", "function"},
+                                          {"function", {{"name", e.text}, {"arguments", ""}}}}})}});
+        ++call;
+        break;
+      }
+      case ToolCallEvent::Kind::arguments:
+        deltas.push_back(
+            {{"tool_calls", json::array({{{"index", call - 1}, {"function", {{"arguments", e.text}}}}})}});
+        break;
+    }
+  }
+  if (deltas.empty() && (!lp_entry.is_null() || !c.role_sent)) deltas.push_back({{"content", ""}});
+  for (json& delta : deltas) {
+    if (!c.role_sent) delta["role"] = "assistant";
+    c.role_sent = true;
+    json j = chunk_base();
+    json choice = {
+        {"index", i}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (!lp_entry.is_null()) choice["logprobs"] = {{"content", json::array({std::move(lp_entry)})}};
+    lp_entry = nullptr;
+    j["choices"] = json::array({std::move(choice)});
+    emit_json(std::move(j));
+  }
 }
 
 json Api::Generation::logprob_entry(const TokenEvent& ev, Choice& c) const {
@@ -252,6 +320,10 @@ void Api::Generation::finish_all() {  // under mu
     json choice = {{"index", i}, {"finish_reason", c.finish}, {"logprobs", nullptr}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        if (c.text.empty()) choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = c.tool_calls;
+      }
       if (logprobs) choice["logprobs"] = {{"content", c.lp}};
     } else {
       choice["text"] = c.text;

@@ -1,8 +1,9 @@
 // The public Engine API on the default model (SmolLM2-135M Q4_1 from KILN_MODELS_DIR): bad requests are
-// errors that name what is wrong and queue nothing; cancel ends a running request with
-// FinishReason::cancelled; requests running together give the same greedy text as alone; stop strings and
-// max_tokens end a request as they should; prompt logprobs score a prompt as generation scored its tokens;
-// prompt logits come once per asked position and agree with the prompt logprobs.
+// errors that name what is wrong and queue nothing (tool calls and tools that are not JSON objects included);
+// cancel ends a running request with FinishReason::cancelled; requests running together give the same greedy
+// text as alone; stop strings and max_tokens end a request as they should; prompt logprobs score a prompt as
+// generation scored its tokens; prompt logits come once per asked position and agree with the prompt
+// logprobs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +53,18 @@ TEST(Engine, BadRequestsAreNamedErrors) {
   for (int i = 0; i < 300; ++i) long_text += "word ";
   expect_error(greedy(long_text, 4), "context is 256");
   EXPECT_FALSE(engine().wait(123456).ok());
+  Request tools_alone = greedy("hi", 4);
+  tools_alone.tools = {{"f", "", ""}};
+  expect_error(tools_alone, "tools are only rendered with chat messages");
+  Request bad_args;
+  bad_args.messages = {{"user", "hi"}, {"assistant", "", {{"call_1", "f", "{\"a\": 1"}}}};
+  expect_error(bad_args, "messages[1].tool_calls[0].arguments is not a JSON object");
+  Request bad_params;
+  bad_params.messages = {{"user", "hi"}};
+  bad_params.tools = {{"f", "", "[1, 2]"}};
+  expect_error(bad_params, "tools[0].parameters is not a JSON object");
+  bad_params.tools = {{"", "", ""}};
+  expect_error(bad_params, "tools[0] has no name");
 }
 
 TEST(Engine, MaxTokensAndStopStrings) {
