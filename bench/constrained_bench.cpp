@@ -4,9 +4,10 @@
 //   constrained_bench [--model PATH] [--threads T] [--batch B] [--n N] [--reps R] [--temp T] [--device D]
 //
 // The schema (an array of at least 40 small objects) cannot end within N <= 300 tokens, so both runs generate
-// exactly B x N tokens (unconstrained ones with ignore_eos). Prints per run the median over reps of the
-// tokens/s (every generated token over the wall time from submit to the last finish, prefill included:
-// the prompts are short) and the constrained/unconstrained ratio. KILN_STEP_PROFILE=1 splits a step's time
+// exactly B x N tokens (unconstrained ones with ignore_eos). Prints per run the median and the best over reps
+// of the tokens/s (every generated token over the wall time from submit to the last finish, prefill
+// included: the prompts are short) and the constrained/unconstrained ratios (on a shared machine, the best
+// is the one to compare). KILN_STEP_PROFILE=1 splits a step's time
 // (the masks are filled in its `batch` phase).
 #include <algorithm>
 #include <chrono>
@@ -38,6 +39,7 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
+double best(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
 
 // Tokens/s of one batch: every request's tokens over the wall time.
 double run_batch(Engine& engine, int32_t batch, int32_t n, float temp, bool constrained, int rep) {
@@ -92,11 +94,13 @@ int main(int argc, char** argv) {
     plain.push_back(run_batch(*engine, batch, n, temp, false, rep));
     constrained.push_back(run_batch(*engine, batch, n, temp, true, rep));
   }
-  const double p = median(plain), c = median(constrained);
-  std::printf("%s, %s, %d threads, %d requests x %d tokens, temperature %.2f, median of %d\n",
+  std::printf("%s, %s, %d threads, %d requests x %d tokens, temperature %.2f, %d reps\n",
               engine->model().name.c_str(), engine->model().backend.c_str(), engine->model().n_threads, batch,
               n, static_cast<double>(temp), reps);
-  std::printf("unconstrained: %8.1f tokens/s\n", p);
-  std::printf("json schema:   %8.1f tokens/s (%.3f of unconstrained)\n", c, c / p);
+  std::printf("tokens/s        median     best\n");
+  std::printf("unconstrained %8.1f %8.1f\n", median(plain), best(plain));
+  std::printf("json schema   %8.1f %8.1f\n", median(constrained), best(constrained));
+  std::printf("ratio         %8.3f %8.3f\n", median(constrained) / median(plain),
+              best(constrained) / best(plain));
   return 0;
 }

@@ -113,10 +113,11 @@ struct ToolDefinition {
 using PromptLogitsCallback = std::function<void(int32_t position, std::span<const float> logits)>;
 
 // Structured output: the generated text must be a sentence of this grammar. Sampling only ever draws tokens
-// that keep the text inside it, and an end-of-generation token only where the text is complete; a grammar
-// that cannot complete within max_tokens ends with FinishReason::length. Compiled by submit(), which names
-// what is wrong with it (invalid_argument, unimplemented for a construct kiln does not support,
-// resource_exhausted past a size bound). src/grammar/ describes each kind.
+// that keep the text inside it, and an end-of-generation token only where the text is complete; the request
+// ends with FinishReason::stop where the grammar ends (ignore_eos or not), and a grammar that cannot complete
+// within max_tokens ends with FinishReason::length. Compiled by submit(), which names what is wrong with it
+// (invalid_argument, unimplemented for a construct kiln does not support, resource_exhausted past a size
+// bound). src/grammar/ describes each kind.
 struct OutputConstraint {
   enum class Kind { none, gbnf, json_schema, regex };
   Kind kind = Kind::none;

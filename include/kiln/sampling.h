@@ -25,7 +25,7 @@ struct SamplingParams {
   int32_t n_logprobs = 0;  // top-n alternatives to report with each token, 0..20
   std::vector<std::string> stop;  // stop strings (not included in the output), at most 16, none empty
   int32_t max_tokens = 256;       // tokens to generate at most, >= 0
-  bool ignore_eos = false;        // keep generating past the end-of-sequence token
+  bool ignore_eos = false;        // keep generating past the end-of-sequence token (not past a grammar's end)
   std::vector<int32_t>
       stop_token_ids;      // more tokens that end generation as EOS does (not streamed), at most 64
   int32_t min_tokens = 0;  // EOS and stop_token_ids cannot be sampled before this many tokens

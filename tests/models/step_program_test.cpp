@@ -586,6 +586,19 @@ TEST(CheckBatch, EveryValueAnOpReadsIsChecked) {
                           10, KvGeometry{4, 4, 2})
                   .ok());
   expect(batch([](Batch& b) { b.logit_rows = {2, 1}; }), StatusCode::invalid_argument, "logit_rows[1]", kv);
+  // Sampling masks: whole rows of ceil(sample_vocab / 32) words, each row's mask_row -1 or one of them.
+  const auto sampled = [](Batch& b) {
+    b.sample_vocab = 10;
+    b.sample_rows.resize(2);
+    b.sample_mask.assign(2, ~0u);
+    b.sample_rows[1].mask_row = 1;
+  };
+  ASSERT_TRUE(check_batch(batch(sampled), 10, kv).ok());
+  expect(batch(sampled, [](Batch& b) { b.sample_rows[0].mask_row = 2; }), StatusCode::invalid_argument,
+         "sample_rows[0]: n_top 0 (at most 0), adjust [0, +0) of 0, mask_row 2 of 2", kv);
+  expect(batch(sampled, [](Batch& b) { b.sample_rows[0].mask_row = -2; }), StatusCode::invalid_argument,
+         "mask_row -2", kv);
+  expect(batch([](Batch& b) { b.sample_mask = {1}; }), StatusCode::invalid_argument, "sample_mask", kv);
 }
 
 }  // namespace
