@@ -243,6 +243,10 @@ class Engine {
   // out_of_range); a full queue (max_queued) or a drain in progress (resource_exhausted, the message says
   // which). An empty callback streams nothing (wait() still reports the request's end).
   Result<uint64_t> submit(const Request& request, TokenCallback callback);
+  // Compiles an output constraint as submit() does, into the engine's cache of compiled grammars (a
+  // submit() with the same constraint soon after finds it there): ok, or the error submit() would return
+  // for it. Thread-safe; kind none is ok.
+  Status check_constraint(const OutputConstraint& constraint);
   // Stops a request, queued or running, at the next step; its callback gets a final event with
   // FinishReason::cancelled. Unknown and finished ids are ignored.
   void cancel(uint64_t id);

@@ -76,6 +76,11 @@ Result<std::string> Engine::render_chat(const std::vector<ChatMessage>& messages
   return impl_->render_chat(messages, tools);
 }
 
+Status Engine::check_constraint(const OutputConstraint& constraint) {
+  if (constraint.kind == OutputConstraint::Kind::none) return Status::ok_status();
+  return impl_->grammars->get(constraint).status();
+}
+
 Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) {
   Impl& e = *impl_;
   auto s = std::make_unique<Impl::Seq>();

@@ -68,6 +68,12 @@ struct Parsed {
   int32_t max_tool_calls = 0;
 };
 
+// The structured-output fields of `body` (response_format; llama.cpp's grammar, json_schema; vLLM's
+// structured_outputs, guided_json, guided_regex, guided_choice, guided_grammar) into p.base.constraint,
+// compiled through the engine's cache. At most one may be given; any error is a 400 naming its field
+// (api_structured.cpp).
+std::optional<ApiError> read_constraint(const json& body, Engine& engine, Parsed& p);
+
 // tools, tool_choice and parallel_tool_calls of a chat request `body` (its text: `body_text`) into `p`: the
 // tools; for auto, required or a function, the format its output is parsed in; for required or a function, a
 // grammar (p.base.constraint) that makes the model call. Call after the constraint of response_format is

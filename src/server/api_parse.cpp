@@ -175,15 +175,6 @@ std::optional<ApiError> read_sampling(const json& body, const ModelDescription& 
     if (!p.stream) return bad("stream_options", "'stream_options' is only allowed with 'stream': true");
     if (auto e = read_bool(*so, "include_usage", p.include_usage)) return e;
   }
-  if (const json* rf = field(body, "response_format")) {
-    const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
-    if (type == nullptr || !type->is_string())
-      return bad("response_format", "'response_format' must have a 'type'");
-    if (*type != "text") {
-      return unsupported("response_format", fmt::format("'response_format' of type '{}' (structured output)",
-                                                        type->get<std::string>()));
-    }
-  }
   if (const json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array() || ids->size() > kMaxStopTokens) {
       return bad("stop_token_ids",
@@ -256,6 +247,7 @@ std::optional<ApiError> parse_completion(const std::string& body_text, bool chat
     }
   }
   if (auto e = read_sampling(body, model, p)) return e;
+  if (auto e = read_constraint(body, engine, p)) return e;
   // max_tokens 0 only scores an echoed prompt (completions with echo): read as >= 0, checked below.
   if (auto e = read_int(body, "max_tokens", chat ? 1 : 0, int64_t{1} << 30, p.max_tokens)) return e;
   if (auto e = read_int(body, "max_completion_tokens", 1, int64_t{1} << 30, p.max_tokens)) return e;
