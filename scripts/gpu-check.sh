@@ -71,7 +71,8 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(test)
 deps=/tmp/kiln-deps
 mkdir -p "$deps"
-for f in .gpu-deps/*.deb; do dpkg -x "$f" "$deps"; done
+# A later call on the same machine may come without .gpu-deps: what an earlier one unpacked is kept.
+for f in .gpu-deps/*.deb; do if [ -e "$f" ]; then dpkg -x "$f" "$deps"; fi; done
 lib="$deps/usr/lib/x86_64-linux-gnu"
 export PATH="$deps/usr/bin:$PATH"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -81,7 +82,7 @@ export CMAKE_PREFIX_PATH="$deps/usr"
 export OPENSSL_ROOT_DIR="$deps/usr"
 # gguf-py (scripts/gpu-deps.sh carries its wheel): bench/random_kquant_gguf.py, and gpu_peer.py's byte counts.
 for w in .gpu-deps/gguf-*.whl; do
-  [ -e "$w" ] && export PYTHONPATH="$PWD/$w${PYTHONPATH:+:$PYTHONPATH}"
+  if [ -e "$w" ]; then export PYTHONPATH="$PWD/$w${PYTHONPATH:+:$PYTHONPATH}"; fi
 done
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
