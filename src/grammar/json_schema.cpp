@@ -182,7 +182,9 @@ Result<std::string> SchemaConverter::convert() { return visit(root_, "#", "", 0)
 std::string SchemaConverter::new_name(const std::string& hint) {
   const std::string base = hint.empty() ? prefix_ : prefix_ + "-" + hint;
   std::string name = base;
-  for (int k = 2; taken_.count(name) != 0; ++k) name = fmt::format("{}-{}", base, k);
+  int& k = next_number_[base];  // numbers below it are taken
+  k = std::max(k, 2);
+  while (taken_.count(name) != 0) name = fmt::format("{}-{}", base, k++);
   taken_.insert(name);
   new_names_.push_back(name);
   return name;
@@ -407,8 +409,9 @@ Status SchemaConverter::merge_into(Json& dst, const Json& src, const std::string
       }
     } else if (key == "required" && dst.contains(key)) {
       if (!value.is_array()) return invalid_argument("JSON schema: required at {} is not a list", at);
+      std::set<Json> have(dst[key].begin(), dst[key].end());
       for (const auto& name : value) {
-        if (std::find(dst[key].begin(), dst[key].end(), name) == dst[key].end()) dst[key].push_back(name);
+        if (have.insert(name).second) dst[key].push_back(name);
       }
     } else if (key == "type" && dst.contains(key)) {
       const auto both = intersect_types(type_list(dst[key]), type_list(value));
@@ -440,6 +443,7 @@ Result<std::string> SchemaConverter::visit_alternatives(const Json& s, const std
     if (k != key && !is_annotation(k)) siblings[k] = v;
   }
   std::vector<std::string> alternatives;
+  std::unordered_set<std::string> seen;
   for (size_t i = 0; i < branches.size(); ++i) {
     const std::string bptr = pointer_append(at, std::to_string(i));
     const std::string bhint = child_hint(hint, std::to_string(i));
@@ -456,9 +460,7 @@ Result<std::string> SchemaConverter::visit_alternatives(const Json& s, const std
       e = visit(merged, bptr, bhint, depth + 1);
     }
     if (!e.ok()) return e.status();
-    if (std::find(alternatives.begin(), alternatives.end(), *e) == alternatives.end()) {
-      alternatives.push_back(*e);
-    }
+    if (seen.insert(*e).second) alternatives.push_back(*e);
   }
   if (alternatives.empty()) return invalid_argument("JSON schema: no branch of {} at {} can match", key, at);
   return rule(hint, fmt::format("{}", fmt::join(alternatives, " | ")));
@@ -489,6 +491,8 @@ Result<std::string> SchemaConverter::visit_enum(const Json& s, const std::string
     KILN_ASSIGN_OR_RETURN(types, types_of(s, ptr));
   }
   std::vector<std::string> alternatives;
+  std::unordered_set<std::string> seen;
+  size_t text_size = 0;
   for (const Json* v : values) {
     if (!types.empty() &&
         std::none_of(types.begin(), types.end(), [&](const std::string& t) { return has_type(*v, t); })) {
@@ -497,9 +501,13 @@ Result<std::string> SchemaConverter::visit_enum(const Json& s, const std::string
     std::string text;
     KILN_TRY(serialize(*v, text, ptr, 0));
     std::string lit = gbnf_literal(text);
-    if (std::find(alternatives.begin(), alternatives.end(), lit) == alternatives.end()) {
-      alternatives.push_back(std::move(lit));
+    text_size += lit.size() + 3;
+    if (text_bytes_ + rules_.size() + text_size > limits_.max_text_bytes) {
+      return resource_exhausted(
+          "JSON schema: the grammar grows past {} bytes (bound on a schema's size) at {}",
+          limits_.max_text_bytes, ptr);
     }
+    if (seen.insert(lit).second) alternatives.push_back(std::move(lit));
   }
   if (alternatives.empty()) {
     return invalid_argument("JSON schema: no value of enum/const at {} has the schema's type", ptr);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <unordered_set>
 
 #include "grammar/gbnf_write.h"
 #include "grammar/json_number.h"
@@ -204,12 +205,15 @@ Result<std::string> SchemaConverter::key_not_in(const std::vector<std::string>& 
     const Node& node = trie[at];
     std::vector<std::string> alternatives;
     if (!node.is_name) alternatives.push_back(kQuote);
-    CodeRanges taken_next;
-    for (const auto& [cp, child] : node.next) taken_next.emplace_back(cp, cp);
-    const CodeRanges other = code_ranges_complement(code_ranges_normalize(taken_next));
-    alternatives.push_back(
-        fmt::format("{} {}* {}", regex_gbnf_expr(RegexNode{RegexNode::Kind::chars, other, {}, 0, 0}, true),
-                    key_char, kQuote));
+    if (node.next.empty()) {
+      alternatives.push_back(fmt::format("{}+ {}", key_char, kQuote));
+    } else {
+      CodeRanges taken_next;
+      for (const auto& [cp, child] : node.next) taken_next.emplace_back(cp, cp);
+      const RegexNode other{
+          RegexNode::Kind::chars, code_ranges_complement(code_ranges_normalize(taken_next)), {}, 0, 0};
+      alternatives.push_back(fmt::format("{} {}* {}", regex_gbnf_expr(other, true), key_char, kQuote));
+    }
     for (const auto& [cp, child] : node.next) {
       KILN_ASSIGN_OR_RETURN(const std::string rest, self(self, child, depth + 1));
       alternatives.push_back(fmt::format("{} {}", gbnf_literal(json_escape_code_point(cp)), rest));
@@ -247,9 +251,8 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
     }
     for (const auto& x : r) required.push_back(x.get<std::string>());
   }
-  auto is_required = [&](const std::string& n) {
-    return std::find(required.begin(), required.end(), n) != required.end();
-  };
+  const std::unordered_set<std::string> required_set(required.begin(), required.end());
+  auto is_required = [&](const std::string& n) { return required_set.count(n) != 0; };
   std::vector<Prop> props;
   std::vector<std::string> declared;
   if (s.contains("properties")) {
@@ -258,8 +261,9 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
       declared.push_back(name);
     }
   }
+  std::unordered_set<std::string> declared_set(declared.begin(), declared.end());
   for (const auto& name : required) {
-    if (std::find(declared.begin(), declared.end(), name) != declared.end()) continue;
+    if (!declared_set.insert(name).second) continue;
     if (additional == nullptr) {
       return invalid_argument(
           "JSON schema: the required property \"{}\" at {} is neither in properties nor allowed as an "
