@@ -22,8 +22,10 @@ struct Format {
   const char* name;
   const char* pattern;
 };
-#define KILN_DATE \
-  R"(\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2\d)))"
+// A date with the days of each month; February 29 only in leap years (divisible by 4, centuries by 400).
+#define KILN_DATE                                                                                                           \
+  R"((?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8]))|)" \
+  R"((?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[048]|[2468][048]|[13579][26])00)-02-29))"
 #define KILN_TIME R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))"
 constexpr Format kFormats[] = {
     {"date", "^" KILN_DATE "$"},
