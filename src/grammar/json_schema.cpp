@@ -128,11 +128,19 @@ bool has_type(const Json& v, std::string_view type) {
   return false;
 }
 
-std::vector<std::string> type_list(const Json& t) {
+// The names of a `type` keyword at `ptr`, checked, without repeats.
+Result<std::vector<std::string>> type_list(const Json& t, const std::string& ptr) {
+  const bool ok =
+      t.is_string() || (t.is_array() && !t.empty() &&
+                        std::all_of(t.begin(), t.end(), [](const Json& x) { return x.is_string(); }));
+  const std::string at = pointer_append(ptr, "type");
+  if (!ok) return invalid_argument("JSON schema: type at {} is not a type name or a list of them", at);
   std::vector<std::string> out;
-  if (t.is_string()) out.push_back(t.get<std::string>());
-  if (t.is_array()) {
-    for (const auto& x : t) out.push_back(x.get<std::string>());
+  for (const auto& x : t.is_string() ? Json::array({t}) : t) {
+    const std::string& name = x.get_ref<const std::string&>();
+    if (type_names().count(name) == 0)
+      return invalid_argument("JSON schema: \"{}\" at {} is not a type", name, at);
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
   }
   return out;
 }
@@ -271,20 +279,7 @@ Result<std::string> SchemaConverter::visit(const Json& s, const std::string& ptr
 
 Result<std::vector<std::string>> SchemaConverter::types_of(const Json& s, const std::string& ptr) const {
   std::vector<std::string> types;
-  if (s.contains("type")) {
-    const Json& t = s["type"];
-    const bool ok =
-        t.is_string() || (t.is_array() && !t.empty() &&
-                          std::all_of(t.begin(), t.end(), [](const Json& x) { return x.is_string(); }));
-    if (!ok) return invalid_argument("JSON schema: type at {} is not a type name or a list of them", ptr);
-    for (const auto& name : type_list(t)) {
-      if (type_names().count(name) == 0) {
-        return invalid_argument("JSON schema: \"{}\" at {} is not a type", name, pointer_append(ptr, "type"));
-      }
-      if (std::find(types.begin(), types.end(), name) == types.end()) types.push_back(name);
-    }
-    return types;
-  }
+  if (s.contains("type")) return type_list(s["type"], ptr);
   // No type: the types that the keywords present constrain (a tightening: JSON Schema would allow any
   // value of the other types too).
   auto any = [&](std::initializer_list<const char*> keys) {
@@ -414,7 +409,9 @@ Status SchemaConverter::merge_into(Json& dst, const Json& src, const std::string
         if (have.insert(name).second) dst[key].push_back(name);
       }
     } else if (key == "type" && dst.contains(key)) {
-      const auto both = intersect_types(type_list(dst[key]), type_list(value));
+      KILN_ASSIGN_OR_RETURN(const auto mine, type_list(dst[key], ptr));
+      KILN_ASSIGN_OR_RETURN(const auto theirs, type_list(value, ptr));
+      const auto both = intersect_types(mine, theirs);
       if (both.empty()) unsatisfiable = true;
       dst[key] = both.size() == 1 ? Json(both[0]) : Json(both);
     } else if (!dst.contains(key)) {
@@ -524,7 +521,13 @@ Result<std::string> SchemaGrammar::add(const nlohmann::ordered_json& schema, std
   std::unordered_set<std::string> taken(names_.begin(), names_.end());
   taken.insert("root");
   SchemaConverter converter(schema, std::string(name), taken, rules_.size());
-  KILN_ASSIGN_OR_RETURN(std::string rule, converter.convert());
+  Result<std::string> converted = std::string();
+  try {
+    converted = converter.convert();
+  } catch (const nlohmann::json::exception& e) {  // a check missed: an error, never a crash
+    return make_status(StatusCode::internal, "JSON schema: {}", e.what());
+  }
+  KILN_ASSIGN_OR_RETURN(std::string rule, std::move(converted));
   if (std::find(converter.new_names().begin(), converter.new_names().end(), rule) ==
       converter.new_names().end()) {
     // The schema is one expression (a primitive or a literal): give it its own rule all the same.

@@ -455,7 +455,10 @@ Result<std::string> SchemaConverter::visit_string(const Json& s, const std::stri
     bool empty = false;
     const Status st =
         regex_restrict_length(re->root, min_len, max_len < 0 ? kRegexUnbounded : max_len, empty);
-    if (!st.ok()) return with_pointer(st, ptr);
+    if (!st.ok()) {
+      return make_status(st.code(), "JSON schema: minLength/maxLength beside the pattern at {}: {}", at,
+                         st.message());
+    }
     if (empty) {
       return invalid_argument(
           "JSON schema: no string of the pattern at {} has a length within minLength and "

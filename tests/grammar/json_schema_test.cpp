@@ -162,6 +162,9 @@ TEST(JsonSchemaToGbnf, Strings) {
   // Unanchored patterns search: anything may come before and after.
   check(R"({"type": "string", "pattern": "ab+c"})", {R"("abc")", R"("xxabbbcyy")"}, {R"("ac")", R"("abx")"});
   check(R"({"type": "string", "pattern": "^x"})", {R"("x")", R"("xyz")"}, {R"("ax")"});
+  check(R"({"type": "string", "pattern": "^a|b$|c"})", {R"("axx")", R"("xxb")", R"("xcx")"},
+        {R"("xa")", R"("bx")"});
+  check(R"({"type": "string", "pattern": "a|"})", {R"("")", R"("zzz")"}, {});
   // The pattern holds on the decoded string: its quotes, backslashes and controls are written escaped.
   check(R"({"type": "string", "pattern": "^a\"b\\\\c\\n[^a]$"})",
         {R"("a\"b\\c\n\"")", R"("a\"b\\c\n\u0001")"}, {"\"a\"b\\c\n\"\"", R"("a\"b\\c\na")"});
