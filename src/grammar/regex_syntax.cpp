@@ -123,7 +123,17 @@ class Parser {
     return {};
   }
 
+  // An atom; its code points never include surrogates (no UTF-8 text holds them).
   Status parse_atom(RegexNode& out, int depth) {
+    const size_t at = i_;
+    KILN_TRY(parse_atom_inner(out, depth));
+    if (out.kind != RegexNode::Kind::chars) return {};
+    out.chars = code_ranges_subtract(out.chars, {{0xD800, 0xDFFF}});
+    if (out.chars.empty()) return error_at(at, "an escape or class of surrogates only");
+    return {};
+  }
+
+  Status parse_atom_inner(RegexNode& out, int depth) {
     const size_t at = i_;
     const uint32_t c = cps_[i_++];
     out.kind = RegexNode::Kind::chars;
@@ -322,6 +332,20 @@ class Parser {
       cp = cp * 16 + static_cast<uint32_t>(h);
     }
     i_ += 4;
+    // A UTF-16 surrogate pair written as two escapes is one code point.
+    if (cp >= 0xD800 && cp <= 0xDBFF && peek() == '\\' && peek(1) == 'u') {
+      uint32_t low = 0;
+      bool four = true;
+      for (size_t k = 2; k < 6; ++k) {
+        const int h = hex_value(peek(k));
+        four = four && h >= 0;
+        if (four) low = low * 16 + static_cast<uint32_t>(h);
+      }
+      if (four && low >= 0xDC00 && low <= 0xDFFF) {
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+        i_ += 6;
+      }
+    }
     return {};
   }
 

@@ -38,6 +38,8 @@ TEST(RegexToGbnf, LiteralsAndAnchors) {
   check({R"(a\.b\*\(\)\[\]\{\}\|\?\+\^\$\\\/)", {R"(a.b*()[]{}|?+^$\/)"}, {"axb"}});
   check({R"(\t\n\r\f\v\0)", {std::string("\t\n\r\f\v\0", 6)}, {"tnrfv0"}});
   check({R"(\x41\u00e9\u{1F600}\cJ)", {"A\xC3\xA9\xF0\x9F\x98\x80\n"}, {"A"}});
+  check({R"(\uD83D\uDE00)", {"\xF0\x9F\x98\x80"}, {"?"}});  // a surrogate pair: one code point
+  check({R"([\u0000-\uFFFF])", {"a", "\xC3\xA9", "\xEF\xBF\xBF"}, {"\xF0\x9F\x98\x80"}});
   check({"a{,2}", {"a{,2}"}, {"aa"}});  // not a quantifier: literal braces
   check({"a}", {"a}"}, {"a"}});
 }
@@ -103,6 +105,8 @@ TEST(RegexToGbnf, SyntaxErrorsGiveTheOffset) {
   check_error("\\x4", StatusCode::invalid_argument, "\\x without two hex digits");
   check_error("[\\d-z]", StatusCode::invalid_argument, "class escape as a range's end");
   check_error("a\xFF", StatusCode::invalid_argument, "invalid UTF-8 at byte offset 1");
+  check_error("a\\uD800", StatusCode::invalid_argument, "surrogates only at offset 1");
+  check_error("[\\uD800-\\uDFFF]", StatusCode::invalid_argument, "surrogates only at offset 0");
 }
 
 TEST(RegexToGbnf, UnsupportedConstructsAreNamed) {
