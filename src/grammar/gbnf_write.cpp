@@ -129,8 +129,10 @@ std::string gbnf_literal(const std::vector<uint32_t>& code_points) {
   return out;
 }
 
-std::string gbnf_class(const CodeRanges& set) {
-  // Surrogates never occur in UTF-8 text: add them where that merges ranges, leave them out of complements.
+std::string gbnf_class(const CodeRanges& any_set) {
+  // Surrogates never occur in UTF-8 text (and GBNF cannot name them): add them where that merges ranges (the
+  // ends stay outside them), leave them out of complements.
+  const CodeRanges set = code_ranges_subtract(any_set, {kSurrogates});
   CodeRanges with_surrogates = set;
   with_surrogates.push_back(kSurrogates);
   with_surrogates = code_ranges_normalize(std::move(with_surrogates));

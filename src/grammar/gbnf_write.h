@@ -28,8 +28,9 @@ bool code_ranges_contain(const CodeRanges& set, uint32_t cp);
 std::string gbnf_literal(std::string_view utf8);
 // The same for a sequence of code points.
 std::string gbnf_literal(const std::vector<uint32_t>& code_points);
-// A GBNF character class matching `set` (normalized, not empty): `[...]` or `[^...]`, whichever is shorter;
-// surrogates (which no UTF-8 text holds) may be counted in or out to shorten it.
+// A GBNF character class matching `set` (normalized, not empty once surrogates are left out): `[...]` or
+// `[^...]`, whichever is shorter. Surrogates (which no UTF-8 text holds and GBNF cannot name) in `set` are
+// ignored, and counted in or out to shorten the class.
 std::string gbnf_class(const CodeRanges& set);
 
 // JSON's canonical spelling of a string's contents, without the quotes: `"` and `\` escaped, \b \f \n \r \t,

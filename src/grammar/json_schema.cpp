@@ -128,11 +128,19 @@ bool has_type(const Json& v, std::string_view type) {
   return false;
 }
 
-std::vector<std::string> type_list(const Json& t) {
+// The names of a `type` keyword at `ptr`, checked, without repeats.
+Result<std::vector<std::string>> type_list(const Json& t, const std::string& ptr) {
+  const bool ok =
+      t.is_string() || (t.is_array() && !t.empty() &&
+                        std::all_of(t.begin(), t.end(), [](const Json& x) { return x.is_string(); }));
+  const std::string at = pointer_append(ptr, "type");
+  if (!ok) return invalid_argument("JSON schema: type at {} is not a type name or a list of them", at);
   std::vector<std::string> out;
-  if (t.is_string()) out.push_back(t.get<std::string>());
-  if (t.is_array()) {
-    for (const auto& x : t) out.push_back(x.get<std::string>());
+  for (const auto& x : t.is_string() ? Json::array({t}) : t) {
+    const std::string& name = x.get_ref<const std::string&>();
+    if (type_names().count(name) == 0)
+      return invalid_argument("JSON schema: \"{}\" at {} is not a type", name, at);
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
   }
   return out;
 }
@@ -182,7 +190,9 @@ Result<std::string> SchemaConverter::convert() { return visit(root_, "#", "", 0)
 std::string SchemaConverter::new_name(const std::string& hint) {
   const std::string base = hint.empty() ? prefix_ : prefix_ + "-" + hint;
   std::string name = base;
-  for (int k = 2; taken_.count(name) != 0; ++k) name = fmt::format("{}-{}", base, k);
+  int& k = next_number_[base];  // numbers below it are taken
+  k = std::max(k, 2);
+  while (taken_.count(name) != 0) name = fmt::format("{}-{}", base, k++);
   taken_.insert(name);
   new_names_.push_back(name);
   return name;
@@ -269,20 +279,7 @@ Result<std::string> SchemaConverter::visit(const Json& s, const std::string& ptr
 
 Result<std::vector<std::string>> SchemaConverter::types_of(const Json& s, const std::string& ptr) const {
   std::vector<std::string> types;
-  if (s.contains("type")) {
-    const Json& t = s["type"];
-    const bool ok =
-        t.is_string() || (t.is_array() && !t.empty() &&
-                          std::all_of(t.begin(), t.end(), [](const Json& x) { return x.is_string(); }));
-    if (!ok) return invalid_argument("JSON schema: type at {} is not a type name or a list of them", ptr);
-    for (const auto& name : type_list(t)) {
-      if (type_names().count(name) == 0) {
-        return invalid_argument("JSON schema: \"{}\" at {} is not a type", name, pointer_append(ptr, "type"));
-      }
-      if (std::find(types.begin(), types.end(), name) == types.end()) types.push_back(name);
-    }
-    return types;
-  }
+  if (s.contains("type")) return type_list(s["type"], ptr);
   // No type: the types that the keywords present constrain (a tightening: JSON Schema would allow any
   // value of the other types too).
   auto any = [&](std::initializer_list<const char*> keys) {
@@ -407,11 +404,14 @@ Status SchemaConverter::merge_into(Json& dst, const Json& src, const std::string
       }
     } else if (key == "required" && dst.contains(key)) {
       if (!value.is_array()) return invalid_argument("JSON schema: required at {} is not a list", at);
+      std::set<Json> have(dst[key].begin(), dst[key].end());
       for (const auto& name : value) {
-        if (std::find(dst[key].begin(), dst[key].end(), name) == dst[key].end()) dst[key].push_back(name);
+        if (have.insert(name).second) dst[key].push_back(name);
       }
     } else if (key == "type" && dst.contains(key)) {
-      const auto both = intersect_types(type_list(dst[key]), type_list(value));
+      KILN_ASSIGN_OR_RETURN(const auto mine, type_list(dst[key], ptr));
+      KILN_ASSIGN_OR_RETURN(const auto theirs, type_list(value, ptr));
+      const auto both = intersect_types(mine, theirs);
       if (both.empty()) unsatisfiable = true;
       dst[key] = both.size() == 1 ? Json(both[0]) : Json(both);
     } else if (!dst.contains(key)) {
@@ -440,6 +440,7 @@ Result<std::string> SchemaConverter::visit_alternatives(const Json& s, const std
     if (k != key && !is_annotation(k)) siblings[k] = v;
   }
   std::vector<std::string> alternatives;
+  std::unordered_set<std::string> seen;
   for (size_t i = 0; i < branches.size(); ++i) {
     const std::string bptr = pointer_append(at, std::to_string(i));
     const std::string bhint = child_hint(hint, std::to_string(i));
@@ -456,9 +457,7 @@ Result<std::string> SchemaConverter::visit_alternatives(const Json& s, const std
       e = visit(merged, bptr, bhint, depth + 1);
     }
     if (!e.ok()) return e.status();
-    if (std::find(alternatives.begin(), alternatives.end(), *e) == alternatives.end()) {
-      alternatives.push_back(*e);
-    }
+    if (seen.insert(*e).second) alternatives.push_back(*e);
   }
   if (alternatives.empty()) return invalid_argument("JSON schema: no branch of {} at {} can match", key, at);
   return rule(hint, fmt::format("{}", fmt::join(alternatives, " | ")));
@@ -489,6 +488,8 @@ Result<std::string> SchemaConverter::visit_enum(const Json& s, const std::string
     KILN_ASSIGN_OR_RETURN(types, types_of(s, ptr));
   }
   std::vector<std::string> alternatives;
+  std::unordered_set<std::string> seen;
+  size_t text_size = 0;
   for (const Json* v : values) {
     if (!types.empty() &&
         std::none_of(types.begin(), types.end(), [&](const std::string& t) { return has_type(*v, t); })) {
@@ -497,9 +498,13 @@ Result<std::string> SchemaConverter::visit_enum(const Json& s, const std::string
     std::string text;
     KILN_TRY(serialize(*v, text, ptr, 0));
     std::string lit = gbnf_literal(text);
-    if (std::find(alternatives.begin(), alternatives.end(), lit) == alternatives.end()) {
-      alternatives.push_back(std::move(lit));
+    text_size += lit.size() + 3;
+    if (text_bytes_ + rules_.size() + text_size > limits_.max_text_bytes) {
+      return resource_exhausted(
+          "JSON schema: the grammar grows past {} bytes (bound on a schema's size) at {}",
+          limits_.max_text_bytes, ptr);
     }
+    if (seen.insert(lit).second) alternatives.push_back(std::move(lit));
   }
   if (alternatives.empty()) {
     return invalid_argument("JSON schema: no value of enum/const at {} has the schema's type", ptr);
@@ -516,7 +521,13 @@ Result<std::string> SchemaGrammar::add(const nlohmann::ordered_json& schema, std
   std::unordered_set<std::string> taken(names_.begin(), names_.end());
   taken.insert("root");
   SchemaConverter converter(schema, std::string(name), taken, rules_.size());
-  KILN_ASSIGN_OR_RETURN(std::string rule, converter.convert());
+  Result<std::string> converted = std::string();
+  try {
+    converted = converter.convert();
+  } catch (const nlohmann::json::exception& e) {  // a check missed: an error, never a crash
+    return make_status(StatusCode::internal, "JSON schema: {}", e.what());
+  }
+  KILN_ASSIGN_OR_RETURN(std::string rule, std::move(converted));
   if (std::find(converter.new_names().begin(), converter.new_names().end(), rule) ==
       converter.new_names().end()) {
     // The schema is one expression (a primitive or a literal): give it its own rule all the same.

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -92,6 +93,7 @@ class SchemaConverter {
   std::map<const Json*, std::string> refs_;  // $ref target -> its rule
   std::vector<const Json*> pending_refs_;    // $ref targets entered since the last character written
   std::map<std::string, std::string, std::less<>> primitives_;  // kind -> rule
+  std::unordered_map<std::string, int> next_number_;            // name base -> the next number to try
 };
 
 }  // namespace kiln::grammar

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <unordered_set>
 
 #include "grammar/gbnf_write.h"
 #include "grammar/json_number.h"
@@ -21,8 +22,10 @@ struct Format {
   const char* name;
   const char* pattern;
 };
-#define KILN_DATE \
-  R"(\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2\d)))"
+// A date with the days of each month; February 29 only in leap years (divisible by 4, centuries by 400).
+#define KILN_DATE                                                                                                           \
+  R"((?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8]))|)" \
+  R"((?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[048]|[2468][048]|[13579][26])00)-02-29))"
 #define KILN_TIME R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))"
 constexpr Format kFormats[] = {
     {"date", "^" KILN_DATE "$"},
@@ -204,12 +207,15 @@ Result<std::string> SchemaConverter::key_not_in(const std::vector<std::string>& 
     const Node& node = trie[at];
     std::vector<std::string> alternatives;
     if (!node.is_name) alternatives.push_back(kQuote);
-    CodeRanges taken_next;
-    for (const auto& [cp, child] : node.next) taken_next.emplace_back(cp, cp);
-    const CodeRanges other = code_ranges_complement(code_ranges_normalize(taken_next));
-    alternatives.push_back(
-        fmt::format("{} {}* {}", regex_gbnf_expr(RegexNode{RegexNode::Kind::chars, other, {}, 0, 0}, true),
-                    key_char, kQuote));
+    if (node.next.empty()) {
+      alternatives.push_back(fmt::format("{}+ {}", key_char, kQuote));
+    } else {
+      CodeRanges taken_next;
+      for (const auto& [cp, child] : node.next) taken_next.emplace_back(cp, cp);
+      const RegexNode other{
+          RegexNode::Kind::chars, code_ranges_complement(code_ranges_normalize(taken_next)), {}, 0, 0};
+      alternatives.push_back(fmt::format("{} {}* {}", regex_gbnf_expr(other, true), key_char, kQuote));
+    }
     for (const auto& [cp, child] : node.next) {
       KILN_ASSIGN_OR_RETURN(const std::string rest, self(self, child, depth + 1));
       alternatives.push_back(fmt::format("{} {}", gbnf_literal(json_escape_code_point(cp)), rest));
@@ -247,9 +253,8 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
     }
     for (const auto& x : r) required.push_back(x.get<std::string>());
   }
-  auto is_required = [&](const std::string& n) {
-    return std::find(required.begin(), required.end(), n) != required.end();
-  };
+  const std::unordered_set<std::string> required_set(required.begin(), required.end());
+  auto is_required = [&](const std::string& n) { return required_set.count(n) != 0; };
   std::vector<Prop> props;
   std::vector<std::string> declared;
   if (s.contains("properties")) {
@@ -258,8 +263,9 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
       declared.push_back(name);
     }
   }
+  std::unordered_set<std::string> declared_set(declared.begin(), declared.end());
   for (const auto& name : required) {
-    if (std::find(declared.begin(), declared.end(), name) != declared.end()) continue;
+    if (!declared_set.insert(name).second) continue;
     if (additional == nullptr) {
       return invalid_argument(
           "JSON schema: the required property \"{}\" at {} is neither in properties nor allowed as an "
@@ -449,7 +455,10 @@ Result<std::string> SchemaConverter::visit_string(const Json& s, const std::stri
     bool empty = false;
     const Status st =
         regex_restrict_length(re->root, min_len, max_len < 0 ? kRegexUnbounded : max_len, empty);
-    if (!st.ok()) return with_pointer(st, ptr);
+    if (!st.ok()) {
+      return make_status(st.code(), "JSON schema: minLength/maxLength beside the pattern at {}: {}", at,
+                         st.message());
+    }
     if (empty) {
       return invalid_argument(
           "JSON schema: no string of the pattern at {} has a length within minLength and "

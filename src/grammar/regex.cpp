@@ -31,7 +31,7 @@ Expr json_set_expr(const CodeRanges& set) {
   static const CodeRanges kEscaped =
       code_ranges_normalize({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}, {0x7F, 0x7F}});
   std::vector<std::string> alternatives;
-  const CodeRanges plain = code_ranges_subtract(set, kEscaped);
+  const CodeRanges plain = code_ranges_subtract(code_ranges_subtract(set, kEscaped), {{0xD800, 0xDFFF}});
   if (plain.size() == 1 && plain[0].first == plain[0].second) {
     std::string utf8;
     unicode::utf8_append(utf8, plain[0].first);

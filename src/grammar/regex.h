@@ -1,9 +1,15 @@
 // Regular expressions (ECMAScript / Python syntax, as JSON Schema's `pattern` and vLLM's guided_regex use) to
-// GBNF. A regex matches the whole output (anchors ^ $ at its ends are accepted and ignored).
+// GBNF. A regex matches the whole output (anchors ^ $ at the ends of top-level alternatives are accepted and
+// ignored).
 //
-// Supported: literals and escapes, ., character classes with ranges and negation, \d \w \s \D \W \S,
-// alternation, groups (capturing, (?:...)), * + ? {m} {m,} {m,n} and their lazy forms (same language).
-// Backreferences, lookaround and anchors inside the pattern are unimplemented (the message names them).
+// Supported: literals (UTF-8) and escapes (\t \n \r \f \v \0 \xHH \uHHHH \u{H...} \cX, escaped punctuation),
+// `.` (anything but \n \r U+2028 U+2029), character classes with ranges and negation ([^] is anything), \d \w
+// \s \D \W \S (ECMAScript's sets), alternation, groups (capturing, named (?<n>...) / (?P<n>...), (?:...)),
+// * + ? {m} {m,} {m,n} and their lazy forms (same language); `{` that does not start a quantifier is a
+// literal. Unimplemented (the message names the construct and its offset): backreferences, lookaround, word
+// boundaries, \A \z \Z, inline flags, Unicode property escapes, octal escapes, anchors inside the pattern.
+// Bounds (resource_exhausted): 64 KiB of pattern, counts up to 10,000, 200,000 characters once repetitions
+// are written out, groups nested 100 deep (regex_syntax.h).
 #pragma once
 
 #include <string>

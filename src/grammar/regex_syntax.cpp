@@ -123,7 +123,17 @@ class Parser {
     return {};
   }
 
+  // An atom; its code points never include surrogates (no UTF-8 text holds them).
   Status parse_atom(RegexNode& out, int depth) {
+    const size_t at = i_;
+    KILN_TRY(parse_atom_inner(out, depth));
+    if (out.kind != RegexNode::Kind::chars) return {};
+    out.chars = code_ranges_subtract(out.chars, {{0xD800, 0xDFFF}});
+    if (out.chars.empty()) return error_at(at, "an escape or class of surrogates only");
+    return {};
+  }
+
+  Status parse_atom_inner(RegexNode& out, int depth) {
     const size_t at = i_;
     const uint32_t c = cps_[i_++];
     out.kind = RegexNode::Kind::chars;
@@ -322,6 +332,20 @@ class Parser {
       cp = cp * 16 + static_cast<uint32_t>(h);
     }
     i_ += 4;
+    // A UTF-16 surrogate pair written as two escapes is one code point.
+    if (cp >= 0xD800 && cp <= 0xDBFF && peek() == '\\' && peek(1) == 'u') {
+      uint32_t low = 0;
+      bool four = true;
+      for (size_t k = 2; k < 6; ++k) {
+        const int h = hex_value(peek(k));
+        four = four && h >= 0;
+        if (four) low = low * 16 + static_cast<uint32_t>(h);
+      }
+      if (four && low >= 0xDC00 && low <= 0xDFFF) {
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+        i_ += 6;
+      }
+    }
     return {};
   }
 
@@ -471,7 +495,7 @@ Status regex_restrict_length(RegexNode& node, int64_t min_len, int64_t max_len, 
     return {};
   }
   const Status varies =
-      unimplemented("length bounds on a pattern whose length varies in more than one place of a sequence");
+      unimplemented("not supported: the pattern's length varies in more than one place of a sequence");
   switch (node.kind) {
     case RegexNode::Kind::chars: return {};  // length 1: within or disjoint
     case RegexNode::Kind::alt: {
@@ -528,12 +552,30 @@ void regex_make_search(Regex& re) {
   any.kind = RegexNode::Kind::repeat;
   any.max = kRegexUnbounded;
   any.items.push_back(RegexNode{RegexNode::Kind::chars, {{0, kMaxCodePoint}}, {}, 0, 0});
+  // Alternatives grouped by their anchors, so that each group gets one leading / trailing any*:
+  // [2 * anchored_start + anchored_end].
+  std::vector<RegexNode> groups[4];
   for (size_t i = 0; i < re.root.items.size(); ++i) {
-    RegexNode& branch = re.root.items[i];
-    if (!re.anchored_start[i]) branch.items.insert(branch.items.begin(), any);
-    if (!re.anchored_end[i]) branch.items.push_back(any);
-    re.anchored_start[i] = re.anchored_end[i] = 1;
+    groups[2 * re.anchored_start[i] + re.anchored_end[i]].push_back(std::move(re.root.items[i]));
   }
+  std::vector<RegexNode> branches;
+  for (int g = 0; g < 4; ++g) {
+    if (groups[g].empty()) continue;
+    const bool start = g >= 2, end = g % 2 == 1;
+    RegexNode body{RegexNode::Kind::alt, {}, std::move(groups[g]), 0, 0};
+    if (!start && !end && regex_length_range(body).min == 0) {  // any* "" any*: every string
+      branches.assign(1, RegexNode{RegexNode::Kind::concat, {}, {any}, 0, 0});
+      break;
+    }
+    RegexNode branch{RegexNode::Kind::concat, {}, {}, 0, 0};
+    if (!start) branch.items.push_back(any);
+    branch.items.push_back(std::move(body));
+    if (!end) branch.items.push_back(any);
+    branches.push_back(std::move(branch));
+  }
+  re.root.items = std::move(branches);
+  re.anchored_start.assign(re.root.items.size(), 1);
+  re.anchored_end.assign(re.root.items.size(), 1);
 }
 
 }  // namespace kiln::grammar

@@ -55,8 +55,9 @@ LengthRange regex_length_range(const RegexNode& node);
 // repeated node whose count changes must have a fixed length.
 Status regex_restrict_length(RegexNode& node, int64_t min_len, int64_t max_len, bool& empty);
 
-// Search semantics (JSON Schema's `pattern`): each top-level alternative without ^ gets a leading
-// `[\x00-\U0010FFFF]*`, without $ a trailing one; all are then anchored.
+// Search semantics (JSON Schema's `pattern`): the top-level alternatives without ^ get a leading
+// `[\x00-\U0010FFFF]*`, those without $ a trailing one (one for each group of alternatives anchored alike);
+// all are then anchored.
 void regex_make_search(Regex& re);
 
 // A GBNF expression matching `node` (regex.cpp). With `json_string`, the expression matches the JSON
