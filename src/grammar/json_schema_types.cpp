@@ -32,8 +32,11 @@ constexpr Format kFormats[] = {
     {"time", "^" KILN_TIME "$"},
     {"date-time", "^" KILN_DATE "T" KILN_TIME "$"},
     {"uuid", R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
+    // A bounded subset of the addresses RFC 5321 allows (up to three dot-separated atoms of 24 characters,
+    // then up to three labels of 24 and a top-level domain of letters), so that a generated address always
+    // ends: an unbounded one lets a small model repeat itself until max_tokens.
     {"email",
-     R"(^[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+$)"},
+     R"(^[A-Za-z0-9_%+-]{1,24}(?:\.[A-Za-z0-9_%+-]{1,24}){0,2}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,12}$)"},
 };
 #undef KILN_DATE
 #undef KILN_TIME
