@@ -31,13 +31,13 @@ SLOW = float(os.environ.get("KILN_TEST_SLOW") or 1)
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, model=SMOL):
         assert KILN.exists(), f"build kiln first ({KILN})"
-        assert SMOL.exists(), f"missing test model {SMOL}"
+        assert model.exists(), f"missing test model {model}"
         args = [*map(str, extra)]
         if "-c" not in args:
             args += ["-c", "512"]
-        self.proc = subprocess.Popen([str(KILN), "serve", "-m", str(SMOL), "--port", "0", "-t", "2", *args],
+        self.proc = subprocess.Popen([str(KILN), "serve", "-m", str(model), "--port", "0", "-t", "2", *args],
                                      stderr=subprocess.PIPE, text=True)
         self.lines = []
         self.port = None

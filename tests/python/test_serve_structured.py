@@ -74,7 +74,7 @@ def test_schema_suite_validates_streamed_and_not(server):
 @pytest.mark.skipif(not os.environ.get("KILN_SLOW_TESTS") or not QWEN_CODER.exists(),
                     reason="KILN_SLOW_TESTS=1 and the 1.5B model (scripts/fetch-models.sh --large)")
 def test_schema_suite_on_qwen_coder():
-    s = Server("--parallel", 4, "-c", 2048, "-m", QWEN_CODER)
+    s = Server("--parallel", 4, "-c", 2048, model=QWEN_CODER)
     try:
         check_suite(s, QWEN_CODER.stem)
     finally:
