@@ -84,6 +84,11 @@ TEST(JsonSchemaToGbnf, AdditionalProperties) {
          R"({"id":1,"i":"x","idx":"y","a\"b":"z"})"},
         {R"({"id":1,"x":"abcd"})", R"({"id":1,"x":1})", R"({"id":1,"id":"x"})", R"({"id":1,"ab":"x"})",
          R"({"x":"a","id":1})"});
+  // Declared names with escapes and non-ASCII characters, and extra keys that only share a prefix with them.
+  check(R"({"properties": {"a\"b": {"type": "integer"}, "\u540d\u524d": {"type": "string"}},
+      "additionalProperties": {"type": "integer"}})",
+        {R"({"a\"b":1,"名前":"x"})", R"({"名":1})", R"({"名前x":1})", R"({"a\\":3})"},
+        {R"({"名前":1})", R"({"a\"b":1,"a\"b":2})"});
   check(R"({"type": "object", "additionalProperties": true})", {"{}", R"({"a":[true],"b":{}})"}, {"{,}"});
   // A required name outside properties takes the additionalProperties schema.
   check(
