@@ -17,26 +17,27 @@ namespace kiln::grammar {
 
 namespace {
 
-// `format` values and the patterns (anchored) that their strings follow.
-struct Format {
-  const char* name;
-  const char* pattern;
-};
 // A date with the days of each month; February 29 only in leap years (divisible by 4, centuries by 400).
-#define KILN_DATE                                                                                                           \
-  R"((?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8]))|)" \
-  R"((?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[048]|[2468][048]|[13579][26])00)-02-29))"
-#define KILN_TIME R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))"
-constexpr Format kFormats[] = {
-    {"date", "^" KILN_DATE "$"},
-    {"time", "^" KILN_TIME "$"},
-    {"date-time", "^" KILN_DATE "T" KILN_TIME "$"},
-    {"uuid", R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
-    {"email",
-     R"(^[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+$)"},
-};
-#undef KILN_DATE
-#undef KILN_TIME
+constexpr const char* kDate =
+    R"((?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30))"
+    R"(|02-(?:0[1-9]|1\d|2[0-8]))|(?:\d{2}(?:0[48]|[2468][048]|[13579][26]))"
+    R"(|(?:0[048]|[2468][048]|[13579][26])00)-02-29))";
+constexpr const char* kTime =
+    R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
+constexpr const char* kEmailLabel = R"([A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)";
+
+// The pattern (anchored) that the strings of a `format` follow, or nullopt for a format not supported.
+std::optional<std::string> format_pattern(std::string_view format) {
+  const std::string date = kDate, time = kTime, label = kEmailLabel;
+  if (format == "date") return "^" + date + "$";
+  if (format == "time") return "^" + time + "$";
+  if (format == "date-time") return "^" + date + "T" + time + "$";
+  if (format == "uuid")
+    return R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)";
+  if (format == "email")
+    return R"(^[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@)" + label + R"((?:\.)" + label + ")+$";
+  return std::nullopt;
+}
 
 const std::string kQuote = gbnf_literal("\"");
 const std::string kComma = gbnf_literal(",");
@@ -433,9 +434,7 @@ Result<std::string> SchemaConverter::visit_string(const Json& s, const std::stri
     at = pointer_append(ptr, "format");
     if (!s["format"].is_string()) return invalid_argument("JSON schema: format at {} is not a string", at);
     const std::string f = s["format"].get<std::string>();
-    for (const auto& known : kFormats) {
-      if (f == known.name) pattern = known.pattern;
-    }
+    pattern = format_pattern(f);
     if (!pattern) {
       return unimplemented(
           "JSON schema: the format \"{}\" at {} is not supported (date, time, date-time, uuid, "
