@@ -277,14 +277,7 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
     declared.push_back(name);
   }
 
-  // After the "{": $ref cycles through here consume characters.
-  std::vector<const Json*> pending;
-  pending.swap(pending_refs_);
-  struct Restore {
-    std::vector<const Json*>& dst;
-    std::vector<const Json*>& saved;
-    ~Restore() { dst.swap(saved); }
-  } restore{pending_refs_, pending};
+  const PendingRefsCleared consumed(pending_refs_);  // after the "{", $ref cycles consume characters
 
   std::vector<std::string> kvs;
   std::vector<bool> req;
@@ -319,6 +312,12 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
     KILN_ASSIGN_OR_RETURN(extra, rule(child_hint(hint, "extra"), key + " \":\" " + value));
   }
 
+  return object_rule(kvs, req, extra, hint);
+}
+
+Result<std::string> SchemaConverter::object_rule(const std::vector<std::string>& kvs,
+                                                 const std::vector<bool>& req, const std::string& extra,
+                                                 const std::string& hint) {
   // Properties in order, each optional one may be left out; then any number of additional ones.
   const size_t n = kvs.size();
   const size_t first_required = static_cast<size_t>(std::find(req.begin(), req.end(), true) - req.begin());
@@ -370,13 +369,7 @@ Result<std::string> SchemaConverter::visit_array(const Json& s, const std::strin
                             min_items, max_items);
   }
 
-  std::vector<const Json*> pending;
-  pending.swap(pending_refs_);
-  struct Restore {
-    std::vector<const Json*>& dst;
-    std::vector<const Json*>& saved;
-    ~Restore() { dst.swap(saved); }
-  } restore{pending_refs_, pending};
+  const PendingRefsCleared consumed(pending_refs_);  // after the "[", $ref cycles consume characters
 
   std::vector<std::string> heads;
   for (int64_t i = 0; i < k && (max_items < 0 || i < max_items); ++i) {
