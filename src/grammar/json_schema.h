@@ -17,13 +17,14 @@
 // varies in more than one place, keywords beside $ref, enum/const beside keywords other than type, remote
 // $refs.
 //
-// Output layout: compact, no whitespace anywhere (`{"a":1,"b":[true,null]}`): generations stay short and
-// every document has one spelling. Properties come in the schema's order; any subset of the optional ones may
-// be left out; additional properties (keys other than the declared ones) follow the declared ones. Strings
-// may not hold raw control characters (U+0000..U+001F, DEL); escapes are JSON's. Numbers: no leading zeros,
-// no
-// "-0", an exponent only when no bound is set, at most 16 integer and 16 fraction digits unless a bound needs
-// more (json_number.h). Values of enum and const are written as above.
+// Output layout: compact, no whitespace anywhere (`{"a":1,"b":[true,null]}`), so that generations stay short.
+// Properties come in the schema's order; any subset of the optional ones may be left out; additional
+// properties (keys other than the declared ones, each character spelt as gbnf_write.h's json_escape_string
+// does) follow the declared ones. Strings never hold raw control characters (U+0000..U+001F, DEL): JSON's
+// escapes instead. Numbers: no leading zeros, no "-0", an exponent only when no bound is set, at most 16
+// integer and 16 fraction digits unless a bound needs more (json_number.h). Values of enum and const are
+// written the same way. A schema whose required recursion never ends has no instance: parse_gbnf refuses its
+// grammar.
 //
 // Bounds (resource_exhausted naming the bound): repetition counts (minLength, maxLength, minItems, maxItems)
 // up to 10,000, 1 MiB of GBNF and 10,000 rules, schemas nested 100 deep (json_schema_converter.h).

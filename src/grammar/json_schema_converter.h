@@ -33,6 +33,22 @@ std::string pointer_append(const std::string& pointer, std::string_view token);
 // The name hint of a child schema: `hint` and `token` in [a-z0-9-].
 std::string child_hint(const std::string& hint, std::string_view token);
 
+// Clears a converter's pending $ref targets for its lifetime, then puts them back: inside an object or an
+// array a $ref cycle has consumed a character ("{" or "[") and is no left recursion.
+class PendingRefsCleared {
+ public:
+  explicit PendingRefsCleared(std::vector<const Json*>& pending) : pending_(pending) {
+    saved_.swap(pending_);
+  }
+  ~PendingRefsCleared() { saved_.swap(pending_); }
+  PendingRefsCleared(const PendingRefsCleared&) = delete;
+  PendingRefsCleared& operator=(const PendingRefsCleared&) = delete;
+
+ private:
+  std::vector<const Json*>& pending_;
+  std::vector<const Json*> saved_;
+};
+
 class SchemaConverter {
  public:
   // taken: every rule name already in use; the conversion adds its own. text_bytes: GBNF already written
@@ -71,6 +87,10 @@ class SchemaConverter {
   Result<std::string> visit_string(const Json& s, const std::string& ptr, const std::string& hint);
   Result<std::string> visit_number(const Json& s, const std::string& ptr, const std::string& hint,
                                    bool integer);
+  // "{" the properties "}": kvs[i] is `"name":` and its value, in order, required when req[i]; `extra` (when
+  // not empty) one additional key and value, any number of which may follow.
+  Result<std::string> object_rule(const std::vector<std::string>& kvs, const std::vector<bool>& req,
+                                  const std::string& extra, const std::string& hint);
   Result<std::string> key_not_in(const std::vector<std::string>& names, const std::string& hint);
   Result<int64_t> count_keyword(const Json& s, const char* key, const std::string& ptr,
                                 int64_t fallback) const;

@@ -17,29 +17,31 @@ namespace kiln::grammar {
 
 namespace {
 
-// `format` values and the patterns (anchored) that their strings follow.
-struct Format {
-  const char* name;
-  const char* pattern;
-};
 // A date with the days of each month; February 29 only in leap years (divisible by 4, centuries by 400).
-#define KILN_DATE                                                                                                           \
-  R"((?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8]))|)" \
-  R"((?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[048]|[2468][048]|[13579][26])00)-02-29))"
-#define KILN_TIME R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))"
-constexpr Format kFormats[] = {
-    {"date", "^" KILN_DATE "$"},
-    {"time", "^" KILN_TIME "$"},
-    {"date-time", "^" KILN_DATE "T" KILN_TIME "$"},
-    {"uuid", R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
-    // A bounded subset of the addresses RFC 5321 allows (up to three dot-separated atoms of 24 characters,
-    // then up to three labels of 24 and a top-level domain of letters), so that a generated address always
-    // ends: an unbounded one lets a small model repeat itself until max_tokens.
-    {"email",
-     R"(^[A-Za-z0-9_%+-]{1,24}(?:\.[A-Za-z0-9_%+-]{1,24}){0,2}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,12}$)"},
-};
-#undef KILN_DATE
-#undef KILN_TIME
+constexpr const char* kDate =
+    R"((?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30))"
+    R"(|02-(?:0[1-9]|1\d|2[0-8]))|(?:\d{2}(?:0[48]|[2468][048]|[13579][26]))"
+    R"(|(?:0[048]|[2468][048]|[13579][26])00)-02-29))";
+constexpr const char* kTime =
+    R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
+constexpr const char* kEmailLabel = R"([A-Za-z0-9](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?)";
+
+// The pattern (anchored) that the strings of a `format` follow, or nullopt for a format not supported.
+std::optional<std::string> format_pattern(std::string_view format) {
+  const std::string date = kDate, time = kTime, label = kEmailLabel;
+  if (format == "date") return "^" + date + "$";
+  if (format == "time") return "^" + time + "$";
+  if (format == "date-time") return "^" + date + "T" + time + "$";
+  if (format == "uuid")
+    return R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)";
+  // A bounded subset of the addresses RFC 5321 allows (up to three dot-separated atoms of 24 characters,
+  // then up to three labels of 24 and a top-level domain of letters), so that a generated address always
+  // ends: an unbounded one lets a small model repeat itself until max_tokens.
+  if (format == "email")
+    return R"(^[A-Za-z0-9_%+-]{1,24}(?:\.[A-Za-z0-9_%+-]{1,24}){0,2}@(?:)" + label +
+           R"(\.){1,3}[A-Za-z]{2,12}$)";
+  return std::nullopt;
+}
 
 const std::string kQuote = gbnf_literal("\"");
 const std::string kComma = gbnf_literal(",");
@@ -279,14 +281,7 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
     declared.push_back(name);
   }
 
-  // After the "{": $ref cycles through here consume characters.
-  std::vector<const Json*> pending;
-  pending.swap(pending_refs_);
-  struct Restore {
-    std::vector<const Json*>& dst;
-    std::vector<const Json*>& saved;
-    ~Restore() { dst.swap(saved); }
-  } restore{pending_refs_, pending};
+  const PendingRefsCleared consumed(pending_refs_);  // after the "{", $ref cycles consume characters
 
   std::vector<std::string> kvs;
   std::vector<bool> req;
@@ -321,6 +316,12 @@ Result<std::string> SchemaConverter::visit_object(const Json& s, const std::stri
     KILN_ASSIGN_OR_RETURN(extra, rule(child_hint(hint, "extra"), key + " \":\" " + value));
   }
 
+  return object_rule(kvs, req, extra, hint);
+}
+
+Result<std::string> SchemaConverter::object_rule(const std::vector<std::string>& kvs,
+                                                 const std::vector<bool>& req, const std::string& extra,
+                                                 const std::string& hint) {
   // Properties in order, each optional one may be left out; then any number of additional ones.
   const size_t n = kvs.size();
   const size_t first_required = static_cast<size_t>(std::find(req.begin(), req.end(), true) - req.begin());
@@ -372,13 +373,7 @@ Result<std::string> SchemaConverter::visit_array(const Json& s, const std::strin
                             min_items, max_items);
   }
 
-  std::vector<const Json*> pending;
-  pending.swap(pending_refs_);
-  struct Restore {
-    std::vector<const Json*>& dst;
-    std::vector<const Json*>& saved;
-    ~Restore() { dst.swap(saved); }
-  } restore{pending_refs_, pending};
+  const PendingRefsCleared consumed(pending_refs_);  // after the "[", $ref cycles consume characters
 
   std::vector<std::string> heads;
   for (int64_t i = 0; i < k && (max_items < 0 || i < max_items); ++i) {
@@ -436,9 +431,7 @@ Result<std::string> SchemaConverter::visit_string(const Json& s, const std::stri
     at = pointer_append(ptr, "format");
     if (!s["format"].is_string()) return invalid_argument("JSON schema: format at {} is not a string", at);
     const std::string f = s["format"].get<std::string>();
-    for (const auto& known : kFormats) {
-      if (f == known.name) pattern = known.pattern;
-    }
+    pattern = format_pattern(f);
     if (!pattern) {
       return unimplemented(
           "JSON schema: the format \"{}\" at {} is not supported (date, time, date-time, uuid, "

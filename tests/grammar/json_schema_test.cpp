@@ -84,17 +84,24 @@ TEST(JsonSchemaToGbnf, AdditionalProperties) {
          R"({"id":1,"i":"x","idx":"y","a\"b":"z"})"},
         {R"({"id":1,"x":"abcd"})", R"({"id":1,"x":1})", R"({"id":1,"id":"x"})", R"({"id":1,"ab":"x"})",
          R"({"x":"a","id":1})"});
+  // Declared names with escapes and non-ASCII characters, and extra keys that only share a prefix with them.
+  check(R"({"properties": {"a\"b": {"type": "integer"}, "\u540d\u524d": {"type": "string"}},
+      "additionalProperties": {"type": "integer"}})",
+        {R"({"a\"b":1,"名前":"x"})", R"({"名":1})", R"({"名前x":1})", R"({"a\\":3})"},
+        {R"({"名前":1})", R"({"a\"b":1,"a\"b":2})"});
   check(R"({"type": "object", "additionalProperties": true})", {"{}", R"({"a":[true],"b":{}})"}, {"{,}"});
   // A required name outside properties takes the additionalProperties schema.
   check(
-      R"({"properties": {"a": {"type": "integer"}}, "required": ["z"], "additionalProperties": {"type": "boolean"}})",
+      R"({"properties": {"a": {"type": "integer"}}, "required": ["z"],
+          "additionalProperties": {"type": "boolean"}})",
       {R"({"z":true})", R"({"a":1,"z":false})", R"({"a":1,"z":true,"q":false})"},
       {R"({"a":1})", R"({"z":1})"});
 }
 
 TEST(JsonSchemaToGbnf, Arrays) {
   const std::string items = R"({"type": "array", "items": {"type": "object",
-      "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}, "required": ["sku", "qty"]},
+      "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+      "required": ["sku", "qty"]},
       "minItems": 1, "maxItems": 3})";
   check(items,
         {R"([{"sku":"a","qty":1}])", R"([{"sku":"a","qty":1},{"sku":"b","qty":2},{"sku":"c","qty":9}])"},
@@ -128,8 +135,10 @@ TEST(JsonSchemaToGbnf, EnumAndConst) {
 
 TEST(JsonSchemaToGbnf, AnyOfOneOfAllOf) {
   const std::string shapes = R"({"anyOf": [
-      {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}}, "required": ["kind", "r"]},
-      {"type": "object", "properties": {"kind": {"const": "rect"}, "w": {"type": "number"}, "h": {"type": "number"}},
+      {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
+       "required": ["kind", "r"]},
+      {"type": "object",
+       "properties": {"kind": {"const": "rect"}, "w": {"type": "number"}, "h": {"type": "number"}},
        "required": ["kind", "w", "h"]}]})";
   check(shapes, {R"({"kind":"circle","r":1.5})", R"({"kind":"rect","w":2,"h":3e2})"},
         {R"({"kind":"circle","w":2,"h":3})", R"({"kind":"rect","r":1})", "{}"});
@@ -192,7 +201,8 @@ TEST(JsonSchemaToGbnf, Formats) {
 
 TEST(JsonSchemaToGbnf, RefsAndRecursion) {
   const std::string tree = R"({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object",
-      "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"},
+      "properties": {"value": {"type": "integer"},
+                     "children": {"type": "array", "items": {"$ref": "#/$defs/node"},
       "maxItems": 3}}, "required": ["value"]}}})";
   check(tree,
         {R"({"value":1})", R"({"value":1,"children":[{"value":2},{"value":3,"children":[{"value":4}]}]})"},
@@ -202,7 +212,8 @@ TEST(JsonSchemaToGbnf, RefsAndRecursion) {
       {"[1,2]"}, {R"(["1"])"});
   // "#" is the root: a linked list.
   check(
-      R"({"type": "object", "properties": {"v": {"type": "boolean"}, "next": {"$ref": "#"}}, "required": ["v"]})",
+      R"({"type": "object", "properties": {"v": {"type": "boolean"}, "next": {"$ref": "#"}},
+          "required": ["v"]})",
       {R"({"v":true})", R"({"v":true,"next":{"v":false,"next":{"v":true}}})"}, {R"({"v":true,"next":{}})"});
   check(R"({"$defs": {"a~b/c": {"const": 1}}, "$ref": "#/$defs/a~0b~1c"})", {"1"}, {"2"});
 }
@@ -279,7 +290,8 @@ TEST(JsonSchemaToGbnf, InvalidSchemas) {
               {"no number"});
   check_error(R"({"$ref": "#/$defs/missing"})", StatusCode::invalid_argument, {"points to nothing"});
   check_error(
-      R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})",
+      R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+          "$ref": "#/$defs/a"})",
       StatusCode::invalid_argument, {"comes back to itself"});
   check_error("false", StatusCode::invalid_argument, {"false"});
   check_error("[1]", StatusCode::invalid_argument, {"not an object"});
