@@ -178,4 +178,21 @@ bool json_escape_string(std::string_view utf8, std::string& out) {
   return true;
 }
 
+std::string gbnf_repeat(const std::string& item, int64_t lo, int64_t hi) {
+  if (hi == 0) return "";
+  if (lo == 1 && hi == 1) return item;
+  if (lo == 0 && hi == 1) return item + "?";
+  if (lo == 0 && hi < 0) return item + "*";
+  if (lo == 1 && hi < 0) return item + "+";
+  if (hi < 0) return fmt::format("{}{{{},}}", item, lo);
+  if (lo == hi) return fmt::format("{}{{{}}}", item, lo);
+  return fmt::format("{}{{{},{}}}", item, lo, hi);
+}
+
+std::string gbnf_seq(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  return a + " " + b;
+}
+
 }  // namespace kiln::grammar

@@ -32,6 +32,10 @@ std::string gbnf_literal(const std::vector<uint32_t>& code_points);
 // `[^...]`, whichever is shorter. Surrogates (which no UTF-8 text holds and GBNF cannot name) in `set` are
 // ignored, and counted in or out to shorten the class.
 std::string gbnf_class(const CodeRanges& set);
+// `item` repeated lo..hi times (hi < 0: no bound) in GBNF's shortest spelling; "" when hi is 0.
+std::string gbnf_repeat(const std::string& item, int64_t lo, int64_t hi);
+// `a` then `b`; either may be empty.
+std::string gbnf_seq(const std::string& a, const std::string& b);
 
 // JSON's canonical spelling of a string's contents, without the quotes: `"` and `\` escaped, \b \f \n \r \t,
 // the other C0 controls and DEL as \u00xx (lowercase hex); everything else as is. False when `utf8` is not

@@ -6,9 +6,16 @@
 #include <optional>
 #include <vector>
 
+#include "grammar/gbnf_write.h"
+
 namespace kiln::grammar {
 
 namespace {
+
+// gbnf_repeat over counts.
+std::string repeat_n(const std::string& item, size_t lo, size_t hi) {
+  return gbnf_repeat(item, static_cast<int64_t>(lo), static_cast<int64_t>(hi));
+}
 
 // ---- Magnitudes: digit strings without leading zeros ("0" for zero).
 
@@ -52,21 +59,6 @@ std::string digit_class(char lo, char hi) {
   return lo == hi ? lit(std::string(1, lo)) : fmt::format("[{}-{}]", lo, hi);
 }
 
-// `item` repeated lo..hi times: "" for none.
-std::string repeat(const std::string& item, size_t lo, size_t hi) {
-  if (hi == 0) return "";
-  if (lo == 1 && hi == 1) return item;
-  if (lo == 0 && hi == 1) return item + "?";
-  if (lo == hi) return fmt::format("{}{{{}}}", item, lo);
-  return fmt::format("{}{{{},{}}}", item, lo, hi);
-}
-
-std::string seq(const std::string& a, const std::string& b) {
-  if (a.empty()) return b;
-  if (b.empty()) return a;
-  return a + " " + b;
-}
-
 // Alternatives (each non-empty) as one expression.
 std::string group(const std::vector<std::string>& alternatives) {
   if (alternatives.size() == 1) return alternatives[0];
@@ -89,17 +81,20 @@ std::string same_length_range(std::string_view a, std::string_view b) {
   const char last = to_all ? b[0] : static_cast<char>(b[0] - 1);
   std::vector<std::string> alternatives;
   if (!from_all)
-    alternatives.push_back(seq(lit(a.substr(0, 1)), same_length_range(a.substr(1), nines(rest))));
-  if (first <= last) alternatives.push_back(seq(digit_class(first, last), repeat("[0-9]", rest, rest)));
-  if (!to_all) alternatives.push_back(seq(lit(b.substr(0, 1)), same_length_range(zeros(rest), b.substr(1))));
-  return seq(head, group(alternatives));
+    alternatives.push_back(gbnf_seq(lit(a.substr(0, 1)), same_length_range(a.substr(1), nines(rest))));
+  if (first <= last)
+    alternatives.push_back(gbnf_seq(digit_class(first, last), repeat_n("[0-9]", rest, rest)));
+  if (!to_all)
+    alternatives.push_back(gbnf_seq(lit(b.substr(0, 1)), same_length_range(zeros(rest), b.substr(1))));
+  return gbnf_seq(head, group(alternatives));
 }
 
 // Integers in [a, b] written without leading zeros (magnitudes, a <= b).
 std::string uint_range(const std::string& a, const std::string& b) {
   if (a.size() == b.size()) return same_length_range(a, b);
   std::vector<std::string> alternatives{same_length_range(a, nines(a.size()))};
-  if (b.size() >= a.size() + 2) alternatives.push_back(seq("[1-9]", repeat("[0-9]", a.size(), b.size() - 2)));
+  if (b.size() >= a.size() + 2)
+    alternatives.push_back(gbnf_seq("[1-9]", repeat_n("[0-9]", a.size(), b.size() - 2)));
   alternatives.push_back(same_length_range("1" + zeros(b.size() - 1), b));
   return group(alternatives);
 }
@@ -169,12 +164,12 @@ Lang alternatives_lang(bool empty_ok, const std::vector<std::optional<std::strin
   return {empty_ok, kept.empty() ? "" : group(kept)};
 }
 
-Lang any_fraction(size_t budget) { return {true, repeat("[0-9]", 1, budget)}; }
+Lang any_fraction(size_t budget) { return {true, repeat_n("[0-9]", 1, budget)}; }
 
 // Non-empty strings of at most `budget` digits with a digit other than 0.
 std::string nonzero_fraction(size_t budget) {
-  std::vector<std::string> alternatives{seq("[1-9]", repeat("[0-9]", 0, budget - 1))};
-  if (budget >= 2) alternatives.push_back(seq(lit("0"), nonzero_fraction(budget - 1)));
+  std::vector<std::string> alternatives{gbnf_seq("[1-9]", repeat_n("[0-9]", 0, budget - 1))};
+  if (budget >= 2) alternatives.push_back(gbnf_seq(lit("0"), nonzero_fraction(budget - 1)));
   return group(alternatives);
 }
 
@@ -192,7 +187,7 @@ Lang fraction_at_least(std::string_view f, bool strict, size_t budget) {
 
 // 0.d <= 0.f (< when strict), |d| <= budget.
 Lang fraction_at_most(std::string_view f, bool strict, size_t budget) {
-  if (f.empty()) return strict ? Lang{} : Lang{true, repeat(lit("0"), 1, budget)};
+  if (f.empty()) return strict ? Lang{} : Lang{true, repeat_n(lit("0"), 1, budget)};
   if (budget == 0) return {true, ""};
   const char f1 = f[0];
   return alternatives_lang(
@@ -343,7 +338,7 @@ std::string integer_range_gbnf(const NumberBound& lo, const NumberBound& hi) {
   if (!l || l->negative) {  // -top .. -bottom
     const std::string top = l ? l->mag : nines(cap);
     const std::string bottom = h && h->negative ? h->mag : "1";
-    parts.push_back(seq(lit("-"), uint_range(bottom, top)));
+    parts.push_back(gbnf_seq(lit("-"), uint_range(bottom, top)));
   }
   if (!h || !h->negative) {
     const std::string bottom = l && !l->negative ? l->mag : "0";
@@ -371,7 +366,7 @@ std::string number_range_gbnf(const NumberBound& lo, const NumberBound& hi) {
     std::optional<MagBound> m_hi;
     if (lo.set) m_hi = MagBound{absolute(lo.value), lo.exclusive};
     if (!magnitude_range_empty(m_lo, m_hi)) {
-      parts.push_back(seq(lit("-"), magnitude_range(m_lo, m_hi, int_cap, frac_cap)));
+      parts.push_back(gbnf_seq(lit("-"), magnitude_range(m_lo, m_hi, int_cap, frac_cap)));
     }
   }
   if (!hi.set || !hi.value.negative) {

@@ -46,24 +46,6 @@ std::optional<std::string> format_pattern(std::string_view format) {
 const std::string kQuote = gbnf_literal("\"");
 const std::string kComma = gbnf_literal(",");
 
-// `item` repeated lo..hi times (hi < 0: no bound): "" for none.
-std::string repeat(const std::string& item, int64_t lo, int64_t hi) {
-  if (hi == 0) return "";
-  if (lo == 1 && hi == 1) return item;
-  if (lo == 0 && hi == 1) return item + "?";
-  if (lo == 0 && hi < 0) return item + "*";
-  if (lo == 1 && hi < 0) return item + "+";
-  if (hi < 0) return fmt::format("{}{{{},}}", item, lo);
-  if (lo == hi) return fmt::format("{}{{{}}}", item, lo);
-  return fmt::format("{}{{{},{}}}", item, lo, hi);
-}
-
-std::string seq(const std::string& a, const std::string& b) {
-  if (a.empty()) return b;
-  if (b.empty()) return a;
-  return a + " " + b;
-}
-
 Status with_pointer(const Status& s, const std::string& ptr) {
   return Status(s.code(), fmt::format("JSON schema: at {}: {}", ptr, s.message()));
 }
@@ -331,20 +313,20 @@ Result<std::string> SchemaConverter::object_rule(const std::vector<std::string>&
   const bool use_rules = (first_required + 1) * n > 64;
   for (size_t k = n; k-- > 0;) {
     const std::string part = req[k] ? kComma + " " + kvs[k] : "(" + kComma + " " + kvs[k] + ")?";
-    rest[k] = seq(part, rest[k + 1]);
+    rest[k] = gbnf_seq(part, rest[k + 1]);
     if (use_rules && k > 0) {
       KILN_ASSIGN_OR_RETURN(rest[k], rule(child_hint(hint, "rest"), rest[k]));
     }
   }
   std::vector<std::string> starts;
-  for (size_t j = 0; j < n && j <= first_required; ++j) starts.push_back(seq(kvs[j], rest[j + 1]));
-  if (first_required >= n && !extra.empty()) starts.push_back(seq(extra, extras_after));
+  for (size_t j = 0; j < n && j <= first_required; ++j) starts.push_back(gbnf_seq(kvs[j], rest[j + 1]));
+  if (first_required >= n && !extra.empty()) starts.push_back(gbnf_seq(extra, extras_after));
   std::string body;
   if (!starts.empty()) {
     body = "(" + fmt::format("{}", fmt::join(starts, " | ")) + ")";
     if (first_required >= n) body += "?";
   }
-  return rule(hint, seq(seq(gbnf_literal("{"), body), gbnf_literal("}")));
+  return rule(hint, gbnf_seq(gbnf_seq(gbnf_literal("{"), body), gbnf_literal("}")));
 }
 
 Result<std::string> SchemaConverter::visit_array(const Json& s, const std::string& ptr,
@@ -394,19 +376,19 @@ Result<std::string> SchemaConverter::visit_array(const Json& s, const std::strin
   std::string tail;
   if (!item.empty() && b != 0) {
     if (heads.empty()) {
-      tail =
-          seq(item, repeat("(" + kComma + " " + item + ")", std::max<int64_t>(a, 1) - 1, b < 0 ? -1 : b - 1));
+      tail = gbnf_seq(item, gbnf_repeat("(" + kComma + " " + item + ")", std::max<int64_t>(a, 1) - 1,
+                                        b < 0 ? -1 : b - 1));
       if (a == 0) tail = "(" + tail + ")?";
     } else {
-      tail = repeat("(" + kComma + " " + item + ")", a, b);
+      tail = gbnf_repeat("(" + kComma + " " + item + ")", a, b);
     }
   }
   std::string body = tail;
   for (size_t i = heads.size(); i-- > 0;) {
-    std::string part = seq(i > 0 ? kComma + " " + heads[i] : heads[i], body);
+    std::string part = gbnf_seq(i > 0 ? kComma + " " + heads[i] : heads[i], body);
     body = static_cast<int64_t>(i) >= min_items ? "(" + part + ")?" : part;
   }
-  return rule(hint, seq(seq(gbnf_literal("["), body), gbnf_literal("]")));
+  return rule(hint, gbnf_seq(gbnf_seq(gbnf_literal("["), body), gbnf_literal("]")));
 }
 
 Result<std::string> SchemaConverter::visit_string(const Json& s, const std::string& ptr,
@@ -442,7 +424,7 @@ Result<std::string> SchemaConverter::visit_string(const Json& s, const std::stri
   if (!pattern) {
     KILN_ASSIGN_OR_RETURN(const std::string c, primitive("char"));
     if (min_len == 0 && max_len < 0) return primitive("string");
-    return rule(hint, fmt::format("{} {} {}", kQuote, repeat(c, min_len, max_len), kQuote));
+    return rule(hint, fmt::format("{} {} {}", kQuote, gbnf_repeat(c, min_len, max_len), kQuote));
   }
   Result<Regex> re = parse_regex(*pattern);
   if (!re.ok()) return with_pointer(re.status(), at);
