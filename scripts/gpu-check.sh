@@ -178,6 +178,13 @@ bin=build/cuda-dev
 status=0
 # The prep step's background process runs: started, not ended (no status yet), and alive. One that was killed
 # before writing its status is not waited for.
+# Until the server on localhost:PORT answers /health (two minutes at most).
+wait_healthy() {
+  for _ in $(seq 120); do
+    python3 -c "import urllib.request as u; u.urlopen('http://localhost:$1/health', timeout=1)" 2>/dev/null && return 0
+    sleep 1
+  done
+}
 prep_running() {
   [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ] && [ -e /tmp/kiln-prep.pid ] &&
     kill -0 "$(cat /tmp/kiln-prep.pid)" 2>/dev/null
@@ -290,7 +297,7 @@ for step in "${steps[@]}"; do
         "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 2 --deterministic 2>&1 | grep -E "^\| [^-]" || status=1
         "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --max-queue 0 --port 8090 >"/tmp/serve-$f.log" 2>&1 &
         spid=$!
-        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8090/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        wait_healthy 8090
         for c in 1 16 64; do
           for s in '"temperature": 0' "$sampled"; do
             n=$((c * 4 > 256 ? 256 : (c * 4 < 16 ? 16 : c * 4)))
@@ -304,7 +311,7 @@ for step in "${steps[@]}"; do
         kill "$spid"; wait "$spid" || true
         "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --max-queue 0 --port 8090 --deterministic >>"/tmp/serve-$f.log" 2>&1 &
         spid=$!
-        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8090/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        wait_healthy 8090
         echo "--deterministic:"
         python3 bench/deterministic_check.py --base-url http://localhost:8090 --expect-identical || status=1
         for s in '"temperature": 0' "$sampled"; do
@@ -355,7 +362,7 @@ for step in "${steps[@]}"; do
         [ -e "$path" ] || { echo "$path: not here"; exit 1; }
         "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8091 >/tmp/serve-burst.log 2>&1 &
         spid=$!
-        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8091/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        wait_healthy 8091
         echo "| burst | prompt tokens | answered | TTFT p50 | TTFT p99 | duration |"
         ulimit -n 65536 2>/dev/null || true
         for spec in 640:32 1280:32 640:1024; do
@@ -375,7 +382,7 @@ for step in "${steps[@]}"; do
         [ -e "$path" ] || { echo "$path: not here"; exit 1; }
         "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8092 >/tmp/serve-structured.log 2>&1 &
         spid=$!
-        for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://localhost:8092/health', timeout=1)" 2>/dev/null && break; sleep 1; done
+        wait_healthy 8092
         python3 bench/structured_check.py --base-url http://localhost:8092 --out "$out/structured.json" --concurrency 32
         schema='{"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 30, "maxItems": 30}}, "required": ["items"], "additionalProperties": false}'
         rf="\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"list\", \"schema\": $schema}}"
