@@ -319,8 +319,8 @@ def test_tokenize_detokenize(server):
      "tools", "no tool call syntax"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content",
      "not supported yet"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-     "response_format", "not supported yet"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}},
+     "response_format", "must be text, json_object or json_schema"),
     ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
      "stream_options", "only allowed with"),
 ])
