@@ -205,13 +205,13 @@ Call agreement_call(int64_t n, int64_t stride, Logits kind, int per_set, uint64_
         }
       }
       if (c.rows.size() % 3 == 2) {
-        const size_t kind = (c.rows.size() / 3) % 4;
+        const size_t mask_kind = (c.rows.size() / 3) % 4;
         const int64_t one = static_cast<int64_t>(any(rng) % static_cast<uint32_t>(n));
         std::vector<uint32_t> m(static_cast<size_t>(c.words()), 0u);
         for (int64_t id = 0; id < n; ++id) {
-          const bool allowed = kind == 0   ? any(rng) % 10 == 0
-                               : kind == 1 ? any(rng) % 10 != 0
-                                           : kind == 2 && id == one;
+          const bool allowed = mask_kind == 0   ? any(rng) % 10 == 0
+                               : mask_kind == 1 ? any(rng) % 10 != 0
+                                                : mask_kind == 2 && id == one;
           if (allowed) m[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
         }
         c.masks.insert(c.masks.begin(), m.begin(), m.end());
