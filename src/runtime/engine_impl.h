@@ -172,8 +172,9 @@ struct Engine::Impl {
   // batch.sample_n_top, logit rows].
   std::vector<int32_t> token_ids;
   bool backend_samples = false;  // the output backend runs ops::Sample (set at load)
-  // The threads that fill a step's grammar masks (EngineOptions::n_threads of them), made by the first step
-  // with two constrained rows or more.
+  // The threads that fill a step's grammar masks (the engine's CPU threads, at most kMaskThreads), made by
+  // the first step with two constrained rows or more.
+  static constexpr int32_t kMaskThreads = 4;
   std::unique_ptr<ThreadPool> mask_pool;
   Delta delta;
   StepProfile profile;

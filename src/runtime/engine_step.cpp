@@ -262,7 +262,9 @@ void Engine::Impl::fill_masks(std::span<Sampler* const> samplers) {
   }
   // A mask costs from microseconds to milliseconds (grammar::Matcher), and the rows of a step differ: the
   // threads take them one at a time.
-  if (mask_pool == nullptr) mask_pool = std::make_unique<ThreadPool>(options.n_threads);
+  // At most kMaskThreads: a JSON grammar's mask takes about a microsecond, so more threads buy little and
+  // their spinning after each step takes cores from the server's and the backend's threads.
+  if (mask_pool == nullptr) mask_pool = std::make_unique<ThreadPool>(std::min(desc.n_threads, kMaskThreads));
   mask_pool->parallel_dynamic(static_cast<int64_t>(samplers.size()), 1, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) fill(static_cast<size_t>(i));
   });
