@@ -59,6 +59,11 @@ Result<std::shared_ptr<const CompiledGrammar>> compile(std::shared_ptr<const Gra
                                                        std::shared_ptr<const Vocabulary> vocab,
                                                        const Limits& limits = {});
 
+// Bytes a compiled grammar holds beyond its vocabulary and token trie (shared per vocabulary): the per-state
+// masks built so far. It grows while matchers reach states that compile() left for their first use.
+// Thread-safe.
+size_t memory_bytes(const CompiledGrammar& grammar);
+
 // One request's position in a compiled grammar. Not thread-safe; many matchers may share one grammar.
 class Matcher {
  public:

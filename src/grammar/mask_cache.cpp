@@ -125,6 +125,18 @@ const PositionCache& CompiledGrammar::position(int32_t state) const {
   return *owned.back();
 }
 
+size_t memory_bytes(const CompiledGrammar& g) {
+  const auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  std::lock_guard<std::mutex> lock(g.build_mutex);
+  size_t total = sizeof(CompiledGrammar) + bytes(g.is_end) + bytes(g.owned) +
+                 static_cast<size_t>(g.grammar->n_states()) * sizeof(std::atomic<const PositionCache*>);
+  for (const std::unique_ptr<PositionCache>& c : g.owned) {
+    total += sizeof(PositionCache) + bytes(c->accept_bits) + bytes(c->accept_ids) + bytes(c->rem_token) +
+             bytes(c->rem_offset) + bytes(c->rem_lcp) + bytes(c->rem_first) + bytes(c->unc_token);
+  }
+  return total;
+}
+
 Result<std::shared_ptr<const CompiledGrammar>> compile(std::shared_ptr<const Grammar> grammar,
                                                        std::shared_ptr<const Vocabulary> vocab,
                                                        const Limits& limits) {

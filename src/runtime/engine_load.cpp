@@ -22,6 +22,8 @@ namespace {
 constexpr int32_t kMaxContext = 1 << 24;
 // Compiled grammars kept for reuse (GrammarCache): a server's requests mostly repeat a few schemas.
 constexpr size_t kGrammarCacheEntries = 64;
+// And the bytes their masks may hold: a hostile stream of distinct grammars costs recompiling, not memory.
+constexpr size_t kGrammarCacheBytes = size_t{512} << 20;
 }  // namespace
 
 Status Engine::Impl::load(const EngineOptions& opt) {
@@ -90,7 +92,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   }
   tokenizer.emplace(std::move(tok));
   vocab = grammar::vocabulary_from(*tokenizer);
-  grammars = std::make_unique<GrammarCache>(vocab, kGrammarCacheEntries);
+  grammars = std::make_unique<GrammarCache>(vocab, kGrammarCacheEntries, kGrammarCacheBytes);
   // The vocabulary's arrays are read once, by the tokenizer: held as metadata values they would cost ~48
   // bytes an entry for the whole run (Gemma 3: 262,144 entries in each).
   if (gguf_file != nullptr) {

@@ -1,5 +1,6 @@
 #include "runtime/grammar_cache.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "grammar/json_schema.h"
@@ -50,8 +51,9 @@ Result<std::string> constraint_gbnf(const OutputConstraint& c) {
   return invalid_argument("constraint: kind none has no grammar");
 }
 
-GrammarCache::GrammarCache(std::shared_ptr<const grammar::Vocabulary> vocab, size_t capacity)
-    : vocab_(std::move(vocab)), capacity_(capacity) {
+GrammarCache::GrammarCache(std::shared_ptr<const grammar::Vocabulary> vocab, size_t capacity,
+                           size_t max_bytes)
+    : vocab_(std::move(vocab)), capacity_(capacity), max_bytes_(max_bytes) {
   KILN_ASSERT(vocab_ != nullptr && capacity_ > 0);
 }
 
@@ -64,7 +66,8 @@ Result<std::shared_ptr<const grammar::CompiledGrammar>> GrammarCache::get(const 
     if (auto it = index_.find(key); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
       ++hits_;
-      return it->second->grammar;
+      evict_locked();  // the grammars grow as requests use them
+      return lru_.front().grammar;
     }
   }
   KILN_ASSIGN_OR_RETURN(const std::string gbnf, constraint_gbnf(c));
@@ -80,11 +83,25 @@ Result<std::shared_ptr<const grammar::CompiledGrammar>> GrammarCache::get(const 
   }
   lru_.push_front(Entry{key, *compiled});
   index_.emplace(std::move(key), lru_.begin());
-  while (lru_.size() > capacity_) {
+  evict_locked();
+  return lru_.front().grammar;
+}
+
+void GrammarCache::evict_locked() {
+  size_t total = 0;
+  for (const Entry& e : lru_) total += grammar::memory_bytes(*e.grammar);
+  while (lru_.size() > 1 && (lru_.size() > capacity_ || total > max_bytes_)) {
+    total -= std::min(total, grammar::memory_bytes(*lru_.back().grammar));
     index_.erase(lru_.back().key);
     lru_.pop_back();
   }
-  return lru_.front().grammar;
+}
+
+size_t GrammarCache::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t total = 0;
+  for (const Entry& e : lru_) total += grammar::memory_bytes(*e.grammar);
+  return total;
 }
 
 size_t GrammarCache::size() const {

@@ -1,6 +1,8 @@
 // The compiled grammars of Request::constraint, shared by the requests that give the same constraint: a
-// bounded cache (least recently used out first) keyed by (kind, text), made once per engine against the
-// model's vocabulary. A miss compiles on the calling thread (submit()'s, never the engine thread), outside
+// cache keyed by (kind, text), made once per engine against the model's vocabulary, bounded by entries and by
+// the bytes its grammars hold (grammar::memory_bytes, which grows as requests reach states first used):
+// least recently used out first, the newest always kept. A request holds its grammar while it runs, evicted
+// or not. A miss compiles on the calling thread (submit()'s, never the engine thread), outside
 // the lock: two callers that miss on one key at once both compile, and the first to finish is kept.
 #pragma once
 
@@ -24,7 +26,7 @@ Result<std::string> constraint_gbnf(const OutputConstraint& constraint);
 
 class GrammarCache {
  public:
-  GrammarCache(std::shared_ptr<const grammar::Vocabulary> vocab, size_t capacity);
+  GrammarCache(std::shared_ptr<const grammar::Vocabulary> vocab, size_t capacity, size_t max_bytes);
 
   // The constraint compiled against the vocabulary (kind none: precondition, asserted). Errors: those of
   // constraint_gbnf, grammar::parse_gbnf and grammar::compile, each prefixed with the kind. Failures are not
@@ -32,6 +34,8 @@ class GrammarCache {
   Result<std::shared_ptr<const grammar::CompiledGrammar>> get(const OutputConstraint& constraint);
 
   size_t size() const;
+  // The bytes its grammars hold now (grammar::memory_bytes summed).
+  size_t bytes() const;
   uint64_t hits() const;
 
  private:
@@ -43,10 +47,14 @@ class GrammarCache {
 
   std::shared_ptr<const grammar::Vocabulary> vocab_;
   size_t capacity_;
+  size_t max_bytes_;
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recently used first; at most capacity_ entries
   std::unordered_map<Key, std::list<Entry>::iterator> index_;
   uint64_t hits_ = 0;
+
+  // Drops least recently used entries, never the newest, while the entries or their bytes exceed the bounds.
+  void evict_locked();
 };
 
 }  // namespace kiln
