@@ -259,6 +259,10 @@ std::optional<ApiError> parse_completion(const std::string& body_text, bool chat
     std::vector<ChatMessage> messages;
     if (auto e = read_messages(body, messages)) return e;
     if (auto e = read_tools(body_text, body, model, p)) return e;
+    if (!p.tools.empty()) {  // a forced call's grammar, compiled here so that its errors are 400s too
+      if (Status st = engine.check_constraint(p.base.constraint); !st.ok())
+        return bad("tools", fmt::format("'tools': {}", st.message()));
+    }
     auto text = engine.render_chat(messages, p.tools);
     if (!text.ok()) return bad("messages", text.status().message());
     auto tokens = engine.tokenize(*text, /*add_special=*/false);

@@ -194,7 +194,9 @@ std::optional<ApiError> read_tools(const std::string& body_text, const json& bod
   if (mode == "auto") return std::nullopt;
   if (p.base.constraint.kind != OutputConstraint::Kind::none) {
     return bad("tool_choice",
-               fmt::format("'tool_choice' = '{}' cannot be combined with 'response_format'", choice_text));
+               fmt::format("'tool_choice' = '{}' cannot be combined with another output constraint "
+                           "(response_format, grammar, json_schema, structured_outputs, guided_*)",
+                           choice_text));
   }
   std::vector<ToolDefinition> callable;
   for (const ToolDefinition& d : p.tools) {

@@ -270,6 +270,8 @@ def test_tool_choice_none_answers_in_text(server):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "auto, none, required"),
     ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    ({"tools": TOOLS, "tool_choice": "required", "extra_body": {"guided_regex": "a+"}}, "tool_choice",
+     "another output constraint"),
     ({"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name", "defined twice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
       "properties": {"x": {"type": "string", "contentMediaType": "image/png"}}}}}], "tool_choice": "required"},
