@@ -548,14 +548,15 @@ inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k;
 
 // The weight types the kernels take. A type added here needs its entry in the list of GEMV instances
 // (gemv_kernel.cuh), or the backend does not link.
-#define KILN_CUDA_WEIGHT_TYPES(X)                                                                         \
-  X(f32)                                                                                                  \
-  X(f16)                                                                                                  \
-  X(bf16)                                                                                                 \
-  X(q4_0)                                                                                                 \
-  X(q4_1)                                                                                                 \
-  X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) X(iq4_xs) X(mxfp4) X(iq2_xxs) \
-      X(iq2_xs) X(iq2_s) X(iq3_xxs) X(iq3_s) X(iq1_s) X(iq1_m)
+// (clang-format reflows this list differently on each run.)
+// clang-format off
+#define KILN_CUDA_WEIGHT_TYPES(X)                                                    \
+  X(f32) X(f16) X(bf16)                                                              \
+  X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0)                                            \
+  X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k)                                            \
+  X(iq4_nl) X(iq4_xs) X(mxfp4)                                                       \
+  X(iq2_xxs) X(iq2_xs) X(iq2_s) X(iq3_xxs) X(iq3_s) X(iq1_s) X(iq1_m)
+// clang-format on
 
 // A visitor's case for one type of such a list: f(std::integral_constant<DType, t>).
 #define KILN_CUDA_TYPE_CASE(name) \
