@@ -1,7 +1,7 @@
 """Structured output through `kiln serve`, driven by the unchanged `openai` client on the default model.
 
-- every schema of tests/data/schemas, as response_format json_schema, streamed and not: the output parses and
-  validates against its schema (jsonschema), and the request ends with finish_reason "stop";
+- every schema of tests/data/schemas whose language is finite, as response_format json_schema, streamed and
+  not: the output parses and validates against its schema (jsonschema), and the request ends with "stop";
 - json_object, llama.cpp's `grammar` and `json_schema`, vLLM's `guided_*` and `structured_outputs`, on chat
   and text completions: each output is in its language;
 - a bad schema, an unsupported keyword, a GBNF syntax error, a regex too large, two constraints at once: a 400
@@ -21,7 +21,13 @@ from test_serve import MODELS, SLOW, Server, wait_idle
 
 jsonschema = pytest.importorskip("jsonschema")
 
-SCHEMAS = sorted((Path(__file__).resolve().parent.parent / "data" / "schemas").glob("*.json"))
+# Schemas whose language is infinite (any number of extra properties; a tree of any depth) are left out:
+# nothing makes a model end such an output within max_tokens (greedy decoding adds properties to
+# metadata_additional.json until the limit), so their verdict here would be luck. The grammar tests cover them
+# (tests/grammar, test_schema_suite.py), and bench/structured_check.py sends them too.
+UNBOUNDED = {"metadata_additional.json", "tree_ref.json"}
+SCHEMAS = sorted(p for p in (Path(__file__).resolve().parent.parent / "data" / "schemas").glob("*.json")
+                 if p.name not in UNBOUNDED)
 QWEN_CODER = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
@@ -106,10 +112,10 @@ def test_every_request_field_constrains(server, path):
     for extra in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
         text, finish = chat(server, extra, path=path)
         assert text in choices and finish == "stop", text
-    gbnf = 'root ::= "x=" num ("+" num)*\nnum ::= [1-9] [0-9]{0,2}\n'
+    gbnf = 'root ::= "x=" num ("+" num){0,3}\nnum ::= [1-9] [0-9]{0,2}\n'  # at most 18 characters: it ends
     for extra in ({"grammar": gbnf}, {"guided_grammar": gbnf}, {"structured_outputs": {"grammar": gbnf}}):
-        text, _ = chat(server, extra, max_tokens=12, path=path)
-        assert re.fullmatch(r"x=[1-9][0-9]{0,2}(\+[1-9][0-9]{0,2})*", text), text
+        text, finish = chat(server, extra, max_tokens=40, path=path)
+        assert finish == "stop" and re.fullmatch(r"x=[1-9][0-9]{0,2}(\+[1-9][0-9]{0,2}){0,3}", text), text
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7}},
               "required": ["n"], "additionalProperties": False}
     for extra in ({"json_schema": schema}, {"guided_json": schema}, {"guided_json": json.dumps(schema)},
