@@ -35,7 +35,7 @@ Request constrained(const char* prompt, OutputConstraint::Kind kind, std::string
   r.messages = {{"user", prompt}};
   r.sampling.temperature = temperature;
   r.sampling.seed = seed;
-  r.sampling.max_tokens = 64;
+  r.sampling.max_tokens = 128;  // kSchema's longest sentence without escapes is 70 bytes
   r.constraint = {kind, std::move(text)};
   return r;
 }
