@@ -56,8 +56,11 @@
 #             for it and for the peer's build): BF16 -> Q4_K_M on every core (wall time, and whether the files are
 #             byte-identical), then an importance matrix from QUANT_CHUNKS (default 196: about 100k tokens) chunks
 #             of 512 tokens of this tree's text on the GPU
-#   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 20x the slots
+#   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
 #             (kiln bench serve with every request sent at once): requests answered, TTFT p50/p99, duration
+#   serveprof where a served step's time goes (KILN_STEP_PROFILE=1: plan, batch, launch, wait, emit), at 64 concurrent
+#             requests of the default model (256-token prompts, 128 out), greedy, sampled and sampled under a JSON
+#             schema, each on a server of its own, beside kiln bench --batch 64's steps
 #   structured kiln serve on CUDA (the default model, --parallel 64): bench/structured_check.py's schema suite (the
 #             outputs in $OUT/structured.json, for --validate where jsonschema is), then kiln bench serve at 64
 #             concurrent requests, unconstrained and under a JSON schema, greedy and sampled (TPOT side by side)
@@ -142,11 +145,20 @@ if [ -f .gpu-kiln/kiln-cuda.tar.xz ] && [ "$(cat .gpu-kiln/tree.sha256 2>/dev/nu
   if build/cuda-dev/tools/kiln/kiln --version >/dev/null 2>&1 &&
     build/cuda-dev/tests/cuda_tests --gtest_list_tests >/dev/null 2>&1; then
     prebuilt=1
+    scripts/tree-hash.sh >build/cuda-dev/.kiln-prebuilt
     echo "kiln and cuda_tests: built from this tree elsewhere (.gpu-kiln)" | tee -a "$out/build.log"
   else
     echo "the binaries of .gpu-kiln do not start here: building them" | tee -a "$out/build.log"
     rm -f build/cuda-dev/tools/kiln/kiln build/cuda-dev/tests/cuda_tests
   fi
+fi
+# A later call on the same machine, without .gpu-kiln, finds the binaries an earlier one unpacked (the build folder
+# is kept) and uses them while the tree's hash is still theirs.
+if [ "$prebuilt" = 0 ] && [ "$(cat build/cuda-dev/.kiln-prebuilt 2>/dev/null)" = "$(scripts/tree-hash.sh)" ]; then
+  cuda_lib="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)/lib64"
+  [ -d "$cuda_lib" ] && export LD_LIBRARY_PATH="$cuda_lib:$LD_LIBRARY_PATH"
+  prebuilt=1
+  echo "kiln and cuda_tests: unpacked by an earlier call from this tree" | tee -a "$out/build.log"
 fi
 # BUILD_TARGETS="kiln matmul_bench ...": only those targets (a shorter call for the bench or ncu steps).
 targets=()
@@ -212,10 +224,22 @@ for step in "${steps[@]}"; do
       done
       ;;
     sanitize)
+      # SANITIZE_EACH=SECONDS: each test the filter names in a run of its own, cut at that many seconds (a slow
+      # test then costs its own verdict, not the others').
+      tb="$bin/tests/${SANITIZE_TESTS:-ops_tests}"
+      filter="${SANITIZE_FILTER:-OpHarness.*:-OpHarness.Perf}"
+      runs=("$filter")
+      if [ -n "${SANITIZE_EACH:-}" ]; then
+        mapfile -t runs < <("$tb" --gtest_list_tests --gtest_filter="$filter" |
+          awk '/^[^ ]/{s=$1} /^  /{print s $1}')
+      fi
       for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-        compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/tests/${SANITIZE_TESTS:-ops_tests}" --gtest_brief=1 \
-          --gtest_filter="${SANITIZE_FILTER:-OpHarness.*:-OpHarness.Perf}" >>"$out/sanitize.log" 2>&1 || status=1
-        tail -4 "$out/sanitize.log"
+        for f in "${runs[@]}"; do
+          echo "## $tool $f" >>"$out/sanitize.log"
+          timeout "${SANITIZE_EACH:-100000}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$tb" \
+            --gtest_brief=1 --gtest_filter="$f" >>"$out/sanitize.log" 2>&1 || { echo "rc $? for $tool $f" | tee -a "$out/sanitize.log"; status=1; }
+          tail -3 "$out/sanitize.log"
+        done
       done
       ;;
     bench)
@@ -365,7 +389,7 @@ for step in "${steps[@]}"; do
         wait_healthy 8091
         echo "| burst | prompt tokens | answered | TTFT p50 | TTFT p99 | duration |"
         ulimit -n 65536 2>/dev/null || true
-        for spec in 640:32 1280:32 640:1024; do
+        for spec in ${BURST_SPECS:-640:32 3200:32 640:1024 3200:1024}; do
           n=${spec%%:*}; len=${spec##*:}
           "$k" bench serve --base-url http://localhost:8091 --num-prompts "$n" --max-concurrency "$n" \
             --random-input-len "$len" --random-output-len 16 -o json |
@@ -374,6 +398,32 @@ for step in "${steps[@]}"; do
         kill "$spid"; wait "$spid" || true
         grep -iE "assert|error|fatal" /tmp/serve-burst.log | head -5 || true
       } 2>&1 | tee "$out/burst.md" || status=1
+      ;;
+    serveprof)
+      k="$bin/tools/kiln/kiln"
+      path=/tmp/kiln-models/default.gguf
+      {
+        [ -e "$path" ] || { echo "$path: not here"; exit 1; }
+        echo "## kiln bench --batch 64"
+        KILN_STEP_PROFILE=1 "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 1 2>&1 | grep -E "^\| [^-]|^engine"
+        schema='{"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 30, "maxItems": 30}}, "required": ["items"], "additionalProperties": false}'
+        for s in greedy sampled schema; do
+          extra='{"ignore_eos": true, "temperature": 0}'
+          [ "$s" != greedy ] && extra='{"ignore_eos": true, "temperature": 0.8, "top_p": 0.95'
+          [ "$s" = sampled ] && extra="$extra}"
+          [ "$s" = schema ] && extra="$extra, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"l\", \"schema\": $schema}}}"
+          KILN_STEP_PROFILE=1 "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8093 >/tmp/serve-prof.log 2>&1 &
+          spid=$!
+          wait_healthy 8093
+          for round in 1 2; do
+            echo "## served, $s, round $round: $("$k" bench serve --base-url http://localhost:8093 --num-prompts 256 \
+              --max-concurrency 64 --random-input-len 256 --random-output-len 128 --extra-body "$extra" -o json |
+              python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, TTFT %.1f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["mean_ttft_ms"], d["failed"]))')"
+          done
+          kill "$spid"; wait "$spid" || true
+          grep -E "^engine|assert|error" /tmp/serve-prof.log
+        done
+      } 2>&1 | tee "$out/serveprof.md" || status=1
       ;;
     structured)
       k="$bin/tools/kiln/kiln"
