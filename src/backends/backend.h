@@ -119,6 +119,9 @@ class Backend {
   virtual uint64_t device_memory_free() const { return 0; }
   // Bytes the backend holds as its kernels' own scratch (beyond the buffers it was asked for), as of now.
   virtual uint64_t scratch_bytes() const { return 0; }
+  // One line on how the backend ran the programs it was given (e.g. CUDA graphs replayed and captured), for
+  // KILN_STEP_PROFILE; empty: nothing to say.
+  virtual std::string profile_summary() const { return {}; }
 };
 
 // The check every backend's upload/download/copy makes: `t` is contiguous, in host-visible memory or a buffer

@@ -38,7 +38,11 @@ void Engine::Impl::loop() {
   for (const auto& [id, s] : live) open.push_back(id);
   std::sort(open.begin(), open.end());
   for (uint64_t id : open) finish(id, FinishReason::cancelled, "");
-  if (profile.on) profile.print();
+  if (profile.on) {
+    profile.print();
+    if (const std::string how = backend->profile_summary(); !how.empty())
+      fmt::print(stderr, "engine {}\n", how);
+  }
   OPENSSL_thread_stop();  // libcrypto's per-thread state of this thread (the KV cache hashes blocks here)
 }
 

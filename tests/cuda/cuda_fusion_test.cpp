@@ -495,6 +495,45 @@ TEST(CudaFusion, GemmStepsReplayAsLaunchedOneByOne) {
   }
 }
 
+// A server's steps change size as requests come and go: each size keeps its own graph (CudaOptions::graphs
+// of them), so steps that alternate replay instead of capturing each time, and give the bytes the ops give
+// launched one by one.
+TEST(CudaFusion, AlternatingStepsKeepAGraphEach) {
+  const auto run = [](int graphs, std::string* summary) {
+    CudaOptions options = cuda_options_from_env();
+    options.graphs = graphs;
+    options.precision = ops::Precision::precision_fast;
+    auto b = make_cuda_backend(0, options);
+    EXPECT_TRUE(b.ok()) << b.status().to_string();
+    std::vector<uint8_t> out;
+    if (!b.ok()) return out;
+    Layer one = make_layer(**b, 1, DType::q8_0, 7), three = make_layer(**b, 3, DType::q8_0, 8);
+    for (int rep = 0; rep < 4; ++rep) {
+      EXPECT_TRUE((*b)->run(one.program).ok());
+      EXPECT_TRUE((*b)->run(three.program).ok());
+    }
+    for (const Layer* L : {&one, &three}) {
+      std::vector<uint8_t> bytes(L->bytes);
+      EXPECT_TRUE((*b)->download(bytes.data(),
+                                 make_tensor(DType::i8, *L->buf, 0, static_cast<int64_t>(L->bytes)), L->bytes)
+                      .ok());
+      out.insert(out.end(), bytes.begin(), bytes.end());
+    }
+    EXPECT_TRUE((*b)->synchronize().ok());
+    *summary = (*b)->profile_summary();
+    return out;
+  };
+  std::string kept, last, none;
+  const std::vector<uint8_t> a = run(16, &kept), b = run(1, &last), c = run(0, &none);
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == c);
+  EXPECT_TRUE(b == c);
+  // Two shapes: two captures, six replays; keeping one graph, every step captures.
+  EXPECT_NE(kept.find("6 programs replayed as graphs, 2 captured"), std::string::npos) << kept;
+  EXPECT_NE(last.find("0 programs replayed as graphs, 8 captured"), std::string::npos) << last;
+  EXPECT_NE(none.find("8 launched op by op"), std::string::npos) << none;
+}
+
 // The length of each fused sequence (0: an op alone) in the order a backend would run the program.
 std::vector<size_t> fused_lengths(const Program& program) {
   const std::vector<ops::Op>& ops = program.ops();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -117,7 +118,7 @@ class CudaBackend final : public Backend {
     }
   }
   ~CudaBackend() override {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    for (GraphEntry& g : graphs_) cudaGraphExecDestroy(g.exec);
     if (profile_) {
       print_profile();
       cudaEventDestroy(start_);
@@ -148,10 +149,11 @@ class CudaBackend final : public Backend {
     }
     KILN_TRY(select());
     const int32_t max_tokens = graph_failures_ < kGraphMaxFailures ? kGraphMaxTokens : kGraphMaxTokensSafe;
-    if (ctx_.options.graphs && !profile_ && program.n_tokens > 0 && program.n_tokens <= max_tokens) {
+    if (ctx_.options.graphs > 0 && !profile_ && program.n_tokens > 0 && program.n_tokens <= max_tokens) {
       KILN_ASSIGN_OR_RETURN(const bool replayed, run_as_graph(program));
       if (replayed) return Status::ok_status();
     }
+    ++graph_stats_.eager;
     const std::vector<ops::Op>& ops = program.ops();
     for (size_t i = 0; i < ops.size();) {
       if (profile_) KILN_CUDA_TRY(cudaEventRecord(start_, stream_));
@@ -167,6 +169,14 @@ class CudaBackend final : public Backend {
     return Status::ok_status();
   }
   bool host_memory() const override { return false; }
+  std::string profile_summary() const override {
+    const GraphStats& g = graph_stats_;
+    return fmt::format(
+        "{}: {} programs replayed as graphs, {} captured ({} updated in place, {:.1f} ms in all), {} "
+        "launched "
+        "op by op; {} graphs kept",
+        name_, g.launched - g.captured, g.captured, g.updated, g.capture_ms, g.eager, graphs_.size());
+  }
   DType preferred_kv_type() const override { return ctx_.fast ? DType::f16 : DType::f32; }
   ops::Precision precision() const override {
     return ctx_.fast ? ops::Precision::precision_fast : ops::Precision::precision_exact;
@@ -397,23 +407,38 @@ class CudaBackend final : public Backend {
     return shape;
   }
 
+  // A captured step: replayed whenever a program of the same signature comes again.
+  struct GraphEntry {
+    std::vector<uint64_t> sig;  // cuda::program_signature, then the scratch pointers
+    cudaGraphExec_t exec = nullptr;
+    uint64_t version = 0;  // Program::version() of the program it was captured from or matched last
+    std::array<void*, cuda::kScratchSlots> scratch{};  // scratch_ when it was captured
+    std::vector<uint64_t> shape;                       // graph_shape of its graph
+    uint64_t used = 0;                                 // graph_clock_ when it was launched last
+  };
+  struct GraphStats {
+    int64_t launched = 0, captured = 0, updated = 0, eager = 0;
+    double capture_ms = 0;  // capturing, updating or instantiating, and the first launch
+  };
   Result<bool> run_as_graph(const Program& program) {
     // The scratch a graph was captured with must still be there: one grown since (and the old freed) differs.
     std::array<void*, cuda::kScratchSlots> scratch{};
     for (size_t i = 0; i < scratch.size(); ++i) scratch[i] = scratch_[i].p;
-    // The program captured last, unchanged since (its version), needs no signature.
-    if (exec_ != nullptr && program.version() == graph_version_ && scratch == graph_scratch_) {
-      KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
-      return true;
+    ++graph_clock_;
+    // The program replayed last, unchanged since (its version), needs no signature.
+    if (last_graph_ < graphs_.size()) {
+      GraphEntry& g = graphs_[last_graph_];
+      if (program.version() == g.version && scratch == g.scratch) return launch_graph(g);
     }
     std::vector<uint64_t> sig = cuda::program_signature(program);
     for (void* p : scratch) sig.push_back(reinterpret_cast<uint64_t>(p));
-    if (exec_ != nullptr && sig == graph_sig_) {
-      graph_version_ = program.version();
-      KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
-      return true;
+    for (size_t i = 0; i < graphs_.size(); ++i) {
+      if (graphs_[i].sig != sig) continue;
+      last_graph_ = i;
+      graphs_[i].version = program.version();
+      return launch_graph(graphs_[i]);
     }
-    graph_version_ = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     cudaError_t launched = cudaSuccess;
@@ -431,33 +456,59 @@ class CudaBackend final : public Backend {
       return false;
     }
     if (program.n_tokens > kGraphMaxTokensSafe) graph_failures_ = 0;
-    // Same kernels with other parameters (a step further on): update the instantiated graph in place, when
-    // the graph has its shape (graph_shape).
+    ++graph_stats_.captured;
+    // A new entry while there is room; else the least recently used one takes the graph: updated in place
+    // when it has the graph's shape (graph_shape: same kernels, other parameters, cheaper than
+    // instantiating), else instantiated anew.
     std::vector<uint64_t> shape = graph_shape(graph);
-    if (exec_ != nullptr && shape != graph_shape_) {
-      cudaGraphExecDestroy(exec_);
-      exec_ = nullptr;
+    size_t slot = graphs_.size();
+    if (graphs_.size() >= static_cast<size_t>(ctx_.options.graphs)) {
+      slot = 0;
+      for (size_t i = 1; i < graphs_.size(); ++i) {
+        if (graphs_[i].used < graphs_[slot].used) slot = i;
+      }
+    } else {
+      graphs_.emplace_back();
     }
-    if (exec_ != nullptr) {
+    GraphEntry& g = graphs_[slot];
+    if (g.exec != nullptr && g.shape != shape) {
+      cudaGraphExecDestroy(g.exec);
+      g.exec = nullptr;
+    }
+    if (g.exec != nullptr) {
       cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
+      if (cudaGraphExecUpdate(g.exec, graph, &info) != cudaSuccess) {
         cudaGetLastError();
         log_debug(
             "{}: the captured graph did not update in place (cudaGraphExecUpdateResult {}); instantiated "
             "anew",
             name_, static_cast<int>(info.result));
-        cudaGraphExecDestroy(exec_);
-        exec_ = nullptr;
+        cudaGraphExecDestroy(g.exec);
+        g.exec = nullptr;
+      } else {
+        ++graph_stats_.updated;
       }
     }
-    const cudaError_t made = exec_ != nullptr ? cudaSuccess : cudaGraphInstantiate(&exec_, graph, 0);
+    const cudaError_t made = g.exec != nullptr ? cudaSuccess : cudaGraphInstantiate(&g.exec, graph, 0);
     cudaGraphDestroy(graph);
-    KILN_CUDA_TRY(made);
-    graph_sig_ = std::move(sig);
-    graph_version_ = program.version();
-    for (size_t i = 0; i < graph_scratch_.size(); ++i) graph_scratch_[i] = scratch_[i].p;
-    graph_shape_ = std::move(shape);
-    KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+    if (made != cudaSuccess) {
+      graphs_.erase(graphs_.begin() + static_cast<std::ptrdiff_t>(slot));
+      last_graph_ = graphs_.size();
+      return cuda_status(made, "cudaGraphInstantiate");
+    }
+    g.sig = std::move(sig);
+    g.version = program.version();
+    g.scratch = scratch;
+    g.shape = std::move(shape);
+    last_graph_ = slot;
+    graph_stats_.capture_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return launch_graph(g);
+  }
+  Result<bool> launch_graph(GraphEntry& g) {
+    g.used = graph_clock_;
+    ++graph_stats_.launched;
+    KILN_CUDA_TRY(cudaGraphLaunch(g.exec, stream_));
     return true;
   }
 
@@ -568,12 +619,11 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   int graph_failures_ = 0;  // captures of programs of more than 8 tokens that failed in a row
   void* cublas_ws_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-  std::vector<uint64_t> graph_sig_;
-  uint64_t graph_version_ = 0;  // Program::version() of the program exec_ was captured from or matched
-  std::array<void*, cuda::kScratchSlots> graph_scratch_{};  // scratch_ when exec_ was captured
-  uint64_t supported_version_ = 0;     // of the last program whose every op supports() took
-  std::vector<uint64_t> graph_shape_;  // exec_'s (graph_shape)
+  std::vector<GraphEntry> graphs_;  // at most options.graphs
+  size_t last_graph_ = 0;           // the entry launched last (graphs_.size(): none)
+  uint64_t graph_clock_ = 0;        // counts run_as_graph calls: GraphEntry::used
+  GraphStats graph_stats_;
+  uint64_t supported_version_ = 0;  // of the last program whose every op supports() took
   std::map<std::string, OpTime> profile_times_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <string_view>
 
@@ -19,7 +21,13 @@ bool on_unless_zero(const char* name, bool def) {
 
 CudaOptions cuda_options_from_env() {
   CudaOptions o;
-  o.graphs = on_unless_zero("KILN_CUDA_GRAPHS", o.graphs);
+  // KILN_CUDA_GRAPHS: a count (1 keeps only the step captured last); any other non-zero value the default.
+  if (const char* v = std::getenv("KILN_CUDA_GRAPHS"); v != nullptr) {
+    int n = 0;
+    const std::string_view sv(v);
+    const auto [end, ec] = std::from_chars(sv.data(), sv.data() + sv.size(), n);
+    o.graphs = ec == std::errc() && end == sv.data() + sv.size() && n >= 0 ? std::min(n, 256) : o.graphs;
+  }
   o.pdl = on_unless_zero("KILN_CUDA_PDL", o.pdl);
   o.fuse = on_unless_zero("KILN_CUDA_FUSE", o.fuse);
   o.mmq = on_unless_zero("KILN_CUDA_MMQ", o.mmq);
