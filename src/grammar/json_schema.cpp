@@ -473,11 +473,10 @@ Result<std::string> SchemaConverter::visit_alternatives(const Json& s, const std
   if (options_.strict && key == std::string_view("oneOf")) {
     if (const auto both = overlapping_branches(siblings, live)) {
       return unimplemented(
-          "JSON schema: the branches {} and {} of the oneOf at {} may both match one value, and strict asks "
-          "that exactly one match (kiln tells branches apart by their types, const / enum values, and "
-          "required "
-          "properties whose values differ or that the other branch does not allow)",
-          both->first, both->second, at);
+          "JSON schema: the oneOf at {} is not shown exclusive (its branches {} and {} may both match one "
+          "value), and strict asks that exactly one match: kiln tells branches apart by their types, const / "
+          "enum values, and required properties whose values differ or that the other branch does not allow",
+          at, both->first, both->second);
     }
   }
   return rule(hint, fmt::format("{}", fmt::join(alternatives, " | ")));

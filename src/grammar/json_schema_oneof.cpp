@@ -7,12 +7,14 @@
 // "type" accepts every type here, as JSON Schema says (the grammar is tighter): so a proof holds for any
 // value a validator checks, whatever the grammar lets through.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -29,7 +31,7 @@ constexpr uint8_t kNull = 1, kBoolean = 2, kObject = 4, kArray = 8, kString = 16
 
 constexpr int kMaxDepth = 8;                    // schemas followed into properties, $ref and combinators
 constexpr int64_t kMaxShapes = 10'000;          // schemas looked at for one oneOf; past it, shapes are wide
-constexpr int64_t kMaxComparisons = 1'000'000;  // value pairs compared for one oneOf
+constexpr int64_t kMaxComparisons = 1'000'000;  // shape and value pairs compared for one oneOf
 constexpr size_t kMaxMeet = 100'000;  // value pairs compared to intersect two value sets (past it: wider)
 constexpr int kMaxValueDepth = 100;   // const / enum values nested deeper are not read
 
@@ -82,6 +84,28 @@ struct Shape {
   std::set<std::string> required;
   std::optional<std::set<std::string>> allowed;
 };
+
+// `v` as text that is equal for equal values: objects' keys sorted (nlohmann::json's map), and integral
+// numbers written as integers (1.0 as 1).
+std::string canonical(const Value& v) {
+  const auto normal = [](const auto& self, const Value& x) -> Value {
+    if (x.is_number_float()) {
+      const double d = x.get<double>();
+      if (d == std::floor(d) && std::abs(d) < 9.2e18) return Value(static_cast<int64_t>(d));
+      if (d == std::floor(d) && d > 0 && d < 1.8e19) return Value(static_cast<uint64_t>(d));
+      return x;
+    }
+    if (!x.is_structured()) return x;
+    Value out = x.is_object() ? Value::object() : Value::array();
+    if (x.is_object()) {
+      for (const auto& [k, item] : x.items()) out[k] = self(self, item);
+    } else {
+      for (const Value& item : x) out.push_back(self(self, item));
+    }
+    return out;
+  };
+  return normal(normal, v).dump();
+}
 
 bool contains(const std::vector<Value>& values, const Value& v) {
   return std::find(values.begin(), values.end(), v) != values.end();
@@ -168,7 +192,8 @@ Shape join(Shape a, const Shape& b) {
   return a;
 }
 
-// Value comparisons left for one oneOf; past them, two branches count as overlapping.
+// Shape and value comparisons left for one oneOf; past them, two branches count as overlapping (not shown
+// exclusive).
 struct Budget {
   int64_t left = kMaxComparisons;
   bool spend(size_t n) {
@@ -208,6 +233,7 @@ bool objects_exclusive(const Shape& x, const Shape& y, Budget& budget) {
 }
 
 bool may_overlap(const Shape& a, const Shape& b, Budget& budget) {
+  if (!budget.spend(1)) return true;
   const uint8_t common = a.types & b.types;
   if (common == 0) return false;
   if (a.values && b.values) {
@@ -297,6 +323,17 @@ std::optional<std::pair<size_t, size_t>> SchemaConverter::overlapping_branches(
   const Shape common = reader.read(siblings, 0);
   std::vector<Shape> shapes;
   for (const auto& [index, branch] : branches) shapes.push_back(meet(common, reader.read(*branch, 0)));
+  // Only values (a oneOf of consts, however many): exclusive when no value is in two branches.
+  if (std::all_of(shapes.begin(), shapes.end(), [](const Shape& x) { return x.values.has_value(); })) {
+    std::unordered_map<std::string, size_t> owner;  // canonical value -> its first branch, in `shapes`
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      for (const Value& v : *shapes[i].values) {
+        const auto [it, fresh] = owner.emplace(canonical(v), i);
+        if (!fresh && it->second != i) return std::pair{branches[it->second].first, branches[i].first};
+      }
+    }
+    return std::nullopt;
+  }
   Budget budget;
   for (size_t i = 0; i < shapes.size(); ++i) {
     for (size_t j = i + 1; j < shapes.size(); ++j) {

@@ -66,6 +66,11 @@ TEST(JsonSchemaOneOf, ExclusiveBranchesPassStrict) {
   // Disjoint const / enum values at the top, and a value of a type the other branch does not take.
   expect_exclusive(R"({"oneOf": [{"const": "a"}, {"enum": ["b", "c"]}, {"enum": [1, 2]}]})");
   expect_exclusive(R"({"oneOf": [{"const": 3}, {"type": "string"}]})");
+  // However many: a oneOf of 3,000 consts (a documented enum).
+  Json consts = {{"oneOf", Json::array()}};
+  for (int i = 0; i < 3000; ++i)
+    consts["oneOf"].push_back({{"const", i}, {"title", "v" + std::to_string(i)}});
+  expect_exclusive(consts.dump());
   // Objects told apart by a required property's const, enum or type.
   expect_exclusive(R"({"oneOf": [
       {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
@@ -111,6 +116,10 @@ TEST(JsonSchemaOneOf, BranchesThatMayOverlapAreRefusedUnderStrict) {
                  "0 and 1");
   // 1 == 1.0, and object keys in any order are one value.
   expect_overlap(R"({"oneOf": [{"enum": [1, "a"]}, {"const": 1.0}]})", "#/oneOf", "0 and 1");
+  expect_overlap(R"({"oneOf": [{"const": [2, {"x": 1e19}]}, {"const": [2.0, {"x": 10000000000000000000}]}]})",
+                 "#/oneOf", "0 and 1");
+  expect_overlap(R"({"oneOf": [{"const": 0}, {"const": "a"}, {"enum": [null, -0.0]}]})", "#/oneOf",
+                 "0 and 2");
   expect_overlap(R"({"oneOf": [{"const": {"a": 1, "b": [2]}}, {"enum": [{"b": [2], "a": 1}]}]})", "#/oneOf",
                  "0 and 1");
   // A discriminator that neither branch requires: {} matches both.

@@ -1,9 +1,9 @@
 """OpenAI tool calling through `kiln serve`, driven by the unchanged `openai` client.
 
-Tiny random-weight models (a Qwen2 with Qwen2.5's chat template, Llamas with Llama 3.1's and Mistral Nemo's;
-SmolLM2's tokenizer with the templates' markers added) cannot choose a tool, so the calls here are forced: tool_choice "required"
-or a named function makes the server constrain the output to a call in the model's own syntax, whose arguments
-must then validate against the function's schema (jsonschema). The call goes back as an assistant message,
+Tiny random-weight models (a Qwen2 with Qwen2.5's chat template, a Llama with Llama 3.1's, a Mistral with Mistral
+Nemo's; SmolLM2's tokenizer with the templates' markers added) cannot choose a tool, so the calls here are forced:
+tool_choice "required" or a named function makes the server constrain the output to a call in the model's own
+syntax, whose arguments must then validate against the function's schema (jsonschema). The call goes back as an assistant message,
 the tool's answer as a tool message, and the model answers in text. Streamed and not, with the same seed, the
 calls are the same. Bad tool requests are 400s naming the field.
 
