@@ -15,9 +15,11 @@ namespace kiln::grammar {
 namespace {
 
 bool is_annotation(std::string_view key) {
-  static const std::set<std::string_view> kKeys{"$schema",     "$id",       "$comment", "title",
-                                                "description", "default",   "examples", "deprecated",
-                                                "readOnly",    "writeOnly", "$defs",    "definitions"};
+  // discriminator: OpenAPI's (pydantic writes it beside a discriminated union's oneOf), a hint to readers
+  // that changes no value's validity.
+  static const std::set<std::string_view> kKeys{
+      "$schema",    "$id",      "$comment",  "title", "description", "default",      "examples",
+      "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "discriminator"};
   return kKeys.count(key) != 0;
 }
 
@@ -182,8 +184,13 @@ std::string pointer_append(const std::string& pointer, std::string_view token) {
 }
 
 SchemaConverter::SchemaConverter(const Json& root, std::string prefix, std::unordered_set<std::string>& taken,
-                                 size_t text_bytes, const SchemaLimits& limits)
-    : root_(root), prefix_(std::move(prefix)), taken_(taken), text_bytes_(text_bytes), limits_(limits) {}
+                                 size_t text_bytes, const SchemaOptions& options, const SchemaLimits& limits)
+    : root_(root),
+      prefix_(std::move(prefix)),
+      taken_(taken),
+      text_bytes_(text_bytes),
+      options_(options),
+      limits_(limits) {}
 
 Result<std::string> SchemaConverter::convert() { return visit(root_, "#", "", 0); }
 
@@ -441,6 +448,7 @@ Result<std::string> SchemaConverter::visit_alternatives(const Json& s, const std
   }
   std::vector<std::string> alternatives;
   std::unordered_set<std::string> seen;
+  std::vector<std::pair<size_t, const Json*>> live;  // the branches that some value may match
   for (size_t i = 0; i < branches.size(); ++i) {
     const std::string bptr = pointer_append(at, std::to_string(i));
     const std::string bhint = child_hint(hint, std::to_string(i));
@@ -457,9 +465,20 @@ Result<std::string> SchemaConverter::visit_alternatives(const Json& s, const std
       e = visit(merged, bptr, bhint, depth + 1);
     }
     if (!e.ok()) return e.status();
+    live.emplace_back(i, &branch);
     if (seen.insert(*e).second) alternatives.push_back(*e);
   }
   if (alternatives.empty()) return invalid_argument("JSON schema: no branch of {} at {} can match", key, at);
+  // The alternatives are anyOf's: oneOf is exact only when no value can match two branches.
+  if (options_.strict && key == std::string_view("oneOf")) {
+    if (const auto both = overlapping_branches(siblings, live)) {
+      return unimplemented(
+          "JSON schema: the oneOf at {} is not shown exclusive (its branches {} and {} may both match one "
+          "value), and strict asks that exactly one match: kiln tells branches apart by their types, const / "
+          "enum values, and required properties whose values differ or that the other branch does not allow",
+          at, both->first, both->second);
+    }
+  }
   return rule(hint, fmt::format("{}", fmt::join(alternatives, " | ")));
 }
 
@@ -513,14 +532,15 @@ Result<std::string> SchemaConverter::visit_enum(const Json& s, const std::string
   return rule(hint, fmt::format("{}", fmt::join(alternatives, " | ")));
 }
 
-Result<std::string> SchemaGrammar::add(const nlohmann::ordered_json& schema, std::string_view name) {
+Result<std::string> SchemaGrammar::add(const nlohmann::ordered_json& schema, std::string_view name,
+                                       const SchemaOptions& options) {
   const bool valid = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
   });
   if (!valid) return invalid_argument("JSON schema: the rule name '{}' is not [a-z0-9-]+", name);
   std::unordered_set<std::string> taken(names_.begin(), names_.end());
   taken.insert("root");
-  SchemaConverter converter(schema, std::string(name), taken, rules_.size());
+  SchemaConverter converter(schema, std::string(name), taken, rules_.size(), options);
   Result<std::string> converted = std::string();
   try {
     converted = converter.convert();
@@ -557,9 +577,9 @@ std::string SchemaGrammar::add_any_json(std::string_view name, bool object_only)
 
 std::string SchemaGrammar::rules() const { return rules_; }
 
-Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema) {
+Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema, const SchemaOptions& options) {
   SchemaGrammar g;
-  KILN_ASSIGN_OR_RETURN(std::string rule, g.add(schema, "schema"));
+  KILN_ASSIGN_OR_RETURN(std::string rule, g.add(schema, "schema", options));
   return "root ::= " + rule + "\n" + g.rules();
 }
 

@@ -4,18 +4,19 @@
 // Supported: type (one or a list; without it, the types that the keywords present constrain), properties /
 // required / additionalProperties (false, true or a schema; absent: no keys beyond properties when properties
 // is given), items / prefixItems / minItems / maxItems, enum, const (with type: the values of that type),
-// anyOf / oneOf (as alternatives: oneOf's exclusivity is not checked; other keywords beside them apply to
-// each branch), allOf (members merged: properties, required and type combined, any other keyword must agree),
-// minimum / maximum / exclusiveMinimum / exclusiveMaximum for integers and numbers (exact to the digit, the
-// draft-4 boolean exclusive forms too), string minLength / maxLength / pattern (regex.h; JSON Schema's search
-// semantics: a side without ^ or $ may have more text) / format (date with real month lengths and leap years,
-// time, date-time, uuid, email), $ref to any local JSON pointer (#, #/$defs/..., #/definitions/...; recursion
+// anyOf / oneOf (as alternatives; other keywords beside them apply to each branch; oneOf is exact when its
+// branches are shown to exclude each other, else it is anyOf, or refused under SchemaOptions::strict), allOf
+// (members merged: properties, required and type combined, any other keyword must agree), minimum / maximum /
+// exclusiveMinimum / exclusiveMaximum for integers and numbers (exact to the digit, the draft-4 boolean
+// exclusive forms too), string minLength / maxLength / pattern (regex.h; JSON Schema's search semantics: a
+// side without ^ or $ may have more text) / format (date with real month lengths and leap years, time,
+// date-time, uuid, email), $ref to any local JSON pointer (#, #/$defs/..., #/definitions/...; recursion
 // allowed), nesting. Annotations (title, description, default, examples, deprecated, readOnly, writeOnly,
-// $schema, $id, $comment) are ignored; uniqueItems false is accepted. Any other keyword is unimplemented: the
-// message names it and its JSON pointer (`#/properties/age/multipleOf`), so that a schema is never silently
-// loosened. Also unimplemented: pattern beside format, minLength/maxLength beside a pattern whose length
-// varies in more than one place, keywords beside $ref, enum/const beside keywords other than type, remote
-// $refs.
+// $schema, $id, $comment, OpenAPI's discriminator) are ignored; uniqueItems false is accepted. Any other
+// keyword is unimplemented: the message names it and its JSON pointer (`#/properties/age/multipleOf`), so
+// that a schema is never silently loosened. Also unimplemented: pattern beside format, minLength/maxLength
+// beside a pattern whose length varies in more than one place, keywords beside $ref, enum/const beside
+// keywords other than type, remote $refs.
 //
 // Output layout: compact, no whitespace anywhere (`{"a":1,"b":[true,null]}`), so that generations stay short.
 // Properties come in the schema's order; any subset of the optional ones may be left out; additional
@@ -39,6 +40,14 @@
 
 namespace kiln::grammar {
 
+struct SchemaOptions {
+  // A oneOf whose branches are not shown to exclude each other (json_schema_oneof.cpp: different types,
+  // disjoint const / enum values, a required property whose values differ or that the other branch does not
+  // allow) is refused (unimplemented, naming its JSON pointer) instead of being enforced as anyOf, which lets
+  // a value match two branches. OpenAI's json_schema `strict`.
+  bool strict = false;
+};
+
 // Collects the rules of one or more schemas into one GBNF text: each add() returns the name of the rule that
 // matches its schema, so that callers can embed schemas in a larger grammar (tool calls).
 class SchemaGrammar {
@@ -47,7 +56,8 @@ class SchemaGrammar {
   // the keyword and the JSON pointer: invalid_argument for an invalid schema (or one no value matches),
   // unimplemented for an unsupported keyword, resource_exhausted past a size bound. Nothing is added on
   // error.
-  Result<std::string> add(const nlohmann::ordered_json& schema, std::string_view name);
+  Result<std::string> add(const nlohmann::ordered_json& schema, std::string_view name,
+                          const SchemaOptions& options = {});
   // The rule matching any JSON value (json_object's grammar), written compactly; an object when
   // `object_only`.
   std::string add_any_json(std::string_view name, bool object_only);
@@ -60,6 +70,7 @@ class SchemaGrammar {
 };
 
 // A whole grammar: `root` matches the schema.
-Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema);
+Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema,
+                                        const SchemaOptions& options = {});
 
 }  // namespace kiln::grammar

@@ -1,18 +1,21 @@
 // One schema's conversion to GBNF rules (json_schema.h): the walk over the schema (json_schema.cpp: $ref,
-// allOf / anyOf / oneOf, enum / const, type) and the rules of each type (json_schema_types.cpp). Internal to
-// grammar/.
+// allOf / anyOf / oneOf, enum / const, type), the rules of each type (json_schema_types.cpp) and oneOf's
+// exclusivity (json_schema_oneof.cpp). Internal to grammar/.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
+#include "grammar/json_schema.h"
 
 namespace kiln::grammar {
 
@@ -54,7 +57,7 @@ class SchemaConverter {
   // taken: every rule name already in use; the conversion adds its own. text_bytes: GBNF already written
   // beside this conversion's (counted against max_text_bytes).
   SchemaConverter(const Json& root, std::string prefix, std::unordered_set<std::string>& taken,
-                  size_t text_bytes, const SchemaLimits& limits = {});
+                  size_t text_bytes, const SchemaOptions& options = {}, const SchemaLimits& limits = {});
 
   // The rule matching the root schema.
   Result<std::string> convert();
@@ -74,6 +77,11 @@ class SchemaConverter {
   Result<std::string> visit_alternatives(const Json& s, const std::string& ptr, const std::string& hint,
                                          int depth);
   Result<std::string> visit_enum(const Json& s, const std::string& ptr, const std::string& hint);
+  // json_schema_oneof.cpp: two of a oneOf's `branches` (its items, each with the oneOf's `siblings` keywords;
+  // false and unsatisfiable ones left out) that may both accept one value under JSON Schema's rules (not only
+  // the grammar's tighter ones), as their indexes in the oneOf; nothing when no two can.
+  std::optional<std::pair<size_t, size_t>> overlapping_branches(
+      const Json& siblings, const std::vector<std::pair<size_t, const Json*>>& branches) const;
   Result<std::vector<std::string>> types_of(const Json& s, const std::string& ptr) const;
   // allOf: the members (and `s`'s other keywords) merged into one schema; `unsatisfiable` when their types
   // share nothing.
@@ -106,6 +114,7 @@ class SchemaConverter {
   std::string prefix_;
   std::unordered_set<std::string>& taken_;
   size_t text_bytes_;
+  SchemaOptions options_;
   SchemaLimits limits_;
   std::string rules_;
   std::vector<std::string> new_names_;

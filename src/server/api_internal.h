@@ -66,6 +66,7 @@ struct Parsed {
   ToolCallFormat tool_format = ToolCallFormat::none;
   std::vector<std::string> tool_names;
   int32_t max_tool_calls = 0;
+  std::string prompt_suffix;  // a forced call's opening control token (forced_call_prefix), after the chat
 };
 
 // The structured-output fields of `body` (response_format; llama.cpp's grammar, json_schema; vLLM's

@@ -265,7 +265,7 @@ std::optional<ApiError> parse_completion(const std::string& body_text, bool chat
     }
     auto text = engine.render_chat(messages, p.tools);
     if (!text.ok()) return bad("messages", text.status().message());
-    auto tokens = engine.tokenize(*text, /*add_special=*/false);
+    auto tokens = engine.tokenize(*text + p.prompt_suffix, /*add_special=*/false);
     if (!tokens.ok()) return bad("messages", tokens.status().message());
     p.prompts.push_back(std::move(*tokens));
   } else {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "grammar/json_schema.h"
 #include "server/api_internal.h"
 
 namespace kiln::server::api_detail {
@@ -35,6 +36,7 @@ std::string gbnf_literal(const std::string& s) {
 struct Source {
   std::string param;
   OutputConstraint constraint;
+  bool strict = false;  // json_schema: grammar::SchemaOptions::strict
 };
 
 std::optional<ApiError> schema_source(const std::string& param, const json& schema, Source& out) {
@@ -71,7 +73,8 @@ std::optional<ApiError> choice_source(const std::string& param, const json& v, S
 }
 
 // OpenAI's response_format: text (nothing), json_object (any JSON object), json_schema {name, schema,
-// strict}. The schema is always enforced: strict only says the client wants it to be.
+// strict}. The schema is always enforced; strict also refuses what kiln would enforce more loosely than the
+// schema says (a oneOf whose branches may overlap, enforced as anyOf).
 std::optional<ApiError> response_format(const json& rf, std::vector<Source>& out) {
   const json* type = rf.is_object() ? field(rf, "type") : nullptr;
   if (type == nullptr || !type->is_string())
@@ -87,13 +90,15 @@ std::optional<ApiError> response_format(const json& rf, std::vector<Source>& out
       return bad("response_format.json_schema", "'response_format.json_schema' must be an object");
     if (const json* name = field(*js, "name"); name != nullptr && !name->is_string())
       return bad("response_format.json_schema.name", "'response_format.json_schema.name' must be a string");
-    if (const json* strict = field(*js, "strict"); strict != nullptr && !strict->is_boolean())
+    const json* strict = field(*js, "strict");
+    if (strict != nullptr && !strict->is_boolean())
       return bad("response_format.json_schema.strict",
                  "'response_format.json_schema.strict' must be a boolean");
     const json* schema = field(*js, "schema");
     if (schema == nullptr)
       return bad("response_format.json_schema.schema", "'response_format.json_schema.schema' is required");
     if (auto e = schema_source("response_format.json_schema.schema", *schema, s)) return e;
+    s.strict = strict != nullptr && strict->get<bool>();
   } else {
     return bad("response_format",
                fmt::format("'response_format.type' = '{}' must be text, json_object or json_schema", t));
@@ -177,6 +182,14 @@ std::optional<ApiError> read_constraint(const json& body, Engine& engine, Parsed
   }
   if (Status st = engine.check_constraint(sources[0].constraint); !st.ok())
     return bad(sources[0].param, fmt::format("'{}': {}", sources[0].param, st.message()));
+  if (sources[0].strict) {
+    // The engine converts the schema without strict; strict only adds refusals, so a schema it passes gets
+    // the same grammar.
+    const auto schema = nlohmann::ordered_json::parse(sources[0].constraint.text, nullptr, false);
+    Result<std::string> g = grammar::json_schema_to_gbnf(schema, {.strict = true});
+    if (!g.ok())
+      return bad(sources[0].param, fmt::format("'{}': strict: {}", sources[0].param, g.status().message()));
+  }
   p.base.constraint = std::move(sources[0].constraint);
   return std::nullopt;
 }

@@ -205,6 +205,7 @@ std::optional<ApiError> read_tools(const std::string& body_text, const json& bod
   auto grammar = tool_call_grammar(format, callable, parallel && mode == "required");
   if (!grammar.ok()) return bad("tools", grammar.status().message());
   p.base.constraint = {OutputConstraint::Kind::gbnf, std::move(*grammar)};
+  p.prompt_suffix = forced_call_prefix(format);
   return std::nullopt;
 }
 

@@ -1,6 +1,7 @@
-// tool_call_grammar (tool_calls.h): the GBNF of a forced call in the model's own syntax, each function's
-// arguments from its parameters schema (grammar/json_schema.h). The output is written as the chat templates
-// render a call back into the prompt: `{"name": "f", "arguments": {...}}` with ", " and ": " separators.
+// tool_call_grammar and forced_call_prefix (tool_calls.h): the GBNF of a forced call in the model's own
+// syntax, each function's arguments from its parameters schema (grammar/json_schema.h). The output is written
+// as the chat templates render a call back into the prompt: `{"name": "f", "arguments": {...}}` with ", " and
+// ": " separators.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -33,6 +34,10 @@ std::string gbnf_literal(std::string_view s) {
 }
 
 }  // namespace
+
+std::string_view forced_call_prefix(ToolCallFormat format) {
+  return format == ToolCallFormat::mistral ? "[TOOL_CALLS]" : "";
+}
 
 Result<std::string> tool_call_grammar(ToolCallFormat format, const std::vector<ToolDefinition>& tools,
                                       bool parallel) {
@@ -74,10 +79,11 @@ Result<std::string> tool_call_grammar(ToolCallFormat format, const std::vector<T
       root = "root ::= tool-call" + std::string(parallel ? " (\"\\n\" tool-call)*" : "") +
              "\ntool-call ::= \"<tool_call>\\n{\\\"name\\\": \" tool-call-function \"}\\n</tool_call>\"\n";
       break;
-    case ToolCallFormat::llama3:  // one call: the Llama 3 templates render no more than one back
-      root = "root ::= tool-call\ntool-call ::= \"{\\\"name\\\": \" tool-call-function \"}\"\n";
+    case ToolCallFormat::llama3:  // several calls separated by "; ", as vLLM's llama3_json parser reads them
+      root = "root ::= tool-call" + std::string(parallel ? " (\"; \" tool-call)*" : "") +
+             "\ntool-call ::= \"{\\\"name\\\": \" tool-call-function \"}\"\n";
       break;
-    case ToolCallFormat::mistral:  // [TOOL_CALLS] is a control token, which no grammar can produce
+    case ToolCallFormat::mistral:  // after [TOOL_CALLS], which ends the prompt (forced_call_prefix)
       root = "root ::= \"[\" tool-call" + std::string(parallel ? " (\", \" tool-call)*" : "") +
              " \"]\"\ntool-call ::= \"{\\\"name\\\": \" tool-call-function \"}\"\n";
       break;

@@ -8,7 +8,7 @@
 //   also in a ```json (or ```) fenced block, or bare at the start of the output, as small Qwen models write
 //   it.
 // - llama3 (Llama 3.1, 3.2): {"name": "f", "parameters": {...}} at the start of the output, after an optional
-//   <|python_tag|>; several separated by ';'.
+//   <|python_tag|>; several separated by ';' (as vLLM's llama3_json parser reads them, "; ").
 // - mistral (Mistral v3, Nemo): [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]; the marker is a control
 //   token that the output text leaves out, so a list at the start of the output counts too.
 // Extra keys after the arguments (Mistral's "id"), with a string, object or list value, are read and ignored.
@@ -107,11 +107,19 @@ void merge_events(const std::vector<ToolCallEvent>& events, ParsedOutput& out);
 ParsedOutput parse_tool_calls(ToolCallFormat format, std::vector<std::string> names, std::string_view text,
                               int32_t max_calls = std::numeric_limits<int32_t>::max());
 
-// The GBNF grammar of output that calls one of `tools` in `format` (parallel: one call or more, where the
-// format allows several; else exactly one), each call's arguments matching its function's parameters schema
-// (any JSON object when it has none). Errors: the schema's own (invalid_argument, unimplemented,
+// The GBNF grammar of output that calls one of `tools` in `format` (parallel: one call or more; else exactly
+// one), each call's arguments matching its function's parameters schema (any JSON object when it has none),
+// after forced_call_prefix(format). Errors: the schema's own (invalid_argument, unimplemented,
 // resource_exhausted) prefixed with the tool's name; invalid_argument for format none or no tools.
 Result<std::string> tool_call_grammar(ToolCallFormat format, const std::vector<ToolDefinition>& tools,
                                       bool parallel);
+
+// The control token that a forced call's output opens with in `format`, which no grammar over the output's
+// text can write (a vocabulary's control tokens are never allowed): mistral's [TOOL_CALLS]; empty for the
+// others (Qwen's <tool_call> is text to its tokenizer, Llama 3's <|python_tag|> is optional). The prompt of a
+// forced call ends with it, after the template's generation prompt: the model then writes the call as it
+// would after drawing the token itself, and the output is what the parser reads when the decoder leaves the
+// token out (a call list at the start).
+std::string_view forced_call_prefix(ToolCallFormat format);
 
 }  // namespace kiln::server

@@ -1,7 +1,8 @@
 // libFuzzer target: arbitrary bytes as a JSON schema (when they parse as JSON) or else as a regular
 // expression (regex_to_gbnf, and a string schema with that pattern). Every input must end in a Status or in
-// GBNF that parse_gbnf accepts (a converter that writes GBNF the engine refuses is a bug: abort) — never a
-// crash, a sanitizer report, a hang or an unbounded allocation. Compiling and matching GBNF is fuzz_gbnf's.
+// GBNF that parse_gbnf accepts, the same with SchemaOptions::strict when that accepts the schema (a converter
+// that writes GBNF the engine refuses is a bug: abort) — never a crash, a sanitizer report, a hang or an
+// unbounded allocation. Compiling and matching GBNF is fuzz_gbnf's.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,7 +40,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const auto schema = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!schema.is_discarded()) {
-    check(kiln::grammar::json_schema_to_gbnf(schema));
+    const auto loose = kiln::grammar::json_schema_to_gbnf(schema);
+    check(loose);
+    // strict only refuses (a oneOf not shown exclusive): what it passes has the grammar it has without it.
+    const auto strict = kiln::grammar::json_schema_to_gbnf(schema, {.strict = true});
+    if (strict.ok() && (!loose.ok() || *strict != *loose)) {
+      std::fprintf(stderr, "strict changed the grammar of a schema it accepts\n");
+      std::abort();
+    }
     return 0;
   }
   check(kiln::grammar::regex_to_gbnf(text));

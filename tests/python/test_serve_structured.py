@@ -139,6 +139,10 @@ BAD = [
      "response_format.json_schema.schema", "contentEncoding\" at #/properties/a/contentEncoding is not supported"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format.json_schema.schema", "required"),
+    # strict: a oneOf whose branches may overlap (1 is both) is refused, not enforced as anyOf.
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {
+        "type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}}}},
+     "response_format.json_schema.schema", "the oneOf at #/properties/v/oneOf is not shown exclusive"),
     ({"response_format": {"type": "xml"}}, "response_format", "xml"),
     ({"grammar": 'root ::= "a" | ( "b"'}, "grammar", "1:"),
     ({"grammar": "root ::= undefined-rule"}, "grammar", "undefined-rule"),

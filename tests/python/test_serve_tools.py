@@ -1,9 +1,9 @@
 """OpenAI tool calling through `kiln serve`, driven by the unchanged `openai` client.
 
-Tiny random-weight models (a Qwen2 with Qwen2.5's chat template, a Llama with Llama 3.1's; SmolLM2's tokenizer
-with the templates' markers added) cannot choose a tool, so the calls here are forced: tool_choice "required"
-or a named function makes the server constrain the output to a call in the model's own syntax, whose arguments
-must then validate against the function's schema (jsonschema). The call goes back as an assistant message,
+Tiny random-weight models (a Qwen2 with Qwen2.5's chat template, a Llama with Llama 3.1's, a Mistral with Mistral
+Nemo's; SmolLM2's tokenizer with the templates' markers added) cannot choose a tool, so the calls here are forced:
+tool_choice "required" or a named function makes the server constrain the output to a call in the model's own
+syntax, whose arguments must then validate against the function's schema (jsonschema). The call goes back as an assistant message,
 the tool's answer as a tool message, and the model answers in text. Streamed and not, with the same seed, the
 calls are the same. Bad tool requests are 400s naming the field.
 
@@ -129,6 +129,12 @@ def tiny_model(root: Path, arch: str) -> Path:
     if arch == "qwen2":
         tok.add_tokens(["<tool_call>", "</tool_call>"])  # plain added tokens, as in Qwen2.5's tokenizer
         template, config_class, eos = "qwen2.5", transformers.Qwen2Config, ["<|im_end|>"]
+    elif arch == "mistral":  # Mistral v3's control tokens
+        tok.add_special_tokens({"additional_special_tokens": [
+            "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]})
+        tok.bos_token, tok.eos_token = "<s>", "</s>"
+        template, config_class, eos = "mistral-nemo", transformers.MistralConfig, ["</s>"]
     else:
         tok.add_special_tokens({"additional_special_tokens": [
             "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
@@ -148,7 +154,7 @@ def tiny_model(root: Path, arch: str) -> Path:
     return out
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
+@pytest.fixture(scope="module", params=["qwen2", "llama", "mistral"])
 def server(request, tmp_path_factory):
     if not SMOLLM.exists():
         pytest.skip(f"missing {SMOLLM} (scripts/fetch-models.sh)")
@@ -211,13 +217,14 @@ def test_rendering_matches_transformers(server):
 
 def test_required_call_then_answer(server):
     c = server.client
+    # Llama 3.1's template renders no more than one call back.
     r = c.chat.completions.create(model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=200,
-                                  seed=1)
+                                  seed=1, parallel_tool_calls=server.arch != "llama")
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls", ch
     check_calls(ch.message.tool_calls)
     if server.arch == "llama":
-        assert len(ch.message.tool_calls) == 1  # its template renders one call back
+        assert len(ch.message.tool_calls) == 1
     # The call and the tool's answer go back; the model answers in text.
     messages = USER + [ch.message.model_dump(exclude_none=True)] + [
         {"role": "tool", "tool_call_id": tc.id, "content": '{"temperature": 21}'} for tc in ch.message.tool_calls]
@@ -255,6 +262,29 @@ def test_named_function_and_one_call(server):
     r = c.chat.completions.create(model="m", messages=USER, tools=TOOLS, tool_choice="required",
                                   parallel_tool_calls=False, max_tokens=200, seed=5)
     assert len(r.choices[0].message.tool_calls) == 1
+
+
+def test_forced_call_prompt_ends_with_the_call_token(server):
+    """Mistral's calls open with [TOOL_CALLS], a control token that the grammar cannot write: a forced call's
+    prompt ends with it, and the model writes the call list after it. The others' prompts are the chat's."""
+    chat = server.post("/tokenize", {"messages": USER, "tools": TOOLS})["tokens"]
+    for stream in (False, True):
+        kw = dict(model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=200, seed=8)
+        if stream:
+            chunks = list(server.client.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                                **kw))
+            usage = chunks[-1].usage
+            assert any(ch.choices and ch.choices[0].delta.tool_calls for ch in chunks)
+        else:
+            r = server.client.chat.completions.create(**kw)
+            usage = r.usage
+            assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+            check_calls(r.choices[0].message.tool_calls)
+        assert usage.prompt_tokens == len(chat) + (server.arch == "mistral")
+    if server.arch == "mistral":
+        marker = server.post("/tokenize", {"prompt": "[TOOL_CALLS]", "add_special_tokens": False})["tokens"]
+        assert len(marker) == 1
+        assert server.detokenize(chat + marker).endswith("[/INST][TOOL_CALLS]")
 
 
 def test_tool_choice_none_answers_in_text(server):

@@ -169,8 +169,15 @@ TEST(ToolCallGrammar, Llama3AndMistral) {
   const std::string llama = grammar_of(ToolCallFormat::llama3, /*parallel=*/true);
   EXPECT_TRUE(accepts(llama, R"({"name": "add", "parameters": {"a": 1, "b": 2}})"));
   EXPECT_FALSE(accepts(llama, R"({"name": "add", "arguments": {"a": 1, "b": 2}})"));
+  // Several calls separated by "; " (parallel_tool_calls true), exactly one without parallel.
+  const std::string two =
+      R"({"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "ping", "parameters": {}})";
+  EXPECT_TRUE(accepts(llama, two));
   EXPECT_FALSE(accepts(
-      llama, R"({"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "ping", "parameters": {}})"));
+      llama, R"({"name": "add", "parameters": {"a": 1, "b": 2}} {"name": "ping", "parameters": {}})"));
+  const std::string llama_one = grammar_of(ToolCallFormat::llama3, /*parallel=*/false);
+  EXPECT_TRUE(accepts(llama_one, R"({"name": "add", "parameters": {"a": 1, "b": 2}})"));
+  EXPECT_FALSE(accepts(llama_one, two));
   const std::string mistral = grammar_of(ToolCallFormat::mistral, /*parallel=*/true);
   EXPECT_TRUE(accepts(mistral, R"([{"name": "add", "arguments": {"a": 1, "b": 2}}])"));
   EXPECT_TRUE(accepts(
@@ -185,7 +192,8 @@ TEST(ToolCallGrammar, WhatItAcceptsParsesAsTheSameCalls) {
     std::string text;
   } outputs[] = {
       {ToolCallFormat::hermes, kAdd + "\n" + kWeather},
-      {ToolCallFormat::llama3, R"({"name": "add", "parameters": {"a": 1, "b": 2}})"},
+      {ToolCallFormat::llama3,
+       R"({"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "ping", "parameters": {}})"},
       {ToolCallFormat::mistral,
        R"([{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "ping", "arguments": {}}])"},
   };
@@ -195,8 +203,27 @@ TEST(ToolCallGrammar, WhatItAcceptsParsesAsTheSameCalls) {
     const std::string accepted = accepts_exactly(g, o.text) ? o.text : compact_arguments(o.text);
     const ParsedOutput p = parse_tool_calls(o.format, names, accepted);
     EXPECT_EQ(p.content, "") << o.text;
-    EXPECT_EQ(p.calls.size(), o.format == ToolCallFormat::llama3 ? 1u : 2u) << o.text;
+    ASSERT_EQ(p.calls.size(), 2u) << o.text;
     EXPECT_EQ(p.calls[0].name, "add");
+    EXPECT_EQ(nlohmann::json::parse(p.calls[0].arguments), nlohmann::json::parse(R"({"a": 1, "b": 2})"));
+  }
+}
+
+// Mistral's [TOOL_CALLS] is a control token: the prompt of a forced call ends with it, and the grammar writes
+// the list after it. The output parses as calls whether the decoder writes the token or leaves it out.
+TEST(ToolCallGrammar, ForcedCallPrefixIsTheControlTokenTheGrammarCannotWrite) {
+  EXPECT_EQ(forced_call_prefix(ToolCallFormat::mistral), "[TOOL_CALLS]");
+  EXPECT_EQ(forced_call_prefix(ToolCallFormat::hermes), "");
+  EXPECT_EQ(forced_call_prefix(ToolCallFormat::llama3), "");
+  const std::string g = grammar_of(ToolCallFormat::mistral, /*parallel=*/false);
+  const std::string out = R"([{"name": "add", "arguments": {"a": 1, "b": 2}}])";
+  EXPECT_TRUE(accepts(g, out));
+  EXPECT_FALSE(accepts(g, "[TOOL_CALLS]" + out));
+  for (const std::string& text : {out, "[TOOL_CALLS]" + out}) {
+    const std::string accepted = accepts_exactly(g, out) ? text : compact_arguments(text);
+    const ParsedOutput p = parse_tool_calls(ToolCallFormat::mistral, {"add"}, accepted);
+    EXPECT_EQ(p.content, "") << text;
+    ASSERT_EQ(p.calls.size(), 1u) << text;
     EXPECT_EQ(nlohmann::json::parse(p.calls[0].arguments), nlohmann::json::parse(R"({"a": 1, "b": 2})"));
   }
 }
