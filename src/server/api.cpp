@@ -36,6 +36,16 @@ std::string random_id(const char* prefix) {
 
 }  // namespace
 
+int64_t queued_charge(const std::vector<std::vector<int32_t>>& prompts, int32_t n, const Request& base) {
+  int64_t bytes = static_cast<int64_t>(base.cache_salt.size());
+  bytes += static_cast<int64_t>(base.sampling.logit_bias.size() * sizeof(base.sampling.logit_bias[0]));
+  for (const std::string& stop : base.sampling.stop) bytes += static_cast<int64_t>(stop.size());
+  const int64_t per_choice = kQueuedChoiceTokens + (3 * bytes + kQueuedTokenBytes - 1) / kQueuedTokenBytes;
+  int64_t tokens = 0;
+  for (const auto& prompt : prompts) tokens += (static_cast<int64_t>(prompt.size()) + per_choice) * n;
+  return tokens;
+}
+
 bool keys_equal(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) {
     (void)CRYPTO_memcmp(a.data(), a.data(), a.size());  // the same work as a comparison of equal lengths
@@ -169,16 +179,15 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
                    "unavailable_error", "", "server_busy"});
     }
   }
-  int64_t tokens = 0;
-  for (const auto& prompt : p.prompts) tokens += static_cast<int64_t>(prompt.size()) * p.n;
+  const int64_t tokens = queued_charge(p.prompts, p.n, p.base);
   if (options_.max_queued_tokens > 0) {
     const int64_t queued = queued_tokens_->load();
     if (queued + tokens > options_.max_queued_tokens) {
       metrics_->rejected.fetch_add(1);
       return fail({503,
-                   fmt::format("the queue is full: {} prompt tokens wait, this request adds {} "
-                               "(--max-queued-tokens {})",
-                               queued, tokens, options_.max_queued_tokens),
+                   fmt::format("the queue is full: the requests waiting count {} tokens, this one {} (its "
+                               "prompt tokens and {} a choice) (--max-queued-tokens {})",
+                               queued, tokens, kQueuedChoiceTokens, options_.max_queued_tokens),
                    "unavailable_error", "", "server_busy"});
     }
   }

@@ -30,10 +30,23 @@ struct ApiOptions {
   // Counted here, not by the engine's max_queued, so that a request of n choices is let in whole or not at
   // all.
   int32_t max_queue = 0;
-  // Generation requests are refused with 503 when the prompt tokens of the requests not yet started (queued
-  // or in their first prefill) would pass this many (0: never): the memory a burst holds, bounded.
+  // Generation requests are refused with 503 when the charges (queued_charge) of the requests not yet started
+  // (queued or in their first prefill) would pass this many tokens (0: never): the memory a burst holds,
+  // bounded at max_queued_tokens * kQueuedTokenBytes.
   int64_t max_queued_tokens = 0;
 };
+
+// What a request not yet started holds, reckoned in tokens of kQueuedTokenBytes. Per choice: its prompt's
+// tokens (an id, 4 bytes, and the allocator's rounding: under 10 bytes a token measured, about 50 with echo
+// and logprobs; the request's text and JSON are freed once it is parsed); kQueuedChoiceTokens for what every
+// request holds besides (its connection, the engine's request and sampler: under 10 KiB measured); and three
+// times the bytes of its logit_bias, stop strings and cache_salt, which the engine and its sampler each copy
+// (a logit_bias entry of 8 bytes holds 16 to 24 measured, the copies and the allocator's share of their
+// transients). bench/burst_memory.py measures what a queued request holds beside this charge.
+inline constexpr int64_t kQueuedTokenBytes = 64;
+inline constexpr int64_t kQueuedChoiceTokens = 256;  // 16 KiB
+// prompts: the request's tokenized prompts, each sampled n times; base: the fields every choice copies.
+int64_t queued_charge(const std::vector<std::vector<int32_t>>& prompts, int32_t n, const Request& base);
 
 class Api {
  public:

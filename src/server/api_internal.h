@@ -127,7 +127,8 @@ struct Api::Generation {
   std::shared_ptr<Exchange> ex;
   std::shared_ptr<ServerMetrics> metrics;
   std::shared_ptr<std::atomic<int64_t>> in_flight;
-  // The prompt tokens this request adds to the server's queue (Api's queued_tokens_) until its first event.
+  // The tokens this request adds to the server's queue (Api's queued_tokens_, queued_charge) until its first
+  // event.
   std::shared_ptr<std::atomic<int64_t>> queue_counter;
   int64_t queued_tokens = 0;
   Engine* engine = nullptr;

@@ -169,6 +169,10 @@ class Session : public std::enable_shared_from_this<Session> {
     for (const auto& f : req)
       r.headers.emplace_back(std::string(sv(f.name_string())), std::string(sv(f.value())));
     r.body = std::move(parser_->get().body());
+    // What the request arrived in is let go before it is answered: a queued request holds its header fields
+    // and read buffer (up to --max-body and 64 KiB of header) no longer than its handler runs.
+    parser_.reset();
+    buffer_.shrink_to_fit();  // bytes a client pipelined are kept
     ++seq_;
     answering_ = true;
     streaming_ = false;

@@ -41,10 +41,12 @@ def test_a_burst_of_ten_times_the_slots_is_answered():
 
 
 def test_the_token_bound_sheds_only_the_excess_and_disconnects_leave_the_queue():
-    s = Server("--parallel", 1, "--max-queued-tokens", 450, "-c", 1024)
+    # A queued request is charged its prompt tokens and 256 more (what it holds besides them, server/api.h):
+    # two 200-token prompts (456 each) and a one-token one (257) fit 1,250; a third long one does not.
+    s = Server("--parallel", 1, "--max-queued-tokens", 1250, "-c", 1024)
     try:
         holder = long_request(s, 1000)
-        prompt = " ".join(["word"] * 200)  # about 200 tokens each: two fit the bound, the third does not
+        prompt = " ".join(["word"] * 200)  # 200 tokens
         statuses = [None] * 3
 
         def send(i):
@@ -70,6 +72,10 @@ def test_the_token_bound_sheds_only_the_excess_and_disconnects_leave_the_queue()
         while s.metrics()["kiln:num_requests_waiting"] < 3:
             assert time.time() < deadline
             time.sleep(0.02)
+        # Another one-token request does not fit: by its prompt tokens alone it would.
+        status, body, _ = s.request("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 2})
+        assert status == 503 and body["error"]["code"] == "server_busy", body
+        assert s.metrics()["kiln:num_requests_rejected_total"] == 2
         sock.close()
         while s.metrics()["kiln:num_requests_waiting"] > 2:
             assert time.time() < deadline, "the hung-up request stayed queued"

@@ -22,13 +22,13 @@
 namespace kiln::cli {
 namespace {
 
-// The default bound on queued prompt tokens: 1/8 of the machine's memory at 64 bytes a queued token (its id
-// in the request and the engine, the request's text, the JSON around it), so that a burst cannot take the
-// server's memory, and short of that every valid request waits its turn.
+// The default bound on queued tokens: 1/8 of the machine's memory at what a queued token is reckoned to hold
+// (server::kQueuedTokenBytes; server::queued_charge), so that a burst cannot take the server's memory, and
+// short of that every valid request waits its turn.
 int64_t default_max_queued_tokens() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return int64_t{1} << 24;
-  return static_cast<int64_t>(pages) * page / 8 / 64;
+  return static_cast<int64_t>(pages) * page / 8 / server::kQueuedTokenBytes;
 }
 
 struct ServeOptions {
@@ -168,8 +168,9 @@ void register_serve(CLI::App& app, int& rc) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--max-queued-tokens", o->max_queued_tokens,
-                  "Prompt tokens of requests not started yet at most; more get 503 (0: no limit; default: "
-                  "what 1/8 of this machine's memory holds at 64 bytes a token)")
+                  "Prompt tokens of requests not started yet at most, each choice counting 256 more (and "
+                  "its logit_bias and stop strings); more get 503 (0: no limit; default: what 1/8 of this "
+                  "machine's memory holds at 64 bytes a token)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--queue-timeout", o->queue_timeout,
                   "Seconds a request may wait for admission; later it gets 503 (0: no limit)")
