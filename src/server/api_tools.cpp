@@ -190,6 +190,9 @@ std::optional<ApiError> read_tools(const std::string& body_text, const json& bod
   }
   p.tool_format = format;
   for (const ToolDefinition& d : p.tools) p.tool_names.push_back(d.name);
+  // A template that refuses several calls in one assistant message (Meta's Llama 3.1 and 3.2 templates raise
+  // "only supports single tool-calls at once") gets one: a second could not be sent back to it.
+  if (model.chat_template.find("only supports single tool-call") != std::string_view::npos) parallel = false;
   p.max_tool_calls = parallel ? std::numeric_limits<int32_t>::max() : 1;
   if (mode == "auto") return std::nullopt;
   if (p.base.constraint.kind != OutputConstraint::Kind::none) {
