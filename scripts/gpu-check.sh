@@ -7,6 +7,7 @@
 #   BASE_TREE=DIR also builds an earlier tree (kiln, matmul_bench; BASE_TARGETS others) in /tmp/kiln-base for A/B
 #             runs: see below.
 #   test      the C++ tests that need no model file (core, ops: the op harness on CUDA, cuda)
+#   cudatests cuda_tests alone (CUDA_TESTS_FILTER: a gtest filter), with no other test binary to build
 #   sanitize  the CUDA op harness under compute-sanitizer memcheck and racecheck (SANITIZE_FILTER: a gtest filter
 #             instead of every OpHarness test; SANITIZE_TESTS=cuda_tests: that test binary instead of ops_tests)
 #   bench     bench/matmul_bench --device cuda (GEMV / GEMM kernels against the card's copy bandwidth; BENCH_ARGS its
@@ -75,7 +76,12 @@ steps=("$@")
 deps=/tmp/kiln-deps
 mkdir -p "$deps"
 # A later call on the same machine may come without .gpu-deps: what an earlier one unpacked is kept.
-for f in .gpu-deps/*.deb; do if [ -e "$f" ]; then dpkg -x "$f" "$deps"; fi; done
+# A machine with nlohmann/json of its own keeps it: two versions' headers on the include paths (ours beside PCRE2's,
+# the system's elsewhere) give the libraries different inline namespaces, and the link fails.
+for f in .gpu-deps/*.deb; do
+  if [[ $f == *nlohmann-json* ]] && [ -e /usr/include/nlohmann/json.hpp ]; then continue; fi
+  if [ -e "$f" ]; then dpkg -x "$f" "$deps"; fi
+done
 lib="$deps/usr/lib/x86_64-linux-gnu"
 export PATH="$deps/usr/bin:$PATH"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -222,6 +228,11 @@ for step in "${steps[@]}"; do
         grep -vE "^\[ *(RUN|OK) " "$out/$t.log" | head -80 || true
         cat "$out/$t.log" >>"$out/tests.log" && rm "$out/$t.log"
       done
+      ;;
+    cudatests)
+      "$bin/tests/cuda_tests" --gtest_brief=1 --gtest_filter="${CUDA_TESTS_FILTER:-*}" >"$out/cuda_tests.log" 2>&1 ||
+        status=1
+      tail -5 "$out/cuda_tests.log"
       ;;
     sanitize)
       # SANITIZE_EACH=SECONDS: each test the filter names in a run of its own, cut at that many seconds (a slow
