@@ -11,28 +11,35 @@ namespace kiln {
 
 namespace {
 
+// The variable's value; empty when it is not set.
+std::string_view variable(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string_view() : std::string_view(v);
+}
+
 // A default-on option: off only when the variable is set to "0".
 bool on_unless_zero(const char* name, bool def) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? def : std::string_view(v) != "0";
+  const std::string_view v = variable(name);
+  return v.empty() ? def : v != "0";
+}
+
+// A count from 0 to `most`; the default when the variable is unset or not such a number.
+int count_or(const char* name, int def, int most) {
+  const std::string_view v = variable(name);
+  int n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  return !v.empty() && ec == std::errc() && end == v.data() + v.size() && n >= 0 ? std::min(n, most) : def;
 }
 
 }  // namespace
 
 CudaOptions cuda_options_from_env() {
   CudaOptions o;
-  // KILN_CUDA_GRAPHS: a count (1 keeps only the step captured last); any other non-zero value the default.
-  if (const char* v = std::getenv("KILN_CUDA_GRAPHS"); v != nullptr) {
-    int n = 0;
-    const std::string_view sv(v);
-    const auto [end, ec] = std::from_chars(sv.data(), sv.data() + sv.size(), n);
-    o.graphs = ec == std::errc() && end == sv.data() + sv.size() && n >= 0 ? std::min(n, 256) : o.graphs;
-  }
+  o.graphs = count_or("KILN_CUDA_GRAPHS", o.graphs, 256);  // 1 keeps only the step captured last
   o.pdl = on_unless_zero("KILN_CUDA_PDL", o.pdl);
   o.fuse = on_unless_zero("KILN_CUDA_FUSE", o.fuse);
   o.mmq = on_unless_zero("KILN_CUDA_MMQ", o.mmq);
-  const char* profile = std::getenv("KILN_CUDA_PROFILE");
-  o.profile = profile != nullptr && std::string_view(profile) == "1";
+  o.profile = variable("KILN_CUDA_PROFILE") == "1";
   return o;
 }
 

@@ -70,7 +70,8 @@ struct CudaOptions {
 };
 
 // The defaults, with the variables of the table above that are set applied (any value but "0" turns a
-// default-on option on; KILN_CUDA_PROFILE only "1" turns profiling on).
+// default-on option on; KILN_CUDA_GRAPHS takes a count, and a value that is not one keeps the default;
+// KILN_CUDA_PROFILE only "1" turns profiling on).
 CudaOptions cuda_options_from_env();
 // The options as one line, for the log.
 std::string describe(const CudaOptions& o);
