@@ -48,7 +48,8 @@
 #             files and the peer's build), and one `kiln run --gpu-layers` generation
 #   fit       bench/gpu_fit.py: a model whose weights do not fit the GPU's free memory (the rest held by another
 #             process) loads with the layers that fit, unasked (the 8B Q4_K_M when prep has made it)
-#   serve     kiln serve on CUDA under load, beside kiln bench --batch 64 of the same model (the engine's ceiling):
+#   serve     kiln serve on CUDA under load, beside kiln bench --batch 64 --pg 256,128 of the same model (the engine's
+#             ceilings: decode alone, and the same requests with their prefill):
 #             kiln bench serve at 1, 16 and 64 concurrent requests (256-token random prompts, 128 tokens out),
 #             greedy and sampled (temperature 0.8, top_p 0.95, repetition_penalty 1.1, no top_k), on SERVE_FILES
 #             (default: the default model, when .gpu-model's parts have made it, and the 8B BF16 of prep); then
@@ -327,7 +328,7 @@ for step in "${steps[@]}"; do
         path=/tmp/kiln-models/$f.gguf
         [ -e "$path" ] || { echo "$f: not here"; status=1; continue; }
         echo "## $f"
-        "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\|" || status=1
+        "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 --pg 256,128 -r 2 2>&1 | grep -E "^\|" || status=1
         echo "--deterministic:"
         "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 2 --deterministic 2>&1 | grep -E "^\| [^-]" || status=1
         "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --max-queue 0 --port 8090 >"/tmp/serve-$f.log" 2>&1 &
@@ -416,7 +417,8 @@ for step in "${steps[@]}"; do
       {
         [ -e "$path" ] || { echo "$path: not here"; exit 1; }
         echo "## kiln bench --batch 64"
-        KILN_STEP_PROFILE=1 "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 -r 1 2>&1 | grep -E "^\| [^-]|^engine"
+        KILN_STEP_PROFILE=1 "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 --pg 256,128 -r 1 2>&1 |
+          grep -E "^\| [^-]|^engine"
         schema='{"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 30, "maxItems": 30}}, "required": ["items"], "additionalProperties": false}'
         for s in greedy sampled schema; do
           extra='{"ignore_eos": true, "temperature": 0}'

@@ -33,12 +33,14 @@
 namespace kiln {
 
 struct EngineOptions {
-  std::string model_path;          // a GGUF file or a Hugging Face folder
-  int32_t n_threads = 0;           // CPU threads; 0: physical cores
-  int32_t n_ctx = 0;               // tokens per sequence (prompt + output); 0: min(training context, 4096)
-  int32_t n_seq_max = 1;           // sequences decoded together; more requests wait in a queue
-  int32_t max_batch_tokens = 512;  // tokens per forward step (prefill chunks are cut to fit)
-  int32_t kv_block_size = 16;      // tokens per KV cache block
+  std::string model_path;  // a GGUF file or a Hugging Face folder
+  int32_t n_threads = 0;   // CPU threads; 0: physical cores
+  int32_t n_ctx = 0;       // tokens per sequence (prompt + output); 0: min(training context, 4096)
+  int32_t n_seq_max = 1;   // sequences decoded together; more requests wait in a queue
+  // Tokens per forward step (prefill chunks are cut to fit); 0: by device, 512 on the CPU and 2048 on a GPU
+  // (whose steps cost more to launch: fewer, larger prefill chunks).
+  int32_t max_batch_tokens = 0;
+  int32_t kv_block_size = 16;  // tokens per KV cache block
   // "f32", "f16", or "auto": the backend's preference (Backend::preferred_kv_type): f16 on a GPU with
   // quantize_activations (as llama.cpp's default cache), else f32.
   std::string kv_type = "auto";

@@ -119,6 +119,9 @@ class Backend {
   virtual uint64_t device_memory_free() const { return 0; }
   // Bytes the backend holds as its kernels' own scratch (beyond the buffers it was asked for), as of now.
   virtual uint64_t scratch_bytes() const { return 0; }
+  // The rows a decode step of `rows` sequences is best padded to (models' pad_decode): a backend that
+  // replays recorded steps records one per size it returns. `rows` itself: no padding.
+  virtual int32_t padded_rows(int32_t rows) const { return rows; }
   // One line on how the backend ran the programs it was given (e.g. CUDA graphs replayed and captured), for
   // KILN_STEP_PROFILE; empty: nothing to say.
   virtual std::string profile_summary() const { return {}; }

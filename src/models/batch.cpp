@@ -109,4 +109,23 @@ Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
   return Status::ok_status();
 }
 
+bool pad_decode(Batch& b, int32_t rows, std::span<const int32_t> spare_table) {
+  const auto n = static_cast<size_t>(b.n_tokens());
+  if (static_cast<size_t>(rows) <= n || spare_table.size() != 1 || b.block_tables.size() != n ||
+      b.logit_rows.size() != n || (b.argmax_vocab == 0 && b.sample_vocab == 0))
+    return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (b.seq[i] != static_cast<int32_t>(i) || b.logit_rows[i] != static_cast<int32_t>(i)) return false;
+  }
+  for (auto i = static_cast<int32_t>(n); i < rows; ++i) {
+    b.tokens.push_back(0);
+    b.positions.push_back(0);
+    b.seq.push_back(i);
+    b.block_tables.push_back(spare_table);
+    b.logit_rows.push_back(i);
+    if (b.sample_vocab > 0) b.sample_rows.push_back(ops::SampleRow{});  // greedy, no mask, nothing reported
+  }
+  return true;
+}
+
 }  // namespace kiln

@@ -1,6 +1,6 @@
 // Batch: the input of Model::forward, the one path every token takes (docs/architecture.md).
 // A flat list of tokens from any number of sequences: a prefill is many tokens of one sequence, a decode one
-// token of each of many sequences, and a step may mix both. Nothing is padded.
+// token of each of many sequences, and a step may mix both. Nothing is padded unless pad_decode() says so.
 #pragma once
 
 #include <cstdint>
@@ -61,5 +61,14 @@ struct KvGeometry {
 // every block id inside the pool, and no token reading a freed block (ops::kFreedBlock) inside its window.
 // invalid_argument / out_of_range naming the field and index.
 Status check_batch(const Batch& batch, int32_t n_vocab, const KvGeometry& kv);
+
+// Pads a decode step (one token and one wanted row for each sequence, its tokens drawn on the backend) to
+// `rows` rows with rows that change nothing: token 0 at position 0 of a sequence whose block table is
+// `spare_table` (one block that no sequence owns: each pad writes its K/V there and reads them back), greedy
+// when the step samples. A backend that replays recorded steps (CUDA graphs) then records one step per padded
+// size instead of one per batch size. The real rows keep their indices; the pads' results follow them and
+// are not read. spare_table must outlive the batch's use. Returns false, the batch unchanged, when it is not
+// such a step or has `rows` rows or more.
+bool pad_decode(Batch& batch, int32_t rows, std::span<const int32_t> spare_table);
 
 }  // namespace kiln

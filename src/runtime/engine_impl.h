@@ -134,6 +134,9 @@ struct Engine::Impl {
   // The masks of a sampled step's constrained rows into batch.sample_mask (row i: samplers[i]'s), in
   // parallel on mask_pool when there are several.
   void fill_masks(std::span<Sampler* const> samplers);
+  // A decode step whose tokens the backend chooses, padded to the backend's padded_rows (pad_decode), unless
+  // layers run on the host.
+  void pad();
   // Row `row` of a sampled step's output (Batch::sample_vocab), read from token_ids.
   ops::SampleOut sampled_row(size_t row) const;
   // Streams the token the request's sampler chose (or ends the request with the sampler's error).
@@ -172,6 +175,10 @@ struct Engine::Impl {
   // batch.sample_n_top, logit rows].
   std::vector<int32_t> token_ids;
   bool backend_samples = false;  // the output backend runs ops::Sample (set at load)
+  int32_t spare_block = -1;      // the KV block past the cache's that padded decode rows write; -1: none
+  // Tokens per step when EngineOptions::max_batch_tokens is 0: on the CPU, and on a device backend, where a
+  // step that runs op by op (a prompt chunk's) spends milliseconds launching its kernels.
+  static constexpr int32_t kHostBatchTokens = 512, kDeviceBatchTokens = 2048;
   // The threads that fill a step's grammar masks (the engine's CPU threads, at most kMaskThreads), made by
   // the first step with two constrained rows or more.
   static constexpr int32_t kMaskThreads = 4;

@@ -43,8 +43,8 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     return invalid_argument("max_queued = {} must be >= 0 (0: no limit)", opt.max_queued);
   if (opt.offload_min_tokens < 0)
     return invalid_argument("offload_min_tokens = {} must be >= 0 (0: never)", opt.offload_min_tokens);
-  if (opt.max_batch_tokens < 1)
-    return invalid_argument("max_batch_tokens = {} must be >= 1", opt.max_batch_tokens);
+  if (opt.max_batch_tokens < 0)
+    return invalid_argument("max_batch_tokens = {} must be >= 0 (0: by device)", opt.max_batch_tokens);
   if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
     return invalid_argument("kv_block_size = {} must be in [1, 1024]", opt.kv_block_size);
   }
@@ -72,6 +72,8 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   model_options.n_ctx = n_ctx;
   KILN_TRY(make_backends(*file, model_options));
   const bool device = !backend->host_memory();
+  if (options.max_batch_tokens == 0)
+    options.max_batch_tokens = device ? kDeviceBatchTokens : kHostBatchTokens;
   const DType kv_type = opt.kv_type == "f16"    ? DType::f16
                         : opt.kv_type == "auto" ? backend->preferred_kv_type()
                                                 : DType::f32;
@@ -102,19 +104,24 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     }
   }
   KILN_TRY(load_chat_template(opt.model_path, folder));
-  KILN_ASSIGN_OR_RETURN(const int32_t n_blocks, size_kv_pool(mi, n_ctx, kv_type));
-  KILN_ASSIGN_OR_RETURN(KvBuffers buffers, KvBuffers::allocate(*model, opt.kv_block_size, n_blocks, kv_type));
+  KILN_ASSIGN_OR_RETURN(const int32_t n_pool, size_kv_pool(mi, n_ctx, kv_type));
+  KILN_ASSIGN_OR_RETURN(KvBuffers buffers, KvBuffers::allocate(*model, opt.kv_block_size, n_pool, kv_type));
   kv = std::make_unique<KvBuffers>(std::move(buffers));
-  if (kv->bytes() != static_cast<uint64_t>(n_blocks) * kv_block_bytes) {
+  if (kv->bytes() != static_cast<uint64_t>(n_pool) * kv_block_bytes) {
     return make_status(StatusCode::internal, "KV cache: {} bytes allocated for {} blocks of {} bytes",
-                       kv->bytes(), n_blocks, kv_block_bytes);
+                       kv->bytes(), n_pool, kv_block_bytes);
   }
+  // On a device, whose decode steps may be padded (pad()), the pool's last block is the pads' spare: the
+  // cache hands out the others.
+  const bool spare = device && host_backend == nullptr && n_pool > 1;
+  const int32_t n_blocks = n_pool - (spare ? 1 : 0);
+  spare_block = spare ? n_blocks : -1;
   KILN_TRY(warm_up(n_blocks));
   KILN_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(n_blocks, opt.kv_block_size));
   kv_windowed = mi.kv_window > 0;
   SchedulerOptions so;
   so.max_running = opt.n_seq_max;
-  so.max_batch_tokens = opt.max_batch_tokens;
+  so.max_batch_tokens = options.max_batch_tokens;
   so.kv_window = mi.kv_window;
   KILN_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(so, std::move(cache)));
   scheduler.emplace(std::move(sched));

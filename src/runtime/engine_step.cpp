@@ -229,6 +229,7 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
   if (batch.logit_rows.empty()) return;
   if (all_greedy) {
     batch.argmax_vocab = desc.n_vocab;
+    pad();
     return;
   }
   // Otherwise, with no prompt scored this step (its rows need every logit), every row is drawn where the
@@ -254,6 +255,13 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
   }
   batch.sample_vocab = desc.n_vocab;
   fill_masks(constrained);
+  pad();
+}
+
+void Engine::Impl::pad() {
+  if (spare_block < 0) return;  // a host backend, or layers on the host, which would compute the pads too
+  const int32_t rows = backend->padded_rows(batch.n_tokens());
+  if (rows > batch.n_tokens()) pad_decode(batch, rows, {&spare_block, 1});
 }
 
 void Engine::Impl::fill_masks(std::span<Sampler* const> samplers) {

@@ -8,11 +8,13 @@
 // integer GEMV; float weights: the gate/up GEMV that applies the activation, at each of its block shapes).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -533,6 +535,26 @@ TEST(CudaFusion, AlternatingStepsKeepAGraphEach) {
   EXPECT_NE(kept.find("6 programs replayed as graphs, 2 captured"), std::string::npos) << kept;
   EXPECT_NE(last.find("0 programs replayed as graphs"), std::string::npos) << last;
   EXPECT_NE(none.find("8 launched op by op"), std::string::npos) << none;
+}
+
+// Decode steps are padded to 1, 2, 4 and multiples of 8 rows up to the largest graphed step, so that a
+// server's batches, changing size each step, replay 11 graphs; without graphs nothing is padded.
+TEST(CudaFusion, DecodeStepsArePaddedToGraphSizes) {
+  for (const int graphs : {16, 0}) {
+    CudaOptions options = cuda_options_from_env();
+    options.graphs = graphs;
+    auto b = make_cuda_backend(0, options);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    std::set<int32_t> sizes;
+    for (int32_t rows = 1; rows <= 64; ++rows) {
+      const int32_t padded = (*b)->padded_rows(rows);
+      EXPECT_GE(padded, rows);
+      EXPECT_LE(padded, graphs > 0 ? std::max(rows + 7, 2 * rows - 1) : rows) << rows;
+      sizes.insert(padded);
+    }
+    EXPECT_EQ(sizes.size(), graphs > 0 ? 11u : 64u);
+    EXPECT_EQ((*b)->padded_rows(65), 65);  // past the graphs' steps
+  }
 }
 
 // The length of each fused sequence (0: an op alone) in the order a backend would run the program.

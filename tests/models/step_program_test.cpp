@@ -5,7 +5,8 @@
 //   logit rows) and every activation lies in a buffer the backend allocated, weights in the mapped file;
 // - that the logits equal those of the plain CPU backend, and the backend ran exactly one program per step;
 // - the scratch peak of a step, against the arena's per-layer formula.
-// Also: check_batch refuses every value an op would read out of range, naming it.
+// Also: check_batch refuses every value an op would read out of range, naming it; padded decode rows
+// (pad_decode) change nothing the real rows get.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -549,6 +550,76 @@ TEST(StepProgram, ScratchPeakIsOneLayer) {
       "without\n",
       peak_scoped(big) / 1048576.0, peak_unscoped(big, l8.n_layers) / 1048576.0);
   EXPECT_LT(peak_scoped(big) * 10, peak_unscoped(big, l8.n_layers));
+}
+
+// A decode step padded to more rows (pad_decode, as the engine pads for a backend that replays recorded
+// steps) gives its real rows the tokens of the unpadded step, greedy and sampled, and writes no K/V but the
+// spare block's: the real blocks hold the same bytes as after the unpadded step.
+TEST(StepProgram, PaddedDecodeRowsChangeNothing) {
+  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{2}).value();
+  Loaded plain = load(*cpu, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  Loaded padded = load(*cpu, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  ASSERT_TRUE(plain.model && padded.model);
+  const int32_t n_vocab = plain.model->info().n_vocab;
+  const std::vector<int32_t> spare = {15};  // kTable0 and kTable1 use blocks 3, 7 and 9 of 16
+  auto run = [&](Loaded& l, const Batch& b) {
+    std::vector<int32_t> ids;
+    Result<Tensor> out = l.model->forward(b, *l.kv);
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    if (out.ok()) {
+      EXPECT_TRUE(read_token_ids(*cpu, *out, ids).ok());
+    }
+    return ids;
+  };
+  for (Loaded* l : {&plain, &padded}) ASSERT_TRUE(l->model->forward(prefill(19, 4), *l->kv).ok());
+
+  Batch greedy = decode();
+  greedy.argmax_vocab = n_vocab;
+  Batch greedy8 = greedy;
+  ASSERT_TRUE(pad_decode(greedy8, 8, spare));
+  EXPECT_EQ(greedy8.n_tokens(), 8);
+  EXPECT_EQ(greedy8.block_tables.size(), 8u);
+  const std::vector<int32_t> want = run(plain, greedy), got = run(padded, greedy8);
+  ASSERT_EQ(want.size(), 2u);
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 2), want);
+
+  Batch sampled = decode_at(20, 5);
+  sampled.sample_vocab = n_vocab;
+  for (uint32_t seed : {7u, 8u})
+    sampled.sample_rows.push_back({.temperature = 0.8f, .top_p = 0.95f, .seed_lo = seed, .logprobs = 1});
+  Batch sampled5 = sampled;
+  ASSERT_TRUE(pad_decode(sampled5, 5, spare));
+  ASSERT_EQ(sampled5.sample_rows.size(), 5u);
+  EXPECT_EQ(sampled5.sample_rows[4].temperature, 0.0f);  // the pads are greedy
+  const std::vector<int32_t> want_s = run(plain, sampled), got_s = run(padded, sampled5);
+  ASSERT_EQ(want_s.size(), 4u);  // [token, logprob] a row
+  ASSERT_EQ(got_s.size(), 10u);
+  EXPECT_EQ(std::vector<int32_t>(got_s.begin(), got_s.begin() + 4), want_s);
+
+  // The real blocks' K/V, layer by layer, are the unpadded model's bytes.
+  const KvBuffers& a = *plain.kv;
+  const KvBuffers& b = *padded.kv;
+  const size_t block_floats = static_cast<size_t>(a.k[0].ne[0] * a.k[0].ne[1] * a.k[0].ne[2]);
+  for (size_t layer = 0; layer < a.k.size(); ++layer) {
+    for (const Tensor* pools : {&a.k[layer], &a.v[layer]}) {
+      const Tensor& other = pools == &a.k[layer] ? b.k[layer] : b.v[layer];
+      for (const int32_t blk : {3, 7, 9}) {
+        const float* x = static_cast<const float*>(pools->data) + blk * block_floats;
+        const float* y = static_cast<const float*>(other.data) + blk * block_floats;
+        ASSERT_TRUE(std::equal(x, x + block_floats, y)) << "layer " << layer << " block " << blk;
+      }
+    }
+  }
+
+  // Only a decode step whose tokens the backend chooses is padded.
+  Batch mix = mixed();
+  mix.argmax_vocab = n_vocab;
+  EXPECT_FALSE(pad_decode(mix, 8, spare));
+  EXPECT_EQ(mix.n_tokens(), 6);
+  Batch logits = decode();  // its logits come back: nothing to pad
+  EXPECT_FALSE(pad_decode(logits, 8, spare));
+  EXPECT_FALSE(pad_decode(greedy, 2, spare));  // already that many rows
 }
 
 TEST(CheckBatch, EveryValueAnOpReadsIsChecked) {

@@ -419,11 +419,12 @@ def test_perplexity_bad_input(tmp_path):
 
 def test_bench_json_rows():
     require(SMOL)
-    res = kiln("bench", "-m", SMOL, "-p", "8,16", "-n", "4", "-r", "2", "-t", "1", "--batch", "2", "-d", "cpu",
-               "-o", "json")
+    res = kiln("bench", "-m", SMOL, "-p", "8,16", "-n", "4", "-r", "2", "-t", "1", "--batch", "2", "--pg", "6,3",
+               "-d", "cpu", "-o", "json")
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
-    assert [r["test"] for r in rows] == ["pp8", "pp16", "tg4", "tg4@bs2"]
+    assert [r["test"] for r in rows] == ["pp8", "pp16", "tg4", "tg4@bs2", "pp6+tg3@bs2"]
+    assert (rows[4]["n_prompt"], rows[4]["n_gen"], rows[4]["batch"]) == (6, 3, 2)
     for r in rows:
         assert r["backend"] == "cpu" and r["threads"] == 1 and r["n_params"] > 100e6 and r["size_bytes"] > 0
         assert len(r["samples"]) == 2 and all(v > 0 for v in r["samples"]), r
@@ -435,6 +436,7 @@ def test_bench_json_rows():
 
 
 def test_bench_bad_options():
-    for args in (["-o", "xml"], ["-r", "0"], ["-p", "-3"], ["--batch", "0"], ["--exact", "--quantize-activations"]):
+    for args in (["-o", "xml"], ["-r", "0"], ["-p", "-3"], ["--batch", "0"], ["--exact", "--quantize-activations"],
+                 ["--pg", "8"], ["--pg", "8,0"]):
         res = kiln("bench", "-m", SMOL, *args)
         assert res.returncode != 0, args

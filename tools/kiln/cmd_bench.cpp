@@ -1,9 +1,12 @@
 // kiln bench: prompt processing and generation speed, in the spirit of llama-bench. One table row per (model,
 // threads, test): ppP (a P-token prompt, processed in one step), tgN (N tokens generated one at a time after
-// a one-token prompt) and tgN@bsB (B requests generating together). Each test runs once untimed, then --reps
-// times; rows give tokens/s as mean ± standard deviation. Every request has its own cache salt, so no
-// repetition reuses another's prefix cache.
+// a one-token prompt), tgN@bsB (B requests generating together) and, with --pg P,N, ppP+tgN@bsB (B requests
+// of a P-token prompt and N tokens out, submitted together as a server's clients would: generated tokens over
+// the whole run, prefill included, on an engine with the default step budget as kiln serve's). Each test
+// runs once untimed, then --reps times; rows give tokens/s as mean ± standard deviation. Every request has
+// its own cache salt, so no repetition reuses another's prefix cache.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -27,6 +30,7 @@ struct BenchOptions {
   int32_t n_gen = 128;
   std::vector<int32_t> threads{0};
   std::vector<int32_t> batch;
+  std::vector<int32_t> pg;  // {P, N}: the prompt-and-generation test; empty: none
   int32_t reps = 5;
   std::string device = "auto";
   int32_t gpu_layers = -1;
@@ -85,9 +89,17 @@ Result<std::vector<RequestStats>> run_requests(Engine& engine, int32_t n_prompt,
   return stats;
 }
 
-// tokens/s of one repetition: the prompt over its processing time (pp), or the tokens after the first over
-// the longest decode of the batch (tg: they decode together).
+// tokens/s of one repetition: the prompt over its processing time (pp), the tokens after the first over the
+// longest decode of the batch (tg: they decode together), or every generated token over the wall time from
+// submitting to the last one done (pp+tg).
 Result<double> measure(Engine& engine, const Row& row, uint64_t& salt, std::mt19937& rng) {
+  if (row.n_prompt > 0 && row.n_gen > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    KILN_TRY(run_requests(engine, row.n_prompt, row.n_gen, row.batch, salt, rng).status());
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return static_cast<double>(row.batch) * row.n_gen * 1000.0 / std::max(ms, 1e-6);
+  }
   if (row.n_prompt > 0) {
     KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, row.n_prompt, 1, 1, salt, rng));
     return (st[0].n_prompt - st[0].n_cached) * 1000.0 / std::max(st[0].prefill_ms, 1e-6);
@@ -154,55 +166,74 @@ Status run_bench(const BenchOptions& o) {
   uint64_t salt = 0;
   for (const std::string& m : models) {
     for (const int32_t threads : o.threads) {
-      EngineOptions eo;
-      KILN_ASSIGN_OR_RETURN(eo.model_path, resolve_model_path(m));
-      eo.n_threads = threads;
-      eo.backend = o.device;
-      eo.gpu_layers = o.gpu_layers;
-      eo.kv_type = o.kv_type;
-      eo.quantize_activations = !o.exact;
-      eo.deterministic = o.deterministic;
-      eo.n_seq_max = max_batch;
-      eo.n_ctx = std::max(max_prompt, o.n_gen + 1) + 1;
-      eo.max_batch_tokens = std::max(max_prompt, max_batch);  // a prompt in one step, as llama-bench's ubatch
-      KILN_ASSIGN_OR_RETURN(auto engine, Engine::create(eo));
-      const ModelDescription& d = engine->model();
-      Row base;
-      base.model = d.name;
-      base.path = eo.model_path;
-      base.backend = d.backend;
-      if (d.n_gpu_layers > 0 && d.n_gpu_layers < d.n_layers)  // partial offload
-        base.backend += fmt::format(", ngl {}", d.n_gpu_layers);
-      base.size_bytes = d.weight_bytes;
-      base.n_params = d.n_params;
-      base.threads = d.n_threads;
-      std::vector<Row> tests;
-      for (const int32_t p : o.n_prompt) {
-        Row r = base;
-        r.n_prompt = p;
-        r.test = fmt::format("pp{}", p);
-        if (p > 0) tests.push_back(r);
-      }
-      if (o.n_gen > 0) {
-        Row r = base;
-        r.n_gen = o.n_gen;
-        r.test = fmt::format("tg{}", o.n_gen);
-        tests.push_back(r);
-        for (const int32_t b : o.batch) {
-          r.batch = b;
-          r.test = fmt::format("tg{}@bs{}", o.n_gen, b);
-          if (b > 1) tests.push_back(r);
+      // The pp and tg tests on one engine; the pp+tg tests on another, with kiln serve's step budget.
+      for (const bool pg : {false, true}) {
+        if (pg && o.pg.empty()) break;
+        EngineOptions eo;
+        KILN_ASSIGN_OR_RETURN(eo.model_path, resolve_model_path(m));
+        eo.n_threads = threads;
+        eo.backend = o.device;
+        eo.gpu_layers = o.gpu_layers;
+        eo.kv_type = o.kv_type;
+        eo.quantize_activations = !o.exact;
+        eo.deterministic = o.deterministic;
+        eo.n_seq_max = max_batch;
+        if (pg) {
+          eo.n_ctx = o.pg[0] + o.pg[1] + 1;
+        } else {
+          eo.n_ctx = std::max(max_prompt, o.n_gen + 1) + 1;
+          eo.max_batch_tokens = std::max(max_prompt, max_batch);  // a prompt in one step, as llama-bench's
         }
-      }
-      for (Row& r : tests) {
-        std::fprintf(stderr, "kiln bench: %s, %d threads, %s: ", d.name.c_str(), d.n_threads, r.test.c_str());
-        KILN_TRY(measure(*engine, r, salt, rng).status());  // warm-up, untimed
-        for (int32_t i = 0; i < o.reps; ++i) {
-          KILN_ASSIGN_OR_RETURN(const double tps, measure(*engine, r, salt, rng));
-          r.samples.push_back(tps);
+        KILN_ASSIGN_OR_RETURN(auto engine, Engine::create(eo));
+        const ModelDescription& d = engine->model();
+        Row base;
+        base.model = d.name;
+        base.path = eo.model_path;
+        base.backend = d.backend;
+        if (d.n_gpu_layers > 0 && d.n_gpu_layers < d.n_layers)  // partial offload
+          base.backend += fmt::format(", ngl {}", d.n_gpu_layers);
+        base.size_bytes = d.weight_bytes;
+        base.n_params = d.n_params;
+        base.threads = d.n_threads;
+        std::vector<Row> tests;
+        if (pg) {
+          Row r = base;
+          r.n_prompt = o.pg[0];
+          r.n_gen = o.pg[1];
+          for (const int32_t b : o.batch.empty() ? std::vector<int32_t>{1} : o.batch) {
+            r.batch = b;
+            r.test = fmt::format("pp{}+tg{}{}", r.n_prompt, r.n_gen, b > 1 ? fmt::format("@bs{}", b) : "");
+            tests.push_back(r);
+          }
         }
-        std::fprintf(stderr, "%.2f tokens/s\n", r.mean());
-        rows.push_back(r);
+        for (const int32_t p : pg ? std::vector<int32_t>{} : o.n_prompt) {
+          Row r = base;
+          r.n_prompt = p;
+          r.test = fmt::format("pp{}", p);
+          if (p > 0) tests.push_back(r);
+        }
+        if (!pg && o.n_gen > 0) {
+          Row r = base;
+          r.n_gen = o.n_gen;
+          r.test = fmt::format("tg{}", o.n_gen);
+          tests.push_back(r);
+          for (const int32_t b : o.batch) {
+            r.batch = b;
+            r.test = fmt::format("tg{}@bs{}", o.n_gen, b);
+            if (b > 1) tests.push_back(r);
+          }
+        }
+        for (Row& r : tests) {
+          std::fprintf(stderr, "kiln bench: %s, %d threads, %s: ", d.name.c_str(), d.n_threads,
+                       r.test.c_str());
+          KILN_TRY(measure(*engine, r, salt, rng).status());  // warm-up, untimed
+          for (int32_t i = 0; i < o.reps; ++i) {
+            KILN_ASSIGN_OR_RETURN(const double tps, measure(*engine, r, salt, rng));
+            r.samples.push_back(tps);
+          }
+          std::fprintf(stderr, "%.2f tokens/s\n", r.mean());
+          rows.push_back(r);
+        }
       }
     }
   }
@@ -233,6 +264,12 @@ void register_bench(CLI::App& app, int& rc) {
                   "Also generate with this many requests together, comma-separated or repeated")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--pg", o->pg,
+                  "P,N: also P-token prompts with N tokens generated, --batch requests submitted together: "
+                  "generated tokens a second over the whole run, prefill included (kiln serve's ceiling)")
+      ->delimiter(',')
+      ->expected(2)
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-r,--reps", o->reps, "Timed repetitions of each test (after one untimed)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

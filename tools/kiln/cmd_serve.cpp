@@ -43,7 +43,7 @@ struct ServeOptions {
   int32_t max_queue = 0;
   int64_t max_queued_tokens = -1;  // -1: from the machine's memory (default_max_queued_tokens)
   double queue_timeout = 0;
-  int32_t max_batch_tokens = 512;
+  int32_t max_batch_tokens = 0;  // 0: by device (EngineOptions)
   int32_t http_threads = 2;
   std::string max_body = "8M";
   std::string kv_type = "auto";
@@ -177,9 +177,9 @@ void register_serve(CLI::App& app, int& rc) {
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
-                  "Tokens per step: long prompts are prefilled in chunks of this size between decode steps")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+                  "Tokens per step: long prompts are prefilled in chunks of this size between decode steps "
+                  "(default: 512 on the CPU, 2048 on a GPU)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-c,--ctx-size", o->n_ctx,
                   "Context size in tokens per request (default: min(model's, 4096))")
       ->check(CLI::Range(0, 1 << 24));

@@ -134,6 +134,12 @@ class CudaBackend final : public Backend {
   }
   using Backend::run;
   std::string_view name() const override { return name_; }
+  // Decode steps that go through a graph, padded to 1, 2, 4, then a multiple of 8 rows (11 sizes up to 64),
+  // as vLLM's capture sizes: a served batch changes size almost every step as requests end and start.
+  int32_t padded_rows(int32_t rows) const override {
+    if (ctx_.options.graphs <= 0 || profile_ || rows < 1 || rows > graph_max_tokens()) return rows;
+    return rows <= 2 ? rows : rows <= 4 ? 4 : (rows + 7) / 8 * 8;
+  }
   bool supports(const ops::Op& op) const override { return cuda::supports(op); }
   Status run(const Program& program) override {
     if (program.version() != supported_version_) {  // a program run again unchanged was checked before
@@ -148,8 +154,8 @@ class CudaBackend final : public Backend {
       supported_version_ = program.version();
     }
     KILN_TRY(select());
-    const int32_t max_tokens = graph_failures_ < kGraphMaxFailures ? kGraphMaxTokens : kGraphMaxTokensSafe;
-    if (ctx_.options.graphs > 0 && !profile_ && program.n_tokens > 0 && program.n_tokens <= max_tokens) {
+    if (ctx_.options.graphs > 0 && !profile_ && program.n_tokens > 0 &&
+        program.n_tokens <= graph_max_tokens()) {
       KILN_ASSIGN_OR_RETURN(const bool replayed, run_as_graph(program));
       if (replayed) return Status::ok_status();
     }
@@ -361,6 +367,9 @@ class CudaBackend final : public Backend {
   // one, and the next identical program is captured. Programs of more than 8 tokens take cuBLAS GEMMs: after
   // kGraphMaxFailures captures of those fail in a row, only GEMV-sized programs are captured.
   static constexpr int32_t kGraphMaxTokens = 64, kGraphMaxTokensSafe = 8, kGraphMaxFailures = 3;
+  int32_t graph_max_tokens() const {
+    return graph_failures_ < kGraphMaxFailures ? kGraphMaxTokens : kGraphMaxTokensSafe;
+  }
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
   static constexpr int64_t kL2Ahead = int64_t{8} << 20;  // the next matmuls' weights up to this size: enqueue
   // What decides whether an instantiated graph can take another capture's parameters in place: each node of
