@@ -597,17 +597,22 @@ TEST(StepProgram, PaddedDecodeRowsChangeNothing) {
   ASSERT_EQ(got_s.size(), 10u);
   EXPECT_EQ(std::vector<int32_t>(got_s.begin(), got_s.begin() + 4), want_s);
 
-  // The real blocks' K/V, layer by layer, are the unpadded model's bytes.
+  // The positions the steps wrote, layer by layer, hold the unpadded model's bytes: sequence 0's 0..20 in
+  // blocks {3, 7}, sequence 1's 0..5 in block 9.
   const KvBuffers& a = *plain.kv;
   const KvBuffers& b = *padded.kv;
-  const size_t block_floats = static_cast<size_t>(a.k[0].ne[0] * a.k[0].ne[1] * a.k[0].ne[2]);
+  const auto slot_floats = static_cast<size_t>(a.k[0].ne[0] * a.k[0].ne[1]);
+  std::vector<int32_t> slots;
+  for (int32_t p = 0; p <= 20; ++p) slots.push_back(kTable0[p / 16] * 16 + p % 16);
+  for (int32_t p = 0; p <= 5; ++p) slots.push_back(kTable1[0] * 16 + p);
   for (size_t layer = 0; layer < a.k.size(); ++layer) {
-    for (const Tensor* pools : {&a.k[layer], &a.v[layer]}) {
-      const Tensor& other = pools == &a.k[layer] ? b.k[layer] : b.v[layer];
-      for (const int32_t blk : {3, 7, 9}) {
-        const float* x = static_cast<const float*>(pools->data) + blk * block_floats;
-        const float* y = static_cast<const float*>(other.data) + blk * block_floats;
-        ASSERT_TRUE(std::equal(x, x + block_floats, y)) << "layer " << layer << " block " << blk;
+    for (const bool k : {true, false}) {
+      const auto* x = static_cast<const float*>((k ? a.k : a.v)[layer].data);
+      const auto* y = static_cast<const float*>((k ? b.k : b.v)[layer].data);
+      for (const int32_t slot : slots) {
+        const size_t at = static_cast<size_t>(slot) * slot_floats;
+        ASSERT_TRUE(std::equal(x + at, x + at + slot_floats, y + at))
+            << "layer " << layer << " slot " << slot;
       }
     }
   }
