@@ -419,6 +419,8 @@ for step in "${steps[@]}"; do
         echo "## kiln bench --batch 64"
         KILN_STEP_PROFILE=1 "$k" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 --pg 256,128 -r 1 2>&1 |
           grep -E "^\| [^-]|^engine"
+        echo "## each op alone: kernels and their enqueueing (KILN_CUDA_PROFILE=1), pp256"
+        KILN_CUDA_PROFILE=1 "$k" bench -m "$path" -d cuda -p 256 -n 0 -r 1 2>&1 | grep -A40 "profile:" | head -45
         schema='{"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 30, "maxItems": 30}}, "required": ["items"], "additionalProperties": false}'
         for s in greedy sampled schema; do
           extra='{"ignore_eos": true, "temperature": 0}'

@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_backend.h"
 
 namespace kiln {
 namespace {
@@ -103,6 +105,30 @@ TEST(CudaBackend, BuffersMayOutliveTheBackend) {
   auto again = cuda();
   ASSERT_NE(again, nullptr);
   EXPECT_TRUE(again->synchronize().ok());
+}
+
+// KILN_CUDA_PROFILE (CudaOptions::profile): the ops run one by one, and the table printed when the backend
+// goes away gives each kind of op its calls, its kernels' time and the host's time to enqueue it.
+TEST(CudaBackend, TheOpProfileTimesKernelsAndTheirEnqueueing) {
+  CudaOptions options = cuda_options_from_env();
+  options.profile = true;
+  auto made = make_cuda_backend(0, options);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  std::unique_ptr<Backend> b = std::move(made).value();
+  auto buf = b->allocate(2 * 16 * 4).value();
+  const Tensor x = make_tensor(DType::f32, *buf, 0, 16), y = make_tensor(DType::f32, *buf, 64, 16);
+  Program p;
+  ASSERT_TRUE(p.add(ops::Scale{x, 2.0f, y}).ok());
+  p.n_tokens = 1;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(b->run(p).ok());
+  ASSERT_TRUE(b->synchronize().ok());
+  testing::internal::CaptureStderr();
+  b.reset();
+  const std::string table = testing::internal::GetCapturedStderr();
+  EXPECT_NE(table.find("ms enqueueing them"), std::string::npos) << table;
+  EXPECT_NE(table.find("enqueue us"), std::string::npos) << table;
+  EXPECT_NE(table.find("scale"), std::string::npos) << table;
+  EXPECT_NE(table.find(" 3 "), std::string::npos) << table;  // its calls: every run op by op, none graphed
 }
 
 // A decode-sized program runs as a CUDA graph, replayed while it is the same program: the replay reads the

@@ -16,6 +16,7 @@
 
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_op_profile.h"
 #include "core/log.h"
 
 namespace kiln {
@@ -120,7 +121,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     for (GraphEntry& g : graphs_) cudaGraphExecDestroy(g.exec);
     if (profile_) {
-      print_profile();
+      op_profile_.print(name_);
       cudaEventDestroy(start_);
       cudaEventDestroy(stop_);
     }
@@ -163,13 +164,14 @@ class CudaBackend final : public Backend {
     const std::vector<ops::Op>& ops = program.ops();
     for (size_t i = 0; i < ops.size();) {
       if (profile_) KILN_CUDA_TRY(cudaEventRecord(start_, stream_));
+      const auto t0 = std::chrono::steady_clock::now();
       size_t n = 0;
       if (const cudaError_t e = enqueue(ops, i, n); e != cudaSuccess) {
         cudaGetLastError();
         return make_status(StatusCode::internal, "{}: {} failed to launch: {} ({})", name_,
                            ops::op_name(ops[i]), cudaGetErrorString(e), cudaGetErrorName(e));
       }
-      if (profile_) KILN_TRY(record_profile(ops[i], n));
+      if (profile_) KILN_TRY(record_profile(ops[i], n, t0));
       i += n;
     }
     return Status::ok_status();
@@ -541,50 +543,17 @@ class CudaBackend final : public Backend {
     return cuda::run(ctx, ops[i]);
   }
 
-  // CudaOptions::profile: each op timed alone (events around it, then a wait: slower, but per-op figures),
-  // summed per kind of op (name, weight type, shape), printed to stderr when the backend goes away.
-  struct OpTime {
-    double ms = 0;
-    int64_t calls = 0;
-  };
-  // A fused sequence of n ops counts under its first op, marked "+ n-1".
-  static std::string profile_key(const ops::Op& op, size_t n) {
-    std::string key = profile_key(op);
-    return n > 1 ? fmt::format("{} + {} fused", key, n - 1) : key;
-  }
-  static std::string profile_key(const ops::Op& op) {
-    const auto* mm = std::get_if<ops::Matmul>(&op);
-    if (mm == nullptr) return std::string(ops::op_name(op));
-    const Tensor& w = mm->w.tensor;
-    const int64_t m = mm->x.n_rows();
-    return fmt::format("matmul {} [{}, {}] m {}", dtype_name(w.type), w.ne[0], w.ne[1],
-                       m <= 8    ? std::to_string(m)
-                       : m <= 64 ? "9-64"
-                                 : ">64");
-  }
-  Status record_profile(const ops::Op& op, size_t n) {
+  // CudaOptions::profile: the op's kernels' time (events around it, then a wait) and the host's to enqueue
+  // them (cuda_op_profile.h).
+  Status record_profile(const ops::Op& op, size_t n, std::chrono::steady_clock::time_point t0) {
+    const double enqueue_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     KILN_CUDA_TRY(cudaEventRecord(stop_, stream_));
     KILN_CUDA_TRY(cudaEventSynchronize(stop_));
     float ms = 0;
     KILN_CUDA_TRY(cudaEventElapsedTime(&ms, start_, stop_));
-    OpTime& t = profile_times_[profile_key(op, n)];
-    t.ms += ms;
-    ++t.calls;
+    op_profile_.add(op, n, ms, enqueue_us);
     return Status::ok_status();
-  }
-  void print_profile() const {
-    std::vector<std::pair<std::string, OpTime>> rows(profile_times_.begin(), profile_times_.end());
-    std::sort(rows.begin(), rows.end(),
-              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-    double total = 0;
-    for (const auto& r : rows) total += r.second.ms;
-    std::fprintf(stderr, "%s profile: %.1f ms of kernels\n%-44s %10s %8s %10s %6s\n", name_.c_str(), total,
-                 "op", "ms", "calls", "us/call", "share");
-    for (const auto& [key, t] : rows) {
-      std::fprintf(stderr, "%-44s %10.2f %8lld %10.1f %5.1f%%\n", key.c_str(), t.ms,
-                   static_cast<long long>(t.calls), 1000.0 * t.ms / static_cast<double>(t.calls),
-                   100.0 * t.ms / total);
-    }
   }
 
   // Scratch for the kernels (cuda::Context::scratch): grown, never shrunk; the old buffer is freed in stream
@@ -633,7 +602,7 @@ class CudaBackend final : public Backend {
   uint64_t graph_clock_ = 0;        // counts run_as_graph calls: GraphEntry::used
   GraphStats graph_stats_;
   uint64_t supported_version_ = 0;  // of the last program whose every op supports() took
-  std::map<std::string, OpTime> profile_times_;
+  cuda::OpProfile op_profile_;
 };
 
 }  // namespace
