@@ -5,16 +5,22 @@
 // line a kernel to KILN_CUDA_TRACE_OUT (default cuda-trace.csv):
 //   start_ns,end_ns,correlation,graph_id,graph_node,name
 // where a graph's kernels share the correlation id of the launch that replayed it, and the name is demangled.
+// With KILN_CUDA_TRACE_API=1 it also records every CUDA runtime and driver call the host makes (CUPTI's API
+// records: each call's start and end on the host) and prints, as the program exits, the host's time in each
+// function: calls, total and mean microseconds (a driver call made inside a runtime call counts in both).
 // bench/cuda_trace.py says from it where a step's time goes (scripts/gpu-check.sh trace). Built by
 // tests/CMakeLists.txt (target kiln_cuda_trace) in the cuda preset.
 #include <cupti.h>
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -26,8 +32,13 @@ struct Kernel {
   std::string name;
 };
 
+struct ApiTime {
+  uint64_t ns = 0, calls = 0;
+};
+
 std::mutex g_mu;
 std::vector<Kernel> g_kernels;
+std::map<std::pair<int, uint32_t>, ApiTime> g_api;  // (CUPTI callback domain, callback id)
 bool g_failed = false;
 
 constexpr size_t kBufferBytes = size_t{8} << 20;
@@ -53,6 +64,16 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   CUpti_Activity* record = nullptr;
   std::vector<Kernel> got;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME || record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      const int domain = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? CUPTI_CB_DOMAIN_RUNTIME_API
+                                                                     : CUPTI_CB_DOMAIN_DRIVER_API;
+      const std::lock_guard<std::mutex> lock(g_mu);
+      ApiTime& t = g_api[{domain, a->cbid}];
+      t.ns += a->end - a->start;
+      ++t.calls;
+      continue;
+    }
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     got.push_back({k->start, k->end, k->correlationId, k->graphId, k->graphNodeId, demangled(k->name)});
@@ -69,9 +90,32 @@ std::string quoted(const std::string& s) {
   return q + "\"";
 }
 
+// The host's time in each API function, the costliest first.
+void print_api() {
+  std::vector<std::pair<std::string, ApiTime>> rows;
+  for (const auto& [key, t] : g_api) {
+    const char* name = nullptr;
+    if (cuptiGetCallbackName(static_cast<CUpti_CallbackDomain>(key.first), key.second, &name) !=
+        CUPTI_SUCCESS)
+      name = nullptr;
+    rows.emplace_back(std::string(key.first == CUPTI_CB_DOMAIN_RUNTIME_API ? "runtime " : "driver  ") +
+                          (name != nullptr ? name : "?"),
+                      t);
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  std::fprintf(stderr, "kiln_cuda_trace: host time in CUDA calls\n%-52s %10s %12s %10s\n", "function",
+               "calls", "total us", "mean us");
+  for (const auto& [name, t] : rows) {
+    std::fprintf(stderr, "%-52s %10llu %12.1f %10.2f\n", name.c_str(),
+                 static_cast<unsigned long long>(t.calls), t.ns / 1e3,
+                 t.ns / 1e3 / static_cast<double>(t.calls));
+  }
+}
+
 void write_trace() {
   if (g_failed) return;
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  if (!g_api.empty()) print_api();
   const char* out = std::getenv("KILN_CUDA_TRACE_OUT");
   const std::string path = out != nullptr && *out != '\0' ? out : "cuda-trace.csv";
   FILE* f = std::fopen(path.c_str(), "w");
@@ -107,6 +151,11 @@ extern "C" int InitializeInjection() {
           "cuptiActivityRegisterCallbacks") ||
       !ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
           "cuptiActivityEnable(CONCURRENT_KERNEL)"))
+    return 1;
+  const char* api = std::getenv("KILN_CUDA_TRACE_API");
+  if (api != nullptr && std::string(api) == "1" &&
+      (!ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "cuptiActivityEnable(RUNTIME)") ||
+       !ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER), "cuptiActivityEnable(DRIVER)")))
     return 1;
   std::atexit(write_trace);
   return 1;

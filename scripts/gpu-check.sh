@@ -512,6 +512,8 @@ print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
         echo "$f with them: $(KILN_CUDA_TRACE_OUT="/tmp/trace-$f.csv" CUDA_INJECTION64_PATH="$lib" \
           "$bin/tools/kiln/kiln" "${args[@]}" 2>"/tmp/trace-$f.log" | grep -E "^\| .*tg")"
         tail -1 "/tmp/trace-$f.log"
+        # KILN_CUDA_TRACE_API=1: the host's time in each CUDA runtime and driver function, too.
+        grep -A30 "host time in CUDA calls" "/tmp/trace-$f.log" || true
         python3 bench/cuda_trace.py "/tmp/trace-$f.csv" --label "$f" || status=1
         # TRACE_KEEP=1: the records too, compressed, for bench/cuda_trace.py here (two files more under $OUT).
         if [ "${TRACE_KEEP:-0}" = 1 ]; then gzip -c "/tmp/trace-$f.csv" >"$out/trace-$f.csv.gz"; fi
