@@ -7,13 +7,15 @@
 // where a graph's kernels share the correlation id of the launch that replayed it, and the name is demangled.
 // With KILN_CUDA_TRACE_API=1 it also records every CUDA runtime and driver call the host makes (CUPTI's API
 // records: each call's start and end on the host) and prints, as the program exits, the host's time in each
-// function: calls, total and mean microseconds (a driver call made inside a runtime call counts in both).
+// function: calls, total, mean and median microseconds (a driver call made inside a runtime call counts in
+// both).
 // bench/cuda_trace.py says from it where a step's time goes (scripts/gpu-check.sh trace). Built by
 // tests/CMakeLists.txt (target kiln_cuda_trace) in the cuda preset.
 #include <cupti.h>
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +35,8 @@ struct Kernel {
 };
 
 struct ApiTime {
-  uint64_t ns = 0, calls = 0;
+  uint64_t ns = 0;
+  std::vector<uint32_t> each_ns;  // every call's, for the median (a first call's loading skews the mean)
 };
 
 std::mutex g_mu;
@@ -71,7 +74,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       const std::lock_guard<std::mutex> lock(g_mu);
       ApiTime& t = g_api[{domain, a->cbid}];
       t.ns += a->end - a->start;
-      ++t.calls;
+      t.each_ns.push_back(static_cast<uint32_t>(std::min<uint64_t>(a->end - a->start, UINT32_MAX)));
       continue;
     }
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
@@ -93,7 +96,8 @@ std::string quoted(const std::string& s) {
 // The host's time in each API function, the costliest first.
 void print_api() {
   std::vector<std::pair<std::string, ApiTime>> rows;
-  for (const auto& [key, t] : g_api) {
+  for (auto& [key, t] : g_api) {
+    std::sort(t.each_ns.begin(), t.each_ns.end());
     const char* name = nullptr;
     if (cuptiGetCallbackName(static_cast<CUpti_CallbackDomain>(key.first), key.second, &name) !=
         CUPTI_SUCCESS)
@@ -103,12 +107,12 @@ void print_api() {
                       t);
   }
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-  std::fprintf(stderr, "kiln_cuda_trace: host time in CUDA calls\n%-52s %10s %12s %10s\n", "function",
-               "calls", "total us", "mean us");
+  std::fprintf(stderr, "kiln_cuda_trace: host time in CUDA calls\n%-52s %10s %12s %10s %10s\n", "function",
+               "calls", "total us", "mean us", "median us");
   for (const auto& [name, t] : rows) {
-    std::fprintf(stderr, "%-52s %10llu %12.1f %10.2f\n", name.c_str(),
-                 static_cast<unsigned long long>(t.calls), t.ns / 1e3,
-                 t.ns / 1e3 / static_cast<double>(t.calls));
+    const size_t calls = t.each_ns.size();
+    std::fprintf(stderr, "%-52s %10zu %12.1f %10.2f %10.2f\n", name.c_str(), calls, t.ns / 1e3,
+                 t.ns / 1e3 / static_cast<double>(calls), t.each_ns[calls / 2] / 1e3);
   }
 }
 

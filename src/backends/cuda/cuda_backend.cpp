@@ -361,7 +361,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  Status select() { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
+  // The calling thread's device made this one, unless it is already (cudaSetDevice costs more than asking).
+  Status select() {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device_) return Status::ok_status();
+    return cuda_status(cudaSetDevice(device_), "cudaSetDevice");
+  }
 
   // Decode steps (few tokens a request, up to 64 requests) go through a CUDA graph (cuda_graph.h): replayed
   // when the program is the one captured last, else captured and launched. false: not run (the capture

@@ -12,6 +12,8 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "backends/cuda/cuda_kernels.h"
@@ -44,6 +46,24 @@ __device__ __forceinline__ void pdl_begin() {
 // Starts bringing the 128-byte line at p into L2 (no register waits for it).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device
+// (cudaFuncAttributeMaxDynamicSharedMemorySize). The attribute stays set, and setting it costs the host tens
+// of microseconds a call (an H200 under CUDA 13: more than the launch), so it is set once per kernel, device
+// and size (a smaller size then needs nothing).
+inline cudaError_t allow_dynamic_shared(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> allowed;  // (device, kernel): the bytes set
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const std::lock_guard<std::mutex> lock(mu);
+  size_t& have = allowed[{device, kernel}];
+  if (have >= bytes) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) have = bytes;
+  return e;
 }
 
 // kernel<<<grid, block, smem, ctx.stream>>>(args...), as a programmatic dependent launch when ctx.pdl, in

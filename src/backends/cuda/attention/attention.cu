@@ -175,8 +175,7 @@ cudaError_t launch_tile(const Context& ctx, const ops::Attention& op, const Geom
   const auto chunk_len = static_cast<int32_t>(std::max<int64_t>(16, 8192 / g.head_dim));
   const size_t shm = sizeof(float) * 2 * chunk_len * g.head_dim;
   auto* kernel = attention_tile_kernel<kTpr, KV>;
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+  if (const cudaError_t e = allow_dynamic_shared(reinterpret_cast<const void*>(kernel), shm);
       e != cudaSuccess) {
     return e;
   }
@@ -573,8 +572,7 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
   auto* kernel =
       g.softcap > 0.0f ? attention_mma_kernel<D, W, KV, true> : attention_mma_kernel<D, W, KV, false>;
   constexpr size_t shm = mma_shared_bytes<D>();
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+  if (const cudaError_t e = allow_dynamic_shared(reinterpret_cast<const void*>(kernel), shm);
       e != cudaSuccess) {
     return e;
   }

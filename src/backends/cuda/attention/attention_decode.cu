@@ -178,8 +178,7 @@ cudaError_t launch_decode(const Context& ctx, Kernel kernel, int threads, size_t
   const int64_t groups_per_kv = (g.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(g.n_tokens * g.n_kv * groups_per_kv),
                   static_cast<unsigned>(g.n_chunks));
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+  if (const cudaError_t e = allow_dynamic_shared(reinterpret_cast<const void*>(kernel), shm);
       e != cudaSuccess) {
     return e;
   }

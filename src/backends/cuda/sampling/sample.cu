@@ -548,8 +548,7 @@ cudaError_t sample(const Context& ctx, const ops::Sample& op) {
   // The adjusted ids' bitmap, then room for a row's mask (as many words).
   const size_t smem = kBuckets * 20 + kAdjCache * sizeof(SampleAdjust) +
                       4 * static_cast<size_t>(bitmap_words) * (mask_shared ? 2 : 1);
-  if (const cudaError_t e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
+  if (const cudaError_t e = allow_dynamic_shared(reinterpret_cast<const void*>(sample_kernel), smem);
       e != cudaSuccess) {
     return e;
   }
