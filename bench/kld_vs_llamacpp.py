@@ -15,8 +15,12 @@ Run with the test venv's Python after `scripts/build.sh release kiln` (KILN_BIN 
 - The text (default: the Python tests' parity text) is scored by BASE with --kl-divergence-base in both tools,
   each writing its own base file; then Q is evaluated by both tools against both base files (kiln reads
   llama.cpp's file and llama.cpp reads kiln's). Printed: the four summaries side by side, kiln / llama.cpp ratios
-  on the same base file, and how far apart the two base files are (tokens equal, mean |difference| of the
-  stored log-probabilities).
+  on the same base file, how far apart the two base files are (tokens equal, mean KL of the stored
+  distributions, same top token), and the noise floor: the same ratios for llama.cpp against itself with flash
+  attention off. Both engines round activations to 8 bits, so any change of arithmetic re-draws the rounding
+  noise of the whole pass: over the default text (8 chunks, 2,040 scored tokens) same top and Δppl move by
+  0.5-1.3% between equally right runs; over 64 chunks (--text, e.g. /usr/share/common-licenses' texts
+  concatenated) by under 0.5%.
 """
 import argparse
 import os
@@ -268,6 +272,12 @@ def main() -> int:
                 [llama, "-m", quant, "--kl-divergence-base", base, "--kl-divergence", "-c", args.ctx, "-t",
                  args.threads], llama_env)
             results[("llama.cpp", base_name)] = parse_summary(out)
+        # The noise floor: llama.cpp against itself with another attention path (flash attention off), the same
+        # computation rounded differently. With activations rounded to 8 bits, any such change re-draws the
+        # rounding noise of the whole forward pass; the statistics then move about as far as between two engines.
+        out, _ = run([llama, "-m", quant, "--kl-divergence-base", llama_kld, "--kl-divergence", "-c", args.ctx,
+                      "-t", args.threads, "-fa", "off"], llama_env)
+        llama_fa_off = parse_summary(out)
 
         print(f"base {args.base.name}, Q {quant.name}, text {text.name}, chunks of {args.ctx}, {args.threads} threads")
         print(f"base pass: kiln PPL {kiln_ppl[1]} ± {kiln_ppl[2]} ({s_kiln_base:.1f} s), "
@@ -283,6 +293,9 @@ def main() -> int:
                 a, b = results[("kiln", base_name)].get(row), results[("llama.cpp", base_name)].get(row)
                 cells += [fmt(a), fmt(b), ratio(a, b)]
             print(f"{row:32} {cells[0]:>24} {cells[1]:>24} {cells[2]:>7}   {cells[3]:>24} {cells[4]:>26} {cells[5]:>7}")
+        floor = ", ".join(f"{row} {ratio(llama_fa_off.get(row), results[('llama.cpp', 'llama.cpp')].get(row))}"
+                          for row in ("Mean KLD", "Same top p", "Mean PPL(Q)/PPL(base)", "Mean PPL(Q)-PPL(base)"))
+        print(f"noise floor, llama.cpp -fa off / llama.cpp on llama.cpp's base: {floor}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -25,16 +25,13 @@ struct PreName {
 const std::vector<PreName>& pre_names() {
   static const std::vector<PreName> names = [] {
     std::vector<PreName> out;
-    // For these names kiln's reader and llama.cpp split the same way.
-    for (const char* name : {"gpt-2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-v3"}) {
+    // kiln's reader and llama.cpp split the same way under each of these names ("smollm": digits one at a
+    // time, then GPT-2's regex, as tokenizer.json's Digits(individual) + ByteLevel).
+    for (const char* name : {"gpt-2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-v3", "smollm"}) {
       auto pre = PreTokenizer::from_gguf_name(name);
       KILN_ASSERT(pre.ok());
       out.push_back({name, pre->patterns()});
     }
-    // Digits one at a time, then GPT-2's regex (SmolLM, StarCoder: tokenizer.json Digits(individual) +
-    // ByteLevel): llama.cpp's "smollm". kiln's reader follows transformers and reads "smollm" as GPT-2's
-    // regex alone; the two differ only where the vocabulary merges a digit with what precedes it.
-    out.push_back({"smollm", {R"(\p{N})", kGpt2Pattern}});
     return out;
   }();
   return names;

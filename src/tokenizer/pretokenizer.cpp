@@ -11,6 +11,7 @@ namespace kiln {
 
 const char* const kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kDigitPattern = R"(\p{N})";
 
 namespace {
 
@@ -120,12 +121,16 @@ Result<PreTokenizer> PreTokenizer::from_patterns(const std::vector<std::string>&
 
 Result<PreTokenizer> PreTokenizer::from_gguf_name(std::string_view pre) {
   auto list = [](auto&& arr) { return std::vector<std::string>(std::begin(arr), std::end(arr)); };
-  // SmolLM and StarCoder vocabularies were trained with digits split one by one (llama.cpp splits them
-  // first); transformers' GGUF loader does not, and kiln follows transformers, the parity reference.
-  if (pre == "default" || pre == "gpt2" || pre == "gpt-2" || pre == "mpt" || pre == "olmo" || pre == "jais" ||
-      pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r" || pre == "codeshell" ||
-      pre == "exaone") {
+  if (pre == "default" || pre == "gpt2" || pre == "gpt-2" || pre == "mpt" || pre == "olmo" || pre == "jais") {
     return from_patterns({kGpt2Pattern});
+  }
+  // Vocabularies trained with every digit its own piece before GPT-2's regex (tokenizer.json: Digits with
+  // individual_digits, then ByteLevel), as llama.cpp reads these names. transformers' GGUF loader leaves the
+  // digit split out; the two differ where a digit follows what the vocabulary would merge across it
+  // ("\n\n1": llama.cpp and the trained tokenizer "\n\n" "1", GPT-2's regex alone "\n" "\n" "1").
+  if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r" || pre == "codeshell" ||
+      pre == "exaone") {
+    return from_patterns({kDigitPattern, kGpt2Pattern});
   }
   if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "falcon3" || pre == "falcon-h1" ||
       pre == "pixtral" || pre == "dbrx" || pre == "smaug-bpe" || pre == "lfm2" || pre == "midm-2.0") {

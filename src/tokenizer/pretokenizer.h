@@ -61,5 +61,7 @@ inline constexpr uint64_t kRegexWorkBase = uint64_t{1} << 20;
 
 // GPT-2's pattern (also Hugging Face's ByteLevel pre-tokenizer with use_regex).
 extern const char* const kGpt2Pattern;
+// One digit (Hugging Face's Digits pre-tokenizer with individual_digits).
+extern const char* const kDigitPattern;
 
 }  // namespace kiln

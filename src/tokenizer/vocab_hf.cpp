@@ -126,7 +126,7 @@ Status parse_pre_tokenizer(const json& p, Vocab& v, Pipeline& pipe) {
   }
   if (type == "Digits") {
     KILN_ASSIGN_OR_RETURN(bool individual, bool_field(p, "individual_digits", "pre_tokenizer Digits", false));
-    pipe.patterns.push_back(individual ? R"(\p{N})" : R"(\p{N}+)");
+    pipe.patterns.push_back(individual ? kDigitPattern : R"(\p{N}+)");
     return Status::ok_status();
   }
   if (type == "Split") {

@@ -36,12 +36,40 @@ def _cached(path: Path, what: str, build, load):
     return obj
 
 
+# GGUF pre-tokenizer names whose vocabularies split every digit off before GPT-2's regex: their tokenizer.json
+# has Digits(individual_digits) then ByteLevel, and llama.cpp splits so. transformers' GGUF loader leaves the
+# digit split out.
+DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"}
+
+
+def _gguf_pre(path: Path) -> str:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("tokenizer.ggml.pre")
+    return field.contents() if field is not None else ""
+
+
+def _with_trained_pre_tokenizer(tok, path: Path):
+    """tok with the pre-tokenizer its vocabulary was trained with where transformers' GGUF loader drops a step."""
+    if _gguf_pre(path) in DIGIT_SPLIT_PRE:
+        from tokenizers import pre_tokenizers
+
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    return tok
+
+
 def hf_tokenizer(path: Path):
-    """transformers' (fast) tokenizer built from the GGUF file."""
+    """transformers' (fast) tokenizer built from the GGUF file, with the vocabulary's own pre-tokenizer (a
+    SmolLM vocabulary splits digits, as its tokenizer.json and llama.cpp do)."""
     from transformers import AutoTokenizer
 
-    return _cached(path, "tokenizer", lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name),
-                   lambda d: AutoTokenizer.from_pretrained(str(d)))
+    def build():
+        return _with_trained_pre_tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), path)
+
+    return _cached(path, "tokenizer", build,
+                   lambda d: _with_trained_pre_tokenizer(AutoTokenizer.from_pretrained(str(d)), path))
 
 
 def hf_model(path: Path):

@@ -191,8 +191,7 @@ def test_kiln_matches_transformers_greedy(hf, inputs, hf_greedy, kiln_greedy):
 
 
 def test_prompt_tokens_match_llama_cpp(inputs, llama_q):
-    """The prompts' ids (BOS rule included) are llama.cpp's own. (Both sides always get the same ids; on the long
-    text llama.cpp's pre-tokenizer splits a blank line before a digit unlike Hugging Face's: no concern here.)"""
+    """The prompts' ids (BOS rule included) are llama.cpp's own (both sides always get the same ids)."""
     for text, ids in zip(inputs.texts, inputs.prompts):
         assert ids == llama_q.tokenize(text), f"prompt {text!r}"
 

@@ -123,7 +123,7 @@ def test_llama_cpp_reads_export_as_hf_tokenizes(hf_folder, tmp_path):
     out = tmp_path / f"{name}.gguf"
     summary = export(folder, out, "--arch", ARCH[name])
     assert summary["ok"], summary
-    assert summary["pre"] == ("gpt-2" if name == "smollm2" else "default")
+    assert summary["pre"] == ("smollm" if name == "smollm2" else "default")
     llm = llama_vocab(out)
     hf = hf_json_tokenizer(folder)
     assert llm.n_vocab() == hf.get_vocab_size()

@@ -179,7 +179,7 @@ TEST(PreTokenizer, RealPatternsFitTheBudget) {
         return s;
       }(),
   };
-  for (const char* name : {"gpt2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-v3"}) {
+  for (const char* name : {"gpt2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-v3", "smollm"}) {
     auto pre = PreTokenizer::from_gguf_name(name);
     ASSERT_TRUE(pre.ok()) << name;
     for (const std::string& text : texts) {
@@ -191,6 +191,25 @@ TEST(PreTokenizer, RealPatternsFitTheBudget) {
       EXPECT_EQ(joined, text) << name;
     }
   }
+}
+
+// SmolLM's and StarCoder's GGUF names split every digit off first, as llama.cpp and the vocabularies'
+// tokenizer.json do: a blank line before a digit stays one piece ("\n\n" then "1"; GPT-2's regex alone would
+// give "\n" "\n" "1"), and a number is one piece a digit.
+TEST(PreTokenizer, DigitNamesSplitDigitsBeforeGpt2Regex) {
+  const std::vector<std::string_view> want = {"bowl", ".", "\n\n", "1", ".", " Mix", " ", "4", "2", "%"};
+  for (const char* name : {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"}) {
+    auto pre = PreTokenizer::from_gguf_name(name);
+    ASSERT_TRUE(pre.ok()) << name;
+    std::vector<std::string_view> pieces;
+    ASSERT_TRUE(pre->split("bowl.\n\n1. Mix 42%", pieces).ok()) << name;
+    EXPECT_EQ(pieces, want) << name;
+  }
+  auto gpt2 = PreTokenizer::from_gguf_name("gpt2");
+  ASSERT_TRUE(gpt2.ok());
+  std::vector<std::string_view> pieces;
+  ASSERT_TRUE(gpt2->split("bowl.\n\n1. Mix 42%", pieces).ok());
+  EXPECT_EQ(pieces, (std::vector<std::string_view>{"bowl", ".", "\n", "\n", "1", ".", " Mix", " 42", "%"}));
 }
 
 TEST(ByteLevelBpe, DecodeRejectsOutOfRangeIds) {
