@@ -6,12 +6,13 @@
 // - A block's parameters (scale, minimum, K-quant sub-block codes) are chosen first, when its first column is
 //   reached, from its columns' current values (the original weights plus the error fed forward so far), by
 //   the type's own row quantizer (core/quant) with importance diag(H): the search `kiln quantize --imatrix`
-//   runs. Then its columns are rounded one at a time to the nearest level the block can decode, each error
-//   fed forward, the block's later columns included.
+//   runs (on the block alone: the legacy types' search weighs by the block's mean square, not the row's).
+//   Then its columns are rounded one at a time to the nearest level the block can decode, each error fed
+//   forward, the block's later columns included.
 // - H = X^T X ([n_per_row, n_per_row], the calibration inputs' Gram matrix; any positive multiple gives the
-//   same result). lambda = damp * mean(diag H) is added to its diagonal; when the Cholesky factorization
-//   fails, lambda is raised tenfold up to three times. Columns with H[j][j] = 0 (inputs that were always 0)
-//   have their weights set to 0 before rounding.
+//   same result up to float rounding). lambda = damp * mean(diag H) is added to its diagonal; when the
+//   Cholesky factorization fails, lambda is raised tenfold up to three times. Columns with H[j][j] = 0
+//   (inputs that were always 0) have their weights set to 0 before rounding.
 // - Columns go in batches of kGptqBatch: the feedback within a batch is applied column by column, to the
 //   columns after it a batch at a time (the paper's lazy batch updates); the result is the same up to float
 //   rounding.
