@@ -2,6 +2,8 @@
 // on the GPU machine): device buffers, uploads, downloads and copies round-trip bit for bit in stream order,
 // prepare_weight keeps a device copy of the weight, an op without a kernel is unimplemented naming it, and
 // bad transfers and device names are errors that say what is wrong.
+#include "backends/cuda/cuda_backend.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "backends/cuda/cuda_backend.h"
 
 namespace kiln {
 namespace {

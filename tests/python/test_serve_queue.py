@@ -43,9 +43,19 @@ def test_a_burst_of_ten_times_the_slots_is_answered():
 def test_the_token_bound_sheds_only_the_excess_and_disconnects_leave_the_queue():
     # A queued request is charged its prompt tokens and 256 more (what it holds besides them, server/api.h):
     # two 200-token prompts (456 each) and a one-token one (257) fit 1,250; a third long one does not.
-    s = Server("--parallel", 1, "--max-queued-tokens", 1250, "-c", 1024)
+    s = Server("--parallel", 1, "--max-queued-tokens", 1250, "-c", 4096)
     try:
-        holder = long_request(s, 1000)
+        # The slot's holder asks for 4,000 tokens, far more than the checks below take on a loaded machine (a
+        # shorter one ended first there and drained the queue), and hangs up (which ends it) once they are done.
+        holder = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        body = json.dumps({"model": NAME, "prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True,
+                           "stream": True})
+        holder.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        deadline = time.time() + 30 * SLOW
+        while s.metrics()["kiln:num_requests_running"] < 1:
+            assert time.time() < deadline
+            time.sleep(0.02)
         prompt = " ".join(["word"] * 200)  # 200 tokens
         statuses = [None] * 3
 
@@ -81,9 +91,9 @@ def test_the_token_bound_sheds_only_the_excess_and_disconnects_leave_the_queue()
             assert time.time() < deadline, "the hung-up request stayed queued"
             time.sleep(0.02)
         assert s.metrics()["kiln:num_requests_running"] == 1
+        holder.close()
         for t in threads:
             t.join()
-        holder.join()
         assert [st[0] for st in statuses[:2]] == [200, 200]
         wait_idle(s)
     finally:

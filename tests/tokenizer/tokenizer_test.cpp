@@ -166,7 +166,9 @@ TEST(PreTokenizer, BacktrackingPatternRunsOutOfItsBudget) {
 // texts where a pattern with lookahead or nested quantifiers would backtrack.
 TEST(PreTokenizer, RealPatternsFitTheBudget) {
   const std::vector<std::string> texts = {
-      std::string(100000, ' ') + "x", std::string(100000, '\n') + "x", std::string(100000, '1'),
+      std::string(100000, ' ') + "x",
+      std::string(100000, '\n') + "x",
+      std::string(100000, '1'),
       std::string(100000, '!') + "x",
       [] {
         std::string s;
