@@ -11,6 +11,11 @@ evaluation text are different files.
 `bench/kld_vs_llamacpp.py --build-only` builds those llama.cpp tools (~/.cache/kiln/peer-build/llama.cpp/build/bin).
 The source is the model file dequantized to F16 by `kiln quantize ... F16 --allow-requantize` (the test models
 ship quantized only). Prints a markdown table; --json FILE also writes the rows.
+
+`--types all` takes every type `kiln quantize` writes but F32; `--decode` adds each file's size in bits per
+weight and its CPU decode speed (`kiln bench -p 0 -n 128`), and prints the summary table, one row a type:
+
+    python3 bench/quant_quality.py --model ~/.cache/kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf --types all --decode
 """
 import argparse
 import json
@@ -24,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LICENSES = Path("/usr/share/common-licenses")
 CALIB = [LICENSES / n for n in ("GPL-3", "LGPL-2.1", "GFDL-1.3")]       # Debian's base-files
 EVAL = [LICENSES / n for n in ("Apache-2.0", "MPL-2.0", "Artistic", "CC0-1.0")]
+# Every type `kiln quantize` writes but F32 (F16, the source, is exact), largest first.
+ALL_TYPES = ("F16,BF16,Q8_0,Q6_K,Q5_K_M,Q5_K_S,Q5_1,Q5_0,Q4_K_M,Q4_K_S,Q4_1,IQ4_NL,Q4_0,IQ4_XS,Q3_K_L,Q3_K_M,"
+             "IQ3_M,IQ3_S,Q3_K_S,IQ3_XS,IQ3_XXS,Q2_K,Q2_K_S,IQ2_M,IQ2_S,IQ2_XS,IQ2_XXS,IQ1_M,IQ1_S")
 
 
 def run(cmd, **kw):
@@ -50,8 +58,11 @@ def main():
     ap.add_argument("--chunks", type=int, default=8, help="evaluation chunks")
     ap.add_argument("--calib-chunks", type=int, default=16)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--decode", action="store_true", help="bits per weight and CPU decode tokens/s of each type")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    if a.types == "all":
+        a.types = ALL_TYPES
     k, w, t = a.kiln, a.work, str(a.threads)
     w.mkdir(parents=True, exist_ok=True)
     calib, evalt = concat(CALIB, w / "calib.txt"), concat(EVAL, w / "eval.txt")
@@ -74,16 +85,23 @@ def main():
                           "--chunks", a.calib_chunks, "-t", t, "--no-ppl"])
             print(f"llama-imatrix: {sec:.1f} s", file=sys.stderr)
     rows = []
+    decode = {}  # (type, imatrix) -> (CPU tokens/s, bits per weight)
+    files = {}   # (type, imatrix) -> kiln's file, whose decode speed is measured at the end
 
-    def score(path):
+    def score(path):  # kept beside the file: a second run with the same work folder scores only new files
+        cached = path.with_suffix(".kld.json")
+        if cached.exists() and cached.stat().st_mtime >= path.stat().st_mtime:
+            return json.loads(cached.read_text())
         r, _ = run([k, "perplexity", "-m", path, "--kl-divergence", "--kl-divergence-base", base, "-d", "cpu",
                     "-t", t, "-o", "json"])
+        cached.write_text(r.stdout)
         return json.loads(r.stdout)
 
     src_bytes = f16.stat().st_size
     for ty in a.types.split(","):
         for maker in ["kiln"] + (["llama"] if a.peer else []):
-            for use_imx in (False, True):
+            # An importance matrix changes nothing in F16, BF16 and Q8_0.
+            for use_imx in (False,) if ty in ("F16", "BF16", "Q8_0") else (False, True):
                 name = f"{ty}-{maker}{'-imx' if use_imx else ''}"
                 out = w / f"{name}.gguf"
                 if not out.exists():
@@ -98,11 +116,14 @@ def main():
                         rows.append({"type": ty, "maker": maker, "imatrix": use_imx, "error": last[-1][-160:]})
                         continue
                 s = score(out)
+                if a.decode and maker == "kiln":
+                    files[(ty, use_imx)] = out
                 rows.append({"type": ty, "maker": maker, "imatrix": use_imx, "mib": out.stat().st_size / 2**20,
                              "ratio_to_f16": out.stat().st_size / src_bytes, "ppl": s["ppl"]["value"],
                              "ppl_base": s["ppl_base"]["value"], "d_ppl": s["ppl_diff"]["value"],
                              "kld": s["kld"]["value"], "kld_err": s["kld"]["error"],
                              "kld_p99": s["kld_percentiles"].get("p99"), "same_top": s["same_top"]["value"]})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # as it comes
         # kiln's imatrix in llama-quantize: the files interchange.
         if a.peer:
             out = w / f"{ty}-llama-kilnimx.gguf"
@@ -123,8 +144,43 @@ def main():
             continue
         print(f"| {r['type']} | {r['maker']} | {'yes' if r['imatrix'] else 'no'} | {r['mib']:.1f} | {r['ppl']:.3f} | "
               f"{r['d_ppl']:+.3f} | {r['kld']:.5f} ± {r['kld_err']:.5f} | {r['kld_p99']:.4f} | {100 * r['same_top']:.2f}% |")
+    if a.decode:
+        # Decode speed in one pass after the scoring, so that nothing else of this script runs beside it; the
+        # file without an importance matrix where there is one (the same types, the same speed).
+        for (ty, use_imx), out in files.items():
+            if use_imx and (ty, False) in files:
+                continue
+            r, _ = run([k, "bench", "-m", out, "-p", "0", "-n", "128", "-r", "3", "-d", "cpu", "-t", t, "-o", "json"])
+            b = json.loads(r.stdout)[0]
+            decode[(ty, False)] = decode[(ty, True)] = (b["tokens_per_s"], 8 * b["size_bytes"] / b["n_params"])
+        summary(rows, decode)
     if a.json:
+        for r in rows:
+            if r["maker"] == "kiln" and (r["type"], r["imatrix"]) in decode:
+                r["cpu_tg128"], r["bpw"] = decode[(r["type"], r["imatrix"])]
         a.json.write_text(json.dumps(rows, indent=1))
+
+
+def summary(rows, decode):
+    """One row a type: kiln's file without and with the importance matrix (Δppl, mean and p99 KLD, same top),
+    its bits per weight and CPU decode speed (the file without an imatrix, else the one with it)."""
+    def cells(r):
+        if r is None:
+            return " | | | "
+        if "error" in r:
+            return "needs one | | |"
+        return f"{r['d_ppl']:+.3f} | {r['kld']:.4f} | {r['kld_p99']:.3f} | {100 * r['same_top']:.1f}%"
+
+    print("\n| type | MiB | bpw | Δppl | mean KLD | p99 KLD | same top | imatrix: Δppl | mean KLD | p99 KLD | same top "
+          "| CPU tg128 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    kiln = {(r["type"], r["imatrix"]): r for r in rows if r["maker"] == "kiln"}
+    for ty in dict.fromkeys(r["type"] for r in rows if r["maker"] == "kiln"):
+        plain, imx = kiln.get((ty, False)), kiln.get((ty, True))
+        made = imx if plain is None or "error" in plain else plain
+        tps, bpw = decode.get((made["type"], made["imatrix"]), (0.0, 0.0))
+        plain_cells = "needs one | | |" if plain is None or "error" in plain else cells(plain)
+        print(f"| {ty} | {made.get('mib', 0):.1f} | {bpw:.2f} | {plain_cells} | {cells(imx)} | {tps:.1f} |")
 
 
 if __name__ == "__main__":

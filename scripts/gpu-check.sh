@@ -53,11 +53,14 @@
 #             kiln bench serve at 1, 16 and 64 concurrent requests (256-token random prompts, 128 tokens out),
 #             greedy and sampled (temperature 0.8, top_p 0.95, repetition_penalty 1.1, no top_k), on SERVE_FILES
 #             (default: the default model, when .gpu-model's parts have made it, and the 8B BF16 of prep); then
-#             bench/deterministic_check.py against a server with and without --deterministic
+#             bench/deterministic_check.py against a server with and without --deterministic; SERVE_CONCURRENCY
+#             the concurrency levels (default "1 16 64")
 #   quant     kiln quantize and kiln imatrix beside llama-quantize and llama-imatrix on the 8B BF16 of prep (waits
 #             for it and for the peer's build): BF16 -> Q4_K_M on every core (wall time, and whether the files are
 #             byte-identical), then an importance matrix from QUANT_CHUNKS (default 196: about 100k tokens) chunks
 #             of 512 tokens of this tree's text on the GPU
+#   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
+#             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
 #             (kiln bench serve with every request sent at once): requests answered, TTFT p50/p99, duration
 #   serveprof where a served step's time goes (KILN_STEP_PROFILE=1: plan, batch, launch, wait, emit), at 64 concurrent
@@ -334,7 +337,7 @@ for step in "${steps[@]}"; do
         "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --max-queue 0 --port 8090 >"/tmp/serve-$f.log" 2>&1 &
         spid=$!
         wait_healthy 8090
-        for c in 1 16 64; do
+        for c in ${SERVE_CONCURRENCY:-1 16 64}; do
           for s in '"temperature": 0' "$sampled"; do
             n=$((c * 4 > 256 ? 256 : (c * 4 < 16 ? 16 : c * 4)))
             r=$("$k" bench serve --base-url http://localhost:8090 --num-prompts "$n" --max-concurrency "$c" \
@@ -390,6 +393,10 @@ for step in "${steps[@]}"; do
         echo -n "llama-quantize with kiln's imatrix: "; rm -f /tmp/q-peer-im.gguf; { time "$pb/llama-quantize" --imatrix /tmp/im-kiln.gguf "$src" /tmp/q-peer-im.gguf Q4_K_M "$(nproc)" >/tmp/q-peer-im.log 2>&1; } 2>&1
         cmp -s /tmp/q-kiln-im.gguf /tmp/q-peer-im.gguf && echo "with the imatrix: byte-identical" || echo "with the imatrix: the files DIFFER"
       } 2>&1 | tee "$out/quant.md" || status=1
+      ;;
+    quanttypes)
+      python3 bench/gpu_quant_types.py --build "$bin" --model /tmp/kiln-models/default.gguf --qwen-shape \
+        ${QUANT_TYPES:+--types "$QUANT_TYPES"} 2>&1 | tee "$out/quanttypes.md" || status=1
       ;;
     burst)
       k="$bin/tools/kiln/kiln"

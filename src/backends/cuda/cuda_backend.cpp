@@ -457,6 +457,7 @@ class CudaBackend final : public Backend {
     const auto t0 = std::chrono::steady_clock::now();
     KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
+    capture_needs_scratch_ = false;
     cudaError_t launched = cudaSuccess;
     const std::vector<ops::Op>& ops = program.ops();
     for (size_t i = 0, n = 0; i < ops.size(); i += n) {
@@ -468,7 +469,12 @@ class CudaBackend final : public Backend {
     if (launched != cudaSuccess || ended != cudaSuccess) {
       if (graph != nullptr) cudaGraphDestroy(graph);
       cudaGetLastError();
-      if (program.n_tokens > kGraphMaxTokensSafe) ++graph_failures_;
+      log_debug("{}: the capture of a {}-token step failed ({}, {}{})", name_, program.n_tokens,
+                cudaGetErrorName(launched), cudaGetErrorName(ended),
+                capture_needs_scratch_ ? "; it needed more scratch" : "");
+      // A step that needed more scratch is captured next time (its ops, run one by one, grow it): not a
+      // failure of the capture itself.
+      if (program.n_tokens > kGraphMaxTokensSafe && !capture_needs_scratch_) ++graph_failures_;
       return false;
     }
     if (program.n_tokens > kGraphMaxTokensSafe) graph_failures_ = 0;
@@ -571,7 +577,10 @@ class CudaBackend final : public Backend {
     if (slot < 0 || slot >= cuda::kScratchSlots) return nullptr;
     Scratch& s = scratch_[static_cast<size_t>(slot)];
     if (bytes <= s.bytes) return s.p;
-    if (capturing_) return nullptr;  // a graph must not allocate: the capture fails, the ops run one by one
+    if (capturing_) {  // a graph must not allocate: the capture fails, the ops run one by one
+      capture_needs_scratch_ = true;
+      return nullptr;
+    }
     if (s.p != nullptr) cudaFreeAsync(s.p, stream_);
     s = {};
     const size_t grown = std::max(bytes, bytes / 4 * 5);  // room for the next, slightly larger step
@@ -600,7 +609,8 @@ class CudaBackend final : public Backend {
   bool profile_ = false;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   bool capturing_ = false;
-  int graph_failures_ = 0;  // captures of programs of more than 8 tokens that failed in a row
+  bool capture_needs_scratch_ = false;  // a kernel asked for more scratch during the capture
+  int graph_failures_ = 0;              // captures of programs of more than 8 tokens that failed in a row
   void* cublas_ws_ = nullptr;
   std::vector<GraphEntry> graphs_;  // at most options.graphs
   size_t last_graph_ = 0;           // the entry launched last (graphs_.size(): none)
