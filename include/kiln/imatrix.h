@@ -40,7 +40,11 @@ struct ImatrixOptions {
   // --in-file: a legacy file's values and counts count chunk_size rows a call.
   std::vector<std::string> in_files;
   bool process_output = false;  // also collect output.weight's input (llama-imatrix --process-output)
-  bool compute_ppl = true;      // the perplexity of each chunk's second half, as llama-imatrix reports it
+  // Also each weight's Gram matrix of inputs X^T X (for `kiln quantize --method gptq`), written as
+  // "<weight>.in_gram" tensors that llama.cpp's tools skip. Stacked MoE weights have none. n_cols^2 floats a
+  // weight, on the backend and in the file; collected on the CPU.
+  bool full = false;
+  bool compute_ppl = true;  // the perplexity of each chunk's second half, as llama-imatrix reports it
   std::function<void(const ImatrixProgress&)> progress;
 };
 

@@ -33,6 +33,15 @@ struct QuantizeOptions {
   bool pure = false;                      // every weight matrix the base type: no mix
   bool force = false;                     // replace an existing output file
   bool dry_run = false;                   // decide every tensor's type, write nothing
+  // "" (each block rounded on its own, weighted by the importance matrix: llama-quantize's file) or "gptq":
+  // the weight matrices whose imatrix entry has a Gram matrix (kiln imatrix --full) and whose type GPTQ
+  // writes (gptq_supports) are rounded column by column with error feedback (quant/gptq.h); the others as
+  // without it. Needs an imatrix with Gram matrices. The output is the same GGUF types, other bytes.
+  std::string method;
+  double gptq_damp = 0.01;  // GPTQ's dampening, a fraction of mean(diag H)
+  // GPTQ's blocks and columns by decreasing activation (GptqOptions::act_order): no cost at run time, the
+  // same format; on SmolLM2 it halves the KLD left by plain order.
+  bool gptq_act_order = true;
   // Threads that quantize a tensor's rows (0: the physical cores, or KILN_THREADS); the file is the same
   // whatever the count.
   int threads = 0;
@@ -60,6 +69,7 @@ struct QuantizeStats {
   uint64_t bytes_in = 0;                // tensor data read
   uint64_t bytes_out = 0;               // tensor data written
   bool used_imatrix = false;
+  size_t n_gptq = 0;  // tensors rounded by GPTQ (method "gptq")
 };
 
 struct QuantizeEvents {

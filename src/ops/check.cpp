@@ -355,8 +355,16 @@ Status check(const SumSquares& op) {
       return invalid_argument("sum_squares: sums is {} but without ids every row goes to one matrix",
                               op.sums.describe());
     }
+    if (op.gram.data != nullptr) {
+      KILN_TRY(need_f32("sum_squares", "gram", op.gram));
+      if (op.gram.ne[0] != n || op.gram.ne[1] != n || op.gram.ne[2] != 1 || op.gram.ne[3] != 1) {
+        return invalid_argument("sum_squares: gram is {}, expected f32[{}, {}]", op.gram.describe(), n, n);
+      }
+    }
     return Status::ok_status();
   }
+  if (op.gram.data != nullptr)
+    return invalid_argument("sum_squares: a Gram matrix is collected for one matrix only, not with ids");
   KILN_TRY(need_i32("sum_squares", "ids", op.ids, -1));
   if (op.ids.ne[2] != 1 || op.ids.ne[3] != 1) {
     return invalid_argument("sum_squares: ids is {}, expected i32[n_used, n_tokens]", op.ids.describe());

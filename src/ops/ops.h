@@ -260,11 +260,14 @@ struct WeightedSum {
 // none: every row of x goes to matrix 0 (n_mat = 1; a Matmul's x). ids: i32 [n_used, n_tokens] (a
 // MoeMatmul's, n_3 = 1, n_x = 1 or n_used): slot s of token t reads x[:, n_x == 1 ? 0 : s, t] and goes to
 // matrix ids[s + n_used * t], each in [0, n_mat). Accumulates in f32 (counts are exact up to 2^24).
+//   gram (data == nullptr: none; ids none only): f32 [n, n], gram[i + n * j] += x[i, r] * x[j, r] for every
+// row r (the inputs' Gram matrix X^T X, which GPTQ rounds with: quant/gptq.h); it overlaps nothing else.
 struct SumSquares {
   Tensor x;
   Tensor ids;  // data == nullptr: none
   Tensor sums;
   Tensor counts;
+  Tensor gram = {};  // data == nullptr: none
 };
 
 using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct,

@@ -74,6 +74,7 @@ Status load_in_file(const std::string& path, int64_t chunk_size, Totals& t) {
     s.n_cols = tensor.n_cols;
     for (const float v : tensor.sum2) s.sum2.push_back(v * scale);
     for (const float c : tensor.counts) s.counts.push_back(c * scale);
+    s.gram.assign(tensor.gram.begin(), tensor.gram.end());
     KILN_TRY(quant::add_sums(name, s, t.sums[name]));
   }
   t.datasets.insert(t.datasets.end(), im.datasets.begin(), im.datasets.end());
@@ -95,6 +96,7 @@ quant::Imatrix to_imatrix(const Totals& t, const std::vector<std::string>& datas
     q.n_cols = static_cast<int64_t>(s.sum2.size()) / q.n_mat;
     q.sum2.assign(s.sum2.begin(), s.sum2.end());
     q.counts.assign(s.counts.begin(), s.counts.end());
+    q.gram.assign(s.gram.begin(), s.gram.end());
     bool some_zero = false;
     for (const double c : s.counts) most = std::max(most, c), some_zero |= c == 0;
     partial += some_zero ? 1 : 0;
@@ -145,7 +147,10 @@ Result<Loaded> load(const ImatrixOptions& o, quant::ImatrixCollector& collector)
   BackendOptions bo;
   bo.n_threads = o.threads;
   bo.precision = o.exact ? ops::Precision::precision_exact : ops::Precision::precision_fast;
-  KILN_ASSIGN_OR_RETURN(l.backend, make_backend(o.device, bo));
+  // The Gram matrices are collected on the CPU only, so far.
+  if (o.full && o.device != "auto" && o.device != "cpu")
+    return invalid_argument("--full collects the Gram matrices on the CPU only: -d cpu (not {})", o.device);
+  KILN_ASSIGN_OR_RETURN(l.backend, make_backend(o.full ? "cpu" : o.device, bo));
   ModelOptions mo;
   mo.n_ctx = o.chunk_size;
   mo.program_hook = &collector;
@@ -196,7 +201,7 @@ Result<ImatrixStats> compute_imatrix(const ImatrixOptions& o) {
   }
   datasets.push_back(o.text_file);
   KILN_ASSIGN_OR_RETURN(const std::string text, read_text(o.text_file));
-  quant::ImatrixCollector collector(o.process_output);
+  quant::ImatrixCollector collector(o.process_output, o.full);
   KILN_ASSIGN_OR_RETURN(Loaded l, load(o, collector));
   const Tokenizer& tok = *l.tokenizer;
   const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/true, /*parse_special=*/false);

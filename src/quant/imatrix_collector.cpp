@@ -95,8 +95,10 @@ Status ImatrixCollector::recorded(Program& program, Backend& backend) {
   if (!fresh.empty()) {  // one zeroed slab for the weights first seen here
     size_t floats = 0;
     for (const auto& [name, shape] : fresh) {
-      entries_[name] = {slabs_.size(), floats, shape.first, shape.second};
+      const bool gram = full_ && shape.second == 1;
+      entries_[name] = {slabs_.size(), floats, shape.first, shape.second, gram};
       floats += static_cast<size_t>(shape.first * shape.second + shape.second);
+      if (gram) floats += static_cast<size_t>(shape.first * shape.first);
     }
     Slab slab;
     slab.backend = &backend;
@@ -112,6 +114,11 @@ Status ImatrixCollector::recorded(Program& program, Backend& backend) {
     in.op.sums = make_tensor(DType::f32, buf, e.offset * sizeof(float), e.n_cols, e.n_mat);
     in.op.counts = make_tensor(
         DType::f32, buf, (e.offset + static_cast<size_t>(e.n_cols * e.n_mat)) * sizeof(float), 1, e.n_mat);
+    if (e.gram) {
+      in.op.gram = make_tensor(DType::f32, buf,
+                               (e.offset + static_cast<size_t>(e.n_cols * e.n_mat + e.n_mat)) * sizeof(float),
+                               e.n_cols, e.n_cols);
+    }
   }
   Program out;
   out.n_tokens = program.n_tokens;
@@ -136,9 +143,15 @@ Status ImatrixCollector::read_back(std::map<std::string, ImatrixSums>& totals) {
     step.n_cols = e.n_cols;
     step.sum2.assign(v, v + e.n_cols * e.n_mat);
     step.counts.assign(v + e.n_cols * e.n_mat, v + e.n_cols * e.n_mat + e.n_mat);
-    for (const double x : step.sum2) {
-      if (!std::isfinite(x))
-        return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
+    if (e.gram) {
+      const float* g = v + e.n_cols * e.n_mat + e.n_mat;
+      step.gram.assign(g, g + e.n_cols * e.n_cols);
+    }
+    for (const auto* values : {&step.sum2, &step.gram}) {
+      for (const double x : *values) {
+        if (!std::isfinite(x))
+          return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
+      }
     }
     KILN_TRY(add_sums(name, step, totals[name]));
   }
@@ -172,6 +185,11 @@ Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& i
                             into.counts.size());
   }
   for (size_t i = 0; i < into.sum2.size(); ++i) into.sum2[i] += from.sum2[i];
+  if (from.gram.size() != into.gram.size()) {
+    return invalid_argument("imatrix: {} has a Gram matrix of {} values here, {} before", name,
+                            from.gram.size(), into.gram.size());
+  }
+  for (size_t i = 0; i < into.gram.size(); ++i) into.gram[i] += from.gram[i];
   return Status::ok_status();
 }
 

@@ -30,12 +30,18 @@ struct ImatrixSums {
   int64_t n_cols = 0;
   std::vector<double> sum2;    // [n_mat * n_cols]
   std::vector<double> counts;  // [n_mat]
+  // [n_cols * n_cols]: the inputs' Gram matrix X^T X (a collector made with `full`, one-matrix weights), or
+  // empty
+  std::vector<double> gram;
   int64_t n_mat() const { return static_cast<int64_t>(counts.size()); }
 };
 
 class ImatrixCollector final : public ProgramHook {
  public:
-  explicit ImatrixCollector(bool process_output) : process_output_(process_output) {}
+  // full: also each one-matrix weight's Gram matrix of inputs (ImatrixSums::gram; n_cols^2 floats of
+  // backend memory a weight), for GPTQ.
+  explicit ImatrixCollector(bool process_output, bool full = false)
+      : process_output_(process_output), full_(full) {}
   // The model's weights (Model::weights()): how a matmul's weight is known by name. Before its first step.
   void attach(std::span<const std::unique_ptr<WeightHandle>> weights);
   Status recorded(Program& program, Backend& backend) override;
@@ -57,11 +63,13 @@ class ImatrixCollector final : public ProgramHook {
     size_t slab = 0;
     size_t offset = 0;  // in floats
     int64_t n_cols = 0, n_mat = 0;
+    bool gram = false;  // the Gram matrix follows the counts
   };
   // The weight a matmul multiplies by, as llama-imatrix would collect it; empty: not collected.
   std::string collected_name(const ops::Weight& w, int64_t x_rows, bool routed) const;
 
   bool process_output_;
+  bool full_;
   // (weight data, prepared form) -> the weight's name without a part suffix.
   std::map<std::pair<const void*, const void*>, std::string> names_;
   std::map<std::string, Entry> entries_;

@@ -5,7 +5,8 @@
 // imatrix.chunk_size (u32); per weight, in name order, "<name>.in_sum2" f32 [n_cols, n_mat] (the raw sums of
 // squares, one row per expert of a stacked MoE weight) and "<name>.counts" f32 [1, n_mat] (the activation
 // rows each matrix's sums saw; 0 for an expert no token reached), trailing dimensions of 1 dropped as ggml
-// writes them ([n_cols] and [1] for a dense weight).
+// writes them ([n_cols] and [1] for a dense weight). kiln's --full files add "<name>.in_gram" f32 [n_cols,
+// n_cols] (the inputs' Gram matrix, over the same rows as the sums), which llama.cpp's reader skips.
 //
 // Legacy .dat, little-endian: i32 n_entries; per entry i32 name length, the name, i32 ncall, i32 nval, nval
 // f32 values (each column's mean square times ncall, every matrix's n_cols one after another); then,
@@ -26,7 +27,7 @@ namespace kiln::quant {
 
 namespace {
 
-constexpr std::string_view kSumsSuffix = ".in_sum2", kCountsSuffix = ".counts";
+constexpr std::string_view kSumsSuffix = ".in_sum2", kCountsSuffix = ".counts", kGramSuffix = ".in_gram";
 constexpr const char* kDatasets = "imatrix.datasets";
 constexpr const char* kChunkCount = "imatrix.chunk_count";
 constexpr const char* kChunkSize = "imatrix.chunk_size";
@@ -187,9 +188,12 @@ Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& nam
   KILN_ASSIGN_OR_RETURN(im.datasets, f.get_string_array(kDatasets));
   // Each weight's pair of tensors, by weight name.
   std::map<std::string, std::pair<const gguf::TensorInfo*, const gguf::TensorInfo*>> pairs;
+  std::map<std::string, const gguf::TensorInfo*> grams;
   for (const gguf::TensorInfo& t : f.tensors()) {
     const std::string_view n = t.name;
-    if (n.ends_with(kSumsSuffix) && n.size() > kSumsSuffix.size()) {
+    if (n.ends_with(kGramSuffix) && n.size() > kGramSuffix.size()) {
+      grams[std::string(n.substr(0, n.size() - kGramSuffix.size()))] = &t;
+    } else if (n.ends_with(kSumsSuffix) && n.size() > kSumsSuffix.size()) {
       pairs[std::string(n.substr(0, n.size() - kSumsSuffix.size()))].first = &t;
     } else if (n.ends_with(kCountsSuffix) && n.size() > kCountsSuffix.size()) {
       pairs[std::string(n.substr(0, n.size() - kCountsSuffix.size()))].second = &t;
@@ -206,7 +210,22 @@ Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& nam
                               p.first ? kCountsSuffix : kSumsSuffix);
     }
     KILN_ASSIGN_OR_RETURN(ImatrixTensor t, read_entry(f, weight, *p.first, *p.second));
+    if (const auto g = grams.find(weight); g != grams.end()) {
+      const gguf::TensorInfo& gi = *g->second;
+      if (gi.type != DType::f32 || t.n_mat != 1 || gi.n_elements() != t.n_cols * t.n_cols) {
+        return invalid_argument("{}: {} is {} [{} values], expected f32 [{}, {}] for {}", name, gi.name,
+                                dtype_name(gi.type), gi.n_elements(), t.n_cols, t.n_cols, weight);
+      }
+      t.gram.resize(static_cast<size_t>(gi.n_elements()));
+      std::memcpy(t.gram.data(), gi.data, t.gram.size() * 4);
+      KILN_TRY(check_finite(name, gi.name, t.gram, "value"));
+      grams.erase(g);
+    }
     im.tensors.emplace(weight, std::move(t));
+  }
+  if (!grams.empty()) {
+    return invalid_argument("{}: {}{} has no {}{} beside it", name, grams.begin()->first, kGramSuffix,
+                            grams.begin()->first, kSumsSuffix);
   }
   return im;
 }
@@ -250,6 +269,13 @@ Status write_imatrix(const Imatrix& imatrix, const std::filesystem::path& path) 
     KILN_TRY(w.add_tensor(weight + std::string(kCountsSuffix),
                           one ? std::vector<int64_t>{1} : std::vector<int64_t>{1, t.n_mat}, DType::f32,
                           as_bytes(t.counts)));
+    if (t.gram.empty()) continue;
+    if (!one || t.gram.size() != static_cast<size_t>(t.n_cols * t.n_cols)) {
+      return invalid_argument("{}: {}: a Gram matrix of {} values for {} matrices of {} columns", name,
+                              weight, t.gram.size(), t.n_mat, t.n_cols);
+    }
+    KILN_TRY(
+        w.add_tensor(weight + std::string(kGramSuffix), {t.n_cols, t.n_cols}, DType::f32, as_bytes(t.gram)));
   }
   return w.write(name);
 }

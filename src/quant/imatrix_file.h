@@ -22,6 +22,9 @@ struct ImatrixTensor {
   int64_t n_mat = 1;          // matrices: 1, or the experts of a stacked MoE weight
   std::vector<float> sum2;    // [n_mat][n_cols]: sums of squared activations
   std::vector<float> counts;  // [n_mat]: tokens (activation rows) each matrix's sums saw (whole numbers)
+  // [n_cols][n_cols]: the sum over the same tokens of x x^T ("<weight>.in_gram", `kiln imatrix --full`;
+  // n_mat 1 only), or empty
+  std::vector<float> gram;
 };
 
 struct Imatrix {

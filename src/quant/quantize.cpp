@@ -20,6 +20,7 @@
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
 #include "formats/output_file.h"
+#include "quant/gptq.h"
 #include "quant/hf_folder.h"
 #include "quant/imatrix_file.h"
 #include "quant/quant_mix.h"
@@ -96,10 +97,34 @@ struct Job {
   std::vector<int64_t> shape;                     // ggml_shape(in->shape)
   quant::TypeChoice choice;                       // its type
   const quant::ImatrixTensor* imatrix = nullptr;  // its importance, when it is converted and has one
+  bool gptq = false;  // rounded by GPTQ with imatrix->gram (QuantizeOptions::method "gptq")
   bool converted() const { return choice.type != in->type; }
   // The 2-d slices ([shape[0], shape[1]] each) of a stacked tensor (the experts of a 3-d MoE weight).
   int64_t n_mat() const { return in->n_elements() / (shape[0] * (shape.size() > 1 ? shape[1] : 1)); }
 };
+
+// Which tensors GPTQ rounds (QuantizeOptions::method "gptq"): the converted weight matrices whose imatrix
+// entry has a Gram matrix and whose type gptq_quantize writes.
+Status choose_gptq(const QuantizeOptions& o, const quant::Imatrix* imatrix, std::vector<Job>& jobs,
+                   QuantizeStats& stats) {
+  if (o.method != "gptq") return invalid_argument("--method {}: the methods are gptq (or none)", o.method);
+  if (!(o.gptq_damp >= 0.0) || !std::isfinite(o.gptq_damp))
+    return invalid_argument("--gptq-damp {} must be a finite number >= 0", o.gptq_damp);
+  if (imatrix == nullptr)
+    return invalid_argument("--method gptq needs --imatrix with Gram matrices (kiln imatrix --full)");
+  for (Job& j : jobs) {
+    j.gptq = j.converted() && j.imatrix != nullptr && !j.imatrix->gram.empty() && j.n_mat() == 1 &&
+             gptq_supports(j.choice.type);
+    stats.n_gptq += j.gptq ? 1 : 0;
+  }
+  if (stats.n_gptq == 0) {
+    return invalid_argument(
+        "--method gptq: no tensor to round: {} has no Gram matrices (kiln imatrix --full) for tensors of a "
+        "type GPTQ writes",
+        o.imatrix);
+  }
+  return {};
+}
 
 // The imatrix entry of each converted tensor, checked against its shape. llama.cpp's rules: a tensor without
 // an entry is an error when its type needs one, a note otherwise; an entry whose size is not the tensor's
@@ -168,6 +193,33 @@ Status check_convertible(const Job& j, bool allow_requantize) {
 // `j`'s rows written as its new type into `out`: chunks of whole rows over the pool's threads, each read as
 // f32 into the thread's own buffer (an f32 tensor is read in place) and quantized with its matrix's
 // importance. Each row is encoded alone, so the bytes do not depend on the threads.
+// `j` rounded by GPTQ: the whole tensor in f32 (one tensor at a time), its rows over the pool's threads.
+Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions& o, ThreadPool& pool) {
+  const DTypeInfo& from = dtype_info(j.in->type);
+  const int64_t ne0 = j.shape[0];
+  const int64_t n_rows = j.in->n_elements() / ne0;
+  const size_t src_row = static_cast<size_t>(ne0 / from.block_size * from.type_size);
+  std::vector<float> w(static_cast<size_t>(n_rows * ne0));
+  pool.parallel_for(n_rows, [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r)
+      from.dequantize_row(j.in->data + r * src_row, w.data() + r * ne0, ne0);
+  });
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!std::isfinite(w[i])) {
+      return invalid_argument("tensor '{}': row {} holds a value that is not a finite number", j.in->name,
+                              static_cast<int64_t>(i) / ne0);
+    }
+  }
+  GptqOptions go;
+  go.damp = o.gptq_damp;
+  go.act_order = o.gptq_act_order;
+  go.pool = &pool;
+  const Status s =
+      gptq_quantize(w.data(), n_rows, ne0, j.imatrix->gram.data(), j.choice.type, go, out.data());
+  if (!s.ok()) return Status(s.code(), fmt::format("tensor '{}': GPTQ: {}", j.in->name, s.message()));
+  return {};
+}
+
 Status convert_rows(const Job& j, std::span<uint8_t> out, ThreadPool& pool) {
   const DTypeInfo& from = dtype_info(j.in->type);
   const DTypeInfo& to = dtype_info(j.choice.type);
@@ -268,7 +320,9 @@ Status write_output(const QuantizeOptions& o, const gguf::File& file, bool hf_fo
   for (size_t i = 0; i < jobs.size(); ++i) {
     auto fill = [&, i](std::span<uint8_t> out) -> Status {
       const Job& j = jobs[i];
-      if (j.converted()) {
+      if (j.gptq) {
+        KILN_TRY(convert_gptq(j, out, o, pool));
+      } else if (j.converted()) {
         KILN_TRY(convert_rows(j, out, pool));
       } else {
         std::memcpy(out.data(), j.in->data, out.size());
@@ -327,6 +381,7 @@ Result<QuantizeStats> quantize(const QuantizeOptions& o, const QuantizeEvents& e
     add_to_stats(j, stats);
   }
   if (imatrix) KILN_TRY(attach_imatrix(*imatrix, o.imatrix, jobs, warnings));
+  if (!o.method.empty()) KILN_TRY(choose_gptq(o, imatrix ? &*imatrix : nullptr, jobs, stats));
   if (!o.dry_run) {
     for (const Job& j : jobs)
       if (j.converted()) KILN_TRY(check_convertible(j, o.allow_requantize));

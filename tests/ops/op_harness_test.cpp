@@ -386,7 +386,7 @@ std::vector<Tensor*> operands(Op& op) {
                           return std::vector<Tensor*>{&o.y, &o.w, &o.dst};
                         },
                         [](SumSquares& o) {
-                          return std::vector<Tensor*>{&o.x, &o.ids, &o.sums, &o.counts};
+                          return std::vector<Tensor*>{&o.x, &o.ids, &o.sums, &o.counts, &o.gram};
                         },
                     },
                     op);
@@ -1730,6 +1730,25 @@ TEST(OpHarness, SumSquares) {
                          });
     }
   }
+  // With the Gram matrix (kiln imatrix --full): dst [n, n + 2], rows 0..n-1 the Gram matrix, row n the sums,
+  // row n + 1 the count; n not a multiple of the CPU's 8-row blocks, rows from 1 to 300. Summed in f32 over
+  // at most a few hundred products, as the sums.
+  for (const RowShape& s :
+       {RowShape{1, 1, 1}, RowShape{7, 5, 1}, RowShape{33, 3, 2}, RowShape{100, 300, 1}}) {
+    const Layout layout = kLayouts[i++ % 3];
+    const Host x = make_f32(layout, s.n, s.r1, s.r2, &rng);
+    const Host acc = make_f32(Layout::contiguous, s.n, s.n + 2, 1, &rng, 0.0f, 4.0f);
+    expect_matches_ref(fmt::format("sum_squares gram x {} {}", x.t.describe(), layout_name(layout)), acc,
+                       kSums, [&](const Tensor& d) {
+                         Tensor gram = d, sums = d, counts = d;
+                         gram.ne = {s.n, s.n, 1, 1};
+                         sums.data = d.row_as<float>(s.n);
+                         sums.ne = {s.n, 1, 1, 1};
+                         counts.data = d.row_as<float>(s.n + 1);
+                         counts.ne = {1, 1, 1, 1};
+                         return Op(SumSquares{x.t, Tensor{}, sums, counts, gram});
+                       });
+  }
   // Routed: slot s of token t to matrix ids[s + n_used t] (a MoeMatmul's x and ids), repeats and unused
   // matrices included; n = 300: more than a GPU block's columns.
   struct Shape {
@@ -1984,6 +2003,10 @@ TEST(OpCheck, SumSquares) {
   expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, counts3.t}, kInvalid, "counts is");
   expect_rejected(SumSquares{o.x.t, Tensor{}, sums3.t, counts3.t}, kInvalid, "without ids");
   expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, o.half.t}, kInvalid, "counts must");
+  // The Gram matrix: f32 [8, 8], one matrix only.
+  const Host gram = dense(8, 8, 1, nullptr), gram_bad = dense(8, 7, 1, nullptr);
+  ASSERT_TRUE(check(SumSquares{o.x.t, Tensor{}, sums.t, counts.t, gram.t}).ok());
+  expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, counts.t, gram_bad.t}, kInvalid, "gram is");
   // Routed: ids [n_used = 4, n_tokens = 2] for x [8, 4 slots, 2 tokens] or [8, 1, 2].
   const std::vector<int32_t> ids = {0, 1, 2, 0, 1, 1, 2, 2}, ids_short = {0, 1, 2};
   const Tensor ids2 = reshape(iv(ids), 4, 2), ids_odd = reshape(iv(ids), 2, 4);
@@ -1993,6 +2016,8 @@ TEST(OpCheck, SumSquares) {
   expect_rejected(SumSquares{o.x.t, ids_odd, sums3.t, counts3.t}, kInvalid, "x is");
   expect_rejected(SumSquares{o.x.t, iv(ids_short), sums3.t, counts3.t}, kInvalid, "x is");
   expect_rejected(SumSquares{o.x.t, o.x.t, sums3.t, counts3.t}, kInvalid, "ids must be i32");
+  const Host gram3 = dense(8, 8, 1, nullptr);
+  expect_rejected(SumSquares{o.x.t, ids2, sums3.t, counts3.t, gram3.t}, kInvalid, "not with ids");
 }
 
 TEST(OpCheck, KvWrite) {

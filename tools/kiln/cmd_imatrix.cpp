@@ -89,6 +89,10 @@ void register_imatrix(CLI::App& app, int& rc) {
       "An imatrix file (GGUF or legacy .dat) whose sums are added; repeatable. Without -f, the files "
       "are only combined (a legacy file becomes a GGUF one)");
   cmd->add_flag("--process-output", o.process_output, "Also collect the output head's input (output.weight)");
+  cmd->add_flag(
+      "--full", o.full,
+      "Also each weight's Gram matrix of inputs (X^T X), for kiln quantize --method gptq; collected on "
+      "the CPU, n^2 floats a weight of n columns");
   cmd->add_flag("--no-ppl", cli->no_ppl, "Do not compute the perplexity");
   cmd->add_flag("--exact", o.exact, "Exact f32 matmuls (default: the fast path, as kiln run)");
   cmd->callback([cli, &rc] {

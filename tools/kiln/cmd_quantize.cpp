@@ -93,6 +93,10 @@ Status run_quantize(QuantizeArgs& args) {
                opt.dry_run ? "would write" : "wrote", opt.dry_run ? opt.input.c_str() : opt.output.c_str(),
                st.file_type.c_str(), st.architecture.c_str(), st.tensors.size(), st.n_converted,
                st.tensors.size() - st.n_converted, st.used_imatrix ? ", with an importance matrix" : "");
+  if (st.n_gptq > 0) {
+    std::fprintf(stderr, "quantize: tensors rounded by GPTQ (the others as without --method): %zu\n",
+                 st.n_gptq);
+  }
   if (st.n_requantized > 0) {
     std::fprintf(stderr, "quantize: tensors quantized already (dequantized to f32, then requantized): %zu\n",
                  st.n_requantized);
@@ -146,6 +150,14 @@ void register_quantize(CLI::App& app, int& rc) {
   cmd->add_flag("--dry-run", o.dry_run,
                 "Print each tensor's type and size, write nothing (OUT may be left out)");
   cmd->add_flag("--force", o.force, "Replace OUT if it exists (never the input)");
+  cmd->add_option("--method", o.method,
+                  "gptq: round the weight matrices column by column with error feedback through the inverse "
+                  "Hessian of their inputs (needs --imatrix from kiln imatrix --full); the same GGUF types");
+  cmd->add_option("--gptq-damp", o.gptq_damp, "GPTQ's dampening, a fraction of mean(diag H) (default 0.01)");
+  cmd->add_flag(
+      "!--gptq-no-act-order", o.gptq_act_order,
+      "GPTQ in column order (by default its blocks, and the columns within a block, go by decreasing "
+      "diag(H))");
   cmd->add_option("-t,--threads", o.threads, "CPU threads (default: physical cores; the file is the same)");
   cmd->footer(types_footer());
   cmd->callback([args, &rc] {

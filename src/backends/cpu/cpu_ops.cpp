@@ -280,6 +280,36 @@ void weighted_sum(ThreadPool& pool, const WeightedSum& op) {
   });
 }
 
+// The inputs' Gram matrix (SumSquares::gram): threads split its rows j in blocks of kRows; each block
+// gathers sum_r x[j, r] * x[:, r] for its rows in a local f32 buffer, one pass over x, and adds it to gram
+// once. A row's order of additions is the rows' order whatever the threads.
+void gram(ThreadPool& pool, const SumSquares& op) {
+  constexpr int64_t kRows = 8;
+  const int64_t n = op.x.ne[0], n_rows = op.x.n_rows();
+  pool.parallel_for((n + kRows - 1) / kRows,
+                    [&](int64_t b0, int64_t b1, int) {
+                      std::vector<float> acc(static_cast<size_t>(kRows * n));
+                      for (int64_t b = b0; b < b1; ++b) {
+                        const int64_t j0 = b * kRows, m = std::min(kRows, n - j0);
+                        std::fill(acc.begin(), acc.end(), 0.0f);
+                        for (int64_t r = 0; r < n_rows; ++r) {
+                          const float* x = f32_row(op.x, r);
+                          for (int64_t k = 0; k < m; ++k) {
+                            const float xj = x[j0 + k];
+                            float* a = acc.data() + k * n;
+                            for (int64_t i = 0; i < n; ++i) a[i] += xj * x[i];
+                          }
+                        }
+                        for (int64_t k = 0; k < m; ++k) {
+                          float* g = f32_row_mut(op.gram, j0 + k);
+                          const float* a = acc.data() + k * n;
+                          for (int64_t i = 0; i < n; ++i) g[i] += a[i];
+                        }
+                      }
+                    },
+                    /*min_chunk=*/1);
+}
+
 // Threads split the columns (in 16-float blocks), so each owns its slice of every matrix's sums: no two
 // threads add to one sum, and a column's order of additions is the rows' order whatever the threads.
 void sum_squares(ThreadPool& pool, const SumSquares& op) {
@@ -313,6 +343,7 @@ void sum_squares(ThreadPool& pool, const SumSquares& op) {
       /*min_chunk=*/4);
   if (!routed) {
     *op.counts.row_as<float>(0) += static_cast<float>(op.x.n_rows());
+    if (op.gram.data != nullptr) gram(pool, op);
     return;
   }
   for (const int32_t m : ids) *op.counts.row_as<float>(m) += 1.0f;

@@ -358,6 +358,18 @@ void sum_squares(const SumSquares& op) {
   };
   if (op.ids.data == nullptr) {
     for (int64_t r = 0; r < op.x.n_rows(); ++r) add(reinterpret_cast<const float*>(op.x.flat_row(r)), 0);
+    if (op.gram.data != nullptr) {  // f64 sums over the rows, added to the f32 matrix once
+      std::vector<double> g(static_cast<size_t>(n * n), 0.0);
+      for (int64_t r = 0; r < op.x.n_rows(); ++r) {
+        const auto* x = reinterpret_cast<const float*>(op.x.flat_row(r));
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < n; ++i) g[i + n * j] += static_cast<double>(x[i]) * x[j];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        auto* row = op.gram.row_as<float>(j);
+        for (int64_t i = 0; i < n; ++i) row[i] = static_cast<float>(row[i] + g[i + n * j]);
+      }
+    }
   } else {
     const int64_t n_used = op.ids.ne[0];
     const auto ids = op.ids.span_as<const int32_t>();
