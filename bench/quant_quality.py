@@ -12,7 +12,8 @@ evaluation text are different files.
 The source is the model file dequantized to F16 by `kiln quantize ... F16 --allow-requantize` (the test models
 ship quantized only). Prints a markdown table; --json FILE also writes the rows.
 
-`--types all` takes every type `kiln quantize` writes but F32; `--decode` adds each file's size in bits per
+`--gptq` adds kiln imatrix --full and kiln quantize --method gptq rows (maker kiln-gptq). `--types all` takes
+every type `kiln quantize` writes but F32; `--decode` adds each file's size in bits per
 weight and its CPU decode speed (`kiln bench -p 0 -n 128`), and prints the summary table, one row a type:
 
     python3 bench/quant_quality.py --model ~/.cache/kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf --types all --decode
@@ -59,6 +60,8 @@ def main():
     ap.add_argument("--calib-chunks", type=int, default=16)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
     ap.add_argument("--decode", action="store_true", help="bits per weight and CPU decode tokens/s of each type")
+    ap.add_argument("--gptq", action="store_true",
+                    help="also kiln imatrix --full and kiln quantize --method gptq (maker kiln-gptq) for each type")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.types == "all":
@@ -78,6 +81,12 @@ def main():
         _, sec = run([k, "imatrix", "-m", f16, "-f", calib, "-o", imx["kiln"], "-c", a.ctx, "--chunks",
                       a.calib_chunks, "-d", "cpu", "-t", t, "--no-ppl"])
         print(f"kiln imatrix: {sec:.1f} s", file=sys.stderr)
+    if a.gptq:  # the Gram matrices too, over the same chunks (collected on the CPU)
+        imx["full"] = w / "kiln.full.imatrix.gguf"
+        if not imx["full"].exists():
+            _, sec = run([k, "imatrix", "-m", f16, "-f", calib, "-o", imx["full"], "-c", a.ctx, "--chunks",
+                          a.calib_chunks, "-d", "cpu", "-t", t, "--no-ppl", "--full"])
+            print(f"kiln imatrix --full: {sec:.1f} s", file=sys.stderr)
     if a.peer:
         imx["llama"] = w / "llama.imatrix.gguf"
         if not imx["llama"].exists():
@@ -99,14 +108,17 @@ def main():
 
     src_bytes = f16.stat().st_size
     for ty in a.types.split(","):
-        for maker in ["kiln"] + (["llama"] if a.peer else []):
+        for maker in ["kiln"] + (["kiln-gptq"] if a.gptq else []) + (["llama"] if a.peer else []):
             # An importance matrix changes nothing in F16, BF16 and Q8_0.
-            for use_imx in (False,) if ty in ("F16", "BF16", "Q8_0") else (False, True):
+            for use_imx in (True,) if maker == "kiln-gptq" else (False,) if ty in ("F16", "BF16", "Q8_0") else (
+                    False, True):
                 name = f"{ty}-{maker}{'-imx' if use_imx else ''}"
                 out = w / f"{name}.gguf"
                 if not out.exists():
                     if maker == "kiln":
                         cmd = [k, "quantize", f16, out, ty, "-t", t] + (["--imatrix", imx["kiln"]] if use_imx else [])
+                    elif maker == "kiln-gptq":
+                        cmd = [k, "quantize", f16, out, ty, "-t", t, "--imatrix", imx["full"], "--method", "gptq"]
                     else:
                         cmd = [a.peer / "llama-quantize"] + (["--imatrix", imx["llama"]] if use_imx else []) + \
                               [f16, out, ty, t]
