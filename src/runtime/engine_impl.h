@@ -109,8 +109,9 @@ struct Engine::Impl {
   // The backend (options.backend) and, under partial offload (options.gpu_layers), host_backend; `options`
   // for load_model() placed accordingly.
   Status make_backends(const gguf::File& f, ModelOptions& options);
-  // Sets kv_block_bytes; the pool's blocks from options.kv_memory_bytes (kv_budget.h).
-  Result<int32_t> size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type);
+  // Sets kv_block_bytes; the pool's blocks from options.kv_memory_bytes (kv_budget.h), `extra` blocks beyond
+  // what the sequences need at full length (the pads' spare on a device) when the budget is the default.
+  Result<int32_t> size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type, int32_t extra);
 
   // Engine thread (engine_step.cpp).
   void loop();

@@ -104,18 +104,18 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     }
   }
   KILN_TRY(load_chat_template(opt.model_path, folder));
-  KILN_ASSIGN_OR_RETURN(const int32_t n_pool, size_kv_pool(mi, n_ctx, kv_type));
+  // On a device, whose decode steps may be padded (pad()), the pool's last block is the pads' spare: the
+  // cache hands out the others, so the pool holds one block more than the sequences need.
+  const bool spare = device && host_backend == nullptr;
+  KILN_ASSIGN_OR_RETURN(const int32_t n_pool, size_kv_pool(mi, n_ctx, kv_type, spare ? 1 : 0));
   KILN_ASSIGN_OR_RETURN(KvBuffers buffers, KvBuffers::allocate(*model, opt.kv_block_size, n_pool, kv_type));
   kv = std::make_unique<KvBuffers>(std::move(buffers));
   if (kv->bytes() != static_cast<uint64_t>(n_pool) * kv_block_bytes) {
     return make_status(StatusCode::internal, "KV cache: {} bytes allocated for {} blocks of {} bytes",
                        kv->bytes(), n_pool, kv_block_bytes);
   }
-  // On a device, whose decode steps may be padded (pad()), the pool's last block is the pads' spare: the
-  // cache hands out the others.
-  const bool spare = device && host_backend == nullptr && n_pool > 1;
-  const int32_t n_blocks = n_pool - (spare ? 1 : 0);
-  spare_block = spare ? n_blocks : -1;
+  const int32_t n_blocks = n_pool - (spare && n_pool > 1 ? 1 : 0);
+  spare_block = n_blocks < n_pool ? n_blocks : -1;
   KILN_TRY(warm_up(n_blocks));
   KILN_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(n_blocks, opt.kv_block_size));
   kv_windowed = mi.kv_window > 0;
@@ -248,7 +248,7 @@ Status Engine::Impl::warm_up(int32_t n_blocks) {
   return Status::ok_status();
 }
 
-Result<int32_t> Engine::Impl::size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type) {
+Result<int32_t> Engine::Impl::size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type, int32_t extra) {
   const int32_t bs = options.kv_block_size;
   // K and V of every layer: [head_dim, n_kv_heads, block_size] each (models/model.h, KvBuffers).
   KILN_ASSIGN_OR_RETURN(const int64_t layer_bytes,
@@ -261,7 +261,7 @@ Result<int32_t> Engine::Impl::size_kv_pool(const ModelInfo& mi, int32_t n_ctx, D
   KvBudgetInput in;
   in.budget_bytes = options.kv_memory_bytes;
   in.block_bytes = kv_block_bytes;
-  in.full_blocks = (int64_t{n_ctx} + bs - 1) / bs * options.n_seq_max;
+  in.full_blocks = (int64_t{n_ctx} + bs - 1) / bs * options.n_seq_max + extra;
   if (in.budget_bytes == 0) {
     const uint64_t device_free = backend->device_memory_free();
     in.mem_available = device_free > 0 ? std::optional<uint64_t>(device_free) : mem_available_bytes();
