@@ -162,7 +162,7 @@ def main():
         for (ty, use_imx), out in files.items():
             if use_imx and (ty, False) in files:
                 continue
-            r, _ = run([k, "bench", "-m", out, "-p", "0", "-n", "128", "-r", "3", "-d", "cpu", "-t", t, "-o", "json"])
+            r, _ = run([k, "bench", "-m", out, "-p", "0", "-n", "128", "-r", "2", "-d", "cpu", "-t", t, "-o", "json"])
             b = json.loads(r.stdout)[0]
             decode[(ty, False)] = decode[(ty, True)] = (b["tokens_per_s"], 8 * b["size_bytes"] / b["n_params"])
         summary(rows, decode)
