@@ -190,9 +190,6 @@ Status check_convertible(const Job& j, bool allow_requantize) {
   return {};
 }
 
-// `j`'s rows written as its new type into `out`: chunks of whole rows over the pool's threads, each read as
-// f32 into the thread's own buffer (an f32 tensor is read in place) and quantized with its matrix's
-// importance. Each row is encoded alone, so the bytes do not depend on the threads.
 // `j` rounded by GPTQ: the whole tensor in f32 (one tensor at a time), its rows over the pool's threads.
 Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions& o, ThreadPool& pool) {
   const DTypeInfo& from = dtype_info(j.in->type);
@@ -220,6 +217,9 @@ Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions&
   return {};
 }
 
+// `j`'s rows written as its new type into `out`: chunks of whole rows over the pool's threads, each read as
+// f32 into the thread's own buffer (an f32 tensor is read in place) and quantized with its matrix's
+// importance. Each row is encoded alone, so the bytes do not depend on the threads.
 Status convert_rows(const Job& j, std::span<uint8_t> out, ThreadPool& pool) {
   const DTypeInfo& from = dtype_info(j.in->type);
   const DTypeInfo& to = dtype_info(j.choice.type);
