@@ -280,34 +280,36 @@ void weighted_sum(ThreadPool& pool, const WeightedSum& op) {
   });
 }
 
-// The inputs' Gram matrix (SumSquares::gram): threads split its rows j in blocks of kRows; each block
-// gathers sum_r x[j, r] * x[:, r] for its rows in a local f32 buffer, one pass over x, and adds it to gram
-// once. A row's order of additions is the rows' order whatever the threads.
+// The inputs' Gram matrix (SumSquares::gram), symmetric: a block of kRows rows j gathers
+// sum_r x[j, r] * x[i, r] for the columns i from the block's first on, one pass over x, and adds each value
+// to gram[j][i] and, below the block, to gram[i][j] as well: half the products, and an exactly symmetric
+// result. Blocks are taken one at a time (the first ones hold the most columns); no two write one element,
+// and an element's order of additions is the rows' order whatever the threads.
 void gram(ThreadPool& pool, const SumSquares& op) {
   constexpr int64_t kRows = 8;
   const int64_t n = op.x.ne[0], n_rows = op.x.n_rows();
-  pool.parallel_for((n + kRows - 1) / kRows,
-                    [&](int64_t b0, int64_t b1, int) {
-                      std::vector<float> acc(static_cast<size_t>(kRows * n));
-                      for (int64_t b = b0; b < b1; ++b) {
-                        const int64_t j0 = b * kRows, m = std::min(kRows, n - j0);
-                        std::fill(acc.begin(), acc.end(), 0.0f);
-                        for (int64_t r = 0; r < n_rows; ++r) {
-                          const float* x = f32_row(op.x, r);
-                          for (int64_t k = 0; k < m; ++k) {
-                            const float xj = x[j0 + k];
-                            float* a = acc.data() + k * n;
-                            for (int64_t i = 0; i < n; ++i) a[i] += xj * x[i];
-                          }
-                        }
-                        for (int64_t k = 0; k < m; ++k) {
-                          float* g = f32_row_mut(op.gram, j0 + k);
-                          const float* a = acc.data() + k * n;
-                          for (int64_t i = 0; i < n; ++i) g[i] += a[i];
-                        }
-                      }
-                    },
-                    /*min_chunk=*/1);
+  std::vector<std::vector<float>> bufs(static_cast<size_t>(pool.n_threads()));
+  pool.parallel_dynamic((n + kRows - 1) / kRows, 1, [&](int64_t b0, int64_t b1, int thread) {
+    std::vector<float>& acc = bufs[static_cast<size_t>(thread)];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j0 = b * kRows, m = std::min(kRows, n - j0), w = n - j0;
+      acc.assign(static_cast<size_t>(kRows * w), 0.0f);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const float* x = f32_row(op.x, r) + j0;
+        for (int64_t k = 0; k < m; ++k) {
+          const float xj = x[k];
+          float* a = acc.data() + k * w;
+          for (int64_t i = 0; i < w; ++i) a[i] += xj * x[i];
+        }
+      }
+      for (int64_t k = 0; k < m; ++k) {
+        float* g = f32_row_mut(op.gram, j0 + k) + j0;
+        const float* a = acc.data() + k * w;
+        for (int64_t i = 0; i < w; ++i) g[i] += a[i];
+        for (int64_t i = m; i < w; ++i) f32_row_mut(op.gram, j0 + i)[j0 + k] += a[i];
+      }
+    }
+  });
 }
 
 // Threads split the columns (in 16-float blocks), so each owns its slice of every matrix's sums: no two
