@@ -37,14 +37,6 @@ def run(cmd) -> str:
     return r.stdout
 
 
-def run_error(kiln: Path, model: Path, device: str) -> str:
-    """The error `kiln run` gives on the file (kiln bench says only that a request failed)."""
-    r = subprocess.run([str(kiln), "run", "-m", str(model), "-d", device, "-p", "Hello", "-n", "4"],
-                       capture_output=True, text=True)
-    lines = [x for x in r.stderr.splitlines() if "error" in x.lower()]
-    return lines[-1] if lines else f"kiln run exited {r.returncode}"
-
-
 def qwen_folder(out: Path, tokenizer: Path) -> Path:
     import torch
     import transformers
@@ -79,8 +71,7 @@ def table(kiln: Path, name: str, label: str, f16: Path, work: Path, device: str,
             b = next(r for r in json.loads(run([kiln, "bench", "-m", out, "-d", device, "-p", "16", "-n", "128",
                                                 "-r", "3", "-o", "json"])) if r["test"] == "tg128")
         except RuntimeError as e:  # the row says what failed; the others still run
-            err = run_error(kiln, out, device) if out.exists() else str(e).splitlines()[-1]
-            print(f"| {ty} | failed: {err[-200:]} | | | |", flush=True)
+            print(f"| {ty} | failed: {str(e).strip().splitlines()[-1][-200:]} | | | |", flush=True)
             out.unlink(missing_ok=True)
             continue
         bpw = 8 * b["size_bytes"] / b["n_params"]
