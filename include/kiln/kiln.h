@@ -147,6 +147,9 @@ struct Request {
   // must not block for long; it is called before the request's events of the same step.
   PromptLogitsCallback prompt_logits;
   int32_t prompt_logits_from = 0;  // in [0, n_prompt - 1]
+  // Called on the engine thread once, when the request is first admitted (it leaves the queue and holds KV
+  // blocks), before its first step; a request that ends unadmitted never gets it. Must not block for long.
+  std::function<void()> on_admitted;
 };
 
 enum class FinishReason { none, stop, length, cancelled, error };

@@ -151,6 +151,7 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
   s->priority = request.priority;
   if (!callback) callback = [](const TokenEvent&) {};  // no streaming: the caller only wait()s
   s->callback = std::move(callback);
+  s->on_admitted = request.on_admitted;
   s->outcome = std::make_shared<Impl::Outcome>();
   uint64_t id = 0;
   {

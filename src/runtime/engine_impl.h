@@ -75,6 +75,7 @@ struct Engine::Impl {
     // Request::prompt_logits, and the next position it is owed (positions below it were delivered).
     PromptLogitsCallback prompt_logits;
     int32_t prompt_logits_next = 0;
+    std::function<void()> on_admitted;                     // Request::on_admitted
     bool admitted = false;                                 // admitted at least once
     Clock::time_point t_submit, t_admit, t_first, t_last;  // t_last: the latest sampled token
   };

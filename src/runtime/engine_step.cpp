@@ -188,6 +188,7 @@ void Engine::Impl::on_plan(const StepPlan& plan) {
     s.stats.queue_ms = ms_between(s.t_submit, now);
     delta.n_prompt_tokens += static_cast<uint64_t>(s.stats.n_prompt);
     delta.n_cached_tokens += static_cast<uint64_t>(a.n_cached);
+    if (s.on_admitted) s.on_admitted();
   }
   for (uint64_t id : plan.preempted) {
     Seq& s = *live.at(id);

@@ -197,10 +197,8 @@ void Api::completions(const HttpRequest& req, const std::shared_ptr<Exchange>& e
   std::lock_guard<std::mutex> lock(
       g->mu);  // callbacks wait until every choice is submitted and the head sent
   g->queue_counter = queued_tokens_;
-  g->queued_tokens = tokens;
-  queued_tokens_->fetch_add(tokens);
   if (auto e = submit(g, p, engine, chat)) {
-    queued_tokens_->fetch_sub(std::exchange(g->queued_tokens, 0));
+    for (size_t i = 0; i < g->choices.size(); ++i) g->leave_queue(i);
     return fail(*e);
   }
   respond(g, p, ex);
@@ -248,6 +246,14 @@ std::optional<ApiError> Api::submit(const std::shared_ptr<Generation>& g, const 
     r.sampling.max_tokens = static_cast<int32_t>(
         p.max_tokens >= 0 ? p.max_tokens : model.n_ctx - static_cast<int64_t>(r.prompt_tokens.size()));
     if (p.echo) g->choices[i].text = p.prompt_texts[prompt];
+    // Charged while it waits: released when the engine admits it (or on its first event, the final one of a
+    // request that ends unadmitted).
+    g->choices[i].queued = queued_charge({p.prompts[prompt]}, 1, p.base);
+    g->queue_counter->fetch_add(g->choices[i].queued);
+    r.on_admitted = [g, i] {
+      std::lock_guard<std::mutex> lock(g->mu);
+      g->leave_queue(i);
+    };
     auto id = engine.submit(r, [g, i](const TokenEvent& ev) { g->on_event(i, ev); });
     if (!id.ok()) {
       g->failed = true;

@@ -30,9 +30,9 @@ struct ApiOptions {
   // Counted here, not by the engine's max_queued, so that a request of n choices is let in whole or not at
   // all.
   int32_t max_queue = 0;
-  // Generation requests are refused with 503 when the charges (queued_charge) of the requests not yet started
-  // (queued or in their first prefill) would pass this many tokens (0: never): the memory a burst holds,
-  // bounded at max_queued_tokens * kQueuedTokenBytes.
+  // Generation requests are refused with 503 when the charges (queued_charge) of the requests not yet
+  // admitted would pass this many tokens (0: never): the memory a burst holds, bounded at max_queued_tokens *
+  // kQueuedTokenBytes.
   int64_t max_queued_tokens = 0;
 };
 

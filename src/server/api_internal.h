@@ -118,6 +118,7 @@ struct Api::Generation {
     int64_t n_chars = 0;              // characters of the text that the logprobs cover so far
     std::string finish;
     std::string error;
+    int64_t queued = 0;  // its part of the Generation's queue charge, until admitted or ended
     RequestStats stats;
     bool first = true, role_sent = false, echoed = false;
     Clock::time_point last;
@@ -127,10 +128,9 @@ struct Api::Generation {
   std::shared_ptr<Exchange> ex;
   std::shared_ptr<ServerMetrics> metrics;
   std::shared_ptr<std::atomic<int64_t>> in_flight;
-  // The tokens this request adds to the server's queue (Api's queued_tokens_, queued_charge) until its first
-  // event.
+  // The server's queue charge (Api's queued_tokens_, queued_charge), to which each choice adds its part
+  // (Choice::queued) until the engine admits it or it ends unadmitted.
   std::shared_ptr<std::atomic<int64_t>> queue_counter;
-  int64_t queued_tokens = 0;
   Engine* engine = nullptr;
   bool chat = false, stream = false, include_usage = false, logprobs = false;
   bool echo_logprobs = false;  // completions with echo and logprobs: the prompt comes scored, first event
@@ -152,6 +152,7 @@ struct Api::Generation {
   void emit(std::string chunk);  // under mu
   void emit_json(json j);
   void on_event(size_t i, const TokenEvent& ev);
+  void leave_queue(size_t i);  // under mu: choice i's charge off queue_counter
   // A chat choice's stream chunks for one event: its content and tool call deltas (the first with the role,
   // and the token's logprobs entry when there is one).
   void stream_chat(size_t i, Choice& c, const std::vector<ToolCallEvent>& events, json lp_entry);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/api_internal.h"
@@ -80,12 +81,13 @@ void Api::Generation::emit_json(json j) {
   emit("data: " + dump(j) + "\n\n");
 }
 
+void Api::Generation::leave_queue(size_t i) {
+  if (choices[i].queued > 0) queue_counter->fetch_sub(std::exchange(choices[i].queued, 0));
+}
+
 void Api::Generation::on_event(size_t i, const TokenEvent& ev) {
   std::lock_guard<std::mutex> lock(mu);
-  if (queued_tokens > 0) {  // the first event: the request left the queue (admitted, or ended there)
-    queue_counter->fetch_sub(queued_tokens);
-    queued_tokens = 0;
-  }
+  leave_queue(i);  // admitted before its first event, or ended unadmitted
   if (failed) return;
   Choice& c = choices[i];
   const auto now = Clock::now();
