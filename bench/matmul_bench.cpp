@@ -46,6 +46,8 @@ std::vector<size_t> scale_offsets(DType type) {
     case DType::q4_0:
     case DType::q5_0:
     case DType::q8_0:
+    case DType::iq4_nl:
+    case DType::iq4_xs:
     case DType::iq2_xxs:
     case DType::iq2_xs:
     case DType::iq2_s:
@@ -56,6 +58,8 @@ std::vector<size_t> scale_offsets(DType type) {
     case DType::q5_1:
     case DType::q4_k:
     case DType::q5_k: return {0, 2};
+    case DType::q2_k: return {80, 82};
+    case DType::q3_k: return {108};
     case DType::q6_k: return {208};
     default: return {};
   }

@@ -423,7 +423,8 @@ DType activation_type(DType w) {
     case DType::iq3_xxs:
     case DType::iq3_s:
     case DType::iq1_s:
-    case DType::iq1_m: return DType::q8_k;
+    case DType::iq1_m:
+    case DType::iq4_xs: return DType::q8_k;
     default: return DType::f32;
   }
 }

@@ -14,7 +14,9 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_options.h"
 #include "backends/cpu/kernels/cpu_kernels.h"
+#include "core/half.h"
 #include "core/quant/quant_blocks.h"
+#include "ops/ref/ref.h"
 
 namespace kiln {
 namespace {
@@ -117,27 +119,24 @@ TEST(CpuIsa, ProductWeightsArePackedAboveScalar) {
   }
 }
 
-// Every block-quantized type with a packed form packs (blocks of random bytes, every quant value and scale
-// bit pattern, under finite f16 scales) into the layout's size at its bit width: 4 bits for q4_* and q3_K
-// (quants 0..7), 5 for q5_*, 6 for q6_K, 8 for q8_0, iq4_nl (its table's int8 values) and the grid i-quants
-// (grid values times signs, under integer scales per 16). A quant that did
-// not fit would make the packer keep the file's layout.
-TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
+// The packed form of each block-quantized type that has one: its bits a quant and its scales.
+struct PackedForm {
+  DType type;
+  int bits;
+  uint32_t scales;
+  std::vector<size_t> f16_at;  // a block's f16 scales
+};
+const std::vector<PackedForm>& packed_forms() {
   using namespace quant;
-  const int64_t k = 512, n = 37;
-  struct Form {
-    DType type;
-    int bits;
-    uint32_t scales;
-    std::vector<size_t> f16_at;  // a block's f16 scales, set to 0.5
-  };
-  const Form forms[] = {
+  static const std::vector<PackedForm> forms = {
       {DType::q4_0, 4, cpu::kPackD, {0}},
       {DType::q4_1, 4, cpu::kPackDM, {0, 2}},
       {DType::q5_0, 5, cpu::kPackD, {0}},
       {DType::q5_1, 5, cpu::kPackDM, {0, 2}},
       {DType::q8_0, 8, cpu::kPackD, {0}},
-      {DType::iq4_nl, 8, cpu::kPackD, {0}},
+      {DType::iq4_nl, 4, cpu::kPackD, {0}},
+      {DType::iq4_xs, 4, cpu::kPackK16, {offsetof(BlockIQ4_XS, d)}},
+      {DType::q2_k, 2, cpu::kPackKM16, {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)}},
       {DType::q3_k, 4, cpu::kPackK16, {offsetof(BlockQ3_K, d)}},
       {DType::q4_k, 4, cpu::kPackK32, {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}},
       {DType::q5_k, 5, cpu::kPackK32, {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)}},
@@ -150,32 +149,51 @@ TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
       {DType::iq1_s, 8, cpu::kPackK16, {0}},
       {DType::iq1_m, 8, cpu::kPackK16, {}},  // its f16 scale is the top nibbles of bytes 49, 51, 53, 55
   };
+  return forms;
+}
+
+// k * n elements of f's type as blocks of random bytes (every quant value and scale bit pattern) under the
+// f16 scale `scale` (a second f16, a min or an offset: -0.75 `scale`).
+std::vector<uint8_t> random_blocks(const PackedForm& f, int64_t k, int64_t n, uint16_t scale) {
+  using namespace quant;
+  const DTypeInfo& info = dtype_info(f.type);
+  const int64_t n_blocks = n * k / info.block_size;
+  std::vector<uint8_t> bytes(static_cast<size_t>(n_blocks * info.type_size));
+  uint32_t state = 12345;
+  for (uint8_t& v : bytes) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<uint8_t>(state >> 24);
+  }
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    for (size_t j = 0; j < f.f16_at.size(); ++j) {
+      const uint16_t h = j == 0 ? scale : f32_to_f16(-0.75f * f16_to_f32(scale));
+      std::memcpy(&bytes[i * info.type_size + f.f16_at[j]], &h, 2);
+    }
+    if (f.type == DType::iq1_m) {  // nibble j of the f16 in the top nibble of scale word j
+      for (int j = 0; j < 4; ++j) {
+        uint8_t& v = bytes[i * info.type_size + offsetof(BlockIQ1_M, scales) + 2 * j + 1];
+        v = static_cast<uint8_t>((v & 0x0F) | (scale >> 4 * j & 0x0F) << 4);
+      }
+    }
+  }
+  return bytes;
+}
+
+// Every block-quantized type with a packed form packs (blocks of random bytes, every quant value and scale
+// bit pattern, under finite f16 scales) into the layout's size at its bit width: 2 bits for q2_K (under its
+// scale and min per 16), 4 for q4_*, q3_K (quants 0..7), iq4_nl and iq4_xs (the indices of their table's
+// levels), 5 for q5_*, 6 for q6_K, 8 for q8_0 and the grid i-quants (grid values times signs, under integer
+// scales per 16). A quant that did not fit would make the packer keep the file's layout.
+TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
+  const int64_t k = 512, n = 37;
   for (CpuIsa isa : cpu::kCpuIsaLevels) {
     if (isa == CpuIsa::cpu_isa_scalar || !cpu::cpu_isa_supported(isa)) continue;
     BackendOptions options;
     options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
     Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
     ASSERT_TRUE(b.ok());
-    for (const Form& f : forms) {
-      const DTypeInfo& info = dtype_info(f.type);
-      const int64_t n_blocks = n * k / info.block_size;
-      std::vector<uint8_t> bytes(static_cast<size_t>(n_blocks * info.type_size));
-      uint32_t state = 12345;
-      for (uint8_t& v : bytes) {
-        state = state * 1664525u + 1013904223u;
-        v = static_cast<uint8_t>(state >> 24);
-      }
-      for (int64_t i = 0; i < n_blocks; ++i) {
-        for (size_t at : f.f16_at)
-          bytes[i * info.type_size + at] = 0, bytes[i * info.type_size + at + 1] = 0x38;
-        if (f.type == DType::iq1_m) {  // 0.5 = 0x3800: nibbles 0, 0, 8, 3
-          const uint8_t top[4] = {0x0, 0x0, 0x8, 0x3};
-          for (int j = 0; j < 4; ++j) {
-            uint8_t& v = bytes[i * info.type_size + offsetof(BlockIQ1_M, scales) + 2 * j + 1];
-            v = static_cast<uint8_t>((v & 0x0F) | top[j] << 4);
-          }
-        }
-      }
+    for (const PackedForm& f : packed_forms()) {
+      std::vector<uint8_t> bytes = random_blocks(f, k, n, 0x3800);  // 0.5
       const Tensor w = make_tensor(f.type, bytes.data(), k, n);
       Result<std::unique_ptr<WeightHandle>> h = (*b)->prepare_weight(w, "w", WeightRole::weight_role_matmul);
       ASSERT_TRUE(h.ok());
@@ -183,6 +201,38 @@ TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
       EXPECT_EQ((*h)->prepared->bytes(),
                 static_cast<size_t>(3 * cpu::packed_group_bytes(k, f.bits, f.scales)))
           << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type);
+    }
+  }
+}
+
+// get_rows on a tied table reads its rows from the packed copy: each row the reference dequantizer's bits,
+// for every packed form, under scales that are not powers of two (their products then round).
+TEST(CpuIsa, PackedRowsAreTheReferenceBits) {
+  const int64_t k = 512, n = 37;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7) % static_cast<int32_t>(n);
+  for (CpuIsa isa : cpu::kCpuIsaLevels) {
+    if (isa == CpuIsa::cpu_isa_scalar || !cpu::cpu_isa_supported(isa)) continue;
+    BackendOptions options;
+    options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+    Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
+    ASSERT_TRUE(b.ok());
+    for (const PackedForm& f : packed_forms()) {
+      for (const uint16_t scale : {uint16_t{0x2d3b}, uint16_t{0xa1f7}}) {  // 0.0817..., -0.0117...
+        std::vector<uint8_t> bytes = random_blocks(f, k, n, scale);
+        const Tensor w = make_tensor(f.type, bytes.data(), k, n);
+        Result<std::unique_ptr<WeightHandle>> h =
+            (*b)->prepare_weight(w, "w", WeightRole::weight_role_tied_embedding);
+        ASSERT_TRUE(h.ok());
+        ASSERT_NE((*h)->prepared, nullptr) << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type);
+        std::vector<float> got(static_cast<size_t>(k * n)), want(static_cast<size_t>(k * n));
+        const ops::GetRows op{(*h)->weight, make_tensor(DType::i32, ids.data(), n),
+                              make_tensor(DType::f32, got.data(), k, n)};
+        ASSERT_TRUE((*b)->run(op).ok());
+        for (int64_t i = 0; i < n; ++i) ops::ref::row_to_f32(w, w.row(ids[i]), want.data() + i * k);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type) << " scale " << scale;
+      }
     }
   }
 }

@@ -74,10 +74,11 @@ constexpr std::string_view kHarnessOps[] = {
     "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares"};
 
 // The weight / table types of matmul and get_rows.
-constexpr DType kWeightTypes[] = {
-    DType::f32,     DType::f16,    DType::bf16,  DType::q4_0,    DType::q4_1,  DType::q5_0,  DType::q5_1,
-    DType::q8_0,    DType::q2_k,   DType::q3_k,  DType::q4_k,    DType::q5_k,  DType::q6_k,  DType::iq4_nl,
-    DType::iq2_xxs, DType::iq2_xs, DType::iq2_s, DType::iq3_xxs, DType::iq3_s, DType::iq1_s, DType::iq1_m};
+constexpr DType kWeightTypes[] = {DType::f32,     DType::f16,    DType::bf16,  DType::q4_0,    DType::q4_1,
+                                  DType::q5_0,    DType::q5_1,   DType::q8_0,  DType::q2_k,    DType::q3_k,
+                                  DType::q4_k,    DType::q5_k,   DType::q6_k,  DType::iq4_nl,  DType::iq4_xs,
+                                  DType::iq2_xxs, DType::iq2_xs, DType::iq2_s, DType::iq3_xxs, DType::iq3_s,
+                                  DType::iq1_s,   DType::iq1_m};
 
 class Rng {
  public:
@@ -222,6 +223,7 @@ std::vector<size_t> scale_offsets(DType type) {
     case DType::q5_k: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
     case DType::q6_k: return {offsetof(BlockQ6_K, d)};
     case DType::iq4_nl: return {offsetof(BlockIQ4_NL, d)};
+    case DType::iq4_xs: return {offsetof(BlockIQ4_XS, d)};
     case DType::iq2_xxs: return {offsetof(BlockIQ2_XXS, d)};
     case DType::iq2_xs: return {offsetof(BlockIQ2_XS, d)};
     case DType::iq2_s: return {offsetof(BlockIQ2_S, d)};

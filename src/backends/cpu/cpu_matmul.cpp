@@ -34,8 +34,8 @@ static_assert(static_cast<uint32_t>(DType::f32) == 0 && static_cast<uint32_t>(DT
                   static_cast<uint32_t>(DType::iq2_xxs) == 16 && static_cast<uint32_t>(DType::iq2_xs) == 17 &&
                   static_cast<uint32_t>(DType::iq3_xxs) == 18 && static_cast<uint32_t>(DType::iq1_s) == 19 &&
                   static_cast<uint32_t>(DType::iq4_nl) == 20 && static_cast<uint32_t>(DType::iq3_s) == 21 &&
-                  static_cast<uint32_t>(DType::iq2_s) == 22 && static_cast<uint32_t>(DType::iq1_m) == 29 &&
-                  static_cast<uint32_t>(DType::bf16) == 30,
+                  static_cast<uint32_t>(DType::iq2_s) == 22 && static_cast<uint32_t>(DType::iq4_xs) == 23 &&
+                  static_cast<uint32_t>(DType::iq1_m) == 29 && static_cast<uint32_t>(DType::bf16) == 30,
               "the kernels name types by these ids (kernels/cpu_kernels_impl.h)");
 
 int64_t padded_k(int64_t k) { return (k + kKPad - 1) / kKPad * kKPad; }
@@ -155,6 +155,7 @@ bool weight_is_signed(DType t) {
   switch (t) {
     case DType::q8_0:
     case DType::iq4_nl:
+    case DType::iq4_xs:
     case DType::iq2_xxs:
     case DType::iq2_xs:
     case DType::iq2_s:
@@ -265,7 +266,8 @@ struct TiledRows {
     const auto size = static_cast<size_t>(n_t * n_sub * kPackTileCols);
     dx.assign(size, 0.0f);
     s0.assign(size, 0.0f);
-    s1.assign(w.scales == kPackK16 ? size : 0, 0.0f);
+    const bool halves = w.scales == kPackK16 || w.scales == kPackKM16;
+    s1.assign(halves ? size : 0, 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r, t = r / kPackTileCols, j = r % kPackTileCols;
       for (int64_t s = 0; s < n_sub; ++s) {
@@ -276,6 +278,9 @@ struct TiledRows {
         if (w.scales == kPackK16) {
           s0[at] = w.c * s_lo;
           s1[at] = w.c * s_hi;
+        } else if (w.scales == kPackKM16) {
+          s0[at] = s_lo;
+          s1[at] = s_hi;
         } else if (w.scales == kPackD) {
           s0[at] = w.c * (s_lo + s_hi);
         } else {

@@ -5,6 +5,7 @@
 // (a NaN, say) is not packed.
 #include "core/quant/fp_contract_off.h"  // dequantize_packed_row rounds as the reference dequantizers
 //
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -32,11 +33,12 @@ namespace {
 using namespace kiln::quant;
 
 struct Spec {
-  int bits;           // bits a packed quant: 4, 5, 6 or 8
-  uint32_t scales;    // PackScales
-  float c;            // offset of the stored quants (kPackD, kPackK16)
-  bool is_signed;     // unpack_w gives int8 quants: stored + 128
-  float unit = 1.0f;  // PackedMatrix::unit: unpack_w's scales are unit * the packed ones
+  int bits;             // bits a packed quant: 2, 4, 5, 6 or 8
+  uint32_t scales;      // PackScales
+  float c;              // offset of the stored quants (kPackD, kPackK16)
+  bool is_signed;       // unpack_w gives int8 quants: stored + 128
+  float unit = 1.0f;    // PackedMatrix::unit: unpack_w's scales are unit * the packed ones
+  bool levels = false;  // PackedMatrix::levels: unpack_w's int8 quants are IQ4_NL's levels, stored as indices
 };
 
 std::optional<Spec> spec_of(DType t) {
@@ -45,8 +47,13 @@ std::optional<Spec> spec_of(DType t) {
     case DType::q4_1: return Spec{4, kPackDM, 0.0f, false};
     case DType::q5_0: return Spec{5, kPackD, -16.0f, false};
     case DType::q5_1: return Spec{5, kPackDM, 0.0f, false};
-    case DType::q8_0:
-    case DType::iq4_nl: return Spec{8, kPackD, -128.0f, true};
+    case DType::q8_0: return Spec{8, kPackD, -128.0f, true};
+    // The 4-bit indices of IQ4_NL's levels (half the bytes of the levels as int8); IQ4_XS's under the block's
+    // f16 times its signed 6-bit scale per 32 (s - 32).
+    case DType::iq4_nl: return Spec{4, kPackD, -128.0f, true, 1.0f, true};
+    case DType::iq4_xs: return Spec{4, kPackK16, -128.0f, true, 1.0f, true};
+    // Quants 0..3 at 2 bits, the 4-bit scale and min per 16 as they stand under the block's d and -dmin.
+    case DType::q2_k: return Spec{2, kPackKM16, 0.0f, false};
     case DType::q4_k: return Spec{4, kPackK32, 0.0f, false};
     case DType::q5_k: return Spec{5, kPackK32, 0.0f, false};
     case DType::q3_k: return Spec{4, kPackK16, -4.0f, false};  // quants 0..7
@@ -61,8 +68,19 @@ std::optional<Spec> spec_of(DType t) {
     case DType::iq1_m: return Spec{8, kPackK16, -128.0f, true, 0.125f};
     case DType::iq3_xxs: return Spec{8, kPackK16, -128.0f, true, 0.25f};
     case DType::iq3_s: return Spec{8, kPackK16, -128.0f, true, 1.0f};
-    default: return std::nullopt;  // q2_K: a min per 16 elements; float types: the packed float layout
+    default: return std::nullopt;  // float types: the packed float layout
   }
+}
+
+// The index of each int8 value among IQ4_NL's levels; -1 where it is none.
+const std::array<int8_t, 256>& level_index() {
+  static const std::array<int8_t, 256> index = [] {
+    std::array<int8_t, 256> a;
+    a.fill(-1);
+    for (int i = 0; i < 16; ++i) a[static_cast<uint8_t>(kIQ4NLValues[i])] = static_cast<int8_t>(i);
+    return a;
+  }();
+  return index;
 }
 
 // The f16 scale of grid i-quant block b (IQ1_M: from the top nibbles of its four scale words).
@@ -86,18 +104,26 @@ uint16_t iq_header(DType t, const uint8_t* row, int64_t b) {
 // The f16 super-block scale (and negated min scale) of K block b of a row; a grid i-quant's header.
 void k_header(DType t, const uint8_t* row, int64_t b, uint16_t* d, uint16_t* neg_dmin) {
   *neg_dmin = 0;
-  if (t == DType::q4_k) {
-    const auto* blk = reinterpret_cast<const BlockQ4_K*>(row) + b;
-    *d = blk->d, *neg_dmin = blk->dmin ^ 0x8000;
-  } else if (t == DType::q5_k) {
-    const auto* blk = reinterpret_cast<const BlockQ5_K*>(row) + b;
-    *d = blk->d, *neg_dmin = blk->dmin ^ 0x8000;
-  } else if (t == DType::q6_k) {
-    *d = (reinterpret_cast<const BlockQ6_K*>(row) + b)->d;
-  } else if (t != DType::q3_k) {
-    *d = iq_header(t, row, b);
-  } else {
-    *d = (reinterpret_cast<const BlockQ3_K*>(row) + b)->d;
+  switch (t) {
+    case DType::q2_k: {
+      const auto blk = load_block<BlockQ2_K>(row, b);
+      *d = blk.d, *neg_dmin = blk.dmin ^ 0x8000;
+      break;
+    }
+    case DType::q4_k: {
+      const auto blk = load_block<BlockQ4_K>(row, b);
+      *d = blk.d, *neg_dmin = blk.dmin ^ 0x8000;
+      break;
+    }
+    case DType::q5_k: {
+      const auto blk = load_block<BlockQ5_K>(row, b);
+      *d = blk.d, *neg_dmin = blk.dmin ^ 0x8000;
+      break;
+    }
+    case DType::q3_k: *d = load_block<BlockQ3_K>(row, b).d; break;
+    case DType::q6_k: *d = load_block<BlockQ6_K>(row, b).d; break;
+    case DType::iq4_xs: *d = load_block<BlockIQ4_XS>(row, b).d; break;
+    default: *d = iq_header(t, row, b);
   }
 }
 
@@ -139,7 +165,7 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
     kern.unpack_w(static_cast<uint32_t>(w.type), rows + r0, k, q.data() + r0 * kp, d.data() + r0 * kp / 4,
                   m.data() + r0 * kp / 16);
   }
-  const bool k_quant = sp.scales == kPackK32 || sp.scales == kPackK16;
+  const bool k_quant = packed_has_header(sp.scales);
   const int64_t scale_bytes = sp.scales == kPackDM ? 64 : 32, quant_bytes = packed_quant_bytes(sp.bits);
   uint8_t* p = out;
   for (int64_t s0 = 0; s0 < n_sub; s0 += kPackChunk) {
@@ -166,7 +192,7 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
         const float d_lo = d[r * kp / 4 + s * 8], d_hi = d[r * kp / 4 + s * 8 + 4];
         const float m_lo = m[r * kp / 16 + 2 * s], m_hi = m[r * kp / 16 + 2 * s + 1];
         uint16_t h0, h1;
-        int i0, i1;
+        int i0, i1, j0, j1;
         switch (sp.scales) {
           case kPackD:
             if (d_lo != d_hi || !exact_f16(d_lo, &h0)) return false;
@@ -186,6 +212,14 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
             sc[r] = static_cast<uint8_t>(i0);
             sc[16 + r] = static_cast<uint8_t>(i1);
             break;
+          case kPackKM16:
+            if (!exact_multiple(d_lo, hd[r], 0, 15, &i0) || !exact_multiple(d_hi, hd[r], 0, 15, &i1) ||
+                !exact_multiple(m_lo, hm[r], 0, 15, &j0) || !exact_multiple(m_hi, hm[r], 0, 15, &j1)) {
+              return false;
+            }
+            sc[r] = static_cast<uint8_t>(i0 | j0 << 4);
+            sc[16 + r] = static_cast<uint8_t>(i1 | j1 << 4);
+            break;
           default:  // kPackK16
             // d / unit: exact (a power of two), as the kernels' final multiply by unit is.
             if (!exact_multiple(d_lo / sp.unit, hd[r], -128, 127, &i0) ||
@@ -199,7 +233,8 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
       }
     }
     // 4 bytes at a time: piece pc of row r is 4 consecutive quants (under 8 bits: their low nibbles, and the
-    // 4 of the other half in the high nibbles; the bits above in the planes after the pieces).
+    // 4 of the other half in the high nibbles; the bits above in the planes after the pieces; 2 bits: 4 runs
+    // of 4 quants each).
     const uint32_t flip = sp.is_signed ? 0x80808080u : 0u;
     const uint32_t over = sp.bits == 8 ? 0u : 0x01010101u * static_cast<uint32_t>(0xFF << sp.bits & 0xFF);
     for (int64_t i = 0; i < ns; ++i) {
@@ -208,6 +243,28 @@ bool pack_group(const CpuKernels& kern, const Tensor& w, int64_t mat, int64_t g,
       for (int r = 0; r < kPackRows; ++r) {
         if (!valid[r]) continue;
         const uint8_t* qr = q.data() + r * kp + e0;
+        uint8_t index[kSub];
+        if (sp.levels) {
+          for (int e = 0; e < kSub; ++e) {
+            const int8_t at = level_index()[qr[e]];
+            if (at < 0) return false;
+            index[e] = static_cast<uint8_t>(at);
+          }
+          qr = index;
+        }
+        if (sp.bits == 2) {
+          for (int pc = 0; pc < 2; ++pc) {
+            uint32_t v = 0;
+            for (int t = 0; t < 4; ++t) {
+              uint32_t run;
+              std::memcpy(&run, qr + 4 * (2 * t + pc), 4);
+              if ((run & over) != 0) return false;
+              v |= run << 2 * t;
+            }
+            std::memcpy(qs + pc * 64 + r * 4, &v, 4);
+          }
+          continue;
+        }
         for (int pc = 0; pc < (sp.bits == 8 ? 8 : 4); ++pc) {
           uint32_t v;
           std::memcpy(&v, qr + 4 * pc, 4);
@@ -331,7 +388,7 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
   if (pw->data() == nullptr) return nullptr;
   for (int64_t a = 0; a < n_mats; ++a) {
     pw->mats.push_back({pw->data() + a * groups * group_bytes, k, n, group_bytes, sp->bits, sp->scales, sp->c,
-                        sp->is_signed, sp->unit});
+                        sp->is_signed, sp->unit, sp->levels});
   }
   std::atomic<bool> ok{true};
   pool.parallel_for(groups * n_mats, [&](int64_t i0, int64_t i1, int) {
@@ -346,7 +403,7 @@ std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& ke
 }
 
 void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
-  const bool k_quant = w.scales == kPackK32 || w.scales == kPackK16;
+  const bool k_quant = packed_has_header(w.scales);
   const int64_t scale_bytes = w.scales == kPackDM ? 64 : 32, quant_bytes = packed_quant_bytes(w.bits),
                 n_sub = w.k / kSub;
   const int r = static_cast<int>(j % kPackRows);
@@ -376,7 +433,12 @@ void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
           q[e] = qs[(e / 4) * 64 + r * 4 + b];
           continue;
         }
+        if (w.bits == 2) {
+          q[e] = qs[(e / 4) % 2 * 64 + r * 4 + b] >> 2 * (e / 8) & 3;
+          continue;
+        }
         q[e] = (qs[pc * 64 + r * 4 + b] >> (e < 16 ? 0 : 4)) & 0x0F;
+        if (w.levels) q[e] = kIQ4NLValues[q[e]] + 128;
         if (w.bits == 5) q[e] |= (qs[256 + r * 4 + b] >> (e / 4) & 1) << 4;
         if (w.bits == 6) q[e] |= (qs[(e < 16 ? 256 : 320) + r * 4 + b] >> 2 * pc & 3) << 4;
       }
@@ -396,6 +458,14 @@ void dequantize_packed_row(const PackedMatrix& w, int64_t j, float* out) {
         case kPackK32: {
           const float dl = hd * static_cast<float>(sc[r]), ml = hm * static_cast<float>(sc[16 + r]);
           for (int e = 0; e < kSub; ++e) y[e] = dl * static_cast<float>(q[e]) + ml;
+          break;
+        }
+        case kPackKM16: {
+          for (int e = 0; e < kSub; ++e) {
+            const int sm = sc[e < 16 ? r : 16 + r];
+            const float dl = hd * static_cast<float>(sm & 0x0F), ml = hm * static_cast<float>(sm >> 4);
+            y[e] = dl * static_cast<float>(q[e]) + ml;
+          }
           break;
         }
         default: {  // kPackK16

@@ -36,9 +36,9 @@ class PackedWeight final : public ops::PreparedWeight {
 };
 
 // `w` [k, n, n_mats] (rows contiguous) in the packed layout of its type, packed by `pool`'s threads; null
-// when the level has no packed kernel for it, the type no packed form (q2_K, and types without a q8
-// activation format), or a scale of this tensor is not exactly what the layout can hold (then the file's
-// blocks serve it as before). f32 / f16 / bf16 go to the packed float layout, their bits unchanged.
+// when the level has no packed kernel for it, the type no packed form (types without a q8 activation
+// format), or a scale of this tensor is not exactly what the layout can hold (then the file's blocks serve
+// it as before). f32 / f16 / bf16 go to the packed float layout, their bits unchanged.
 // `read_done`, if set, is told (from the pool's threads) of each run of w's rows once packed, a few MiB at a
 // time.
 std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w,

@@ -6,8 +6,8 @@
 // - an x row, quantized once per call (QRowX): int8 quants and, per sub-block, its f32 scale and the scaled
 //   sums of its two halves (for weights with an offset);
 // - a tile of kTileRows weight rows unpacked from their GGUF blocks (QTileW, per thread, reused for every x
-//   row): quants as uint8 (int8 for the signed types: q8_0, iq4_nl, and the grid i-quants, whose grid values
-//   times signs are small integers) and, per 16 elements, w = d * q + m.
+//   row): quants as uint8 (int8 for the signed types: q8_0, iq4_nl, iq4_xs and the grid i-quants, whose grid
+//   values times signs are small integers) and, per 16 elements, w = d * q + m.
 // A product is then sum over sub-blocks of d_w * d_x * (q_w . q_x) (exact in int32) + m_w * s_x.
 //
 // This header is all the per-level files include besides the block structs and intrinsics: whatever inline
@@ -60,7 +60,11 @@ struct QTileW {
 //     of element 4t + b (t < 4) or 16 + 4(t - 4) + b (t >= 4): 320 bytes; 6 bits, two planes, the first
 //     holding in bits 2t, 2t + 1 the top two bits of element 4t + b, the second of element 16 + 4t + b: 384
 //     bytes;
-//   8 bits: 512 bytes, [8 pieces][16 rows][4 bytes], piece c elements 4c .. 4c + 3.
+//   8 bits: 512 bytes, [8 pieces][16 rows][4 bytes], piece c elements 4c .. 4c + 3;
+//   2 bits: 128 bytes, [2 pieces][16 rows][4 bytes]; byte b of piece p holds in bits 2t, 2t + 1 element
+//     4(2t + p) + b (so that a shift by 2t and a mask make the 8-bit layout's piece 2t + p);
+//   4-bit levels (PackedMatrix::levels: iq4_nl, iq4_xs): the 4-bit layout of each element's index into
+//     IQ4_NL's 16 levels, which the kernels look up (one vpshufb a piece) as the 8-bit layout's values.
 // - scales (PackScales), every value f16 (exact: the file's own) or a small integer:
 inline constexpr int kPackRows = 16;      // weight rows per group
 inline constexpr int kPackCols = 4;       // x rows per packed micro-kernel call, at most
@@ -72,9 +76,16 @@ enum PackScales : uint32_t {
   kPackDM = 1,  // a sub-block: d[16], m[16] (64 bytes); w = d * q + m
   kPackK32 =
       2,  // header: D[16], M[16]; a sub-block: sc[16] u8, mn[16] u8 (32 bytes); w = D * sc * q + M * mn
-  kPackK16 = 3,  // header: D[16]; a sub-block: sc[16] i8 (its elements 0..15), sc[16] i8 (16..31);
-                 // w = D * sc * (q + c)
+  kPackK16 = 3,   // header: D[16]; a sub-block: sc[16] i8 (its elements 0..15), sc[16] i8 (16..31);
+                  // w = D * sc * (q + c)
+  kPackKM16 = 4,  // header: D[16], M[16]; a sub-block: [16] u8 of sc | mn << 4 (its elements 0..15), [16]
+                  // likewise (16..31), sc and mn 0..15; w = D * sc * q + M * mn (q2_K's scale and min per 16)
 };
+
+// Whether chunks of `scales` start with a header of super-block scales.
+inline constexpr bool packed_has_header(uint32_t scales) {
+  return scales == kPackK32 || scales == kPackK16 || scales == kPackKM16;
+}
 
 // One packed weight matrix [k, n]: ceil(n / kPackRows) groups (rows past n are zero), group g at
 // data + g * group_bytes (64-byte aligned).
@@ -82,13 +93,15 @@ struct PackedMatrix {
   const uint8_t* data = nullptr;
   int64_t k = 0, n = 0;  // k a multiple of kSub
   int64_t group_bytes = 0;
-  int bits = 8;  // bits a quant: 4, 5, 6 or 8
+  int bits = 8;  // bits a quant: 2, 4, 5, 6 or 8
   uint32_t scales = kPackD;
   float c = 0.0f;          // the quants' offset (kPackD, kPackK16)
   bool is_signed = false;  // quants stored + 128 (c is -128): kernels without vpdpbusd multiply them signed
   // A power of two every product is multiplied by last (exact): the grid i-quants' scales are unit * D * sc
   // (IQ2, IQ1: 1/8; IQ3_XXS: 1/4), so that D is the block's own f16.
   float unit = 1.0f;
+  // 4-bit quants that index kIQ4NLValues: the quant is that level + 128 (is_signed, c -128).
+  bool levels = false;
 };
 
 // x rows for the AMX packed kernel: quants one after another (row c at q + c * kp), and per tile of
@@ -98,17 +111,20 @@ struct QTilesX {
   const int8_t* q;
   int64_t kp;
   const float* dx;  // the sub-block's scale (QRowX::d1)
-  const float* s0;  // kPackK16: c * s_lo; kPackD: c * (s_lo + s_hi); else s_lo + s_hi (QRowX::s: s_lo, s_hi)
-  const float* s1;  // kPackK16: c * s_hi; else unused
+  // kPackK16: c * s_lo; kPackKM16: s_lo; kPackD: c * (s_lo + s_hi); else s_lo + s_hi (QRowX::s: s_lo, s_hi)
+  const float* s0;
+  const float* s1;  // kPackK16: c * s_hi; kPackKM16: s_hi; else unused
 };
 
-// A (bits, scales) pair as one value, for the kernels' dispatch.
-inline constexpr uint32_t packed_form(int bits, uint32_t scales) {
-  return static_cast<uint32_t>(bits) << 4 | scales;
+// A (bits, scales, levels) triple as one value, for the kernels' dispatch.
+inline constexpr uint32_t packed_form(int bits, uint32_t scales, bool levels = false) {
+  return static_cast<uint32_t>(levels) << 8 | static_cast<uint32_t>(bits) << 4 | scales;
 }
 
 // Bytes of the quants of one packed sub-block (16 rows) of `bits`-bit quants.
-inline constexpr int64_t packed_quant_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+inline constexpr int64_t packed_quant_bytes(int bits) {
+  return bits == 8 ? 512 : bits == 2 ? 128 : 256 + (bits - 4) * 64;
+}
 
 // Offsets of sub-block i's scales and quants from the start of a chunk's sub-blocks (after its header).
 inline constexpr int64_t packed_scale_offset(int64_t i, int64_t scale_bytes, int64_t quant_bytes) {
@@ -122,7 +138,7 @@ inline constexpr int64_t packed_quant_offset(int64_t i, int64_t scale_bytes, int
 
 // Bytes of one packed group of k elements.
 inline int64_t packed_group_bytes(int64_t k, int bits, uint32_t scales) {
-  const int64_t header = scales == kPackK32 || scales == kPackK16 ? 64 : 0;
+  const int64_t header = packed_has_header(scales) ? 64 : 0;
   const int64_t sc = scales == kPackDM ? 64 : 32, qb = packed_quant_bytes(bits);
   int64_t bytes = 0;
   for (int64_t s0 = 0; s0 < k / kSub; s0 += kPackChunk) {
@@ -203,7 +219,7 @@ struct CpuKernels {
   void (*unpack_w)(uint32_t w, const uint8_t* const* rows, int64_t k, uint8_t* q, float* d, float* m);
   // out[c * kTileRows + r] = product of unpacked row r and x row c over [w.kb, w.ke), for c < n_x
   // (1..kTileCols).
-  // is_signed: the quants are int8 (q8_0, iq4_nl, the grid i-quants); has_m: some m is non-zero.
+  // is_signed: the quants are int8 (q8_0, iq4_nl, iq4_xs, the grid i-quants); has_m: some m is non-zero.
   void (*qdot)(const QTileW& w, const QRowX* x, int n_x, bool is_signed, bool has_m, float* out);
   // As qdot over [0, kp), straight from kTileRows packed rows of type `w` (k elements each) for n_x x rows,
   // rounding exactly as qdot does (so that a token's result does not depend on its batch); false (nothing

@@ -23,11 +23,12 @@ using PackedVec = Zmm;
 #else
 using PackedVec = Ymm;
 #endif
-constexpr bool kPackedSigned = PackedVec::kL < kPackRows;  // the 8-bit types' kSigned
+constexpr bool kPackedSigned = PackedVec::kL < kPackRows;  // the signed types' kSigned (8 bits, 4-bit levels)
 
 // The 8 pieces of packed sub-block `qs` (kBits-bit quants) as bytes, rows h kL .. h kL + kL - 1: wq[c]
 // elements 4c .. 4c + 3 (c < 4) or 16 + 4(c - 4) .. (c >= 4).
-template <class S, int kBits, bool kSigned>
+// kLevels: the 4-bit quants are level indices, looked up as the 8-bit layout's bytes (kSigned: the levels).
+template <class S, int kBits, bool kSigned, bool kLevels = false>
 KILN_INLINE void packed_quants(const uint8_t* qs, int h, typename S::I* wq) {
   const auto at = [&](int64_t off) { return S::iload(qs + off + 4 * S::kL * h); };
   if constexpr (kBits == 8) {
@@ -36,6 +37,13 @@ KILN_INLINE void packed_quants(const uint8_t* qs, int h, typename S::I* wq) {
       wq[pc] = at(64 * pc);
       if constexpr (kSigned) wq[pc] = S::xor_(wq[pc], S::set1_i8(-128));
     }
+  } else if constexpr (kBits == 2) {  // piece 2t + p: bits 2t, 2t + 1 of piece p
+    const auto m2 = S::set1_i8(0x03), v0 = at(0), v1 = at(64);
+    [&]<int... T>(std::integer_sequence<int, T...>) {
+      ((wq[2 * T] = S::and_(S::template shift16<-2 * T>(v0), m2)), ...);
+      ((wq[2 * T + 1] = S::and_(S::template shift16<-2 * T>(v1), m2)), ...);
+    }
+    (std::make_integer_sequence<int, 4>{});
   } else {
     const auto m4 = S::set1_i8(0x0F);
     KILN_UNROLL
@@ -43,6 +51,12 @@ KILN_INLINE void packed_quants(const uint8_t* qs, int h, typename S::I* wq) {
       const auto v = at(64 * pc);
       wq[pc] = S::and_(v, m4);
       wq[4 + pc] = S::and_(S::template shift16<-4>(v), m4);
+    }
+    if constexpr (kLevels) {
+      static_assert(kBits == 4);
+      const auto levels = S::xor_(S::broadcast16(kIQ4NLValues), S::set1_i8(kSigned ? 0 : -128));
+      KILN_UNROLL
+      for (int pc = 0; pc < 8; ++pc) wq[pc] = S::shuffle(levels, wq[pc]);
     }
     // wq | (plane shifted & mask): shifting moves bit t of each byte to the quant's bit 4 (5) or 4, 5 (6).
     if constexpr (kBits == 5) {
@@ -62,24 +76,36 @@ KILN_INLINE void packed_quants(const uint8_t* qs, int h, typename S::I* wq) {
   }
 }
 
-// A chunk's header at p (K scales): rows h kL ..'s D, and M (kPackK32), as f32.
+// Whether a form's scales differ between a sub-block's halves (its products then summed per half).
+constexpr bool packed_halves(uint32_t scales) { return scales == kPackK16 || scales == kPackKM16; }
+
+// A chunk's header at p (K scales): rows h kL ..'s D, and M (kPackK32, kPackKM16), as f32.
 template <class S, uint32_t kScales>
 KILN_INLINE void packed_header(const uint8_t* p, int h, typename S::V& hd, typename S::V& hm) {
   hd = S::load_f16(p + 2 * S::kL * h);
-  if constexpr (kScales == kPackK32) hm = S::load_f16(p + 32 + 2 * S::kL * h);
+  if constexpr (kScales == kPackK32 || kScales == kPackKM16) hm = S::load_f16(p + 32 + 2 * S::kL * h);
 }
 
-// A sub-block's scales at sc as the rows' f32 factors: w = d_lo * q (elements 0..15), d_hi * q (16..31), + m.
+// A sub-block's scales at sc as the rows' f32 factors: w = d_lo * q + m_lo (elements 0..15), d_hi * q + m_hi
+// (16..31); m_hi is m_lo but for kPackKM16.
 template <class S, uint32_t kScales>
 KILN_INLINE void packed_scales(const uint8_t* sc, int h, typename S::V hd, typename S::V hm,
-                               typename S::V& d_lo, typename S::V& d_hi, typename S::V& m) {
-  m = S::zero();
+                               typename S::V& d_lo, typename S::V& d_hi, typename S::V& m_lo,
+                               typename S::V& m_hi) {
+  m_lo = m_hi = S::zero();
   if constexpr (kScales == kPackD || kScales == kPackDM) {
     d_lo = d_hi = S::load_f16(sc + 2 * S::kL * h);
-    if constexpr (kScales == kPackDM) m = S::load_f16(sc + 32 + 2 * S::kL * h);
+    if constexpr (kScales == kPackDM) m_lo = m_hi = S::load_f16(sc + 32 + 2 * S::kL * h);
   } else if constexpr (kScales == kPackK32) {
     d_lo = d_hi = S::mul(hd, S::load_u8(sc + S::kL * h));
-    m = S::mul(hm, S::load_u8(sc + 16 + S::kL * h));
+    m_lo = m_hi = S::mul(hm, S::load_u8(sc + 16 + S::kL * h));
+  } else if constexpr (kScales == kPackKM16) {
+    const auto lo = S::load_u8_i32(sc + S::kL * h), hi = S::load_u8_i32(sc + 16 + S::kL * h);
+    const auto m4 = S::set1_i32(0x0F);
+    d_lo = S::mul(hd, S::to_float(S::and_(lo, m4)));
+    d_hi = S::mul(hd, S::to_float(S::and_(hi, m4)));
+    m_lo = S::mul(hm, S::to_float(S::template shift32_right<4>(lo)));
+    m_hi = S::mul(hm, S::to_float(S::template shift32_right<4>(hi)));
   } else {
     d_lo = S::mul(hd, S::load_i8(sc + S::kL * h));
     d_hi = S::mul(hd, S::load_i8(sc + 16 + S::kL * h));
@@ -87,22 +113,28 @@ KILN_INLINE void packed_scales(const uint8_t* sc, int h, typename S::V hd, typen
 }
 
 // acc + one sub-block's products with one x row, scaled. lo: the integer products of its elements 0..15 as
-// f32 (kPackK16; else of all 32), hi: of 16..31 (kPackK16; else unused); dx: the x row's scale; o0, o1: its
-// offsets' scalars (kPackK16: c s_lo, c s_hi; kPackD: c (s_lo + s_hi); else s_lo + s_hi, for m).
+// f32 (packed_halves; else of all 32), hi: of 16..31 (packed_halves; else unused); dx: the x row's scale;
+// o0, o1: its offsets' scalars (kPackK16: c s_lo, c s_hi; kPackKM16: s_lo, s_hi; kPackD: c (s_lo + s_hi);
+// else s_lo + s_hi, for m).
 template <class S, uint32_t kScales>
 KILN_INLINE typename S::V packed_fma(typename S::V acc, typename S::V lo, typename S::V hi, typename S::V dx,
                                      float o0, float o1, typename S::V d_lo, typename S::V d_hi,
-                                     typename S::V m) {
+                                     typename S::V m_lo, typename S::V m_hi) {
   if constexpr (kScales == kPackK16) {
     const auto t_lo = S::fma(lo, dx, S::set1(o0));
     const auto t_hi = S::fma(hi, dx, S::set1(o1));
     acc = S::fma(d_lo, t_lo, acc);
     return S::fma(d_hi, t_hi, acc);
+  } else if constexpr (kScales == kPackKM16) {
+    acc = S::fma(d_lo, S::mul(lo, dx), acc);
+    acc = S::fma(d_hi, S::mul(hi, dx), acc);
+    acc = S::fma(m_lo, S::set1(o0), acc);
+    return S::fma(m_hi, S::set1(o1), acc);
   } else if constexpr (kScales == kPackD) {
     return S::fma(d_lo, S::fma(lo, dx, S::set1(o0)), acc);
   } else {
     acc = S::fma(d_lo, S::mul(lo, dx), acc);
-    return S::fma(m, S::set1(o0), acc);
+    return S::fma(m_lo, S::set1(o0), acc);
   }
 }
 
@@ -120,11 +152,11 @@ KILN_INLINE typename S::I dot_x4(typename S::I acc, typename S::I w, const int8_
 // of the rows times 4 broadcast x quants each) in two chains (elements 0..15 and 16..31), then the scales:
 // one FMA per chain into the rows' f32 accumulators. Each x row's arithmetic is the same whatever NX is, so a
 // token's result does not depend on its batch.
-template <class S, int NX, int kBits, uint32_t kScales, bool kSigned>
+template <class S, int NX, int kBits, uint32_t kScales, bool kSigned, bool kLevels>
 void packed_group(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float* out) {
   using V = typename S::V;
   constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = packed_quant_bytes(kBits);
-  constexpr bool kHeader = kScales == kPackK32 || kScales == kPackK16;
+  constexpr bool kHeader = packed_has_header(kScales);
   const uint8_t* p = w.data + g * w.group_bytes;
   const int64_t n_sub = w.k / kSub;
   const float c = kSigned ? 0.0f : w.c;
@@ -151,9 +183,9 @@ void packed_group(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float
         }
       }
       typename S::I wq[8];
-      packed_quants<S, kBits, kSigned>(qs, h, wq);
-      V d_lo, d_hi, m;
-      packed_scales<S, kScales>(sc, h, hd, hm, d_lo, d_hi, m);
+      packed_quants<S, kBits, kSigned, kLevels>(qs, h, wq);
+      V d_lo, d_hi, m_lo, m_hi;
+      packed_scales<S, kScales>(sc, h, hd, hm, d_lo, d_hi, m_lo, m_hi);
       KILN_UNROLL
       for (int j = 0; j < NX; ++j) {
         const int8_t* xq = x[j].q + s * kSub;
@@ -165,13 +197,14 @@ void packed_group(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float
         }
         const V dx = S::set1(x[j].d1[s]);
         const float s_lo = x[j].s[2 * s], s_hi = x[j].s[2 * s + 1];
-        if constexpr (kScales == kPackK16) {
-          acc[j] = packed_fma<S, kScales>(acc[j], S::to_float(lo), S::to_float(hi), dx, c * s_lo, c * s_hi,
-                                          d_lo, d_hi, m);
+        if constexpr (packed_halves(kScales)) {
+          const float o0 = kScales == kPackK16 ? c * s_lo : s_lo, o1 = kScales == kPackK16 ? c * s_hi : s_hi;
+          acc[j] = packed_fma<S, kScales>(acc[j], S::to_float(lo), S::to_float(hi), dx, o0, o1, d_lo, d_hi,
+                                          m_lo, m_hi);
         } else {
           const float o = kScales == kPackD ? c * (s_lo + s_hi) : s_lo + s_hi;
           const V sum = S::to_float(S::add_i32(lo, hi));
-          acc[j] = packed_fma<S, kScales>(acc[j], sum, sum, dx, o, o, d_lo, d_hi, m);
+          acc[j] = packed_fma<S, kScales>(acc[j], sum, sum, dx, o, o, d_lo, d_hi, m_lo, m_hi);
         }
       }
     }
@@ -180,30 +213,34 @@ void packed_group(const PackedMatrix& w, int64_t g, int h, const QRowX* x, float
   for (int j = 0; j < NX; ++j) S::store(out + j * kPackRows + S::kL * h, S::mul(acc[j], S::set1(w.unit)));
 }
 
-// fn.template operator()<kBits, kScales>() for w's form (pack_weight makes no other).
+// fn.template operator()<kBits, kScales, kLevels>() for w's form (pack_weight makes no other).
 template <class Fn>
 KILN_INLINE void with_packed_form(const PackedMatrix& w, Fn&& fn) {
   static_assert(kPackRows == 16 && kPackCols == 4 && kPackTileCols == 16);
-  switch (packed_form(w.bits, w.scales)) {
-    case packed_form(4, kPackD): fn.template operator()<4, kPackD>(); return;
-    case packed_form(4, kPackDM): fn.template operator()<4, kPackDM>(); return;
-    case packed_form(4, kPackK32): fn.template operator()<4, kPackK32>(); return;
-    case packed_form(4, kPackK16): fn.template operator()<4, kPackK16>(); return;
-    case packed_form(5, kPackD): fn.template operator()<5, kPackD>(); return;
-    case packed_form(5, kPackDM): fn.template operator()<5, kPackDM>(); return;
-    case packed_form(5, kPackK32): fn.template operator()<5, kPackK32>(); return;
-    case packed_form(6, kPackK16): fn.template operator()<6, kPackK16>(); return;
-    case packed_form(8, kPackK16): fn.template operator()<8, kPackK16>(); return;  // grid i-quants: signed
-    default: fn.template operator()<8, kPackD>(); return;  // q8_0, iq4_nl: signed, stored + 128
+  switch (packed_form(w.bits, w.scales, w.levels)) {
+    case packed_form(4, kPackD): fn.template operator()<4, kPackD, false>(); return;
+    case packed_form(4, kPackDM): fn.template operator()<4, kPackDM, false>(); return;
+    case packed_form(4, kPackK32): fn.template operator()<4, kPackK32, false>(); return;
+    case packed_form(4, kPackK16): fn.template operator()<4, kPackK16, false>(); return;
+    case packed_form(5, kPackD): fn.template operator()<5, kPackD, false>(); return;
+    case packed_form(5, kPackDM): fn.template operator()<5, kPackDM, false>(); return;
+    case packed_form(5, kPackK32): fn.template operator()<5, kPackK32, false>(); return;
+    case packed_form(6, kPackK16): fn.template operator()<6, kPackK16, false>(); return;
+    case packed_form(2, kPackKM16): fn.template operator()<2, kPackKM16, false>(); return;     // q2_K
+    case packed_form(4, kPackD, true): fn.template operator()<4, kPackD, true>(); return;      // iq4_nl
+    case packed_form(4, kPackK16, true): fn.template operator()<4, kPackK16, true>(); return;  // iq4_xs
+    case packed_form(8, kPackK16): fn.template operator()<8, kPackK16, false>(); return;  // grid i-quants
+    default: fn.template operator()<8, kPackD, false>(); return;  // q8_0: signed, stored + 128
   }
 }
 
 void qdot_packed(const PackedMatrix& w, int64_t g, const QRowX* x, int n_x, float* out) {
-  with_packed_form(w, [&]<int kBits, uint32_t kScales>() {
-    constexpr bool kSigned = kBits == 8 && kPackedSigned;
+  with_packed_form(w, [&]<int kBits, uint32_t kScales, bool kLevels>() {
+    constexpr bool kSigned = (kBits == 8 || kLevels) && kPackedSigned;
     for (int h = 0; h < kPackRows / PackedVec::kL; ++h) {
-      with_count<kPackCols>(
-          n_x, [&]<int NX>() { packed_group<PackedVec, NX, kBits, kScales, kSigned>(w, g, h, x, out); });
+      with_count<kPackCols>(n_x, [&]<int NX>() {
+        packed_group<PackedVec, NX, kBits, kScales, kSigned, kLevels>(w, g, h, x, out);
+      });
     }
   });
 }
@@ -228,9 +265,9 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// The tiles: C (n_x rows of 16 int32) in 0 and 1, alternately by sub-block (2 and 3: kPackK16's second
-// halves); A (n_x x rows' quants) in 4 and 6, B (16 weight rows) in 5 and 7: a sub-block's 32 quants (B of 8
-// rows), or with `halves` each half's 16 (4, 5 the first, 6, 7 the second; B of 4 rows).
+// The tiles: C (n_x rows of 16 int32) in 0 and 1, alternately by sub-block (2 and 3: the second halves of
+// the packed_halves forms); A (n_x x rows' quants) in 4 and 6, B (16 weight rows) in 5 and 7: a sub-block's
+// 32 quants (B of 8 rows), or with `halves` each half's 16 (4, 5 the first, 6, 7 the second; B of 4 rows).
 KILN_INLINE void tiles_configure(int n_x, bool halves) {
   thread_local int configured = -1;  // the key of this thread's configuration; -1: none
   const int key = n_x * 2 + (halves ? 1 : 0);
@@ -292,11 +329,11 @@ KILN_INLINE void tile_products(const int8_t* xq, int64_t x_stride, const uint8_t
   }
 }
 
-template <int kBits, uint32_t kScales>
+template <int kBits, uint32_t kScales, bool kLevels>
 void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_x, uint8_t* scratch,
                   float* out) {
   constexpr int64_t kScaleBytes = kScales == kPackDM ? 64 : 32, kQuantBytes = packed_quant_bytes(kBits);
-  constexpr bool kHeader = kScales == kPackK32 || kScales == kPackK16, kHalves = kScales == kPackK16;
+  constexpr bool kHeader = packed_has_header(kScales), kHalves = packed_halves(kScales);
   const uint8_t* group = w.data + g * w.group_bytes;
   const int64_t n_sub = w.k / kSub, kp = x.kp;
   // Chunk s0's first sub-block: its header's place (K scales) and its sub-blocks' base.
@@ -318,7 +355,8 @@ void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_
       const uint8_t* base = chunk_base(p, ns, hd, hm);
       for (int64_t i = 0; i < ns; ++i) {
         __m512i wq[8];
-        packed_quants<Zmm, kBits, false>(base + packed_quant_offset(i, kScaleBytes, kQuantBytes), 0, wq);
+        packed_quants<Zmm, kBits, false, kLevels>(base + packed_quant_offset(i, kScaleBytes, kQuantBytes), 0,
+                                                  wq);
         KILN_UNROLL
         for (int pc = 0; pc < 8; ++pc) _mm512_store_si512(bt + (s0 + i) * 512 + 64 * pc, wq[pc]);
       }
@@ -358,8 +396,8 @@ void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_
         if (s + kTileAhead < n_sub) products(s + kTileAhead);
         const TileSums& ci = cs[s % kTileRing];
         const uint8_t* sc = base + packed_scale_offset(i, kScaleBytes, kQuantBytes);
-        __m512 d_lo, d_hi, m;
-        packed_scales<Zmm, kScales>(sc, 0, hd, hm, d_lo, d_hi, m);
+        __m512 d_lo, d_hi, m_lo, m_hi;
+        packed_scales<Zmm, kScales>(sc, 0, hd, hm, d_lo, d_hi, m_lo, m_hi);
         const float* dx = xd + s * kPackTileCols;
         const float* x0 = xs0 + s * kPackTileCols;
         const float* x1 = xs1 + s * kPackTileCols;
@@ -368,8 +406,8 @@ void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_
         for (int j = 0; j < kPackTileCols; ++j) {
           const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(ci[0][j]));  // lo + hi; halves: lo
           const __m512 hi = kHalves ? _mm512_cvtepi32_ps(_mm512_load_si512(ci[1][j])) : sum;
-          acc[j] =
-              packed_fma<Zmm, kScales>(acc[j], sum, hi, _mm512_set1_ps(dx[j]), x0[j], x1[j], d_lo, d_hi, m);
+          acc[j] = packed_fma<Zmm, kScales>(acc[j], sum, hi, _mm512_set1_ps(dx[j]), x0[j], x1[j], d_lo, d_hi,
+                                            m_lo, m_hi);
         }
       }
     }
@@ -383,8 +421,9 @@ void packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_
 
 void qdot_packed_tiles(const PackedMatrix& w, int64_t g, const QTilesX& x, int64_t n_x, uint8_t* scratch,
                        float* out) {
-  with_packed_form(
-      w, [&]<int kBits, uint32_t kScales>() { packed_tiles<kBits, kScales>(w, g, x, n_x, scratch, out); });
+  with_packed_form(w, [&]<int kBits, uint32_t kScales, bool kLevels>() {
+    packed_tiles<kBits, kScales, kLevels>(w, g, x, n_x, scratch, out);
+  });
 }
 constexpr auto kQdotPackedTiles = qdot_packed_tiles;
 #else

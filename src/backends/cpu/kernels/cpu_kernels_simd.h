@@ -98,6 +98,10 @@ struct Ymm {
   static KILN_INLINE V load_i8(const void* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  // kL uint8 to int32 lanes.
+  static KILN_INLINE I load_u8_i32(const void* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
   // Integers.
   static KILN_INLINE I izero() { return _mm256_setzero_si256(); }
   static KILN_INLINE I iload(const void* p) {
@@ -119,6 +123,16 @@ struct Ymm {
     if constexpr (S < 0) return _mm256_srli_epi16(v, -S);
     return v;
   }
+  // v shifted right by S bits in 32-bit lanes.
+  template <int S>
+  static KILN_INLINE I shift32_right(I v) {
+    return _mm256_srli_epi32(v, S);
+  }
+  // The 16 bytes at p in each 128-bit lane; byte i of each lane: byte idx[i] & 15 of its lane (idx < 128).
+  static KILN_INLINE I broadcast16(const void* p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static KILN_INLINE I shuffle(I table, I idx) { return _mm256_shuffle_epi8(table, idx); }
   // acc + per int32 lane l the sum of u[4l + t] * s[4l + t] (u unsigned, s signed bytes). vpmaddubsw's int16
   // pair sums saturate past 32767: callers keep u * s pairs below that (quants of at most 6 bits, or |w| and
   // x * sign(w) with |x| <= 127).
@@ -191,6 +205,9 @@ struct Zmm {
   static KILN_INLINE V load_i8(const void* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  static KILN_INLINE I load_u8_i32(const void* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   // The first n < kL lanes of p (the rest zero): floats, or elements of type T as f32.
   static KILN_INLINE __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   static KILN_INLINE V load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
@@ -219,6 +236,14 @@ struct Zmm {
     if constexpr (S < 0) return _mm512_srli_epi16(v, -S);
     return v;
   }
+  template <int S>
+  static KILN_INLINE I shift32_right(I v) {
+    return _mm512_srli_epi32(v, S);
+  }
+  static KILN_INLINE I broadcast16(const void* p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static KILN_INLINE I shuffle(I table, I idx) { return _mm512_shuffle_epi8(table, idx); }
   static KILN_INLINE I dot(I acc, I u, I s) {
 #if defined(__AVX512VNNI__)
     return _mm512_dpbusd_epi32(acc, u, s);

@@ -203,6 +203,22 @@ void k_scale_min(const uint8_t* scales, int s, int* scale, int* min) {
   }
 }
 
+// IQ4_NL / IQ4_XS: 16 bytes of nibbles (element j low, j + 16 high) as the signed levels they index.
+void iq4_levels(const uint8_t* qs, uint8_t* out) {
+#if defined(__AVX2__)
+  const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), lo4 = _mm_set1_epi8(0x0F);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(levels, _mm_and_si128(v, lo4)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16),
+                   _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(v, 4), lo4)));
+#else
+  for (int j = 0; j < 16; ++j) {
+    out[j] = static_cast<uint8_t>(kIQ4NLValues[qs[j] & 0x0F]);
+    out[j + 16] = static_cast<uint8_t>(kIQ4NLValues[qs[j] >> 4]);
+  }
+#endif
+}
+
 void unpack_legacy(uint32_t t, const uint8_t* row, int64_t nb, uint8_t* q, float* d, float* m) {
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* qb = q + b * kQK;
@@ -235,18 +251,7 @@ void unpack_legacy(uint32_t t, const uint8_t* row, int64_t nb, uint8_t* q, float
       dw = h2f(blk->d);
     } else {  // iq4_nl: the nibbles index the signed levels
       const auto* blk = block_at<BlockIQ4_NL>(row, b);
-#if defined(__AVX2__)
-      const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs)), lo4 = _mm_set1_epi8(0x0F);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm_shuffle_epi8(levels, _mm_and_si128(v, lo4)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16),
-                       _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(v, 4), lo4)));
-#else
-      for (int j = 0; j < 16; ++j) {
-        qb[j] = static_cast<uint8_t>(kIQ4NLValues[blk->qs[j] & 0x0F]);
-        qb[j + 16] = static_cast<uint8_t>(kIQ4NLValues[blk->qs[j] >> 4]);
-      }
-#endif
+      iq4_levels(blk->qs, qb);
       dw = h2f(blk->d);
     }
     set_lanes(d, b, dw, dw);
@@ -464,6 +469,20 @@ void unpack_iq(uint32_t t, const uint8_t* row, int64_t nb, uint8_t* q, float* d)
   }
 }
 
+// IQ4_XS: IQ4_NL's levels under a 6-bit scale per 32, d * (s - 32); offsets m stay 0.
+void unpack_iq4_xs(const uint8_t* row, int64_t nb, uint8_t* q, float* d) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const auto* blk = block_at<BlockIQ4_XS>(row, b);
+    const float dd = h2f(blk->d);
+    for (int ib = 0; ib < 8; ++ib) {
+      iq4_levels(blk->qs + 16 * ib, q + b * kQK_K + 32 * ib);
+      const int s = (blk->scales_l[ib / 2] >> 4 * (ib % 2) & 0x0F) | (blk->scales_h >> 2 * ib & 3) << 4;
+      const float dl = dd * static_cast<float>(s - 32);
+      set_lanes(d + b * 64, ib, dl, dl);
+    }
+  }
+}
+
 bool is_grid_iquant(uint32_t t) {
   return t == kIQ2_XXS || t == kIQ2_XS || t == kIQ2_S || t == kIQ3_XXS || t == kIQ3_S || t == kIQ1_S ||
          t == kIQ1_M;
@@ -477,8 +496,12 @@ void unpack_w(uint32_t t, const uint8_t* const* rows, int64_t k, uint8_t* q, flo
     uint8_t* qr = q + r * kp;
     float* dr = d + r * kp / 4;
     float* mr = m + r * kp / 16;
-    if (is_grid_iquant(t)) {
-      unpack_iq(t, rows[r], k / kQK_K, qr, dr);
+    if (is_grid_iquant(t) || t == kIQ4_XS) {
+      if (t == kIQ4_XS) {
+        unpack_iq4_xs(rows[r], k / kQK_K, qr, dr);
+      } else {
+        unpack_iq(t, rows[r], k / kQK_K, qr, dr);
+      }
       std::memset(mr, 0, static_cast<size_t>(k / 16) * sizeof(float));
     } else if (k_quant) {
       unpack_k(t, rows[r], k / kQK_K, qr, dr, mr);
