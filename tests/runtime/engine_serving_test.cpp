@@ -238,6 +238,39 @@ TEST(EngineServing, QueueLimitRejectsWithResourceExhausted) {
   EXPECT_NE(Engine::create(bad).status().message().find("max_queued = -1"), std::string::npos);
 }
 
+// Request::on_admitted: once, at the first admission and before the first event; never for a request that
+// ends in the queue. (The server releases a request's queue charge with it.)
+TEST(EngineServing, OnAdmittedComesOnceBeforeTheFirstEventAndNotForAQueuedCancel) {
+  EngineOptions o;
+  o.n_ctx = 256;
+  o.n_seq_max = 1;
+  auto e = make_engine(o);
+  ASSERT_NE(e, nullptr);
+  Busy busy;
+  busy.start(*e, 1);
+  std::atomic<int> admitted_queued{0}, admitted{0}, events_before{0};
+  Request queued = greedy("Hello", 4);
+  queued.on_admitted = [&] { ++admitted_queued; };
+  auto qid = e->submit(queued, nullptr);
+  ASSERT_TRUE(qid.ok());
+  e->cancel(*qid);
+  EXPECT_EQ(e->wait(*qid)->finish, FinishReason::cancelled);
+  EXPECT_EQ(admitted_queued.load(), 0);
+  int events = 0;
+  Request r = greedy("Once upon a time", 3);
+  r.on_admitted = [&] {
+    events_before = events;
+    ++admitted;
+  };
+  auto id = e->submit(r, [&](const TokenEvent&) { ++events; });
+  ASSERT_TRUE(id.ok());
+  busy.stop(*e);
+  EXPECT_EQ(e->wait(*id)->finish, FinishReason::length);
+  EXPECT_EQ(admitted.load(), 1);
+  EXPECT_EQ(events_before.load(), 0);
+  EXPECT_EQ(events, 4);  // 3 tokens and the final event
+}
+
 // The gauges max_queued counts are published as soon as a plan is made: a request admitted by this step no
 // longer counts as waiting when its own first token arrives, so the one slot of the queue is free.
 TEST(EngineServing, AnAdmittedRequestLeavesTheQueueBeforeItsFirstToken) {
