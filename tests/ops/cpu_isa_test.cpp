@@ -179,6 +179,20 @@ std::vector<uint8_t> random_blocks(const PackedForm& f, int64_t k, int64_t n, ui
   return bytes;
 }
 
+// A CPU backend at each packing level this machine runs (every supported level but scalar).
+std::vector<std::pair<CpuIsa, std::unique_ptr<Backend>>> packing_backends() {
+  std::vector<std::pair<CpuIsa, std::unique_ptr<Backend>>> out;
+  for (CpuIsa isa : cpu::kCpuIsaLevels) {
+    if (isa == CpuIsa::cpu_isa_scalar || !cpu::cpu_isa_supported(isa)) continue;
+    BackendOptions options;
+    options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
+    Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
+    EXPECT_TRUE(b.ok()) << cpu::cpu_isa_name(isa);
+    if (b.ok()) out.emplace_back(isa, std::move(*b));
+  }
+  return out;
+}
+
 // Every block-quantized type with a packed form packs (blocks of random bytes, every quant value and scale
 // bit pattern, under finite f16 scales) into the layout's size at its bit width: 2 bits for q2_K (under its
 // scale and min per 16), 4 for q4_*, q3_K (quants 0..7), iq4_nl and iq4_xs (the indices of their table's
@@ -186,16 +200,11 @@ std::vector<uint8_t> random_blocks(const PackedForm& f, int64_t k, int64_t n, ui
 // scales per 16). A quant that did not fit would make the packer keep the file's layout.
 TEST(CpuIsa, QuantizedWeightsPackAtTheirWidth) {
   const int64_t k = 512, n = 37;
-  for (CpuIsa isa : cpu::kCpuIsaLevels) {
-    if (isa == CpuIsa::cpu_isa_scalar || !cpu::cpu_isa_supported(isa)) continue;
-    BackendOptions options;
-    options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
-    Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
-    ASSERT_TRUE(b.ok());
+  for (auto& [isa, b] : packing_backends()) {
     for (const PackedForm& f : packed_forms()) {
       std::vector<uint8_t> bytes = random_blocks(f, k, n, 0x3800);  // 0.5
       const Tensor w = make_tensor(f.type, bytes.data(), k, n);
-      Result<std::unique_ptr<WeightHandle>> h = (*b)->prepare_weight(w, "w", WeightRole::weight_role_matmul);
+      Result<std::unique_ptr<WeightHandle>> h = b->prepare_weight(w, "w", WeightRole::weight_role_matmul);
       ASSERT_TRUE(h.ok());
       ASSERT_NE((*h)->prepared, nullptr) << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type);
       EXPECT_EQ((*h)->prepared->bytes(),
@@ -211,24 +220,19 @@ TEST(CpuIsa, PackedRowsAreTheReferenceBits) {
   const int64_t k = 512, n = 37;
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7) % static_cast<int32_t>(n);
-  for (CpuIsa isa : cpu::kCpuIsaLevels) {
-    if (isa == CpuIsa::cpu_isa_scalar || !cpu::cpu_isa_supported(isa)) continue;
-    BackendOptions options;
-    options.cpu_isa = std::string(cpu::cpu_isa_name(isa));
-    Result<std::unique_ptr<Backend>> b = make_backend("cpu", options);
-    ASSERT_TRUE(b.ok());
+  for (auto& [isa, b] : packing_backends()) {
     for (const PackedForm& f : packed_forms()) {
       for (const uint16_t scale : {uint16_t{0x2d3b}, uint16_t{0xa1f7}}) {  // 0.0817..., -0.0117...
         std::vector<uint8_t> bytes = random_blocks(f, k, n, scale);
         const Tensor w = make_tensor(f.type, bytes.data(), k, n);
         Result<std::unique_ptr<WeightHandle>> h =
-            (*b)->prepare_weight(w, "w", WeightRole::weight_role_tied_embedding);
+            b->prepare_weight(w, "w", WeightRole::weight_role_tied_embedding);
         ASSERT_TRUE(h.ok());
         ASSERT_NE((*h)->prepared, nullptr) << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type);
         std::vector<float> got(static_cast<size_t>(k * n)), want(static_cast<size_t>(k * n));
         const ops::GetRows op{(*h)->weight, make_tensor(DType::i32, ids.data(), n),
                               make_tensor(DType::f32, got.data(), k, n)};
-        ASSERT_TRUE((*b)->run(op).ok());
+        ASSERT_TRUE(b->run(op).ok());
         for (int64_t i = 0; i < n; ++i) ops::ref::row_to_f32(w, w.row(ids[i]), want.data() + i * k);
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
             << cpu::cpu_isa_name(isa) << " " << dtype_name(f.type) << " scale " << scale;
