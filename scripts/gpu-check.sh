@@ -55,6 +55,9 @@
 #             (default: the default model, when .gpu-model's parts have made it, and the 8B BF16 of prep); then
 #             bench/deterministic_check.py against a server with and without --deterministic; SERVE_CONCURRENCY
 #             the concurrency levels (default "1 16 64")
+#   serveab   the serve step's 64-request rounds (greedy and sampled, after a warm-up round, each server twice) by the
+#             BASE_TREE build's kiln and this tree's, interleaved, beside kiln bench --pg 256,128 --batch 64, on
+#             SERVEAB_FILE (default: the default model)
 #   quant     kiln quantize and kiln imatrix beside llama-quantize and llama-imatrix on the 8B BF16 of prep (waits
 #             for it and for the peer's build): BF16 -> Q4_K_M on every core (wall time, and whether the files are
 #             byte-identical), then an importance matrix from QUANT_CHUNKS (default 196: about 100k tokens) chunks
@@ -446,6 +449,33 @@ for step in "${steps[@]}"; do
           grep -E "^engine|assert|error" /tmp/serve-prof.log
         done
       } 2>&1 | tee "$out/serveprof.md" || status=1
+      ;;
+    serveab)
+      while prep_running; do sleep 5; done
+      path=/tmp/kiln-models/${SERVEAB_FILE:-default}.gguf
+      {
+        [ -e "$path" ] || { echo "$path: not here"; exit 1; }
+        [ -x "$base_dir/build/cuda-dev/tools/kiln/kiln" ] || { echo "no base build (BASE_TREE)"; exit 1; }
+        "$bin/tools/kiln/kiln" bench -m "$path" -d cuda -p 256 -n 128 --batch 64 --pg 256,128 -r 2 2>&1 | grep -E "^\|"
+        sampled='"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.1, "top_k": -1'
+        for round in 1 2; do
+          for which in base new; do
+            k="$bin/tools/kiln/kiln"
+            [ "$which" = base ] && k="$base_dir/build/cuda-dev/tools/kiln/kiln"
+            "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --max-queue 0 --port 8094 >/tmp/serve-ab.log 2>&1 &
+            spid=$!
+            wait_healthy 8094
+            for s in warm-up '"temperature": 0' "$sampled"; do
+              extra="{\"ignore_eos\": true, ${s/warm-up/\"temperature\": 0}}"
+              r=$("$k" bench serve --base-url http://localhost:8094 --num-prompts 256 --max-concurrency 64 \
+                --random-input-len 256 --random-output-len 128 --extra-body "$extra" -o json |
+                python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')
+              [ "$s" = warm-up ] || echo "| $which | round $round | ${s%%,*} | $r |"
+            done
+            kill "$spid"; wait "$spid" || true
+          done
+        done
+      } 2>&1 | tee "$out/serveab.md" || status=1
       ;;
     structured)
       k="$bin/tools/kiln/kiln"

@@ -11,8 +11,10 @@
 // Requests run concurrently (continuous batching: up to EngineOptions::n_seq_max at once, the rest queue,
 // first come first served). The KV cache is a pool of blocks sized by a memory budget (kv_memory_bytes);
 // when it runs out, the newest running request is preempted and later recomputed, with the same output.
-// Callbacks are called from the engine's thread, in order per request, and must not block for long; they must
-// not call wait() or drain().
+// Token callbacks are called on one thread of the engine's own, in order per request (and across requests in
+// the order their events were made). The engine does not wait for them: it runs its next step while they
+// format and send the last one's events, but a slow callback delays every request's events. A callback must
+// not wait() for an unfinished request or drain() (both return invalid_argument there).
 //
 // A finished request's state (sampler, callback, KV blocks) is released as soon as it finishes, whether or
 // not anyone waits for it. Only its RequestStats are kept for wait(): until wait() takes them, or until
@@ -255,12 +257,13 @@ class Engine {
   // Stops a request, queued or running, at the next step; its callback gets a final event with
   // FinishReason::cancelled. Unknown and finished ids are ignored.
   void cancel(uint64_t id);
-  // Blocks until the request has finished; its statistics. not_found for an unknown id, one already waited
-  // for, or one whose statistics were dropped (keep_finished newer requests finished since).
+  // Blocks until the request has finished and its final callback returned; its statistics. not_found for an
+  // unknown id, one already waited for, or one whose statistics were dropped (keep_finished newer requests
+  // finished since).
   Result<RequestStats> wait(uint64_t id);
   // Stops admitting: submit() fails from now on (resource_exhausted naming the drain); the queued and running
-  // requests go on to their end. Returns when none is left. invalid_argument when called from a callback (the
-  // engine thread cannot wait for itself).
+  // requests go on to their end. Returns when none is left (its last callback returned). invalid_argument
+  // when called from a callback (the engine's threads cannot wait for themselves).
   Status drain();
   EngineMetrics metrics() const;
 

@@ -46,6 +46,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   auto impl = std::make_unique<Impl>();
   KILN_TRY(impl->load(options));
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(impl)));
+  engine->impl_->delivery_thread = std::thread([e = engine->impl_.get()] { e->deliver_loop(); });
   engine->impl_->thread = std::thread([e = engine->impl_.get()] { e->loop(); });
   return engine;
 }
@@ -59,6 +60,12 @@ Engine::~Engine() {
   }
   impl_->work_cv.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
+  {
+    std::lock_guard<std::mutex> lock(impl_->delivery_mu);
+    impl_->delivery_stop = true;
+  }
+  impl_->delivery_cv.notify_all();
+  if (impl_->delivery_thread.joinable()) impl_->delivery_thread.join();
 }
 
 const ModelDescription& Engine::model() const { return impl_->desc; }
@@ -150,7 +157,7 @@ Result<uint64_t> Engine::submit(const Request& request, TokenCallback callback) 
   s->cache_salt = request.cache_salt;
   s->priority = request.priority;
   if (!callback) callback = [](const TokenEvent&) {};  // no streaming: the caller only wait()s
-  s->callback = std::move(callback);
+  s->callback = std::make_shared<const TokenCallback>(std::move(callback));
   s->on_admitted = request.on_admitted;
   s->outcome = std::make_shared<Impl::Outcome>();
   uint64_t id = 0;
@@ -198,6 +205,12 @@ Result<RequestStats> Engine::wait(uint64_t id) {
         id, e.options.keep_finished);
   }
   std::shared_ptr<Impl::Outcome> o = it->second;  // kept alive even if dropped from `outcomes` meanwhile
+  if (!o->finished && e.on_engine_threads()) {
+    return invalid_argument(
+        "wait({}) was called from a callback before the request finished: the thread that delivers its "
+        "events cannot wait for them",
+        id);
+  }
   e.done_cv.wait(lock, [&] { return o->finished; });
   e.outcomes.erase(id);
   return o->stats;
@@ -205,9 +218,9 @@ Result<RequestStats> Engine::wait(uint64_t id) {
 
 Status Engine::drain() {
   Impl& e = *impl_;
-  if (std::this_thread::get_id() == e.thread.get_id()) {
+  if (e.on_engine_threads()) {
     return invalid_argument(
-        "drain() was called from a token callback: the engine thread cannot wait for itself");
+        "drain() was called from a callback: the engine's threads cannot wait for themselves");
   }
   std::unique_lock<std::mutex> lock(e.mu);
   e.draining = true;

@@ -3,8 +3,11 @@
 // engine_load.cpp the setup.
 //
 // Threads: API calls take `mu` and touch only the fields under "Shared"; the engine thread owns the rest.
-// A request lives in `incoming` (submitted, not yet seen by the engine thread), then in `live` and the
-// scheduler until it finishes; then only its Outcome remains, for wait(), until taken or dropped.
+// The token callbacks run on a third thread, the delivery thread: the engine thread queues each step's events
+// (`outbox`, handed over under `delivery_mu` when the step ends) and goes on to the next step while the
+// callbacks format and send them. A request lives in `incoming` (submitted, not yet seen by the engine
+// thread), then in `live` and the scheduler until it finishes; then only its Outcome remains, for wait(),
+// until taken or dropped. The Outcome is marked finished by the delivery thread, after the final callback.
 #pragma once
 
 #include <chrono>
@@ -64,7 +67,7 @@ struct Engine::Impl {
     std::optional<Sampler> sampler;
     std::optional<StreamDecoder> decoder;
     std::optional<StopMatcher> stop;
-    TokenCallback callback;
+    std::shared_ptr<const TokenCallback> callback;  // shared with the request's events not yet delivered
     std::shared_ptr<Outcome> outcome;
     RequestStats stats;
     // SamplingParams::prompt_logprobs >= 0: entry i scores prompt token i + 1, filled as the prefill chunks
@@ -91,6 +94,13 @@ struct Engine::Impl {
     bool on = false;
     Phases decode, prefill;
     void print() const;
+  };
+  // One event on its way to a callback; the final one (event.done) carries the Outcome to mark finished.
+  struct Delivery {
+    std::shared_ptr<const TokenCallback> callback;
+    TokenEvent event;
+    uint64_t id = 0;
+    std::shared_ptr<Outcome> outcome;
   };
   // Counter increments of the engine thread since the last publish (merged into `totals` under mu).
   struct Delta {
@@ -148,6 +158,17 @@ struct Engine::Impl {
   void finish(uint64_t id, FinishReason reason, const std::string& error);
   // Under mu: gauges from the scheduler, `delta` merged into `totals`.
   void publish_locked();
+  // Queues request `s`'s event for its callback (engine thread); hands the step's queued events to the
+  // delivery thread (engine thread, after the step's publish, so that a callback sees the gauges of the step
+  // that made its event).
+  void post(const Seq& s, TokenEvent ev);
+  void hand_over_events();
+  // The delivery thread: runs the callbacks in the order their events were posted, then marks finished the
+  // Outcome of each final event (wait() and drain() return after the request's last callback).
+  void deliver_loop();
+  // Whether the calling thread is one a callback runs on (where wait() and drain() would wait for
+  // themselves).
+  bool on_engine_threads() const;
 
   EngineOptions options;
   ModelDescription desc;
@@ -187,6 +208,7 @@ struct Engine::Impl {
   std::unique_ptr<ThreadPool> mask_pool;
   Delta delta;
   StepProfile profile;
+  std::vector<Delivery> outbox;  // this step's events, in order
 
   // Shared with the API threads, under mu.
   mutable std::mutex mu;
@@ -206,6 +228,14 @@ struct Engine::Impl {
   SampleRing ttft{Engine::kLatencySamples}, itl{Engine::kLatencySamples}, e2e{Engine::kLatencySamples};
   uint64_t next_id = 1;
   std::thread thread;
+
+  // Shared by the engine thread (which fills it) and the delivery thread (which empties it), under
+  // delivery_mu.
+  std::mutex delivery_mu;
+  std::condition_variable delivery_cv;
+  std::vector<Delivery> deliveries;
+  bool delivery_stop = false;  // set once the engine thread has ended: deliver what is left and end
+  std::thread delivery_thread;
 };
 
 }  // namespace kiln

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include "core/log.h"
@@ -31,6 +32,7 @@ void Engine::Impl::loop() {
       if (stop) break;
     }
     step();
+    hand_over_events();
   }
   // Shutting down: every request still open ends as cancelled, oldest first.
   take_incoming();
@@ -38,6 +40,11 @@ void Engine::Impl::loop() {
   for (const auto& [id, s] : live) open.push_back(id);
   std::sort(open.begin(), open.end());
   for (uint64_t id : open) finish(id, FinishReason::cancelled, "");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    publish_locked();
+  }
+  hand_over_events();
   if (profile.on) {
     profile.print();
     if (const std::string how = backend->profile_summary(); !how.empty())
@@ -377,7 +384,7 @@ void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
   StopMatcher::StopResult r = s.stop->push(*text);
   ev.text = std::move(r.emit);
   hand_over_prompt_logprobs(s, ev);
-  s.callback(ev);
+  post(s, std::move(ev));
   if (r.stopped || grammar_end) return finish(id, FinishReason::stop, "");
   if (s.stats.n_generated >= s.params.max_tokens || n_tokens >= desc.n_ctx) {
     return finish(id, FinishReason::length, "");
@@ -404,27 +411,72 @@ void Engine::Impl::finish(uint64_t id, FinishReason reason, const std::string& e
   s.stats.finish = reason;
   ev.stats = s.stats;
   if (reason != FinishReason::error && reason != FinishReason::cancelled) hand_over_prompt_logprobs(s, ev);
-  s.callback(ev);
   ++delta.n_finished;
   if (reason == FinishReason::stop || reason == FinishReason::length) {
     delta.e2e_ms.push_back(ms_between(s.t_submit, now));
   }
+  post(s, std::move(ev));
+  // `node` goes out of scope here: the request's sampler and decoder are released, its callback once the
+  // delivery thread has run it for the last time.
+}
+
+void Engine::Impl::post(const Seq& s, TokenEvent ev) {
+  Delivery& d = outbox.emplace_back();
+  d.callback = s.callback;
+  d.id = s.id;
+  if (ev.done) d.outcome = s.outcome;
+  d.event = std::move(ev);
+}
+
+void Engine::Impl::hand_over_events() {
+  if (outbox.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    s.outcome->stats = s.stats;
-    s.outcome->finished = true;
-    --n_open;
-    // Keep the stats of the last keep_finished finished requests for wait(); older ones are dropped.
-    finished_ids.push_back(id);
-    while (finished_ids.size() > static_cast<size_t>(options.keep_finished)) {
-      auto old = outcomes.find(finished_ids.front());
-      if (old != outcomes.end() && old->second->finished) outcomes.erase(old);
-      finished_ids.pop_front();
+    std::lock_guard<std::mutex> lock(delivery_mu);
+    if (deliveries.empty()) {
+      deliveries.swap(outbox);
+    } else {
+      std::move(outbox.begin(), outbox.end(), std::back_inserter(deliveries));
+      outbox.clear();
     }
-    publish_locked();
   }
-  done_cv.notify_all();
-  // `node` goes out of scope here: the request's sampler, decoder and callback are released.
+  delivery_cv.notify_one();
+}
+
+void Engine::Impl::deliver_loop() {
+  std::vector<Delivery> batch_of_events;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(delivery_mu);
+      delivery_cv.wait(lock, [&] { return delivery_stop || !deliveries.empty(); });
+      if (deliveries.empty()) break;  // stopped, and nothing left
+      batch_of_events.swap(deliveries);
+    }
+    for (Delivery& d : batch_of_events) {
+      (*d.callback)(d.event);
+      d.callback.reset();  // the final event's reset releases the request's callback
+      if (!d.event.done) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        d.outcome->stats = d.event.stats;
+        d.outcome->finished = true;
+        --n_open;
+        // Keep the stats of the last keep_finished finished requests for wait(); older ones are dropped.
+        finished_ids.push_back(d.id);
+        while (finished_ids.size() > static_cast<size_t>(options.keep_finished)) {
+          auto old = outcomes.find(finished_ids.front());
+          if (old != outcomes.end() && old->second->finished) outcomes.erase(old);
+          finished_ids.pop_front();
+        }
+      }
+      done_cv.notify_all();
+    }
+    batch_of_events.clear();
+  }
+}
+
+bool Engine::Impl::on_engine_threads() const {
+  const std::thread::id self = std::this_thread::get_id();
+  return self == thread.get_id() || self == delivery_thread.get_id();
 }
 
 void Engine::Impl::publish_locked() {

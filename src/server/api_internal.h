@@ -106,7 +106,7 @@ std::string tool_call_id(ToolCallFormat format);
 using api_detail::Clock;
 using api_detail::json;
 
-// One generation request's answer: its choices as the engine's callbacks fill them (on the engine thread),
+// One generation request's answer: its choices as the engine's callbacks fill them (on its delivery thread),
 // streamed or answered whole. Every call on the exchange is made under mu, so they reach it in order.
 struct Api::Generation {
   struct Choice {

@@ -3,7 +3,8 @@
 // position, recomputed ones not repeated); a queued cancel does not
 // wait for a slot; the queue limit and drain() refuse new work with resource_exhausted; metrics() counts
 // tokens, preemptions, prefix-cache hits and latencies; cache salts separate prefix-cache namespaces;
-// finished requests are released whether or not anyone waits for them.
+// finished requests are released whether or not anyone waits for them; a callback that blocks does not hold
+// up the engine's steps.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -282,11 +283,11 @@ TEST(EngineServing, AnAdmittedRequestLeavesTheQueueBeforeItsFirstToken) {
   Result<uint64_t> from_callback = Status(StatusCode::internal, "not called");
   EngineMetrics seen;
   bool asked = false;
-  auto first = e->submit(greedy("Once upon a time", 3), [&](const TokenEvent& ev) {
+  auto first = e->submit(greedy("Once upon a time", 12), [&](const TokenEvent& ev) {
     if (asked || ev.token < 0) return;
     asked = true;
     seen = e->metrics();
-    from_callback = e->submit(greedy("Hello", 2), nullptr);  // the engine thread, mid-step
+    from_callback = e->submit(greedy("Hello", 2), nullptr);  // while `first` runs
   });
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(e->wait(*first)->finish, FinishReason::length);
@@ -337,7 +338,7 @@ TEST(EngineServing, DrainFinishesWhatItHasAndRefusesMore) {
     collect(a)(ev);
     if (!asked) {
       asked = true;
-      from_callback = e->drain();  // the engine thread cannot wait for itself
+      from_callback = e->drain();  // the callbacks' thread cannot wait for itself
     }
   });
   auto ib = e->submit(greedy("Hello", 6), collect(b));  // queued behind a (n_seq_max 1)
@@ -486,13 +487,51 @@ TEST(EngineServing, FinishedRequestsAreReleasedWithoutWait) {
   auto z = make_engine(o);
   ASSERT_NE(z, nullptr);
   auto id = z->submit(greedy("Hello", 3), [](const TokenEvent& ev) {
-    // Hold the engine thread a moment, so that wait() below is surely blocked before the request ends.
+    // Hold the final callback a moment, so that wait() below is surely blocked before the request ends.
     if (ev.done) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   });
   ASSERT_TRUE(id.ok());
   auto st = z->wait(*id);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->n_generated, 3);
+}
+
+// The engine does not wait for its callbacks: while one blocks, the request's steps go on to its end; its
+// events then arrive in order, and wait() returns after the final one. A callback cannot wait() for a request
+// that has not finished (it would wait for itself).
+TEST(EngineServing, ABlockedCallbackDoesNotHoldUpTheSteps) {
+  EngineOptions o;
+  o.n_ctx = 128;
+  auto e = make_engine(o);
+  ASSERT_NE(e, nullptr);
+  std::atomic<uint64_t> self{0};
+  std::atomic<bool> release{false};
+  std::atomic<int> n_tokens{0}, finals{0};
+  Status waited = Status::ok_status();
+  auto id = e->submit(greedy("Once upon a time", 8), [&](const TokenEvent& ev) {
+    if (ev.done) {
+      ++finals;
+      return;
+    }
+    if (++n_tokens > 1) return;
+    while (self.load() == 0) std::this_thread::yield();  // submit() has returned the id
+    waited = e->wait(self.load()).status();
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  ASSERT_TRUE(id.ok());
+  self = *id;
+  wait_until([&] { return e->metrics().n_finished == 1; });  // all 8 tokens made, the first callback held
+  EXPECT_EQ(n_tokens.load(), 1);
+  EXPECT_EQ(finals.load(), 0);
+  EXPECT_EQ(e->metrics().n_generated_tokens, 8u);
+  release = true;
+  auto st = e->wait(*id);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->finish, FinishReason::length);
+  EXPECT_EQ(n_tokens.load(), 8);
+  EXPECT_EQ(finals.load(), 1);
+  EXPECT_EQ(waited.code(), StatusCode::invalid_argument);
+  EXPECT_NE(waited.message().find("called from a callback"), std::string::npos) << waited.message();
 }
 
 }  // namespace
