@@ -26,18 +26,35 @@ constexpr int64_t kTileRows = 16;  // rows rounded together: each row of U is re
 // --- the levels a block decodes ---------------------------------------------------------------------------
 
 // Element e of a block decodes to scale * (q - zero) + offset, q in [lo, hi], in the float operations of the
-// type's dequantizer (core/quant). A scale of 0 decodes every q alike; q0 is then the one written.
+// type's dequantizer (core/quant); or, with a table (IQ4_NL, IQ4_XS), to scale * table[q], q in [0, 15]. A
+// scale of 0 decodes every q alike; q0 is then the one written.
 struct Level {
   float scale = 0.0f;
   float offset = 0.0f;
   int zero = 0;
   int lo = 0, hi = 0;
   int q0 = 0;
+  const int8_t* table = nullptr;  // [16]
 };
 
-// The level of value x: the nearest decodable value (ties to even), and its decoded value.
+// The level of value x: the nearest decodable value (ties to even; in a table, to the lower index), and its
+// decoded value.
 int nearest_level(const Level& l, float x, float* decoded) {
   int q = l.q0;
+  if (l.table != nullptr) {
+    if (l.scale != 0.0f) {
+      float best = INFINITY;
+      for (int k = 0; k < 16; ++k) {
+        const float dist = std::fabs(x - l.scale * static_cast<float>(l.table[k]));
+        if (dist < best) {
+          best = dist;
+          q = k;
+        }
+      }
+    }
+    *decoded = l.scale * static_cast<float>(l.table[q]);
+    return q;
+  }
   if (l.scale != 0.0f) {
     float v = (x - l.offset) / l.scale;  // finite x, non-zero finite scale: v may be +-inf, not NaN
     v = std::clamp(v, static_cast<float>(l.lo - l.zero), static_cast<float>(l.hi - l.zero));
@@ -208,6 +225,44 @@ void q6_k_pack(uint8_t* p, const int* q) {
   store_block(p, 0, b);
 }
 
+// IQ4_NL: y = d * kIQ4NLValues[q]; IQ4_XS: y = (d * (scale6[s] - 32)) * kIQ4NLValues[q] for sub-block s = e /
+// 32 (quant_blocks.h). q0 = 8, the level nearest 0, as the row quantizer writes for a zero scale.
+constexpr int kIq4ZeroIndex = 8;
+void iq4_nl_levels(const uint8_t* p, Level* out) {
+  const auto b = load_block<quant::BlockIQ4_NL>(p, 0);
+  Level l;
+  l.scale = f16_to_f32(b.d);
+  l.q0 = kIq4ZeroIndex;
+  l.table = quant::kIQ4NLValues;
+  std::fill(out, out + kQK, l);
+}
+void iq4_nl_pack(uint8_t* p, const int* q) {
+  auto b = load_block<quant::BlockIQ4_NL>(p, 0);
+  std::memset(b.qs, 0, sizeof b.qs);
+  for (int j = 0; j < kQK; ++j) put_nibble(b.qs, j, q[j]);
+  store_block(p, 0, b);
+}
+void iq4_xs_levels(const uint8_t* p, Level* out) {
+  const auto b = load_block<quant::BlockIQ4_XS>(p, 0);
+  const float d = f16_to_f32(b.d);
+  for (int e = 0; e < kQK_K; ++e) {
+    const int s = e / kQK;
+    const int low = (b.scales_l[s / 2] >> (4 * (s % 2))) & 0x0F;
+    const int high = (b.scales_h >> (2 * s)) & 0x03;
+    Level l;
+    l.scale = d * static_cast<float>((low | (high << 4)) - 32);
+    l.q0 = kIq4ZeroIndex;
+    l.table = quant::kIQ4NLValues;
+    out[e] = l;
+  }
+}
+void iq4_xs_pack(uint8_t* p, const int* q) {
+  auto b = load_block<quant::BlockIQ4_XS>(p, 0);
+  std::memset(b.qs, 0, sizeof b.qs);
+  for (int e = 0; e < kQK_K; ++e) put_nibble(b.qs + (e / kQK) * (kQK / 2), e % kQK, q[e]);
+  store_block(p, 0, b);
+}
+
 const Codec* codec_of(DType type) {
   static const Codec q8_0{kQK, legacy_levels<quant::BlockQ8_0>, legacy_pack<quant::BlockQ8_0>};
   static const Codec q4_0{kQK, legacy_levels<quant::BlockQ4_0>, legacy_pack<quant::BlockQ4_0>};
@@ -219,6 +274,8 @@ const Codec* codec_of(DType type) {
   static const Codec q4_k{kQK_K, q45_k_levels<quant::BlockQ4_K>, q45_k_pack<quant::BlockQ4_K>};
   static const Codec q5_k{kQK_K, q45_k_levels<quant::BlockQ5_K>, q45_k_pack<quant::BlockQ5_K>};
   static const Codec q6_k{kQK_K, q6_k_levels, q6_k_pack};
+  static const Codec iq4_nl{kQK, iq4_nl_levels, iq4_nl_pack};
+  static const Codec iq4_xs{kQK_K, iq4_xs_levels, iq4_xs_pack};
   switch (type) {
     case DType::q8_0: return &q8_0;
     case DType::q4_0: return &q4_0;
@@ -230,6 +287,8 @@ const Codec* codec_of(DType type) {
     case DType::q4_k: return &q4_k;
     case DType::q5_k: return &q5_k;
     case DType::q6_k: return &q6_k;
+    case DType::iq4_nl: return &iq4_nl;
+    case DType::iq4_xs: return &iq4_xs;
     default: return nullptr;
   }
 }
@@ -445,7 +504,7 @@ Status gptq_quantize(const float* w, int64_t n_rows, int64_t n_per_row, const fl
   if (codec == nullptr) {
     return unimplemented(
         "gptq: type {} is not supported (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, "
-        "q5_k, q6_k are)",
+        "q5_k, q6_k, iq4_nl, iq4_xs are)",
         info.name);
   }
   if (n_rows < 0) return invalid_argument("gptq: n_rows {} is negative", n_rows);

@@ -7,8 +7,9 @@
 //   reached, from its columns' current values (the original weights plus the error fed forward so far), by
 //   the type's own row quantizer (core/quant) with importance diag(H): the search `kiln quantize --imatrix`
 //   runs (on the block alone: the legacy types' search weighs by the block's mean square, not the row's).
-//   Then its columns are rounded one at a time to the nearest level the block can decode, each error fed
-//   forward, the block's later columns included.
+//   Then its columns are rounded one at a time to the nearest level the block can decode (for IQ4_NL and
+//   IQ4_XS, the nearest of the 16 non-linear levels times the block's scale), each error fed forward, the
+//   block's later columns included.
 // - H = X^T X ([n_per_row, n_per_row], the calibration inputs' Gram matrix; any positive multiple gives the
 //   same result up to float rounding). lambda = damp * mean(diag H) is added to its diagonal; when the
 //   Cholesky factorization fails, lambda is raised tenfold up to three times. Columns with H[j][j] = 0
@@ -41,7 +42,7 @@ struct GptqOptions {
   ThreadPool* pool = nullptr;  // rows over its threads; null: the calling thread alone
 };
 
-// The types gptq_quantize writes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+// The types gptq_quantize writes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.
 bool gptq_supports(DType type);
 
 // `w` [n_rows, n_per_row] row-major f32, `hessian` [n_per_row, n_per_row] row-major (symmetric: its lower

@@ -180,7 +180,8 @@ def test_full_grams_match_the_reference(full, reference):
     assert worst < 1e-4, worst
 
 
-def test_gptq_rounds_with_the_grams(full, tmp_path):
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS"])  # IQ4_XS: iq4_nl for SmolLM2's 576-wide rows
+def test_gptq_rounds_with_the_grams(full, tmp_path, ftype):
     """kiln quantize --method gptq: the same GGUF types, llama.cpp reads the file, and for each weight its
     output error over the calibration inputs, tr((W - Q) H (W - Q)^T), is below plain rounding's with the same
     importance matrix, in most tensors and in total."""
@@ -188,7 +189,7 @@ def test_gptq_rounds_with_the_grams(full, tmp_path):
 
     plain, gptq = tmp_path / "plain.gguf", tmp_path / "gptq.gguf"
     for out, extra in ((plain, []), (gptq, ["--method", "gptq"])):
-        r = kiln("quantize", "--allow-requantize", "--imatrix", full, *extra, SMOL, out, "Q4_K_M", "-t", 2)
+        r = kiln("quantize", "--allow-requantize", "--imatrix", full, *extra, SMOL, out, ftype, "-t", 2)
         assert r.returncode == 0, r.stderr
     assert "rounded by GPTQ" in r.stderr, r.stderr
     src = {x.name: x for x in gguf.GGUFReader(str(SMOL)).tensors}
