@@ -42,6 +42,19 @@ struct QuantizeOptions {
   // GPTQ's blocks and columns by decreasing activation (GptqOptions::act_order): no cost at run time, the
   // same format; on SmolLM2 it halves the KLD left by plain order.
   bool gptq_act_order = true;
+  // A size budget for the weight matrices instead of the mix's types (target_bpw: bits per weight over every
+  // tensor; target_size: the output file's bytes; 0: none; not both): each weight matrix takes the type, of a
+  // ladder of block types its rows fit, that gives the least total rounding error (importance-weighted when
+  // there is an importance matrix) within the budget. The token embedding, the output head, tensors an
+  // override names and the tensors the mix keeps take the mix's types, as do stacked (MoE) weights.
+  double target_bpw = 0.0;
+  uint64_t target_size = 0;
+  // A plan file: each weight matrix's type, as save_plan wrote it for this model (tensors it does not name
+  // keep the mix's types). Not with a target.
+  std::string plan;
+  // Writes the types chosen (by the mix, a target or a plan) as a plan file, once they are all decided (with
+  // dry_run too).
+  std::string save_plan;
   // Threads that quantize a tensor's rows (0: the physical cores, or KILN_THREADS); the file is the same
   // whatever the count.
   int threads = 0;
@@ -70,6 +83,12 @@ struct QuantizeStats {
   uint64_t bytes_out = 0;               // tensor data written
   bool used_imatrix = false;
   size_t n_gptq = 0;  // tensors rounded by GPTQ (method "gptq")
+  size_t n_budget = 0;  // tensors whose type a target or a plan chose
+  // With a target: the budget in bytes of the output file, and the sum over the tensors it chose of their
+  // rounding error (quant/quant_budget.h), against the same sum for the mix's types.
+  uint64_t budget_bytes = 0;
+  double budget_error = 0.0, mix_error = 0.0;
+  uint64_t file_bytes = 0;  // the output file's size (the header included)
 };
 
 struct QuantizeEvents {

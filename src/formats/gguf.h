@@ -187,6 +187,8 @@ class Writer {
   // Adds a tensor whose bytes `fill` produces at write time. Errors as add_tensor().
   Status add_tensor_lazy(std::string name, std::vector<int64_t> shape, DType type, TensorFill fill);
 
+  // The bytes write() would write: the header, then every tensor padded to the alignment.
+  Result<uint64_t> file_size() const;
   // Serialises the whole file into memory.
   Result<std::vector<uint8_t>> to_bytes() const;
   // Writes to `path` (via a temporary file renamed into place, so a failure leaves no half file), streaming

@@ -201,6 +201,13 @@ Result<std::vector<uint8_t>> Writer::header() const {
   return bytes;
 }
 
+Result<uint64_t> Writer::file_size() const {
+  KILN_ASSIGN_OR_RETURN(const std::vector<uint8_t> head, header());
+  uint64_t n = head.size();
+  for (const auto& t : tensors_) n += (t.n_bytes + alignment_ - 1) / alignment_ * alignment_;
+  return n;
+}
+
 Result<std::vector<uint8_t>> Writer::to_bytes() const {
   KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, header());
   Out out(bytes);

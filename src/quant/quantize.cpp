@@ -8,12 +8,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <regex>
+#include <sstream>
+#include <unordered_map>
 
 #include "backends/backend.h"
 #include "core/dtype.h"
@@ -23,6 +28,7 @@
 #include "quant/gptq.h"
 #include "quant/hf_folder.h"
 #include "quant/imatrix_file.h"
+#include "quant/quant_budget.h"
 #include "quant/quant_mix.h"
 
 namespace kiln {
@@ -97,7 +103,8 @@ struct Job {
   std::vector<int64_t> shape;                     // ggml_shape(in->shape)
   quant::TypeChoice choice;                       // its type
   const quant::ImatrixTensor* imatrix = nullptr;  // its importance, when it is converted and has one
-  bool gptq = false;  // rounded by GPTQ with imatrix->gram (QuantizeOptions::method "gptq")
+  bool gptq = false;      // rounded by GPTQ with imatrix->gram (QuantizeOptions::method "gptq")
+  bool budgeted = false;  // its type chosen by a target or a plan
   bool converted() const { return choice.type != in->type; }
   // The 2-d slices ([shape[0], shape[1]] each) of a stacked tensor (the experts of a 3-d MoE weight).
   int64_t n_mat() const { return in->n_elements() / (shape[0] * (shape.size() > 1 ? shape[1] : 1)); }
@@ -190,9 +197,11 @@ Status check_convertible(const Job& j, bool allow_requantize) {
   return {};
 }
 
-// `j` rounded by GPTQ: the whole tensor in f32 (one tensor at a time), its rows over the pool's threads.
-Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions& o, ThreadPool& pool) {
+// `j`'s rows as f32 (the whole tensor), or an error naming the first row that is not finite.
+Result<std::vector<float>> read_rows(const Job& j, ThreadPool& pool) {
   const DTypeInfo& from = dtype_info(j.in->type);
+  if (from.dequantize_row == nullptr)
+    return unimplemented("tensor '{}': kiln cannot read type {} as numbers", j.in->name, from.name);
   const int64_t ne0 = j.shape[0];
   const int64_t n_rows = j.in->n_elements() / ne0;
   const size_t src_row = static_cast<size_t>(ne0 / from.block_size * from.type_size);
@@ -207,6 +216,14 @@ Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions&
                               static_cast<int64_t>(i) / ne0);
     }
   }
+  return w;
+}
+
+// `j` rounded by GPTQ: the whole tensor in f32 (one tensor at a time), its rows over the pool's threads.
+Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions& o, ThreadPool& pool) {
+  KILN_ASSIGN_OR_RETURN(const std::vector<float> w, read_rows(j, pool));
+  const int64_t ne0 = j.shape[0];
+  const int64_t n_rows = j.in->n_elements() / ne0;
   GptqOptions go;
   go.damp = o.gptq_damp;
   go.act_order = o.gptq_act_order;
@@ -309,6 +326,190 @@ void add_to_stats(const Job& j, QuantizeStats& stats) {
   stats.tensors.push_back(std::move(qt));
 }
 
+// --- size budgets and plans -------------------------------------------------------------------------------
+
+// A weight matrix whose type a target may choose (QuantizeOptions::target_bpw): converted, one 2-d matrix,
+// rows that fit a ladder, not the token embedding, the output head, or a tensor a --tensor-type pattern
+// names.
+bool budget_candidate(const Job& j, const quant::MixOptions& mix) {
+  if (!j.choice.quantizable || !j.converted() || j.shape.size() != 2 || j.n_mat() != 1) return false;
+  const std::string& name = j.in->name;
+  if (name == "token_embd.weight" || name == "output.weight") return false;
+  for (const quant::TypeOverride& ov : mix.overrides) {
+    if (std::regex_search(name, ov.regex)) return false;
+  }
+  return !quant::budget_ladder(j.shape[0]).empty();
+}
+
+uint64_t padded_bytes(const Job& j, DType type, uint64_t alignment) {
+  const DTypeInfo& t = dtype_info(type);
+  const auto n = static_cast<uint64_t>(j.in->n_elements() / t.block_size * t.type_size);
+  return (n + alignment - 1) / alignment * alignment;
+}
+
+// QuantizeOptions::target_bpw / target_size: the candidates' types from their rounding errors
+// (quant_budget.h) within what the budget leaves after the header and the other tensors.
+Status choose_budget(const QuantizeOptions& o, const quant::MixOptions& mix, const gguf::File& file,
+                     uint64_t header_bytes, std::vector<Job>& jobs, QuantizeStats& stats) {
+  if (o.target_bpw != 0.0 && o.target_size != 0)
+    return invalid_argument("--target-bpw and --target-size: give one of them");
+  if (!(o.target_bpw >= 0.0) || !std::isfinite(o.target_bpw) || o.target_bpw > 32.0)
+    return invalid_argument("--target-bpw {} is not in (0, 32]", o.target_bpw);
+  uint64_t n_elements = 0;
+  for (const Job& j : jobs) n_elements += static_cast<uint64_t>(j.in->n_elements());
+  const uint64_t budget =
+      o.target_size != 0 ? o.target_size : static_cast<uint64_t>(o.target_bpw * n_elements / 8.0);
+  stats.budget_bytes = budget;
+  // What the budget cannot go below, before any tensor is read: the header, the tensors it does not type,
+  // and the smallest type of each it does.
+  uint64_t fixed = header_bytes, least = 0;
+  for (const Job& j : jobs) {
+    if (!budget_candidate(j, mix)) {
+      fixed += padded_bytes(j, j.choice.type, file.alignment());
+      continue;
+    }
+    uint64_t smallest = UINT64_MAX;
+    for (DType t : quant::budget_ladder(j.shape[0]))
+      smallest = std::min(smallest, padded_bytes(j, t, file.alignment()));
+    least += smallest;
+  }
+  if (fixed + least > budget) {
+    return resource_exhausted(
+        "the target of {} bytes ({:.3f} bits per weight) cannot be met: the header and the tensors it does "
+        "not "
+        "type (embeddings, output head, norms) take {} bytes, the smallest types of the others {}: at least "
+        "{} "
+        "bytes ({:.3f} bits per weight)",
+        budget, budget * 8.0 / static_cast<double>(n_elements), fixed, least, fixed + least,
+        (fixed + least) * 8.0 / static_cast<double>(n_elements));
+  }
+  ThreadPool pool(o.threads);
+  std::vector<size_t> chosen;  // jobs the budget types
+  std::vector<std::vector<quant::BudgetPoint>> points;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& j = jobs[i];
+    if (!budget_candidate(j, mix)) continue;
+    const std::vector<DType> ladder = quant::budget_ladder(j.shape[0]);
+    KILN_ASSIGN_OR_RETURN(const std::vector<float> w, read_rows(j, pool));
+    std::vector<DType> types = ladder;
+    if (std::find(types.begin(), types.end(), j.choice.type) == types.end() &&
+        dtype_info(j.choice.type).quantize_rows != nullptr &&
+        j.shape[0] % dtype_info(j.choice.type).block_size == 0)
+      types.push_back(j.choice.type);  // the mix's own type: its error, for the comparison printed
+    const std::vector<float> importance =
+        j.imatrix != nullptr ? quant::importance_all(*j.imatrix) : std::vector<float>();
+    const std::vector<double> errors =
+        quant::rounding_errors(w.data(), j.in->n_elements() / j.shape[0], j.shape[0],
+                               importance.empty() ? nullptr : importance.data(), types, pool);
+    for (size_t k = 0; k < types.size(); ++k) {
+      if (types[k] == j.choice.type) stats.mix_error += errors[k];
+    }
+    std::vector<quant::BudgetPoint>& pts = points.emplace_back();
+    for (size_t k = 0; k < ladder.size(); ++k)
+      pts.push_back({ladder[k], padded_bytes(j, ladder[k], file.alignment()), errors[k]});
+    chosen.push_back(i);
+  }
+  if (chosen.empty()) return invalid_argument("--target-*: the model has no weight matrix a target can type");
+  Result<std::vector<size_t>> pick = quant::allocate_budget(points, budget - fixed);
+  if (!pick.ok()) {
+    return resource_exhausted(
+        "the target of {} bytes cannot be met: {} bytes go to the header and the tensors it does not type, "
+        "and {}",
+        budget, fixed, pick.status().message());
+  }
+  for (size_t c = 0; c < chosen.size(); ++c) {
+    Job& j = jobs[chosen[c]];
+    const quant::BudgetPoint& p = points[c][(*pick)[c]];
+    j.choice.type = p.type;
+    j.choice.fell_back = false;
+    j.choice.note = "";
+    j.budgeted = true;
+    stats.budget_error += p.error;
+  }
+  return {};
+}
+
+// A plan file: a comment line, then "name type ne0,ne1,..." a tensor.
+Status apply_plan(const std::string& path, std::vector<Job>& jobs) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return io_error("--plan '{}': cannot open it: {}", path, std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  std::unordered_map<std::string, Job*> by_name;
+  for (Job& j : jobs) by_name[j.in->name] = &j;
+  std::istringstream lines(text);
+  std::string line;
+  for (int line_no = 1; std::getline(lines, line); ++line_no) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string name, type, shape;
+    if (!(fields >> name >> type >> shape)) {
+      return invalid_argument("--plan '{}' line {}: expected 'NAME TYPE SHAPE', got '{}'", path, line_no,
+                              line.substr(0, 80));
+    }
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return invalid_argument(
+          "--plan '{}' line {}: the model has no tensor '{}' (a plan made for another model?)", path, line_no,
+          name);
+    }
+    Job& j = *it->second;
+    std::string have;
+    for (int64_t d : j.shape) have += (have.empty() ? "" : ",") + std::to_string(d);
+    if (shape != have) {
+      return invalid_argument(
+          "--plan '{}' line {}: tensor '{}' is [{}] in the plan but [{}] in the model (a plan made for "
+          "another "
+          "model?)",
+          path, line_no, name, shape, have);
+    }
+    const std::optional<DType> t = dtype_from_name(type);
+    if (!t) return invalid_argument("--plan '{}' line {}: unknown type '{}'", path, line_no, type);
+    if (!j.choice.quantizable) {
+      return invalid_argument("--plan '{}' line {}: tensor '{}' is not a weight matrix the mix quantizes",
+                              path, line_no, name);
+    }
+    j.choice.type = *t;
+    j.choice.fell_back = false;
+    j.choice.note = "";
+    j.budgeted = true;
+  }
+  return {};
+}
+
+Status save_plan(const std::string& path, const QuantizeStats& stats, const std::vector<Job>& jobs) {
+  KILN_ASSIGN_OR_RETURN(OutputFile out, OutputFile::create(path));
+  std::string text = fmt::format("# kiln quantize plan: {} {}, {} tensors\n", stats.architecture,
+                                 stats.file_type, jobs.size());
+  for (const Job& j : jobs) {
+    if (!j.choice.quantizable) continue;
+    std::string shape;
+    for (int64_t d : j.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    text += fmt::format("{} {} {}\n", j.in->name, dtype_name(j.choice.type), shape);
+  }
+  if (std::fwrite(text.data(), 1, text.size(), out.stream()) != text.size())
+    return io_error("--save-plan '{}': write failed: {}", path, std::strerror(errno));
+  return out.commit();
+}
+
+// The output file's header (metadata and tensor infos, padded), which the tensors' types do not change.
+Result<uint64_t> header_bytes(const QuantizeOptions& o, const gguf::File& file, bool hf_folder,
+                              const quant::FileTypeInfo& ft, const quant::Imatrix* imatrix,
+                              const std::vector<Job>& jobs) {
+  gguf::Writer w(file.alignment());
+  KILN_TRY(set_metadata(o, file, hf_folder, ft, imatrix, w));
+  uint64_t tensors = 0;
+  for (const Job& j : jobs) {
+    KILN_TRY(
+        w.add_tensor_lazy(j.in->name, j.shape, j.choice.type, [](std::span<uint8_t>) { return Status(); }));
+    tensors += padded_bytes(j, j.choice.type, file.alignment());
+  }
+  KILN_ASSIGN_OR_RETURN(const uint64_t size, w.file_size());
+  return size - tensors;
+}
+
 // The output file: `jobs` in order, each converted (or copied) while it is written.
 Status write_output(const QuantizeOptions& o, const gguf::File& file, bool hf_folder,
                     const quant::FileTypeInfo& ft, const quant::Imatrix* imatrix,
@@ -377,11 +578,23 @@ Result<QuantizeStats> quantize(const QuantizeOptions& o, const QuantizeEvents& e
       warnings.push_back(fmt::format("{}: {} needs an importance matrix (--imatrix)", j.in->name,
                                      dtype_name(j.choice.type)));
     }
-    if (!j.choice.note.empty()) warnings.push_back(j.in->name + ": " + j.choice.note);
-    add_to_stats(j, stats);
   }
   if (imatrix) KILN_TRY(attach_imatrix(*imatrix, o.imatrix, jobs, warnings));
+  if (o.target_bpw != 0.0 || o.target_size != 0) {
+    if (!o.plan.empty()) return invalid_argument("--plan and a --target-*: give one of them");
+    KILN_ASSIGN_OR_RETURN(const uint64_t head,
+                          header_bytes(o, *file, hf_folder, ft, imatrix ? &*imatrix : nullptr, jobs));
+    KILN_TRY(choose_budget(o, mix, *file, head, jobs, stats));
+  } else if (!o.plan.empty()) {
+    KILN_TRY(apply_plan(o.plan, jobs));
+  }
+  for (const Job& j : jobs) {
+    if (!j.choice.note.empty()) warnings.push_back(j.in->name + ": " + j.choice.note);
+    stats.n_budget += j.budgeted ? 1 : 0;
+    add_to_stats(j, stats);
+  }
   if (!o.method.empty()) KILN_TRY(choose_gptq(o, imatrix ? &*imatrix : nullptr, jobs, stats));
+  if (!o.save_plan.empty()) KILN_TRY(save_plan(o.save_plan, stats, jobs));
   if (!o.dry_run) {
     for (const Job& j : jobs)
       if (j.converted()) KILN_TRY(check_convertible(j, o.allow_requantize));
@@ -390,6 +603,7 @@ Result<QuantizeStats> quantize(const QuantizeOptions& o, const QuantizeEvents& e
   if (o.dry_run) return stats;
 
   KILN_TRY(write_output(o, *file, hf_folder, ft, imatrix ? &*imatrix : nullptr, jobs, events));
+  stats.file_bytes = std::filesystem::file_size(o.output, ec);
   return stats;
 }
 

@@ -68,9 +68,10 @@ def write_f16_copy(src: Path, dst: Path) -> Path:
 
 def write_tiny_model(path: Path, arch: str, *, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
                      n_vocab: int, tied: bool, n_expert: int = 0, n_ff_exp: int = 0, n_ff_shexp: int = 0,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, runnable: bool = False) -> Path:
     """A random-weight model (f16 matrices, f32 vectors) of a dense architecture (llama, qwen2) or qwen2moe,
-    with the hyper-parameters llama.cpp loads and a byte-level vocabulary of `n_vocab` tokens."""
+    with the hyper-parameters llama.cpp loads and a byte-level vocabulary of `n_vocab` tokens. `runnable`: its
+    last token is "ab" with the one merge "a b", so that kiln's tokenizer loads it and the model runs."""
     rng = np.random.default_rng(seed)
     hd = n_embd // n_head
     w = GGUFWriter(str(path), arch)
@@ -94,9 +95,12 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int, n_embd: int, n_head
     tokens = [byte_chars[b] for b in range(256)] + [f"<x{i}>" for i in range(n_vocab - 256)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
+    types = [1] * 256 + [4] * (n_vocab - 256)
+    if runnable:
+        tokens[-1], types[-1] = "ab", 1
     w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [4] * (n_vocab - 256))
-    w.add_token_merges([])
+    w.add_token_types(types)
+    w.add_token_merges(["a b"] if runnable else [])
     w.add_bos_token_id(256)
     w.add_eos_token_id(257)
 

@@ -346,3 +346,97 @@ def test_kiln_and_llama_cpp_run_the_output(smol, tmp):
     llm.eval(tokens)
     logits = np.array(llm.scores[len(tokens) - 1])
     assert np.isfinite(logits).all() and logits.std() > 0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 5. Size budgets and plans
+
+
+def test_target_size_and_plans(tiny, tmp):
+    """--target-size at the Q4_K_M file's size: the file fits and uses the budget, with no more rounding error
+    than the mix's types; --target-bpw in bits per weight; --save-plan then --plan writes the same bytes;
+    budgets that cannot be met and plans of another model are errors that leave no file."""
+    # FFN rows of 512: every weight matrix fits a 256-block ladder (the fixture's 272 fall back to f16).
+    src = write_tiny_model(tmp / "tiny-budget.gguf", "qwen2", n_layer=4, n_embd=256, n_head=8, n_head_kv=2,
+                           n_ff=512, n_vocab=320, tied=False, seed=5)
+    imx = write_imatrix(tmp / "tiny-budget.imatrix.gguf", imatrix_entries(src, seed=6))
+    preset = tmp / "budget-preset.gguf"
+    kiln("quantize", src, preset, "Q4_K_M", "--imatrix", imx, check=True)
+    size = preset.stat().st_size
+    out, plan = tmp / "budget.gguf", tmp / "budget.plan"
+    r = kiln("quantize", src, out, "Q4_K_M", "--imatrix", imx, "--target-size", size, "--save-plan", plan,
+             check=True)
+    assert 0.98 * size <= out.stat().st_size <= size, (out.stat().st_size, size)
+    m = re.search(r"typed (\d+) weight matrices: rounding error ([\d.e+-]+) in all, against ([\d.e+-]+)", r.stderr)
+    assert m and int(m[1]) > 0, r.stderr
+    assert float(m[2]) <= float(m[3]), r.stderr
+    assert f"the file is {out.stat().st_size} bytes" in r.stderr, r.stderr
+    types = {line.split()[1] for line in plan.read_text().splitlines()[1:]}
+    assert len(types) >= 2, types  # a mix, not one type
+    again = tmp / "budget-again.gguf"
+    kiln("quantize", src, again, "Q4_K_M", "--imatrix", imx, "--plan", plan, check=True)
+    assert again.read_bytes() == out.read_bytes()
+    small = tmp / "budget-small.gguf"
+    r = kiln("quantize", src, small, "Q4_K_M", "--imatrix", imx, "--target-bpw", "3.5", check=True)
+    from gguf import GGUFReader
+
+    n_params = sum(int(t.n_elements) for t in GGUFReader(str(src)).tensors)
+    assert small.stat().st_size * 8 <= 3.5 * n_params
+    # Bad budgets and plans: an error naming the cause, no file.
+    bad = tmp / "budget-bad.gguf"
+    for args, message in (
+            (("--target-size", "1000"), "cannot be met"),
+            (("--target-bpw", "-1"), "--target-bpw -1"),
+            (("--target-bpw", "4", "--target-size", str(size)), "give one of them"),
+            (("--target-bpw", "4", "--plan", str(plan)), "give one of them")):
+        err = error_of(kiln("quantize", src, bad, "Q4_K_M", *args))
+        assert message in err, (args, err)
+    err = error_of(kiln("quantize", tiny["qwen2moe"], bad, "Q4_K_M", "--plan", plan))
+    assert "another model" in err, err
+    mangled = tmp / "mangled.plan"
+    lines = plan.read_text().splitlines()
+    name, _, shape = lines[1].split()
+    mangled.write_text("\n".join([lines[0], f"{name} q9_9 {shape}"] + lines[2:]) + "\n")
+    assert "unknown type" in error_of(kiln("quantize", src, bad, "Q4_K_M", "--plan", mangled))
+    assert not bad.exists()
+
+
+def test_target_kld(tmp):
+    """--target-kld: the file written is one the search measured at or below the target (checked again by kiln
+    perplexity --kl-divergence), no try file is left, and a target the tensors it cannot type miss is an
+    error that leaves nothing."""
+    import json
+
+    src = write_tiny_model(tmp / "tiny-runnable.gguf", "qwen2", n_layer=4, n_embd=256, n_head=8, n_head_kv=2,
+                           n_ff=512, n_vocab=320, tied=False, seed=5, runnable=True)
+    text = tmp / "kld-text.txt"
+    text.write_text(" ".join(f"word{i % 97} and {i * 7 % 13} more" for i in range(600)))
+    base = tmp / "tiny.kld"
+    kiln("perplexity", "-m", src, "-f", text, "-c", 128, "--chunks", 4, "-d", "cpu", "-t", 2,
+         "--kl-divergence-base", base, check=True)
+
+    def kld_of(model):
+        r = kiln("perplexity", "-m", model, "--kl-divergence-base", base, "--kl-divergence", "-d", "cpu", "-t", 2,
+                 "-o", "json", check=True)
+        return json.loads(r.stdout)["kld"]["value"]
+
+    preset = tmp / "kld-preset.gguf"
+    kiln("quantize", src, preset, "Q6_K", "--force", check=True)
+    target = kld_of(preset) * 2  # a target some smaller file meets
+    out = tmp / "kld-target.gguf"
+    before = {p.name for p in tmp.iterdir()}
+    r = kiln("quantize", src, out, "Q6_K", "--target-kld", target, "--kld-base", base, "-d", "cpu", "-t", 2,
+             check=True)
+    assert "try 1:" in r.stderr and f"wrote {out}" in r.stderr, r.stderr
+    assert kld_of(out) <= target
+    assert out.stat().st_size < preset.stat().st_size, (out.stat().st_size, preset.stat().st_size)
+    assert leftovers(tmp, before) == {out.name}
+    # Not met: the output head and embedding keep Q2_K's types whatever the budget.
+    missed = tmp / "kld-missed.gguf"
+    err = error_of(kiln("quantize", src, missed, "Q2_K", "--target-kld", 1e-7, "--kld-base", base, "-d", "cpu",
+                        "-t", 2))
+    assert "not met" in err and "TYPE with more bits" in err, err
+    assert leftovers(tmp, before) == {out.name}
+    assert "--kld-base" in error_of(kiln("quantize", src, missed, "Q6_K", "--target-kld", 0.01))
+    err = error_of(kiln("quantize", src, missed, "Q6_K", "--target-kld", -1, "--kld-base", base))
+    assert "--target-kld -1 is not in" in err, err

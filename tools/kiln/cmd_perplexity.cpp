@@ -53,9 +53,9 @@ struct PplOptions {
   std::string kv_type = "auto";
   bool exact = false;
   bool deterministic = false;
-  std::string output = "text";
-  std::string kld_base;        // --kl-divergence-base FILE
-  bool kl_divergence = false;  // --kl-divergence: compare with kld_base rather than write it
+  std::string output = "text";  // text, json; "none" (score_kld): nothing printed
+  std::string kld_base;         // --kl-divergence-base FILE
+  bool kl_divergence = false;   // --kl-divergence: compare with kld_base rather than write it
 };
 
 // The whole text of `path`: a regular file that can be read.
@@ -178,7 +178,9 @@ Status choose_tokens(PplRun& run, const PplOptions& o, const Engine& engine) {
   return Status::ok_status();
 }
 
-Status run_perplexity(const PplOptions& o) {
+// `report`: where --kl-divergence's figures go as well (or null).
+Status run_perplexity(const PplOptions& o, kld::Report* report_out = nullptr) {
+  const bool quiet = o.output == "none";
   if (o.kl_divergence && !o.file.empty()) {
     std::fprintf(stderr, "kiln perplexity: %s is not read: the tokens come from %s\n", o.file.c_str(),
                  o.kld_base.c_str());
@@ -275,7 +277,7 @@ Status run_perplexity(const PplOptions& o) {
     const auto from = static_cast<size_t>(c * run.n_scored), to = from + static_cast<size_t>(run.n_scored);
     if (o.kl_divergence) {
       for (size_t k = from; k < to; ++k) sums.add(run.positions[k]);
-      if (!json_out) {
+      if (!json_out && !quiet) {
         if (c == 0) print_kld_chunk_header();
         print_kld_chunk_line(c + 1, kld::running_report(sums));
       }
@@ -283,7 +285,7 @@ Status run_perplexity(const PplOptions& o) {
     }
     for (size_t k = from; k < to; ++k) nll.add(run.logprobs[k]);
     running.push_back(nll.ppl());
-    if (!json_out) {
+    if (!json_out && !quiet) {
       std::printf("%s[%lld]%.4f", c == 0 ? "" : ",", static_cast<long long>(c + 1), running.back());
       std::fflush(stdout);
     }
@@ -300,6 +302,8 @@ Status run_perplexity(const PplOptions& o) {
       p_diff_values[k] = run.positions[k].p_diff;
     }
     const kld::Report report = kld::final_report(sums, kld_values, p_diff_values);
+    if (report_out != nullptr) *report_out = report;
+    if (quiet) return Status::ok_status();
     if (json_out) {
       out["base_file"] = o.kld_base;
       out.update(kld_report_json(report));
@@ -343,6 +347,20 @@ Status run_perplexity(const PplOptions& o) {
 }
 
 }  // namespace
+
+Result<kld::Report> score_kld(const KldScoreOptions& so) {
+  PplOptions o;
+  o.model = so.model;
+  o.kld_base = so.base;
+  o.kl_divergence = true;
+  o.device = so.device;
+  o.gpu_layers = so.gpu_layers;
+  o.n_threads = so.threads;
+  o.output = "none";
+  kld::Report report;
+  KILN_TRY(run_perplexity(o, &report));
+  return report;
+}
 
 void register_perplexity(CLI::App& app, int& rc) {
   auto o = std::make_shared<PplOptions>();

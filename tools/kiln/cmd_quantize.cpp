@@ -2,8 +2,11 @@
 // llama.cpp file type, with llama-quantize's options under the same names.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "kiln/quantize.h"
+#include "perplexity_kld.h"
 #include "quant/quant_mix.h"
 
 namespace kiln::cli {
@@ -18,8 +22,12 @@ namespace {
 
 struct QuantizeArgs {
   QuantizeOptions opt;
-  std::string in;         // IN
-  std::string out, type;  // OUT TYPE; with --dry-run also IN TYPE (`out` then holds the type)
+  std::string in;           // IN
+  std::string out, type;    // OUT TYPE; with --dry-run also IN TYPE (`out` then holds the type)
+  double target_kld = 0.0;  // --target-kld: the mean KL divergence to meet, measured against kld_base
+  std::string kld_base;     // --kld-base FILE (kiln perplexity --kl-divergence-base)
+  std::string device = "auto";
+  std::string target_size;  // --target-size: bytes, with an optional K/M/G suffix
 };
 
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -67,6 +75,149 @@ void print_plan(const QuantizeStats& plan) {
   }
 }
 
+// --target-kld: files of one bits-per-weight budget after another (--target-bpw), each scored against the
+// base file, until the smallest that meets the target is found to within kBpwPrecision; that one becomes OUT.
+// The next budget comes from the two tries that bracket the target, the KL divergence taken as exponential in
+// the bits (each bit divides it by about 4); before a bracket, a step of that size from the last try.
+constexpr double kBpwPrecision = 0.05, kMaxBpw = 8.5, kMinBpw = 2.0;
+constexpr int kMaxTries = 10;
+
+struct Try {
+  double bpw = 0;
+  double kld = 0;
+  std::string path, plan;
+  uint64_t bytes = 0;
+};
+
+Status search_kld(QuantizeArgs& args) {
+  QuantizeOptions opt = args.opt;
+  const double target = args.target_kld;
+  if (!(target > 0.0) || !(target < 10.0))
+    return invalid_argument("--target-kld {} is not in (0, 10)", target);
+  if (opt.target_bpw != 0.0 || opt.target_size != 0 || !opt.plan.empty())
+    return invalid_argument("--target-kld and --target-bpw, --target-size or --plan: give one of them");
+  if (args.kld_base.empty()) {
+    return invalid_argument(
+        "--target-kld needs --kld-base FILE: the source's distributions over an evaluation text (kiln "
+        "perplexity -m {} -f TEXT --kl-divergence-base FILE)",
+        args.in);
+  }
+  if (opt.dry_run) return invalid_argument("--target-kld measures the files it writes: not with --dry-run");
+  std::error_code ec;
+  if (std::filesystem::exists(opt.output, ec) && !opt.force)
+    return invalid_argument("'{}' exists (--force replaces it)", opt.output);
+  // The mix's own size: the first try.
+  QuantizeOptions dry = opt;
+  dry.dry_run = true;
+  dry.save_plan.clear();
+  KILN_ASSIGN_OR_RETURN(const QuantizeStats mix, quantize_model(dry, {}));
+  const double n = static_cast<double>(std::max<uint64_t>(1, mix.n_elements));
+  std::vector<Try> tries;
+  const auto cleanup = [&](const Try* keep) {
+    for (const Try& t : tries) {
+      if (&t == keep) continue;
+      std::filesystem::remove(t.path, ec);
+      if (!t.plan.empty()) std::filesystem::remove(t.plan, ec);
+    }
+  };
+  const auto best_ok = [&]() -> const Try* {
+    const Try* b = nullptr;
+    for (const Try& t : tries)
+      if (t.kld <= target && (b == nullptr || t.bpw < b->bpw)) b = &t;
+    return b;
+  };
+  const auto worst_missed = [&](double below) -> const Try* {
+    const Try* b = nullptr;
+    for (const Try& t : tries)
+      if (t.kld > target && t.bpw < below && (b == nullptr || t.bpw > b->bpw)) b = &t;
+    return b;
+  };
+  double bpw = std::clamp(mix.bytes_out * 8.0 / n, kMinBpw, kMaxBpw);
+  Status failed;
+  for (int i = 0; i < kMaxTries; ++i) {
+    Try t;
+    t.bpw = bpw;
+    t.path = fmt::format("{}.try-{}", opt.output, i);
+    t.plan = opt.save_plan.empty() ? "" : t.path + ".plan";
+    QuantizeOptions q = opt;
+    q.output = t.path;
+    q.force = true;
+    q.target_bpw = bpw;
+    q.save_plan = t.plan;
+    Result<QuantizeStats> st = quantize_model(q, {});
+    if (!st.ok() && st.status().code() == StatusCode::resource_exhausted && bpw < kMaxBpw) {
+      std::fprintf(stderr, "quantize: %.3f bits per weight: %s\n", bpw, st.status().message().c_str());
+      bpw = std::min(kMaxBpw, bpw + 0.25);  // below the smallest types: more bits
+      continue;
+    }
+    if (!st.ok()) {
+      failed = st.status();
+      break;
+    }
+    t.bytes = st->file_bytes;
+    tries.push_back(t);
+    KldScoreOptions so;
+    so.model = t.path;
+    so.base = args.kld_base;
+    so.device = args.device;
+    so.threads = opt.threads;
+    Result<kld::Report> r = score_kld(so);
+    if (!r.ok()) {
+      failed = r.status();
+      break;
+    }
+    tries.back().kld = r->kld.value;
+    std::fprintf(stderr, "quantize: try %d: %.3f bits per weight, %.2f MiB: mean KLD %.5f (target %.5f)\n",
+                 i + 1, bpw, static_cast<double>(t.bytes) / (1 << 20), r->kld.value, target);
+    const Try* ok = best_ok();
+    const Try* missed = worst_missed(ok != nullptr ? ok->bpw : kMaxBpw + 1.0);
+    if (ok != nullptr && (missed != nullptr && ok->bpw - missed->bpw <= kBpwPrecision)) break;
+    if (ok != nullptr && ok->bpw <= kMinBpw) break;
+    if (ok == nullptr && bpw >= kMaxBpw) break;
+    // The next budget.
+    const auto step = [&](double kld) { return std::log(kld / target) / std::log(4.0); };
+    double next;
+    if (ok != nullptr && missed != nullptr) {
+      const double slope = (std::log(missed->kld) - std::log(ok->kld)) / (missed->bpw - ok->bpw);
+      next =
+          slope < 0 ? ok->bpw + (std::log(target) - std::log(ok->kld)) / slope : (ok->bpw + missed->bpw) / 2;
+      const double margin = std::min(kBpwPrecision / 2, (ok->bpw - missed->bpw) / 4);
+      next = std::clamp(next, missed->bpw + margin, ok->bpw - margin);
+    } else if (ok != nullptr) {
+      next = ok->bpw - std::max(0.25, -step(ok->kld));
+    } else {
+      next = tries.back().bpw + std::max(0.25, step(tries.back().kld));
+    }
+    bpw = std::clamp(next, kMinBpw, kMaxBpw);
+  }
+  const Try* ok = best_ok();
+  if (!failed.ok() || ok == nullptr) {
+    cleanup(nullptr);
+    if (!failed.ok()) return failed;
+    return resource_exhausted(
+        "--target-kld {}: not met at {} bits per weight (mean KLD {:.5f}); the tensors a budget does not "
+        "type "
+        "(embeddings, output head) keep {}'s types: a TYPE with more bits for them may meet it",
+        target, tries.empty() ? kMaxBpw : tries.back().bpw, tries.empty() ? 0.0 : tries.back().kld, opt.type);
+  }
+  std::filesystem::rename(ok->path, opt.output, ec);
+  if (ec) {
+    cleanup(nullptr);
+    return io_error("cannot rename {} to {}: {}", ok->path, opt.output, ec.message());
+  }
+  if (!ok->plan.empty()) std::filesystem::rename(ok->plan, opt.save_plan, ec);
+  const Try* missed = worst_missed(ok->bpw);
+  std::fprintf(
+      stderr,
+      "quantize: wrote %s: %.3f bits per weight, %.2f MiB, mean KLD %.5f <= %.5f after %zu tries "
+      "(%s)\n",
+      opt.output.c_str(), ok->bpw, static_cast<double>(ok->bytes) / (1 << 20), ok->kld, target, tries.size(),
+      missed != nullptr ? fmt::format("{:.3f} bits per weight gave {:.5f}", missed->bpw, missed->kld).c_str()
+                        : "none smaller tried");
+  cleanup(ok);
+  return Status();
+}
+
 Status run_quantize(QuantizeArgs& args) {
   QuantizeOptions& opt = args.opt;
   opt.input = args.in;
@@ -77,6 +228,11 @@ Status run_quantize(QuantizeArgs& args) {
   } else {
     return invalid_argument("expected IN OUT TYPE (IN TYPE with --dry-run)");
   }
+  if (!args.target_size.empty()) {
+    KILN_ASSIGN_OR_RETURN(opt.target_size, parse_byte_size(args.target_size));
+    if (opt.target_size == 0) return invalid_argument("--target-size {} is not a size", args.target_size);
+  }
+  if (args.target_kld != 0.0) return search_kld(args);
   const auto t0 = std::chrono::steady_clock::now();
   auto progress = std::make_shared<Progress>(isatty(fileno(stderr)) != 0);
   QuantizeEvents ev;
@@ -106,6 +262,21 @@ Status run_quantize(QuantizeArgs& args) {
         stderr,
         "quantize: tensors that took a fallback type (rows not whole blocks of the mix's type): %zu\n",
         st.n_fallback);
+  }
+  if (st.budget_bytes > 0) {
+    std::fprintf(
+        stderr,
+        "quantize: a budget of %llu bytes (%.3f bits per weight) typed %zu weight matrices: rounding "
+        "error %.4g in all, against %.4g with %s's types\n",
+        static_cast<unsigned long long>(st.budget_bytes), st.budget_bytes * 8.0 / n, st.n_budget,
+        st.budget_error, st.mix_error, st.file_type.c_str());
+  } else if (st.n_budget > 0) {
+    std::fprintf(stderr, "quantize: weight matrices typed by the plan %s: %zu\n", opt.plan.c_str(),
+                 st.n_budget);
+  }
+  if (st.file_bytes > 0) {
+    std::fprintf(stderr, "quantize: the file is %llu bytes\n",
+                 static_cast<unsigned long long>(st.file_bytes));
   }
   std::fprintf(stderr, "quantize: %.2f MiB -> %.2f MiB, %.2f -> %.2f bits per weight, in %.1f s\n",
                mib(st.bytes_in), mib(st.bytes_out), st.bytes_in * 8.0 / n, st.bytes_out * 8.0 / n, s);
@@ -158,6 +329,24 @@ void register_quantize(CLI::App& app, int& rc) {
       "!--gptq-no-act-order", o.gptq_act_order,
       "GPTQ in column order (by default its blocks, and the columns within a block, go by decreasing "
       "diag(H))");
+  cmd->add_option(
+      "--target-bpw", o.target_bpw,
+      "Bits per weight (over every tensor) the file may take: each weight matrix gets the type, of "
+      "the K-quants, IQ4_XS/NL, Q4_0..Q5_1 and Q8_0, that gives the least rounding error in all "
+      "(weighted by --imatrix) within it; embeddings, output head and norms keep TYPE's mix");
+  cmd->add_option("--target-size", args->target_size,
+                  "Bytes the output file may take, header included (900M, 1.5G; as --target-bpw)");
+  cmd->add_option("--plan", o.plan,
+                  "Each weight matrix's type from a plan file (--save-plan of the same model); the others as "
+                  "TYPE's mix");
+  cmd->add_option("--save-plan", o.save_plan, "Write every weight matrix's type to this plan file");
+  cmd->add_option("--target-kld", args->target_kld,
+                  "Mean KL divergence from the source to meet: files of one --target-bpw after another are "
+                  "written and scored against --kld-base until the smallest that meets it is found");
+  cmd->add_option("--kld-base", args->kld_base,
+                  "The source's distributions for --target-kld (kiln perplexity -m IN -f TEXT "
+                  "--kl-divergence-base FILE)");
+  cmd->add_option("-d,--device", args->device, "Where --target-kld scores its files: auto, cpu, cuda");
   cmd->add_option("-t,--threads", o.threads, "CPU threads (default: physical cores; the file is the same)");
   cmd->footer(types_footer());
   cmd->callback([args, &rc] {
