@@ -67,6 +67,13 @@ struct EngineOptions {
   // other requests that share its steps. The CPU always is; on CUDA this fixes one kernel and one reduction
   // order per op whatever the batch (slower: README). false: the fastest kernels for each batch size.
   bool deterministic = false;
+  // Speculative decoding: "" (none) or "ngram": each greedy request (temperature 0, no penalties, bias,
+  // logprobs, min_tokens or grammar) drafts the tokens that followed the latest earlier occurrence of its
+  // last 2-4 tokens (prompt lookup), and one step verifies them with its next token; the text is the text
+  // without it. A step drafts at most kSpeculativeStepTokens tokens in all, so large batches speculate little
+  // or not at all. The CPU only for now.
+  std::string speculation;
+  int32_t draft_max = 8;  // draft tokens per request and step, in [1, 64]
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load
   // (MemAvailable; a GPU's free memory after the weights)), which on a machine with room is exactly
@@ -209,12 +216,14 @@ struct EngineMetrics {
   uint64_t n_cached_tokens = 0;     // sum of RequestStats::n_cached (first admissions only)
   uint64_t n_generated_tokens = 0;  // tokens sampled
   uint64_t n_preemptions = 0;
-  uint64_t n_finished = 0;        // requests that ended, for any reason
-  uint64_t n_rejected = 0;        // submit() calls refused for a full queue or a drain
-  uint64_t n_queue_timeouts = 0;  // requests ended by EngineOptions::queue_timeout_ms
-  std::vector<double> ttft_ms;    // from submit() to the first token, per request
-  std::vector<double> itl_ms;     // between two consecutive tokens of one request
-  std::vector<double> e2e_ms;     // from submit() to the end, per request that finished with stop or length
+  uint64_t n_finished = 0;         // requests that ended, for any reason
+  uint64_t n_rejected = 0;         // submit() calls refused for a full queue or a drain
+  uint64_t n_queue_timeouts = 0;   // requests ended by EngineOptions::queue_timeout_ms
+  uint64_t n_draft_tokens = 0;     // speculative decoding: draft tokens verified
+  uint64_t n_accepted_tokens = 0;  // of them, kept (the text went that way)
+  std::vector<double> ttft_ms;     // from submit() to the first token, per request
+  std::vector<double> itl_ms;      // between two consecutive tokens of one request
+  std::vector<double> e2e_ms;      // from submit() to the end, per request that finished with stop or length
 };
 
 struct ModelDescription {
@@ -244,6 +253,8 @@ class Engine {
 
   // Samples kept per latency series in EngineMetrics.
   static constexpr size_t kLatencySamples = 1024;
+  // Draft tokens one step verifies at most, all requests together (EngineOptions::speculation).
+  static constexpr int32_t kSpeculativeStepTokens = 16;
 
   // Queues a request. Errors (nothing queued): bad sampling parameters, an empty prompt, a prompt that does
   // not fit the context or the KV pool, a chat request for a model without a template (invalid_argument or

@@ -78,6 +78,7 @@ struct Engine::Impl {
     // Request::prompt_logits, and the next position it is owed (positions below it were delivered).
     PromptLogitsCallback prompt_logits;
     int32_t prompt_logits_next = 0;
+    std::vector<int32_t> draft;  // speculative decoding: the tokens this step's chunk drafts after its own
     std::function<void()> on_admitted;                     // Request::on_admitted
     bool admitted = false;                                 // admitted at least once
     Clock::time_point t_submit, t_admit, t_first, t_last;  // t_last: the latest sampled token
@@ -107,6 +108,7 @@ struct Engine::Impl {
     uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
     uint64_t n_prompt_tokens = 0, n_cached_tokens = 0, n_generated_tokens = 0;
     uint64_t n_preemptions = 0, n_finished = 0, n_queue_timeouts = 0;
+    uint64_t n_draft_tokens = 0, n_accepted_tokens = 0;
     std::vector<double> ttft_ms, itl_ms, e2e_ms;
   };
 
@@ -151,8 +153,17 @@ struct Engine::Impl {
   void pad();
   // Row `row` of a sampled step's output (Batch::sample_vocab), read from token_ids.
   ops::SampleOut sampled_row(size_t row) const;
-  // Streams the token the request's sampler chose (or ends the request with the sampler's error).
-  void emit(Seq& s, Result<SampleResult> sampled);
+  // Streams the token the request's sampler chose (or ends the request with the sampler's error). drafted:
+  // the token is the draft whose K/V this step computed (Scheduler::accept_draft) rather than a new one.
+  void emit(Seq& s, Result<SampleResult> sampled, bool drafted = false);
+  // Speculative decoding: each greedy decoding request's draft (Seq::draft, Scheduler::set_draft), within
+  // the step's draft budget; and, after the step, the chunk's rows from `row` on: each token emitted in turn
+  // while it equals the draft before it.
+  void propose_drafts();
+  void verify_drafts(const ScheduledChunk& c, size_t row);
+  // The token of logit row `row` when the backend did not draw it: the backend's argmax (a greedy step), or
+  // the request's sampler on the downloaded logits.
+  Result<SampleResult> host_token(Seq& s, size_t row);
   // Ends request `id`: leaves the scheduler (its blocks freed), final callback, Outcome for wait(), state
   // freed.
   void finish(uint64_t id, FinishReason reason, const std::string& error);
@@ -198,6 +209,7 @@ struct Engine::Impl {
   // batch.sample_n_top, logit rows].
   std::vector<int32_t> token_ids;
   bool backend_samples = false;  // the output backend runs ops::Sample (set at load)
+  bool speculate = false;        // EngineOptions::speculation "ngram"
   int32_t spare_block = -1;      // the KV block past the cache's that padded decode rows write; -1: none
   // Tokens per step when EngineOptions::max_batch_tokens is 0: on the CPU, and on a device backend, where a
   // step that runs op by op (a prompt chunk's) spends milliseconds launching its kernels.

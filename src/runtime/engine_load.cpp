@@ -48,6 +48,11 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
     return invalid_argument("kv_block_size = {} must be in [1, 1024]", opt.kv_block_size);
   }
+  if (!opt.speculation.empty() && opt.speculation != "none" && opt.speculation != "ngram") {
+    return invalid_argument("speculation = \"{}\" is not supported (none, ngram)", opt.speculation);
+  }
+  if (opt.draft_max < 1 || opt.draft_max > 64)
+    return invalid_argument("draft_max = {} must be in [1, 64]", opt.draft_max);
   if (opt.kv_type != "f32" && opt.kv_type != "f16" && opt.kv_type != "auto") {
     return invalid_argument("kv_type = \"{}\" is not supported (f32, f16, auto)", opt.kv_type);
   }
@@ -72,6 +77,11 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   model_options.n_ctx = n_ctx;
   KILN_TRY(make_backends(*file, model_options));
   const bool device = !backend->host_memory();
+  speculate = opt.speculation == "ngram";
+  if (speculate && (device || host_backend != nullptr)) {
+    return unimplemented("speculation \"{}\" runs on the CPU only for now; the model is on {}",
+                         opt.speculation, backend->name());
+  }
   if (options.max_batch_tokens == 0)
     options.max_batch_tokens = device ? kDeviceBatchTokens : kHostBatchTokens;
   const DType kv_type = opt.kv_type == "f16"    ? DType::f16

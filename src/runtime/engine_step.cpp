@@ -108,6 +108,7 @@ void Engine::Impl::step() {
   const auto t0 = Clock::now();
   take_incoming();
   expire_queued();
+  if (speculate) propose_drafts();
   const StepPlan plan = scheduler->schedule();
   on_plan(plan);
   {
@@ -159,15 +160,13 @@ void Engine::Impl::step() {
         if (!c.sample) continue;  // a prefill chunk short of the last prompt token: no token to sample yet
         if (s.params.max_tokens == 0) {
           finish(c.id, FinishReason::length, "");  // prefill only
-        } else if (batch.argmax_vocab > 0) {
-          emit(s, token_ids[row] >= 0 ? Result<SampleResult>(Sampler::greedy_result(token_ids[row]))
-                                      : invalid_argument("the logits hold a NaN or +inf, or only -inf"));
+        } else if (c.n_draft > 0) {
+          verify_drafts(c, row);
+          row += static_cast<size_t>(c.n_draft);
         } else if (batch.sample_vocab > 0) {
           emit(s, s.sampler->take(sampled_row(row)));
         } else {
-          const std::span<const float> row_logits(logits.data() + row * stride,
-                                                  static_cast<size_t>(desc.n_vocab));
-          emit(s, s.sampler->sample(row_logits, scheduler->tokens(c.id)));
+          emit(s, host_token(s, row));
         }
         ++row;
       }
@@ -219,15 +218,21 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
     const ScheduledChunk& c = plan.chunks[i];
     batch.block_tables.push_back(scheduler->block_table(c.id));
     const std::span<const int32_t> tokens = scheduler->tokens(c.id);
+    const Seq& s = *live.at(c.id);
+    const int32_t first_draft = c.start + c.n_tokens - c.n_draft;  // drafts: Seq::draft, after the own tokens
     for (int32_t p = c.start; p < c.start + c.n_tokens; ++p) {
-      batch.tokens.push_back(tokens[static_cast<size_t>(p)]);
+      batch.tokens.push_back(p < first_draft ? tokens[static_cast<size_t>(p)]
+                                             : s.draft[static_cast<size_t>(p - first_draft)]);
       batch.positions.push_back(p);
       batch.seq.push_back(static_cast<int32_t>(i));
     }
-    const auto [lo, hi] = scored_positions(*live.at(c.id), c);
+    const auto [lo, hi] = scored_positions(s, c);
     for (int32_t p = lo; p < hi; ++p)
       batch.logit_rows.push_back(batch.n_tokens() - c.n_tokens + (p - c.start));
-    if (c.sample) batch.logit_rows.push_back(batch.n_tokens() - 1);
+    if (c.sample) {
+      // The own token's row, then each draft's (the token after it, to compare with the next draft).
+      for (int32_t k = c.n_draft; k >= 0; --k) batch.logit_rows.push_back(batch.n_tokens() - 1 - k);
+    }
   }
   // Greedy requests take their tokens from an argmax on the backend, when every row of the step can.
   const bool all_greedy = std::all_of(plan.chunks.begin(), plan.chunks.end(), [&](const ScheduledChunk& c) {
@@ -345,7 +350,78 @@ Status Engine::Impl::run_forward(Clock::time_point& launched) {
   return read_logits(where, *out, logits);
 }
 
-void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
+Result<SampleResult> Engine::Impl::host_token(Seq& s, size_t row) {
+  if (batch.argmax_vocab > 0) {
+    if (token_ids[row] < 0) return invalid_argument("the logits hold a NaN or +inf, or only -inf");
+    return Sampler::greedy_result(token_ids[row]);
+  }
+  const auto stride = static_cast<size_t>(model->info().n_vocab);
+  const std::span<const float> row_logits(logits.data() + row * stride, static_cast<size_t>(desc.n_vocab));
+  return s.sampler->sample(row_logits, scheduler->tokens(s.id));
+}
+
+namespace {
+
+// Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens, for the largest
+// n in [kNgramMin, kNgramMax] that occurred before; at most `max` of them.
+constexpr int32_t kNgramMin = 2, kNgramMax = 8;
+std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int32_t max) {
+  const auto n_tokens = static_cast<int64_t>(tokens.size());
+  for (int32_t n = kNgramMax; n >= kNgramMin; --n) {
+    if (n_tokens <= n) continue;
+    const auto suffix = tokens.subspan(static_cast<size_t>(n_tokens - n));
+    for (int64_t i = n_tokens - n - 1; i >= 0; --i) {
+      if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + i)) continue;
+      const int64_t from = i + n, len = std::min<int64_t>(max, n_tokens - from);
+      return {tokens.begin() + from, tokens.begin() + from + len};
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+void Engine::Impl::propose_drafts() {
+  std::vector<Seq*> seqs;
+  for (auto& [id, s] : live) {
+    s->draft.clear();
+    seqs.push_back(s.get());
+  }
+  std::sort(seqs.begin(), seqs.end(), [](const Seq* a, const Seq* b) { return a->id < b->id; });
+  int32_t budget = Engine::kSpeculativeStepTokens;
+  for (Seq* s : seqs) {
+    if (budget == 0) break;
+    if (!s->admitted || !scheduler->contains(s->id) || !s->sampler->plain_greedy() || s->prompt_logits ||
+        (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent))
+      continue;
+    const std::span<const int32_t> tokens = scheduler->tokens(s->id);
+    const auto n_tokens = static_cast<int32_t>(tokens.size());
+    if (scheduler->n_computed(s->id) != n_tokens - 1) continue;  // not decoding: waiting, or a prefill
+    // A draft never runs past the request's last token: its max_tokens, the context.
+    const int32_t max = std::min(
+        {options.draft_max, budget, s->params.max_tokens - s->stats.n_generated - 1, desc.n_ctx - n_tokens});
+    if (max <= 0) continue;
+    s->draft = ngram_draft(tokens, max);
+    if (s->draft.empty()) continue;
+    scheduler->set_draft(s->id, static_cast<int32_t>(s->draft.size()));
+    budget -= static_cast<int32_t>(s->draft.size());
+  }
+}
+
+void Engine::Impl::verify_drafts(const ScheduledChunk& c, size_t row) {
+  Seq& s = *live.at(c.id);
+  const std::vector<int32_t> draft(s.draft.begin(), s.draft.begin() + c.n_draft);
+  delta.n_draft_tokens += static_cast<uint64_t>(c.n_draft);
+  for (int32_t k = 0; k <= c.n_draft; ++k) {
+    Result<SampleResult> r = host_token(s, row + static_cast<size_t>(k));
+    const bool kept = k < c.n_draft && r.ok() && r->token == draft[static_cast<size_t>(k)];
+    delta.n_accepted_tokens += kept ? 1 : 0;
+    emit(s, std::move(r), kept);  // may end the request
+    if (!kept || !live.contains(c.id)) return;
+  }
+}
+
+void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled, bool drafted) {
   const uint64_t id = s.id;
   if (!sampled.ok()) return finish(id, FinishReason::error, sampled.status().message());
   const std::span<const int32_t> history = scheduler->tokens(id);
@@ -389,7 +465,11 @@ void Engine::Impl::emit(Seq& s, Result<SampleResult> sampled) {
   if (s.stats.n_generated >= s.params.max_tokens || n_tokens >= desc.n_ctx) {
     return finish(id, FinishReason::length, "");
   }
-  scheduler->append_token(id, tok);
+  if (drafted) {
+    scheduler->accept_draft(id, tok);
+  } else {
+    scheduler->append_token(id, tok);
+  }
 }
 
 void Engine::Impl::finish(uint64_t id, FinishReason reason, const std::string& error) {
@@ -498,6 +578,8 @@ void Engine::Impl::publish_locked() {
   totals.n_generated_tokens += delta.n_generated_tokens;
   totals.n_preemptions += delta.n_preemptions;
   totals.n_queue_timeouts += delta.n_queue_timeouts;
+  totals.n_draft_tokens += delta.n_draft_tokens;
+  totals.n_accepted_tokens += delta.n_accepted_tokens;
   totals.n_finished += delta.n_finished;
   for (double v : delta.ttft_ms) ttft.push(v);
   for (double v : delta.itl_ms) itl.push(v);

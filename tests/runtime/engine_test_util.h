@@ -41,7 +41,7 @@ struct Collected {
   int prompt_lp_events = 0;                     // events that carried prompt logprobs
 };
 
-// Appends every event to `c`. The engine calls it on its thread; read `c` after wait() returns.
+// Appends every event to `c`. The engine calls it on its delivery thread; read `c` after wait() returns.
 inline TokenCallback collect(Collected& c) {
   return [&c](const TokenEvent& ev) {
     c.text += ev.text;

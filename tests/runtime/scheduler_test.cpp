@@ -32,21 +32,36 @@ class FakeModel {
       : block_size_(block_size), slots_(static_cast<size_t>(n_blocks) * block_size, Slot{}) {}
 
   std::vector<std::pair<uint64_t, int32_t>> run(const Scheduler& s, const StepPlan& plan) {
+    std::vector<std::pair<uint64_t, int32_t>> out;
+    for (const auto& [id, rows] : run_rows(s, plan, {})) out.emplace_back(id, rows[0]);
+    return out;
+  }
+
+  // With draft tokens (drafts[id], the chunk's last n_draft positions): each sampled chunk's token of every
+  // row, its own and then one after each draft.
+  std::vector<std::pair<uint64_t, std::vector<int32_t>>> run_rows(
+      const Scheduler& s, const StepPlan& plan, const std::map<uint64_t, std::vector<int32_t>>& drafts) {
     for (const ScheduledChunk& c : plan.chunks) {
       const std::span<const int32_t> table = s.block_table(c.id);
-      for (int32_t p = c.start; p < c.start + c.n_tokens; ++p) slot(table, p) = {s.tokens(c.id)[p], p};
+      const int32_t first_draft = c.start + c.n_tokens - c.n_draft;
+      for (int32_t p = c.start; p < c.start + c.n_tokens; ++p) {
+        const int32_t token = p < first_draft ? s.tokens(c.id)[p] : drafts.at(c.id)[p - first_draft];
+        slot(table, p) = {token, p};
+      }
     }
-    std::vector<std::pair<uint64_t, int32_t>> out;
+    std::vector<std::pair<uint64_t, std::vector<int32_t>>> out;
     for (const ScheduledChunk& c : plan.chunks) {
       if (!c.sample) continue;
       const std::span<const int32_t> table = s.block_table(c.id);
+      std::vector<int32_t> rows;
       uint64_t h = 1469598103934665603ull;
       for (int32_t p = 0; p < c.start + c.n_tokens; ++p) {
         const Slot& sl = slot(table, p);
         EXPECT_EQ(sl.pos, p) << "request " << c.id << " reads a slot written for another position";
         h = (h ^ static_cast<uint64_t>(sl.token + 7 * p)) * 1099511628211ull;
+        if (p >= c.start + c.n_tokens - c.n_draft - 1) rows.push_back(static_cast<int32_t>(h % 1000) + 1000);
       }
-      out.emplace_back(c.id, static_cast<int32_t>(h % 1000) + 1000);
+      out.emplace_back(c.id, std::move(rows));
     }
     return out;
   }
@@ -388,6 +403,79 @@ TEST(Scheduler, FloodKeepsArrivalOrderAndStarvesNobody) {
     EXPECT_LE(flood.finish_step[i - 1], flood.finish_step[i]) << "request " << i << " overtook " << i - 1;
   }
   EXPECT_TRUE(flood.ended.empty());
+}
+
+// Speculative steps: each decoding request drafts up to 5 tokens, the first `good` of them its true next
+// tokens (from a run without drafts), then wrong ones. A chunk computes its token and the drafts; the caller
+// keeps each draft while the row before it gave that token (accept_draft), then appends the row's own token.
+// The outputs are those of the run without drafts, a step never exceeds the budget, and the cache's
+// invariants hold after every step.
+TEST(Scheduler, DraftsKeptAreCommittedAndTheRestLeaveNoTrace) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 4; ++i) prompts.push_back(prompt_of(9 + 5 * i, 100 * i));
+  constexpr int32_t kMaxNew = 23;
+  const auto oracle = alone(prompts, kMaxNew);
+  for (int32_t good = 0; good <= 5; ++good) {
+    // 14 blocks of 4: the four requests need 9 to 13 blocks together, so drafts sometimes find none free.
+    Scheduler sched = Scheduler::create(opts(4, 12), KvCache(14, 4)).value();
+    FakeModel model(14, 4);
+    std::map<uint64_t, std::vector<int32_t>> out;
+    for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(sched.add(i + 1, prompts[i]).ok());
+    int32_t n_drafted = 0, n_kept = 0, steps = 0;
+    while (sched.has_work() && ++steps < 1000) {
+      std::map<uint64_t, std::vector<int32_t>> drafts;
+      for (auto& [id, o] : oracle) {
+        if (!sched.contains(id) || sched.n_computed(id) + 1 != static_cast<int32_t>(sched.tokens(id).size()))
+          continue;
+        // The tokens `id` has not made yet: right for `good` of them, then off by one.
+        const size_t made = out[id].size();
+        std::vector<int32_t> d;
+        for (size_t k = 0; k < 5 && made + k < o.size(); ++k)
+          d.push_back(o[made + k] + (static_cast<int32_t>(k) < good ? 0 : 1));
+        sched.set_draft(id, static_cast<int32_t>(d.size()));
+        drafts[id] = d;
+      }
+      const StepPlan plan = sched.schedule();
+      ASSERT_TRUE(sched.check_invariants().ok()) << sched.check_invariants().to_string();
+      ASSERT_LE(plan.n_tokens(), 12);
+      for (const ScheduledChunk& c : plan.chunks) {
+        if (c.n_draft > 0) {
+          ASSERT_EQ(c.n_tokens, 1 + c.n_draft);  // after the pending token alone
+        }
+      }
+      const auto rows = model.run_rows(sched, plan, drafts);
+      sched.commit(plan);
+      for (const auto& [id, toks] : rows) {
+        const ScheduledChunk& c = *std::find_if(plan.chunks.begin(), plan.chunks.end(),
+                                                [&, id = id](const ScheduledChunk& x) { return x.id == id; });
+        n_drafted += c.n_draft;
+        for (int32_t k = 0; k <= c.n_draft; ++k) {
+          out[id].push_back(toks[static_cast<size_t>(k)]);
+          const bool kept =
+              k < c.n_draft && toks[static_cast<size_t>(k)] == drafts[id][static_cast<size_t>(k)];
+          if (static_cast<int32_t>(out[id].size()) == kMaxNew) {
+            EXPECT_TRUE(sched.finish(id));
+            break;
+          }
+          if (!kept) {
+            sched.append_token(id, toks[static_cast<size_t>(k)]);
+            break;
+          }
+          ++n_kept;
+          sched.accept_draft(id, toks[static_cast<size_t>(k)]);
+        }
+      }
+      ASSERT_TRUE(sched.check_invariants().ok()) << sched.check_invariants().to_string();
+    }
+    EXPECT_FALSE(sched.has_work());
+    EXPECT_EQ(out, oracle) << "good = " << good;
+    EXPECT_GT(n_drafted, 0);
+    if (good == 0) {
+      EXPECT_EQ(n_kept, 0);
+    } else {
+      EXPECT_GT(n_kept, 0);
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Helpers shared by the subcommands: the default model, printing errors.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -8,6 +9,9 @@
 #include "core/status.h"
 
 namespace kiln::cli {
+
+// --spec and --draft-max (EngineOptions::speculation, draft_max), for run, chat, bench and serve.
+void add_spec_options(CLI::App& cmd, std::string& spec, int32_t& draft_max);
 
 // ${KILN_MODELS_DIR:-${XDG_CACHE_HOME:-~/.cache}/kiln/models}
 std::string models_dir();

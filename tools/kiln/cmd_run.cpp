@@ -34,6 +34,8 @@ struct GenOptions {
   bool quantize_activations = false;
   bool exact = false;
   bool deterministic = false;
+  std::string spec;  // --spec
+  int32_t draft_max = 8;
   SamplingParams sampling;
   // kiln run's structured output: at most one of these (CLI11 enforces it).
   std::string json_schema_file, grammar_file, regex;
@@ -110,6 +112,7 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_flag("--deterministic", o.deterministic,
                 "Batch-invariant execution: a request's tokens do not depend on the requests beside it "
                 "(slower on CUDA)");
+  add_spec_options(*cmd, o.spec, o.draft_max);
 }
 
 Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
@@ -126,6 +129,8 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
   // The fast path (8-bit activations on the CPU, tensor cores on a GPU) unless --exact.
   eo.quantize_activations = !o.exact;
   eo.deterministic = o.deterministic;
+  eo.speculation = o.spec;
+  eo.draft_max = o.draft_max;
   return Engine::create(eo);
 }
 
@@ -176,6 +181,13 @@ void print_stats(const Engine& engine, const RequestStats& st) {
   std::fprintf(stderr, "decode:  %d tokens in %.0f ms, %.1f tokens/s (finish: %s)\n", st.n_generated,
                st.decode_ms, st.decode_ms > 0 ? decoded * 1000.0 / st.decode_ms : 0.0,
                finish_reason_name(st.finish));
+  const EngineMetrics em = engine.metrics();
+  if (em.n_draft_tokens > 0) {
+    std::fprintf(stderr, "drafts:  %llu of %llu draft tokens kept (%.1f%%)\n",
+                 static_cast<unsigned long long>(em.n_accepted_tokens),
+                 static_cast<unsigned long long>(em.n_draft_tokens),
+                 100.0 * static_cast<double>(em.n_accepted_tokens) / static_cast<double>(em.n_draft_tokens));
+  }
 }
 
 Status run_run(GenOptions o) {

@@ -98,7 +98,28 @@ StepPlan Scheduler::schedule() {
   }
   // Blocks ran out this step: admitting now would only grow the next preemption.
   if (plan.preempted.size() == n_outranked) admit_waiting(plan, budget);
+  add_drafts(plan, budget);
+  for (auto& [id, r] : reqs_) r.n_draft = 0;  // set_draft() asks for one schedule()
   return plan;
+}
+
+void Scheduler::add_drafts(StepPlan& plan, int32_t& budget) {
+  const int32_t bs = kv_.block_size();
+  for (ScheduledChunk& c : plan.chunks) {
+    if (budget <= 0) return;
+    const Req& r = reqs_.at(c.id);
+    if (r.n_draft == 0 || !c.sample || c.n_tokens != 1) continue;  // a chunk of its one pending token
+    const auto seq = static_cast<int64_t>(c.id);
+    // Positions reserved already, then whole new blocks while one more stays free for each running request.
+    const int32_t room = kv_.capacity(seq) - (c.start + 1);
+    const int32_t spare_blocks =
+        std::max(0, kv_.pool().n_available() - static_cast<int32_t>(running_.size()));
+    const int32_t n = std::min({r.n_draft, budget, room + spare_blocks * bs});
+    if (n <= 0 || !kv_.reserve(seq, 1 + n).ok()) continue;
+    c.n_tokens += n;
+    c.n_draft = n;
+    budget -= n;
+  }
 }
 
 void Scheduler::end_cancelled(StepPlan& plan) {
@@ -188,14 +209,32 @@ void Scheduler::commit(const StepPlan& plan) {
   for (const ScheduledChunk& c : plan.chunks) {
     Req& r = reqs_.at(c.id);
     KILN_ASSERT(r.running && r.n_computed == c.start);
-    kv_.commit(static_cast<int64_t>(c.id),
-               std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(c.start), c.n_tokens));
-    r.n_computed += c.n_tokens;
-    if (options_.kv_window > 0) {
-      // Positions below the next token's window are never read again.
-      kv_.release_before(static_cast<int64_t>(c.id), r.n_computed - options_.kv_window + 1);
-    }
+    const int32_t n = c.n_tokens - c.n_draft;  // the drafts: accept_draft(), those kept
+    kv_.commit(static_cast<int64_t>(c.id), std::span<const int32_t>(r.tokens).subspan(
+                                               static_cast<size_t>(c.start), static_cast<size_t>(n)));
+    r.n_computed += n;
+    release_window(c.id);
   }
+}
+
+void Scheduler::release_window(uint64_t id) {
+  if (options_.kv_window <= 0) return;
+  // Positions below the next token's window are never read again.
+  kv_.release_before(static_cast<int64_t>(id), reqs_.at(id).n_computed - options_.kv_window + 1);
+}
+
+void Scheduler::set_draft(uint64_t id, int32_t n) {
+  auto it = reqs_.find(id);
+  if (it != reqs_.end() && it->second.running) it->second.n_draft = std::max(0, n);
+}
+
+void Scheduler::accept_draft(uint64_t id, int32_t token) {
+  Req& r = reqs_.at(id);
+  KILN_ASSERT(r.running && r.pending() == 0 && r.n_computed < kv_.capacity(static_cast<int64_t>(id)));
+  r.tokens.push_back(token);
+  kv_.commit(static_cast<int64_t>(id), std::span<const int32_t>(&r.tokens.back(), 1));
+  ++r.n_computed;
+  release_window(id);
 }
 
 void Scheduler::append_token(uint64_t id, int32_t token) {

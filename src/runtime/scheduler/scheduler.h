@@ -20,6 +20,13 @@
 //
 // Pure bookkeeping: no model, no backend. The caller runs the plan (a Batch through the model), then calls
 // commit(plan), then append_token() or finish() for every chunk with `sample` set.
+//
+// Speculative decoding: set_draft(id, n) before schedule() asks for room for n draft tokens after a decoding
+// request's pending one. Drafts come last, from what the step leaves: its chunk then computes 1 + n_draft
+// positions as far as the budget allows and the free blocks beyond one for each running request (drafts
+// never preempt, nor hold back an admission; they are cut to fit or dropped). commit() commits the pending
+// token alone; accept_draft() then commits each draft token the caller kept, in order, whose K/V that step
+// wrote. The positions of the drafts not kept were written but never committed: later tokens overwrite them.
 #pragma once
 
 #include <cstdint>
@@ -46,8 +53,9 @@ struct SchedulerOptions {
 struct ScheduledChunk {
   uint64_t id = 0;
   int32_t start = 0;     // the request's computed tokens before the step
-  int32_t n_tokens = 0;  // >= 1
+  int32_t n_tokens = 0;  // >= 1, the draft tokens included
   bool sample = false;   // the chunk ends at the request's last known token: its logits give the next token
+  int32_t n_draft = 0;   // the last n_draft positions are draft tokens (set_draft), not the request's
 };
 
 struct AdmittedRequest {
@@ -97,6 +105,12 @@ class Scheduler {
   // A token sampled for `id` from its last chunk; it is computed in a later step. Precondition (assert): `id`
   // is running with all its tokens computed.
   void append_token(uint64_t id, int32_t token);
+  // The next schedule() may give running request `id`, when it decodes (one pending token), up to n draft
+  // positions after it; applies to that one schedule() only. Unknown and waiting ids are ignored.
+  void set_draft(uint64_t id, int32_t n);
+  // A draft token of `id`'s last chunk kept: appended and committed (its K/V were written by that step).
+  // Precondition (assert): `id` is running with all its tokens computed, and the chunk reserved the position.
+  void accept_draft(uint64_t id, int32_t token);
   // Ends request `id` wherever it is and frees its blocks. false for an unknown id.
   bool finish(uint64_t id);
 
@@ -128,6 +142,7 @@ class Scheduler {
     bool running = false;
     bool cancel_requested = false;
     bool admitted_before = false;
+    int32_t n_draft = 0;  // set_draft() for the next schedule()
     int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
   };
   Scheduler(const SchedulerOptions& options, KvCache kv_cache);
@@ -144,6 +159,10 @@ class Scheduler {
   void end_cancelled(StepPlan& plan);
   void admit_waiting(StepPlan& plan, int32_t& budget);
   void end(uint64_t id, EndReason reason, std::string message, StepPlan& plan);
+  // Extends the plan's one-token chunks by the drafts set_draft() asked for, within `budget` (see the top).
+  void add_drafts(StepPlan& plan, int32_t& budget);
+  // Gives back, for sliding-window models, the blocks below the window of `id`'s next token.
+  void release_window(uint64_t id);
   std::string too_large_message(uint64_t id, int32_t n) const;
 
   SchedulerOptions options_;

@@ -1,0 +1,121 @@
+// Speculative decoding (EngineOptions::speculation "ngram") on the default model: greedy text is the text
+// without it, token for token, for requests alone and together, cut by max_tokens and stop strings in the
+// middle of a draft; drafts are made and kept on text that repeats; sampled requests draft nothing; bad
+// options are refused with the field named.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine_test_util.h"
+
+namespace kiln {
+namespace {
+
+using test::collect;
+using test::Collected;
+using test::greedy;
+using test::make_engine;
+
+// Prompts whose continuations repeat what came before (drafts are kept) and others (drafts mostly missed).
+const std::vector<std::string>& prompts() {
+  static const std::vector<std::string> p = {
+      "Repeat this line three times: the quick brown fox jumps over the lazy dog. the quick brown fox jumps",
+      "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n",
+      "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+      "The capital of France is",
+      "<ul>\n  <li>apple</li>\n  <li>banana</li>\n  <li>cherry</li>\n  <li>",
+  };
+  return p;
+}
+
+// Each request's tokens and text, all submitted at once (n_seq_max 4: some wait).
+std::vector<Collected> generate(Engine& e, const std::vector<Request>& reqs) {
+  std::vector<Collected> out(reqs.size());
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto id = e.submit(reqs[i], collect(out[i]));
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    ids.push_back(id.ok() ? *id : 0);
+  }
+  for (uint64_t id : ids) EXPECT_TRUE(e.wait(id).ok());
+  return out;
+}
+
+EngineOptions options(bool speculate) {
+  EngineOptions o;
+  o.n_ctx = 512;
+  o.n_seq_max = 4;
+  o.quantize_activations = true;  // the default path
+  if (speculate) o.speculation = "ngram";
+  return o;
+}
+
+TEST(EngineSpeculative, GreedyTextIsTheTextWithoutDrafts) {
+  auto plain = make_engine(options(false));
+  auto spec = make_engine(options(true));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(spec, nullptr);
+  std::vector<Request> reqs;
+  for (const std::string& p : prompts()) reqs.push_back(greedy(p, 40));
+  // Cut by max_tokens (in the middle of a draft, for the repeating prompts) and by a stop string.
+  reqs.push_back(greedy(prompts()[0], 7));
+  reqs.push_back(greedy(prompts()[2], 5));
+  Request stopped = greedy(prompts()[2], 40);
+  stopped.sampling.stop = {" 20,"};
+  reqs.push_back(stopped);
+  const std::vector<Collected> want = generate(*plain, reqs);
+  // Two alone (drafts with no other request in the step), then all together.
+  for (size_t i : {size_t{0}, size_t{5}}) {
+    const std::vector<Collected> got = generate(*spec, {reqs[i]});
+    EXPECT_EQ(got[0].tokens, want[i].tokens) << "request " << i << " alone";
+    EXPECT_EQ(got[0].text, want[i].text) << "request " << i << " alone";
+    EXPECT_EQ(got[0].finish, want[i].finish) << "request " << i << " alone";
+  }
+  const std::vector<Collected> together = generate(*spec, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(together[i].tokens, want[i].tokens) << "request " << i << " together";
+    EXPECT_EQ(together[i].text, want[i].text) << "request " << i << " together";
+  }
+  const EngineMetrics m = spec->metrics();
+  std::printf("drafts: %llu of %llu kept\n", static_cast<unsigned long long>(m.n_accepted_tokens),
+              static_cast<unsigned long long>(m.n_draft_tokens));
+  EXPECT_GT(m.n_draft_tokens, 100u);
+  EXPECT_GT(m.n_accepted_tokens, 20u);  // measured: 53 of 304
+  EXPECT_LE(m.n_accepted_tokens, m.n_draft_tokens);
+  EXPECT_EQ(plain->metrics().n_draft_tokens, 0u);
+  EXPECT_EQ(m.kv_blocks_used, 0);  // every block back
+}
+
+TEST(EngineSpeculative, SampledRequestsDraftNothing) {
+  auto plain = make_engine(options(false));
+  auto spec = make_engine(options(true));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(spec, nullptr);
+  Request r = greedy(prompts()[0], 32);
+  r.sampling.temperature = 0.8f;
+  r.sampling.seed = 7;
+  EXPECT_EQ(generate(*spec, {r})[0].tokens, generate(*plain, {r})[0].tokens);
+  r.sampling.temperature = 0;
+  r.sampling.repeat_penalty = 1.1f;  // greedy with a penalty: not plain greedy, no drafts
+  EXPECT_EQ(generate(*spec, {r})[0].tokens, generate(*plain, {r})[0].tokens);
+  EXPECT_EQ(spec->metrics().n_draft_tokens, 0u);
+}
+
+TEST(EngineSpeculative, BadOptionsAreRefused) {
+  EngineOptions o = options(false);
+  o.model_path = test::model_path();
+  o.speculation = "eagle";
+  auto bad = Engine::create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("speculation = \"eagle\""), std::string::npos)
+      << bad.status().message();
+  o.speculation = "ngram";
+  o.draft_max = 0;
+  bad = Engine::create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("draft_max = 0"), std::string::npos) << bad.status().message();
+}
+
+}  // namespace
+}  // namespace kiln
