@@ -67,11 +67,12 @@ struct EngineOptions {
   // other requests that share its steps. The CPU always is; on CUDA this fixes one kernel and one reduction
   // order per op whatever the batch (slower: README). false: the fastest kernels for each batch size.
   bool deterministic = false;
-  // Speculative decoding: "" (none) or "ngram": each greedy request (temperature 0, no penalties, bias,
-  // logprobs, min_tokens or grammar) drafts the tokens that followed the latest earlier occurrence of its
-  // last 2-4 tokens (prompt lookup), and one step verifies them with its next token; the text is the text
-  // without it. A step drafts at most kSpeculativeStepTokens tokens in all, so large batches speculate little
-  // or not at all. The CPU only for now.
+  // Speculative decoding: "" (none) or "ngram": each request (not one that scores its prompt) drafts the
+  // tokens that followed the latest earlier occurrence of its last 2-8 tokens (prompt lookup), and one step
+  // computes them after its own token; a draft is kept while the token drawn at the row before it (as without
+  // drafts: same logits, history and draw) is that draft, so a request's tokens are those it gets without
+  // speculation, greedy or sampled. A step drafts at most Engine::kSpeculativeStepTokens tokens in all, so
+  // large batches speculate little or not at all. The CPU only for now.
   std::string speculation;
   int32_t draft_max = 8;  // draft tokens per request and step, in [1, 64]
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole

@@ -156,7 +156,7 @@ struct Engine::Impl {
   // Streams the token the request's sampler chose (or ends the request with the sampler's error). drafted:
   // the token is the draft whose K/V this step computed (Scheduler::accept_draft) rather than a new one.
   void emit(Seq& s, Result<SampleResult> sampled, bool drafted = false);
-  // Speculative decoding: each greedy decoding request's draft (Seq::draft, Scheduler::set_draft), within
+  // Speculative decoding: each decoding request's draft (Seq::draft, Scheduler::set_draft), within
   // the step's draft budget; and, after the step, the chunk's rows from `row` on: each token emitted in turn
   // while it equals the draft before it.
   void propose_drafts();

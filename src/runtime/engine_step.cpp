@@ -391,7 +391,9 @@ void Engine::Impl::propose_drafts() {
   int32_t budget = Engine::kSpeculativeStepTokens;
   for (Seq* s : seqs) {
     if (budget == 0) break;
-    if (!s->admitted || !scheduler->contains(s->id) || !s->sampler->plain_greedy() || s->prompt_logits ||
+    // Any sampling: a row's token is drawn as without drafts (the same logits, history and draw index), so
+    // keeping a draft only when the draw gives it keeps the request's tokens. Not for prompt scoring.
+    if (!s->admitted || !scheduler->contains(s->id) || s->prompt_logits ||
         (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent))
       continue;
     const std::span<const int32_t> tokens = scheduler->tokens(s->id);

@@ -1,7 +1,8 @@
 // Speculative decoding (EngineOptions::speculation "ngram") on the default model: greedy text is the text
 // without it, token for token, for requests alone and together, cut by max_tokens and stop strings in the
-// middle of a draft; drafts are made and kept on text that repeats; sampled requests draft nothing; bad
-// options are refused with the field named.
+// middle of a draft; drafts are made and kept on text that repeats; seeded sampled requests (penalties,
+// logprobs, min_tokens, a grammar) give the tokens they give without it; bad options are refused with the
+// field named.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -87,19 +88,43 @@ TEST(EngineSpeculative, GreedyTextIsTheTextWithoutDrafts) {
   EXPECT_EQ(m.kv_blocks_used, 0);  // every block back
 }
 
-TEST(EngineSpeculative, SampledRequestsDraftNothing) {
+// A sampled row's token is drawn as without drafts (the same logits, history and draw index), so a seeded
+// request's tokens, and their logprobs, are those it gets without speculation; so for penalties, min_tokens
+// and a grammar. Keeping a draft only when the draw gives it is speculative sampling's rule for a draft of
+// one certain token: kept with probability p(draft), else a draw from p without it.
+TEST(EngineSpeculative, SampledRequestsGiveTheirTokensWithoutDrafts) {
   auto plain = make_engine(options(false));
   auto spec = make_engine(options(true));
   ASSERT_NE(plain, nullptr);
   ASSERT_NE(spec, nullptr);
-  Request r = greedy(prompts()[0], 32);
-  r.sampling.temperature = 0.8f;
-  r.sampling.seed = 7;
-  EXPECT_EQ(generate(*spec, {r})[0].tokens, generate(*plain, {r})[0].tokens);
-  r.sampling.temperature = 0;
-  r.sampling.repeat_penalty = 1.1f;  // greedy with a penalty: not plain greedy, no drafts
-  EXPECT_EQ(generate(*spec, {r})[0].tokens, generate(*plain, {r})[0].tokens);
-  EXPECT_EQ(spec->metrics().n_draft_tokens, 0u);
+  std::vector<Request> reqs;
+  for (const std::string& p : {prompts()[0], prompts()[1], prompts()[4]}) {
+    Request r = greedy(p, 40);
+    r.sampling.temperature = 0.5f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.seed = 11;
+    reqs.push_back(r);
+  }
+  reqs[1].sampling.repeat_penalty = 1.05f;
+  reqs[1].sampling.n_logprobs = 2;
+  reqs[2].sampling.min_tokens = 20;
+  reqs[2].sampling.ignore_eos = false;
+  Request g = greedy(prompts()[2], 40);
+  g.constraint.kind = OutputConstraint::Kind::regex;
+  g.constraint.text = "( [0-9]+,)+";
+  reqs.push_back(g);
+  const std::vector<Collected> want = generate(*plain, reqs);
+  const std::vector<Collected> got = generate(*spec, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "request " << i;
+    EXPECT_EQ(got[i].finish, want[i].finish) << "request " << i;
+  }
+  const EngineMetrics m = spec->metrics();
+  std::printf("sampled drafts: %llu of %llu kept\n", static_cast<unsigned long long>(m.n_accepted_tokens),
+              static_cast<unsigned long long>(m.n_draft_tokens));
+  EXPECT_GT(m.n_draft_tokens, 20u);
+  EXPECT_GT(m.n_accepted_tokens, 5u);
 }
 
 TEST(EngineSpeculative, BadOptionsAreRefused) {

@@ -10,9 +10,9 @@ namespace kiln::cli {
 void add_spec_options(CLI::App& cmd, std::string& spec, int32_t& draft_max) {
   cmd.add_option(
          "--spec", spec,
-         "Speculative decoding: ngram (greedy requests draft the tokens that followed their last tokens "
-         "earlier in the prompt or output, and one step checks them; the same text, faster where it "
-         "repeats; the CPU only for now)")
+         "Speculative decoding: ngram (requests draft the tokens that followed their last tokens earlier in "
+         "the prompt or output, and one step checks them; the same tokens, faster where the text repeats; "
+         "the CPU only for now)")
       ->check(CLI::IsMember({"none", "ngram"}));
   cmd.add_option("--draft-max", draft_max, "Draft tokens per request and step, 1-64 (with --spec)")
       ->capture_default_str();
