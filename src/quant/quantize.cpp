@@ -375,11 +375,9 @@ Status choose_budget(const QuantizeOptions& o, const quant::MixOptions& mix, con
   }
   if (fixed + least > budget) {
     return resource_exhausted(
-        "the target of {} bytes ({:.3f} bits per weight) cannot be met: the header and the tensors it does "
-        "not "
-        "type (embeddings, output head, norms) take {} bytes, the smallest types of the others {}: at least "
-        "{} "
-        "bytes ({:.3f} bits per weight)",
+        "the target of {} bytes ({:.3f} bits per weight) cannot be met: the header and the tensors "
+        "it does not type (embeddings, output head, norms) take {} bytes, the smallest types of the "
+        "others {}: at least {} bytes ({:.3f} bits per weight)",
         budget, budget * 8.0 / static_cast<double>(n_elements), fixed, least, fixed + least,
         (fixed + least) * 8.0 / static_cast<double>(n_elements));
   }
@@ -460,9 +458,8 @@ Status apply_plan(const std::string& path, std::vector<Job>& jobs) {
     for (int64_t d : j.shape) have += (have.empty() ? "" : ",") + std::to_string(d);
     if (shape != have) {
       return invalid_argument(
-          "--plan '{}' line {}: tensor '{}' is [{}] in the plan but [{}] in the model (a plan made for "
-          "another "
-          "model?)",
+          "--plan '{}' line {}: tensor '{}' is [{}] in the plan but [{}] in the model (a plan made "
+          "for another model?)",
           path, line_no, name, shape, have);
     }
     const std::optional<DType> t = dtype_from_name(type);

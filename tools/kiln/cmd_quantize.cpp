@@ -195,9 +195,8 @@ Status search_kld(QuantizeArgs& args) {
     cleanup(nullptr);
     if (!failed.ok()) return failed;
     return resource_exhausted(
-        "--target-kld {}: not met at {} bits per weight (mean KLD {:.5f}); the tensors a budget does not "
-        "type "
-        "(embeddings, output head) keep {}'s types: a TYPE with more bits for them may meet it",
+        "--target-kld {}: not met at {} bits per weight (mean KLD {:.5f}); the tensors a budget does "
+        "not type (embeddings, output head) keep {}'s types: a TYPE with more bits for them may meet it",
         target, tries.empty() ? kMaxBpw : tries.back().bpw, tries.empty() ? 0.0 : tries.back().kld, opt.type);
   }
   std::filesystem::rename(ok->path, opt.output, ec);
