@@ -222,6 +222,7 @@ struct EngineMetrics {
   uint64_t n_queue_timeouts = 0;   // requests ended by EngineOptions::queue_timeout_ms
   uint64_t n_draft_tokens = 0;     // speculative decoding: draft tokens verified
   uint64_t n_accepted_tokens = 0;  // of them, kept (the text went that way)
+  uint64_t n_drafts = 0;           // steps in which a request verified a draft
   std::vector<double> ttft_ms;     // from submit() to the first token, per request
   std::vector<double> itl_ms;      // between two consecutive tokens of one request
   std::vector<double> e2e_ms;      // from submit() to the end, per request that finished with stop or length

@@ -108,7 +108,7 @@ struct Engine::Impl {
     uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
     uint64_t n_prompt_tokens = 0, n_cached_tokens = 0, n_generated_tokens = 0;
     uint64_t n_preemptions = 0, n_finished = 0, n_queue_timeouts = 0;
-    uint64_t n_draft_tokens = 0, n_accepted_tokens = 0;
+    uint64_t n_draft_tokens = 0, n_accepted_tokens = 0, n_drafts = 0;
     std::vector<double> ttft_ms, itl_ms, e2e_ms;
   };
 

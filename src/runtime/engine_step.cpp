@@ -414,6 +414,7 @@ void Engine::Impl::verify_drafts(const ScheduledChunk& c, size_t row) {
   Seq& s = *live.at(c.id);
   const std::vector<int32_t> draft(s.draft.begin(), s.draft.begin() + c.n_draft);
   delta.n_draft_tokens += static_cast<uint64_t>(c.n_draft);
+  ++delta.n_drafts;
   for (int32_t k = 0; k <= c.n_draft; ++k) {
     Result<SampleResult> r = host_token(s, row + static_cast<size_t>(k));
     const bool kept = k < c.n_draft && r.ok() && r->token == draft[static_cast<size_t>(k)];
@@ -582,6 +583,7 @@ void Engine::Impl::publish_locked() {
   totals.n_queue_timeouts += delta.n_queue_timeouts;
   totals.n_draft_tokens += delta.n_draft_tokens;
   totals.n_accepted_tokens += delta.n_accepted_tokens;
+  totals.n_drafts += delta.n_drafts;
   totals.n_finished += delta.n_finished;
   for (double v : delta.ttft_ms) ttft.push(v);
   for (double v : delta.itl_ms) itl.push(v);

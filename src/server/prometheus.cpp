@@ -80,6 +80,8 @@ std::string ServerMetrics::text(const EngineMetrics& m, const std::string& model
           rejected.load());
   counter("num_requests_queue_timeout_total", "Requests that waited past --queue-timeout for admission.",
           m.n_queue_timeouts);
+  counter("spec_decode_num_drafts_total", "Speculative decoding: steps in which a request verified a draft.",
+          m.n_drafts);
   counter("spec_decode_num_draft_tokens_total", "Speculative decoding: draft tokens verified (--spec).",
           m.n_draft_tokens);
   counter("spec_decode_num_accepted_tokens_total", "Speculative decoding: draft tokens kept.",

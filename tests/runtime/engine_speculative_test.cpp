@@ -84,6 +84,8 @@ TEST(EngineSpeculative, GreedyTextIsTheTextWithoutDrafts) {
   EXPECT_GT(m.n_draft_tokens, 100u);
   EXPECT_GT(m.n_accepted_tokens, 20u);  // measured: 53 of 304
   EXPECT_LE(m.n_accepted_tokens, m.n_draft_tokens);
+  EXPECT_GT(m.n_drafts, 0u);
+  EXPECT_LE(m.n_drafts, m.n_draft_tokens);
   EXPECT_EQ(plain->metrics().n_draft_tokens, 0u);
   EXPECT_EQ(m.kv_blocks_used, 0);  // every block back
 }

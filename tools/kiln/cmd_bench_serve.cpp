@@ -157,6 +157,31 @@ HttpResult http_call(const Url& url, const std::string& method, const std::strin
   return r;
 }
 
+// The server's speculative-decoding counters from /metrics (kiln's or vLLM's names), zero where it has none.
+struct SpecCounters {
+  uint64_t drafts = 0, draft_tokens = 0, accepted = 0;
+};
+SpecCounters spec_counters(const Url& url, const std::string& api_key) {
+  SpecCounters c;
+  const HttpResult r = http_call(url, "GET", "/metrics", "", api_key);
+  if (!r.error.empty() || r.status != 200) return c;
+  size_t at = 0;
+  while (at < r.body.size()) {
+    const size_t end = std::min(r.body.find('\n', at), r.body.size());
+    const std::string_view line(r.body.data() + at, end - at);
+    at = end + 1;
+    const size_t space = line.rfind(' ');
+    if (line.empty() || line[0] == '#' || space == std::string_view::npos) continue;
+    const std::string_view name = line.substr(0, line.find_first_of("{ "));
+    const auto value =
+        static_cast<uint64_t>(std::strtod(std::string(line.substr(space + 1)).c_str(), nullptr));
+    if (name.ends_with(":spec_decode_num_drafts_total")) c.drafts += value;
+    if (name.ends_with(":spec_decode_num_draft_tokens_total")) c.draft_tokens += value;
+    if (name.ends_with(":spec_decode_num_accepted_tokens_total")) c.accepted += value;
+  }
+  return c;
+}
+
 struct Prompt {
   json prompt;  // a string or token ids
   int32_t input_len = 0, output_len = 0;
@@ -353,6 +378,7 @@ Status run_bench_serve(const BenchServeOptions& o) {
   }
   std::mt19937_64 rng(o.seed);
   KILN_ASSIGN_OR_RETURN(const std::vector<Prompt> prompts, make_prompts(o, url, rng));
+  const SpecCounters spec_before = spec_counters(url, o.api_key);
   std::fprintf(stderr,
                "kiln bench serve: %zu requests to %s%s (%s), rate %s, burstiness %g, concurrency %s\n",
                prompts.size(), o.base_url.c_str(), o.endpoint.c_str(), model.c_str(),
@@ -427,6 +453,17 @@ Status run_bench_serve(const BenchServeOptions& o) {
     j[fmt::format("p99_{}_ms", name)] = st.p99 * 1000;
   }
   if (!first_error.empty()) j["first_error"] = first_error;
+  SpecCounters spec = spec_counters(url, o.api_key);
+  spec.drafts -= std::min(spec.drafts, spec_before.drafts);
+  spec.draft_tokens -= std::min(spec.draft_tokens, spec_before.draft_tokens);
+  spec.accepted -= std::min(spec.accepted, spec_before.accepted);
+  if (spec.drafts > 0) {
+    j["spec_draft_tokens"] = spec.draft_tokens;
+    j["spec_accepted_tokens"] = spec.accepted;
+    j["spec_acceptance_rate"] = static_cast<double>(spec.accepted) / static_cast<double>(spec.draft_tokens);
+    j["spec_mean_acceptance_length"] =
+        1.0 + static_cast<double>(spec.accepted) / static_cast<double>(spec.drafts);
+  }
   if (o.output == "json") {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -443,6 +480,13 @@ Status run_bench_serve(const BenchServeOptions& o) {
          {std::pair{"TTFT", s_ttft}, {"TPOT", s_tpot}, {"ITL", s_itl}, {"E2E latency", s_e2el}}) {
       std::printf("| %s mean / median / p99 (ms) | %.2f / %.2f / %.2f |\n", name, st.mean * 1000,
                   st.median * 1000, st.p99 * 1000);
+    }
+    if (spec.drafts > 0) {
+      std::printf("| draft tokens kept (speculative decoding) | %llu of %llu (%.1f%%) |\n",
+                  static_cast<unsigned long long>(spec.accepted),
+                  static_cast<unsigned long long>(spec.draft_tokens),
+                  100.0 * j["spec_acceptance_rate"].get<double>());
+      std::printf("| tokens a verifying step | %.2f |\n", j["spec_mean_acceptance_length"].get<double>());
     }
     if (!first_error.empty())
       std::fprintf(stderr, "kiln bench serve: first failure: %s\n", first_error.c_str());

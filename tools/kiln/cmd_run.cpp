@@ -183,10 +183,11 @@ void print_stats(const Engine& engine, const RequestStats& st) {
                finish_reason_name(st.finish));
   const EngineMetrics em = engine.metrics();
   if (em.n_draft_tokens > 0) {
-    std::fprintf(stderr, "drafts:  %llu of %llu draft tokens kept (%.1f%%)\n",
+    std::fprintf(stderr, "drafts:  %llu of %llu draft tokens kept (%.1f%%), %.2f tokens a verifying step\n",
                  static_cast<unsigned long long>(em.n_accepted_tokens),
                  static_cast<unsigned long long>(em.n_draft_tokens),
-                 100.0 * static_cast<double>(em.n_accepted_tokens) / static_cast<double>(em.n_draft_tokens));
+                 100.0 * static_cast<double>(em.n_accepted_tokens) / static_cast<double>(em.n_draft_tokens),
+                 1.0 + static_cast<double>(em.n_accepted_tokens) / static_cast<double>(em.n_drafts));
   }
 }
 
