@@ -82,7 +82,7 @@ struct QuantizeStats {
   uint64_t bytes_in = 0;                // tensor data read
   uint64_t bytes_out = 0;               // tensor data written
   bool used_imatrix = false;
-  size_t n_gptq = 0;  // tensors rounded by GPTQ (method "gptq")
+  size_t n_gptq = 0;    // tensors rounded by GPTQ (method "gptq")
   size_t n_budget = 0;  // tensors whose type a target or a plan chose
   // With a target: the budget in bytes of the output file, and the sum over the tensors it chose of their
   // rounding error (quant/quant_budget.h), against the same sum for the mix's types.

@@ -86,7 +86,8 @@ struct Engine::Impl {
   // KILN_STEP_PROFILE=1: where the engine thread's time goes, summed per kind of step (decode-only steps,
   // steps with prompt tokens) and printed to stderr when the engine stops. Host clocks only: `launch` is the
   // model recording the step and the backend accepting it, `wait` the download of its output (on a GPU, most
-  // of the kernels' time), `emit` sampling, detokenizing and the callbacks.
+  // of the kernels' time), `emit` sampling, detokenizing and queueing the events (the callbacks run on the
+  // delivery thread, outside these clocks).
   struct StepProfile {
     struct Phases {
       int64_t steps = 0, tokens = 0, rows = 0;
