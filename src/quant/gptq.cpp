@@ -10,6 +10,7 @@
 #include "core/half.h"
 #include "core/quant/quant_blocks.h"
 #include "core/thread_pool.h"
+#include "quant/gptq_linalg.h"
 
 namespace kiln {
 namespace {
@@ -295,54 +296,30 @@ const Codec* codec_of(DType type) {
 
 // --- the inverse Hessian's factor -------------------------------------------------------------------------
 
-// h [n][n] (full, symmetric, finite, diagonal > 0): U upper with U^T U = (h + lambda I)^-1, or false when
-// h + lambda I is not (numerically) positive definite. With J the order reversal, chol(J (h + lambda I) J) =
-// L gives h + lambda I = V V^T with V = J L J upper, so (h + lambda I)^-1 = U^T U with U = V^-1: one
-// factorization and one triangular inverse.
-bool inverse_factor(const std::vector<double>& h, int64_t n, double lambda, ThreadPool* pool,
+// hp [n][n] (full, symmetric, finite, diagonal > 0): U upper with U^T U = (hp + lambda I)^-1, or false when
+// hp + lambda I is not (numerically) positive definite. With J the order reversal, chol(J (hp + lambda I) J)
+// = L gives hp + lambda I = V V^T with V = J L J upper, so (hp + lambda I)^-1 = U^T U with U = V^-1: one
+// factorization and one triangular inverse (gptq_linalg.h), in double.
+bool inverse_factor(const std::vector<float>& hp, int64_t n, double lambda, ThreadPool* pool,
                     std::vector<float>* u) {
-  const auto at = [n](int64_t i, int64_t j) { return static_cast<size_t>(i * n + j); };
-  std::vector<double> l(static_cast<size_t>(n * n), 0.0);  // [n][n] lower: L of the reversed matrix
+  const int64_t ld = gptq_linalg::padded_ld(n);
+  std::vector<double> a(static_cast<size_t>(n * ld), 0.0);  // J (hp + lambda I) J, then L, then V
   for (int64_t i = 0; i < n; ++i) {
-    const double* li = &l[at(i, 0)];
-    for (int64_t j = 0; j <= i; ++j) {
-      const double* lj = &l[at(j, 0)];
-      double s = h[at(n - 1 - i, n - 1 - j)] + (i == j ? lambda : 0.0);
-      for (int64_t k = 0; k < j; ++k) s -= li[k] * lj[k];
-      if (i == j) {
-        if (!(s > 0.0) || !std::isfinite(s)) return false;
-        l[at(i, i)] = std::sqrt(s);
-      } else {
-        l[at(i, j)] = s / lj[j];
-      }
-    }
+    const float* src = &hp[static_cast<size_t>((n - 1 - i) * n)];
+    double* dst = &a[static_cast<size_t>(i * ld)];
+    for (int64_t j = 0; j <= i; ++j) dst[j] = static_cast<double>(src[n - 1 - j]);
+    dst[i] += lambda;
   }
-  // V[i][j] = L[n-1-i][n-1-j]; U = V^-1 row by row: U[i][i] = 1 / V[i][i], U[i][k] = -(sum_{i<=m<k} U[i][m]
-  // V[m][k]) / V[k][k], the sums accumulated forward so that each row of V is read contiguously.
-  u->assign(static_cast<size_t>(n * n), 0.0f);
-  const auto v = [&](int64_t i, int64_t j) { return l[at(n - 1 - i, n - 1 - j)]; };
-  const auto rows = [&](int64_t begin, int64_t end, int) {
-    std::vector<double> acc(static_cast<size_t>(n));
-    for (int64_t i = begin; i < end; ++i) {
-      std::fill(acc.begin() + i, acc.end(), 0.0);
-      for (int64_t k = i; k < n; ++k) {
-        const double uk = k == i ? 1.0 / v(i, i) : -acc[static_cast<size_t>(k)] / v(k, k);
-        (*u)[at(i, k)] = static_cast<float>(uk);
-        // V[k][m] for m > k is L[n-1-k][n-1-m]: row n-1-k of L, read backwards
-        const double* lrow = &l[at(n - 1 - k, 0)];
-        for (int64_t m = k + 1; m < n; ++m) acc[static_cast<size_t>(m)] += uk * lrow[n - 1 - m];
-      }
-    }
-  };
-  if (pool != nullptr) {
-    pool->parallel_dynamic(n, 8, rows);
-  } else {
-    rows(0, n, 0);
+  if (!gptq_linalg::cholesky_lower(a.data(), n, ld, pool)) return false;
+  // V[i][j] = L[n-1-i][n-1-j]: the matrix turned half a turn in place (L's lower triangle becomes V's upper).
+  for (int64_t i = 0; i <= (n - 1) / 2; ++i) {
+    double* top = &a[static_cast<size_t>(i * ld)];
+    double* bottom = &a[static_cast<size_t>((n - 1 - i) * ld)];
+    const int64_t cols = top == bottom ? n / 2 : n;
+    for (int64_t j = 0; j < cols; ++j) std::swap(top[j], bottom[n - 1 - j]);
   }
-  for (float x : *u) {
-    if (!std::isfinite(x)) return false;
-  }
-  return true;
+  u->resize(static_cast<size_t>(n * n));
+  return gptq_linalg::upper_inverse(a.data(), n, ld, pool, u->data());
 }
 
 // The checked Hessian, permuted (hp[i][j] = H[perm[i]][perm[j]], full), zero diagonal entries set to 1, and
@@ -350,7 +327,7 @@ bool inverse_factor(const std::vector<double>& h, int64_t n, double lambda, Thre
 Result<GptqFactor> factor_permuted(const float* hessian, int64_t n, const std::vector<int64_t>& perm,
                                    double damp, ThreadPool* pool) {
   if (!(damp >= 0.0) || !std::isfinite(damp)) return invalid_argument("gptq: damp {} is not >= 0", damp);
-  std::vector<double> hp(static_cast<size_t>(n * n));
+  std::vector<float> hp(static_cast<size_t>(n * n));
   double diag_sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -360,7 +337,7 @@ Result<GptqFactor> factor_permuted(const float* hessian, int64_t n, const std::v
       if (!std::isfinite(x)) return invalid_argument("gptq: hessian[{}][{}] is {}, not finite", a, b, x);
       if (a == b && x < 0.0f)
         return invalid_argument("gptq: hessian[{}][{}] is {} < 0: not positive semi-definite", a, a, x);
-      hp[static_cast<size_t>(i * n + j)] = a == b && x == 0.0f ? 1.0 : static_cast<double>(x);
+      hp[static_cast<size_t>(i * n + j)] = a == b && x == 0.0f ? 1.0f : x;
     }
     diag_sum += hp[static_cast<size_t>(i * n + i)];
   }

@@ -66,15 +66,21 @@ struct Totals {
 
 // Adds an imatrix file's sums (llama-imatrix --in-file): a GGUF file's raw sums and counts as they are, a
 // legacy file's values and counts times chunk_size (a call stood for chunk_size rows).
-Status load_in_file(const std::string& path, int64_t chunk_size, Totals& t) {
-  KILN_ASSIGN_OR_RETURN(const quant::Imatrix im, quant::read_imatrix(path));
+// With `full` (a run that collects Gram matrices), each one-matrix weight of the file must have one, and
+// without it none may: the Gram matrices would otherwise cover other tokens than the sums.
+Status load_in_file(const std::string& path, int64_t chunk_size, bool full, Totals& t) {
+  KILN_ASSIGN_OR_RETURN(quant::Imatrix im, quant::read_imatrix(path));
   const double scale = im.legacy ? static_cast<double>(chunk_size) : 1.0;
-  for (const auto& [name, tensor] : im.tensors) {
+  for (auto& [name, tensor] : im.tensors) {
+    if (full && tensor.n_mat == 1 && tensor.gram.empty())
+      return invalid_argument("--full: {} has no Gram matrix for {} (made without --full)", path, name);
+    if (!full && !tensor.gram.empty())
+      return invalid_argument("{} holds Gram matrices (made with --full): collect with --full too", path);
     ImatrixSums s;
     s.n_cols = tensor.n_cols;
     for (const float v : tensor.sum2) s.sum2.push_back(v * scale);
     for (const float c : tensor.counts) s.counts.push_back(c * scale);
-    s.gram.assign(tensor.gram.begin(), tensor.gram.end());
+    s.gram = std::move(tensor.gram);
     KILN_TRY(quant::add_sums(name, s, t.sums[name]));
   }
   t.datasets.insert(t.datasets.end(), im.datasets.begin(), im.datasets.end());
@@ -82,21 +88,22 @@ Status load_in_file(const std::string& path, int64_t chunk_size, Totals& t) {
 }
 
 // The file's contents: every weight's sums and counts in f32, chunk_count = the most rows any weight saw over
-// chunk_size (llama-imatrix's count). `partial`: weights some of whose matrices saw no row.
-quant::Imatrix to_imatrix(const Totals& t, const std::vector<std::string>& datasets, int64_t chunk_size,
+// chunk_size (llama-imatrix's count). `partial`: weights some of whose matrices saw no row. The Gram matrices
+// are moved out of `t`, not copied.
+quant::Imatrix to_imatrix(Totals& t, const std::vector<std::string>& datasets, int64_t chunk_size,
                           int64_t& partial) {
   quant::Imatrix im;
   im.datasets = datasets;
   im.chunk_size = chunk_size;
   double most = 0;
   partial = 0;
-  for (const auto& [name, s] : t.sums) {
+  for (auto& [name, s] : t.sums) {
     quant::ImatrixTensor& q = im.tensors[name];
     q.n_mat = s.n_mat();
     q.n_cols = static_cast<int64_t>(s.sum2.size()) / q.n_mat;
     q.sum2.assign(s.sum2.begin(), s.sum2.end());
     q.counts.assign(s.counts.begin(), s.counts.end());
-    q.gram.assign(s.gram.begin(), s.gram.end());
+    q.gram = std::move(s.gram);
     bool some_zero = false;
     for (const double c : s.counts) most = std::max(most, c), some_zero |= c == 0;
     partial += some_zero ? 1 : 0;
@@ -169,6 +176,7 @@ Status check_options(const ImatrixOptions& o) {
   if (o.chunk_size < 2) return invalid_argument("chunk_size = {} must be >= 2 tokens", o.chunk_size);
   if (o.output_frequency < 0)
     return invalid_argument("output_frequency = {} must be >= 0", o.output_frequency);
+
   if (o.text_file.empty() && o.in_files.empty())
     return invalid_argument("no text to run and no imatrix files to combine");
   if (!o.text_file.empty() && o.model.empty()) return invalid_argument("no model to run the text through");
@@ -180,7 +188,8 @@ Status check_options(const ImatrixOptions& o) {
   return Status::ok_status();
 }
 
-Status write(const Totals& t, const std::vector<std::string>& datasets, const ImatrixOptions& o,
+// Moves the Gram matrices out of `t`: with them, only the last write may come here.
+Status write(Totals& t, const std::vector<std::string>& datasets, const ImatrixOptions& o,
              ImatrixStats& stats) {
   const quant::Imatrix im = to_imatrix(t, datasets, o.chunk_size, stats.partial);
   stats.entries = static_cast<int64_t>(im.tensors.size());
@@ -192,7 +201,7 @@ Status write(const Totals& t, const std::vector<std::string>& datasets, const Im
 Result<ImatrixStats> compute_imatrix(const ImatrixOptions& o) {
   KILN_TRY(check_options(o));
   Totals totals;
-  for (const std::string& in : o.in_files) KILN_TRY(load_in_file(in, o.chunk_size, totals));
+  for (const std::string& in : o.in_files) KILN_TRY(load_in_file(in, o.chunk_size, o.full, totals));
   ImatrixStats stats;
   std::vector<std::string> datasets = totals.datasets;
   if (o.text_file.empty()) {  // combining files only
@@ -272,9 +281,12 @@ Result<ImatrixStats> compute_imatrix(const ImatrixOptions& o) {
     progress.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress.ppl = nll.ppl();
     if (o.progress) o.progress(progress);
-    if (o.output_frequency > 0 && done < n_chunks && done / o.output_frequency > before / o.output_frequency)
+    // With --full, the Gram matrices are read back once, at the end: no file before then.
+    if (!o.full && o.output_frequency > 0 && done < n_chunks &&
+        done / o.output_frequency > before / o.output_frequency)
       KILN_TRY(write(totals, datasets, o, stats));
   }
+  KILN_TRY(collector.take_grams(totals.sums));
   stats.chunks = n_chunks;
   stats.seconds = progress.seconds;
   stats.tokens_per_second = static_cast<double>(n_chunks * c) / std::max(stats.seconds, 1e-9);

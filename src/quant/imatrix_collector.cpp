@@ -51,6 +51,8 @@ std::string ImatrixCollector::collected_name(const ops::Weight& w, int64_t x_row
 }
 
 Status ImatrixCollector::recorded(Program& program, Backend& backend) {
+  if (grams_taken_)
+    return make_status(StatusCode::internal, "imatrix: a step recorded after the Gram matrices were taken");
   const std::vector<ops::Op>& ops = program.ops();
   // Each collected matmul's SumSquares goes before the run of matmuls on the same x that it ends (Q, K and V;
   // gate and up): the run stays whole for a backend that fuses it, and x is ready there.
@@ -92,13 +94,20 @@ Status ImatrixCollector::recorded(Program& program, Backend& backend) {
     inserts.push_back({run_start, op, name});
   }
   if (inserts.empty()) return Status::ok_status();
-  if (!fresh.empty()) {  // one zeroed slab for the weights first seen here
+  if (!fresh.empty()) {  // one zeroed slab of sums and counts for the weights first seen here
     size_t floats = 0;
     for (const auto& [name, shape] : fresh) {
-      const bool gram = full_ && shape.second == 1;
-      entries_[name] = {slabs_.size(), floats, shape.first, shape.second, gram};
+      Entry e{slabs_.size(), floats, shape.first, shape.second, nullptr};
       floats += static_cast<size_t>(shape.first * shape.second + shape.second);
-      if (gram) floats += static_cast<size_t>(shape.first * shape.first);
+      if (full_ && shape.second == 1) {  // and a zeroed Gram matrix of its own
+        const size_t n2 = static_cast<size_t>(shape.first * shape.first);
+        KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> g, backend.allocate(n2 * sizeof(float)));
+        const std::vector<float> zeros(n2, 0.0f);
+        KILN_TRY(backend.upload(make_tensor(DType::f32, *g, 0, static_cast<int64_t>(n2)), zeros.data(),
+                                n2 * sizeof(float)));
+        e.gram = std::move(g);
+      }
+      entries_[name] = std::move(e);
     }
     Slab slab;
     slab.backend = &backend;
@@ -114,11 +123,7 @@ Status ImatrixCollector::recorded(Program& program, Backend& backend) {
     in.op.sums = make_tensor(DType::f32, buf, e.offset * sizeof(float), e.n_cols, e.n_mat);
     in.op.counts = make_tensor(
         DType::f32, buf, (e.offset + static_cast<size_t>(e.n_cols * e.n_mat)) * sizeof(float), 1, e.n_mat);
-    if (e.gram) {
-      in.op.gram = make_tensor(DType::f32, buf,
-                               (e.offset + static_cast<size_t>(e.n_cols * e.n_mat + e.n_mat)) * sizeof(float),
-                               e.n_cols, e.n_cols);
-    }
+    if (e.gram != nullptr) in.op.gram = make_tensor(DType::f32, *e.gram, 0, e.n_cols, e.n_cols);
   }
   Program out;
   out.n_tokens = program.n_tokens;
@@ -143,17 +148,11 @@ Status ImatrixCollector::read_back(std::map<std::string, ImatrixSums>& totals) {
     step.n_cols = e.n_cols;
     step.sum2.assign(v, v + e.n_cols * e.n_mat);
     step.counts.assign(v + e.n_cols * e.n_mat, v + e.n_cols * e.n_mat + e.n_mat);
-    if (e.gram) {
-      const float* g = v + e.n_cols * e.n_mat + e.n_mat;
-      step.gram.assign(g, g + e.n_cols * e.n_cols);
+    for (const double x : step.sum2) {
+      if (!std::isfinite(x))
+        return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
     }
-    for (const auto* values : {&step.sum2, &step.gram}) {
-      for (const double x : *values) {
-        if (!std::isfinite(x))
-          return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
-      }
-    }
-    KILN_TRY(add_sums(name, step, totals[name]));
+    KILN_TRY(add_sums(name, step, totals[name], /*with_gram=*/false));  // the Gram matrix: take_grams
   }
   for (Slab& s : slabs_) {
     std::fill(s.host.begin(), s.host.end(), 0.0f);
@@ -163,9 +162,39 @@ Status ImatrixCollector::read_back(std::map<std::string, ImatrixSums>& totals) {
   return Status::ok_status();
 }
 
-Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& into) {
+Status ImatrixCollector::take_grams(std::map<std::string, ImatrixSums>& totals) {
+  grams_taken_ = true;
+  for (auto& [name, e] : entries_) {
+    if (e.gram == nullptr) continue;
+    Backend& backend = *slabs_[e.slab].backend;
+    const size_t n2 = static_cast<size_t>(e.n_cols * e.n_cols);
+    std::vector<float>& into = totals[name].gram;
+    std::vector<float> g(n2);
+    KILN_TRY(backend.download(g.data(), make_tensor(DType::f32, *e.gram, 0, static_cast<int64_t>(n2)),
+                              n2 * sizeof(float)));
+    KILN_TRY(backend.synchronize());
+    e.gram.reset();
+    for (const float x : g) {
+      if (!std::isfinite(x))
+        return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
+    }
+    if (into.empty()) {
+      into = std::move(g);
+    } else if (into.size() == n2) {
+      for (size_t i = 0; i < n2; ++i) into[i] += g[i];
+    } else {
+      return invalid_argument("imatrix: {} has a Gram matrix of {} values here, {} before", name, n2,
+                              into.size());
+    }
+  }
+  return Status::ok_status();
+}
+
+Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& into, bool with_gram) {
   if (into.counts.empty()) {
+    std::vector<float> gram = std::move(into.gram);
     into = from;
+    if (!with_gram) into.gram = std::move(gram);
     return Status::ok_status();
   }
   if (from.sum2.size() != into.sum2.size()) {
@@ -185,6 +214,7 @@ Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& i
                             into.counts.size());
   }
   for (size_t i = 0; i < into.sum2.size(); ++i) into.sum2[i] += from.sum2[i];
+  if (!with_gram) return Status::ok_status();
   if (from.gram.size() != into.gram.size()) {
     return invalid_argument("imatrix: {} has a Gram matrix of {} values here, {} before", name,
                             from.gram.size(), into.gram.size());

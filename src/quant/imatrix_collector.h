@@ -3,7 +3,9 @@
 // matmuls that multiply a weight by an input, an ops::SumSquares that adds the input's column sums of squares
 // and row count into accumulators on that backend (per expert, by the routing ids, for a stacked MoE weight).
 // Nothing else of the program changes; a model without the hook records none of it. read_back() moves the
-// accumulators into f64 sums on the host and zeroes them: once per step, never per op.
+// accumulators into f64 sums on the host and zeroes them: once per step, never per op. The Gram matrices
+// (`full`) are n_cols^2 floats a weight (9.8 GB for a 1.5B model): they accumulate in f32 on the backend over
+// the whole run and are moved to the host once, by take_grams(), each buffer freed as soon as it is read.
 //
 // Which matmuls, as llama-imatrix collects them: every MoeMatmul (llama.cpp's MUL_MAT_ID); a Matmul whose
 // weight is a layer's ("blk.*": attention, FFN, router, shared expert) on an x of at least 16 rows, or the
@@ -30,9 +32,9 @@ struct ImatrixSums {
   int64_t n_cols = 0;
   std::vector<double> sum2;    // [n_mat * n_cols]
   std::vector<double> counts;  // [n_mat]
-  // [n_cols * n_cols]: the inputs' Gram matrix X^T X (a collector made with `full`, one-matrix weights), or
-  // empty
-  std::vector<double> gram;
+  // [n_cols * n_cols]: the inputs' Gram matrix X^T X (a collector made with `full`, one-matrix weights, after
+  // take_grams), or empty
+  std::vector<float> gram;
   int64_t n_mat() const { return static_cast<int64_t>(counts.size()); }
 };
 
@@ -50,6 +52,9 @@ class ImatrixCollector final : public ProgramHook {
   // sums are not finite, or one whose shape differs from its totals' (a legacy file's broadcast counts
   // aside).
   Status read_back(std::map<std::string, ImatrixSums>& totals);
+  // Adds every Gram matrix collected so far into `totals` (after a read_back), freeing the backend's copy;
+  // the collector records nothing after it. An error names a weight whose Gram matrix is not finite.
+  Status take_grams(std::map<std::string, ImatrixSums>& totals);
 
  private:
   // Device accumulators of the weights first seen in one recording on one backend: per weight, sums [n_cols,
@@ -63,7 +68,7 @@ class ImatrixCollector final : public ProgramHook {
     size_t slab = 0;
     size_t offset = 0;  // in floats
     int64_t n_cols = 0, n_mat = 0;
-    bool gram = false;  // the Gram matrix follows the counts
+    std::shared_ptr<Buffer> gram;  // [n_cols, n_cols] f32 on the slab's backend, or none
   };
   // The weight a matmul multiplies by, as llama-imatrix would collect it; empty: not collected.
   std::string collected_name(const ops::Weight& w, int64_t x_rows, bool routed) const;
@@ -74,10 +79,12 @@ class ImatrixCollector final : public ProgramHook {
   std::map<std::pair<const void*, const void*>, std::string> names_;
   std::map<std::string, Entry> entries_;
   std::vector<Slab> slabs_;
+  bool grams_taken_ = false;
 };
 
 // Adds `from` into `into` (llama-imatrix's merge): shapes must agree, except that a weight collected with one
-// count takes as many as `from` has (a legacy file's single count).
-Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& into);
+// count takes as many as `from` has (a legacy file's single count). Without `with_gram`, into's Gram matrix
+// is left as it is.
+Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& into, bool with_gram = true);
 
 }  // namespace kiln::quant

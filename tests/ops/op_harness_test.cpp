@@ -1733,10 +1733,10 @@ TEST(OpHarness, SumSquares) {
     }
   }
   // With the Gram matrix (kiln imatrix --full): dst [n, n + 2], rows 0..n-1 the Gram matrix, row n the sums,
-  // row n + 1 the count; n not a multiple of the CPU's 8-row blocks, rows from 1 to 300. Summed in f32 over
-  // at most a few hundred products, as the sums.
-  for (const RowShape& s :
-       {RowShape{1, 1, 1}, RowShape{7, 5, 1}, RowShape{33, 3, 2}, RowShape{100, 300, 1}}) {
+  // row n + 1 the count; n a multiple of the CPU's 16-row blocks or not, rows from 1 to 600 (the CPU's runs
+  // of 256). Summed in f32 over at most a few hundred products, as the sums.
+  for (const RowShape& s : {RowShape{1, 1, 1}, RowShape{7, 5, 1}, RowShape{33, 3, 2}, RowShape{100, 300, 1},
+                            RowShape{48, 300, 2}}) {
     const Layout layout = kLayouts[i++ % 3];
     const Host x = make_f32(layout, s.n, s.r1, s.r2, &rng);
     const Host acc = make_f32(Layout::contiguous, s.n, s.n + 2, 1, &rng, 0.0f, 4.0f);

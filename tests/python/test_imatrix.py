@@ -180,6 +180,24 @@ def test_full_grams_match_the_reference(full, reference):
     assert worst < 1e-4, worst
 
 
+def test_full_files_combine_only_with_full(full, collected, tmp_path):
+    """--in-file with Gram matrices: combined with --full, the Gram matrices come through as they are (the
+    collection's are added to them once, at the end); without --full, or a file without them under --full, the
+    Gram matrices would cover other tokens than the sums, so each is refused naming why."""
+    plain, _ = collected
+    out = tmp_path / "out.gguf"
+    r = kiln("imatrix", "--in-file", full, "-o", out, "--full")
+    assert r.returncode == 0, r.stderr
+    got = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(str(out)).tensors}
+    want = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(str(full)).tensors}
+    assert set(got) == set(want) and all(np.array_equal(got[n], want[n]) for n in want)
+    r = kiln("imatrix", "--in-file", full, "-o", tmp_path / "a.gguf")
+    assert r.returncode != 0 and "holds Gram matrices" in r.stderr, r.stderr
+    r = kiln("imatrix", "--in-file", plain, "-o", tmp_path / "b.gguf", "--full")
+    assert r.returncode != 0 and "has no Gram matrix" in r.stderr, r.stderr
+    assert not (tmp_path / "a.gguf").exists() and not (tmp_path / "b.gguf").exists()
+
+
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS"])  # IQ4_XS: iq4_nl for SmolLM2's 576-wide rows
 def test_gptq_rounds_with_the_grams(full, tmp_path, ftype):
     """kiln quantize --method gptq: the same GGUF types, llama.cpp reads the file, and for each weight its

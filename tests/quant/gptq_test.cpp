@@ -182,40 +182,46 @@ TEST(Gptq, DeadColumn) {
 }
 
 // U upper with U^T U (H + lambda I) = I.
+// n = 40: within one of the factor's 64-column blocks; n = 200: blocks, tiles and a partial last block.
 TEST(Gptq, FactorInvertsTheDampedHessian) {
-  constexpr int64_t n = 40;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(3 * n * n));
-  for (float& v : x) v = normal(rng);
-  std::vector<float> h(static_cast<size_t>(n * n), 0.0f);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t t = 0; t < 3 * n; ++t)
-        h[static_cast<size_t>(i * n + j)] +=
-            x[static_cast<size_t>(t * n + i)] * x[static_cast<size_t>(t * n + j)];
-    }
-  }
-  const Result<GptqFactor> f = gptq_factor(h.data(), n, 0.01);
-  ASSERT_TRUE(f.ok()) << f.status().to_string();
-  double max_dev = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      if (j < i) {
-        EXPECT_EQ(f->u[static_cast<size_t>(i * n + j)], 0.0f);
+  for (const int64_t n : {int64_t{40}, int64_t{200}}) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(3 * n * n));
+    for (float& v : x) v = normal(rng);
+    std::vector<float> h(static_cast<size_t>(n * n), 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t t = 0; t < 3 * n; ++t)
+          h[static_cast<size_t>(i * n + j)] +=
+              x[static_cast<size_t>(t * n + i)] * x[static_cast<size_t>(t * n + j)];
       }
-      double v = 0.0;  // (U^T U (H + lambda I))[i][j]
-      for (int64_t k = 0; k < n; ++k) {
-        double utu = 0.0;
-        for (int64_t m = 0; m < n; ++m)
-          utu += static_cast<double>(f->u[static_cast<size_t>(m * n + i)]) *
-                 f->u[static_cast<size_t>(m * n + k)];
-        v += utu * (h[static_cast<size_t>(k * n + j)] + (k == j ? f->lambda : 0.0));
-      }
-      max_dev = std::max(max_dev, std::fabs(v - (i == j ? 1.0 : 0.0)));
     }
+    const Result<GptqFactor> f = gptq_factor(h.data(), n, 0.01);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    std::vector<double> utu(static_cast<size_t>(n * n), 0.0);  // U^T U
+    for (int64_t m = 0; m < n; ++m) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double umi = f->u[static_cast<size_t>(m * n + i)];
+        for (int64_t k = 0; k < n; ++k)
+          utu[static_cast<size_t>(i * n + k)] += umi * f->u[static_cast<size_t>(m * n + k)];
+      }
+    }
+    double max_dev = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        if (j < i) {
+          EXPECT_EQ(f->u[static_cast<size_t>(i * n + j)], 0.0f);
+        }
+        double v = 0.0;  // (U^T U (H + lambda I))[i][j]
+        for (int64_t k = 0; k < n; ++k)
+          v += utu[static_cast<size_t>(i * n + k)] *
+               (h[static_cast<size_t>(k * n + j)] + (k == j ? f->lambda : 0.0));
+        max_dev = std::max(max_dev, std::fabs(v - (i == j ? 1.0 : 0.0)));
+      }
+    }
+    EXPECT_LT(max_dev, 1e-4) << "n = " << n;
   }
-  EXPECT_LT(max_dev, 1e-4);
 }
 
 Status run(const std::vector<float>& w, int64_t n_rows, int64_t n, const std::vector<float>& h, DType type) {

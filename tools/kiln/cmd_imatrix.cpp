@@ -81,7 +81,7 @@ void register_imatrix(CLI::App& app, int& rc) {
   cmd->add_option("-t,--threads", o.threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--output-frequency", o.output_frequency,
-                  "Also write the output every N chunks (0: at the end only)")
+                  "Also write the output every N chunks (0: at the end only; with --full, at the end only)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
   cmd->add_option(
@@ -92,7 +92,7 @@ void register_imatrix(CLI::App& app, int& rc) {
   cmd->add_flag(
       "--full", o.full,
       "Also each weight's Gram matrix of inputs (X^T X), for kiln quantize --method gptq; collected on "
-      "the CPU, n^2 floats a weight of n columns");
+      "the CPU, n^2 floats a weight of n columns, summed in f32 over the run");
   cmd->add_flag("--no-ppl", cli->no_ppl, "Do not compute the perplexity");
   cmd->add_flag("--exact", o.exact, "Exact f32 matmuls (default: the fast path, as kiln run)");
   cmd->callback([cli, &rc] {

@@ -1,0 +1,186 @@
+// Blocked Cholesky and triangular inverse (gptq_linalg.h).
+#include "quant/gptq_linalg.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define KILN_LINALG_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KILN_LINALG_CLONES
+#endif
+
+namespace kiln::gptq_linalg {
+namespace {
+
+constexpr int64_t kPanel = 64;             // the Cholesky's column block, the inverse's row and column block
+constexpr int64_t kTrailingColumns = 256;  // columns a trailing-update task takes: 128 KiB of the panel
+
+static_assert(kLinalgAlign % kPanel == 0 && kTrailingColumns % 8 == 0 && kPanel % 8 == 0);
+
+void for_rows(ThreadPool* pool, int64_t begin, int64_t end, int64_t chunk,
+              const std::function<void(int64_t, int64_t)>& fn) {
+  if (end <= begin) return;
+  if (pool == nullptr) {
+    fn(begin, end);
+    return;
+  }
+  pool->parallel_dynamic(end - begin, chunk, [&](int64_t b, int64_t e, int) { fn(begin + b, begin + e); });
+}
+
+// Four doubles (GCC's vector extension: one AVX register, or two SSE2 ones in the baseline build).
+typedef double Vec4 __attribute__((vector_size(32)));
+
+// The register tile of every product here: c[r][0 .. 7] += sum_k a[r][k] * b[k][0 .. 7] for r < R, k < kb
+// (rows ldc, lda, ldb apart), the k in order.
+template <int R>
+inline __attribute__((always_inline)) void gemm_tile(double* c, int64_t ldc, const double* a, int64_t lda,
+                                                     const double* b, int64_t ldb, int64_t kb) {
+  Vec4 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(&acc[r][0], c + r * ldc, sizeof(Vec4));
+    std::memcpy(&acc[r][1], c + r * ldc + 4, sizeof(Vec4));
+  }
+  for (int64_t k = 0; k < kb; ++k) {
+    Vec4 b0, b1;
+    std::memcpy(&b0, b + k * ldb, sizeof(Vec4));
+    std::memcpy(&b1, b + k * ldb + 4, sizeof(Vec4));
+    for (int r = 0; r < R; ++r) {
+      const double x = a[r * lda + k];
+      acc[r][0] += x * b0;
+      acc[r][1] += x * b1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(c + r * ldc, &acc[r][0], sizeof(Vec4));
+    std::memcpy(c + r * ldc + 4, &acc[r][1], sizeof(Vec4));
+  }
+}
+
+// Columns [j0, j1) of the trailing matrix, every row i >= j0 that reaches them: a[i][j] += sum_k a[i][k0 + k]
+// * p[k][j] for k < kb and j <= i, in tiles of 4 rows by 8 columns (a tile may run past i into the scratch
+// upper part, and past n into the padding). p [kb][ld] is the panel transposed and negated, zero in the
+// padding; its columns [j0, j1) stay in cache while the rows go by.
+KILN_LINALG_CLONES void trailing_columns(double* a, int64_t ld, const double* p, int64_t k0, int64_t kb,
+                                         int64_t j0, int64_t j1, int64_t n) {
+  int64_t i = j0;
+  for (; i + 4 <= n; i += 4) {
+    for (int64_t jc = j0; jc < j1 && jc <= i + 3; jc += 8)
+      gemm_tile<4>(a + i * ld + jc, ld, a + i * ld + k0, ld, p + jc, ld, kb);
+  }
+  for (; i < n; ++i) {
+    for (int64_t jc = j0; jc < j1 && jc <= i; jc += 8)
+      gemm_tile<1>(a + i * ld + jc, ld, a + i * ld + k0, ld, p + jc, ld, kb);
+  }
+}
+
+// Rows [i0, i0 + kPanel) of U = V^-1 (fewer at the end), in double in ut [kPanel][ld] (zero on entry) and in
+// float in u. Row i: U[i][i] = 1 / V[i][i], U[i][k] = -(sum_{i <= m < k} U[i][m] V[m][k]) / V[k][k]. The
+// columns k go by in blocks K of kPanel: first c[r][K] = sum over the m before K of U[r][m] V[m][K], a
+// product of the rows' finished part and a block column of V in register tiles, m in runs of kRun (a run of
+// V's block column, 8 columns at a time, is read from the L1 cache by every 4 rows); then within K one k at a
+// time, each new U[r][k] added into c[r][later k of K]. false when an entry is not finite.
+KILN_LINALG_CLONES bool inverse_rows(const double* v, int64_t n, int64_t ld, int64_t i0, double* ut,
+                                     double* c, float* u) {
+  constexpr int64_t kRun = 256;
+  const int64_t rows = std::min(kPanel, n - i0);
+  bool finite = true;
+  for (int64_t k0 = i0; k0 < n; k0 += kPanel) {
+    const int64_t kb = std::min(kPanel, n - k0);
+    std::fill(c, c + kPanel * kPanel, 0.0);
+    for (int64_t m0 = i0; m0 < k0; m0 += kRun) {
+      const int64_t mb = std::min(kRun, k0 - m0);
+      for (int64_t cg = 0; cg < kPanel; cg += 8) {
+        int64_t r = 0;
+        for (; r + 4 <= rows; r += 4)
+          gemm_tile<4>(c + r * kPanel + cg, kPanel, ut + r * ld + m0, ld, v + m0 * ld + k0 + cg, ld, mb);
+        for (; r < rows; ++r)
+          gemm_tile<1>(c + r * kPanel + cg, kPanel, ut + r * ld + m0, ld, v + m0 * ld + k0 + cg, ld, mb);
+      }
+    }
+    for (int64_t k = k0; k < k0 + kb; ++k) {
+      const double* vk = v + k * ld;
+      for (int64_t r = 0; r < rows && i0 + r <= k; ++r) {
+        const int64_t i = i0 + r;
+        double* cr = c + r * kPanel - k0;  // cr[k]: row r's sum for column k
+        const double x = i == k ? 1.0 / vk[k] : -cr[k] / vk[k];
+        ut[r * ld + k] = x;
+        const float f = static_cast<float>(x);
+        finite &= std::isfinite(f);
+        u[i * n + k] = f;
+        for (int64_t m = k + 1; m < k0 + kb; ++m) cr[m] += x * vk[m];
+      }
+    }
+  }
+  return finite;
+}
+
+}  // namespace
+
+bool cholesky_lower(double* a, int64_t n, int64_t ld, ThreadPool* pool) {
+  std::vector<double> p(static_cast<size_t>(kPanel * ld), 0.0);  // the panel, transposed and negated:
+                                                                 // p[k][i] = -L[i][k0 + k]
+  for (int64_t k0 = 0; k0 < n; k0 += kPanel) {
+    const int64_t kb = std::min(kPanel, n - k0), k1 = k0 + kb;
+    // The diagonal block, unblocked: every update from the columns before k0 is in already.
+    for (int64_t i = k0; i < k1; ++i) {
+      double* ai = a + i * ld;
+      for (int64_t j = k0; j <= i; ++j) {
+        const double* aj = a + j * ld;
+        double s = ai[j];
+        for (int64_t k = k0; k < j; ++k) s -= ai[k] * aj[k];
+        if (i == j) {
+          if (!(s > 0.0) || !std::isfinite(s)) return false;
+          ai[i] = std::sqrt(s);
+        } else {
+          ai[j] = s / aj[j];
+        }
+      }
+    }
+    if (k1 == n) break;
+    // The panel below it (each row on its own), and its transpose.
+    for_rows(pool, k1, n, 32, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        double* ai = a + i * ld;
+        for (int64_t j = k0; j < k1; ++j) {
+          const double* aj = a + j * ld;
+          double s = ai[j];
+          for (int64_t k = k0; k < j; ++k) s -= ai[k] * aj[k];
+          ai[j] = s / aj[j];
+          p[static_cast<size_t>((j - k0) * ld + i)] = -ai[j];
+        }
+      }
+    });
+    // The trailing matrix, rows k1 .. n - 1 (columns k1 .. i).
+    const int64_t n_chunks = (ld - k1 + kTrailingColumns - 1) / kTrailingColumns;
+    for_rows(pool, 0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t j0 = k1 + c * kTrailingColumns;
+        trailing_columns(a, ld, p.data(), k0, kb, j0, std::min(ld, j0 + kTrailingColumns), n);
+      }
+    });
+  }
+  return true;
+}
+
+bool upper_inverse(const double* v, int64_t n, int64_t ld, ThreadPool* pool, float* u) {
+  std::fill(u, u + n * n, 0.0f);
+  const int64_t n_tiles = (n + kPanel - 1) / kPanel;
+  std::vector<int> finite(static_cast<size_t>(n_tiles), 1);
+  // Tiles of rows are independent; each reads V from its first row down.
+  for_rows(pool, 0, n_tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<double> ut(static_cast<size_t>(kPanel * ld)), c(static_cast<size_t>(kPanel * kPanel));
+    for (int64_t t = t0; t < t1; ++t) {
+      std::fill(ut.begin(), ut.end(), 0.0);
+      if (!inverse_rows(v, n, ld, t * kPanel, ut.data(), c.data(), u)) finite[static_cast<size_t>(t)] = 0;
+    }
+  });
+  return std::all_of(finite.begin(), finite.end(), [](int f) { return f != 0; });
+}
+
+}  // namespace kiln::gptq_linalg

@@ -1,0 +1,32 @@
+// The dense linear algebra GPTQ's factor takes (gptq.cpp): a blocked Cholesky factorization and the inverse
+// of an upper triangular matrix, in double, over a thread pool. Matrices are row-major with a leading
+// dimension `ld` >= n that is a multiple of kLinalgAlign; their hot loops are compiled for x86-64-v3 (AVX2,
+// FMA) and for baseline x86-64 and picked at load time. For n = 8960 (a 1.5B model's FFN down) both take
+// seconds on two cores where the unblocked loops took minutes.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln {
+
+class ThreadPool;
+
+namespace gptq_linalg {
+
+inline constexpr int64_t kLinalgAlign = 64;  // ld's multiple: whole column blocks, padding included
+
+// The ld to use for n columns.
+inline int64_t padded_ld(int64_t n) { return (n + kLinalgAlign - 1) / kLinalgAlign * kLinalgAlign; }
+
+// a [n][ld]: its lower triangle (j <= i, the input) becomes L, lower, with L L^T = the symmetric matrix it
+// held; the rest of a is scratch (overwritten with unspecified finite or infinite values). false when the
+// matrix is not numerically positive definite (a pivot that is not > 0 or not finite).
+bool cholesky_lower(double* a, int64_t n, int64_t ld, ThreadPool* pool);
+
+// v [n][ld]: its upper triangle (j >= i) is read, an upper triangular matrix with a non-zero diagonal. u
+// [n][n] (float, row-major, no padding) becomes V^-1, upper, zeros below the diagonal. false when an entry of
+// the inverse is not finite.
+bool upper_inverse(const double* v, int64_t n, int64_t ld, ThreadPool* pool, float* u);
+
+}  // namespace gptq_linalg
+}  // namespace kiln
