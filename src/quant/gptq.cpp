@@ -452,14 +452,7 @@ void gptq_tile(const Job& j, int64_t r0, int64_t nr) {
       }
     }
     // lazy update: the batch's errors into every later position
-    for (int64_t r = 0; r < nr; ++r) {
-      float* wr = &w[static_cast<size_t>(r * n)];
-      for (int64_t p = i1; p < i2; ++p) {
-        const float e_scaled = err[static_cast<size_t>(r * kGptqBatch + (p - i1))];
-        const float* up = u + p * n;
-        for (int64_t k = i2; k < n; ++k) wr[k] -= e_scaled * up[k];
-      }
-    }
+    gptq_linalg::subtract_product(w.data(), n, nr, err.data(), kGptqBatch, i2 - i1, u + i1 * n, n, i2, n);
   }
 }
 

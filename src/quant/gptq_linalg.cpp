@@ -120,7 +120,53 @@ KILN_LINALG_CLONES bool inverse_rows(const double* v, int64_t n, int64_t ld, int
   return finite;
 }
 
+// Eight floats.
+typedef float Vec8 __attribute__((vector_size(32)));
+
+// w[r][0 .. 15] -= sum_p e[r][p] * u[p][0 .. 15] for r < R, p < kb.
+template <int R>
+inline __attribute__((always_inline)) void subtract_tile(float* w, int64_t ldw, const float* e, int64_t lde,
+                                                         int64_t kb, const float* u, int64_t ldu) {
+  Vec8 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(&acc[r][0], w + r * ldw, sizeof(Vec8));
+    std::memcpy(&acc[r][1], w + r * ldw + 8, sizeof(Vec8));
+  }
+  for (int64_t p = 0; p < kb; ++p) {
+    Vec8 u0, u1;
+    std::memcpy(&u0, u + p * ldu, sizeof(Vec8));
+    std::memcpy(&u1, u + p * ldu + 8, sizeof(Vec8));
+    for (int r = 0; r < R; ++r) {
+      const float x = e[r * lde + p];
+      acc[r][0] -= x * u0;
+      acc[r][1] -= x * u1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(w + r * ldw, &acc[r][0], sizeof(Vec8));
+    std::memcpy(w + r * ldw + 8, &acc[r][1], sizeof(Vec8));
+  }
+}
+
 }  // namespace
+
+KILN_LINALG_CLONES void subtract_product(float* w, int64_t ldw, int64_t rows, const float* e, int64_t lde,
+                                         int64_t kb, const float* u, int64_t ldu, int64_t k_begin,
+                                         int64_t k_end) {
+  int64_t k = k_begin;
+  for (; k + 16 <= k_end; k += 16) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) subtract_tile<4>(w + r * ldw + k, ldw, e + r * lde, lde, kb, u + k, ldu);
+    for (; r < rows; ++r) subtract_tile<1>(w + r * ldw + k, ldw, e + r * lde, lde, kb, u + k, ldu);
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // the last columns, one at a time
+    for (int64_t c = k; c < k_end; ++c) {
+      float v = w[r * ldw + c];
+      for (int64_t p = 0; p < kb; ++p) v -= e[r * lde + p] * u[p * ldu + c];
+      w[r * ldw + c] = v;
+    }
+  }
+}
 
 bool cholesky_lower(double* a, int64_t n, int64_t ld, ThreadPool* pool) {
   std::vector<double> p(static_cast<size_t>(kPanel * ld), 0.0);  // the panel, transposed and negated:

@@ -28,5 +28,12 @@ bool cholesky_lower(double* a, int64_t n, int64_t ld, ThreadPool* pool);
 // the inverse is not finite.
 bool upper_inverse(const double* v, int64_t n, int64_t ld, ThreadPool* pool, float* u);
 
+// w[r][k] -= sum_p e[r][p] * u[p][k] for r < rows, p < kb, k in [k_begin, k_end), the p in order for each
+// element (GPTQ's lazy batch update; rows ldw, lde, ldu floats apart). In 4 x 16 register tiles, each 16
+// columns of the kb rows of u read once for every 4 rows of w. With FMA where the machine has it, so the
+// last bit may differ between machines with and without it.
+void subtract_product(float* w, int64_t ldw, int64_t rows, const float* e, int64_t lde, int64_t kb,
+                      const float* u, int64_t ldu, int64_t k_begin, int64_t k_end);
+
 }  // namespace gptq_linalg
 }  // namespace kiln
