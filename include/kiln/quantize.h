@@ -97,6 +97,9 @@ struct QuantizeEvents {
   std::function<void(const QuantizeStats& plan, const std::vector<std::string>& warnings)> planned;
   // After each tensor is written: its index in plan.tensors, and tensor bytes written so far.
   std::function<void(size_t index, uint64_t bytes_written)> tensor_done;
+  // While writing: a tensor rounded otherwise than planned, and why (GPTQ's Hessian not positive definite
+  // even dampened: the tensor is rounded as without --method).
+  std::function<void(const std::string& note)> note;
 };
 
 // Errors name what is wrong: an unknown type or tensor type, a bad pattern, an output that is the input or

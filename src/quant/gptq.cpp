@@ -346,11 +346,10 @@ Result<GptqFactor> factor_permuted(const float* hessian, int64_t n, const std::v
   for (int attempt = 0;; ++attempt) {
     if (inverse_factor(hp, n, f.lambda, pool, &f.u)) return f;
     if (attempt == kDampRetries || f.lambda == 0.0) {
-      return invalid_argument(
-          "gptq: the hessian [{} x {}] is not positive definite, even with {} added to its diagonal (damp "
-          "{}, "
-          "raised tenfold {} times)",
-          n, n, f.lambda, damp, attempt);
+      return make_status(StatusCode::out_of_range,
+                         "gptq: the hessian [{} x {}] is not positive definite, even with {} added to its "
+                         "diagonal (damp {}, raised tenfold {} times)",
+                         n, n, f.lambda, damp, attempt);
     }
     f.lambda *= 10.0;
   }

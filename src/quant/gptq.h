@@ -49,7 +49,8 @@ bool gptq_supports(DType type);
 // triangle j <= i is read), written to `dst` as n_rows rows of `type` (dtype_row_bytes(type, n_per_row) bytes
 // each), decodable by llama.cpp's dequantizers. Errors (nothing useful in dst then): an unsupported type, a
 // row length that is not whole blocks, a weight or Hessian entry that is not finite, a negative diagonal
-// entry, a Hessian that stays not positive definite after the dampening's retries.
+// entry (invalid_argument); a Hessian that stays not positive definite after the dampening's retries
+// (out_of_range: a caller may round the tensor without GPTQ instead).
 Status gptq_quantize(const float* w, int64_t n_rows, int64_t n_per_row, const float* hessian, DType type,
                      const GptqOptions& o, void* dst);
 

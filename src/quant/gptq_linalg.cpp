@@ -18,7 +18,10 @@
 namespace kiln::gptq_linalg {
 namespace {
 
-constexpr int64_t kPanel = 64;             // the Cholesky's column block, the inverse's row and column block
+constexpr int64_t kPanel = 64;  // the Cholesky's column block, the inverse's row and column block
+// A pivot below this share of its diagonal entry is a singular matrix seen through rounding: a rank-deficient
+// Hessian without dampening would otherwise factor into an inverse of huge, meaningless entries.
+constexpr double kMinPivot = 1e-10;
 constexpr int64_t kTrailingColumns = 256;  // columns a trailing-update task takes: 128 KiB of the panel
 
 static_assert(kLinalgAlign % kPanel == 0 && kTrailingColumns % 8 == 0 && kPanel % 8 == 0);
@@ -169,6 +172,8 @@ KILN_LINALG_CLONES void subtract_product(float* w, int64_t ldw, int64_t rows, co
 }
 
 bool cholesky_lower(double* a, int64_t n, int64_t ld, ThreadPool* pool) {
+  std::vector<double> diag(static_cast<size_t>(n));  // the input's diagonal: a pivot must keep a share of it
+  for (int64_t i = 0; i < n; ++i) diag[static_cast<size_t>(i)] = a[i * ld + i];
   std::vector<double> p(static_cast<size_t>(kPanel * ld), 0.0);  // the panel, transposed and negated:
                                                                  // p[k][i] = -L[i][k0 + k]
   for (int64_t k0 = 0; k0 < n; k0 += kPanel) {
@@ -181,7 +186,7 @@ bool cholesky_lower(double* a, int64_t n, int64_t ld, ThreadPool* pool) {
         double s = ai[j];
         for (int64_t k = k0; k < j; ++k) s -= ai[k] * aj[k];
         if (i == j) {
-          if (!(s > 0.0) || !std::isfinite(s)) return false;
+          if (!(s > kMinPivot * diag[static_cast<size_t>(i)]) || !std::isfinite(s)) return false;
           ai[i] = std::sqrt(s);
         } else {
           ai[j] = s / aj[j];

@@ -20,7 +20,8 @@ inline int64_t padded_ld(int64_t n) { return (n + kLinalgAlign - 1) / kLinalgAli
 
 // a [n][ld]: its lower triangle (j <= i, the input) becomes L, lower, with L L^T = the symmetric matrix it
 // held; the rest of a is scratch (overwritten with unspecified finite or infinite values). false when the
-// matrix is not numerically positive definite (a pivot that is not > 0 or not finite).
+// matrix is not numerically positive definite (a pivot that is not finite or not above 1e-10 of its diagonal
+// entry).
 bool cholesky_lower(double* a, int64_t n, int64_t ld, ThreadPool* pool);
 
 // v [n][ld]: its upper triangle (j >= i) is read, an upper triangular matrix with a non-zero diagonal. u

@@ -219,7 +219,9 @@ Result<std::vector<float>> read_rows(const Job& j, ThreadPool& pool) {
   return w;
 }
 
-// `j` rounded by GPTQ: the whole tensor in f32 (one tensor at a time), its rows over the pool's threads.
+// `j` rounded by GPTQ: the whole tensor in f32 (one tensor at a time), its rows over the pool's threads. A
+// Hessian that is not positive definite even dampened (out_of_range) leaves `out` to the caller's plain
+// rounding.
 Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions& o, ThreadPool& pool) {
   KILN_ASSIGN_OR_RETURN(const std::vector<float> w, read_rows(j, pool));
   const int64_t ne0 = j.shape[0];
@@ -518,8 +520,13 @@ Status write_output(const QuantizeOptions& o, const gguf::File& file, bool hf_fo
   for (size_t i = 0; i < jobs.size(); ++i) {
     auto fill = [&, i](std::span<uint8_t> out) -> Status {
       const Job& j = jobs[i];
-      if (j.gptq) {
-        KILN_TRY(convert_gptq(j, out, o, pool));
+      Status gptq = Status::ok_status();
+      if (j.gptq) gptq = convert_gptq(j, out, o, pool);
+      if (gptq.code() == StatusCode::out_of_range) {
+        if (events.note) events.note(fmt::format("{}; rounded without GPTQ", gptq.message()));
+        KILN_TRY(convert_rows(j, out, pool));
+      } else if (j.gptq) {
+        KILN_TRY(gptq);
       } else if (j.converted()) {
         KILN_TRY(convert_rows(j, out, pool));
       } else {

@@ -241,6 +241,23 @@ def test_gptq_rounds_with_the_grams(full, tmp_path, ftype):
     assert out["choices"][0]["text"].strip(), out
 
 
+def test_gptq_falls_back_on_a_singular_hessian(full, tmp_path):
+    """Undampened (--gptq-damp 0), the Gram matrices of 256 calibration tokens are singular (576 and 1536
+    columns): every tensor GPTQ would round is rounded as without --method instead, each named in a note, and
+    the file is the one --imatrix alone writes, byte for byte."""
+    plain, gptq = tmp_path / "plain.gguf", tmp_path / "gptq.gguf"
+    r = kiln("quantize", "--allow-requantize", "--imatrix", full, SMOL, plain, "Q4_K_M", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    r = kiln("quantize", "--allow-requantize", "--imatrix", full, "--method", "gptq", "--gptq-damp", "0", SMOL,
+             gptq, "Q4_K_M", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    notes = [x for x in r.stderr.splitlines() if "quantize: note:" in x]
+    assert len(notes) == 7 * 30, r.stderr[-2000:]  # q, k, v, output, gate, up, down in each of 30 layers
+    assert any("tensor 'blk.0.attn_q.weight'" in x for x in notes), notes[:3]
+    assert all("not positive definite" in x and "rounded without GPTQ" in x for x in notes), notes[:3]
+    assert plain.read_bytes() == gptq.read_bytes()
+
+
 def test_gptq_errors_name_what_is_missing(full, tmp_path, collected):
     out = tmp_path / "out.gguf"
     cases = [

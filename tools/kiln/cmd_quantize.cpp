@@ -39,6 +39,11 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 }
 
 // A bar redrawn in place on a terminal; one line per tensor otherwise (logs).
+// A tensor rounded otherwise than planned (QuantizeEvents::note), on a line of its own.
+void print_note(const std::string& note) {
+  std::fprintf(stderr, "%squantize: note: %s\n", isatty(fileno(stderr)) != 0 ? "\r\x1b[K" : "", note.c_str());
+}
+
 class Progress {
  public:
   explicit Progress(bool tty) : tty_(tty) {}
@@ -144,7 +149,9 @@ Status search_kld(QuantizeArgs& args) {
     q.force = true;
     q.target_bpw = bpw;
     q.save_plan = t.plan;
-    Result<QuantizeStats> st = quantize_model(q, {});
+    QuantizeEvents ev;
+    ev.note = print_note;
+    Result<QuantizeStats> st = quantize_model(q, ev);
     if (!st.ok() && st.status().code() == StatusCode::resource_exhausted && bpw < kMaxBpw) {
       std::fprintf(stderr, "quantize: %.3f bits per weight: %s\n", bpw, st.status().message().c_str());
       bpw = std::min(kMaxBpw, bpw + 0.25);  // below the smallest types: more bits
@@ -240,6 +247,7 @@ Status run_quantize(QuantizeArgs& args) {
     progress->planned(plan);
   };
   ev.tensor_done = [progress](size_t i, uint64_t written) { progress->done(i, written); };
+  ev.note = print_note;
   KILN_ASSIGN_OR_RETURN(const QuantizeStats st, quantize_model(opt, ev));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (opt.dry_run) print_plan(st);
