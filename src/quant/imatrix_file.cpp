@@ -274,8 +274,13 @@ Status write_imatrix(const Imatrix& imatrix, const std::filesystem::path& path) 
       return invalid_argument("{}: {}: a Gram matrix of {} values for {} matrices of {} columns", name,
                               weight, t.gram.size(), t.n_mat, t.n_cols);
     }
-    KILN_TRY(
-        w.add_tensor(weight + std::string(kGramSuffix), {t.n_cols, t.n_cols}, DType::f32, as_bytes(t.gram)));
+    // Copied as the file is written, not into the writer first: a 1.5B model's are 9.8 GB.
+    const std::vector<float>* gram = &t.gram;
+    KILN_TRY(w.add_tensor_lazy(weight + std::string(kGramSuffix), {t.n_cols, t.n_cols}, DType::f32,
+                               [gram](std::span<uint8_t> out) {
+                                 std::memcpy(out.data(), gram->data(), out.size());
+                                 return Status::ok_status();
+                               }));
   }
   return w.write(name);
 }
