@@ -48,6 +48,47 @@ def concat(paths, out):
     return out
 
 
+def prepare(a, full=False):
+    """The work folder's shared inputs, made once: the source dequantized to F16, the F16 model's distributions
+    over the evaluation text (base.kld), kiln's imatrix over the calibration text and, with `full`, the one with
+    the Gram matrices (--full) over the same chunks. `a` has model, kiln, work, ctx, chunks, calib_chunks and
+    threads. Returns (f16, base, {"kiln": imatrix[, "full": full imatrix]})."""
+    k, w, t = a.kiln, a.work, str(a.threads)
+    w.mkdir(parents=True, exist_ok=True)
+    calib, evalt = concat(CALIB, w / "calib.txt"), concat(EVAL, w / "eval.txt")
+    f16 = w / "source-f16.gguf"
+    if not f16.exists():
+        run([k, "quantize", a.model, f16, "F16", "--allow-requantize", "-t", t])
+    base = w / "base.kld"
+    if not base.exists():
+        run([k, "perplexity", "-m", f16, "-f", evalt, "-c", a.ctx, "--chunks", a.chunks, "-d", "cpu", "-t", t,
+             "--kl-divergence-base", base])
+    imx = {"kiln": w / "kiln.imatrix.gguf"}
+    if not imx["kiln"].exists():
+        _, sec = run([k, "imatrix", "-m", f16, "-f", calib, "-o", imx["kiln"], "-c", a.ctx, "--chunks",
+                      a.calib_chunks, "-d", "cpu", "-t", t, "--no-ppl"])
+        print(f"kiln imatrix: {sec:.1f} s", file=sys.stderr)
+    if full:  # the Gram matrices too, over the same chunks (collected on the CPU)
+        imx["full"] = w / "kiln.full.imatrix.gguf"
+        if not imx["full"].exists():
+            _, sec = run([k, "imatrix", "-m", f16, "-f", calib, "-o", imx["full"], "-c", a.ctx, "--chunks",
+                          a.calib_chunks, "-d", "cpu", "-t", t, "--no-ppl", "--full"])
+            print(f"kiln imatrix --full: {sec:.1f} s", file=sys.stderr)
+    return f16, base, imx
+
+
+def kld_of(k, path, base, t):
+    """`kiln perplexity --kl-divergence` of a file against base.kld, as JSON; kept beside the file, so that a
+    second run with the same work folder scores only new files."""
+    cached = path.with_suffix(".kld.json")
+    if cached.exists() and cached.stat().st_mtime >= path.stat().st_mtime:
+        return json.loads(cached.read_text())
+    r, _ = run([k, "perplexity", "-m", path, "--kl-divergence", "--kl-divergence-base", base, "-d", "cpu",
+                "-t", t, "-o", "json"])
+    cached.write_text(r.stdout)
+    return json.loads(r.stdout)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, type=Path)
@@ -67,27 +108,9 @@ def main():
     if a.types == "all":
         a.types = ALL_TYPES
     k, w, t = a.kiln, a.work, str(a.threads)
-    w.mkdir(parents=True, exist_ok=True)
-    calib, evalt = concat(CALIB, w / "calib.txt"), concat(EVAL, w / "eval.txt")
-    f16 = w / "source-f16.gguf"
-    if not f16.exists():
-        run([k, "quantize", a.model, f16, "F16", "--allow-requantize", "-t", t])
-    base = w / "base.kld"
-    if not base.exists():
-        run([k, "perplexity", "-m", f16, "-f", evalt, "-c", a.ctx, "--chunks", a.chunks, "-d", "cpu", "-t", t,
-             "--kl-divergence-base", base])
-    imx = {"kiln": w / "kiln.imatrix.gguf"}
-    if not imx["kiln"].exists():
-        _, sec = run([k, "imatrix", "-m", f16, "-f", calib, "-o", imx["kiln"], "-c", a.ctx, "--chunks",
-                      a.calib_chunks, "-d", "cpu", "-t", t, "--no-ppl"])
-        print(f"kiln imatrix: {sec:.1f} s", file=sys.stderr)
-    if a.gptq:  # the Gram matrices too, over the same chunks (collected on the CPU)
-        imx["full"] = w / "kiln.full.imatrix.gguf"
-        if not imx["full"].exists():
-            _, sec = run([k, "imatrix", "-m", f16, "-f", calib, "-o", imx["full"], "-c", a.ctx, "--chunks",
-                          a.calib_chunks, "-d", "cpu", "-t", t, "--no-ppl", "--full"])
-            print(f"kiln imatrix --full: {sec:.1f} s", file=sys.stderr)
+    f16, base, imx = prepare(a, full=a.gptq)
     if a.peer:
+        calib = w / "calib.txt"
         imx["llama"] = w / "llama.imatrix.gguf"
         if not imx["llama"].exists():
             _, sec = run([a.peer / "llama-imatrix", "-m", f16, "-f", calib, "-o", imx["llama"], "-c", a.ctx,
@@ -97,14 +120,8 @@ def main():
     decode = {}  # (type, imatrix) -> (CPU tokens/s, bits per weight)
     files = {}   # (type, imatrix) -> kiln's file, whose decode speed is measured at the end
 
-    def score(path):  # kept beside the file: a second run with the same work folder scores only new files
-        cached = path.with_suffix(".kld.json")
-        if cached.exists() and cached.stat().st_mtime >= path.stat().st_mtime:
-            return json.loads(cached.read_text())
-        r, _ = run([k, "perplexity", "-m", path, "--kl-divergence", "--kl-divergence-base", base, "-d", "cpu",
-                    "-t", t, "-o", "json"])
-        cached.write_text(r.stdout)
-        return json.loads(r.stdout)
+    def score(path):
+        return kld_of(k, path, base, t)
 
     src_bytes = f16.stat().st_size
     for ty in a.types.split(","):
