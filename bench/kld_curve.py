@@ -76,7 +76,7 @@ def main():
         if a.gptq and ty in (a.gptq_types or a.types).split(","):
             jobs.append(("GPTQ", ty, w / f"{ty}-kiln-gptq-imx.gguf",
                          [ty, "--imatrix", imx["full"], "--method", "gptq"]))
-    for b in a.bpw.split(","):
+    for b in filter(None, a.bpw.split(",")):
         jobs.append(("budget", f"{b} bpw", w / f"budget-{b}-kiln-imx.gguf",
                      ["Q4_K_M", "--imatrix", imx["kiln"], "--target-bpw", b]))
         if a.gptq and a.budget_gptq:
