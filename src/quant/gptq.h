@@ -21,7 +21,8 @@
 //   decreasing H[j][j] (the paper's activation order, kept within the block structure of the format).
 //
 // Rows are independent given H: groups of rows run on the pool's threads; the bytes do not depend on the
-// thread count.
+// thread count. The factor and the lazy update use FMA where the machine has it (gptq_linalg.h), so a
+// rounding may differ in the last bit between machines with and without it.
 #pragma once
 
 #include <cstdint>
