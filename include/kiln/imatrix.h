@@ -34,7 +34,8 @@ struct ImatrixOptions {
   std::string device = "auto";          // "cpu", "cuda", "cuda:N", "auto"
   int threads = 0;                      // CPU threads (0: the default)
   bool exact = false;                   // exact f32 matmuls (else the fast path, as `kiln run`)
-  // The output is also written every output_frequency chunks (0: only at the end), as llama-imatrix does.
+  // The output is also written every output_frequency chunks (0: only at the end), as llama-imatrix does;
+  // with `full`, only at the end.
   int64_t output_frequency = 10;
   // imatrix files (GGUF or legacy .dat) whose sums are added to the collected ones, as llama-imatrix's
   // --in-file: a legacy file's values and counts count chunk_size rows a call.
@@ -42,7 +43,8 @@ struct ImatrixOptions {
   bool process_output = false;  // also collect output.weight's input (llama-imatrix --process-output)
   // Also each weight's Gram matrix of inputs X^T X (for `kiln quantize --method gptq`), written as
   // "<weight>.in_gram" tensors that llama.cpp's tools skip. Stacked MoE weights have none. n_cols^2 floats a
-  // weight, on the backend and in the file; collected on the CPU.
+  // weight, on the backend and in the file (summed in f32, read back once at the end); collected on the CPU.
+  // in_files with Gram matrices need `full`, and under `full` every one-matrix weight of them must have one.
   bool full = false;
   bool compute_ppl = true;  // the perplexity of each chunk's second half, as llama-imatrix reports it
   std::function<void(const ImatrixProgress&)> progress;
