@@ -36,32 +36,32 @@ void for_rows(ThreadPool* pool, int64_t begin, int64_t end, int64_t chunk,
   pool->parallel_dynamic(end - begin, chunk, [&](int64_t b, int64_t e, int) { fn(begin + b, begin + e); });
 }
 
-// Four doubles (GCC's vector extension: one AVX register, or two SSE2 ones in the baseline build).
-typedef double Vec4 __attribute__((vector_size(32)));
-
-// The register tile of every product here: c[r][0 .. 7] += sum_k a[r][k] * b[k][0 .. 7] for r < R, k < kb
-// (rows ldc, lda, ldb apart), the k in order.
-template <int R>
-inline __attribute__((always_inline)) void gemm_tile(double* c, int64_t ldc, const double* a, int64_t lda,
-                                                     const double* b, int64_t ldb, int64_t kb) {
-  Vec4 acc[R][2];
+// The register tile of every product here: c[r][0 .. 2L-1] += sum_k a[r][k] * b[k][0 .. 2L-1] for r < R,
+// k < kb (rows ldc, lda, ldb apart), the k in order; L = 32 bytes of T (GCC's vector extension: one AVX
+// register, or two SSE2 ones in the baseline build): 8 doubles or 16 floats a row.
+template <int R, class T>
+inline __attribute__((always_inline)) void product_tile(T* c, int64_t ldc, const T* a, int64_t lda,
+                                                        const T* b, int64_t ldb, int64_t kb) {
+  typedef T Vec __attribute__((vector_size(32)));
+  constexpr int64_t kLanes = sizeof(Vec) / sizeof(T);
+  Vec acc[R][2];
   for (int r = 0; r < R; ++r) {
-    std::memcpy(&acc[r][0], c + r * ldc, sizeof(Vec4));
-    std::memcpy(&acc[r][1], c + r * ldc + 4, sizeof(Vec4));
+    std::memcpy(&acc[r][0], c + r * ldc, sizeof(Vec));
+    std::memcpy(&acc[r][1], c + r * ldc + kLanes, sizeof(Vec));
   }
   for (int64_t k = 0; k < kb; ++k) {
-    Vec4 b0, b1;
-    std::memcpy(&b0, b + k * ldb, sizeof(Vec4));
-    std::memcpy(&b1, b + k * ldb + 4, sizeof(Vec4));
+    Vec b0, b1;
+    std::memcpy(&b0, b + k * ldb, sizeof(Vec));
+    std::memcpy(&b1, b + k * ldb + kLanes, sizeof(Vec));
     for (int r = 0; r < R; ++r) {
-      const double x = a[r * lda + k];
+      const T x = a[r * lda + k];
       acc[r][0] += x * b0;
       acc[r][1] += x * b1;
     }
   }
   for (int r = 0; r < R; ++r) {
-    std::memcpy(c + r * ldc, &acc[r][0], sizeof(Vec4));
-    std::memcpy(c + r * ldc + 4, &acc[r][1], sizeof(Vec4));
+    std::memcpy(c + r * ldc, &acc[r][0], sizeof(Vec));
+    std::memcpy(c + r * ldc + kLanes, &acc[r][1], sizeof(Vec));
   }
 }
 
@@ -74,11 +74,11 @@ KILN_LINALG_CLONES void trailing_columns(double* a, int64_t ld, const double* p,
   int64_t i = j0;
   for (; i + 4 <= n; i += 4) {
     for (int64_t jc = j0; jc < j1 && jc <= i + 3; jc += 8)
-      gemm_tile<4>(a + i * ld + jc, ld, a + i * ld + k0, ld, p + jc, ld, kb);
+      product_tile<4>(a + i * ld + jc, ld, a + i * ld + k0, ld, p + jc, ld, kb);
   }
   for (; i < n; ++i) {
     for (int64_t jc = j0; jc < j1 && jc <= i; jc += 8)
-      gemm_tile<1>(a + i * ld + jc, ld, a + i * ld + k0, ld, p + jc, ld, kb);
+      product_tile<1>(a + i * ld + jc, ld, a + i * ld + k0, ld, p + jc, ld, kb);
   }
 }
 
@@ -101,9 +101,9 @@ KILN_LINALG_CLONES bool inverse_rows(const double* v, int64_t n, int64_t ld, int
       for (int64_t cg = 0; cg < kPanel; cg += 8) {
         int64_t r = 0;
         for (; r + 4 <= rows; r += 4)
-          gemm_tile<4>(c + r * kPanel + cg, kPanel, ut + r * ld + m0, ld, v + m0 * ld + k0 + cg, ld, mb);
+          product_tile<4>(c + r * kPanel + cg, kPanel, ut + r * ld + m0, ld, v + m0 * ld + k0 + cg, ld, mb);
         for (; r < rows; ++r)
-          gemm_tile<1>(c + r * kPanel + cg, kPanel, ut + r * ld + m0, ld, v + m0 * ld + k0 + cg, ld, mb);
+          product_tile<1>(c + r * kPanel + cg, kPanel, ut + r * ld + m0, ld, v + m0 * ld + k0 + cg, ld, mb);
       }
     }
     for (int64_t k = k0; k < k0 + kb; ++k) {
@@ -123,44 +123,23 @@ KILN_LINALG_CLONES bool inverse_rows(const double* v, int64_t n, int64_t ld, int
   return finite;
 }
 
-// Eight floats.
-typedef float Vec8 __attribute__((vector_size(32)));
-
-// w[r][0 .. 15] -= sum_p e[r][p] * u[p][0 .. 15] for r < R, p < kb.
-template <int R>
-inline __attribute__((always_inline)) void subtract_tile(float* w, int64_t ldw, const float* e, int64_t lde,
-                                                         int64_t kb, const float* u, int64_t ldu) {
-  Vec8 acc[R][2];
-  for (int r = 0; r < R; ++r) {
-    std::memcpy(&acc[r][0], w + r * ldw, sizeof(Vec8));
-    std::memcpy(&acc[r][1], w + r * ldw + 8, sizeof(Vec8));
-  }
-  for (int64_t p = 0; p < kb; ++p) {
-    Vec8 u0, u1;
-    std::memcpy(&u0, u + p * ldu, sizeof(Vec8));
-    std::memcpy(&u1, u + p * ldu + 8, sizeof(Vec8));
-    for (int r = 0; r < R; ++r) {
-      const float x = e[r * lde + p];
-      acc[r][0] -= x * u0;
-      acc[r][1] -= x * u1;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    std::memcpy(w + r * ldw, &acc[r][0], sizeof(Vec8));
-    std::memcpy(w + r * ldw + 8, &acc[r][1], sizeof(Vec8));
-  }
-}
-
 }  // namespace
 
 KILN_LINALG_CLONES void subtract_product(float* w, int64_t ldw, int64_t rows, const float* e, int64_t lde,
                                          int64_t kb, const float* u, int64_t ldu, int64_t k_begin,
                                          int64_t k_end) {
+  // w += (-e) u: the negation is exact, so each element gets the same roundings as w -= e u.
+  std::vector<float> neg(static_cast<size_t>(rows * kb));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t p = 0; p < kb; ++p) neg[static_cast<size_t>(r * kb + p)] = -e[r * lde + p];
+  }
   int64_t k = k_begin;
   for (; k + 16 <= k_end; k += 16) {
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) subtract_tile<4>(w + r * ldw + k, ldw, e + r * lde, lde, kb, u + k, ldu);
-    for (; r < rows; ++r) subtract_tile<1>(w + r * ldw + k, ldw, e + r * lde, lde, kb, u + k, ldu);
+    for (; r + 4 <= rows; r += 4)
+      product_tile<4>(w + r * ldw + k, ldw, &neg[static_cast<size_t>(r * kb)], kb, u + k, ldu, kb);
+    for (; r < rows; ++r)
+      product_tile<1>(w + r * ldw + k, ldw, &neg[static_cast<size_t>(r * kb)], kb, u + k, ldu, kb);
   }
   for (int64_t r = 0; r < rows; ++r) {  // the last columns, one at a time
     for (int64_t c = k; c < k_end; ++c) {
