@@ -67,14 +67,20 @@ struct EngineOptions {
   // other requests that share its steps. The CPU always is; on CUDA this fixes one kernel and one reduction
   // order per op whatever the batch (slower: README). false: the fastest kernels for each batch size.
   bool deterministic = false;
-  // Speculative decoding: "" (none) or "ngram": each request (not one that scores its prompt) drafts the
-  // tokens that followed the latest earlier occurrence of its last 2-8 tokens (prompt lookup), and one step
-  // computes them after its own token; a draft is kept while the token drawn at the row before it (as without
-  // drafts: same logits, history and draw) is that draft, so a request's tokens are those it gets without
-  // speculation, greedy or sampled. A step drafts at most Engine::kSpeculativeStepTokens tokens in all, so
-  // large batches speculate little or not at all. The CPU only for now.
+  // Speculative decoding: "" (none), "ngram" or "draft". Each request (not one that scores its prompt)
+  // drafts tokens, and one step computes them after its own token. "ngram": the tokens that followed the
+  // latest earlier occurrence of its last 2-8 tokens (prompt lookup). "draft": draft_model's greedy
+  // continuation, while that model gives each token at least draft_p_min. A draft is kept while the token
+  // drawn at the row before it (as without drafts: same logits, history and draw) is that draft, so a
+  // request's tokens are those it gets without speculation, greedy or sampled. A step drafts at most
+  // Engine::kSpeculativeStepTokens tokens in all, so large batches speculate little or not at all. The CPU
+  // only for now.
   std::string speculation;
-  int32_t draft_max = 8;  // draft tokens per request and step, in [1, 64]
+  // speculation "draft": a GGUF model with this model's tokenizer, smaller (a smaller model of the family, or
+  // this one at fewer bits: `kiln quantize`). Given alone, it sets speculation to "draft".
+  std::string draft_model;
+  float draft_p_min = 0.5f;  // in [0, 1]
+  int32_t draft_max = 8;     // draft tokens per request and step, in [1, 64]
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load
   // (MemAvailable; a GPU's free memory after the weights)), which on a machine with room is exactly

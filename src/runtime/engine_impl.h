@@ -26,6 +26,7 @@
 #include "grammar/grammar.h"
 #include "kiln/kiln.h"
 #include "models/model.h"
+#include "runtime/draft_model.h"
 #include "runtime/grammar_cache.h"
 #include "runtime/placement/offload.h"
 #include "runtime/sampler/sampler.h"
@@ -158,8 +159,8 @@ struct Engine::Impl {
   // the token is the draft whose K/V this step computed (Scheduler::accept_draft) rather than a new one.
   void emit(Seq& s, Result<SampleResult> sampled, bool drafted = false);
   // Speculative decoding: each decoding request's draft (Seq::draft, Scheduler::set_draft), within
-  // the step's draft budget; and, after the step, the chunk's rows from `row` on: each token emitted in turn
-  // while it equals the draft before it.
+  // the step's draft budget, by prompt lookup or from the draft model; and, after the step, the chunk's rows
+  // from `row` on: each token emitted in turn while it equals the draft before it.
   void propose_drafts();
   void verify_drafts(const ScheduledChunk& c, size_t row);
   // The token of logit row `row` when the backend did not draw it: the backend's argmax (a greedy step), or
@@ -210,7 +211,8 @@ struct Engine::Impl {
   // batch.sample_n_top, logit rows].
   std::vector<int32_t> token_ids;
   bool backend_samples = false;  // the output backend runs ops::Sample (set at load)
-  bool speculate = false;        // EngineOptions::speculation "ngram"
+  bool speculate = false;        // EngineOptions::speculation "ngram" or "draft"
+  std::unique_ptr<DraftModel> draft_model;  // speculation "draft": EngineOptions::draft_model
   int32_t spare_block = -1;      // the KV block past the cache's that padded decode rows write; -1: none
   // Tokens per step when EngineOptions::max_batch_tokens is 0: on the CPU, and on a device backend, where a
   // step that runs op by op (a prompt chunk's) spends milliseconds launching its kernels.

@@ -48,9 +48,17 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
     return invalid_argument("kv_block_size = {} must be in [1, 1024]", opt.kv_block_size);
   }
-  if (!opt.speculation.empty() && opt.speculation != "none" && opt.speculation != "ngram") {
-    return invalid_argument("speculation = \"{}\" is not supported (none, ngram)", opt.speculation);
+  if (options.speculation.empty() && !opt.draft_model.empty()) options.speculation = "draft";
+  const std::string& spec = options.speculation;
+  if (!spec.empty() && spec != "none" && spec != "ngram" && spec != "draft") {
+    return invalid_argument("speculation = \"{}\" is not supported (none, ngram, draft)", spec);
   }
+  if (spec == "draft" && opt.draft_model.empty())
+    return invalid_argument("speculation = \"draft\" needs a draft model (draft_model, --draft-model)");
+  if (spec != "draft" && !opt.draft_model.empty())
+    return invalid_argument("draft_model is set but speculation = \"{}\" does not use it", spec);
+  if (!(opt.draft_p_min >= 0.0f && opt.draft_p_min <= 1.0f))
+    return invalid_argument("draft_p_min = {} must be in [0, 1]", opt.draft_p_min);
   if (opt.draft_max < 1 || opt.draft_max > 64)
     return invalid_argument("draft_max = {} must be in [1, 64]", opt.draft_max);
   if (opt.kv_type != "f32" && opt.kv_type != "f16" && opt.kv_type != "auto") {
@@ -77,10 +85,10 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   model_options.n_ctx = n_ctx;
   KILN_TRY(make_backends(*file, model_options));
   const bool device = !backend->host_memory();
-  speculate = opt.speculation == "ngram";
+  speculate = spec == "ngram" || spec == "draft";
   if (speculate && (device || host_backend != nullptr)) {
-    return unimplemented("speculation \"{}\" runs on the CPU only for now; the model is on {}",
-                         opt.speculation, backend->name());
+    return unimplemented("speculation \"{}\" runs on the CPU only for now; the model is on {}", spec,
+                         backend->name());
   }
   if (options.max_batch_tokens == 0)
     options.max_batch_tokens = device ? kDeviceBatchTokens : kHostBatchTokens;
@@ -135,6 +143,19 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   so.kv_window = mi.kv_window;
   KILN_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(so, std::move(cache)));
   scheduler.emplace(std::move(sched));
+  if (spec == "draft") {
+    DraftModelOptions dm;
+    dm.n_ctx = n_ctx;
+    dm.block_size = opt.kv_block_size;
+    dm.n_blocks = n_blocks;  // as many positions as the model's pool
+    dm.kv_type = kv_type;
+    dm.p_min = opt.draft_p_min;
+    dm.max_catch_up = options.max_batch_tokens;
+    KILN_ASSIGN_OR_RETURN(draft_model, DraftModel::load(opt.draft_model, *backend, *tokenizer, dm));
+    log_info("draft model {}: {} layers, {:.1f} M parameters, {:.1f} MiB of K/V", draft_model->info().name,
+             draft_model->info().n_layers, static_cast<double>(draft_model->info().n_params) / 1e6,
+             static_cast<double>(draft_model->kv_bytes()) / 1048576.0);
+  }
   publish_locked();  // the pool's gauges, before any step (no other thread exists yet)
 
   desc.path = opt.model_path;

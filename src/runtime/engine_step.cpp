@@ -388,6 +388,9 @@ void Engine::Impl::propose_drafts() {
     seqs.push_back(s.get());
   }
   std::sort(seqs.begin(), seqs.end(), [](const Seq* a, const Seq* b) { return a->id < b->id; });
+  // Who drafts, and how many tokens at most: the oldest decoding requests first, within the step's budget.
+  std::vector<DraftModel::Request> asks;
+  std::vector<Seq*> askers;
   int32_t budget = Engine::kSpeculativeStepTokens;
   for (Seq* s : seqs) {
     if (budget == 0) break;
@@ -403,10 +406,22 @@ void Engine::Impl::propose_drafts() {
     const int32_t max = std::min(
         {options.draft_max, budget, s->params.max_tokens - s->stats.n_generated - 1, desc.n_ctx - n_tokens});
     if (max <= 0) continue;
-    s->draft = ngram_draft(tokens, max);
-    if (s->draft.empty()) continue;
-    scheduler->set_draft(s->id, static_cast<int32_t>(s->draft.size()));
-    budget -= static_cast<int32_t>(s->draft.size());
+    DraftModel::Request& a =
+        asks.emplace_back(DraftModel::Request{.id = s->id, .tokens = tokens, .max = max, .draft = {}});
+    askers.push_back(s);
+    if (draft_model == nullptr) a.draft = ngram_draft(tokens, max);  // costs nothing when it finds none
+    budget -= draft_model == nullptr ? static_cast<int32_t>(a.draft.size()) : max;
+  }
+  if (draft_model != nullptr) {
+    if (Status st = draft_model->propose(asks); !st.ok()) {
+      log_error("engine: the draft model failed, no drafts this step: {}", st.message());
+      return;
+    }
+  }
+  for (size_t i = 0; i < asks.size(); ++i) {
+    if (asks[i].draft.empty()) continue;
+    askers[i]->draft = std::move(asks[i].draft);
+    scheduler->set_draft(askers[i]->id, static_cast<int32_t>(askers[i]->draft.size()));
   }
 }
 
@@ -480,6 +495,7 @@ void Engine::Impl::finish(uint64_t id, FinishReason reason, const std::string& e
   KILN_ASSERT(!node.empty());
   Seq& s = *node.mapped();
   scheduler->finish(id);  // false when the plan ended it already
+  if (draft_model != nullptr) draft_model->forget(id);
   TokenEvent ev;
   ev.done = true;
   ev.finish = reason;

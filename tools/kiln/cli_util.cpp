@@ -7,15 +7,30 @@
 
 namespace kiln::cli {
 
-void add_spec_options(CLI::App& cmd, std::string& spec, int32_t& draft_max) {
+void add_spec_options(CLI::App& cmd, SpecOptions& o) {
   cmd.add_option(
-         "--spec", spec,
-         "Speculative decoding: ngram (requests draft the tokens that followed their last tokens earlier in "
-         "the prompt or output, and one step checks them; the same tokens, faster where the text repeats; "
-         "the CPU only for now)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  cmd.add_option("--draft-max", draft_max, "Draft tokens per request and step, 1-64 (with --spec)")
+         "--spec", o.spec,
+         "Speculative decoding, the same tokens faster: ngram (a request drafts the tokens that followed "
+         "its last tokens earlier in the prompt or output: fast where the text repeats) or draft (a "
+         "smaller model with the same tokenizer drafts: --draft-model); the CPU only for now")
+      ->check(CLI::IsMember({"none", "ngram", "draft"}));
+  cmd.add_option(
+         "--draft-model", o.draft_model,
+         "GGUF model that drafts (--spec draft, implied): a smaller one of the family, or this one at "
+         "fewer bits made by kiln quantize")
+      ->check(CLI::ExistingFile);
+  cmd.add_option("--draft-max", o.draft_max, "Draft tokens per request and step, 1-64 (with --spec)")
       ->capture_default_str();
+  cmd.add_option("--draft-p-min", o.draft_p_min,
+                 "--spec draft: drafting stops at a token the draft model gives less than this probability")
+      ->capture_default_str();
+}
+
+void SpecOptions::apply(EngineOptions& eo) const {
+  eo.speculation = spec;
+  eo.draft_model = draft_model;
+  eo.draft_max = draft_max;
+  eo.draft_p_min = draft_p_min;
 }
 
 std::string models_dir() {

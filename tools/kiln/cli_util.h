@@ -7,11 +7,20 @@
 #include <string_view>
 
 #include "core/status.h"
+#include "kiln/kiln.h"
 
 namespace kiln::cli {
 
-// --spec and --draft-max (EngineOptions::speculation, draft_max), for run, chat, bench and serve.
-void add_spec_options(CLI::App& cmd, std::string& spec, int32_t& draft_max);
+// --spec, --draft-model, --draft-max and --draft-p-min (EngineOptions::speculation and the draft_* fields),
+// for run, chat, bench and serve.
+struct SpecOptions {
+  std::string spec;
+  std::string draft_model;
+  int32_t draft_max = 8;
+  float draft_p_min = 0.5f;
+  void apply(EngineOptions& eo) const;
+};
+void add_spec_options(CLI::App& cmd, SpecOptions& o);
 
 // ${KILN_MODELS_DIR:-${XDG_CACHE_HOME:-~/.cache}/kiln/models}
 std::string models_dir();

@@ -34,8 +34,7 @@ struct GenOptions {
   bool quantize_activations = false;
   bool exact = false;
   bool deterministic = false;
-  std::string spec;  // --spec
-  int32_t draft_max = 8;
+  SpecOptions spec;
   SamplingParams sampling;
   // kiln run's structured output: at most one of these (CLI11 enforces it).
   std::string json_schema_file, grammar_file, regex;
@@ -112,7 +111,7 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_flag("--deterministic", o.deterministic,
                 "Batch-invariant execution: a request's tokens do not depend on the requests beside it "
                 "(slower on CUDA)");
-  add_spec_options(*cmd, o.spec, o.draft_max);
+  add_spec_options(*cmd, o.spec);
 }
 
 Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
@@ -129,8 +128,7 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
   // The fast path (8-bit activations on the CPU, tensor cores on a GPU) unless --exact.
   eo.quantize_activations = !o.exact;
   eo.deterministic = o.deterministic;
-  eo.speculation = o.spec;
-  eo.draft_max = o.draft_max;
+  o.spec.apply(eo);
   return Engine::create(eo);
 }
 

@@ -55,8 +55,7 @@ struct ServeOptions {
   bool quantize_activations = false;
   bool exact = false;
   bool deterministic = false;
-  std::string spec;
-  int32_t draft_max = 8;
+  SpecOptions spec;
 };
 
 Status run_serve(const ServeOptions& o) {
@@ -74,8 +73,7 @@ Status run_serve(const ServeOptions& o) {
   eo.gpu_layers = o.gpu_layers;
   eo.quantize_activations = !o.exact;  // the fast path on every device, as kiln run
   eo.deterministic = o.deterministic;
-  eo.speculation = o.spec;
-  eo.draft_max = o.draft_max;
+  o.spec.apply(eo);
   eo.queue_timeout_ms = static_cast<int64_t>(o.queue_timeout * 1000.0);
 
   server::HttpOptions ho;
@@ -220,7 +218,7 @@ void register_serve(CLI::App& app, int& rc) {
   cmd->add_flag("--deterministic", o->deterministic,
                 "Batch-invariant execution: a request's tokens do not depend on the requests beside it "
                 "(slower on CUDA)");
-  add_spec_options(*cmd, o->spec, o->draft_max);
+  add_spec_options(*cmd, o->spec);
   cmd->callback([o, &rc] {
     Status s = run_serve(*o);
     if (!s.ok()) rc = report_error("serve", s);
