@@ -434,6 +434,36 @@ def test_bench_json_rows():
     assert re.search(r"\| cpu \| 1 \| pp8 \| [\d.]+ ± [\d.]+ \|", md.stdout), md.stdout
 
 
+def test_bench_prompt_file_with_speculation(tmp_path):
+    """--prompt-file: the generation test starts from the text (named in the test), and with --spec the rows carry
+    the drafts made and kept over the timed repetitions; the markdown table gains their columns."""
+    require(SMOL)
+    text = tmp_path / "repeat.txt"
+    text.write_text("Repeat exactly: one two three four five six seven eight. one two three four five six seven\n")
+    res = kiln("bench", "-m", SMOL, "-p", "0", "-n", "24", "-r", "2", "-t", "1", "-d", "cpu", "--prompt-file", text,
+               "--spec", "ngram", "-o", "json")
+    assert res.returncode == 0, res.stderr
+    [row] = json.loads(res.stdout)
+    assert row["test"] == "tg24 after repeat.txt"
+    assert row["spec_draft_tokens"] > 0 and 0 <= row["spec_accepted_tokens"] <= row["spec_draft_tokens"], row
+    assert 0 < row["spec_drafts"] <= row["spec_draft_tokens"]
+    md = kiln("bench", "-m", SMOL, "-p", "0", "-n", "16", "-r", "1", "-t", "1", "-d", "cpu", "--prompt-file", text,
+              "--chat", "--draft-model", SMOL, "--draft-p-min", "0")
+    assert md.returncode == 0, md.stderr
+    assert "| drafts kept | tokens/verify |" in md.stdout, md.stdout
+    assert re.search(r"\| tg16 after repeat.txt \| [\d.]+ ± [\d.]+ \| 100.0% \| [\d.]+ \|", md.stdout), md.stdout
+
+
+def test_run_draft_model_errors(tmp_path):
+    """A draft model whose vocabulary is not the model's, and --spec draft without one, are refused naming why."""
+    require(SMOL)
+    require(GEMMA)
+    one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "-n", "2", "-d", "cpu", "--draft-model", GEMMA),
+                   "draft model", "262144 tokens", "tokenizer")
+    one_line_error(kiln("run", "-m", SMOL, "-p", "hi", "-n", "2", "-d", "cpu", "--spec", "draft"),
+                   "needs a draft model")
+
+
 def test_bench_bad_options():
     for args in (["-o", "xml"], ["-r", "0"], ["-p", "-3"], ["--batch", "0"], ["--exact", "--quantize-activations"],
                  ["--pg", "8"], ["--pg", "8,0"]):

@@ -1,9 +1,15 @@
 #include "cli_util.h"
 
+#include <sys/stat.h>
+
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <system_error>
 
 namespace kiln::cli {
 
@@ -31,6 +37,20 @@ void SpecOptions::apply(EngineOptions& eo) const {
   eo.draft_model = draft_model;
   eo.draft_max = draft_max;
   eo.draft_p_min = draft_p_min;
+}
+
+Result<std::string> read_text_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return make_status(StatusCode::not_found, "cannot read {}: {}", path,
+                       std::error_code(errno, std::generic_category()).message());
+  }
+  if (!S_ISREG(st.st_mode)) return invalid_argument("{} is not a regular file", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_status(StatusCode::not_found, "cannot open {}", path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return io_error("cannot read {}", path);
+  return text;
 }
 
 std::string models_dir() {

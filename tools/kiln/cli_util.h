@@ -22,6 +22,9 @@ struct SpecOptions {
 };
 void add_spec_options(CLI::App& cmd, SpecOptions& o);
 
+// The whole text of `path`, a regular file that can be read; errors name the path.
+Result<std::string> read_text_file(const std::string& path);
+
 // ${KILN_MODELS_DIR:-${XDG_CACHE_HOME:-~/.cache}/kiln/models}
 std::string models_dir();
 // The default model (SmolLM2-135M-Instruct Q4_1) inside models_dir().

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -39,6 +40,11 @@ struct BenchOptions {
   bool quantize_activations = false;
   bool exact = false;
   bool deterministic = false;
+  SpecOptions spec;
+  // The tg and pp+tg tests' prompt: this file's text (as a chat message with --chat) instead of random
+  // tokens.
+  std::string prompt_file;
+  bool chat = false;
 };
 
 struct Row {
@@ -47,6 +53,9 @@ struct Row {
   int64_t n_params = 0;
   int32_t threads = 0, n_prompt = 0, n_gen = 0, batch = 1;
   std::vector<double> samples;  // tokens/s of each timed repetition
+  // Speculative decoding over the timed repetitions (EngineMetrics): draft tokens made and kept, and the
+  // steps that verified a draft.
+  uint64_t n_draft_tokens = 0, n_accepted = 0, n_drafts = 0;
   double mean() const {
     double s = 0;
     for (double v : samples) s += v;
@@ -61,15 +70,23 @@ struct Row {
   }
 };
 
-// One test's requests, submitted together; the per-request statistics.
-Result<std::vector<RequestStats>> run_requests(Engine& engine, int32_t n_prompt, int32_t n_gen, int32_t batch,
-                                               uint64_t& salt, std::mt19937& rng) {
+// One test's requests, submitted together; the per-request statistics. Their prompt: `text`'s when it has
+// one, else n_prompt random tokens.
+Result<std::vector<RequestStats>> run_requests(Engine& engine, const Request& text, int32_t n_prompt,
+                                               int32_t n_gen, int32_t batch, uint64_t& salt,
+                                               std::mt19937& rng) {
   const int32_t n_vocab = engine.model().n_vocab;
   std::uniform_int_distribution<int32_t> token(0, n_vocab - 1);
   std::vector<uint64_t> ids;
+  const bool has_text = !text.prompt.empty() || !text.messages.empty();
   for (int32_t b = 0; b < batch; ++b) {
     Request req;
-    for (int32_t i = 0; i < n_prompt; ++i) req.prompt_tokens.push_back(token(rng));
+    if (has_text) {
+      req.prompt = text.prompt;
+      req.messages = text.messages;
+    } else {
+      for (int32_t i = 0; i < n_prompt; ++i) req.prompt_tokens.push_back(token(rng));
+    }
     req.sampling.temperature = 0;
     req.sampling.max_tokens = n_gen;
     req.sampling.ignore_eos = true;
@@ -92,19 +109,20 @@ Result<std::vector<RequestStats>> run_requests(Engine& engine, int32_t n_prompt,
 // tokens/s of one repetition: the prompt over its processing time (pp), the tokens after the first over the
 // longest decode of the batch (tg: they decode together), or every generated token over the wall time from
 // submitting to the last one done (pp+tg).
-Result<double> measure(Engine& engine, const Row& row, uint64_t& salt, std::mt19937& rng) {
+Result<double> measure(Engine& engine, const Row& row, const Request& text, uint64_t& salt,
+                       std::mt19937& rng) {
   if (row.n_prompt > 0 && row.n_gen > 0) {
     const auto t0 = std::chrono::steady_clock::now();
-    KILN_TRY(run_requests(engine, row.n_prompt, row.n_gen, row.batch, salt, rng).status());
+    KILN_TRY(run_requests(engine, text, row.n_prompt, row.n_gen, row.batch, salt, rng).status());
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return static_cast<double>(row.batch) * row.n_gen * 1000.0 / std::max(ms, 1e-6);
   }
   if (row.n_prompt > 0) {
-    KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, row.n_prompt, 1, 1, salt, rng));
+    KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, Request{}, row.n_prompt, 1, 1, salt, rng));
     return (st[0].n_prompt - st[0].n_cached) * 1000.0 / std::max(st[0].prefill_ms, 1e-6);
   }
-  KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, 1, row.n_gen + 1, row.batch, salt, rng));
+  KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, text, 1, row.n_gen + 1, row.batch, salt, rng));
   double decode_ms = 0;
   for (const RequestStats& s : st) decode_ms = std::max(decode_ms, s.decode_ms);
   return static_cast<double>(row.batch) * row.n_gen * 1000.0 / std::max(decode_ms, 1e-6);
@@ -132,7 +150,10 @@ void print_rows(const std::vector<Row>& rows, const std::string& format) {
                      {"batch", r.batch},
                      {"tokens_per_s", r.mean()},
                      {"tokens_per_s_sd", r.sd()},
-                     {"samples", r.samples}});
+                     {"samples", r.samples},
+                     {"spec_draft_tokens", r.n_draft_tokens},
+                     {"spec_accepted_tokens", r.n_accepted},
+                     {"spec_drafts", r.n_drafts}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -148,12 +169,23 @@ void print_rows(const std::vector<Row>& rows, const std::string& format) {
     }
     return;
   }
-  std::printf("| model | size | params | backend | threads | test | t/s |\n");
-  std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+  // With speculative decoding: the share of draft tokens kept, and the tokens a verifying step yields.
+  const bool spec = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.n_drafts > 0; });
+  std::printf("| model | size | params | backend | threads | test | t/s |%s\n",
+              spec ? " drafts kept | tokens/verify |" : "");
+  std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |%s\n", spec ? " ---: | ---: |" : "");
   for (const Row& r : rows) {
-    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f |\n", r.model.c_str(),
+    std::string drafts;
+    if (spec && r.n_drafts > 0) {
+      drafts =
+          fmt::format(" {:.1f}% | {:.2f} |", 100.0 * static_cast<double>(r.n_accepted) / r.n_draft_tokens,
+                      1.0 + static_cast<double>(r.n_accepted) / static_cast<double>(r.n_drafts));
+    } else if (spec) {
+      drafts = " - | - |";
+    }
+    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f |%s\n", r.model.c_str(),
                 human_bytes(r.size_bytes).c_str(), static_cast<double>(r.n_params) / 1e6, r.backend.c_str(),
-                r.threads, r.test.c_str(), r.mean(), r.sd());
+                r.threads, r.test.c_str(), r.mean(), r.sd(), drafts.c_str());
   }
 }
 
@@ -164,6 +196,18 @@ Status run_bench(const BenchOptions& o) {
   std::vector<Row> rows;
   std::mt19937 rng(1234);
   uint64_t salt = 0;
+  Request text;  // --prompt-file
+  std::string text_name;
+  if (!o.prompt_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(std::string t, read_text_file(o.prompt_file));
+    if (t.empty()) return invalid_argument("--prompt-file {} is empty", o.prompt_file);
+    if (o.chat) {
+      text.messages.push_back({.role = "user", .content = std::move(t)});
+    } else {
+      text.prompt = std::move(t);
+    }
+    text_name = std::filesystem::path(o.prompt_file).filename().string();
+  }
   for (const std::string& m : models) {
     for (const int32_t threads : o.threads) {
       // The pp and tg tests on one engine; the pp+tg tests on another, with kiln serve's step budget.
@@ -178,11 +222,20 @@ Status run_bench(const BenchOptions& o) {
         eo.quantize_activations = !o.exact;
         eo.deterministic = o.deterministic;
         eo.n_seq_max = max_batch;
-        if (pg) {
+        o.spec.apply(eo);
+        // A prompt in one step, as llama-bench's; every request's token, and the drafts of speculation.
+        const int32_t step_tokens =
+            std::max(max_prompt, max_batch + (o.spec.spec.empty() && o.spec.draft_model.empty()
+                                                  ? 0
+                                                  : Engine::kSpeculativeStepTokens));
+        if (!text_name.empty()) {
+          eo.n_ctx = 0;  // the model's (a text's length is known once tokenized)
+          if (!pg) eo.max_batch_tokens = step_tokens;
+        } else if (pg) {
           eo.n_ctx = o.pg[0] + o.pg[1] + 1;
         } else {
           eo.n_ctx = std::max(max_prompt, o.n_gen + 1) + 1;
-          eo.max_batch_tokens = std::max(max_prompt, max_batch);  // a prompt in one step, as llama-bench's
+          eo.max_batch_tokens = step_tokens;
         }
         KILN_ASSIGN_OR_RETURN(auto engine, Engine::create(eo));
         const ModelDescription& d = engine->model();
@@ -203,6 +256,8 @@ Status run_bench(const BenchOptions& o) {
           for (const int32_t b : o.batch.empty() ? std::vector<int32_t>{1} : o.batch) {
             r.batch = b;
             r.test = fmt::format("pp{}+tg{}{}", r.n_prompt, r.n_gen, b > 1 ? fmt::format("@bs{}", b) : "");
+            if (!text_name.empty())
+              r.test = fmt::format("{}+tg{}{}", text_name, r.n_gen, b > 1 ? fmt::format("@bs{}", b) : "");
             tests.push_back(r);
           }
         }
@@ -215,22 +270,28 @@ Status run_bench(const BenchOptions& o) {
         if (!pg && o.n_gen > 0) {
           Row r = base;
           r.n_gen = o.n_gen;
-          r.test = fmt::format("tg{}", o.n_gen);
+          const std::string after = text_name.empty() ? "" : " after " + text_name;
+          r.test = fmt::format("tg{}{}", o.n_gen, after);
           tests.push_back(r);
           for (const int32_t b : o.batch) {
             r.batch = b;
-            r.test = fmt::format("tg{}@bs{}", o.n_gen, b);
+            r.test = fmt::format("tg{}@bs{}{}", o.n_gen, b, after);
             if (b > 1) tests.push_back(r);
           }
         }
         for (Row& r : tests) {
           std::fprintf(stderr, "kiln bench: %s, %d threads, %s: ", d.name.c_str(), d.n_threads,
                        r.test.c_str());
-          KILN_TRY(measure(*engine, r, salt, rng).status());  // warm-up, untimed
+          KILN_TRY(measure(*engine, r, text, salt, rng).status());  // warm-up, untimed
+          const EngineMetrics m0 = engine->metrics();
           for (int32_t i = 0; i < o.reps; ++i) {
-            KILN_ASSIGN_OR_RETURN(const double tps, measure(*engine, r, salt, rng));
+            KILN_ASSIGN_OR_RETURN(const double tps, measure(*engine, r, text, salt, rng));
             r.samples.push_back(tps);
           }
+          const EngineMetrics m1 = engine->metrics();
+          r.n_draft_tokens = m1.n_draft_tokens - m0.n_draft_tokens;
+          r.n_accepted = m1.n_accepted_tokens - m0.n_accepted_tokens;
+          r.n_drafts = m1.n_drafts - m0.n_drafts;
           std::fprintf(stderr, "%.2f tokens/s\n", r.mean());
           rows.push_back(r);
         }
@@ -290,6 +351,13 @@ void register_bench(CLI::App& app, int& rc) {
   cmd->add_flag("--deterministic", o->deterministic,
                 "Batch-invariant execution: a request's tokens do not depend on the requests beside it "
                 "(slower on CUDA)");
+  cmd->add_option(
+         "--prompt-file", o->prompt_file,
+         "The generation tests' prompt: this file's text instead of random tokens (the tg tests then "
+         "time the tokens after the first, the prompt untimed)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--chat", o->chat, "--prompt-file's text as a user message through the chat template");
+  add_spec_options(*cmd, o->spec);
   register_bench_serve(*cmd, rc);
   cmd->callback([o, &rc, cmd] {
     if (cmd->got_subcommand("serve")) return;  // kiln bench serve ran instead

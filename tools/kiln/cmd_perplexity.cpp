@@ -58,21 +58,6 @@ struct PplOptions {
   bool kl_divergence = false;   // --kl-divergence: compare with kld_base rather than write it
 };
 
-// The whole text of `path`: a regular file that can be read.
-Result<std::string> read_text(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    return make_status(StatusCode::not_found, "cannot read {}: {}", path,
-                       std::error_code(errno, std::generic_category()).message());
-  }
-  if (!S_ISREG(st.st_mode)) return invalid_argument("{} is not a regular file", path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_status(StatusCode::not_found, "cannot open {}", path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return io_error("cannot read {}", path);
-  return text;
-}
-
 // Sums of the scored tokens' negative log-likelihoods: the perplexity and its standard error as llama.cpp
 // reports them (exp of the mean, and that times the standard error of the mean).
 struct Nll {
@@ -165,7 +150,7 @@ Status choose_tokens(PplRun& run, const PplOptions& o, const Engine& engine) {
     run.n_chunks = o.n_chunks > 0 ? std::min<int64_t>(h.n_chunk, o.n_chunks) : h.n_chunk;
     return Status::ok_status();
   }
-  KILN_ASSIGN_OR_RETURN(const std::string text, read_text(o.file));
+  KILN_ASSIGN_OR_RETURN(const std::string text, read_text_file(o.file));
   KILN_ASSIGN_OR_RETURN(run.text_tokens, engine.tokenize(text, /*add_special=*/true));
   run.n_ctx = o.n_ctx;
   run.n_chunks = static_cast<int64_t>(run.text_tokens.size()) / run.n_ctx;
