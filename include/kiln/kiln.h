@@ -80,6 +80,11 @@ struct EngineOptions {
   // this one at fewer bits: `kiln quantize`). Given alone, it sets speculation to "draft".
   std::string draft_model;
   float draft_p_min = 0.5f;  // in [0, 1]
+  // Drafting only in the decode steps where it has paid: the engine measures the tokens a second of decode
+  // steps with drafts and without, per batch size, and drafts where that was faster, trying the other now and
+  // then (runtime/spec_control.h). false: every decode step drafts, whatever it costs (tests, and measuring
+  // that cost).
+  bool speculation_adaptive = true;
   int32_t draft_max = 8;     // draft tokens per request and step, in [1, 64]
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load

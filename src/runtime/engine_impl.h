@@ -31,6 +31,7 @@
 #include "runtime/placement/offload.h"
 #include "runtime/sampler/sampler.h"
 #include "runtime/scheduler/scheduler.h"
+#include "runtime/spec_control.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -210,10 +211,11 @@ struct Engine::Impl {
   // When the step's argmax ran on the backend: [logit rows]; when its draws did: ops::Sample's out, [2 + 2 *
   // batch.sample_n_top, logit rows].
   std::vector<int32_t> token_ids;
-  bool backend_samples = false;  // the output backend runs ops::Sample (set at load)
-  bool speculate = false;        // EngineOptions::speculation "ngram" or "draft"
+  bool backend_samples = false;             // the output backend runs ops::Sample (set at load)
+  bool speculate = false;                   // EngineOptions::speculation "ngram" or "draft"
   std::unique_ptr<DraftModel> draft_model;  // speculation "draft": EngineOptions::draft_model
-  int32_t spare_block = -1;      // the KV block past the cache's that padded decode rows write; -1: none
+  SpecControl spec_control;                 // whether a decode step drafts (speculation on)
+  int32_t spare_block = -1;  // the KV block past the cache's that padded decode rows write; -1: none
   // Tokens per step when EngineOptions::max_batch_tokens is 0: on the CPU, and on a device backend, where a
   // step that runs op by op (a prompt chunk's) spends milliseconds launching its kernels.
   static constexpr int32_t kHostBatchTokens = 512, kDeviceBatchTokens = 2048;

@@ -108,7 +108,11 @@ void Engine::Impl::step() {
   const auto t0 = Clock::now();
   take_incoming();
   expire_queued();
-  if (speculate) propose_drafts();
+  // Speculation drafts in the decode steps where it has paid (SpecControl).
+  const int32_t n_running = scheduler->n_running();
+  const bool drafted = speculate && (!options.speculation_adaptive || spec_control.choose(n_running));
+  if (drafted) propose_drafts();
+  const uint64_t generated_before = totals.n_generated_tokens + delta.n_generated_tokens;
   const StepPlan plan = scheduler->schedule();
   on_plan(plan);
   {
@@ -175,6 +179,14 @@ void Engine::Impl::step() {
       const bool decode_only = std::all_of(plan.chunks.begin(), plan.chunks.end(),
                                            [](const ScheduledChunk& c) { return c.n_tokens == 1; });
       (decode_only ? profile.decode : profile.prefill).emit_ms += ms_between(t4, Clock::now());
+    }
+    const bool decoding = std::all_of(plan.chunks.begin(), plan.chunks.end(), [](const ScheduledChunk& c) {
+      return c.sample && c.n_tokens - c.n_draft == 1;
+    });
+    if (speculate && decoding && st.ok() && plan.admitted.empty() && n_running == scheduler->n_running()) {
+      const uint64_t generated = totals.n_generated_tokens + delta.n_generated_tokens - generated_before;
+      spec_control.record(n_running, drafted, static_cast<int64_t>(generated),
+                          ms_between(t0, Clock::now()) / 1e3);
     }
   }
   std::lock_guard<std::mutex> lock(mu);

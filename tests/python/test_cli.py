@@ -441,14 +441,14 @@ def test_bench_prompt_file_with_speculation(tmp_path):
     text = tmp_path / "repeat.txt"
     text.write_text("Repeat exactly: one two three four five six seven eight. one two three four five six seven\n")
     res = kiln("bench", "-m", SMOL, "-p", "0", "-n", "24", "-r", "2", "-t", "1", "-d", "cpu", "--prompt-file", text,
-               "--spec", "ngram", "-o", "json")
+               "--spec", "ngram", "--draft-always", "-o", "json")
     assert res.returncode == 0, res.stderr
     [row] = json.loads(res.stdout)
     assert row["test"] == "tg24 after repeat.txt"
     assert row["spec_draft_tokens"] > 0 and 0 <= row["spec_accepted_tokens"] <= row["spec_draft_tokens"], row
     assert 0 < row["spec_drafts"] <= row["spec_draft_tokens"]
     md = kiln("bench", "-m", SMOL, "-p", "0", "-n", "16", "-r", "1", "-t", "1", "-d", "cpu", "--prompt-file", text,
-              "--chat", "--draft-model", SMOL, "--draft-p-min", "0")
+              "--chat", "--draft-model", SMOL, "--draft-p-min", "0", "--draft-always")
     assert md.returncode == 0, md.stderr
     assert "| drafts kept | tokens/verify |" in md.stdout, md.stdout
     assert re.search(r"\| tg16 after repeat.txt \| [\d.]+ ± [\d.]+ \| 100.0% \| [\d.]+ \|", md.stdout), md.stdout

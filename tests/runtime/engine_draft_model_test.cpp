@@ -46,6 +46,7 @@ EngineOptions options(bool draft, float p_min = 0.0f) {
   o.n_ctx = 512;
   o.n_seq_max = 4;
   o.quantize_activations = true;  // the default path
+  o.speculation_adaptive = false;  // every decode step drafts, however fast it is here
   if (draft) {
     o.draft_model = test::model_path();  // speculation "draft" implied
     o.draft_max = 5;

@@ -48,6 +48,7 @@ EngineOptions options(bool speculate) {
   o.n_ctx = 512;
   o.n_seq_max = 4;
   o.quantize_activations = true;  // the default path
+  o.speculation_adaptive = false;  // every decode step drafts, however fast it is here
   if (speculate) o.speculation = "ngram";
   return o;
 }

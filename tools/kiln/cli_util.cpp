@@ -30,6 +30,9 @@ void add_spec_options(CLI::App& cmd, SpecOptions& o) {
   cmd.add_option("--draft-p-min", o.draft_p_min,
                  "--spec draft: drafting stops at a token the draft model gives less than this probability")
       ->capture_default_str();
+  cmd.add_flag("--draft-always", o.draft_always,
+               "Draft in every decode step (by default a step drafts where drafting has been the faster, as "
+               "measured while serving)");
 }
 
 void SpecOptions::apply(EngineOptions& eo) const {
@@ -37,6 +40,7 @@ void SpecOptions::apply(EngineOptions& eo) const {
   eo.draft_model = draft_model;
   eo.draft_max = draft_max;
   eo.draft_p_min = draft_p_min;
+  eo.speculation_adaptive = !draft_always;
 }
 
 Result<std::string> read_text_file(const std::string& path) {

@@ -18,6 +18,7 @@ struct SpecOptions {
   std::string draft_model;
   int32_t draft_max = 8;
   float draft_p_min = 0.5f;
+  bool draft_always = false;
   void apply(EngineOptions& eo) const;
 };
 void add_spec_options(CLI::App& cmd, SpecOptions& o);

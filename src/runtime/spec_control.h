@@ -1,0 +1,48 @@
+// SpecControl: whether a decode step drafts, from what drafting has bought so far. Speculation pays when the
+// tokens its drafts add outweigh what drafting and checking them cost, and that depends on the hardware (how
+// much a step of k + 1 rows costs beside one of one), the drafter (a draft model's passes are not free), the
+// text (how often drafts are kept) and the batch (a full batch is already compute-bound). None of these is
+// known in advance, so the engine measures: for decode-only steps it keeps the rate of generated tokens per
+// second with drafts and without, per batch size class, and drafts when that has been the faster. The slower
+// mode is tried again now and then, at intervals that double while it stays slower (so a mode that loses
+// costs ever less), and fall back to the shortest when the choice flips.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace kiln {
+
+class SpecControl {
+ public:
+  // Steps between tries of the slower mode: from kMinInterval, doubling to kMaxInterval.
+  static constexpr int32_t kMinInterval = 8, kMaxInterval = 512;
+  // Steps each mode takes in a row when tried, so one noisy step does not decide.
+  static constexpr int32_t kTrySteps = 3;
+
+  // Whether a decode step of `n_decoding` requests should draft.
+  bool choose(int32_t n_decoding);
+  // A decode-only step of `n_decoding` requests, with drafts or not as choose() said, made `tokens` tokens
+  // in `seconds` (drafting included).
+  void record(int32_t n_decoding, bool drafted, int64_t tokens, double seconds);
+
+ private:
+  struct Rate {
+    double value = 0;  // tokens per second, averaged (exponentially) over the recorded steps
+    int64_t steps = 0;
+    void add(double v);
+  };
+  struct Class {
+    std::array<Rate, 2> rate;  // [drafted]
+    bool best = true;          // the mode that has been faster (drafting, until measured)
+    int32_t interval = kMinInterval;
+    int32_t since_try = 0;  // steps of `best` since the other mode was last tried
+    int32_t trying = 0;     // steps left of the try in progress (of !best)
+  };
+  // Batch size classes: 1, 2-3, 4-7, ..., 64 and more.
+  static constexpr int kClasses = 8;
+  static int class_of(int32_t n_decoding);
+  std::array<Class, kClasses> classes_;
+};
+
+}  // namespace kiln
