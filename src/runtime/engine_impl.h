@@ -163,6 +163,9 @@ struct Engine::Impl {
   // the step's draft budget, by prompt lookup or from the draft model; and, after the step, the chunk's rows
   // from `row` on: each token emitted in turn while it equals the draft before it.
   void propose_drafts();
+  // Whether the next step is likely to decode only (no admission, no prompt to compute): the steps where
+  // speculation drafts, and whose speed SpecControl compares.
+  bool decode_step_next() const;
   void verify_drafts(const ScheduledChunk& c, size_t row);
   // The token of logit row `row` when the backend did not draw it: the backend's argmax (a greedy step), or
   // the request's sampler on the downloaded logits.

@@ -108,9 +108,13 @@ void Engine::Impl::step() {
   const auto t0 = Clock::now();
   take_incoming();
   expire_queued();
-  // Speculation drafts in the decode steps where it has paid (SpecControl).
+  // Speculation drafts in decode steps where it has paid (SpecControl), and prompt lookup in steps that
+  // compute prompts too (its drafts ride along a large step at little cost; a draft model's passes would
+  // not).
   const int32_t n_running = scheduler->n_running();
-  const bool drafted = speculate && (!options.speculation_adaptive || spec_control.choose(n_running));
+  const bool decode_step = decode_step_next();
+  const bool drafted = speculate && (!options.speculation_adaptive ||
+                                     (decode_step ? spec_control.choose(n_running) : draft_model == nullptr));
   if (drafted) propose_drafts();
   const uint64_t generated_before = totals.n_generated_tokens + delta.n_generated_tokens;
   const StepPlan plan = scheduler->schedule();
@@ -183,14 +187,29 @@ void Engine::Impl::step() {
     const bool decoding = std::all_of(plan.chunks.begin(), plan.chunks.end(), [](const ScheduledChunk& c) {
       return c.sample && c.n_tokens - c.n_draft == 1;
     });
-    if (speculate && decoding && st.ok() && plan.admitted.empty() && n_running == scheduler->n_running()) {
+    // Prompt lookup that found no draft made a step without drafts (looking costs next to nothing); a draft
+    // model's passes cost whatever they drafted.
+    const bool verified = drafted && (draft_model != nullptr ||
+                                      std::any_of(plan.chunks.begin(), plan.chunks.end(),
+                                                  [](const ScheduledChunk& c) { return c.n_draft > 0; }));
+    if (speculate && decoding && st.ok()) {
       const uint64_t generated = totals.n_generated_tokens + delta.n_generated_tokens - generated_before;
-      spec_control.record(n_running, drafted, static_cast<int64_t>(generated),
+      spec_control.record(n_running, verified, static_cast<int64_t>(generated),
                           ms_between(t0, Clock::now()) / 1e3);
     }
   }
   std::lock_guard<std::mutex> lock(mu);
   publish_locked();
+}
+
+bool Engine::Impl::decode_step_next() const {
+  if (scheduler->n_waiting() > 0 && scheduler->n_running() < options.n_seq_max) return false;  // admissions
+  for (const auto& [id, s] : live) {
+    if (scheduler->running(id) &&
+        scheduler->n_computed(id) != static_cast<int32_t>(scheduler->tokens(id).size()) - 1)
+      return false;  // a prompt (or a preempted request's tokens) to compute
+  }
+  return true;
 }
 
 void Engine::Impl::on_plan(const StepPlan& plan) {

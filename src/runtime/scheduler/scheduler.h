@@ -118,6 +118,10 @@ class Scheduler {
   int32_t n_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   bool contains(uint64_t id) const { return reqs_.contains(id); }
+  bool running(uint64_t id) const {
+    const auto it = reqs_.find(id);
+    return it != reqs_.end() && it->second.running;
+  }
   // Prompt + generated tokens of a known request. Valid until the next call that changes it.
   std::span<const int32_t> tokens(uint64_t id) const;
   // Leading tokens of `id` whose K/V are in the cache (0 while waiting).
