@@ -18,6 +18,7 @@ namespace {
 
 using test::collect;
 using test::Collected;
+using test::generate;
 using test::greedy;
 using test::make_engine;
 
@@ -29,23 +30,11 @@ const std::vector<std::string>& prompts() {
   return p;
 }
 
-std::vector<Collected> generate(Engine& e, const std::vector<Request>& reqs) {
-  std::vector<Collected> out(reqs.size());
-  std::vector<uint64_t> ids;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto id = e.submit(reqs[i], collect(out[i]));
-    EXPECT_TRUE(id.ok()) << id.status().message();
-    ids.push_back(id.ok() ? *id : 0);
-  }
-  for (uint64_t id : ids) EXPECT_TRUE(e.wait(id).ok());
-  return out;
-}
-
 EngineOptions options(bool draft, float p_min = 0.0f) {
   EngineOptions o;
   o.n_ctx = 512;
   o.n_seq_max = 4;
-  o.quantize_activations = true;  // the default path
+  o.quantize_activations = true;   // the default path
   o.speculation_adaptive = false;  // every decode step drafts, however fast it is here
   if (draft) {
     o.draft_model = test::model_path();  // speculation "draft" implied

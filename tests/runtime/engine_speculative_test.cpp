@@ -15,6 +15,7 @@ namespace {
 
 using test::collect;
 using test::Collected;
+using test::generate;
 using test::greedy;
 using test::make_engine;
 
@@ -30,24 +31,11 @@ const std::vector<std::string>& prompts() {
   return p;
 }
 
-// Each request's tokens and text, all submitted at once (n_seq_max 4: some wait).
-std::vector<Collected> generate(Engine& e, const std::vector<Request>& reqs) {
-  std::vector<Collected> out(reqs.size());
-  std::vector<uint64_t> ids;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto id = e.submit(reqs[i], collect(out[i]));
-    EXPECT_TRUE(id.ok()) << id.status().message();
-    ids.push_back(id.ok() ? *id : 0);
-  }
-  for (uint64_t id : ids) EXPECT_TRUE(e.wait(id).ok());
-  return out;
-}
-
 EngineOptions options(bool speculate) {
   EngineOptions o;
   o.n_ctx = 512;
   o.n_seq_max = 4;
-  o.quantize_activations = true;  // the default path
+  o.quantize_activations = true;   // the default path
   o.speculation_adaptive = false;  // every decode step drafts, however fast it is here
   if (speculate) o.speculation = "ngram";
   return o;

@@ -71,4 +71,17 @@ inline Request greedy(std::string prompt, int32_t n) {
   return r;
 }
 
+// Each request's tokens and text, all submitted at once (those past the engine's n_seq_max wait).
+inline std::vector<Collected> generate(Engine& e, const std::vector<Request>& reqs) {
+  std::vector<Collected> out(reqs.size());
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto id = e.submit(reqs[i], collect(out[i]));
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    ids.push_back(id.ok() ? *id : 0);
+  }
+  for (uint64_t id : ids) EXPECT_TRUE(e.wait(id).ok());
+  return out;
+}
+
 }  // namespace kiln::test
