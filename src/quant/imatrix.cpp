@@ -72,15 +72,16 @@ Status load_in_file(const std::string& path, int64_t chunk_size, bool full, Tota
   KILN_ASSIGN_OR_RETURN(quant::Imatrix im, quant::read_imatrix(path));
   const double scale = im.legacy ? static_cast<double>(chunk_size) : 1.0;
   for (auto& [name, tensor] : im.tensors) {
-    if (full && tensor.n_mat == 1 && tensor.gram.empty())
+    if (full && tensor.n_mat == 1 && !tensor.has_gram())
       return invalid_argument("--full: {} has no Gram matrix for {} (made without --full)", path, name);
-    if (!full && !tensor.gram.empty())
+    if (!full && tensor.has_gram())
       return invalid_argument("{} holds Gram matrices (made with --full): collect with --full too", path);
     ImatrixSums s;
     s.n_cols = tensor.n_cols;
     for (const float v : tensor.sum2) s.sum2.push_back(v * scale);
     for (const float c : tensor.counts) s.counts.push_back(c * scale);
-    s.gram = std::move(tensor.gram);
+    const std::span<const float> gram = tensor.gram_values();  // the file's: summed into a copy
+    s.gram.assign(gram.begin(), gram.end());
     KILN_TRY(quant::add_sums(name, s, t.sums[name]));
   }
   t.datasets.insert(t.datasets.end(), im.datasets.begin(), im.datasets.end());

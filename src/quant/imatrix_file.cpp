@@ -172,7 +172,8 @@ Result<ImatrixTensor> read_entry(const gguf::File& f, const std::string& name, c
   return t;
 }
 
-Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& name) {
+Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& name,
+                          const std::shared_ptr<const MappedFile>& map) {
   KILN_ASSIGN_OR_RETURN(const gguf::File f, gguf::File::parse(bytes, name));
   if (f.find("general.type") != nullptr) {
     KILN_ASSIGN_OR_RETURN(const std::string type, f.get_string("general.type"));
@@ -216,9 +217,10 @@ Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& nam
         return invalid_argument("{}: {} is {} [{} values], expected f32 [{}, {}] for {}", name, gi.name,
                                 dtype_name(gi.type), gi.n_elements(), t.n_cols, t.n_cols, weight);
       }
-      t.gram.resize(static_cast<size_t>(gi.n_elements()));
-      std::memcpy(t.gram.data(), gi.data, t.gram.size() * 4);
-      KILN_TRY(check_finite(name, gi.name, t.gram, "value"));
+      // GGUF aligns tensor data (to 32 bytes by default, always to 4 or more): a float view is aligned.
+      t.gram_mapped = {reinterpret_cast<const float*>(gi.data), static_cast<size_t>(gi.n_elements())};
+      KILN_TRY(check_finite(name, gi.name, t.gram_mapped, "value"));
+      im.mapping = map;
       grams.erase(g);
     }
     im.tensors.emplace(weight, std::move(t));
@@ -234,10 +236,11 @@ Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& nam
 
 Result<Imatrix> read_imatrix(const std::filesystem::path& path) {
   const std::string name = path.string();
-  KILN_ASSIGN_OR_RETURN(const MappedFile map, MappedFile::open(name));
-  const std::span<const uint8_t> bytes = map.bytes();
+  KILN_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::open(name));
+  const auto map = std::make_shared<const MappedFile>(std::move(mapped));
+  const std::span<const uint8_t> bytes = map->bytes();
   if (bytes.empty()) return invalid_argument("{}: the file is empty", name);
-  if (bytes.size() >= 4 && std::memcmp(bytes.data(), "GGUF", 4) == 0) return read_gguf(bytes, name);
+  if (bytes.size() >= 4 && std::memcmp(bytes.data(), "GGUF", 4) == 0) return read_gguf(bytes, name, map);
   return read_legacy(bytes, name);
 }
 
@@ -269,16 +272,16 @@ Status write_imatrix(const Imatrix& imatrix, const std::filesystem::path& path) 
     KILN_TRY(w.add_tensor(weight + std::string(kCountsSuffix),
                           one ? std::vector<int64_t>{1} : std::vector<int64_t>{1, t.n_mat}, DType::f32,
                           as_bytes(t.counts)));
-    if (t.gram.empty()) continue;
-    if (!one || t.gram.size() != static_cast<size_t>(t.n_cols * t.n_cols)) {
+    const std::span<const float> gram = t.gram_values();
+    if (gram.empty()) continue;
+    if (!one || gram.size() != static_cast<size_t>(t.n_cols * t.n_cols)) {
       return invalid_argument("{}: {}: a Gram matrix of {} values for {} matrices of {} columns", name,
-                              weight, t.gram.size(), t.n_mat, t.n_cols);
+                              weight, gram.size(), t.n_mat, t.n_cols);
     }
     // Copied as the file is written, not into the writer first: a 1.5B model's are 9.8 GB.
-    const std::vector<float>* gram = &t.gram;
     KILN_TRY(w.add_tensor_lazy(weight + std::string(kGramSuffix), {t.n_cols, t.n_cols}, DType::f32,
                                [gram](std::span<uint8_t> out) {
-                                 std::memcpy(out.data(), gram->data(), out.size());
+                                 std::memcpy(out.data(), gram.data(), out.size());
                                  return Status::ok_status();
                                }));
   }

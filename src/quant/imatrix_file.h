@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,8 +25,15 @@ struct ImatrixTensor {
   std::vector<float> sum2;    // [n_mat][n_cols]: sums of squared activations
   std::vector<float> counts;  // [n_mat]: tokens (activation rows) each matrix's sums saw (whole numbers)
   // [n_cols][n_cols]: the sum over the same tokens of x x^T ("<weight>.in_gram", `kiln imatrix --full`;
-  // n_mat 1 only), or empty
+  // n_mat 1 only), or none: in `gram` when computed, viewed in the file's mapped bytes when read
+  // (`gram_mapped`, kept alive by Imatrix::mapping: a 1.5B model's are 9.8 GB, read once by GPTQ, which the
+  // page cache holds and can drop again, where a copy would be 9.8 GB of the process's own memory).
   std::vector<float> gram;
+  std::span<const float> gram_mapped;
+  std::span<const float> gram_values() const {
+    return gram.empty() ? gram_mapped : std::span<const float>(gram);
+  }
+  bool has_gram() const { return !gram_values().empty(); }
 };
 
 struct Imatrix {
@@ -38,6 +47,7 @@ struct Imatrix {
   // ncall and counts = {ncall} (1 where the file says 0, so that importance() gives the values as stored,
   // as llama-quantize takes them); chunk_size 0.
   bool legacy = false;
+  std::shared_ptr<const void> mapping;  // the file read_imatrix() read, while a tensor's gram_mapped views it
 };
 
 // Reads an imatrix GGUF file or a legacy .dat file (told apart by content, not by name). An error names the

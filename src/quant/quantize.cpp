@@ -120,7 +120,7 @@ Status choose_gptq(const QuantizeOptions& o, const quant::Imatrix* imatrix, std:
   if (imatrix == nullptr)
     return invalid_argument("--method gptq needs --imatrix with Gram matrices (kiln imatrix --full)");
   for (Job& j : jobs) {
-    j.gptq = j.converted() && j.imatrix != nullptr && !j.imatrix->gram.empty() && j.n_mat() == 1 &&
+    j.gptq = j.converted() && j.imatrix != nullptr && j.imatrix->has_gram() && j.n_mat() == 1 &&
              gptq_supports(j.choice.type);
     stats.n_gptq += j.gptq ? 1 : 0;
   }
@@ -231,7 +231,7 @@ Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions&
   go.act_order = o.gptq_act_order;
   go.pool = &pool;
   const Status s =
-      gptq_quantize(w.data(), n_rows, ne0, j.imatrix->gram.data(), j.choice.type, go, out.data());
+      gptq_quantize(w.data(), n_rows, ne0, j.imatrix->gram_values().data(), j.choice.type, go, out.data());
   if (!s.ok()) return Status(s.code(), fmt::format("tensor '{}': GPTQ: {}", j.in->name, s.message()));
   return {};
 }
