@@ -77,13 +77,14 @@ struct EngineOptions {
   // only for now.
   std::string speculation;
   // speculation "draft": a GGUF model with this model's tokenizer, smaller (a smaller model of the family, or
-  // this one at fewer bits: `kiln quantize`). Given alone, it sets speculation to "draft".
+  // this one at fewer bits: `kiln quantize`), on the same backend, with a K/V pool of as many blocks as the
+  // model's. Given alone, it sets speculation to "draft".
   std::string draft_model;
   float draft_p_min = 0.5f;  // in [0, 1]
-  // Drafting only in the decode steps where it has paid: the engine measures the tokens a second of decode
+  // true: a decode step drafts where drafting has paid: the engine measures the tokens a second of decode
   // steps with drafts and without, per batch size, and drafts where that was faster, trying the other now and
-  // then (runtime/spec_control.h). false: every decode step drafts, whatever it costs (tests, and measuring
-  // that cost).
+  // then (runtime/spec_control.h); prompt lookup also drafts in steps that compute prompts. false: every step
+  // drafts, whatever it costs (tests, and measuring that cost).
   bool speculation_adaptive = true;
   int32_t draft_max = 8;     // draft tokens per request and step, in [1, 64]
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
