@@ -86,7 +86,7 @@ struct EngineOptions {
   // then (runtime/spec_control.h); prompt lookup also drafts in steps that compute prompts. false: every step
   // drafts, whatever it costs (tests, and measuring that cost).
   bool speculation_adaptive = true;
-  int32_t draft_max = 8;     // draft tokens per request and step, in [1, 64]
+  int32_t draft_max = 8;  // draft tokens per request and step, in [1, 64]
   // Bytes of KV cache (K and V of every layer, in kv_type); the pool holds this many bytes' worth of whole
   // blocks. 0: min(what n_seq_max sequences of n_ctx tokens need, half of the memory available at load
   // (MemAvailable; a GPU's free memory after the weights)), which on a machine with room is exactly
