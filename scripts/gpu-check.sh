@@ -62,6 +62,11 @@
 #             for it and for the peer's build): BF16 -> Q4_K_M on every core (wall time, and whether the files are
 #             byte-identical), then an importance matrix from QUANT_CHUNKS (default 196: about 100k tokens) chunks
 #             of 512 tokens of this tree's text on the GPU
+#   gptq      GPTQ on the 8B BF16 of prep: kiln imatrix --full on the GPU (GPTQ_CHUNKS chunks of 512 tokens of this
+#             tree's text, default 64), then kiln quantize --method gptq to Q4_K_M on every core, each timed, and the
+#             file's decode on the GPU; first the default model's Gram matrices on the GPU against the CPU's
+#             (bench/gram_check.py). It runs in a process session of its own (a call's 10 minutes may not hold
+#             it): a later call's gptq step waits for the same run (GPTQ_WAIT seconds at most, default 540)
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
 #             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
@@ -396,6 +401,39 @@ for step in "${steps[@]}"; do
         echo -n "llama-quantize with kiln's imatrix: "; rm -f /tmp/q-peer-im.gguf; { time "$pb/llama-quantize" --imatrix /tmp/im-kiln.gguf "$src" /tmp/q-peer-im.gguf Q4_K_M "$(nproc)" >/tmp/q-peer-im.log 2>&1; } 2>&1
         cmp -s /tmp/q-kiln-im.gguf /tmp/q-peer-im.gguf && echo "with the imatrix: byte-identical" || echo "with the imatrix: the files DIFFER"
       } 2>&1 | tee "$out/quant.md" || status=1
+      ;;
+    gptq)
+      # Started once a machine (it outlives the call); each gptq step waits for it, GPTQ_WAIT seconds at most.
+      if [ ! -e /tmp/kiln-gptq.started ]; then
+        while prep_running; do sleep 5; done
+        touch /tmp/kiln-gptq.started
+        for _ in 1 2 3 4; do cat docs/*.md src/*/*.cpp src/*/*.h; done >/tmp/calib.txt
+        setsid bash -c '
+          k="$1/tools/kiln/kiln"; src=/tmp/kiln-models/llama3-8b-bf16.gguf; def=/tmp/kiln-models/default.gguf
+          TIMEFORMAT="%R s"
+          if [ -e "$def" ]; then
+            echo "## the default model: Gram matrices on the GPU against the CPU (2 x 256 tokens)"
+            python3 bench/gram_check.py --kiln "$k" --model "$def" --text /tmp/calib.txt
+          fi
+          [ -e "$src" ] || { echo "$src: not here (run prep with PREP_ONLY=llama3-8b-bf16 first)"; echo failed >/tmp/kiln-gptq.status; exit; }
+          echo "## the 8B BF16: kiln imatrix --full, $2 x 512 tokens on the GPU"
+          { time "$k" imatrix -m "$src" -f /tmp/calib.txt -o /tmp/im-full.gguf -c 512 --chunks "$2" -d cuda --full \
+            >/tmp/im-full.log 2>&1; } 2>&1
+          tail -2 /tmp/im-full.log; ls -l /tmp/im-full.gguf
+          echo "## kiln quantize --method gptq Q4_K_M, $(nproc) threads"
+          rm -f /tmp/q-gptq.gguf
+          { time "$k" quantize --method gptq --imatrix /tmp/im-full.gguf "$src" /tmp/q-gptq.gguf Q4_K_M \
+            -t "$(nproc)" >/tmp/q-gptq.log 2>&1; } 2>&1
+          tail -3 /tmp/q-gptq.log; ls -l /tmp/q-gptq.gguf
+          rm -f /tmp/im-full.gguf
+          "$k" bench -m /tmp/q-gptq.gguf -d cuda -p 512 -n 128 -r 2 2>&1 | grep -E "^\|"
+          echo ok >/tmp/kiln-gptq.status
+        ' _ "$bin" "${GPTQ_CHUNKS:-64}" >/tmp/kiln-gptq.log 2>&1 </dev/null &
+      fi
+      for _ in $(seq "${GPTQ_WAIT:-540}"); do [ -e /tmp/kiln-gptq.status ] && break; sleep 1; done
+      cp /tmp/kiln-gptq.log "$out/gptq.md"
+      cat "$out/gptq.md"
+      [ -e /tmp/kiln-gptq.status ] || echo "(still running)"
       ;;
     quanttypes)
       python3 bench/gpu_quant_types.py --build "$bin" --model /tmp/kiln-models/default.gguf --qwen-shape \

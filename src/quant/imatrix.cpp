@@ -155,10 +155,7 @@ Result<Loaded> load(const ImatrixOptions& o, quant::ImatrixCollector& collector)
   BackendOptions bo;
   bo.n_threads = o.threads;
   bo.precision = o.exact ? ops::Precision::precision_exact : ops::Precision::precision_fast;
-  // The Gram matrices are collected on the CPU only, so far.
-  if (o.full && o.device != "auto" && o.device != "cpu")
-    return invalid_argument("--full collects the Gram matrices on the CPU only: -d cpu (not {})", o.device);
-  KILN_ASSIGN_OR_RETURN(l.backend, make_backend(o.full ? "cpu" : o.device, bo));
+  KILN_ASSIGN_OR_RETURN(l.backend, make_backend(o.device, bo));
   ModelOptions mo;
   mo.n_ctx = o.chunk_size;
   mo.program_hook = &collector;

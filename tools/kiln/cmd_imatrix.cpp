@@ -91,8 +91,8 @@ void register_imatrix(CLI::App& app, int& rc) {
   cmd->add_flag("--process-output", o.process_output, "Also collect the output head's input (output.weight)");
   cmd->add_flag(
       "--full", o.full,
-      "Also each weight's Gram matrix of inputs (X^T X), for kiln quantize --method gptq; collected on "
-      "the CPU, n^2 floats a weight of n columns, summed in f32 over the run");
+      "Also each weight's Gram matrix of inputs (X^T X), for kiln quantize --method gptq; n^2 floats a "
+      "weight of n columns on the device, summed in f32 over the run");
   cmd->add_flag("--no-ppl", cli->no_ppl, "Do not compute the perplexity");
   cmd->add_flag("--exact", o.exact, "Exact f32 matmuls (default: the fast path, as kiln run)");
   cmd->callback([cli, &rc] {

@@ -39,8 +39,7 @@ bool supports(const ops::Op& op) {
           [](const ops::Sample&) { return true; },
           [](const ops::MoeRoute&) { return true; },
           [](const ops::WeightedSum& o) { return f32(o.dst); },
-          // The Gram matrix (kiln imatrix --full) is collected on the CPU only, so far.
-          [](const ops::SumSquares& o) { return o.gram.data == nullptr; },
+          [](const ops::SumSquares& o) { return o.gram.data == nullptr || gram_rows_supported(o); },
       },
       op);
 }

@@ -227,6 +227,8 @@ cudaError_t moe_route(const Context& ctx, const ops::MoeRoute& op);
 cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
 // stats/sum_squares.cu
 cudaError_t sum_squares(const Context& ctx, const ops::SumSquares& op);
+// Whether sum_squares can add op.gram (x's rows evenly spaced, as cuBLAS takes them).
+bool gram_rows_supported(const ops::SumSquares& op);
 // sampling/sample.cu: a token drawn per logits row (ops/sample.h's stages), a block a row
 cudaError_t sample(const Context& ctx, const ops::Sample& op);
 // norm_rope/rope.cu: RoPE and the KV write

@@ -2,6 +2,7 @@
 // column and a slice of the rows (the (slot, token) pairs of a routed x), sums the squares of a run of rows
 // that go to one matrix in a register, and adds each run to the sums with an f32 atomic: slices of rows
 // run in parallel, so the order of the additions (the last bits of a sum) may differ from run to run.
+// A Gram matrix (kiln imatrix --full) is added by cuBLAS: gram += X^T X in f32, one SGEMM over the op's rows.
 #include <algorithm>
 #include <cstdint>
 
@@ -52,6 +53,13 @@ __global__ void sum_squares_kernel(Rows x, const int32_t* ids, int64_t n_used, i
 
 }  // namespace
 
+bool gram_rows_supported(const ops::SumSquares& op) {
+  // cuBLAS takes a leading dimension: the rows of each matrix of x, and of the Gram matrix, evenly spaced.
+  const int64_t n = op.x.ne[0];
+  return op.x.nb[0] == 4 && op.x.nb[1] % 4 == 0 && op.x.nb[1] >= 4 * n && op.gram.nb[0] == 4 &&
+         op.gram.nb[1] % 4 == 0 && op.gram.nb[1] >= 4 * n;
+}
+
 cudaError_t sum_squares(const Context& ctx, const ops::SumSquares& op) {
   const int64_t n = op.x.ne[0];
   const bool routed = op.ids.data != nullptr;
@@ -69,7 +77,23 @@ cudaError_t sum_squares(const Context& ctx, const ops::SumSquares& op) {
                       static_cast<const int32_t*>(op.ids.data), n_used, op.x.ne[1],
                       static_cast<char*>(op.sums.data), op.sums.nb[1], static_cast<char*>(op.counts.data),
                       op.counts.nb[1], n, n_pairs, per);
-  return cudaGetLastError();
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || op.gram.data == nullptr) return e;
+  // Column-major, each matrix of x is n x ne[1] (leading dimension nb[1] / 4) and the Gram matrix n x n:
+  // gram += x x^T, one SGEMM a matrix of rows. The full square, as the CPU writes it (a SYRK would leave half
+  // for the host to mirror).
+  const float one = 1.0f;
+  const auto ni = static_cast<int>(n), rows = static_cast<int>(op.x.ne[1]);
+  const auto ld = static_cast<int>(op.x.nb[1] / 4), ldg = static_cast<int>(op.gram.nb[1] / 4);
+  for (int64_t i3 = 0; i3 < op.x.ne[3]; ++i3) {
+    for (int64_t i2 = 0; i2 < op.x.ne[2]; ++i2) {
+      const auto* x = reinterpret_cast<const float*>(static_cast<const char*>(op.x.data) + i2 * op.x.nb[2] +
+                                                     i3 * op.x.nb[3]);
+      const cublasStatus_t s = cublasSgemm(ctx.cublas, CUBLAS_OP_N, CUBLAS_OP_T, ni, ni, rows, &one, x, ld, x,
+                                           ld, &one, static_cast<float*>(op.gram.data), ldg);
+      if (s != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+    }
+  }
+  return cudaSuccess;
 }
 
 }  // namespace kiln::cuda
