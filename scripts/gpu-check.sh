@@ -67,6 +67,10 @@
 #             file's decode on the GPU; first the default model's Gram matrices on the GPU against the CPU's
 #             (bench/gram_check.py). It runs in a process session of its own (a call's 10 minutes may not hold
 #             it): a later call's gptq step waits for the same run (GPTQ_WAIT seconds at most, default 540)
+#   spec      speculative decoding on CUDA, the default model: kiln run --spec none / ngram on the editing prompt
+#             (bench/prompts/edit-rename.txt, chat template, 256 tokens, greedy; SPEC_REPS rounds, interleaved), the
+#             decode tokens/s and drafts kept, texts compared, with and without --deterministic; then kiln serve
+#             --parallel 64 without and with --spec ngram under kiln bench serve at 64 concurrent requests
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
 #             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
@@ -434,6 +438,39 @@ for step in "${steps[@]}"; do
       cp /tmp/kiln-gptq.log "$out/gptq.md"
       cat "$out/gptq.md"
       [ -e /tmp/kiln-gptq.status ] || echo "(still running)"
+      ;;
+    spec)
+      k="$bin/tools/kiln/kiln"
+      path=/tmp/kiln-models/default.gguf
+      {
+        [ -e "$path" ] || { echo "$path: not here"; exit 1; }
+        prompt="$(cat bench/prompts/edit-rename.txt)"
+        for det in "" --deterministic; do
+          echo "## kiln run --chat -n 256 --temp 0 ${det}"
+          for rep in $(seq "${SPEC_REPS:-3}"); do
+            for s in none ngram; do
+              "$k" run -m "$path" -d cuda -p "$prompt" --chat -n 256 --temp 0 --spec "$s" $det \
+                >"/tmp/spec-$s$det.txt" 2>"/tmp/spec-$s$det.log" || { tail -3 "/tmp/spec-$s$det.log"; exit 1; }
+              echo "round $rep, --spec $s: $(grep -E '^decode:' "/tmp/spec-$s$det.log") $(grep -E '^drafts:' "/tmp/spec-$s$det.log")"
+            done
+            cmp -s "/tmp/spec-none$det.txt" "/tmp/spec-ngram$det.txt" && echo "round $rep: the same text" ||
+              echo "round $rep: the texts DIFFER"
+          done
+        done
+        echo "## kiln serve --parallel 64 under 64 concurrent requests (256 in, 128 out, greedy)"
+        for round in 1 2; do
+          for s in none ngram; do
+            "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8095 --spec "$s" >/tmp/serve-spec.log 2>&1 &
+            spid=$!
+            wait_healthy 8095
+            echo "round $round, --spec $s: $("$k" bench serve --base-url http://localhost:8095 --num-prompts 256 \
+              --max-concurrency 64 --random-input-len 256 --random-output-len 128 \
+              --extra-body '{"ignore_eos": true, "temperature": 0}' -o json |
+              python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')"
+            kill "$spid"; wait "$spid" || true
+          done
+        done
+      } 2>&1 | tee "$out/spec.md" || status=1
       ;;
     quanttypes)
       python3 bench/gpu_quant_types.py --build "$bin" --model /tmp/kiln-models/default.gguf --qwen-shape \

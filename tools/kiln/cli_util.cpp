@@ -18,7 +18,7 @@ void add_spec_options(CLI::App& cmd, SpecOptions& o) {
          "--spec", o.spec,
          "Speculative decoding, the same tokens faster: ngram (a request drafts the tokens that followed "
          "its last tokens earlier in the prompt or output: fast where the text repeats) or draft (a "
-         "smaller model with the same tokenizer drafts: --draft-model); the CPU only for now")
+         "smaller model with the same tokenizer drafts: --draft-model)")
       ->check(CLI::IsMember({"none", "ngram", "draft"}));
   cmd.add_option(
          "--draft-model", o.draft_model,
