@@ -1,4 +1,4 @@
-// Element types: plain floats/ints and GGUF block-quantized layouts.
+// Element types: plain floats/ints, GGUF block-quantized layouts, and kiln's in-memory FP8 form.
 // One table (dtype.cpp) describes every type: name, block size, bytes per block, and its scalar
 // reference dequantization (and quantization where kiln supports it). Nothing else hard-codes these.
 #pragma once
@@ -12,7 +12,8 @@
 namespace kiln {
 
 // Values of the GGUF types equal their ggml type ids (as stored in GGUF tensor infos).
-// Ids that ggml retired (4, 5, 31-33...) are not types.
+// Ids that ggml retired (4, 5, 31-33...) are not types. Ids from 100 on are kiln's own in-memory forms, which
+// no GGUF file holds (DTypeInfo::gguf is false for them).
 enum class DType : uint32_t {
   f32 = 0,
   f16 = 1,
@@ -46,6 +47,9 @@ enum class DType : uint32_t {
   tq1_0 = 34,
   tq2_0 = 35,
   mxfp4 = 39,
+  // Blocks of 32 float8_e4m3fn values with an f32 scale (quant::BlockF8E4M3): the weights of FP8 Hugging Face
+  // checkpoints as imported, their bytes untouched. GGUF has no FP8 type.
+  f8_e4m3 = 100,
 };
 
 // Convert `n` elements (a multiple of block_size) of one row from this type to f32.
@@ -69,13 +73,15 @@ struct DTypeInfo {
   QuantizeRowFn quantize_row;      // null where kiln has no reference quantizer
   QuantizeRowsFn quantize_rows;    // null where kiln cannot write the type into a model file
   bool requires_importance;        // quantize_rows needs importance weights (ggml: IQ2_XXS, IQ2_XS, IQ1_S)
+  bool gguf;                       // a GGUF type (files may hold it); false for kiln's in-memory forms
 };
 
 // The table entry of a type. Asserts on a value that is not a DType (use dtype_from_gguf_id first).
 const DTypeInfo& dtype_info(DType type);
 inline const char* dtype_name(DType type) { return dtype_info(type).name; }
 
-// A GGUF/ggml type id from a file: an error naming the id when it is not a known type.
+// A GGUF/ggml type id from a file: an error naming the id when it is not a known GGUF type (kiln's in-memory
+// forms included: a file that claims one is refused).
 Result<DType> dtype_from_gguf_id(uint32_t id);
 // "q4_k", "Q4_K", "bf16" -> the type; nullopt when unknown.
 std::optional<DType> dtype_from_name(std::string_view name);

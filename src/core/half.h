@@ -1,6 +1,8 @@
-// IEEE half (f16) and bfloat16 conversions, bit-exact with numpy / ggml (round to nearest even).
+// IEEE half (f16) and bfloat16 conversions, bit-exact with numpy / ggml (round to nearest even), and the
+// float8_e4m3fn conversions of FP8 checkpoints.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -76,6 +78,46 @@ inline uint16_t f32_to_bf16(float f) {
   const uint32_t x = fp32_to_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// float8_e4m3fn (the OCP FP8 E4M3 format as PyTorch and safetensors' F8_E4M3 define it): 1 sign bit, 4
+// exponent bits (bias 7), 3 mantissa bits. It has no infinities: S.1111.111 is NaN, and S.1111.110 = +-448 is
+// the largest magnitude. Exponent 0 holds the subnormals m/8 * 2^-6 (and the two zeros).
+
+// e4m3fn bits -> f32 (exact: every e4m3fn value is an f32). constexpr so that a table of all 256 values can
+// be built at compile time.
+constexpr float f8_e4m3_to_f32(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> 3) & 0xfu, mant = b & 0x7u;
+  if (exp == 0xf && mant == 0x7) return std::bit_cast<float>(sign | 0x7fc00000u);  // NaN
+  if (exp == 0) {
+    // Subnormal (or zero): m * 2^-9, exact in f32.
+    const float mag = static_cast<float>(mant) * 0x1p-9f;
+    return sign != 0 ? -mag : mag;
+  }
+  return std::bit_cast<float>(sign | ((exp + 127 - 7) << 23) | (mant << 20));
+}
+
+// f32 -> e4m3fn bits, round to nearest even. Magnitudes beyond 448 (infinities included) saturate to +-448,
+// since the format has no infinity and a weight that overflows is better held at the largest value than
+// turned into NaN; a NaN stays NaN (0x7f with its sign).
+constexpr uint8_t f32_to_f8_e4m3(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const auto sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
+  if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448: saturate
+  if (abs < 0x3c800000u) {  // below 2^-6, the smallest normal: a multiple of 2^-9 (8 of them is 2^-6)
+    const float scaled = std::bit_cast<float>(abs) * 512.0f;  // exact: a power of two
+    auto m = static_cast<uint32_t>(scaled);
+    const float rem = scaled - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint8_t>(sign | m);  // m = 8 is exponent 1, mantissa 0: 2^-6, as it should be
+  }
+  // Drop 20 of f32's 23 mantissa bits rounding to even, then rebias the exponent from 127 to 7. A carry out
+  // of the mantissa moves to the next binade, which stays within 448 since the input is below it.
+  const uint32_t r = abs + 0x7ffffu + ((abs >> 20) & 1u) - ((127u - 7u) << 23);
+  return static_cast<uint8_t>(sign | (r >> 20));
 }
 
 }  // namespace kiln

@@ -106,6 +106,12 @@ Result<uint64_t> Writer::check_tensor(const std::string& name, const std::vector
   for (const auto& t : tensors_) {
     if (t.name == name) return invalid_argument("gguf writer: tensor '{}': duplicate name", name);
   }
+  if (!dtype_info(type).gguf) {
+    return invalid_argument(
+        "gguf writer: tensor '{}' is {}: FP8 weights have no GGUF type (write them as bf16, "
+        "f16, q8_0 or f32)",
+        name, dtype_name(type));
+  }
   if (shape.empty() || shape.size() > 4) {
     return invalid_argument("gguf writer: tensor '{}': {} dims, expected 1..4", name, shape.size());
   }

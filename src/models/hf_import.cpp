@@ -11,6 +11,7 @@
 
 #include "formats/folder.h"
 #include "formats/safetensors.h"
+#include "models/hf_fp8.h"
 
 namespace kiln::hf_import {
 
@@ -348,27 +349,29 @@ struct Context {
   const HfSpec& spec;
   const Options& options;
   int64_t n_heads, n_kv;  // query and KV heads (Q/K permutation)
+  const Fp8Weights& fp8;  // the FP8 weights' scales
 };
 
 // The GGUF tensor for `pt`: in place in the safetensors map when nothing changes, else converted into a
-// buffer `storage` keeps (f32 widening and edits, stacked experts, permuted Q/K rows).
+// buffer `storage` keeps (f32 widening and edits, stacked experts, permuted Q/K rows, FP8 weights as f8_e4m3
+// blocks with their scales).
 Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Storage& storage) {
   gguf::TensorInfo info;
   info.name = pt.name;
   info.shape = pt.shape;
   const safetensors::Tensor* first = pt.src != nullptr ? pt.src : pt.experts[0];
   const std::optional<DType> dt = first->kiln_dtype();
-  if (!dt || (*dt != DType::f32 && *dt != DType::f16 && *dt != DType::bf16)) {
-    return unimplemented("{}: tensor {} has type {} (F32, F16, BF16 are supported)", ctx.dir, first->name,
-                         dtype_name(first->dtype));
+  const bool fp8 = first->dtype == safetensors::Dtype::dtype_f8_e4m3;  // Fp8Weights::collect checked it
+  if (!fp8 && (!dt || (*dt != DType::f32 && *dt != DType::f16 && *dt != DType::bf16))) {
+    return unimplemented("{}: tensor {} has type {} (F32, F16, BF16 and FP8 F8_E4M3 are supported)", ctx.dir,
+                         first->name, dtype_name(first->dtype));
   }
   const TensorEdit* edit = nullptr;
   for (const TensorEdit& e : ctx.spec.edits) {
     if (pt.name.ends_with(e.suffix)) edit = &e;
   }
   const bool to_float = ctx.options.force_f32 || pt.shape.size() == 1 || edit != nullptr;
-  info.type = to_float ? DType::f32 : *dt;
-  const size_t elem = to_float ? sizeof(float) : static_cast<size_t>(dtype_info(*dt).type_size);
+  info.type = to_float ? DType::f32 : fp8 ? DType::f8_e4m3 : *dt;
   // The bytes in the output type, in place when nothing changes.
   std::vector<uint8_t> bytes;
   std::span<const uint8_t> view;
@@ -376,10 +379,17 @@ Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Stor
       pt.src != nullptr ? std::vector<const safetensors::Tensor*>{pt.src} : pt.experts;
   for (const safetensors::Tensor* part : parts) {
     if (to_float) {
-      std::vector<float> v = to_f32(*part);
+      std::vector<float> v;
+      if (fp8) {
+        KILN_ASSIGN_OR_RETURN(v, ctx.fp8.dequantize(*part));
+      } else {
+        v = to_f32(*part);
+      }
       if (edit != nullptr) edit->apply(v);
       const auto* b = reinterpret_cast<const uint8_t*>(v.data());
       bytes.insert(bytes.end(), b, b + v.size() * sizeof(float));
+    } else if (fp8) {  // each expert with its own scale
+      KILN_TRY(ctx.fp8.append_blocks(*part, bytes));
     } else if (parts.size() > 1) {
       bytes.insert(bytes.end(), part->data.begin(), part->data.end());
     } else {
@@ -387,6 +397,8 @@ Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Stor
     }
   }
   if (!bytes.empty()) view = bytes;
+  // Bytes of a row of ne0 values in the output type (a whole number of blocks: materialized FP8 rows are).
+  KILN_ASSIGN_OR_RETURN(const int64_t row_bytes, dtype_row_bytes(info.type, pt.shape[0]));
   const bool is_q = pt.name.ends_with("attn_q.weight") || pt.name.ends_with("attn_q.bias");
   const bool is_k = pt.name.ends_with("attn_k.weight") || pt.name.ends_with("attn_k.bias");
   if (ctx.spec.permute_qk && (is_q || is_k)) {
@@ -395,8 +407,10 @@ Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Stor
     if (rows % (2 * heads) != 0)
       return invalid_argument("{}: {} has {} rows, not a multiple of 2 x {} heads", ctx.dir, pt.name, rows,
                               heads);
-    const size_t row_bytes = (pt.shape.size() == 2 ? static_cast<size_t>(pt.shape[0]) : 1) * elem;
-    bytes = permute_rows(view, heads, rows, row_bytes);
+    // A bias permutes element by element; a weight's rows move whole, with their FP8 scales.
+    const size_t row = pt.shape.size() == 2 ? static_cast<size_t>(row_bytes)
+                                            : static_cast<size_t>(dtype_info(info.type).type_size);
+    bytes = permute_rows(view, heads, rows, row);
     view = bytes;
   }
   if (!bytes.empty()) {
@@ -405,7 +419,8 @@ Result<gguf::TensorInfo> materialize(const Pending& pt, const Context& ctx, Stor
   }
   info.data = view.data();
   info.n_bytes = view.size();
-  if (static_cast<int64_t>(info.n_bytes) != product(info.shape) * static_cast<int64_t>(elem))
+  const int64_t n_rows = product(std::vector<int64_t>(info.shape.begin() + 1, info.shape.end()));
+  if (static_cast<int64_t>(info.n_bytes) != n_rows * row_bytes)
     return invalid_argument("{}: tensor {} has {} bytes for shape [{}]", ctx.dir, pt.name, info.n_bytes,
                             fmt::join(info.shape, ", "));
   return info;
@@ -431,10 +446,15 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
   KILN_ASSIGN_OR_RETURN(const bool tied, cfg.tie_word_embeddings());
   KILN_ASSIGN_OR_RETURN(const int64_t n_heads, cfg.num_attention_heads());
   KILN_ASSIGN_OR_RETURN(const int64_t n_kv, cfg.num_key_value_heads());
+  // FP8 checkpoints: the scales are sorted out first (their names map to no GGUF tensor), by their weights.
+  KILN_ASSIGN_OR_RETURN(Fp8Config fp8_config, read_fp8_config(top, dir));
+  KILN_ASSIGN_OR_RETURN(const Fp8Weights fp8,
+                        Fp8Weights::collect(std::move(fp8_config), storage->weights, dir));
 
   std::map<std::string, Pending> stacks;
   std::vector<Pending> pending;
   for (const safetensors::Tensor* t : storage->weights.tensors()) {
+    if (fp8.is_side_tensor(t->name)) continue;
     KILN_ASSIGN_OR_RETURN(std::string g, gguf_name(t->name, spec, cls, stacks, t));
     if (g.empty() || g == "\x01" || (g == "output.weight" && tied)) continue;
     if (t->shape.empty() || t->shape.size() > 2)
@@ -458,7 +478,7 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
   }
 
   std::vector<gguf::TensorInfo> infos;
-  const Context ctx{dir, spec, options, n_heads, n_kv};
+  const Context ctx{dir, spec, options, n_heads, n_kv, fp8};
   for (const Pending& pt : pending) {
     KILN_ASSIGN_OR_RETURN(gguf::TensorInfo info, materialize(pt, ctx, *storage));
     infos.push_back(std::move(info));

@@ -26,8 +26,10 @@ Result<std::optional<DType>> parse_type(const std::string& type) {
   return invalid_argument("convert: type \"{}\" is not supported (f32, f16, bf16, q8_0)", type);
 }
 
-// The type tensor `t` is written as.
+// The type tensor `t` is written as. An FP8 router (rare: checkpoints leave it unquantized) keeps full
+// precision as f32, as the other routers keep their own type.
 DType target_type(const gguf::TensorInfo& t, std::optional<DType> wanted) {
+  if (wanted && t.type == DType::f8_e4m3 && t.name.ends_with("ffn_gate_inp.weight")) return DType::f32;
   if (!wanted || t.shape.size() < 2 || t.name.ends_with("ffn_gate_inp.weight")) return t.type;
   if (*wanted == DType::q8_0 && t.shape[0] % dtype_info(DType::q8_0).block_size != 0) return DType::f16;
   return *wanted;
@@ -73,6 +75,17 @@ Result<ConvertStats> convert_model(const ConvertOptions& options) {
   if (embd == nullptr || embd->shape.size() != 2)
     return invalid_argument("{}: the model has no 2-d token embedding", options.input);
 
+  // An FP8 checkpoint's weights (kiln's in-memory f8_e4m3 blocks) have no GGUF type: without --type nothing
+  // could hold them, so refuse before any work.
+  for (const gguf::TensorInfo& t : file->tensors()) {
+    if (!dtype_info(target_type(t, wanted)).gguf) {
+      return invalid_argument(
+          "convert: {}: tensor {} is an FP8 weight, which GGUF has no type for: pass --type bf16, f16, q8_0 "
+          "or "
+          "f32 to write it dequantized",
+          options.input, t.name);
+    }
+  }
   gguf::Writer w;
   KILN_TRY(quant::set_hf_folder_keys(options.input, *file, w));
   ConvertStats stats;

@@ -14,7 +14,7 @@ namespace {
 TEST(DType, TableIsCompleteAndConsistent) {
   int count = 0;
   const DTypeInfo* table = dtype_table(&count);
-  ASSERT_EQ(count, 32);  // every enumerator of DType
+  ASSERT_EQ(count, 33);  // every enumerator of DType
   std::set<std::string> names;
   for (int i = 0; i < count; ++i) {
     const DTypeInfo& t = table[i];
@@ -28,12 +28,14 @@ TEST(DType, TableIsCompleteAndConsistent) {
     EXPECT_TRUE(t.block_size == 1 || t.block_size == 32 || t.block_size == 256);
     EXPECT_GT(t.type_size, 0);
     EXPECT_EQ(t.is_quantized, t.block_size > 1);
+    EXPECT_EQ(t.gguf, t.type != DType::f8_e4m3);  // the one in-memory form so far
     if (t.quantize_row != nullptr) {
       EXPECT_NE(t.dequantize_row, nullptr);
     }
   }
 }
 
+// Sizes as ggml defines them (f8_e4m3, kiln's own: 32 e4m3fn bytes and an f32 scale).
 TEST(DType, SizesAreGgmls) {
   struct Want {
     DType type;
@@ -50,7 +52,7 @@ TEST(DType, SizesAreGgmls) {
       {DType::iq2_s, 256, 82},   {DType::iq4_xs, 256, 136}, {DType::i8, 1, 1},
       {DType::i16, 1, 2},        {DType::i32, 1, 4},        {DType::i64, 1, 8},
       {DType::f64, 1, 8},        {DType::iq1_m, 256, 56},   {DType::tq1_0, 256, 54},
-      {DType::tq2_0, 256, 66},   {DType::mxfp4, 32, 17},
+      {DType::tq2_0, 256, 66},   {DType::mxfp4, 32, 17},    {DType::f8_e4m3, 32, 36},
   };
   for (const Want& w : wants) {
     SCOPED_TRACE(dtype_name(w.type));
@@ -63,16 +65,39 @@ TEST(DType, FromGgufId) {
   int count = 0;
   const DTypeInfo* table = dtype_table(&count);
   for (int i = 0; i < count; ++i) {
+    if (!table[i].gguf) continue;
     auto r = dtype_from_gguf_id(static_cast<uint32_t>(table[i].type));
     ASSERT_TRUE(r.ok()) << table[i].name;
     EXPECT_EQ(*r, table[i].type);
   }
-  for (uint32_t id : {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 40u, 63u, 64u, 1000u, 0xffffffffu}) {
+  for (uint32_t id :
+       {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 40u, 63u, 64u, 99u, 101u, 127u, 128u, 1000u, 0xffffffffu}) {
     auto r = dtype_from_gguf_id(id);
     ASSERT_FALSE(r.ok()) << id;
     EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
     EXPECT_NE(r.status().message().find(std::to_string(id)), std::string::npos) << r.status().message();
   }
+}
+
+// kiln's FP8 form has an id (100) that a GGUF file could claim: reading one is refused, by name.
+TEST(DType, F8E4M3IsNotAGgufType) {
+  EXPECT_EQ(static_cast<uint32_t>(DType::f8_e4m3), 100u);
+  const DTypeInfo& t = dtype_info(DType::f8_e4m3);
+  EXPECT_STREQ(t.name, "f8_e4m3");
+  EXPECT_TRUE(t.is_quantized);
+  EXPECT_FALSE(t.gguf);
+  EXPECT_NE(t.dequantize_row, nullptr);
+  EXPECT_NE(t.quantize_row, nullptr);
+  EXPECT_EQ(t.quantize_rows, nullptr);  // no model file holds it
+  auto r = dtype_from_gguf_id(100);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(r.status().message().find("100"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("kiln's in-memory FP8 form, not a GGUF type"), std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(dtype_from_name("F8_E4M3"), DType::f8_e4m3);
+  EXPECT_EQ(*dtype_row_bytes(DType::f8_e4m3, 4096), 128 * 36);
+  EXPECT_FALSE(dtype_row_bytes(DType::f8_e4m3, 48).ok());
 }
 
 TEST(DType, FromName) {

@@ -1,5 +1,5 @@
-// f16 / bf16 conversions (core/half.h) against independent definitions: the IEEE value of every
-// f16 bit pattern, and "nearest representable, ties to even" checked by distance in double.
+// f16 / bf16 / float8_e4m3fn conversions (core/half.h) against independent definitions: the value of every
+// f16 and e4m3fn bit pattern, and "nearest representable, ties to even" checked by distance in double.
 #include "core/half.h"
 
 #include <gtest/gtest.h>
@@ -153,6 +153,103 @@ TEST(Half, Bf16IsNearestOnRandomValues) {
     }
     if (err == std::fabs(static_cast<double>(bf16_to_f32(static_cast<uint16_t>(b + 1))) - x)) {
       ASSERT_EQ(b % 2, 0) << "tie not to even: " << x;
+    }
+  }
+}
+
+// The float8_e4m3fn value of `b` as torch defines the format, computed in double from its fields: sign,
+// exponent (bias 7), mantissa; exponent 0 is subnormal; S.1111.111 is NaN (and there is no infinity).
+double e4m3_value(uint8_t b) {
+  const int sign = (b >> 7) ? -1 : 1;
+  const int exp = (b >> 3) & 0xf, mant = b & 0x7;
+  if (exp == 0xf && mant == 0x7) return std::numeric_limits<double>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(mant, -9);  // m/8 * 2^-6
+  return sign * std::ldexp(8 + mant, exp - 10);      // (1 + m/8) * 2^(e-7)
+}
+
+TEST(Half, F8E4M3ToF32EveryBitPattern) {
+  for (uint32_t b = 0; b < 256; ++b) {
+    const float f = f8_e4m3_to_f32(static_cast<uint8_t>(b));
+    const double want = e4m3_value(static_cast<uint8_t>(b));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(f)) << b;
+      EXPECT_EQ(std::signbit(f), (b & 0x80) != 0) << b;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(f), want) << b;
+    EXPECT_EQ(std::signbit(f), (b & 0x80) != 0) << b;  // 0x80 is -0
+  }
+  // Landmarks of the format.
+  EXPECT_EQ(f8_e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f8_e4m3_to_f32(0xfe), -448.0f);
+  EXPECT_EQ(f8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(f8_e4m3_to_f32(0x07), 7 * std::ldexp(1.0f, -9));
+  EXPECT_EQ(f8_e4m3_to_f32(0x08), std::ldexp(1.0f, -6));  // the smallest normal
+  EXPECT_EQ(f8_e4m3_to_f32(0x38), 1.0f);
+  EXPECT_EQ(f8_e4m3_to_f32(0x78), 256.0f);
+  EXPECT_EQ(f8_e4m3_to_f32(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(f8_e4m3_to_f32(0x80)) && f8_e4m3_to_f32(0x80) == 0.0f);
+  EXPECT_TRUE(std::isnan(f8_e4m3_to_f32(0x7f)));
+  EXPECT_TRUE(std::isnan(f8_e4m3_to_f32(0xff)));
+  static_assert(f8_e4m3_to_f32(0x7e) == 448.0f, "usable at compile time");
+}
+
+TEST(Half, F8E4M3RoundTripsEveryFiniteCode) {
+  for (uint32_t b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) continue;  // NaN
+    EXPECT_EQ(f32_to_f8_e4m3(f8_e4m3_to_f32(static_cast<uint8_t>(b))), b) << b;
+  }
+  EXPECT_EQ(f32_to_f8_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(f32_to_f8_e4m3(-std::numeric_limits<float>::quiet_NaN()), 0xff);
+}
+
+TEST(Half, F8E4M3TiesToEven) {
+  // Midpoints between neighbours round to the code with an even mantissa.
+  EXPECT_EQ(f32_to_f8_e4m3(1.0625f), 0x38);  // between 1 (0x38) and 1.125 (0x39)
+  EXPECT_EQ(f32_to_f8_e4m3(1.1875f), 0x3a);  // between 1.125 (0x39) and 1.25 (0x3a)
+  EXPECT_EQ(f32_to_f8_e4m3(-1.1875f), 0xba);
+  EXPECT_EQ(f32_to_f8_e4m3(432.0f), 0x7e);                      // between 416 (0x7d) and 448 (0x7e)
+  EXPECT_EQ(f32_to_f8_e4m3(248.0f), 0x78);                      // between 240 (0x77) and 256 (0x78)
+  EXPECT_EQ(f32_to_f8_e4m3(std::ldexp(1.0f, -10)), 0x00);       // between 0 and the smallest subnormal
+  EXPECT_EQ(f32_to_f8_e4m3(3 * std::ldexp(1.0f, -10)), 0x02);   // between 0x01 and 0x02
+  EXPECT_EQ(f32_to_f8_e4m3(15 * std::ldexp(1.0f, -10)), 0x08);  // between 7 * 2^-9 (0x07) and 2^-6 (0x08)
+  // Just off the midpoints: the nearer one.
+  EXPECT_EQ(f32_to_f8_e4m3(std::nextafter(1.0625f, 2.0f)), 0x39);
+  EXPECT_EQ(f32_to_f8_e4m3(std::nextafter(1.1875f, 0.0f)), 0x39);
+  EXPECT_EQ(f32_to_f8_e4m3(std::nextafter(std::ldexp(1.0f, -10), 1.0f)), 0x01);
+}
+
+TEST(Half, F8E4M3Saturates) {
+  EXPECT_EQ(f32_to_f8_e4m3(448.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8_e4m3(449.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8_e4m3(464.0f), 0x7e);  // would round to 480, which the format lacks
+  EXPECT_EQ(f32_to_f8_e4m3(1e30f), 0x7e);
+  EXPECT_EQ(f32_to_f8_e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(f32_to_f8_e4m3(-1e30f), 0xfe);
+  EXPECT_EQ(f32_to_f8_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(f32_to_f8_e4m3(1e-30f), 0x00);
+  EXPECT_EQ(f32_to_f8_e4m3(-1e-30f), 0x80);
+}
+
+TEST(Half, F8E4M3IsNearestOnRandomValues) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> exponent(-12.0, 9.5);
+  for (int i = 0; i < 200000; ++i) {
+    const auto x = static_cast<float>(std::exp2(exponent(rng)) * ((rng() & 1) ? -1.0 : 1.0));
+    const uint8_t b = f32_to_f8_e4m3(x);
+    const double err = std::fabs(e4m3_value(b) - x);
+    if (std::fabs(x) >= 448.0f) {
+      ASSERT_EQ(b & 0x7f, 0x7e) << x;
+      continue;
+    }
+    // No finite code of the same sign is nearer, and a tie goes to the even mantissa.
+    const uint32_t first = b & 0x80u;
+    for (uint32_t c = first; c < first + 0x7f; ++c) {
+      const double other = std::fabs(e4m3_value(static_cast<uint8_t>(c)) - x);
+      ASSERT_LE(err, other) << x << " -> " << int{b} << ", code " << c << " is nearer";
+      if (other == err && c != b) {
+        ASSERT_EQ(b & 1, 0) << "tie not to even: " << x;
+      }
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -83,6 +84,12 @@ double error_bound(DType type, const float* b, int n, float x) {
       return std::max(std::fabs(x) * kF16Eps, std::ldexp(1.0, -25));  // 2^-25: subnormal half-step
     case DType::bf16: return std::fabs(x) / 256;
     case DType::f32: return 0.0;
+    case DType::f8_e4m3: {
+      // Half a step of e4m3fn's 3-bit mantissa (1/16 of the value) for normals; below 2^-6 (in units of the
+      // scale d = amax / 448) the subnormals' fixed half step, 2^-10 d.
+      const double d = amax / 448.0;
+      return std::max(std::fabs(static_cast<double>(x)) / 16, d * std::ldexp(1.0, -10)) + slack;
+    }
     default: ADD_FAILURE() << "no bound for " << dtype_name(type); return 0.0;
   }
 }
@@ -108,7 +115,8 @@ TEST_P(QuantRoundTrip, ErrorWithinBound) {
 
 INSTANTIATE_TEST_SUITE_P(Quant, QuantRoundTrip,
                          ::testing::Values(DType::f32, DType::f16, DType::bf16, DType::q4_0, DType::q4_1,
-                                           DType::q5_0, DType::q5_1, DType::q8_0, DType::q8_1, DType::q8_k),
+                                           DType::q5_0, DType::q5_1, DType::q8_0, DType::q8_1, DType::q8_k,
+                                           DType::f8_e4m3),
                          [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
 
 TEST(Quant, EveryQuantizerHasRoundTripCoverage) {
@@ -116,7 +124,7 @@ TEST(Quant, EveryQuantizerHasRoundTripCoverage) {
   const DTypeInfo* table = dtype_table(&count);
   int with_quantizer = 0;
   for (int i = 0; i < count; ++i) with_quantizer += table[i].quantize_row != nullptr;
-  EXPECT_EQ(with_quantizer, 10) << "add the new quantizer to QuantRoundTrip";
+  EXPECT_EQ(with_quantizer, 11) << "add the new quantizer to QuantRoundTrip";
 }
 
 TEST(Quant, ZeroBlocksStayZero) {
@@ -158,6 +166,39 @@ TEST(Quant, Q8AuxiliaryFields) {
     }
     EXPECT_TRUE(has_127) << "the largest magnitude maps to +-127";
   }
+}
+
+// FP8 blocks: d = max |x| / 448, the largest element at +-448 exactly, an all-zero block d = 0, and never a
+// NaN code, whatever the input.
+TEST(Quant, F8E4M3Blocks) {
+  std::vector<float> x = random_row(23);
+  x.resize(96);
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;        // block 1: all zero
+  x[64] = std::numeric_limits<float>::quiet_NaN();  // block 2: a NaN among finite values
+  std::vector<uint8_t> q(static_cast<size_t>(*dtype_row_bytes(DType::f8_e4m3, 96)));
+  quant::quantize_row_f8_e4m3(x.data(), q.data(), 96);
+  for (int64_t i = 0; i < 3; ++i) {
+    const auto b = quant::load_block<quant::BlockF8E4M3>(q.data(), i);
+    float amax = 0.0f;
+    int at = 0;
+    for (int j = 0; j < 32; ++j) {
+      if (std::fabs(x[i * 32 + j]) > amax) {
+        amax = std::fabs(x[i * 32 + j]);
+        at = j;
+      }
+    }
+    EXPECT_EQ(b.d, amax / 448.0f) << "block " << i;
+    for (int j = 0; j < 32; ++j) EXPECT_NE(b.q[j] & 0x7f, 0x7f) << "NaN code in block " << i;
+    if (amax > 0) {
+      EXPECT_EQ(b.q[at], x[i * 32 + at] > 0 ? 0x7e : 0xfe) << "block " << i;
+    } else {
+      for (int j = 0; j < 32; ++j) EXPECT_EQ(b.q[j], 0) << "block " << i;
+    }
+  }
+  EXPECT_EQ(quant::load_block<quant::BlockF8E4M3>(q.data(), 2).q[0], 0);  // the NaN became 0
+  std::vector<float> y(96);
+  quant::dequantize_row_f8_e4m3(q.data(), y.data(), 96);
+  for (float v : y) EXPECT_FALSE(std::isnan(v));
 }
 
 // Rows are only byte-aligned: a row at an odd address dequantizes like an aligned copy.

@@ -122,6 +122,15 @@ TEST(GgufModel, WriterRejectsBadTensors) {
   EXPECT_FALSE(w.add_tensor("b", {5}, DType::f32, data).ok());   // byte count
   EXPECT_FALSE(w.add_tensor("c", {4}, DType::q4_0, data).ok());  // not a block multiple
   EXPECT_FALSE(w.add_tensor("d", {1, 1, 1, 1, 4}, DType::f32, data).ok());
+  // kiln's in-memory FP8 form has no GGUF type: refused, eager or lazy, with the tensor named.
+  std::vector<uint8_t> fp8(36);
+  for (const Status& st : {w.add_tensor("blk.0.attn_q.weight", {32}, DType::f8_e4m3, fp8),
+                           w.add_tensor_lazy("blk.0.attn_k.weight", {32}, DType::f8_e4m3,
+                                             [](std::span<uint8_t>) { return Status(); })}) {
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("FP8 weights have no GGUF type"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(".attn_"), std::string::npos) << st.message();
+  }
   w.set("general.alignment", Value::u32(64));
   EXPECT_FALSE(w.to_bytes().ok());  // disagrees with the writer's alignment 32
   Writer w64(64);

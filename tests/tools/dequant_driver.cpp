@@ -48,7 +48,8 @@ int print_table() {
                    {"dequantize", t.dequantize_row != nullptr},
                    {"quantize", t.quantize_row != nullptr},
                    {"quantize_rows", t.quantize_rows != nullptr},
-                   {"requires_importance", t.requires_importance}});
+                   {"requires_importance", t.requires_importance},
+                   {"gguf", t.gguf}});
   }
   std::printf("%s\n", out.dump().c_str());
   return 0;

@@ -12,12 +12,14 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_op_profile.h"
 #include "core/log.h"
+#include "core/overloaded.h"
 
 namespace kiln {
 
@@ -147,8 +149,17 @@ class CudaBackend final : public Backend {
       for (const ops::Op& op : program.ops()) {
         if (!supports(op)) {
           const Tensor* dst = ops::float_dst(op);
-          return unimplemented("{}: {} with these operand types has no CUDA kernel{}", name_,
+          // The weight's type, where the op has one: an FP8 checkpoint's f8_e4m3 weights, for one, run on
+          // the CPU only so far.
+          const Tensor* w =
+              std::visit(Overloaded{[](const ops::GetRows& o) { return &o.table.tensor; },
+                                    [](const ops::Matmul& o) { return &o.w.tensor; },
+                                    [](const ops::MoeMatmul& o) { return &o.w.tensor; },
+                                    [](const auto&) { return static_cast<const Tensor*>(nullptr); }},
+                         op);
+          return unimplemented("{}: {} with these operand types has no CUDA kernel{}{}", name_,
                                ops::op_name(op),
+                               w != nullptr ? fmt::format(" (weight type {})", dtype_name(w->type)) : "",
                                dst != nullptr ? fmt::format(" (destination {})", dtype_name(dst->type)) : "");
         }
       }

@@ -86,6 +86,16 @@ static_assert(sizeof(BlockMXFP4) == 17);
 // The 16 E2M1 values, doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, times 2).
 inline constexpr int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+// kiln's FP8 form (DType::f8_e4m3, no GGUF type): y = d * e4m3fn(q[j]) (core/half.h: f8_e4m3_to_f32). The
+// quants are an FP8 checkpoint's own bytes; d is the checkpoint's scale for the block's 32 values
+// (per-tensor, per-channel and 128x128-block scales all expand to one per block of 32). An f32 scale, not
+// f16: the checkpoints' scales are f32 and often far below f16's range.
+struct BlockF8E4M3 {
+  float d;         // f32 scale
+  uint8_t q[kQK];  // float8_e4m3fn bits, element order
+};
+static_assert(sizeof(BlockF8E4M3) == 36);
+
 // --- K-quants: super-blocks of 256 ------------------------------------------------------------
 
 // 16 sub-blocks of 16: y = d * (scales[s] & 15) * q - dmin * (scales[s] >> 4), q in [0, 3].
@@ -277,6 +287,10 @@ void dequantize_row_bf16(const void* src, float* dst, int64_t n);
 void quantize_row_f32(const float* src, void* dst, int64_t n);
 void quantize_row_f16(const float* src, void* dst, int64_t n);
 void quantize_row_bf16(const float* src, void* dst, int64_t n);
+// FP8 blocks: d = max |x| / 448 (0 for an all-zero block), q = x / d rounded to nearest even, saturated to
+// +-448; never a NaN code (a NaN input becomes 0).
+void dequantize_row_f8_e4m3(const void* src, float* dst, int64_t n);
+void quantize_row_f8_e4m3(const float* src, void* dst, int64_t n);
 // As model rows (QuantizeRowsFn): a plain float type has no use for importance weights.
 void quantize_rows_f32(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
                        const float* importance);

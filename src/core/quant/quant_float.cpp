@@ -1,6 +1,10 @@
-// Plain float types as rows: F32 (a copy), F16 and BF16 (IEEE round to nearest even, core/half.h).
+// Plain float types as rows: F32 (a copy), F16 and BF16 (IEEE round to nearest even, core/half.h), and kiln's
+// FP8 blocks (BlockF8E4M3).
 #include "core/quant/fp_contract_off.h"
 // (the line above must stay first)
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
 
 #include "core/half.h"
@@ -53,6 +57,41 @@ void quantize_rows_f16(const float* src, void* dst, int64_t n_rows, int64_t n_pe
 }
 void quantize_rows_bf16(const float* src, void* dst, int64_t n_rows, int64_t n_per_row, const float*) {
   quantize_row_bf16(src, dst, n_rows * n_per_row);
+}
+
+namespace {
+
+// The 256 e4m3fn values: a lookup per element keeps the CPU's dequantize-then-multiply path (the only one FP8
+// weights take for now) as cheap as the other block types'.
+constexpr std::array<float, 256> make_f8_e4m3_values() {
+  std::array<float, 256> v{};
+  for (int i = 0; i < 256; ++i) v[static_cast<size_t>(i)] = f8_e4m3_to_f32(static_cast<uint8_t>(i));
+  return v;
+}
+constexpr std::array<float, 256> kF8E4M3Values = make_f8_e4m3_values();
+
+}  // namespace
+
+void dequantize_row_f8_e4m3(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const auto b = load_block<BlockF8E4M3>(src, i);
+    for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = b.d * kF8E4M3Values[b.q[j]];
+  }
+}
+
+void quantize_row_f8_e4m3(const float* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const float* x = src + i * kQK;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));  // a NaN is skipped
+    BlockF8E4M3 b{};
+    b.d = amax / 448.0f;
+    for (int j = 0; j < kQK; ++j) {
+      const float v = b.d != 0.0f ? x[j] / b.d : 0.0f;
+      b.q[j] = std::isnan(v) ? uint8_t{0} : f32_to_f8_e4m3(v);
+    }
+    store_block(dst, i, b);
+  }
 }
 
 }  // namespace kiln::quant
