@@ -336,6 +336,30 @@ struct Quant<DType::mxfp4> {  // e:1 qs:16
   }
 };
 
+// An FP8 E4M3 (e4m3fn) code as f32, exactly: a normal code is 2^(e - 7) (1 + m / 8), f32 exponent e + 120;
+// a subnormal one m 2^-9; S.1111.111 is NaN (the loader refuses it in weights).
+__device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
+  const uint32_t e = (b >> 3) & 0xF, m = b & 7, sign = (b & 0x80) << 24;
+  if ((b & 0x7F) == 0x7F) return __uint_as_float(sign | 0x7FC00000u);
+  const float mag = e != 0 ? __uint_as_float(((e + 120) << 23) | (m << 20))
+                           : __fmul_rn(small_int_to_f32(static_cast<int>(m)), 0.001953125f);
+  return __uint_as_float(__float_as_uint(mag) | sign);
+}
+
+template <>
+struct Quant<DType::f8_e4m3> {  // d:4 (f32) qs:32 (e4m3 codes): FP8 checkpoints' weights (core/quant)
+  static constexpr int kBlock = 32, kBytes = 36, kAlign = 4, kSafeAlign = 1;
+  template <int A>
+  __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
+    int i;
+    const uint8_t* b = block_of<Quant>(row, p, i);
+    const float d = __uint_as_float(ld_u32<A>(b));
+    const uint2 v = ld_u64<align_at(A, 4)>(b + 4 + 8 * i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(d, e4m3_to_f32(byte_of(v, j)));
+  }
+};
+
 // K-quants: piece p of a 256-element super-block covers elements e0 = 8p .. 8p+7, all in one sub-block of 16
 // (or 32) and, for the 2- and 4-bit layouts, in one run of 8 bytes with one bit shift.
 
@@ -554,7 +578,7 @@ inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k;
   X(f32) X(f16) X(bf16)                                                              \
   X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0)                                            \
   X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k)                                            \
-  X(iq4_nl) X(iq4_xs) X(mxfp4)                                                       \
+  X(iq4_nl) X(iq4_xs) X(mxfp4) X(f8_e4m3)                                            \
   X(iq2_xxs) X(iq2_xs) X(iq2_s) X(iq3_xxs) X(iq3_s) X(iq1_s) X(iq1_m)
 // clang-format on
 

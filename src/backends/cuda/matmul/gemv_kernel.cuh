@@ -319,7 +319,8 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, cons
 #define KILN_GEMV_FLOAT_TYPES(X) X(f32, 0, 1) X(f16, 0, 1) X(bf16, 0, 1)
 #define KILN_GEMV_KQUANT_TYPES(X) X(q2_k, 0, 0) X(q3_k, 0, 0) X(q4_k, 1, 0) X(q5_k, 1, 0) X(q6_k, 1, 0)
 #define KILN_GEMV_Q4_TYPES(X) X(q4_0, 1, 0) X(q4_1, 1, 0) X(q5_0, 1, 0)
-#define KILN_GEMV_Q5Q8_TYPES(X) X(q5_1, 1, 0) X(q8_0, 1, 0) X(iq4_nl, 0, 0) X(iq4_xs, 0, 0) X(mxfp4, 0, 0)
+#define KILN_GEMV_Q5Q8_TYPES(X) \
+  X(q5_1, 1, 0) X(q8_0, 1, 0) X(iq4_nl, 0, 0) X(iq4_xs, 0, 0) X(mxfp4, 0, 0) X(f8_e4m3, 0, 0)
 #define KILN_GEMV_IQUANT_TYPES(X) \
   X(iq2_xxs, 0, 0)                \
   X(iq2_xs, 0, 0) X(iq2_s, 0, 0) X(iq3_xxs, 0, 0) X(iq3_s, 0, 0) X(iq1_s, 0, 0) X(iq1_m, 0, 0)
