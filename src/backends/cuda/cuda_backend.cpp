@@ -149,8 +149,8 @@ class CudaBackend final : public Backend {
       for (const ops::Op& op : program.ops()) {
         if (!supports(op)) {
           const Tensor* dst = ops::float_dst(op);
-          // The weight's type, where the op has one: an FP8 checkpoint's f8_e4m3 weights, for one, run on
-          // the CPU only so far.
+          // The weight's type, where the op has one: the types the kernels read are listed in
+          // matmul/dequant.cuh.
           const Tensor* w =
               std::visit(Overloaded{[](const ops::GetRows& o) { return &o.table.tensor; },
                                     [](const ops::Matmul& o) { return &o.w.tensor; },
