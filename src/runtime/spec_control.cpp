@@ -2,13 +2,22 @@
 
 #include <algorithm>
 #include <bit>
+#include <utility>
 
 namespace kiln {
 
 void SpecControl::Rate::add(double v) {
-  // Half the weight on the newest step: a try of kTrySteps steps all but replaces what was known.
-  value = steps == 0 ? v : 0.5 * value + 0.5 * v;
+  last[static_cast<size_t>(steps % kWindow)] = v;
   ++steps;
+}
+
+double SpecControl::Rate::value() const {
+  const auto n = static_cast<size_t>(std::min<int64_t>(steps, kWindow));
+  std::array<double, kWindow> v = last;
+  for (size_t i = 1; i < n; ++i) {  // insertion sort of at most kWindow values
+    for (size_t j = i; j > 0 && v[j - 1] > v[j]; --j) std::swap(v[j - 1], v[j]);
+  }
+  return n == 0 ? 0.0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int SpecControl::class_of(int32_t n_decoding) {
@@ -38,7 +47,8 @@ void SpecControl::record(int32_t n_decoding, bool drafted, int64_t tokens, doubl
   Class& c = classes_[static_cast<size_t>(class_of(n_decoding))];
   c.rate[drafted ? 1 : 0].add(static_cast<double>(tokens) / seconds);
   if (c.rate[0].steps < kTrySteps || c.rate[1].steps < kTrySteps) return;
-  const bool best = c.rate[1].value >= c.rate[0].value;
+  const double drafting = c.rate[1].value(), plain = c.rate[0].value();
+  const bool best = c.best ? drafting * kMargin >= plain : drafting > plain * kMargin;
   if (best != c.best) {
     c.best = best;
     c.interval = kMinInterval;

@@ -19,6 +19,9 @@ class SpecControl {
   static constexpr int32_t kMinInterval = 8, kMaxInterval = 512;
   // Steps each mode takes in a row when tried, so one noisy step does not decide.
   static constexpr int32_t kTrySteps = 3;
+  // The other mode must be this much faster to become the choice: two modes within noise keep the current
+  // one.
+  static constexpr double kMargin = 1.03;
 
   // Whether a decode step of `n_decoding` requests should draft.
   bool choose(int32_t n_decoding);
@@ -27,10 +30,15 @@ class SpecControl {
   void record(int32_t n_decoding, bool drafted, int64_t tokens, double seconds);
 
  private:
+  // A mode's rate: the median of its last kWindow steps' tokens per second. A median, not a mean: a step
+  // slowed by something else (a graph captured, a request admitted, a delivery thread descheduled) must not
+  // make the faster mode look slower, and a try of kTrySteps steps still moves it.
+  static constexpr int kWindow = 5;
   struct Rate {
-    double value = 0;  // tokens per second, averaged (exponentially) over the recorded steps
+    std::array<double, kWindow> last{};  // ring of the newest steps' rates
     int64_t steps = 0;
     void add(double v);
+    double value() const;
   };
   struct Class {
     std::array<Rate, 2> rate;  // [drafted]

@@ -47,6 +47,22 @@ TEST(SpecControl, FollowsAChange) {
   EXPECT_GE(again, 400);
 }
 
+TEST(SpecControl, SlowStepsOfTheFasterModeDoNotTurnItOff) {
+  SpecControl c;
+  // Plain steps run at 800 tokens/s but one in six is slowed to 300 by something else (a graph capture, an
+  // admission); drafting runs at 600. A mean over the newest steps would take a slowed step for plain being
+  // the slower mode and draft until the next try; the median keeps plain.
+  const int drafted = run(c, 64, 3000, [](bool d, int i) { return d ? 600.0 : i % 6 == 5 ? 300.0 : 800.0; });
+  EXPECT_LE(drafted, 80);
+}
+
+TEST(SpecControl, EqualModesDoNotFlap) {
+  SpecControl c;
+  // Within noise of each other: whichever was chosen stays, tried at ever longer intervals.
+  const int drafted = run(c, 4, 2000, [](bool d, int i) { return (d ? 500.0 : 505.0) + (i % 3) * 4.0; });
+  EXPECT_TRUE(drafted >= 1900 || drafted <= 100) << drafted;
+}
+
 TEST(SpecControl, BatchSizesAreDecidedApart) {
   SpecControl c;
   int small = 0, large = 0;
