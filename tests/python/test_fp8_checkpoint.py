@@ -232,3 +232,58 @@ def test_zero_scale_is_named(bf16_folder, tmp_path):
     assert res.returncode != 0
     assert name in res.stderr and "[17, 0]" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+# ---- kiln quantize FOLDER OUT FP8: the per-channel compressed-tensors folder, written by kiln ----
+
+
+def test_kiln_quantize_writes_the_channel_folder(bf16_folder, tmp_path):
+    """`kiln quantize FOLDER OUT FP8` writes the folder torch writes above for "channel", byte for byte in every
+    tensor (the same f32 scale amax / 448 per row, the same round-to-nearest-even e4m3 codes), a
+    quantization_config that kiln (and vLLM's compressed-tensors loader) reads as per-channel FP8 weights with
+    dynamic per-token activations, and the tokenizer files beside it; kiln runs it."""
+    out = tmp_path / "kiln-fp8"
+    res = kiln("quantize", bf16_folder, out, "fp8", "-t", 2)
+    assert res.returncode == 0, res.stderr
+    assert "FP8" in res.stderr, res.stderr
+    want = safetensors_torch.load_file(str(fp8_of(bf16_folder, "channel") / "model.safetensors"))
+    got = safetensors_torch.load_file(str(out / "model.safetensors"))
+    assert set(got) == set(want)
+    n_fp8 = 0
+    for name, w in want.items():
+        g = got[name]
+        assert (g.dtype, tuple(g.shape)) == (w.dtype, tuple(w.shape)), name
+        if w.dtype == torch.float8_e4m3fn:
+            n_fp8 += 1
+            assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), name
+        else:
+            assert torch.equal(g, w), name
+    assert n_fp8 == 7 * 30
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    group = qc["config_groups"]["group_0"]
+    assert (qc["quant_method"], qc["format"]) == ("compressed-tensors", "float-quantized")
+    assert (group["weights"]["strategy"], group["weights"]["num_bits"], group["weights"]["type"]) == \
+        ("channel", 8, "float")
+    assert (group["input_activations"]["strategy"], group["input_activations"]["dynamic"]) == ("token", True)
+    assert (out / "tokenizer.json").exists() and (out / "tokenizer_config.json").exists()
+    assert not list(tmp_path.glob(".kiln-fp8.partial-*"))
+    res = kiln("run", "-m", out, "-p", "The capital of France is", "-n", 4, "--temp", 0, "-t", 2, "-d", "cpu")
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
+
+
+def test_kiln_quantize_fp8_refusals(bf16_folder, tmp_path):
+    """An existing output, a GGUF input, an FP8 input, and a GGUF-only option are refused with one line, and
+    nothing is written."""
+    exists = tmp_path / "exists"
+    exists.mkdir()
+    cases = [
+        ((bf16_folder, exists, "FP8"), "already exists"),
+        ((SMOL, tmp_path / "a", "FP8"), "Hugging Face folder"),
+        ((fp8_of(bf16_folder, "channel"), tmp_path / "b", "FP8"), "already quantized"),
+        ((bf16_folder, tmp_path / "c", "FP8", "--imatrix", tmp_path / "x.gguf"), "--imatrix"),
+    ]
+    for args, needle in cases:
+        res = kiln("quantize", *args, "-t", 2)
+        assert res.returncode != 0, args
+        assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists"]

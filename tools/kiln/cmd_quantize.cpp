@@ -3,18 +3,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli_util.h"
 #include "commands.h"
 #include "kiln/quantize.h"
 #include "perplexity_kld.h"
+#include "quant/fp8_folder.h"
 #include "quant/quant_mix.h"
 
 namespace kiln::cli {
@@ -224,6 +227,46 @@ Status search_kld(QuantizeArgs& args) {
   return Status();
 }
 
+bool equal_ignoring_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// TYPE FP8: a Hugging Face folder written as an FP8 (compressed-tensors) folder, none of the GGUF options.
+Status write_fp8(const QuantizeArgs& args) {
+  const QuantizeOptions& o = args.opt;
+  const std::pair<bool, const char*> unused[] = {{!o.imatrix.empty(), "--imatrix"},
+                                                 {!o.tensor_types.empty(), "--tensor-type"},
+                                                 {!o.output_tensor_type.empty(), "--output-tensor-type"},
+                                                 {!o.token_embedding_type.empty(), "--token-embedding-type"},
+                                                 {o.allow_requantize, "--allow-requantize"},
+                                                 {o.leave_output_tensor, "--leave-output-tensor"},
+                                                 {o.pure, "--pure"},
+                                                 {o.force, "--force"},
+                                                 {o.dry_run, "--dry-run"},
+                                                 {!o.method.empty(), "--method"},
+                                                 {o.target_bpw != 0.0, "--target-bpw"},
+                                                 {!args.target_size.empty(), "--target-size"},
+                                                 {args.target_kld != 0.0, "--target-kld"},
+                                                 {!o.plan.empty(), "--plan"},
+                                                 {!o.save_plan.empty(), "--save-plan"}};
+  for (const auto& [set, name] : unused) {
+    if (set)
+      return invalid_argument("{} does not apply to FP8 (a Hugging Face folder, per-channel scales)", name);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(const quant::Fp8FolderStats st,
+                        quant::write_fp8_folder(o.input, o.output, o.threads));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr,
+               "quantize: wrote %s (compressed-tensors FP8, per-channel weights, dynamic per-token "
+               "activations): %lld weights in FP8, %lld tensors copied, %.2f MiB -> %.2f MiB, in %.1f s\n",
+               o.output.c_str(), static_cast<long long>(st.n_quantized), static_cast<long long>(st.n_copied),
+               mib(st.bytes_in), mib(st.bytes_out), s);
+  return Status();
+}
+
 Status run_quantize(QuantizeArgs& args) {
   QuantizeOptions& opt = args.opt;
   opt.input = args.in;
@@ -234,6 +277,7 @@ Status run_quantize(QuantizeArgs& args) {
   } else {
     return invalid_argument("expected IN OUT TYPE (IN TYPE with --dry-run)");
   }
+  if (equal_ignoring_case(opt.type, "fp8")) return write_fp8(args);
   if (!args.target_size.empty()) {
     KILN_ASSIGN_OR_RETURN(opt.target_size, parse_byte_size(args.target_size));
     if (opt.target_size == 0) return invalid_argument("--target-size {} is not a size", args.target_size);
@@ -297,6 +341,9 @@ std::string types_footer() {
     std::snprintf(line, sizeof line, "  %-8s %2u  %s\n", f.name, static_cast<unsigned>(f.type), f.about);
     s += line;
   }
+  s += "  FP8          a Hugging Face folder to an FP8 one (compressed-tensors: e4m3 weights with a scale "
+       "per\n"
+       "               output channel, activations quantized per token at run time), OUT a new folder\n";
   return s;
 }
 
@@ -307,9 +354,11 @@ void register_quantize(CLI::App& app, int& rc) {
   QuantizeOptions& o = args->opt;
   CLI::App* cmd = app.add_subcommand(
       "quantize",
-      "Quantize a model to a GGUF file of a llama.cpp file type (the same file llama-quantize writes)");
+      "Quantize a model to a GGUF file of a llama.cpp file type (the same file llama-quantize writes), or a "
+      "Hugging Face folder to an FP8 one");
   cmd->add_option("IN", args->in, "A GGUF file or a Hugging Face folder")->required();
-  cmd->add_option("OUT", args->out, "The GGUF file to write (left out with --dry-run)")->required();
+  cmd->add_option("OUT", args->out, "The GGUF file to write (left out with --dry-run); for FP8 a new folder")
+      ->required();
   cmd->add_option("TYPE", args->type, "The file type (below)");
   cmd->add_option(
       "--imatrix", o.imatrix,

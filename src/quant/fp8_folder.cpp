@@ -1,0 +1,249 @@
+#include "quant/fp8_folder.h"
+
+#include <fmt/format.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <vector>
+
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "formats/folder.h"
+#include "formats/output_file.h"
+#include "formats/safetensors.h"
+
+namespace kiln::quant {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr float kE4M3Max = 448.0f;
+
+// The projections written in FP8: "model.layers.N.<...>.<proj>.weight" (also under "model.language_model."),
+// experts' included; routers ("mlp.gate", "shared_expert_gate") and everything outside the layers are not.
+bool quantized_weight(const std::string& name, const safetensors::Tensor& t) {
+  static const std::regex kProj(
+      R"(^(model\.|model\.language_model\.|language_model\.model\.)layers\.\d+\..*\b)"
+      R"((q_proj|k_proj|v_proj|o_proj|qkv_proj|gate_proj|up_proj|down_proj|gate_up_proj|w1|w2|w3)\.weight$)");
+  return t.shape.size() == 2 && std::regex_search(name, kProj);
+}
+
+// Files of a folder beside the weights that a loader reads: copied when present.
+constexpr const char* kCopied[] = {
+    "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+    "chat_template.jinja", "chat_template.json",    "tokenizer.model",         "vocab.json",
+    "merges.txt",          "added_tokens.json",     "preprocessor_config.json"};
+
+// One output tensor: its name, safetensors type and shape, and how to produce its bytes.
+struct OutTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+  const safetensors::Tensor* src = nullptr;
+  enum class Kind { copy, fp8_values, fp8_scales } kind = Kind::copy;
+};
+
+// The row-wise scales and e4m3 codes of a weight, computed once for both of its output tensors.
+struct Fp8Weight {
+  std::vector<float> scales;   // [out]
+  std::vector<uint8_t> codes;  // [out, in]
+};
+
+Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, ThreadPool& pool) {
+  const std::optional<DType> dt = t.kiln_dtype();
+  if (!dt || (*dt != DType::f32 && *dt != DType::f16 && *dt != DType::bf16)) {
+    return invalid_argument("{}: type {} (F32, F16 or BF16 weights are quantized to FP8)", t.name,
+                            safetensors::dtype_name(t.dtype));
+  }
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const DTypeInfo& info = dtype_info(*dt);
+  const size_t row_bytes = static_cast<size_t>(cols * info.type_size);
+  Fp8Weight w;
+  w.scales.resize(static_cast<size_t>(rows));
+  w.codes.resize(static_cast<size_t>(rows * cols));
+  std::atomic<int64_t> bad_row{-1};
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> v(static_cast<size_t>(cols));
+    for (int64_t r = r0; r < r1; ++r) {
+      info.dequantize_row(t.data.data() + r * row_bytes, v.data(), cols);
+      float amax = 0.0f;
+      for (float x : v) amax = std::max(amax, std::fabs(x));
+      if (!std::isfinite(amax)) {
+        bad_row = r;
+        continue;
+      }
+      const float scale = amax > 0.0f ? amax / kE4M3Max : 1.0f;
+      w.scales[static_cast<size_t>(r)] = scale;
+      uint8_t* q = w.codes.data() + r * cols;
+      for (int64_t c = 0; c < cols; ++c) q[c] = f32_to_f8_e4m3(v[static_cast<size_t>(c)] / scale);
+    }
+  });
+  if (bad_row >= 0)
+    return invalid_argument("{}: row {} holds a value that is not finite", t.name, bad_row.load());
+  return w;
+}
+
+// The quantization_config of the output: per-channel FP8 weights, dynamic per-token FP8 activations.
+nlohmann::json quantization_config(const std::vector<std::string>& ignore) {
+  nlohmann::json weights = {
+      {"num_bits", 8},       {"type", "float"},       {"strategy", "channel"},      {"symmetric", true},
+      {"dynamic", false},    {"group_size", nullptr}, {"block_structure", nullptr}, {"actorder", nullptr},
+      {"observer", "minmax"}};
+  nlohmann::json acts = {
+      {"num_bits", 8},   {"type", "float"},       {"strategy", "token"},        {"symmetric", true},
+      {"dynamic", true}, {"group_size", nullptr}, {"block_structure", nullptr}, {"observer", nullptr}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"quantization_status", "compressed"},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights", weights},
+              {"input_activations", acts},
+              {"output_activations", nullptr},
+              {"format", "float-quantized"}}}}},
+          {"ignore", ignore},
+          {"kv_cache_scheme", nullptr}};
+}
+
+Status write_bytes(std::FILE* f, const void* p, size_t n, const std::string& path) {
+  if (n > 0 && std::fwrite(p, 1, n, f) != n)
+    return io_error("writing {} failed: {}", path, std::strerror(errno));
+  return Status::ok_status();
+}
+
+// The weights file: header, then each tensor's bytes in order. An FP8 weight is quantized once, when its
+// values come (its scales follow it at once).
+Status write_weights(const std::string& path, const std::vector<OutTensor>& tensors, ThreadPool& pool,
+                     Fp8FolderStats& stats) {
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const OutTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data section 8-byte aligned, as safetensors writes it
+  KILN_ASSIGN_OR_RETURN(OutputFile out, OutputFile::create(path));
+  const uint64_t n = text.size();
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  KILN_TRY(write_bytes(out.stream(), len, 8, path));
+  KILN_TRY(write_bytes(out.stream(), text.data(), text.size(), path));
+  Fp8Weight current;
+  for (const OutTensor& t : tensors) {
+    switch (t.kind) {
+      case OutTensor::Kind::copy:
+        KILN_TRY(write_bytes(out.stream(), t.src->data.data(), t.src->data.size(), path));
+        ++stats.n_copied;
+        break;
+      case OutTensor::Kind::fp8_values: {
+        KILN_ASSIGN_OR_RETURN(current, quantize_weight(*t.src, pool));
+        KILN_TRY(write_bytes(out.stream(), current.codes.data(), current.codes.size(), path));
+        ++stats.n_quantized;
+        break;
+      }
+      case OutTensor::Kind::fp8_scales:
+        KILN_TRY(
+            write_bytes(out.stream(), current.scales.data(), current.scales.size() * sizeof(float), path));
+        break;
+    }
+    stats.bytes_in += t.kind == OutTensor::Kind::fp8_scales ? 0 : t.src->data.size();
+    stats.bytes_out += t.bytes;
+  }
+  return out.commit();
+}
+
+}  // namespace
+
+Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string& out, int n_threads) {
+  std::error_code ec;
+  if (!fs::is_directory(in, ec))
+    return invalid_argument("{}: FP8 is written from a Hugging Face folder (config.json and safetensors)",
+                            in);
+  if (fs::exists(fs::symlink_status(out, ec)))
+    return invalid_argument("{}: already exists (the FP8 folder is written as a new folder)", out);
+  const std::string config_path = (fs::path(in) / "config.json").string();
+  KILN_TRY(check_in_folder(in, config_path));
+  nlohmann::json config;
+  {
+    std::ifstream f(config_path);
+    if (!f) return not_found("{}: cannot be read", config_path);
+    config = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (!config.is_object()) return invalid_argument("{}: not a JSON object", config_path);
+  }
+  if (config.contains("quantization_config"))
+    return invalid_argument(
+        "{}: the folder is already quantized (quantization_config); give its full-precision source", in);
+  KILN_ASSIGN_OR_RETURN(safetensors::Model model, safetensors::Model::open_dir(in));
+
+  // The output tensors in the input's order, each FP8 weight followed by its scales.
+  std::vector<OutTensor> tensors;
+  std::vector<std::string> ignore;
+  for (const safetensors::Tensor* t : model.tensors()) {
+    if (quantized_weight(t->name, *t)) {
+      const std::string module = t->name.substr(0, t->name.size() - std::string_view(".weight").size());
+      tensors.push_back({t->name, "F8_E4M3", t->shape, static_cast<uint64_t>(t->n_elements), t,
+                         OutTensor::Kind::fp8_values});
+      tensors.push_back({module + ".weight_scale",
+                         "F32",
+                         {t->shape[0], 1},
+                         static_cast<uint64_t>(t->shape[0]) * 4,
+                         t,
+                         OutTensor::Kind::fp8_scales});
+    } else {
+      tensors.push_back(
+          {t->name, safetensors::dtype_name(t->dtype), t->shape, t->data.size(), t, OutTensor::Kind::copy});
+    }
+  }
+  if (std::none_of(tensors.begin(), tensors.end(),
+                   [](const OutTensor& t) { return t.kind == OutTensor::Kind::fp8_values; })) {
+    return invalid_argument("{}: no decoder-layer projection weights to quantize", in);
+  }
+  ignore.push_back("lm_head");
+  config["quantization_config"] = quantization_config(ignore);
+
+  // Everything goes to a fresh folder beside `out`, renamed to it at the end.
+  const fs::path target = fs::absolute(out, ec);
+  std::string tmpl = (target.parent_path() / ("." + target.filename().string() + ".partial-XXXXXX")).string();
+  if (mkdtemp(tmpl.data()) == nullptr)
+    return io_error("cannot create a folder beside {}: {}", out, std::strerror(errno));
+  const fs::path tmp(tmpl);
+  Fp8FolderStats stats;
+  const Status s = [&]() -> Status {
+    ThreadPool pool(n_threads);
+    KILN_TRY(write_weights((tmp / "model.safetensors").string(), tensors, pool, stats));
+    {
+      KILN_ASSIGN_OR_RETURN(OutputFile f, OutputFile::create((tmp / "config.json").string()));
+      const std::string text = config.dump(2) + "\n";
+      KILN_TRY(write_bytes(f.stream(), text.data(), text.size(), f.temp_path()));
+      KILN_TRY(f.commit());
+    }
+    for (const char* name : kCopied) {
+      const fs::path src = fs::path(in) / name;
+      if (!fs::exists(src, ec)) continue;
+      KILN_TRY(check_in_folder(in, src.string()));
+      fs::copy_file(src, tmp / name, ec);
+      if (ec) return io_error("copying {} failed: {}", src.string(), ec.message());
+    }
+    fs::rename(tmp, target, ec);
+    if (ec) return io_error("renaming {} to {} failed: {}", tmp.string(), out, ec.message());
+    return Status::ok_status();
+  }();
+  if (!s.ok()) {
+    fs::remove_all(tmp, ec);
+    return s;
+  }
+  return stats;
+}
+
+}  // namespace kiln::quant
