@@ -8,8 +8,12 @@ namespace {
 
 Result<KvBuffers> allocate_pools(const std::function<Backend&(int32_t)>& backend_of, const ModelInfo& info,
                                  int32_t block_size, int32_t n_blocks, DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::f16) {
-    return invalid_argument("KV cache type {} is not supported (f32, f16)", dtype_name(dtype));
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::q8_0) {
+    return invalid_argument("KV cache type {} is not supported (f32, f16, q8_0)", dtype_name(dtype));
+  }
+  if (info.head_dim % dtype_info(dtype).block_size != 0) {
+    return invalid_argument("KV cache type {}: head_dim {} is not a multiple of its {}-value blocks",
+                            dtype_name(dtype), info.head_dim, dtype_info(dtype).block_size);
   }
   if (block_size <= 0 || n_blocks <= 0) {
     return invalid_argument("KV cache: block_size = {} and n_blocks = {} must be positive", block_size,
@@ -19,7 +23,8 @@ Result<KvBuffers> allocate_pools(const std::function<Backend&(int32_t)>& backend
   kv.block_size = block_size;
   kv.n_blocks = n_blocks;
   const int64_t elems = int64_t{info.head_dim} * info.n_kv_heads * block_size * n_blocks;
-  const size_t bytes = static_cast<size_t>(elems) * dtype_info(dtype).type_size;
+  KILN_ASSIGN_OR_RETURN(const int64_t pool_bytes, dtype_row_bytes(dtype, elems));
+  const auto bytes = static_cast<size_t>(pool_bytes);
   for (int32_t l = 0; l < info.n_layers; ++l) {
     Backend& backend = backend_of(l);
     for (std::vector<Tensor>* pools : {&kv.k, &kv.v}) {

@@ -1121,10 +1121,11 @@ TEST(OpHarness, Sample) {
 TEST(OpHarness, KvWrite) {
   Rng rng(7);
   int i = 0;
-  for (DType type : {DType::f32, DType::f16}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
     for (int64_t block_size : {1, 4, 16}) {
       for (const auto& [head_dim, n_kv, n_tokens] :
-           {std::tuple{16, 1, 1}, std::tuple{7, 3, 5}, std::tuple{64, 2, 20}}) {
+           {std::tuple{16, 1, 1}, std::tuple{7, 3, 5}, std::tuple{64, 2, 20}, std::tuple{32, 3, 4}}) {
+        if (type == DType::q8_0 && head_dim % 32 != 0) continue;  // whole 32-value blocks
         const int64_t n_blocks = (n_tokens + 2 * block_size - 1) / block_size + 1;
         const Layout layout = kLayouts[i++ % 3];
         const Host k = make_f32(layout, head_dim, n_kv, n_tokens, &rng);
@@ -1140,15 +1141,22 @@ TEST(OpHarness, KvWrite) {
         const KvWrite ref_op{k.t, v.t, k_want.t, v_want.t, iv(slots)};
         ASSERT_TRUE(check(ref_op).ok()) << what;
         ref::kv_write(ref_op);
-        for (int64_t t = 0; t < n_tokens; ++t) {  // the f16 round trip: within half an f16 ulp of the input
+        // The round trip: exact for f32, within half an f16 ulp of the input for f16, within half a q8_0 step
+        // (its block's largest magnitude / 127, the f16 scale's rounding aside) for q8_0.
+        for (int64_t t = 0; t < n_tokens; ++t) {
           for (int64_t h = 0; h < n_kv; ++h) {
             std::vector<float> row(head_dim);
             ref::row_to_f32(k_want.t, k_want.t.row(h, slots[t] % block_size, slots[t] / block_size),
                             row.data());
+            const float* in = k.t.row_as<float>(h, t);
             for (int64_t e = 0; e < head_dim; ++e) {
-              const float in = k.t.row_as<float>(h, t)[e];
-              ASSERT_LE(std::fabs(row[e] - in),
-                        type == DType::f32 ? 0.0f : std::fabs(in) * 0x1p-11f + 0x1p-25f);
+              float amax = 0.0f;
+              for (int64_t j = e / 32 * 32; j < std::min<int64_t>(head_dim, e / 32 * 32 + 32); ++j)
+                amax = std::max(amax, std::fabs(in[j]));
+              const float bound = type == DType::f32   ? 0.0f
+                                  : type == DType::f16 ? std::fabs(in[e]) * 0x1p-11f + 0x1p-25f
+                                                       : amax / 127.0f * 0.502f + amax * 0x1p-10f;
+              ASSERT_LE(std::fabs(row[e] - in[e]), bound) << what;
             }
           }
         }
@@ -1172,12 +1180,14 @@ TEST(OpHarness, Attention) {
   const Variant variants[] = {{0.0f, 0}, {5.0f, 0}, {0.0f, 5}, {3.0f, 3}};
   const int64_t seq_len[] = {1, 6, 23, 40};  // K/V positions held per sequence
   int i = 0;
-  for (DType type : {DType::f32, DType::f16}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
     for (const auto& [n_heads, n_kv] :
          {std::pair{4, 4}, std::pair{6, 2}, std::pair{5, 1}}) {  // group 1, 3, MQA
       for (int64_t block_size : {1, 4, 16}) {
         for (const Variant& var : variants) {
-          const int64_t head_dim = std::array<int64_t, 3>{16, 7, 64}[i % 3];
+          // q8_0 pools hold whole 32-value blocks a row.
+          const int64_t head_dim = type == DType::q8_0 ? std::array<int64_t, 3>{32, 64, 96}[i % 3]
+                                                       : std::array<int64_t, 3>{16, 7, 64}[i % 3];
           const Layout layout = kLayouts[i++ % 3];
           // Block tables: each sequence takes ceil(len / block_size) blocks of a shuffled pool with spares.
           int64_t n_blocks = 2;
@@ -2035,6 +2045,9 @@ TEST(OpCheck, KvWrite) {
   expect_rejected(KvWrite{o.x.t, o.half.t, pool.t, pool.t, iv(slots)}, kInvalid, "v must");
   expect_rejected(KvWrite{o.x.t, o.small.t, pool.t, pool.t, iv(slots)}, kInvalid, "v is");
   expect_rejected(KvWrite{o.x.t, o.y.t, bf.t, pool.t, iv(slots)}, kInvalid, "k_pool");
+  Host q8 = make_pool(DType::f32, 8, 4, 2, 3, rng);  // head_dim 8: no whole q8_0 block
+  q8.t.type = DType::q8_0;
+  expect_rejected(KvWrite{o.x.t, o.y.t, q8.t, q8.t, iv(slots)}, kInvalid, "not a multiple of its 32-value");
   expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, narrow.t, iv(slots)}, kInvalid, "v_pool");
   expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool_h.t, iv(slots)}, kInvalid, "types differ");
   expect_rejected(KvWrite{o.x.t, o.y.t, pool.t, pool.t, iv(one)}, kInvalid, "slots");

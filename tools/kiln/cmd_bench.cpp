@@ -343,8 +343,9 @@ void register_bench(CLI::App& app, int& rc) {
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
   cmd->add_option("--kv-type", o->kv_type,
-                  "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
-      ->check(CLI::IsMember({"f32", "f16", "auto"}));
+                  "KV cache type: f32, f16, q8_0 (8-bit blocks, the CPU only), or auto (f16 on a GPU unless "
+                  "--exact, else f32)")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls (as kiln run; the default, --exact turns it off)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);

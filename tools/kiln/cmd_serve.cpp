@@ -195,8 +195,9 @@ void register_serve(CLI::App& app, int& rc) {
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
   cmd->add_option("--kv-type", o->kv_type,
-                  "KV cache type: f32, f16, or auto (f16 on a GPU unless --exact, else f32)")
-      ->check(CLI::IsMember({"f32", "f16", "auto"}));
+                  "KV cache type: f32, f16, q8_0 (8-bit blocks, the CPU only), or auto (f16 on a GPU unless "
+                  "--exact, else f32)")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
   cmd->add_option("--kv-memory", o->kv_memory,
                   "KV cache size, e.g. 2G (default: what --parallel requests need)");
   cmd->add_option("--http-threads", o->http_threads, "Threads serving connections")

@@ -31,11 +31,16 @@ namespace kiln::cpu {
 
 namespace {
 
-// Pool row (kv_head, slot) as f32: in place for f32, converted into `tmp` for f16.
+// Pool row (kv_head, slot) as f32: in place for f32, converted into `tmp` for f16, dequantized into it for
+// q8_0.
 const float* pool_row(const Tensor& pool, int64_t kv_head, int64_t slot, float* tmp) {
   const int64_t block_size = pool.ne[2];
   const uint8_t* row = pool.row(kv_head, slot % block_size, slot / block_size);
   if (pool.type == DType::f32) return reinterpret_cast<const float*>(row);
+  if (pool.type == DType::q8_0) {
+    dtype_info(pool.type).dequantize_row(row, tmp, pool.ne[0]);
+    return tmp;
+  }
   const auto* h = reinterpret_cast<const uint16_t*>(row);
   for (int64_t i = 0; i < pool.ne[0]; ++i) tmp[i] = f16_to_f32(h[i]);
   return tmp;
@@ -156,6 +161,10 @@ struct TiledAttention {
     const auto table = indices.subspan(indptr[tl.seq], indptr[tl.seq + 1] - indptr[tl.seq]);
     const uint8_t* k_rows[kAttnChunk];
     const uint8_t* v_rows[kAttnChunk];
+    // A quantized pool's rows of the chunk as f32: K rows [kAttnChunk, head_dim], then V rows.
+    const bool quantized = op.k_pool.type == DType::q8_0;
+    thread_local std::vector<float> kv_f32;
+    if (quantized) kv_f32.resize(static_cast<size_t>(2 * kAttnChunk * head_dim));
     const uint8_t* k_next[kAttnChunk];
     const uint8_t* v_next[kAttnChunk];
     state_reset(out, rp, rows, dp);
@@ -173,6 +182,16 @@ struct TiledAttention {
         }
         if (j0 >= j1) continue;
         pool_rows(table, kv, c0 + j0, c0 + j1, k_rows + j0, v_rows + j0);
+        if (quantized) {  // the chunk's rows dequantized once for the tile: the kernels read f32 or f16
+          for (int64_t j = j0; j < j1; ++j) {
+            float* kf = kv_f32.data() + j * head_dim;
+            float* vf = kf + kAttnChunk * head_dim;
+            dtype_info(op.k_pool.type).dequantize_row(k_rows[j], kf, head_dim);
+            dtype_info(op.v_pool.type).dequantize_row(v_rows[j], vf, head_dim);
+            k_rows[j] = reinterpret_cast<const uint8_t*>(kf);
+            v_rows[j] = reinterpret_cast<const uint8_t*>(vf);
+          }
+        }
         // The next chunk's rows, asked for ahead of their use: a decode step reads them from memory, once
         // each, and the kernel's walk over 8 or 16 rows at a time, 4 bytes of each, leaves the hardware
         // prefetchers behind (SmolLM2 at 3,300 positions: ~1.5 ms of attention a layer without this).
@@ -180,7 +199,7 @@ struct TiledAttention {
                       n1 = std::min(c0 + 2 * kAttnChunk, tl.last + 1);
         if (n0 < n1) {
           pool_rows(table, kv, n0, n1, k_next, v_next);
-          const int64_t bytes = head_dim * static_cast<int64_t>(op.k_pool.nb[0]);  // a row (both pools)
+          const int64_t bytes = op.k_pool.nb[1];  // a row (both pools)
           for (int64_t i = 0; i < n1 - n0; ++i) {
             for (int64_t off = 0; off < bytes; off += 64) {
               __builtin_prefetch(k_next[i] + off, 0, 2);
@@ -193,7 +212,7 @@ struct TiledAttention {
                           rows,
                           rp,
                           dp,
-                          static_cast<uint32_t>(op.k_pool.type),
+                          static_cast<uint32_t>(quantized ? DType::f32 : op.k_pool.type),
                           k_rows,
                           v_rows,
                           static_cast<int>(j0),

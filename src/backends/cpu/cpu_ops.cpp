@@ -145,9 +145,11 @@ void kv_write(ThreadPool& pool, const KvWrite& op) {
       uint8_t* dst = pool_t->row(h, slot % block_size, slot / block_size);
       if (pool_t->type == DType::f32) {
         std::memcpy(dst, x, head_dim * sizeof(float));
-      } else {
+      } else if (pool_t->type == DType::f16) {
         auto* d = reinterpret_cast<uint16_t*>(dst);
         for (int64_t i = 0; i < head_dim; ++i) d[i] = f32_to_f16(x[i]);
+      } else {
+        dtype_info(pool_t->type).quantize_row(x, dst, head_dim);  // q8_0, as the reference rounds it
       }
     }
   });

@@ -158,12 +158,16 @@ void softmax(const Softmax& op) {
 
 namespace {
 
-// Element i of the pool row (head, slot) as f64.
+// Element i of the pool row (head, slot) as f64 (a q8_0 row dequantized by its reference).
 double pool_at(const Tensor& pool, int64_t head, int64_t slot, int64_t i) {
   const int64_t block_size = pool.ne[2];
   const uint8_t* row = pool.row(head, slot % block_size, slot / block_size);
   if (pool.type == DType::f32) return reinterpret_cast<const float*>(row)[i];
-  return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+  if (pool.type == DType::f16) return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+  thread_local std::vector<float> v;
+  v.resize(static_cast<size_t>(pool.ne[0]));
+  dtype_info(pool.type).dequantize_row(row, v.data(), pool.ne[0]);
+  return v[static_cast<size_t>(i)];
 }
 
 void pool_store(const Tensor& pool, int64_t head, int64_t slot, const float* src) {
@@ -171,10 +175,12 @@ void pool_store(const Tensor& pool, int64_t head, int64_t slot, const float* src
   uint8_t* row = pool.row(head, slot % block_size, slot / block_size);
   if (pool.type == DType::f32) {
     std::memcpy(row, src, pool.ne[0] * sizeof(float));
-    return;
+  } else if (pool.type == DType::f16) {
+    auto* h = reinterpret_cast<uint16_t*>(row);
+    for (int64_t i = 0; i < pool.ne[0]; ++i) h[i] = f32_to_f16(src[i]);
+  } else {
+    dtype_info(pool.type).quantize_row(src, row, pool.ne[0]);  // q8_0: llama.cpp's reference rounding
   }
-  auto* h = reinterpret_cast<uint16_t*>(row);
-  for (int64_t i = 0; i < pool.ne[0]; ++i) h[i] = f32_to_f16(src[i]);
 }
 
 }  // namespace
