@@ -71,6 +71,10 @@
 #             (bench/prompts/edit-rename.txt, chat template, 256 tokens, greedy; SPEC_REPS rounds, interleaved), the
 #             decode tokens/s and drafts kept, texts compared, with and without --deterministic; then kiln serve
 #             --parallel 64 without and with --spec ngram under kiln bench serve at 64 concurrent requests
+#   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS),
+#             then the Llama-3-8B shape's random BF16 folder written as FP8 by kiln quantize (compressed-tensors,
+#             per channel), and kiln bench of the BF16 GGUF of prep beside the FP8 folder (pp2048, tg128, and
+#             --batch 64)
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
 #             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
@@ -471,6 +475,29 @@ for step in "${steps[@]}"; do
           done
         done
       } 2>&1 | tee "$out/spec.md" || status=1
+      ;;
+    fp8)
+      k="$bin/tools/kiln/kiln"
+      {
+        "$bin/tests/ops_tests" --gtest_brief=1 \
+          --gtest_filter='OpHarness.Matmul*:OpHarness.GetRows*:OpHarness.MoeMatmul*:OpHarness.BatchInvariant*' 2>&1 |
+          tail -5
+        bf16=/tmp/kiln-models/llama3-8b-bf16.gguf folder=/tmp/kiln-models/llama3-8b-folder
+        fp8=/tmp/kiln-models/llama3-8b-fp8
+        if [ ! -e "$fp8/config.json" ]; then
+          [ -e "$folder/config.json" ] || python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'bench')
+from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), Path('.gpu-deps/tokenizer'))"
+          echo "## kiln quantize FOLDER OUT FP8, $(nproc) threads"
+          TIMEFORMAT="%R s"
+          { time "$k" quantize "$folder" "$fp8" FP8 -t "$(nproc)"; } 2>&1 | tail -2
+          rm -rf "$folder"
+        fi
+        for m in "$bf16" "$fp8"; do
+          [ -e "$m" ] || { echo "$m: not here (prep with PREP_ONLY=llama3-8b-bf16)"; continue; }
+          echo "## $m"
+          "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\|"
+        done
+      } 2>&1 | tee "$out/fp8.md" || status=1
       ;;
     quanttypes)
       python3 bench/gpu_quant_types.py --build "$bin" --model /tmp/kiln-models/default.gguf --qwen-shape \
