@@ -223,6 +223,13 @@ wait_healthy() {
     sleep 1
   done
 }
+# One kiln bench serve run against the server on localhost:PORT (256-token random prompts, 128 tokens out), as
+# "T tok/s, TPOT M ms, failed F": served KILN PORT PROMPTS CONCURRENCY EXTRA_BODY.
+served() {
+  "$1" bench serve --base-url "http://localhost:$2" --num-prompts "$3" --max-concurrency "$4" \
+    --random-input-len 256 --random-output-len 128 --extra-body "$5" -o json |
+    python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))'
+}
 prep_running() {
   [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ] && [ -e /tmp/kiln-prep.pid ] &&
     kill -0 "$(cat /tmp/kiln-prep.pid)" 2>/dev/null
@@ -356,9 +363,7 @@ for step in "${steps[@]}"; do
         for c in ${SERVE_CONCURRENCY:-1 16 64}; do
           for s in '"temperature": 0' "$sampled"; do
             n=$((c * 4 > 256 ? 256 : (c * 4 < 16 ? 16 : c * 4)))
-            r=$("$k" bench serve --base-url http://localhost:8090 --num-prompts "$n" --max-concurrency "$c" \
-              --random-input-len 256 --random-output-len 128 --extra-body "{\"ignore_eos\": true, $s}" -o json |
-              python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')
+            r=$(served "$k" 8090 "$n" "$c" "{\"ignore_eos\": true, $s}")
             echo "| $f | $c | ${s%%,*} | $r |"
           done
         done
@@ -370,9 +375,7 @@ for step in "${steps[@]}"; do
         echo "--deterministic:"
         python3 bench/deterministic_check.py --base-url http://localhost:8090 --expect-identical || status=1
         for s in '"temperature": 0' "$sampled"; do
-          r=$("$k" bench serve --base-url http://localhost:8090 --num-prompts 256 --max-concurrency 64 \
-            --random-input-len 256 --random-output-len 128 --extra-body "{\"ignore_eos\": true, $s}" -o json |
-            python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')
+          r=$(served "$k" 8090 256 64 "{\"ignore_eos\": true, $s}")
           echo "| $f --deterministic | 64 | ${s%%,*} | $r |"
         done
         kill "$spid"; wait "$spid" || true
@@ -467,10 +470,7 @@ for step in "${steps[@]}"; do
             "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8095 --spec "$s" >/tmp/serve-spec.log 2>&1 &
             spid=$!
             wait_healthy 8095
-            echo "round $round, --spec $s: $("$k" bench serve --base-url http://localhost:8095 --num-prompts 256 \
-              --max-concurrency 64 --random-input-len 256 --random-output-len 128 \
-              --extra-body '{"ignore_eos": true, "temperature": 0}' -o json |
-              python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')"
+            echo "round $round, --spec $s: $(served "$k" 8095 256 64 '{"ignore_eos": true, "temperature": 0}')"
             kill "$spid"; wait "$spid" || true
           done
         done
@@ -569,9 +569,7 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
             wait_healthy 8094
             for s in warm-up '"temperature": 0' "$sampled"; do
               extra="{\"ignore_eos\": true, ${s/warm-up/\"temperature\": 0}}"
-              r=$("$k" bench serve --base-url http://localhost:8094 --num-prompts 256 --max-concurrency 64 \
-                --random-input-len 256 --random-output-len 128 --extra-body "$extra" -o json |
-                python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.1f tok/s, TPOT %.2f ms, failed %d" % (d["output_throughput"], d["mean_tpot_ms"], d["failed"]))')
+              r=$(served "$k" 8094 256 64 "$extra")
               [ "$s" = warm-up ] || echo "| $which | round $round | ${s%%,*} | $r |"
             done
             kill "$spid"; wait "$spid" || true
