@@ -84,6 +84,9 @@ inline uint16_t f32_to_bf16(float f) {
 // exponent bits (bias 7), 3 mantissa bits. It has no infinities: S.1111.111 is NaN, and S.1111.110 = +-448 is
 // the largest magnitude. Exponent 0 holds the subnormals m/8 * 2^-6 (and the two zeros).
 
+// The largest e4m3fn magnitude: a scale of max |x| / kF8E4M3Max maps a block or row onto the whole range.
+inline constexpr float kF8E4M3Max = 448.0f;
+
 // e4m3fn bits -> f32 (exact: every e4m3fn value is an f32). constexpr so that a table of all 256 values can
 // be built at compile time.
 constexpr float f8_e4m3_to_f32(uint8_t b) {

@@ -27,8 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr float kE4M3Max = 448.0f;
-
 // The projections written in FP8: "model.layers.N.<...>.<proj>.weight" (also under "model.language_model."),
 // experts' included; routers ("mlp.gate", "shared_expert_gate") and everything outside the layers are not.
 bool quantized_weight(const std::string& name, const safetensors::Tensor& t) {
@@ -83,7 +81,7 @@ Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, ThreadPool& pool
         bad_row = r;
         continue;
       }
-      const float scale = amax > 0.0f ? amax / kE4M3Max : 1.0f;
+      const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
       w.scales[static_cast<size_t>(r)] = scale;
       uint8_t* q = w.codes.data() + r * cols;
       for (int64_t c = 0; c < cols; ++c) q[c] = f32_to_f8_e4m3(v[static_cast<size_t>(c)] / scale);
@@ -191,10 +189,14 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
 
   // The output tensors in the input's order, each FP8 weight followed by its scales.
   std::vector<OutTensor> tensors;
-  std::vector<std::string> ignore;
+  // Linear layers left in full precision, which a loader must not take for FP8 ones: the output head, and
+  // matrices inside the layers that are not projections (MoE routers).
+  std::vector<std::string> ignore = {"lm_head"};
   for (const safetensors::Tensor* t : model.tensors()) {
+    const bool matrix = t->shape.size() == 2 && t->name.ends_with(".weight");
+    const std::string module =
+        matrix ? t->name.substr(0, t->name.size() - std::string_view(".weight").size()) : "";
     if (quantized_weight(t->name, *t)) {
-      const std::string module = t->name.substr(0, t->name.size() - std::string_view(".weight").size());
       tensors.push_back({t->name, "F8_E4M3", t->shape, static_cast<uint64_t>(t->n_elements), t,
                          OutTensor::Kind::fp8_values});
       tensors.push_back({module + ".weight_scale",
@@ -206,13 +208,13 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
     } else {
       tensors.push_back(
           {t->name, safetensors::dtype_name(t->dtype), t->shape, t->data.size(), t, OutTensor::Kind::copy});
+      if (matrix && t->name.find(".layers.") != std::string::npos) ignore.push_back(module);
     }
   }
   if (std::none_of(tensors.begin(), tensors.end(),
                    [](const OutTensor& t) { return t.kind == OutTensor::Kind::fp8_values; })) {
     return invalid_argument("{}: no decoder-layer projection weights to quantize", in);
   }
-  ignore.push_back("lm_head");
   config["quantization_config"] = quantization_config(ignore);
 
   // Everything goes to a fresh folder beside `out`, renamed to it at the end.

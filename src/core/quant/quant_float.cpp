@@ -85,7 +85,7 @@ void quantize_row_f8_e4m3(const float* src, void* dst, int64_t n) {
     float amax = 0.0f;
     for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));  // a NaN is skipped
     BlockF8E4M3 b{};
-    b.d = amax / 448.0f;
+    b.d = amax / kF8E4M3Max;
     for (int j = 0; j < kQK; ++j) {
       const float v = b.d != 0.0f ? x[j] / b.d : 0.0f;
       b.q[j] = std::isnan(v) ? uint8_t{0} : f32_to_f8_e4m3(v);

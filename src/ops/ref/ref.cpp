@@ -158,29 +158,16 @@ void softmax(const Softmax& op) {
 
 namespace {
 
-// Element i of the pool row (head, slot) as f64 (a q8_0 row dequantized by its reference).
-double pool_at(const Tensor& pool, int64_t head, int64_t slot, int64_t i) {
+// The pool row (head, slot), as row_to_f32 reads a tensor's row (f16 converted, q8_0 dequantized).
+void pool_row(const Tensor& pool, int64_t head, int64_t slot, float* out) {
   const int64_t block_size = pool.ne[2];
-  const uint8_t* row = pool.row(head, slot % block_size, slot / block_size);
-  if (pool.type == DType::f32) return reinterpret_cast<const float*>(row)[i];
-  if (pool.type == DType::f16) return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
-  thread_local std::vector<float> v;
-  v.resize(static_cast<size_t>(pool.ne[0]));
-  dtype_info(pool.type).dequantize_row(row, v.data(), pool.ne[0]);
-  return v[static_cast<size_t>(i)];
+  row_to_f32(pool, pool.row(head, slot % block_size, slot / block_size), out);
 }
 
 void pool_store(const Tensor& pool, int64_t head, int64_t slot, const float* src) {
   const int64_t block_size = pool.ne[2];
-  uint8_t* row = pool.row(head, slot % block_size, slot / block_size);
-  if (pool.type == DType::f32) {
-    std::memcpy(row, src, pool.ne[0] * sizeof(float));
-  } else if (pool.type == DType::f16) {
-    auto* h = reinterpret_cast<uint16_t*>(row);
-    for (int64_t i = 0; i < pool.ne[0]; ++i) h[i] = f32_to_f16(src[i]);
-  } else {
-    dtype_info(pool.type).quantize_row(src, row, pool.ne[0]);  // q8_0: llama.cpp's reference rounding
-  }
+  // f32 copied, f16 rounded to nearest even, q8_0 as llama.cpp's reference rounds it.
+  dtype_info(pool.type).quantize_row(src, pool.row(head, slot % block_size, slot / block_size), pool.ne[0]);
 }
 
 }  // namespace
@@ -201,6 +188,7 @@ void attention(const Attention& op) {
   const auto positions = op.positions.span_as<const int32_t>(), seq = op.seq.span_as<const int32_t>();
   const auto indptr = op.bt_indptr.span_as<const int32_t>(), indices = op.bt_indices.span_as<const int32_t>();
   std::vector<double> scores, out(head_dim);
+  std::vector<float> row(static_cast<size_t>(head_dim));
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto table = indices.subspan(indptr[seq[t]], indptr[seq[t] + 1] - indptr[seq[t]]);
     const int64_t last = positions[t];
@@ -212,8 +200,9 @@ void attention(const Attention& op) {
       double mx = -INFINITY;
       for (int64_t p = first; p <= last; ++p) {
         const int64_t slot = table[p / block_size] * block_size + p % block_size;
+        pool_row(op.k_pool, kv_head, slot, row.data());
         double s = 0.0;
-        for (int64_t i = 0; i < head_dim; ++i) s += q[i] * pool_at(op.k_pool, kv_head, slot, i);
+        for (int64_t i = 0; i < head_dim; ++i) s += q[i] * static_cast<double>(row[i]);
         s *= op.scale;
         if (op.softcap > 0.0f) s = op.softcap * std::tanh(s / op.softcap);
         scores[p - first] = s;
@@ -225,7 +214,8 @@ void attention(const Attention& op) {
       for (int64_t p = first; p <= last; ++p) {
         const int64_t slot = table[p / block_size] * block_size + p % block_size;
         const double w = scores[p - first] / sum;
-        for (int64_t i = 0; i < head_dim; ++i) out[i] += w * pool_at(op.v_pool, kv_head, slot, i);
+        pool_row(op.v_pool, kv_head, slot, row.data());
+        for (int64_t i = 0; i < head_dim; ++i) out[i] += w * row[i];
       }
       auto* y = op.dst.row_as<float>(h, t);
       for (int64_t i = 0; i < head_dim; ++i) y[i] = static_cast<float>(out[i]);
