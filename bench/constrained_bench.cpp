@@ -2,13 +2,15 @@
 // with a JSON schema constraint (Request::constraint), the two runs interleaved rep by rep on one engine.
 //
 //   constrained_bench [--model PATH] [--threads T] [--batch B] [--n N] [--reps R] [--temp T] [--device D]
+//                     [--only plain|schema]
 //
 // The schema (an array of at least 40 small objects) cannot end within N <= 300 tokens, so both runs generate
 // exactly B x N tokens (unconstrained ones with ignore_eos). Prints per run the median and the best over reps
 // of the tokens/s (every generated token over the wall time from submit to the last finish, prefill
 // included: the prompts are short) and the constrained/unconstrained ratios (on a shared machine, the best
 // is the one to compare). KILN_STEP_PROFILE=1 splits a step's time
-// (the masks are filled in its `batch` phase).
+// (the masks are filled in its `batch` phase). --only runs one of the two (for a profile of one kind of step:
+// KILN_CUDA_PROFILE=1 times each op kind, the sampling kernel with and without masks).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -82,25 +84,33 @@ int main(int argc, char** argv) {
   const int32_t n = std::stoi(arg(argc, argv, "--n", "128"));
   const int reps = std::stoi(arg(argc, argv, "--reps", "3"));
   const float temp = std::stof(arg(argc, argv, "--temp", "0.8"));
+  const std::string only = arg(argc, argv, "--only", "");
+  if (only != "" && only != "plain" && only != "schema") {
+    std::fprintf(stderr, "--only %s: plain or schema\n", only.c_str());
+    return 2;
+  }
+  const bool run_plain = only != "schema", run_schema = only != "plain";
   o.n_seq_max = batch;
   o.n_ctx = 512;
   o.quantize_activations = true;
   auto engine = bench::check(Engine::create(o), "load");
   // One untimed batch of each: the grammar compiled and cached, the kernels warm.
-  run_batch(*engine, batch, 8, temp, false, -1);
-  run_batch(*engine, batch, 8, temp, true, -1);
+  if (run_plain) run_batch(*engine, batch, 8, temp, false, -1);
+  if (run_schema) run_batch(*engine, batch, 8, temp, true, -1);
   std::vector<double> plain, constrained;
   for (int rep = 0; rep < reps; ++rep) {
-    plain.push_back(run_batch(*engine, batch, n, temp, false, rep));
-    constrained.push_back(run_batch(*engine, batch, n, temp, true, rep));
+    if (run_plain) plain.push_back(run_batch(*engine, batch, n, temp, false, rep));
+    if (run_schema) constrained.push_back(run_batch(*engine, batch, n, temp, true, rep));
   }
   std::printf("%s, %s, %d threads, %d requests x %d tokens, temperature %.2f, %d reps\n",
               engine->model().name.c_str(), engine->model().backend.c_str(), engine->model().n_threads, batch,
               n, static_cast<double>(temp), reps);
   std::printf("tokens/s        median     best\n");
-  std::printf("unconstrained %8.1f %8.1f\n", median(plain), best(plain));
-  std::printf("json schema   %8.1f %8.1f\n", median(constrained), best(constrained));
-  std::printf("ratio         %8.3f %8.3f\n", median(constrained) / median(plain),
-              best(constrained) / best(plain));
+  if (run_plain) std::printf("unconstrained %8.1f %8.1f\n", median(plain), best(plain));
+  if (run_schema) std::printf("json schema   %8.1f %8.1f\n", median(constrained), best(constrained));
+  if (run_plain && run_schema) {
+    std::printf("ratio         %8.3f %8.3f\n", median(constrained) / median(plain),
+                best(constrained) / best(plain));
+  }
   return 0;
 }

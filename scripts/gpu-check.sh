@@ -425,16 +425,26 @@ for step in "${steps[@]}"; do
           if [ -e "$def" ]; then
             echo "## the default model: Gram matrices on the GPU against the CPU (2 x 256 tokens)"
             python3 bench/gram_check.py --kiln "$k" --model "$def" --text /tmp/calib.txt
+            echo "## the default model: GPTQ Q4_0 with its factors and updates on the CPU and on the GPU"
+            "$k" imatrix -m "$def" -f /tmp/calib.txt -o /tmp/def-full.gguf -c 256 --chunks 4 --full -d cuda \
+              >/tmp/def-full.log 2>&1 || tail -3 /tmp/def-full.log
+            for d in cpu cuda; do
+              rm -f "/tmp/def-gptq-$d.gguf"
+              echo "-d $d: $( { time "$k" quantize --method gptq --imatrix /tmp/def-full.gguf "$def" \
+                "/tmp/def-gptq-$d.gguf" Q4_0 --allow-requantize -d "$d" >"/tmp/def-gptq-$d.log" 2>&1; } 2>&1)"
+              tail -1 "/tmp/def-gptq-$d.log"
+            done
+            echo "bytes that differ between the two files: $(cmp -l /tmp/def-gptq-cpu.gguf /tmp/def-gptq-cuda.gguf | wc -l) of $(stat -c %s /tmp/def-gptq-cpu.gguf)"
           fi
           [ -e "$src" ] || { echo "$src: not here (run prep with PREP_ONLY=llama3-8b-bf16 first)"; echo failed >/tmp/kiln-gptq.status; exit; }
           echo "## the 8B BF16: kiln imatrix --full, $2 x 512 tokens on the GPU"
           { time "$k" imatrix -m "$src" -f /tmp/calib.txt -o /tmp/im-full.gguf -c 512 --chunks "$2" -d cuda --full \
             >/tmp/im-full.log 2>&1; } 2>&1
           tail -2 /tmp/im-full.log; ls -l /tmp/im-full.gguf
-          echo "## kiln quantize --method gptq Q4_K_M, $(nproc) threads"
+          echo "## kiln quantize --method gptq Q4_K_M, factors and updates on the GPU, $(nproc) threads"
           rm -f /tmp/q-gptq.gguf
           { time "$k" quantize --method gptq --imatrix /tmp/im-full.gguf "$src" /tmp/q-gptq.gguf Q4_K_M \
-            -t "$(nproc)" >/tmp/q-gptq.log 2>&1; } 2>&1
+            -t "$(nproc)" -d cuda >/tmp/q-gptq.log 2>&1; } 2>&1
           tail -3 /tmp/q-gptq.log; ls -l /tmp/q-gptq.gguf
           rm -f /tmp/im-full.gguf
           "$k" bench -m /tmp/q-gptq.gguf -d cuda -p 512 -n 128 -r 2 2>&1 | grep -E "^\|"
@@ -462,6 +472,11 @@ for step in "${steps[@]}"; do
             done
             cmp -s "/tmp/spec-none$det.txt" "/tmp/spec-ngram$det.txt" && echo "round $rep: the same text" ||
               echo "round $rep: the texts DIFFER"
+          done
+          # How the verifying steps ran: graphs replayed, captured, or op by op (the backend's profile line).
+          for s in none ngram; do
+            KILN_STEP_PROFILE=1 "$k" run -m "$path" -d cuda -p "$prompt" --chat -n 256 --temp 0 --spec "$s" $det \
+              2>&1 >/dev/null | grep -E "programs replayed|^engine " | sed "s/^/--spec $s: /"
           done
         done
         echo "## kiln serve --parallel 64 under 64 concurrent requests (256 in, 128 out, greedy)"
@@ -600,6 +615,17 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
         done
         kill "$spid"; wait "$spid" || true
         grep -iE "assert|error|fatal" /tmp/serve-structured.log | head -5 || true
+        # Where a constrained step's time goes: each op kind timed alone (the sampling kernel with masks and
+        # without), greedy and sampled, 64 requests (constrained_bench; BUILD_TARGETS must name it).
+        if [ -x "$bin/tests/constrained_bench" ]; then
+          for t in 0 0.8; do
+            for only in plain schema; do
+              echo "## constrained_bench --temp $t --only $only, KILN_CUDA_PROFILE=1"
+              KILN_CUDA_PROFILE=1 KILN_STEP_PROFILE=1 "$bin/tests/constrained_bench" --model "$path" --device cuda \
+                --batch 64 --n 128 --reps 1 --temp "$t" --only "$only" 2>&1 | tail -25
+            done
+          done
+        fi
       } 2>&1 | tee "$out/structured.md" || status=1
       ;;
     ab)

@@ -42,6 +42,10 @@ struct QuantizeOptions {
   // GPTQ's blocks and columns by decreasing activation (GptqOptions::act_order): no cost at run time, the
   // same format; on SmolLM2 it halves the KLD left by plain order.
   bool gptq_act_order = true;
+  // Where GPTQ factors its Hessians and applies its updates (GptqOptions::backend): "auto" (a usable CUDA
+  // device when this build has one, else the CPU), "cpu", "cuda" or "cuda:N". The rounding itself stays on
+  // the CPU threads.
+  std::string device = "auto";
   // A size budget for the weight matrices instead of the mix's types (target_bpw: bits per weight over every
   // tensor; target_size: the output file's bytes; 0: none; not both): each weight matrix takes the type, of a
   // ladder of block types its rows fit, that gives the least total rounding error (importance-weighted when

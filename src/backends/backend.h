@@ -113,8 +113,12 @@ class Backend {
   virtual ops::Precision precision() const { return ops::Precision::precision_exact; }
   // How its precision_fast products round: 0 = x through ops::activation_type() exactly as the reference
   // does (the CPU's q8 blocks); > 0 = the backend's own lower-precision products (a GPU's bf16 / f16 tensor
-  // cores), within this relative L2 error of the exact product.
-  virtual double fast_tolerance() const { return 0.0; }
+  // cores, a GPU's e4m3 ones for FP8 weights), within this relative L2 error of the exact product, for
+  // products with a weight of this type.
+  virtual double fast_tolerance(DType weight) const {
+    (void)weight;
+    return 0.0;
+  }
   // Free bytes of the backend's own memory (a GPU's), which the KV cache is sized by; 0 for host memory.
   virtual uint64_t device_memory_free() const { return 0; }
   // Bytes the backend holds as its kernels' own scratch (beyond the buffers it was asked for), as of now.

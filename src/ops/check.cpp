@@ -381,6 +381,26 @@ Status check(const SumSquares& op) {
   return Status::ok_status();
 }
 
+Status check(const InverseCholesky& op) {
+  KILN_TRY(need_f32("inverse_cholesky", "a", op.a));
+  KILN_TRY(need_f32("inverse_cholesky", "l", op.l));
+  KILN_TRY(need_i32("inverse_cholesky", "status", op.status, 1));
+  const int64_t n = op.a.ne[0];
+  if (n < 1 || op.a.ne[1] != n || op.a.ne[2] != 1 || op.a.ne[3] != 1 || !op.a.is_contiguous())
+    return invalid_argument("inverse_cholesky: a is {}, expected a contiguous f32[n, n]", op.a.describe());
+  if (op.l.ne != op.a.ne || !op.l.is_contiguous()) {
+    return invalid_argument("inverse_cholesky: l is {}, expected a contiguous f32[{}, {}]", op.l.describe(),
+                            n, n);
+  }
+  const auto* a0 = static_cast<const uint8_t*>(op.a.data);
+  const auto* l0 = static_cast<const uint8_t*>(op.l.data);
+  const size_t bytes = static_cast<size_t>(n * n) * sizeof(float);
+  if (a0 < l0 + bytes && l0 < a0 + bytes) return invalid_argument("inverse_cholesky: l overlaps a");
+  if (!(op.lambda >= 0.0) || !std::isfinite(op.lambda))
+    return invalid_argument("inverse_cholesky: lambda = {} is not a finite number >= 0", op.lambda);
+  return Status::ok_status();
+}
+
 Status check(const Op& op) {
   return std::visit([](const auto& o) { return check(o); }, op);
 }
@@ -401,9 +421,9 @@ const Tensor* float_dst(const Op& op) {
 
 std::string_view op_name(const Op& op) {
   static constexpr std::string_view names[] = {
-      "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",       "softmax",
-      "kv_write", "attention", "gated_act",  "binary",       "scale",      "argmax",
-      "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares"};
+      "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",        "softmax",
+      "kv_write", "attention", "gated_act",  "binary",       "scale",       "argmax",
+      "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares", "inverse_cholesky"};
   static_assert(std::size(names) == std::variant_size_v<Op>);
   return names[op.index()];
 }

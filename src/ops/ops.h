@@ -270,8 +270,23 @@ struct SumSquares {
   Tensor gram = {};  // data == nullptr: none
 };
 
-using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct,
-                        Binary, Scale, Argmax, Sample, MoeRoute, MoeMatmul, WeightedSum, SumSquares>;
+// The lower Cholesky factor of the inverse of a symmetric matrix, the factor GPTQ rounds with (quant/gptq.h):
+// l lower triangular, positive diagonal, with l l^T = (a + lambda I)^-1, computed in f64 from a's lower
+// triangle (j <= i, widened to f64, lambda added to the diagonal) and rounded once to f32; zeros above the
+// diagonal. status[0] = 0, or 1 when a + lambda I is not numerically positive definite: a Cholesky pivot not
+// above 1e-10 of its diagonal entry (in the order the matrix's rows and columns reversed), or an entry of l
+// that is not finite; l is then unspecified.   a: f32 [n, n]; l: f32 [n, n]; status: i32 [1]; a, l contiguous
+// and apart; lambda finite, >= 0. Not for a model's step: kiln quantize --method gptq runs it.
+struct InverseCholesky {
+  Tensor a;
+  double lambda = 0.0;
+  Tensor l;
+  Tensor status;
+};
+
+using Op =
+    std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct, Binary,
+                 Scale, Argmax, Sample, MoeRoute, MoeMatmul, WeightedSum, SumSquares, InverseCholesky>;
 
 // "matmul", "rms_norm", ...
 std::string_view op_name(const Op& op);
@@ -295,6 +310,7 @@ Status check(const MoeRoute& op);
 Status check(const MoeMatmul& op);
 Status check(const WeightedSum& op);
 Status check(const SumSquares& op);
+Status check(const InverseCholesky& op);
 Status check(const Op& op);
 
 // The angle of a rotated pair: rope_freq() in ops/rope_freq.h, shared by every backend so all agree.
@@ -306,7 +322,7 @@ struct RopeFreq {
 // The float types an op's destination may have (see the top of this file): f32, f16, bf16.
 bool is_float_activation(DType t);
 // The destination of an op, when it has one tensor that is its output (null for KvWrite, Argmax, Sample,
-// MoeRoute, SumSquares).
+// MoeRoute, SumSquares, InverseCholesky).
 const Tensor* float_dst(const Op& op);
 
 }  // namespace kiln::ops

@@ -1,10 +1,10 @@
 // Program: the ops of one forward step, recorded in order by a model and run by a backend as a whole
-// (Backend::run). The CPU runs them one after another; a GPU backend may capture a program as a graph once per
-// shape (the step's token count, padded up to a bucket) and replay it with new step metadata, or fuse
+// (Backend::run). The CPU runs them one after another; a GPU backend may capture a program as a graph once
+// per shape (the step's token count, padded up to a bucket) and replay it with new step metadata, or fuse
 // neighbouring ops. Every op is check()ed as it is recorded, so a backend runs only valid ops.
 //
-// A program holds no host pointers to step data: positions, slots, block tables and ids are tensors in backend
-// memory (models/step.h), and the tensors it names stay valid until the step's outputs were read.
+// A program holds no host pointers to step data: positions, slots, block tables and ids are tensors in
+// backend memory (models/step.h), and the tensors it names stay valid until the step's outputs were read.
 #pragma once
 
 #include <atomic>

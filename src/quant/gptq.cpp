@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <type_traits>
 
+#include "backends/backend.h"
+#include "backends/cpu/cpu_linalg.h"
 #include "core/half.h"
 #include "core/quant/quant_blocks.h"
 #include "core/thread_pool.h"
-#include "quant/gptq_linalg.h"
 
 namespace kiln {
 namespace {
@@ -296,38 +299,17 @@ const Codec* codec_of(DType type) {
 
 // --- the inverse Hessian's factor -------------------------------------------------------------------------
 
-// hp [n][n] (full, symmetric, finite, diagonal > 0): U upper with U^T U = (hp + lambda I)^-1, or false when
-// hp + lambda I is not (numerically) positive definite. With J the order reversal, chol(J (hp + lambda I) J)
-// = L gives hp + lambda I = V V^T with V = J L J upper, so (hp + lambda I)^-1 = U^T U with U = V^-1: one
-// factorization and one triangular inverse (gptq_linalg.h), in double.
-bool inverse_factor(const std::vector<float>& hp, int64_t n, double lambda, ThreadPool* pool,
-                    std::vector<float>* u) {
-  const int64_t ld = gptq_linalg::padded_ld(n);
-  std::vector<double> a(static_cast<size_t>(n * ld), 0.0);  // J (hp + lambda I) J, then L, then V
-  for (int64_t i = 0; i < n; ++i) {
-    const float* src = &hp[static_cast<size_t>((n - 1 - i) * n)];
-    double* dst = &a[static_cast<size_t>(i * ld)];
-    for (int64_t j = 0; j <= i; ++j) dst[j] = static_cast<double>(src[n - 1 - j]);
-    dst[i] += lambda;
-  }
-  if (!gptq_linalg::cholesky_lower(a.data(), n, ld, pool)) return false;
-  // V[i][j] = L[n-1-i][n-1-j]: the matrix turned half a turn in place (L's lower triangle becomes V's upper).
-  for (int64_t i = 0; i <= (n - 1) / 2; ++i) {
-    double* top = &a[static_cast<size_t>(i * ld)];
-    double* bottom = &a[static_cast<size_t>((n - 1 - i) * ld)];
-    const int64_t cols = top == bottom ? n / 2 : n;
-    for (int64_t j = 0; j < cols; ++j) std::swap(top[j], bottom[n - 1 - j]);
-  }
-  u->resize(static_cast<size_t>(n * n));
-  return gptq_linalg::upper_inverse(a.data(), n, ld, pool, u->data());
-}
-
 // The checked Hessian, permuted (hp[i][j] = H[perm[i]][perm[j]], full), zero diagonal entries set to 1, and
-// its factor with the dampening that succeeded.
-Result<GptqFactor> factor_permuted(const float* hessian, int64_t n, const std::vector<int64_t>& perm,
-                                   double damp, ThreadPool* pool) {
+// lambda = damp * mean(diag hp).
+struct Permuted {
+  std::vector<float> hp;
+  double lambda = 0.0;
+};
+Result<Permuted> permuted_hessian(const float* hessian, int64_t n, const std::vector<int64_t>& perm,
+                                  double damp) {
   if (!(damp >= 0.0) || !std::isfinite(damp)) return invalid_argument("gptq: damp {} is not >= 0", damp);
-  std::vector<float> hp(static_cast<size_t>(n * n));
+  Permuted out;
+  out.hp.resize(static_cast<size_t>(n * n));
   double diag_sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -337,22 +319,41 @@ Result<GptqFactor> factor_permuted(const float* hessian, int64_t n, const std::v
       if (!std::isfinite(x)) return invalid_argument("gptq: hessian[{}][{}] is {}, not finite", a, b, x);
       if (a == b && x < 0.0f)
         return invalid_argument("gptq: hessian[{}][{}] is {} < 0: not positive semi-definite", a, a, x);
-      hp[static_cast<size_t>(i * n + j)] = a == b && x == 0.0f ? 1.0f : x;
+      out.hp[static_cast<size_t>(i * n + j)] = a == b && x == 0.0f ? 1.0f : x;
     }
-    diag_sum += hp[static_cast<size_t>(i * n + i)];
+    diag_sum += out.hp[static_cast<size_t>(i * n + i)];
   }
-  GptqFactor f;
-  f.lambda = damp * diag_sum / static_cast<double>(n);
+  out.lambda = damp * diag_sum / static_cast<double>(n);
+  return out;
+}
+
+// Tries `factor(lambda)` (true: it succeeded) with lambda as given, then raised tenfold up to kDampRetries
+// times; the lambda that succeeded.
+template <class Factor>
+Result<double> with_retries(int64_t n, double lambda, double damp, Factor&& factor) {
   for (int attempt = 0;; ++attempt) {
-    if (inverse_factor(hp, n, f.lambda, pool, &f.u)) return f;
-    if (attempt == kDampRetries || f.lambda == 0.0) {
+    KILN_ASSIGN_OR_RETURN(const bool ok, factor(lambda));
+    if (ok) return lambda;
+    if (attempt == kDampRetries || lambda == 0.0) {
       return make_status(StatusCode::out_of_range,
                          "gptq: the hessian [{} x {}] is not positive definite, even with {} added to its "
                          "diagonal (damp {}, raised tenfold {} times)",
-                         n, n, f.lambda, damp, attempt);
+                         n, n, lambda, damp, attempt);
     }
-    f.lambda *= 10.0;
+    lambda *= 10.0;
   }
+}
+
+// The factor on the CPU (backends/cpu/cpu_linalg.h).
+Result<GptqFactor> factor_permuted(const float* hessian, int64_t n, const std::vector<int64_t>& perm,
+                                   double damp, ThreadPool* pool) {
+  KILN_ASSIGN_OR_RETURN(const Permuted p, permuted_hessian(hessian, n, perm, damp));
+  GptqFactor f;
+  f.u.resize(static_cast<size_t>(n * n));
+  KILN_ASSIGN_OR_RETURN(f.lambda, with_retries(n, p.lambda, damp, [&](double lambda) -> Result<bool> {
+                          return cpu_linalg::inverse_cholesky_upper(p.hp.data(), n, lambda, pool, f.u.data());
+                        }));
+  return f;
 }
 
 // The column order: identity, or (act_order) blocks by decreasing sum of diag(H), columns in a block by
@@ -384,75 +385,197 @@ std::vector<int64_t> column_order(const float* hessian, int64_t n, int block, bo
 
 struct Job {
   const float* w;                    // [n_rows][n]
-  int64_t n;                         // columns
+  int64_t n_rows, n;                 // rows, columns
   const float* importance;           // [n]: diag(H) in the file's order
   const std::vector<int64_t>* perm;  // [n]: position p rounds column perm[p]
-  const std::vector<float>* u;       // [n][n] the factor, in position order
   const DTypeInfo* info;
   const Codec* codec;
   uint8_t* dst;  // [n_rows][row_bytes]
   int64_t row_bytes;
+
+  // Row r's value at position p as rounding starts: its weight, or 0 where no input reached the column
+  // (H[c][c] = 0).
+  float start(int64_t r, int64_t p) const {
+    const int64_t c = (*perm)[static_cast<size_t>(p)];
+    return importance[c] == 0.0f ? 0.0f : w[r * n + c];
+  }
 };
 
-// Rows [r0, r0 + nr) (nr <= kTileRows), all columns: GPTQ's loop over positions with lazy batch updates.
-void gptq_tile(const Job& j, int64_t r0, int64_t nr) {
-  const int64_t n = j.n;
+// The block state of a tile of rows: the current block's levels, the levels picked, its bytes.
+struct TileBlocks {
+  std::vector<Level> levels;    // [nr][bs]
+  std::vector<int> q;           // [nr][bs], element order
+  std::vector<uint8_t> blocks;  // [nr][type_size]
+  TileBlocks(const Job& j, int64_t nr)
+      : levels(static_cast<size_t>(nr * j.codec->block)),
+        q(static_cast<size_t>(nr * j.codec->block)),
+        blocks(static_cast<size_t>(nr * j.info->type_size)) {}
+};
+
+// Positions [i1, i2) of rows [r0, r0 + nr): row r's current value at position p is w[r * ldw + p - w0] (every
+// position of a block that starts in [i1, i2) is there), U[p][k] is u[(p - u0) * ldu + k - u0] for p <= k in
+// [i1, i2). Each position is rounded and its scaled error fed into the later positions of [i1, i2) (the
+// caller applies it to those after i2) and written to err[r * lde + p - i1]; each block is chosen at its
+// first position and written to dst after its last.
+void round_positions(const Job& j, int64_t r0, int64_t nr, int64_t i1, int64_t i2, float* w, int64_t ldw,
+                     int64_t w0, const float* u, int64_t ldu, int64_t u0, float* err, int64_t lde,
+                     TileBlocks& t) {
   const int bs = j.codec->block;
   const int64_t type_size = j.info->type_size;
   const std::vector<int64_t>& perm = *j.perm;
-  const float* u = j.u->data();
+  float x[kMaxBlock];
+  for (int64_t p = i1; p < i2; ++p) {
+    const int64_t col = perm[static_cast<size_t>(p)];
+    const int64_t first = col / bs * bs;  // the block's first column in the file
+    const int e = static_cast<int>(col - first);
+    if (p % bs == 0) {
+      // The block's parameters from its columns' current values.
+      for (int64_t r = 0; r < nr; ++r) {
+        for (int64_t k = p; k < p + bs; ++k) x[perm[static_cast<size_t>(k)] - first] = w[r * ldw + k - w0];
+        uint8_t* blk = &t.blocks[static_cast<size_t>(r * type_size)];
+        j.info->quantize_rows(x, blk, 1, bs, j.importance + first);
+        j.codec->levels(blk, &t.levels[static_cast<size_t>(r * bs)]);
+      }
+    }
+    const float* up = u + (p - u0) * ldu - u0;  // up[k] = U[p][k]
+    for (int64_t r = 0; r < nr; ++r) {
+      float* wr = w + r * ldw - w0;  // wr[k]: position k
+      float decoded;
+      t.q[static_cast<size_t>(r * bs + e)] =
+          nearest_level(t.levels[static_cast<size_t>(r * bs + e)], wr[p], &decoded);
+      const float e_scaled = (wr[p] - decoded) / up[p];
+      err[r * lde + (p - i1)] = e_scaled;
+      for (int64_t k = p + 1; k < i2; ++k) wr[k] -= e_scaled * up[k];
+    }
+    if (p % bs == bs - 1) {
+      for (int64_t r = 0; r < nr; ++r) {
+        uint8_t* blk = &t.blocks[static_cast<size_t>(r * type_size)];
+        j.codec->pack(blk, &t.q[static_cast<size_t>(r * bs)]);
+        std::memcpy(j.dst + (r0 + r) * j.row_bytes + first / bs * type_size, blk,
+                    static_cast<size_t>(type_size));
+      }
+    }
+  }
+}
+
+// On the CPU: rows [r0, r0 + nr) (nr <= kTileRows), all positions, in batches of kGptqBatch, each batch's
+// errors fed into the later positions by one product (the lazy update).
+void gptq_tile(const Job& j, const float* u, int64_t r0, int64_t nr) {
+  const int64_t n = j.n;
   std::vector<float> w(static_cast<size_t>(nr * n));  // [nr][n] current values, position order
   for (int64_t r = 0; r < nr; ++r) {
-    for (int64_t p = 0; p < n; ++p) {
-      const int64_t c = perm[static_cast<size_t>(p)];
-      // a column no input reached (H[c][c] = 0) has its weight set to 0
-      w[static_cast<size_t>(r * n + p)] = j.importance[c] == 0.0f ? 0.0f : j.w[(r0 + r) * n + c];
-    }
+    for (int64_t p = 0; p < n; ++p) w[static_cast<size_t>(r * n + p)] = j.start(r0 + r, p);
   }
   std::vector<float> err(static_cast<size_t>(nr * kGptqBatch));  // [nr][batch]: scaled errors
-  std::vector<Level> levels(static_cast<size_t>(nr * bs));       // [nr][bs] of the current block
-  std::vector<int> q(static_cast<size_t>(nr * bs));              // [nr][bs] levels picked, element order
-  std::vector<uint8_t> blocks(static_cast<size_t>(nr * type_size));
-  float x[kMaxBlock];
+  TileBlocks t(j, nr);
   for (int64_t i1 = 0; i1 < n; i1 += kGptqBatch) {
     const int64_t i2 = std::min(n, i1 + kGptqBatch);
-    for (int64_t p = i1; p < i2; ++p) {
-      const int64_t col = perm[static_cast<size_t>(p)];
-      const int64_t first = col / bs * bs;  // the block's first column in the file
-      const int e = static_cast<int>(col - first);
-      if (p % bs == 0) {
-        // The block's parameters from its columns' current values (positions p .. p + bs - 1 are all up to
-        // date here: a block starts a batch or lies within one).
-        for (int64_t r = 0; r < nr; ++r) {
-          for (int64_t k = p; k < p + bs; ++k)
-            x[perm[static_cast<size_t>(k)] - first] = w[static_cast<size_t>(r * n + k)];
-          uint8_t* blk = &blocks[static_cast<size_t>(r * type_size)];
-          j.info->quantize_rows(x, blk, 1, bs, j.importance + first);
-          j.codec->levels(blk, &levels[static_cast<size_t>(r * bs)]);
-        }
-      }
-      const float* up = u + p * n;
-      for (int64_t r = 0; r < nr; ++r) {
-        float* wr = &w[static_cast<size_t>(r * n)];
-        float decoded;
-        q[static_cast<size_t>(r * bs + e)] =
-            nearest_level(levels[static_cast<size_t>(r * bs + e)], wr[p], &decoded);
-        const float e_scaled = (wr[p] - decoded) / up[p];
-        err[static_cast<size_t>(r * kGptqBatch + (p - i1))] = e_scaled;
-        for (int64_t k = p + 1; k < i2; ++k) wr[k] -= e_scaled * up[k];
-      }
-      if (p % bs == bs - 1) {
-        for (int64_t r = 0; r < nr; ++r) {
-          uint8_t* blk = &blocks[static_cast<size_t>(r * type_size)];
-          j.codec->pack(blk, &q[static_cast<size_t>(r * bs)]);
-          std::memcpy(j.dst + (r0 + r) * j.row_bytes + first / bs * type_size, blk,
-                      static_cast<size_t>(type_size));
-        }
-      }
-    }
-    // lazy update: the batch's errors into every later position
-    gptq_linalg::subtract_product(w.data(), n, nr, err.data(), kGptqBatch, i2 - i1, u + i1 * n, n, i2, n);
+    round_positions(j, r0, nr, i1, i2, w.data(), n, 0, u, n, 0, err.data(), kGptqBatch, t);
+    cpu_linalg::subtract_product(w.data(), n, nr, err.data(), kGptqBatch, i2 - i1, u + i1 * n, n, i2, n);
   }
+}
+
+void for_tiles(ThreadPool* pool, int64_t n_rows, const std::function<void(int64_t, int64_t)>& tile) {
+  const auto tiles = [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; r += kTileRows) tile(r, std::min(kTileRows, end - r));
+  };
+  if (pool != nullptr) {
+    pool->parallel_dynamic(n_rows, kTileRows, tiles);
+  } else {
+    tiles(0, n_rows, 0);
+  }
+}
+
+// On a backend (GptqOptions::backend): the factor by ops::InverseCholesky, the weights W^T ([n][n_rows],
+// position p in row p) in its memory, and per batch of kDeviceBatch positions: their rows and the factor's
+// rows downloaded, the batch rounded here, its errors E uploaded and fed into the later positions by
+// W^T[i2:] += L[i2:, i1:i2] (-E)^T (a Matmul, then a Binary add in place). Batches of 256 hold every block
+// whole, so a block's parameters are chosen on values this side has.
+constexpr int64_t kDeviceBatch = 256;
+static_assert(kDeviceBatch % kMaxBlock == 0);
+
+Status gptq_on_backend(const Job& j, const Permuted& p, double damp, Backend& b, ThreadPool* pool) {
+  const int64_t n = j.n, rows = j.n_rows, nn = n * n;
+  const auto alloc = [&](size_t bytes) { return b.allocate(std::max<size_t>(bytes, 4)); };
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> l_buf, alloc(static_cast<size_t>(nn) * 4));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> status_buf, alloc(4));
+  const Tensor l = make_tensor(DType::f32, *l_buf, 0, n, n),
+               status = make_tensor(DType::i32, *status_buf, 0, 1);
+  {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> a_buf, alloc(static_cast<size_t>(nn) * 4));
+    const Tensor a = make_tensor(DType::f32, *a_buf, 0, n, n);
+    KILN_TRY(b.upload(a, p.hp.data(), static_cast<size_t>(nn) * 4));
+    const auto factor = [&](double lambda) -> Result<bool> {
+      int32_t code = -1;
+      KILN_TRY(b.run(ops::InverseCholesky{a, lambda, l, status}));
+      KILN_TRY(b.download(&code, status, 4));
+      KILN_TRY(b.synchronize());
+      return code == 0;
+    };
+    const Result<double> lambda = with_retries(n, p.lambda, damp, factor);
+    if (!lambda.ok()) return lambda.status();
+  }
+  // W^T in position order, the product's result, the batch's errors.
+  if (rows == 0) return Status::ok_status();
+  std::vector<float> host(static_cast<size_t>(n * rows));
+  const auto transpose = [&](int64_t p0, int64_t p1, int) {
+    for (int64_t pos = p0; pos < p1; ++pos) {
+      for (int64_t r = 0; r < rows; ++r) host[static_cast<size_t>(pos * rows + r)] = j.start(r, pos);
+    }
+  };
+  if (pool != nullptr) {
+    pool->parallel_dynamic(n, 64, transpose);
+  } else {
+    transpose(0, n, 0);
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> wt_buf, alloc(host.size() * 4));
+  const Tensor wt = make_tensor(DType::f32, *wt_buf, 0, rows, n);
+  KILN_TRY(b.upload(wt, host.data(), host.size() * 4));
+  KILN_TRY(b.synchronize());  // the upload has read `host` (Backend: transfers may complete later)
+  host = {};
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> prod_buf, alloc(static_cast<size_t>(rows * n) * 4));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> e_buf, alloc(static_cast<size_t>(rows * kDeviceBatch) * 4));
+  std::vector<float> wb(static_cast<size_t>(kDeviceBatch * rows));          // the batch's rows of W^T
+  std::vector<float> lb(static_cast<size_t>(kDeviceBatch * n));             // the batch's rows of L
+  std::vector<float> ub(static_cast<size_t>(kDeviceBatch * kDeviceBatch));  // U within the batch
+  std::vector<float> err(static_cast<size_t>(rows * kDeviceBatch));         // [rows][batch]
+  for (int64_t i1 = 0; i1 < n; i1 += kDeviceBatch) {
+    const int64_t i2 = std::min(n, i1 + kDeviceBatch), nb = i2 - i1;
+    Tensor wt_rows = make_tensor(DType::f32, *wt_buf, static_cast<size_t>(i1 * rows) * 4, rows, nb);
+    Tensor l_rows = make_tensor(DType::f32, *l_buf, static_cast<size_t>(i1 * n) * 4, n, nb);
+    KILN_TRY(b.download(wb.data(), wt_rows, static_cast<size_t>(nb * rows) * 4));
+    KILN_TRY(b.download(lb.data(), l_rows, static_cast<size_t>(nb * n) * 4));
+    KILN_TRY(b.synchronize());
+    for (int64_t q = 0; q < nb; ++q) {  // U[i1 + q][i1 + k] = L[i1 + k][i1 + q]
+      for (int64_t k = 0; k < nb; ++k)
+        ub[static_cast<size_t>(q * kDeviceBatch + k)] =
+            k < q ? 0.0f : lb[static_cast<size_t>(k * n + i1 + q)];
+    }
+    for_tiles(pool, rows, [&](int64_t r0, int64_t nr) {
+      std::vector<float> w(static_cast<size_t>(nr * kDeviceBatch));
+      for (int64_t r = 0; r < nr; ++r) {
+        for (int64_t q = 0; q < nb; ++q)
+          w[static_cast<size_t>(r * kDeviceBatch + q)] = wb[static_cast<size_t>(q * rows + r0 + r)];
+      }
+      TileBlocks t(j, nr);
+      round_positions(j, r0, nr, i1, i2, w.data(), kDeviceBatch, i1, ub.data(), kDeviceBatch, i1,
+                      err.data() + r0 * kDeviceBatch, kDeviceBatch, t);
+    });
+    if (i2 == n) break;
+    for (float& e : err) e = -e;
+    const Tensor e_all = make_tensor(DType::f32, *e_buf, 0, kDeviceBatch, rows);
+    KILN_TRY(b.upload(e_all, err.data(), err.size() * 4));
+    Tensor e = e_all;  // [nb, rows], rows kDeviceBatch apart
+    e.ne[0] = nb;
+    Tensor lx = make_tensor(DType::f32, *l_buf, static_cast<size_t>(i2 * n + i1) * 4, nb, n - i2);
+    lx.nb[1] = n * 4;
+    lx.nb[2] = lx.nb[3] = lx.nb[1] * (n - i2);
+    const Tensor prod = make_tensor(DType::f32, *prod_buf, 0, rows, n - i2);
+    const Tensor later = make_tensor(DType::f32, *wt_buf, static_cast<size_t>(i2 * rows) * 4, rows, n - i2);
+    KILN_TRY(b.run(ops::Matmul{ops::Weight(e), lx, prod}));
+    KILN_TRY(b.run(ops::Binary{later, ops::Weight(prod), ops::BinaryKind::binary_kind_add, later}));
+  }
+  return b.synchronize();
 }
 
 }  // namespace
@@ -491,19 +614,16 @@ Status gptq_quantize(const float* w, int64_t n_rows, int64_t n_per_row, const fl
     }
   }
   const std::vector<int64_t> perm = column_order(hessian, n_per_row, codec->block, o.act_order);
-  KILN_ASSIGN_OR_RETURN(const GptqFactor f, factor_permuted(hessian, n_per_row, perm, o.damp, o.pool));
   std::vector<float> importance(static_cast<size_t>(n_per_row));  // diag(H), the row quantizer's importance
   for (int64_t c = 0; c < n_per_row; ++c) importance[static_cast<size_t>(c)] = hessian[c * n_per_row + c];
-  const Job job{w,     n_per_row, importance.data(),          &perm,    &f.u,
-                &info, codec,     static_cast<uint8_t*>(dst), row_bytes};
-  const auto tiles = [&](int64_t begin, int64_t end, int) {
-    for (int64_t r = begin; r < end; r += kTileRows) gptq_tile(job, r, std::min(kTileRows, end - r));
-  };
-  if (o.pool != nullptr) {
-    o.pool->parallel_dynamic(n_rows, kTileRows, tiles);
-  } else {
-    tiles(0, n_rows, 0);
+  const Job job{
+      w, n_rows, n_per_row, importance.data(), &perm, &info, codec, static_cast<uint8_t*>(dst), row_bytes};
+  if (o.backend != nullptr) {
+    KILN_ASSIGN_OR_RETURN(const Permuted p, permuted_hessian(hessian, n_per_row, perm, o.damp));
+    return gptq_on_backend(job, p, o.damp, *o.backend, o.pool);
   }
+  KILN_ASSIGN_OR_RETURN(const GptqFactor f, factor_permuted(hessian, n_per_row, perm, o.damp, o.pool));
+  for_tiles(o.pool, n_rows, [&](int64_t r0, int64_t nr) { gptq_tile(job, f.u.data(), r0, nr); });
   return {};
 }
 

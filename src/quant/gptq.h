@@ -21,8 +21,8 @@
 //   decreasing H[j][j] (the paper's activation order, kept within the block structure of the format).
 //
 // Rows are independent given H: groups of rows run on the pool's threads; the bytes do not depend on the
-// thread count. The factor and the lazy update use FMA where the machine has it (gptq_linalg.h), so a
-// rounding may differ in the last bit between machines with and without it.
+// thread count. The factor and the lazy update use FMA where the machine has it (backends/cpu/cpu_linalg.h),
+// so a rounding may differ in the last bit between machines with and without it.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,7 @@
 
 namespace kiln {
 
+class Backend;
 class ThreadPool;
 
 inline constexpr int64_t kGptqBatch = 128;  // columns per lazy batch update
@@ -41,6 +42,10 @@ struct GptqOptions {
   double damp = 0.01;          // lambda as a fraction of mean(diag H); >= 0
   bool act_order = false;      // blocks and their columns by decreasing diag(H), as above
   ThreadPool* pool = nullptr;  // rows over its threads; null: the calling thread alone
+  // Where the factor and the lazy updates run (a GPU's f64 and f32 units; ops::InverseCholesky, Matmul and
+  // Binary at the exact precision), the rounding of each batch of positions staying on `pool`; null: all on
+  // the CPU, as above. The result is the same up to float rounding (another summation order).
+  Backend* backend = nullptr;
 };
 
 // The types gptq_quantize writes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.

@@ -222,7 +222,8 @@ Result<std::vector<float>> read_rows(const Job& j, ThreadPool& pool) {
 // `j` rounded by GPTQ: the whole tensor in f32 (one tensor at a time), its rows over the pool's threads. A
 // Hessian that is not positive definite even dampened (out_of_range) leaves `out` to the caller's plain
 // rounding.
-Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions& o, ThreadPool& pool) {
+Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions& o, ThreadPool& pool,
+                    Backend* backend) {
   KILN_ASSIGN_OR_RETURN(const std::vector<float> w, read_rows(j, pool));
   const int64_t ne0 = j.shape[0];
   const int64_t n_rows = j.in->n_elements() / ne0;
@@ -230,6 +231,7 @@ Status convert_gptq(const Job& j, std::span<uint8_t> out, const QuantizeOptions&
   go.damp = o.gptq_damp;
   go.act_order = o.gptq_act_order;
   go.pool = &pool;
+  go.backend = backend;
   const Status s =
       gptq_quantize(w.data(), n_rows, ne0, j.imatrix->gram_values().data(), j.choice.type, go, out.data());
   if (!s.ok()) return Status(s.code(), fmt::format("tensor '{}': GPTQ: {}", j.in->name, s.message()));
@@ -516,12 +518,23 @@ Status write_output(const QuantizeOptions& o, const gguf::File& file, bool hf_fo
   gguf::Writer w(file.alignment());
   KILN_TRY(set_metadata(o, file, hf_folder, ft, imatrix, w));
   ThreadPool pool(o.threads);
+  // GPTQ's factor and updates on a GPU, when the device is one (exact f32 products: no TF32).
+  std::unique_ptr<Backend> device;
+  const bool may_have_gpu = o.device != "cpu" && (o.device != "auto" || cuda_available());
+  if (may_have_gpu && std::any_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.gptq; })) {
+    BackendOptions bo;
+    bo.precision = ops::Precision::precision_exact;
+    KILN_ASSIGN_OR_RETURN(device, make_backend(o.device, bo));
+    if (device->host_memory()) device.reset();
+    if (device != nullptr && events.note)
+      events.note(fmt::format("GPTQ's factors and updates on {}", device->name()));
+  }
   uint64_t written = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     auto fill = [&, i](std::span<uint8_t> out) -> Status {
       const Job& j = jobs[i];
       Status gptq = Status::ok_status();
-      if (j.gptq) gptq = convert_gptq(j, out, o, pool);
+      if (j.gptq) gptq = convert_gptq(j, out, o, pool, device.get());
       if (gptq.code() == StatusCode::out_of_range) {
         if (events.note) events.note(fmt::format("{}; rounded without GPTQ", gptq.message()));
         KILN_TRY(convert_rows(j, out, pool));

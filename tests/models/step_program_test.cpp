@@ -159,6 +159,9 @@ std::vector<Operand> operands(const ops::Op& op) {
             if (o.ids.data != nullptr) v.push_back(a("ids", o.ids));
             return v;
           },
+          [&](const InverseCholesky& o) -> std::vector<Operand> {
+            return {a("a", o.a), a("l", o.l), a("status", o.status)};
+          },
       },
       op);
 }

@@ -69,12 +69,13 @@ constexpr Budget kSums{Metric::max_abs, 1e-5};
 
 // Every op the harness has a case for; EveryOpHasACase fails when the Op variant grows without one.
 constexpr std::string_view kHarnessOps[] = {
-    "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",       "softmax",
-    "kv_write", "attention", "gated_act",  "binary",       "scale",      "argmax",
-    "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares"};
+    "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",        "softmax",
+    "kv_write", "attention", "gated_act",  "binary",       "scale",       "argmax",
+    "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares", "inverse_cholesky"};
 
 // The weight / table types of matmul and get_rows. f8_e4m3 (FP8 checkpoints) has no kernel of its own on the
-// CPU: its tiles are dequantized and take the float products in both precisions; the CUDA backend refuses it.
+// CPU: its tiles are dequantized and take the float products in both precisions; CUDA decodes it in the exact
+// GEMV and, at the fast precision, multiplies larger batches on e4m3 tensor cores (OpHarness.MatmulFp8).
 constexpr DType kWeightTypes[] = {DType::f32,     DType::f16,    DType::bf16,   DType::q4_0,    DType::q4_1,
                                   DType::q5_0,    DType::q5_1,   DType::q8_0,   DType::q2_k,    DType::q3_k,
                                   DType::q4_k,    DType::q5_k,   DType::q6_k,   DType::iq4_nl,  DType::iq4_xs,
@@ -391,6 +392,9 @@ std::vector<Tensor*> operands(Op& op) {
                         [](SumSquares& o) {
                           return std::vector<Tensor*>{&o.x, &o.ids, &o.sums, &o.counts, &o.gram};
                         },
+                        [](InverseCholesky& o) {
+                          return std::vector<Tensor*>{&o.a, &o.l, &o.status};
+                        },
                     },
                     op);
 }
@@ -539,6 +543,13 @@ bool precision_applies(const Op& op) {
 // Runs make_op(dst) with the reference and on every backend of `precision`, each into its own copy of `dst`,
 // and holds each backend's dst view to the reference's (at that precision) within `budget`, and the storage
 // around the view to be untouched.
+// The weight type of a product op (Matmul, MoeMatmul); f32 for the others (Backend::fast_tolerance).
+DType product_weight_type(const Op& op) {
+  if (const auto* m = std::get_if<Matmul>(&op)) return m->w.tensor.type;
+  if (const auto* m = std::get_if<MoeMatmul>(&op)) return m->w.tensor.type;
+  return DType::f32;
+}
+
 template <class MakeOp>
 void expect_matches_ref(const std::string& what, const Host& dst, Budget budget, MakeOp&& make_op,
                         Precision precision = kExact) {
@@ -564,7 +575,7 @@ void expect_matches_ref(const std::string& what, const Host& dst, Budget budget,
       if (prepared && !prepare_product_weight(*nb.backend, op, &handle)) continue;
       const std::string label = nb.name + (prepared ? " (prepared weight)" : "");
       if (!run_on(nb, op, what)) continue;
-      const double tolerance = nb.backend->fast_tolerance();
+      const double tolerance = nb.backend->fast_tolerance(product_weight_type(op));
       if (!exact_values.empty() && tolerance > 0.0) {
         const Error e = compare(gather(out.t), exact_values, std::max(budget.ref_rms_floor, budget.qx_floor));
         EXPECT_LE(e.rel_l2, tolerance) << label << " " << what << " (against the exact product)";
@@ -599,6 +610,21 @@ TEST(OpHarness, EveryOpHasACase) {
             levels);
 }
 
+// Matmul{w, x, dst} against the reference at the exact precision and at the fast one (held to the rounded-x
+// reference, or to a backend's own tolerance of the exact product).
+void expect_matmul_matches(const std::string& what, const Host& w, const Host& x, const Host& dst) {
+  for (bool qx : {false, true}) {
+    Budget budget = kMatmul;
+    budget.qx_floor = product_scale(w.t, x.t);
+    expect_matches_ref(
+        what + (qx ? " fast" : ""), dst, budget,
+        [&](const Tensor& d) {
+          return Op(Matmul{w.t, x.t, d});
+        },
+        precision_of(qx));
+  }
+}
+
 TEST(OpHarness, Matmul) {
   Rng rng(1);
   struct Shape {
@@ -621,18 +647,9 @@ TEST(OpHarness, Matmul) {
       const Host w = make_weights(type, k, sh.n, pad, rng);
       const Host x = make_f32(sh.layout, k, sh.m1, sh.m2, &rng);
       const Host dst = make_f32(sh.layout, sh.n, sh.m1, sh.m2, nullptr);
-      for (bool qx : {false, true}) {
-        const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, sh.n,
-                                             k, sh.m1, sh.m2, layout_name(sh.layout), qx ? " fast" : "");
-        Budget budget = kMatmul;
-        budget.qx_floor = product_scale(w.t, x.t);
-        expect_matches_ref(
-            what, dst, budget,
-            [&](const Tensor& d) {
-              return Op(Matmul{w.t, x.t, d});
-            },
-            precision_of(qx));
-      }
+      expect_matmul_matches(fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}", info.name, k, sh.n, k,
+                                        sh.m1, sh.m2, layout_name(sh.layout)),
+                            w, x, dst);
     }
   }
 }
@@ -656,17 +673,43 @@ TEST(OpHarness, MatmulBatches) {
       const Host w = make_weights(type, k, n, pad, rng);
       const Host x = make_f32(sh.layout, k, sh.m1, sh.m2, &rng);
       const Host dst = make_f32(sh.layout, n, sh.m1, sh.m2, nullptr);
-      for (bool qx : {false, true}) {
-        const std::string what = fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}{}", info.name, k, n, k,
-                                             sh.m1, sh.m2, layout_name(sh.layout), qx ? " fast" : "");
-        Budget budget = kMatmul;
-        budget.qx_floor = product_scale(w.t, x.t);
-        expect_matches_ref(
-            what, dst, budget,
-            [&](const Tensor& d) {
-              return Op(Matmul{w.t, x.t, d});
-            },
-            precision_of(qx));
+      expect_matmul_matches(fmt::format("matmul {} w [{}, {}] x [{}, {}, {}] {}", info.name, k, n, k, sh.m1,
+                                        sh.m2, layout_name(sh.layout)),
+                            w, x, dst);
+    }
+  }
+}
+
+// FP8 weights beyond the GEMV's columns, n and k multiples of 16: where a GPU takes its e4m3 tensor cores at
+// the fast precision (x rounded per token to e4m3: Backend::fast_tolerance), with one scale a row
+// (per-channel checkpoints: the codes as they are) and with a scale a block (rounded again to the row's
+// largest).
+TEST(OpHarness, MatmulFp8) {
+  Rng rng(29);
+  for (const bool row_scales : {true, false}) {
+    for (const auto& [k, n, m] :
+         {std::tuple<int64_t, int64_t, int64_t>{256, 64, 9}, {2048, 48, 64}, {512, 1040, 300}}) {
+      Host w = make_weights(DType::f8_e4m3, k, n, 0, rng);
+      if (row_scales) {
+        for (int64_t j = 0; j < n; ++j) {
+          const float d = rng.uniform(0.001f, 0.01f);
+          for (int64_t b = 0; b < k / 32; ++b) {
+            uint8_t* block = w.t.row(j) + b * 36;
+            std::memcpy(block, &d, 4);
+            for (int e = 0; e < 32; ++e) {
+              const int q = rng.integer(0, 253);
+              block[4 + e] = static_cast<uint8_t>(q >= 0x7F ? q + 1 : q);  // no NaN codes (0x7F, 0xFF)
+            }
+          }
+        }
+      }
+      for (const Layout layout : {Layout::contiguous, Layout::strided}) {
+        const Host x = make_f32(layout, k, m, 1, &rng);
+        const Host dst = make_f32(layout, n, m, 1, nullptr);
+        expect_matmul_matches(
+            fmt::format("matmul f8_e4m3 ({}) w [{}, {}] x [{}, {}] {}",
+                        row_scales ? "row scales" : "block scales", k, n, k, m, layout_name(layout)),
+            w, x, dst);
       }
     }
   }
@@ -765,15 +808,18 @@ TEST(OpHarness, MatmulTilesAreTheVnniBits) {
   }
 }
 
-// The float products (f32 / f16 / bf16 weights; the fast precision does not apply to them) on batches large
+// The float products (f32 / f16 / bf16 weights, and f8_e4m3's, whose packed form sums each 32-element block
+// apart; the fast precision does not apply to them on the CPU) on batches large
 // enough for every tile shape of the packed kernel (1..8 x rows, 1..6 groups of 16 rows a call; 21 groups
 // over 3 threads: runs of 7), held to the reference; a token's row of dst the same bits alone, with one other
 // token or in any part of the batch (x rows strided); and on the packed layout the same bits at every level
 // that packs, since each product is one FMA chain over k in order.
 TEST(OpHarness, MatmulFloatIsBatchInvariant) {
   Rng rng(16);
-  for (DType type : {DType::f32, DType::f16, DType::bf16}) {
-    for (const int64_t k : {257, 64, 7}) {
+  for (DType type : {DType::f32, DType::f16, DType::bf16, DType::f8_e4m3}) {
+    const std::vector<int64_t> ks =
+        type == DType::f8_e4m3 ? std::vector<int64_t>{288, 64, 32} : std::vector<int64_t>{257, 64, 7};
+    for (const int64_t k : ks) {
       const int64_t n = 329, m = 21;  // 20 groups of 16 rows and one of 9
       const Host w = make_weights(type, k, n, 0, rng);
       const Host x = make_f32(Layout::strided, k, m, 1, &rng);
@@ -1786,6 +1832,101 @@ TEST(OpHarness, SumSquares) {
   }
 }
 
+// InverseCholesky: l l^T = (a + lambda I)^-1 on Gram matrices of random inputs (X^T X of 2n + 3 rows, a few
+// dead columns, as GPTQ's Hessians have), each size a multiple of the CPU's 64-row panels or not. The
+// reference is checked against its definition first (l l^T (a + lambda I) = I, l lower), then every backend
+// against it: both compute in f64 and round once, so they agree to a few f32 ulp. Matrices that are not
+// positive definite (negative, rank one, NaN) give status 1 everywhere.
+TEST(OpHarness, InverseCholesky) {
+  Rng rng(77);
+  constexpr float kDirty = 12345.0f;  // l's initial values: every entry must be written
+  const auto run_all = [&](const std::string& what, const Host& a, double lambda, int32_t want_status,
+                           const std::vector<float>* want_l) {
+    const int64_t n = a.t.ne[0];
+    for (const NamedBackend& nb : backends()) {
+      Host l = dense(n, n, 1, nullptr, kDirty, kDirty);
+      std::vector<int32_t> status = {-7};
+      if (!run_on(nb, InverseCholesky{a.t, lambda, l.t, iv(status)}, what)) continue;
+      EXPECT_EQ(status[0], want_status) << nb.name << " " << what;
+      if (want_l == nullptr || status[0] != 0) continue;
+      const Error e = compare(gather(l.t), *want_l, 0.0);
+      EXPECT_LE(e.rel_l2, 1e-6) << nb.name << " " << what;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = i + 1; j < n; ++j)
+          ASSERT_EQ(l.t.row_as<float>(i)[j], 0.0f) << nb.name << " " << what;
+      }
+    }
+  };
+  for (const int64_t n : {1, 2, 7, 64, 65, 130, 257}) {
+    const int64_t m = 2 * n + 3;
+    const Host x = dense(n, m, 1, &rng);
+    for (int64_t r = 0; r < m && n > 4; ++r) x.t.row_as<float>(r)[n / 3] = 0.0f;  // a dead input
+    Host a = dense(n, n, 1, nullptr);
+    double diag = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double g = 0.0;
+        for (int64_t r = 0; r < m; ++r)
+          g += static_cast<double>(x.t.row_as<float>(r)[i]) * x.t.row_as<float>(r)[j];
+        a.t.row_as<float>(i)[j] = static_cast<float>(g);
+      }
+      diag += a.t.row_as<float>(i)[i];
+    }
+    const double lambda = 0.01 * diag / static_cast<double>(n);
+    Host want = dense(n, n, 1, nullptr);
+    std::vector<int32_t> status = {-7};
+    ref::inverse_cholesky(InverseCholesky{a.t, lambda, want.t, iv(status)});
+    ASSERT_EQ(status[0], 0) << n;
+    // l l^T (a + lambda I) = I, to f32 rounding of l times the condition number.
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < n; ++k) {
+        double v = 0.0;
+        for (int64_t j = 0; j < n; ++j) {
+          double llt = 0.0;
+          for (int64_t p = 0; p <= std::min(i, j); ++p)
+            llt += static_cast<double>(want.t.row_as<float>(i)[p]) * want.t.row_as<float>(j)[p];
+          v += llt * (a.t.row_as<float>(std::max(j, k))[std::min(j, k)] + (j == k ? lambda : 0.0));
+        }
+        worst = std::max(worst, std::fabs(v - (i == k ? 1.0 : 0.0)));
+      }
+    }
+    EXPECT_LE(worst, 1e-3) << "the reference's l for n = " << n;
+    // Only the lower triangle is read: poison above it.
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = i + 1; j < n; ++j) a.t.row_as<float>(i)[j] = std::numeric_limits<float>::quiet_NaN();
+    }
+    const std::vector<float> want_l = gather(want.t);
+    run_all(fmt::format("inverse_cholesky n {}", n), a, lambda, 0, &want_l);
+  }
+  // Not positive definite: -I; v v^T (rank one); a NaN on the diagonal.
+  for (const int64_t n : {1, 5, 70}) {
+    Host neg = dense(n, n, 1, nullptr), rank1 = dense(n, n, 1, nullptr), nan = dense(n, n, 1, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        neg.t.row_as<float>(i)[j] = i == j ? -1.0f : 0.0f;
+        rank1.t.row_as<float>(i)[j] = static_cast<float>((i % 3 + 1) * (j % 3 + 1));
+        nan.t.row_as<float>(i)[j] = i == j ? 2.0f : 0.0f;
+      }
+    }
+    nan.t.row_as<float>(n / 2)[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    for (const auto& [name, a] : {std::pair<const char*, const Host*>{"negative", &neg}, {"nan", &nan}}) {
+      std::vector<int32_t> status = {-7};
+      Host l = dense(n, n, 1, nullptr);
+      ref::inverse_cholesky(InverseCholesky{a->t, 0.0, l.t, iv(status)});
+      ASSERT_EQ(status[0], 1) << name << " " << n;
+      run_all(fmt::format("inverse_cholesky {} n {}", name, n), *a, 0.0, 1, nullptr);
+    }
+    if (n > 1) {
+      std::vector<int32_t> status = {-7};
+      Host l = dense(n, n, 1, nullptr);
+      ref::inverse_cholesky(InverseCholesky{rank1.t, 0.0, l.t, iv(status)});
+      ASSERT_EQ(status[0], 1) << "rank one " << n;
+      run_all(fmt::format("inverse_cholesky rank one n {}", n), rank1, 0.0, 1, nullptr);
+    }
+  }
+}
+
 // ---- typed activations: f16 / bf16 destinations ----
 
 // The ops whose contract allows a float destination (f32, f16, bf16). The reference computes in f32 and
@@ -2001,6 +2142,24 @@ TEST(OpCheck, MoeRouteMoeMatmulWeightedSum) {
   const Host gate_row = dense(1, 4, 2, &o.rng), gate_bad = dense(2, 4, 2, &o.rng);
   ASSERT_TRUE(check(GatedAct{gate_row.t, o.x.t, GluKind::glu_kind_sigmoid, o.y.t}).ok());
   expect_rejected(GatedAct{gate_bad.t, o.x.t, GluKind::glu_kind_sigmoid, o.y.t}, kInvalid, "gate is");
+}
+
+TEST(OpCheck, InverseCholesky) {
+  Rng rng(5);
+  const Host a = dense(6, 6, 1, &rng), l = dense(6, 6, 1, nullptr), wide = dense(7, 6, 1, nullptr),
+             strided = make_f32(Layout::strided, 6, 6, 1, &rng),
+             half = make_weights(DType::f16, 32, 32, 0, rng);
+  std::vector<int32_t> status = {0}, two = {0, 0};
+  ASSERT_TRUE(check(InverseCholesky{a.t, 0.5, l.t, iv(status)}).ok());
+  expect_rejected(InverseCholesky{wide.t, 0.5, l.t, iv(status)}, kInvalid, "a is");
+  expect_rejected(InverseCholesky{strided.t, 0.5, l.t, iv(status)}, kInvalid, "a is");
+  expect_rejected(InverseCholesky{half.t, 0.5, l.t, iv(status)}, kInvalid, "a must");
+  expect_rejected(InverseCholesky{a.t, 0.5, wide.t, iv(status)}, kInvalid, "l is");
+  expect_rejected(InverseCholesky{a.t, 0.5, a.t, iv(status)}, kInvalid, "l overlaps");
+  expect_rejected(InverseCholesky{a.t, 0.5, l.t, iv(two)}, kInvalid, "status is");
+  expect_rejected(InverseCholesky{a.t, -1.0, l.t, iv(status)}, kInvalid, "lambda");
+  expect_rejected(InverseCholesky{a.t, std::numeric_limits<double>::quiet_NaN(), l.t, iv(status)}, kInvalid,
+                  "lambda");
 }
 
 TEST(OpCheck, SumSquares) {

@@ -29,7 +29,6 @@ struct QuantizeArgs {
   std::string out, type;    // OUT TYPE; with --dry-run also IN TYPE (`out` then holds the type)
   double target_kld = 0.0;  // --target-kld: the mean KL divergence to meet, measured against kld_base
   std::string kld_base;     // --kld-base FILE (kiln perplexity --kl-divergence-base)
-  std::string device = "auto";
   std::string target_size;  // --target-size: bytes, with an optional K/M/G suffix
 };
 
@@ -169,7 +168,7 @@ Status search_kld(QuantizeArgs& args) {
     KldScoreOptions so;
     so.model = t.path;
     so.base = args.kld_base;
-    so.device = args.device;
+    so.device = opt.device;
     so.threads = opt.threads;
     Result<kld::Report> r = score_kld(so);
     if (!r.ok()) {
@@ -402,7 +401,8 @@ void register_quantize(CLI::App& app, int& rc) {
   cmd->add_option("--kld-base", args->kld_base,
                   "The source's distributions for --target-kld (kiln perplexity -m IN -f TEXT "
                   "--kl-divergence-base FILE)");
-  cmd->add_option("-d,--device", args->device, "Where --target-kld scores its files: auto, cpu, cuda");
+  cmd->add_option("-d,--device", args->opt.device,
+                  "Where GPTQ factors and updates, and --target-kld scores its files: auto, cpu, cuda");
   cmd->add_option("-t,--threads", o.threads, "CPU threads (default: physical cores; the file is the same)");
   cmd->footer(types_footer());
   cmd->callback([args, &rc] {

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "backends/cpu/cpu_linalg.h"
 #include "backends/cpu/cpu_pack.h"
 #include "core/half.h"
 #include "core/overloaded.h"
@@ -362,6 +363,27 @@ void gram(ThreadPool& pool, const SumSquares& op) {
   });
 }
 
+// cpu_linalg's U, then l = U^T in 64 x 64 tiles.
+void inverse_cholesky(ThreadPool& pool, const InverseCholesky& op) {
+  constexpr int64_t kTile = 64;
+  const int64_t n = op.a.ne[0];
+  std::vector<float> u(static_cast<size_t>(n * n));
+  const bool ok =
+      cpu_linalg::inverse_cholesky_upper(static_cast<const float*>(op.a.data), n, op.lambda, &pool, u.data());
+  auto* l = static_cast<float*>(op.l.data);
+  pool.parallel_dynamic((n + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t i0 = t0 * kTile; i0 < std::min(n, t1 * kTile); i0 += kTile) {
+      for (int64_t j0 = 0; j0 < n; j0 += kTile) {
+        for (int64_t i = i0; i < std::min(n, i0 + kTile); ++i) {
+          for (int64_t j = j0; j < std::min(n, j0 + kTile); ++j)
+            l[i * n + j] = u[static_cast<size_t>(j * n + i)];
+        }
+      }
+    }
+  });
+  *static_cast<int32_t*>(op.status.data) = ok ? 0 : 1;
+}
+
 // Threads split the columns (in 16-float blocks), so each owns its slice of every matrix's sums: no two
 // threads add to one sum, and a column's order of additions is the rows' order whatever the threads.
 void sum_squares(ThreadPool& pool, const SumSquares& op) {
@@ -423,6 +445,7 @@ void run(ThreadPool& pool, const CpuKernels& kern, const Op& op, Precision preci
                  [&](const MoeMatmul& o) { moe_matmul(pool, kern, o, precision); },
                  [&](const WeightedSum& o) { weighted_sum(pool, o); },
                  [&](const SumSquares& o) { sum_squares(pool, o); },
+                 [&](const InverseCholesky& o) { inverse_cholesky(pool, o); },
              },
              op);
 }

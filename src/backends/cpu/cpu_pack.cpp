@@ -333,8 +333,28 @@ class ReadReporter {
   const uint8_t *lo_ = nullptr, *hi_ = nullptr;
 };
 
+// Group g of an f8_e4m3 matrix `mat` into `out` (packed_f8_group_bytes): codes [k][kPackRows], then each
+// block's scale times 256 [k / 32][kPackRows]; rows past n zero.
+void pack_f8_group(const Tensor& w, int64_t mat, int64_t g, int64_t group_bytes, uint8_t* out) {
+  const int64_t k = w.ne[0], n = w.ne[1];
+  std::memset(out, 0, static_cast<size_t>(group_bytes));
+  auto* scales = reinterpret_cast<float*>(out + packed_f8_scales_offset(k));
+  for (int64_t r = 0; r < kPackRows && g * kPackRows + r < n; ++r) {
+    const uint8_t* src = w.row(g * kPackRows + r, mat);
+    for (int64_t b = 0; b < k / quant::kQK; ++b) {
+      const auto blk = quant::load_block<quant::BlockF8E4M3>(src, b);
+      scales[b * kPackRows + r] = blk.d * 256.0f;
+      for (int e = 0; e < quant::kQK; ++e) out[(b * quant::kQK + e) * kPackRows + r] = blk.q[e];
+    }
+  }
+}
+
 // Group g of float matrix `mat` into `out` (group_bytes): [k][kPackRows] elements, rows past n zero.
 void pack_float_group(const Tensor& w, int64_t mat, int64_t g, int64_t group_bytes, uint8_t* out) {
+  if (w.type == DType::f8_e4m3) {
+    pack_f8_group(w, mat, g, group_bytes, out);
+    return;
+  }
   const int64_t k = w.ne[0], n = w.ne[1], es = static_cast<int64_t>(dtype_info(w.type).type_size);
   std::memset(out, 0, static_cast<size_t>(group_bytes));
   for (int64_t r = 0; r < kPackRows && g * kPackRows + r < n; ++r) {
@@ -353,7 +373,10 @@ std::unique_ptr<PackedWeight> pack_float_weight(ThreadPool& pool, const Tensor& 
                                                 const std::function<void(const void*, size_t)>& read_done) {
   const int64_t k = w.ne[0], n = w.ne[1], n_mats = w.ne[2];
   const int64_t groups = (n + kPackRows - 1) / kPackRows;
-  const int64_t group_bytes = packed_float_group_bytes(k, static_cast<int64_t>(dtype_info(w.type).type_size));
+  const int64_t group_bytes =
+      w.type == DType::f8_e4m3
+          ? packed_f8_group_bytes(k)
+          : packed_float_group_bytes(k, static_cast<int64_t>(dtype_info(w.type).type_size));
   auto pw = std::make_unique<PackedWeight>(static_cast<size_t>(groups * group_bytes * n_mats));
   if (pw->data() == nullptr) return nullptr;
   for (int64_t a = 0; a < n_mats; ++a) {
@@ -375,7 +398,7 @@ std::unique_ptr<PackedWeight> pack_float_weight(ThreadPool& pool, const Tensor& 
 std::unique_ptr<PackedWeight> pack_weight(ThreadPool& pool, const CpuKernels& kern, const Tensor& w,
                                           const std::function<void(const void*, size_t)>& read_done) {
   if (w.ne[3] != 1 || w.ne[1] <= 0 || w.ne[0] <= 0) return nullptr;
-  if (w.type == DType::f32 || w.type == DType::f16 || w.type == DType::bf16) {
+  if (w.type == DType::f32 || w.type == DType::f16 || w.type == DType::bf16 || w.type == DType::f8_e4m3) {
     return kern.fdot_packed == nullptr ? nullptr : pack_float_weight(pool, w, read_done);
   }
   if (kern.qdot_packed == nullptr) return nullptr;
@@ -484,6 +507,13 @@ void packed_float_row(const PackedFloatMatrix& w, int64_t j, float* out) {
   const int64_t r = j % kPackRows;
   if (w.type == static_cast<uint32_t>(DType::f32)) {
     for (int64_t i = 0; i < w.k; ++i) std::memcpy(out + i, p + (i * kPackRows + r) * 4, 4);
+    return;
+  }
+  if (w.type == static_cast<uint32_t>(DType::f8_e4m3)) {  // scale * value, as the reference dequantizes
+    const auto* scales = reinterpret_cast<const float*>(p + packed_f8_scales_offset(w.k));
+    for (int64_t i = 0; i < w.k; ++i) {
+      out[i] = scales[i / quant::kQK * kPackRows + r] / 256.0f * f8_e4m3_to_f32(p[i * kPackRows + r]);
+    }
     return;
   }
   const bool f16 = w.type == static_cast<uint32_t>(DType::f16);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_graph.h"
+#include "backends/cuda/cuda_handles.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_op_profile.h"
 #include "core/log.h"
@@ -93,6 +94,7 @@ class CudaBackend final : public Backend {
         owner_(make_stream_owner(stream)),
         stream_(stream),
         cublas_(std::move(cublas)),
+        handles_(stream),
         name_(std::move(name)) {
     ctx_.stream = stream_;
     ctx_.cublas = cublas_.get();
@@ -110,6 +112,8 @@ class CudaBackend final : public Backend {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };
     ctx_.owner = this;
+    ctx_.solver_fn = [](void* self) { return static_cast<CudaBackend*>(self)->handles_.solver(); };
+    ctx_.lt_fn = [](void* self) { return static_cast<CudaBackend*>(self)->handles_.lt(); };
     profile_ =
         options.profile && cudaEventCreate(&start_) == cudaSuccess && cudaEventCreate(&stop_) == cudaSuccess;
     // cuBLAS gets a workspace of its own up front, so that a captured GEMM never allocates.
@@ -200,8 +204,8 @@ class CudaBackend final : public Backend {
   ops::Precision precision() const override {
     return ctx_.fast ? ops::Precision::precision_fast : ops::Precision::precision_exact;
   }
-  // precision_fast matmuls run on tensor cores in bf16 / f16 (matmul/matmul.cu).
-  double fast_tolerance() const override { return 1e-2; }
+  // precision_fast matmuls run on tensor cores in bf16 / f16, f8_e4m3 weights' in e4m3 (matmul/matmul.cu).
+  double fast_tolerance(DType weight) const override { return weight == DType::f8_e4m3 ? 5e-2 : 1e-2; }
   uint64_t scratch_bytes() const override {
     uint64_t total = 0;
     for (const Scratch& s : scratch_) total += s.bytes;
@@ -614,6 +618,7 @@ class CudaBackend final : public Backend {
   Stream owner_;         // shared with the buffers
   cudaStream_t stream_;  // owner_.get()
   Cublas cublas_;
+  cuda::LibraryHandles handles_;  // cuBLASLt, cuSOLVER
   std::string name_;
   cuda::Context ctx_;
   std::array<Scratch, cuda::kScratchSlots> scratch_{};

@@ -40,6 +40,7 @@ bool supports(const ops::Op& op) {
           [](const ops::MoeRoute&) { return true; },
           [](const ops::WeightedSum& o) { return f32(o.dst); },
           [](const ops::SumSquares& o) { return o.gram.data == nullptr || gram_rows_supported(o); },
+          [](const ops::InverseCholesky&) { return inverse_cholesky_supported(); },
       },
       op);
 }
@@ -63,6 +64,7 @@ cudaError_t run(const Context& ctx, const ops::Op& op) {
                         [&](const ops::MoeRoute& o) { return moe_route(ctx, o); },
                         [&](const ops::WeightedSum& o) { return weighted_sum(ctx, o); },
                         [&](const ops::SumSquares& o) { return sum_squares(ctx, o); },
+                        [&](const ops::InverseCholesky& o) { return inverse_cholesky(ctx, o); },
                     },
                     op);
 }

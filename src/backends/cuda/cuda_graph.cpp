@@ -12,6 +12,7 @@ struct Writer {
   std::vector<uint64_t>& out;
   void put(uint64_t v) { out.push_back(v); }
   void put(float v) { out.push_back(std::bit_cast<uint32_t>(v)); }
+  void put(double v) { out.push_back(std::bit_cast<uint64_t>(v)); }
   void put(const Tensor& t) {
     put(reinterpret_cast<uint64_t>(t.data));
     put(static_cast<uint64_t>(t.type));
@@ -62,6 +63,7 @@ std::vector<uint64_t> program_signature(const Program& program) {
                    [&](const ops::MoeMatmul& o) { w.all(o.w, o.x, o.ids, o.dst); },
                    [&](const ops::WeightedSum& o) { w.all(o.y, o.w, o.dst); },
                    [&](const ops::SumSquares& o) { w.all(o.x, o.ids, o.sums, o.counts, o.gram); },
+                   [&](const ops::InverseCholesky& o) { w.all(o.a, o.lambda, o.l, o.status); },
                },
                op);
   }

@@ -49,6 +49,13 @@ struct Context {
   void* (*scratch_fn)(void* owner, int slot, size_t bytes) = nullptr;
   void* owner = nullptr;
   void* scratch(int slot, size_t bytes) const { return scratch_fn(owner, slot, bytes); }
+  // The backend's cuSOLVER dense handle (a cusolverDnHandle_t), bound to the stream and made at the first
+  // call; null when this build has no cuSOLVER or it could not be made.
+  void* (*solver_fn)(void* owner) = nullptr;
+  void* solver() const { return solver_fn != nullptr ? solver_fn(owner) : nullptr; }
+  // The backend's cuBLASLt handle (a cublasLtHandle_t); null when it could not be made.
+  void* (*lt_fn)(void* owner) = nullptr;
+  void* lt() const { return lt_fn != nullptr ? lt_fn(owner) : nullptr; }
 };
 // Slots 0-2: matmul's dequantized weight, converted x and f32 result; 3: the partial results of work split
 // over blocks (attention's split-KV states, argmax's slices); 4: counters, zero when allocated and left zero
@@ -93,10 +100,10 @@ bool supports_weight_type(DType type);
 
 // How the backend holds a matmul weight beyond a plain copy of the file's bytes. Weight::tensor keeps the
 // file's type and shape, and:
-// - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) or of q6_k are in grouped form
-//   (matmul/dequant.cuh's legacy_block: each 8 blocks' headers, then their quants; q6k_block: each 8
-//   super-blocks' scales, their d, then their quants; 16-byte aligned), grouped_row_bytes() apart. Every
-//   kernel that reads a Matmul weight reads both forms.
+// - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0, and f8_e4m3) or of q6_k are in
+//   grouped form (matmul/dequant.cuh's legacy_block: each 8 blocks' headers, then their quants; q6k_block:
+//   each 8 super-blocks' scales, their d, then their quants; 16-byte aligned), grouped_row_bytes() apart.
+//   Every kernel that reads a Matmul weight reads both forms.
 // - stack (not null): the weight is one of the matrices prepared together (Backend::prepare_weight_group: Q,
 //   K, V), held as one matrix: each one's rows right after the previous one's, in the allocation that
 //   `stack` points at. The GEMM computes such parts as one (matmul_gemm_group).
@@ -229,6 +236,10 @@ cudaError_t weighted_sum(const Context& ctx, const ops::WeightedSum& op);
 cudaError_t sum_squares(const Context& ctx, const ops::SumSquares& op);
 // Whether sum_squares can add op.gram (x's rows evenly spaced, as cuBLAS takes them).
 bool gram_rows_supported(const ops::SumSquares& op);
+// linalg/inverse_cholesky.cu: cuSOLVER's Cholesky factorization and triangular inverse, in f64
+cudaError_t inverse_cholesky(const Context& ctx, const ops::InverseCholesky& op);
+// Whether this build has cuSOLVER (else the op is refused).
+bool inverse_cholesky_supported();
 // sampling/sample.cu: a token drawn per logits row (ops/sample.h's stages), a block a row
 cudaError_t sample(const Context& ctx, const ops::Sample& op);
 // norm_rope/rope.cu: RoPE and the KV write

@@ -382,6 +382,74 @@ void sum_squares(const SumSquares& op) {
   }
 }
 
+void inverse_cholesky(const InverseCholesky& op) {
+  // Another road to the same factor than the backends take: C = J (a + lambda I) J (J the order reversal)
+  // factored C = L0 L0^T with the contract's pivot test, the inverse (a + lambda I)^-1 = J C^-1 J formed from
+  // two triangular solves, and its own Cholesky factor taken.
+  const int64_t n = op.a.ne[0];
+  const auto at = [n](std::vector<double>& m, int64_t i, int64_t j) -> double& { return m[i * n + j]; };
+  std::vector<double> c(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j <= i; ++j) {
+      const double v = static_cast<double>(op.a.row_as<const float>(i)[j]) + (i == j ? op.lambda : 0.0);
+      at(c, n - 1 - i, n - 1 - j) = at(c, n - 1 - j, n - 1 - i) = v;
+    }
+  }
+  auto* status = static_cast<int32_t*>(op.status.data);
+  std::vector<double> l0(static_cast<size_t>(n * n), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    double s = at(c, j, j);
+    for (int64_t k = 0; k < j; ++k) s -= at(l0, j, k) * at(l0, j, k);
+    if (!(s > 1e-10 * at(c, j, j)) || !std::isfinite(s)) {
+      status[0] = 1;
+      return;
+    }
+    at(l0, j, j) = std::sqrt(s);
+    for (int64_t i = j + 1; i < n; ++i) {
+      double t = at(c, i, j);
+      for (int64_t k = 0; k < j; ++k) t -= at(l0, i, k) * at(l0, j, k);
+      at(l0, i, j) = t / at(l0, j, j);
+    }
+  }
+  // C^-1 column by column: L0 y = e_col, then L0^T z = y.
+  std::vector<double> inv(static_cast<size_t>(n * n)), y(static_cast<size_t>(n));
+  for (int64_t col = 0; col < n; ++col) {
+    for (int64_t i = 0; i < n; ++i) {
+      double t = i == col ? 1.0 : 0.0;
+      for (int64_t k = 0; k < i; ++k) t -= at(l0, i, k) * y[k];
+      y[i] = t / at(l0, i, i);
+    }
+    for (int64_t i = n - 1; i >= 0; --i) {
+      double t = y[i];
+      for (int64_t k = i + 1; k < n; ++k) t -= at(l0, k, i) * at(inv, k, col);
+      at(inv, i, col) = t / at(l0, i, i);
+    }
+  }
+  // (a + lambda I)^-1 = J C^-1 J, and its lower Cholesky factor (positive definite as an inverse is).
+  std::vector<double> b(static_cast<size_t>(n * n)), l(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) at(b, i, j) = at(inv, n - 1 - i, n - 1 - j);
+  bool finite = true;
+  for (int64_t j = 0; j < n; ++j) {
+    double s = at(b, j, j);
+    for (int64_t k = 0; k < j; ++k) s -= at(l, j, k) * at(l, j, k);
+    at(l, j, j) = std::sqrt(std::max(s, 0.0));
+    for (int64_t i = j + 1; i < n; ++i) {
+      double t = at(b, i, j);
+      for (int64_t k = 0; k < j; ++k) t -= at(l, i, k) * at(l, j, k);
+      at(l, i, j) = t / at(l, j, j);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    auto* row = op.l.row_as<float>(i);
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = j <= i ? static_cast<float>(at(l, i, j)) : 0.0f;
+      finite &= std::isfinite(row[j]);
+    }
+  }
+  status[0] = finite ? 0 : 1;
+}
+
 void run(const Op& op, Precision precision) {
   // One case per op: an op without its reference does not compile.
   std::visit(Overloaded{
@@ -402,6 +470,7 @@ void run(const Op& op, Precision precision) {
                  [&](const MoeMatmul& o) { moe_matmul(o, precision); },
                  [](const WeightedSum& o) { weighted_sum(o); },
                  [](const SumSquares& o) { sum_squares(o); },
+                 [](const InverseCholesky& o) { inverse_cholesky(o); },
              },
              op);
 }

@@ -24,6 +24,7 @@ void moe_route(const MoeRoute& op);
 void moe_matmul(const MoeMatmul& op, Precision precision = Precision::precision_exact);
 void weighted_sum(const WeightedSum& op);
 void sum_squares(const SumSquares& op);
+void inverse_cholesky(const InverseCholesky& op);
 
 // Runs any op with its reference; `precision` applies to Matmul and MoeMatmul (Attention's reference is the
 // exact result either way).

@@ -161,12 +161,20 @@ struct PackedFloatMatrix {
   const uint8_t* data = nullptr;
   int64_t k = 0, n = 0;
   int64_t group_bytes = 0;
-  uint32_t type = 0;  // the elements' GGUF id: f32, f16 or bf16
+  uint32_t type = 0;  // the elements' type id: f32, f16, bf16 or f8_e4m3
 };
 
 // Bytes of one packed float group of k elements of elem_bytes each.
 inline int64_t packed_float_group_bytes(int64_t k, int64_t elem_bytes) {
   return (k * kPackRows * elem_bytes + 63) / 64 * 64;
+}
+
+// FP8 checkpoints' f8_e4m3 (blocks of 32 e4m3fn codes and an f32 scale) in the packed float layout: a group
+// is [k][kPackRows] codes, then [k / 32][kPackRows] floats, each its block's scale times 256 (the kernel
+// reads a code as its value / 256: Ymm::load_e4m3_div256). Row r, element i: code[i][r] and scale[i / 32][r].
+inline int64_t packed_f8_scales_offset(int64_t k) { return k * kPackRows; }
+inline int64_t packed_f8_group_bytes(int64_t k) {
+  return (packed_f8_scales_offset(k) + k / 32 * kPackRows * 4 + 63) / 64 * 64;
 }
 
 // ---- attention: a tile of query rows against a chunk of positions (cpu_attention.cpp drives) ------------

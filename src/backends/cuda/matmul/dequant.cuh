@@ -348,13 +348,13 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
 
 template <>
 struct Quant<DType::f8_e4m3> {  // d:4 (f32) qs:32 (e4m3 codes): FP8 checkpoints' weights (core/quant)
-  static constexpr int kBlock = 32, kBytes = 36, kAlign = 4, kSafeAlign = 1;
+  // A legacy block's shape (a header, then 32 one-byte quants): matmul weights are held in grouped form too.
+  static constexpr int kBlock = 32, kBytes = 36, kAlign = 4, kSafeAlign = 1, kHead = 4;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    int i;
-    const uint8_t* b = block_of<Quant>(row, p, i);
-    const float d = __uint_as_float(ld_u32<A>(b));
-    const uint2 v = ld_u64<align_at(A, 4)>(b + 4 + 8 * i);
+    const LegacyBlock b = legacy_block<kHead, 32, A>(row, p / 4);
+    const float d = __uint_as_float(ld_u32<head_align<A, kHead>()>(b.head));
+    const uint2 v = ld_u64<qs_align<A, kHead>()>(b.qs + 8 * (p % 4));
 #pragma unroll
     for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(d, e4m3_to_f32(byte_of(v, j)));
   }
@@ -564,9 +564,10 @@ struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
 
 // The legacy block types (legacy_block) and Q6_K (q6k_block), whose matmul weights the backend holds in
 // grouped form.
+// f8_e4m3 has their shape (32 elements, a 4-byte header, then the quants) and is held in grouped form too.
 template <DType T>
-inline constexpr bool kLegacyType =
-    T == DType::q4_0 || T == DType::q4_1 || T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
+inline constexpr bool kLegacyType = T == DType::q4_0 || T == DType::q4_1 || T == DType::q5_0 ||
+                                    T == DType::q5_1 || T == DType::q8_0 || T == DType::f8_e4m3;
 template <DType T>
 inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k;
 

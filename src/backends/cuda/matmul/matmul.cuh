@@ -35,6 +35,20 @@ inline bool rows_aligned16(const Tensor& t) {
   return aligned(t.data, 16) && t.nb[1] % 16 == 0 && t.nb[2] % 16 == 0 && t.nb[3] % 16 == 0;
 }
 
+// f32 rows [ne0, n_rows] to rows of dst_type (saturate: to f16's range) in another layout.
+cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64_t n_rows, const Rows& dst,
+                         DType dst_type, bool saturate = false);
+
+// The leading dimension (in elements of `elem` bytes) of t as a column-major [ne0, n_rows] matrix, or 0 when
+// its rows are not equally spaced at a multiple of the element size.
+int64_t leading_dim(const Tensor& t, int elem);
+
+// The FP8 tensor-core GEMM of an f8_e4m3 weight (fp8_gemm.cu): whether it takes `op` (the fast precision, not
+// batch-invariant, more than kGemvMaxCols rows of x, k and n multiples of 16), and the GEMM, which fails
+// (cudaErrorNotSupported) where cuBLASLt has no algorithm for it: matmul_gemm then takes its other path.
+bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op);
+cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op);
+
 // One matmul through cuBLAS (matmul_gemm.cu): x converted to the GEMM's input type, the weight in place or
 // dequantized into scratch, the f32 result converted into dst where dst is not f32 with equally spaced rows.
 cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op);

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
 #include <span>
 #include <type_traits>
 
@@ -99,10 +101,12 @@ void* dequant_weight(const Context& ctx, const Tensor& w, bool grouped, DType to
   return *err == cudaSuccess ? out : nullptr;
 }
 
+}  // namespace
+
 // ---- f32 rows to float rows of another layout and type (x into scratch, scratch into dst) ----
 
 cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64_t n_rows, const Rows& dst,
-                         DType dst_type, bool saturate = false) {
+                         DType dst_type, bool saturate) {
   if (ne0 % 8 == 0 && rows_aligned16(src) && rows_aligned16(dst)) {
     const dim3 grid(static_cast<unsigned>(ceil_div(ne0 / 8, kPieceThreads)),
                     static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxGridY)));
@@ -127,14 +131,14 @@ cudaError_t convert_rows(const Context& ctx, const Rows& src, int64_t ne0, int64
 
 // ---- GEMM through cuBLAS (m > kGemvMaxCols) ----
 
-// The leading dimension (in elements of `elem` bytes) of t as a column-major [ne0, n_rows] matrix, or 0 when
-// its rows are not equally spaced at a multiple of the element size.
 int64_t leading_dim(const Tensor& t, int elem) {
   if (!aligned(t.data, elem) || t.nb[1] % elem != 0 || t.nb[1] / elem < t.ne[0]) return 0;
   const bool dim2 = t.ne[2] == 1 || t.nb[2] == t.nb[1] * t.ne[1];
   const bool dim3 = t.ne[3] == 1 || t.nb[3] == t.nb[2] * t.ne[2];
   return dim2 && dim3 ? t.nb[1] / elem : 0;
 }
+
+namespace {
 
 // A column-major operand of the GEMM: device pointer and leading dimension in elements.
 struct Operand {
@@ -235,6 +239,17 @@ cudaError_t gemm_on(const Context& ctx, const ops::Matmul& op, const Operand& x)
 }  // namespace
 
 cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
+  if (fp8_gemm_applies(ctx, op)) {
+    // Done, or an error of its own (scratch a captured step must not grow): only cuBLASLt's refusal falls
+    // back.
+    if (const cudaError_t e = fp8_gemm(ctx, op); e != cudaErrorNotSupported) return e;
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      std::fprintf(stderr,
+                   "kiln: cuda: cuBLASLt took no FP8 GEMM for an f8_e4m3 weight; such weights are "
+                   "dequantized instead\n");
+    });
+  }
   cudaError_t err = cudaSuccess;
   const Operand x = gemm_x(ctx, op.x, gemm_input_type(ctx, op), &err);
   if (err != cudaSuccess) return err;

@@ -1,5 +1,5 @@
-// Blocked Cholesky and triangular inverse (gptq_linalg.h).
-#include "quant/gptq_linalg.h"
+// Blocked Cholesky and triangular inverse (backends/cpu/cpu_linalg.h).
+#include "backends/cpu/cpu_linalg.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 #define KILN_LINALG_CLONES
 #endif
 
-namespace kiln::gptq_linalg {
+namespace kiln::cpu_linalg {
 namespace {
 
 constexpr int64_t kPanel = 64;  // the Cholesky's column block, the inverse's row and column block
@@ -213,4 +213,30 @@ bool upper_inverse(const double* v, int64_t n, int64_t ld, ThreadPool* pool, flo
   return std::all_of(finite.begin(), finite.end(), [](int f) { return f != 0; });
 }
 
-}  // namespace kiln::gptq_linalg
+bool inverse_cholesky_upper(const float* a, int64_t n, double lambda, ThreadPool* pool, float* u) {
+  const int64_t ld = padded_ld(n);
+  std::vector<double> c(static_cast<size_t>(n * ld), 0.0);  // J (a + lambda I) J, then L, then V
+  // c[i][j] = a[n-1-j][n-1-i] for j <= i (a's lower triangle), in 64 x 64 tiles so both sides stay in cache.
+  for_rows(pool, 0, (n + kPanel - 1) / kPanel, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t i0 = t0 * kPanel; i0 < std::min(n, t1 * kPanel); i0 += kPanel) {
+      for (int64_t j0 = 0; j0 <= i0; j0 += kPanel) {
+        for (int64_t i = i0; i < std::min(n, i0 + kPanel); ++i) {
+          for (int64_t j = j0; j < std::min(i + 1, j0 + kPanel); ++j)
+            c[static_cast<size_t>(i * ld + j)] = static_cast<double>(a[(n - 1 - j) * n + (n - 1 - i)]);
+        }
+      }
+    }
+  });
+  for (int64_t i = 0; i < n; ++i) c[static_cast<size_t>(i * ld + i)] += lambda;
+  if (!cholesky_lower(c.data(), n, ld, pool)) return false;
+  // V[i][j] = L[n-1-i][n-1-j]: the matrix turned half a turn in place (L's lower triangle becomes V's upper).
+  for (int64_t i = 0; i <= (n - 1) / 2; ++i) {
+    double* top = &c[static_cast<size_t>(i * ld)];
+    double* bottom = &c[static_cast<size_t>((n - 1 - i) * ld)];
+    const int64_t cols = top == bottom ? n / 2 : n;
+    for (int64_t j = 0; j < cols; ++j) std::swap(top[j], bottom[n - 1 - j]);
+  }
+  return upper_inverse(c.data(), n, ld, pool, u);
+}
+
+}  // namespace kiln::cpu_linalg

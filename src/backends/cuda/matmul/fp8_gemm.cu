@@ -1,0 +1,184 @@
+// The FP8 tensor-core GEMM of f8_e4m3 weights (FP8 checkpoints) at the fast precision, beyond the GEMV's
+// columns: vLLM's W8A8 FP8 scheme, per-channel weights and dynamic per-token activations.
+//
+// - The weight's blocks (32 e4m3 codes and an f32 scale each, core/quant; in the grouped form the backend
+// holds
+//   matmul weights in, or the file's) are rewritten into scratch as plain e4m3 rows and one f32 scale a row:
+//   the row's largest block scale. A per-channel or per-tensor checkpoint
+//   has one scale a row, so its codes are copied as they are; a block of a smaller scale (128 x 128 block
+//   checkpoints) has its codes rounded again to the row's scale.
+// - x is rounded per token to e4m3 with the scale amax / 448.
+// - cuBLASLt multiplies the codes on the e4m3 tensor cores with f32 accumulation and applies both scale
+//   vectors to the accumulators (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F): D[j, i] = sw[j] sx[i] sum_k
+//   qw[j, k] qx[i, k], in f32, rounded once to dst's type.
+// Rounding x to 3 mantissa bits costs about 2.5% relative error a product: the backend's fast tolerance for
+// this weight type (Backend::fast_tolerance).
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/matmul/dequant.cuh"
+#include "backends/cuda/matmul/matmul.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kE4M3Max = 448.0f;
+constexpr size_t kLtWorkspace = size_t{32} << 20;
+
+__device__ inline uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Row j of the weight (k / 32 blocks at w + j * nb1, in the file's form or grouped: legacy_block) as k codes
+// at codes + j * k, and its scale.
+template <int A>
+__global__ void fp8_weight_rows(const uint8_t* w, int64_t nb1, int64_t k, uint8_t* codes, float* scales) {
+  __shared__ float smem[32];
+  const int64_t j = blockIdx.x;
+  const uint8_t* row = w + j * nb1;
+  const int64_t n_blocks = k / 32;
+  const auto scale_of = [&](int64_t b) {
+    return *reinterpret_cast<const float*>(legacy_block<4, 32, A>(row, b).head);
+  };
+  float d_max = 0.0f;
+  for (int64_t b = threadIdx.x; b < n_blocks; b += blockDim.x) d_max = fmaxf(d_max, scale_of(b));
+  d_max = block_max(d_max, smem);
+  if (threadIdx.x == 0) scales[j] = d_max;
+  uint8_t* out = codes + j * k;
+  for (int64_t e = threadIdx.x; e < k; e += blockDim.x) {
+    const LegacyBlock b = legacy_block<4, 32, A>(row, e / 32);
+    const float d = *reinterpret_cast<const float*>(b.head);
+    const uint8_t q = b.qs[e % 32];
+    out[e] = d == d_max || d_max == 0.0f ? q : to_e4m3(__fdiv_rn(__fmul_rn(d, e4m3_to_f32(q)), d_max));
+  }
+}
+
+// Row i of x as k e4m3 codes at codes + i * k, and its scale amax / 448 (1 for a row of zeros).
+__global__ void fp8_x_rows(Rows x, int64_t k, uint8_t* codes, float* scales) {
+  __shared__ float smem[32];
+  const int64_t i = blockIdx.x;
+  const float* row = x.row_as<const float>(i);
+  float amax = 0.0f;
+  for (int64_t e = threadIdx.x; e < k; e += blockDim.x) amax = fmaxf(amax, fabsf(row[e]));
+  amax = block_max(amax, smem);
+  const float s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
+  if (threadIdx.x == 0) scales[i] = s;
+  uint8_t* out = codes + i * k;
+  for (int64_t e = threadIdx.x; e < k; e += blockDim.x) out[e] = to_e4m3(__fdiv_rn(row[e], s));
+}
+
+struct LtDesc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtDesc() {
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+bool lt_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+
+// Set once cuBLASLt refused an FP8 GEMM: the process's later ones take the dequantizing path at once.
+std::atomic<bool> refused{false};
+
+}  // namespace
+
+bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op) {
+  const Tensor& w = op.w.tensor;
+  return w.type == DType::f8_e4m3 && ctx.fast && !ctx.options.batch_invariant && !refused.load() &&
+         ctx.lt() != nullptr && w.ne[0] % 16 == 0 && w.ne[1] % 16 == 0 && w.ne[2] == 1 && w.ne[3] == 1 &&
+         op.x.n_rows() > kGemvMaxCols;
+}
+
+cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
+  const Tensor& w = op.w.tensor;
+  const int64_t k = w.ne[0], n = w.ne[1], m = op.x.n_rows();
+  // Scratch: the weight's codes and scales (slot W), x's (slot X), the f32 result unless dst takes it.
+  const int64_t w_codes = (n * k + 255) / 256 * 256, x_codes = (m * k + 255) / 256 * 256;
+  auto* wbuf = static_cast<uint8_t*>(ctx.scratch(kSlotW, static_cast<size_t>(w_codes + n * 4)));
+  auto* xbuf = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(x_codes + m * 4)));
+  void* ws = ctx.scratch(kSlotPartial, kLtWorkspace);
+  if (wbuf == nullptr || xbuf == nullptr || ws == nullptr) return cudaErrorMemoryAllocation;
+  auto* w_scales = reinterpret_cast<float*>(wbuf + w_codes);
+  auto* x_scales = reinterpret_cast<float*>(xbuf + x_codes);
+  const auto* w_rows = static_cast<const uint8_t*>(w.data);
+  if (grouped(op.w)) {
+    fp8_weight_rows<16 | kGrouped>
+        <<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf, w_scales);
+  } else {
+    fp8_weight_rows<4>
+        <<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf, w_scales);
+  }
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  fp8_x_rows<<<static_cast<unsigned>(m), kThreads, 0, ctx.stream>>>(rows_of(op.x), k, xbuf, x_scales);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+
+  float* d = nullptr;
+  int64_t ldd = n;
+  if (op.dst.type == DType::f32) {  // in place where cuBLASLt takes it: 16-byte aligned columns
+    const int64_t ld = leading_dim(op.dst, 4);
+    if (ld != 0 && ld % 4 == 0 && aligned(op.dst.data, 16)) d = static_cast<float*>(op.dst.data), ldd = ld;
+  }
+  const bool via_scratch = d == nullptr;
+  if (via_scratch) {
+    d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
+    if (d == nullptr) return cudaErrorMemoryAllocation;
+  }
+  // Column-major: A = the weight's codes (k x n, ld k) transposed, B = x's codes (k x m, ld k), D (n x m).
+  LtDesc desc;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  const void* a_scale = w_scales;
+  const void* b_scale = x_scales;
+  const uint64_t ws_bytes = kLtWorkspace;
+  bool ok = lt_ok(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer,
+                                                 sizeof outer)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer,
+                                                 sizeof outer)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                 sizeof a_scale)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                 sizeof b_scale)) &&
+            lt_ok(cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
+                                             static_cast<uint64_t>(n), k)) &&
+            lt_ok(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
+                                             static_cast<uint64_t>(m), k)) &&
+            lt_ok(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(n),
+                                             static_cast<uint64_t>(m), ldd)) &&
+            lt_ok(cublasLtMatmulPreferenceCreate(&desc.pref)) &&
+            lt_ok(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ws_bytes, sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const auto lt = static_cast<cublasLtHandle_t>(ctx.lt());
+  ok = ok &&
+       lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1,
+                                            &heuristic, &found)) &&
+       found > 0;
+  const float one = 1.0f, zero = 0.0f;
+  ok = ok && lt_ok(cublasLtMatmul(lt, desc.op, &one, wbuf, desc.a, xbuf, desc.b, &zero, d, desc.d, d, desc.d,
+                                  &heuristic.algo, ws, kLtWorkspace, ctx.stream));
+  if (!ok) {
+    refused.store(true);
+    return cudaErrorNotSupported;
+  }
+  if (!via_scratch) return cudaSuccess;
+  return convert_rows(ctx, packed_rows(d, n, m, 4), n, m, rows_of(op.dst), op.dst.type);
+}
+
+}  // namespace kiln::cuda
