@@ -71,7 +71,8 @@
 #             (bench/prompts/edit-rename.txt, chat template, 256 tokens, greedy; SPEC_REPS rounds, interleaved), the
 #             decode tokens/s and drafts kept, texts compared, with and without --deterministic; then kiln serve
 #             --parallel 64 without and with --spec ngram under kiln bench serve at 64 concurrent requests
-#   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS),
+#   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS)
+#             and cuda_tests' row-form case,
 #             then the Llama-3-8B shape's random BF16 folder written as FP8 by kiln quantize (compressed-tensors,
 #             per channel), and kiln bench of the BF16 GGUF of prep beside the FP8 folder (pp2048, tg128, and
 #             --batch 64)
@@ -82,9 +83,11 @@
 #   serveprof where a served step's time goes (KILN_STEP_PROFILE=1: plan, batch, launch, wait, emit), at 64 concurrent
 #             requests of the default model (256-token prompts, 128 out), greedy, sampled and sampled under a JSON
 #             schema, each on a server of its own, beside kiln bench --batch 64's steps
-#   structured kiln serve on CUDA (the default model, --parallel 64): bench/structured_check.py's schema suite (the
-#             outputs in $OUT/structured.json, for --validate where jsonschema is), then kiln bench serve at 64
-#             concurrent requests, unconstrained and under a JSON schema, greedy and sampled (TPOT side by side)
+#   gather    only gathers the model parts the call carries (.gpu-model: see below); nothing is built
+#   structured kiln serve on CUDA (--parallel 64) of the default model, or of STRUCTURED_MODEL=NAME (.gpu-model/NAME):
+#             bench/structured_check.py's schema suite (the outputs in $OUT/structured-NAME.json, for --validate
+#             where jsonschema is), then kiln bench serve at 64 concurrent requests, unconstrained and under a JSON
+#             schema, greedy and sampled (TPOT side by side)
 #   peer      bench/gpu_peer.py: kiln beside llama.cpp's CUDA build (.gpu-deps/llama.cpp.tar.xz, built here into
 #             /tmp/llama.cpp, alongside kiln's build) on the same GGUF files
 set -euo pipefail
@@ -118,6 +121,27 @@ done
   nvcc --version | tail -1
   cmake --version | head -1
 } | tee "$out/build.log"
+# A real model travels in parts (a call's tree is too small for it), gathered in /tmp over back-to-back calls and
+# joined once all are there: .gpu-model/part-* (the default model) or .gpu-model/NAME/part-* (any other, by
+# scripts/gpu-deps.sh --split-model FILE NAME), each with its sha256 beside the parts, become
+# /tmp/kiln-models/default.gguf or NAME.gguf. The `gather` step alone does only this: no build.
+gather_model() {  # gather_model PARTS_DIR NAME
+  local dest=/tmp/kiln-models/$2.gguf stage=/tmp/kiln-model-parts/$2
+  compgen -G "$1/part-*" >/dev/null && [ -f "$1/sha256" ] && [ ! -e "$dest" ] || return 0
+  mkdir -p "$stage" /tmp/kiln-models
+  cp "$1"/part-* "$stage/"
+  if [ "$(cat "$stage"/part-* | sha256sum | cut -d' ' -f1)" = "$(cat "$1/sha256")" ]; then
+    cat "$stage"/part-* >"$dest.part" && mv "$dest.part" "$dest" && rm -rf "$stage"
+    echo "$2: joined" | tee -a "$out/build.log"
+  else
+    echo "$2: $(ls "$stage" | wc -l) parts here, not all yet" | tee -a "$out/build.log"
+  fi
+}
+gather_model .gpu-model default
+for d in .gpu-model/*/; do
+  if [ -d "$d" ]; then gather_model "${d%/}" "$(basename "$d")"; fi
+done
+if [ "${steps[*]}" = gather ]; then exit 0; fi
 # The peer (llama-bench, llama-batched-bench, llama-quantize, llama-imatrix, llama-perplexity) builds beside kiln (the machine has 16 cores), in a
 # process session of its own, so that it outlives this call: a later call on the same machine finds it done.
 # PEER_BUILD=1 starts it whatever the steps (a later invocation's peer step in the same call waits for it).
@@ -234,19 +258,6 @@ prep_running() {
   [ -e /tmp/kiln-prep.started ] && [ ! -e /tmp/kiln-prep.status ] && [ -e /tmp/kiln-prep.pid ] &&
     kill -0 "$(cat /tmp/kiln-prep.pid)" 2>/dev/null
 }
-# The default model travels in parts (.gpu-model/part-*, with its sha256 in .gpu-model/sha256: the tree of one
-# call is too small for it), gathered in /tmp over back-to-back calls and joined once all are there.
-default_model=/tmp/kiln-models/default.gguf
-if compgen -G ".gpu-model/part-*" >/dev/null && [ ! -e "$default_model" ]; then
-  mkdir -p /tmp/kiln-model-parts /tmp/kiln-models
-  cp .gpu-model/part-* /tmp/kiln-model-parts/
-  if [ "$(cat /tmp/kiln-model-parts/part-* | sha256sum | cut -d' ' -f1)" = "$(cat .gpu-model/sha256)" ]; then
-    cat /tmp/kiln-model-parts/part-* >"$default_model"
-    echo "the default model: joined" | tee -a "$out/build.log"
-  else
-    echo "the default model: $(ls /tmp/kiln-model-parts | wc -l) parts here, not all yet" | tee -a "$out/build.log"
-  fi
-fi
 for step in "${steps[@]}"; do
   case "$step" in
     test)
@@ -497,6 +508,10 @@ for step in "${steps[@]}"; do
         "$bin/tests/ops_tests" --gtest_brief=1 \
           --gtest_filter='OpHarness.Matmul*:OpHarness.GetRows*:OpHarness.MoeMatmul*:OpHarness.BatchInvariant*' 2>&1 |
           tail -5
+        # The row form of one-scale-a-row weights against the file's form (cuda_tests in BUILD_TARGETS).
+        [ -x "$bin/tests/cuda_tests" ] && "$bin/tests/cuda_tests" --gtest_brief=1 --gtest_filter='CudaGemv.Fp8*' 2>&1 |
+          tail -5
+        while prep_running; do sleep 5; done
         bf16=/tmp/kiln-models/llama3-8b-bf16.gguf folder=/tmp/kiln-models/llama3-8b-folder
         fp8=/tmp/kiln-models/llama3-8b-fp8
         if [ ! -e "$fp8/config.json" ]; then
@@ -594,13 +609,13 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
       ;;
     structured)
       k="$bin/tools/kiln/kiln"
-      path=/tmp/kiln-models/default.gguf
+      path=/tmp/kiln-models/${STRUCTURED_MODEL:-default}.gguf
       {
         [ -e "$path" ] || { echo "$path: not here"; exit 1; }
         "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8092 >/tmp/serve-structured.log 2>&1 &
         spid=$!
         wait_healthy 8092
-        python3 bench/structured_check.py --base-url http://localhost:8092 --out "$out/structured.json" --concurrency 32
+        python3 bench/structured_check.py --base-url http://localhost:8092 --out "$out/structured-${STRUCTURED_MODEL:-default}.json" --concurrency 32
         schema='{"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 30, "maxItems": 30}}, "required": ["items"], "additionalProperties": false}'
         rf="\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"list\", \"schema\": $schema}}"
         echo "| requests | sampling | constraint | output tok/s | TPOT mean | TPOT median | failed |"
@@ -626,7 +641,7 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
             done
           done
         fi
-      } 2>&1 | tee "$out/structured.md" || status=1
+      } 2>&1 | tee "$out/structured-${STRUCTURED_MODEL:-default}.md" || status=1
       ;;
     ab)
       while prep_running; do sleep 5; done

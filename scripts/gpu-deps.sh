@@ -126,3 +126,14 @@ if [ "${1:-}" = "--kiln-binaries" ]; then
     rm -rf "$stage"
   fi
 fi
+# --split-model FILE NAME: a model for the GPU machine in parts of 58 MB, each small enough for one call beside the
+# tree, as .gpu-model/NAME/part-NN with the file's sha256 (ignored by git); scripts/gpu-check.sh joins them there
+# into /tmp/kiln-models/NAME.gguf once every part has come (a call each, the `gather` step, the machine kept warm).
+if [ "${1:-}" = "--split-model" ]; then
+  [ $# -eq 3 ] && [ -f "$2" ] || die "usage: scripts/gpu-deps.sh --split-model FILE NAME"
+  dir="$KILN_ROOT/.gpu-model/$3"
+  rm -rf "$dir" && mkdir -p "$dir"
+  split -b 58000000 -d -a 2 "$2" "$dir/part-"
+  sha256sum "$2" | cut -d' ' -f1 >"$dir/sha256"
+  say "$2: $(ls "$dir" | grep -c part-) parts in .gpu-model/$3/"
+fi

@@ -42,6 +42,10 @@ bool SpecControl::choose(int32_t n_decoding) {
   return c.best;
 }
 
+bool SpecControl::favours(int32_t n_decoding) const {
+  return classes_[static_cast<size_t>(class_of(n_decoding))].best;
+}
+
 void SpecControl::record(int32_t n_decoding, bool drafted, int64_t tokens, double seconds) {
   if (tokens <= 0 || seconds <= 0) return;
   Class& c = classes_[static_cast<size_t>(class_of(n_decoding))];

@@ -25,6 +25,10 @@ class SpecControl {
 
   // Whether a decode step of `n_decoding` requests should draft.
   bool choose(int32_t n_decoding);
+  // Whether drafting has been the faster mode for `n_decoding` requests (true until measured), without
+  // taking a step of the try schedule: for the steps that compute prompts, which prompt lookup's drafts ride
+  // along only where drafting pays in the decode steps beside them.
+  bool favours(int32_t n_decoding) const;
   // A decode-only step of `n_decoding` requests, with drafts or not as choose() said, made `tokens` tokens
   // in `seconds` (drafting included).
   void record(int32_t n_decoding, bool drafted, int64_t tokens, double seconds);

@@ -279,5 +279,75 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
   }
 }
 
+// f8_e4m3 rows of `scales` scales each (1: a per-channel checkpoint's; 4: 128-element blocks'), each scale a
+// positive normal, the codes any but NaN (0x7F, 0xFF).
+std::vector<uint8_t> f8_blocks(int64_t k, int64_t n, int scales, std::mt19937_64& rng) {
+  std::vector<uint8_t> w(static_cast<size_t>(k / 32 * 36 * n));
+  std::uniform_int_distribution<int> code(0, 253);
+  std::uniform_real_distribution<float> scale(1e-3f, 1e-2f);
+  for (int64_t j = 0; j < n; ++j) {
+    std::vector<float> d(static_cast<size_t>(scales));
+    for (float& v : d) v = scale(rng);
+    for (int64_t b = 0; b < k / 32; ++b) {
+      uint8_t* block = w.data() + (j * (k / 32) + b) * 36;
+      std::memcpy(block, &d[static_cast<size_t>(b * scales / (k / 32))], 4);
+      for (int e = 0; e < 32; ++e) {
+        const int q = code(rng);
+        block[4 + e] = static_cast<uint8_t>(q >= 0x7F ? q + 1 : q);
+      }
+    }
+  }
+  return w;
+}
+
+TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
+  // A weight of one scale a row is held in row form (its codes a plain e4m3 matrix); one of several keeps the
+  // file's form. Exact: the same bits as the file's form for every m (the GEMV to 8 tokens, dequantized rows
+  // and cublasSgemm beyond). Fast: the same bits to 8 tokens; beyond, both take cuBLASLt's e4m3 GEMM on the
+  // same codes and scales (the file's form rewritten into scratch first), which may sum in another order.
+  std::unique_ptr<Backend> grouped[2] = {cuda_backend(true, false), cuda_backend(true, true)};
+  std::unique_ptr<Backend> file[2] = {cuda_backend(false, false), cuda_backend(false, true)};
+  for (int q = 0; q < 2; ++q) ASSERT_TRUE(grouped[q] != nullptr && file[q] != nullptr);
+  std::mt19937_64 rng(13);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  constexpr int64_t n = 48;
+  for (const int scales : {1, 4}) {
+    for (const int64_t k : {int64_t{128}, int64_t{640}, int64_t{4096}}) {
+      const std::vector<uint8_t> w = f8_blocks(k, n, scales, rng);
+      const Tensor logical = make_tensor(DType::f8_e4m3, const_cast<uint8_t*>(w.data()), k, n);
+      const std::string what = fmt::format("f8_e4m3 k {}, {} scale(s) a row", k, scales);
+      std::unique_ptr<WeightHandle> hg[2], hf[2];
+      for (int q = 0; q < 2; ++q) {
+        auto g = grouped[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+        auto f = file[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+        ASSERT_TRUE(g.ok() && f.ok());
+        hg[q] = std::move(g).value();
+        hf[q] = std::move(f).value();
+        EXPECT_EQ(hg[q]->weight.prepared != nullptr, scales == 1) << what;
+        if (scales == 1) EXPECT_EQ(hg[q]->weight.tensor.nb[1], k + 16) << what;
+      }
+      for (const int64_t m : {1, 3, 8, 12, 40}) {
+        std::vector<float> x(static_cast<size_t>(k * m));
+        for (float& v : x) v = uni(rng);
+        for (const bool fast : {false, true}) {
+          const std::vector<float> a = matmul_product(*grouped[fast], hg[fast]->weight, x.data(), m),
+                                   b = matmul_product(*file[fast], hf[fast]->weight, x.data(), m);
+          if (!fast || m <= 8) {
+            EXPECT_TRUE(a == b) << what << " m " << m << (fast ? " fast" : "");
+            continue;
+          }
+          double num = 0, den = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+            den += double{b[i]} * b[i];
+          }
+          EXPECT_GT(den, 0.0) << what;
+          EXPECT_LE(std::sqrt(num / den), 1e-5) << what << " m " << m << " fast";
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln

@@ -74,5 +74,13 @@ TEST(SpecControl, BatchSizesAreDecidedApart) {
   EXPECT_LE(large, 30);
 }
 
+TEST(SpecControl, FavoursWhatTheDecodeStepsMeasured) {
+  SpecControl c;
+  EXPECT_TRUE(c.favours(64));  // unmeasured: drafting, as choose() starts
+  run(c, 64, 200, [](bool d, int) { return d ? 500.0 : 800.0; });
+  EXPECT_FALSE(c.favours(64));
+  EXPECT_TRUE(c.favours(1));  // another class, still unmeasured
+}
+
 }  // namespace
 }  // namespace kiln

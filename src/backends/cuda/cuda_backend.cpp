@@ -283,16 +283,16 @@ class CudaBackend final : public Backend {
     Tensor device = logical;
     device.data = h->storage->data();
     device.buffer = h->storage.get();
-    // Product weights of the legacy block types and of Q6_K go to grouped form (cuda_kernels.h:
-    // WeightLayout), which the GEMVs read in whole 16-byte loads and the staged GEMV of these types reads
-    // only; the file's form is freed (in stream order). That includes a table that is also the output head
-    // (GetRows reads grouped rows too) and the experts of a MoE matmul, whose matrices follow one another
-    // (rows of all experts grouped as one matrix).
+    // Product weights of the legacy block types and of Q6_K go to grouped form, FP8 ones of one scale a row
+    // to row form (cuda_kernels.h: WeightLayout), which the GEMVs read in whole 16-byte loads, the staged
+    // GEMV only; the file's form is freed (in stream order). That includes a table that is also the output
+    // head (GetRows reads grouped rows too) and the experts of a MoE matmul, whose matrices follow one
+    // another (rows of all experts grouped as one matrix).
     const bool product = role == WeightRole::weight_role_matmul ||
                          role == WeightRole::weight_role_tied_embedding ||
                          role == WeightRole::weight_role_expert_matmul;
     const int64_t rows = logical.ne[1] * logical.ne[2];
-    if (const int64_t row = cuda::grouped_row_bytes(logical.type, logical.ne[0]);
+    if (const int64_t row = cuda::grouped_row_bytes(std::span<const Tensor>(&logical, 1));
         ctx_.options.grouped_weights && product && row > 0 && rows > 0 && logical.ne[3] == 1 &&
         (logical.ne[2] == 1 || logical.nb[2] == logical.nb[1] * logical.ne[1])) {
       KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> grouped, allocate(static_cast<size_t>(row * rows)));
@@ -341,7 +341,7 @@ class CudaBackend final : public Backend {
     }
     std::shared_ptr<Buffer> whole = std::move(file_form);
     int64_t row = file_row;
-    const int64_t grouped_row = cuda::grouped_row_bytes(type, k);
+    const int64_t grouped_row = cuda::grouped_row_bytes(logicals);
     const bool grouped = ctx_.options.grouped_weights && grouped_row > 0;
     if (grouped) {
       Tensor src = make_tensor(type, whole->data(), k, rows);

@@ -100,10 +100,11 @@ bool supports_weight_type(DType type);
 
 // How the backend holds a matmul weight beyond a plain copy of the file's bytes. Weight::tensor keeps the
 // file's type and shape, and:
-// - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0, and f8_e4m3) or of q6_k are in
-//   grouped form (matmul/dequant.cuh's legacy_block: each 8 blocks' headers, then their quants; q6k_block:
-//   each 8 super-blocks' scales, their d, then their quants; 16-byte aligned), grouped_row_bytes() apart.
-//   Every kernel that reads a Matmul weight reads both forms.
+// - grouped: the rows of a legacy block type (q4_0, q4_1, q5_0, q5_1, q8_0) or of q6_k are in grouped form
+//   (matmul/dequant.cuh's legacy_block: each 8 blocks' headers, then their quants; q6k_block: each 8
+//   super-blocks' scales, their d, then their quants; 16-byte aligned), grouped_row_bytes() apart; those of
+//   f8_e4m3 with one scale a row in row form (Quant<f8_e4m3>: the scale, then the row's codes). Every kernel
+//   that reads a Matmul weight reads both forms.
 // - stack (not null): the weight is one of the matrices prepared together (Backend::prepare_weight_group: Q,
 //   K, V), held as one matrix: each one's rows right after the previous one's, in the allocation that
 //   `stack` points at. The GEMM computes such parts as one (matmul_gemm_group).
@@ -128,6 +129,9 @@ inline bool grouped(const ops::Weight& w) {
 // The bytes of a row of k elements of `type` in grouped form (a multiple of 16), or 0 when the type has no
 // grouped form.
 int64_t grouped_row_bytes(DType type, int64_t k);
+// The same for the rows of these tensors (in host memory) held as one matrix: 0 unless they have one type and
+// k, and for f8_e4m3 unless each row's blocks have one scale.
+int64_t grouped_row_bytes(std::span<const Tensor> host);
 // Writes the rows of `src` (a [k, n] matrix of such a type in device memory) to `dst` in grouped form,
 // dst_nb1 (grouped_row_bytes) apart; the padding is zero.
 cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1);

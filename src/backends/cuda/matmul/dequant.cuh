@@ -11,6 +11,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -346,17 +347,36 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
   return __uint_as_float(__float_as_uint(mag) | sign);
 }
 
+// f8_e4m3's grouped form is its row form: a checkpoint with one scale a row (per channel, per tensor) has
+// every block of a row at the same scale, so a row is held as 12 bytes of zeros, the scale (f32), then the
+// row's k codes (f8_rows_bytes: k + 16 bytes). The GEMV reads one byte a weight, and the codes are the
+// plain e4m3 matrix (leading dimension k + 16) the FP8 GEMM multiplies (fp8_gemm.cu).
 template <>
 struct Quant<DType::f8_e4m3> {  // d:4 (f32) qs:32 (e4m3 codes): FP8 checkpoints' weights (core/quant)
-  // A legacy block's shape (a header, then 32 one-byte quants): matmul weights are held in grouped form too.
   static constexpr int kBlock = 32, kBytes = 36, kAlign = 4, kSafeAlign = 1, kHead = 4;
   template <int A>
   __device__ static void piece(const uint8_t* row, int64_t p, float (&w)[8]) {
-    const LegacyBlock b = legacy_block<kHead, 32, A>(row, p / 4);
-    const float d = __uint_as_float(ld_u32<head_align<A, kHead>()>(b.head));
-    const uint2 v = ld_u64<qs_align<A, kHead>()>(b.qs + 8 * (p % 4));
+    float d;
+    uint2 v;
+    if constexpr ((A & kGrouped) != 0) {
+      d = __uint_as_float(ld_u32<4>(row + 12));
+      v = ld_u64<8>(row + 16 + 8 * p);
+    } else {
+      d = __uint_as_float(ld_u32<A>(row + (p / 4) * kBytes));
+      v = ld_u64<align_at(A, kHead)>(row + (p / 4) * kBytes + kHead + 8 * (p % 4));
+    }
+    // Two codes at a time through the card's conversion (cvt.f16x2.e4m3x2 from sm_89), which is exact: f16
+    // holds every e4m3 value (and e4m3_to_f32's NaN is f16's). The bit decoding above costs a decode step's
+    // GEMV more than its memory.
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = __fmul_rn(d, e4m3_to_f32(byte_of(v, j)));
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t word = j < 2 ? v.x : v.y;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((word >> (16 * (j % 2))) & 0xFFFF), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      w[2 * j] = __fmul_rn(d, f.x);
+      w[2 * j + 1] = __fmul_rn(d, f.y);
+    }
   }
 };
 
@@ -563,13 +583,12 @@ struct Quant<DType::iq4_xs> {  // d:2 scales_h:2 scales_l:4 qs:128
 };
 
 // The legacy block types (legacy_block) and Q6_K (q6k_block), whose matmul weights the backend holds in
-// grouped form.
-// f8_e4m3 has their shape (32 elements, a 4-byte header, then the quants) and is held in grouped form too.
+// grouped form, and f8_e4m3, whose rows of one scale it holds in row form (Quant<f8_e4m3>).
 template <DType T>
-inline constexpr bool kLegacyType = T == DType::q4_0 || T == DType::q4_1 || T == DType::q5_0 ||
-                                    T == DType::q5_1 || T == DType::q8_0 || T == DType::f8_e4m3;
+inline constexpr bool kLegacyType =
+    T == DType::q4_0 || T == DType::q4_1 || T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
 template <DType T>
-inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k;
+inline constexpr bool kGroupedType = kLegacyType<T> || T == DType::q6_k || T == DType::f8_e4m3;
 
 // The weight types the kernels take. A type added here needs its entry in the list of GEMV instances
 // (gemv_kernel.cuh), or the backend does not link.

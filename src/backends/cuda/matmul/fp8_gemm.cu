@@ -1,12 +1,11 @@
 // The FP8 tensor-core GEMM of f8_e4m3 weights (FP8 checkpoints) at the fast precision, beyond the GEMV's
 // columns: vLLM's W8A8 FP8 scheme, per-channel weights and dynamic per-token activations.
 //
-// - The weight's blocks (32 e4m3 codes and an f32 scale each, core/quant; in the grouped form the backend
-// holds
-//   matmul weights in, or the file's) are rewritten into scratch as plain e4m3 rows and one f32 scale a row:
-//   the row's largest block scale. A per-channel or per-tensor checkpoint
-//   has one scale a row, so its codes are copied as they are; a block of a smaller scale (128 x 128 block
-//   checkpoints) has its codes rounded again to the row's scale.
+// - A weight in row form (the backend's form for a checkpoint with one scale a row: per channel, per tensor;
+//   Quant<f8_e4m3>) is multiplied where it lies, its codes a matrix of leading dimension nb1; only its scales
+//   are gathered into one vector. Any other (a scale a block of 32: 128 x 128 block checkpoints, or a weight
+//   not prepared) is rewritten into scratch as plain e4m3 rows and one f32 scale a row, the row's largest
+//   block scale, a block of a smaller scale rounded again to it.
 // - x is rounded per token to e4m3 with the scale amax / 448.
 // - cuBLASLt multiplies the codes on the e4m3 tensor cores with f32 accumulation and applies both scale
 //   vectors to the accumulators (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F): D[j, i] = sw[j] sx[i] sum_k
@@ -61,6 +60,12 @@ __global__ void fp8_weight_rows(const uint8_t* w, int64_t nb1, int64_t k, uint8_
   }
 }
 
+// The scales of the n rows of a weight in row form (the f32 at byte 12 of each row) as one vector.
+__global__ void fp8_row_scales(const uint8_t* w, int64_t nb1, int64_t n, float* scales) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j < n) scales[j] = *reinterpret_cast<const float*>(w + j * nb1 + 12);
+}
+
 // Row i of x as k e4m3 codes at codes + i * k, and its scale amax / 448 (1 for a row of zeros).
 __global__ void fp8_x_rows(Rows x, int64_t k, uint8_t* codes, float* scales) {
   __shared__ float smem[32];
@@ -105,8 +110,10 @@ bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op) {
 cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
   const Tensor& w = op.w.tensor;
   const int64_t k = w.ne[0], n = w.ne[1], m = op.x.n_rows();
-  // Scratch: the weight's codes and scales (slot W), x's (slot X), the f32 result unless dst takes it.
-  const int64_t w_codes = (n * k + 255) / 256 * 256, x_codes = (m * k + 255) / 256 * 256;
+  // Scratch: the weight's scales, and its codes unless it is in row form (slot W); x's (slot X); the f32
+  // result unless dst takes it.
+  const bool row_form = grouped(op.w);
+  const int64_t w_codes = row_form ? 0 : (n * k + 255) / 256 * 256, x_codes = (m * k + 255) / 256 * 256;
   auto* wbuf = static_cast<uint8_t*>(ctx.scratch(kSlotW, static_cast<size_t>(w_codes + n * 4)));
   auto* xbuf = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(x_codes + m * 4)));
   void* ws = ctx.scratch(kSlotPartial, kLtWorkspace);
@@ -114,9 +121,13 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
   auto* w_scales = reinterpret_cast<float*>(wbuf + w_codes);
   auto* x_scales = reinterpret_cast<float*>(xbuf + x_codes);
   const auto* w_rows = static_cast<const uint8_t*>(w.data);
-  if (grouped(op.w)) {
-    fp8_weight_rows<16 | kGrouped>
-        <<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf, w_scales);
+  const uint8_t* a_codes = wbuf;
+  int64_t lda = k;
+  if (row_form) {
+    fp8_row_scales<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(
+        w_rows, w.nb[1], n, w_scales);
+    a_codes = w_rows + 16;
+    lda = w.nb[1];
   } else {
     fp8_weight_rows<4>
         <<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf, w_scales);
@@ -136,7 +147,7 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
     d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
     if (d == nullptr) return cudaErrorMemoryAllocation;
   }
-  // Column-major: A = the weight's codes (k x n, ld k) transposed, B = x's codes (k x m, ld k), D (n x m).
+  // Column-major: A = the weight's codes (k x n, ld lda) transposed, B = x's codes (k x m, ld k), D (n x m).
   LtDesc desc;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
@@ -155,7 +166,7 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
             lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
                                                  sizeof b_scale)) &&
             lt_ok(cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
-                                             static_cast<uint64_t>(n), k)) &&
+                                             static_cast<uint64_t>(n), lda)) &&
             lt_ok(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
                                              static_cast<uint64_t>(m), k)) &&
             lt_ok(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(n),
@@ -171,8 +182,8 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
                                             &heuristic, &found)) &&
        found > 0;
   const float one = 1.0f, zero = 0.0f;
-  ok = ok && lt_ok(cublasLtMatmul(lt, desc.op, &one, wbuf, desc.a, xbuf, desc.b, &zero, d, desc.d, d, desc.d,
-                                  &heuristic.algo, ws, kLtWorkspace, ctx.stream));
+  ok = ok && lt_ok(cublasLtMatmul(lt, desc.op, &one, a_codes, desc.a, xbuf, desc.b, &zero, d, desc.d, d,
+                                  desc.d, &heuristic.algo, ws, kLtWorkspace, ctx.stream));
   if (!ok) {
     refused.store(true);
     return cudaErrorNotSupported;

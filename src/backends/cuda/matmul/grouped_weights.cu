@@ -1,8 +1,11 @@
 // The grouped form of the matmul weights of the legacy block types (matmul/dequant.cuh's legacy_block: each
 // run of 8 blocks of a row rewritten on the device as its 8 headers, then its 8 quant arrays) and of Q6_K
-// (q6k_block: 8 super-blocks' scales, their d, their quants), rows 16-byte aligned.
+// (q6k_block: 8 super-blocks' scales, their d, their quants), rows 16-byte aligned; and the row form of
+// f8_e4m3 weights whose rows have one scale each (Quant<f8_e4m3>: the scale, then the row's codes).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <span>
 
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/matmul/dequant.cuh"
@@ -53,11 +56,52 @@ __global__ void group_q6k_rows_kernel(const uint8_t* src, int64_t src_nb1, int64
                       });
 }
 
+// Thread: one f8_e4m3 block of one row (grid-strided): its 32 codes to their place in the row, and the first
+// block's scale to the row's header (every block of the row has it: grouped_row_bytes(Tensor)).
+__global__ void f8_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
+                               uint8_t* dst, int64_t dst_nb1) {
+  const int64_t total = n_blocks * n_rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n_blocks, b = i % n_blocks;
+    const uint8_t* from = src + r * src_nb1 + b * 36;
+    uint8_t* row = dst + r * dst_nb1;
+    if (b == 0) {
+      for (int e = 0; e < 4; ++e) row[12 + e] = from[e];
+    }
+    for (int e = 0; e < 32; ++e) row[16 + b * 32 + e] = from[4 + e];
+  }
+}
+
 }  // namespace
+
+int64_t grouped_row_bytes(std::span<const Tensor> host) {
+  if (host.empty()) return 0;
+  const DType type = host[0].type;
+  const int64_t k = host[0].ne[0];
+  for (const Tensor& t : host) {
+    if (t.type != type || t.ne[0] != k) return 0;
+  }
+  if (type != DType::f8_e4m3 || k % 32 != 0) return grouped_row_bytes(type, k);
+  // The row form needs one scale a row: every block of a row at its first block's scale (the bytes, so that
+  // -0 and 0 differ, as the codes would not agree with them).
+  for (const Tensor& t : host) {
+    for (int64_t j = 0; j < t.ne[1] * t.ne[2] * t.ne[3]; ++j) {
+      const auto* row =
+          static_cast<const uint8_t*>(t.data) + (j / t.ne[1]) * t.nb[2] + (j % t.ne[1]) * t.nb[1];
+      for (int64_t b = 1; b < k / 32; ++b) {
+        if (std::memcmp(row, row + b * 36, 4) != 0) return 0;
+      }
+    }
+  }
+  return grouped_row_bytes(type, k);
+}
 
 int64_t grouped_row_bytes(DType type, int64_t k) {
   int64_t bytes = 0;
-  if (type == DType::q6_k) {
+  if (type == DType::f8_e4m3) {
+    if (k % 32 == 0) bytes = k + 16;
+  } else if (type == DType::q6_k) {
     if (k % 256 == 0) bytes = grouped_bytes(k, 256, 18, 192);  // a multiple of 16
   } else if (k % 32 == 0) {
     (void)visit_weight_type(type, [&](auto tag) {
@@ -81,6 +125,11 @@ cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t
   constexpr int kThreads = 256;
   const auto grid =
       static_cast<unsigned>(std::min<int64_t>((n_blocks * n_rows + kThreads - 1) / kThreads, 1 << 16));
+  if (src.type == DType::f8_e4m3) {
+    f8_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<const uint8_t*>(src.data), src.nb[1],
+                                                      n_blocks, n_rows, static_cast<uint8_t*>(dst), dst_nb1);
+    return cudaGetLastError();
+  }
   if (src.type == DType::q6_k) {
     group_q6k_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<const uint8_t*>(src.data), src.nb[1],
                                                              n_blocks, n_rows, static_cast<uint8_t*>(dst),
