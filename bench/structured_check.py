@@ -61,11 +61,21 @@ def run(args):
     return 0
 
 
+# Schemas whose language is infinite (any number of extra properties, a tree of any depth): a small model may
+# fill max_tokens with them (tests/python/test_serve_structured.py leaves them out for that reason). An output
+# cut by the length is reported, and counted apart from the bounded schemas' failures.
+UNBOUNDED = {"metadata_additional.json", "tree_ref.json"}
+
+
 def validate(path):
     import jsonschema
     data = json.loads(Path(path).read_text())
-    bad = 0
+    bad = cut = 0
     for r in data["results"]:
+        if r["schema"] in UNBOUNDED and r["finish"] == "length":
+            cut += 1
+            print(f"{r['schema']} stream={r['stream']} seed={r['seed']}: cut at max_tokens (unbounded schema)")
+            continue
         schema = json.loads((SCHEMAS / r["schema"]).read_text())
         try:
             assert r["finish"] == "stop", f"finish_reason {r['finish']}"
@@ -74,7 +84,9 @@ def validate(path):
         except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
             bad += 1
             print(f"{r['schema']} stream={r['stream']} seed={r['seed']}: {e}\n  {r['text']!r}")
-    print(f"{len(data['results']) - bad} of {len(data['results'])} outputs parse and validate")
+    n = len(data["results"]) - cut
+    print(f"{n - bad} of {n} outputs parse and validate"
+          + (f"; {cut} of an unbounded schema cut at max_tokens" if cut else ""))
     return 1 if bad else 0
 
 
