@@ -216,11 +216,38 @@ TEST(CudaGemv, StagedGroupedRowsGiveTheDirectLoadsBits) {
   }
 }
 
-TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
-  // Each exact ([0]) and fast ([1]).
+// The exact ([0]) and fast ([1]) backends, each holding matmul weights in grouped form and in the file's.
+struct Forms {
   std::unique_ptr<Backend> grouped[2] = {cuda_backend(true, false), cuda_backend(true, true)};
   std::unique_ptr<Backend> file[2] = {cuda_backend(false, false), cuda_backend(false, true)};
-  for (int q = 0; q < 2; ++q) ASSERT_TRUE(grouped[q] != nullptr && file[q] != nullptr);
+  bool ok() const { return grouped[0] && grouped[1] && file[0] && file[1]; }
+  // `logical` as a matmul weight on each: g[q] on grouped[q], f[q] on file[q].
+  void prepare(const Tensor& logical, std::unique_ptr<WeightHandle> (&g)[2],
+               std::unique_ptr<WeightHandle> (&f)[2]) {
+    for (int q = 0; q < 2; ++q) {
+      auto hg = grouped[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+      auto hf = file[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
+      ASSERT_TRUE(hg.ok() && hf.ok());
+      g[q] = std::move(hg).value();
+      f[q] = std::move(hf).value();
+    }
+  }
+};
+
+// ||a - b|| / ||b|| (NaN when b is all zeros, which fails any bound).
+double relative_rms(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    den += double{b[i]} * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::nan("");
+}
+
+TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
+  Forms forms;
+  ASSERT_TRUE(forms.ok());
+  auto& [grouped, file] = forms;
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   constexpr int64_t n = 37;
@@ -234,12 +261,8 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
       const Tensor logical = make_tensor(t, const_cast<uint8_t*>(w.data()), k, n);
       const std::string what = fmt::format("{} k {}", dtype_name(t), k);
       std::unique_ptr<WeightHandle> hg[2], hf[2];  // on the exact backends, and the fast ones
+      ASSERT_NO_FATAL_FAILURE(forms.prepare(logical, hg, hf));
       for (int q = 0; q < 2; ++q) {
-        auto g = grouped[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
-        auto f = file[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
-        ASSERT_TRUE(g.ok() && f.ok());
-        hg[q] = std::move(g).value();
-        hf[q] = std::move(f).value();
         EXPECT_NE(hg[q]->weight.prepared, nullptr) << what;
         EXPECT_EQ(hf[q]->weight.prepared, nullptr) << what;
         EXPECT_EQ(hg[q]->weight.tensor.nb[1] % 16, 0) << what;
@@ -265,14 +288,8 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
             EXPECT_TRUE(a == b) << what << " m " << m << (qx ? " fast" : "");
             continue;
           }
-          double num = 0, den = 0;
-          for (size_t i = 0; i < a.size(); ++i) {
-            num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-            den += double{b[i]} * b[i];
-          }
-          EXPECT_GT(den, 0.0) << what;
           // x rounded to 8 bits against x in f32: well under 1% apart.
-          EXPECT_LE(std::sqrt(num / den), integer ? 1e-5 : 2e-2) << what << " m " << m << " integer GEMV";
+          EXPECT_LE(relative_rms(a, b), integer ? 1e-5 : 2e-2) << what << " m " << m << " integer GEMV";
         }
       }
     }
@@ -305,9 +322,9 @@ TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
   // file's form. Exact: the same bits as the file's form for every m (the GEMV to 8 tokens, dequantized rows
   // and cublasSgemm beyond). Fast: the same bits to 8 tokens; beyond, both take cuBLASLt's e4m3 GEMM on the
   // same codes and scales (the file's form rewritten into scratch first), which may sum in another order.
-  std::unique_ptr<Backend> grouped[2] = {cuda_backend(true, false), cuda_backend(true, true)};
-  std::unique_ptr<Backend> file[2] = {cuda_backend(false, false), cuda_backend(false, true)};
-  for (int q = 0; q < 2; ++q) ASSERT_TRUE(grouped[q] != nullptr && file[q] != nullptr);
+  Forms forms;
+  ASSERT_TRUE(forms.ok());
+  auto& [grouped, file] = forms;
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   constexpr int64_t n = 48;
@@ -317,12 +334,8 @@ TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
       const Tensor logical = make_tensor(DType::f8_e4m3, const_cast<uint8_t*>(w.data()), k, n);
       const std::string what = fmt::format("f8_e4m3 k {}, {} scale(s) a row", k, scales);
       std::unique_ptr<WeightHandle> hg[2], hf[2];
+      ASSERT_NO_FATAL_FAILURE(forms.prepare(logical, hg, hf));
       for (int q = 0; q < 2; ++q) {
-        auto g = grouped[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
-        auto f = file[q]->prepare_weight(logical, "blk.0.ffn_up.weight", WeightRole::weight_role_matmul);
-        ASSERT_TRUE(g.ok() && f.ok());
-        hg[q] = std::move(g).value();
-        hf[q] = std::move(f).value();
         EXPECT_EQ(hg[q]->weight.prepared != nullptr, scales == 1) << what;
         if (scales == 1) EXPECT_EQ(hg[q]->weight.tensor.nb[1], k + 16) << what;
       }
@@ -336,13 +349,7 @@ TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
             EXPECT_TRUE(a == b) << what << " m " << m << (fast ? " fast" : "");
             continue;
           }
-          double num = 0, den = 0;
-          for (size_t i = 0; i < a.size(); ++i) {
-            num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-            den += double{b[i]} * b[i];
-          }
-          EXPECT_GT(den, 0.0) << what;
-          EXPECT_LE(std::sqrt(num / den), 1e-5) << what << " m " << m << " fast";
+          EXPECT_LE(relative_rms(a, b), 1e-5) << what << " m " << m << " fast";
         }
       }
     }
