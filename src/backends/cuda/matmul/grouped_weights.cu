@@ -86,7 +86,8 @@ int64_t grouped_row_bytes(std::span<const Tensor> host) {
   // The row form needs one scale a row: every block of a row at its first block's scale (the bytes, so that
   // -0 and 0 differ, as the codes would not agree with them).
   for (const Tensor& t : host) {
-    for (int64_t j = 0; j < t.ne[1] * t.ne[2] * t.ne[3]; ++j) {
+    if (t.ne[3] != 1) return 0;
+    for (int64_t j = 0; j < t.ne[1] * t.ne[2]; ++j) {
       const auto* row =
           static_cast<const uint8_t*>(t.data) + (j / t.ne[1]) * t.nb[2] + (j % t.ne[1]) * t.nb[1];
       for (int64_t b = 1; b < k / 32; ++b) {
