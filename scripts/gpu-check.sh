@@ -525,7 +525,7 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
         for m in "$bf16" "$fp8"; do
           [ -e "$m" ] || { echo "$m: not here (prep with PREP_ONLY=llama3-8b-bf16)"; continue; }
           echo "## $m"
-          "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\|"
+          "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\||^kiln: cuda"
         done
       } 2>&1 | tee "$out/fp8.md" || status=1
       ;;

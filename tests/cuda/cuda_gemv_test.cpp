@@ -337,7 +337,9 @@ TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
       ASSERT_NO_FATAL_FAILURE(forms.prepare(logical, hg, hf));
       for (int q = 0; q < 2; ++q) {
         EXPECT_EQ(hg[q]->weight.prepared != nullptr, scales == 1) << what;
-        if (scales == 1) EXPECT_EQ(hg[q]->weight.tensor.nb[1], k + 16) << what;
+        if (scales == 1) {
+          EXPECT_EQ(hg[q]->weight.tensor.nb[1], k + 16) << what;
+        }
       }
       for (const int64_t m : {1, 3, 8, 12, 40}) {
         std::vector<float> x(static_cast<size_t>(k * m));

@@ -2,8 +2,8 @@
 // columns: vLLM's W8A8 FP8 scheme, per-channel weights and dynamic per-token activations.
 //
 // - A weight in row form (the backend's form for a checkpoint with one scale a row: per channel, per tensor;
-//   Quant<f8_e4m3>) is multiplied where it lies, its codes a matrix of leading dimension nb1; only its scales
-//   are gathered into one vector. Any other (a scale a block of 32: 128 x 128 block checkpoints, or a weight
+//   Quant<f8_e4m3>) is multiplied where it lies, its codes a matrix of leading dimension nb1 (copied packed
+//   into scratch first where cuBLASLt refuses that); only its scales are gathered into one vector. Any other (a scale a block of 32: 128 x 128 block checkpoints, or a weight
 //   not prepared) is rewritten into scratch as plain e4m3 rows and one f32 scale a row, the row's largest
 //   block scale, a block of a smaller scale rounded again to it.
 // - x is rounded per token to e4m3 with the scale amax / 448.
@@ -95,8 +95,65 @@ struct LtDesc {
 
 bool lt_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 
-// Set once cuBLASLt refused an FP8 GEMM: the process's later ones take the dequantizing path at once.
-std::atomic<bool> refused{false};
+// Set once cuBLASLt refused an FP8 GEMM: the process's later ones take the dequantizing path at once. Set
+// once it refused a row-form weight's codes where they lie (leading dimension k + 16): later ones copy them
+// into scratch first.
+std::atomic<bool> refused{false}, refused_in_place{false};
+
+// The operands of one cuBLASLt e4m3 GEMM, column-major: A = the weight's codes (k x n, leading dimension lda)
+// transposed, B = x's codes (k x m, leading dimension k), D (n x m, f32, leading dimension ldd), each with
+// its vector of scales.
+struct LtOperands {
+  const uint8_t* a;
+  int64_t lda;
+  const float* a_scales;
+  const uint8_t* b;
+  const float* b_scales;
+  float* d;
+  int64_t ldd;
+  int64_t n, m, k;
+  void* workspace;
+};
+
+// D = diag(a_scales) A^T B diag(b_scales) on the e4m3 tensor cores; false where cuBLASLt takes no such GEMM.
+bool lt_gemm(const Context& ctx, const LtOperands& o) {
+  LtDesc desc;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  const void* a_scale = o.a_scales;
+  const void* b_scale = o.b_scales;
+  const uint64_t ws_bytes = kLtWorkspace;
+  bool ok = lt_ok(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer,
+                                                 sizeof outer)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer,
+                                                 sizeof outer)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                 sizeof a_scale)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                 sizeof b_scale)) &&
+            lt_ok(cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, static_cast<uint64_t>(o.k),
+                                             static_cast<uint64_t>(o.n), o.lda)) &&
+            lt_ok(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(o.k),
+                                             static_cast<uint64_t>(o.m), o.k)) &&
+            lt_ok(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(o.n),
+                                             static_cast<uint64_t>(o.m), o.ldd)) &&
+            lt_ok(cublasLtMatmulPreferenceCreate(&desc.pref)) &&
+            lt_ok(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ws_bytes, sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const auto lt = static_cast<cublasLtHandle_t>(ctx.lt());
+  ok = ok &&
+       lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1,
+                                            &heuristic, &found)) &&
+       found > 0;
+  const float one = 1.0f, zero = 0.0f;
+  return ok && lt_ok(cublasLtMatmul(lt, desc.op, &one, o.a, desc.a, o.b, desc.b, &zero, o.d, desc.d, o.d,
+                                    desc.d, &heuristic.algo, o.workspace, kLtWorkspace, ctx.stream));
+}
 
 }  // namespace
 
@@ -110,10 +167,11 @@ bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op) {
 cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
   const Tensor& w = op.w.tensor;
   const int64_t k = w.ne[0], n = w.ne[1], m = op.x.n_rows();
-  // Scratch: the weight's scales, and its codes unless it is in row form (slot W); x's (slot X); the f32
-  // result unless dst takes it.
+  // Scratch: the weight's codes (unless a row-form weight's are taken where they lie) and scales (slot W),
+  // x's (slot X), the f32 result unless dst takes it. The codes' room is taken whether or not they are
+  // copied, so that a step captured as a graph never needs more than its first run.
   const bool row_form = grouped(op.w);
-  const int64_t w_codes = row_form ? 0 : (n * k + 255) / 256 * 256, x_codes = (m * k + 255) / 256 * 256;
+  const int64_t w_codes = (n * k + 255) / 256 * 256, x_codes = (m * k + 255) / 256 * 256;
   auto* wbuf = static_cast<uint8_t*>(ctx.scratch(kSlotW, static_cast<size_t>(w_codes + n * 4)));
   auto* xbuf = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(x_codes + m * 4)));
   void* ws = ctx.scratch(kSlotPartial, kLtWorkspace);
@@ -121,13 +179,9 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
   auto* w_scales = reinterpret_cast<float*>(wbuf + w_codes);
   auto* x_scales = reinterpret_cast<float*>(xbuf + x_codes);
   const auto* w_rows = static_cast<const uint8_t*>(w.data);
-  const uint8_t* a_codes = wbuf;
-  int64_t lda = k;
   if (row_form) {
     fp8_row_scales<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(
         w_rows, w.nb[1], n, w_scales);
-    a_codes = w_rows + 16;
-    lda = w.nb[1];
   } else {
     fp8_weight_rows<4>
         <<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf, w_scales);
@@ -147,44 +201,25 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
     d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
     if (d == nullptr) return cudaErrorMemoryAllocation;
   }
-  // Column-major: A = the weight's codes (k x n, ld lda) transposed, B = x's codes (k x m, ld k), D (n x m).
-  LtDesc desc;
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-  const void* a_scale = w_scales;
-  const void* b_scale = x_scales;
-  const uint64_t ws_bytes = kLtWorkspace;
-  bool ok = lt_ok(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
-            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
-            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
-            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer,
-                                                 sizeof outer)) &&
-            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer,
-                                                 sizeof outer)) &&
-            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
-                                                 sizeof a_scale)) &&
-            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
-                                                 sizeof b_scale)) &&
-            lt_ok(cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
-                                             static_cast<uint64_t>(n), lda)) &&
-            lt_ok(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
-                                             static_cast<uint64_t>(m), k)) &&
-            lt_ok(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(n),
-                                             static_cast<uint64_t>(m), ldd)) &&
-            lt_ok(cublasLtMatmulPreferenceCreate(&desc.pref)) &&
-            lt_ok(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ws_bytes, sizeof ws_bytes));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  const auto lt = static_cast<cublasLtHandle_t>(ctx.lt());
-  ok = ok &&
-       lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1,
-                                            &heuristic, &found)) &&
-       found > 0;
-  const float one = 1.0f, zero = 0.0f;
-  ok = ok && lt_ok(cublasLtMatmul(lt, desc.op, &one, a_codes, desc.a, xbuf, desc.b, &zero, d, desc.d, d,
-                                  desc.d, &heuristic.algo, ws, kLtWorkspace, ctx.stream));
-  if (!ok) {
+  LtOperands o{wbuf, k, w_scales, xbuf, x_scales, d, ldd, n, m, k, ws};
+  bool done = false;
+  if (row_form && !refused_in_place.load()) {
+    o.a = w_rows + 16;
+    o.lda = w.nb[1];
+    done = lt_gemm(ctx, o);
+    if (!done) refused_in_place.store(true);
+  }
+  if (!done && row_form) {  // the codes packed, as a weight in the file's form has them
+    if (const cudaError_t e = cudaMemcpy2DAsync(wbuf, static_cast<size_t>(k), w_rows + 16,
+                                                static_cast<size_t>(w.nb[1]), static_cast<size_t>(k),
+                                                static_cast<size_t>(n), cudaMemcpyDeviceToDevice, ctx.stream);
+        e != cudaSuccess) {
+      return e;
+    }
+    o.a = wbuf;
+    o.lda = k;
+  }
+  if (!done && !lt_gemm(ctx, o)) {
     refused.store(true);
     return cudaErrorNotSupported;
   }
