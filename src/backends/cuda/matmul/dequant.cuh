@@ -349,7 +349,7 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
 
 // f8_e4m3's grouped form is its row form: a checkpoint with one scale a row (per channel, per tensor) has
 // every block of a row at the same scale, so a row is held as 12 bytes of zeros, the scale (f32), then the
-// row's k codes (f8_rows_bytes: k + 16 bytes). The GEMV reads one byte a weight, and the codes are the
+// row's k codes (grouped_row_bytes: k + 16 bytes). The GEMV reads one byte a weight, and the codes are the
 // plain e4m3 matrix (leading dimension k + 16) the FP8 GEMM multiplies (fp8_gemm.cu).
 template <>
 struct Quant<DType::f8_e4m3> {  // d:4 (f32) qs:32 (e4m3 codes): FP8 checkpoints' weights (core/quant)

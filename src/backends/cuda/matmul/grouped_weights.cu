@@ -57,7 +57,7 @@ __global__ void group_q6k_rows_kernel(const uint8_t* src, int64_t src_nb1, int64
 }
 
 // Thread: one f8_e4m3 block of one row (grid-strided): its 32 codes to their place in the row, and the first
-// block's scale to the row's header (every block of the row has it: grouped_row_bytes(Tensor)).
+// block's scale to the row's header (every block of the row has it: grouped_row_bytes(host)).
 __global__ void f8_rows_kernel(const uint8_t* src, int64_t src_nb1, int64_t n_blocks, int64_t n_rows,
                                uint8_t* dst, int64_t dst_nb1) {
   const int64_t total = n_blocks * n_rows;
@@ -83,8 +83,7 @@ int64_t grouped_row_bytes(std::span<const Tensor> host) {
     if (t.type != type || t.ne[0] != k) return 0;
   }
   if (type != DType::f8_e4m3 || k % 32 != 0) return grouped_row_bytes(type, k);
-  // The row form needs one scale a row: every block of a row at its first block's scale (the bytes, so that
-  // -0 and 0 differ, as the codes would not agree with them).
+  // The row form needs one scale a row: every block of a row at its first block's scale, compared as bytes.
   for (const Tensor& t : host) {
     if (t.ne[3] != 1) return 0;
     for (int64_t j = 0; j < t.ne[1] * t.ne[2]; ++j) {
