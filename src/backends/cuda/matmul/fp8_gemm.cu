@@ -3,9 +3,10 @@
 //
 // - A weight in row form (the backend's form for a checkpoint with one scale a row: per channel, per tensor;
 //   Quant<f8_e4m3>) is multiplied where it lies, its codes a matrix of leading dimension nb1 (copied packed
-//   into scratch first where cuBLASLt refuses that); only its scales are gathered into one vector. Any other (a scale a block of 32: 128 x 128 block checkpoints, or a weight
-//   not prepared) is rewritten into scratch as plain e4m3 rows and one f32 scale a row, the row's largest
-//   block scale, a block of a smaller scale rounded again to it.
+//   into scratch first where cuBLASLt refuses that); only its scales are gathered into one vector. Any other
+//   (a scale a block of 32: 128 x 128 block checkpoints, or a weight not prepared) is rewritten into scratch
+//   as plain e4m3 rows and one f32 scale a row, the row's largest block scale, a block of a smaller scale
+//   rounded again to it.
 // - x is rounded per token to e4m3 with the scale amax / 448.
 // - cuBLASLt multiplies the codes on the e4m3 tensor cores with f32 accumulation and applies both scale
 //   vectors to the accumulators (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F): D[j, i] = sw[j] sx[i] sum_k
@@ -36,26 +37,22 @@ __device__ inline uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
-// Row j of the weight (k / 32 blocks at w + j * nb1, in the file's form or grouped: legacy_block) as k codes
-// at codes + j * k, and its scale.
-template <int A>
+// Row j of the weight (k / 32 blocks of 36 bytes, a scale and 32 codes, at w + j * nb1: the file's form) as k
+// codes at codes + j * k, and its scale.
 __global__ void fp8_weight_rows(const uint8_t* w, int64_t nb1, int64_t k, uint8_t* codes, float* scales) {
   __shared__ float smem[32];
   const int64_t j = blockIdx.x;
   const uint8_t* row = w + j * nb1;
   const int64_t n_blocks = k / 32;
-  const auto scale_of = [&](int64_t b) {
-    return *reinterpret_cast<const float*>(legacy_block<4, 32, A>(row, b).head);
-  };
+  const auto scale_of = [&](int64_t b) { return *reinterpret_cast<const float*>(row + b * 36); };
   float d_max = 0.0f;
   for (int64_t b = threadIdx.x; b < n_blocks; b += blockDim.x) d_max = fmaxf(d_max, scale_of(b));
   d_max = block_max(d_max, smem);
   if (threadIdx.x == 0) scales[j] = d_max;
   uint8_t* out = codes + j * k;
   for (int64_t e = threadIdx.x; e < k; e += blockDim.x) {
-    const LegacyBlock b = legacy_block<4, 32, A>(row, e / 32);
-    const float d = *reinterpret_cast<const float*>(b.head);
-    const uint8_t q = b.qs[e % 32];
+    const float d = scale_of(e / 32);
+    const uint8_t q = row[(e / 32) * 36 + 4 + e % 32];
     out[e] = d == d_max || d_max == 0.0f ? q : to_e4m3(__fdiv_rn(__fmul_rn(d, e4m3_to_f32(q)), d_max));
   }
 }
@@ -183,8 +180,8 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
     fp8_row_scales<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(
         w_rows, w.nb[1], n, w_scales);
   } else {
-    fp8_weight_rows<4>
-        <<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf, w_scales);
+    fp8_weight_rows<<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf,
+                                                                           w_scales);
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   fp8_x_rows<<<static_cast<unsigned>(m), kThreads, 0, ctx.stream>>>(rows_of(op.x), k, xbuf, x_scales);
