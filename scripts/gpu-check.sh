@@ -71,6 +71,11 @@
 #             (bench/prompts/edit-rename.txt, chat template, 256 tokens, greedy; SPEC_REPS rounds, interleaved), the
 #             decode tokens/s and drafts kept, texts compared, with and without --deterministic; then kiln serve
 #             --parallel 64 without and with --spec ngram under kiln bench serve at 64 concurrent requests
+#   build     nothing but the build (BUILD_TARGETS)
+#   kv        the q8_0 KV cache on CUDA: the op harness's attention and KV-write cases (ops_tests in BUILD_TARGETS);
+#             KL divergence against f16 KV and (--exact) f32 KV on the default model; the tokens 1 GiB of each type
+#             holds; decode at KV_DEPTH (default 32768) positions, pp2048 and tg128@bs64, f16 beside q8_0, on the
+#             default model and the 8B BF16 of prep
 #   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS)
 #             and cuda_tests' row-form case,
 #             then the Llama-3-8B shape's random BF16 folder written as FP8 by kiln quantize (compressed-tensors,
@@ -501,6 +506,46 @@ for step in "${steps[@]}"; do
           done
         done
       } 2>&1 | tee "$out/spec.md" || status=1
+      ;;
+    build) ;;  # the build alone (BUILD_TARGETS), e.g. while a model's parts are still on their way
+    kv)
+      k="$bin/tools/kiln/kiln"
+      path=/tmp/kiln-models/default.gguf
+      kld() {  # kld BASE_FILE ARGS...: mean KLD and same top token against BASE_FILE
+        "$k" perplexity -m "$path" -d cuda --kl-divergence-base "$1" --kl-divergence -o json "${@:2}" |
+          python3 -c 'import json,sys; d=json.load(sys.stdin); print("mean KLD %.2e, same top %.2f%%" % (d["kld"]["value"], 100 * d["same_top"]["value"]))'
+      }
+      {
+        [ -x "$bin/tests/ops_tests" ] && "$bin/tests/ops_tests" --gtest_brief=1 \
+          --gtest_filter='OpHarness.*Attention*:OpHarness.KvWrite*:OpHarness.BatchInvariant*' 2>&1 | tail -5
+        [ -e "$path" ] || { echo "$path: not here"; exit 1; }
+        for _ in 1 2 3 4; do cat docs/*.md src/*/*.cpp; done >/tmp/kv-text.txt
+        echo "## KV types against f16 KV (the default path) and f32 KV (--exact): default model, 8 chunks of 512 tokens"
+        "$k" perplexity -m "$path" -d cuda -f /tmp/kv-text.txt -c 512 --chunks 8 --kv-type f16 \
+          --kl-divergence-base /tmp/kv-f16.kld >/dev/null 2>&1
+        echo "q8_0 against f16: $(kld /tmp/kv-f16.kld --kv-type q8_0)"
+        "$k" perplexity -m "$path" -d cuda -f /tmp/kv-text.txt -c 512 --chunks 8 --kv-type f32 --exact \
+          --kl-divergence-base /tmp/kv-f32.kld >/dev/null 2>&1
+        for t in f16 q8_0; do echo "--exact, $t against f32: $(kld /tmp/kv-f32.kld --kv-type "$t" --exact)"; done
+        echo "## kiln serve --kv-memory 1G: the tokens each type holds"
+        for t in f16 q8_0; do
+          "$k" serve -m "$path" -d cuda --kv-memory 1G --kv-type "$t" --port 8096 >/tmp/serve-kv.log 2>&1 &
+          spid=$!
+          wait_healthy 8096
+          grep -oE "KV cache .*tokens\)" /tmp/serve-kv.log
+          kill "$spid"; wait "$spid" || true
+        done
+        # Decode at a long context (32k positions read a token), batched decode, and prefill, f16 beside q8_0, on
+        # the default model and the 8B BF16 of prep (when there).
+        for m in "$path" /tmp/kiln-models/llama3-8b-bf16.gguf; do
+          [ -e "$m" ] || continue
+          for t in f16 q8_0; do
+            echo "## $(basename "$m") --kv-type $t"
+            "$k" bench -m "$m" -d cuda --kv-type "$t" -p 0 -n 128 --depth "${KV_DEPTH:-32768}" -r 3 2>&1 | grep -E "^\|" | grep -vE "^\| (model|---) "
+            "$k" bench -m "$m" -d cuda --kv-type "$t" -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\|" | grep -vE "^\| (model|---) "
+          done
+        done
+      } 2>&1 | tee "$out/kv.md" || status=1
       ;;
     fp8)
       k="$bin/tools/kiln/kiln"

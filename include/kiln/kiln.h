@@ -43,9 +43,9 @@ struct EngineOptions {
   // (whose steps cost more to launch: fewer, larger prefill chunks).
   int32_t max_batch_tokens = 0;
   int32_t kv_block_size = 16;  // tokens per KV cache block
-  // "f32", "f16", "q8_0" (blocks of 32 int8 values and an f16 scale, a quarter of f32's bytes; the CPU only
-  // so far), or "auto": the backend's preference (Backend::preferred_kv_type): f16 on a GPU with
-  // quantize_activations (as llama.cpp's default cache), else f32.
+  // "f32", "f16", "q8_0" (blocks of 32 int8 values and an f16 scale, 0.53x f16's bytes), or "auto": the
+  // backend's preference (Backend::preferred_kv_type): f16 on a GPU with quantize_activations (as llama.cpp's
+  // default cache), else f32.
   std::string kv_type = "auto";
   // Where the model runs: "cpu", "cuda" / "cuda:N" (a build with CUDA), or "auto" (CUDA device 0 when there
   // is one, else the CPU).
@@ -249,6 +249,7 @@ struct ModelDescription {
   uint64_t prepared_bytes =
       0;  // the backend's own copies of the weights: repacked (CPU), device memory (GPU)
   int32_t kv_blocks = 0, kv_block_size = 0;  // the KV pool: blocks of kv_block_size tokens, kv_bytes in all
+  std::string kv_type;                       // its type, as EngineOptions::kv_type names it ("auto" resolved)
   int32_t n_threads = 0;
   std::string backend;       // the device the model runs on: "cpu", "cuda:0", or "cuda:0 + cpu" when split
   int32_t n_gpu_layers = 0;  // layers on the GPU: all of them, or the first ones under partial offload

@@ -19,6 +19,7 @@ Result<Tensor> Arena::alloc(DType type, int64_t ne0, int64_t ne1, int64_t ne2) {
     if (!got.ok() && got.status().code() == StatusCode::unimplemented) got = backend_.allocate(size);
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, std::move(got));
     chunks_.push_back(std::move(buf));
+    ++generation_;
     used_ = 0;
   }
   const Tensor t = make_tensor(type, *chunks_[chunk_], used_, ne0, ne1, ne2);
@@ -29,7 +30,10 @@ Result<Tensor> Arena::alloc(DType type, int64_t ne0, int64_t ne1, int64_t ne2) {
 }
 
 void Arena::reset() {
-  if (chunks_.size() > 1) chunks_.clear();  // the next step allocates one chunk of peak_ bytes
+  if (chunks_.size() > 1) {  // the next step allocates one chunk of peak_ bytes
+    chunks_.clear();
+    ++generation_;
+  }
   chunk_ = 0;
   used_ = 0;
   total_used_ = 0;

@@ -35,6 +35,9 @@ class Arena {
   // the arena settles on).
   size_t used_bytes() const { return total_used_; }
   size_t peak_bytes() const { return peak_; }
+  // Changes whenever a chunk is allocated or freed: tensors handed out before a change may lie in memory
+  // given back since, so a program recorded then is valid only while this stays the same.
+  uint64_t generation() const { return generation_; }
 
   // Everything allocated while a Scope lives is given back when it ends (scopes nest, last in first out).
   class Scope {
@@ -62,6 +65,7 @@ class Arena {
   size_t used_ = 0;        // bytes used in chunks_[chunk_]
   size_t total_used_ = 0;  // bytes handed out and not given back (what one chunk of this size would hold)
   size_t peak_ = 0;        // largest total_used_ seen
+  uint64_t generation_ = 0;
 };
 
 }  // namespace kiln::blocks

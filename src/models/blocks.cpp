@@ -232,30 +232,38 @@ void StepModel::step_key(const KvBuffers& kv, std::vector<uint64_t>& key) const 
                             &st.logit_rows, &st.sample_rows, &st.sample_adjust, &st.sample_mask})
       put(*t);
   }
+  for (const auto& s : stages_) key.push_back(s->arena.generation());
   key.push_back(static_cast<uint64_t>(kv.block_size));
   key.push_back(static_cast<uint64_t>(kv.n_blocks));
   key.push_back(kv.k.size());
   for (size_t l = 0; l < kv.k.size(); ++l) put(kv.k[l]), put(l < kv.v.size() ? kv.v[l] : Tensor{});
 }
 
-Result<Tensor> StepModel::record(KvBuffers& kv) {
-  for (const auto& s : stages_) {
-    s->arena.reset();
-    s->program.clear();
-    s->program.n_tokens = s->step.n_tokens;
+const Program& StepModel::last_program() const {
+  static const Program none;
+  return current_ < recorded_.size() ? recorded_[current_].programs.front() : none;
+}
+
+Status StepModel::record(KvBuffers& kv, Recorded& into) {
+  into.key.clear();  // until recorded whole
+  into.programs.resize(stages_.size());
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    stages_[s]->arena.reset();
+    into.programs[s].clear();
+    into.programs[s].n_tokens = stages_[s]->step.n_tokens;
   }
-  // Recorded stage by stage; the residual stream of the stage before is copied into `hops_[s - 1].second`,
-  // stage s's own, before stage s runs.
-  Tensor x, logits;
-  hops_.clear();
+  // Recorded stage by stage; the residual stream of the stage before is copied into `into.hops[s -
+  // 1].second`, stage s's own, before stage s runs.
+  Tensor x;
+  into.hops.clear();
   for (size_t s = 0; s < stages_.size(); ++s) {
     Stage& st = *stages_[s];
-    Recorder r{st.program, st.arena, st.step};
+    Recorder r{into.programs[s], st.arena, st.step};
     if (s == 0) {
       KILN_ASSIGN_OR_RETURN(x, record_embedding(r));
     } else {
       KILN_ASSIGN_OR_RETURN(Tensor to, st.arena.f32(x.ne[0], x.ne[1]));
-      hops_.emplace_back(x, to);
+      into.hops.emplace_back(x, to);
       x = to;
     }
     const int32_t end = s + 1 < stages_.size() ? stages_[s + 1]->first_layer : info_.n_layers;
@@ -264,13 +272,17 @@ Result<Tensor> StepModel::record(KvBuffers& kv) {
       KILN_TRY(record_layer(r, l, x, kv));
     }
     if (s + 1 == stages_.size()) {
-      KILN_ASSIGN_OR_RETURN(logits, record_output(r, x));
+      KILN_ASSIGN_OR_RETURN(into.logits, record_output(r, x));
     }
   }
   if (options_.program_hook != nullptr) {
-    for (const auto& s : stages_) KILN_TRY(options_.program_hook->recorded(s->program, s->backend));
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      KILN_TRY(options_.program_hook->recorded(into.programs[s], stages_[s]->backend));
+    }
   }
-  return logits;
+  // The arenas may have grown while recording (a new generation): the key of what is recorded is taken after.
+  step_key(kv, into.key);
+  return Status::ok_status();
 }
 
 Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
@@ -278,14 +290,30 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
     KILN_ASSIGN_OR_RETURN(s->step, s->steps.build(batch, kv, info_));
   }
   step_key(kv, next_key_);
-  if (!options_.reuse_program || key_.empty() || next_key_ != key_) {
-    key_.clear();  // until recorded whole
-    KILN_ASSIGN_OR_RETURN(logits_, record(kv));
-    key_.swap(next_key_);
+  size_t hit = recorded_.size();
+  if (options_.reuse_program) {
+    for (size_t i = 0; i < recorded_.size() && hit == recorded_.size(); ++i) {
+      if (!recorded_[i].key.empty() && recorded_[i].key == next_key_) hit = i;
+    }
   }
+  if (hit == recorded_.size()) {
+    // A new entry while there is room, else the least recently run one.
+    if (recorded_.size() < (options_.reuse_program ? kRecordedSteps : 1)) {
+      recorded_.emplace_back();
+    } else {
+      hit = 0;
+      for (size_t i = 1; i < recorded_.size(); ++i) {
+        if (recorded_[i].used < recorded_[hit].used) hit = i;
+      }
+    }
+    KILN_TRY(record(kv, recorded_[hit]));
+  }
+  current_ = hit;
+  Recorded& rec = recorded_[hit];
+  rec.used = ++clock_;
   for (size_t s = 0; s < stages_.size(); ++s) {
     if (s > 0) {
-      const auto& [from, to] = hops_[s - 1];
+      const auto& [from, to] = rec.hops[s - 1];
       Backend& before = stages_[s - 1]->backend;
       const size_t bytes = static_cast<size_t>(from.n_elements()) * sizeof(float);
       if (to.buffer != nullptr && to.buffer->host_visible()) {  // a host stage's tensor
@@ -300,12 +328,12 @@ Result<Tensor> StepModel::forward(const Batch& batch, KvBuffers& kv) {
     }
     Stage& st = *stages_[s];
     if (s > 0 && offload_matmuls_) {
-      KILN_TRY(options_.host_stage->run(st.program, st.backend, stages_[0]->backend));
+      KILN_TRY(options_.host_stage->run(rec.programs[s], st.backend, stages_[0]->backend));
     } else {
-      KILN_TRY(st.backend.run(st.program));
+      KILN_TRY(st.backend.run(rec.programs[s]));
     }
   }
-  return logits_;
+  return rec.logits;
 }
 
 }  // namespace kiln::blocks

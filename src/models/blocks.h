@@ -89,7 +89,7 @@ class StepModel : public Model {
   const ModelInfo& info() const final { return info_; }
   Result<Tensor> forward(const Batch& batch, KvBuffers& kv) final;
   // The first backend's program, when split.
-  const Program& last_program() const final { return stages_.front()->program; }
+  const Program& last_program() const final;
   std::span<const std::unique_ptr<WeightHandle>> weights() const final { return weights_; }
   size_t peak_scratch_bytes() const final;
   Backend& layer_backend(int32_t layer) const final { return stages_[layer_stage(layer)]->backend; }
@@ -127,21 +127,35 @@ class StepModel : public Model {
     Arena arena;
     StepBuilder steps;
     StepTensors step;
-    Program program;
   };
-  // Records every stage's program; the logits.
-  Result<Tensor> record(KvBuffers& kv);
+  // A recorded step: every stage's program, their result and the hops between them, and the step_key they
+  // were recorded for.
+  struct Recorded {
+    std::vector<uint64_t> key;
+    std::vector<Program> programs;  // one a stage
+    Tensor logits;
+    // The residual stream of stage s - 1 and stage s's copy of it (hops[s - 1]).
+    std::vector<std::pair<Tensor, Tensor>> hops;
+    uint64_t used = 0;  // clock_ when it ran last
+  };
+  // Steps of a few recurring shapes (decode steps of each batch size, and speculation's verifying steps of
+  // each draft length, which alternate with them) each keep their programs: recording a step's ~15 ops a
+  // layer, and a backend matching what it made of them (a captured graph), cost more than a small step's
+  // kernels. The least recently run is recorded over.
+  static constexpr size_t kRecordedSteps = 16;
+  // Records every stage's program into `into`.
+  Status record(KvBuffers& kv, Recorded& into);
   // What a step's recording depends on besides the weights: each stage's metadata (counts, and its tensors'
-  // places and lengths) and the KV pools (places, types, shapes). A step with the key of the one before
-  // records the same program, so forward() runs that program again instead (ModelOptions::reuse_program
-  // false: records every step).
+  // places and lengths), the KV pools (places, types, shapes) and the arenas' generations. A step with the
+  // key of one recorded before runs those programs again (ModelOptions::reuse_program false: every step is
+  // recorded).
   void step_key(const KvBuffers& kv, std::vector<uint64_t>& key) const;
 
   std::vector<std::unique_ptr<Stage>> stages_;
-  std::vector<uint64_t> key_, next_key_;  // the recorded programs' key (empty: none), this step's
-  Tensor logits_;                         // the recorded programs' result
-  // The residual stream of stage s - 1 and stage s's copy of it (hops_[s - 1]).
-  std::vector<std::pair<Tensor, Tensor>> hops_;
+  std::vector<Recorded> recorded_;  // up to kRecordedSteps
+  size_t current_ = 0;              // the entry run last
+  uint64_t clock_ = 0;
+  std::vector<uint64_t> next_key_;  // this step's
   // The second stage runs through ModelOptions::host_stage (some of its ops on the first's device).
   bool offload_matmuls_ = false;
   std::vector<float> carry_;  // the residual stream on its way from one backend to the next

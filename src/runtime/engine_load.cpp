@@ -98,8 +98,6 @@ Status Engine::Impl::load(const EngineOptions& opt) {
                         : opt.kv_type == "q8_0" ? DType::q8_0
                         : opt.kv_type == "auto" ? backend->preferred_kv_type()
                                                 : DType::f32;
-  if (kv_type == DType::q8_0 && device)
-    return unimplemented("kv_type \"q8_0\" runs on the CPU only so far; the model is on {}", backend->name());
   // The model before the tokenizer: what a file is (its architecture) is the first thing to report on.
   KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, model_options));
   KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
@@ -110,6 +108,18 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     x.type = DType::f32;
     i.type = DType::i32;
     backend_samples = model->output_backend().supports(ops::Sample{x, i, i, i, i});
+  }
+  if (device && kv_type != DType::f32 && kv_type != DType::f16) {
+    // Whether the device writes and reads pools of this type at the model's head size.
+    Tensor x, pool, i;
+    x.type = DType::f32, x.ne[0] = mi.head_dim;
+    pool.type = kv_type, pool.ne[0] = mi.head_dim;
+    i.type = DType::i32;
+    if (!backend->supports(ops::KvWrite{x, x, pool, pool, i}) ||
+        !backend->supports(ops::Attention{x, pool, pool, i, i, i, i, 1.0f, 0.0f, 0, x})) {
+      return unimplemented("kv_type \"{}\" with head_dim {}: {} does not run such a KV cache", opt.kv_type,
+                           mi.head_dim, backend->name());
+    }
   }
   if (tok.n_vocab() > mi.n_vocab) {
     return invalid_argument("{}: the tokenizer has {} tokens but token_embd.weight has only {} rows",
@@ -180,6 +190,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.kv_bytes = kv->bytes();
   desc.kv_blocks = n_blocks;
   desc.kv_block_size = opt.kv_block_size;
+  desc.kv_type = dtype_name(kv_type);
   desc.n_threads = (host_backend != nullptr ? host_backend : backend)->n_threads();
   desc.backend = std::string(backend->name());
   desc.n_gpu_layers = device ? mi.n_layers : 0;

@@ -340,30 +340,35 @@ TEST(StepProgram, DecodeAndMixedStepsOnTheDefaultModel) {
   EXPECT_EQ(handles.front()->role, WeightRole::weight_role_tied_embedding);
 }
 
-// A step whose metadata has the shapes and places of the step before, over the same KV pools, runs the
+// A step whose metadata has the shapes and places of a step recorded before, over the same KV pools, runs the
 // program recorded for that step again (Program::version() unchanged: a backend keeps what it made of it),
-// with the logits of a model that records every step (ModelOptions::reuse_program false); any other step
-// records anew.
-TEST(StepProgram, AStepShapedAsTheOneBeforeRunsItsProgramAgain) {
+// also after steps of other shapes between them (a decode step after a prompt chunk's), with the logits of a
+// model that records every step (ModelOptions::reuse_program false); any other step records anew.
+TEST(StepProgram, AStepShapedAsOneBeforeRunsItsProgramAgain) {
   RecordingBackend rec, fresh;
   Loaded l = load(rec, "SmolLM2-135M-Instruct.Q4_1.gguf");
   ASSERT_TRUE(l.model);
   Loaded plain = load(fresh, "SmolLM2-135M-Instruct.Q4_1.gguf", nullptr, 0, /*reuse_program=*/false);
   ASSERT_TRUE(plain.model);
   KvBuffers other = KvBuffers::allocate(*l.model, 16, 16, DType::f32).value();
-  const std::vector<Batch> steps = {prefill(19, 4), decode(),          decode_at(20, 5), decode_at(21, 6),
-                                    mixed(),        decode_at(22, 10), decode_at(23, 11)};
-  // Whether step i runs the program of step i - 1 again; step 5 decodes over other KV pools (copied).
-  const std::vector<bool> again = {false, false, true, true, false, false, true};
+  const std::vector<Batch> steps = {
+      prefill(19, 4),    decode(),          decode_at(20, 5),  decode_at(21, 6),  mixed(),
+      decode_at(22, 10), decode_at(23, 11), decode_at(24, 12), decode_at(25, 13), mixed()};
+  // The step whose program step i runs again (-1: recorded anew); steps 5 and 6 decode over other KV pools,
+  // step 7 over the first ones again.
+  const std::vector<int> again = {-1, -1, 1, 1, -1, -1, 5, 1, 1, 4};
   for (size_t i = 0; i < steps.size(); ++i) {
     SCOPED_TRACE(i);
-    if (i == 5) {  // the same cache contents in other pools: the program must name them
+    // The same cache contents in other pools (the program must name them), and back.
+    if (i == 5 || i == 7) {
+      KvBuffers& from = i == 5 ? *l.kv : other;
+      KvBuffers& to = i == 5 ? other : *l.kv;
       for (size_t j = 0; j < l.kv->k.size(); ++j) {
-        ASSERT_TRUE(rec.copy(other.k[j], l.kv->k[j]).ok());
-        ASSERT_TRUE(rec.copy(other.v[j], l.kv->v[j]).ok());
+        ASSERT_TRUE(rec.copy(to.k[j], from.k[j]).ok());
+        ASSERT_TRUE(rec.copy(to.v[j], from.v[j]).ok());
       }
     }
-    KvBuffers& kv = i >= 5 ? other : *l.kv;
+    KvBuffers& kv = i == 5 || i == 6 ? other : *l.kv;
     Result<Tensor> lg = l.model->forward(steps[i], kv);
     ASSERT_TRUE(lg.ok()) << lg.status().to_string();
     std::vector<float> got, want;
@@ -373,9 +378,11 @@ TEST(StepProgram, AStepShapedAsTheOneBeforeRunsItsProgramAgain) {
     ASSERT_TRUE(read_logits(fresh, *plg, want).ok());
     EXPECT_EQ(got, want);
     ASSERT_EQ(rec.versions.size(), i + 1);
-    if (i > 0) {
-      EXPECT_EQ(rec.versions[i] == rec.versions[i - 1], again[i]);
-      EXPECT_NE(fresh.versions[i], fresh.versions[i - 1]);  // recorded every step
+    for (size_t j = 0; j < i; ++j) {
+      EXPECT_EQ(rec.versions[i] == rec.versions[j],
+                again[i] >= 0 && rec.versions[j] == rec.versions[again[i]])
+          << "against step " << j;
+      EXPECT_NE(fresh.versions[i], fresh.versions[j]);  // recorded every step
     }
     check_operands(rec, rec.programs.back());
   }

@@ -454,6 +454,17 @@ def test_bench_prompt_file_with_speculation(tmp_path):
     assert re.search(r"\| tg16 after repeat.txt \| [\d.]+ ± [\d.]+ \| 100.0% \| [\d.]+ \|", md.stdout), md.stdout
 
 
+def test_bench_depth():
+    """--depth D: the generation test decodes after a D-token prompt (untimed), named "tgN @ dD"; the KV cache
+    type applies."""
+    require(SMOL)
+    res = kiln("bench", "-m", SMOL, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-d", "cpu", "--depth", "300",
+               "--kv-type", "q8_0", "-o", "json")
+    assert res.returncode == 0, res.stderr
+    [row] = json.loads(res.stdout)
+    assert row["test"] == "tg4 @ d300" and row["tokens_per_s"] > 0, row
+
+
 def test_run_draft_model_errors(tmp_path):
     """A draft model whose vocabulary is not the model's, and --spec draft without one, are refused naming why."""
     require(SMOL)
@@ -466,6 +477,6 @@ def test_run_draft_model_errors(tmp_path):
 
 def test_bench_bad_options():
     for args in (["-o", "xml"], ["-r", "0"], ["-p", "-3"], ["--batch", "0"], ["--exact", "--quantize-activations"],
-                 ["--pg", "8"], ["--pg", "8,0"]):
+                 ["--pg", "8"], ["--pg", "8,0"], ["--depth", "-1"], ["--depth", "8", "--prompt-file", "README.md"]):
         res = kiln("bench", "-m", SMOL, *args)
         assert res.returncode != 0, args

@@ -1,10 +1,11 @@
 // kiln bench: prompt processing and generation speed, in the spirit of llama-bench. One table row per (model,
 // threads, test): ppP (a P-token prompt, processed in one step), tgN (N tokens generated one at a time after
-// a one-token prompt), tgN@bsB (B requests generating together) and, with --pg P,N, ppP+tgN@bsB (B requests
-// of a P-token prompt and N tokens out, submitted together as a server's clients would: generated tokens over
-// the whole run, prefill included, on an engine with the default step budget as kiln serve's). Each test
-// runs once untimed, then --reps times; rows give tokens/s as mean ± standard deviation. Every request has
-// its own cache salt, so no repetition reuses another's prefix cache.
+// a one-token prompt, or after a D-token one with --depth D: "tgN @ dD"), tgN@bsB (B requests generating
+// together) and, with --pg P,N, ppP+tgN@bsB (B requests of a P-token prompt and N tokens out, submitted
+// together as a server's clients would: generated tokens over the whole run, prefill included, on an engine
+// with the default step budget as kiln serve's). Each test runs once untimed, then --reps times; rows give
+// tokens/s as mean ± standard deviation. Every request has its own cache salt, so no repetition reuses
+// another's prefix cache.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,6 +33,7 @@ struct BenchOptions {
   std::vector<int32_t> threads{0};
   std::vector<int32_t> batch;
   std::vector<int32_t> pg;  // {P, N}: the prompt-and-generation test; empty: none
+  int32_t depth = 0;        // the tg tests' context: tokens in the cache before the timed ones
   int32_t reps = 5;
   std::string device = "auto";
   int32_t gpu_layers = -1;
@@ -109,7 +111,7 @@ Result<std::vector<RequestStats>> run_requests(Engine& engine, const Request& te
 // tokens/s of one repetition: the prompt over its processing time (pp), the tokens after the first over the
 // longest decode of the batch (tg: they decode together), or every generated token over the wall time from
 // submitting to the last one done (pp+tg).
-Result<double> measure(Engine& engine, const Row& row, const Request& text, uint64_t& salt,
+Result<double> measure(Engine& engine, const Row& row, const Request& text, int32_t depth, uint64_t& salt,
                        std::mt19937& rng) {
   if (row.n_prompt > 0 && row.n_gen > 0) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -122,7 +124,8 @@ Result<double> measure(Engine& engine, const Row& row, const Request& text, uint
     KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, Request{}, row.n_prompt, 1, 1, salt, rng));
     return (st[0].n_prompt - st[0].n_cached) * 1000.0 / std::max(st[0].prefill_ms, 1e-6);
   }
-  KILN_ASSIGN_OR_RETURN(auto st, run_requests(engine, text, 1, row.n_gen + 1, row.batch, salt, rng));
+  KILN_ASSIGN_OR_RETURN(auto st,
+                        run_requests(engine, text, std::max(depth, 1), row.n_gen + 1, row.batch, salt, rng));
   double decode_ms = 0;
   for (const RequestStats& s : st) decode_ms = std::max(decode_ms, s.decode_ms);
   return static_cast<double>(row.batch) * row.n_gen * 1000.0 / std::max(decode_ms, 1e-6);
@@ -234,8 +237,9 @@ Status run_bench(const BenchOptions& o) {
         } else if (pg) {
           eo.n_ctx = o.pg[0] + o.pg[1] + 1;
         } else {
-          eo.n_ctx = std::max(max_prompt, o.n_gen + 1) + 1;
-          eo.max_batch_tokens = step_tokens;
+          eo.n_ctx = std::max(max_prompt, o.depth + o.n_gen + 1) + 1;
+          // --depth's prompt goes in chunks of at least 2048 tokens (a GPU's default step), not one a step.
+          eo.max_batch_tokens = o.depth > 0 ? std::max(step_tokens, 2048) : step_tokens;
         }
         KILN_ASSIGN_OR_RETURN(auto engine, Engine::create(eo));
         const ModelDescription& d = engine->model();
@@ -270,7 +274,9 @@ Status run_bench(const BenchOptions& o) {
         if (!pg && o.n_gen > 0) {
           Row r = base;
           r.n_gen = o.n_gen;
-          const std::string after = text_name.empty() ? "" : " after " + text_name;
+          const std::string after = !text_name.empty() ? " after " + text_name
+                                    : o.depth > 0      ? fmt::format(" @ d{}", o.depth)
+                                                       : "";
           r.test = fmt::format("tg{}{}", o.n_gen, after);
           tests.push_back(r);
           for (const int32_t b : o.batch) {
@@ -282,10 +288,10 @@ Status run_bench(const BenchOptions& o) {
         for (Row& r : tests) {
           std::fprintf(stderr, "kiln bench: %s, %d threads, %s: ", d.name.c_str(), d.n_threads,
                        r.test.c_str());
-          KILN_TRY(measure(*engine, r, text, salt, rng).status());  // warm-up, untimed
+          KILN_TRY(measure(*engine, r, text, o.depth, salt, rng).status());  // warm-up, untimed
           const EngineMetrics m0 = engine->metrics();
           for (int32_t i = 0; i < o.reps; ++i) {
-            KILN_ASSIGN_OR_RETURN(const double tps, measure(*engine, r, text, salt, rng));
+            KILN_ASSIGN_OR_RETURN(const double tps, measure(*engine, r, text, o.depth, salt, rng));
             r.samples.push_back(tps);
           }
           const EngineMetrics m1 = engine->metrics();
@@ -343,8 +349,8 @@ void register_bench(CLI::App& app, int& rc) {
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
   cmd->add_option("--kv-type", o->kv_type,
-                  "KV cache type: f32, f16, q8_0 (8-bit blocks, the CPU only), or auto (f16 on a GPU unless "
-                  "--exact, else f32)")
+                  "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
+                  "(f16 on a GPU unless --exact, else f32)")
       ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls (as kiln run; the default, --exact turns it off)");
@@ -358,6 +364,11 @@ void register_bench(CLI::App& app, int& rc) {
          "time the tokens after the first, the prompt untimed)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--chat", o->chat, "--prompt-file's text as a user message through the chat template");
+  cmd->add_option("--depth", o->depth,
+                  "The tg tests decode after this many random prompt tokens (untimed), as llama-bench's "
+                  "-d: generation speed at that context")
+      ->check(CLI::Range(0, 1 << 20))
+      ->excludes("--prompt-file");
   add_spec_options(*cmd, o->spec);
   register_bench_serve(*cmd, rc);
   cmd->callback([o, &rc, cmd] {

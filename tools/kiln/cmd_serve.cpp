@@ -117,9 +117,10 @@ Status run_serve(const ServeOptions& o) {
   const ModelDescription& m = (*engine)->model();
   api.set_engine(engine->get());
   std::fprintf(stderr,
-               "kiln serve: %s on %s: context %d, %d requests at once, KV cache %.2f GiB; serving '%s' at "
-               "http://%s:%u\n",
-               m.name.c_str(), m.backend.c_str(), m.n_ctx, o.parallel, m.kv_bytes / 1073741824.0,
+               "kiln serve: %s on %s: context %d, %d requests at once, KV cache %s %.2f GiB (%lld tokens); "
+               "serving '%s' at http://%s:%u\n",
+               m.name.c_str(), m.backend.c_str(), m.n_ctx, o.parallel, m.kv_type.c_str(),
+               m.kv_bytes / 1073741824.0, static_cast<long long>(m.kv_blocks) * m.kv_block_size,
                ao.model_name.c_str(), o.host.c_str(), http->port());
 
   int sig = 0;
@@ -195,8 +196,8 @@ void register_serve(CLI::App& app, int& rc) {
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
   cmd->add_option("--kv-type", o->kv_type,
-                  "KV cache type: f32, f16, q8_0 (8-bit blocks, the CPU only), or auto (f16 on a GPU unless "
-                  "--exact, else f32)")
+                  "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
+                  "(f16 on a GPU unless --exact, else f32)")
       ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
   cmd->add_option("--kv-memory", o->kv_memory,
                   "KV cache size, e.g. 2G (default: what --parallel requests need)");

@@ -456,16 +456,15 @@ class CudaBackend final : public Backend {
     std::array<void*, cuda::kScratchSlots> scratch{};
     for (size_t i = 0; i < scratch.size(); ++i) scratch[i] = scratch_[i].p;
     ++graph_clock_;
-    // The program replayed last, unchanged since (its version), needs no signature.
-    if (last_graph_ < graphs_.size()) {
-      GraphEntry& g = graphs_[last_graph_];
-      if (program.version() == g.version && scratch == g.scratch) return launch_graph(g);
+    // A program a graph was captured from or matched, unchanged since (its version), needs no signature.
+    for (size_t i = 0; i < graphs_.size(); ++i) {
+      if (program.version() == graphs_[i].version && scratch == graphs_[i].scratch)
+        return launch_graph(graphs_[i]);
     }
     std::vector<uint64_t> sig = cuda::program_signature(program);
     for (void* p : scratch) sig.push_back(reinterpret_cast<uint64_t>(p));
     for (size_t i = 0; i < graphs_.size(); ++i) {
       if (graphs_[i].sig != sig) continue;
-      last_graph_ = i;
       graphs_[i].version = program.version();
       return launch_graph(graphs_[i]);
     }
@@ -530,14 +529,12 @@ class CudaBackend final : public Backend {
     cudaGraphDestroy(graph);
     if (made != cudaSuccess) {
       graphs_.erase(graphs_.begin() + static_cast<std::ptrdiff_t>(slot));
-      last_graph_ = graphs_.size();
       return cuda_status(made, "cudaGraphInstantiate");
     }
     g.sig = std::move(sig);
     g.version = program.version();
     g.scratch = scratch;
     g.shape = std::move(shape);
-    last_graph_ = slot;
     graph_stats_.capture_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return launch_graph(g);
@@ -629,7 +626,6 @@ class CudaBackend final : public Backend {
   int graph_failures_ = 0;              // captures of programs of more than 8 tokens that failed in a row
   void* cublas_ws_ = nullptr;
   std::vector<GraphEntry> graphs_;  // at most options.graphs
-  size_t last_graph_ = 0;           // the entry launched last (graphs_.size(): none)
   uint64_t graph_clock_ = 0;        // counts run_as_graph calls: GraphEntry::used
   GraphStats graph_stats_;
   uint64_t supported_version_ = 0;  // of the last program whose every op supports() took
