@@ -3,9 +3,10 @@
 // prefill-sized steps, and the sequences fuse where they should and nowhere else (q8_0 weights: the norm
 // and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
 // file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, in the
-// Q/K/V GEMV's stores or as their own kernel, then the attention that reads them, over f16 and f32 pools, one
-// or several chunks of positions; Q4_K, Q5_K, Q6_K and Q4_0 weights, random blocks of them, on the staged
-// integer GEMV; float weights: the gate/up GEMV that applies the activation, at each of its block shapes).
+// Q/K/V GEMV's stores or as their own kernel, then the attention that reads them, over f16 and f32 pools
+// (q8_0 pools: RoPE and the KV write apart), one or several chunks of positions; Q4_K, Q5_K, Q6_K and Q4_0
+// weights, random blocks of them, on the staged integer GEMV; float weights: the gate/up GEMV that applies
+// the activation, at each of its block shapes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -92,10 +93,10 @@ void random_blocks(DType type, uint8_t* w, size_t bytes, std::mt19937_64& rng) {
 }
 
 // Every operand random (weights bf16, f16, f32, q8_0 or another block type (random_blocks), norms,
-// activations and pools f32, or pools f16), then the ops: x += att; h = rms_norm(x); q, k, v = h W; rope q,
-// k; kv_write; y = attention(q, pools); att = y W; x += att; h = rms_norm(x); g, u = h W; a = silu(g) u (a: g
-// itself when act_in_place); o = a W; x += o. prepared: the weights as b.prepare_weight() makes them for a
-// matmul, else views of the buffer in the file's form.
+// activations and pools f32, or pools f16 or q8_0), then the ops: x += att; h = rms_norm(x); q, k, v = h W;
+// rope q, k; kv_write; y = attention(q, pools); att = y W; x += att; h = rms_norm(x); g, u = h W; a = silu(g)
+// u (a: g itself when act_in_place); o = a W; x += o. prepared: the weights as b.prepare_weight() makes them
+// for a matmul, else views of the buffer in the file's form.
 Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepared = false,
                  const LayerOptions& opt = {}) {
   const int64_t ff = opt.ff;
@@ -116,7 +117,7 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
                v_at = lay.take(kHead * kKvHeads * m * 4), g_at = lay.take(ff * m * 4),
                u_at = lay.take(ff * m * 4), a_at = lay.take(ff * m * 4), o_at = lay.take(kEmbd * m * 4);
   const int64_t pool_elems = kHead * kKvHeads * kBlock * kBlocks;
-  const size_t pool_bytes = static_cast<size_t>(pool_elems * dtype_info(opt.pool).type_size);
+  const auto pool_bytes = static_cast<size_t>(dtype_row_bytes(opt.pool, pool_elems).value());
   const size_t kp_at = lay.take(pool_bytes), vp_at = lay.take(pool_bytes);
   const size_t pos_at = lay.take(m * 4), slot_at = lay.take(m * 4), seq_at = lay.take(m * 4),
                indptr_at = lay.take((m + 1) * 4), y_at = lay.take(kHead * kHeads * m * 4),
@@ -177,6 +178,12 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   for (const size_t at : {kp_at, vp_at}) {
     if (opt.pool == DType::f32) {
       fill_f32(at, pool_elems);
+      continue;
+    }
+    if (opt.pool == DType::q8_0) {
+      std::vector<float> values(static_cast<size_t>(pool_elems));
+      for (float& v : values) v = uni(rng);
+      dtype_info(DType::q8_0).quantize_row(values.data(), host.data() + at, pool_elems);
       continue;
     }
     for (int64_t i = 0; i < pool_elems; ++i) {
@@ -374,6 +381,17 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   prefill.prefill = true;
   for (const int64_t m : {40, 100}) expect_fused_as_alone(m, DType::bf16, false, prefill);
   expect_fused_as_alone(40, DType::f16, false, prefill);
+  // q8_0 pools: RoPE and the KV write run apart (no fused path writes q8_0 blocks); the attention that reads
+  // them rounds the output projection's x for the integer GEMV (decode, one chunk or several) or writes it in
+  // bf16 (a prefill on tensor cores).
+  LayerOptions q8_pools;
+  q8_pools.pool = DType::q8_0;
+  for (const int64_t m : {1, 12}) {
+    expect_fused_as_alone(m, DType::bf16, false, q8_pools);
+    expect_fused_as_alone(m, DType::q8_0, true, q8_pools);
+  }
+  q8_pools.prefill = true;
+  expect_fused_as_alone(40, DType::bf16, false, q8_pools);
 }
 
 // Layers of block-quantized weights beyond q8_0: Q4_K and Q5_K in the file's form (the staged integer GEMV
@@ -626,6 +644,17 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::vector<ops::Op> ops = L.program.ops();
     std::get<ops::Matmul>(ops[15]).x = std::get<ops::GatedAct>(ops[14]).up;
     EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
+  }
+  // q8_0 pools: the same, but that RoPE of q, of k and the KV write run alone (bf16 weights, one token:
+  // add+norm, qkv; q8_0 weights: add+norm+qkv).
+  {
+    LayerOptions q8_pools;
+    q8_pools.pool = DType::q8_0;
+    Layer L = make_layer(**b, 1, DType::bf16, 1, false, q8_pools);
+    EXPECT_EQ(fused_lengths(L.program), (std::vector<size_t>{2, 3, 0, 0, 0, 0, 0, 2, 3, 0, 0}))
+        << "q8_0 pools";
+    Layer Q = make_layer(**b, 1, DType::q8_0, 1, false, q8_pools);
+    EXPECT_EQ(fused_lengths(Q.program), (std::vector<size_t>{5, 0, 0, 0, 2, 4, 2, 0})) << "q8_0 pools, q8_0";
   }
   // V's weight of another type (q4_0 beside q8_0): the same sequences, V's GEMV a launch of its own; with the
   // split switched off, V and the RoPE + KV write run apart.

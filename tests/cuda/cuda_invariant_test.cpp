@@ -334,21 +334,22 @@ struct Token {
   int64_t chunk_index;
 };
 
-// The K/V pools of `seqs` on a backend, f32 or f16, uploaded once.
+// The K/V pools of `seqs` on a backend, f32, f16 or q8_0, uploaded once.
 struct Pools {
   std::unique_ptr<Buffer> kb, vb;
   Tensor k, v;
   Pools(Backend& b, DType type, const Sequences& seqs) {
     const auto upload = [&](const std::vector<float>& values, std::unique_ptr<Buffer>& buf) {
       const auto n = static_cast<int64_t>(values.size());
-      buf = b.allocate(static_cast<size_t>(n) * dtype_info(type).type_size).value();
+      const auto bytes = static_cast<size_t>(dtype_row_bytes(type, n).value());
+      buf = b.allocate(bytes).value();
       const Tensor t = make_tensor(type, *buf, 0, kHeadDim, kKvHeads, kBlock, seqs.n_blocks);
       if (type == DType::f32) {
-        EXPECT_TRUE(b.upload(t, values.data(), values.size() * 4).ok());
+        EXPECT_TRUE(b.upload(t, values.data(), bytes).ok());
       } else {
-        std::vector<uint16_t> half(values.size());
-        dtype_info(DType::f16).quantize_row(values.data(), half.data(), n);
-        EXPECT_TRUE(b.upload(t, half.data(), half.size() * 2).ok());
+        std::vector<uint8_t> packed(bytes);
+        dtype_info(type).quantize_row(values.data(), packed.data(), n);
+        EXPECT_TRUE(b.upload(t, packed.data(), bytes).ok());
       }
       return t;
     };
@@ -451,7 +452,7 @@ TEST(CudaInvariant, AttentionTokensAloneAndAmongOthers) {
   for (const ops::Precision precision : kPrecisions) {
     auto b = cuda_backend(precision, true);
     ASSERT_NE(b, nullptr);
-    for (const DType pool : {DType::f16, DType::f32}) {
+    for (const DType pool : {DType::f16, DType::f32, DType::q8_0}) {
       std::string diff;
       EXPECT_EQ(attention_differing(*b, pool, seqs, diff), 0)
           << dtype_name(pool) << " pools " << precision_name(precision) << ": " << diff;

@@ -1284,11 +1284,12 @@ TEST(OpHarness, AttentionPrefill) {
   };
   const Variant variants[] = {{0.0f, 0}, {4.0f, 0}, {0.0f, 9}};
   int i = 0;
-  for (DType type : {DType::f32, DType::f16}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
     for (const auto& [n_heads, n_kv, head_dim] :
          {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{12, 1, 128}, std::tuple{6, 2, 256}}) {
       const Variant& var = variants[i % 3];
       const int64_t block_size = i++ % 2 == 0 ? 16 : 4;
+      if (type == DType::q8_0 && head_dim % 32 != 0) continue;  // q8_0 pools hold whole 32-value blocks a row
       // Sequences of 40, 23 and 50 positions; the batch: all of 0, 7 of 2's last, a decode token of 1, the
       // rest.
       const int64_t lens[] = {40, 23, 50};
@@ -1333,7 +1334,8 @@ TEST(OpHarness, AttentionPrefill) {
 // Long prefill chunks at precision_fast (a GPU may run them on f16 tensor cores, within its fast
 // tolerance of the exact result) and exactly: a 200-token prompt, a 130-token chunk continuing a 260-token
 // sequence, and a decode token, so that tiles of query rows span several 64-position chunks, sequences share
-// a tile, and windows start mid-chunk; f32 and f16 pools, GQA, MQA and plain heads, head dims 64, 96 and 128.
+// a tile, and windows start mid-chunk; f32, f16 and q8_0 pools, GQA, MQA and plain heads, head dims 64, 96
+// and 128.
 TEST(OpHarness, AttentionPrefillLong) {
   Rng rng(33);
   struct Case {
@@ -1342,11 +1344,10 @@ TEST(OpHarness, AttentionPrefillLong) {
     float softcap;
     int32_t window;
   };
-  const Case cases[] = {{DType::f16, 8, 2, 64, 16, 0.0f, 0},
-                        {DType::f32, 4, 4, 128, 16, 0.0f, 0},
-                        {DType::f16, 8, 1, 128, 8, 4.0f, 0},
-                        {DType::f16, 6, 2, 96, 16, 0.0f, 100},
-                        {DType::f32, 4, 2, 128, 32, 0.0f, 70}};
+  const Case cases[] = {{DType::f16, 8, 2, 64, 16, 0.0f, 0},   {DType::f32, 4, 4, 128, 16, 0.0f, 0},
+                        {DType::f16, 8, 1, 128, 8, 4.0f, 0},   {DType::f16, 6, 2, 96, 16, 0.0f, 100},
+                        {DType::f32, 4, 2, 128, 32, 0.0f, 70}, {DType::q8_0, 8, 1, 128, 8, 4.0f, 0},
+                        {DType::q8_0, 6, 2, 96, 16, 0.0f, 100}};
   for (const Case& c : cases) {
     for (bool qx : {true, false}) {
       const int64_t lens[] = {200, 260, 71};
@@ -1402,12 +1403,13 @@ TEST(OpHarness, AttentionLongContext) {
   };
   const Variant variants[] = {{0.0f, 0}, {4.0f, 0}, {0.0f, 200}};
   int i = 0;
-  for (DType type : {DType::f32, DType::f16}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
     for (const auto& [n_heads, n_kv, head_dim] :
          {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{6, 1, 128}, std::tuple{16, 8, 64},
           std::tuple{32, 8, 128}, std::tuple{4, 1, 256}}) {
       const Variant& var = variants[i % 3];
       const int64_t block_size = i++ % 2 == 0 ? 16 : 5;
+      if (type == DType::q8_0 && head_dim % 32 != 0) continue;  // q8_0 pools hold whole 32-value blocks a row
       // The batch: the last position of sequence 0 (300 long); positions 300 and 999 of sequence 1. With 8 KV
       // heads, 31 tokens (a decode-shaped batch of 248 blocks or more: more than a GPU has multiprocessors,
       // so that each block walks a long chunk, several of the CUDA kernel's stages): positions 970-999 of
@@ -1482,8 +1484,8 @@ std::vector<std::vector<int32_t>> block_tables(const std::vector<int64_t>& lens,
 // (5, 7) and one position a block; a ragged batch: a prompt from position 0 longer than a tile, a chunk
 // continuing a sequence past 1,024 positions (rows cross segments of 512 positions) in two runs with another
 // sequence's tokens between them, a decode token, a sequence of one position; softcap; windows that start
-// inside a chunk, with the blocks below every window given back; f32 and f16 pools; and a batch of one token
-// over a long context (its segments split among threads).
+// inside a chunk, with the blocks below every window given back; f32, f16 and q8_0 pools; and a batch of one
+// token over a long context (its segments split among threads).
 TEST(OpHarness, AttentionTiled) {
   Rng rng(41);
   struct Case {
@@ -1492,10 +1494,12 @@ TEST(OpHarness, AttentionTiled) {
     float softcap;
     int32_t window;
   };
-  const Case cases[] = {{DType::f32, 8, 8, 64, 16, 0.0f, 0},  {DType::f16, 8, 2, 80, 5, 0.0f, 0},
-                        {DType::f32, 8, 1, 128, 7, 3.0f, 0},  {DType::f16, 4, 1, 256, 16, 0.0f, 300},
-                        {DType::f32, 3, 1, 7, 1, 2.0f, 37},   {DType::f16, 6, 2, 96, 16, 0.0f, 600},
-                        {DType::f32, 12, 4, 64, 16, 0.0f, 0}, {DType::f16, 16, 2, 128, 16, 5.0f, 0}};
+  const Case cases[] = {{DType::f32, 8, 8, 64, 16, 0.0f, 0},    {DType::f16, 8, 2, 80, 5, 0.0f, 0},
+                        {DType::f32, 8, 1, 128, 7, 3.0f, 0},    {DType::f16, 4, 1, 256, 16, 0.0f, 300},
+                        {DType::f32, 3, 1, 7, 1, 2.0f, 37},     {DType::f16, 6, 2, 96, 16, 0.0f, 600},
+                        {DType::f32, 12, 4, 64, 16, 0.0f, 0},   {DType::f16, 16, 2, 128, 16, 5.0f, 0},
+                        {DType::q8_0, 8, 2, 64, 5, 0.0f, 0},    {DType::q8_0, 8, 1, 128, 7, 3.0f, 0},
+                        {DType::q8_0, 4, 1, 256, 16, 0.0f, 300}};
   for (const Case& c : cases) {
     for (const bool single : {false, true}) {
       std::vector<int32_t> seq, pos;
@@ -2380,7 +2384,7 @@ TEST(OpHarness, Perf) {
   p.n_rot = 64;
   p.layout = RopeLayout::rope_layout_neox;
   row("rope", "f32", "[64, 9, 64] neox", Rope{q.t, iv(pos), p, {}, o.t});
-  for (DType type : {DType::f32, DType::f16}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
     const Host k_pool = make_pool(type, 64, 3, 16, 32, rng), v_pool = make_pool(type, 64, 3, 16, 32, rng);
     const Host kv = dense(64, 3, 64, &rng);
     row("kv_write", dtype_name(type), "[64, 3, 64] into [64, 3, 16, 32]",

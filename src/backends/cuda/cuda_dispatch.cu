@@ -12,6 +12,14 @@ namespace {
 bool f32(const Tensor& t) { return t.type == DType::f32; }
 bool f32_or_none(const ops::Weight& w) { return w.tensor.data == nullptr || f32(w.tensor); }
 bool pool_type(const Tensor& t) { return t.type == DType::f32 || t.type == DType::f16; }
+// q8_0 pools: K's and V's both (no kernel writes or reads a q8_0 pool beside a float one), rows of whole
+// blocks of 32, 2-byte aligned (a block's f16 scale is read as one).
+bool q8_pools(const Tensor& k, const Tensor& v) {
+  const auto q8 = [](const Tensor& t) {
+    return t.type == DType::q8_0 && t.ne[0] % 32 == 0 && reinterpret_cast<uintptr_t>(t.data) % 2 == 0;
+  };
+  return q8(k) && q8(v);
+}
 
 }  // namespace
 
@@ -27,10 +35,13 @@ bool supports(const ops::Op& op) {
           [](const ops::LayerNorm& o) { return f32_or_none(o.w) && f32_or_none(o.b) && f32(o.dst); },
           [](const ops::Rope& o) { return f32(o.dst); },
           [](const ops::Softmax& o) { return f32(o.dst); },
-          [](const ops::KvWrite& o) { return pool_type(o.k_pool) && pool_type(o.v_pool); },
+          [](const ops::KvWrite& o) {
+            return (pool_type(o.k_pool) && pool_type(o.v_pool)) || q8_pools(o.k_pool, o.v_pool);
+          },
           [](const ops::Attention& o) {
-            return pool_type(o.k_pool) && o.k_pool.type == o.v_pool.type && f32(o.dst) &&
-                   attention_supported(o);
+            return ((pool_type(o.k_pool) && o.k_pool.type == o.v_pool.type) ||
+                    q8_pools(o.k_pool, o.v_pool)) &&
+                   f32(o.dst) && attention_supported(o);
           },
           [](const ops::GatedAct&) { return true; },
           [](const ops::Binary& o) { return f32(o.b.tensor); },

@@ -49,7 +49,7 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
       const uint4 v = *reinterpret_cast<const uint4*>(src);
       const KV* vals = reinterpret_cast<const KV*>(&v);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) chunk[j * g.head_dim + d + i] = load(vals + i);
+      for (int i = 0; i < kVec; ++i) chunk[j * g.head_dim + d + i] = kv_value(vals, i);
     }
     return;
   }
@@ -59,8 +59,13 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
     const DivMod pb = divmod(p, g.block_size);
     const int32_t blk = table[pb.q];
     if (blk < 0) continue;
-    chunk[e] = load(pool + (int64_t{blk} * g.block_size + pb.r) * row_stride + kvh * g.head_dim + d);
+    chunk[e] = kv_value(pool + (int64_t{blk} * g.block_size + pb.r) * row_stride + kvh * g.head_dim, d);
   }
+}
+// The same of a q8_0 pool: 8 values of a block a load (kv_pool.cuh's kv_q8_chunk).
+__device__ inline void load_chunk(float* chunk, const KvQ8* pool, const int32_t* table, int32_t p0, int32_t n,
+                                  int64_t kvh, const Geometry& g) {
+  kv_q8_chunk(chunk, pool, table, p0, n, kvh, g.n_kv, g.head_dim, g.block_size);
 }
 
 // Whether token f of the tile's tokens [t0, t1) is the first of its sequence s = seq[f] there, which opens
@@ -243,10 +248,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
                : "r"(addr));
 }
 
-__device__ __forceinline__ __half to_half_sat(float v) {
-  return __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
-}
-
 // Four 8x8 f16 matrices from shared memory: lane i gives the address of row i % 8 of matrix i / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* row) {
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
@@ -267,8 +268,9 @@ __device__ __forceinline__ int32_t chunk_slot(const int32_t* table, int32_t p, i
 // * ld + d], d < D); rows of slot -1 and dims past head_dim are zero (they must not be NaN: P is 0 there).
 // f16 pools are copied by cp.async (the caller commits and waits): a thread reads its rows' slots first, so
 // that their shared-memory loads overlap (a copy is ordered after every load before it), and each row's
-// offset serves its K and its V copy. f32 pools are loaded, converted and stored, K then V, every load of a
-// batch of rows issued before its first store.
+// offset serves its K and its V copy. f32 and q8_0 pools are loaded, converted and stored, K then V, every
+// load of a batch of rows issued before its first store (q8_0: kv_q8_half_rows, a thread's 8 values one
+// block's).
 template <int D, int W, class KV>
 __device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_pool, const KV* v_pool,
                                   const int32_t* slots, int64_t kvh, const Geometry& g) {
@@ -295,6 +297,11 @@ __device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_po
       cp_async16_zfill(ks + at, k_pool + off, valid);
       cp_async16_zfill(vs + at, v_pool + off, valid);
     }
+  } else if constexpr (kKvQ8<KV>) {
+    kv_q8_half_rows<kIters, kStep>(ks + j0 * ld + d, ld, k_pool, slots, j0, d, dim_on, kvh, g.n_kv,
+                                   g.head_dim);
+    kv_q8_half_rows<kIters, kStep>(vs + j0 * ld + d, ld, v_pool, slots, j0, d, dim_on, kvh, g.n_kv,
+                                   g.head_dim);
   } else {
     constexpr int kBatch = kIters < 4 ? kIters : 4;  // rows in flight a thread
 #pragma unroll
@@ -586,15 +593,19 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
 }
 
 // The tensor-core kernel takes head dims that are whole 16-byte vectors of the pool, up to 128, from
-// 16-byte-aligned pools, into 8-byte-aligned rows.
+// 16-byte-aligned pools (q8_0: whole blocks, read 2 bytes a load from 2-byte-aligned pools), into
+// 8-byte-aligned rows.
 bool mma_eligible(const Context& ctx, const ops::Attention& op, const Geometry& g) {
-  const int64_t vec = op.k_pool.type == DType::f16 ? 8 : 4;
-  const auto aligned16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  const bool q8 = op.k_pool.type == DType::q8_0;
+  const int64_t vec = q8 ? 32 : op.k_pool.type == DType::f16 ? 8 : 4;
+  const auto aligned = [&](const Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % (q8 ? 2 : 16) == 0;
+  };
   const Tensor& y = op.dst;  // written two floats a store
   const bool y8 = reinterpret_cast<uintptr_t>(y.data) % 8 == 0 && y.nb[1] % 8 == 0 && y.nb[2] % 8 == 0 &&
                   y.nb[3] % 8 == 0;
   return ctx.fast && g.head_dim % 8 == 0 && g.head_dim % vec == 0 && g.head_dim <= 128 &&
-         aligned16(op.k_pool) && aligned16(op.v_pool) && y8;
+         aligned(op.k_pool) && aligned(op.v_pool) && y8;
 }
 
 template <class KV>
@@ -660,13 +671,15 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh
     g.xq = xq, g.xds = xds;
   }
   if (takes_tiles(ctx, op, g)) {
-    const bool pool16 = op.k_pool.type == DType::f16;
+    const DType pool = op.k_pool.type;
     if (mma_eligible(ctx, op, g)) {
-      return pool16 ? launch_mma_for_head_dim<__half>(ctx, op, g, xh, f16)
-                    : launch_mma_for_head_dim<float>(ctx, op, g, xh, f16);
+      return pool == DType::f16    ? launch_mma_for_head_dim<__half>(ctx, op, g, xh, f16)
+             : pool == DType::q8_0 ? launch_mma_for_head_dim<KvQ8>(ctx, op, g, xh, f16)
+                                   : launch_mma_for_head_dim<float>(ctx, op, g, xh, f16);
     }
-    return pool16 ? launch_tile_for_head_dim<__half>(ctx, op, g)
-                  : launch_tile_for_head_dim<float>(ctx, op, g);
+    return pool == DType::f16    ? launch_tile_for_head_dim<__half>(ctx, op, g)
+           : pool == DType::q8_0 ? launch_tile_for_head_dim<KvQ8>(ctx, op, g)
+                                 : launch_tile_for_head_dim<float>(ctx, op, g);
   }
   return attention_decode(ctx, op, g);
 }

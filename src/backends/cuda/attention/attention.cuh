@@ -1,5 +1,6 @@
 // Internal to the CUDA attention kernels (attention/attention.cu: the op and prefill;
-// attention/attention_decode.cu: decode): the shape of one Attention op as the kernels take it.
+// attention/attention_decode.cu: decode): the shape of one Attention op as the kernels take it (and, by
+// attention/kv_pool.cuh, the K/V pools' elements as they read them).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -7,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/attention/kv_pool.cuh"
 #include "backends/cuda/cuda_kernels.h"
 
 namespace kiln::cuda {
@@ -33,9 +35,6 @@ __host__ __device__ inline int64_t live_chunks(int64_t span, const Geometry& g) 
   const int64_t n = (span + g.min_chunk - 1) / g.min_chunk;
   return n < 1 ? 1 : n > g.n_chunks ? g.n_chunks : n;
 }
-
-__device__ inline float load(const float* p) { return *p; }
-__device__ inline float load(const __half* p) { return __half2float(*p); }
 
 // Decode-shaped batches (one or a few tokens a sequence): the split-KV kernels
 // (attention/attention_decode.cu). Chooses g.n_chunks.

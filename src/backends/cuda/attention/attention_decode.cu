@@ -1,11 +1,12 @@
 // Paged causal attention on CUDA for decode-shaped batches, split-KV ("flash-decoding"): a block serves one
 // token and one KV head, for up to kGroup of the query heads that share that KV head (GQA: each K/V row is
 // read once per group), over one chunk of the token's positions. The staged kernel copies a chunk's K/V rows
-// to shared memory a stage at a time; the unstaged one (head dims that are not whole 16-byte vectors) walks
-// them a warp a position. With one chunk the block writes dst, with several each writes its state and the
-// last of them to finish merges the chunks in order.
+// to shared memory a stage at a time (q8_0 ones as f32); the unstaged one (head dims that are not whole
+// 16-byte vectors) walks them a warp a position. With one chunk the block writes dst, with several each
+// writes its state and the last of them to finish merges the chunks in order.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/attention/attention.cuh"
 #include "backends/cuda/attention/decode_merge.cuh"
@@ -82,7 +83,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     }
   }
   State<DPL> st[G];
-  const int64_t row_stride = g.n_kv * g.head_dim;  // between consecutive slots of a block
   // A warp's positions go kPipe at a time: their block-table entries, then all their K/V rows, are loaded
   // before the first is used, so the walk waits on memory once per kPipe positions. They are folded in
   // increasing order, as one at a time.
@@ -94,14 +94,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       const int64_t p = p0 + kWarps * i;
       const DivMod pb = divmod(p, g.block_size);
       const int64_t slot = p < c1 ? int64_t{table[pb.q]} * g.block_size + pb.r : 0;
-      const KV* kr = k_pool + slot * row_stride + kvh * g.head_dim;
-      const KV* vr = v_pool + slot * row_stride + kvh * g.head_dim;
+      const KV* kr = kv_row(k_pool, slot, kvh, g.n_kv, g.head_dim);
+      const KV* vr = kv_row(v_pool, slot, kvh, g.n_kv, g.head_dim);
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) {
+      for (int j = 0; j < DPL; ++j) {  // q8_0: block j's code `lane`, a warp's loads 32 consecutive bytes
         const int64_t d = lane + 32 * j;
         const bool in = p < c1 && d < g.head_dim;
-        kv[i][j] = in ? load(kr + d) : 0.0f;
-        vv[i][j] = in ? load(vr + d) : 0.0f;
+        kv[i][j] = in ? kv_value(kr, d) : 0.0f;
+        vv[i][j] = in ? kv_value(vr, d) : 0.0f;
       }
     }
 #pragma unroll
@@ -227,9 +227,10 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 // The same blocks as attention_kernel (one token, one KV head, up to G of its query heads, one chunk of the
 // positions), but a block copies the K and V rows of kStage positions at a time into shared memory
 // (cp.async, 16 bytes a copy, the next stage's rows in flight while this one is used), so its walk waits on
-// memory once a stage instead of once per few positions a warp. The step metadata and the block-table
-// entries of the first stage are read before the wait on the kernel before (no kernel writes them). Per
-// stage:
+// memory once a stage instead of once per few positions a warp. q8_0 pools are staged as f32 (StagedAs): a
+// stage's values are loaded into registers, 4 a copy, while the stage before is used, and stored after it.
+// The step metadata and the block-table entries of the first stage are read before the wait on the kernel
+// before (no kernel writes them). Per stage:
 //   A. scores: kTpp threads a position, each a slice of its dims, every head of the block (q, scaled, from
 //      shared memory); staged rows are padded by 16 bytes so that 8 consecutive positions hit distinct banks;
 //   B. softmax: a warp a head takes the stage's scores, its running max and sum;
@@ -280,13 +281,16 @@ __device__ inline float2 load_pair(const unsigned char* p, __half) {
 __device__ inline float2 load_pair(const unsigned char* p, float) {
   return *reinterpret_cast<const float2*>(p);
 }
+// The element type of a pool's staged rows: its own, f32 for q8_0.
+template <class KV>
+using StagedAs = std::conditional_t<kKvQ8<KV>, float, KV>;
 
 template <int D, int G, class KV>
-__global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
+__global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
     attention_staged_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                             const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
                             float* partial, unsigned* done, Geometry g) {
-  using S = Staged<D, KV>;
+  using S = Staged<D, StagedAs<KV>>;
   extern __shared__ __align__(16) unsigned char smem[];
   float* qs = reinterpret_cast<float*>(smem + S::kKvBytes);  // [G][D], scaled
   float* part = qs + G * D;                                  // [kTpp][G][kStage] slices' partial scores
@@ -305,8 +309,11 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
   constexpr int kRows = S::kThreads / S::kRowVecs;
   const int cr = tid / S::kRowVecs, cv = tid % S::kRowVecs;
   const bool dim_on = cv * S::kVec < g.head_dim;
-  const int64_t row_stride = g.n_kv * g.head_dim;
-  const int64_t col = kvh * g.head_dim + cv * S::kVec;
+  // Pool elements a row, and this thread's copies' element of a row (q8_0: blocks of 32 values, of which a
+  // copy's 4 values share one).
+  const int64_t row_elems = kKvQ8<KV> ? g.head_dim / 32 : g.head_dim;
+  const int64_t row_stride = g.n_kv * row_elems;
+  const int64_t col = kvh * row_elems + (kKvQ8<KV> ? cv * S::kVec / 32 : cv * S::kVec);
   int64_t src[S::kCopies];  // element offsets in the pools of this thread's copies, or -1
   auto find = [&](int64_t s0) {
 #pragma unroll
@@ -320,6 +327,8 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
       }
     }
   };
+  // q8_0: the values of this thread's copies, from issue (a load into registers) until land stores them.
+  KvQ8Run<4> kq[kKvQ8<KV> ? S::kCopies : 1], vq[kKvQ8<KV> ? S::kCopies : 1];
   auto issue = [&](int stage) {
     unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
     unsigned char* vb = kb + S::kStage * S::kRowBytes;
@@ -327,14 +336,38 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
     for (int i = 0; i < S::kCopies; ++i) {
       const int off = (cr + kRows * i) * S::kRowBytes + cv * 16;
       const bool on = src[i] >= 0;
-      cp_async16_zfill(kb + off, on ? k_pool + src[i] : k_pool, on);
-      cp_async16_zfill(vb + off, on ? v_pool + src[i] : v_pool, on);
+      if constexpr (kKvQ8<KV>) {
+        kq[i] = vq[i] = KvQ8Run<4>{};
+        if (on) {
+          kq[i] = kv_load_run<4>(k_pool + src[i], cv * S::kVec % 32);
+          vq[i] = kv_load_run<4>(v_pool + src[i], cv * S::kVec % 32);
+        }
+      } else {
+        cp_async16_zfill(kb + off, on ? k_pool + src[i] : k_pool, on);
+        cp_async16_zfill(vb + off, on ? v_pool + src[i] : v_pool, on);
+      }
     }
     cp_async_commit();
+  };
+  auto land = [&](int stage) {
+    if constexpr (kKvQ8<KV>) {
+      unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
+      unsigned char* vb = kb + S::kStage * S::kRowBytes;
+#pragma unroll
+      for (int i = 0; i < S::kCopies; ++i) {
+        const int off = (cr + kRows * i) * S::kRowBytes + cv * 16;
+        const auto f4 = [](const KvQ8Run<4>& x) {
+          return make_float4(kv_run_value(x, 0), kv_run_value(x, 1), kv_run_value(x, 2), kv_run_value(x, 3));
+        };
+        *reinterpret_cast<float4*>(kb + off) = f4(kq[i]);
+        *reinterpret_cast<float4*>(vb + off) = f4(vq[i]);
+      }
+    }
   };
   find(c0);
   pdl_wait();
   issue(0);
+  land(0);
   if (c0 + S::kStage < c1) find(c0 + S::kStage);
   for (int e = tid; e < G * D; e += S::kThreads) {
     const int h = e / D, d = e % D;
@@ -422,7 +455,7 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
         acc[h][0] *= c, acc[h][1] *= c;
       }
       for (int p = pg; p < n; p += S::kPg) {
-        const float2 v = load_pair(vb + p * S::kRowBytes + dp * 2 * sizeof(KV), KV{});
+        const float2 v = load_pair(vb + p * S::kRowBytes + dp * 2 * sizeof(StagedAs<KV>), StagedAs<KV>{});
 #pragma unroll
         for (int h = 0; h < G; ++h) {
           const float e = es[h * S::kStage + p];
@@ -430,7 +463,8 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
         }
       }
     }
-    __syncthreads();  // before the next stage's copies land in this one's buffers
+    if (s0 + S::kStage < c1) land(stage ^ 1);  // q8_0: the next stage's values, loaded at the top
+    __syncthreads();                           // before the next stage's copies land in this one's buffers
   }
   // An empty chunk's copies (zeros) must land before the buffers are reused below: every thread's, so a
   // barrier after the waits when the loop, whose barriers would have ordered them, did not run (c0 >= c1 for
@@ -494,8 +528,9 @@ __global__ void __launch_bounds__(Staged<D, KV>::kThreads, 1)
 template <int D, int G, class KV>
 cudaError_t launch_staged(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
                           unsigned* done) {
-  return launch_decode<G, KV>(ctx, attention_staged_kernel<D, G, KV>, Staged<D, KV>::kThreads,
-                              Staged<D, KV>::shared_bytes(G), op, g, partial, done);
+  using S = Staged<D, StagedAs<KV>>;
+  return launch_decode<G, KV>(ctx, attention_staged_kernel<D, G, KV>, S::kThreads, S::shared_bytes(G), op, g,
+                              partial, done);
 }
 
 template <int D, class KV>
@@ -509,8 +544,10 @@ cudaError_t launch_staged_for_group(const Context& ctx, const ops::Attention& op
   }
 }
 
-// The staged kernel takes head dims of 33 to 256 that are whole 16-byte vectors of 16-byte-aligned pools.
+// The staged kernel takes head dims of 33 to 256 that are whole 16-byte vectors of 16-byte-aligned pools;
+// q8_0 pools (whole blocks, 2-byte aligned: cuda::supports) all of 33 to 256, loaded 2 bytes a load.
 bool staged_eligible(const ops::Attention& op, const Geometry& g) {
+  if (op.k_pool.type == DType::q8_0) return g.head_dim > 32 && g.head_dim <= 256;
   const int64_t esize = op.k_pool.type == DType::f16 ? 2 : 4;
   return g.head_dim > 32 && g.head_dim <= 256 && (g.head_dim * esize) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(op.k_pool.data) % 16 == 0 &&
@@ -568,10 +605,15 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
     done = static_cast<unsigned*>(ctx.scratch(kSlotCounters, sizeof(unsigned) * blocks));
     if (partial == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
   }
+  const bool q8 = op.k_pool.type == DType::q8_0;
   if (staged) {
-    return f16 ? launch_staged_for_head_dim<__half>(ctx, op, g, partial, done)
-               : launch_staged_for_head_dim<float>(ctx, op, g, partial, done);
+    return f16  ? launch_staged_for_head_dim<__half>(ctx, op, g, partial, done)
+           : q8 ? launch_staged_for_head_dim<KvQ8>(ctx, op, g, partial, done)
+                : launch_staged_for_head_dim<float>(ctx, op, g, partial, done);
   }
+  // q8_0 pools past 32 dims take the staged kernel: the unstaged one only rows of 32.
+  if (q8)
+    return g.head_dim <= 32 ? launch_for_group<1, KvQ8>(ctx, op, g, partial, done) : cudaErrorNotSupported;
   return f16 ? launch_for_head_dim<__half>(ctx, op, g, partial, done)
              : launch_for_head_dim<float>(ctx, op, g, partial, done);
 }

@@ -114,7 +114,8 @@ bool add_norm_pair(const ops::Op& a, const ops::Op& b) {
          !overlap(norm->dst, add->dst) && !overlap(add->dst, add->b.tensor);
 }
 
-// RoPE of q and of k, then the KV write of that k.
+// RoPE of q and of k, then the KV write of that k into f16 or f32 pools (rope_kv_write_pools: q8_0 pools take
+// the three ops apart, and rope_after, which asks here, gives no GEMV that writes them).
 bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
   const auto* rq = std::get_if<ops::Rope>(&a);
   const auto* rk = std::get_if<ops::Rope>(&b);
@@ -123,7 +124,7 @@ bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
          rq->x.ne[0] == rk->x.ne[0] && rq->x.ne[2] == rk->x.ne[2] && rq->x.ne[3] == 1 && rk->x.ne[3] == 1 &&
          same_view(kv->k, rk->dst) && same_shape(kv->v, kv->k) && !overlap(rq->dst, rk->x) &&
          !overlap(rq->dst, rk->dst) && !overlap(rq->dst, kv->v) && !overlap(rk->dst, kv->v) &&
-         !overlap(rq->x, rk->dst);
+         !overlap(rq->x, rk->dst) && rope_kv_write_pools(*kv);
 }
 
 // The RoPE of q and k and the KV write (rope_kv_triple) that start `ops`, on the results of `group`, the Q,

@@ -295,7 +295,7 @@ bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group,
     return false;
   }
   const ops::RopeParams& p = rope.q->p;
-  return m <= kGemvMaxCols && takes_gemv(ctx, first) &&
+  return m <= kGemvMaxCols && takes_gemv(ctx, first) && rope_kv_write_pools(*rope.kv) &&
          !(takes_q8(ctx, first) && mmq_batch(ctx, first.w.tensor.type, m)) &&
          p.layout == ops::RopeLayout::rope_layout_normal && p.n_rot == rope.q->x.ne[0] && p.n_rot % 2 == 0 &&
          rope.q->positions.is_contiguous() && rope.kv->slots.is_contiguous();

@@ -1,12 +1,14 @@
 // RoPE and the KV write on CUDA, alone and fused (RoPE of q and k with the KV write of k and v: run_fused's
-// rope_kv_write). Bound by memory traffic: one pass over their operands, f32 arithmetic with the angles in
-// double (as the CPU backend), rows addressed through their views' strides.
+// rope_kv_write, into f16 or f32 pools; q8_0 pools take the KV write alone, which quantizes as the
+// reference). Bound by memory traffic: one pass over their operands, f32 arithmetic with the angles in double
+// (as the CPU backend), rows addressed through their views' strides.
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/attention/kv_pool.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
@@ -129,6 +131,57 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
     const int64_t at = (int64_t{slots[t]} * n_kv + h) * head_dim + d;
     put<KT>(k_pool, at, k.row_as<const float>(row)[d]);
     put<VT>(v_pool, at, v.row_as<const float>(row)[d]);
+  }
+}
+
+// ---- KV write into q8_0 pools: a warp a block of 32 values ----
+
+// The warp's 32 values x (element i in lane i) as one q8_0 block at *b, bit for bit as the reference
+// quantizer writes them (core/quant/quant_legacy.cpp's quantize_row_q8, which the CPU backend's KV write
+// calls), every step of its arithmetic in the same order and rounding:
+//   amax: its fold amax = amax > |x| ? amax : |x| from 0 in element order, so that a NaN element is kept only
+//     until the next replaces it: the maximum of the elements after the last NaN, NaN if the last is one;
+//   d = amax / 127 and id = d != 0 ? 1 / d : 0, in f32 (the scale stored is d rounded to f16, the codes use
+//     the unrounded id);
+//   q = (int8_t) roundf(x * id) as x86 converts: a truncation to int32 (INT32_MIN for NaN or out of range),
+//     then its low byte (a d too small for its 1 / d reaches it).
+// Where d is NaN (the last element NaN, every code 0), the f16 scale keeps the NaN x86 makes: that element's
+// magnitude, quieted, its top payload bits.
+__device__ inline void put_q8(float x, KvQ8* b, int lane) {
+  const unsigned nan = __ballot_sync(0xffffffffu, x != x);
+  const int last_nan = nan == 0 ? -1 : 31 - __clz(nan);
+  float amax = lane > last_nan ? fabsf(x) : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (last_nan == 31) amax = __uint_as_float(0x7fc00000u);
+  const float d = __fdiv_rn(amax, 127.0f);
+  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+  const float r = roundf(__fmul_rn(x, id));
+  const int32_t t = r >= -2147483648.0f && r < 2147483648.0f ? static_cast<int32_t>(r) : INT32_MIN;
+  b->qs[lane] = static_cast<int8_t>(t);
+  const unsigned last = __shfl_sync(0xffffffffu, __float_as_uint(x), 31);
+  if (lane == 0) {
+    b->d = last_nan == 31 ? static_cast<uint16_t>(0x7e00u | ((last >> 13) & 0x3ffu))
+                          : __half_as_ushort(__float2half_rn(d));
+  }
+}
+
+// A warp a block w of k's `total` (row w / blocks_a_row, h + n_kv * t, its block w % blocks_a_row) and the
+// same block of v, into the pools at the token's slot (the pools' rows: whole blocks, kv_pool.cuh's KvQ8).
+// blockDim.x is a multiple of 32, so a warp's lanes take the same trips.
+__global__ void __launch_bounds__(kThreads)
+    kv_write_q8_kernel(Rows k, Rows v, KvQ8* k_pool, KvQ8* v_pool, const int32_t* slots, int64_t blocks_a_row,
+                       int64_t n_kv, int64_t total) {
+  pdl_begin();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t w = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; w < total; w += warps) {
+    const DivMod rb = divmod(w, blocks_a_row), th = divmod(rb.q, n_kv);  // row rb.q = h + n_kv * t
+    const int64_t row = rb.q, h = th.r, t = th.q, d = rb.r * 32 + lane;
+    const int64_t at = (int64_t{slots[t]} * n_kv + h) * blocks_a_row + rb.r;
+    const float kx = k.row_as<const float>(row)[d], vx = v.row_as<const float>(row)[d];
+    put_q8(kx, k_pool + at, lane);
+    put_q8(vx, v_pool + at, lane);
   }
 }
 
@@ -321,6 +374,11 @@ cudaError_t rope(const Context& ctx, const ops::Rope& op) {
   return launched();
 }
 
+bool rope_kv_write_pools(const ops::KvWrite& kv) {
+  const auto float_pool = [](const Tensor& t) { return t.type == DType::f32 || t.type == DType::f16; };
+  return float_pool(kv.k_pool) && float_pool(kv.v_pool);
+}
+
 namespace {
 // f(KT{}, VT{}): the K and V pools' element types (f16 or f32 each), as the KV-writing kernels' template
 // arguments.
@@ -344,6 +402,13 @@ cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
   const auto* slots = static_cast<const int32_t*>(op.slots.data);
   const unsigned grid = grid_for(total, kThreads);
   const Rows k = rows_of(op.k), v = rows_of(op.v);
+  if (op.k_pool.type == DType::q8_0) {  // and v_pool (cuda::supports)
+    const int64_t blocks = total / 32;
+    (void)launch_kernel(ctx, kv_write_q8_kernel, grid_for(blocks * 32, kThreads), kThreads, 0, k, v,
+                        static_cast<KvQ8*>(op.k_pool.data), static_cast<KvQ8*>(op.v_pool.data), slots,
+                        head_dim / 32, n_kv, blocks);
+    return launched();
+  }
   with_pool_types(op, [&](auto k_elem, auto v_elem) {
     (void)launch_kernel(ctx, kv_write_kernel<decltype(k_elem), decltype(v_elem)>, grid, kThreads, 0, k, v,
                         op.k_pool.data, op.v_pool.data, slots, head_dim, n_kv, total);
@@ -406,7 +471,7 @@ cudaError_t rope_kv_write_vec(const Context& ctx, const ops::Rope& q, const ops:
 
 cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k,
                           const ops::KvWrite& kv) {
-  if (!rope_supported(q.p)) return cudaErrorNotSupported;
+  if (!rope_supported(q.p) || !rope_kv_write_pools(kv)) return cudaErrorNotSupported;
   if (rope_vec_ok(q, k, kv)) return rope_kv_write_vec(ctx, q, k, kv);
   const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
   // Few tokens (decode): a token's heads split among blocks, four a block, until the device has ~2 blocks a

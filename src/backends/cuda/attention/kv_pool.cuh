@@ -1,0 +1,130 @@
+// The K/V pools as the attention kernels read them (attention/attention.cu, attention/attention_decode.cu;
+// norm_rope/rope.cu's KV write writes q8_0 blocks as KvQ8 too): pools of f32, f16 or q8_0, [head_dim, n_kv,
+// block_size, n_blocks], whose row (slot, KV head) is row slot * n_kv + kvh. A kernel takes the pool's
+// element type KV (float, __half, or KvQ8 for q8_0), finds a row with kv_row and reads its values with
+// kv_value (q8_0: or kv_load_run, several at a time), so that one kernel body serves the three; the prefill
+// kernels' shared-memory chunks of q8_0 pools are kv_q8_chunk's and kv_q8_half_rows'.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace kiln::cuda {
+
+// A block of a q8_0 pool's row: 32 values, value i = code i * the f16 scale, as core/quant's reference
+// quantizer writes it (norm_rope/rope.cu's kv_write: the same bits). A row is head_dim / 32 of them, 34 bytes
+// each, so rows and blocks are only 2-byte aligned.
+struct KvQ8 {
+  uint16_t d;     // f16 scale
+  int8_t qs[32];  // codes, in element order
+};
+static_assert(sizeof(KvQ8) == 34 && alignof(KvQ8) == 2);
+
+template <class KV>
+inline constexpr bool kKvQ8 = std::is_same_v<KV, KvQ8>;
+
+// Row slot * n_kv + kvh of a pool.
+template <class KV>
+__device__ inline const KV* kv_row(const KV* pool, int64_t slot, int64_t kvh, int64_t n_kv,
+                                   int64_t head_dim) {
+  const int64_t elems = kKvQ8<KV> ? head_dim / 32 : head_dim;  // pool elements a row
+  return pool + (slot * n_kv + kvh) * elems;
+}
+
+// Value d of a row, in f32 (exact: a q8_0 value is an 8-bit code times an f16, 19 bits at most).
+__device__ inline float kv_value(const float* row, int64_t d) { return row[d]; }
+__device__ inline float kv_value(const __half* row, int64_t d) { return __half2float(row[d]); }
+__device__ inline float kv_value(const KvQ8* row, int64_t d) {
+  const KvQ8& b = row[d >> 5];  // d >= 0: its block and code by shift and mask
+  return __half2float(__ushort_as_half(b.d)) * static_cast<float>(b.qs[d & 31]);
+}
+
+// Values d .. d + N - 1 of a q8_0 row (N 4 or 8, d a multiple of N: they share a block), as loaded: the
+// block's scale and the codes, four a word (code i in byte i % 4 of q[i / 4]). The codes are 2-byte aligned
+// (a row starts at an even byte, a block's codes 2 bytes into it, d is even), so they take 2-byte loads.
+// Zero-initialised, the values are zeros.
+template <int N>
+struct KvQ8Run {
+  uint32_t d;  // f16 scale
+  uint32_t q[N / 4];
+};
+template <int N>
+__device__ inline KvQ8Run<N> kv_load_run(const KvQ8* row, int64_t d) {
+  const KvQ8& b = row[d >> 5];
+  const auto* q = reinterpret_cast<const uint16_t*>(b.qs + (d & 31));
+  KvQ8Run<N> x;
+  x.d = b.d;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) x.q[i] = uint32_t{q[2 * i]} | uint32_t{q[2 * i + 1]} << 16;
+  return x;
+}
+// Value i (0 .. N - 1) of such a load, in f32 (exact, as kv_value).
+template <int N>
+__device__ inline float kv_run_value(const KvQ8Run<N>& x, int i) {
+  const auto code = static_cast<int8_t>(x.q[i / 4] >> (8 * (i % 4)));
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(x.d))) * static_cast<float>(code);
+}
+
+// A value to f16 for the tensor cores, saturated: a pool value past f16's range (an f32 pool's, or a q8_0
+// code times a large scale) becomes its largest, not an infinity.
+__device__ __forceinline__ __half to_half_sat(float v) {
+  return __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
+}
+
+// The exact prefill kernel's chunk of a q8_0 pool (attention.cu's load_chunk): rows p0 .. p0 + n - 1 of a
+// sequence (table: its block table; rows of blocks given back, < 0, are skipped) of KV head kvh into shared
+// memory as f32 (chunk[j * head_dim + d]), 8 values of a block a load.
+__device__ inline void kv_q8_chunk(float* chunk, const KvQ8* pool, const int32_t* table, int32_t p0,
+                                   int32_t n, int64_t kvh, int64_t n_kv, int64_t head_dim,
+                                   int64_t block_size) {
+  const int64_t vecs = head_dim / 8;
+  for (int64_t e = threadIdx.x; e < int64_t{n} * vecs; e += blockDim.x) {
+    const DivMod jd = divmod(e, vecs);
+    const int64_t j = jd.q, d = jd.r * 8, p = p0 + j;
+    const DivMod pb = divmod(p, block_size);
+    const int32_t blk = table[pb.q];
+    if (blk < 0) continue;
+    const KvQ8Run<8> x =
+        kv_load_run<8>(kv_row(pool, int64_t{blk} * block_size + pb.r, kvh, n_kv, head_dim), d);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) chunk[j * head_dim + d + i] = kv_run_value(x, i);
+  }
+}
+
+// The tensor-core prefill kernel's rows of a q8_0 pool (attention.cu's load_chunk): rows j0, j0 + kStep, ...
+// (kIters of them; slots[j]: row j's pool slot, or -1) of KV head kvh, values d .. d + 7 of each (a block's),
+// to f16 (to_half_sat) at out + i * kStep * ld, zeros for slot -1 and where `on` is false (dims past
+// head_dim); every load of a batch of rows before its first store.
+template <int kIters, int kStep>
+__device__ inline void kv_q8_half_rows(__half* out, int ld, const KvQ8* pool, const int32_t* slots, int j0,
+                                       int64_t d, bool on, int64_t kvh, int64_t n_kv, int64_t head_dim) {
+  constexpr int kBatch = kIters < 4 ? kIters : 4;  // rows in flight a thread
+#pragma unroll
+  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+    KvQ8Run<8> x[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      x[i] = KvQ8Run<8>{};
+      const int32_t slot = slots[j0 + (i0 + i) * kStep];
+      if (slot >= 0 && on) x[i] = kv_load_run<8>(kv_row(pool, int64_t{slot}, kvh, n_kv, head_dim), d);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      uint32_t w[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const __half2 h = __halves2half2(to_half_sat(kv_run_value(x[i], 2 * c)),
+                                         to_half_sat(kv_run_value(x[i], 2 * c + 1)));
+        w[c] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(out + (i0 + i) * kStep * ld) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+}  // namespace kiln::cuda
