@@ -346,6 +346,15 @@ for step in "${steps[@]}"; do
         tee "$out/fit.log" || status=1
       ;;
     models) python3 bench/gpu_generate.py --build "$bin" --out "$out" 2>&1 | tee "$out/generate.log" || status=1 ;;
+    prep | fp8)
+      # The random models (prep's, and fp8's folder) take their tokenizer from .gpu-deps: without it nothing
+      # is made, and the steps after wait on nothing.
+      [ -f .gpu-deps/tokenizer/tokenizer.json ] || {
+        echo "$step: .gpu-deps/tokenizer is not here (scripts/gpu-deps.sh writes it)" | tee -a "$out/build.log"
+        status=1
+        continue
+      }
+      ;;&
     prep)
       # The GGUF files of the peer step, made in the background (they outlive this call): 8B folder by
       # transformers, kiln convert, then llama-quantize once the peer is built. /tmp/kiln-prep.status at the end.
