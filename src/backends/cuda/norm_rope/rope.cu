@@ -403,10 +403,9 @@ cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
   const unsigned grid = grid_for(total, kThreads);
   const Rows k = rows_of(op.k), v = rows_of(op.v);
   if (op.k_pool.type == DType::q8_0) {  // and v_pool (cuda::supports)
-    const int64_t blocks = total / 32;
-    (void)launch_kernel(ctx, kv_write_q8_kernel, grid_for(blocks * 32, kThreads), kThreads, 0, k, v,
-                        static_cast<KvQ8*>(op.k_pool.data), static_cast<KvQ8*>(op.v_pool.data), slots,
-                        head_dim / 32, n_kv, blocks);
+    // A warp a block: as many threads as values, as the float pools' kernel.
+    (void)launch_kernel(ctx, kv_write_q8_kernel, grid, kThreads, 0, k, v, static_cast<KvQ8*>(op.k_pool.data),
+                        static_cast<KvQ8*>(op.v_pool.data), slots, head_dim / 32, n_kv, total / 32);
     return launched();
   }
   with_pool_types(op, [&](auto k_elem, auto v_elem) {
