@@ -227,8 +227,10 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 // The same blocks as attention_kernel (one token, one KV head, up to G of its query heads, one chunk of the
 // positions), but a block copies the K and V rows of kStage positions at a time into shared memory
 // (cp.async, 16 bytes a copy, the next stage's rows in flight while this one is used), so its walk waits on
-// memory once a stage instead of once per few positions a warp. q8_0 pools are staged as f32 (StagedAs): a
-// stage's values are loaded into registers, 4 a copy, while the stage before is used, and stored after it.
+// memory once a stage instead of once per few positions a warp. q8_0 rows of 64, 128 or 256 values are staged
+// as they are (4 bytes a copy) and their codes read with their block's scale; those of other head dims are
+// staged as f32: a stage's values are loaded into registers, 4 a copy, while the stage before is used, and
+// stored after it.
 // The step metadata and the block-table entries of the first stage are read before the wait on the kernel
 // before (no kernel writes them). Per stage:
 //   A. scores: kTpp threads a position, each a slice of its dims, every head of the block (q, scaled, from
@@ -262,6 +264,48 @@ struct Staged {
   static_assert(sizeof(float) * (kPg - 1) * kGroup * D <= kKvBytes);
 };
 
+// q8_0 rows staged as they lie in the pool: head_dim / 32 blocks of 34 bytes, whole 4-byte words when
+// head_dim is D, a multiple of 64 (staged_raw), copied 4 bytes a copy, a stage's copies spread evenly over
+// the threads. Step A reads a slice of kSlice values of one block, step C a pair of codes, each with its
+// block's scale. The products are kv_value's, so the scores and sums are those of the f32 staging.
+template <int D>
+struct Staged<D, KvQ8> {
+  static constexpr int kPoolRowBytes = D / 32 * static_cast<int>(sizeof(KvQ8));
+  static constexpr int kRowVecs = kPoolRowBytes / 4;  // copies a row
+  // An odd number of words a staged row: step A's 32 positions a warp hit 32 distinct banks.
+  static constexpr int kRowBytes = kRowVecs % 2 == 1 ? kPoolRowBytes : kPoolRowBytes + 4;
+  static constexpr int kStage = D <= 128 ? 64 : 32;
+  static constexpr int kThreads = D <= 128 ? 512 : 256;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kHeadsAWarp = (kGroup + kWarps - 1) / kWarps;
+  static constexpr int kTpp = kThreads / kStage;
+  static constexpr int kSlice = D / kTpp;  // values of a row a thread scores
+  static constexpr int kCopies = (kStage * kRowVecs + kThreads - 1) / kThreads;
+  static constexpr int kPg = 2 * kThreads / D;
+  static constexpr size_t kKvBytes =
+      std::max(size_t{4} * kStage * kRowBytes, sizeof(float) * (kPg - 1) * kGroup * D);
+  static size_t shared_bytes(int g) {
+    return kKvBytes +
+           sizeof(float) * (size_t(g) * D + size_t(kTpp) * g * kStage + size_t(g) * kStage + 3 * g);
+  }
+  static_assert(D % 64 == 0 && kSlice % 8 == 0 && 32 % kSlice == 0 && kThreads % (D / 2) == 0);
+};
+
+// The two q8_0 codes of a 16-bit word, in f32, exactly and with no integer-to-float conversion: each code +
+// 128 becomes the mantissa of a float of exponent 23 (2^23 + code + 128), from which 2^23 + 128 is taken.
+__device__ inline float2 q8_pair(uint32_t w) {
+  const uint32_t u = w ^ 0x8080u;
+  return make_float2(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)) - 8388736.0f,
+                     __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)) - 8388736.0f);
+}
+// Values d, d + 1 (d even) of a staged q8_0 row, in f32: the same products as kv_value's.
+__device__ inline float2 q8_staged_pair(const unsigned char* row, int d) {
+  const unsigned char* b = row + (d / 32) * sizeof(KvQ8);
+  const float scale = __half2float(*reinterpret_cast<const __half*>(b));
+  const float2 c = q8_pair(*reinterpret_cast<const uint16_t*>(b + 2 + d % 32));
+  return make_float2(scale * c.x, scale * c.y);
+}
+
 __device__ inline void unpack(const unsigned char* p, float (&out)[8]) {  // 8 f16
   const uint4 u = *reinterpret_cast<const uint4*>(p);
   const __half2* h = reinterpret_cast<const __half2*>(&u);
@@ -281,16 +325,15 @@ __device__ inline float2 load_pair(const unsigned char* p, __half) {
 __device__ inline float2 load_pair(const unsigned char* p, float) {
   return *reinterpret_cast<const float2*>(p);
 }
-// The element type of a pool's staged rows: its own, f32 for q8_0.
-template <class KV>
-using StagedAs = std::conditional_t<kKvQ8<KV>, float, KV>;
-
-template <int D, int G, class KV>
-__global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
+// The element type SA of a pool's staged rows: its own; for q8_0, KvQ8 (the blocks as they are) where
+// staged_raw, else f32.
+template <int D, int G, class KV, class SA>
+__global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
     attention_staged_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                             const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
                             float* partial, unsigned* done, Geometry g) {
-  using S = Staged<D, StagedAs<KV>>;
+  using S = Staged<D, SA>;
+  constexpr bool kRaw = kKvQ8<SA>;
   extern __shared__ __align__(16) unsigned char smem[];
   float* qs = reinterpret_cast<float*>(smem + S::kKvBytes);  // [G][D], scaled
   float* part = qs + G * D;                                  // [kTpp][G][kStage] slices' partial scores
@@ -305,19 +348,37 @@ __global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
   const int n_q = w.n_q;
   const int32_t* table = w.table;
 
-  // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage.
+  // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage; of raw q8_0 rows,
+  // whose words a row do not divide the threads, word e % kRowVecs of row e / kRowVecs for e = tid, tid +
+  // kThreads,
+  // ... below a stage's words.
   constexpr int kRows = S::kThreads / S::kRowVecs;
   const int cr = tid / S::kRowVecs, cv = tid % S::kRowVecs;
-  const bool dim_on = cv * S::kVec < g.head_dim;
-  // Pool elements a row, and this thread's copies' element of a row (q8_0: blocks of 32 values, of which a
-  // copy's 4 values share one).
-  const int64_t row_elems = kKvQ8<KV> ? g.head_dim / 32 : g.head_dim;
-  const int64_t row_stride = g.n_kv * row_elems;
-  const int64_t col = kvh * row_elems + (kKvQ8<KV> ? cv * S::kVec / 32 : cv * S::kVec);
-  int64_t src[S::kCopies];  // element offsets in the pools of this thread's copies, or -1
+  // Pool elements a row, and this thread's copies' element of a row (q8_0 in registers: blocks of 32 values,
+  // of which a copy's 4 values share one).
+  bool dim_on = true;
+  int64_t row_stride = 0, col = 0;
+  if constexpr (!kRaw) {
+    const int64_t row_elems = kKvQ8<KV> ? g.head_dim / 32 : g.head_dim;
+    dim_on = cv * S::kVec < g.head_dim;
+    row_stride = g.n_kv * row_elems;
+    col = kvh * row_elems + (kKvQ8<KV> ? cv * S::kVec / 32 : cv * S::kVec);
+  }
+  int64_t src[S::kCopies];  // element (raw q8_0: byte) offsets in the pools of this thread's copies, or -1
   auto find = [&](int64_t s0) {
 #pragma unroll
     for (int i = 0; i < S::kCopies; ++i) {
+      if constexpr (kRaw) {  // byte offsets
+        const int e = tid + S::kThreads * i, r = e / S::kRowVecs;
+        const int64_t p = s0 + r;
+        src[i] = -1;
+        if (r < S::kStage && p < c1) {
+          const DivMod pb = divmod(p, g.block_size);
+          src[i] = ((int64_t{table[pb.q]} * g.block_size + pb.r) * g.n_kv + kvh) * S::kPoolRowBytes +
+                   4 * (e % S::kRowVecs);
+        }
+        continue;
+      }
       const int64_t p = s0 + cr + kRows * i;
       if (p < c1 && dim_on) {
         const DivMod pb = divmod(p, g.block_size);
@@ -328,15 +389,26 @@ __global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
     }
   };
   // q8_0: the values of this thread's copies, from issue (a load into registers) until land stores them.
-  KvQ8Run<4> kq[kKvQ8<KV> ? S::kCopies : 1], vq[kKvQ8<KV> ? S::kCopies : 1];
+  constexpr bool kInRegs = kKvQ8<KV> && !kRaw;
+  KvQ8Run<4> kq[kInRegs ? S::kCopies : 1], vq[kInRegs ? S::kCopies : 1];
   auto issue = [&](int stage) {
     unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
     unsigned char* vb = kb + S::kStage * S::kRowBytes;
 #pragma unroll
     for (int i = 0; i < S::kCopies; ++i) {
-      const int off = (cr + kRows * i) * S::kRowBytes + cv * 16;
       const bool on = src[i] >= 0;
-      if constexpr (kKvQ8<KV>) {
+      if constexpr (kRaw) {
+        const int e = tid + S::kThreads * i, r = e / S::kRowVecs;
+        if (r >= S::kStage) continue;  // the last round's threads past the stage
+        const int off = r * S::kRowBytes + 4 * (e % S::kRowVecs);
+        const auto* kp = reinterpret_cast<const unsigned char*>(k_pool);
+        const auto* vp = reinterpret_cast<const unsigned char*>(v_pool);
+        cp_async4_zfill(kb + off, on ? kp + src[i] : kp, on);
+        cp_async4_zfill(vb + off, on ? vp + src[i] : vp, on);
+        continue;
+      }
+      const int off = (cr + kRows * i) * S::kRowBytes + cv * 16;
+      if constexpr (kInRegs) {
         kq[i] = vq[i] = KvQ8Run<4>{};
         if (on) {
           kq[i] = kv_load_run<4>(k_pool + src[i], cv * S::kVec % 32);
@@ -350,7 +422,7 @@ __global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
     cp_async_commit();
   };
   auto land = [&](int stage) {
-    if constexpr (kKvQ8<KV>) {
+    if constexpr (kInRegs) {
       unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
       unsigned char* vb = kb + S::kStage * S::kRowBytes;
 #pragma unroll
@@ -394,7 +466,32 @@ __global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
     __syncthreads();  // the stage's rows, and q, are in
     const unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
     const unsigned char* vb = kb + S::kStage * S::kRowBytes;
-    {  // A
+    if constexpr (kRaw) {  // A, from a q8_0 row's block: its scale, then 8 codes at a time
+      const int p = tid % S::kStage, j = tid / S::kStage;
+      float s[G] = {};
+      const unsigned char* kr = kb + p * S::kRowBytes;
+      const float* qj = qs + j * S::kSlice;
+#pragma unroll
+      for (int i = 0; i < S::kSlice / 8; ++i) {
+        float kf[8];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float2 v = q8_staged_pair(kr, j * S::kSlice + 8 * i + 2 * c);
+          kf[2 * c] = v.x, kf[2 * c + 1] = v.y;
+        }
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          const float4* qv = reinterpret_cast<const float4*>(qj + h * D + i * 8);
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float4 x = qv[c];
+            s[h] += x.x * kf[4 * c] + x.y * kf[4 * c + 1] + x.z * kf[4 * c + 2] + x.w * kf[4 * c + 3];
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < G; ++h) part[(j * G + h) * S::kStage + p] = s[h];
+    } else {  // A
       const int p = tid % S::kStage, j = tid / S::kStage;
       float s[G] = {};
       const unsigned char* kr = kb + p * S::kRowBytes + j * S::kSliceVecs * 16;
@@ -455,7 +552,12 @@ __global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
         acc[h][0] *= c, acc[h][1] *= c;
       }
       for (int p = pg; p < n; p += S::kPg) {
-        const float2 v = load_pair(vb + p * S::kRowBytes + dp * 2 * sizeof(StagedAs<KV>), StagedAs<KV>{});
+        float2 v;
+        if constexpr (kRaw) {
+          v = q8_staged_pair(vb + p * S::kRowBytes, 2 * dp);
+        } else {
+          v = load_pair(vb + p * S::kRowBytes + dp * 2 * sizeof(SA), SA{});
+        }
 #pragma unroll
         for (int h = 0; h < G; ++h) {
           const float e = es[h * S::kStage + p];
@@ -525,22 +627,22 @@ __global__ void __launch_bounds__(Staged<D, StagedAs<KV>>::kThreads, 1)
   if (n_chunks > 1) merge_if_last<D / 32>(partial, done, dst, g, h0 + g.n_heads * t, n_q, n_chunks);
 }
 
-template <int D, int G, class KV>
+template <int D, int G, class KV, class SA>
 cudaError_t launch_staged(const Context& ctx, const ops::Attention& op, const Geometry& g, float* partial,
                           unsigned* done) {
-  using S = Staged<D, StagedAs<KV>>;
-  return launch_decode<G, KV>(ctx, attention_staged_kernel<D, G, KV>, S::kThreads, S::shared_bytes(G), op, g,
-                              partial, done);
+  using S = Staged<D, SA>;
+  return launch_decode<G, KV>(ctx, attention_staged_kernel<D, G, KV, SA>, S::kThreads, S::shared_bytes(G), op,
+                              g, partial, done);
 }
 
-template <int D, class KV>
+template <int D, class KV, class SA>
 cudaError_t launch_staged_for_group(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                     float* partial, unsigned* done) {
   switch (heads_per_block(g.group)) {
-    case 1: return launch_staged<D, 1, KV>(ctx, op, g, partial, done);
-    case 2: return launch_staged<D, 2, KV>(ctx, op, g, partial, done);
-    case 4: return launch_staged<D, 4, KV>(ctx, op, g, partial, done);
-    default: return launch_staged<D, kGroup, KV>(ctx, op, g, partial, done);
+    case 1: return launch_staged<D, 1, KV, SA>(ctx, op, g, partial, done);
+    case 2: return launch_staged<D, 2, KV, SA>(ctx, op, g, partial, done);
+    case 4: return launch_staged<D, 4, KV, SA>(ctx, op, g, partial, done);
+    default: return launch_staged<D, kGroup, KV, SA>(ctx, op, g, partial, done);
   }
 }
 
@@ -554,20 +656,28 @@ bool staged_eligible(const ops::Attention& op, const Geometry& g) {
          reinterpret_cast<uintptr_t>(op.v_pool.data) % 16 == 0;
 }
 
-// Positions a stage of the staged kernel that takes these rows.
-template <class KV>
-int64_t staged_stage(int64_t head_dim) {
-  return head_dim <= 64    ? Staged<64, KV>::kStage
-         : head_dim <= 128 ? Staged<128, KV>::kStage
-                           : Staged<256, KV>::kStage;
+// q8_0 pools are staged as they are (Staged<D, KvQ8>) where a row is D = 64, 128 or 256 values, so whole
+// 4-byte words of 4-byte-aligned pools; other head dims stage f32 values.
+bool staged_raw(const ops::Attention& op, const Geometry& g) {
+  return op.k_pool.type == DType::q8_0 && (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) &&
+         reinterpret_cast<uintptr_t>(op.k_pool.data) % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(op.v_pool.data) % 4 == 0;
 }
 
-template <class KV>
+// Positions a stage of the staged kernel that takes these rows, staged as SA.
+template <class SA>
+int64_t staged_stage(int64_t head_dim) {
+  return head_dim <= 64    ? Staged<64, SA>::kStage
+         : head_dim <= 128 ? Staged<128, SA>::kStage
+                           : Staged<256, SA>::kStage;
+}
+
+template <class KV, class SA>
 cudaError_t launch_staged_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                        float* partial, unsigned* done) {
-  if (g.head_dim <= 64) return launch_staged_for_group<64, KV>(ctx, op, g, partial, done);
-  if (g.head_dim <= 128) return launch_staged_for_group<128, KV>(ctx, op, g, partial, done);
-  return launch_staged_for_group<256, KV>(ctx, op, g, partial, done);
+  if (g.head_dim <= 64) return launch_staged_for_group<64, KV, SA>(ctx, op, g, partial, done);
+  if (g.head_dim <= 128) return launch_staged_for_group<128, KV, SA>(ctx, op, g, partial, done);
+  return launch_staged_for_group<256, KV, SA>(ctx, op, g, partial, done);
 }
 
 }  // namespace
@@ -585,10 +695,12 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   // then as many as its own span fills, up to kMaxChunks (the block tables' length bounds every token's
   // span, so the capacity below never clamps a token's live_chunks), and its sums are the same alone or
   // among any others.
-  const bool staged = staged_eligible(op, g);
+  const bool staged = staged_eligible(op, g), raw = staged_raw(op, g);
   const bool f16 = op.k_pool.type == DType::f16;
-  const int64_t min_chunk =
-      staged ? 4 * (f16 ? staged_stage<__half>(g.head_dim) : staged_stage<float>(g.head_dim)) : 16;
+  const int64_t min_chunk = !staged ? 16
+                            : f16   ? 4 * staged_stage<__half>(g.head_dim)
+                            : raw   ? 4 * staged_stage<KvQ8>(g.head_dim)
+                                    : 4 * staged_stage<float>(g.head_dim);
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
@@ -607,9 +719,10 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   }
   const bool q8 = op.k_pool.type == DType::q8_0;
   if (staged) {
-    return f16  ? launch_staged_for_head_dim<__half>(ctx, op, g, partial, done)
-           : q8 ? launch_staged_for_head_dim<KvQ8>(ctx, op, g, partial, done)
-                : launch_staged_for_head_dim<float>(ctx, op, g, partial, done);
+    return f16   ? launch_staged_for_head_dim<__half, __half>(ctx, op, g, partial, done)
+           : raw ? launch_staged_for_head_dim<KvQ8, KvQ8>(ctx, op, g, partial, done)
+           : q8  ? launch_staged_for_head_dim<KvQ8, float>(ctx, op, g, partial, done)
+                 : launch_staged_for_head_dim<float, float>(ctx, op, g, partial, done);
   }
   // q8_0 pools past 32 dims take the staged kernel: the unstaged one only rows of 32.
   if (q8)
