@@ -266,8 +266,8 @@ struct Staged {
 
 // q8_0 rows staged as they lie in the pool: head_dim / 32 blocks of 34 bytes, whole 4-byte words when
 // head_dim is D, a multiple of 64 (staged_raw), copied 4 bytes a copy, a stage's copies spread evenly over
-// the threads. Step A reads a slice of kSlice values of one block, step C a pair of codes, each with its
-// block's scale. The products are kv_value's, so the scores and sums are those of the f32 staging.
+// the threads. Step A takes a slice of kSlice values of one block (q . codes, then times the block's scale),
+// step C a pair of codes with their block's scale.
 template <int D>
 struct Staged<D, KvQ8> {
   static constexpr int kPoolRowBytes = D / 32 * static_cast<int>(sizeof(KvQ8));
@@ -466,31 +466,34 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
     __syncthreads();  // the stage's rows, and q, are in
     const unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
     const unsigned char* vb = kb + S::kStage * S::kRowBytes;
-    if constexpr (kRaw) {  // A, from a q8_0 row's block: its scale, then 8 codes at a time
-      const int p = tid % S::kStage, j = tid / S::kStage;
+    if constexpr (kRaw) {  // A, from one block of a q8_0 row: q . codes, times the block's scale
+      const int p = tid % S::kStage, j = tid / S::kStage, d0 = j * S::kSlice;
+      const int blk =
+          static_cast<int>(kb - smem) + p * S::kRowBytes + (d0 / 32) * static_cast<int>(sizeof(KvQ8));
+      const float scale = __half2float(*reinterpret_cast<const __half*>(smem + blk));
+      // The slice's codes, 4 a word, by 4-byte loads from the word they start in (they start 0 or 2 bytes
+      // into it: a row is whole words, a block 34 bytes), shifted into place.
+      const int c0 = blk + 2 + d0 % 32;
+      const auto* words = reinterpret_cast<const uint32_t*>(smem + (c0 & ~3));
+      const uint32_t shift = 8 * (c0 & 3);
+      uint32_t codes[S::kSlice / 4 + 1];
+#pragma unroll
+      for (int i = 0; i <= S::kSlice / 4; ++i) codes[i] = words[i];
+#pragma unroll
+      for (int i = 0; i < S::kSlice / 4; ++i) codes[i] = __funnelshift_r(codes[i], codes[i + 1], shift);
       float s[G] = {};
-      const unsigned char* kr = kb + p * S::kRowBytes;
-      const float* qj = qs + j * S::kSlice;
+      const float* qj = qs + d0;
 #pragma unroll
-      for (int i = 0; i < S::kSlice / 8; ++i) {
-        float kf[8];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float2 v = q8_staged_pair(kr, j * S::kSlice + 8 * i + 2 * c);
-          kf[2 * c] = v.x, kf[2 * c + 1] = v.y;
-        }
+      for (int i = 0; i < S::kSlice / 4; ++i) {
+        const float2 lo = q8_pair(codes[i]), hi = q8_pair(codes[i] >> 16);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
-          const float4* qv = reinterpret_cast<const float4*>(qj + h * D + i * 8);
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float4 x = qv[c];
-            s[h] += x.x * kf[4 * c] + x.y * kf[4 * c + 1] + x.z * kf[4 * c + 2] + x.w * kf[4 * c + 3];
-          }
+          const float4 x = reinterpret_cast<const float4*>(qj + h * D)[i];
+          s[h] += x.x * lo.x + x.y * lo.y + x.z * hi.x + x.w * hi.y;
         }
       }
 #pragma unroll
-      for (int h = 0; h < G; ++h) part[(j * G + h) * S::kStage + p] = s[h];
+      for (int h = 0; h < G; ++h) part[(j * G + h) * S::kStage + p] = scale * s[h];
     } else {  // A
       const int p = tid % S::kStage, j = tid / S::kStage;
       float s[G] = {};

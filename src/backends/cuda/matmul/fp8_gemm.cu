@@ -18,7 +18,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <compare>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -112,7 +115,22 @@ struct LtOperands {
   void* workspace;
 };
 
+// cuBLASLt's algorithm for a GEMM shape, asked of its heuristic once (a call of the heuristic costs far more
+// host time than the GEMM's launch, and a prompt's steps, not replayed as graphs, call every weight's GEMM),
+// for operands aligned to 16 bytes at least (kLtAlign: each call's are).
+struct AlgoKey {
+  const void* lt;
+  int64_t n, m, k, lda, ldd;
+  auto operator<=>(const AlgoKey&) const = default;
+};
+std::mutex algo_mutex;
+std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+constexpr uint32_t kLtAlign = 16;
+
 // D = diag(a_scales) A^T B diag(b_scales) on the e4m3 tensor cores; false where cuBLASLt takes no such GEMM.
+// The products accumulate in the tensor cores' own accumulators (CUBLASLT_MATMUL_DESC_FAST_ACCUM), without
+// the promotion to f32 every few blocks of k: inference's choice (vLLM's, TensorRT-LLM's), well inside this
+// path's tolerance.
 bool lt_gemm(const Context& ctx, const LtOperands& o) {
   LtDesc desc;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -120,7 +138,10 @@ bool lt_gemm(const Context& ctx, const LtOperands& o) {
   const void* a_scale = o.a_scales;
   const void* b_scale = o.b_scales;
   const uint64_t ws_bytes = kLtWorkspace;
+  const int8_t fast_accum = 1;
   bool ok = lt_ok(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+            lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
+                                                 sizeof fast_accum)) &&
             lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
             lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
             lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer,
@@ -136,20 +157,40 @@ bool lt_gemm(const Context& ctx, const LtOperands& o) {
             lt_ok(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(o.k),
                                              static_cast<uint64_t>(o.m), o.k)) &&
             lt_ok(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(o.n),
-                                             static_cast<uint64_t>(o.m), o.ldd)) &&
-            lt_ok(cublasLtMatmulPreferenceCreate(&desc.pref)) &&
-            lt_ok(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ws_bytes, sizeof ws_bytes));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
+                                             static_cast<uint64_t>(o.m), o.ldd));
+  if (!ok) return false;
   const auto lt = static_cast<cublasLtHandle_t>(ctx.lt());
-  ok = ok &&
-       lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1,
-                                            &heuristic, &found)) &&
-       found > 0;
+  const AlgoKey key{lt, o.n, o.m, o.k, o.lda, o.ldd};
+  cublasLtMatmulAlgo_t algo{};
+  bool cached = false;
+  {
+    const std::lock_guard lock(algo_mutex);
+    if (const auto it = algos.find(key); it != algos.end()) algo = it->second, cached = true;
+  }
+  if (!cached) {
+    const auto pref = [&](cublasLtMatmulPreferenceAttributes_t a, const auto& v) {
+      return lt_ok(cublasLtMatmulPreferenceSetAttribute(desc.pref, a, &v, sizeof v));
+    };
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    if (!lt_ok(cublasLtMatmulPreferenceCreate(&desc.pref)) ||
+        !pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws_bytes) ||
+        !pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, kLtAlign) ||
+        !pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, kLtAlign) ||
+        !pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, kLtAlign) ||
+        !pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, kLtAlign) ||
+        !lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1,
+                                              &heuristic, &found)) ||
+        found == 0) {
+      return false;
+    }
+    algo = heuristic.algo;
+    const std::lock_guard lock(algo_mutex);
+    algos.emplace(key, algo);
+  }
   const float one = 1.0f, zero = 0.0f;
-  return ok && lt_ok(cublasLtMatmul(lt, desc.op, &one, o.a, desc.a, o.b, desc.b, &zero, o.d, desc.d, o.d,
-                                    desc.d, &heuristic.algo, o.workspace, kLtWorkspace, ctx.stream));
+  return lt_ok(cublasLtMatmul(lt, desc.op, &one, o.a, desc.a, o.b, desc.b, &zero, o.d, desc.d, o.d, desc.d,
+                              &algo, o.workspace, kLtWorkspace, ctx.stream));
 }
 
 }  // namespace
