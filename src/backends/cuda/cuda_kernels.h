@@ -178,7 +178,8 @@ bool same_gemm_input(const Context& ctx, const ops::Matmul& a, const ops::Matmul
 // 2-3 matmuls on the same x that take the GEMM, with one GEMM input type (same_gemm_input): x converted to it
 // once, then each matmul's GEMM as matmul() runs it; or, when their weights are the parts of one stack in
 // order (WeightLayout) and their destinations of one type, one GEMM over the stack whose f32 result one
-// kernel splits into the destinations.
+// kernel splits into the destinations. FP8 weights that take the e4m3 GEMM: each matmul's as matmul() runs
+// it.
 cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group);
 // A residual add, the RMSNorm of its sum (add_rms_norm) and 1-3 matmuls on the norm's f32 result that take
 // the integer GEMV (as matmul_gemv_group takes them): the norm's kernel also rounds x to 8 bits, so no kernel
@@ -195,7 +196,7 @@ cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
 // Whether a matmul that takes the GEMM reads x in 16 bits (bf16, or f16 saturated): the kernel that produces
 // x then writes it so for the GEMM (add_norm_gemm_group, glu_gemm_group, attention_gemm_group), at any row
 // count, where the conversion kernel would read the f32 result back (the 8B's pp2048: 96 conversions of 14.5
-// to 21.7 us each).
+// to 21.7 us each). Not the e4m3 GEMM of FP8 weights, which rounds f32 x itself.
 bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op);
 // A residual add and the RMSNorm of its sum, then 1-3 matmuls on the norm's f32 result that take the GEMM in
 // 16 bits (gemm_takes_half_x; one input type): the norm's kernel also writes that result in the GEMM's type,

@@ -373,6 +373,14 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
 }  // namespace
 
 cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
+  // FP8 weights take the e4m3 GEMM a matmul at a time (each rounds x to e4m3 itself), not the dequantizing
+  // GEMM that a stack or a shared converted x would send them to.
+  if (fp8_gemm_applies(ctx, *group[0])) {
+    for (const ops::Matmul* op : group) {
+      if (const cudaError_t err = matmul_gemm(ctx, *op); err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  }
   cudaError_t err = cudaSuccess;
   const Operand x = gemm_x(ctx, group[0]->x, gemm_input_type(ctx, *group[0]), &err);
   if (err == cudaSuccess && stacked(group)) return stacked_gemm(ctx, group, x);
@@ -384,7 +392,8 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
 }
 
 bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op) {
-  return !takes_gemv(ctx, op) && gemm_input_type(ctx, op) != DType::f32;
+  // The e4m3 GEMM rounds f32 x itself (fp8_gemm.cu).
+  return !takes_gemv(ctx, op) && !fp8_gemm_applies(ctx, op) && gemm_input_type(ctx, op) != DType::f32;
 }
 
 namespace {
