@@ -507,11 +507,14 @@ for step in "${steps[@]}"; do
         echo "## kiln serve --parallel 64 under 64 concurrent requests (256 in, 128 out, greedy)"
         for round in 1 2; do
           for s in none ngram; do
-            "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8095 --spec "$s" >/tmp/serve-spec.log 2>&1 &
+            KILN_STEP_PROFILE=1 "$k" serve -m "$path" -d cuda --parallel 64 -c 2048 --port 8095 --spec "$s" \
+              >/tmp/serve-spec.log 2>&1 &
             spid=$!
             wait_healthy 8095
             echo "round $round, --spec $s: $(served "$k" 8095 256 64 '{"ignore_eos": true, "temperature": 0}')"
             kill "$spid"; wait "$spid" || true
+            # The server's steps when it stops: decode and prompt steps, launch against wait, graphs replayed.
+            grep -E "engine (decode|prefill) steps|programs replayed" /tmp/serve-spec.log | sed "s/^/  /"
           done
         done
       } 2>&1 | tee "$out/spec.md" || status=1
