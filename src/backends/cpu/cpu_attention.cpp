@@ -161,10 +161,6 @@ struct TiledAttention {
     const auto table = indices.subspan(indptr[tl.seq], indptr[tl.seq + 1] - indptr[tl.seq]);
     const uint8_t* k_rows[kAttnChunk];
     const uint8_t* v_rows[kAttnChunk];
-    // A quantized pool's rows of the chunk as f32: K rows [kAttnChunk, head_dim], then V rows.
-    const bool quantized = op.k_pool.type == DType::q8_0;
-    thread_local std::vector<float> kv_f32;
-    if (quantized) kv_f32.resize(static_cast<size_t>(2 * kAttnChunk * head_dim));
     const uint8_t* k_next[kAttnChunk];
     const uint8_t* v_next[kAttnChunk];
     state_reset(out, rp, rows, dp);
@@ -182,16 +178,6 @@ struct TiledAttention {
         }
         if (j0 >= j1) continue;
         pool_rows(table, kv, c0 + j0, c0 + j1, k_rows + j0, v_rows + j0);
-        if (quantized) {  // the chunk's rows dequantized once for the tile: the kernels read f32 or f16
-          for (int64_t j = j0; j < j1; ++j) {
-            float* kf = kv_f32.data() + j * head_dim;
-            float* vf = kf + kAttnChunk * head_dim;
-            dtype_info(op.k_pool.type).dequantize_row(k_rows[j], kf, head_dim);
-            dtype_info(op.v_pool.type).dequantize_row(v_rows[j], vf, head_dim);
-            k_rows[j] = reinterpret_cast<const uint8_t*>(kf);
-            v_rows[j] = reinterpret_cast<const uint8_t*>(vf);
-          }
-        }
         // The next chunk's rows, asked for ahead of their use: a decode step reads them from memory, once
         // each, and the kernel's walk over 8 or 16 rows at a time, 4 bytes of each, leaves the hardware
         // prefetchers behind (SmolLM2 at 3,300 positions: ~1.5 ms of attention a layer without this).
@@ -212,7 +198,7 @@ struct TiledAttention {
                           rows,
                           rp,
                           dp,
-                          static_cast<uint32_t>(quantized ? DType::f32 : op.k_pool.type),
+                          static_cast<uint32_t>(op.k_pool.type),
                           k_rows,
                           v_rows,
                           static_cast<int>(j0),
