@@ -2,7 +2,7 @@
 """kiln against llama.cpp on the CPU: pp512 and tg128 on the same GGUF files, same threads, one run.
 
 usage: bench/cpu_vs_llamacpp.py [--models KEY|PATH ...] [--reps R] [--threads T] [-p 512] [-n 128]
-                                [--kiln-args "..."] [--json OUT.json]
+                                [--depth D] [--kv-type f32|f16|q8_0] [--kiln-args "..."] [--json OUT.json]
 
 Run with the test venv's Python (scripts/setup-venv.sh; llama-cpp-python is in it) after
 `scripts/build.sh release kiln read_bandwidth`. The 1.5B row needs `scripts/fetch-models.sh --large`.
@@ -15,6 +15,9 @@ alternating, so both see the same machine state; each figure is the median over 
   n_threads_batch = T, the library's defaults otherwise: f16 KV, flash attention auto), a warm-up, then ppP =
   P random tokens (BOS first) in one llama_decode after clearing the KV cache, and tgN = N single-token
   llama_decode calls after clearing it, starting from BOS.
+- --depth D (llama-bench's -d, kiln bench's --depth): tgN after D random tokens (BOS first) already in the cache,
+  their prefill not timed; the pp test is then left out. --kv-type T: both engines' K and V caches of that type
+  (kiln bench --kv-type; llama.cpp's type_k and type_v, flash attention on, which its quantized V needs).
 - Peak RSS: VmHWM of each engine's process, polled while it runs. For llama.cpp the RSS of its Python process just
   before the model loads (the interpreter, numpy, the llama library) is subtracted, so that both numbers are
   the engine's own.
@@ -90,16 +93,20 @@ def run_measured(cmd):
 
 
 def kiln_rep(model, args):
-    cmd = [KILN, "bench", "-m", model, "-p", args.n_prompt, "-n", args.n_gen, "-t", args.threads, "-r", 1,
-           "-o", "json", *shlex.split(args.kiln_args)]
+    extra = ["--depth", args.depth] if args.depth else []
+    if args.kv_type:
+        extra += ["--kv-type", args.kv_type]
+    cmd = [KILN, "bench", "-m", model, "-p", 0 if args.depth else args.n_prompt, "-n", args.n_gen, "-t",
+           args.threads, "-r", 1, "-o", "json", *extra, *shlex.split(args.kiln_args)]
     out, rss = run_measured([str(c) for c in cmd])
     rows = {r["test"]: r["tokens_per_s"] for r in json.loads(out)}
-    return {"pp": rows[f"pp{args.n_prompt}"], "tg": rows[f"tg{args.n_gen}"], "rss": rss}
+    tg = next(v for t, v in rows.items() if t.startswith(f"tg{args.n_gen}"))
+    return {"pp": rows.get(f"pp{args.n_prompt}", float("nan")), "tg": tg, "rss": rss}
 
 
 def llama_rep(model, args):
     cmd = [sys.executable, __file__, "--llama-worker", model, str(args.n_prompt), str(args.n_gen),
-           str(args.threads)]
+           str(args.threads), str(args.depth), args.kv_type or "f16"]
     out, rss = run_measured(cmd)
     r = json.loads(out)
     return {"pp": r["pp"], "tg": r["tg"], "rss": rss - r["rss_before_load"]}
@@ -113,7 +120,10 @@ def vm_rss():
     return 0
 
 
-def llama_worker(model, n_prompt, n_gen, threads):
+GGML_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+
+
+def llama_worker(model, n_prompt, n_gen, threads, depth=0, kv_type="f16"):
     """One llama.cpp repetition (a separate process, so that its peak RSS is its own): prints JSON."""
     import ctypes
     import random
@@ -129,10 +139,13 @@ def llama_worker(model, n_prompt, n_gen, threads):
     if not model_p:
         sys.exit(f"llama.cpp could not load {model}")
     cp = lc.llama_context_default_params()
-    cp.n_ctx = max(n_prompt, n_gen + 1) + 1
+    cp.n_ctx = max(n_prompt, depth + n_gen + 1) + 1
     cp.n_batch = 2048
     cp.n_ubatch = 512
     cp.n_threads = cp.n_threads_batch = threads
+    if kv_type != "f16":
+        cp.type_k = cp.type_v = GGML_TYPES[kv_type]
+        cp.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
     ctx = lc.llama_init_from_model(model_p, cp)
     if not ctx:
         sys.exit(f"llama.cpp could not make a context for {model}")
@@ -154,9 +167,15 @@ def llama_worker(model, n_prompt, n_gen, threads):
         lc.llama_synchronize(ctx)
         return n / (time.perf_counter() - t0)
 
-    def gen(n):  # llama-bench's test_gen: n single-token steps from BOS
+    def gen(n):  # llama-bench's test_gen: n single-token steps from BOS, or after `depth` tokens
         lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
         token = bos
+        if depth:
+            tokens = [bos] + [rng.randrange(n_vocab) for _ in range(depth - 1)]
+            for i in range(0, depth, cp.n_batch):
+                decode(tokens[i:i + cp.n_batch])
+            lc.llama_synchronize(ctx)
+            token = rng.randrange(n_vocab)
         t0 = time.perf_counter()
         for _ in range(n):
             decode([token])
@@ -164,9 +183,11 @@ def llama_worker(model, n_prompt, n_gen, threads):
             token = rng.randrange(n_vocab)
         return n / (time.perf_counter() - t0)
 
-    prompt(n_prompt)  # warm-up, as llama-bench
+    if not depth:
+        prompt(n_prompt)  # warm-up, as llama-bench
     gen(1)
-    pp, tg = prompt(n_prompt), gen(n_gen)
+    pp = float("nan") if depth else prompt(n_prompt)
+    tg = gen(n_gen)
     lc.llama_free(ctx)
     lc.llama_model_free(model_p)
     print(json.dumps({"pp": pp, "tg": tg, "rss_before_load": rss_before_load}))
@@ -266,24 +287,27 @@ def mib(b):
 
 def table(results, args, bw):
     p, n = args.n_prompt, args.n_gen
+    tg = f"tg{n}" + (f" @ d{args.depth}" if args.depth else "") + (f" {args.kv_type} KV" if args.kv_type else "")
+    pp_head = "" if args.depth else f" pp{p} kiln | pp{p} llama.cpp | ratio |"
     lines = [
-        f"| model | type | pp{p} kiln | pp{p} llama.cpp | ratio | tg{n} kiln | tg{n} llama.cpp | ratio "
+        f"| model | type |{pp_head} {tg} kiln | {tg} llama.cpp | ratio "
         f"| kiln tg % of read bw | llama.cpp tg % | peak RSS kiln | peak RSS llama.cpp |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- |" + ("" if args.depth else " ---: | ---: | ---: |") + " ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |",
     ]
     for r in results:
         k, l = r["kiln"], r["llama_cpp"]
+        pp = "" if args.depth else f" {k['pp']:.1f} | {l['pp']:.1f} | {k['pp'] / l['pp']:.2f} |"
         lines.append(
-            f"| {r['model']} | {r['type']} | {k['pp']:.1f} | {l['pp']:.1f} | {k['pp'] / l['pp']:.2f} "
-            f"| {k['tg']:.1f} | {l['tg']:.1f} | {k['tg'] / l['tg']:.2f} "
+            f"| {r['model']} | {r['type']} |{pp} {k['tg']:.1f} | {l['tg']:.1f} | {k['tg'] / l['tg']:.2f} "
             f"| {k['tg_bw_pct']:.0f}% | {l['tg_bw_pct']:.0f}% | {mib(k['rss'])} | {mib(l['rss'])} |")
     return "\n".join(lines)
 
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--llama-worker":
-        model, n_prompt, n_gen, threads = sys.argv[2], *map(int, sys.argv[3:6])
-        llama_worker(model, n_prompt, n_gen, threads)
+        model, n_prompt, n_gen, threads, depth = sys.argv[2], *map(int, sys.argv[3:7])
+        llama_worker(model, n_prompt, n_gen, threads, depth, sys.argv[7])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=list(ROWS),
@@ -292,7 +316,9 @@ def main():
     ap.add_argument("--threads", "-t", type=int, default=os.cpu_count(), help="threads for both engines")
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
-    ap.add_argument("--kiln-args", default="", help="more `kiln bench` flags, e.g. \"--kv-type f16\"")
+    ap.add_argument("--depth", type=int, default=0, help="tgN after this many tokens in the cache (no pp test)")
+    ap.add_argument("--kv-type", choices=list(GGML_TYPES), help="both engines' KV cache type (default: their own)")
+    ap.add_argument("--kiln-args", default="", help="more `kiln bench` flags")
     ap.add_argument("--hf-dir", help="Hugging Face folder of SmolLM2-135M-Instruct for the Q8_0 / F16 rows")
     ap.add_argument("--json", help="also write the results, every sample included, to this file")
     args = ap.parse_args()
@@ -300,6 +326,8 @@ def main():
         sys.exit(f"missing {KILN} or {READ_BW}: run scripts/build.sh release kiln read_bandwidth")
     if args.n_prompt > 2048:
         sys.exit("-p above 2048 (llama.cpp's n_batch here) is not supported")
+    if args.depth < 0:
+        sys.exit("--depth must be 0 or more")
 
     bw = read_bandwidth(args.threads)
     print(f"read bandwidth, {args.threads} threads: {bw / 1e9:.1f} GB/s", file=sys.stderr)
@@ -335,7 +363,8 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"threads": args.threads, "reps": args.reps, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
-             "kiln_args": args.kiln_args, "read_bandwidth_bytes_per_s": bw, "rows": results}, indent=2) + "\n")
+             "depth": args.depth, "kv_type": args.kv_type, "kiln_args": args.kiln_args,
+             "read_bandwidth_bytes_per_s": bw, "rows": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
