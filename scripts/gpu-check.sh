@@ -79,8 +79,8 @@
 #   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS)
 #             and cuda_tests' row-form case,
 #             then the Llama-3-8B shape's random BF16 folder written as FP8 by kiln quantize (compressed-tensors,
-#             per channel), and kiln bench of the BF16 GGUF of prep beside the FP8 folder (pp2048, tg128, and
-#             --batch 64)
+#             per channel) and, unless prep made it, as a BF16 GGUF by kiln convert; kiln bench of the two side by
+#             side (pp2048, tg128, and --batch 64), with each one's step profile
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
 #             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
@@ -582,6 +582,8 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
           echo "## kiln quantize FOLDER OUT FP8, $(nproc) threads"
           TIMEFORMAT="%R s"
           { time "$k" quantize "$folder" "$fp8" FP8 -t "$(nproc)"; } 2>&1 | tail -2
+          # The BF16 side from the same folder when prep has not made it, so that one call compares the two.
+          [ -e "$bf16" ] || "$k" convert "$folder" "$bf16" --type bf16 2>&1 | tail -1
           rm -rf "$folder"
         fi
         for m in "$bf16" "$fp8"; do
