@@ -1,7 +1,7 @@
 // Paged causal attention on CUDA for decode-shaped batches, split-KV ("flash-decoding"): a block serves one
-// token and one KV head, for up to kGroup of the query heads that share that KV head (GQA: each K/V row is
-// read once per group), over one chunk of the token's positions. The staged kernel copies a chunk's K/V rows
-// to shared memory a stage at a time (q8_0 ones as f32); the unstaged one (head dims that are not whole
+// token and one KV head, for up to kDecodeGroup of the query heads that share that KV head (GQA: each K/V row
+// is read once per group), over one chunk of the token's positions. The staged kernel copies a chunk's K/V
+// rows to shared memory a stage at a time (q8_0 ones as f32); the unstaged one (head dims that are not whole
 // 16-byte vectors) walks them a warp a position. With one chunk the block writes dst, with several each
 // writes its state and the last of them to finish merges the chunks in order.
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include "backends/cuda/attention/attention.cuh"
 #include "backends/cuda/attention/decode_merge.cuh"
+#include "backends/cuda/attention/decode_staged.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
@@ -19,7 +20,6 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kGroup = 8;  // query heads per block, at most
 constexpr int kWarps = 4;  // warps per block of the unstaged kernel
 
 // What block (blockIdx.x, blockIdx.y) of a decode kernel of G heads a block serves: token t, KV head kvh, its
@@ -197,9 +197,9 @@ cudaError_t launch(const Context& ctx, const ops::Attention& op, const Geometry&
                               sizeof(float) * kWarps * G * (g.head_dim + 2), op, g, partial, done);
 }
 
-// Query heads a block: the group's, rounded up to a power of two, at most kGroup.
+// Query heads a block: the group's, rounded up to a power of two, at most kDecodeGroup.
 inline int heads_per_block(int64_t group) {
-  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kGroup;
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kDecodeGroup;
 }
 
 template <int DPL, class KV>
@@ -209,7 +209,7 @@ cudaError_t launch_for_group(const Context& ctx, const ops::Attention& op, const
     case 1: return launch<DPL, 1, KV>(ctx, op, g, partial, done);
     case 2: return launch<DPL, 2, KV>(ctx, op, g, partial, done);
     case 4: return launch<DPL, 4, KV>(ctx, op, g, partial, done);
-    default: return launch<DPL, kGroup, KV>(ctx, op, g, partial, done);
+    default: return launch<DPL, kDecodeGroup, KV>(ctx, op, g, partial, done);
   }
 }
 
@@ -239,92 +239,6 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 //   C. p.v: a thread two adjacent dims of every head, over every kPg-th position of the stage.
 // f32 arithmetic, the same sums as the unstaged kernel up to their order. Rows whose head_dim is not a whole
 // number of 16-byte vectors take attention_kernel.
-template <int D, class KV>
-struct Staged {
-  static constexpr int kVec = 16 / static_cast<int>(sizeof(KV));  // elements a 16-byte vector
-  static constexpr int kRowVecs = D / kVec;                       // vectors a row
-  static constexpr int kRowBytes = D * static_cast<int>(sizeof(KV)) + 16;
-  static constexpr int kStage = D * sizeof(KV) <= 256 ? 64 : D * sizeof(KV) <= 512 ? 32 : 16;  // positions
-  // Threads a block: 16 warps for rows of up to 256 bytes, whose states fit the 128 registers a thread that
-  // allows; 8 beyond.
-  static constexpr int kThreads = D * sizeof(KV) <= 256 ? 512 : 256;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kHeadsAWarp = (kGroup + kWarps - 1) / kWarps;  // step B's heads a warp, at most
-  static constexpr int kTpp = kThreads / kStage;                      // threads a position's scores
-  static constexpr int kSliceVecs = kRowVecs / kTpp;                  // vectors of a row a thread scores
-  static constexpr int kCopies = kStage * kRowVecs / kThreads;  // copies a thread a stage, of K and of V
-  static constexpr int kPg = 2 * kThreads / D;                  // position groups of step C
-  static constexpr size_t kKvBytes = size_t{4} * kStage * kRowBytes;  // 2 stages of K and V
-  static size_t shared_bytes(int g) {
-    return kKvBytes +
-           sizeof(float) * (size_t(g) * D + size_t(kTpp) * g * kStage + size_t(g) * kStage + 3 * g);
-  }
-  static_assert(kRowVecs % kTpp == 0 && (kStage * kRowVecs) % kThreads == 0 && kThreads % kRowVecs == 0);
-  // The position groups' sums meet, at the end, in the stages' buffers.
-  static_assert(sizeof(float) * (kPg - 1) * kGroup * D <= kKvBytes);
-};
-
-// q8_0 rows staged as they lie in the pool: head_dim / 32 blocks of 34 bytes, whole 4-byte words when
-// head_dim is D, a multiple of 64 (staged_raw), copied 4 bytes a copy, a stage's copies spread evenly over
-// the threads. Step A takes a slice of kSlice values of one block (q . codes, then times the block's scale),
-// step C a pair of codes with their block's scale.
-template <int D>
-struct Staged<D, KvQ8> {
-  static constexpr int kPoolRowBytes = D / 32 * static_cast<int>(sizeof(KvQ8));
-  static constexpr int kRowVecs = kPoolRowBytes / 4;  // copies a row
-  // An odd number of words a staged row: step A's 32 positions a warp hit 32 distinct banks.
-  static constexpr int kRowBytes = kRowVecs % 2 == 1 ? kPoolRowBytes : kPoolRowBytes + 4;
-  static constexpr int kStage = D <= 128 ? 64 : 32;
-  static constexpr int kThreads = D <= 128 ? 512 : 256;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kHeadsAWarp = (kGroup + kWarps - 1) / kWarps;
-  static constexpr int kTpp = kThreads / kStage;
-  static constexpr int kSlice = D / kTpp;  // values of a row a thread scores
-  static constexpr int kCopies = (kStage * kRowVecs + kThreads - 1) / kThreads;
-  static constexpr int kPg = 2 * kThreads / D;
-  static constexpr size_t kKvBytes =
-      std::max(size_t{4} * kStage * kRowBytes, sizeof(float) * (kPg - 1) * kGroup * D);
-  static size_t shared_bytes(int g) {
-    return kKvBytes +
-           sizeof(float) * (size_t(g) * D + size_t(kTpp) * g * kStage + size_t(g) * kStage + 3 * g);
-  }
-  static_assert(D % 64 == 0 && kSlice % 8 == 0 && 32 % kSlice == 0 && kThreads % (D / 2) == 0);
-};
-
-// The two q8_0 codes of a 16-bit word, in f32, exactly and with no integer-to-float conversion: each code +
-// 128 becomes the mantissa of a float of exponent 23 (2^23 + code + 128), from which 2^23 + 128 is taken.
-__device__ inline float2 q8_pair(uint32_t w) {
-  const uint32_t u = w ^ 0x8080u;
-  return make_float2(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)) - 8388736.0f,
-                     __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)) - 8388736.0f);
-}
-// Values d, d + 1 (d even) of a staged q8_0 row, in f32: the same products as kv_value's.
-__device__ inline float2 q8_staged_pair(const unsigned char* row, int d) {
-  const unsigned char* b = row + (d / 32) * sizeof(KvQ8);
-  const float scale = __half2float(*reinterpret_cast<const __half*>(b));
-  const float2 c = q8_pair(*reinterpret_cast<const uint16_t*>(b + 2 + d % 32));
-  return make_float2(scale * c.x, scale * c.y);
-}
-
-__device__ inline void unpack(const unsigned char* p, float (&out)[8]) {  // 8 f16
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    out[2 * i] = f.x, out[2 * i + 1] = f.y;
-  }
-}
-__device__ inline void unpack(const unsigned char* p, float (&out)[4]) {  // 4 f32
-  const float4 f = *reinterpret_cast<const float4*>(p);
-  out[0] = f.x, out[1] = f.y, out[2] = f.z, out[3] = f.w;
-}
-__device__ inline float2 load_pair(const unsigned char* p, __half) {
-  return __half22float2(*reinterpret_cast<const __half2*>(p));
-}
-__device__ inline float2 load_pair(const unsigned char* p, float) {
-  return *reinterpret_cast<const float2*>(p);
-}
 // The element type SA of a pool's staged rows: its own; for q8_0, KvQ8 (the blocks as they are) where
 // staged_raw, else f32.
 template <int D, int G, class KV, class SA>
@@ -645,7 +559,7 @@ cudaError_t launch_staged_for_group(const Context& ctx, const ops::Attention& op
     case 1: return launch_staged<D, 1, KV, SA>(ctx, op, g, partial, done);
     case 2: return launch_staged<D, 2, KV, SA>(ctx, op, g, partial, done);
     case 4: return launch_staged<D, 4, KV, SA>(ctx, op, g, partial, done);
-    default: return launch_staged<D, kGroup, KV, SA>(ctx, op, g, partial, done);
+    default: return launch_staged<D, kDecodeGroup, KV, SA>(ctx, op, g, partial, done);
   }
 }
 
