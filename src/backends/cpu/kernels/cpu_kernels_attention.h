@@ -172,11 +172,9 @@ KILN_INLINE void pv_block(const float* p, int64_t rp, const float* const* v, int
 
 // A q8_0 block (an f16 scale, 32 int8 codes) as 32 f32: each the scale times its code, exactly as the
 // reference dequantizer.
-KILN_INLINE void q8_0_to_f32_32(const uint8_t* b, float* f) {
-  uint16_t dh;
-  std::memcpy(&dh, b, sizeof dh);
-  const float d = h2f(dh);
-  const auto* q = reinterpret_cast<const int8_t*>(b + 2);
+KILN_INLINE void q8_0_to_f32_32(const BlockQ8_0& b, float* f) {
+  const float d = h2f(b.d);
+  const int8_t* q = b.qs;
 #if defined(__AVX2__)
   const __m256 dv = _mm256_set1_ps(d);
   KILN_UNROLL
@@ -203,7 +201,8 @@ void rows_f32(const AttnChunk& c, const uint8_t* const* rows, int64_t n, bool pa
       }
       std::memcpy(dst, rows[j], n * sizeof(float));
     } else if (c.kv_type == kQ8_0) {
-      for (int64_t b = 0; b < n / 32; ++b) q8_0_to_f32_32(rows[j] + 34 * b, dst + 32 * b);
+      const auto* blocks = reinterpret_cast<const BlockQ8_0*>(rows[j]);
+      for (int64_t b = 0; b < n / 32; ++b) q8_0_to_f32_32(blocks[b], dst + 32 * b);
     } else {
       const auto* h = reinterpret_cast<const uint16_t*>(rows[j]);
       int64_t i = 0;
