@@ -126,6 +126,9 @@ class Backend {
   // The rows a decode step of `rows` sequences is best padded to (models' pad_decode): a backend that
   // replays recorded steps records one per size it returns. `rows` itself: no padding.
   virtual int32_t padded_rows(int32_t rows) const { return rows; }
+  // The most rows a step may have and still replay as a recorded step; 0: no step replays (each launches
+  // its ops), so no size makes a step's cost jump.
+  virtual int32_t replayed_rows_max() const { return 0; }
   // One line on how the backend ran the programs it was given (e.g. CUDA graphs replayed and captured), for
   // KILN_STEP_PROFILE; empty: nothing to say.
   virtual std::string profile_summary() const { return {}; }

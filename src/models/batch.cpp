@@ -111,16 +111,22 @@ Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
 
 bool pad_decode(Batch& b, int32_t rows, std::span<const int32_t> spare_table) {
   const auto n = static_cast<size_t>(b.n_tokens());
-  if (static_cast<size_t>(rows) <= n || spare_table.size() != 1 || b.block_tables.size() != n ||
-      b.logit_rows.size() != n || (b.argmax_vocab == 0 && b.sample_vocab == 0))
+  const size_t n_seqs = b.block_tables.size();
+  if (static_cast<size_t>(rows) <= n || spare_table.size() != 1 || n_seqs == 0 || b.logit_rows.size() != n ||
+      (b.argmax_vocab == 0 && b.sample_vocab == 0) || (b.sample_vocab > 0 && n_seqs != n))
     return false;
+  // Every row wanted, each sequence's rows together in sequence order: decode rows, and verifying rows
+  // (a token and its drafts).
   for (size_t i = 0; i < n; ++i) {
-    if (b.seq[i] != static_cast<int32_t>(i) || b.logit_rows[i] != static_cast<int32_t>(i)) return false;
+    const int32_t want_seq = i == 0 ? 0 : b.seq[i - 1];
+    if (b.logit_rows[i] != static_cast<int32_t>(i) || (b.seq[i] != want_seq && b.seq[i] != want_seq + 1))
+      return false;
   }
+  if (b.seq[0] != 0 || static_cast<size_t>(b.seq[n - 1]) + 1 != n_seqs) return false;
   for (auto i = static_cast<int32_t>(n); i < rows; ++i) {
     b.tokens.push_back(0);
     b.positions.push_back(0);
-    b.seq.push_back(i);
+    b.seq.push_back(static_cast<int32_t>(b.block_tables.size()));
     b.block_tables.push_back(spare_table);
     b.logit_rows.push_back(i);
     if (b.sample_vocab > 0) b.sample_rows.push_back(ops::SampleRow{});  // greedy, no mask, nothing reported

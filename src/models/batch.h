@@ -62,13 +62,14 @@ struct KvGeometry {
 // invalid_argument / out_of_range naming the field and index.
 Status check_batch(const Batch& batch, int32_t n_vocab, const KvGeometry& kv);
 
-// Pads a decode step (one token and one wanted row for each sequence, its tokens drawn on the backend) to
-// `rows` rows with rows that change nothing: token 0 at position 0 of a sequence whose block table is
-// `spare_table` (one block that no sequence owns: each pad writes its K/V there and reads them back), greedy
-// when the step samples. A backend that replays recorded steps (CUDA graphs) then records one step per padded
-// size instead of one per batch size. The real rows keep their indices; the pads' results follow them and
-// are not read. spare_table must outlive the batch's use. Returns false, the batch unchanged, when it is not
-// such a step or has `rows` rows or more.
+// Pads a decode step (every row wanted, its tokens drawn on the backend: one token a sequence, or under an
+// argmax a token and its drafts, each sequence's rows together) to `rows` rows with rows that change nothing:
+// each a sequence of its own, token 0 at position 0 of the block table `spare_table` (one block that no
+// sequence owns: each pad writes its K/V there and reads them back), greedy when the step samples. A backend
+// that replays recorded steps (CUDA graphs) then records one step per padded count of sequences instead of
+// one per batch size. The real rows keep their indices; the pads' results follow them and are not read.
+// spare_table must outlive the batch's use. Returns false, the batch unchanged, when it is not such a step
+// or has `rows` rows or more.
 bool pad_decode(Batch& batch, int32_t rows, std::span<const int32_t> spare_table);
 
 }  // namespace kiln

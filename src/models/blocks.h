@@ -142,7 +142,7 @@ class StepModel : public Model {
   // each draft length, which alternate with them) each keep their programs: recording a step's ~15 ops a
   // layer, and a backend matching what it made of them (a captured graph), cost more than a small step's
   // kernels. The least recently run is recorded over.
-  static constexpr size_t kRecordedSteps = 16;
+  static constexpr size_t kRecordedSteps = 32;
   // Records every stage's program into `into`.
   Status record(KvBuffers& kv, Recorded& into);
   // What a step's recording depends on besides the weights: each stage's metadata (counts, and its tensors'

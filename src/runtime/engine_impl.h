@@ -161,8 +161,9 @@ struct Engine::Impl {
   void emit(Seq& s, Result<SampleResult> sampled, bool drafted = false);
   // Speculative decoding: each decoding request's draft (Seq::draft, Scheduler::set_draft), within
   // the step's draft budget, by prompt lookup or from the draft model; and, after the step, the chunk's rows
-  // from `row` on: each token emitted in turn while it equals the draft before it.
-  void propose_drafts();
+  // from `row` on: each token emitted in turn while it equals the draft before it. decode_only: the step
+  // computes no prompt (the backend may replay it).
+  void propose_drafts(bool decode_only);
   // Whether the next step is likely to decode only (no admission, no prompt to compute): the steps where
   // speculation drafts, and whose speed SpecControl compares.
   bool decode_step_next() const;

@@ -119,7 +119,7 @@ void Engine::Impl::step() {
       speculate && (!options.speculation_adaptive ||
                     (decode_step ? spec_control.choose(n_running)
                                  : draft_model == nullptr && spec_control.favours(n_running)));
-  if (drafted) propose_drafts();
+  if (drafted) propose_drafts(decode_step);
   const uint64_t generated_before = totals.n_generated_tokens + delta.n_generated_tokens;
   const StepPlan plan = scheduler->schedule();
   on_plan(plan);
@@ -308,8 +308,11 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
 
 void Engine::Impl::pad() {
   if (spare_block < 0) return;  // a host backend, or layers on the host, which would compute the pads too
-  const int32_t rows = backend->padded_rows(batch.n_tokens());
-  if (rows > batch.n_tokens()) pad_decode(batch, rows, {&spare_block, 1});
+  // Pads are sequences: a verifying step (drafts beside the own tokens) is padded as its decode step would
+  // be, so that its shape is one of few (the padded sequences, and its drafts: draft lengths repeat).
+  const auto n_seqs = static_cast<int32_t>(batch.block_tables.size());
+  const int32_t pads = backend->padded_rows(n_seqs) - n_seqs;
+  if (pads > 0) pad_decode(batch, batch.n_tokens() + pads, {&spare_block, 1});
 }
 
 void Engine::Impl::fill_masks(std::span<Sampler* const> samplers) {
@@ -398,17 +401,25 @@ Result<SampleResult> Engine::Impl::host_token(Seq& s, size_t row) {
 namespace {
 
 // Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens, for the largest
-// n in [kNgramMin, kNgramMax] that occurred before; at most `max` of them.
+// n in [kNgramMin, kNgramMax] that occurred before; at most `max` of them. Where that occurrence is too
+// recent for `max` tokens to follow it and `full`, the text is taken to repeat from it (the draft continues
+// with its own first tokens): a draft is then `max` tokens or none, so that verifying steps come in few
+// shapes (for a backend that replays steps: a new shape is launched op by op and captured first, which
+// costs more than the step).
 constexpr int32_t kNgramMin = 2, kNgramMax = 8;
-std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int32_t max) {
+std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int32_t max, bool full) {
   const auto n_tokens = static_cast<int64_t>(tokens.size());
   for (int32_t n = kNgramMax; n >= kNgramMin; --n) {
     if (n_tokens <= n) continue;
     const auto suffix = tokens.subspan(static_cast<size_t>(n_tokens - n));
     for (int64_t i = n_tokens - n - 1; i >= 0; --i) {
       if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + i)) continue;
-      const int64_t from = i + n, len = std::min<int64_t>(max, n_tokens - from);
-      return {tokens.begin() + from, tokens.begin() + from + len};
+      const int64_t from = i + n, period = n_tokens - from;
+      std::vector<int32_t> draft(static_cast<size_t>(full ? max : std::min<int64_t>(max, period)));
+      const auto p = static_cast<size_t>(period);
+      for (size_t k = 0; k < draft.size(); ++k)
+        draft[k] = k < p ? tokens[static_cast<size_t>(from) + k] : draft[k - p];
+      return draft;
     }
   }
   return {};
@@ -416,35 +427,47 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int32_t max) {
 
 }  // namespace
 
-void Engine::Impl::propose_drafts() {
+void Engine::Impl::propose_drafts(bool decode_only) {
   std::vector<Seq*> seqs;
   for (auto& [id, s] : live) {
     s->draft.clear();
     seqs.push_back(s.get());
   }
   std::sort(seqs.begin(), seqs.end(), [](const Seq* a, const Seq* b) { return a->id < b->id; });
+  const auto decoding = [&](const Seq& s) {
+    return s.admitted && scheduler->contains(s.id) &&
+           scheduler->n_computed(s.id) == static_cast<int32_t>(scheduler->tokens(s.id).size()) - 1;
+  };
   // Who drafts, and how many tokens at most: the oldest decoding requests first, within the step's budget.
+  // A decode step that the backend replays (a CUDA graph) up to some size keeps within it: past it the step
+  // is launched op by op, which costs more than drafts save (a GPU serving 64 requests was 13% slower).
+  int32_t budget = Engine::kSpeculativeStepTokens;
+  const int32_t replayed = backend->replayed_rows_max();
+  if (decode_only && replayed > 0) {
+    const auto n_decoding = static_cast<int32_t>(
+        std::count_if(seqs.begin(), seqs.end(), [&](const Seq* s) { return decoding(*s); }));
+    budget = std::clamp(replayed - backend->padded_rows(n_decoding), 0, budget);
+  }
   std::vector<DraftModel::Request> asks;
   std::vector<Seq*> askers;
-  int32_t budget = Engine::kSpeculativeStepTokens;
   for (Seq* s : seqs) {
     if (budget == 0) break;
     // Any sampling: a row's token is drawn as without drafts (the same logits, history and draw index), so
     // keeping a draft only when the draw gives it keeps the request's tokens. Not for prompt scoring.
-    if (!s->admitted || !scheduler->contains(s->id) || s->prompt_logits ||
-        (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent))
-      continue;
+    if (!decoding(*s) || s->prompt_logits || (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent)) continue;
     const std::span<const int32_t> tokens = scheduler->tokens(s->id);
     const auto n_tokens = static_cast<int32_t>(tokens.size());
-    if (scheduler->n_computed(s->id) != n_tokens - 1) continue;  // not decoding: waiting, or a prefill
-    // A draft never runs past the request's last token: its max_tokens, the context.
-    const int32_t max = std::min(
+    // A draft never runs past the request's last token: its max_tokens, the context. For a backend that
+    // replays steps, its length is a power of two, so that verifying steps take few shapes.
+    int32_t max = std::min(
         {options.draft_max, budget, s->params.max_tokens - s->stats.n_generated - 1, desc.n_ctx - n_tokens});
     if (max <= 0) continue;
+    if (replayed > 0) max = static_cast<int32_t>(std::bit_floor(static_cast<uint32_t>(max)));
     DraftModel::Request& a =
         asks.emplace_back(DraftModel::Request{.id = s->id, .tokens = tokens, .max = max, .draft = {}});
     askers.push_back(s);
-    if (draft_model == nullptr) a.draft = ngram_draft(tokens, max);  // costs nothing when it finds none
+    if (draft_model == nullptr)
+      a.draft = ngram_draft(tokens, max, replayed > 0);  // costs nothing when it finds none
     budget -= draft_model == nullptr ? static_cast<int32_t>(a.draft.size()) : max;
   }
   if (draft_model != nullptr) {

@@ -637,6 +637,46 @@ TEST(StepProgram, PaddedDecodeRowsChangeNothing) {
   EXPECT_FALSE(pad_decode(greedy, 2, spare));  // already that many rows
 }
 
+// A verifying step (a token and its drafts, every row wanted) is padded with sequences of one row each, as
+// its decode step would be: the real rows' argmax tokens are the unpadded step's.
+TEST(StepProgram, PaddedVerifyingRowsChangeNothing) {
+  std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{2}).value();
+  Loaded plain = load(*cpu, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  Loaded padded = load(*cpu, "SmolLM2-135M-Instruct.Q4_1.gguf");
+  ASSERT_TRUE(plain.model && padded.model);
+  for (Loaded* l : {&plain, &padded}) ASSERT_TRUE(l->model->forward(prefill(19, 4), *l->kv).ok());
+  Batch verify;  // sequence 0's token at 19 and two drafts, sequence 1's token at 4
+  verify.block_tables = {kTable0, kTable1};
+  verify.tokens = {300, 301, 302, 303};
+  verify.positions = {19, 20, 21, 4};
+  verify.seq = {0, 0, 0, 1};
+  verify.logit_rows = {0, 1, 2, 3};
+  verify.argmax_vocab = plain.model->info().n_vocab;
+  Batch verify8 = verify;
+  const std::vector<int32_t> spare = {15};
+  ASSERT_TRUE(pad_decode(verify8, 8, spare));
+  EXPECT_EQ(verify8.block_tables.size(), 6u);
+  EXPECT_EQ(verify8.seq, (std::vector<int32_t>{0, 0, 0, 1, 2, 3, 4, 5}));
+  std::vector<int32_t> want, got;
+  Result<Tensor> a = plain.model->forward(verify, *plain.kv);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(read_token_ids(*cpu, *a, want).ok());
+  Result<Tensor> b = padded.model->forward(verify8, *padded.kv);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_TRUE(read_token_ids(*cpu, *b, got).ok());
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 4), want);
+
+  // Rows out of sequence order, or a row not wanted, are not padded.
+  Batch unordered = verify;
+  unordered.seq = {1, 1, 1, 0};
+  EXPECT_FALSE(pad_decode(unordered, 8, spare));
+  Batch unwanted = verify;
+  unwanted.logit_rows = {2, 3};
+  EXPECT_FALSE(pad_decode(unwanted, 8, spare));
+}
+
 TEST(CheckBatch, EveryValueAnOpReadsIsChecked) {
   const std::vector<int32_t> t0 = {0, 1}, t1 = {2}, bad_block = {0, 5}, freed = {ops::kFreedBlock, 1};
   auto batch = [&](auto&&... edit) {

@@ -147,6 +147,9 @@ class CudaBackend final : public Backend {
     if (ctx_.options.graphs <= 0 || profile_ || rows < 1 || rows > graph_max_tokens()) return rows;
     return rows <= 2 ? rows : rows <= 4 ? 4 : (rows + 7) / 8 * 8;
   }
+  int32_t replayed_rows_max() const override {
+    return ctx_.options.graphs <= 0 || profile_ ? 0 : graph_max_tokens();
+  }
   bool supports(const ops::Op& op) const override { return cuda::supports(op); }
   Status run(const Program& program) override {
     if (program.version() != supported_version_) {  // a program run again unchanged was checked before

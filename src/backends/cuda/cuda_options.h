@@ -4,7 +4,7 @@
 //
 // | variable           | default | field   | what it changes                                                |
 // |--------------------|---------|---------|----------------------------------------------------------------|
-// | KILN_CUDA_GRAPHS=N | 16      | graphs  | decode-step graphs kept (0: steps launched op by op)          |
+// | KILN_CUDA_GRAPHS=N | 32      | graphs  | decode-step graphs kept (0: steps launched op by op)          |
 // | KILN_CUDA_PDL=0    | 1       | pdl     | no programmatic dependent launch (sm_90 and newer only anyway) |
 // | KILN_CUDA_FUSE=0   | 1       | fuse    | every op its own kernel (fused sequences: run_fused)           |
 // | KILN_CUDA_MMQ=0    | 1       | mmq     | K-quant batches take the integer GEMV or cuBLAS, not mmq       |
@@ -44,7 +44,7 @@ struct CudaOptions {
   // ---- from the environment (the table above) ----
   // Decode steps (few tokens a request) captured and replayed as CUDA graphs, up to this many kept at once
   // (a server's batch changes size as requests come and go; each size is a graph); 0: none.
-  int graphs = 16;
+  int graphs = 32;
   bool pdl = true;       // programmatic dependent launches where the device has them (sm_90 and newer)
   bool fuse = true;      // the sequences cuda::run_fused knows run as one kernel each
   bool mmq = true;       // batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols)
