@@ -66,7 +66,7 @@ std::vector<size_t> scale_offsets(DType type) {
 }
 
 // A [k, n] weight of `type` in host memory: 16-bit floats uniform in [-1, 1], blocks random bytes with small
-// finite scales.
+// finite scales (f8_e4m3: one a row, as the backend's row form takes it).
 std::vector<uint8_t> make_weight(DType type, int64_t k, int64_t n, std::mt19937& rng) {
   const int64_t bytes = dtype_row_bytes(type, k).value() * n;
   std::vector<uint8_t> mem(static_cast<size_t>(bytes));
@@ -79,6 +79,19 @@ std::vector<uint8_t> make_weight(DType type, int64_t k, int64_t n, std::mt19937&
     return mem;
   }
   for (auto& b : mem) b = static_cast<uint8_t>(rng());
+  if (type == DType::f8_e4m3) {  // one scale a row (a per-channel checkpoint's), codes that are not NaN
+    const int64_t row_bytes = bytes / n;
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = 0.01f * (1.0f + uni(rng));
+      for (int64_t off = j * row_bytes; off < (j + 1) * row_bytes; off += 36) {
+        std::memcpy(mem.data() + off, &d, 4);
+        for (int64_t e = 4; e < 36; ++e) {
+          if ((mem[static_cast<size_t>(off + e)] & 0x7F) == 0x7F) mem[static_cast<size_t>(off + e)] ^= 1;
+        }
+      }
+    }
+    return mem;
+  }
   const int64_t block = dtype_info(type).type_size;
   for (int64_t off = 0; off < bytes; off += block) {
     for (size_t s : scale_offsets(type)) {
