@@ -9,10 +9,10 @@
 //
 // A warp owns 32 weight rows (two m16 tiles, so that each x fragment it loads serves both). It copies 64
 // codes of each row into shared memory with cp.async, two such chunks in flight while it multiplies the one
-// before with every token of the batch: mma.sync m16n8k32 on e4m3 codes with f32 accumulators, the scales
-// applied once at the end (w's row scale times x's token scale). A thread of the mma holds A words (4c, 16 +
-// 4c) of rows g, g + 8 and B words (4c, 16 + 4c) of token g; they are mapped to elements 8c .. 8c + 7 of the
-// sub-block, in A and B alike, so that each is one 8-byte load.
+// before with every token of the batch: mma.sync m16n8k32 on e4m3 codes, each chunk's sums added to f32
+// accumulators, the scales applied once at the end (w's row scale times x's token scale). A thread of the mma
+// holds A words (4c, 16 + 4c) of rows g, g + 8 and B words (4c, 16 + 4c) of token g; they are mapped to
+// elements 8c .. 8c + 7 of the sub-block, in A and B alike, so that each is one 8-byte load.
 //
 // A block has 4 warps: 4 / k_split row tiles of 32 rows, each split over k_split warps that take every
 // k_split-th chunk, summed in warp order at the end; k_split is chosen from the weight's shape alone.
@@ -43,31 +43,56 @@ static_assert(kSmemBytes >= size_t{kWarps} * 2 * 8 * 4 * 32 * sizeof(float), "ro
 int tiles_a_block(int64_t m) { return m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 // Token t of x (blockIdx.x; t < m_pad) as e4m3 codes in x's tiles, and its scale amax / 448 (1 for a row of
-// zeros, and for the tokens past m, whose codes are zeros).
-__global__ void fp8_x_tiles(Rows x, int64_t k, int64_t m, uint8_t* q, float* scales) {
+// zeros, and for the tokens past m, whose codes are zeros). A batch's few tokens are few blocks: each thread
+// loads its kXVec groups of 4 at once and keeps them for the rounding, so that a block waits on memory once
+// (a loop of dependent loads took 30 us at k = 4096); k past kXThreads * kXVec * 4 is read again.
+constexpr int kXThreads = 1024, kXVec = 4;
+template <bool kVec>
+__device__ __forceinline__ float4 x_group(const float* row, int64_t e) {
+  if constexpr (kVec) return __ldg(reinterpret_cast<const float4*>(row + e));
+  return make_float4(row[e], row[e + 1], row[e + 2], row[e + 3]);
+}
+template <bool kVec>
+__global__ void __launch_bounds__(kXThreads)
+    fp8_x_tiles(Rows x, int64_t k, int64_t m, uint8_t* q, float* scales) {
   __shared__ float smem[32];
   pdl_begin();
   const int64_t t = blockIdx.x;
   const float* row = t < m ? x.row_as<const float>(t) : nullptr;
+  const int64_t per_pass = 4 * static_cast<int64_t>(kXThreads) * kXVec;
+  float4 v[kXVec];
   float amax = 0.0f;
-  if (row != nullptr) {
-    for (int64_t e = threadIdx.x; e < k; e += blockDim.x) amax = fmaxf(amax, fabsf(row[e]));
+#pragma unroll
+  for (int i = 0; i < kXVec; ++i) {
+    const int64_t e = 4 * (threadIdx.x + static_cast<int64_t>(i) * kXThreads);
+    v[i] = row != nullptr && e < k ? x_group<kVec>(row, e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+  }
+  for (int64_t e = per_pass + 4 * threadIdx.x; row != nullptr && e < k; e += 4 * kXThreads) {
+    const float4 u = x_group<kVec>(row, e);
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))));
   }
   amax = block_max(amax, smem);
   const float s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
   if (threadIdx.x == 0) scales[t] = s;
-  const int64_t n_sub = k / 32;
-  uint8_t* tile = q + (t / 8) * n_sub * 256 + (t % 8) * 32;
-  for (int64_t e = 4 * static_cast<int64_t>(threadIdx.x); e < k; e += 4 * blockDim.x) {
+  uint8_t* tile = q + (t / 8) * (k / 32) * 256 + (t % 8) * 32;
+  const auto put = [&](int64_t e, float4 u) {
+    const float f[4] = {u.x, u.y, u.z, u.w};
     uint32_t word = 0;
-    if (row != nullptr) {
-      for (int i = 0; i < 4; ++i) {
-        const auto code =
-            static_cast<uint32_t>(__nv_cvt_float_to_fp8(__fdiv_rn(row[e + i], s), __NV_SATFINITE, __NV_E4M3));
-        word |= code << (8 * i);
-      }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      word |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(__fdiv_rn(f[j], s), __NV_SATFINITE, __NV_E4M3))
+              << (8 * j);
     }
     *reinterpret_cast<uint32_t*>(tile + (e / 32) * 256 + e % 32) = word;
+  };
+#pragma unroll
+  for (int i = 0; i < kXVec; ++i) {
+    const int64_t e = 4 * (threadIdx.x + static_cast<int64_t>(i) * kXThreads);
+    if (e < k) put(e, v[i]);
+  }
+  for (int64_t e = per_pass + 4 * threadIdx.x; e < k; e += 4 * kXThreads) {
+    put(e, row != nullptr ? x_group<kVec>(row, e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
   }
 }
 
@@ -75,8 +100,7 @@ __global__ void fp8_x_tiles(Rows x, int64_t k, int64_t m, uint8_t* q, float* sca
 __device__ __forceinline__ void mma_e4m3_k32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -134,23 +158,45 @@ __global__ void __launch_bounds__(kThreads) fp8_mmq_kernel(Fp8MmqArgs a, Store s
     const int subs = static_cast<int>(min(static_cast<int64_t>(kChunk), a.k - ch * kChunk) / 32);
     cp_async_wait<kStages - 1>();
     __syncwarp();
+    // The chunk's x fragments first, all loads in flight at once (in the loop below each mma waited on its
+    // own load: a 64-token batch took 10x its weight's time).
+    const uint8_t* xc = xq + ch * (kChunk / 32) * 256 + 32 * g + 8 * c;
+    uint2 xb[NT][kChunk / 32];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int j = 0; j < kChunk / 32; ++j) {
+        xb[nt][j] = j < subs ? __ldg(reinterpret_cast<const uint2*>(xc + (nt * n_sub + j) * 256)) : uint2{};
+      }
+    }
     const uint8_t* buf = stage + (it % kStages) * kWarpRows * kSlot;
+    uint32_t w[kChunk / 32][2][4];  // sub-block j, row tile h
 #pragma unroll
     for (int j = 0; j < kChunk / 32; ++j) {
-      if (j >= subs) break;
-      uint32_t w[2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint2 v0 = *reinterpret_cast<const uint2*>(buf + (16 * h + g) * kSlot + 32 * j + 8 * c);
         const uint2 v1 = *reinterpret_cast<const uint2*>(buf + (16 * h + g + 8) * kSlot + 32 * j + 8 * c);
-        w[h][0] = v0.x, w[h][1] = v1.x, w[h][2] = v0.y, w[h][3] = v1.y;
+        w[j][h][0] = v0.x, w[j][h][1] = v1.x, w[j][h][2] = v0.y, w[j][h][3] = v1.y;
       }
-      const int64_t s = ch * (kChunk / 32) + j;
+    }
+    // The tensor cores sum e4m3 products at less than f32's precision: each chunk's sums start from zero in
+    // them and are added to the f32 accumulators here (DeepSeek-V3's promotion), so that their error does not
+    // grow with k.
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint2 b = __ldg(reinterpret_cast<const uint2*>(xq + (nt * n_sub + s) * 256 + 32 * g + 8 * c));
-        mma_e4m3_k32(acc[0][nt], w[0], b.x, b.y);
-        mma_e4m3_k32(acc[1][nt], w[1], b.x, b.y);
+    for (int nt = 0; nt < NT; ++nt) {
+      float part[2][4] = {};
+#pragma unroll
+      for (int j = 0; j < kChunk / 32; ++j) {
+        if (j < subs) {
+          mma_e4m3_k32(part[0], w[j][0], xb[nt][j].x, xb[nt][j].y);
+          mma_e4m3_k32(part[1], w[j][1], xb[nt][j].x, xb[nt][j].y);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[h][nt][i] = __fadd_rn(acc[h][nt][i], part[h][i]);
       }
     }
     __syncwarp();  // the slot is copied into again two iterations on
@@ -260,8 +306,12 @@ cudaError_t fp8_mmq_group(const Context& ctx, std::span<const ops::Matmul* const
   auto* xq = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(q_bytes + m_pad * 4)));
   if (xq == nullptr) return cudaErrorMemoryAllocation;
   auto* xs = reinterpret_cast<float*>(xq + q_bytes);
-  if (const cudaError_t e = launch_kernel(ctx, fp8_x_tiles, static_cast<unsigned>(m_pad), kThreads, 0,
-                                          rows_of(first.x), k, m, xq, xs);
+  const Rows x = rows_of(first.x);
+  if (const cudaError_t e = rows_aligned16(x)
+                                ? launch_kernel(ctx, fp8_x_tiles<true>, static_cast<unsigned>(m_pad),
+                                                kXThreads, 0, x, k, m, xq, xs)
+                                : launch_kernel(ctx, fp8_x_tiles<false>, static_cast<unsigned>(m_pad),
+                                                kXThreads, 0, x, k, m, xq, xs);
       e != cudaSuccess) {
     return e;
   }
