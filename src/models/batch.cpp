@@ -131,6 +131,9 @@ bool pad_decode(Batch& b, int32_t rows, std::span<const int32_t> spare_table) {
     b.logit_rows.push_back(i);
     if (b.sample_vocab > 0) b.sample_rows.push_back(ops::SampleRow{});  // greedy, no mask, nothing reported
   }
+  // As many sequences as rows (a verifying step's past its pads empty, which no row reads): the step then
+  // has the shapes of a decode step of `rows` rows, and a backend replays what it recorded for that.
+  b.block_tables.resize(static_cast<size_t>(rows));
   return true;
 }
 

@@ -65,11 +65,12 @@ Status check_batch(const Batch& batch, int32_t n_vocab, const KvGeometry& kv);
 // Pads a decode step (every row wanted, its tokens drawn on the backend: one token a sequence, or under an
 // argmax a token and its drafts, each sequence's rows together) to `rows` rows with rows that change nothing:
 // each a sequence of its own, token 0 at position 0 of the block table `spare_table` (one block that no
-// sequence owns: each pad writes its K/V there and reads them back), greedy when the step samples. A backend
-// that replays recorded steps (CUDA graphs) then records one step per padded count of sequences instead of
-// one per batch size. The real rows keep their indices; the pads' results follow them and are not read.
-// spare_table must outlive the batch's use. Returns false, the batch unchanged, when it is not such a step
-// or has `rows` rows or more.
+// sequence owns: each pad writes its K/V there and reads them back), greedy when the step samples; then,
+// where drafts made fewer sequences than rows, empty sequences up to `rows`. Every padded step of `rows` rows
+// then has the same shapes, drafts or not, and a backend that replays recorded steps (CUDA graphs) records
+// one step per padded size instead of one per batch size and draft length. The real rows keep their indices;
+// the pads' results follow them and are not read. spare_table must outlive the batch's use. Returns false,
+// the batch unchanged, when it is not such a step or has `rows` rows or more.
 bool pad_decode(Batch& batch, int32_t rows, std::span<const int32_t> spare_table);
 
 }  // namespace kiln

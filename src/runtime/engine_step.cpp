@@ -308,11 +308,9 @@ void Engine::Impl::build_batch(const StepPlan& plan) {
 
 void Engine::Impl::pad() {
   if (spare_block < 0) return;  // a host backend, or layers on the host, which would compute the pads too
-  // Pads are sequences: a verifying step (drafts beside the own tokens) is padded as its decode step would
-  // be, so that its shape is one of few (the padded sequences, and its drafts: draft lengths repeat).
-  const auto n_seqs = static_cast<int32_t>(batch.block_tables.size());
-  const int32_t pads = backend->padded_rows(n_seqs) - n_seqs;
-  if (pads > 0) pad_decode(batch, batch.n_tokens() + pads, {&spare_block, 1});
+  // A verifying step (drafts beside the own tokens) too: it then replays the decode step of its padded size.
+  const int32_t rows = backend->padded_rows(batch.n_tokens());
+  if (rows > batch.n_tokens()) pad_decode(batch, rows, {&spare_block, 1});
 }
 
 void Engine::Impl::fill_masks(std::span<Sampler* const> samplers) {
@@ -404,8 +402,7 @@ namespace {
 // n in [kNgramMin, kNgramMax] that occurred before; at most `max` of them. Where that occurrence is too
 // recent for `max` tokens to follow it and `full`, the text is taken to repeat from it (the draft continues
 // with its own first tokens): a draft is then `max` tokens or none, so that verifying steps come in few
-// shapes (for a backend that replays steps: a new shape is launched op by op and captured first, which
-// costs more than the step).
+// sizes (for a backend that replays steps, whose rows past a draft would be pads).
 constexpr int32_t kNgramMin = 2, kNgramMax = 8;
 std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int32_t max, bool full) {
   const auto n_tokens = static_cast<int64_t>(tokens.size());
@@ -446,7 +443,7 @@ void Engine::Impl::propose_drafts(bool decode_only) {
   if (decode_only && replayed > 0) {
     const auto n_decoding = static_cast<int32_t>(
         std::count_if(seqs.begin(), seqs.end(), [&](const Seq* s) { return decoding(*s); }));
-    budget = std::clamp(replayed - backend->padded_rows(n_decoding), 0, budget);
+    budget = std::clamp(replayed - n_decoding, 0, budget);
   }
   std::vector<DraftModel::Request> asks;
   std::vector<Seq*> askers;
@@ -457,12 +454,10 @@ void Engine::Impl::propose_drafts(bool decode_only) {
     if (!decoding(*s) || s->prompt_logits || (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent)) continue;
     const std::span<const int32_t> tokens = scheduler->tokens(s->id);
     const auto n_tokens = static_cast<int32_t>(tokens.size());
-    // A draft never runs past the request's last token: its max_tokens, the context. For a backend that
-    // replays steps, its length is a power of two, so that verifying steps take few shapes.
-    int32_t max = std::min(
+    // A draft never runs past the request's last token: its max_tokens, the context.
+    const int32_t max = std::min(
         {options.draft_max, budget, s->params.max_tokens - s->stats.n_generated - 1, desc.n_ctx - n_tokens});
     if (max <= 0) continue;
-    if (replayed > 0) max = static_cast<int32_t>(std::bit_floor(static_cast<uint32_t>(max)));
     DraftModel::Request& a =
         asks.emplace_back(DraftModel::Request{.id = s->id, .tokens = tokens, .max = max, .draft = {}});
     askers.push_back(s);

@@ -276,7 +276,7 @@ TEST(CudaGemv, GroupedRowsGiveTheFileFormsProducts) {
       // always and the file's only where they are whole 16-byte chunks (k a multiple of 2048); elsewhere the
       // file's form takes the integer GEMV (12 tokens: the same integers summed in another order) or cuBLAS
       // (40: x not rounded).
-      for (const int64_t m : {1, 3, 8, 12, 40, 64}) {
+      for (const int64_t m : {1, 3, 8, 12, 40}) {
         std::vector<float> x(static_cast<size_t>(k * m));
         for (float& v : x) v = uni(rng);
         for (const bool qx : {false, true}) {
@@ -320,10 +320,8 @@ std::vector<uint8_t> f8_blocks(int64_t k, int64_t n, int scales, std::mt19937_64
 TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
   // A weight of one scale a row is held in row form (its codes a plain e4m3 matrix); one of several keeps the
   // file's form. Exact: the same bits as the file's form for every m (the GEMV to 8 tokens, dequantized rows
-  // and cublasSgemm beyond). Fast: the same bits to 8 tokens; beyond, the same codes and scales (the file's
-  // form rewritten into scratch first) through two e4m3 tensor-core kernels, the row form's own matmul up to
-  // 64 tokens (mmq_fp8.cu) and cuBLASLt's GEMM, each summing in its own order and precision (cuBLASLt's fast
-  // accumulation stays in the tensor cores' own).
+  // and cublasSgemm beyond). Fast: the same bits to 8 tokens; beyond, both take cuBLASLt's e4m3 GEMM on the
+  // same codes and scales (the file's form rewritten into scratch first), which may sum in another order.
   Forms forms;
   ASSERT_TRUE(forms.ok());
   auto& [grouped, file] = forms;
@@ -343,7 +341,7 @@ TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
           EXPECT_EQ(hg[q]->weight.tensor.nb[1], k + 16) << what;
         }
       }
-      for (const int64_t m : {1, 3, 8, 12, 40, 64}) {
+      for (const int64_t m : {1, 3, 8, 12, 40}) {
         std::vector<float> x(static_cast<size_t>(k * m));
         for (float& v : x) v = uni(rng);
         for (const bool fast : {false, true}) {
@@ -353,7 +351,7 @@ TEST(CudaGemv, Fp8RowFormGivesTheFileFormsProducts) {
             EXPECT_TRUE(a == b) << what << " m " << m << (fast ? " fast" : "");
             continue;
           }
-          EXPECT_LE(relative_rms(a, b), 5e-3) << what << " m " << m << " fast";
+          EXPECT_LE(relative_rms(a, b), 1e-5) << what << " m " << m << " fast";
         }
       }
     }

@@ -637,8 +637,8 @@ TEST(StepProgram, PaddedDecodeRowsChangeNothing) {
   EXPECT_FALSE(pad_decode(greedy, 2, spare));  // already that many rows
 }
 
-// A verifying step (a token and its drafts, every row wanted) is padded with sequences of one row each, as
-// its decode step would be: the real rows' argmax tokens are the unpadded step's.
+// A verifying step (a token and its drafts, every row wanted) is padded with sequences of one row each, then
+// empty ones, to a decode step's shapes: the real rows' argmax tokens are the unpadded step's.
 TEST(StepProgram, PaddedVerifyingRowsChangeNothing) {
   std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{2}).value();
   Loaded plain = load(*cpu, "SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -655,7 +655,8 @@ TEST(StepProgram, PaddedVerifyingRowsChangeNothing) {
   Batch verify8 = verify;
   const std::vector<int32_t> spare = {15};
   ASSERT_TRUE(pad_decode(verify8, 8, spare));
-  EXPECT_EQ(verify8.block_tables.size(), 6u);
+  EXPECT_EQ(verify8.block_tables.size(), 8u);  // 2 sequences, 4 pads, 2 empty: a decode step's shapes
+  EXPECT_TRUE(verify8.block_tables[7].empty());
   EXPECT_EQ(verify8.seq, (std::vector<int32_t>{0, 0, 0, 1, 2, 3, 4, 5}));
   std::vector<int32_t> want, got;
   Result<Tensor> a = plain.model->forward(verify, *plain.kv);

@@ -682,8 +682,8 @@ TEST(OpHarness, MatmulBatches) {
 
 // FP8 weights beyond the GEMV's columns, n and k multiples of 16: where a GPU takes its e4m3 tensor cores at
 // the fast precision (x rounded per token to e4m3: Backend::fast_tolerance), with one scale a row
-// (per-channel checkpoints: the codes as they are; up to 64 columns the matmul of mmq_fp8.cu, k = 288 a
-// last chunk of 32) and with a scale a block (rounded again to the row's largest).
+// (per-channel checkpoints: the codes as they are) and with a scale a block (rounded again to the row's
+// largest).
 TEST(OpHarness, MatmulFp8) {
   Rng rng(29);
   for (const bool row_scales : {true, false}) {

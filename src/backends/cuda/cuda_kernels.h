@@ -32,7 +32,6 @@ struct Context {
   cublasHandle_t cublas = nullptr;
   int n_sms = 0;          // multiprocessors of the device
   bool clusters = false;  // thread-block clusters (sm_90 and newer)
-  bool fp8_mma = false;   // e4m3 mma.sync (sm_89 and newer)
   // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail
   // (options.pdl on a device that has it).
   bool pdl = false;

@@ -66,18 +66,52 @@ __global__ void fp8_row_scales(const uint8_t* w, int64_t nb1, int64_t n, float* 
   if (j < n) scales[j] = *reinterpret_cast<const float*>(w + j * nb1 + 12);
 }
 
-// Row i of x as k e4m3 codes at codes + i * k, and its scale amax / 448 (1 for a row of zeros).
-__global__ void fp8_x_rows(Rows x, int64_t k, uint8_t* codes, float* scales) {
+// Row i of x (blockIdx.x) as k e4m3 codes at codes + i * k (k a multiple of 4), and its scale amax / 448 (1
+// for a row of zeros). A decode batch's rows are few blocks: each thread loads its kXVec groups of 4 at once
+// and keeps them for the rounding, so that a block waits on memory once (a loop of dependent loads took
+// about 30 us a row of 4096 on an H100, longer than the GEMM); k past kXThreads * kXVec * 4 is read again.
+constexpr int kXThreads = 1024, kXVec = 4;
+template <bool kVec>
+__device__ __forceinline__ float4 x_group(const float* row, int64_t e) {
+  if constexpr (kVec) return __ldg(reinterpret_cast<const float4*>(row + e));
+  return make_float4(row[e], row[e + 1], row[e + 2], row[e + 3]);
+}
+__device__ __forceinline__ float amax4(float a, float4 u) {
+  return fmaxf(fmaxf(a, fmaxf(fabsf(u.x), fabsf(u.y))), fmaxf(fabsf(u.z), fabsf(u.w)));
+}
+template <bool kVec>
+__global__ void __launch_bounds__(kXThreads) fp8_x_rows(Rows x, int64_t k, uint8_t* codes, float* scales) {
   __shared__ float smem[32];
   const int64_t i = blockIdx.x;
   const float* row = x.row_as<const float>(i);
+  const int64_t per_pass = 4 * static_cast<int64_t>(kXThreads) * kXVec;
+  float4 v[kXVec];
   float amax = 0.0f;
-  for (int64_t e = threadIdx.x; e < k; e += blockDim.x) amax = fmaxf(amax, fabsf(row[e]));
+#pragma unroll
+  for (int j = 0; j < kXVec; ++j) {
+    const int64_t e = 4 * (threadIdx.x + static_cast<int64_t>(j) * kXThreads);
+    v[j] = e < k ? x_group<kVec>(row, e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    amax = amax4(amax, v[j]);
+  }
+  for (int64_t e = per_pass + 4 * threadIdx.x; e < k; e += 4 * kXThreads)
+    amax = amax4(amax, x_group<kVec>(row, e));
   amax = block_max(amax, smem);
   const float s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
   if (threadIdx.x == 0) scales[i] = s;
   uint8_t* out = codes + i * k;
-  for (int64_t e = threadIdx.x; e < k; e += blockDim.x) out[e] = to_e4m3(__fdiv_rn(row[e], s));
+  const auto put = [&](int64_t e, float4 u) {
+    const uint32_t word = static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.x, s))) |
+                          static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.y, s))) << 8 |
+                          static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.z, s))) << 16 |
+                          static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.w, s))) << 24;
+    *reinterpret_cast<uint32_t*>(out + e) = word;
+  };
+#pragma unroll
+  for (int j = 0; j < kXVec; ++j) {
+    const int64_t e = 4 * (threadIdx.x + static_cast<int64_t>(j) * kXThreads);
+    if (e < k) put(e, v[j]);
+  }
+  for (int64_t e = per_pass + 4 * threadIdx.x; e < k; e += 4 * kXThreads) put(e, x_group<kVec>(row, e));
 }
 
 struct LtDesc {
@@ -202,20 +236,35 @@ bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op) {
          op.x.n_rows() > kGemvMaxCols;
 }
 
-cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
+cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out) {
+  const int64_t k = x.ne[0], m = x.n_rows();
+  const int64_t x_codes = (m * k + 255) / 256 * 256;
+  auto* xbuf = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(x_codes + m * 4)));
+  if (xbuf == nullptr) return cudaErrorMemoryAllocation;
+  auto* x_scales = reinterpret_cast<float*>(xbuf + x_codes);
+  const Rows rows = rows_of(x);
+  const auto grid = static_cast<unsigned>(m);
+  if (rows_aligned16(rows)) {
+    fp8_x_rows<true><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, xbuf, x_scales);
+  } else {
+    fp8_x_rows<false><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, xbuf, x_scales);
+  }
+  *out = {xbuf, x_scales};
+  return cudaGetLastError();
+}
+
+cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded) {
   const Tensor& w = op.w.tensor;
   const int64_t k = w.ne[0], n = w.ne[1], m = op.x.n_rows();
   // Scratch: the weight's codes (unless a row-form weight's are taken where they lie) and scales (slot W),
-  // x's (slot X), the f32 result unless dst takes it. The codes' room is taken whether or not they are
-  // copied, so that a step captured as a graph never needs more than its first run.
+  // x's (slot X: fp8_round_x), the f32 result unless dst takes it. The codes' room is taken whether or not
+  // they are copied, so that a step captured as a graph never needs more than its first run.
   const bool row_form = grouped(op.w);
-  const int64_t w_codes = (n * k + 255) / 256 * 256, x_codes = (m * k + 255) / 256 * 256;
+  const int64_t w_codes = (n * k + 255) / 256 * 256;
   auto* wbuf = static_cast<uint8_t*>(ctx.scratch(kSlotW, static_cast<size_t>(w_codes + n * 4)));
-  auto* xbuf = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(x_codes + m * 4)));
   void* ws = ctx.scratch(kSlotPartial, kLtWorkspace);
-  if (wbuf == nullptr || xbuf == nullptr || ws == nullptr) return cudaErrorMemoryAllocation;
+  if (wbuf == nullptr || ws == nullptr) return cudaErrorMemoryAllocation;
   auto* w_scales = reinterpret_cast<float*>(wbuf + w_codes);
-  auto* x_scales = reinterpret_cast<float*>(xbuf + x_codes);
   const auto* w_rows = static_cast<const uint8_t*>(w.data);
   if (row_form) {
     fp8_row_scales<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(
@@ -225,8 +274,12 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
                                                                            w_scales);
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  fp8_x_rows<<<static_cast<unsigned>(m), kThreads, 0, ctx.stream>>>(rows_of(op.x), k, xbuf, x_scales);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  Fp8X x{};
+  if (rounded != nullptr) {
+    x = *rounded;
+  } else if (const cudaError_t e = fp8_round_x(ctx, op.x, &x); e != cudaSuccess) {
+    return e;
+  }
 
   float* d = nullptr;
   int64_t ldd = n;
@@ -239,7 +292,7 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op) {
     d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
     if (d == nullptr) return cudaErrorMemoryAllocation;
   }
-  LtOperands o{wbuf, k, w_scales, xbuf, x_scales, d, ldd, n, m, k, ws};
+  LtOperands o{wbuf, k, w_scales, x.codes, x.scales, d, ldd, n, m, k, ws};
   bool done = false;
   if (row_form && !refused_in_place.load()) {
     o.a = w_rows + 16;

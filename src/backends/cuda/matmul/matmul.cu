@@ -15,8 +15,6 @@
 // |                              |            |         | rows fit; else the integer GEMV up to 16         |
 // | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | yes        | 1-16    | integer GEMV (staged: rows in grouped form, m 1) |
 // | other types                  | yes        | 1-8     | exact GEMV                                       |
-// | f8_e4m3 in row form, k a     | yes        | 9-64    | e4m3 tensor-core matmul (mmq_fp8.cu): x rounded  |
-// | multiple of 32 (sm_89+)      |            |         | per token, once for the matmuls on one x         |
 // | f8_e4m3, n and k multiples  | yes        | beyond  | cuBLASLt e4m3 GEMM (fp8_gemm.cu): x rounded per  |
 // | of 16 (not batch-invariant)  |            |         | token, both scale vectors on the accumulators    |
 // | bf16                         | yes        | beyond  | cublasGemmEx, bf16 weight and x, f32 accumulate  |

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -48,13 +47,14 @@ int64_t leading_dim(const Tensor& t, int elem);
 // batch-invariant, more than kGemvMaxCols rows of x, k and n multiples of 16), and the GEMM, which fails
 // (cudaErrorNotSupported) where cuBLASLt has no algorithm for it: matmul_gemm then takes its other path.
 bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op);
-cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op);
-
-// The e4m3 tensor-core matmul of FP8 weights in row form for 9 to kMmqMaxCols rows of x (mmq_fp8.cu):
-// whether it takes `op` (the fast precision, not batch-invariant, a device with e4m3 mma.sync, k a multiple
-// of 32), and the matmuls of a group on one x (each of which it takes), x rounded once.
-bool fp8_mmq_applies(const Context& ctx, const ops::Matmul& op);
-cudaError_t fp8_mmq_group(const Context& ctx, std::span<const ops::Matmul* const> group);
+// x rounded per token to e4m3 (codes [k, rows] and a scale a row) in scratch slot X, for the GEMMs on it.
+struct Fp8X {
+  const uint8_t* codes;
+  const float* scales;
+};
+cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out);
+// `rounded`: op.x as fp8_round_x left it (a fused group's matmuls share it); null: rounded here.
+cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded = nullptr);
 
 // One matmul through cuBLAS (matmul_gemm.cu): x converted to the GEMM's input type, the weight in place or
 // dequantized into scratch, the f32 result converted into dst where dst is not f32 with equally spaced rows.

@@ -239,10 +239,6 @@ cudaError_t gemm_on(const Context& ctx, const ops::Matmul& op, const Operand& x)
 }  // namespace
 
 cudaError_t matmul_gemm(const Context& ctx, const ops::Matmul& op) {
-  if (fp8_mmq_applies(ctx, op)) {
-    const ops::Matmul* const one[1] = {&op};
-    return fp8_mmq_group(ctx, one);
-  }
   if (fp8_gemm_applies(ctx, op)) {
     // Done, or an error of its own (scratch a captured step must not grow): only cuBLASLt's refusal falls
     // back.
@@ -377,15 +373,19 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
 }  // namespace
 
 cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
-  // FP8 weights of a decode batch take the e4m3 tensor-core matmul, x rounded once for the group.
-  if (std::all_of(group.begin(), group.end(),
-                  [&](const ops::Matmul* op) { return fp8_mmq_applies(ctx, *op); }))
-    return fp8_mmq_group(ctx, group);
-  // Beyond, the e4m3 GEMM a matmul at a time (each rounds x to e4m3 itself), not the dequantizing GEMM that
-  // a stack or a shared converted x would send them to.
-  if (fp8_gemm_applies(ctx, *group[0]) || fp8_mmq_applies(ctx, *group[0])) {
+  // FP8 weights take the e4m3 GEMM a matmul at a time on x rounded once, not the dequantizing GEMM that a
+  // stack or a shared converted x would send them to.
+  if (fp8_gemm_applies(ctx, *group[0])) {
+    Fp8X x{};
+    const bool shared = std::all_of(group.begin(), group.end(),
+                                    [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
+    if (shared) {
+      if (const cudaError_t err = fp8_round_x(ctx, group[0]->x, &x); err != cudaSuccess) return err;
+    }
     for (const ops::Matmul* op : group) {
-      if (const cudaError_t err = matmul_gemm(ctx, *op); err != cudaSuccess) return err;
+      cudaError_t err = shared ? fp8_gemm(ctx, *op, &x) : matmul_gemm(ctx, *op);
+      if (err == cudaErrorNotSupported) err = matmul_gemm(ctx, *op);  // cuBLASLt refused: as one matmul
+      if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
   }
@@ -400,9 +400,8 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
 }
 
 bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op) {
-  // The e4m3 GEMM and matmul round f32 x themselves (fp8_gemm.cu, mmq_fp8.cu).
-  return !takes_gemv(ctx, op) && !fp8_gemm_applies(ctx, op) && !fp8_mmq_applies(ctx, op) &&
-         gemm_input_type(ctx, op) != DType::f32;
+  // The e4m3 GEMM rounds f32 x itself (fp8_gemm.cu).
+  return !takes_gemv(ctx, op) && !fp8_gemm_applies(ctx, op) && gemm_input_type(ctx, op) != DType::f32;
 }
 
 namespace {
