@@ -43,7 +43,8 @@ bool SpecControl::choose(int32_t n_decoding) {
 }
 
 bool SpecControl::favours(int32_t n_decoding) const {
-  return classes_[static_cast<size_t>(class_of(n_decoding))].best;
+  const Class& c = classes_[static_cast<size_t>(class_of(n_decoding))];
+  return c.best && c.rate[1].steps >= kTrySteps && c.rate[0].steps >= kTrySteps;
 }
 
 void SpecControl::record(int32_t n_decoding, bool drafted, int64_t tokens, double seconds) {

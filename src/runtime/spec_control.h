@@ -25,9 +25,11 @@ class SpecControl {
 
   // Whether a decode step of `n_decoding` requests should draft.
   bool choose(int32_t n_decoding);
-  // Whether drafting has been the faster mode for `n_decoding` requests (true until measured), without
-  // taking a step of the try schedule: for the steps that compute prompts, which prompt lookup's drafts ride
-  // along only where drafting pays in the decode steps beside them.
+  // Whether drafting has been measured the faster mode for `n_decoding` requests (false until both modes
+  // were), without taking a step of the try schedule: for the steps that compute prompts, which prompt
+  // lookup's drafts ride along only where drafting pays in the decode steps beside them. A class whose
+  // decode steps cannot draft (a GPU's 64 rows, all taken by requests) never favours it: there, drafts
+  // riding along prompt steps put requests out of step, so that more, smaller prompt steps followed.
   bool favours(int32_t n_decoding) const;
   // A decode-only step of `n_decoding` requests, with drafts or not as choose() said, made `tokens` tokens
   // in `seconds` (drafting included).

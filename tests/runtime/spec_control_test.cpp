@@ -76,10 +76,12 @@ TEST(SpecControl, BatchSizesAreDecidedApart) {
 
 TEST(SpecControl, FavoursWhatTheDecodeStepsMeasured) {
   SpecControl c;
-  EXPECT_TRUE(c.favours(64));  // unmeasured: drafting, as choose() starts
+  EXPECT_FALSE(c.favours(64));  // unmeasured: no drafts riding along
   run(c, 64, 200, [](bool d, int) { return d ? 500.0 : 800.0; });
   EXPECT_FALSE(c.favours(64));
-  EXPECT_TRUE(c.favours(1));  // another class, still unmeasured
+  run(c, 1, 200, [](bool d, int) { return d ? 900.0 : 800.0; });
+  EXPECT_TRUE(c.favours(1));
+  EXPECT_FALSE(c.favours(16));  // another class, still unmeasured
 }
 
 }  // namespace
