@@ -112,8 +112,9 @@ Status check_batch(const Batch& b, int32_t n_vocab, const KvGeometry& kv) {
 bool pad_decode(Batch& b, int32_t rows, std::span<const int32_t> spare_table) {
   const auto n = static_cast<size_t>(b.n_tokens());
   const size_t n_seqs = b.block_tables.size();
-  if (static_cast<size_t>(rows) <= n || spare_table.size() != 1 || n_seqs == 0 || b.logit_rows.size() != n ||
-      (b.argmax_vocab == 0 && b.sample_vocab == 0) || (b.sample_vocab > 0 && n_seqs != n))
+  if (static_cast<size_t>(rows) <= n || spare_table.size() != 1 || n == 0 || n_seqs == 0 ||
+      b.logit_rows.size() != n || (b.argmax_vocab == 0 && b.sample_vocab == 0) ||
+      (b.sample_vocab > 0 && n_seqs != n))
     return false;
   // Every row wanted, each sequence's rows together in sequence order: decode rows, and verifying rows
   // (a token and its drafts).

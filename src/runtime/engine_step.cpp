@@ -437,7 +437,7 @@ void Engine::Impl::propose_drafts(bool decode_only) {
   };
   // Who drafts, and how many tokens at most: the oldest decoding requests first, within the step's budget.
   // A decode step that the backend replays (a CUDA graph) up to some size keeps within it: past it the step
-  // is launched op by op, which costs more than drafts save (a GPU serving 64 requests was 13% slower).
+  // is launched op by op, which costs more than its drafts save.
   int32_t budget = Engine::kSpeculativeStepTokens;
   const int32_t replayed = backend->replayed_rows_max();
   if (decode_only && replayed > 0) {
