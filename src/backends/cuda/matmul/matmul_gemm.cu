@@ -377,14 +377,19 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
   // stack or a shared converted x would send them to.
   if (fp8_gemm_applies(ctx, *group[0])) {
     Fp8X x{};
-    const bool shared = std::all_of(group.begin(), group.end(),
-                                    [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
+    bool shared = std::all_of(group.begin(), group.end(),
+                              [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
     if (shared) {
       if (const cudaError_t err = fp8_round_x(ctx, group[0]->x, &x); err != cudaSuccess) return err;
     }
     for (const ops::Matmul* op : group) {
       cudaError_t err = shared ? fp8_gemm(ctx, *op, &x) : matmul_gemm(ctx, *op);
-      if (err == cudaErrorNotSupported) err = matmul_gemm(ctx, *op);  // cuBLASLt refused: as one matmul
+      if (err == cudaErrorNotSupported) {
+        // cuBLASLt refused: this matmul and the rest of the group as single matmuls, which then take the
+        // dequantizing path and convert x into slot X, over the shared rounding.
+        shared = false;
+        err = matmul_gemm(ctx, *op);
+      }
       if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
