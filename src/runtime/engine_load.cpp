@@ -291,27 +291,27 @@ Status Engine::Impl::warm_up(int32_t n_blocks) {
       }
     }
   }
-  // Then a decode step of as many rows as a step replays (a sequence and a block each, as pads are), greedy
-  // and sampled: the backend's scratch and the model's arena are then as large as a replayed step needs, so
-  // that each new batch size (or padded verifying step) is captured at its first step, not first run op by
-  // op to grow them (on an H100 about 13 ms a size for the 135M model).
-  if (const int32_t rows = std::min(backend->replayed_rows_max(), n_blocks); rows > 1) {
-    batch.clear();
-    for (int32_t t = 0; t < rows; ++t) {
+  // Then a one-token decode step padded (pad_decode) to as many rows as a step replays, greedy and sampled:
+  // the backend's scratch and the model's arena are then as large as a replayed step needs, so that each new
+  // batch size (or padded verifying step) is captured at its first step, not first run op by op to grow
+  // them (on an H100 about 13 ms a size for the 135M model).
+  if (const int32_t rows = backend->replayed_rows_max(); rows > 1 && spare_block >= 0) {
+    for (const bool sampled : {false, true}) {
+      if (sampled && !backend_samples) break;
+      batch.clear();
       batch.tokens.push_back(0);
       batch.positions.push_back(0);
-      batch.seq.push_back(t);
-      batch.block_tables.emplace_back(table.data() + t, 1);
-      batch.logit_rows.push_back(t);
-    }
-    batch.argmax_vocab = tokenizer->n_vocab();
-    Clock::time_point launched;
-    KILN_TRY(run_forward(launched));
-    if (backend_samples) {
-      batch.argmax_vocab = 0;
-      batch.sample_vocab = tokenizer->n_vocab();
-      batch.sample_rows.assign(static_cast<size_t>(rows), ops::SampleRow{.temperature = 1.0f});
-      KILN_TRY(run_forward(launched));
+      batch.seq.push_back(0);
+      batch.block_tables.emplace_back(table.data(), 1);
+      batch.logit_rows.push_back(0);
+      if (sampled) {
+        batch.sample_vocab = tokenizer->n_vocab();
+        batch.sample_rows.push_back(ops::SampleRow{.temperature = 1.0f});
+      } else {
+        batch.argmax_vocab = tokenizer->n_vocab();
+      }
+      Clock::time_point launched;
+      if (pad_decode(batch, rows, {&spare_block, 1})) KILN_TRY(run_forward(launched));
     }
   }
   batch.clear();
