@@ -5,7 +5,10 @@
 // copy bandwidth (read + write of a 1 GiB device copy). Standalone (cuBLAS only), built and run on the GPU
 // machine by `scripts/gpu-check.sh ltprobe`:
 //   nvcc -O2 -arch=sm_90a -std=c++20 bench/cublaslt_probe.cu -lcublasLt -lcublas -o cublaslt_probe
-//   cublaslt_probe [KxN ...]   (default: the 8B's q, k/v, q+k+v, gate, gate+up, down)
+//   cublaslt_probe [--fp8] [KxN ...]   (default: the 8B's q, k/v, q+k+v, gate, gate+up, down)
+// --fp8: the e4m3 GEMM of src/backends/cuda/matmul/fp8_gemm.cu instead (e4m3 weight and x, a scale vector
+// each, fast accumulation, f32 out), with the weight's leading dimension k (packed) and k + 16 (the row form),
+// every heuristic algorithm and, for those that take it, split-k 2 to 16; m 9 to 64 and 2048.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -59,11 +62,136 @@ double copy_bandwidth(cudaStream_t stream, Timer& t) {
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
 }
 
+// The FP8 table: as the backend's lt_gemm, for each algorithm the heuristic returns and each split-k its
+// capabilities allow.
+int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t stream, cublasLtHandle_t lt,
+              void* workspace, Timer& timer, double bandwidth) {
+  std::printf("| k x n | lda | m | heuristic's first us | %% | best us | %% | best [id tile split-k] | algos |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---|---|\n");
+  const int ms[] = {9, 16, 32, 64, 2048};
+  for (const auto [k, n] : shapes) {
+    for (const int pad : {0, 16}) {
+      const int lda = k + pad;
+      const size_t w_bytes = size_t{1} * lda * n;
+      const int copies = std::max(2, static_cast<int>((size_t{400} << 20) / w_bytes));
+      std::vector<void*> weights(copies);
+      for (void*& w : weights) {
+        CHECK(cudaMalloc(&w, w_bytes));
+        CHECK(cudaMemset(w, 0x38, w_bytes));  // e4m3 1.0
+      }
+      void *x = nullptr, *d = nullptr, *sw = nullptr, *sx = nullptr;
+      CHECK(cudaMalloc(&x, size_t{1} * k * 2048));
+      CHECK(cudaMemset(x, 0x38, size_t{1} * k * 2048));
+      CHECK(cudaMalloc(&d, size_t{4} * n * 2048));
+      CHECK(cudaMalloc(&sw, size_t{4} * n));
+      CHECK(cudaMalloc(&sx, size_t{4} * 2048));
+      CHECK(cudaMemset(sw, 0, size_t{4} * n));
+      CHECK(cudaMemset(sx, 0, size_t{4} * 2048));
+      for (const int m : ms) {
+        cublasLtMatmulDesc_t desc = nullptr;
+        CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        const int8_t fast = 1;
+        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer));
+        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer));
+        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
+        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+        CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, lda));
+        CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k));
+        CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, n));
+        cublasLtMatmulPreference_t pref = nullptr;
+        CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                                   sizeof kWorkspace));
+        cublasLtMatmulHeuristicResult_t found[16] = {};
+        int n_found = 0;
+        const float one = 1.0f, zero = 0.0f;
+        if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 16, found, &n_found) !=
+            CUBLAS_STATUS_SUCCESS) {
+          n_found = 0;
+        }
+        double first = -1, best = 1e30;
+        std::string algos, best_cfg;
+        for (int i = 0; i < n_found; ++i) {
+          if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
+          int id = -1, tile = -1, split0 = 1;
+          size_t written = 0;
+          cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id,
+                                               &written);
+          cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                               sizeof tile, &written);
+          cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split0,
+                                               sizeof split0, &written);
+          int split_cap = 0;
+          cublasLtMatmulAlgoCapGetAttribute(&found[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &split_cap,
+                                            sizeof split_cap, &written);
+          std::vector<int> splits = {split0};
+          if (split_cap != 0 && m <= 64) {
+            for (const int s : {1, 2, 3, 4, 6, 8, 12, 16})
+              if (s != split0) splits.push_back(s);
+          }
+          for (const int split : splits) {
+            cublasLtMatmulAlgo_t algo = found[i].algo;
+            if (split != split0) {
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                                   sizeof split);
+              cublasLtMatmulHeuristicResult_t checked{};
+              if (cublasLtMatmulAlgoCheck(lt, desc, la, lb, lc, lc, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
+                  checked.workspaceSize > kWorkspace) {
+                continue;
+              }
+            }
+            const double us = timer.us(weights, [&](void* w) {
+              CHECK(cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, d, lc, d, lc, &algo, workspace,
+                                   kWorkspace, stream));
+            });
+            if (first < 0) first = us;
+            char one_algo[64];
+            std::snprintf(one_algo, sizeof one_algo, "[%d %d %d]", id, tile, split);
+            if (us < best) best = us, best_cfg = one_algo;
+            char timed[80];
+            std::snprintf(timed, sizeof timed, " %s %.1f", one_algo, us);
+            algos += timed;
+          }
+        }
+        const auto share = [&](double us) {
+          return 100.0 * static_cast<double>(size_t{1} * k * n) / (us * 1e-6) / bandwidth;
+        };
+        if (first < 0) {
+          std::printf("| %d x %d | %d | %d | refused | | | | | |\n", k, n, lda, m);
+        } else {
+          std::printf("| %d x %d | %d | %d | %.1f | %.0f | %.1f | %.0f | %s |%s |\n", k, n, lda, m, first,
+                      share(first), best, share(best), best_cfg.c_str(), algos.c_str());
+        }
+        std::fflush(stdout);
+        CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        CHECK(cublasLtMatrixLayoutDestroy(la));
+        CHECK(cublasLtMatrixLayoutDestroy(lb));
+        CHECK(cublasLtMatrixLayoutDestroy(lc));
+        CHECK(cublasLtMatmulDescDestroy(desc));
+      }
+      for (void* w : weights) CHECK(cudaFree(w));
+      for (void* p : {x, d, sw, sx}) CHECK(cudaFree(p));
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::pair<int, int>> shapes;
+  bool fp8 = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--fp8") {
+      fp8 = true;
+      continue;
+    }
     int k = 0, n = 0;
     if (std::sscanf(argv[i], "%dx%d", &k, &n) != 2 || k <= 0 || n <= 0) {
       std::fprintf(stderr, "%s is not KxN\n", argv[i]);
@@ -90,6 +218,7 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&timer.stop));
   const double bandwidth = copy_bandwidth(stream, timer);
   std::printf("copy bandwidth %.0f GB/s\n\n", bandwidth / 1e9);
+  if (fp8) return fp8_probe(shapes, stream, lt, workspace, timer, bandwidth);
   std::printf(
       "| k x n | m | cublasGemmEx us | %% | best of cuBLASLt us | %% | algos: [id tile split-k us] |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---|\n");

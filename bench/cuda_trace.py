@@ -83,12 +83,16 @@ def replays(rows: list[dict]) -> list[list[dict]]:
     return runs
 
 
-def steps(rows: list[dict], last: int) -> list[list[dict]]:
-    """The graph replays of the most common kernel sequence, the last `last` of them, each sorted by start."""
+def steps(rows: list[dict], last: int, latest: bool = False) -> list[list[dict]]:
+    """The graph replays of the most common kernel sequence (with `latest`, the last replay's), the last `last`
+    of them, each sorted by start."""
     replays_ = replays(rows)
     if not replays_:
         return []
-    shape = collections.Counter(tuple(r["name"] for r in g) for g in replays_).most_common(1)[0][0]
+    if latest:
+        shape = tuple(r["name"] for r in max(replays_, key=lambda g: g[0]["start"]))
+    else:
+        shape = collections.Counter(tuple(r["name"] for r in g) for g in replays_).most_common(1)[0][0]
     same = sorted((g for g in replays_ if tuple(r["name"] for r in g) == shape), key=lambda g: g[0]["start"])
     return same[-last:]
 
@@ -153,8 +157,8 @@ def layer_period(names: list[str]) -> tuple[int, int, int]:
     return best
 
 
-def report(rows: list[dict], last: int, first: int, label: str) -> str:
-    chosen = steps(rows, last)
+def report(rows: list[dict], last: int, first: int, label: str, latest: bool = False) -> str:
+    chosen = steps(rows, last, latest)
     if not chosen:
         return f"## {label}\n\nno kernel replayed from a CUDA graph in the trace\n"
     n = len(chosen)
@@ -211,8 +215,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="the last N steps of the common shape")
     ap.add_argument("--first", type=int, default=12, help="the step's first N kernels, in order")
     ap.add_argument("--label", default="")
+    ap.add_argument("--latest", action="store_true",
+                    help="the steps of the last replay's sequence (the batched decode of `bench -n N --batch B`)")
     a = ap.parse_args()
-    print(report(load(a.trace), a.steps, a.first, a.label or a.trace.name))
+    print(report(load(a.trace), a.steps, a.first, a.label or a.trace.name, a.latest))
     return 0
 
 

@@ -39,8 +39,9 @@
 #             (default: the 8B Q4_0; waits for prep's files)
 #   trace     each kernel's time within the decode steps as they run (graphs, programmatic launch): CUPTI's
 #             records (bench/cuda_trace.cpp) summed by bench/cuda_trace.py, on TRACE_FILES (default: the 8B Q4_0
-#             and the 135M BF16; waits for prep's files), TRACE_ARGS the bench's arguments, TRACE_KEEP=1 the
-#             records as $OUT/trace-FILE.csv.gz
+#             and the 135M BF16, or a folder such as fp8's llama3-8b-fp8; waits for prep's files), TRACE_ARGS
+#             the bench's arguments, TRACE_LATEST=1 the steps of the last graph replayed (the batched decode of
+#             -n N --batch B), TRACE_KEEP=1 the records as $OUT/trace-FILE.csv.gz
 #   prefill   each kernel's time in a pp2048 (ncu), kiln's and llama.cpp's, and kiln's per-op table
 #             (KILN_CUDA_PROFILE) on PREFILL_FILES (default: the 8B BF16; waits for that file and the peer's build)
 #   offload   partial offload beside llama.cpp (bench/gpu_peer.py --offload): OFFLOAD_LAYERS (default 16) layers on
@@ -69,18 +70,20 @@
 #             it): a later call's gptq step waits for the same run (GPTQ_WAIT seconds at most, default 540)
 #   spec      speculative decoding on CUDA, the default model: kiln run --spec none / ngram on the editing prompt
 #             (bench/prompts/edit-rename.txt, chat template, 256 tokens, greedy; SPEC_REPS rounds, interleaved), the
-#             decode tokens/s and drafts kept, texts compared, with and without --deterministic; then kiln serve
-#             --parallel 64 without and with --spec ngram under kiln bench serve at 64 concurrent requests
+#             decode tokens/s and drafts kept, texts compared, with and without --deterministic; the texts of
+#             every prompt of bench/prompts under --deterministic; the chi-square test of sampled speculation
+#             on CUDA (runtime_tests in BUILD_TARGETS); then kiln serve --parallel 64 without and with --spec
+#             ngram under kiln bench serve at 64 concurrent requests
 #   build     nothing but the build (BUILD_TARGETS)
 #   kv        the q8_0 KV cache on CUDA: the op harness's attention and KV-write cases (ops_tests in BUILD_TARGETS);
 #             KL divergence against f16 KV and (--exact) f32 KV on the default model; the tokens 1 GiB of each type
 #             holds; decode at KV_DEPTH (default 32768) positions, pp2048 and tg128@bs64, f16 beside q8_0, on the
 #             default model and the 8B BF16 of prep
 #   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS)
-#             and cuda_tests' row-form case,
-#             then the Llama-3-8B shape's random BF16 folder written as FP8 by kiln quantize (compressed-tensors,
-#             per channel) and, unless prep made it, as a BF16 GGUF by kiln convert; kiln bench of the two side by
-#             side (pp2048, tg128, and --batch 64), with each one's step profile
+#             and cuda_tests' row-form and stacked cases, then the Llama-3-8B shape's random BF16 folder written
+#             as FP8 by kiln quantize (compressed-tensors, per channel) and, unless prep made it, as a BF16 GGUF by
+#             kiln convert; kiln bench of the two side by side (pp2048, tg128, and --batch 64), with each one's
+#             step profile and a 2,048-token prompt's ops timed alone (KILN_CUDA_PROFILE)
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
 #             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
@@ -504,6 +507,25 @@ for step in "${steps[@]}"; do
               2>&1 >/dev/null | grep -E "programs replayed|^engine " | sed "s/^/--spec $s: /"
           done
         done
+        # Greedy text under --deterministic is the text without drafts on every prompt of bench/prompts.
+        echo "## --deterministic, each prompt of bench/prompts, 192 tokens, --spec none against ngram"
+        for f in bench/prompts/*.txt; do
+          for s in none ngram; do
+            "$k" run -m "$path" -d cuda -p "$(cat "$f")" --chat -n 192 --temp 0 --spec "$s" --deterministic \
+              >"/tmp/suite-$s.txt" 2>"/tmp/suite-$s.log" || { tail -3 "/tmp/suite-$s.log"; exit 1; }
+          done
+          same=DIFFERENT
+          cmp -s /tmp/suite-none.txt /tmp/suite-ngram.txt && same="the same"
+          echo "$(basename "$f"): $same text; $(grep -E '^decode:' /tmp/suite-none.log) against $(grep -E '^decode:' /tmp/suite-ngram.log) $(grep -E '^drafts:' /tmp/suite-ngram.log)"
+        done
+        # Sampled speculation keeps the target's distribution on the GPU (runtime_tests in BUILD_TARGETS).
+        if [ -x "$bin/tests/runtime_tests" ]; then
+          mkdir -p /tmp/kiln-test-models
+          ln -sf "$path" /tmp/kiln-test-models/SmolLM2-135M-Instruct.Q4_1.gguf
+          KILN_TEST_BACKEND=cuda KILN_MODELS_DIR=/tmp/kiln-test-models "$bin/tests/runtime_tests" \
+            --gtest_filter='EngineSpeculative.SampledTokensFollowTheTargetDistribution' 2>&1 |
+            grep -E "chi-square|OK|FAILED|Failure" | head -8
+        fi
         echo "## kiln serve --parallel 64 under 64 concurrent requests (256 in, 128 out, greedy)"
         for round in 1 2; do
           for s in none ngram; do
@@ -571,7 +593,7 @@ for step in "${steps[@]}"; do
           --gtest_filter='OpHarness.Matmul*:OpHarness.GetRows*:OpHarness.MoeMatmul*:OpHarness.BatchInvariant*' 2>&1 |
           tail -5
         # The row form of one-scale-a-row weights against the file's form (cuda_tests in BUILD_TARGETS).
-        [ -x "$bin/tests/cuda_tests" ] && "$bin/tests/cuda_tests" --gtest_brief=1 --gtest_filter='CudaGemv.Fp8*' 2>&1 |
+        [ -x "$bin/tests/cuda_tests" ] && "$bin/tests/cuda_tests" --gtest_brief=1 --gtest_filter='CudaGemv.Fp8*:CudaStack.*' 2>&1 |
           tail -5
         while prep_running; do sleep 5; done
         bf16=/tmp/kiln-models/llama3-8b-bf16.gguf folder=/tmp/kiln-models/llama3-8b-folder
@@ -591,8 +613,10 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
           echo "## $m"
           "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\||^kiln: cuda"
           # Where a step's time goes (host launch against the GPU's wait), and whether steps replay as graphs.
-          KILN_STEP_PROFILE=1 "$k" bench -m "$m" -d cuda -p 2048 -n 32 --batch 64 -r 1 2>&1 |
+          KILN_STEP_PROFILE=1 "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 1 2>&1 |
             grep -E "steps:|programs replayed" | sed "s/^/  /"
+          # Where a 2,048-token prompt's time goes, op by op (each op timed alone).
+          KILN_CUDA_PROFILE=1 "$k" bench -m "$m" -d cuda -p 2048 -n 0 -r 3 2>&1 | grep -A22 "profile:" | sed "s/^/  /"
         done
       } 2>&1 | tee "$out/fp8.md" || status=1
       ;;
@@ -752,14 +776,16 @@ print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
         continue
       fi
       for f in ${TRACE_FILES:-llama3-8b-q4_0 smollm2-135m-bf16}; do
-        args=(bench -m "/tmp/kiln-models/$f.gguf" -d cuda ${TRACE_ARGS:--p 0 -n 128 -r 1})
+        m="/tmp/kiln-models/$f.gguf"
+        [ -e "$m" ] || m="/tmp/kiln-models/$f"  # a folder (fp8's llama3-8b-fp8)
+        args=(bench -m "$m" -d cuda ${TRACE_ARGS:--p 0 -n 128 -r 1})
         echo "$f without the records: $("$bin/tools/kiln/kiln" "${args[@]}" 2>/dev/null | grep -E "^\| .*tg")"
         echo "$f with them: $(KILN_CUDA_TRACE_OUT="/tmp/trace-$f.csv" CUDA_INJECTION64_PATH="$lib" \
           "$bin/tools/kiln/kiln" "${args[@]}" 2>"/tmp/trace-$f.log" | grep -E "^\| .*tg")"
         tail -1 "/tmp/trace-$f.log"
         # KILN_CUDA_TRACE_API=1: the host's time in each CUDA runtime and driver function, too.
         grep -A30 "host time in CUDA calls" "/tmp/trace-$f.log" || true
-        python3 bench/cuda_trace.py "/tmp/trace-$f.csv" --label "$f" || status=1
+        python3 bench/cuda_trace.py "/tmp/trace-$f.csv" --label "$f" ${TRACE_LATEST:+--latest} || status=1
         # TRACE_KEEP=1: the records too, compressed, for bench/cuda_trace.py here (two files more under $OUT).
         if [ "${TRACE_KEEP:-0}" = 1 ]; then gzip -c "/tmp/trace-$f.csv" >"$out/trace-$f.csv.gz"; fi
       done 2>&1 | tee "$out/trace.md"

@@ -74,8 +74,7 @@ struct EngineOptions {
   // continuation, while that model gives each token at least draft_p_min. A draft is kept while the token
   // drawn at the row before it (as without drafts: same logits, history and draw) is that draft, so a
   // request's tokens are those it gets without speculation, greedy or sampled. A step drafts at most
-  // Engine::kSpeculativeStepTokens tokens in all, so large batches speculate little or not at all. The CPU
-  // only for now.
+  // Engine::kSpeculativeStepTokens tokens in all, so large batches speculate little or not at all.
   std::string speculation;
   // speculation "draft": a GGUF model with this model's tokenizer, smaller (a smaller model of the family, or
   // this one at fewer bits: `kiln quantize`), on the same backend, with a K/V pool of as many blocks as the

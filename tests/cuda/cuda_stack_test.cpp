@@ -34,7 +34,8 @@ std::unique_ptr<Backend> cuda_backend(bool stack, bool fast = false) {
   return made.ok() ? std::move(made).value() : nullptr;
 }
 
-// The three matrices' file bytes, rows of k values quantized by the type's own quantizer.
+// The three matrices' file bytes, rows of k values quantized by the type's own quantizer; f8_e4m3 with one
+// scale a row (a per-channel checkpoint's: the backend's row form).
 std::vector<std::vector<uint8_t>> make_weights(DType type, int64_t k, const std::vector<int64_t>& ns,
                                                std::mt19937_64& rng) {
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
@@ -45,7 +46,18 @@ std::vector<std::vector<uint8_t>> make_weights(DType type, int64_t k, const std:
     std::vector<uint8_t> w(row * static_cast<size_t>(n));
     for (int64_t r = 0; r < n; ++r) {
       for (float& v : values) v = uni(rng) * 0.1f;
-      dtype_info(type).quantize_row(values.data(), w.data() + r * row, k);
+      uint8_t* out_row = w.data() + r * row;
+      if (type != DType::f8_e4m3) {
+        dtype_info(type).quantize_row(values.data(), out_row, k);
+        continue;
+      }
+      float amax = 0.0f;
+      for (const float v : values) amax = std::max(amax, std::fabs(v));
+      const float d = amax / kF8E4M3Max;
+      for (int64_t b = 0; b < k / 32; ++b) {
+        std::memcpy(out_row + b * 36, &d, 4);
+        for (int e = 0; e < 32; ++e) out_row[b * 36 + 4 + e] = f32_to_f8_e4m3(values[b * 32 + e] / d);
+      }
     }
     out.push_back(std::move(w));
   }
@@ -108,7 +120,7 @@ TEST(CudaStack, WeightsPreparedTogetherAreOneMatrix) {
   ASSERT_NE(b, nullptr);
   std::mt19937_64 rng(5);
   const std::vector<int64_t> ns = {256, 64, 64};
-  for (const DType t : {DType::bf16, DType::f16, DType::f32, DType::q8_0, DType::q4_0}) {
+  for (const DType t : {DType::bf16, DType::f16, DType::f32, DType::q8_0, DType::q4_0, DType::f8_e4m3}) {
     std::vector<std::vector<uint8_t>> bytes = make_weights(t, 256, ns, rng);
     const std::vector<std::unique_ptr<WeightHandle>> w = prepare(*b, t, 256, ns, bytes);
     ASSERT_EQ(w.size(), 3u) << dtype_name(t);
@@ -145,8 +157,9 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
   // Q/K/V-like widths (8-element moves), widths that are not multiples of 8 (one conversion a part), and two
   // matrices.
   const std::vector<Shape> shapes = {{512, {512, 128, 128}}, {96, {36, 12, 12}}, {256, {64, 192}}};
-  for (const DType t : {DType::bf16, DType::f16, DType::f32, DType::q8_0, DType::q4_0}) {
+  for (const DType t : {DType::bf16, DType::f16, DType::f32, DType::q8_0, DType::q4_0, DType::f8_e4m3}) {
     for (const Shape& s : shapes) {
+      if (t == DType::f8_e4m3 && s.k % 32 != 0) continue;
       std::vector<std::vector<uint8_t>> bytes = make_weights(t, s.k, s.ns, rng);
       std::vector<std::unique_ptr<WeightHandle>> ws[2], wa[2];
       for (int q = 0; q < 2; ++q) {
@@ -183,10 +196,26 @@ TEST(CudaStack, OneGemmGivesTheProductsOfTheMatricesApart) {
               }
               ASSERT_GT(den, 0.0) << what;
               // f32 destinations: sums of the same products in another order (TF32 inputs for f32 weights
-              // at the fast precision); bf16 ones: the same, then one rounding to 8 bits that may fall either
-              // way.
-              const double tol = dst == DType::bf16 ? 4e-3 : (t == DType::f32 && qx ? 1e-4 : 1e-5);
+              // at the fast precision, the e4m3 tensor cores' own accumulators for FP8); bf16 ones: the same,
+              // then one rounding to 8 bits that may fall either way.
+              const bool fp8 = t == DType::f8_e4m3 && qx;
+              const double tol = dst == DType::bf16 ? 4e-3
+                                 : fp8              ? 1e-3
+                                                    : (t == DType::f32 && qx ? 1e-4 : 1e-5);
               EXPECT_LE(std::sqrt(num / den), tol) << what;
+            }
+            // The one e4m3 GEMM takes the stack's vector of row scales: against the exact products (each
+            // row's own scale, x not rounded), within the rounding of x to e4m3 (about 2.5% a product).
+            if (t == DType::f8_e4m3 && qx && one_gemm) {
+              const auto e = products(*stacked[0], ws[0], x, m, dst);
+              for (size_t i = 0; i < a.size(); ++i) {
+                double num = 0, den = 0;
+                for (size_t j = 0; j < a[i].size(); ++j) {
+                  num += (double{a[i][j]} - e[i][j]) * (double{a[i][j]} - e[i][j]);
+                  den += double{e[i][j]} * e[i][j];
+                }
+                EXPECT_LE(std::sqrt(num / den), 0.05) << "f8_e4m3 against exact, part " << i << " m " << m;
+              }
             }
           }
         }

@@ -20,6 +20,12 @@ inline std::string model_path() {
   return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+// The backend of the tests that also run on a GPU: KILN_TEST_BACKEND ("cuda"), else the CPU.
+inline std::string test_backend() {
+  const char* b = std::getenv("KILN_TEST_BACKEND");
+  return b != nullptr && *b != '\0' ? b : "cpu";
+}
+
 // An engine on the default model with 2 threads; nullptr (and a test failure) when it cannot be created.
 inline std::unique_ptr<Engine> make_engine(EngineOptions o) {
   o.model_path = model_path();

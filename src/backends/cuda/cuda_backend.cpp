@@ -298,18 +298,23 @@ class CudaBackend final : public Backend {
     if (const int64_t row = cuda::grouped_row_bytes(std::span<const Tensor>(&logical, 1));
         ctx_.options.grouped_weights && product && row > 0 && rows > 0 && logical.ne[3] == 1 &&
         (logical.ne[2] == 1 || logical.nb[2] == logical.nb[1] * logical.ne[1])) {
-      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> grouped, allocate(static_cast<size_t>(row * rows)));
+      const bool fp8 = logical.type == DType::f8_e4m3;  // with its vector of row scales after the rows
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> grouped,
+                            allocate(static_cast<size_t>(row * rows + (fp8 ? rows * 4 : 0))));
       Tensor flat = device;  // the experts' matrices as one
       flat.ne[1] = rows;
       flat.ne[2] = 1;
       KILN_CUDA_TRY(cuda::group_rows(ctx_, flat, grouped->data(), row));
+      float* scales =
+          fp8 ? reinterpret_cast<float*>(static_cast<char*>(grouped->data()) + row * rows) : nullptr;
+      if (fp8) KILN_CUDA_TRY(cuda::fp8_row_scale_vector(ctx_, grouped->data(), row, rows, scales));
       h->storage = std::move(grouped);
       device.data = h->storage->data();
       device.buffer = h->storage.get();
       device.nb[1] = row;
       device.nb[2] = row * logical.ne[1];
       device.nb[3] = row * rows;
-      h->prepared = std::make_unique<cuda::WeightLayout>(true, nullptr);
+      h->prepared = std::make_unique<cuda::WeightLayout>(true, nullptr, scales);
     }
     h->weight = ops::Weight(device);
     h->weight.prepared = h->prepared.get();
@@ -346,11 +351,18 @@ class CudaBackend final : public Backend {
     int64_t row = file_row;
     const int64_t grouped_row = cuda::grouped_row_bytes(logicals);
     const bool grouped = ctx_.options.grouped_weights && grouped_row > 0;
+    const bool fp8 = grouped && type == DType::f8_e4m3;  // with its vector of row scales after the rows
+    float* scales = nullptr;
     if (grouped) {
       Tensor src = make_tensor(type, whole->data(), k, rows);
       src.buffer = whole.get();
-      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> g, allocate(static_cast<size_t>(rows * grouped_row)));
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> g,
+                            allocate(static_cast<size_t>(rows * grouped_row + (fp8 ? rows * 4 : 0))));
       KILN_CUDA_TRY(cuda::group_rows(ctx_, src, g->data(), grouped_row));
+      if (fp8) {
+        scales = reinterpret_cast<float*>(static_cast<char*>(g->data()) + rows * grouped_row);
+        KILN_CUDA_TRY(cuda::fp8_row_scale_vector(ctx_, g->data(), grouped_row, rows, scales));
+      }
       whole = std::move(g);  // the file's form is freed in stream order
       row = grouped_row;
     }
@@ -369,7 +381,8 @@ class CudaBackend final : public Backend {
       device.buffer = h->storage.get();
       device.nb[1] = row;
       device.nb[2] = device.nb[3] = row * logical.ne[1];
-      h->prepared = std::make_unique<cuda::WeightLayout>(grouped, whole->data());
+      h->prepared = std::make_unique<cuda::WeightLayout>(grouped, whole->data(),
+                                                         scales != nullptr ? scales + first : nullptr);
       h->weight = ops::Weight(device);
       h->weight.prepared = h->prepared.get();
       handles.push_back(std::move(h));

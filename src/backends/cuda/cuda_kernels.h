@@ -108,16 +108,22 @@ bool supports_weight_type(DType type);
 // - stack (not null): the weight is one of the matrices prepared together (Backend::prepare_weight_group: Q,
 //   K, V), held as one matrix: each one's rows right after the previous one's, in the allocation that
 //   `stack` points at. The GEMM computes such parts as one (matmul_gemm_group).
+// - row_scales (not null): an f8_e4m3 weight in row form also has its rows' scales as one f32 vector (after
+//   the rows, in the same allocation; a stack's parts' vectors follow one another), which the e4m3 GEMM
+//   takes as it is.
 class WeightLayout final : public ops::PreparedWeight {
  public:
-  WeightLayout(bool grouped, const void* stack) : grouped_(grouped), stack_(stack) {}
+  WeightLayout(bool grouped, const void* stack, const float* row_scales = nullptr)
+      : grouped_(grouped), stack_(stack), row_scales_(row_scales) {}
   size_t bytes() const override { return 0; }  // the handle's storage holds the rows: no memory of its own
   bool grouped() const { return grouped_; }
   const void* stack() const { return stack_; }
+  const float* row_scales() const { return row_scales_; }
 
  private:
   bool grouped_;
   const void* stack_;
+  const float* row_scales_;
 };
 inline const WeightLayout* layout_of(const ops::Weight& w) {
   return dynamic_cast<const WeightLayout*>(w.prepared);
@@ -135,6 +141,8 @@ int64_t grouped_row_bytes(std::span<const Tensor> host);
 // Writes the rows of `src` (a [k, n] matrix of such a type in device memory) to `dst` in grouped form,
 // dst_nb1 (grouped_row_bytes) apart; the padding is zero.
 cudaError_t group_rows(const Context& ctx, const Tensor& src, void* dst, int64_t dst_nb1);
+// The scales of n f8_e4m3 rows in row form (nb1 apart from `rows`) as one f32 vector (WeightLayout).
+cudaError_t fp8_row_scale_vector(const Context& ctx, const void* rows, int64_t nb1, int64_t n, float* out);
 
 // matmul/matmul.cu (the decision table of which kernel a matmul takes is at its top) and
 // matmul/matmul_gemm.cu

@@ -253,46 +253,38 @@ cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out) {
   return cudaGetLastError();
 }
 
-cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded) {
-  const Tensor& w = op.w.tensor;
-  const int64_t k = w.ne[0], n = w.ne[1], m = op.x.n_rows();
+cudaError_t fp8_row_scale_vector(const Context& ctx, const void* rows, int64_t nb1, int64_t n, float* out) {
+  fp8_row_scales<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(
+      static_cast<const uint8_t*>(rows), nb1, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t fp8_gemm_f32(const Context& ctx, const ops::Weight& weight, const Fp8X& x, int64_t m, float* d,
+                         int64_t ldd) {
+  const Tensor& w = weight.tensor;
+  const bool row_form = grouped(weight);
+  const WeightLayout* layout = layout_of(weight);
+  const float* row_scales = row_form && layout != nullptr ? layout->row_scales() : nullptr;
+  const int64_t k = w.ne[0], n = w.ne[1];
   // Scratch: the weight's codes (unless a row-form weight's are taken where they lie) and scales (slot W),
-  // x's (slot X: fp8_round_x), the f32 result unless dst takes it. The codes' room is taken whether or not
-  // they are copied, so that a step captured as a graph never needs more than its first run.
-  const bool row_form = grouped(op.w);
+  // cuBLASLt's workspace. The codes' room is taken whether or not they are copied, so that a step captured
+  // as a graph never needs more than its first run.
   const int64_t w_codes = (n * k + 255) / 256 * 256;
   auto* wbuf = static_cast<uint8_t*>(ctx.scratch(kSlotW, static_cast<size_t>(w_codes + n * 4)));
   void* ws = ctx.scratch(kSlotPartial, kLtWorkspace);
   if (wbuf == nullptr || ws == nullptr) return cudaErrorMemoryAllocation;
   auto* w_scales = reinterpret_cast<float*>(wbuf + w_codes);
   const auto* w_rows = static_cast<const uint8_t*>(w.data);
-  if (row_form) {
+  if (row_scales == nullptr && row_form) {  // else the weight's own vector (WeightLayout)
     fp8_row_scales<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(
         w_rows, w.nb[1], n, w_scales);
-  } else {
+  } else if (!row_form) {
     fp8_weight_rows<<<static_cast<unsigned>(n), kThreads, 0, ctx.stream>>>(w_rows, w.nb[1], k, wbuf,
                                                                            w_scales);
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  Fp8X x{};
-  if (rounded != nullptr) {
-    x = *rounded;
-  } else if (const cudaError_t e = fp8_round_x(ctx, op.x, &x); e != cudaSuccess) {
-    return e;
-  }
-
-  float* d = nullptr;
-  int64_t ldd = n;
-  if (op.dst.type == DType::f32) {  // in place where cuBLASLt takes it: 16-byte aligned columns
-    const int64_t ld = leading_dim(op.dst, 4);
-    if (ld != 0 && ld % 4 == 0 && aligned(op.dst.data, 16)) d = static_cast<float*>(op.dst.data), ldd = ld;
-  }
-  const bool via_scratch = d == nullptr;
-  if (via_scratch) {
-    d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
-    if (d == nullptr) return cudaErrorMemoryAllocation;
-  }
-  LtOperands o{wbuf, k, w_scales, x.codes, x.scales, d, ldd, n, m, k, ws};
+  const float* a_scales = row_scales != nullptr ? row_scales : w_scales;
+  LtOperands o{wbuf, k, a_scales, x.codes, x.scales, d, ldd, n, m, k, ws};
   bool done = false;
   if (row_form && !refused_in_place.load()) {
     o.a = w_rows + 16;
@@ -313,6 +305,31 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* roun
   if (!done && !lt_gemm(ctx, o)) {
     refused.store(true);
     return cudaErrorNotSupported;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded) {
+  const int64_t n = op.w.tensor.ne[1], m = op.x.n_rows();
+  Fp8X x{};
+  if (rounded != nullptr) {
+    x = *rounded;
+  } else if (const cudaError_t e = fp8_round_x(ctx, op.x, &x); e != cudaSuccess) {
+    return e;
+  }
+  float* d = nullptr;
+  int64_t ldd = n;
+  if (op.dst.type == DType::f32) {  // in place where cuBLASLt takes it: 16-byte aligned columns
+    const int64_t ld = leading_dim(op.dst, 4);
+    if (ld != 0 && ld % 4 == 0 && aligned(op.dst.data, 16)) d = static_cast<float*>(op.dst.data), ldd = ld;
+  }
+  const bool via_scratch = d == nullptr;
+  if (via_scratch) {
+    d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
+    if (d == nullptr) return cudaErrorMemoryAllocation;
+  }
+  if (const cudaError_t e = fp8_gemm_f32(ctx, op.w, x, m, d, ldd); e != cudaSuccess) {
+    return e;
   }
   if (!via_scratch) return cudaSuccess;
   return convert_rows(ctx, packed_rows(d, n, m, 4), n, m, rows_of(op.dst), op.dst.type);

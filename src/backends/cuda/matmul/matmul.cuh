@@ -55,6 +55,10 @@ struct Fp8X {
 cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out);
 // `rounded`: op.x as fp8_round_x left it (a fused group's matmuls share it); null: rounded here.
 cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded = nullptr);
+// The GEMM alone: d (f32, column j of token i at d[i * ldd + j]) = the weight times the m rows of x, scratch
+// slots W and Partial; cudaErrorNotSupported where cuBLASLt refuses it.
+cudaError_t fp8_gemm_f32(const Context& ctx, const ops::Weight& weight, const Fp8X& x, int64_t m, float* d,
+                         int64_t ldd);
 
 // One matmul through cuBLAS (matmul_gemm.cu): x converted to the GEMM's input type, the weight in place or
 // dequantized into scratch, the f32 result converted into dst where dst is not f32 with equally spaced rows.

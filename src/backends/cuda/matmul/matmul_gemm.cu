@@ -311,10 +311,8 @@ bool stacked(std::span<const ops::Matmul* const> group) {
   return true;
 }
 
-// The stacked group's GEMM on x (already in the GEMM's input type): the weights as one matrix [k, sum n_i],
-// the f32 result in scratch, then each part's rows to its destination (one kernel where the parts' widths and
-// destinations allow 16-byte moves, else one conversion a part).
-cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const> group, const Operand& x) {
+// A stacked group's weights as one matrix [k, sum n_i].
+ops::Weight stacked_weight(std::span<const ops::Matmul* const> group) {
   const ops::Matmul& first = *group[0];
   Tensor w = first.w.tensor;
   int64_t n = 0;
@@ -323,7 +321,17 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
   w.nb[2] = w.nb[3] = w.nb[1] * n;
   ops::Weight whole(w);
   whole.prepared = first.w.prepared;
-  const int64_t k = w.ne[0], m = first.x.n_rows();
+  return whole;
+}
+
+cudaError_t split_stacked(const Context& ctx, std::span<const ops::Matmul* const> group, void* d);
+
+// The stacked group's GEMM on x (already in the GEMM's input type): the f32 result in scratch, then each
+// part's rows to its destination.
+cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const> group, const Operand& x) {
+  const ops::Matmul& first = *group[0];
+  const ops::Weight whole = stacked_weight(group);
+  const int64_t k = whole.tensor.ne[0], n = whole.tensor.ne[1], m = first.x.n_rows();
   const DType in = gemm_input_type(ctx, first);
   cudaError_t err = cudaSuccess;
   const Operand wo = gemm_w(ctx, whole, in, &err);
@@ -332,6 +340,17 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
   if (d == nullptr) return cudaErrorMemoryAllocation;
   const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
   if (err = gemm(ctx, wo, x, {d, n}, type, n, m, k, ctx.fast); err != cudaSuccess) return err;
+  return split_stacked(ctx, group, d);
+}
+
+// A stacked group's f32 result d (m rows of sum n_i) to each part's destination: one kernel where the parts'
+// widths and destinations allow 16-byte moves, else one conversion a part.
+cudaError_t split_stacked(const Context& ctx, std::span<const ops::Matmul* const> group, void* d) {
+  const ops::Matmul& first = *group[0];
+  int64_t n = 0;
+  for (const ops::Matmul* op : group) n += op->w.tensor.ne[1];
+  const int64_t m = first.x.n_rows();
+  cudaError_t err = cudaSuccess;
   const Rows result = packed_rows(d, n, m, 4);
   SplitParts parts{};
   bool wide = true;
@@ -381,6 +400,16 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
                               [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
     if (shared) {
       if (const cudaError_t err = fp8_round_x(ctx, group[0]->x, &x); err != cudaSuccess) return err;
+    }
+    if (shared && stacked(group)) {  // Q, K and V as one GEMM
+      const ops::Weight whole = stacked_weight(group);
+      const int64_t n = whole.tensor.ne[1], m = group[0]->x.n_rows();
+      auto* d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
+      if (d == nullptr) return cudaErrorMemoryAllocation;
+      const cudaError_t err = fp8_gemm_f32(ctx, whole, x, m, d, n);
+      if (err == cudaSuccess) return split_stacked(ctx, group, d);
+      if (err != cudaErrorNotSupported) return err;
+      shared = false;  // refused: the dequantizing path, matmul by matmul
     }
     for (const ops::Matmul* op : group) {
       cudaError_t err = shared ? fp8_gemm(ctx, *op, &x) : matmul_gemm(ctx, *op);
