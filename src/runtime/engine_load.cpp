@@ -294,10 +294,16 @@ Status Engine::Impl::warm_up(int32_t n_blocks) {
   // Then a one-token decode step padded (pad_decode) to as many rows as a step replays, greedy and sampled:
   // the backend's scratch and the model's arena are then as large as a replayed step needs, so that each new
   // batch size (or padded verifying step) is captured at its first step, not first run op by op to grow
-  // them (on an H100 about 13 ms a size for the 135M model).
-  if (const int32_t rows = backend->replayed_rows_max(); rows > 1 && spare_block >= 0) {
-    for (const bool sampled : {false, true}) {
-      if (sampled && !backend_samples) break;
+  // them (on an H100 about 13 ms a size for the 135M model). Then one greedy step of every smaller padded
+  // size: each size's GEMMs take kernels of their own, which the GPU loads at their first launch (CUDA's
+  // lazy loading: cuBLAS's kernel libraries, 100 ms in all for the 135M model's first verifying steps).
+  if (const int32_t max_rows = backend->replayed_rows_max(); max_rows > 1 && spare_block >= 0) {
+    std::vector<std::pair<int32_t, bool>> steps = {{max_rows, false}, {max_rows, true}};
+    for (int32_t rows = max_rows - 1; rows > 1; --rows) {
+      if (backend->padded_rows(rows) == rows) steps.emplace_back(rows, false);
+    }
+    for (const auto& [rows, sampled] : steps) {
+      if (sampled && !backend_samples) continue;
       batch.clear();
       batch.tokens.push_back(0);
       batch.positions.push_back(0);
