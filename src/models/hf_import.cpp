@@ -503,4 +503,36 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
   return std::make_shared<const gguf::File>(std::move(f));
 }
 
+std::string projection_gguf_name(std::string_view n, int64_t* expert) {
+  *expert = -1;
+  for (std::string_view p : {"model.language_model.", "language_model.model.", "model."}) {
+    if (starts_with(n, p)) {
+      n.remove_prefix(p.size());
+      break;
+    }
+  }
+  if (!starts_with(n, "layers.") || !n.ends_with(".weight")) return "";
+  n.remove_prefix(7);
+  const std::optional<int64_t> layer = take_index(n);
+  if (!layer) return "";
+  const std::string blk = "blk." + std::to_string(*layer) + ".";
+  const std::string_view module = n.substr(0, n.size() - std::string_view(".weight").size());
+  for (const Rename& r : kCommonNames) {
+    if (r.hf == module) return blk + std::string(r.gguf) + ".weight";
+  }
+  for (std::string_view p : {"mlp.experts.", "block_sparse_moe.experts."}) {
+    if (!starts_with(module, p)) continue;
+    std::string_view rest = module.substr(p.size());
+    const std::optional<int64_t> e = take_index(rest);
+    if (!e) return "";
+    for (const Rename& r : kExpertNames) {
+      if (r.hf == rest) {
+        *expert = *e;
+        return blk + std::string(r.gguf) + ".weight";
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace kiln::hf_import

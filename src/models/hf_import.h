@@ -92,4 +92,9 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
 // The text-model config of a folder's config.json (text_config for multimodal wrappers such as Gemma 3).
 Result<hf::ModelConfig> text_config(const hf::ModelConfig& cfg);
 
+// The GGUF weight a decoder layer's projection becomes, as import() names it without an architecture's own
+// renames ("model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight"; an expert's projection ->
+// its stacked tensor, with the expert's index in `expert`, else -1 there); "" for any other tensor.
+std::string projection_gguf_name(std::string_view hf_name, int64_t* expert);
+
 }  // namespace kiln::hf_import

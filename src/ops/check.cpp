@@ -354,6 +354,11 @@ Status check(const SumSquares& op) {
   if (op.counts.ne[0] != 1 || op.counts.ne[1] != n_mat || op.counts.ne[2] != 1 || op.counts.ne[3] != 1) {
     return invalid_argument("sum_squares: counts is {}, expected f32[1, {}]", op.counts.describe(), n_mat);
   }
+  if (op.amax.data != nullptr) {
+    KILN_TRY(need_f32("sum_squares", "amax", op.amax));
+    if (op.amax.ne[0] != 1 || op.amax.ne[1] != n_mat || op.amax.ne[2] != 1 || op.amax.ne[3] != 1)
+      return invalid_argument("sum_squares: amax is {}, expected f32[1, {}]", op.amax.describe(), n_mat);
+  }
   if (op.ids.data == nullptr) {
     if (n_mat != 1) {
       return invalid_argument("sum_squares: sums is {} but without ids every row goes to one matrix",

@@ -262,12 +262,16 @@ struct WeightedSum {
 // matrix ids[s + n_used * t], each in [0, n_mat). Accumulates in f32 (counts are exact up to 2^24).
 //   gram (data == nullptr: none; ids none only): f32 [n, n], gram[i + n * j] += x[i, r] * x[j, r] for every
 // row r (the inputs' Gram matrix X^T X, which GPTQ rounds with: quant/gptq.h); it overlaps nothing else.
+//   amax (data == nullptr: none): f32 [1, n_mat], amax[0, m] = max(amax[0, m], |x[i, r]|) over every column i
+// and row r that goes to matrix m (the input's range, which a static FP8 activation scale is made from:
+// quant/fp8_folder.h); it overlaps nothing else. A NaN in x makes it NaN.
 struct SumSquares {
   Tensor x;
   Tensor ids;  // data == nullptr: none
   Tensor sums;
   Tensor counts;
   Tensor gram = {};  // data == nullptr: none
+  Tensor amax = {};  // data == nullptr: none
 };
 
 // The lower Cholesky factor of the inverse of a symmetric matrix, the factor GPTQ rounds with (quant/gptq.h):

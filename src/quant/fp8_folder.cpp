@@ -20,6 +20,8 @@
 #include "formats/folder.h"
 #include "formats/output_file.h"
 #include "formats/safetensors.h"
+#include "models/hf_import.h"
+#include "quant/imatrix_file.h"
 
 namespace kiln::quant {
 
@@ -49,7 +51,8 @@ struct OutTensor {
   std::vector<int64_t> shape;
   uint64_t bytes = 0;
   const safetensors::Tensor* src = nullptr;
-  enum class Kind { copy, fp8_values, fp8_scales } kind = Kind::copy;
+  enum class Kind { copy, fp8_values, fp8_scales, input_scale } kind = Kind::copy;
+  float value = 0.0f;  // input_scale: the static activation scale
 };
 
 // The row-wise scales and e4m3 codes of a weight, computed once for both of its output tensors.
@@ -92,15 +95,21 @@ Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, ThreadPool& pool
   return w;
 }
 
-// The quantization_config of the output: per-channel FP8 weights, dynamic per-token FP8 activations.
-nlohmann::json quantization_config(const std::vector<std::string>& ignore) {
+// The quantization_config of the output: per-channel FP8 weights; FP8 activations per token at run time
+// (dynamic), or per tensor with the scales written (static).
+nlohmann::json quantization_config(const std::vector<std::string>& ignore, bool static_acts) {
   nlohmann::json weights = {
       {"num_bits", 8},       {"type", "float"},       {"strategy", "channel"},      {"symmetric", true},
       {"dynamic", false},    {"group_size", nullptr}, {"block_structure", nullptr}, {"actorder", nullptr},
       {"observer", "minmax"}};
-  nlohmann::json acts = {
-      {"num_bits", 8},   {"type", "float"},       {"strategy", "token"},        {"symmetric", true},
-      {"dynamic", true}, {"group_size", nullptr}, {"block_structure", nullptr}, {"observer", nullptr}};
+  nlohmann::json acts = {{"num_bits", 8},
+                         {"type", "float"},
+                         {"strategy", static_acts ? "tensor" : "token"},
+                         {"symmetric", true},
+                         {"dynamic", !static_acts},
+                         {"group_size", nullptr},
+                         {"block_structure", nullptr},
+                         {"observer", static_acts ? nlohmann::json("minmax") : nlohmann::json(nullptr)}};
   return {{"quant_method", "compressed-tensors"},
           {"format", "float-quantized"},
           {"quantization_status", "compressed"},
@@ -157,16 +166,48 @@ Status write_weights(const std::string& path, const std::vector<OutTensor>& tens
         KILN_TRY(
             write_bytes(out.stream(), current.scales.data(), current.scales.size() * sizeof(float), path));
         break;
+      case OutTensor::Kind::input_scale:
+        KILN_TRY(write_bytes(out.stream(), &t.value, sizeof(float), path));
+        break;
     }
-    stats.bytes_in += t.kind == OutTensor::Kind::fp8_scales ? 0 : t.src->data.size();
+    const bool derived = t.kind == OutTensor::Kind::fp8_scales || t.kind == OutTensor::Kind::input_scale;
+    stats.bytes_in += derived ? 0 : t.src->data.size();
     stats.bytes_out += t.bytes;
   }
   return out.commit();
 }
 
+// A projection's static activation scale: the largest |input| the importance matrix saw for it, over 448 (the
+// e4m3 maximum). An expert no calibration token reached takes its layer's largest.
+Result<float> static_input_scale(const Imatrix& calibration, const std::string& name) {
+  int64_t expert = -1;
+  const std::string gguf = hf_import::projection_gguf_name(name, &expert);
+  if (gguf.empty()) return invalid_argument("{}: not a decoder layer's projection the imatrix names", name);
+  const auto it = calibration.tensors.find(gguf);
+  if (it == calibration.tensors.end())
+    return invalid_argument("{}: the importance matrix has no {} (made from another model?)", name, gguf);
+  const ImatrixTensor& t = it->second;
+  if (t.amax.empty()) {
+    return invalid_argument(
+        "{}: the importance matrix holds no input ranges for {} ({}.in_amax: a file of "
+        "kiln imatrix, not combined with one that has none)",
+        name, gguf, gguf);
+  }
+  if (expert >= static_cast<int64_t>(t.amax.size()))
+    return invalid_argument("{}: expert {} of {}, which has {}", name, expert, gguf, t.amax.size());
+  float amax = t.amax[static_cast<size_t>(std::max<int64_t>(expert, 0))];
+  if (amax == 0.0f && expert >= 0) amax = *std::max_element(t.amax.begin(), t.amax.end());
+  if (!(amax > 0.0f) || !std::isfinite(amax)) {
+    return invalid_argument("{}: its input was {} over every calibration token ({}): no scale", name, amax,
+                            gguf);
+  }
+  return amax / kF8E4M3Max;
+}
+
 }  // namespace
 
-Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string& out, int n_threads) {
+Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string& out, int n_threads,
+                                        const Imatrix* calibration) {
   std::error_code ec;
   if (!fs::is_directory(in, ec))
     return invalid_argument("{}: FP8 is written from a Hugging Face folder (config.json and safetensors)",
@@ -205,6 +246,10 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
                          static_cast<uint64_t>(t->shape[0]) * 4,
                          t,
                          OutTensor::Kind::fp8_scales});
+      if (calibration != nullptr) {
+        KILN_ASSIGN_OR_RETURN(const float scale, static_input_scale(*calibration, t->name));
+        tensors.push_back({module + ".input_scale", "F32", {1}, 4, t, OutTensor::Kind::input_scale, scale});
+      }
     } else {
       tensors.push_back(
           {t->name, safetensors::dtype_name(t->dtype), t->shape, t->data.size(), t, OutTensor::Kind::copy});
@@ -215,7 +260,7 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
                    [](const OutTensor& t) { return t.kind == OutTensor::Kind::fp8_values; })) {
     return invalid_argument("{}: no decoder-layer projection weights to quantize", in);
   }
-  config["quantization_config"] = quantization_config(ignore);
+  config["quantization_config"] = quantization_config(ignore, calibration != nullptr);
 
   // Everything goes to a fresh folder beside `out`, renamed to it at the end.
   const fs::path target = fs::absolute(out, ec);

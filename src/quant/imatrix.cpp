@@ -82,6 +82,7 @@ Status load_in_file(const std::string& path, int64_t chunk_size, bool full, Tota
     for (const float c : tensor.counts) s.counts.push_back(c * scale);
     const std::span<const float> gram = tensor.gram_values();  // the file's: summed into a copy
     s.gram.assign(gram.begin(), gram.end());
+    s.amax.assign(tensor.amax.begin(), tensor.amax.end());
     KILN_TRY(quant::add_sums(name, s, t.sums[name]));
   }
   t.datasets.insert(t.datasets.end(), im.datasets.begin(), im.datasets.end());
@@ -105,6 +106,7 @@ quant::Imatrix to_imatrix(Totals& t, const std::vector<std::string>& datasets, i
     q.sum2.assign(s.sum2.begin(), s.sum2.end());
     q.counts.assign(s.counts.begin(), s.counts.end());
     q.gram = std::move(s.gram);
+    q.amax.assign(s.amax.begin(), s.amax.end());
     bool some_zero = false;
     for (const double c : s.counts) most = std::max(most, c), some_zero |= c == 0;
     partial += some_zero ? 1 : 0;

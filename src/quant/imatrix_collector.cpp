@@ -98,7 +98,7 @@ Status ImatrixCollector::recorded(Program& program, Backend& backend) {
     size_t floats = 0;
     for (const auto& [name, shape] : fresh) {
       Entry e{slabs_.size(), floats, shape.first, shape.second, nullptr};
-      floats += static_cast<size_t>(shape.first * shape.second + shape.second);
+      floats += static_cast<size_t>(shape.first * shape.second + 2 * shape.second);
       if (full_ && shape.second == 1) {  // and a zeroed Gram matrix of its own
         const size_t n2 = static_cast<size_t>(shape.first * shape.first);
         KILN_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> g, backend.allocate(n2 * sizeof(float)));
@@ -121,8 +121,10 @@ Status ImatrixCollector::recorded(Program& program, Backend& backend) {
     const Entry& e = entries_.at(in.name);
     const Buffer& buf = *slabs_[e.slab].buffer;
     in.op.sums = make_tensor(DType::f32, buf, e.offset * sizeof(float), e.n_cols, e.n_mat);
-    in.op.counts = make_tensor(
-        DType::f32, buf, (e.offset + static_cast<size_t>(e.n_cols * e.n_mat)) * sizeof(float), 1, e.n_mat);
+    const size_t counts_at = e.offset + static_cast<size_t>(e.n_cols * e.n_mat);
+    in.op.counts = make_tensor(DType::f32, buf, counts_at * sizeof(float), 1, e.n_mat);
+    in.op.amax =
+        make_tensor(DType::f32, buf, (counts_at + static_cast<size_t>(e.n_mat)) * sizeof(float), 1, e.n_mat);
     if (e.gram != nullptr) in.op.gram = make_tensor(DType::f32, *e.gram, 0, e.n_cols, e.n_cols);
   }
   Program out;
@@ -148,9 +150,12 @@ Status ImatrixCollector::read_back(std::map<std::string, ImatrixSums>& totals) {
     step.n_cols = e.n_cols;
     step.sum2.assign(v, v + e.n_cols * e.n_mat);
     step.counts.assign(v + e.n_cols * e.n_mat, v + e.n_cols * e.n_mat + e.n_mat);
-    for (const double x : step.sum2) {
-      if (!std::isfinite(x))
-        return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
+    step.amax.assign(v + e.n_cols * e.n_mat + e.n_mat, v + e.n_cols * e.n_mat + 2 * e.n_mat);
+    for (const std::vector<double>* values : {&step.sum2, &step.amax}) {
+      for (const double x : *values) {
+        if (!std::isfinite(x))
+          return invalid_argument("imatrix: the inputs of {} are not finite ({})", name, x);
+      }
     }
     KILN_TRY(add_sums(name, step, totals[name], /*with_gram=*/false));  // the Gram matrix: take_grams
   }
@@ -214,6 +219,11 @@ Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& i
                             into.counts.size());
   }
   for (size_t i = 0; i < into.sum2.size(); ++i) into.sum2[i] += from.sum2[i];
+  if (from.amax.size() == into.amax.size() && from.amax.size() == into.counts.size()) {
+    for (size_t m = 0; m < into.amax.size(); ++m) into.amax[m] = std::max(into.amax[m], from.amax[m]);
+  } else {
+    into.amax.clear();  // a side without ranges (or one count for many experts): the whole run's are unknown
+  }
   if (!with_gram) return Status::ok_status();
   if (from.gram.size() != into.gram.size()) {
     return invalid_argument("imatrix: {} has a Gram matrix of {} values here, {} before", name,

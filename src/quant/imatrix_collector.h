@@ -35,6 +35,9 @@ struct ImatrixSums {
   // [n_cols * n_cols]: the inputs' Gram matrix X^T X (a collector made with `full`, one-matrix weights, after
   // take_grams), or empty
   std::vector<float> gram;
+  // [n_mat]: each matrix's largest |input| (ops::SumSquares::amax), or empty: not known (a legacy file, a
+  // file written without it, or totals merged with one of those)
+  std::vector<double> amax;
   int64_t n_mat() const { return static_cast<int64_t>(counts.size()); }
 };
 
@@ -58,7 +61,7 @@ class ImatrixCollector final : public ProgramHook {
 
  private:
   // Device accumulators of the weights first seen in one recording on one backend: per weight, sums [n_cols,
-  // n_mat] then counts [1, n_mat], one after another.
+  // n_mat], counts [1, n_mat] and amax [1, n_mat], one after another.
   struct Slab {
     Backend* backend = nullptr;
     std::unique_ptr<Buffer> buffer;
@@ -83,8 +86,8 @@ class ImatrixCollector final : public ProgramHook {
 };
 
 // Adds `from` into `into` (llama-imatrix's merge): shapes must agree, except that a weight collected with one
-// count takes as many as `from` has (a legacy file's single count). Without `with_gram`, into's Gram matrix
-// is left as it is.
+// count takes as many as `from` has (a legacy file's single count). The ranges (amax) take the larger, and
+// are dropped where either side has none. Without `with_gram`, into's Gram matrix is left as it is.
 Status add_sums(const std::string& name, const ImatrixSums& from, ImatrixSums& into, bool with_gram = true);
 
 }  // namespace kiln::quant

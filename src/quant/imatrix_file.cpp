@@ -5,8 +5,9 @@
 // imatrix.chunk_size (u32); per weight, in name order, "<name>.in_sum2" f32 [n_cols, n_mat] (the raw sums of
 // squares, one row per expert of a stacked MoE weight) and "<name>.counts" f32 [1, n_mat] (the activation
 // rows each matrix's sums saw; 0 for an expert no token reached), trailing dimensions of 1 dropped as ggml
-// writes them ([n_cols] and [1] for a dense weight). kiln's --full files add "<name>.in_gram" f32 [n_cols,
-// n_cols] (the inputs' Gram matrix, over the same rows as the sums), which llama.cpp's reader skips.
+// writes them ([n_cols] and [1] for a dense weight). kiln's files add "<name>.in_amax" f32 [n_mat] (each
+// matrix's largest |input| over the same rows) and, with --full, "<name>.in_gram" f32 [n_cols, n_cols] (the
+// inputs' Gram matrix, over the same rows as the sums), which llama.cpp's reader skips.
 //
 // Legacy .dat, little-endian: i32 n_entries; per entry i32 name length, the name, i32 ncall, i32 nval, nval
 // f32 values (each column's mean square times ncall, every matrix's n_cols one after another); then,
@@ -27,7 +28,8 @@ namespace kiln::quant {
 
 namespace {
 
-constexpr std::string_view kSumsSuffix = ".in_sum2", kCountsSuffix = ".counts", kGramSuffix = ".in_gram";
+constexpr std::string_view kSumsSuffix = ".in_sum2", kCountsSuffix = ".counts", kGramSuffix = ".in_gram",
+                           kAmaxSuffix = ".in_amax";
 constexpr const char* kDatasets = "imatrix.datasets";
 constexpr const char* kChunkCount = "imatrix.chunk_count";
 constexpr const char* kChunkSize = "imatrix.chunk_size";
@@ -189,11 +191,13 @@ Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& nam
   KILN_ASSIGN_OR_RETURN(im.datasets, f.get_string_array(kDatasets));
   // Each weight's pair of tensors, by weight name.
   std::map<std::string, std::pair<const gguf::TensorInfo*, const gguf::TensorInfo*>> pairs;
-  std::map<std::string, const gguf::TensorInfo*> grams;
+  std::map<std::string, const gguf::TensorInfo*> grams, amaxes;
   for (const gguf::TensorInfo& t : f.tensors()) {
     const std::string_view n = t.name;
     if (n.ends_with(kGramSuffix) && n.size() > kGramSuffix.size()) {
       grams[std::string(n.substr(0, n.size() - kGramSuffix.size()))] = &t;
+    } else if (n.ends_with(kAmaxSuffix) && n.size() > kAmaxSuffix.size()) {
+      amaxes[std::string(n.substr(0, n.size() - kAmaxSuffix.size()))] = &t;
     } else if (n.ends_with(kSumsSuffix) && n.size() > kSumsSuffix.size()) {
       pairs[std::string(n.substr(0, n.size() - kSumsSuffix.size()))].first = &t;
     } else if (n.ends_with(kCountsSuffix) && n.size() > kCountsSuffix.size()) {
@@ -223,11 +227,28 @@ Result<Imatrix> read_gguf(std::span<const uint8_t> bytes, const std::string& nam
       im.mapping = map;
       grams.erase(g);
     }
+    if (const auto a = amaxes.find(weight); a != amaxes.end()) {
+      const gguf::TensorInfo& ai = *a->second;
+      if (ai.type != DType::f32 || ai.n_elements() != t.n_mat) {
+        return invalid_argument("{}: {} is {} [{} values], expected f32 [{}] for {}", name, ai.name,
+                                dtype_name(ai.type), ai.n_elements(), t.n_mat, weight);
+      }
+      t.amax.resize(static_cast<size_t>(t.n_mat));
+      std::memcpy(t.amax.data(), ai.data, t.amax.size() * 4);
+      KILN_TRY(check_finite(name, ai.name, t.amax, "value"));
+      for (const float v : t.amax) {
+        if (v < 0) return invalid_argument("{}: {}: a range of {} is negative", name, ai.name, v);
+      }
+      amaxes.erase(a);
+    }
     im.tensors.emplace(weight, std::move(t));
   }
-  if (!grams.empty()) {
-    return invalid_argument("{}: {}{} has no {}{} beside it", name, grams.begin()->first, kGramSuffix,
-                            grams.begin()->first, kSumsSuffix);
+  for (const auto* orphans : {&grams, &amaxes}) {
+    if (!orphans->empty()) {
+      return invalid_argument("{}: {}{} has no {}{} beside it", name, orphans->begin()->first,
+                              orphans == &grams ? kGramSuffix : kAmaxSuffix, orphans->begin()->first,
+                              kSumsSuffix);
+    }
   }
   return im;
 }
@@ -272,6 +293,11 @@ Status write_imatrix(const Imatrix& imatrix, const std::filesystem::path& path) 
     KILN_TRY(w.add_tensor(weight + std::string(kCountsSuffix),
                           one ? std::vector<int64_t>{1} : std::vector<int64_t>{1, t.n_mat}, DType::f32,
                           as_bytes(t.counts)));
+    if (!t.amax.empty()) {
+      if (t.amax.size() != static_cast<size_t>(t.n_mat))
+        return invalid_argument("{}: {}: {} ranges for {} matrices", name, weight, t.amax.size(), t.n_mat);
+      KILN_TRY(w.add_tensor(weight + std::string(kAmaxSuffix), {t.n_mat}, DType::f32, as_bytes(t.amax)));
+    }
     const std::span<const float> gram = t.gram_values();
     if (gram.empty()) continue;
     if (!one || gram.size() != static_cast<size_t>(t.n_cols * t.n_cols)) {

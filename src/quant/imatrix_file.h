@@ -30,6 +30,9 @@ struct ImatrixTensor {
   // page cache holds and can drop again, where a copy would be 9.8 GB of the process's own memory).
   std::vector<float> gram;
   std::span<const float> gram_mapped;
+  // [n_mat]: each matrix's largest |input| over the same tokens ("<weight>.in_amax", kiln's files), or empty:
+  // not in the file. A static FP8 activation scale is made from it (fp8_folder.h).
+  std::vector<float> amax;
   std::span<const float> gram_values() const {
     return gram.empty() ? gram_mapped : std::span<const float>(gram);
   }

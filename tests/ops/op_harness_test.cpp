@@ -390,7 +390,7 @@ std::vector<Tensor*> operands(Op& op) {
                           return std::vector<Tensor*>{&o.y, &o.w, &o.dst};
                         },
                         [](SumSquares& o) {
-                          return std::vector<Tensor*>{&o.x, &o.ids, &o.sums, &o.counts, &o.gram};
+                          return std::vector<Tensor*>{&o.x, &o.ids, &o.sums, &o.counts, &o.gram, &o.amax};
                         },
                         [](InverseCholesky& o) {
                           return std::vector<Tensor*>{&o.a, &o.l, &o.status};
@@ -1814,6 +1814,50 @@ TEST(OpHarness, SumSquares) {
                          return Op(SumSquares{x.t, Tensor{}, sums, counts, gram});
                        });
   }
+  // With the ranges (amax, kiln imatrix): dst [n + 2, n_mat], column n the count, column n + 1 the largest
+  // |x| so far (from 0 to 0.5, below most rows' largest), dense and routed.
+  const auto with_ranges = [](const Tensor& d) {
+    const int64_t n = d.ne[0] - 2, n_mat = d.ne[1];
+    Tensor sums = d, counts = d, amax = d;
+    sums.ne = {n, n_mat, 1, 1};
+    counts.data = d.row_as<float>(0) + n;
+    counts.ne = {1, n_mat, 1, 1};
+    amax.data = d.row_as<float>(0) + n + 1;
+    amax.ne = {1, n_mat, 1, 1};
+    return std::array<Tensor, 3>{sums, counts, amax};
+  };
+  for (const RowShape& s :
+       {RowShape{1, 1, 1}, RowShape{7, 3, 2}, RowShape{257, 3, 1}, RowShape{64, 300, 1}}) {
+    const Layout layout = kLayouts[i++ % 3];
+    const Host x = make_f32(layout, s.n, s.r1, s.r2, &rng);
+    Host acc = make_f32(Layout::contiguous, s.n + 2, 1, 1, &rng, 0.0f, 4.0f);
+    acc.t.row_as<float>(0)[s.n] = 3.0f;
+    acc.t.row_as<float>(0)[s.n + 1] = 0.5f * static_cast<float>(rng.integer(0, 1));
+    expect_matches_ref(fmt::format("sum_squares amax x {} {}", x.t.describe(), layout_name(layout)), acc,
+                       kSums, [&](const Tensor& d) {
+                         const auto [sums, counts, amax] = with_ranges(d);
+                         SumSquares op{x.t, Tensor{}, sums, counts};
+                         op.amax = amax;
+                         return Op(op);
+                       });
+  }
+  {
+    constexpr int64_t n = 300, n_mat = 6, n_used = 2, n_tokens = 40;
+    std::vector<int32_t> ids(n_used * n_tokens);
+    for (int32_t& id : ids) id = rng.integer(0, static_cast<int32_t>(n_mat) - 2);  // matrix 5: no rows
+    const Host x = make_f32(Layout::contiguous, n, n_used, n_tokens, &rng);
+    Host acc = make_f32(Layout::contiguous, n + 2, n_mat, 1, &rng, 0.0f, 4.0f);
+    for (int64_t m = 0; m < n_mat; ++m) {
+      acc.t.row_as<float>(m)[n] = 1.0f;
+      acc.t.row_as<float>(m)[n + 1] = 0.25f * static_cast<float>(m % 3);
+    }
+    expect_matches_ref("sum_squares amax routed", acc, kSums, [&](const Tensor& d) {
+      const auto [sums, counts, amax] = with_ranges(d);
+      SumSquares op{x.t, reshape(iv(ids), n_used, n_tokens), sums, counts};
+      op.amax = amax;
+      return Op(op);
+    });
+  }
   // Routed: slot s of token t to matrix ids[s + n_used t] (a MoeMatmul's x and ids), repeats and unused
   // matrices included; n = 300: more than a GPU block's columns.
   struct Shape {
@@ -2185,6 +2229,10 @@ TEST(OpCheck, SumSquares) {
   const Host gram = dense(8, 8, 1, nullptr), gram_bad = dense(8, 7, 1, nullptr);
   ASSERT_TRUE(check(SumSquares{o.x.t, Tensor{}, sums.t, counts.t, gram.t}).ok());
   expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, counts.t, gram_bad.t}, kInvalid, "gram is");
+  // The ranges: f32 [1, n_mat].
+  const Host amax = dense(1, 1, 1, nullptr);
+  ASSERT_TRUE(check(SumSquares{o.x.t, Tensor{}, sums.t, counts.t, Tensor{}, amax.t}).ok());
+  expect_rejected(SumSquares{o.x.t, Tensor{}, sums.t, counts.t, Tensor{}, wide.t}, kInvalid, "amax is");
   // Routed: ids [n_used = 4, n_tokens = 2] for x [8, 4 slots, 2 tokens] or [8, 1, 2].
   const std::vector<int32_t> ids = {0, 1, 2, 0, 1, 1, 2, 2}, ids_short = {0, 1, 2};
   const Tensor ids2 = reshape(iv(ids), 4, 2), ids_odd = reshape(iv(ids), 2, 4);

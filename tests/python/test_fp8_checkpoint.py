@@ -12,6 +12,8 @@ of it (q * scale, in f32) is: KL divergence ~1e-6, the same top token everywhere
 --kl-divergence` of each folder against the BF16 folder over 3 chunks of 256 tokens of a license text (381 scored
 tokens): mean KL divergence and same-top fraction within the bounds in SCHEMES; `kiln convert` refuses an FP8 folder
 without --type and writes it dequantized with one; a scale of 0 is an error naming the tensor and the element.
+`kiln quantize FOLDER OUT FP8` writes the per-channel folder byte for byte, and with --imatrix (kiln imatrix's input
+ranges) static per-tensor activation scales.
 
 Measured (CPU; -s prints them): mean KLD against BF16 per channel 0.0172, per tensor 0.0185, 128x128 blocks
 0.0197; same top token 94.2%, 91.3%, 92.4%; against its f32 dequantization (1 chunk) 2.3e-6 and 100%. SmolLM2-135M
@@ -271,16 +273,76 @@ def test_kiln_quantize_writes_the_channel_folder(bf16_folder, tmp_path):
     assert res.returncode == 0 and res.stdout.strip(), res.stderr
 
 
+GGUF_OF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+           "mlp.down_proj": "ffn_down"}
+
+
+def test_kiln_quantize_static_activations(bf16_folder, tmp_path):
+    """With --imatrix (kiln imatrix over the BF16 folder), `kiln quantize FOLDER OUT FP8` writes each projection's
+    static input_scale [1] = the largest |input| over the calibration text / 448 (Q, K and V, which read one input,
+    the same), the weights of the dynamic folder byte for byte, and a config of static per-tensor activations;
+    kiln runs it."""
+    gguf = pytest.importorskip("gguf")
+    im = tmp_path / "smol.imatrix.gguf"
+    res = kiln("imatrix", "-m", bf16_folder, "-f", TEXT, "-o", im, "-c", 128, "--chunks", 2, "--no-ppl", "-t", 2)
+    assert res.returncode == 0, res.stderr
+    amax = {t.name[: -len(".in_amax")]: float(t.data[0]) for t in gguf.GGUFReader(str(im)).tensors
+            if t.name.endswith(".in_amax")}
+    out = tmp_path / "static"
+    res = kiln("quantize", bf16_folder, out, "FP8", "--imatrix", im, "-t", 2)
+    assert res.returncode == 0, res.stderr
+    assert "static per-tensor" in res.stderr, res.stderr
+    got = safetensors_torch.load_file(str(out / "model.safetensors"))
+    want = safetensors_torch.load_file(str(fp8_of(bf16_folder, "channel") / "model.safetensors"))
+    for name, w in want.items():
+        if w.dtype == torch.float8_e4m3fn:
+            assert torch.equal(got[name].view(torch.uint8), w.view(torch.uint8)), name
+    for layer in range(30):
+        scales = {}
+        for proj in PROJECTIONS:
+            s = got[f"model.layers.{layer}.{proj}.input_scale"]
+            assert (s.dtype, tuple(s.shape)) == (torch.float32, (1,)), proj
+            a = amax[f"blk.{layer}.{GGUF_OF[proj]}.weight"]
+            assert float(s[0]) == pytest.approx(a / E4M3_MAX, rel=1e-6), (layer, proj)
+            scales[proj] = float(s[0])
+        assert scales["self_attn.q_proj"] == scales["self_attn.k_proj"] == scales["self_attn.v_proj"]
+    assert len(got) == len(want) + 7 * 30
+    acts = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"][
+        "input_activations"]
+    assert (acts["strategy"], acts["dynamic"], acts["type"], acts["num_bits"]) == ("tensor", False, "float", 8)
+    res = kiln("run", "-m", out, "-p", "The capital of France is", "-n", 4, "--temp", 0, "-t", 2, "-d", "cpu")
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
+
+
 def test_kiln_quantize_fp8_refusals(bf16_folder, tmp_path):
-    """An existing output, a GGUF input, an FP8 input, and a GGUF-only option are refused with one line, and
-    nothing is written."""
+    """An existing output, a GGUF input, an FP8 input, a GGUF-only option, a missing importance matrix and one
+    without input ranges (llama-imatrix's) are refused with one line, and nothing is written."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
     exists = tmp_path / "exists"
     exists.mkdir()
+    no_ranges = tmp_path / "exists" / "llama.imatrix.gguf"
+    w = gguf.GGUFWriter(str(no_ranges), "llama")
+    w.add_string("general.type", "imatrix")
+    w.add_array("imatrix.datasets", ["text"])
+    w.add_uint32("imatrix.chunk_count", 1)
+    w.add_uint32("imatrix.chunk_size", 1)
+    for name in sorted(f"blk.{layer}.{g}.weight" for layer in range(30) for g in GGUF_OF.values()):
+        w.add_tensor(f"{name}.in_sum2", np.ones(1536 if ".ffn_down." in name else 576, np.float32))
+        w.add_tensor(f"{name}.counts", np.ones(1, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     cases = [
         ((bf16_folder, exists, "FP8"), "already exists"),
         ((SMOL, tmp_path / "a", "FP8"), "Hugging Face folder"),
         ((fp8_of(bf16_folder, "channel"), tmp_path / "b", "FP8"), "already quantized"),
-        ((bf16_folder, tmp_path / "c", "FP8", "--imatrix", tmp_path / "x.gguf"), "--imatrix"),
+        ((bf16_folder, tmp_path / "c", "FP8", "--tensor-type", "attn_v=q8_0"), "--tensor-type"),
+        ((bf16_folder, tmp_path / "d", "FP8", "--imatrix", tmp_path / "x.gguf"), "x.gguf"),
+        ((bf16_folder, tmp_path / "e", "FP8", "--imatrix", no_ranges), "no input ranges"),
     ]
     for args, needle in cases:
         res = kiln("quantize", *args, "-t", 2)

@@ -1,7 +1,7 @@
 """`kiln imatrix` and the importance-matrix files.
 
-- the sums of squares and counts it collects for every projection of SmolLM2 (2 chunks of 128 tokens of a license
-  text) match an independent computation: the same weights dequantized by the `gguf` package, run through the numpy
+- the sums of squares, counts and input ranges (largest |x|) it collects for every projection of SmolLM2 (2 chunks of
+  128 tokens of a license text) match an independent computation: the same weights dequantized by the `gguf` package, run through the numpy
   float64 reference (llama_ref) whose tap sees each projection's input; its perplexity matches the reference's too;
 - the file has llama.cpp's imatrix GGUF layout (keys, their types, tensor names, order, shapes and types), read with
   the `gguf` package;
@@ -67,10 +67,10 @@ def collected(tmp_path_factory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def reference() -> tuple[dict[str, np.ndarray], float, dict[str, np.ndarray]]:
+def reference() -> tuple[dict[str, np.ndarray], float, dict[str, np.ndarray], dict[str, float]]:
     """Per projection the f64 sums of squares of its input over the chunks, the chunks' perplexity (each
-    chunk's second half scored, as llama-imatrix does), and per projection its inputs' Gram matrix X^T X, from
-    the numpy reference on the same tokens."""
+    chunk's second half scored, as llama-imatrix does), per projection its inputs' Gram matrix X^T X and their
+    largest magnitude, from the numpy reference on the same tokens."""
     from hf_cache import hf_tokenizer
     from llama_ref import Model
 
@@ -78,10 +78,12 @@ def reference() -> tuple[dict[str, np.ndarray], float, dict[str, np.ndarray]]:
     model = Model(SMOL)
     sums: dict[str, np.ndarray] = {}
     grams: dict[str, np.ndarray] = {}
+    amax: dict[str, float] = {}
 
     def tap(name, x):
         sums[name] = sums.get(name, 0) + (x * x).sum(axis=0)
         grams[name] = grams.get(name, 0) + x.T.astype(np.float64) @ x.astype(np.float64)
+        amax[name] = max(amax.get(name, 0.0), float(np.abs(x).max()))
 
     model.tap = tap
     nll = []
@@ -91,7 +93,7 @@ def reference() -> tuple[dict[str, np.ndarray], float, dict[str, np.ndarray]]:
         for j in range(CHUNK // 2, CHUNK - 1):
             row = logits[j] - logits[j].max()
             nll.append(np.log(np.exp(row).sum()) - row[chunk[j + 1]])
-    return sums, float(np.exp(np.mean(nll))), grams
+    return sums, float(np.exp(np.mean(nll))), grams, amax
 
 
 def test_layout_is_llama_cpp_s(collected):
@@ -105,13 +107,15 @@ def test_layout_is_llama_cpp_s(collected):
     assert r.fields["imatrix.datasets"].types == [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING]
     n_layer = field(gguf.GGUFReader(str(SMOL)), "llama.block_count")
     weights = sorted(f"blk.{l}.{p}.weight" for l in range(n_layer) for p in PROJECTIONS)
-    # llama-imatrix's order: by weight name, each weight's sums then its counts. No output head (tied, and
-    # not asked for), no embedding.
-    assert [t.name for t in r.tensors] == [f"{w}{s}" for w in weights for s in (".in_sum2", ".counts")]
+    # llama-imatrix's order: by weight name, each weight's sums then its counts (then kiln's ranges, which
+    # llama.cpp's reader skips). No output head (tied, and not asked for), no embedding.
+    assert [t.name for t in r.tensors] == [f"{w}{s}" for w in weights for s in (".in_sum2", ".counts", ".in_amax")]
     for t in r.tensors:
         assert t.tensor_type == gguf.GGMLQuantizationType.F32, t.name
         if t.name.endswith(".counts"):
             assert list(t.shape) == [1] and float(t.data[0]) == CHUNK * CHUNKS, t.name
+        elif t.name.endswith(".in_amax"):
+            assert list(t.shape) == [1] and float(t.data[0]) > 0, t.name
         else:
             n_in = 1536 if ".ffn_down." in t.name else 576
             assert list(t.shape) == [n_in], t.name
@@ -120,16 +124,26 @@ def test_layout_is_llama_cpp_s(collected):
 def test_sums_match_the_reference(collected, reference):
     path, _ = collected
     got = read_imatrix(path)
-    want, _, _ = reference
+    want, _, _, _ = reference
     assert set(got) == set(want)
     worst = max(np.linalg.norm(got[w][0][0] - want[w]) / np.linalg.norm(want[w]) for w in want)
     # kiln's exact path in f32 against float64: ~1e-6 (measured: 1e-6 in the worst of the 210 tensors).
     assert worst < 1e-4, worst
 
 
+def test_ranges_match_the_reference(collected, reference):
+    path, _ = collected
+    r = gguf.GGUFReader(str(path))
+    got = {t.name[: -len(".in_amax")]: float(t.data[0]) for t in r.tensors if t.name.endswith(".in_amax")}
+    _, _, _, want = reference
+    assert set(got) == set(want)
+    worst = max(abs(got[w] - want[w]) / want[w] for w in want)
+    assert worst < 1e-4, worst
+
+
 def test_perplexity_matches_the_reference(collected, reference):
     _, stdout = collected
-    _, ppl, _ = reference
+    _, ppl, _, _ = reference
     assert stdout.startswith("[1]") and "[2]" in stdout, stdout
     final = float(stdout.split("Final estimate: PPL = ")[1].split()[0])
     assert abs(final - ppl) / ppl < 1e-3, (final, ppl)
@@ -140,7 +154,7 @@ def test_the_fast_path_collects_the_same(tmp_path, reference):
     r = kiln("imatrix", "-m", SMOL, "-f", TEXT, "-o", out, "-c", CHUNK, "--chunks", CHUNKS, "--no-ppl", "-t", 2)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
-    got, (want, _, _) = read_imatrix(out), reference
+    got, (want, _, _, _) = read_imatrix(out), reference
     errors = [np.linalg.norm(got[w][0][0] - want[w]) / np.linalg.norm(want[w]) for w in want]
     # Activations rounded to 8 bits in every matmul (measured: 3% in the worst tensor, 0.6% on average).
     assert max(errors) < 0.08 and np.mean(errors) < 0.015, (max(errors), np.mean(errors))
@@ -162,7 +176,7 @@ def test_full_grams_match_the_reference(full, reference):
     """Each weight's "<weight>.in_gram" f32 [n, n] is X^T X over the same rows as its sums: the reference's
     within f32 summation, its diagonal the sums of squares; llama.cpp's reader (the gguf package here) sees
     the usual sums and counts beside them."""
-    want_sums, _, want = reference
+    want_sums, _, want, _ = reference
     r = gguf.GGUFReader(str(full))
     t = {x.name: x for x in r.tensors}
     sums = read_imatrix(full)

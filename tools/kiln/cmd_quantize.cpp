@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "kiln/quantize.h"
 #include "perplexity_kld.h"
 #include "quant/fp8_folder.h"
+#include "quant/imatrix_file.h"
 #include "quant/quant_mix.h"
 
 namespace kiln::cli {
@@ -232,11 +234,11 @@ bool equal_ignoring_case(std::string_view a, std::string_view b) {
          });
 }
 
-// TYPE FP8: a Hugging Face folder written as an FP8 (compressed-tensors) folder, none of the GGUF options.
+// TYPE FP8: a Hugging Face folder written as an FP8 (compressed-tensors) folder, none of the GGUF options;
+// --imatrix gives static activation scales (its input ranges).
 Status write_fp8(const QuantizeArgs& args) {
   const QuantizeOptions& o = args.opt;
-  const std::pair<bool, const char*> unused[] = {{!o.imatrix.empty(), "--imatrix"},
-                                                 {!o.tensor_types.empty(), "--tensor-type"},
+  const std::pair<bool, const char*> unused[] = {{!o.tensor_types.empty(), "--tensor-type"},
                                                  {!o.output_tensor_type.empty(), "--output-tensor-type"},
                                                  {!o.token_embedding_type.empty(), "--token-embedding-type"},
                                                  {o.allow_requantize, "--allow-requantize"},
@@ -255,14 +257,20 @@ Status write_fp8(const QuantizeArgs& args) {
       return invalid_argument("{} does not apply to FP8 (a Hugging Face folder, per-channel scales)", name);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(const quant::Fp8FolderStats st,
-                        quant::write_fp8_folder(o.input, o.output, o.threads));
+  std::optional<quant::Imatrix> calibration;
+  if (!o.imatrix.empty()) {
+    KILN_ASSIGN_OR_RETURN(calibration, quant::read_imatrix(o.imatrix));
+  }
+  KILN_ASSIGN_OR_RETURN(
+      const quant::Fp8FolderStats st,
+      quant::write_fp8_folder(o.input, o.output, o.threads, calibration ? &*calibration : nullptr));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
-               "quantize: wrote %s (compressed-tensors FP8, per-channel weights, dynamic per-token "
-               "activations): %lld weights in FP8, %lld tensors copied, %.2f MiB -> %.2f MiB, in %.1f s\n",
-               o.output.c_str(), static_cast<long long>(st.n_quantized), static_cast<long long>(st.n_copied),
-               mib(st.bytes_in), mib(st.bytes_out), s);
+               "quantize: wrote %s (compressed-tensors FP8, per-channel weights, %s activations): %lld "
+               "weights in FP8, %lld tensors copied, %.2f MiB -> %.2f MiB, in %.1f s\n",
+               o.output.c_str(), calibration ? "static per-tensor" : "dynamic per-token",
+               static_cast<long long>(st.n_quantized), static_cast<long long>(st.n_copied), mib(st.bytes_in),
+               mib(st.bytes_out), s);
   return Status();
 }
 
@@ -362,7 +370,8 @@ void register_quantize(CLI::App& app, int& rc) {
   cmd->add_option(
       "--imatrix", o.imatrix,
       "Importance matrix (kiln imatrix / llama-imatrix file): weights each column's rounding error; "
-      "required by IQ1/IQ2/IQ3_XXS/IQ3_XS and Q2_K_S");
+      "required by IQ1/IQ2/IQ3_XXS/IQ3_XS and Q2_K_S. For FP8 (a kiln imatrix file): static activation "
+      "scales from its input ranges");
   cmd->add_option("--tensor-type", o.tensor_types,
                   "PATTERN=TYPE: tensors whose name the regex matches (anywhere) as TYPE, e.g. attn_v=q8_0; "
                   "repeatable, the first match wins");

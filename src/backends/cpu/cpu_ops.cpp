@@ -386,21 +386,33 @@ void inverse_cholesky(ThreadPool& pool, const InverseCholesky& op) {
 
 // Threads split the columns (in 16-float blocks), so each owns its slice of every matrix's sums: no two
 // threads add to one sum, and a column's order of additions is the rows' order whatever the threads.
+// max(a, |v|), NaN once either is (SumSquares::amax).
+inline float abs_max(float a, float v) {
+  v = std::fabs(v);
+  return std::isnan(a) || std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : std::max(a, v);
+}
+
 void sum_squares(ThreadPool& pool, const SumSquares& op) {
   constexpr int64_t kBlock = 16;
-  const int64_t n = op.x.ne[0], n_blocks = (n + kBlock - 1) / kBlock;
-  const bool routed = op.ids.data != nullptr;
+  const int64_t n = op.x.ne[0], n_blocks = (n + kBlock - 1) / kBlock, n_mat = op.sums.ne[1];
+  const bool routed = op.ids.data != nullptr, ranges = op.amax.data != nullptr;
   const int64_t n_used = routed ? op.ids.ne[0] : 0;
   const auto ids = routed ? op.ids.span_as<const int32_t>() : std::span<const int32_t>();
+  // Each block of columns' largest |x| per matrix, folded into amax after.
+  std::vector<float> block_max(ranges ? static_cast<size_t>(n_blocks * n_mat) : 0, 0.0f);
   pool.parallel_for(
       n_blocks,
       [&](int64_t b0, int64_t b1, int) {
         const int64_t c0 = b0 * kBlock, c1 = std::min(n, b1 * kBlock), w = c1 - c0;
+        float* mx = ranges ? block_max.data() + b0 * n_mat : nullptr;  // the first block's slots serve all
         if (!routed) {  // one matrix: the rows summed in a local slice, added once
           std::vector<float> acc(static_cast<size_t>(w), 0.0f);
           for (int64_t r = 0; r < op.x.n_rows(); ++r) {
             const float* x = f32_row(op.x, r) + c0;
             for (int64_t i = 0; i < w; ++i) acc[i] += x[i] * x[i];
+            if (ranges) {
+              for (int64_t i = 0; i < w; ++i) mx[0] = abs_max(mx[0], x[i]);
+            }
           }
           float* sums = f32_row_mut(op.sums, 0) + c0;
           for (int64_t i = 0; i < w; ++i) sums[i] += acc[i];
@@ -409,12 +421,25 @@ void sum_squares(ThreadPool& pool, const SumSquares& op) {
         for (int64_t t = 0; t < op.ids.ne[1]; ++t) {
           for (int64_t s = 0; s < n_used; ++s) {
             const float* x = op.x.row_as<const float>(op.x.ne[1] == 1 ? 0 : s, t) + c0;
-            float* sums = op.sums.row_as<float>(ids[s + n_used * t]) + c0;
+            const int32_t m = ids[s + n_used * t];
+            float* sums = op.sums.row_as<float>(m) + c0;
             for (int64_t i = 0; i < w; ++i) sums[i] += x[i] * x[i];
+            if (ranges) {
+              for (int64_t i = 0; i < w; ++i) mx[m] = abs_max(mx[m], x[i]);
+            }
           }
         }
       },
       /*min_chunk=*/4);
+  if (ranges) {
+    for (int64_t m = 0; m < n_mat; ++m) {
+      float& a = *op.amax.row_as<float>(m);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const float v = block_max[static_cast<size_t>(b * n_mat + m)];
+        a = std::isnan(v) ? v : abs_max(a, v);
+      }
+    }
+  }
   if (!routed) {
     *op.counts.row_as<float>(0) += static_cast<float>(op.x.n_rows());
     if (op.gram.data != nullptr) gram(pool, op);

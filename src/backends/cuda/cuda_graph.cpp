@@ -62,7 +62,7 @@ std::vector<uint64_t> program_signature(const Program& program) {
                    [&](const ops::MoeRoute& o) { w.all(o.logits, o.ids, o.weights, u(o.normalize)); },
                    [&](const ops::MoeMatmul& o) { w.all(o.w, o.x, o.ids, o.dst); },
                    [&](const ops::WeightedSum& o) { w.all(o.y, o.w, o.dst); },
-                   [&](const ops::SumSquares& o) { w.all(o.x, o.ids, o.sums, o.counts, o.gram); },
+                   [&](const ops::SumSquares& o) { w.all(o.x, o.ids, o.sums, o.counts, o.gram, o.amax); },
                    [&](const ops::InverseCholesky& o) { w.all(o.a, o.lambda, o.l, o.status); },
                },
                op);

@@ -351,6 +351,13 @@ void sum_squares(const SumSquares& op) {
     double* a = acc.data() + m * n;
     for (int64_t i = 0; i < n; ++i) a[i] += static_cast<double>(x[i]) * x[i];
     ++rows[m];
+    if (op.amax.data != nullptr) {
+      float& mx = *op.amax.row_as<float>(m);
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = std::fabs(x[i]);
+        mx = std::isnan(v) || std::isnan(mx) ? std::numeric_limits<float>::quiet_NaN() : std::max(mx, v);
+      }
+    }
   };
   if (op.ids.data == nullptr) {
     for (int64_t r = 0; r < op.x.n_rows(); ++r) add(reinterpret_cast<const float*>(op.x.flat_row(r)), 0);

@@ -18,20 +18,28 @@ constexpr int kThreads = 256;
 
 // Rows of x [n, n_x, n_tokens, ...]: pair p is row p of x (ids == nullptr), or slot p % n_used of token
 // p / n_used (x row (n_x == 1 ? 0 : slot) + n_x * token) going to matrix ids[p].
+// amax (not null): each run's largest |x|, a warp's reduced by its lanes (every lane takes the same rows),
+// then one atomic max on the value's bits (non-negative floats order as their bits; a NaN's bits, its sign
+// cleared, above every other's).
 __global__ void sum_squares_kernel(Rows x, const int32_t* ids, int64_t n_used, int64_t n_x, char* sums,
-                                   int64_t sums_nb1, char* counts, int64_t counts_nb1, int64_t n,
-                                   int64_t n_pairs, int64_t slice) {
+                                   int64_t sums_nb1, char* counts, int64_t counts_nb1, char* amax,
+                                   int64_t amax_nb1, int64_t n, int64_t n_pairs, int64_t slice) {
   pdl_begin();
   const int64_t j = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   const int64_t p0 = blockIdx.y * slice, p1 = p0 + slice < n_pairs ? p0 + slice : n_pairs;
   const bool counter = j == 0;  // the column-0 thread of each slice also counts its rows
   float acc = 0.0f, rows = 0.0f;
+  uint32_t mx = 0;  // the bits of the run's largest |x|
   int32_t m = -1;
   const auto flush = [&] {
     if (m < 0) return;
     if (j < n) atomicAdd(reinterpret_cast<float*>(sums + m * sums_nb1) + j, acc);
     if (counter) atomicAdd(reinterpret_cast<float*>(counts + m * counts_nb1), rows);
-    acc = 0.0f, rows = 0.0f;
+    if (amax != nullptr) {
+      mx = __reduce_max_sync(0xffffffffu, mx);
+      if (threadIdx.x % 32 == 0 && mx != 0) atomicMax(reinterpret_cast<uint32_t*>(amax + m * amax_nb1), mx);
+    }
+    acc = 0.0f, rows = 0.0f, mx = 0;
   };
   for (int64_t p = p0; p < p1; ++p) {
     int64_t r = p;
@@ -45,6 +53,7 @@ __global__ void sum_squares_kernel(Rows x, const int32_t* ids, int64_t n_used, i
     if (j < n) {
       const float v = x.row_as<const float>(r)[j];
       acc += v * v;
+      mx = max(mx, __float_as_uint(fabsf(v)));
     }
     rows += 1.0f;
   }
@@ -76,7 +85,7 @@ cudaError_t sum_squares(const Context& ctx, const ops::SumSquares& op) {
   (void)launch_kernel(ctx, sum_squares_kernel, grid, kThreads, 0, rows_of(op.x),
                       static_cast<const int32_t*>(op.ids.data), n_used, op.x.ne[1],
                       static_cast<char*>(op.sums.data), op.sums.nb[1], static_cast<char*>(op.counts.data),
-                      op.counts.nb[1], n, n_pairs, per);
+                      op.counts.nb[1], static_cast<char*>(op.amax.data), op.amax.nb[1], n, n_pairs, per);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || op.gram.data == nullptr) return e;
   // Column-major, each matrix of x is n x ne[1] (leading dimension nb[1] / 4) and the Gram matrix n x n:
   // gram += x x^T, one SGEMM a matrix of rows. The full square, as the CPU writes it (a SYRK would leave half
