@@ -7,8 +7,8 @@
 //   nvcc -O2 -arch=sm_90a -std=c++20 bench/cublaslt_probe.cu -lcublasLt -lcublas -o cublaslt_probe
 //   cublaslt_probe [--fp8] [KxN ...]   (default: the 8B's q, k/v, q+k+v, gate, gate+up, down)
 // --fp8: the e4m3 GEMM of src/backends/cuda/matmul/fp8_gemm.cu instead (e4m3 weight and x, a scale vector
-// each, fast accumulation, f32 out), with the weight's leading dimension k (packed) and k + 16 (the row form),
-// every heuristic algorithm and, for those that take it, split-k 2 to 16; m 9 to 64 and 2048.
+// each, fast accumulation, f32 out), with the weight's leading dimension k (packed) and k + 16 (the row
+// form), every heuristic algorithm and, for those that take it, split-k 2 to 16; m 9 to 64 and 2048.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -62,11 +62,56 @@ double copy_bandwidth(cudaStream_t stream, Timer& t) {
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
 }
 
+// Every algorithm cuBLASLt's heuristic offers for a GEMM (up to 16, within the workspace), none where it
+// refuses the GEMM.
+struct Offered {
+  cublasLtMatmulHeuristicResult_t found[16] = {};
+  int n = 0;
+  const cublasLtMatmulHeuristicResult_t* begin() const { return found; }
+  const cublasLtMatmulHeuristicResult_t* end() const { return found + n; }
+};
+Offered heuristics(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                   cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                             sizeof kWorkspace));
+  Offered o;
+  if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 16, o.found, &o.n) !=
+      CUBLAS_STATUS_SUCCESS)
+    o.n = 0;
+  CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  return o;
+}
+
+void release(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+             cublasLtMatrixLayout_t lc) {
+  CHECK(cublasLtMatrixLayoutDestroy(la));
+  CHECK(cublasLtMatrixLayoutDestroy(lb));
+  CHECK(cublasLtMatrixLayoutDestroy(lc));
+  CHECK(cublasLtMatmulDescDestroy(desc));
+}
+
+// An algorithm's id, tile id and split-k count.
+struct AlgoConfig {
+  int id = -1, tile = -1, split = 1;
+};
+AlgoConfig config_of(const cublasLtMatmulAlgo_t& algo) {
+  AlgoConfig c;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &c.id, sizeof c.id, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &c.split, sizeof c.split,
+                                       &written);
+  return c;
+}
+
 // The FP8 table: as the backend's lt_gemm, for each algorithm the heuristic returns and each split-k its
 // capabilities allow.
 int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t stream, cublasLtHandle_t lt,
               void* workspace, Timer& timer, double bandwidth) {
-  std::printf("| k x n | lda | m | heuristic's first us | %% | best us | %% | best [id tile split-k] | algos |\n");
+  std::printf(
+      "| k x n | lda | m | heuristic's first us | %% | best us | %% | best [id tile split-k] | algos |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---|---|\n");
   const int ms[] = {9, 16, 32, 64, 2048};
   for (const auto [k, n] : shapes) {
@@ -104,31 +149,17 @@ int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t strea
         CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, lda));
         CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k));
         CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, n));
-        cublasLtMatmulPreference_t pref = nullptr;
-        CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                                   sizeof kWorkspace));
-        cublasLtMatmulHeuristicResult_t found[16] = {};
-        int n_found = 0;
         const float one = 1.0f, zero = 0.0f;
-        if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 16, found, &n_found) !=
-            CUBLAS_STATUS_SUCCESS) {
-          n_found = 0;
-        }
         double first = -1, best = 1e30;
         std::string algos, best_cfg;
-        for (int i = 0; i < n_found; ++i) {
-          if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
-          int id = -1, tile = -1, split0 = 1;
+        const Offered offered = heuristics(lt, desc, la, lb, lc);
+        for (const cublasLtMatmulHeuristicResult_t& found : offered) {
+          if (found.state != CUBLAS_STATUS_SUCCESS) continue;
+          const AlgoConfig cfg = config_of(found.algo);
+          const int id = cfg.id, tile = cfg.tile, split0 = cfg.split;
           size_t written = 0;
-          cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id,
-                                               &written);
-          cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                               sizeof tile, &written);
-          cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split0,
-                                               sizeof split0, &written);
           int split_cap = 0;
-          cublasLtMatmulAlgoCapGetAttribute(&found[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &split_cap,
+          cublasLtMatmulAlgoCapGetAttribute(&found.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &split_cap,
                                             sizeof split_cap, &written);
           std::vector<int> splits = {split0};
           if (split_cap != 0 && m <= 64) {
@@ -136,12 +167,13 @@ int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t strea
               if (s != split0) splits.push_back(s);
           }
           for (const int split : splits) {
-            cublasLtMatmulAlgo_t algo = found[i].algo;
+            cublasLtMatmulAlgo_t algo = found.algo;
             if (split != split0) {
               cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
                                                    sizeof split);
               cublasLtMatmulHeuristicResult_t checked{};
-              if (cublasLtMatmulAlgoCheck(lt, desc, la, lb, lc, lc, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
+              if (cublasLtMatmulAlgoCheck(lt, desc, la, lb, lc, lc, &algo, &checked) !=
+                      CUBLAS_STATUS_SUCCESS ||
                   checked.workspaceSize > kWorkspace) {
                 continue;
               }
@@ -169,11 +201,7 @@ int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t strea
                       share(first), best, share(best), best_cfg.c_str(), algos.c_str());
         }
         std::fflush(stdout);
-        CHECK(cublasLtMatmulPreferenceDestroy(pref));
-        CHECK(cublasLtMatrixLayoutDestroy(la));
-        CHECK(cublasLtMatrixLayoutDestroy(lb));
-        CHECK(cublasLtMatrixLayoutDestroy(lc));
-        CHECK(cublasLtMatmulDescDestroy(desc));
+        release(desc, la, lb, lc);
       }
       for (void* w : weights) CHECK(cudaFree(w));
       for (void* p : {x, d, sw, sx}) CHECK(cudaFree(p));
@@ -250,32 +278,19 @@ int main(int argc, char** argv) {
       CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, n, k));
       CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, k));
       CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, n));
-      cublasLtMatmulPreference_t pref = nullptr;
-      CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                                 sizeof kWorkspace));
-      cublasLtMatmulHeuristicResult_t found[16] = {};
-      int n_found = 0;
-      CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 16, found, &n_found));
       double best = 1e30;
       std::string algos;
-      for (int i = 0; i < n_found; ++i) {
-        if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      const Offered offered = heuristics(lt, desc, la, lb, lc);
+      for (const cublasLtMatmulHeuristicResult_t& found : offered) {
+        if (found.state != CUBLAS_STATUS_SUCCESS) continue;
         const double us = timer.us(weights, [&](void* w) {
-          CHECK(cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, d, lc, d, lc, &found[i].algo, workspace,
+          CHECK(cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, d, lc, d, lc, &found.algo, workspace,
                                kWorkspace, stream));
         });
         best = std::min(best, us);
-        int id = -1, tile = -1, split = -1;
-        size_t written = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id,
-                                             &written);
-        cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile,
-                                             &written);
-        cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
-                                             sizeof split, &written);
+        const AlgoConfig cfg = config_of(found.algo);
         char one_algo[64];
-        std::snprintf(one_algo, sizeof one_algo, " [%d %d %d %.1f]", id, tile, split, us);
+        std::snprintf(one_algo, sizeof one_algo, " [%d %d %d %.1f]", cfg.id, cfg.tile, cfg.split, us);
         algos += one_algo;
       }
       const auto share = [&](double us) {
@@ -284,11 +299,7 @@ int main(int argc, char** argv) {
       std::printf("| %d x %d | %d | %.1f | %.0f | %.1f | %.0f |%s |\n", k, n, m, gemm_ex, share(gemm_ex),
                   best, share(best), algos.c_str());
       std::fflush(stdout);
-      CHECK(cublasLtMatmulPreferenceDestroy(pref));
-      CHECK(cublasLtMatrixLayoutDestroy(la));
-      CHECK(cublasLtMatrixLayoutDestroy(lb));
-      CHECK(cublasLtMatrixLayoutDestroy(lc));
-      CHECK(cublasLtMatmulDescDestroy(desc));
+      release(desc, la, lb, lc);
     }
     for (void* w : weights) CHECK(cudaFree(w));
     CHECK(cudaFree(x));
