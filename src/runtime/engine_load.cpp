@@ -298,12 +298,12 @@ Status Engine::Impl::warm_up(int32_t n_blocks) {
   // size: each size's GEMMs take kernels of their own, which the GPU loads at their first launch (CUDA's
   // lazy loading: cuBLAS's kernel libraries, 100 ms in all for the 135M model's first verifying steps).
   if (const int32_t max_rows = backend->replayed_rows_max(); max_rows > 1 && spare_block >= 0) {
-    std::vector<std::pair<int32_t, bool>> steps = {{max_rows, false}, {max_rows, true}};
+    std::vector<std::pair<int32_t, bool>> steps = {{max_rows, false}};  // (rows, sampled)
+    if (backend_samples) steps.emplace_back(max_rows, true);
     for (int32_t rows = max_rows - 1; rows > 1; --rows) {
       if (backend->padded_rows(rows) == rows) steps.emplace_back(rows, false);
     }
     for (const auto& [rows, sampled] : steps) {
-      if (sampled && !backend_samples) continue;
       batch.clear();
       batch.tokens.push_back(0);
       batch.positions.push_back(0);

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -410,50 +409,6 @@ class CudaBackend final : public Backend {
   }
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
   static constexpr int64_t kL2Ahead = int64_t{8} << 20;  // the next matmuls' weights up to this size: enqueue
-  // What decides whether an instantiated graph can take another capture's parameters in place: each node of
-  // the graph in node order (its type; a kernel's cluster size, which an update would not carry over; a
-  // memset's shape, whose change from a 2-D one an update refuses), then each edge (its ends' indices, its
-  // ports and type: a programmatic launch's edge is not a plain one). cudaGraphExecUpdate takes only a graph
-  // of the same topology, so an instantiated graph is updated from a graph of the same shape alone: another
-  // token count's kernels, or a cuBLAS kernel where one of ours ran, is instantiated anew.
-  static std::vector<uint64_t> graph_shape(cudaGraph_t graph) {
-    std::vector<uint64_t> shape;
-    size_t n = 0, n_edges = 0;
-    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return shape;
-    std::vector<cudaGraphNode_t> nodes(n);
-    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return shape;
-    std::map<cudaGraphNode_t, uint64_t> index;
-    for (cudaGraphNode_t node : nodes) {
-      index.emplace(node, index.size());
-      cudaGraphNodeType type{};
-      if (cudaGraphNodeGetType(node, &type) != cudaSuccess) type = cudaGraphNodeTypeCount;
-      shape.push_back(static_cast<uint64_t>(type));
-      if (type == cudaGraphNodeTypeKernel) {
-        cudaLaunchAttributeValue v{};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &v) != cudaSuccess) {
-          v.clusterDim = {0, 0, 0};
-        }
-        shape.push_back(v.clusterDim.x * v.clusterDim.y * v.clusterDim.z);
-      } else if (type == cudaGraphNodeTypeMemset) {
-        cudaMemsetParams m{};
-        (void)cudaGraphMemsetNodeGetParams(node, &m);
-        shape.insert(shape.end(), {m.elementSize, m.width, m.height, m.height > 1 ? m.pitch : 0});
-      }
-    }
-    if (cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n_edges) == cudaSuccess) {
-      std::vector<cudaGraphNode_t> from(n_edges), to(n_edges);
-      std::vector<cudaGraphEdgeData> data(n_edges);
-      if (cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n_edges) == cudaSuccess) {
-        for (size_t e = 0; e < n_edges; ++e) {
-          shape.push_back(index[from[e]] << 32 | index[to[e]]);
-          shape.push_back(uint64_t{data[e].from_port} << 16 | uint64_t{data[e].to_port} << 8 | data[e].type);
-        }
-      }
-    }
-    cudaGetLastError();
-    return shape;
-  }
-
   // A captured step: replayed whenever a program of the same signature comes again.
   struct GraphEntry {
     std::vector<uint64_t> sig;  // cuda::program_signature, then the scratch pointers
@@ -512,7 +467,7 @@ class CudaBackend final : public Backend {
     // A new entry while there is room; else the least recently used one takes the graph: updated in place
     // when it has the graph's shape (graph_shape: same kernels, other parameters, cheaper than
     // instantiating), else instantiated anew.
-    std::vector<uint64_t> shape = graph_shape(graph);
+    std::vector<uint64_t> shape = cuda::graph_shape(graph);
     size_t slot = graphs_.size();
     if (graphs_.size() >= static_cast<size_t>(ctx_.options.graphs)) {
       slot = 0;

@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_graph.h"
 
 #include <bit>
+#include <map>
 
 #include "core/overloaded.h"
 
@@ -68,6 +69,44 @@ std::vector<uint64_t> program_signature(const Program& program) {
                op);
   }
   return sig;
+}
+
+std::vector<uint64_t> graph_shape(cudaGraph_t graph) {
+  std::vector<uint64_t> shape;
+  size_t n = 0, n_edges = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return shape;
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return shape;
+  std::map<cudaGraphNode_t, uint64_t> index;
+  for (cudaGraphNode_t node : nodes) {
+    index.emplace(node, index.size());
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess) type = cudaGraphNodeTypeCount;
+    shape.push_back(static_cast<uint64_t>(type));
+    if (type == cudaGraphNodeTypeKernel) {
+      cudaLaunchAttributeValue v{};
+      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &v) != cudaSuccess) {
+        v.clusterDim = {0, 0, 0};
+      }
+      shape.push_back(v.clusterDim.x * v.clusterDim.y * v.clusterDim.z);
+    } else if (type == cudaGraphNodeTypeMemset) {
+      cudaMemsetParams m{};
+      (void)cudaGraphMemsetNodeGetParams(node, &m);
+      shape.insert(shape.end(), {m.elementSize, m.width, m.height, m.height > 1 ? m.pitch : 0});
+    }
+  }
+  if (cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n_edges) == cudaSuccess) {
+    std::vector<cudaGraphNode_t> from(n_edges), to(n_edges);
+    std::vector<cudaGraphEdgeData> data(n_edges);
+    if (cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n_edges) == cudaSuccess) {
+      for (size_t e = 0; e < n_edges; ++e) {
+        shape.push_back(index[from[e]] << 32 | index[to[e]]);
+        shape.push_back(uint64_t{data[e].from_port} << 16 | uint64_t{data[e].to_port} << 8 | data[e].type);
+      }
+    }
+  }
+  cudaGetLastError();
+  return shape;
 }
 
 }  // namespace kiln::cuda

@@ -18,4 +18,12 @@ namespace kiln::cuda {
 // Everything about a program that its kernels' launches depend on, as words to compare.
 std::vector<uint64_t> program_signature(const Program& program);
 
+// What decides whether an instantiated graph can take another capture's parameters in place: each node of
+// the graph in node order (its type; a kernel's cluster size, which an update would not carry over; a
+// memset's shape, whose change from a 2-D one an update refuses), then each edge (its ends' indices, its
+// ports and type: a programmatic launch's edge is not a plain one). cudaGraphExecUpdate takes only a graph
+// of the same topology, so an instantiated graph is updated from a graph of the same shape alone: another
+// token count's kernels, or a cuBLAS kernel where one of ours ran, is instantiated anew.
+std::vector<uint64_t> graph_shape(cudaGraph_t graph);
+
 }  // namespace kiln::cuda

@@ -324,25 +324,6 @@ ops::Weight stacked_weight(std::span<const ops::Matmul* const> group) {
   return whole;
 }
 
-cudaError_t split_stacked(const Context& ctx, std::span<const ops::Matmul* const> group, void* d);
-
-// The stacked group's GEMM on x (already in the GEMM's input type): the f32 result in scratch, then each
-// part's rows to its destination.
-cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const> group, const Operand& x) {
-  const ops::Matmul& first = *group[0];
-  const ops::Weight whole = stacked_weight(group);
-  const int64_t k = whole.tensor.ne[0], n = whole.tensor.ne[1], m = first.x.n_rows();
-  const DType in = gemm_input_type(ctx, first);
-  cudaError_t err = cudaSuccess;
-  const Operand wo = gemm_w(ctx, whole, in, &err);
-  if (err != cudaSuccess) return err;
-  void* d = ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4));
-  if (d == nullptr) return cudaErrorMemoryAllocation;
-  const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
-  if (err = gemm(ctx, wo, x, {d, n}, type, n, m, k, ctx.fast); err != cudaSuccess) return err;
-  return split_stacked(ctx, group, d);
-}
-
 // A stacked group's f32 result d (m rows of sum n_i) to each part's destination: one kernel where the parts'
 // widths and destinations allow 16-byte moves, else one conversion a part.
 cudaError_t split_stacked(const Context& ctx, std::span<const ops::Matmul* const> group, void* d) {
@@ -387,6 +368,23 @@ cudaError_t split_stacked(const Context& ctx, std::span<const ops::Matmul* const
     launch(split_rows8_kernel<float>);
   }
   return cudaGetLastError();
+}
+
+// The stacked group's GEMM on x (already in the GEMM's input type): the f32 result in scratch, then each
+// part's rows to its destination.
+cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const> group, const Operand& x) {
+  const ops::Matmul& first = *group[0];
+  const ops::Weight whole = stacked_weight(group);
+  const int64_t k = whole.tensor.ne[0], n = whole.tensor.ne[1], m = first.x.n_rows();
+  const DType in = gemm_input_type(ctx, first);
+  cudaError_t err = cudaSuccess;
+  const Operand wo = gemm_w(ctx, whole, in, &err);
+  if (err != cudaSuccess) return err;
+  void* d = ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4));
+  if (d == nullptr) return cudaErrorMemoryAllocation;
+  const cudaDataType type = in == DType::f32 ? CUDA_R_32F : in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  if (err = gemm(ctx, wo, x, {d, n}, type, n, m, k, ctx.fast); err != cudaSuccess) return err;
+  return split_stacked(ctx, group, d);
 }
 
 }  // namespace
