@@ -75,6 +75,11 @@
 #             on CUDA (runtime_tests in BUILD_TARGETS); then kiln serve --parallel 64 without and with --spec
 #             ngram under kiln bench serve at 64 concurrent requests
 #   build     nothing but the build (BUILD_TARGETS)
+#   tp        tensor parallelism over the GPUs this machine has (TP_WORLDS, default: 1, and 3 where there are 3
+#             GPUs: the default model's heads divide by those): the collectives' tests (cuda_tests, ops_tests), then per world the default model's
+#             logits of a 64-token prompt against one GPU's (tests/logits_driver --tp; max abs and top-1) and
+#             the engine's greedy 32 tokens against one GPU's (logits_driver, cuda_tests, ops_tests in
+#             BUILD_TARGETS)
 #   kv        the q8_0 KV cache on CUDA: the op harness's attention and KV-write cases (ops_tests in BUILD_TARGETS);
 #             KL divergence against f16 KV and (--exact) f32 KV on the default model; the tokens 1 GiB of each type
 #             holds; decode at KV_DEPTH (default 32768) positions, pp2048 and tg128@bs64, f16 beside q8_0, on the
@@ -540,6 +545,42 @@ for step in "${steps[@]}"; do
           done
         done
       } 2>&1 | tee "$out/spec.md" || status=1
+      ;;
+    tp)
+      path=/tmp/kiln-models/default.gguf
+      {
+        "$bin/tests/cuda_tests" --gtest_brief=1 --gtest_filter='CudaCollective*' 2>&1 | tail -4
+        "$bin/tests/ops_tests" --gtest_brief=1 --gtest_filter='*Collectives*:HostGroup.*' 2>&1 | tail -3
+        n_gpu=$(nvidia-smi -L | grep -c '^GPU')
+        # The default model's 9 heads and 3 KV heads split over 1 or 3 ranks.
+        worlds="${TP_WORLDS:-1 $([ "$n_gpu" -ge 3 ] && echo 3)}"
+        echo "## $n_gpu GPUs; worlds: $worlds"
+        [ -e "$path" ] || { echo "$path: not here"; exit 1; }
+        ids=$(python3 -c 'print([(i * 7919) % 49000 + 17 for i in range(64)])')
+        d="$bin/tests/logits_driver"
+        echo "[$ids]" | "$d" logits "$path" /tmp/tp-ref.f32 --device cuda --chunk 24 | tail -1
+        echo "[$ids]" | "$d" generate "$path" 32 --device cuda >/tmp/tp-ref.json
+        for w in $worlds; do
+          echo "[$ids]" | "$d" logits "$path" "/tmp/tp-$w.f32" --device cuda --chunk 24 --tp "$w" | tail -1
+          python3 - "$w" <<'PY'
+import array, sys
+w = sys.argv[1]
+def rows(path):
+    a = array.array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    n = len(a) // 64
+    return [a[i * n:(i + 1) * n] for i in range(64)]
+ref, got = rows("/tmp/tp-ref.f32"), rows(f"/tmp/tp-{w}.f32")
+diff = max(max(abs(x - y) for x, y in zip(r, g)) for r, g in zip(ref, got))
+scale = max(max(abs(x) for x in r) for r in ref)
+top = sum(max(range(len(r)), key=r.__getitem__) == max(range(len(g)), key=g.__getitem__) for r, g in zip(ref, got))
+print(f"world {w}: logits max abs {diff:.3e} (scale {scale:.1f}), top-1 the same on {top} of 64 positions")
+PY
+          echo "[$ids]" | "$d" generate "$path" 32 --device cuda --tp "$w" >"/tmp/tp-$w.json"
+          python3 -c 'import json,sys; a=json.load(open("/tmp/tp-ref.json"))["tokens"]; b=json.load(open(sys.argv[1]))["tokens"]; print("greedy 32 tokens:", "the same" if a == b else f"DIFFER {a} {b}")' "/tmp/tp-$w.json"
+        done
+      } 2>&1 | tee "$out/tp.md" || status=1
       ;;
     build) ;;  # the build alone (BUILD_TARGETS), e.g. while a model's parts are still on their way
     kv)

@@ -57,6 +57,11 @@ struct EngineOptions {
   // so); >= the model's layers: every layer; 0: the whole model on the CPU. With backend "cpu" it must stay
   // -1; with "auto" on a machine without a GPU it is ignored.
   int32_t gpu_layers = -1;
+  // Tensor parallelism: the model split over this many ranks (models/tp_plan.h), each its heads and FFN
+  // features of every layer: CUDA devices N, N + 1, ... (backend "cuda:N"; "cuda" and "auto": from 0), over
+  // NCCL; with backend "cpu", threads of this process that share n_threads (a check of the partition).
+  // 1: one device. gpu_layers must stay -1.
+  int32_t tensor_parallel = 1;
   // Under partial offload, the fewest tokens of a step (a prompt's) whose CPU layers' matmuls run on the GPU,
   // their weights uploaded for the step; 0: never.
   int32_t offload_min_tokens = 32;

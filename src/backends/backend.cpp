@@ -1,4 +1,4 @@
-// make_backend: the one place that lists the backends.
+// make_backend: the one place that lists the backends; make_collective_group: their tensor-parallel groups.
 #include "backends/backend.h"
 
 #include <algorithm>
@@ -123,6 +123,29 @@ Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const Backe
                    ""
 #endif
   );
+}
+
+Result<std::unique_ptr<CollectiveGroup>> make_collective_group(std::span<Backend* const> ranks) {
+  if (ranks.empty()) return invalid_argument("tensor parallelism: a group needs at least one rank");
+  std::string names;
+  size_t host = 0;
+  [[maybe_unused]] size_t cuda = 0;  // CUDA backends
+  for (const Backend* b : ranks) {
+    if (b == nullptr) return invalid_argument("tensor parallelism: a rank has no backend");
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", b->name());
+    host += b->host_memory() ? 1 : 0;
+#if defined(KILN_HAVE_CUDA)
+    cuda += cuda_backend_device(*b) >= 0 ? 1 : 0;
+#endif
+  }
+  if (host == ranks.size())
+    return std::unique_ptr<CollectiveGroup>(std::make_unique<HostGroup>(static_cast<int32_t>(ranks.size())));
+#if defined(KILN_HAVE_CUDA)
+  if (cuda == ranks.size()) return make_nccl_group(ranks);
+#else
+  if (host == 0) return unimplemented("tensor parallelism over {}: this build has no CUDA backend", names);
+#endif
+  return invalid_argument("tensor parallelism: the ranks' backends ({}) must be all CPU or all CUDA", names);
 }
 
 }  // namespace kiln

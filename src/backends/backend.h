@@ -21,6 +21,7 @@
 #include "core/buffer.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/collective.h"
 #include "ops/ops.h"
 #include "ops/program.h"
 
@@ -165,5 +166,11 @@ Status check_thread_count(int n_threads);
 // and the device is usable, else the CPU. not_found naming the available ones otherwise; a thread count out
 // of range is invalid_argument.
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options = {});
+
+// The tensor-parallel group whose rank r runs on ranks[r] (ops/collective.h): a HostGroup when every backend
+// works in host memory (the CPU), NCCL's when every one is a CUDA backend, each on a device of its own
+// (backends/cuda/nccl_group.h; unimplemented when NCCL cannot be loaded). invalid_argument for no ranks or a
+// mix. The group outlives the backends' runs of its collectives: destroy it after the backends.
+Result<std::unique_ptr<CollectiveGroup>> make_collective_group(std::span<Backend* const> ranks);
 
 }  // namespace kiln

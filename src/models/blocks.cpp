@@ -10,7 +10,7 @@
 namespace kiln::blocks {
 
 Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info,
-                                         Backend& head) {
+                                         Backend& head, int32_t ranks) {
   const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
   if (embd == nullptr || embd->shape.size() != 2) {
     return invalid_argument("{}: token_embd.weight is missing or not 2-d", file.name());
@@ -29,8 +29,12 @@ Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& w
   weights.place_on(head);
   KILN_ASSIGN_OR_RETURN(w.output_norm,
                         weights.get("output_norm.weight", WeightRole::weight_role_norm, info.n_embd));
+  if (ranks < 1 || info.n_vocab % ranks != 0)
+    return invalid_argument("{}: a vocabulary of {} in {} parts", file.name(), info.n_vocab, ranks);
   KILN_ASSIGN_OR_RETURN(w.output, weights.get_optional("output.weight", WeightRole::weight_role_matmul,
-                                                       info.n_embd, info.n_vocab));
+                                                       info.n_embd, info.n_vocab / ranks));
+  if (ranks > 1 && tied)
+    return invalid_argument("{}: a rank's view has no output head of its own", file.name());
   if (tied && split) {  // the table again, as the head's matrix, on the head's backend
     weights.place_on(head, /*copies=*/true);
     KILN_ASSIGN_OR_RETURN(w.output, weights.get("token_embd.weight", WeightRole::weight_role_matmul,
@@ -98,6 +102,11 @@ Result<Tensor> embed(Recorder& r, const EmbeddingWeights& w, int64_t n_embd) {
   return x;
 }
 
+Status reduce(Recorder& r, const Tensor& t) {
+  if (r.tp == nullptr || r.tp->world() == 1) return Status::ok_status();
+  return r.program.add(ops::AllReduce{t, t, r.tp});
+}
+
 Result<Tensor> attention(Recorder& r, const Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
                          const RopeConfig& rope, KvBuffers& kv, int32_t layer) {
   const int64_t n_tokens = x.ne[1], hd = shape.head_dim;
@@ -135,12 +144,13 @@ Result<Tensor> attention(Recorder& r, const Tensor& x, const AttentionWeights& w
   att.dst = a;
   KILN_TRY(p.add(att));
   KILN_TRY(p.add(ops::Matmul{w.wo, reshape(a, hd * shape.n_heads, n_tokens), out}));
+  KILN_TRY(reduce(r, out));
   if (w.bo.tensor.data != nullptr)
     KILN_TRY(p.add(ops::Binary{out, w.bo, ops::BinaryKind::binary_kind_add, out}));
   return out;
 }
 
-Result<Tensor> gated_ffn(Recorder& r, const Tensor& x, const FfnWeights& w, ops::GluKind kind) {
+Result<Tensor> gated_ffn(Recorder& r, const Tensor& x, const FfnWeights& w, ops::GluKind kind, bool reduced) {
   const int64_t n_tokens = x.ne[1], n_ff = w.gate.tensor.ne[1];
   KILN_ASSIGN_OR_RETURN(Tensor out, r.arena.f32(w.down.tensor.ne[1], n_tokens));  // outlives the scope
   Arena::Scope scope(r.arena);
@@ -150,6 +160,7 @@ Result<Tensor> gated_ffn(Recorder& r, const Tensor& x, const FfnWeights& w, ops:
   KILN_TRY(r.program.add(ops::Matmul{w.up, x, u}));
   KILN_TRY(r.program.add(ops::GatedAct{g, u, kind, g}));
   KILN_TRY(r.program.add(ops::Matmul{w.down, g, out}));
+  if (reduced) KILN_TRY(reduce(r, out));
   return out;
 }
 
@@ -173,7 +184,19 @@ Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeight
   KILN_ASSIGN_OR_RETURN(Tensor sel, r.arena.f32(x.ne[0], r.step.n_logits));
   KILN_TRY(r.program.add(ops::GetRows{ops::Weight(x), r.step.logit_rows, sel}));
   KILN_ASSIGN_OR_RETURN(Tensor h, rms_norm(r, sel, w.output_norm, eps));
-  KILN_TRY(r.program.add(ops::Matmul{w.output, h, logits}));
+  const int32_t world = r.tp != nullptr ? r.tp->world() : 1;
+  if (world == 1) {
+    KILN_TRY(r.program.add(ops::Matmul{w.output, h, logits}));
+  } else {  // this rank's rows of the vocabulary, then every rank's
+    const int64_t part = w.output.tensor.ne[1];
+    if (part * world != n_vocab) {
+      return invalid_argument("tensor parallelism: the output head has {} rows on each of {} ranks, not {}",
+                              part, world, n_vocab);
+    }
+    KILN_ASSIGN_OR_RETURN(Tensor mine, r.arena.f32(part, r.step.n_logits));
+    KILN_TRY(r.program.add(ops::Matmul{w.output, h, mine}));
+    KILN_TRY(r.program.add(ops::AllGather{mine, logits, r.tp}));
+  }
   if (r.step.argmax_vocab == 0 && r.step.sample_vocab == 0) return logits;
   Tensor considered = logits;  // a view of each row's first argmax_vocab / sample_vocab logits
   if (r.step.argmax_vocab > 0) {
@@ -200,6 +223,8 @@ Status StepModel::place_layers() {
                             options_.n_first_layers);
   }
   if (options_.n_first_layers >= info_.n_layers || stages_.size() > 1) return Status::ok_status();
+  if (options_.collective != nullptr)
+    return unimplemented("tensor parallelism with some layers on another backend (partial offload)");
   offload_matmuls_ = options_.host_stage != nullptr && backend_.device_memory_free() > 0 &&
                      options_.rest->device_memory_free() == 0;
   // Offloading, the host stage's scratch is the device's page-locked memory: x and the products cross the
@@ -258,7 +283,7 @@ Status StepModel::record(KvBuffers& kv, Recorded& into) {
   into.hops.clear();
   for (size_t s = 0; s < stages_.size(); ++s) {
     Stage& st = *stages_[s];
-    Recorder r{into.programs[s], st.arena, st.step};
+    Recorder r{into.programs[s], st.arena, st.step, options_.collective};
     if (s == 0) {
       KILN_ASSIGN_OR_RETURN(x, record_embedding(r));
     } else {

@@ -11,6 +11,7 @@
 #include "models/model.h"
 #include "models/step.h"
 #include "models/weights.h"
+#include "ops/collective.h"
 #include "ops/program.h"
 
 namespace kiln::blocks {
@@ -24,8 +25,9 @@ struct EmbeddingWeights {
 // Reads them and sets info.n_vocab from token_embd.weight: the embedding on the loader's backend, the final
 // norm and the output head on `head` (the loader is left placed on it). A tied output head on another
 // backend than the embedding is a copy of token_embd.weight there.
+// Under tensor parallelism (`ranks` > 1) the output head is the rank's n_vocab / ranks rows of it.
 Result<EmbeddingWeights> load_embeddings(const gguf::File& file, WeightLoader& weights, ModelInfo& info,
-                                         Backend& head);
+                                         Backend& head, int32_t ranks = 1);
 
 // The per-layer weights of a standard attention block.
 struct AttentionWeights {
@@ -55,7 +57,14 @@ struct Recorder {
   Program& program;
   Arena& arena;
   const StepTensors& step;
+  // Tensor parallelism (ModelOptions::collective): this rank's group, whose partial sums attention, the FFNs
+  // and the output head combine (reduce(), output_logits()); nullptr: the whole model runs here.
+  const Collective* tp = nullptr;
 };
+
+// Under tensor parallelism, t (f32 [n, rows], contiguous) becomes the sum of every rank's t (an all-reduce);
+// nothing otherwise. attention(), gated_ffn() and moe_ffn() call it on their output before any bias.
+Status reduce(Recorder& r, const Tensor& t);
 
 // x = embedding rows of the step's tokens.   x: f32 [n_embd, n_tokens] (from the arena).
 Result<Tensor> embed(Recorder& r, const EmbeddingWeights& w, int64_t n_embd);
@@ -66,14 +75,18 @@ Result<Tensor> attention(Recorder& r, const Tensor& x, const AttentionWeights& w
                          const RopeConfig& rope, KvBuffers& kv, int32_t layer);
 
 // out = Wdown · (act(Wgate·x) * (Wup·x)).   x: f32 [n_embd, n_tokens]; out: f32 [n_embd, n_tokens].
-Result<Tensor> gated_ffn(Recorder& r, const Tensor& x, const FfnWeights& w, ops::GluKind kind);
+// reduced false: each rank's partial sum under tensor parallelism (a MoE layer's shared expert, which the
+// layer's one all-reduce adds up with the experts').
+Result<Tensor> gated_ffn(Recorder& r, const Tensor& x, const FfnWeights& w, ops::GluKind kind,
+                         bool reduced = true);
 
 // out = rms_norm(x) * w.   x, out: f32 [n, rows].
 Result<Tensor> rms_norm(Recorder& r, const Tensor& x, const ops::Weight& w, float eps);
 
 // The logits of the step's logit rows: those rows of the residual stream x f32 [n_embd, n_tokens], the final
-// RMSNorm, the output head. f32 [n_vocab, n_logits] in the arena (an empty tensor when n_logits is 0); under
-// StepTensors::argmax_vocab, their argmax: i32 [n_logits].
+// RMSNorm, the output head (under tensor parallelism each rank's rows of it, its logits gathered). f32
+// [n_vocab, n_logits] in the arena (an empty tensor when n_logits is 0); under StepTensors::argmax_vocab,
+// their argmax: i32 [n_logits].
 Result<Tensor> output_logits(Recorder& r, const Tensor& x, const EmbeddingWeights& w, float eps,
                              int32_t n_vocab);
 
@@ -105,6 +118,8 @@ class StepModel : public Model {
     return stages_.size() > 1 && layer >= stages_[1]->first_layer ? 1 : 0;
   }
   Backend& stage_backend(int32_t stage) const { return stages_[stage]->backend; }
+  // The ranks of the tensor-parallel group the model is one rank of (ModelOptions::collective), or 1.
+  int32_t tp_ranks() const { return options_.collective != nullptr ? options_.collective->world() : 1; }
 
   // The residual stream after the embedding: f32 [n_embd, n_tokens] from the arena.
   virtual Result<Tensor> record_embedding(Recorder& r) = 0;

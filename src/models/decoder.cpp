@@ -29,7 +29,7 @@ class Decoder final : public StepModel {
 
     KILN_TRY(place_layers());
     WeightLoader w(f, backend_);
-    KILN_ASSIGN_OR_RETURN(embd_, load_embeddings(f, w, info_, output_backend()));
+    KILN_ASSIGN_OR_RETURN(embd_, load_embeddings(f, w, info_, output_backend(), tp_ranks()));
     for (int32_t s = 0; s < n_stages(); ++s) {  // every backend's layers read the RoPE factors
       w.place_on(stage_backend(s), /*copies=*/s > 0);
       KILN_ASSIGN_OR_RETURN(rope_.emplace_back(),

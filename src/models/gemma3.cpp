@@ -42,7 +42,7 @@ class Gemma3 final : public blocks::StepModel {
 
     KILN_TRY(place_layers());
     blocks::WeightLoader w(f, backend_);
-    KILN_ASSIGN_OR_RETURN(embd_, blocks::load_embeddings(f, w, info_, output_backend()));
+    KILN_ASSIGN_OR_RETURN(embd_, blocks::load_embeddings(f, w, info_, output_backend(), tp_ranks()));
     KILN_ASSIGN_OR_RETURN(const float local_base,
                           blocks::hparam_float(f, a + ".rope.freq_base_swa", 10000.0f));
     for (int32_t s = 0; s < n_stages(); ++s) {  // every backend's layers read the RoPE factors

@@ -49,8 +49,12 @@ Result<KvBuffers> KvBuffers::allocate(Backend& backend, const ModelInfo& info, i
 }
 
 Result<KvBuffers> KvBuffers::allocate(const Model& model, int32_t block_size, int32_t n_blocks, DType dtype) {
-  return allocate_pools([&](int32_t l) -> Backend& { return model.layer_backend(l); }, model.info(),
-                        block_size, n_blocks, dtype);
+  return model.allocate_kv(block_size, n_blocks, dtype);
+}
+
+Result<KvBuffers> Model::allocate_kv(int32_t block_size, int32_t n_blocks, DType dtype) const {
+  return allocate_pools([&](int32_t l) -> Backend& { return layer_backend(l); }, info(), block_size, n_blocks,
+                        dtype);
 }
 
 Status read_logits(Backend& backend, const Tensor& logits, std::vector<float>& out) {

@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "formats/gguf.h"
 #include "models/batch.h"
+#include "ops/collective.h"
 #include "ops/program.h"
 
 namespace kiln {
@@ -43,12 +44,17 @@ struct KvBuffers {
   int32_t block_size = 0;
   int32_t n_blocks = 0;
   std::vector<std::unique_ptr<Buffer>> storage;
+  // Tensor parallelism: k, v and storage are rank 0's pools (its KV heads: ModelInfo::n_kv_heads) and
+  // ranks[r - 1] rank r's, each on its rank's backend; empty otherwise.
+  std::vector<KvBuffers> ranks;
 
   // Allocates the pools on `backend`. dtype: f32 or f16.
   static Result<KvBuffers> allocate(Backend& backend, const ModelInfo& info, int32_t block_size,
                                     int32_t n_blocks, DType dtype);
-  // The same, each layer's pools on the backend that runs the layer (Model::layer_backend).
+  // The same, each layer's pools on the backend that runs the layer (Model::layer_backend), or every rank's
+  // (Model::allocate_kv).
   static Result<KvBuffers> allocate(const Model& model, int32_t block_size, int32_t n_blocks, DType dtype);
+  // The bytes of the pools (rank 0's under tensor parallelism: one device's).
   uint64_t bytes() const;
 };
 
@@ -74,6 +80,9 @@ class Model {
   // result: the backend the model was loaded on, unless ModelOptions split the layers over two.
   virtual Backend& layer_backend(int32_t layer) const = 0;
   virtual Backend& output_backend() const = 0;
+  // The K/V pools of `n_blocks` blocks of `block_size` tokens for this model (KvBuffers::allocate(model,
+  // ...)): each layer's on its backend; under tensor parallelism, every rank's (KvBuffers::ranks).
+  virtual Result<KvBuffers> allocate_kv(int32_t block_size, int32_t n_blocks, DType dtype) const;
 };
 
 // Downloads `logits` (forward()'s result) into `out` ([n_logits * n_vocab] f32, resized) and waits for the
@@ -124,6 +133,11 @@ struct ModelOptions {
   bool reuse_program = true;
   // Sees every program recorded (ProgramHook); it must outlive the model. nullptr: programs run as recorded.
   ProgramHook* program_hook = nullptr;
+  // Tensor parallelism: the model is one rank's part of a model (models/tp_shard.h's view of the file), and
+  // its steps combine their partial sums with the other ranks' through this group (ops/collective.h). It must
+  // outlive the model; not with `rest`. nullptr: the whole model. load_tp_model() (models/tp_model.h) sets
+  // it.
+  const Collective* collective = nullptr;
 };
 
 // Loads the architecture named by the file's general.architecture. The file must outlive the model (weights

@@ -60,14 +60,20 @@ Result<Tensor> moe_ffn(Recorder& r, const Tensor& x, const MoeWeights& w, const 
   KILN_ASSIGN_OR_RETURN(Tensor y, r.arena.f32(n_embd, n_used, n_tokens));
   KILN_TRY(p.add(ops::MoeMatmul{w.down_exps, g, ids, y}));
   KILN_TRY(p.add(ops::WeightedSum{y, mix, out}));
-  if (w.shared.gate.tensor.data == nullptr) return out;
-  KILN_ASSIGN_OR_RETURN(Tensor sh, gated_ffn(r, x, w.shared, ops::GluKind::glu_kind_silu));
+  // Under tensor parallelism each rank holds part of every expert's features (and of the shared expert's):
+  // its sums are partial, and one all-reduce adds them up.
+  if (w.shared.gate.tensor.data == nullptr) {
+    KILN_TRY(reduce(r, out));
+    return out;
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor sh, gated_ffn(r, x, w.shared, ops::GluKind::glu_kind_silu, false));
   if (w.shared_gate.tensor.data != nullptr) {
     KILN_ASSIGN_OR_RETURN(Tensor gate, r.arena.f32(1, n_tokens));  // [1, n_tokens]: one gate per token
     KILN_TRY(p.add(ops::Matmul{w.shared_gate, x, gate}));
     KILN_TRY(p.add(ops::GatedAct{gate, sh, ops::GluKind::glu_kind_sigmoid, sh}));
   }
   KILN_TRY(p.add(ops::Binary{out, sh, ops::BinaryKind::binary_kind_add, out}));
+  KILN_TRY(reduce(r, out));
   return out;
 }
 

@@ -21,6 +21,12 @@ std::string_view module_of(std::string_view name) {
 
 }  // namespace
 
+int64_t Part::size() const {
+  int64_t n = end - begin;
+  for (const Range& r : more) n += r.end - r.begin;
+  return n;
+}
+
 Result<Plan> Plan::make(const Shape& s, int32_t world) {
   if (world < 1) return invalid_argument("tensor parallelism: a world of {} GPUs", world);
   if (s.n_heads < 1 || s.n_heads % world != 0)
@@ -36,8 +42,13 @@ Result<Plan> Plan::make(const Shape& s, int32_t world) {
                             s.n_kv_heads);
   if (s.n_ff % world != 0)
     return invalid_argument("tensor parallelism over {}: {} FFN features do not divide", world, s.n_ff);
-  if (s.n_experts % world != 0)
-    return invalid_argument("tensor parallelism over {}: {} experts do not divide", world, s.n_experts);
+  if (s.n_experts < 0 || (s.n_experts > 0) != (s.n_ff_exp > 0)) {
+    return invalid_argument("tensor parallelism: {} experts of {} features each", s.n_experts, s.n_ff_exp);
+  }
+  if (s.n_ff_exp % world != 0) {
+    return invalid_argument("tensor parallelism over {}: {} features of each expert do not divide", world,
+                            s.n_ff_exp);
+  }
   if (s.n_vocab < 1 || s.n_vocab % world != 0)
     return invalid_argument("tensor parallelism over {}: a vocabulary of {} does not divide", world,
                             s.n_vocab);
@@ -55,88 +66,114 @@ Result<Part> Plan::part(const std::string& name, DType type, const int64_t ne[4]
   if (rank < 0 || rank >= world_) return invalid_argument("tensor parallelism: rank {} of {}", rank, world_);
   const std::string_view m = module_of(name);
   const bool bias = std::string_view(name).ends_with(".bias");
-  const int64_t hd = shape_.head_dim;
-  if (m == "attn_qkv" || (m == "ffn_up" && shape_.n_ff > 0 && ne[1] == 2 * shape_.n_ff))
-    return unimplemented("tensor parallelism: {} is a fused weight, which is not split yet", name);
   // The part, and the extent the weight must have along its axis (the shape's, so that a mislabelled weight
   // is caught rather than cut wrong).
   Part p;
   int64_t whole = 0;
   const auto split = [&](Axis axis, int64_t extent, int64_t first, int64_t count) {
-    p = {axis, first, first + count};
+    p = {axis, first, first + count, {}};
     whole = extent;
   };
   // A bias of a row-split projection is split with it: its features are its ne[0].
   const Axis rows = bias ? Axis::cols : Axis::rows;
-  if (m == "attn_q") {
-    split(rows, int64_t{shape_.n_heads} * hd, first_head(rank) * hd, heads_per_rank() * hd);
+  const int64_t features = bias ? ne[0] : ne[1];
+  const int64_t hd = shape_.head_dim, q = shape_.n_heads * hd, kv = shape_.n_kv_heads * hd;
+  const int64_t q0 = first_head(rank) * hd, nq = heads_per_rank() * hd;
+  const int64_t kv0 = first_kv_head(rank) * hd, nkv = kv_heads_per_rank() * hd;
+  const int64_t ff = shape_.n_ff / world_, fe = shape_.n_ff_exp / world_;
+  if (m == "attn_qkv") {  // Q, K and V rows one after another: the rank's of each
+    split(rows, q + 2 * kv, q0, nq);
+    p.more = {{q + kv0, q + kv0 + nkv}, {q + kv + kv0, q + kv + kv0 + nkv}};
+  } else if (m == "attn_q") {
+    split(rows, q, q0, nq);
   } else if (m == "attn_k" || m == "attn_v") {
-    split(rows, int64_t{shape_.n_kv_heads} * hd, first_kv_head(rank) * hd, kv_heads_per_rank() * hd);
+    split(rows, kv, kv0, nkv);
   } else if (m == "attn_output" && !bias) {
-    split(Axis::cols, int64_t{shape_.n_heads} * hd, first_head(rank) * hd, heads_per_rank() * hd);
+    split(Axis::cols, q, q0, nq);
+  } else if (m == "ffn_up" && shape_.n_ff > 0 && features == 2 * shape_.n_ff) {  // gate rows, then up rows
+    split(rows, 2 * shape_.n_ff, rank * ff, ff);
+    p.more = {{shape_.n_ff + rank * ff, shape_.n_ff + (rank + 1) * ff}};
   } else if (m == "ffn_gate" || m == "ffn_up") {
-    split(rows, shape_.n_ff, rank * (shape_.n_ff / world_), shape_.n_ff / world_);
+    split(rows, shape_.n_ff, rank * ff, ff);
   } else if (m == "ffn_down" && !bias) {
-    split(Axis::cols, shape_.n_ff, rank * (shape_.n_ff / world_), shape_.n_ff / world_);
+    split(Axis::cols, shape_.n_ff, rank * ff, ff);
   } else if (m == "ffn_gate_shexp" || m == "ffn_up_shexp") {  // a shared expert: its own width
-    const int64_t w = bias ? ne[0] : ne[1];
-    split(rows, w, rank * (w / world_), w / world_);
+    split(rows, features, rank * (features / world_), features / world_);
   } else if (m == "ffn_down_shexp" && !bias) {
     split(Axis::cols, ne[0], rank * (ne[0] / world_), ne[0] / world_);
   } else if (m == "ffn_gate_exps" || m == "ffn_up_exps" || m == "ffn_down_exps") {
-    const int64_t e = shape_.n_experts / world_;
-    split(Axis::experts, shape_.n_experts, rank * e, e);
-  } else if (m == "token_embd" || m == "output") {
-    split(Axis::rows, shape_.n_vocab, rank * (shape_.n_vocab / world_), shape_.n_vocab / world_);
+    // Every expert's features [rank F / N, (rank + 1) F / N): its rows of gate and up, its columns of down.
+    if (bias) return unimplemented("tensor parallelism: {} is an expert bias, which is not split", name);
+    if (ne[2] != shape_.n_experts) {
+      return invalid_argument("tensor parallelism: {} stacks {} experts, expected {}", name, ne[2],
+                              shape_.n_experts);
+    }
+    split(m == "ffn_down_exps" ? Axis::cols : Axis::rows, shape_.n_ff_exp, rank * fe, fe);
+  } else if (m == "output") {
+    split(rows, shape_.n_vocab, rank * (shape_.n_vocab / world_), shape_.n_vocab / world_);
   } else {
-    return Part{Axis::replicated, 0, 0};  // norms, the router, RoPE factors, biases added after a reduce
+    // Norms, the embedding, the router, the shared expert's gate, RoPE factors, biases added after a reduce.
+    return Part{Axis::replicated, 0, 0, {}};
   }
-  const int64_t extent = p.axis == Axis::rows ? ne[1] : p.axis == Axis::cols ? ne[0] : ne[2];
+  const int64_t extent = p.axis == Axis::rows ? ne[1] : ne[0];
   if (extent != whole || whole % world_ != 0) {
     return invalid_argument(
         "tensor parallelism over {}: {} has {} along its split axis, expected {} in {} parts", world_, name,
         extent, whole, world_);
   }
   const int64_t block = dtype_info(type).block_size;
-  if (p.axis == Axis::cols && (p.begin % block != 0 || p.end % block != 0)) {
-    return invalid_argument(
-        "tensor parallelism over {}: {} ({}) would be cut at column {}, inside a block of {}", world_, name,
-        dtype_name(type), p.begin % block != 0 ? p.begin : p.end, block);
+  if (p.axis == Axis::cols) {
+    std::vector<Range> ranges = p.more;
+    ranges.insert(ranges.begin(), Range{p.begin, p.end});
+    for (const Range& r : ranges) {
+      if (r.begin % block == 0 && r.end % block == 0) continue;
+      return invalid_argument(
+          "tensor parallelism over {}: {} ({}) would be cut at column {}, inside a block of {}", world_, name,
+          dtype_name(type), r.begin % block != 0 ? r.begin : r.end, block);
+    }
   }
   return p;
 }
 
 Result<std::vector<uint8_t>> slice(const Tensor& t, const Part& part) {
   if (!t.is_contiguous()) return invalid_argument("tensor parallelism: {} is not contiguous", t.describe());
-  const int64_t extent = part.axis == Axis::rows ? t.ne[1] : part.axis == Axis::cols ? t.ne[0] : t.ne[2];
-  if (part.axis != Axis::replicated && (part.begin < 0 || part.begin > part.end || part.end > extent)) {
-    return invalid_argument("tensor parallelism: part [{}, {}) of {} along an axis of {}", part.begin,
-                            part.end, t.describe(), extent);
+  std::vector<Range> ranges = part.more;
+  ranges.insert(ranges.begin(), Range{part.begin, part.end});
+  const int64_t extent = part.axis == Axis::rows ? t.ne[1] : t.ne[0];
+  for (const Range& r : ranges) {
+    if (part.axis != Axis::replicated && (r.begin < 0 || r.begin > r.end || r.end > extent)) {
+      return invalid_argument("tensor parallelism: part [{}, {}) of {} along an axis of {}", r.begin, r.end,
+                              t.describe(), extent);
+    }
   }
   const auto* base = static_cast<const uint8_t*>(t.data);
   const int64_t rows = t.ne[1] * t.ne[2] * t.ne[3];
   std::vector<uint8_t> out;
   switch (part.axis) {
     case Axis::replicated: out.assign(base, base + rows * t.nb[1]); break;
-    case Axis::rows: {  // per matrix (ne[2], ne[3]) its rows [begin, end)
+    case Axis::rows: {  // per matrix (ne[2], ne[3]) its rows of each range
+      out.reserve(static_cast<size_t>(t.ne[2] * t.ne[3] * part.size() * t.nb[1]));
       for (int64_t m = 0; m < t.ne[2] * t.ne[3]; ++m) {
-        const uint8_t* from = base + (m * t.ne[1] + part.begin) * t.nb[1];
-        out.insert(out.end(), from, from + (part.end - part.begin) * t.nb[1]);
+        for (const Range& r : ranges) {
+          const uint8_t* from = base + (m * t.ne[1] + r.begin) * t.nb[1];
+          out.insert(out.end(), from, from + (r.end - r.begin) * t.nb[1]);
+        }
       }
       break;
     }
-    case Axis::cols: {  // every row's columns [begin, end), whole blocks
-      KILN_ASSIGN_OR_RETURN(const int64_t skip, dtype_row_bytes(t.type, part.begin));
-      KILN_ASSIGN_OR_RETURN(const int64_t take, dtype_row_bytes(t.type, part.end - part.begin));
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t* from = base + r * t.nb[1] + skip;
-        out.insert(out.end(), from, from + take);
+    case Axis::cols: {                                 // every row's columns of each range, whole blocks
+      std::vector<std::pair<int64_t, int64_t>> bytes;  // (skip, take) of each range
+      for (const Range& r : ranges) {
+        KILN_ASSIGN_OR_RETURN(const int64_t skip, dtype_row_bytes(t.type, r.begin));
+        KILN_ASSIGN_OR_RETURN(const int64_t take, dtype_row_bytes(t.type, r.end - r.begin));
+        bytes.emplace_back(skip, take);
       }
-      break;
-    }
-    case Axis::experts: {
-      const uint8_t* from = base + part.begin * t.nb[2];
-      out.assign(from, from + (part.end - part.begin) * t.nb[2]);
+      for (int64_t row = 0; row < rows; ++row) {
+        for (const auto& [skip, take] : bytes) {
+          const uint8_t* from = base + row * t.nb[1] + skip;
+          out.insert(out.end(), from, from + take);
+        }
+      }
       break;
     }
   }

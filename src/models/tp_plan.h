@@ -4,18 +4,23 @@
 // - Q, K and V are split by their rows (output features) at whole heads: rank r computes query heads
 //   [r H / N, (r + 1) H / N). KV heads are split the same way when N divides their count; when their count
 //   divides N instead, each rank holds the one KV head its query heads read (replicated across the N / n_kv
-//   ranks that share it). Biases and per-head norms follow their projection.
+//   ranks that share it). Biases and per-head norms follow their projection. Phi-3's fused attn_qkv gives
+//   each rank its Q rows, then its K rows, then its V rows.
 // - The output projection is split by its columns (input features) at the same heads: each rank's product is
-//   a partial sum of the layer's output, which the all-reduce adds up.
+//   a partial sum of the layer's output, which the all-reduce adds up. Its bias is replicated (added once,
+//   after the all-reduce).
 // - Gate and up are split by rows, down by columns: the FFN's intermediate features [r F / N, (r + 1) F / N).
-// - A MoE layer's experts are split whole: rank r holds experts [r E / N, (r + 1) E / N) of each stacked
-//   expert weight; the router and the norms are replicated. A shared expert is split as a dense FFN.
-// - The token embedding and the output head are split by rows over the vocabulary (the output's logits are
-//   gathered, the embedding's rows summed).
-// - Everything else (norms, the RoPE factors) is replicated.
+//   Phi-3's fused gate+up ffn_up gives each rank its gate rows, then its up rows. Down's bias is replicated.
+// - A MoE layer's experts are split by their features, as a dense FFN is: every rank holds every expert's
+//   gate and up rows and down columns [r F / N, (r + 1) F / N) of the expert width F, so the router
+//   (replicated) picks the same experts on every rank and each rank's weighted sum is a partial sum. A shared
+//   expert is split as a dense FFN of its own width; its gate (ffn_gate_inp_shexp) is replicated.
+// - The output head is split by rows over the vocabulary (each rank's logits are gathered). The token
+//   embedding is replicated: a lookup is not split.
+// - Everything else (norms, the router, the RoPE factors) is replicated.
 //
 // A column split of a block-quantized weight must fall on whole blocks; a shape that does not divide, and
-// a fused weight (Phi-3's attn_qkv and gate+up ffn_up), are errors naming the weight and the numbers.
+// expert biases, are errors naming the weight and the numbers.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +39,7 @@ struct Shape {
   int32_t head_dim = 0;
   int64_t n_ff = 0;       // the dense FFN's intermediate features (0: none)
   int32_t n_experts = 0;  // MoE experts a layer (0: dense)
+  int64_t n_ff_exp = 0;   // each expert's intermediate features (0: dense)
   int64_t n_vocab = 0;
 };
 
@@ -41,19 +47,28 @@ enum class Axis {
   replicated,  // every rank holds the whole weight
   rows,        // ne[1]: output features (or the vocabulary)
   cols,        // ne[0]: input features
-  experts,     // ne[2]: a stacked expert weight's experts
 };
 
-// One rank's part of a weight: [begin, end) along `axis` (the whole weight for replicated).
+// [begin, end) along a part's axis.
+struct Range {
+  int64_t begin = 0, end = 0;
+};
+
+// One rank's part of a weight: [begin, end) along `axis` (the whole weight for replicated). A fused weight's
+// part is a range of each matrix it fuses, taken one after another: [begin, end), then each of `more`
+// (Phi-3's attn_qkv: the Q rows, then the K rows and the V rows).
 struct Part {
   Axis axis = Axis::replicated;
   int64_t begin = 0, end = 0;
+  std::vector<Range> more;
+  // The part's extent along its axis: of every range.
+  int64_t size() const;
 };
 
 class Plan {
  public:
-  // Errors: a world below 1; query heads, the FFN's features, experts or the vocabulary that `world` does
-  // not divide; KV heads that neither divide nor are divided by it (each named with its count).
+  // Errors: a world below 1; query heads, the FFN's or the experts' features or the vocabulary that `world`
+  // does not divide; KV heads that neither divide nor are divided by it (each named with its count).
   static Result<Plan> make(const Shape& shape, int32_t world);
 
   int32_t world() const { return world_; }
@@ -66,8 +81,9 @@ class Plan {
   bool kv_replicated() const { return shape_.n_kv_heads < world_; }
 
   // The part of weight `name` (its GGUF name: "blk.3.attn_q.weight", "token_embd.weight") of `type` and shape
-  // `ne` that `rank` holds. Errors: a fused weight; a split that does not divide the weight's extent along
-  // its axis, or that cuts a quantized block (named, with the numbers).
+  // `ne` that `rank` holds. Errors: a split that does not divide the weight's extent along its axis, or that
+  // cuts a quantized block; a stacked expert weight of another expert count; an expert bias (named, with the
+  // numbers).
   Result<Part> part(const std::string& name, DType type, const int64_t ne[4], int32_t rank) const;
 
  private:
@@ -76,8 +92,9 @@ class Plan {
   int32_t world_;
 };
 
-// The bytes of `rank`'s part of a contiguous weight `t` (its rows, its whole blocks of columns, or its
-// experts), as a contiguous tensor of the part's shape would hold them.
+// The bytes of a part of a contiguous weight `t` (its rows of each matrix, or its whole blocks of columns of
+// each row; a fused weight's ranges one after another), as a contiguous tensor of the part's shape would
+// hold them.
 Result<std::vector<uint8_t>> slice(const Tensor& t, const Part& part);
 
 }  // namespace kiln::tp

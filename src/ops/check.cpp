@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "ops/collective.h"
 #include "ops/ops.h"
 #include "ops/sample.h"
 
@@ -406,6 +407,48 @@ Status check(const InverseCholesky& op) {
   return Status::ok_status();
 }
 
+namespace {
+
+// Whether two contiguous tensors share a byte.
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto* a0 = static_cast<const uint8_t*>(a.data);
+  const auto* b0 = static_cast<const uint8_t*>(b.data);
+  return a0 < b0 + b.n_rows() * b.row_bytes() && b0 < a0 + a.n_rows() * a.row_bytes();
+}
+
+// The operands every collective takes: f32 contiguous x and dst, and a group.
+Status check_collective(std::string_view op, const Tensor& x, const Tensor& dst, const Collective* group) {
+  KILN_TRY(need_f32(op, "x", x));
+  KILN_TRY(need_f32(op, "dst", dst));
+  if (!x.is_contiguous()) return invalid_argument("{}: x ({}) must be contiguous", op, x.describe());
+  if (!dst.is_contiguous()) return invalid_argument("{}: dst ({}) must be contiguous", op, dst.describe());
+  if (group == nullptr) return invalid_argument("{}: no group", op);
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Status check(const AllReduce& op) {
+  KILN_TRY(check_collective("all_reduce", op.x, op.dst, op.group));
+  if (!same_shape(op.x, op.dst))
+    return invalid_argument("all_reduce: dst is {}, x {}", op.dst.describe(), op.x.describe());
+  if (op.dst.data != op.x.data && overlap(op.x, op.dst))
+    return invalid_argument("all_reduce: dst overlaps x");
+  return Status::ok_status();
+}
+
+Status check(const AllGather& op) {
+  KILN_TRY(check_collective("all_gather", op.x, op.dst, op.group));
+  const int64_t world = op.group->world();
+  if (op.x.ne[2] != 1 || op.x.ne[3] != 1 || op.dst.ne[0] != op.x.ne[0] * world ||
+      op.dst.ne[1] != op.x.ne[1] || op.dst.ne[2] != 1 || op.dst.ne[3] != 1) {
+    return invalid_argument("all_gather: x is {} and dst {}, expected dst [{} * {}, {}]", op.x.describe(),
+                            op.dst.describe(), op.x.ne[0], world, op.x.ne[1]);
+  }
+  if (overlap(op.x, op.dst)) return invalid_argument("all_gather: dst overlaps x");
+  return Status::ok_status();
+}
+
 Status check(const Op& op) {
   return std::visit([](const auto& o) { return check(o); }, op);
 }
@@ -426,9 +469,10 @@ const Tensor* float_dst(const Op& op) {
 
 std::string_view op_name(const Op& op) {
   static constexpr std::string_view names[] = {
-      "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",        "softmax",
-      "kv_write", "attention", "gated_act",  "binary",       "scale",       "argmax",
-      "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares", "inverse_cholesky"};
+      "get_rows",     "matmul",      "rms_norm",         "layer_norm", "rope",
+      "softmax",      "kv_write",    "attention",        "gated_act",  "binary",
+      "scale",        "argmax",      "sample",           "moe_route",  "moe_matmul",
+      "weighted_sum", "sum_squares", "inverse_cholesky", "all_reduce", "all_gather"};
   static_assert(std::size(names) == std::variant_size_v<Op>);
   return names[op.index()];
 }

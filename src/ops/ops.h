@@ -22,6 +22,10 @@
 #include "core/status.h"
 #include "core/tensor.h"
 
+namespace kiln {
+class Collective;  // ops/collective.h
+}
+
 namespace kiln::ops {
 
 // What a backend made of a weight when the model loaded (Backend::prepare_weight): a repacked layout, a tiled
@@ -288,9 +292,26 @@ struct InverseCholesky {
   Tensor status;
 };
 
-using Op =
-    std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct, Binary,
-                 Scale, Argmax, Sample, MoeRoute, MoeMatmul, WeightedSum, SumSquares, InverseCholesky>;
+// Tensor parallelism's collectives (ops/collective.h): every rank of `group` runs the op, in the same order
+// among its collectives, on operands of the same shapes.
+// dst = the sum over the ranks of each rank's x, the same bits on every rank (HostGroup adds in rank order,
+// NCCL in its own).   x, dst: f32 [n, rows], contiguous; dst may be x.
+struct AllReduce {
+  Tensor x;
+  Tensor dst;
+  const Collective* group = nullptr;
+};
+// dst[:, j] = the ranks' x[:, j] one after another, in rank order.   x: f32 [n, rows]; dst: f32 [n * world,
+// rows]; both contiguous, apart.
+struct AllGather {
+  Tensor x;
+  Tensor dst;
+  const Collective* group = nullptr;
+};
+
+using Op = std::variant<GetRows, Matmul, RmsNorm, LayerNorm, Rope, Softmax, KvWrite, Attention, GatedAct,
+                        Binary, Scale, Argmax, Sample, MoeRoute, MoeMatmul, WeightedSum, SumSquares,
+                        InverseCholesky, AllReduce, AllGather>;
 
 // "matmul", "rms_norm", ...
 std::string_view op_name(const Op& op);
@@ -315,6 +336,8 @@ Status check(const MoeMatmul& op);
 Status check(const WeightedSum& op);
 Status check(const SumSquares& op);
 Status check(const InverseCholesky& op);
+Status check(const AllReduce& op);
+Status check(const AllGather& op);
 Status check(const Op& op);
 
 // The angle of a rotated pair: rope_freq() in ops/rope_freq.h, shared by every backend so all agree.

@@ -125,6 +125,8 @@ struct Engine::Impl {
   // The backend (options.backend) and, under partial offload (options.gpu_layers), host_backend; `options`
   // for load_model() placed accordingly.
   Status make_backends(const gguf::File& f, ModelOptions& options);
+  // Tensor parallelism's: `backend` and tp_backends, one a rank (options.tensor_parallel), made with `bo`.
+  Status make_tp_backends(BackendOptions bo);
   // Sets kv_block_bytes; the pool's blocks from options.kv_memory_bytes (kv_budget.h), `extra` blocks beyond
   // what the sequences need at full length (the pads' spare on a device) when the budget is the default.
   Result<int32_t> size_kv_pool(const ModelInfo& mi, int32_t n_ctx, DType kv_type, int32_t extra);
@@ -191,8 +193,14 @@ struct Engine::Impl {
   EngineOptions options;
   ModelDescription desc;
   std::shared_ptr<const gguf::File> file;
+  // Tensor parallelism (options.tensor_parallel > 1): the group the ranks' collectives run over. Declared
+  // before the backends, so that it goes after them: NCCL's communicators are destroyed only once the graphs
+  // that captured their collectives (the backends') are gone.
+  std::unique_ptr<CollectiveGroup> tp_group;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Backend> host_backend;  // partial offload: the CPU backend of the later layers, or null
+  // The backends of ranks 1 .. N - 1 (rank 0's is `backend`); declared before `model`, which uses them.
+  std::vector<std::unique_ptr<Backend>> tp_backends;
   // Partial offload with options.offload_min_tokens > 0: the host layers' runner (ModelOptions::host_stage),
   // or null. Declared before `model`, which uses it, so that it goes after the model.
   std::unique_ptr<OffloadRunner> offload;

@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "core/log.h"
 #include "engine_impl.h"
 #include "formats/hf_config.h"
 #include "grammar/vocabulary.h"
+#include "models/tp_model.h"
 #include "runtime/env_options.h"
 #include "runtime/kv_cache/kv_budget.h"
 #include "runtime/placement/placement.h"
@@ -45,6 +47,12 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     return invalid_argument("offload_min_tokens = {} must be >= 0 (0: never)", opt.offload_min_tokens);
   if (opt.max_batch_tokens < 0)
     return invalid_argument("max_batch_tokens = {} must be >= 0 (0: by device)", opt.max_batch_tokens);
+  if (opt.tensor_parallel < 1 || opt.tensor_parallel > 64)
+    return invalid_argument("tensor_parallel = {} must be in [1, 64]", opt.tensor_parallel);
+  if (opt.tensor_parallel > 1 && opt.gpu_layers != -1) {
+    return invalid_argument("tensor_parallel = {} with gpu_layers = {}: partial offload splits no rank",
+                            opt.tensor_parallel, opt.gpu_layers);
+  }
   if (opt.kv_block_size < 1 || opt.kv_block_size > 1024) {
     return invalid_argument("kv_block_size = {} must be in [1, 1024]", opt.kv_block_size);
   }
@@ -99,7 +107,14 @@ Status Engine::Impl::load(const EngineOptions& opt) {
                         : opt.kv_type == "auto" ? backend->preferred_kv_type()
                                                 : DType::f32;
   // The model before the tokenizer: what a file is (its architecture) is the first thing to report on.
-  KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, model_options));
+  if (options.tensor_parallel > 1) {
+    std::vector<Backend*> ranks{backend.get()};
+    for (const auto& b : tp_backends) ranks.push_back(b.get());
+    KILN_ASSIGN_OR_RETURN(tp_group, make_collective_group(ranks));
+    KILN_ASSIGN_OR_RETURN(model, load_tp_model(file, ranks, *tp_group, model_options));
+  } else {
+    KILN_ASSIGN_OR_RETURN(model, load_model(file, *backend, model_options));
+  }
   KILN_ASSIGN_OR_RETURN(Tokenizer tok, folder ? load_tokenizer(opt.model_path) : Tokenizer::from_gguf(*file));
   const ModelInfo& mi = model->info();
   {
@@ -193,6 +208,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   desc.kv_type = dtype_name(kv_type);
   desc.n_threads = (host_backend != nullptr ? host_backend : backend)->n_threads();
   desc.backend = std::string(backend->name());
+  if (!tp_backends.empty()) desc.backend += fmt::format(" (tensor parallel over {})", tp_backends.size() + 1);
   desc.n_gpu_layers = device ? mi.n_layers : 0;
   if (host_backend != nullptr) {
     desc.backend += " + cpu";
@@ -213,6 +229,7 @@ Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_opti
   bo.precision =
       options.quantize_activations ? ops::Precision::precision_fast : ops::Precision::precision_exact;
   bo.batch_invariant = options.deterministic;
+  if (options.tensor_parallel > 1) return make_tp_backends(bo);
   KILN_ASSIGN_OR_RETURN(backend, make_backend(options.backend, bo));
   if (backend->host_memory()) {
     if (g == -1) return Status::ok_status();
@@ -255,6 +272,35 @@ Status Engine::Impl::make_backends(const gguf::File& f, ModelOptions& model_opti
     oo.print_profile = runtime_env_options().step_profile;
     offload = std::make_unique<OffloadRunner>(oo);
     model_options.host_stage = offload.get();
+  }
+  return Status::ok_status();
+}
+
+Status Engine::Impl::make_tp_backends(BackendOptions bo) {
+  const int32_t n = options.tensor_parallel;
+  const std::string& name = options.backend;
+  const bool cpu = name == "cpu" || (name == "auto" && !cuda_available());
+  int first = 0;
+  if (!cpu) {
+    if (name.starts_with("cuda:")) {
+      first = std::atoi(name.c_str() + 5);
+    } else if (name != "cuda" && name != "auto") {
+      return invalid_argument("tensor_parallel = {}: backend \"{}\" is not cpu, cuda, cuda:N or auto", n,
+                              name);
+    }
+  } else {
+    // The ranks share the threads asked for (each at least one).
+    const int total = bo.n_threads > 0 ? bo.n_threads : static_cast<int>(std::thread::hardware_concurrency());
+    bo.n_threads = std::max(1, total / n);
+  }
+  for (int32_t r = 0; r < n; ++r) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b,
+                          make_backend(cpu ? std::string("cpu") : fmt::format("cuda:{}", first + r), bo));
+    if (r == 0) {
+      backend = std::move(b);
+    } else {
+      tp_backends.push_back(std::move(b));
+    }
   }
   return Status::ok_status();
 }

@@ -162,6 +162,12 @@ std::vector<Operand> operands(const ops::Op& op) {
           [&](const InverseCholesky& o) -> std::vector<Operand> {
             return {a("a", o.a), a("l", o.l), a("status", o.status)};
           },
+          [&](const AllReduce& o) -> std::vector<Operand> {
+            return {a("x", o.x), a("dst", o.dst)};
+          },
+          [&](const AllGather& o) -> std::vector<Operand> {
+            return {a("x", o.x), a("dst", o.dst)};
+          },
       },
       op);
 }

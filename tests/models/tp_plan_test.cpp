@@ -1,10 +1,14 @@
 // Tensor parallelism's partition (models/tp_plan.h), checked on the CPU: a Llama-shaped layer's weights (8
-// query heads, 2 KV heads, f32 and Q4_0, a MoE layer's stacked experts, the embedding and the output head)
-// split over 2 and 4 ranks and put back together give every weight's bytes again (KV heads replicated over 4
-// ranks counted once); the products of the parts are the layer's: each rank's Q/K/V and gate/up rows are
-// those of the whole product, and the ranks' output-projection and down partial sums add up to the whole
-// product (the all-reduce); the logits of the output head's parts are the whole logits. Shapes that do not
-// divide, a fused weight and a column split inside a quantized block are refused with the numbers.
+// query heads, 2 KV heads, f32 and Q4_0), a MoE layer's stacked experts and shared expert, a Phi-3 layer's
+// fused Q/K/V and gate+up, the embedding and the output head split over 1, 2 and 4 ranks and put back
+// together give every weight's bytes again (KV heads replicated over 4 ranks written twice, the same bytes),
+// and ranks' parts put back in another order do not; the replicated weights are exactly the norms, the
+// embedding, the routers and the biases added after an all-reduce. The products of the parts are the
+// layer's: each rank's Q/K/V, gate/up, expert gate/up and output-head rows are those of the whole product
+// (a fused weight's: its Q, then K, then V rows), and the ranks' output-projection, down and expert-down
+// partial sums add up to the whole product (the all-reduce). Shapes that do not divide, a weight of another
+// extent or expert count, an expert bias and a column split inside a quantized block are refused with the
+// numbers.
 #include "models/tp_plan.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +17,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,21 +27,25 @@ namespace {
 using tp::Axis;
 using tp::Part;
 using tp::Plan;
+using tp::Range;
 using tp::Shape;
 
-constexpr int64_t kEmbd = 256, kHd = 32, kFf = 512, kVocab = 1000;
-const Shape kShape{
-    .n_heads = 8, .n_kv_heads = 2, .head_dim = kHd, .n_ff = kFf, .n_experts = 4, .n_vocab = kVocab};
+constexpr int64_t kEmbd = 256, kHd = 32, kFf = 512, kFfExp = 128, kShexp = 256, kVocab = 1000;
+constexpr int32_t kExperts = 4;
+const Shape kShape{.n_heads = 8,
+                   .n_kv_heads = 2,
+                   .head_dim = kHd,
+                   .n_ff = kFf,
+                   .n_experts = kExperts,
+                   .n_ff_exp = kFfExp,
+                   .n_vocab = kVocab};
 
 struct Weight {
   std::string name;
   DType type;
   int64_t ne[4];
   std::vector<uint8_t> bytes;
-  Tensor tensor() {
-    Tensor t = make_tensor(type, bytes.data(), ne[0], ne[1], ne[2], ne[3]);
-    return t;
-  }
+  Tensor tensor() { return make_tensor(type, bytes.data(), ne[0], ne[1], ne[2], ne[3]); }
 };
 
 Weight random_weight(const std::string& name, DType type, int64_t ne0, int64_t ne1, int64_t ne2,
@@ -61,7 +70,8 @@ Weight random_weight(const std::string& name, DType type, int64_t ne0, int64_t n
   return w;
 }
 
-// A layer of every kind of weight the plan splits or replicates.
+// A layer of every kind of weight the plan splits or replicates: a dense layer (blk.0), a MoE layer with a
+// shared expert (blk.1), a Phi-3 layer's fused weights (blk.2).
 std::vector<Weight> layer_weights(DType type, std::mt19937& rng) {
   const int64_t q = kShape.n_heads * kHd, kv = kShape.n_kv_heads * kHd;
   std::vector<Weight> w;
@@ -73,37 +83,77 @@ std::vector<Weight> layer_weights(DType type, std::mt19937& rng) {
   w.push_back(random_weight("blk.0.attn_q.bias", DType::f32, q, 1, 1, rng));
   w.push_back(random_weight("blk.0.attn_k.bias", DType::f32, kv, 1, 1, rng));
   w.push_back(random_weight("blk.0.attn_output.weight", type, q, kEmbd, 1, rng));
+  w.push_back(random_weight("blk.0.attn_output.bias", DType::f32, kEmbd, 1, 1, rng));
   w.push_back(random_weight("blk.0.ffn_gate.weight", type, kEmbd, kFf, 1, rng));
   w.push_back(random_weight("blk.0.ffn_up.weight", type, kEmbd, kFf, 1, rng));
   w.push_back(random_weight("blk.0.ffn_down.weight", type, kFf, kEmbd, 1, rng));
-  w.push_back(random_weight("blk.1.ffn_gate_inp.weight", DType::f32, kEmbd, kShape.n_experts, 1, rng));
-  w.push_back(random_weight("blk.1.ffn_gate_exps.weight", type, kEmbd, 64, kShape.n_experts, rng));
-  w.push_back(random_weight("blk.1.ffn_down_exps.weight", type, 64, kEmbd, kShape.n_experts, rng));
+  w.push_back(random_weight("blk.0.ffn_down.bias", DType::f32, kEmbd, 1, 1, rng));
+  w.push_back(random_weight("blk.1.ffn_gate_inp.weight", DType::f32, kEmbd, kExperts, 1, rng));
+  w.push_back(random_weight("blk.1.ffn_gate_exps.weight", type, kEmbd, kFfExp, kExperts, rng));
+  w.push_back(random_weight("blk.1.ffn_up_exps.weight", type, kEmbd, kFfExp, kExperts, rng));
+  w.push_back(random_weight("blk.1.ffn_down_exps.weight", type, kFfExp, kEmbd, kExperts, rng));
+  w.push_back(random_weight("blk.1.ffn_gate_shexp.weight", type, kEmbd, kShexp, 1, rng));
+  w.push_back(random_weight("blk.1.ffn_up_shexp.weight", type, kEmbd, kShexp, 1, rng));
+  w.push_back(random_weight("blk.1.ffn_down_shexp.weight", type, kShexp, kEmbd, 1, rng));
+  w.push_back(random_weight("blk.1.ffn_gate_inp_shexp.weight", DType::f32, kEmbd, 1, 1, rng));
+  w.push_back(random_weight("blk.2.attn_qkv.weight", type, kEmbd, q + 2 * kv, 1, rng));
+  w.push_back(random_weight("blk.2.attn_qkv.bias", DType::f32, q + 2 * kv, 1, 1, rng));
+  w.push_back(random_weight("blk.2.ffn_up.weight", type, kEmbd, 2 * kFf, 1, rng));
   w.push_back(random_weight("output_norm.weight", DType::f32, kEmbd, 1, 1, rng));
   w.push_back(random_weight("output.weight", type, kEmbd, kVocab, 1, rng));
   return w;
 }
 
-// The parts put back together along their axis: rows and experts one rank's after another's, columns within
-// each row; parts that are equal (replicated KV heads, replicated weights) counted once.
+// The weights every rank holds whole.
+const std::set<std::string> kReplicated = {"token_embd.weight",         "blk.0.attn_norm.weight",
+                                           "blk.0.attn_output.bias",    "blk.0.ffn_down.bias",
+                                           "blk.1.ffn_gate_inp.weight", "blk.1.ffn_gate_inp_shexp.weight",
+                                           "output_norm.weight"};
+
+std::vector<Range> ranges_of(const Part& p) {
+  std::vector<Range> r{{p.begin, p.end}};
+  r.insert(r.end(), p.more.begin(), p.more.end());
+  return r;
+}
+
+// The parts put back where they came from: each rank's rows of each matrix, or columns of each row, range by
+// range. Empty when two parts put different bytes in one place, or some place gets none.
 std::vector<uint8_t> recombine(const Weight& w, const std::vector<Part>& parts,
                                const std::vector<std::vector<uint8_t>>& bytes) {
-  std::vector<size_t> distinct;
-  std::set<std::pair<int64_t, int64_t>> seen;
-  for (size_t r = 0; r < parts.size(); ++r) {
-    if (seen.insert({parts[r].begin, parts[r].end}).second) distinct.push_back(r);
-  }
-  std::vector<uint8_t> out;
-  if (parts[0].axis != Axis::cols) {
-    for (const size_t r : distinct) out.insert(out.end(), bytes[r].begin(), bytes[r].end());
-    return out;
-  }
-  const int64_t rows = w.ne[1] * w.ne[2] * w.ne[3];
-  for (int64_t row = 0; row < rows; ++row) {
-    for (const size_t r : distinct) {
-      const size_t width = bytes[r].size() / static_cast<size_t>(rows);
-      out.insert(out.end(), bytes[r].begin() + row * width, bytes[r].begin() + (row + 1) * width);
+  std::vector<uint8_t> out(w.bytes.size());
+  std::vector<bool> written(w.bytes.size(), false);
+  const auto put = [&](size_t at, const uint8_t* from, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (written[at + i] && out[at + i] != from[i]) return false;
+      out[at + i] = from[i];
+      written[at + i] = true;
     }
+    return true;
+  };
+  const size_t row = static_cast<size_t>(dtype_row_bytes(w.type, w.ne[0]).value());
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const uint8_t* from = bytes[r].data();
+    if (parts[r].axis == Axis::rows) {
+      for (int64_t m = 0; m < w.ne[2] * w.ne[3]; ++m) {
+        for (const Range& g : ranges_of(parts[r])) {
+          const size_t n = static_cast<size_t>(g.end - g.begin) * row;
+          if (!put((static_cast<size_t>(m * w.ne[1] + g.begin)) * row, from, n)) return {};
+          from += n;
+        }
+      }
+    } else {
+      for (int64_t j = 0; j < w.ne[1] * w.ne[2] * w.ne[3]; ++j) {
+        for (const Range& g : ranges_of(parts[r])) {
+          const size_t skip = static_cast<size_t>(dtype_row_bytes(w.type, g.begin).value());
+          const size_t n = static_cast<size_t>(dtype_row_bytes(w.type, g.end - g.begin).value());
+          if (!put(static_cast<size_t>(j) * row + skip, from, n)) return {};
+          from += n;
+        }
+      }
+    }
+  }
+  for (const bool b : written) {
+    if (!b) return {};
   }
   return out;
 }
@@ -128,45 +178,46 @@ TEST(TpPlan, PartsPutBackTogetherAreTheWeights) {
           bytes.push_back(std::move(*b));
         }
         const std::string what = w.name + " " + dtype_name(type) + " over " + std::to_string(world);
+        EXPECT_EQ(parts[0].axis == Axis::replicated, kReplicated.count(w.name) == 1) << what;
         if (parts[0].axis == Axis::replicated) {
           for (const auto& b : bytes) EXPECT_EQ(b, w.bytes) << what;
           continue;
         }
         EXPECT_EQ(recombine(w, parts, bytes), w.bytes) << what;
-        if (world > 1 && w.name.find(".ffn_gate_inp.") == std::string::npos &&
-            w.name.find("norm") == std::string::npos) {
-          EXPECT_LT(bytes[0].size(), w.bytes.size()) << what << ": not split";
-        }
+        if (world == 1) continue;
+        EXPECT_LT(bytes[0].size(), w.bytes.size()) << what << ": not split";
+        // The ranks' bytes in another order are not the weight: the check sees where each part goes.
+        std::vector<std::vector<uint8_t>> rotated(bytes.begin() + 1, bytes.end());
+        rotated.push_back(bytes[0]);
+        EXPECT_NE(recombine(w, parts, rotated), w.bytes) << what;
       }
     }
   }
 }
 
-// y = W x for a GGUF-layout f32 weight (ne[0] inputs, ne[1] outputs), rows [r0, r1) of W, columns [c0, c1)
-// of W and of x.
-std::vector<double> product(const Weight& w, const std::vector<float>& x, int64_t r0, int64_t r1, int64_t c0,
-                            int64_t c1) {
-  std::vector<double> y(static_cast<size_t>(r1 - r0), 0.0);
-  for (int64_t j = r0; j < r1; ++j) {
-    const auto* row = reinterpret_cast<const float*>(w.bytes.data()) + j * w.ne[0];
-    for (int64_t i = c0; i < c1; ++i)
-      y[static_cast<size_t>(j - r0)] += double{row[i]} * x[static_cast<size_t>(i)];
+// y = W x for a GGUF-layout f32 weight (ne[0] inputs, ne[1] outputs; matrix `m` of a stacked one).
+std::vector<double> product(const Weight& w, const std::vector<float>& x, int64_t m = 0) {
+  std::vector<double> y(static_cast<size_t>(w.ne[1]), 0.0);
+  const auto* mat = reinterpret_cast<const float*>(w.bytes.data()) + m * w.ne[0] * w.ne[1];
+  for (int64_t j = 0; j < w.ne[1]; ++j) {
+    for (int64_t i = 0; i < w.ne[0]; ++i) y[static_cast<size_t>(j)] += double{mat[j * w.ne[0] + i]} * x[i];
   }
   return y;
 }
 
-// The same from a rank's part (its own contiguous bytes: part.end - part.begin rows, or columns).
+// The same from a rank's part (its own contiguous bytes): its rows, or its columns (and x's).
 std::vector<double> part_product(const Weight& w, const Part& p, const std::vector<uint8_t>& bytes,
-                                 const std::vector<float>& x) {
+                                 const std::vector<float>& x, int64_t m = 0) {
   Weight part = w;
   part.bytes = bytes;
   if (p.axis == Axis::rows) {
-    part.ne[1] = p.end - p.begin;
-    return product(part, x, 0, part.ne[1], 0, w.ne[0]);
+    part.ne[1] = p.size();
+    return product(part, x, m);
   }
-  part.ne[0] = p.end - p.begin;
-  const std::vector<float> xs(x.begin() + p.begin, x.begin() + p.end);
-  return product(part, xs, 0, w.ne[1], 0, part.ne[0]);
+  part.ne[0] = p.size();
+  std::vector<float> xs;
+  for (const Range& g : ranges_of(p)) xs.insert(xs.end(), x.begin() + g.begin, x.begin() + g.end);
+  return product(part, xs, m);
 }
 
 TEST(TpPlan, TheProductsOfThePartsAreTheLayers) {
@@ -178,25 +229,39 @@ TEST(TpPlan, TheProductsOfThePartsAreTheLayers) {
     throw std::runtime_error(n);
   };
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(kEmbd), a(static_cast<size_t>(kShape.n_heads * kHd)), h(kFf);
-  for (float& v : x) v = normal(rng);
-  for (float& v : a) v = normal(rng);  // attention's output, heads one after another
-  for (float& v : h) v = normal(rng);  // the gated activation's output
+  const auto random = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& f : v) f = normal(rng);
+    return v;
+  };
+  const std::vector<float> x = random(kEmbd);
+  const std::vector<float> a = random(kShape.n_heads * kHd);  // attention's output, heads one after another
+  const std::vector<float> h = random(kFf), he = random(kFfExp), hs = random(kShexp);  // gated activations
   for (const int32_t world : {2, 4}) {
     const Plan plan = Plan::make(kShape, world).value();
-    // Row splits: each rank's outputs are the whole product's rows of its heads / features / vocabulary.
-    for (const char* n : {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
-                          "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "output.weight"}) {
+    // Row splits: each rank's outputs are the whole product's rows of its heads / features / vocabulary, a
+    // fused weight's range by range; an expert weight's, expert by expert.
+    for (const char* n :
+         {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.ffn_gate.weight",
+          "blk.0.ffn_up.weight", "blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight",
+          "blk.1.ffn_gate_shexp.weight", "blk.1.ffn_up_shexp.weight", "blk.2.attn_qkv.weight",
+          "blk.2.ffn_up.weight", "output.weight"}) {
       Weight& w = find(n);
-      const std::vector<double> whole = product(w, x, 0, w.ne[1], 0, w.ne[0]);
-      for (int32_t r = 0; r < world; ++r) {
-        const Part p = plan.part(n, w.type, w.ne, r).value();
-        const std::vector<double> got = part_product(w, p, tp::slice(w.tensor(), p).value(), x);
-        const std::vector<double> want(whole.begin() + p.begin, whole.begin() + p.end);
-        EXPECT_EQ(got, want) << n << " rank " << r << " of " << world;
+      for (int64_t m = 0; m < w.ne[2]; ++m) {
+        const std::vector<double> whole = product(w, x, m);
+        for (int32_t r = 0; r < world; ++r) {
+          const Part p = plan.part(n, w.type, w.ne, r).value();
+          ASSERT_EQ(p.axis, Axis::rows) << n;
+          const std::vector<double> got = part_product(w, p, tp::slice(w.tensor(), p).value(), x, m);
+          std::vector<double> want;
+          for (const Range& g : ranges_of(p))
+            want.insert(want.end(), whole.begin() + g.begin, whole.begin() + g.end);
+          EXPECT_EQ(got, want) << n << " matrix " << m << " rank " << r << " of " << world;
+        }
       }
     }
-    // A rank's K/V heads are those its query heads read (heads of a group share one).
+    // A rank's K/V heads are those its query heads read (heads of a group share one), in the fused weight
+    // too: its Q rows, then its K and V rows, as many as its shape's.
     const int32_t group = kShape.n_heads / kShape.n_kv_heads;
     for (int32_t r = 0; r < world; ++r) {
       for (int32_t hq = plan.first_head(r); hq < plan.first_head(r) + plan.heads_per_rank(); ++hq) {
@@ -204,21 +269,32 @@ TEST(TpPlan, TheProductsOfThePartsAreTheLayers) {
         EXPECT_GE(kvh, plan.first_kv_head(r));
         EXPECT_LT(kvh, plan.first_kv_head(r) + plan.kv_heads_per_rank());
       }
+      const Weight& qkv = find("blk.2.attn_qkv.weight");
+      const Part p = plan.part(qkv.name, qkv.type, qkv.ne, r).value();
+      const int64_t q = kShape.n_heads * kHd, kv = kShape.n_kv_heads * kHd, k0 = plan.first_kv_head(r) * kHd;
+      ASSERT_EQ(p.more.size(), 2u);
+      EXPECT_EQ(p.begin, plan.first_head(r) * kHd);
+      EXPECT_EQ(p.more[0].begin, q + k0);
+      EXPECT_EQ(p.more[1].begin, q + kv + k0);
+      EXPECT_EQ(p.size(), (plan.heads_per_rank() + 2 * plan.kv_heads_per_rank()) * kHd);
     }
-    // Column splits: the ranks' partial products add up to the whole (the all-reduce).
+    // Column splits: the ranks' partial products add up to the whole (the all-reduce), expert by expert.
     for (const auto& [n, in] :
-         {std::pair{"blk.0.attn_output.weight", &a}, std::pair{"blk.0.ffn_down.weight", &h}}) {
+         {std::pair{"blk.0.attn_output.weight", &a}, std::pair{"blk.0.ffn_down.weight", &h},
+          std::pair{"blk.1.ffn_down_exps.weight", &he}, std::pair{"blk.1.ffn_down_shexp.weight", &hs}}) {
       Weight& w = find(n);
-      const std::vector<double> whole = product(w, *in, 0, w.ne[1], 0, w.ne[0]);
-      std::vector<double> sum(whole.size(), 0.0);
-      for (int32_t r = 0; r < world; ++r) {
-        const Part p = plan.part(n, w.type, w.ne, r).value();
-        ASSERT_EQ(p.axis, Axis::cols);
-        const std::vector<double> got = part_product(w, p, tp::slice(w.tensor(), p).value(), *in);
-        for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[i];
+      for (int64_t m = 0; m < w.ne[2]; ++m) {
+        const std::vector<double> whole = product(w, *in, m);
+        std::vector<double> sum(whole.size(), 0.0);
+        for (int32_t r = 0; r < world; ++r) {
+          const Part p = plan.part(n, w.type, w.ne, r).value();
+          ASSERT_EQ(p.axis, Axis::cols);
+          const std::vector<double> got = part_product(w, p, tp::slice(w.tensor(), p).value(), *in, m);
+          for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[i];
+        }
+        for (size_t i = 0; i < sum.size(); ++i)
+          EXPECT_NEAR(sum[i], whole[i], 1e-9 * (1 + std::fabs(whole[i]))) << n << " matrix " << m;
       }
-      for (size_t i = 0; i < sum.size(); ++i)
-        EXPECT_NEAR(sum[i], whole[i], 1e-9 * (1 + std::fabs(whole[i]))) << n;
     }
   }
 }
@@ -240,30 +316,44 @@ TEST(TpPlan, ShapesThatDoNotSplitAreRefused) {
   s.n_ff = 510;
   refused(s, 4, "510 FFN features");
   s = kShape;
-  s.n_experts = 6;
-  refused(s, 4, "6 experts");
+  s.n_ff_exp = 130;
+  refused(s, 4, "130 features of each expert");
+  s = kShape;
+  s.n_ff_exp = 0;
+  refused(s, 2, "4 experts of 0 features");
   s = kShape;
   s.n_vocab = 1001;
   refused(s, 2, "vocabulary of 1001");
+  s = kShape;
+  s.n_experts = 6;  // experts are split by their features: any count
+  EXPECT_TRUE(Plan::make(s, 4).ok());
 
-  // A weight whose extent is not the shape's, a fused weight, and a cut inside a quantized block.
+  const auto part_refused = [](const Plan& plan, const std::string& name, DType type, std::vector<int64_t> ne,
+                               const std::string& needle) {
+    ne.resize(4, 1);
+    auto p = plan.part(name, type, ne.data(), 1);
+    ASSERT_FALSE(p.ok()) << name;
+    EXPECT_NE(p.status().message().find(needle), std::string::npos) << p.status().message();
+  };
+  // A weight whose extent is not the shape's, a fused weight of another width, a stack of other experts, an
+  // expert bias, and a cut inside a quantized block.
   const Plan plan = Plan::make(kShape, 2).value();
-  const int64_t q_ne[4] = {kEmbd, 300, 1, 1};
-  auto p = plan.part("blk.0.attn_q.weight", DType::f32, q_ne, 0);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("has 300 along its split axis, expected 256"), std::string::npos)
-      << p.status().message();
-  const int64_t qkv_ne[4] = {kEmbd, 384, 1, 1};
-  p = plan.part("blk.0.attn_qkv.weight", DType::f32, qkv_ne, 0);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("fused"), std::string::npos) << p.status().message();
+  part_refused(plan, "blk.0.attn_q.weight", DType::f32, {kEmbd, 300},
+               "has 300 along its split axis, expected 256");
+  part_refused(plan, "blk.0.attn_qkv.weight", DType::f32, {kEmbd, 400},
+               "has 400 along its split axis, expected 384");
+  part_refused(plan, "blk.0.ffn_up_exps.weight", DType::f32, {kEmbd, kFfExp, 8},
+               "stacks 8 experts, expected 4");
+  part_refused(plan, "blk.0.ffn_down_exps.bias", DType::f32, {kEmbd, kExperts}, "expert bias");
+  part_refused(plan, "blk.0.ffn_gate_shexp.weight", DType::f32, {kEmbd, 257}, "has 257 along its split axis");
   Shape wide = kShape;
   wide.head_dim = 48;  // 8 heads of 48 over 4: 96 columns a rank, not whole blocks of 256
-  const Plan plan4 = Plan::make(wide, 4).value();
-  const int64_t o_ne[4] = {8 * 48, kEmbd, 1, 1};
-  p = plan4.part("blk.0.attn_output.weight", DType::q4_k, o_ne, 1);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("inside a block of 256"), std::string::npos) << p.status().message();
+  part_refused(Plan::make(wide, 4).value(), "blk.0.attn_output.weight", DType::q4_k, {8 * 48, kEmbd},
+               "inside a block of 256");
+  Shape experts = kShape;
+  experts.n_ff_exp = 384;  // 192 columns of each expert's down a rank
+  part_refused(Plan::make(experts, 2).value(), "blk.0.ffn_down_exps.weight", DType::q4_k,
+               {384, kEmbd, kExperts}, "cut at column 192, inside a block of 256");
 }
 
 }  // namespace

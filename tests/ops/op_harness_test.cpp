@@ -28,6 +28,7 @@
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "core/quant/quant_blocks.h"
+#include "ops/collective.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
 #include "ops/sample.h"
@@ -68,10 +69,11 @@ constexpr Budget kSums{Metric::max_abs, 1e-5};
 // from the same f32).
 
 // Every op the harness has a case for; EveryOpHasACase fails when the Op variant grows without one.
-constexpr std::string_view kHarnessOps[] = {
-    "get_rows", "matmul",    "rms_norm",   "layer_norm",   "rope",        "softmax",
-    "kv_write", "attention", "gated_act",  "binary",       "scale",       "argmax",
-    "sample",   "moe_route", "moe_matmul", "weighted_sum", "sum_squares", "inverse_cholesky"};
+constexpr std::string_view kHarnessOps[] = {"get_rows",    "matmul",           "rms_norm",   "layer_norm",
+                                            "rope",        "softmax",          "kv_write",   "attention",
+                                            "gated_act",   "binary",           "scale",      "argmax",
+                                            "sample",      "moe_route",        "moe_matmul", "weighted_sum",
+                                            "sum_squares", "inverse_cholesky", "all_reduce", "all_gather"};
 
 // The weight / table types of matmul and get_rows. f8_e4m3 (FP8 checkpoints) has no kernel of its own on the
 // CPU: its tiles are dequantized and take the float products in both precisions; CUDA decodes it in the exact
@@ -394,6 +396,12 @@ std::vector<Tensor*> operands(Op& op) {
                         },
                         [](InverseCholesky& o) {
                           return std::vector<Tensor*>{&o.a, &o.l, &o.status};
+                        },
+                        [](AllReduce& o) {
+                          return std::vector<Tensor*>{&o.x, &o.dst};
+                        },
+                        [](AllGather& o) {
+                          return std::vector<Tensor*>{&o.x, &o.dst};
                         },
                     },
                     op);
@@ -1759,6 +1767,30 @@ TEST(OpHarness, WeightedSum) {
   }
 }
 
+// A group of one rank (tensor parallelism's collectives on one device): the sum and the gather are x. Groups
+// of several ranks: tests/ops/collective_test.cpp (host), tests/cuda/cuda_collective_test.cpp (NCCL).
+TEST(OpHarness, Collectives) {
+  Rng rng(16);
+  HostGroup group(1);
+  for (const auto& [n, rows] : {std::pair<int64_t, int64_t>{1, 1}, {37, 1}, {576, 3}, {4099, 7}}) {
+    const Host x = dense(n, rows, 1, &rng, -4.0f, 4.0f);
+    const Host dst = dense(n, rows, 1, nullptr);
+    const std::string shape = x.t.describe();
+    expect_matches_ref("all_reduce " + shape, dst, kRowWise, [&](const Tensor& d) {
+      return Op(AllReduce{x.t, d, &group.rank(0)});
+    });
+    expect_matches_ref("all_gather " + shape, dst, kRowWise, [&](const Tensor& d) {
+      return Op(AllGather{x.t, d, &group.rank(0)});
+    });
+    const std::vector<float> want = gather(x.t);
+    for (const NamedBackend& nb : backends()) {  // in place
+      Host inout = clone(x);
+      if (!run_on(nb, Op(AllReduce{inout.t, inout.t, &group.rank(0)}), "all_reduce in place")) continue;
+      EXPECT_EQ(gather(inout.t), want) << nb.name << " all_reduce in place " << shape;
+    }
+  }
+}
+
 // sum_squares accumulates into sums f32 [n, n_mat] and counts f32 [1, n_mat], held as the views of one
 // [n + 1, n_mat] tensor (so one dst compares both): columns 0..n-1 the sums, column n the count. They start
 // from earlier sums (positive values) and whole counts.
@@ -2210,6 +2242,24 @@ TEST(OpCheck, InverseCholesky) {
   expect_rejected(InverseCholesky{a.t, -1.0, l.t, iv(status)}, kInvalid, "lambda");
   expect_rejected(InverseCholesky{a.t, std::numeric_limits<double>::quiet_NaN(), l.t, iv(status)}, kInvalid,
                   "lambda");
+}
+
+TEST(OpCheck, Collectives) {
+  Operands o;
+  HostGroup two(2);
+  const Collective* g = &two.rank(0);
+  Tensor strided = o.x.t;
+  strided.nb[1] *= 2;
+  const Host wide = dense(16, 4, 1, nullptr), narrow = dense(8, 4, 1, nullptr);
+  ASSERT_TRUE(check(AllReduce{o.x.t, o.y.t, g}).ok());
+  ASSERT_TRUE(check(AllReduce{o.x.t, o.x.t, g}).ok());
+  ASSERT_TRUE(check(AllGather{narrow.t, wide.t, g}).ok());
+  expect_rejected(AllReduce{o.x.t, o.small.t, g}, kInvalid, "dst is");
+  expect_rejected(AllReduce{o.half.t, o.half.t, g}, kInvalid, "x must be f32");
+  expect_rejected(AllReduce{o.x.t, o.y.t, nullptr}, kInvalid, "no group");
+  expect_rejected(AllReduce{strided, strided, g}, kInvalid, "x (");
+  expect_rejected(AllGather{narrow.t, narrow.t, g}, kInvalid, "dst");
+  expect_rejected(AllGather{o.x.t, wide.t, g}, kInvalid, "expected dst");
 }
 
 TEST(OpCheck, SumSquares) {

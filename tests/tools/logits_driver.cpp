@@ -4,7 +4,9 @@
 // --kv-f16: an f16 KV cache (default f32); --f32: a Hugging Face folder MODEL imported with every tensor as
 // f32; --device NAME: the backend (cpu, the default, or cuda[:N]); --split N: only the first N layers on it,
 // the rest and the output head on a CPU backend of their own (logits: ModelOptions::rest, on any device;
-// generate: EngineOptions::gpu_layers, a GPU device). MODEL is a GGUF file or a Hugging Face folder.
+// generate: EngineOptions::gpu_layers, a GPU device); --tp N: the model split over N ranks (tensor
+// parallelism: N CPU backends, or cuda:0 .. N-1 with --device cuda). MODEL is a GGUF file or a Hugging Face
+// folder.
 //   logits_driver logits MODEL OUT.f32 [--chunk N] [--threads T]
 //     stdin: a JSON list of token-id lists, one per sequence. All sequences go through Model::forward
 //     together, one batch per step (with --chunk N each sequence contributes at most N tokens per step, so a
@@ -30,6 +32,7 @@
 #include "formats/gguf.h"
 #include "kiln/kiln.h"
 #include "models/model.h"
+#include "models/tp_model.h"
 #include "runtime/kv_cache/kv_cache.h"
 #include "runtime/placement/offload.h"
 
@@ -49,6 +52,7 @@ std::string g_device = "cpu";  // --device NAME: cpu, cuda, cuda:N
 bool g_force_f32 = false;      // --f32: a Hugging Face folder imported with every tensor as f32
 kiln::DType g_kv_type = kiln::DType::f32;
 int32_t g_split = -1;  // --split N
+int32_t g_tp = 0;      // --tp N (1: one rank, through the tensor-parallel model all the same)
 
 kiln::Status run_logits(const std::string& model_path, const std::string& out_path, int chunk, int threads,
                         const std::vector<std::vector<int32_t>>& seqs, json& header) {
@@ -62,6 +66,8 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
   kiln::BackendOptions bo;
   bo.n_threads = threads;
   bo.precision = g_quantize_x ? kiln::ops::Precision::precision_fast : kiln::ops::Precision::precision_exact;
+  // --tp: the group goes after the backends (NCCL's communicators outlive the graphs that captured them).
+  std::unique_ptr<kiln::CollectiveGroup> group;
   KILN_ASSIGN_OR_RETURN(auto backend, kiln::make_backend(g_device, bo));
   kiln::ModelOptions options;
   options.n_ctx = kContext;
@@ -74,7 +80,21 @@ kiln::Status run_logits(const std::string& model_path, const std::string& out_pa
     host_stage = std::make_unique<kiln::OffloadRunner>(kiln::OffloadOptions{});
     options.host_stage = host_stage.get();
   }
-  KILN_ASSIGN_OR_RETURN(auto model, kiln::load_model(file, *backend, options));
+  std::vector<std::unique_ptr<kiln::Backend>> tp_backends;  // ranks 1 .. N - 1
+  std::unique_ptr<kiln::Model> model;
+  if (g_tp >= 1) {
+    std::vector<kiln::Backend*> ranks{backend.get()};
+    for (int32_t r = 1; r < g_tp; ++r) {
+      KILN_ASSIGN_OR_RETURN(auto b,
+                            kiln::make_backend(g_device == "cpu" ? "cpu" : fmt::format("cuda:{}", r), bo));
+      ranks.push_back(b.get());
+      tp_backends.push_back(std::move(b));
+    }
+    KILN_ASSIGN_OR_RETURN(group, kiln::make_collective_group(ranks));
+    KILN_ASSIGN_OR_RETURN(model, kiln::load_tp_model(file, ranks, *group, options));
+  } else {
+    KILN_ASSIGN_OR_RETURN(model, kiln::load_model(file, *backend, options));
+  }
   const kiln::ModelInfo& info = model->info();
   constexpr int32_t kBlock = 16;
   int32_t n_blocks = 0;
@@ -143,6 +163,7 @@ kiln::Status run_generate(const std::string& model_path, int n, int threads,
   opt.quantize_activations = g_quantize_x;
   opt.backend = g_device;
   opt.gpu_layers = g_split;
+  opt.tensor_parallel = std::max(g_tp, 1);
   opt.kv_type = kiln::dtype_name(g_kv_type);
   KILN_ASSIGN_OR_RETURN(auto engine, kiln::Engine::create(opt));
   std::vector<std::vector<int32_t>> tokens(prompts.size());
@@ -184,6 +205,8 @@ int main(int argc, char** argv) {
       ++i;
     } else if (args[i] == "--split" && i + 1 < args.size()) {
       g_split = std::stoi(args[++i]);
+    } else if (args[i] == "--tp" && i + 1 < args.size()) {
+      g_tp = std::stoi(args[++i]);
     } else if (args[i] == "--device" && i + 1 < args.size()) {
       g_device = args[++i];
     } else if (args[i] == "--kv-f16") {

@@ -37,6 +37,7 @@ struct BenchOptions {
   int32_t reps = 5;
   std::string device = "auto";
   int32_t gpu_layers = -1;
+  int32_t tensor_parallel = 1;
   std::string output = "md";
   std::string kv_type = "auto";
   bool quantize_activations = false;
@@ -221,6 +222,7 @@ Status run_bench(const BenchOptions& o) {
         eo.n_threads = threads;
         eo.backend = o.device;
         eo.gpu_layers = o.gpu_layers;
+        eo.tensor_parallel = o.tensor_parallel;
         eo.kv_type = o.kv_type;
         eo.quantize_activations = !o.exact;
         eo.deterministic = o.deterministic;
@@ -345,6 +347,10 @@ void register_bench(CLI::App& app, int& rc) {
                   "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "Split the model over N GPUs (tensor parallelism, -tp N): cuda:0 .. N-1 (from cuda:K with "
+                  "-d cuda:K); with -d cpu, N ranks sharing the threads")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();

@@ -50,6 +50,7 @@ struct PplOptions {
   int32_t n_threads = 0;
   std::string device = "auto";
   int32_t gpu_layers = -1;
+  int32_t tensor_parallel = 1;
   std::string kv_type = "auto";
   bool exact = false;
   bool deterministic = false;
@@ -177,6 +178,7 @@ Status run_perplexity(const PplOptions& o, kld::Report* report_out = nullptr) {
   eo.kv_type = o.kv_type;
   eo.backend = o.device;
   eo.gpu_layers = o.gpu_layers;
+  eo.tensor_parallel = o.tensor_parallel;
   eo.quantize_activations = !o.exact;
   eo.deterministic = o.deterministic;
   // What the requests' callbacks write, declared before the engine so that it outlives any callback the
@@ -382,6 +384,10 @@ void register_perplexity(CLI::App& app, int& rc) {
          "Layers on the GPU, the first ones (-ngl N): the rest and the output head run on the CPU; -1 "
          "(the default): all")
       ->check(CLI::Range(-1, 1 << 20));
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "Split the model over N GPUs (tensor parallelism, -tp N): cuda:0 .. N-1 (from cuda:K with "
+                  "-d cuda:K); with -d cpu, N ranks sharing the threads")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("-t,--threads", o->n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o->kv_type,

@@ -31,6 +31,7 @@ struct GenOptions {
   bool quiet = false;
   std::string device = "auto";
   int32_t gpu_layers = -1;
+  int32_t tensor_parallel = 1;
   bool quantize_activations = false;
   bool exact = false;
   bool deterministic = false;
@@ -74,6 +75,10 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
                   "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
+  cmd->add_option("--tensor-parallel", o.tensor_parallel,
+                  "Split the model over N GPUs (tensor parallelism, -tp N): cuda:0 .. N-1 (from cuda:K with "
+                  "-d cuda:K); with -d cpu, N ranks sharing the threads")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o.kv_type,
@@ -126,6 +131,7 @@ Result<std::unique_ptr<Engine>> open_engine(const GenOptions& o) {
   }
   eo.backend = o.device;
   eo.gpu_layers = o.gpu_layers;
+  eo.tensor_parallel = o.tensor_parallel;
   // The fast path (8-bit activations on the CPU, tensor cores on a GPU) unless --exact.
   eo.quantize_activations = !o.exact;
   eo.deterministic = o.deterministic;

@@ -50,6 +50,7 @@ struct ServeOptions {
   std::string kv_memory;
   std::string device = "auto";
   int32_t gpu_layers = -1;
+  int32_t tensor_parallel = 1;
   double shutdown_timeout = 30;
   int32_t http_timeout = 60;
   bool quantize_activations = false;
@@ -71,6 +72,7 @@ Status run_serve(const ServeOptions& o) {
   }
   eo.backend = o.device;
   eo.gpu_layers = o.gpu_layers;
+  eo.tensor_parallel = o.tensor_parallel;
   eo.quantize_activations = !o.exact;  // the fast path on every device, as kiln run
   eo.deterministic = o.deterministic;
   o.spec.apply(eo);
@@ -195,6 +197,10 @@ void register_serve(CLI::App& app, int& rc) {
                   "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "Split the model over N GPUs (tensor parallelism, -tp N): cuda:0 .. N-1 (from cuda:K with "
+                  "-d cuda:K); with -d cpu, N ranks sharing the threads")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--kv-type", o->kv_type,
                   "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
                   "(f16 on a GPU unless --exact, else f32)")

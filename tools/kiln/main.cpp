@@ -31,11 +31,13 @@ int main(int argc, char** argv) {
     std::fputs(app.help().c_str(), stderr);
     return 2;
   }
-  // llama.cpp's spelling of --gpu-layers, which CLI11 cannot declare (one dash, three letters).
-  std::string gpu_layers = "--gpu-layers";
+  // llama.cpp's spelling of --gpu-layers and vLLM's of --tensor-parallel, which CLI11 cannot declare (one
+  // dash, several letters).
+  std::string gpu_layers = "--gpu-layers", tensor_parallel = "--tensor-parallel";
   std::vector<char*> args(argv, argv + argc);
   for (char*& a : args) {
     if (std::string_view(a) == "-ngl") a = gpu_layers.data();
+    if (std::string_view(a) == "-tp") a = tensor_parallel.data();
   }
   try {
     app.parse(argc, args.data());

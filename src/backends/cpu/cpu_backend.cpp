@@ -7,6 +7,7 @@
 #include "backends/cpu/cpu_options.h"
 #include "backends/cpu/cpu_pack.h"
 #include "core/log.h"
+#include "ops/ref/ref.h"
 
 namespace kiln {
 
@@ -47,7 +48,17 @@ class CpuBackend final : public Backend {
                              ops::op_name(op), dtype_name(ops::float_dst(op)->type));
       }
     }
-    for (const ops::Op& op : program.ops()) cpu::run(pool_, kernels_, op, options_.precision);
+    for (const ops::Op& op : program.ops()) {
+      // Tensor parallelism's collectives exchange host memory with the other ranks' threads
+      // (ops/collective.h).
+      if (const auto* o = std::get_if<ops::AllReduce>(&op)) {
+        KILN_TRY(ops::ref::all_reduce(*o));
+      } else if (const auto* g = std::get_if<ops::AllGather>(&op)) {
+        KILN_TRY(ops::ref::all_gather(*g));
+      } else {
+        cpu::run(pool_, kernels_, op, options_.precision);
+      }
+    }
     return Status::ok_status();
   }
   Result<std::unique_ptr<Buffer>> allocate_host(size_t bytes) override { return allocate(bytes); }

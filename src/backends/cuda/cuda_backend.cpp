@@ -18,6 +18,7 @@
 #include "backends/cuda/cuda_handles.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_op_profile.h"
+#include "backends/cuda/nccl_group.h"
 #include "core/log.h"
 #include "core/overloaded.h"
 
@@ -139,6 +140,7 @@ class CudaBackend final : public Backend {
     }
   }
   using Backend::run;
+  int device() const { return device_; }
   std::string_view name() const override { return name_; }
   // Decode steps that go through a graph, padded to 1, 2, 4, then a multiple of 8 rows (11 sizes up to 64),
   // as vLLM's capture sizes: a served batch changes size almost every step as requests end and start.
@@ -170,6 +172,7 @@ class CudaBackend final : public Backend {
         }
       }
       supported_version_ = program.version();
+      nccl_ = cuda::nccl_ranks(program.ops());
     }
     KILN_TRY(select());
     if (ctx_.options.graphs > 0 && !profile_ && program.n_tokens > 0 &&
@@ -185,6 +188,7 @@ class CudaBackend final : public Backend {
       size_t n = 0;
       if (const cudaError_t e = enqueue(ops, i, n); e != cudaSuccess) {
         cudaGetLastError();
+        KILN_TRY(cuda::collective_error(ops[i]));  // NCCL's reason, or the group's abort
         return make_status(StatusCode::internal, "{}: {} failed to launch: {} ({})", name_,
                            ops::op_name(ops[i]), cudaGetErrorString(e), cudaGetErrorName(e));
       }
@@ -513,6 +517,8 @@ class CudaBackend final : public Backend {
   Result<bool> launch_graph(GraphEntry& g) {
     g.used = graph_clock_;
     ++graph_stats_.launched;
+    const cuda::NcclLaunch entered(nccl_);  // the graph's collectives' groups, not aborted meanwhile
+    KILN_TRY(entered.status());
     KILN_CUDA_TRY(cudaGraphLaunch(g.exec, stream_));
     return true;
   }
@@ -599,7 +605,8 @@ class CudaBackend final : public Backend {
   std::vector<GraphEntry> graphs_;  // at most options.graphs
   uint64_t graph_clock_ = 0;        // counts run_as_graph calls: GraphEntry::used
   GraphStats graph_stats_;
-  uint64_t supported_version_ = 0;  // of the last program whose every op supports() took
+  uint64_t supported_version_ = 0;                 // of the last program whose every op supports() took
+  std::vector<const cuda::NcclCollective*> nccl_;  // that program's NCCL ranks (cuda::nccl_ranks)
   cuda::OpProfile op_profile_;
 };
 
@@ -608,6 +615,11 @@ class CudaBackend final : public Backend {
 bool cuda_device_present() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+int cuda_backend_device(const Backend& backend) {
+  const auto* b = dynamic_cast<const CudaBackend*>(&backend);
+  return b != nullptr ? b->device() : -1;
 }
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOptions& backend_options) {

@@ -4,6 +4,7 @@
 
 #include "backends/cuda/cuda_kernels.h"
 #include "core/overloaded.h"
+#include "ops/collective.h"
 
 namespace kiln::cuda {
 
@@ -19,6 +20,11 @@ bool q8_pools(const Tensor& k, const Tensor& v) {
     return t.type == DType::q8_0 && t.ne[0] % 32 == 0 && reinterpret_cast<uintptr_t>(t.data) % 2 == 0;
   };
   return q8(k) && q8(v);
+}
+// Tensor parallelism's collectives: contiguous f32 operands, over NCCL, or a group of one rank (a copy).
+bool collective(const Tensor& x, const Tensor& dst, const Collective* group) {
+  return f32(x) && f32(dst) && x.is_contiguous() && dst.is_contiguous() && group != nullptr &&
+         (group->transport() == Collective::Transport::nccl || group->world() == 1);
 }
 
 }  // namespace
@@ -52,6 +58,8 @@ bool supports(const ops::Op& op) {
           [](const ops::WeightedSum& o) { return f32(o.dst); },
           [](const ops::SumSquares& o) { return o.gram.data == nullptr || gram_rows_supported(o); },
           [](const ops::InverseCholesky&) { return inverse_cholesky_supported(); },
+          [](const ops::AllReduce& o) { return collective(o.x, o.dst, o.group); },
+          [](const ops::AllGather& o) { return collective(o.x, o.dst, o.group); },
       },
       op);
 }
@@ -76,6 +84,8 @@ cudaError_t run(const Context& ctx, const ops::Op& op) {
                         [&](const ops::WeightedSum& o) { return weighted_sum(ctx, o); },
                         [&](const ops::SumSquares& o) { return sum_squares(ctx, o); },
                         [&](const ops::InverseCholesky& o) { return inverse_cholesky(ctx, o); },
+                        [&](const ops::AllReduce& o) { return all_reduce(ctx, o); },
+                        [&](const ops::AllGather& o) { return all_gather(ctx, o); },
                     },
                     op);
 }

@@ -65,6 +65,8 @@ std::vector<uint64_t> program_signature(const Program& program) {
                    [&](const ops::WeightedSum& o) { w.all(o.y, o.w, o.dst); },
                    [&](const ops::SumSquares& o) { w.all(o.x, o.ids, o.sums, o.counts, o.gram, o.amax); },
                    [&](const ops::InverseCholesky& o) { w.all(o.a, o.lambda, o.l, o.status); },
+                   [&](const ops::AllReduce& o) { w.all(o.x, o.dst, reinterpret_cast<uint64_t>(o.group)); },
+                   [&](const ops::AllGather& o) { w.all(o.x, o.dst, reinterpret_cast<uint64_t>(o.group)); },
                },
                op);
   }

@@ -279,5 +279,10 @@ bool attention_writes_half(const Context& ctx, const ops::Attention& op);
 // Whether the op takes a decode kernel, which rounds the result for an integer GEMV: heads whose dims are
 // whole blocks of 32, into a contiguous f32 dst.
 bool attention_rounds_q8(const Context& ctx, const ops::Attention& op);
+// collective/collective.cu: tensor parallelism's collectives (ops/collective.h) over the group's NCCL
+// communicators (nccl_group.h), or a copy for a group of one rank of any transport. AllGather of more than
+// one row gathers into scratch slot 0 ([world][rows][n]) and one kernel interleaves that into dst's rows.
+cudaError_t all_reduce(const Context& ctx, const ops::AllReduce& op);
+cudaError_t all_gather(const Context& ctx, const ops::AllGather& op);
 
 }  // namespace kiln::cuda

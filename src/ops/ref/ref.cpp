@@ -9,6 +9,7 @@
 
 #include "core/half.h"
 #include "core/overloaded.h"
+#include "ops/collective.h"
 #include "ops/rope_freq.h"
 #include "ops/sample.h"
 
@@ -457,6 +458,38 @@ void inverse_cholesky(const InverseCholesky& op) {
   status[0] = finite ? 0 : 1;
 }
 
+Status all_reduce(const AllReduce& op) {
+  const int64_t n = op.x.n_elements();
+  if (op.group->world() == 1) {
+    std::memmove(op.dst.data, op.x.data, sizeof(float) * static_cast<size_t>(n));
+    return Status::ok_status();
+  }
+  auto* host = dynamic_cast<HostCollective*>(const_cast<Collective*>(op.group));
+  if (host == nullptr) return unimplemented("all_reduce: the reference exchanges host memory only");
+  return host->all_reduce(static_cast<const float*>(op.x.data), static_cast<float*>(op.dst.data), n);
+}
+
+Status all_gather(const AllGather& op) {
+  auto* host = dynamic_cast<HostCollective*>(const_cast<Collective*>(op.group));
+  if (op.group->world() == 1) {
+    std::memcpy(op.dst.data, op.x.data, sizeof(float) * static_cast<size_t>(op.x.n_elements()));
+    return Status::ok_status();
+  }
+  if (host == nullptr) return unimplemented("all_gather: the reference exchanges host memory only");
+  return host->all_gather(static_cast<const float*>(op.x.data), op.x.ne[0], op.x.ne[1],
+                          static_cast<float*>(op.dst.data));
+}
+
+namespace {
+
+// A collective that failed leaves NaNs, which no comparison passes.
+void or_nan(const Status& s, const Tensor& dst) {
+  if (s.ok()) return;
+  std::fill_n(static_cast<float*>(dst.data), dst.n_elements(), std::numeric_limits<float>::quiet_NaN());
+}
+
+}  // namespace
+
 void run(const Op& op, Precision precision) {
   // One case per op: an op without its reference does not compile.
   std::visit(Overloaded{
@@ -478,6 +511,8 @@ void run(const Op& op, Precision precision) {
                  [](const WeightedSum& o) { weighted_sum(o); },
                  [](const SumSquares& o) { sum_squares(o); },
                  [](const InverseCholesky& o) { inverse_cholesky(o); },
+                 [](const AllReduce& o) { or_nan(all_reduce(o), o.dst); },
+                 [](const AllGather& o) { or_nan(all_gather(o), o.dst); },
              },
              op);
 }

@@ -25,6 +25,9 @@ void moe_matmul(const MoeMatmul& op, Precision precision = Precision::precision_
 void weighted_sum(const WeightedSum& op);
 void sum_squares(const SumSquares& op);
 void inverse_cholesky(const InverseCholesky& op);
+// World 1: a copy; else the ranks of a HostGroup (ops/collective.h), every rank calling it on its own thread.
+Status all_reduce(const AllReduce& op);
+Status all_gather(const AllGather& op);
 
 // Runs any op with its reference; `precision` applies to Matmul and MoeMatmul (Attention's reference is the
 // exact result either way).
