@@ -152,6 +152,20 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
     const DType type = other.value_or(wtype);
     std::vector<float> row(static_cast<size_t>(k));
     const auto row_bytes = static_cast<size_t>(dtype_row_bytes(type, k).value());
+    if (type == DType::f8_e4m3) {  // one scale a row (a per-channel checkpoint's: the backend's row form)
+      for (int64_t r = 0; r < rows; ++r) {
+        for (float& v : row) v = uni(rng) * 0.1f;
+        float amax = 0.0f;
+        for (const float v : row) amax = std::max(amax, std::fabs(v));
+        const float d = amax / kF8E4M3Max;
+        uint8_t* out = host.data() + at + r * row_bytes;
+        for (int64_t blk = 0; blk < k / 32; ++blk) {
+          std::memcpy(out + blk * 36, &d, 4);
+          for (int e = 0; e < 32; ++e) out[blk * 36 + 4 + e] = f32_to_f8_e4m3(row[blk * 32 + e] / d);
+        }
+      }
+      return;
+    }
     if (dtype_info(type).quantize_row == nullptr) {
       random_blocks(type, host.data() + at, row_bytes * static_cast<size_t>(rows), rng);
       return;
@@ -368,6 +382,12 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
       expect_fused_as_alone(m, DType::bf16, false, opt);
     }
   }
+  // FP8 weights in row form (prepared): Q/K/V's GEMV rotates and writes the pools, gate and up's applies the
+  // activation, as for the float types; 12 tokens: the e4m3 GEMMs.
+  LayerOptions fp8_in_place;
+  fp8_in_place.act_in_place = true;
+  for (const int64_t m : {1, 3, 8, 12}) expect_fused_as_alone(m, DType::f8_e4m3, true);
+  expect_fused_as_alone(1, DType::f8_e4m3, true, fp8_in_place);
   // f16 and f32 weights (the GEMV's matmul groups), and a gated activation written over its gate.
   for (const int64_t m : {1, 3}) {
     for (const DType wtype : {DType::f16, DType::f32}) expect_fused_as_alone(m, wtype, false);

@@ -304,12 +304,12 @@ inline constexpr bool kStagedType =
     T == DType::q4_k || T == DType::q5_k || T == DType::q6_k || T == DType::q4_0 || T == DType::q4_1 ||
     T == DType::q5_0 || T == DType::q5_1 || T == DType::q8_0;
 
-// Which GEMVs rotate (GemvRope): the exact one of float weights at their natural alignment, and the integer
-// one of the staged types, staged or in grouped form; the others are launched without (matmul/matmul.cu's
-// launch_gemv decides).
+// Which GEMVs rotate (GemvRope): the exact one of float weights at their natural alignment and of FP8 ones
+// (f8_e4m3, in row form too), and the integer one of the staged types, staged or in grouped form; the
+// others are launched without (matmul/matmul.cu's launch_gemv decides).
 template <DType T, bool kQ8>
 inline constexpr bool kRopeGemv =
-    kQ8 ? kStagedType<T> : T == DType::bf16 || T == DType::f16 || T == DType::f32;
+    kQ8 ? kStagedType<T> : T == DType::bf16 || T == DType::f16 || T == DType::f32 || T == DType::f8_e4m3;
 
 // The GEMV of `a` (1 to kGemvMaxCols columns) with weight type T: exact (f32 x) or integer (kQ8: x rounded to
 // 8 bits), kPair: gate and up paired with their activation (a.pair); with RoPE and the KV write (a.rope.on,

@@ -236,8 +236,16 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
   const dim3 grid(
       static_cast<unsigned>(blocks * a.col_split),
       static_cast<unsigned>(std::min<int64_t>(gemv_div_up(a.n_groups, a.col_split), kGemvMaxGridY)));
-  if constexpr (kPair) {  // each block: rows of both; float weights at their natural alignment (gemv_pairs)
+  if constexpr (kPair) {  // each block: rows of both; float weights at their natural alignment, FP8 ones in
+                          // row form (gemv_pairs)
     const dim3 pair_grid(static_cast<unsigned>(gemv_div_up(a.n, kRows / 2) * a.col_split), grid.y);
+    if constexpr (kGroupedType<T>) {
+      if (access == Access::grouped) {
+        (void)launch_kernel(ctx, gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, false, true>, pair_grid,
+                            kGemvThreads, 0, a, NoRope{});
+        return;
+      }
+    }
     (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, false, true>, pair_grid,
                         kGemvThreads, 0, a, NoRope{});
     return;
@@ -245,12 +253,13 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
   if constexpr (kQ8 && kStagedType<T>) {
     if (a.staged) return launch_gemv_staged<T, kCols, kRows>(ctx, a, blocks, rope);
   }
-  // Rotating (a.rope.on): the exact GEMV at the natural alignment or the integer one in grouped form, of
-  // rows a block in pairs (launch_gemv_rows; matmul/matmul.cu's launch_gemv chose the path).
+  // Rotating (a.rope.on): the exact GEMV at the natural alignment (or FP8 rows in row form) or the integer
+  // one in grouped form, of rows a block in pairs (launch_gemv_rows; matmul/matmul.cu's launch_gemv chose the
+  // path).
   constexpr bool kMayRope = kRopeGemv<T, kQ8> && kRows % 2 == 0;
   if constexpr (kGroupedType<T>) {
     if (access == Access::grouped) {
-      if constexpr (kMayRope && kQ8) {
+      if constexpr (kMayRope) {
         if (a.rope.on) {
           (void)launch_kernel(ctx, gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, kQ8, false, true>,
                               grid, kGemvThreads, 0, a, *rope);
@@ -312,15 +321,15 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, cons
 }
 
 // The GEMV instances: launch_gemv_rows for each weight type, the exact GEMV always, the integer one
-// (integer = 1: the types of KILN_CUDA_Q8_TYPES) and the paired gate/up one (paired = 1: the float types)
-// where the type has them. One list, in five parts, each expanded by its own translation unit
+// (integer = 1: the types of KILN_CUDA_Q8_TYPES) and the paired gate/up one (paired = 1: the float types and
+// FP8) where the type has them. One list, in five parts, each expanded by its own translation unit
 // (gemv_float.cu, gemv_kquant.cu, gemv_q4.cu, gemv_q5q8.cu, gemv_iquant.cu) so that the instances compile in
 // parallel: X(type, integer, paired).
 #define KILN_GEMV_FLOAT_TYPES(X) X(f32, 0, 1) X(f16, 0, 1) X(bf16, 0, 1)
 #define KILN_GEMV_KQUANT_TYPES(X) X(q2_k, 0, 0) X(q3_k, 0, 0) X(q4_k, 1, 0) X(q5_k, 1, 0) X(q6_k, 1, 0)
 #define KILN_GEMV_Q4_TYPES(X) X(q4_0, 1, 0) X(q4_1, 1, 0) X(q5_0, 1, 0)
 #define KILN_GEMV_Q5Q8_TYPES(X) \
-  X(q5_1, 1, 0) X(q8_0, 1, 0) X(iq4_nl, 0, 0) X(iq4_xs, 0, 0) X(mxfp4, 0, 0) X(f8_e4m3, 0, 0)
+  X(q5_1, 1, 0) X(q8_0, 1, 0) X(iq4_nl, 0, 0) X(iq4_xs, 0, 0) X(mxfp4, 0, 0) X(f8_e4m3, 0, 1)
 #define KILN_GEMV_IQUANT_TYPES(X) \
   X(iq2_xxs, 0, 0)                \
   X(iq2_xs, 0, 0) X(iq2_s, 0, 0) X(iq3_xxs, 0, 0) X(iq3_s, 0, 0) X(iq1_s, 0, 0) X(iq1_m, 0, 0)

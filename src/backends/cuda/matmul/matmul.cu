@@ -166,7 +166,7 @@ cudaError_t launch_gemv(const Context& ctx, GemvArgs a, const Tensor& w, bool q8
       }
       a.staged = decltype(q8_tag)::value && kStagedType<T> && ctx.options.staged_gemv && rows16 &&
                  (a.n_cols == 1 || !kLegacyType<T>);
-      rotate(kQ8);
+      rotate(true);  // the integer GEMV of the staged types, and the exact one of FP8 rows (kRopeGemv)
       if (probe) return cudaSuccess;
       launch_gemv_rows<T, kQ8>(ctx, a, Access::grouped, rope);
       return cudaGetLastError();
@@ -383,7 +383,10 @@ cudaError_t matmul_gemv_rope_group(const Context& ctx, std::span<const ops::Matm
 bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& up) {
   const Tensor &g = gate.w.tensor, &u = up.w.tensor;
   const bool float_weight = g.type == DType::bf16 || g.type == DType::f16 || g.type == DType::f32;
-  return float_weight && u.type == g.type && gate.x.n_rows() <= kGemvMaxCols && !takes_q8(ctx, gate) &&
+  // FP8 weights in row form (one scale a row): a decode step of an FP8 checkpoint then runs the gated
+  // activation in the GEMV, as the float types do, rather than as a kernel of its own.
+  const bool fp8_rows = g.type == DType::f8_e4m3 && grouped(gate.w) && grouped(up.w);
+  return (float_weight || fp8_rows) && u.type == g.type && gate.x.n_rows() <= kGemvMaxCols && !takes_q8(ctx, gate) &&
          !takes_q8(ctx, up) && u.ne[1] == g.ne[1] && gate.dst.type == DType::f32 &&
          up.dst.type == DType::f32 && aligned(g.data, 16) && g.nb[1] % 16 == 0 && aligned(u.data, 16) &&
          u.nb[1] % 16 == 0;
@@ -401,6 +404,7 @@ cudaError_t gemv_act_pair(const Context& ctx, const ops::Matmul& gate, const ops
     case DType::bf16: launch_gemv_rows<DType::bf16, false, true>(ctx, a, Access::natural); break;
     case DType::f16: launch_gemv_rows<DType::f16, false, true>(ctx, a, Access::natural); break;
     case DType::f32: launch_gemv_rows<DType::f32, false, true>(ctx, a, Access::natural); break;
+    case DType::f8_e4m3: launch_gemv_rows<DType::f8_e4m3, false, true>(ctx, a, Access::grouped); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
