@@ -111,6 +111,26 @@ void expect_own_values(Backend& b, CollectiveGroup& g) {
   }
 }
 
+// Two GPUs and a group over them, or the reason the test skips.
+struct TwoRanks {
+  std::unique_ptr<CollectiveGroup> group;  // declared first, so that it goes after the backends
+  std::unique_ptr<Backend> b0, b1;
+  std::string skip;
+};
+
+TwoRanks two_ranks() {
+  TwoRanks t;
+  t.b0 = cuda(0);
+  t.b1 = cuda(1);
+  if (t.b0 == nullptr || t.b1 == nullptr) {
+    t.skip = "needs two CUDA devices";
+    return t;
+  }
+  t.group = nccl_group({t.b0.get(), t.b1.get()});
+  if (t.group == nullptr) t.skip = "NCCL (libnccl.so.2) cannot be loaded";
+  return t;
+}
+
 TEST(CudaCollective, OneRankOverNcclGetsItsOwnValues) {
   std::unique_ptr<CollectiveGroup> group;
   auto b = cuda(0);
@@ -129,13 +149,10 @@ TEST(CudaCollective, OneRankOfTheHostTransportCopies) {
 }
 
 TEST(CudaCollective, TwoRanksSumAndGatherExactly) {
-  std::unique_ptr<CollectiveGroup> group;
-  auto b0 = cuda(0), b1 = cuda(1);
-  if (b1 == nullptr) GTEST_SKIP() << "needs two CUDA devices";
-  ASSERT_NE(b0, nullptr);
-  group = nccl_group({b0.get(), b1.get()});
-  if (group == nullptr) GTEST_SKIP() << "NCCL (libnccl.so.2) cannot be loaded";
-  Backend* backends[2] = {b0.get(), b1.get()};
+  const TwoRanks two = two_ranks();
+  if (!two.skip.empty()) GTEST_SKIP() << two.skip;
+  CollectiveGroup* group = two.group.get();
+  Backend* backends[2] = {two.b0.get(), two.b1.get()};
   for (const int64_t rows : {1, 3}) {
     const int64_t n = 1001;
     const auto size = static_cast<size_t>(n * rows);
@@ -217,12 +234,10 @@ TEST(CudaCollective, AnAbortedGroupFailsItsNextCollectiveWithTheReason) {
 }
 
 TEST(CudaCollective, AnAbortReleasesARankWaitingForItsPeer) {
-  std::unique_ptr<CollectiveGroup> group;
-  auto b0 = cuda(0), b1 = cuda(1);
-  if (b1 == nullptr) GTEST_SKIP() << "needs two CUDA devices";
-  ASSERT_NE(b0, nullptr);
-  group = nccl_group({b0.get(), b1.get()});
-  if (group == nullptr) GTEST_SKIP() << "NCCL (libnccl.so.2) cannot be loaded";
+  const TwoRanks two = two_ranks();
+  if (!two.skip.empty()) GTEST_SKIP() << two.skip;
+  Backend* b0 = two.b0.get();
+  CollectiveGroup* group = two.group.get();
   const Operands o = operands(*b0, 256, 1, 2);
   const Program p = collectives(o, group->rank(0), 0);
   const std::vector<float> x = random_values(256, 5);

@@ -386,8 +386,8 @@ bool gemv_pairs(const Context& ctx, const ops::Matmul& gate, const ops::Matmul& 
   // FP8 weights in row form (one scale a row): a decode step of an FP8 checkpoint then runs the gated
   // activation in the GEMV, as the float types do, rather than as a kernel of its own.
   const bool fp8_rows = g.type == DType::f8_e4m3 && grouped(gate.w) && grouped(up.w);
-  return (float_weight || fp8_rows) && u.type == g.type && gate.x.n_rows() <= kGemvMaxCols && !takes_q8(ctx, gate) &&
-         !takes_q8(ctx, up) && u.ne[1] == g.ne[1] && gate.dst.type == DType::f32 &&
+  return (float_weight || fp8_rows) && u.type == g.type && gate.x.n_rows() <= kGemvMaxCols &&
+         !takes_q8(ctx, gate) && !takes_q8(ctx, up) && u.ne[1] == g.ne[1] && gate.dst.type == DType::f32 &&
          up.dst.type == DType::f32 && aligned(g.data, 16) && g.nb[1] % 16 == 0 && aligned(u.data, 16) &&
          u.nb[1] % 16 == 0;
 }
