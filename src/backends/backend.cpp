@@ -79,6 +79,15 @@ bool cuda_available() {
 #endif
 }
 
+Result<int> cuda_device_index(std::string_view name) {
+  if (name == "cuda") return 0;
+  const std::string_view n = name.starts_with("cuda:") ? name.substr(5) : std::string_view();
+  if (n.empty() || n.size() > 4 ||
+      !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return invalid_argument("backend \"{}\": the device must be cuda:N, N a number", name);
+  return std::stoi(std::string(n));
+}
+
 Status check_thread_count(int n_threads) {
   // More threads than a few per core only cost memory and scheduling (and thousands fail to start at all).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -102,15 +111,7 @@ Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const Backe
   }
   if (name == "cuda" || name.starts_with("cuda:")) {
 #if defined(KILN_HAVE_CUDA)
-    int device = 0;
-    if (name.size() > 5) {
-      const std::string_view n = name.substr(5);
-      device = -1;
-      if (!n.empty() && n.size() <= 4 &&
-          std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        device = std::stoi(std::string(n));
-      if (device < 0) return invalid_argument("backend \"{}\": the device must be cuda:N, N a number", name);
-    }
+    KILN_ASSIGN_OR_RETURN(const int device, cuda_device_index(name));
     return make_cuda_backend(device, options);
 #else
     return not_found("backend \"{}\": this build has no CUDA backend (build a `cuda` preset)", name);

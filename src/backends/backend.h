@@ -144,6 +144,8 @@ Result<size_t> check_copy(std::string_view what, const Tensor& dst, const Tensor
 
 // Whether this build has the CUDA backend and a CUDA device is usable (what "auto" picks).
 bool cuda_available();
+// The device a backend name "cuda" (0) or "cuda:N" (N, at most 4 digits) names; invalid_argument otherwise.
+Result<int> cuda_device_index(std::string_view name);
 
 struct BackendOptions {
   int n_threads = 0;  // CPU: 0 = default_thread_count(); at most kMaxThreadsPerCore per core (16 at least)

@@ -280,18 +280,17 @@ Status Engine::Impl::make_tp_backends(BackendOptions bo) {
   const int32_t n = options.tensor_parallel;
   const std::string& name = options.backend;
   const bool cpu = name == "cpu" || (name == "auto" && !cuda_available());
-  int first = 0;
-  if (!cpu) {
-    if (name.starts_with("cuda:")) {
-      first = std::atoi(name.c_str() + 5);
-    } else if (name != "cuda" && name != "auto") {
-      return invalid_argument("tensor_parallel = {}: backend \"{}\" is not cpu, cuda, cuda:N or auto", n,
-                              name);
-    }
-  } else {
+  int first = 0;  // rank 0's CUDA device
+  if (cpu) {
     // The ranks share the threads asked for (each at least one).
     const int total = bo.n_threads > 0 ? bo.n_threads : static_cast<int>(std::thread::hardware_concurrency());
     bo.n_threads = std::max(1, total / n);
+  } else if (name != "auto") {
+    Result<int> device = cuda_device_index(name);
+    if (!device.ok())
+      return invalid_argument("tensor_parallel = {}: backend \"{}\" is not cpu, cuda, cuda:N or auto", n,
+                              name);
+    first = device.value();
   }
   for (int32_t r = 0; r < n; ++r) {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b,

@@ -217,6 +217,22 @@ def test_run_device_errors():
         assert res.returncode == 0 and "gpu_layers = 3 is ignored" in res.stderr, res.stderr
 
 
+def test_run_tensor_parallel():
+    # -tp N (vLLM's spelling): on the CPU, N ranks of one process; the default model's 9 heads and 3 KV heads
+    # split over 3. Counts that do not divide, partial offload and devices that cannot be named are one-line
+    # errors naming what is wrong.
+    require(SMOL)
+    res = kiln("run", "-m", SMOL, "-d", "cpu", "-tp", "3", "-p", "Hi", "-n", "4", "--temp", "0")
+    assert res.returncode == 0, res.stderr
+    assert "tensor parallel over 3" in res.stderr, res.stderr
+    one_line_error(kiln("run", "-m", SMOL, "-d", "cpu", "-tp", "2", "-p", "Hi", "-n", "1"), "2")
+    one_line_error(kiln("run", "-m", SMOL, "-d", "cuda:x", "-tp", "2", "-p", "Hi", "-n", "1"), "cuda:x")
+    one_line_error(kiln("run", "-m", SMOL, "-tp", "2", "-ngl", "3", "-p", "Hi", "-n", "1"),
+                   "tensor_parallel = 2", "gpu_layers = 3")
+    res = kiln("run", "-m", SMOL, "-tp", "0", "-p", "Hi", "-n", "1")
+    assert res.returncode == 2 and "--tensor-parallel" in res.stderr, res.stderr
+
+
 def test_run_into_a_pipe_writes_the_text_exactly():
     # Into a pipe (or a file), stdout is the generated text and nothing else: the first 12 greedy tokens are a
     # prefix of the first 24 (a newline added after the text would break that unless the model wrote one).

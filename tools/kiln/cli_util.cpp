@@ -35,6 +35,13 @@ void add_spec_options(CLI::App& cmd, SpecOptions& o) {
                "measured while serving)");
 }
 
+void add_tensor_parallel_option(CLI::App& cmd, int32_t& tensor_parallel) {
+  cmd.add_option("--tensor-parallel", tensor_parallel,
+                 "Split the model over N GPUs (tensor parallelism, -tp N): cuda:0 .. N-1 (from cuda:K with "
+                 "-d cuda:K); with -d cpu, N ranks sharing the threads")
+      ->check(CLI::Range(1, 64));
+}
+
 void SpecOptions::apply(EngineOptions& eo) const {
   eo.speculation = spec;
   eo.draft_model = draft_model;

@@ -23,6 +23,10 @@ struct SpecOptions {
 };
 void add_spec_options(CLI::App& cmd, SpecOptions& o);
 
+// --tensor-parallel N (-tp N: main.cpp), EngineOptions::tensor_parallel, for run, bench, serve and
+// perplexity.
+void add_tensor_parallel_option(CLI::App& cmd, int32_t& tensor_parallel);
+
 // The whole text of `path`, a regular file that can be read; errors name the path.
 Result<std::string> read_text_file(const std::string& path);
 

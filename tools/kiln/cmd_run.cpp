@@ -75,10 +75,7 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
                   "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
-  cmd->add_option("--tensor-parallel", o.tensor_parallel,
-                  "Split the model over N GPUs (tensor parallelism, -tp N): cuda:0 .. N-1 (from cuda:K with "
-                  "-d cuda:K); with -d cpu, N ranks sharing the threads")
-      ->check(CLI::Range(1, 64));
+  add_tensor_parallel_option(*cmd, o.tensor_parallel);
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-type", o.kv_type,

@@ -197,10 +197,7 @@ void register_serve(CLI::App& app, int& rc) {
                   "Layers on the GPU, the first ones (-ngl N, as llama.cpp): the rest and the output head "
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
-  cmd->add_option("--tensor-parallel", o->tensor_parallel,
-                  "Split the model over N GPUs (tensor parallelism, -tp N): cuda:0 .. N-1 (from cuda:K with "
-                  "-d cuda:K); with -d cpu, N ranks sharing the threads")
-      ->check(CLI::Range(1, 64));
+  add_tensor_parallel_option(*cmd, o->tensor_parallel);
   cmd->add_option("--kv-type", o->kv_type,
                   "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
                   "(f16 on a GPU unless --exact, else f32)")

@@ -471,7 +471,7 @@ void run(ThreadPool& pool, const CpuKernels& kern, const Op& op, Precision preci
                  [&](const WeightedSum& o) { weighted_sum(pool, o); },
                  [&](const SumSquares& o) { sum_squares(pool, o); },
                  [&](const InverseCholesky& o) { inverse_cholesky(pool, o); },
-                 // The backend runs these itself (their errors are its run's): run_collective.
+                 // CpuBackend::run runs these itself, so that their errors are its run's.
                  [&](const AllReduce& o) { (void)ref::all_reduce(o); },
                  [&](const AllGather& o) { (void)ref::all_gather(o); },
              },
