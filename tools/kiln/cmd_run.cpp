@@ -159,7 +159,7 @@ void print_stats(const Engine& engine, const RequestStats& st) {
   const int32_t computed = st.n_prompt - st.n_cached;
   const bool host = m.n_gpu_layers == 0;  // every layer on the CPU
   const bool split = !host && m.n_gpu_layers < m.n_layers;
-  const std::string where = host    ? fmt::format("cpu, {} threads", m.n_threads)
+  const std::string where = host    ? fmt::format("{}, {} threads", m.backend, m.n_threads)
                             : split ? fmt::format("{} (the first {} of {} layers on the GPU, {} CPU threads)",
                                                   m.backend, m.n_gpu_layers, m.n_layers, m.n_threads)
                                     : m.backend;
