@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """What FP8 weights cost a model: `kiln quantize FOLDER OUT FP8` (per-channel e4m3, compressed-tensors) against
-the model's BF16 folder, beside Q8_0 of the same folder, by `kiln perplexity --kl-divergence`.
+the model's BF16 folder, beside FP8 rounded by GPTQ (`--method gptq`, with an importance matrix of
+`kiln imatrix --full` over --calib, another text than the one scored) and Q8_0 of the same folder, by
+`kiln perplexity --kl-divergence`. The FP8 folders both take dynamic per-token activations.
 
     python3 bench/fp8_quality.py --model ~/.cache/kiln/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 
@@ -34,6 +36,9 @@ def main() -> None:
     ap.add_argument("--kiln", type=Path, default=ROOT / "build" / "release" / "tools" / "kiln" / "kiln")
     ap.add_argument("--work", type=Path, default=Path("/tmp/kiln-fp8-quality"), help="folders and files made")
     ap.add_argument("--text", type=Path, default=Path("/usr/share/common-licenses/GPL-3"))
+    ap.add_argument("--calib", type=Path, default=Path("/usr/share/common-licenses/GPL-2"),
+                    help="GPTQ's calibration text (kiln imatrix --full)")
+    ap.add_argument("--calib-chunks", type=int, default=8, help="chunks of --ctx tokens of --calib")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--device", default="cpu")
@@ -54,20 +59,30 @@ def main() -> None:
         hf_tokenizer(a.model).save_pretrained(str(tmp))
         tmp.rename(bf16)
     fp8, q8 = work / "fp8", work / "q8_0.gguf"
+    threads = ["-t", a.threads] if a.threads else []
     if not (fp8 / "config.json").exists():
         run(a.kiln, "quantize", bf16, fp8, "FP8")
+    full = work / f"full-{a.calib.name}-{a.ctx}x{a.calib_chunks}.imatrix.gguf"
+    if not full.exists():
+        run(a.kiln, "imatrix", "-m", bf16, "-f", a.calib, "-o", full, "-c", a.ctx, "--chunks", a.calib_chunks,
+            "--no-ppl", "--full", "-d", a.device, *threads)
+    gptq = work / f"fp8-gptq-{a.calib.name}-{a.ctx}x{a.calib_chunks}"
+    if not (gptq / "config.json").exists():
+        run(a.kiln, "quantize", bf16, gptq, "FP8", "--imatrix", full, "--method", "gptq", "--fp8-activations",
+            "dynamic", "-d", a.device, *threads)
     if not q8.exists():
         run(a.kiln, "quantize", bf16, q8, "Q8_0")
 
-    common = ["-d", a.device, "-o", "json"] + (["-t", a.threads] if a.threads else []) + ([] if a.fast else ["--exact"])
+    common = ["-d", a.device, "-o", "json"] + threads + ([] if a.fast else ["--exact"])
     base = work / f"bf16-{a.ctx}x{a.chunks}{'-fast' if a.fast else ''}.kld"
     if not base.exists():
         run(a.kiln, "perplexity", "-m", bf16, "-f", a.text, "-c", a.ctx, "--chunks", a.chunks, *common,
             "--kl-divergence-base", base)
-    print(f"{a.model.name} as BF16 (dequantized), {a.chunks} x {a.ctx} tokens of {a.text.name}, on {a.device}{'' if a.fast else ', --exact'}\n")
+    print(f"{a.model.name} as BF16 (dequantized), {a.chunks} x {a.ctx} tokens of {a.text.name}, on {a.device}"
+          f"{'' if a.fast else ', --exact'}; GPTQ calibrated on {a.calib_chunks} x {a.ctx} tokens of {a.calib.name}\n")
     print("| weights | mean KLD | KLD p99 | same top | ppl | BF16 ppl |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, path in (("FP8 e4m3, per channel", fp8), ("Q8_0", q8)):
+    for name, path in (("FP8 e4m3, per channel", fp8), ("FP8 e4m3, per channel, GPTQ", gptq), ("Q8_0", q8)):
         r = json.loads(run(a.kiln, "perplexity", "-m", path, *common, "--kl-divergence-base", base,
                            "--kl-divergence"))
         print(f"| {name} | {r['kld']['value']:.5f} | {r['kld_percentiles']['p99']:.4f} | "

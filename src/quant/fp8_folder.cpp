@@ -15,12 +15,15 @@
 #include <regex>
 #include <vector>
 
+#include "backends/backend.h"
 #include "core/half.h"
+#include "core/quant/quant_blocks.h"
 #include "core/thread_pool.h"
 #include "formats/folder.h"
 #include "formats/output_file.h"
 #include "formats/safetensors.h"
 #include "models/hf_import.h"
+#include "quant/gptq.h"
 #include "quant/imatrix_file.h"
 
 namespace kiln::quant {
@@ -52,7 +55,8 @@ struct OutTensor {
   uint64_t bytes = 0;
   const safetensors::Tensor* src = nullptr;
   enum class Kind { copy, fp8_values, fp8_scales, input_scale } kind = Kind::copy;
-  float value = 0.0f;  // input_scale: the static activation scale
+  float value = 0.0f;           // input_scale: the static activation scale
+  const float* gram = nullptr;  // fp8_values: [in, in], the inputs' Gram matrix GPTQ rounds with; null: none
 };
 
 // The row-wise scales and e4m3 codes of a weight, computed once for both of its output tensors.
@@ -61,7 +65,43 @@ struct Fp8Weight {
   std::vector<uint8_t> codes;  // [out, in]
 };
 
-Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, ThreadPool& pool) {
+// Row r of `t` in f32 into v [cols], and its scale max |v| / 448 (1 for a row of zeros); false when a value
+// is not finite.
+bool row_values(const safetensors::Tensor& t, const DTypeInfo& info, int64_t r, float* v, float* scale) {
+  const int64_t cols = t.shape[1];
+  info.dequantize_row(t.data.data() + r * cols * info.type_size, v, cols);
+  float amax = 0.0f;
+  for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(v[c]));
+  if (!std::isfinite(amax)) return false;
+  *scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+  return true;
+}
+
+// GPTQ's codes for `t` with the scales of `w` (quant/gptq.h: f8_e4m3 with the row scales pinned): `w.codes`
+// filled, or out_of_range (a Hessian not positive definite even dampened) for the caller's plain rounding.
+Status gptq_codes(const safetensors::Tensor& t, const DTypeInfo& info, const float* gram, GptqOptions go,
+                  ThreadPool& pool, Fp8Weight& w) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  std::vector<float> values(static_cast<size_t>(rows * cols));  // [rows, cols]
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+    float scale = 0.0f;
+    for (int64_t r = r0; r < r1; ++r) row_values(t, info, r, values.data() + r * cols, &scale);
+  });
+  std::vector<uint8_t> blocks(static_cast<size_t>(rows * cols / quant::kQK) * sizeof(quant::BlockF8E4M3));
+  go.row_scales = w.scales.data();
+  go.pool = &pool;
+  KILN_TRY(gptq_quantize(values.data(), rows, cols, gram, DType::f8_e4m3, go, blocks.data()));
+  for (int64_t i = 0; i < rows * cols / quant::kQK; ++i) {
+    const auto b = quant::load_block<quant::BlockF8E4M3>(blocks.data(), i);
+    std::memcpy(w.codes.data() + i * quant::kQK, b.q, quant::kQK);
+  }
+  return Status::ok_status();
+}
+
+// `t`'s scales and codes: rounded to nearest, or by GPTQ with `gram` when `go` and `gram` are given. A weight
+// GPTQ cannot round is rounded to nearest, with a note saying why.
+Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, const float* gram, const GptqOptions* go,
+                                  ThreadPool& pool, std::vector<std::string>& notes) {
   const std::optional<DType> dt = t.kiln_dtype();
   if (!dt || (*dt != DType::f32 && *dt != DType::f16 && *dt != DType::bf16)) {
     return invalid_argument("{}: type {} (F32, F16 or BF16 weights are quantized to FP8)", t.name,
@@ -69,7 +109,6 @@ Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, ThreadPool& pool
   }
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const DTypeInfo& info = dtype_info(*dt);
-  const size_t row_bytes = static_cast<size_t>(cols * info.type_size);
   Fp8Weight w;
   w.scales.resize(static_cast<size_t>(rows));
   w.codes.resize(static_cast<size_t>(rows * cols));
@@ -77,21 +116,29 @@ Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, ThreadPool& pool
   pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     std::vector<float> v(static_cast<size_t>(cols));
     for (int64_t r = r0; r < r1; ++r) {
-      info.dequantize_row(t.data.data() + r * row_bytes, v.data(), cols);
-      float amax = 0.0f;
-      for (float x : v) amax = std::max(amax, std::fabs(x));
-      if (!std::isfinite(amax)) {
+      float& scale = w.scales[static_cast<size_t>(r)];
+      if (!row_values(t, info, r, v.data(), &scale)) {
         bad_row = r;
         continue;
       }
-      const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
-      w.scales[static_cast<size_t>(r)] = scale;
       uint8_t* q = w.codes.data() + r * cols;
       for (int64_t c = 0; c < cols; ++c) q[c] = f32_to_f8_e4m3(v[static_cast<size_t>(c)] / scale);
     }
   });
   if (bad_row >= 0)
     return invalid_argument("{}: row {} holds a value that is not finite", t.name, bad_row.load());
+  if (go == nullptr || gram == nullptr) return w;
+  if (cols % quant::kQK != 0) {
+    notes.push_back(fmt::format("{}: rows of {} are not whole blocks of {}: rounded to nearest, not by GPTQ",
+                                t.name, cols, quant::kQK));
+    return w;
+  }
+  const Status s = gptq_codes(t, info, gram, *go, pool, w);
+  if (s.code() == StatusCode::out_of_range) {
+    notes.push_back(fmt::format("{}: {}; rounded to nearest, not by GPTQ", t.name, s.message()));
+    return w;  // the plain codes above
+  }
+  if (!s.ok()) return Status(s.code(), fmt::format("{}: GPTQ: {}", t.name, s.message()));
   return w;
 }
 
@@ -132,8 +179,8 @@ Status write_bytes(std::FILE* f, const void* p, size_t n, const std::string& pat
 
 // The weights file: header, then each tensor's bytes in order. An FP8 weight is quantized once, when its
 // values come (its scales follow it at once).
-Status write_weights(const std::string& path, const std::vector<OutTensor>& tensors, ThreadPool& pool,
-                     Fp8FolderStats& stats) {
+Status write_weights(const std::string& path, const std::vector<OutTensor>& tensors, const GptqOptions* go,
+                     ThreadPool& pool, Fp8FolderStats& stats) {
   nlohmann::json header = nlohmann::json::object();
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
@@ -157,9 +204,11 @@ Status write_weights(const std::string& path, const std::vector<OutTensor>& tens
         ++stats.n_copied;
         break;
       case OutTensor::Kind::fp8_values: {
-        KILN_ASSIGN_OR_RETURN(current, quantize_weight(*t.src, pool));
+        const size_t n_notes = stats.notes.size();
+        KILN_ASSIGN_OR_RETURN(current, quantize_weight(*t.src, t.gram, go, pool, stats.notes));
         KILN_TRY(write_bytes(out.stream(), current.codes.data(), current.codes.size(), path));
         ++stats.n_quantized;
+        stats.n_gptq += go != nullptr && t.gram != nullptr && stats.notes.size() == n_notes ? 1 : 0;
         break;
       }
       case OutTensor::Kind::fp8_scales:
@@ -204,10 +253,58 @@ Result<float> static_input_scale(const Imatrix& calibration, const std::string& 
   return amax / kF8E4M3Max;
 }
 
+// The Gram matrix ([in, in]) GPTQ rounds a projection with: its importance entry's (kiln imatrix --full).
+// null for an MoE expert, whose stacked entry holds no Gram matrix (n_mat > 1): rounded to nearest, counted
+// in `experts_plain`.
+Result<const float*> gptq_gram(const Imatrix& imatrix, const safetensors::Tensor& t, int64_t& experts_plain) {
+  int64_t expert = -1;
+  const std::string gguf = hf_import::projection_gguf_name(t.name, &expert);
+  if (gguf.empty()) return invalid_argument("{}: not a decoder layer's projection the imatrix names", t.name);
+  const auto it = imatrix.tensors.find(gguf);
+  if (it == imatrix.tensors.end())
+    return invalid_argument("{}: the importance matrix has no {} (made from another model?)", t.name, gguf);
+  const ImatrixTensor& e = it->second;
+  if (expert >= 0 && (e.n_mat != 1 || !e.has_gram())) {
+    ++experts_plain;
+    return nullptr;
+  }
+  if (!e.has_gram()) {
+    return invalid_argument(
+        "{}: GPTQ needs the Gram matrix of {}'s inputs ({}.in_gram), which the importance matrix does not "
+        "hold: make it with kiln imatrix --full",
+        t.name, gguf, gguf);
+  }
+  const int64_t cols = t.shape[1];
+  if (e.n_cols != cols || static_cast<int64_t>(e.gram_values().size()) != cols * cols) {
+    return invalid_argument(
+        "{}: the Gram matrix of {} has {} columns, the weight {} (made from another model?)", t.name, gguf,
+        e.n_cols, cols);
+  }
+  return e.gram_values().data();
+}
+
+// GPTQ's backend (Fp8FolderOptions::device): a GPU's, or null for the CPU.
+Result<std::unique_ptr<Backend>> gptq_backend(const std::string& device) {
+  std::unique_ptr<Backend> b;
+  if (device == "cpu" || (device == "auto" && !cuda_available())) return b;
+  BackendOptions bo;
+  bo.precision = ops::Precision::precision_exact;  // exact f32 products: no TF32
+  KILN_ASSIGN_OR_RETURN(b, make_backend(device, bo));
+  if (b->host_memory()) b.reset();
+  return b;
+}
+
 }  // namespace
 
-Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string& out, int n_threads,
-                                        const Imatrix* calibration) {
+Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string& out,
+                                        const Fp8FolderOptions& o) {
+  const Imatrix* imatrix = o.imatrix;
+  if (o.static_activations && imatrix == nullptr)
+    return invalid_argument("static FP8 activation scales need an importance matrix (kiln imatrix)");
+  if (o.gptq && imatrix == nullptr)
+    return invalid_argument("GPTQ needs an importance matrix with Gram matrices (kiln imatrix --full)");
+  if (!(o.gptq_damp >= 0.0) || !std::isfinite(o.gptq_damp))
+    return invalid_argument("GPTQ's dampening {} must be a finite number >= 0", o.gptq_damp);
   std::error_code ec;
   if (!fs::is_directory(in, ec))
     return invalid_argument("{}: FP8 is written from a Hugging Face folder (config.json and safetensors)",
@@ -233,6 +330,7 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
   // Linear layers left in full precision, which a loader must not take for FP8 ones: the output head, and
   // matrices inside the layers that are not projections (MoE routers).
   std::vector<std::string> ignore = {"lm_head"};
+  Fp8FolderStats stats;
   for (const safetensors::Tensor* t : model.tensors()) {
     const bool matrix = t->shape.size() == 2 && t->name.ends_with(".weight");
     const std::string module =
@@ -240,14 +338,17 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
     if (quantized_weight(t->name, *t)) {
       tensors.push_back({t->name, "F8_E4M3", t->shape, static_cast<uint64_t>(t->n_elements), t,
                          OutTensor::Kind::fp8_values});
+      if (o.gptq) {
+        KILN_ASSIGN_OR_RETURN(tensors.back().gram, gptq_gram(*imatrix, *t, stats.n_experts_plain));
+      }
       tensors.push_back({module + ".weight_scale",
                          "F32",
                          {t->shape[0], 1},
                          static_cast<uint64_t>(t->shape[0]) * 4,
                          t,
                          OutTensor::Kind::fp8_scales});
-      if (calibration != nullptr) {
-        KILN_ASSIGN_OR_RETURN(const float scale, static_input_scale(*calibration, t->name));
+      if (o.static_activations) {
+        KILN_ASSIGN_OR_RETURN(const float scale, static_input_scale(*imatrix, t->name));
         tensors.push_back({module + ".input_scale", "F32", {1}, 4, t, OutTensor::Kind::input_scale, scale});
       }
     } else {
@@ -260,7 +361,16 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
                    [](const OutTensor& t) { return t.kind == OutTensor::Kind::fp8_values; })) {
     return invalid_argument("{}: no decoder-layer projection weights to quantize", in);
   }
-  config["quantization_config"] = quantization_config(ignore, calibration != nullptr);
+  config["quantization_config"] = quantization_config(ignore, o.static_activations);
+  std::unique_ptr<Backend> backend;
+  if (o.gptq) {
+    KILN_ASSIGN_OR_RETURN(backend, gptq_backend(o.device));
+  }
+  GptqOptions go;
+  go.damp = o.gptq_damp;
+  go.act_order = o.gptq_act_order;
+  go.backend = backend.get();
+  stats.gptq_device = backend != nullptr ? std::string(backend->name()) : "cpu";
 
   // Everything goes to a fresh folder beside `out`, renamed to it at the end.
   const fs::path target = fs::absolute(out, ec);
@@ -268,10 +378,10 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
   if (mkdtemp(tmpl.data()) == nullptr)
     return io_error("cannot create a folder beside {}: {}", out, std::strerror(errno));
   const fs::path tmp(tmpl);
-  Fp8FolderStats stats;
   const Status s = [&]() -> Status {
-    ThreadPool pool(n_threads);
-    KILN_TRY(write_weights((tmp / "model.safetensors").string(), tensors, pool, stats));
+    ThreadPool pool(o.n_threads);
+    KILN_TRY(
+        write_weights((tmp / "model.safetensors").string(), tensors, o.gptq ? &go : nullptr, pool, stats));
     {
       KILN_ASSIGN_OR_RETURN(OutputFile f, OutputFile::create((tmp / "config.json").string()));
       const std::string text = config.dump(2) + "\n";

@@ -39,11 +39,19 @@ struct Level {
   int lo = 0, hi = 0;
   int q0 = 0;
   const int8_t* table = nullptr;  // [16]
+  bool e4m3 = false;              // f8_e4m3: scale * e4m3fn(q), q the 8-bit code
 };
 
 // The level of value x: the nearest decodable value (ties to even; in a table, to the lower index), and its
 // decoded value.
 int nearest_level(const Level& l, float x, float* decoded) {
+  if (l.e4m3) {
+    // The nearest e4m3fn value of x / scale (ties to even), beyond 448 the largest (core/half.h), decoded as
+    // the dequantizer does (quant_float.cpp: d * e4m3fn(q) in f32). A scale of 0 (an all-zero block) is 0.
+    const uint8_t code = l.scale != 0.0f ? f32_to_f8_e4m3(x / l.scale) : uint8_t{0};
+    *decoded = l.scale * f8_e4m3_to_f32(code);
+    return code;
+  }
   int q = l.q0;
   if (l.table != nullptr) {
     if (l.scale != 0.0f) {
@@ -74,6 +82,9 @@ struct Codec {
   int block;  // elements per block
   void (*levels)(const uint8_t* block, Level* out /* [block] */);
   void (*pack)(uint8_t* block, const int* q /* [block] */);  // keeps the parameters, replaces the levels
+  // A block whose scale is `scale` (GptqOptions::row_scales), its levels to be packed; null where the type's
+  // scale cannot be given.
+  void (*pin_scale)(uint8_t* block, float scale);
 };
 
 // Q4_0's nibble layout (element j: low nibble of qs[j], j + 16: high nibble of qs[j]); qs starts zeroed.
@@ -267,19 +278,39 @@ void iq4_xs_pack(uint8_t* p, const int* q) {
   store_block(p, 0, b);
 }
 
+// f8_e4m3 (kiln's FP8 blocks, quant_blocks.h): y = d * e4m3fn(q[j]), d an f32 scale.
+void f8_e4m3_levels(const uint8_t* p, Level* out) {
+  const auto b = load_block<quant::BlockF8E4M3>(p, 0);
+  Level l;
+  l.scale = b.d;
+  l.e4m3 = true;
+  std::fill(out, out + kQK, l);
+}
+void f8_e4m3_pack(uint8_t* p, const int* q) {
+  auto b = load_block<quant::BlockF8E4M3>(p, 0);
+  for (int j = 0; j < kQK; ++j) b.q[j] = static_cast<uint8_t>(q[j]);
+  store_block(p, 0, b);
+}
+void f8_e4m3_pin_scale(uint8_t* p, float scale) {
+  quant::BlockF8E4M3 b{};
+  b.d = scale;
+  store_block(p, 0, b);
+}
+
 const Codec* codec_of(DType type) {
-  static const Codec q8_0{kQK, legacy_levels<quant::BlockQ8_0>, legacy_pack<quant::BlockQ8_0>};
-  static const Codec q4_0{kQK, legacy_levels<quant::BlockQ4_0>, legacy_pack<quant::BlockQ4_0>};
-  static const Codec q4_1{kQK, legacy_levels<quant::BlockQ4_1>, legacy_pack<quant::BlockQ4_1>};
-  static const Codec q5_0{kQK, legacy_levels<quant::BlockQ5_0>, legacy_pack<quant::BlockQ5_0>};
-  static const Codec q5_1{kQK, legacy_levels<quant::BlockQ5_1>, legacy_pack<quant::BlockQ5_1>};
-  static const Codec q2_k{kQK_K, q2_k_levels, q2_k_pack};
-  static const Codec q3_k{kQK_K, q3_k_levels, q3_k_pack};
-  static const Codec q4_k{kQK_K, q45_k_levels<quant::BlockQ4_K>, q45_k_pack<quant::BlockQ4_K>};
-  static const Codec q5_k{kQK_K, q45_k_levels<quant::BlockQ5_K>, q45_k_pack<quant::BlockQ5_K>};
-  static const Codec q6_k{kQK_K, q6_k_levels, q6_k_pack};
-  static const Codec iq4_nl{kQK, iq4_nl_levels, iq4_nl_pack};
-  static const Codec iq4_xs{kQK_K, iq4_xs_levels, iq4_xs_pack};
+  static const Codec q8_0{kQK, legacy_levels<quant::BlockQ8_0>, legacy_pack<quant::BlockQ8_0>, nullptr};
+  static const Codec q4_0{kQK, legacy_levels<quant::BlockQ4_0>, legacy_pack<quant::BlockQ4_0>, nullptr};
+  static const Codec q4_1{kQK, legacy_levels<quant::BlockQ4_1>, legacy_pack<quant::BlockQ4_1>, nullptr};
+  static const Codec q5_0{kQK, legacy_levels<quant::BlockQ5_0>, legacy_pack<quant::BlockQ5_0>, nullptr};
+  static const Codec q5_1{kQK, legacy_levels<quant::BlockQ5_1>, legacy_pack<quant::BlockQ5_1>, nullptr};
+  static const Codec q2_k{kQK_K, q2_k_levels, q2_k_pack, nullptr};
+  static const Codec q3_k{kQK_K, q3_k_levels, q3_k_pack, nullptr};
+  static const Codec q4_k{kQK_K, q45_k_levels<quant::BlockQ4_K>, q45_k_pack<quant::BlockQ4_K>, nullptr};
+  static const Codec q5_k{kQK_K, q45_k_levels<quant::BlockQ5_K>, q45_k_pack<quant::BlockQ5_K>, nullptr};
+  static const Codec q6_k{kQK_K, q6_k_levels, q6_k_pack, nullptr};
+  static const Codec iq4_nl{kQK, iq4_nl_levels, iq4_nl_pack, nullptr};
+  static const Codec iq4_xs{kQK_K, iq4_xs_levels, iq4_xs_pack, nullptr};
+  static const Codec f8_e4m3{kQK, f8_e4m3_levels, f8_e4m3_pack, f8_e4m3_pin_scale};
   switch (type) {
     case DType::q8_0: return &q8_0;
     case DType::q4_0: return &q4_0;
@@ -293,6 +324,7 @@ const Codec* codec_of(DType type) {
     case DType::q6_k: return &q6_k;
     case DType::iq4_nl: return &iq4_nl;
     case DType::iq4_xs: return &iq4_xs;
+    case DType::f8_e4m3: return &f8_e4m3;
     default: return nullptr;
   }
 }
@@ -392,6 +424,7 @@ struct Job {
   const Codec* codec;
   uint8_t* dst;  // [n_rows][row_bytes]
   int64_t row_bytes;
+  const float* row_scales;  // [n_rows]: every block's scale in row r (GptqOptions::row_scales), or null
 
   // Row r's value at position p as rounding starts: its weight, or 0 where no input reached the column
   // (H[c][c] = 0).
@@ -433,7 +466,13 @@ void round_positions(const Job& j, int64_t r0, int64_t nr, int64_t i1, int64_t i
       for (int64_t r = 0; r < nr; ++r) {
         for (int64_t k = p; k < p + bs; ++k) x[perm[static_cast<size_t>(k)] - first] = w[r * ldw + k - w0];
         uint8_t* blk = &t.blocks[static_cast<size_t>(r * type_size)];
-        j.info->quantize_rows(x, blk, 1, bs, j.importance + first);
+        if (j.row_scales != nullptr) {
+          j.codec->pin_scale(blk, j.row_scales[r0 + r]);
+        } else if (j.info->quantize_rows != nullptr) {
+          j.info->quantize_rows(x, blk, 1, bs, j.importance + first);
+        } else {
+          j.info->quantize_row(x, blk, bs);  // f8_e4m3: the block's absmax / 448
+        }
         j.codec->levels(blk, &t.levels[static_cast<size_t>(r * bs)]);
       }
     }
@@ -596,7 +635,7 @@ Status gptq_quantize(const float* w, int64_t n_rows, int64_t n_per_row, const fl
   if (codec == nullptr) {
     return unimplemented(
         "gptq: type {} is not supported (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, "
-        "q5_k, q6_k, iq4_nl, iq4_xs are)",
+        "q5_k, q6_k, iq4_nl, iq4_xs, f8_e4m3 are)",
         info.name);
   }
   if (n_rows < 0) return invalid_argument("gptq: n_rows {} is negative", n_rows);
@@ -613,11 +652,21 @@ Status gptq_quantize(const float* w, int64_t n_rows, int64_t n_per_row, const fl
       if (!std::isfinite(x)) return invalid_argument("gptq: weight [{}][{}] is {}, not finite", r, c, x);
     }
   }
+  if (o.row_scales != nullptr) {
+    if (codec->pin_scale == nullptr)
+      return invalid_argument("gptq: row scales are given for f8_e4m3, not {}", info.name);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float d = o.row_scales[r];
+      if (!(d > 0.0f) || !std::isfinite(d))
+        return invalid_argument("gptq: row scale [{}] is {}, not a finite number > 0", r, d);
+    }
+  }
   const std::vector<int64_t> perm = column_order(hessian, n_per_row, codec->block, o.act_order);
   std::vector<float> importance(static_cast<size_t>(n_per_row));  // diag(H), the row quantizer's importance
   for (int64_t c = 0; c < n_per_row; ++c) importance[static_cast<size_t>(c)] = hessian[c * n_per_row + c];
-  const Job job{
-      w, n_rows, n_per_row, importance.data(), &perm, &info, codec, static_cast<uint8_t*>(dst), row_bytes};
+  const Job job{w,         n_rows,      n_per_row, importance.data(),
+                &perm,     &info,       codec,     static_cast<uint8_t*>(dst),
+                row_bytes, o.row_scales};
   if (o.backend != nullptr) {
     KILN_ASSIGN_OR_RETURN(const Permuted p, permuted_hessian(hessian, n_per_row, perm, o.damp));
     return gptq_on_backend(job, p, o.damp, *o.backend, o.pool);

@@ -8,8 +8,11 @@
 //   the type's own row quantizer (core/quant) with importance diag(H): the search `kiln quantize --imatrix`
 //   runs (on the block alone: the legacy types' search weighs by the block's mean square, not the row's).
 //   Then its columns are rounded one at a time to the nearest level the block can decode (for IQ4_NL and
-//   IQ4_XS, the nearest of the 16 non-linear levels times the block's scale), each error fed forward, the
-//   block's later columns included.
+//   IQ4_XS, the nearest of the 16 non-linear levels times the block's scale; for f8_e4m3, the nearest e4m3fn
+//   value of x / scale, saturating at +-448, times the scale), each error fed forward, the block's later
+//   columns included. f8_e4m3 (kiln's FP8 blocks) takes its block scale as max |x| / 448 of the block's
+//   current values, or, given GptqOptions::row_scales, a fixed scale per row (an FP8 checkpoint's
+//   per-channel scale): then only the codes are chosen.
 // - H = X^T X ([n_per_row, n_per_row], the calibration inputs' Gram matrix; any positive multiple gives the
 //   same result up to float rounding). lambda = damp * mean(diag H) is added to its diagonal; when the
 //   Cholesky factorization fails, lambda is raised tenfold up to three times. Columns with H[j][j] = 0
@@ -46,17 +49,22 @@ struct GptqOptions {
   // Binary at the exact precision), the rounding of each batch of positions staying on `pool`; null: all on
   // the CPU, as above. The result is the same up to float rounding (another summation order).
   Backend* backend = nullptr;
+  // [n_rows]: each row's scale, finite and > 0, taken by every block of the row instead of one chosen from
+  // the block's values (f8_e4m3 only); null: chosen per block.
+  const float* row_scales = nullptr;
 };
 
-// The types gptq_quantize writes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.
+// The types gptq_quantize writes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+// and kiln's f8_e4m3.
 bool gptq_supports(DType type);
 
 // `w` [n_rows, n_per_row] row-major f32, `hessian` [n_per_row, n_per_row] row-major (symmetric: its lower
 // triangle j <= i is read), written to `dst` as n_rows rows of `type` (dtype_row_bytes(type, n_per_row) bytes
-// each), decodable by llama.cpp's dequantizers. Errors (nothing useful in dst then): an unsupported type, a
-// row length that is not whole blocks, a weight or Hessian entry that is not finite, a negative diagonal
-// entry (invalid_argument); a Hessian that stays not positive definite after the dampening's retries
-// (out_of_range: a caller may round the tensor without GPTQ instead).
+// each), decodable by llama.cpp's dequantizers (f8_e4m3: by kiln's). Errors (nothing useful in dst then): an
+// unsupported type, a row length that is not whole blocks, a weight or Hessian entry that is not finite, a
+// negative diagonal entry, row scales for a type other than f8_e4m3 or not finite and > 0 (invalid_argument);
+// a Hessian that stays not positive definite after the dampening's retries (out_of_range: a caller may round
+// the tensor without GPTQ instead).
 Status gptq_quantize(const float* w, int64_t n_rows, int64_t n_per_row, const float* hessian, DType type,
                      const GptqOptions& o, void* dst);
 

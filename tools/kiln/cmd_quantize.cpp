@@ -27,11 +27,12 @@ namespace {
 
 struct QuantizeArgs {
   QuantizeOptions opt;
-  std::string in;           // IN
-  std::string out, type;    // OUT TYPE; with --dry-run also IN TYPE (`out` then holds the type)
-  double target_kld = 0.0;  // --target-kld: the mean KL divergence to meet, measured against kld_base
-  std::string kld_base;     // --kld-base FILE (kiln perplexity --kl-divergence-base)
-  std::string target_size;  // --target-size: bytes, with an optional K/M/G suffix
+  std::string in;               // IN
+  std::string out, type;        // OUT TYPE; with --dry-run also IN TYPE (`out` then holds the type)
+  double target_kld = 0.0;      // --target-kld: the mean KL divergence to meet, measured against kld_base
+  std::string kld_base;         // --kld-base FILE (kiln perplexity --kl-divergence-base)
+  std::string target_size;      // --target-size: bytes, with an optional K/M/G suffix
+  std::string fp8_activations;  // --fp8-activations: "dynamic", "static" or "" (static with --imatrix)
 };
 
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -235,7 +236,8 @@ bool equal_ignoring_case(std::string_view a, std::string_view b) {
 }
 
 // TYPE FP8: a Hugging Face folder written as an FP8 (compressed-tensors) folder, none of the GGUF options;
-// --imatrix gives static activation scales (its input ranges).
+// --imatrix gives static activation scales (its input ranges) unless --fp8-activations dynamic, and with
+// --method gptq the Gram matrices GPTQ rounds with.
 Status write_fp8(const QuantizeArgs& args) {
   const QuantizeOptions& o = args.opt;
   const std::pair<bool, const char*> unused[] = {{!o.tensor_types.empty(), "--tensor-type"},
@@ -246,7 +248,6 @@ Status write_fp8(const QuantizeArgs& args) {
                                                  {o.pure, "--pure"},
                                                  {o.force, "--force"},
                                                  {o.dry_run, "--dry-run"},
-                                                 {!o.method.empty(), "--method"},
                                                  {o.target_bpw != 0.0, "--target-bpw"},
                                                  {!args.target_size.empty(), "--target-size"},
                                                  {args.target_kld != 0.0, "--target-kld"},
@@ -256,21 +257,60 @@ Status write_fp8(const QuantizeArgs& args) {
     if (set)
       return invalid_argument("{} does not apply to FP8 (a Hugging Face folder, per-channel scales)", name);
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  std::optional<quant::Imatrix> calibration;
-  if (!o.imatrix.empty()) {
-    KILN_ASSIGN_OR_RETURN(calibration, quant::read_imatrix(o.imatrix));
+  if (!o.method.empty() && o.method != "gptq")
+    return invalid_argument("--method {}: the methods are gptq (or none)", o.method);
+  const bool gptq = o.method == "gptq";
+  const std::string acts =
+      !args.fp8_activations.empty() ? args.fp8_activations : (o.imatrix.empty() ? "dynamic" : "static");
+  if (acts != "dynamic" && acts != "static") {
+    return invalid_argument(
+        "--fp8-activations {}: dynamic (per token at run time) or static (per tensor, from --imatrix)", acts);
   }
-  KILN_ASSIGN_OR_RETURN(
-      const quant::Fp8FolderStats st,
-      quant::write_fp8_folder(o.input, o.output, o.threads, calibration ? &*calibration : nullptr));
+  if (acts == "static" && o.imatrix.empty()) {
+    return invalid_argument(
+        "--fp8-activations static needs --imatrix (kiln imatrix: its input ranges give the scales)");
+  }
+  if (gptq && o.imatrix.empty())
+    return invalid_argument("--method gptq needs --imatrix with Gram matrices (kiln imatrix --full)");
+  if (gptq && (!(o.gptq_damp >= 0.0) || !std::isfinite(o.gptq_damp)))
+    return invalid_argument("--gptq-damp {} must be a finite number >= 0", o.gptq_damp);
+  if (!gptq && acts == "dynamic" && !o.imatrix.empty()) {
+    return invalid_argument(
+        "--imatrix with --fp8-activations dynamic is used by --method gptq only: give one of them");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<quant::Imatrix> imatrix;
+  if (!o.imatrix.empty()) {
+    KILN_ASSIGN_OR_RETURN(imatrix, quant::read_imatrix(o.imatrix));
+  }
+  quant::Fp8FolderOptions fo;
+  fo.n_threads = o.threads;
+  fo.imatrix = imatrix ? &*imatrix : nullptr;
+  fo.static_activations = acts == "static";
+  fo.gptq = gptq;
+  fo.gptq_damp = o.gptq_damp;
+  fo.gptq_act_order = o.gptq_act_order;
+  fo.device = o.device;
+  KILN_ASSIGN_OR_RETURN(const quant::Fp8FolderStats st, quant::write_fp8_folder(o.input, o.output, fo));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr,
-               "quantize: wrote %s (compressed-tensors FP8, per-channel weights, %s activations): %lld "
-               "weights in FP8, %lld tensors copied, %.2f MiB -> %.2f MiB, in %.1f s\n",
-               o.output.c_str(), calibration ? "static per-tensor" : "dynamic per-token",
-               static_cast<long long>(st.n_quantized), static_cast<long long>(st.n_copied), mib(st.bytes_in),
-               mib(st.bytes_out), s);
+  for (const std::string& note : st.notes) print_note(note);
+  std::fprintf(
+      stderr,
+      "quantize: wrote %s (compressed-tensors FP8, per-channel weights, %s activations): %lld "
+      "weights in FP8%s, %lld tensors copied, %.2f MiB -> %.2f MiB, in %.1f s\n",
+      o.output.c_str(), fo.static_activations ? "static per-tensor" : "dynamic per-token",
+      static_cast<long long>(st.n_quantized),
+      gptq ? fmt::format(" ({} rounded by GPTQ on {}, the others to nearest)", st.n_gptq, st.gptq_device)
+                 .c_str()
+           : "",
+      static_cast<long long>(st.n_copied), mib(st.bytes_in), mib(st.bytes_out), s);
+  if (st.n_experts_plain > 0) {
+    std::fprintf(
+        stderr,
+        "quantize: MoE experts' weights rounded to nearest, not by GPTQ (the importance matrix holds "
+        "no Gram matrix per expert): %lld\n",
+        static_cast<long long>(st.n_experts_plain));
+  }
   return Status();
 }
 
@@ -285,6 +325,7 @@ Status run_quantize(QuantizeArgs& args) {
     return invalid_argument("expected IN OUT TYPE (IN TYPE with --dry-run)");
   }
   if (equal_ignoring_case(opt.type, "fp8")) return write_fp8(args);
+  if (!args.fp8_activations.empty()) return invalid_argument("--fp8-activations applies to TYPE FP8 only");
   if (!args.target_size.empty()) {
     KILN_ASSIGN_OR_RETURN(opt.target_size, parse_byte_size(args.target_size));
     if (opt.target_size == 0) return invalid_argument("--target-size {} is not a size", args.target_size);
@@ -348,9 +389,11 @@ std::string types_footer() {
     std::snprintf(line, sizeof line, "  %-8s %2u  %s\n", f.name, static_cast<unsigned>(f.type), f.about);
     s += line;
   }
-  s += "  FP8          a Hugging Face folder to an FP8 one (compressed-tensors: e4m3 weights with a scale "
-       "per\n"
-       "               output channel, activations quantized per token at run time), OUT a new folder\n";
+  s +=
+      "  FP8          a Hugging Face folder to an FP8 one (compressed-tensors: e4m3 weights with a scale "
+      "per\n"
+      "               output channel, activations per token at run time or, with --imatrix, per tensor with\n"
+      "               static scales; --method gptq rounds the weights by GPTQ), OUT a new folder\n";
   return s;
 }
 
@@ -371,7 +414,7 @@ void register_quantize(CLI::App& app, int& rc) {
       "--imatrix", o.imatrix,
       "Importance matrix (kiln imatrix / llama-imatrix file): weights each column's rounding error; "
       "required by IQ1/IQ2/IQ3_XXS/IQ3_XS and Q2_K_S. For FP8 (a kiln imatrix file): static activation "
-      "scales from its input ranges");
+      "scales from its input ranges (see --fp8-activations), and GPTQ's Gram matrices with --method gptq");
   cmd->add_option("--tensor-type", o.tensor_types,
                   "PATTERN=TYPE: tensors whose name the regex matches (anywhere) as TYPE, e.g. attn_v=q8_0; "
                   "repeatable, the first match wins");
@@ -387,7 +430,12 @@ void register_quantize(CLI::App& app, int& rc) {
   cmd->add_flag("--force", o.force, "Replace OUT if it exists (never the input)");
   cmd->add_option("--method", o.method,
                   "gptq: round the weight matrices column by column with error feedback through the inverse "
-                  "Hessian of their inputs (needs --imatrix from kiln imatrix --full); the same GGUF types");
+                  "Hessian of their inputs (needs --imatrix from kiln imatrix --full); the same GGUF types. "
+                  "For FP8: the same per-channel scales, the e4m3 codes chosen by GPTQ (MoE experts to "
+                  "nearest)");
+  cmd->add_option("--fp8-activations", args->fp8_activations,
+                  "FP8 activations: dynamic (per token at run time; the default without --imatrix) or "
+                  "static (per tensor, scales from --imatrix's input ranges; the default with it)");
   cmd->add_option("--gptq-damp", o.gptq_damp, "GPTQ's dampening, a fraction of mean(diag H) (default 0.01)");
   cmd->add_flag(
       "!--gptq-no-act-order", o.gptq_act_order,
