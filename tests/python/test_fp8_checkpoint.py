@@ -376,7 +376,8 @@ def test_kiln_quantize_gptq(bf16_folder, base_file, full_imatrix, tmp_path):
     res = kiln("quantize", bf16_folder, out, "FP8", "--imatrix", full_imatrix, "--method", "gptq",
                "--fp8-activations", "dynamic", "-t", 2)
     assert res.returncode == 0, res.stderr
-    assert "210 weights in FP8 (210 rounded by GPTQ on cpu" in res.stderr and "dynamic per-token" in res.stderr, res.stderr
+    assert "210 weights in FP8 (210 rounded by GPTQ on cpu" in res.stderr, res.stderr
+    assert "dynamic per-token" in res.stderr, res.stderr
     got = safetensors_torch.load_file(str(out / "model.safetensors"))
     want = safetensors_torch.load_file(str(plain / "model.safetensors"))
     assert set(got) == set(want)

@@ -13,7 +13,8 @@ every folder):
 5. the converted GGUF in llama.cpp (llama-cpp-python): the same greedy continuation as kiln. Mistral is left out
    there: llama.cpp's "llama" architecture ignores a sliding window.
 Plus: `kiln convert --type q8_0` read back by the `gguf` package and by kiln, an unsupported class named with the
-supported ones, and the shape of the converted file's metadata.
+supported ones, the shape of the converted file's metadata, and FP8 with GPTQ of an MoE folder (experts rounded to
+nearest).
 Weights are drawn with a larger spread than training init (initializer_range 0.1) so that logits are not near
 ties everywhere, which a random model at 0.02 would be. Run with -s for the figures.
 """
@@ -310,6 +311,45 @@ def test_quantize_of_a_folder_is_the_quantize_of_its_conversion(tokenizer_dir, t
     run_kiln("quantize", folder, tmp_path / "from-folder.gguf", "Q4_K_M")
     run_kiln("quantize", tmp_path / "f32.gguf", tmp_path / "from-gguf.gguf", "Q4_K_M")
     assert (tmp_path / "from-folder.gguf").read_bytes() == (tmp_path / "from-gguf.gguf").read_bytes()
+
+
+def test_fp8_gptq_of_a_moe_folder(tokenizer_dir, tmp_path):
+    """`kiln quantize FOLDER OUT FP8 --method gptq` on a Qwen2-MoE folder: attention and shared-expert projections
+    rounded by GPTQ, the routed experts (whose stacked importance entries hold no Gram matrix) rounded to nearest
+    as without --method and counted on their own line; kiln runs the folder. With --gptq-damp 0 and 16
+    calibration tokens (Gram matrices of rank 16 < 96 columns) no Hessian is positive definite: each weight is
+    rounded to nearest with a note, the plain folder's codes."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    tok_dir, tok = tokenizer_dir
+    torch.manual_seed(3)
+    cfg = transformers.Qwen2MoeConfig(**dict(COMMON, hidden_size=96, num_attention_heads=6, num_key_value_heads=2),
+                                      vocab_size=len(tok), num_experts=5, num_experts_per_tok=2,
+                                      moe_intermediate_size=64, shared_expert_intermediate_size=64)
+    folder = save_folder(transformers.AutoModelForCausalLM.from_config(cfg).eval(), tok_dir, tmp_path / "f32",
+                         torch.float32)
+    text = Path("/usr/share/common-licenses/GPL-2")
+    full, tiny = tmp_path / "full.imatrix.gguf", tmp_path / "tiny.imatrix.gguf"
+    run_kiln("imatrix", "-m", folder, "-f", text, "-o", full, "-c", 64, "--chunks", 4, "--no-ppl", "--full", "-t", 2)
+    run_kiln("imatrix", "-m", folder, "-f", text, "-o", tiny, "-c", 16, "--chunks", 1, "--no-ppl", "--full", "-t", 2)
+    plain, gptq, singular = tmp_path / "plain", tmp_path / "gptq", tmp_path / "singular"
+    run_kiln("quantize", folder, plain, "FP8", "-t", 2)
+    res = run_kiln("quantize", folder, gptq, "FP8", "--imatrix", full, "--method", "gptq", "-t", 2)
+    assert "44 weights in FP8 (14 rounded by GPTQ on cpu" in res.stderr, res.stderr
+    assert "no Gram matrix per expert): 30" in res.stderr, res.stderr
+    res = run_kiln("quantize", folder, singular, "FP8", "--imatrix", tiny, "--method", "gptq", "--gptq-damp", 0,
+                   "--fp8-activations", "dynamic", "-t", 2)
+    assert "(0 rounded by GPTQ" in res.stderr and res.stderr.count("not positive definite") == 14, res.stderr
+    want = safetensors_torch.load_file(str(plain / "model.safetensors"))
+    got = safetensors_torch.load_file(str(gptq / "model.safetensors"))
+    got_singular = safetensors_torch.load_file(str(singular / "model.safetensors"))
+    assert set(got_singular) == set(want)
+    for name, w in want.items():
+        if w.dtype != torch.float8_e4m3fn:
+            continue
+        same = torch.equal(got[name].view(torch.uint8), w.view(torch.uint8))
+        assert same == (".experts." in name), name
+        assert torch.equal(got_singular[name].view(torch.uint8), w.view(torch.uint8)), name
+    run_kiln("run", "-m", gptq, "-p", "Hello", "-n", 4, "--temp", 0, "-t", 2, "-d", "cpu")
 
 
 def test_unsupported_architecture_is_named(tmp_path):

@@ -433,18 +433,22 @@ TEST(GptqFp8, OnABackendAsOnTheCpu) {
   auto backend = make_backend("cpu");
   ASSERT_TRUE(backend.ok()) << backend.status().to_string();
   ThreadPool pool(2);
-  GptqOptions on;
-  on.backend = backend->get();
-  on.pool = &pool;
-  const std::vector<uint8_t> a = gptq_fp8(l, scales), b = gptq_fp8(l, scales, on);
-  expect_on_the_grid(b, scales);
-  const double ea = output_error(l, a, DType::f8_e4m3), eb = output_error(l, b, DType::f8_e4m3);
-  int64_t same = 0;
-  for (size_t i = 0; i < a.size(); ++i) same += a[i] == b[i] ? 1 : 0;
-  std::printf("f8_e4m3: error %.5g on the CPU, %.5g on a backend; %lld of %zu bytes the same\n", ea, eb,
-              static_cast<long long>(same), a.size());
-  EXPECT_NEAR(eb / ea, 1.0, 0.01);
-  EXPECT_GE(same, static_cast<int64_t>(a.size()) * 9 / 10);
+  for (const bool act_order : {false, true}) {
+    GptqOptions cpu, on;
+    cpu.act_order = on.act_order = act_order;
+    on.backend = backend->get();
+    on.pool = &pool;
+    const std::vector<uint8_t> a = gptq_fp8(l, scales, cpu), b = gptq_fp8(l, scales, on);
+    expect_on_the_grid(b, scales);
+    const double ea = output_error(l, a, DType::f8_e4m3), eb = output_error(l, b, DType::f8_e4m3);
+    int64_t same = 0;
+    for (size_t i = 0; i < a.size(); ++i) same += a[i] == b[i] ? 1 : 0;
+    std::printf(
+        "f8_e4m3 act_order %d: error %.5g on the CPU, %.5g on a backend; %lld of %zu bytes the same\n",
+        act_order ? 1 : 0, ea, eb, static_cast<long long>(same), a.size());
+    EXPECT_NEAR(eb / ea, 1.0, 0.01) << "act_order " << act_order;
+    EXPECT_GE(same, static_cast<int64_t>(a.size()) * 9 / 10) << "act_order " << act_order;
+  }
 }
 
 TEST(GptqFp8, BadRowScales) {

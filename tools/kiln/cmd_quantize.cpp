@@ -437,10 +437,9 @@ void register_quantize(CLI::App& app, int& rc) {
                   "FP8 activations: dynamic (per token at run time; the default without --imatrix) or "
                   "static (per tensor, scales from --imatrix's input ranges; the default with it)");
   cmd->add_option("--gptq-damp", o.gptq_damp, "GPTQ's dampening, a fraction of mean(diag H) (default 0.01)");
-  cmd->add_flag(
-      "!--gptq-no-act-order", o.gptq_act_order,
-      "GPTQ in column order (by default its blocks, and the columns within a block, go by decreasing "
-      "diag(H))");
+  cmd->add_flag("--gptq-act-order,!--gptq-no-act-order", o.gptq_act_order,
+                "GPTQ's blocks, and the columns within a block, by decreasing diag(H) (the default), or in "
+                "column order (--gptq-no-act-order)");
   cmd->add_option(
       "--target-bpw", o.target_bpw,
       "Bits per weight (over every tensor) the file may take: each weight matrix gets the type, of "
