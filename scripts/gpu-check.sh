@@ -15,6 +15,9 @@
 #   mmq       the K-quant matmuls of 2 to 64 tokens (MMQ_M; the 8B's shapes) by the integer GEMV / cuBLAS
 #             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 5 tokens (the default), and from 2
 #             (matmul_bench --mmq-min 2)
+#   attn      tests/attention_bench (the 8B shape's attention op: prefill of 512 to 4096 tokens, decode) beside
+#             PyTorch's flash attention on the same prefill shapes (bench/attention_peer.py), then ncu's view of
+#             the prefill kernel at 2048 tokens
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
 #             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
 #   ltprobe   bench/cublaslt_probe.cu: cuBLAS's bf16 GEMMs on the 8B's shapes at 9 to 64 tokens, its default and every
@@ -89,6 +92,7 @@
 #             as FP8 by kiln quantize (compressed-tensors, per channel) and, unless prep made it, as a BF16 GGUF by
 #             kiln convert; kiln bench of the two side by side (pp2048, tg128, and --batch 64), with each one's
 #             step profile and a 2,048-token prompt's ops timed alone (KILN_CUDA_PROFILE)
+#             (FP8_PROFILE=0: the two benches alone; FP8_BENCH=0: the folders made, nothing run)
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
 #             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
@@ -206,10 +210,12 @@ if [ -f .gpu-kiln/kiln-cuda.tar.xz ] && [ "$(cat .gpu-kiln/tree.sha256 2>/dev/nu
   cuda_lib="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)/lib64"
   [ -d "$cuda_lib" ] && export LD_LIBRARY_PATH="$cuda_lib:$LD_LIBRARY_PATH"
   if build/cuda-dev/tools/kiln/kiln --version >/dev/null 2>&1 &&
-    build/cuda-dev/tests/cuda_tests --gtest_list_tests >/dev/null 2>&1; then
+    { [ ! -e build/cuda-dev/tests/cuda_tests ] ||
+      build/cuda-dev/tests/cuda_tests --gtest_list_tests >/dev/null 2>&1; }; then
     prebuilt=1
     scripts/tree-hash.sh >build/cuda-dev/.kiln-prebuilt
-    echo "kiln and cuda_tests: built from this tree elsewhere (.gpu-kiln)" | tee -a "$out/build.log"
+    echo "$(cat .gpu-kiln/binaries 2>/dev/null || echo kiln cuda_tests): built from this tree elsewhere (.gpu-kiln)" |
+      tee -a "$out/build.log"
   else
     echo "the binaries of .gpu-kiln do not start here: building them" | tee -a "$out/build.log"
     rm -f build/cuda-dev/tools/kiln/kiln build/cuda-dev/tests/cuda_tests
@@ -226,14 +232,17 @@ fi
 # BUILD_TARGETS="kiln matmul_bench ...": only those targets (a shorter call for the bench or ncu steps).
 targets=()
 for t in ${BUILD_TARGETS:-}; do targets+=(--target "$t"); done
-# With the binaries of .gpu-kiln, the steps that run others build those.
+# With the binaries of .gpu-kiln, the steps that run others build those the pack does not hold.
 if [ "$prebuilt" = 1 ] && [ ${#targets[@]} -eq 0 ]; then
+  need() { [ -e "build/cuda-dev/tests/$2" ] || targets+=(--target "$1"); }
   for step in "${steps[@]}"; do
     case "$step" in
-      test) targets+=(--target core_tests --target ops_tests) ;;
-      sanitize) targets+=(--target "${SANITIZE_TESTS:-ops_tests}") ;;
-      bench | mmq | ncu | tune) targets+=(--target matmul_bench) ;;
-      trace) targets+=(--target kiln_cuda_trace) ;;
+      test) need core_tests core_tests; need ops_tests ops_tests; need cuda_tests cuda_tests ;;
+      cudatests) need cuda_tests cuda_tests ;;
+      sanitize) need "${SANITIZE_TESTS:-ops_tests}" "${SANITIZE_TESTS:-ops_tests}" ;;
+      bench | mmq | ncu | tune) need matmul_bench matmul_bench ;;
+      attn) need attention_bench attention_bench ;;
+      trace) need kiln_cuda_trace libkiln_cuda_trace.so ;;
     esac
   done
 fi
@@ -333,6 +342,17 @@ for step in "${steps[@]}"; do
           --section MemoryWorkloadAnalysis "$bin/tests/matmul_bench" --device cuda --types "$type" --m "$m" \
           --shapes "$shape" 2>&1 | grep -vE "^==PROF==|^ *$|^ *-+[ -]*$|^\|" | head -120 || status=1
       done 2>&1 | tee "$out/ncu.md"
+      ;;
+    attn)
+      {
+        "$bin/tests/attention_bench" --device cuda ${ATTN_ARGS:---prefill 512,2048,4096}
+        python3 bench/attention_peer.py || true
+        ncu --clock-control none --kernel-name regex:attention_mma --launch-skip 1 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+          "$bin/tests/attention_bench" --device cuda --prefill 2048 --decode '' 2>&1 |
+          grep -vE "^==PROF==|^ *$|^ *-+[ -]*$" | head -150
+      } 2>&1 | tee "$out/attn.md" || status=1
       ;;
     ltprobe)
       { nvcc -O2 -arch=sm_90a -std=c++20 bench/cublaslt_probe.cu -lcublasLt -lcublas -o /tmp/cublaslt_probe &&
@@ -650,9 +670,11 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
           rm -rf "$folder"
         fi
         for m in "$bf16" "$fp8"; do
+          [ "${FP8_BENCH:-1}" = 1 ] || break
           [ -e "$m" ] || { echo "$m: not here (prep with PREP_ONLY=llama3-8b-bf16)"; continue; }
           echo "## $m"
           "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\||^kiln: cuda"
+          [ "${FP8_PROFILE:-1}" = 1 ] || continue
           # Where a step's time goes (host launch against the GPU's wait), and whether steps replay as graphs.
           KILN_STEP_PROFILE=1 "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 1 2>&1 |
             grep -E "steps:|programs replayed" | sed "s/^/  /"

@@ -99,30 +99,44 @@ if [ "${1:-}" = "--peer-binaries" ] && [ ! -f "$KILN_ROOT/.gpu-peer/llama.cpp-cu
   tar cJf "$KILN_ROOT/.gpu-peer/llama.cpp-cuda.tar.xz" -C "$stage" llama.cpp
   rm -rf "$stage"
 fi
-# --kiln-binaries: kiln and cuda_tests of the `cuda-dev` preset (sm_90a) built here from this tree, stripped and
-# packed as .gpu-kiln/kiln-cuda.tar.xz (~44 MB, git-ignored; with .gpu-deps and the tree, under what a call
-# carries, but not beside .gpu-peer) with the hash of the sources they were built from (scripts/tree-hash.sh)
-# in .gpu-kiln/tree.sha256. scripts/gpu-check.sh unpacks them instead of building kiln where its tree gives the
-# same hash, which spares a call the build (1.5 to 3.5 minutes of the GPU machine's time). Made again whenever
-# the tree's hash has changed.
+# --kiln-binaries: kiln, cuda_tests, attention_bench, matmul_bench and the CUPTI trace library of the
+# `cuda-dev` preset (sm_90a) built here from this tree, stripped and packed as .gpu-kiln/kiln-cuda.tar.xz
+# (~30 MB: one xz stream whose 192 MiB window holds the device code the binaries share; git-ignored; with
+# .gpu-deps and the tree, under what a call carries, but not beside .gpu-peer) with the hash of the sources
+# they were built from (scripts/tree-hash.sh) in .gpu-kiln/tree.sha256. scripts/gpu-check.sh unpacks them
+# instead of building where its tree gives the same hash, which spares a call the build (1.5 to 3.5 minutes
+# of the GPU machine's time). Made again whenever the tree's hash or the set of binaries has changed.
+# KILN_BINARIES="cuda_tests": those targets beside kiln instead.
 if [ "${1:-}" = "--kiln-binaries" ]; then
   command -v nvcc >/dev/null || die "--kiln-binaries needs nvcc (the CUDA toolkit) on the PATH"
   pack_dir="$KILN_ROOT/.gpu-kiln"
-  hash=$("$KILN_ROOT/scripts/tree-hash.sh")
-  if [ ! -f "$pack_dir/kiln-cuda.tar.xz" ] || [ "$(cat "$pack_dir/tree.sha256" 2>/dev/null)" != "$hash" ]; then
-    say "building kiln and cuda_tests (cuda-dev) for the GPU machine"
-    (cd "$KILN_ROOT" && cmake --preset cuda-dev >/dev/null &&
-      cmake --build build/cuda-dev --target kiln cuda_tests)
-    [ "$("$KILN_ROOT/scripts/tree-hash.sh")" = "$hash" ] || die "the tree changed during the build: run it again"
+  want="kiln ${KILN_BINARIES:-cuda_tests attention_bench matmul_bench kiln_cuda_trace}"
+  want=$(printf '%s\n' $want | sort -u | tr '\n' ' ')
+  stamp="$("$KILN_ROOT/scripts/tree-hash.sh") $want"
+  packed="$(cat "$pack_dir/tree.sha256" 2>/dev/null) $(cat "$pack_dir/binaries" 2>/dev/null)"
+  if [ ! -f "$pack_dir/kiln-cuda.tar.xz" ] || [ "$packed" != "$stamp" ]; then
+    say "building $want(cuda-dev) for the GPU machine"
+    targets=()
+    for t in $want; do targets+=(--target "$t"); done
+    (cd "$KILN_ROOT" && cmake --preset cuda-dev >/dev/null && cmake --build build/cuda-dev "${targets[@]}")
+    [ "$("$KILN_ROOT/scripts/tree-hash.sh") $want" = "$stamp" ] || die "the tree changed during the build: run it again"
     stage=$(mktemp -d)
     mkdir -p "$stage/tools/kiln" "$stage/tests"
-    strip -o "$stage/tools/kiln/kiln" "$KILN_ROOT/build/cuda-dev/tools/kiln/kiln"
-    strip -o "$stage/tests/cuda_tests" "$KILN_ROOT/build/cuda-dev/tests/cuda_tests"
+    for t in $want; do
+      case "$t" in
+        kiln) strip -o "$stage/tools/kiln/kiln" "$KILN_ROOT/build/cuda-dev/tools/kiln/kiln" ;;
+        kiln_cuda_trace)
+          strip -o "$stage/tests/libkiln_cuda_trace.so" "$KILN_ROOT/build/cuda-dev/tests/libkiln_cuda_trace.so"
+          ;;
+        *) strip -o "$stage/tests/$t" "$KILN_ROOT/build/cuda-dev/tests/$t" ;;
+      esac
+    done
     say "packing them into .gpu-kiln/kiln-cuda.tar.xz"
     mkdir -p "$pack_dir"
-    rm -f "$pack_dir/tree.sha256"
-    tar cJf "$pack_dir/kiln-cuda.tar.xz" -C "$stage" tools tests
-    echo "$hash" >"$pack_dir/tree.sha256"
+    rm -f "$pack_dir/tree.sha256" "$pack_dir/binaries"
+    tar cf - -C "$stage" tools tests | xz -T1 --lzma2=preset=9,dict=192MiB >"$pack_dir/kiln-cuda.tar.xz"
+    echo "${stamp%% *}" >"$pack_dir/tree.sha256"
+    echo "$want" >"$pack_dir/binaries"
     rm -rf "$stage"
   fi
 fi
