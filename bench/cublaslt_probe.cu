@@ -107,6 +107,26 @@ AlgoConfig config_of(const cublasLtMatmulAlgo_t& algo) {
   return c;
 }
 
+// The backend's e4m3 GEMM (lt_gemm): D = A^T B, f32 accumulators in the tensor cores' own (fast
+// accumulation), with the outer scale vectors sw (of A's columns) and sx (of B's) unless they are null.
+cublasLtMatmulDesc_t fp8_desc(void* sw, void* sx) {
+  cublasLtMatmulDesc_t desc = nullptr;
+  CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int8_t fast = 1;
+  CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (sw != nullptr) {
+    const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec));
+    CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec));
+    CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+    CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
+  }
+  return desc;
+}
+
 // The FP8 table: as the backend's lt_gemm, for each algorithm the heuristic returns and each split-k its
 // capabilities allow.
 int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t stream, cublasLtHandle_t lt,
@@ -134,18 +154,7 @@ int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t strea
       CHECK(cudaMemset(sw, 0, size_t{4} * n));
       CHECK(cudaMemset(sx, 0, size_t{4} * 2048));
       for (const int m : ms) {
-        cublasLtMatmulDesc_t desc = nullptr;
-        CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        const int8_t fast = 1;
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
+        cublasLtMatmulDesc_t desc = fp8_desc(sw, sx);
         cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
         CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, lda));
         CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k));
@@ -263,20 +272,7 @@ int fp8_batched_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream
       for (const int split : {1, 2, 3, 4, 6, 8, 12, 16}) {
         if (k % (16 * split) != 0) continue;
         const int64_t ks = k / split;
-        cublasLtMatmulDesc_t desc = nullptr;
-        CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        const int8_t fast = 1;
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-        CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        if (outer) {
-          CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec));
-          CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec));
-          CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
-          CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
-        }
+        cublasLtMatmulDesc_t desc = outer ? fp8_desc(sw, sx) : fp8_desc(nullptr, nullptr);
         cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
         CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, ks, n, lda));
         CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, ks, m, k));

@@ -16,8 +16,8 @@
 #             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 5 tokens (the default), and from 2
 #             (matmul_bench --mmq-min 2)
 #   attn      tests/attention_bench (the 8B shape's attention op: prefill of 512 to 4096 tokens, decode) beside
-#             PyTorch's flash attention on the same prefill shapes (bench/attention_peer.py), then ncu's view of
-#             the prefill kernel at 2048 tokens
+#             PyTorch's flash and cuDNN attention on the same prefill shapes (bench/attention_peer.py), then
+#             ncu's view of the prefill kernel at 2048 tokens
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
 #             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
 #   ltprobe   bench/cublaslt_probe.cu: cuBLAS's bf16 GEMMs on the 8B's shapes at 9 to 64 tokens, its default and every

@@ -63,30 +63,14 @@ struct OutTensor {
 struct Fp8Weight {
   std::vector<float> scales;   // [out]
   std::vector<uint8_t> codes;  // [out, in]
+  bool by_gptq = false;        // the codes chosen by GPTQ (else rounded to nearest)
 };
 
-// Row r of `t` in f32 into v [cols], and its scale max |v| / 448 (1 for a row of zeros); false when a value
-// is not finite.
-bool row_values(const safetensors::Tensor& t, const DTypeInfo& info, int64_t r, float* v, float* scale) {
-  const int64_t cols = t.shape[1];
-  info.dequantize_row(t.data.data() + r * cols * info.type_size, v, cols);
-  float amax = 0.0f;
-  for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(v[c]));
-  if (!std::isfinite(amax)) return false;
-  *scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
-  return true;
-}
-
-// GPTQ's codes for `t` with the scales of `w` (quant/gptq.h: f8_e4m3 with the row scales pinned): `w.codes`
-// filled, or out_of_range (a Hessian not positive definite even dampened) for the caller's plain rounding.
-Status gptq_codes(const safetensors::Tensor& t, const DTypeInfo& info, const float* gram, GptqOptions go,
-                  ThreadPool& pool, Fp8Weight& w) {
-  const int64_t rows = t.shape[0], cols = t.shape[1];
-  std::vector<float> values(static_cast<size_t>(rows * cols));  // [rows, cols]
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
-    float scale = 0.0f;
-    for (int64_t r = r0; r < r1; ++r) row_values(t, info, r, values.data() + r * cols, &scale);
-  });
+// GPTQ's codes for the weight `values` [rows, cols] with the scales of `w` (quant/gptq.h: f8_e4m3 with the
+// row scales pinned) into `w.codes`; out_of_range (a Hessian not positive definite even dampened) leaves them
+// to the caller.
+Status gptq_codes(const std::vector<float>& values, int64_t rows, int64_t cols, const float* gram,
+                  GptqOptions go, ThreadPool& pool, Fp8Weight& w) {
   std::vector<uint8_t> blocks(static_cast<size_t>(rows * cols / quant::kQK) * sizeof(quant::BlockF8E4M3));
   go.row_scales = w.scales.data();
   go.pool = &pool;
@@ -98,8 +82,8 @@ Status gptq_codes(const safetensors::Tensor& t, const DTypeInfo& info, const flo
   return Status::ok_status();
 }
 
-// `t`'s scales and codes: rounded to nearest, or by GPTQ with `gram` when `go` and `gram` are given. A weight
-// GPTQ cannot round is rounded to nearest, with a note saying why.
+// `t`'s scales (max |row| / 448, 1 for a row of zeros) and codes: rounded to nearest, or by GPTQ with `gram`
+// when `go` and `gram` are given. A weight GPTQ cannot round is rounded to nearest, with a note saying why.
 Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, const float* gram, const GptqOptions* go,
                                   ThreadPool& pool, std::vector<std::string>& notes) {
   const std::optional<DType> dt = t.kiln_dtype();
@@ -109,36 +93,45 @@ Result<Fp8Weight> quantize_weight(const safetensors::Tensor& t, const float* gra
   }
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const DTypeInfo& info = dtype_info(*dt);
+  bool gptq = go != nullptr && gram != nullptr;
+  if (gptq && cols % quant::kQK != 0) {
+    notes.push_back(fmt::format("{}: rows of {} are not whole blocks of {}: rounded to nearest, not by GPTQ",
+                                t.name, cols, quant::kQK));
+    gptq = false;
+  }
   Fp8Weight w;
   w.scales.resize(static_cast<size_t>(rows));
   w.codes.resize(static_cast<size_t>(rows * cols));
+  // The rows in f32: all of them for GPTQ, else one a thread at a time.
+  std::vector<float> values(static_cast<size_t>(gptq ? rows * cols : 0));
   std::atomic<int64_t> bad_row{-1};
   pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> v(static_cast<size_t>(cols));
+    std::vector<float> row(static_cast<size_t>(gptq ? 0 : cols));
     for (int64_t r = r0; r < r1; ++r) {
-      float& scale = w.scales[static_cast<size_t>(r)];
-      if (!row_values(t, info, r, v.data(), &scale)) {
+      float* v = gptq ? values.data() + r * cols : row.data();
+      info.dequantize_row(t.data.data() + r * cols * info.type_size, v, cols);
+      float amax = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(v[c]));
+      if (!std::isfinite(amax)) {
         bad_row = r;
         continue;
       }
+      const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+      w.scales[static_cast<size_t>(r)] = scale;
       uint8_t* q = w.codes.data() + r * cols;
-      for (int64_t c = 0; c < cols; ++c) q[c] = f32_to_f8_e4m3(v[static_cast<size_t>(c)] / scale);
+      for (int64_t c = 0; c < cols; ++c) q[c] = f32_to_f8_e4m3(v[c] / scale);
     }
   });
   if (bad_row >= 0)
     return invalid_argument("{}: row {} holds a value that is not finite", t.name, bad_row.load());
-  if (go == nullptr || gram == nullptr) return w;
-  if (cols % quant::kQK != 0) {
-    notes.push_back(fmt::format("{}: rows of {} are not whole blocks of {}: rounded to nearest, not by GPTQ",
-                                t.name, cols, quant::kQK));
-    return w;
-  }
-  const Status s = gptq_codes(t, info, gram, *go, pool, w);
+  if (!gptq) return w;
+  const Status s = gptq_codes(values, rows, cols, gram, *go, pool, w);
   if (s.code() == StatusCode::out_of_range) {
     notes.push_back(fmt::format("{}: {}; rounded to nearest, not by GPTQ", t.name, s.message()));
     return w;  // the plain codes above
   }
   if (!s.ok()) return Status(s.code(), fmt::format("{}: GPTQ: {}", t.name, s.message()));
+  w.by_gptq = true;
   return w;
 }
 
@@ -204,11 +197,10 @@ Status write_weights(const std::string& path, const std::vector<OutTensor>& tens
         ++stats.n_copied;
         break;
       case OutTensor::Kind::fp8_values: {
-        const size_t n_notes = stats.notes.size();
         KILN_ASSIGN_OR_RETURN(current, quantize_weight(*t.src, t.gram, go, pool, stats.notes));
         KILN_TRY(write_bytes(out.stream(), current.codes.data(), current.codes.size(), path));
         ++stats.n_quantized;
-        stats.n_gptq += go != nullptr && t.gram != nullptr && stats.notes.size() == n_notes ? 1 : 0;
+        stats.n_gptq += current.by_gptq ? 1 : 0;
         break;
       }
       case OutTensor::Kind::fp8_scales:
@@ -283,17 +275,6 @@ Result<const float*> gptq_gram(const Imatrix& imatrix, const safetensors::Tensor
   return e.gram_values().data();
 }
 
-// GPTQ's backend (Fp8FolderOptions::device): a GPU's, or null for the CPU.
-Result<std::unique_ptr<Backend>> gptq_backend(const std::string& device) {
-  std::unique_ptr<Backend> b;
-  if (device == "cpu" || (device == "auto" && !cuda_available())) return b;
-  BackendOptions bo;
-  bo.precision = ops::Precision::precision_exact;  // exact f32 products: no TF32
-  KILN_ASSIGN_OR_RETURN(b, make_backend(device, bo));
-  if (b->host_memory()) b.reset();
-  return b;
-}
-
 }  // namespace
 
 Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string& out,
@@ -364,7 +345,7 @@ Result<Fp8FolderStats> write_fp8_folder(const std::string& in, const std::string
   config["quantization_config"] = quantization_config(ignore, o.static_activations);
   std::unique_ptr<Backend> backend;
   if (o.gptq) {
-    KILN_ASSIGN_OR_RETURN(backend, gptq_backend(o.device));
+    KILN_ASSIGN_OR_RETURN(backend, gptq_device(o.device));
   }
   GptqOptions go;
   go.damp = o.gptq_damp;

@@ -621,6 +621,16 @@ Status gptq_on_backend(const Job& j, const Permuted& p, double damp, Backend& b,
 
 bool gptq_supports(DType type) { return codec_of(type) != nullptr; }
 
+Result<std::unique_ptr<Backend>> gptq_device(const std::string& device) {
+  std::unique_ptr<Backend> b;
+  if (device == "cpu" || (device == "auto" && !cuda_available())) return b;
+  BackendOptions bo;
+  bo.precision = ops::Precision::precision_exact;
+  KILN_ASSIGN_OR_RETURN(b, make_backend(device, bo));
+  if (b->host_memory()) b.reset();
+  return b;
+}
+
 Result<GptqFactor> gptq_factor(const float* hessian, int64_t n, double damp) {
   if (n <= 0) return invalid_argument("gptq: hessian size {} is not positive", n);
   std::vector<int64_t> perm(static_cast<size_t>(n));

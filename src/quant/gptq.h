@@ -29,6 +29,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -57,6 +59,10 @@ struct GptqOptions {
 // The types gptq_quantize writes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
 // and kiln's f8_e4m3.
 bool gptq_supports(DType type);
+
+// GptqOptions::backend for a device name ("cpu", "auto": a GPU when this build and machine have one,
+// "cuda[:N]"): a GPU's backend at the exact precision (f32 products, no TF32), or null for the CPU.
+Result<std::unique_ptr<Backend>> gptq_device(const std::string& device);
 
 // `w` [n_rows, n_per_row] row-major f32, `hessian` [n_per_row, n_per_row] row-major (symmetric: its lower
 // triangle j <= i is read), written to `dst` as n_rows rows of `type` (dtype_row_bytes(type, n_per_row) bytes

@@ -518,14 +518,10 @@ Status write_output(const QuantizeOptions& o, const gguf::File& file, bool hf_fo
   gguf::Writer w(file.alignment());
   KILN_TRY(set_metadata(o, file, hf_folder, ft, imatrix, w));
   ThreadPool pool(o.threads);
-  // GPTQ's factor and updates on a GPU, when the device is one (exact f32 products: no TF32).
+  // GPTQ's factor and updates on a GPU, when the device is one.
   std::unique_ptr<Backend> device;
-  const bool may_have_gpu = o.device != "cpu" && (o.device != "auto" || cuda_available());
-  if (may_have_gpu && std::any_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.gptq; })) {
-    BackendOptions bo;
-    bo.precision = ops::Precision::precision_exact;
-    KILN_ASSIGN_OR_RETURN(device, make_backend(o.device, bo));
-    if (device->host_memory()) device.reset();
+  if (std::any_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.gptq; })) {
+    KILN_ASSIGN_OR_RETURN(device, gptq_device(o.device));
     if (device != nullptr && events.note)
       events.note(fmt::format("GPTQ's factors and updates on {}", device->name()));
   }
