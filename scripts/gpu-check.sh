@@ -36,7 +36,7 @@
 #   ab        kiln alone on the peer step's files (made by prep; waits for all of them, so that no quantizing
 #             shares the machine): decode and prefill under each of the environment settings AB_ENVS (default:
 #             KILN_CUDA_PDL=0 KILN_CUDA_PDL=1; A=1+B=2 sets two; KILN_BIN=PATH runs another kiln binary), interleaved,
-#             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0), AB_REPS rounds (default 2), with the
+#             on AB_FILES (default: the 135M and 8B BF16 and the 8B Q8_0; or a folder such as fp8's llama3-8b-fp8), AB_REPS rounds (default 2), with the
 #             bench arguments AB_ARGS (default: -p 512 -n 128; batched decode: -p 0 -n 128 --batch 16,64)
 #   profile   each kernel's time in decode steps by ncu (bench/gpu_peer.py's kernel_profile) on PROFILE_FILES
 #             (default: the 8B Q4_0; waits for prep's files)
@@ -44,7 +44,8 @@
 #             records (bench/cuda_trace.cpp) summed by bench/cuda_trace.py, on TRACE_FILES (default: the 8B Q4_0
 #             and the 135M BF16, or a folder such as fp8's llama3-8b-fp8; waits for prep's files), TRACE_ARGS
 #             the bench's arguments, TRACE_LATEST=1 the steps of the last graph replayed (the batched decode of
-#             -n N --batch B), TRACE_KEEP=1 the records as $OUT/trace-FILE.csv.gz
+#             -n N --batch B), TRACE_KEEP=1 the records as $OUT/trace-FILE.csv.gz, TRACE_BASE=PATH another kiln
+#             traced first
 #   prefill   each kernel's time in a pp2048 (ncu), kiln's and llama.cpp's, and kiln's per-op table
 #             (KILN_CUDA_PROFILE) on PREFILL_FILES (default: the 8B BF16; waits for that file and the peer's build)
 #   offload   partial offload beside llama.cpp (bench/gpu_peer.py --offload): OFFLOAD_LAYERS (default 16) layers on
@@ -801,6 +802,7 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
       while prep_running; do sleep 5; done
       for f in ${AB_FILES:-smollm2-135m-bf16 llama3-8b-bf16 llama3-8b-q8_0}; do
         path=/tmp/kiln-models/$f.gguf
+        [ -e "$path" ] || path=/tmp/kiln-models/$f  # a folder (fp8's llama3-8b-fp8)
         if [ ! -e "$path" ]; then
           echo "$f: not made"
           status=1
@@ -842,15 +844,20 @@ print(g.kernel_profile(P('$bin/tools/kiln/kiln'), P('/tmp/kiln-models/$f.gguf'),
         m="/tmp/kiln-models/$f.gguf"
         [ -e "$m" ] || m="/tmp/kiln-models/$f"  # a folder (fp8's llama3-8b-fp8)
         args=(bench -m "$m" -d cuda ${TRACE_ARGS:--p 0 -n 128 -r 1})
-        echo "$f without the records: $("$bin/tools/kiln/kiln" "${args[@]}" 2>/dev/null | grep -E "^\| .*tg")"
-        echo "$f with them: $(KILN_CUDA_TRACE_OUT="/tmp/trace-$f.csv" CUDA_INJECTION64_PATH="$lib" \
-          "$bin/tools/kiln/kiln" "${args[@]}" 2>"/tmp/trace-$f.log" | grep -E "^\| .*tg")"
-        tail -1 "/tmp/trace-$f.log"
-        # KILN_CUDA_TRACE_API=1: the host's time in each CUDA runtime and driver function, too.
-        grep -A30 "host time in CUDA calls" "/tmp/trace-$f.log" || true
-        python3 bench/cuda_trace.py "/tmp/trace-$f.csv" --label "$f" ${TRACE_LATEST:+--latest} || status=1
-        # TRACE_KEEP=1: the records too, compressed, for bench/cuda_trace.py here (two files more under $OUT).
-        if [ "${TRACE_KEEP:-0}" = 1 ]; then gzip -c "/tmp/trace-$f.csv" >"$out/trace-$f.csv.gz"; fi
+        # TRACE_BASE=PATH: another kiln (an earlier build: build/cuda-dev/base/kiln from a pack with KILN_BASE)
+        # traced first, on the same file.
+        for k in ${TRACE_BASE:-} "$bin/tools/kiln/kiln"; do
+          [ -n "${TRACE_BASE:-}" ] && echo "## $k"
+          echo "$f without the records: $("$k" "${args[@]}" 2>/dev/null | grep -E "^\| .*tg")"
+          echo "$f with them: $(KILN_CUDA_TRACE_OUT="/tmp/trace-$f.csv" CUDA_INJECTION64_PATH="$lib" \
+            "$k" "${args[@]}" 2>"/tmp/trace-$f.log" | grep -E "^\| .*tg")"
+          tail -1 "/tmp/trace-$f.log"
+          # KILN_CUDA_TRACE_API=1: the host's time in each CUDA runtime and driver function, too.
+          grep -A30 "host time in CUDA calls" "/tmp/trace-$f.log" || true
+          python3 bench/cuda_trace.py "/tmp/trace-$f.csv" --label "$f" ${TRACE_LATEST:+--latest} || status=1
+          # TRACE_KEEP=1: the records too, compressed, for bench/cuda_trace.py here (two files more under $OUT).
+          if [ "${TRACE_KEEP:-0}" = 1 ]; then gzip -c "/tmp/trace-$f.csv" >"$out/trace-$f.csv.gz"; fi
+        done
       done 2>&1 | tee "$out/trace.md"
       ;;
     prefill)

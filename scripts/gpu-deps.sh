@@ -106,23 +106,33 @@ fi
 # they were built from (scripts/tree-hash.sh) in .gpu-kiln/tree.sha256. scripts/gpu-check.sh unpacks them
 # instead of building where its tree gives the same hash, which spares a call the build (1.5 to 3.5 minutes
 # of the GPU machine's time). Made again whenever the tree's hash or the set of binaries has changed.
-# KILN_BINARIES="cuda_tests": those targets beside kiln instead.
+# KILN_BINARIES="cuda_tests": those targets beside kiln instead. KILN_BASE=DIR: binaries built from an earlier
+# tree (DIR/kiln, DIR/matmul_bench, stripped) packed beside them as base/ (unpacked as build/cuda-dev/base/: the
+# ab step's KILN_BIN, the bench step's BENCH_BASE, the trace step's TRACE_BASE), for A/B runs in one call; the
+# shared xz window keeps them to a few MB more.
 if [ "${1:-}" = "--kiln-binaries" ]; then
   command -v nvcc >/dev/null || die "--kiln-binaries needs nvcc (the CUDA toolkit) on the PATH"
   pack_dir="$KILN_ROOT/.gpu-kiln"
   want="kiln ${KILN_BINARIES:-cuda_tests attention_bench matmul_bench kiln_cuda_trace}"
   want=$(printf '%s\n' $want | sort -u | tr '\n' ' ')
+  base_hash=
+  if [ -n "${KILN_BASE:-}" ]; then
+    [ -d "$KILN_BASE" ] || die "KILN_BASE=$KILN_BASE: not a folder"
+    base_hash="base:$(cat "$KILN_BASE"/* | sha256sum | cut -c1-16)"
+  fi
+  want="$want$base_hash"
   stamp="$("$KILN_ROOT/scripts/tree-hash.sh") $want"
   packed="$(cat "$pack_dir/tree.sha256" 2>/dev/null) $(cat "$pack_dir/binaries" 2>/dev/null)"
   if [ ! -f "$pack_dir/kiln-cuda.tar.xz" ] || [ "$packed" != "$stamp" ]; then
     say "building $want(cuda-dev) for the GPU machine"
     targets=()
-    for t in $want; do targets+=(--target "$t"); done
+    for t in ${want%base:*}; do targets+=(--target "$t"); done
     (cd "$KILN_ROOT" && cmake --preset cuda-dev >/dev/null && cmake --build build/cuda-dev "${targets[@]}")
     [ "$("$KILN_ROOT/scripts/tree-hash.sh") $want" = "$stamp" ] || die "the tree changed during the build: run it again"
     stage=$(mktemp -d)
     mkdir -p "$stage/tools/kiln" "$stage/tests"
-    for t in $want; do
+    if [ -n "$base_hash" ]; then mkdir -p "$stage/base" && cp "$KILN_BASE"/* "$stage/base/"; fi
+    for t in ${want%base:*}; do
       case "$t" in
         kiln) strip -o "$stage/tools/kiln/kiln" "$KILN_ROOT/build/cuda-dev/tools/kiln/kiln" ;;
         kiln_cuda_trace)
@@ -134,7 +144,15 @@ if [ "${1:-}" = "--kiln-binaries" ]; then
     say "packing them into .gpu-kiln/kiln-cuda.tar.xz"
     mkdir -p "$pack_dir"
     rm -f "$pack_dir/tree.sha256" "$pack_dir/binaries"
-    tar cf - -C "$stage" tools tests | xz -T1 --lzma2=preset=9,dict=192MiB >"$pack_dir/kiln-cuda.tar.xz"
+    # Each base binary right after its twin, inside the window that finds what they share.
+    files=$(cd "$stage" && find tools tests -type f | sort)
+    if [ -n "$base_hash" ]; then
+      files=$(for f in $files; do
+        echo "$f"
+        [ -e "$stage/base/$(basename "$f")" ] && echo "base/$(basename "$f")"
+      done)
+    fi
+    tar cf - -C "$stage" $files | xz -T1 --lzma2=preset=9,dict=192MiB >"$pack_dir/kiln-cuda.tar.xz"
     echo "${stamp%% *}" >"$pack_dir/tree.sha256"
     echo "$want" >"$pack_dir/binaries"
     rm -rf "$stage"
