@@ -4,9 +4,9 @@
 // and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
 // file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, in the
 // Q/K/V GEMV's stores or as their own kernel, then the attention that reads them, over f16 and f32 pools
-// (q8_0 pools: RoPE and the KV write apart), one or several chunks of positions; Q4_K, Q5_K, Q6_K and Q4_0
-// weights, random blocks of them, on the staged integer GEMV; float weights: the gate/up GEMV that applies
-// the activation, at each of its block shapes).
+// (q8_0 pools: the RoPE + KV-write kernel after the GEMV), one or several chunks of positions; Q4_K, Q5_K,
+// Q6_K and Q4_0 weights, random blocks of them, on the staged integer GEMV; float weights: the gate/up GEMV
+// that applies the activation, at each of its block shapes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -401,14 +401,20 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   prefill.prefill = true;
   for (const int64_t m : {40, 100}) expect_fused_as_alone(m, DType::bf16, false, prefill);
   expect_fused_as_alone(40, DType::f16, false, prefill);
-  // q8_0 pools: RoPE and the KV write run apart (no fused path writes q8_0 blocks); the attention that reads
-  // them rounds the output projection's x for the integer GEMV (decode, one chunk or several) or writes it in
-  // bf16 (a prefill on tensor cores).
+  // q8_0 pools: RoPE and the KV write as one kernel after Q/K/V's GEMV (rope_kv_write_q8_kernel: a warp a
+  // head row), against rope, rope and the KV write apart; NeoX pairs (32 dims apart), half the dims rotated,
+  // frequency factors, 1 to 64 tokens. The attention that reads the pools rounds the output projection's x
+  // for the integer GEMV (decode, one chunk or several) or writes it in bf16 (a prefill on tensor cores).
   LayerOptions q8_pools;
   q8_pools.pool = DType::q8_0;
-  for (const int64_t m : {1, 12}) {
+  for (const int64_t m : {1, 3, 12}) {
     expect_fused_as_alone(m, DType::bf16, false, q8_pools);
     expect_fused_as_alone(m, DType::q8_0, true, q8_pools);
+  }
+  expect_fused_as_alone(1, DType::f8_e4m3, true, q8_pools);
+  for (LayerOptions opt : {neox, neox_half, factors}) {
+    opt.pool = DType::q8_0;
+    for (const int64_t m : {1, 5, 64}) expect_fused_as_alone(m, DType::bf16, false, opt);
   }
   q8_pools.prefill = true;
   expect_fused_as_alone(40, DType::bf16, false, q8_pools);
@@ -665,16 +671,18 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::get<ops::Matmul>(ops[15]).x = std::get<ops::GatedAct>(ops[14]).up;
     EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
   }
-  // q8_0 pools: the same, but that RoPE of q, of k and the KV write run alone (bf16 weights, one token:
-  // add+norm, qkv; q8_0 weights: add+norm+qkv).
+  // q8_0 pools: the same sequences as f16 pools (Q/K/V's GEMV then the RoPE + KV-write kernel, in one
+  // sequence), for bf16 and q8_0 weights; a prefill's RoPE q, RoPE k and KV write as one kernel.
   {
     LayerOptions q8_pools;
     q8_pools.pool = DType::q8_0;
     Layer L = make_layer(**b, 1, DType::bf16, 1, false, q8_pools);
-    EXPECT_EQ(fused_lengths(L.program), (std::vector<size_t>{2, 3, 0, 0, 0, 0, 0, 2, 3, 0, 0}))
-        << "q8_0 pools";
+    EXPECT_EQ(fused_lengths(L.program), (std::vector<size_t>{2, 6, 0, 0, 2, 3, 0, 0})) << "q8_0 pools";
     Layer Q = make_layer(**b, 1, DType::q8_0, 1, false, q8_pools);
-    EXPECT_EQ(fused_lengths(Q.program), (std::vector<size_t>{5, 0, 0, 0, 2, 4, 2, 0})) << "q8_0 pools, q8_0";
+    EXPECT_EQ(fused_lengths(Q.program), (std::vector<size_t>{8, 2, 4, 2, 0})) << "q8_0 pools, q8_0";
+    q8_pools.prefill = true;
+    Layer P = make_layer(**b, 40, DType::bf16, 1, false, q8_pools);
+    EXPECT_EQ(fused_lengths(P.program), (std::vector<size_t>{5, 3, 2, 4, 2, 0})) << "q8_0 pools, prefill";
   }
   // V's weight of another type (q4_0 beside q8_0): the same sequences, V's GEMV a launch of its own; with the
   // split switched off, V and the RoPE + KV write run apart.

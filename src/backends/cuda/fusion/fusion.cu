@@ -114,8 +114,9 @@ bool add_norm_pair(const ops::Op& a, const ops::Op& b) {
          !overlap(norm->dst, add->dst) && !overlap(add->dst, add->b.tensor);
 }
 
-// RoPE of q and of k, then the KV write of that k into f16 or f32 pools (rope_kv_write_pools: q8_0 pools take
-// the three ops apart, and rope_after, which asks here, gives no GEMV that writes them).
+// RoPE of q and of k, then the KV write of that k into the pools rope_kv_write writes (rope_kv_write_pools:
+// f16, f32, or q8_0 both; rope_after, which asks here, gives q8_0 pools a GEMV that stores plainly and
+// rope_kv_write after it).
 bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
   const auto* rq = std::get_if<ops::Rope>(&a);
   const auto* rk = std::get_if<ops::Rope>(&b);

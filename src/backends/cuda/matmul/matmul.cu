@@ -324,8 +324,9 @@ RopeFreqs rope_args(GemvArgs& a, const RopeOps& rope) {
 cudaError_t launch_gemv_rope(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped,
                              const RopeOps& rope) {
   const RopeFreqs freqs = rope_args(a, rope);
+  const bool in_stores = rope_kv_write_float_pools(*rope.kv);
   bool roped = false;
-  if (const cudaError_t err = launch_gemv(ctx, a, w, q8, grouped, &freqs, &roped);
+  if (const cudaError_t err = launch_gemv(ctx, a, w, q8, grouped, in_stores ? &freqs : nullptr, &roped);
       err != cudaSuccess || roped)
     return err;
   return rope_kv_write(ctx, *rope.q, *rope.k, *rope.kv);
@@ -353,7 +354,7 @@ cudaError_t launch_qkv_rope(const Context& ctx, std::span<const ops::Matmul* con
   bool qk_rotates = false, v_rotates = false;
   (void)launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w), &freqs, &qk_rotates, true);
   (void)launch_gemv(ctx, b, v.w.tensor, q8, grouped(v.w), &freqs, &v_rotates, true);
-  const bool rotate = qk_rotates && v_rotates;
+  const bool rotate = qk_rotates && v_rotates && rope_kv_write_float_pools(*rope.kv);
   if (const cudaError_t err =
           launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w), rotate ? &freqs : nullptr);
       err != cudaSuccess) {

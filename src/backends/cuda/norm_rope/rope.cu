@@ -1,7 +1,7 @@
 // RoPE and the KV write on CUDA, alone and fused (RoPE of q and k with the KV write of k and v: run_fused's
-// rope_kv_write, into f16 or f32 pools; q8_0 pools take the KV write alone, which quantizes as the
-// reference). Bound by memory traffic: one pass over their operands, f32 arithmetic with the angles in double
-// (as the CPU backend), rows addressed through their views' strides.
+// rope_kv_write, into f16, f32 or q8_0 pools; q8_0 blocks quantized as the reference quantizes). Bound by
+// memory traffic: one pass over their operands, f32 arithmetic with the angles in double (as the CPU
+// backend), rows addressed through their views' strides.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -362,6 +362,76 @@ __global__ void __launch_bounds__(kThreads)
   if (!waited) pdl_begin();
 }
 
+// ---- fused into q8_0 pools: a warp a head row ----
+
+constexpr int kQ8RopeMaxDim = 256;  // the longest head row rope_kv_write_q8_kernel stages
+
+// RoPE of q and k and the KV write into q8_0 pools, a warp a head row of a token: q's heads' rows (rotated
+// into q_dst), k's (rotated into k_dst, and each block of 32 of them into the K pool), then v's (into the V
+// pool). The warp stages its row in shared memory before writing any of it, so that a rotation in place reads
+// the row as it was (NeoX pairs lie 32 lanes or more apart); the rotation is rope_rotate on the pair, and the
+// blocks put_q8 of the rotated values, as rope_kernel and kv_write_q8_kernel apart: the same bits. A token's
+// rows split among gridDim.y blocks, rows_per_split each, each of which computes the token's table.
+__global__ void __launch_bounds__(kThreads)
+    rope_kv_write_q8_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, KvQ8* k_pool, KvQ8* v_pool,
+                            const int32_t* slots, const int32_t* positions, const float* factors,
+                            ops::RopeParams p, RopeFreqs fr, int head_dim, int n_heads, int n_kv,
+                            int64_t n_tokens, int rows_per_split) {
+  __shared__ float2 cs_sn[kMaxRopePairs];
+  __shared__ float staged[kThreads / 32][kQ8RopeMaxDim];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32), blocks_a_row = head_dim / 32;
+  const int rot = n_heads + n_kv, rows = rot + n_kv;
+  const int lo = static_cast<int>(blockIdx.y) * rows_per_split, hi = min(rows, lo + rows_per_split);
+  const int half = p.n_rot / 2;
+  const bool normal = p.layout == ops::RopeLayout::rope_layout_normal;
+  float* row_s = staged[warp];
+  bool waited = false;
+  for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    if (t != blockIdx.x) __syncthreads();  // the previous token's table is no longer read
+    // The slots and positions (step metadata) and the factors (a weight) are not written by kernels: the
+    // first token's table is made before the wait on the kernel before.
+    rope_table(cs_sn, p, factors, fr, positions[t]);
+    if (!waited) {
+      pdl_begin();
+      waited = true;
+    }
+    __syncthreads();
+    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
+    for (int r = lo + warp; r < hi; r += warps) {       // the same trips in all of a warp's lanes
+      if (r >= rot) {                                   // v head r - rot: its blocks as they are
+        const int h = r - rot;
+        const float* vr = v.row_as<const float>(h + int64_t{n_kv} * t);
+        for (int b = 0; b < blocks_a_row; ++b) {
+          put_q8(vr[32 * b + lane], v_pool + (slot_row + h) * blocks_a_row + b, lane);
+        }
+        continue;
+      }
+      const bool is_k = r >= n_heads;
+      const int h = is_k ? r - n_heads : r;
+      const int64_t row = is_k ? h + int64_t{n_kv} * t : h + int64_t{n_heads} * t;
+      const float* xr = (is_k ? k : q).row_as<const float>(row);
+      for (int d = lane; d < head_dim; d += 32) row_s[d] = xr[d];
+      __syncwarp();
+      float* yr = (is_k ? k_dst : q_dst).row_as<float>(row);
+      for (int b = 0; b < blocks_a_row; ++b) {
+        const int d = 32 * b + lane;
+        float y = row_s[d];
+        if (d < p.n_rot) {  // else a dim passed through
+          const int i = normal ? d / 2 : d % half;
+          const int a = normal ? 2 * i : i, pb = normal ? 2 * i + 1 : i + half;
+          const float2 rotated = rope_rotate(row_s[a], row_s[pb], cs_sn[i]);
+          y = d == a ? rotated.x : rotated.y;
+        }
+        yr[d] = y;
+        if (is_k) put_q8(y, k_pool + (slot_row + h) * blocks_a_row + b, lane);
+      }
+      __syncwarp();  // row_s is read before the warp's next row fills it
+    }
+  }
+  if (!waited) pdl_begin();
+}
+
 }  // namespace
 
 cudaError_t rope(const Context& ctx, const ops::Rope& op) {
@@ -374,9 +444,22 @@ cudaError_t rope(const Context& ctx, const ops::Rope& op) {
   return launched();
 }
 
-bool rope_kv_write_pools(const ops::KvWrite& kv) {
+bool rope_kv_write_float_pools(const ops::KvWrite& kv) {
   const auto float_pool = [](const Tensor& t) { return t.type == DType::f32 || t.type == DType::f16; };
   return float_pool(kv.k_pool) && float_pool(kv.v_pool);
+}
+
+namespace {
+// q8_0 pools rope_kv_write_q8_kernel writes: rows of whole blocks, staged whole.
+bool rope_kv_write_q8_pools(const ops::KvWrite& kv) {
+  const int64_t head_dim = kv.k.ne[0];
+  return kv.k_pool.type == DType::q8_0 && kv.v_pool.type == DType::q8_0 && head_dim % 32 == 0 &&
+         head_dim <= kQ8RopeMaxDim;
+}
+}  // namespace
+
+bool rope_kv_write_pools(const ops::KvWrite& kv) {
+  return rope_kv_write_float_pools(kv) || rope_kv_write_q8_pools(kv);
 }
 
 namespace {
@@ -471,8 +554,26 @@ cudaError_t rope_kv_write_vec(const Context& ctx, const ops::Rope& q, const ops:
 cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k,
                           const ops::KvWrite& kv) {
   if (!rope_supported(q.p) || !rope_kv_write_pools(kv)) return cudaErrorNotSupported;
-  if (rope_vec_ok(q, k, kv)) return rope_kv_write_vec(ctx, q, k, kv);
   const int64_t head_dim = q.x.ne[0], n_heads = q.x.ne[1], n_kv = k.x.ne[1], n_tokens = q.x.ne[2];
+  if (rope_kv_write_q8_pools(kv)) {
+    // Few tokens (decode): a token's rows split among blocks of at least 4 warps, until the device has ~2
+    // blocks a multiprocessor.
+    const int64_t rows = n_heads + 2 * n_kv;
+    const int64_t splits =
+        std::clamp<int64_t>((2 * int64_t{ctx.n_sms} + n_tokens - 1) / n_tokens, 1, (rows + 3) / 4);
+    const int64_t per_split = (rows + splits - 1) / splits;
+    const dim3 grid(grid_for(n_tokens, 1), static_cast<unsigned>((rows + per_split - 1) / per_split));
+    const int threads = static_cast<int>(std::min<int64_t>(kThreads, 32 * per_split));
+    (void)launch_kernel(
+        ctx, rope_kv_write_q8_kernel, grid, threads, 0, rows_of(q.x), rows_of(q.dst), rows_of(k.x),
+        rows_of(k.dst), rows_of(kv.v), static_cast<KvQ8*>(kv.k_pool.data), static_cast<KvQ8*>(kv.v_pool.data),
+        static_cast<const int32_t*>(kv.slots.data), static_cast<const int32_t*>(q.positions.data),
+        static_cast<const float*>(q.freq_factors.tensor.data), q.p,
+        host_rope_freqs(q.p, q.freq_factors.tensor.data), static_cast<int>(head_dim),
+        static_cast<int>(n_heads), static_cast<int>(n_kv), n_tokens, static_cast<int>(per_split));
+    return launched();
+  }
+  if (rope_vec_ok(q, k, kv)) return rope_kv_write_vec(ctx, q, k, kv);
   // Few tokens (decode): a token's heads split among blocks, four a block, until the device has ~2 blocks a
   // multiprocessor.
   const int64_t heads = n_heads + n_kv;
