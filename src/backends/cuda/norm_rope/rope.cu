@@ -44,6 +44,18 @@ __device__ inline void rope_table(float2* cs_sn, const ops::RopeParams& p, const
   }
 }
 
+// The RoPE kernels' start of each token: its table into cs_sn, then, the first time, the wait on the kernel
+// before. The positions (step metadata) and the factors (a weight) are not written by kernels, so the first
+// token's table is made before that wait.
+__device__ inline void token_table(float2* cs_sn, const ops::RopeParams& p, const float* factors,
+                                   const RopeFreqs& fr, int32_t pos, bool& waited) {
+  rope_table(cs_sn, p, factors, fr, pos);
+  if (!waited) {
+    pdl_begin();
+    waited = true;
+  }
+}
+
 // Element i of a head's n_rot / 2 pairs and head_dim - n_rot pass-through dims: pair i (dims a and b) or
 // pass-through dim a = n_rot + i - n_rot / 2 (b < 0), with the values read from the head's row.
 struct RopeIn {
@@ -89,13 +101,7 @@ __global__ void rope_kernel(Rows x, Rows dst, const int32_t* positions, const fl
   bool waited = false;
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     __syncthreads();  // the previous token's table is no longer read
-    // The positions (step metadata) and the factors (a weight) are not written by kernels: the first token's
-    // table is made before the wait on the kernel before.
-    rope_table(cs_sn, p, factors, fr, positions[t]);
-    if (!waited) {
-      pdl_begin();
-      waited = true;
-    }
+    token_table(cs_sn, p, factors, fr, positions[t], waited);
     __syncthreads();
     for (int64_t c = threadIdx.x; c < per_head * n_heads; c += blockDim.x) {
       const DivMod hi = divmod(c, per_head);
@@ -216,15 +222,11 @@ __global__ void rope_kv_write_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Row
       const DivMod hd = divmod(e, head_dim);
       return v.row_as<const float>(v_lo + hd.q + n_kv * t)[hd.r];
     };
-    const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
-    __syncthreads();                                    // the previous token's table is no longer read
-    // The slots and positions (step metadata) and the factors (a weight) are not written by kernels: the
-    // first token's table is made before the wait on the kernel before (decode: the block's only token).
-    rope_table(cs_sn, p, factors, fr, positions[t]);
-    if (!waited) {
-      pdl_begin();
-      waited = true;
-    }
+    // Pools: [head_dim, n_kv, block_size, n_blocks]; the slots, step metadata as the positions, are read
+    // before the wait too (decode: the block's only token).
+    const int64_t slot_row = int64_t{slots[t]} * n_kv;
+    __syncthreads();  // the previous token's table is no longer read
+    token_table(cs_sn, p, factors, fr, positions[t], waited);
     const RopeIn first = threadIdx.x < n_items ? item(threadIdx.x) : RopeIn{};
     const float first_v = threadIdx.x < n_v ? v_at(threadIdx.x) : 0.0f;
     __syncthreads();
@@ -294,13 +296,7 @@ __global__ void __launch_bounds__(kThreads)
   bool waited = false;
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     if (t != blockIdx.x) __syncthreads();  // the previous token's table is no longer read
-    // The slots and positions (step metadata) and the factors (a weight) are not written by kernels: the
-    // first token's table is made before the wait on the kernel before.
-    rope_table(cs_sn, p, factors, fr, positions[t]);
-    if (!waited) {
-      pdl_begin();
-      waited = true;
-    }
+    token_table(cs_sn, p, factors, fr, positions[t], waited);
     const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
     // Unit u's head (q's, k's, then v's, counted from 0) and its first dim.
     const auto head_of = [&](int u, int& h, int& d) {
@@ -389,13 +385,7 @@ __global__ void __launch_bounds__(kThreads)
   bool waited = false;
   for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     if (t != blockIdx.x) __syncthreads();  // the previous token's table is no longer read
-    // The slots and positions (step metadata) and the factors (a weight) are not written by kernels: the
-    // first token's table is made before the wait on the kernel before.
-    rope_table(cs_sn, p, factors, fr, positions[t]);
-    if (!waited) {
-      pdl_begin();
-      waited = true;
-    }
+    token_table(cs_sn, p, factors, fr, positions[t], waited);
     __syncthreads();
     const int64_t slot_row = int64_t{slots[t]} * n_kv;  // pools: [head_dim, n_kv, block_size, n_blocks]
     for (int r = lo + warp; r < hi; r += warps) {       // the same trips in all of a warp's lanes
