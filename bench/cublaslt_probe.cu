@@ -127,6 +127,17 @@ cublasLtMatmulDesc_t fp8_desc(void* sw, void* sx) {
   return desc;
 }
 
+// Copies of an e4m3 weight of w_bytes (every code 1.0), enough of them (400 MB, at least 2) that the timed
+// loop reads each from memory, not from L2.
+std::vector<void*> e4m3_weights(size_t w_bytes) {
+  std::vector<void*> weights(std::max(2, static_cast<int>((size_t{400} << 20) / w_bytes)));
+  for (void*& w : weights) {
+    CHECK(cudaMalloc(&w, w_bytes));
+    CHECK(cudaMemset(w, 0x38, w_bytes));  // e4m3 1.0
+  }
+  return weights;
+}
+
 // The FP8 table: as the backend's lt_gemm, for each algorithm the heuristic returns and each split-k its
 // capabilities allow.
 int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t stream, cublasLtHandle_t lt,
@@ -139,12 +150,7 @@ int fp8_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream_t strea
     for (const int pad : {0, 16}) {
       const int lda = k + pad;
       const size_t w_bytes = size_t{1} * lda * n;
-      const int copies = std::max(2, static_cast<int>((size_t{400} << 20) / w_bytes));
-      std::vector<void*> weights(copies);
-      for (void*& w : weights) {
-        CHECK(cudaMalloc(&w, w_bytes));
-        CHECK(cudaMemset(w, 0x38, w_bytes));  // e4m3 1.0
-      }
+      const std::vector<void*> weights = e4m3_weights(w_bytes);
       void *x = nullptr, *d = nullptr, *sw = nullptr, *sx = nullptr;
       CHECK(cudaMalloc(&x, size_t{1} * k * 2048));
       CHECK(cudaMemset(x, 0x38, size_t{1} * k * 2048));
@@ -244,12 +250,7 @@ int fp8_batched_probe(const std::vector<std::pair<int, int>>& shapes, cudaStream
   for (const auto [k, n] : shapes) {
     const int lda = k + 16;
     const size_t w_bytes = size_t{1} * lda * n;
-    const int copies = std::max(2, static_cast<int>((size_t{400} << 20) / w_bytes));
-    std::vector<void*> weights(copies);
-    for (void*& w : weights) {
-      CHECK(cudaMalloc(&w, w_bytes));
-      CHECK(cudaMemset(w, 0x38, w_bytes));  // e4m3 1.0
-    }
+    const std::vector<void*> weights = e4m3_weights(w_bytes);
     constexpr int kMaxM = 128, kMaxSplit = 16;
     void *x = nullptr, *d = nullptr, *part = nullptr, *sw = nullptr, *sx = nullptr;
     CHECK(cudaMalloc(&x, size_t{1} * k * kMaxM));
