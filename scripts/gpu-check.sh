@@ -84,10 +84,10 @@
 #             logits of a 64-token prompt against one GPU's (tests/logits_driver --tp; max abs and top-1) and
 #             the engine's greedy 32 tokens against one GPU's (logits_driver, cuda_tests, ops_tests in
 #             BUILD_TARGETS)
-#   kv        the q8_0 KV cache on CUDA: the op harness's attention and KV-write cases (ops_tests in BUILD_TARGETS);
-#             KL divergence against f16 KV and (--exact) f32 KV on the default model; the tokens 1 GiB of each type
-#             holds; decode at KV_DEPTH (default 32768) positions, pp2048 and tg128@bs64, f16 beside q8_0, on the
-#             default model and the 8B BF16 of prep
+#   kv        the 8-bit KV caches (q8_0, q8_64) on CUDA: the op harness's attention and KV-write cases (ops_tests
+#             in BUILD_TARGETS); KL divergence against f16 KV and (--exact) f32 KV on the default model; the tokens
+#             1 GiB of each type holds; decode at KV_DEPTH (default 32768) positions, pp2048 and tg128@bs64, f16
+#             beside each (KV_TYPES, default "f16 q8_0 q8_64"), on the default model and the 8B BF16 of prep
 #   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS)
 #             and cuda_tests' row-form and stacked cases, then the Llama-3-8B shape's random BF16 folder written
 #             as FP8 by kiln quantize (compressed-tensors, per channel) and, unless prep made it, as a BF16 GGUF by
@@ -620,12 +620,12 @@ PY
           echo "## KV types against f16 KV (the default path) and f32 KV (--exact): default model, 8 chunks of 512 tokens"
           "$k" perplexity -m "$path" -d cuda -f /tmp/kv-text.txt -c 512 --chunks 8 --kv-type f16 \
             --kl-divergence-base /tmp/kv-f16.kld >/dev/null 2>&1
-          echo "q8_0 against f16: $(kld /tmp/kv-f16.kld --kv-type q8_0)"
+          for t in q8_0 q8_64; do echo "$t against f16: $(kld /tmp/kv-f16.kld --kv-type "$t")"; done
           "$k" perplexity -m "$path" -d cuda -f /tmp/kv-text.txt -c 512 --chunks 8 --kv-type f32 --exact \
             --kl-divergence-base /tmp/kv-f32.kld >/dev/null 2>&1
-          for t in f16 q8_0; do echo "--exact, $t against f32: $(kld /tmp/kv-f32.kld --kv-type "$t" --exact)"; done
+          for t in f16 q8_0 q8_64; do echo "--exact, $t against f32: $(kld /tmp/kv-f32.kld --kv-type "$t" --exact)"; done
           echo "## kiln serve --kv-memory 1G: the tokens each type holds"
-          for t in f16 q8_0; do
+          for t in f16 q8_0 q8_64; do
             "$k" serve -m "$path" -d cuda --kv-memory 1G --kv-type "$t" --port 8096 >/tmp/serve-kv.log 2>&1 &
             spid=$!
             wait_healthy 8096
@@ -640,7 +640,7 @@ PY
         # the default model and the 8B BF16 of prep (when there).
         for m in "$path" /tmp/kiln-models/llama3-8b-bf16.gguf; do
           [ -e "$m" ] || continue
-          for t in f16 q8_0; do
+          for t in ${KV_TYPES:-f16 q8_0 q8_64}; do
             echo "## $(basename "$m") --kv-type $t"
             "$k" bench -m "$m" -d cuda --kv-type "$t" -p 0 -n 128 --depth "${KV_DEPTH:-32768}" -r 3 2>&1 | grep -E "^\|" | grep -vE "^\| (model|---) "
             "$k" bench -m "$m" -d cuda --kv-type "$t" -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\|" | grep -vE "^\| (model|---) "

@@ -43,7 +43,8 @@ struct EngineOptions {
   // (whose steps cost more to launch: fewer, larger prefill chunks).
   int32_t max_batch_tokens = 0;
   int32_t kv_block_size = 16;  // tokens per KV cache block
-  // "f32", "f16", "q8_0" (blocks of 32 int8 values and an f16 scale, 0.53x f16's bytes), or "auto": the
+  // "f32", "f16", "q8_0" (blocks of 32 int8 values and an f16 scale, 0.53x f16's bytes), "q8_64" (the same
+  // over blocks of 64: 0.52x; head_dim a multiple of 64), or "auto": the
   // backend's preference (Backend::preferred_kv_type): f16 on a GPU with quantize_activations (as llama.cpp's
   // default cache), else f32.
   std::string kv_type = "auto";

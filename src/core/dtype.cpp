@@ -63,6 +63,7 @@ constexpr DTypeInfo kTable[] = {
     {DType::mxfp4, "mxfp4", 32, 17, true, dequantize_row_mxfp4, nullptr, nullptr, false, true},
     {DType::f8_e4m3, "f8_e4m3", 32, 36, true, dequantize_row_f8_e4m3, quantize_row_f8_e4m3, nullptr, false,
      false},
+    {DType::q8_64, "q8_64", 64, 66, true, dequantize_row_q8_64, quantize_row_q8_64, nullptr, false, false},
 };
 // clang-format on
 constexpr int kTableSize = static_cast<int>(std::size(kTable));
@@ -84,7 +85,8 @@ constexpr bool table_in_id_order() {
   return true;
 }
 static_assert(table_in_id_order(), "kTable must list each type once, in id order");
-static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ8_K) == 292 && sizeof(BlockF8E4M3) == 36,
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ8_K) == 292 && sizeof(BlockF8E4M3) == 36 &&
+                  sizeof(BlockQ8_64) == 66,
               "block structs match the table");
 
 int table_index(uint32_t id) { return id < kMaxId ? kIndex[id] : -1; }
@@ -111,7 +113,7 @@ Result<DType> dtype_from_gguf_id(uint32_t id) {
   if (i < 0) return invalid_argument("unknown ggml type id {} (not a type kiln knows)", id);
   // kiln's in-memory forms have ids no ggml type uses; a file claiming one is malformed.
   if (!kTable[i].gguf) {
-    return invalid_argument("type id {} ({}) is kiln's in-memory FP8 form, not a GGUF type", id,
+    return invalid_argument("type id {} ({}) is one of kiln's in-memory forms, not a GGUF type", id,
                             kTable[i].name);
   }
   return kTable[i].type;

@@ -1,4 +1,5 @@
-// Element types: plain floats/ints, GGUF block-quantized layouts, and kiln's in-memory FP8 form.
+// Element types: plain floats/ints, GGUF block-quantized layouts, and kiln's in-memory forms (FP8 weights,
+// the 8-bit KV cache of 64-value blocks).
 // One table (dtype.cpp) describes every type: name, block size, bytes per block, and its scalar
 // reference dequantization (and quantization where kiln supports it). Nothing else hard-codes these.
 #pragma once
@@ -50,6 +51,9 @@ enum class DType : uint32_t {
   // Blocks of 32 float8_e4m3fn values with an f32 scale (quant::BlockF8E4M3): the weights of FP8 Hugging Face
   // checkpoints as imported, their bytes untouched. GGUF has no FP8 type.
   f8_e4m3 = 100,
+  // Blocks of 64 int8 codes with an f16 scale (quant::BlockQ8_64): a KV cache type (--kv-type q8_64), q8_0's
+  // rounding over twice the values a scale, so 8.25 bits a value against q8_0's 8.5.
+  q8_64 = 101,
 };
 
 // Convert `n` elements (a multiple of block_size) of one row from this type to f32.

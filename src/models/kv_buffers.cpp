@@ -8,8 +8,8 @@ namespace {
 
 Result<KvBuffers> allocate_pools(const std::function<Backend&(int32_t)>& backend_of, const ModelInfo& info,
                                  int32_t block_size, int32_t n_blocks, DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::q8_0) {
-    return invalid_argument("KV cache type {} is not supported (f32, f16, q8_0)", dtype_name(dtype));
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::q8_0 && dtype != DType::q8_64) {
+    return invalid_argument("KV cache type {} is not supported (f32, f16, q8_0, q8_64)", dtype_name(dtype));
   }
   if (info.head_dim % dtype_info(dtype).block_size != 0) {
     return invalid_argument("KV cache type {}: head_dim {} is not a multiple of its {}-value blocks",

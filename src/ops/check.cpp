@@ -62,12 +62,14 @@ Status need_vector(std::string_view op, std::string_view name, const Tensor& t, 
 Status need_pool(std::string_view op, std::string_view name, const Tensor& pool, int64_t head_dim,
                  int64_t n_kv) {
   if (pool.data == nullptr) return invalid_argument("{}: {} has no data", op, name);
-  if (pool.type != DType::f32 && pool.type != DType::f16 && pool.type != DType::q8_0) {
-    return invalid_argument("{}: {} must be f32, f16 or q8_0, not {}", op, name, dtype_name(pool.type));
+  if (pool.type != DType::f32 && pool.type != DType::f16 && pool.type != DType::q8_0 &&
+      pool.type != DType::q8_64) {
+    return invalid_argument("{}: {} must be f32, f16, q8_0 or q8_64, not {}", op, name,
+                            dtype_name(pool.type));
   }
-  if (pool.type == DType::q8_0 && head_dim % dtype_info(DType::q8_0).block_size != 0) {
-    return invalid_argument("{}: {} is q8_0 but head_dim {} is not a multiple of its 32-value blocks", op,
-                            name, head_dim);
+  if (const int64_t block = dtype_info(pool.type).block_size; head_dim % block != 0) {
+    return invalid_argument("{}: {} is {} but head_dim {} is not a multiple of its {}-value blocks", op, name,
+                            dtype_name(pool.type), head_dim, block);
   }
   if (!pool.is_contiguous()) return invalid_argument("{}: {} must be contiguous", op, name);
   if (pool.ne[0] != head_dim || pool.ne[1] != n_kv) {

@@ -69,8 +69,9 @@ Status Engine::Impl::load(const EngineOptions& opt) {
     return invalid_argument("draft_p_min = {} must be in [0, 1]", opt.draft_p_min);
   if (opt.draft_max < 1 || opt.draft_max > 64)
     return invalid_argument("draft_max = {} must be in [1, 64]", opt.draft_max);
-  if (opt.kv_type != "f32" && opt.kv_type != "f16" && opt.kv_type != "q8_0" && opt.kv_type != "auto") {
-    return invalid_argument("kv_type = \"{}\" is not supported (f32, f16, q8_0, auto)", opt.kv_type);
+  if (opt.kv_type != "f32" && opt.kv_type != "f16" && opt.kv_type != "q8_0" && opt.kv_type != "q8_64" &&
+      opt.kv_type != "auto") {
+    return invalid_argument("kv_type = \"{}\" is not supported (f32, f16, q8_0, q8_64, auto)", opt.kv_type);
   }
   std::error_code ec;
   const bool folder = std::filesystem::is_directory(opt.model_path, ec);
@@ -102,10 +103,11 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   }
   if (options.max_batch_tokens == 0)
     options.max_batch_tokens = device ? kDeviceBatchTokens : kHostBatchTokens;
-  const DType kv_type = opt.kv_type == "f16"    ? DType::f16
-                        : opt.kv_type == "q8_0" ? DType::q8_0
-                        : opt.kv_type == "auto" ? backend->preferred_kv_type()
-                                                : DType::f32;
+  const DType kv_type = opt.kv_type == "f16"     ? DType::f16
+                        : opt.kv_type == "q8_0"  ? DType::q8_0
+                        : opt.kv_type == "q8_64" ? DType::q8_64
+                        : opt.kv_type == "auto"  ? backend->preferred_kv_type()
+                                                 : DType::f32;
   // The model before the tokenizer: what a file is (its architecture) is the first thing to report on.
   if (options.tensor_parallel > 1) {
     std::vector<Backend*> ranks{backend.get()};

@@ -3,10 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <string>
+#include <vector>
+
+#include "core/half.h"
 
 namespace kiln {
 namespace {
@@ -14,7 +20,7 @@ namespace {
 TEST(DType, TableIsCompleteAndConsistent) {
   int count = 0;
   const DTypeInfo* table = dtype_table(&count);
-  ASSERT_EQ(count, 33);  // every enumerator of DType
+  ASSERT_EQ(count, 34);  // every enumerator of DType
   std::set<std::string> names;
   for (int i = 0; i < count; ++i) {
     const DTypeInfo& t = table[i];
@@ -25,17 +31,18 @@ TEST(DType, TableIsCompleteAndConsistent) {
     EXPECT_EQ(&dtype_info(t.type), &t);
     EXPECT_TRUE(names.insert(t.name).second);
     for (const char* c = t.name; *c; ++c) EXPECT_FALSE(std::isupper(static_cast<unsigned char>(*c)));
-    EXPECT_TRUE(t.block_size == 1 || t.block_size == 32 || t.block_size == 256);
+    EXPECT_TRUE(t.block_size == 1 || t.block_size == 32 || t.block_size == 64 || t.block_size == 256);
     EXPECT_GT(t.type_size, 0);
     EXPECT_EQ(t.is_quantized, t.block_size > 1);
-    EXPECT_EQ(t.gguf, t.type != DType::f8_e4m3);  // the one in-memory form so far
+    EXPECT_EQ(t.gguf, t.type != DType::f8_e4m3 && t.type != DType::q8_64);  // the in-memory forms
     if (t.quantize_row != nullptr) {
       EXPECT_NE(t.dequantize_row, nullptr);
     }
   }
 }
 
-// Sizes as ggml defines them (f8_e4m3, kiln's own: 32 e4m3fn bytes and an f32 scale).
+// Sizes as ggml defines them (f8_e4m3, kiln's own: 32 e4m3fn bytes and an f32 scale; q8_64, kiln's own: 64
+// int8 codes and an f16 scale).
 TEST(DType, SizesAreGgmls) {
   struct Want {
     DType type;
@@ -53,6 +60,7 @@ TEST(DType, SizesAreGgmls) {
       {DType::i16, 1, 2},        {DType::i32, 1, 4},        {DType::i64, 1, 8},
       {DType::f64, 1, 8},        {DType::iq1_m, 256, 56},   {DType::tq1_0, 256, 54},
       {DType::tq2_0, 256, 66},   {DType::mxfp4, 32, 17},    {DType::f8_e4m3, 32, 36},
+      {DType::q8_64, 64, 66},
   };
   for (const Want& w : wants) {
     SCOPED_TRACE(dtype_name(w.type));
@@ -93,11 +101,49 @@ TEST(DType, F8E4M3IsNotAGgufType) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(r.status().message().find("100"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("kiln's in-memory FP8 form, not a GGUF type"), std::string::npos)
+  EXPECT_NE(r.status().message().find("kiln's in-memory forms, not a GGUF type"), std::string::npos)
       << r.status().message();
   EXPECT_EQ(dtype_from_name("F8_E4M3"), DType::f8_e4m3);
   EXPECT_EQ(*dtype_row_bytes(DType::f8_e4m3, 4096), 128 * 36);
   EXPECT_FALSE(dtype_row_bytes(DType::f8_e4m3, 48).ok());
+}
+
+// kiln's 8-bit KV cache form: q8_0's reference rounding over 64 values a scale. A block whose two halves
+// differ in magnitude gives both halves the larger one's scale, where q8_0 gives each its own.
+TEST(DType, Q8_64IsQ8_0OverTwiceTheValues) {
+  EXPECT_EQ(static_cast<uint32_t>(DType::q8_64), 101u);
+  const DTypeInfo& t = dtype_info(DType::q8_64);
+  EXPECT_STREQ(t.name, "q8_64");
+  EXPECT_FALSE(t.gguf);
+  EXPECT_EQ(t.quantize_rows, nullptr);  // a KV cache type: no model file holds it
+  EXPECT_FALSE(dtype_from_gguf_id(101).ok());
+  EXPECT_EQ(*dtype_row_bytes(DType::q8_64, 128), 132);
+  EXPECT_FALSE(dtype_row_bytes(DType::q8_64, 96).ok());
+  std::vector<float> x(128);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * (i < 96 ? 0.1f : 3.0f);
+  std::vector<uint8_t> q64(132), q32(4 * 34);
+  t.quantize_row(x.data(), q64.data(), 128);
+  dtype_info(DType::q8_0).quantize_row(x.data(), q32.data(), 128);
+  // Block 0 (values 0-63, all small) as q8_0's blocks 0 and 1 would be with one scale: the larger of theirs.
+  uint16_t d64 = 0, d32a = 0, d32b = 0;
+  std::memcpy(&d64, q64.data(), 2);
+  std::memcpy(&d32a, q32.data(), 2);
+  std::memcpy(&d32b, q32.data() + 34, 2);
+  EXPECT_EQ(f16_to_f32(d64), std::max(f16_to_f32(d32a), f16_to_f32(d32b)));
+  std::vector<float> y(128);
+  t.dequantize_row(q64.data(), y.data(), 128);
+  float amax[2] = {0.0f, 0.0f};
+  for (int i = 0; i < 128; ++i) amax[i / 64] = std::max(amax[i / 64], std::fabs(x[i]));
+  for (int i = 0; i < 128; ++i) {
+    // Within half a step of the block's scale, the f16 rounding of the scale aside.
+    EXPECT_LE(std::fabs(y[i] - x[i]), amax[i / 64] / 127.0f * 0.502f + amax[i / 64] * 0x1p-10f) << i;
+    int8_t code = 0;
+    std::memcpy(&code, q64.data() + (i / 64) * 66 + 2 + i % 64, 1);
+    uint16_t d = 0;
+    std::memcpy(&d, q64.data() + (i / 64) * 66, 2);
+    EXPECT_EQ(y[i], static_cast<float>(code) * f16_to_f32(d)) << i;
+  }
 }
 
 TEST(DType, FromName) {

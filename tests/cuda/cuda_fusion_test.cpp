@@ -4,9 +4,9 @@
 // and the gated activation that round x for the integer GEMV, or write it in 16 bits for the GEMM; as the
 // file holds them, and as the backend prepares them at load, in grouped form; RoPE and the KV write, in the
 // Q/K/V GEMV's stores or as their own kernel, then the attention that reads them, over f16 and f32 pools
-// (q8_0 pools: the RoPE + KV-write kernel after the GEMV), one or several chunks of positions; Q4_K, Q5_K,
-// Q6_K and Q4_0 weights, random blocks of them, on the staged integer GEMV; float weights: the gate/up GEMV
-// that applies the activation, at each of its block shapes).
+// (q8_0 and q8_64 pools: the RoPE + KV-write kernel after the GEMV), one or several chunks of positions;
+// Q4_K, Q5_K, Q6_K and Q4_0 weights, random blocks of them, on the staged integer GEMV; float weights: the
+// gate/up GEMV that applies the activation, at each of its block shapes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -194,10 +194,10 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
       fill_f32(at, pool_elems);
       continue;
     }
-    if (opt.pool == DType::q8_0) {
+    if (opt.pool == DType::q8_0 || opt.pool == DType::q8_64) {
       std::vector<float> values(static_cast<size_t>(pool_elems));
       for (float& v : values) v = uni(rng);
-      dtype_info(DType::q8_0).quantize_row(values.data(), host.data() + at, pool_elems);
+      dtype_info(opt.pool).quantize_row(values.data(), host.data() + at, pool_elems);
       continue;
     }
     for (int64_t i = 0; i < pool_elems; ++i) {
@@ -418,6 +418,19 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   }
   q8_pools.prefill = true;
   expect_fused_as_alone(40, DType::bf16, false, q8_pools);
+  // q8_64 pools (blocks of 64: a lane two values of a block), the same.
+  LayerOptions q8_64_pools;
+  q8_64_pools.pool = DType::q8_64;
+  for (const int64_t m : {1, 3, 12}) {
+    expect_fused_as_alone(m, DType::bf16, false, q8_64_pools);
+    expect_fused_as_alone(m, DType::q8_0, true, q8_64_pools);
+  }
+  for (LayerOptions opt : {neox, neox_half, factors}) {
+    opt.pool = DType::q8_64;
+    for (const int64_t m : {1, 64}) expect_fused_as_alone(m, DType::bf16, false, opt);
+  }
+  q8_64_pools.prefill = true;
+  expect_fused_as_alone(40, DType::bf16, false, q8_64_pools);
 }
 
 // Layers of block-quantized weights beyond q8_0: Q4_K and Q5_K in the file's form (the staged integer GEMV
@@ -683,6 +696,10 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     q8_pools.prefill = true;
     Layer P = make_layer(**b, 40, DType::bf16, 1, false, q8_pools);
     EXPECT_EQ(fused_lengths(P.program), (std::vector<size_t>{5, 3, 2, 4, 2, 0})) << "q8_0 pools, prefill";
+    LayerOptions q8_64_pools;
+    q8_64_pools.pool = DType::q8_64;
+    Layer L64 = make_layer(**b, 1, DType::bf16, 1, false, q8_64_pools);
+    EXPECT_EQ(fused_lengths(L64.program), (std::vector<size_t>{2, 6, 0, 0, 2, 3, 0, 0})) << "q8_64 pools";
   }
   // V's weight of another type (q4_0 beside q8_0): the same sequences, V's GEMV a launch of its own; with the
   // split switched off, V and the RoPE + KV write run apart.

@@ -1177,11 +1177,12 @@ TEST(OpHarness, Sample) {
 TEST(OpHarness, KvWrite) {
   Rng rng(7);
   int i = 0;
-  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0, DType::q8_64}) {
     for (int64_t block_size : {1, 4, 16}) {
       for (const auto& [head_dim, n_kv, n_tokens] :
-           {std::tuple{16, 1, 1}, std::tuple{7, 3, 5}, std::tuple{64, 2, 20}, std::tuple{32, 3, 4}}) {
-        if (type == DType::q8_0 && head_dim % 32 != 0) continue;  // whole 32-value blocks
+           {std::tuple{16, 1, 1}, std::tuple{7, 3, 5}, std::tuple{64, 2, 20}, std::tuple{32, 3, 4},
+            std::tuple{128, 2, 3}, std::tuple{192, 1, 2}}) {
+        if (head_dim % dtype_info(type).block_size != 0) continue;  // whole blocks a row
         const int64_t n_blocks = (n_tokens + 2 * block_size - 1) / block_size + 1;
         const Layout layout = kLayouts[i++ % 3];
         const Host k = make_f32(layout, head_dim, n_kv, n_tokens, &rng);
@@ -1197,17 +1198,18 @@ TEST(OpHarness, KvWrite) {
         const KvWrite ref_op{k.t, v.t, k_want.t, v_want.t, iv(slots)};
         ASSERT_TRUE(check(ref_op).ok()) << what;
         ref::kv_write(ref_op);
-        // The round trip: exact for f32, within half an f16 ulp of the input for f16, within half a q8_0 step
-        // (its block's largest magnitude / 127, the f16 scale's rounding aside) for q8_0.
+        // The round trip: exact for f32, within half an f16 ulp of the input for f16, within half a step (its
+        // block's largest magnitude / 127, the f16 scale's rounding aside) for q8_0 and q8_64.
         for (int64_t t = 0; t < n_tokens; ++t) {
           for (int64_t h = 0; h < n_kv; ++h) {
             std::vector<float> row(head_dim);
             ref::row_to_f32(k_want.t, k_want.t.row(h, slots[t] % block_size, slots[t] / block_size),
                             row.data());
             const float* in = k.t.row_as<float>(h, t);
+            const int64_t blk = dtype_info(type).block_size;
             for (int64_t e = 0; e < head_dim; ++e) {
               float amax = 0.0f;
-              for (int64_t j = e / 32 * 32; j < std::min<int64_t>(head_dim, e / 32 * 32 + 32); ++j)
+              for (int64_t j = e / blk * blk; j < std::min<int64_t>(head_dim, e / blk * blk + blk); ++j)
                 amax = std::max(amax, std::fabs(in[j]));
               const float bound = type == DType::f32   ? 0.0f
                                   : type == DType::f16 ? std::fabs(in[e]) * 0x1p-11f + 0x1p-25f
@@ -1236,14 +1238,15 @@ TEST(OpHarness, Attention) {
   const Variant variants[] = {{0.0f, 0}, {5.0f, 0}, {0.0f, 5}, {3.0f, 3}};
   const int64_t seq_len[] = {1, 6, 23, 40};  // K/V positions held per sequence
   int i = 0;
-  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0, DType::q8_64}) {
     for (const auto& [n_heads, n_kv] :
          {std::pair{4, 4}, std::pair{6, 2}, std::pair{5, 1}}) {  // group 1, 3, MQA
       for (int64_t block_size : {1, 4, 16}) {
         for (const Variant& var : variants) {
-          // q8_0 pools hold whole 32-value blocks a row.
-          const int64_t head_dim = type == DType::q8_0 ? std::array<int64_t, 3>{32, 64, 96}[i % 3]
-                                                       : std::array<int64_t, 3>{16, 7, 64}[i % 3];
+          // q8_0 and q8_64 pools hold whole 32- and 64-value blocks a row.
+          const int64_t head_dim = type == DType::q8_0    ? std::array<int64_t, 3>{32, 64, 96}[i % 3]
+                                   : type == DType::q8_64 ? std::array<int64_t, 3>{64, 128, 192}[i % 3]
+                                                          : std::array<int64_t, 3>{16, 7, 64}[i % 3];
           const Layout layout = kLayouts[i++ % 3];
           // Block tables: each sequence takes ceil(len / block_size) blocks of a shuffled pool with spares.
           int64_t n_blocks = 2;
@@ -1294,12 +1297,12 @@ TEST(OpHarness, AttentionPrefill) {
   };
   const Variant variants[] = {{0.0f, 0}, {4.0f, 0}, {0.0f, 9}};
   int i = 0;
-  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0, DType::q8_64}) {
     for (const auto& [n_heads, n_kv, head_dim] :
          {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{12, 1, 128}, std::tuple{6, 2, 256}}) {
       const Variant& var = variants[i % 3];
       const int64_t block_size = i++ % 2 == 0 ? 16 : 4;
-      if (type == DType::q8_0 && head_dim % 32 != 0) continue;  // q8_0 pools hold whole 32-value blocks a row
+      if (head_dim % dtype_info(type).block_size != 0) continue;  // pools hold whole blocks a row
       // Sequences of 40, 23 and 50 positions; the batch: all of 0, 7 of 2's last, a decode token of 1, the
       // rest.
       const int64_t lens[] = {40, 23, 50};
@@ -1344,8 +1347,8 @@ TEST(OpHarness, AttentionPrefill) {
 // Long prefill chunks at precision_fast (a GPU may run them on f16 tensor cores, within its fast
 // tolerance of the exact result) and exactly: a 200-token prompt, a 130-token chunk continuing a 260-token
 // sequence, and a decode token, so that tiles of query rows span several 64-position chunks, sequences share
-// a tile, and windows start mid-chunk; f32, f16 and q8_0 pools, GQA, MQA and plain heads, head dims 64, 96
-// and 128.
+// a tile, and windows start mid-chunk; f32, f16, q8_0 and q8_64 pools, GQA, MQA and plain heads, head dims
+// 64, 96, 128 and 192.
 TEST(OpHarness, AttentionPrefillLong) {
   Rng rng(33);
   struct Case {
@@ -1354,10 +1357,11 @@ TEST(OpHarness, AttentionPrefillLong) {
     float softcap;
     int32_t window;
   };
-  const Case cases[] = {{DType::f16, 8, 2, 64, 16, 0.0f, 0},   {DType::f32, 4, 4, 128, 16, 0.0f, 0},
-                        {DType::f16, 8, 1, 128, 8, 4.0f, 0},   {DType::f16, 6, 2, 96, 16, 0.0f, 100},
-                        {DType::f32, 4, 2, 128, 32, 0.0f, 70}, {DType::q8_0, 8, 1, 128, 8, 4.0f, 0},
-                        {DType::q8_0, 6, 2, 96, 16, 0.0f, 100}};
+  const Case cases[] = {{DType::f16, 8, 2, 64, 16, 0.0f, 0},    {DType::f32, 4, 4, 128, 16, 0.0f, 0},
+                        {DType::f16, 8, 1, 128, 8, 4.0f, 0},    {DType::f16, 6, 2, 96, 16, 0.0f, 100},
+                        {DType::f32, 4, 2, 128, 32, 0.0f, 70},  {DType::q8_0, 8, 1, 128, 8, 4.0f, 0},
+                        {DType::q8_0, 6, 2, 96, 16, 0.0f, 100}, {DType::q8_64, 8, 2, 128, 16, 0.0f, 0},
+                        {DType::q8_64, 6, 2, 192, 8, 4.0f, 70}};
   for (const Case& c : cases) {
     for (bool qx : {true, false}) {
       const int64_t lens[] = {200, 260, 71};
@@ -1413,13 +1417,13 @@ TEST(OpHarness, AttentionLongContext) {
   };
   const Variant variants[] = {{0.0f, 0}, {4.0f, 0}, {0.0f, 200}};
   int i = 0;
-  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0, DType::q8_64}) {
     for (const auto& [n_heads, n_kv, head_dim] :
          {std::tuple{8, 2, 64}, std::tuple{4, 4, 80}, std::tuple{6, 1, 128}, std::tuple{16, 8, 64},
           std::tuple{32, 8, 128}, std::tuple{4, 1, 256}, std::tuple{4, 2, 96}}) {
       const Variant& var = variants[i % 3];
       const int64_t block_size = i++ % 2 == 0 ? 16 : 5;
-      if (type == DType::q8_0 && head_dim % 32 != 0) continue;  // q8_0 pools hold whole 32-value blocks a row
+      if (head_dim % dtype_info(type).block_size != 0) continue;  // pools hold whole blocks a row
       // The batch: the last position of sequence 0 (300 long); positions 300 and 999 of sequence 1. With 8 KV
       // heads, 31 tokens (a decode-shaped batch of 248 blocks or more: more than a GPU has multiprocessors,
       // so that each block walks a long chunk, several of the CUDA kernel's stages): positions 970-999 of
@@ -1494,8 +1498,8 @@ std::vector<std::vector<int32_t>> block_tables(const std::vector<int64_t>& lens,
 // (5, 7) and one position a block; a ragged batch: a prompt from position 0 longer than a tile, a chunk
 // continuing a sequence past 1,024 positions (rows cross segments of 512 positions) in two runs with another
 // sequence's tokens between them, a decode token, a sequence of one position; softcap; windows that start
-// inside a chunk, with the blocks below every window given back; f32, f16 and q8_0 pools; and a batch of one
-// token over a long context (its segments split among threads).
+// inside a chunk, with the blocks below every window given back; f32, f16, q8_0 and q8_64 pools; and a batch
+// of one token over a long context (its segments split among threads).
 TEST(OpHarness, AttentionTiled) {
   Rng rng(41);
   struct Case {
@@ -1504,12 +1508,13 @@ TEST(OpHarness, AttentionTiled) {
     float softcap;
     int32_t window;
   };
-  const Case cases[] = {{DType::f32, 8, 8, 64, 16, 0.0f, 0},    {DType::f16, 8, 2, 80, 5, 0.0f, 0},
-                        {DType::f32, 8, 1, 128, 7, 3.0f, 0},    {DType::f16, 4, 1, 256, 16, 0.0f, 300},
-                        {DType::f32, 3, 1, 7, 1, 2.0f, 37},     {DType::f16, 6, 2, 96, 16, 0.0f, 600},
-                        {DType::f32, 12, 4, 64, 16, 0.0f, 0},   {DType::f16, 16, 2, 128, 16, 5.0f, 0},
-                        {DType::q8_0, 8, 2, 64, 5, 0.0f, 0},    {DType::q8_0, 8, 1, 128, 7, 3.0f, 0},
-                        {DType::q8_0, 4, 1, 256, 16, 0.0f, 300}};
+  const Case cases[] = {{DType::f32, 8, 8, 64, 16, 0.0f, 0},     {DType::f16, 8, 2, 80, 5, 0.0f, 0},
+                        {DType::f32, 8, 1, 128, 7, 3.0f, 0},     {DType::f16, 4, 1, 256, 16, 0.0f, 300},
+                        {DType::f32, 3, 1, 7, 1, 2.0f, 37},      {DType::f16, 6, 2, 96, 16, 0.0f, 600},
+                        {DType::f32, 12, 4, 64, 16, 0.0f, 0},    {DType::f16, 16, 2, 128, 16, 5.0f, 0},
+                        {DType::q8_0, 8, 2, 64, 5, 0.0f, 0},     {DType::q8_0, 8, 1, 128, 7, 3.0f, 0},
+                        {DType::q8_0, 4, 1, 256, 16, 0.0f, 300}, {DType::q8_64, 8, 2, 64, 5, 0.0f, 0},
+                        {DType::q8_64, 8, 1, 128, 7, 3.0f, 0},   {DType::q8_64, 4, 1, 192, 16, 0.0f, 300}};
   for (const Case& c : cases) {
     for (const bool single : {false, true}) {
       std::vector<int32_t> seq, pos;
@@ -2484,7 +2489,7 @@ TEST(OpHarness, Perf) {
   p.n_rot = 64;
   p.layout = RopeLayout::rope_layout_neox;
   row("rope", "f32", "[64, 9, 64] neox", Rope{q.t, iv(pos), p, {}, o.t});
-  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
+  for (DType type : {DType::f32, DType::f16, DType::q8_0, DType::q8_64}) {
     const Host k_pool = make_pool(type, 64, 3, 16, 32, rng), v_pool = make_pool(type, 64, 3, 16, 32, rng);
     const Host kv = dense(64, 3, 64, &rng);
     row("kv_write", dtype_name(type), "[64, 3, 64] into [64, 3, 16, 32]",

@@ -42,6 +42,13 @@ void add_tensor_parallel_option(CLI::App& cmd, int32_t& tensor_parallel) {
       ->check(CLI::Range(1, 64));
 }
 
+void add_kv_type_option(CLI::App& cmd, std::string& kv_type) {
+  cmd.add_option("--kv-type", kv_type,
+                 "KV cache type: f32, f16, q8_0 (8-bit blocks of 32: 1.88x the tokens of f16), q8_64 (8-bit "
+                 "blocks of 64: 1.94x), or auto (f16 on a GPU unless --exact, else f32)")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q8_64", "auto"}));
+}
+
 void SpecOptions::apply(EngineOptions& eo) const {
   eo.speculation = spec;
   eo.draft_model = draft_model;

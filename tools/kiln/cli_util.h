@@ -27,6 +27,9 @@ void add_spec_options(CLI::App& cmd, SpecOptions& o);
 // perplexity.
 void add_tensor_parallel_option(CLI::App& cmd, int32_t& tensor_parallel);
 
+// --kv-type T, EngineOptions::kv_type, for run, bench, serve and perplexity.
+void add_kv_type_option(CLI::App& cmd, std::string& kv_type);
+
 // The whole text of `path`, a regular file that can be read; errors name the path.
 Result<std::string> read_text_file(const std::string& path);
 

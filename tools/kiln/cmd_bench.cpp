@@ -351,10 +351,7 @@ void register_bench(CLI::App& app, int& rc) {
   cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
-  cmd->add_option("--kv-type", o->kv_type,
-                  "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
-                  "(f16 on a GPU unless --exact, else f32)")
-      ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
+  add_kv_type_option(*cmd, o->kv_type);
   auto* qa = cmd->add_flag("--quantize-activations", o->quantize_activations,
                            "Lower-precision matmuls (as kiln run; the default, --exact turns it off)");
   cmd->add_flag("--exact", o->exact, "Exact f32 matmuls on every device")->excludes(qa);

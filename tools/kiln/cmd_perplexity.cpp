@@ -387,10 +387,7 @@ void register_perplexity(CLI::App& app, int& rc) {
   add_tensor_parallel_option(*cmd, o->tensor_parallel);
   cmd->add_option("-t,--threads", o->n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-type", o->kv_type,
-                  "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
-                  "(f16 on a GPU unless --exact)")
-      ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
+  add_kv_type_option(*cmd, o->kv_type);
   cmd->add_flag("--exact", o->exact,
                 "Exact f32 matmuls (the reference path; default: the fast path, as kiln run)");
   cmd->add_flag(

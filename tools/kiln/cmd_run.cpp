@@ -78,10 +78,7 @@ void add_model_options(CLI::App* cmd, GenOptions& o) {
   add_tensor_parallel_option(*cmd, o.tensor_parallel);
   cmd->add_option("-t,--threads", o.n_threads, "CPU threads (default: physical cores)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-type", o.kv_type,
-                  "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
-                  "(f16 on a GPU unless --exact, else f32)")
-      ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
+  add_kv_type_option(*cmd, o.kv_type);
   cmd->add_option("--kv-memory", o.kv_memory,
                   "KV cache size, e.g. 512M or 2G (powers of 1024); requests beyond it are preempted and "
                   "recomputed (default: what the context needs, at most half of the available memory)")

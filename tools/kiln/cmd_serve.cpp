@@ -198,10 +198,7 @@ void register_serve(CLI::App& app, int& rc) {
                   "run on the CPU; -1 (the default): all")
       ->check(CLI::Range(-1, 1 << 20));
   add_tensor_parallel_option(*cmd, o->tensor_parallel);
-  cmd->add_option("--kv-type", o->kv_type,
-                  "KV cache type: f32, f16, q8_0 (8-bit blocks: 1.88x the tokens of f16), or auto "
-                  "(f16 on a GPU unless --exact, else f32)")
-      ->check(CLI::IsMember({"f32", "f16", "q8_0", "auto"}));
+  add_kv_type_option(*cmd, o->kv_type);
   cmd->add_option("--kv-memory", o->kv_memory,
                   "KV cache size, e.g. 2G (default: what --parallel requests need)");
   cmd->add_option("--http-threads", o->http_threads, "Threads serving connections")

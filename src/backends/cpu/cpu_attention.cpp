@@ -32,12 +32,12 @@ namespace kiln::cpu {
 namespace {
 
 // Pool row (kv_head, slot) as f32: in place for f32, converted into `tmp` for f16, dequantized into it for
-// q8_0.
+// q8_0 and q8_64.
 const float* pool_row(const Tensor& pool, int64_t kv_head, int64_t slot, float* tmp) {
   const int64_t block_size = pool.ne[2];
   const uint8_t* row = pool.row(kv_head, slot % block_size, slot / block_size);
   if (pool.type == DType::f32) return reinterpret_cast<const float*>(row);
-  if (pool.type == DType::q8_0) {
+  if (pool.type == DType::q8_0 || pool.type == DType::q8_64) {
     dtype_info(pool.type).dequantize_row(row, tmp, pool.ne[0]);
     return tmp;
   }

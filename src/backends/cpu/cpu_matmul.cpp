@@ -35,7 +35,8 @@ static_assert(static_cast<uint32_t>(DType::f32) == 0 && static_cast<uint32_t>(DT
                   static_cast<uint32_t>(DType::iq3_xxs) == 18 && static_cast<uint32_t>(DType::iq1_s) == 19 &&
                   static_cast<uint32_t>(DType::iq4_nl) == 20 && static_cast<uint32_t>(DType::iq3_s) == 21 &&
                   static_cast<uint32_t>(DType::iq2_s) == 22 && static_cast<uint32_t>(DType::iq4_xs) == 23 &&
-                  static_cast<uint32_t>(DType::iq1_m) == 29 && static_cast<uint32_t>(DType::bf16) == 30,
+                  static_cast<uint32_t>(DType::iq1_m) == 29 && static_cast<uint32_t>(DType::bf16) == 30 &&
+                  static_cast<uint32_t>(DType::f8_e4m3) == 100 && static_cast<uint32_t>(DType::q8_64) == 101,
               "the kernels name types by these ids (kernels/cpu_kernels_impl.h)");
 
 int64_t padded_k(int64_t k) { return (k + kKPad - 1) / kKPad * kKPad; }

@@ -150,7 +150,7 @@ void kv_write(ThreadPool& pool, const KvWrite& op) {
         auto* d = reinterpret_cast<uint16_t*>(dst);
         for (int64_t i = 0; i < head_dim; ++i) d[i] = f32_to_f16(x[i]);
       } else {
-        dtype_info(pool_t->type).quantize_row(x, dst, head_dim);  // q8_0, as the reference rounds it
+        dtype_info(pool_t->type).quantize_row(x, dst, head_dim);  // q8_0, q8_64: as the reference rounds them
       }
     }
   });

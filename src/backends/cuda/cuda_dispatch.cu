@@ -13,13 +13,14 @@ namespace {
 bool f32(const Tensor& t) { return t.type == DType::f32; }
 bool f32_or_none(const ops::Weight& w) { return w.tensor.data == nullptr || f32(w.tensor); }
 bool pool_type(const Tensor& t) { return t.type == DType::f32 || t.type == DType::f16; }
-// q8_0 pools: K's and V's both (no kernel writes or reads a q8_0 pool beside a float one), rows of whole
-// blocks of 32, 2-byte aligned (a block's f16 scale is read as one).
+// 8-bit pools: K's and V's both of one type, q8_0 or q8_64 (no kernel writes or reads an 8-bit pool beside
+// another type), rows of whole blocks of 32 or 64, 2-byte aligned (a block's f16 scale is read as one).
 bool q8_pools(const Tensor& k, const Tensor& v) {
   const auto q8 = [](const Tensor& t) {
-    return t.type == DType::q8_0 && t.ne[0] % 32 == 0 && reinterpret_cast<uintptr_t>(t.data) % 2 == 0;
+    const int64_t block = t.type == DType::q8_0 ? 32 : t.type == DType::q8_64 ? 64 : 0;
+    return block > 0 && t.ne[0] % block == 0 && reinterpret_cast<uintptr_t>(t.data) % 2 == 0;
   };
-  return q8(k) && q8(v);
+  return q8(k) && q8(v) && k.type == v.type;
 }
 // Tensor parallelism's collectives: contiguous f32 operands, over NCCL, or a group of one rank (a copy).
 bool collective(const Tensor& x, const Tensor& dst, const Collective* group) {

@@ -96,6 +96,13 @@ struct BlockF8E4M3 {
 };
 static_assert(sizeof(BlockF8E4M3) == 36);
 
+// kiln's 8-bit KV cache block (DType::q8_64, no GGUF type): Q8_0 over 64 values, y = d * q, q in [-127, 127].
+struct BlockQ8_64 {
+  uint16_t d;          // f16 scale
+  int8_t qs[2 * kQK];  // quants, element order
+};
+static_assert(sizeof(BlockQ8_64) == 66);
+
 // --- K-quants: super-blocks of 256 ------------------------------------------------------------
 
 // 16 sub-blocks of 16: y = d * (scales[s] & 15) * q - dmin * (scales[s] >> 4), q in [0, 3].
@@ -291,6 +298,10 @@ void quantize_row_bf16(const float* src, void* dst, int64_t n);
 // +-448; never a NaN code (a NaN input becomes 0).
 void dequantize_row_f8_e4m3(const void* src, float* dst, int64_t n);
 void quantize_row_f8_e4m3(const float* src, void* dst, int64_t n);
+// Q8_64 blocks: Q8_0's reference rounding (d = max |x| / 127, q = x / d rounded half away from zero) over 64
+// values.
+void dequantize_row_q8_64(const void* src, float* dst, int64_t n);
+void quantize_row_q8_64(const float* src, void* dst, int64_t n);
 // As model rows (QuantizeRowsFn): a plain float type has no use for importance weights.
 void quantize_rows_f32(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
                        const float* importance);

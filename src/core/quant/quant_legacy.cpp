@@ -182,19 +182,21 @@ void quantize_row_nibbles(const float* src, void* dst, int64_t n) {
   }
 }
 
-// Symmetric 8-bit: d = absmax / 127, q = round(x / d), half away from zero; Q8_1 adds s = d * sum(q).
+// Symmetric 8-bit over a block's kN = sizeof(qs) values (Q8_0, Q8_1: 32; Q8_64: 64): d = absmax / 127, q =
+// round(x / d), half away from zero; Q8_1 adds s = d * sum(q).
 template <class Block>
 void quantize_row_q8(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const float* x = src + i * kQK;
+  constexpr int kN = sizeof(Block::qs);
+  for (int64_t i = 0; i < n / kN; ++i) {
+    const float* x = src + i * kN;
     Block b;
-    const float d = absmax(x, kQK) / 127.0f;
+    const float d = absmax(x, kN) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < kQK; ++j) b.qs[j] = static_cast<int8_t>(round_to_int8(x[j] * id));
+    for (int j = 0; j < kN; ++j) b.qs[j] = static_cast<int8_t>(round_to_int8(x[j] * id));
     b.d = f32_to_f16(d);
     if constexpr (requires { b.s; }) {
       int sum = 0;
-      for (int j = 0; j < kQK; ++j) sum += b.qs[j];
+      for (int j = 0; j < kN; ++j) sum += b.qs[j];
       b.s = f32_to_f16(static_cast<float>(sum) * d);
     }
     store_block(dst, i, b);
@@ -299,6 +301,16 @@ void quantize_rows_q8_0(const float* src, void* dst, int64_t n_rows, int64_t n_p
                         const float* importance) {
   quantize_rows_legacy<BlockQ8_0>(src, dst, n_rows, n_per_row, importance);
 }
+
+void dequantize_row_q8_64(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / 64; ++i) {
+    const BlockQ8_64 b = load_block<BlockQ8_64>(src, i);
+    const float d = f16_to_f32(b.d);
+    for (int j = 0; j < 64; ++j) dst[i * 64 + j] = static_cast<float>(b.qs[j]) * d;
+  }
+}
+
+void quantize_row_q8_64(const float* src, void* dst, int64_t n) { quantize_row_q8<BlockQ8_64>(src, dst, n); }
 
 template struct LegacyRow<BlockQ4_0>;
 template struct LegacyRow<BlockQ4_1>;

@@ -159,7 +159,7 @@ void softmax(const Softmax& op) {
 
 namespace {
 
-// The pool row (head, slot), as row_to_f32 reads a tensor's row (f16 converted, q8_0 dequantized).
+// The pool row (head, slot), as row_to_f32 reads a tensor's row (f16 converted, q8_0 and q8_64 dequantized).
 void pool_row(const Tensor& pool, int64_t head, int64_t slot, float* out) {
   const int64_t block_size = pool.ne[2];
   row_to_f32(pool, pool.row(head, slot % block_size, slot / block_size), out);
@@ -167,7 +167,7 @@ void pool_row(const Tensor& pool, int64_t head, int64_t slot, float* out) {
 
 void pool_store(const Tensor& pool, int64_t head, int64_t slot, const float* src) {
   const int64_t block_size = pool.ne[2];
-  // f32 copied, f16 rounded to nearest even, q8_0 as llama.cpp's reference rounds it.
+  // f32 copied, f16 rounded to nearest even, q8_0 and q8_64 as llama.cpp's reference rounds q8_0.
   dtype_info(pool.type).quantize_row(src, pool.row(head, slot % block_size, slot / block_size), pool.ne[0]);
 }
 

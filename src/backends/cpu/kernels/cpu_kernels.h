@@ -199,7 +199,7 @@ struct AttnChunk {
   int64_t head_dim, n_rows;
   int64_t rp;        // n_rows rounded up to kAttnAlign
   int64_t dp;        // head_dim rounded up to kAttnAlign: o's row stride
-  uint32_t kv_type;  // the pools' GGUF id: f32, f16 or q8_0
+  uint32_t kv_type;  // the pools' DType id: f32, f16, q8_0 or q8_64
   const uint8_t* const*
       k_rows;  // [kAttnChunk] K row (head_dim elements) of chunk position j, for j0 <= j < j1
   const uint8_t* const* v_rows;  // [kAttnChunk] V rows, likewise

@@ -10,7 +10,7 @@
 // - softmax over the chunk, per row vector: mask, scale, softcap, max, exp, sum.
 // - O += P V: per position, kPvDim vectors of the V row and kPvRows rows' p broadcast (AVX-512: 6 x 4 = 24
 //   accumulators), then merged into the state.
-// f16 and q8_0 K/V rows are converted once per tile and chunk; f32 rows are read in place.
+// f16, q8_0 and q8_64 K/V rows are converted once per tile and chunk; f32 rows are read in place.
 namespace kiln::cpu {
 namespace {
 namespace attn {
@@ -170,26 +170,26 @@ KILN_INLINE void pv_block(const float* p, int64_t rp, const float* const* v, int
   }
 }
 
-// A q8_0 block (an f16 scale, 32 int8 codes) as 32 f32: each the scale times its code, exactly as the
-// reference dequantizer.
-KILN_INLINE void q8_0_to_f32_32(const BlockQ8_0& b, float* f) {
-  const float d = h2f(b.d);
-  const int8_t* q = b.qs;
+// An 8-bit block (q8_0's or q8_64's: an f16 scale, N int8 codes q, N a multiple of 8) as N f32: each the
+// scale times its code, exactly as the reference dequantizer.
+template <int N>
+KILN_INLINE void q8_to_f32(uint16_t scale, const int8_t* q, float* f) {
+  const float d = h2f(scale);
 #if defined(__AVX2__)
   const __m256 dv = _mm256_set1_ps(d);
   KILN_UNROLL
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N / 8; ++i) {
     const __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i));
     _mm256_storeu_ps(f + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c8)), dv));
   }
 #else
-  for (int i = 0; i < 32; ++i) f[i] = d * static_cast<float>(q[i]);
+  for (int i = 0; i < N; ++i) f[i] = d * static_cast<float>(q[i]);
 #endif
 }
 
 // K or V rows [j0, j1) as f32 pointers: f32 rows in place unless `padded` asks for rows of `stride` floats
-// with zeros past n (a vector load past the end of the row must read zeros); f16 and q8_0 rows (n a multiple
-// of 32) converted into buf.
+// with zeros past n (a vector load past the end of the row must read zeros); f16, q8_0 and q8_64 rows (n a
+// multiple of their blocks) converted into buf.
 void rows_f32(const AttnChunk& c, const uint8_t* const* rows, int64_t n, bool padded, int64_t stride,
               float* buf, const float** out) {
   for (int j = c.j0; j < c.j1; ++j) {
@@ -202,7 +202,10 @@ void rows_f32(const AttnChunk& c, const uint8_t* const* rows, int64_t n, bool pa
       std::memcpy(dst, rows[j], n * sizeof(float));
     } else if (c.kv_type == kQ8_0) {
       const auto* blocks = reinterpret_cast<const BlockQ8_0*>(rows[j]);
-      for (int64_t b = 0; b < n / 32; ++b) q8_0_to_f32_32(blocks[b], dst + 32 * b);
+      for (int64_t b = 0; b < n / 32; ++b) q8_to_f32<32>(blocks[b].d, blocks[b].qs, dst + 32 * b);
+    } else if (c.kv_type == kQ8_64) {
+      const auto* blocks = reinterpret_cast<const BlockQ8_64*>(rows[j]);
+      for (int64_t b = 0; b < n / 64; ++b) q8_to_f32<64>(blocks[b].d, blocks[b].qs, dst + 64 * b);
     } else {
       const auto* h = reinterpret_cast<const uint16_t*>(rows[j]);
       int64_t i = 0;

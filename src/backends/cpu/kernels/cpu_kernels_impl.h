@@ -50,7 +50,7 @@ using namespace kiln::quant;
 constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9,
                    kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15, kIQ2_XXS = 16,
                    kIQ2_XS = 17, kIQ3_XXS = 18, kIQ1_S = 19, kIQ4_NL = 20, kIQ3_S = 21, kIQ2_S = 22,
-                   kIQ4_XS = 23, kIQ1_M = 29, kBF16 = 30, kF8E4M3 = 100;
+                   kIQ4_XS = 23, kIQ1_M = 29, kBF16 = 30, kF8E4M3 = 100, kQ8_64 = 101;
 
 int64_t pad_k(int64_t k) { return (k + kKPad - 1) / kKPad * kKPad; }
 

@@ -62,9 +62,10 @@ __device__ inline void load_chunk(float* chunk, const KV* pool, const int32_t* t
     chunk[e] = kv_value(pool + (int64_t{blk} * g.block_size + pb.r) * row_stride + kvh * g.head_dim, d);
   }
 }
-// The same of a q8_0 pool: 8 values of a block a load (kv_pool.cuh's kv_q8_chunk).
-__device__ inline void load_chunk(float* chunk, const KvQ8* pool, const int32_t* table, int32_t p0, int32_t n,
-                                  int64_t kvh, const Geometry& g) {
+// The same of an 8-bit pool: 8 values of a block a load (kv_pool.cuh's kv_q8_chunk).
+template <int B>
+__device__ inline void load_chunk(float* chunk, const KvQ8B<B>* pool, const int32_t* table, int32_t p0,
+                                  int32_t n, int64_t kvh, const Geometry& g) {
   kv_q8_chunk(chunk, pool, table, p0, n, kvh, g.n_kv, g.head_dim, g.block_size);
 }
 
@@ -268,8 +269,8 @@ __device__ __forceinline__ int32_t chunk_slot(const int32_t* table, int32_t p, i
 // * ld + d], d < D); rows of slot -1 and dims past head_dim are zero (they must not be NaN: P is 0 there).
 // f16 pools are copied by cp.async (the caller commits and waits): a thread reads its rows' slots first, so
 // that their shared-memory loads overlap (a copy is ordered after every load before it), and each row's
-// offset serves its K and its V copy. f32 and q8_0 pools are loaded, converted and stored, K then V, every
-// load of a batch of rows issued before its first store (q8_0: kv_q8_half_rows, a thread's 8 values one
+// offset serves its K and its V copy. f32 and 8-bit pools are loaded, converted and stored, K then V, every
+// load of a batch of rows issued before its first store (8-bit: kv_q8_half_rows, a thread's 8 values one
 // block's).
 template <int D, int W, class KV>
 __device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_pool, const KV* v_pool,
@@ -593,11 +594,14 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
 }
 
 // The tensor-core kernel takes head dims that are whole 16-byte vectors of the pool, up to 128, from
-// 16-byte-aligned pools (q8_0: whole blocks, read 2 bytes a load from 2-byte-aligned pools), into
+// 16-byte-aligned pools (8-bit: whole blocks, read 2 bytes a load from 2-byte-aligned pools), into
 // 8-byte-aligned rows.
 bool mma_eligible(const Context& ctx, const ops::Attention& op, const Geometry& g) {
-  const bool q8 = op.k_pool.type == DType::q8_0;
-  const int64_t vec = q8 ? 32 : op.k_pool.type == DType::f16 ? 8 : 4;
+  const bool q8 = op.k_pool.type == DType::q8_0 || op.k_pool.type == DType::q8_64;
+  const int64_t vec = op.k_pool.type == DType::q8_0    ? 32
+                      : op.k_pool.type == DType::q8_64 ? 64
+                      : op.k_pool.type == DType::f16   ? 8
+                                                       : 4;
   const auto aligned = [&](const Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.data) % (q8 ? 2 : 16) == 0;
   };
@@ -673,13 +677,15 @@ cudaError_t attention(const Context& ctx, const ops::Attention& op, uint16_t* xh
   if (takes_tiles(ctx, op, g)) {
     const DType pool = op.k_pool.type;
     if (mma_eligible(ctx, op, g)) {
-      return pool == DType::f16    ? launch_mma_for_head_dim<__half>(ctx, op, g, xh, f16)
-             : pool == DType::q8_0 ? launch_mma_for_head_dim<KvQ8>(ctx, op, g, xh, f16)
-                                   : launch_mma_for_head_dim<float>(ctx, op, g, xh, f16);
+      return pool == DType::f16     ? launch_mma_for_head_dim<__half>(ctx, op, g, xh, f16)
+             : pool == DType::q8_0  ? launch_mma_for_head_dim<KvQ8>(ctx, op, g, xh, f16)
+             : pool == DType::q8_64 ? launch_mma_for_head_dim<KvQ8x64>(ctx, op, g, xh, f16)
+                                    : launch_mma_for_head_dim<float>(ctx, op, g, xh, f16);
     }
-    return pool == DType::f16    ? launch_tile_for_head_dim<__half>(ctx, op, g)
-           : pool == DType::q8_0 ? launch_tile_for_head_dim<KvQ8>(ctx, op, g)
-                                 : launch_tile_for_head_dim<float>(ctx, op, g);
+    return pool == DType::f16     ? launch_tile_for_head_dim<__half>(ctx, op, g)
+           : pool == DType::q8_0  ? launch_tile_for_head_dim<KvQ8>(ctx, op, g)
+           : pool == DType::q8_64 ? launch_tile_for_head_dim<KvQ8x64>(ctx, op, g)
+                                  : launch_tile_for_head_dim<float>(ctx, op, g);
   }
   return attention_decode(ctx, op, g);
 }

@@ -1,9 +1,9 @@
 // Paged causal attention on CUDA for decode-shaped batches, split-KV ("flash-decoding"): a block serves one
 // token and one KV head, for up to kDecodeGroup of the query heads that share that KV head (GQA: each K/V row
 // is read once per group), over one chunk of the token's positions. The staged kernel copies a chunk's K/V
-// rows to shared memory a stage at a time (q8_0 ones as f32); the unstaged one (head dims that are not whole
-// 16-byte vectors) walks them a warp a position. With one chunk the block writes dst, with several each
-// writes its state and the last of them to finish merges the chunks in order.
+// rows to shared memory a stage at a time (8-bit ones as they are, or as f32); the unstaged one (head dims
+// that are not whole 16-byte vectors) walks them a warp a position. With one chunk the block writes dst, with
+// several each writes its state and the last of them to finish merges the chunks in order.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       const KV* kr = kv_row(k_pool, slot, kvh, g.n_kv, g.head_dim);
       const KV* vr = kv_row(v_pool, slot, kvh, g.n_kv, g.head_dim);
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) {  // q8_0: block j's code `lane`, a warp's loads 32 consecutive bytes
+      for (int j = 0; j < DPL; ++j) {  // 8-bit: code `lane` of block j, a warp's loads 32 consecutive bytes
         const int64_t d = lane + 32 * j;
         const bool in = p < c1 && d < g.head_dim;
         kv[i][j] = in ? kv_value(kr, d) : 0.0f;
@@ -227,10 +227,10 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 // The same blocks as attention_kernel (one token, one KV head, up to G of its query heads, one chunk of the
 // positions), but a block copies the K and V rows of kStage positions at a time into shared memory
 // (cp.async, 16 bytes a copy, the next stage's rows in flight while this one is used), so its walk waits on
-// memory once a stage instead of once per few positions a warp. q8_0 rows of 64, 128 or 256 values are staged
-// as they are (4 bytes a copy) and their codes read with their block's scale; those of other head dims are
-// staged as f32: a stage's values are loaded into registers, 4 a copy, while the stage before is used, and
-// stored after it.
+// memory once a stage instead of once per few positions a warp. 8-bit rows that are whole 4-byte words (q8_0
+// rows of 64, 128 or 256 values, q8_64 rows of 128 or 256) are staged as they are (4 bytes a copy) and their
+// codes read with their block's scale; those of other head dims are staged as f32: a stage's values are
+// loaded into registers, 4 a copy, while the stage before is used, and stored after it.
 // The step metadata and the block-table entries of the first stage are read before the wait on the kernel
 // before (no kernel writes them). Per stage:
 //   A. scores: kTpp threads a position, each a slice of its dims, every head of the block (q, scaled, from
@@ -239,7 +239,7 @@ cudaError_t launch_for_head_dim(const Context& ctx, const ops::Attention& op, co
 //   C. p.v: a thread two adjacent dims of every head, over every kPg-th position of the stage.
 // f32 arithmetic, the same sums as the unstaged kernel up to their order. Rows whose head_dim is not a whole
 // number of 16-byte vectors take attention_kernel.
-// The element type SA of a pool's staged rows: its own; for q8_0, KvQ8 (the blocks as they are) where
+// The element type SA of a pool's staged rows: its own; for 8-bit blocks, the blocks as they are where
 // staged_raw, else f32.
 template <int D, int G, class KV, class SA>
 __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
@@ -262,23 +262,24 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
   const int n_q = w.n_q;
   const int32_t* table = w.table;
 
-  // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage; of raw q8_0 rows,
+  // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage; of raw 8-bit rows,
   // whose words a row do not divide the threads, word e % kRowVecs of row e / kRowVecs for e = tid, tid +
   // kThreads,
   // ... below a stage's words.
   constexpr int kRows = S::kThreads / S::kRowVecs;
   const int cr = tid / S::kRowVecs, cv = tid % S::kRowVecs;
-  // Pool elements a row, and this thread's copies' element of a row (q8_0 in registers: blocks of 32 values,
+  // Pool elements a row, and this thread's copies' element of a row (8-bit in registers: blocks of kB values,
   // of which a copy's 4 values share one).
+  constexpr int kB = kKvBlock<KV>;
   bool dim_on = true;
   int64_t row_stride = 0, col = 0;
   if constexpr (!kRaw) {
-    const int64_t row_elems = kKvQ8<KV> ? g.head_dim / 32 : g.head_dim;
+    const int64_t row_elems = g.head_dim / kB;
     dim_on = cv * S::kVec < g.head_dim;
     row_stride = g.n_kv * row_elems;
-    col = kvh * row_elems + (kKvQ8<KV> ? cv * S::kVec / 32 : cv * S::kVec);
+    col = kvh * row_elems + cv * S::kVec / kB;
   }
-  int64_t src[S::kCopies];  // element (raw q8_0: byte) offsets in the pools of this thread's copies, or -1
+  int64_t src[S::kCopies];  // element (raw 8-bit: byte) offsets in the pools of this thread's copies, or -1
   auto find = [&](int64_t s0) {
 #pragma unroll
     for (int i = 0; i < S::kCopies; ++i) {
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
       }
     }
   };
-  // q8_0: the values of this thread's copies, from issue (a load into registers) until land stores them.
+  // 8-bit: the values of this thread's copies, from issue (a load into registers) until land stores them.
   constexpr bool kInRegs = kKvQ8<KV> && !kRaw;
   KvQ8Run<4> kq[kInRegs ? S::kCopies : 1], vq[kInRegs ? S::kCopies : 1];
   auto issue = [&](int stage) {
@@ -325,8 +326,8 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
       if constexpr (kInRegs) {
         kq[i] = vq[i] = KvQ8Run<4>{};
         if (on) {
-          kq[i] = kv_load_run<4>(k_pool + src[i], cv * S::kVec % 32);
-          vq[i] = kv_load_run<4>(v_pool + src[i], cv * S::kVec % 32);
+          kq[i] = kv_load_run<4>(k_pool + src[i], cv * S::kVec % kB);
+          vq[i] = kv_load_run<4>(v_pool + src[i], cv * S::kVec % kB);
         }
       } else {
         cp_async16_zfill(kb + off, on ? k_pool + src[i] : k_pool, on);
@@ -380,14 +381,15 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
     __syncthreads();  // the stage's rows, and q, are in
     const unsigned char* kb = smem + stage * 2 * S::kStage * S::kRowBytes;
     const unsigned char* vb = kb + S::kStage * S::kRowBytes;
-    if constexpr (kRaw) {  // A, from one block of a q8_0 row: q . codes, times the block's scale
+    if constexpr (kRaw) {  // A, from one block of an 8-bit row: q . codes, times the block's scale
+      constexpr int kSB = kKvBlock<SA>;
       const int p = tid % S::kStage, j = tid / S::kStage, d0 = j * S::kSlice;
       const int blk =
-          static_cast<int>(kb - smem) + p * S::kRowBytes + (d0 / 32) * static_cast<int>(sizeof(KvQ8));
+          static_cast<int>(kb - smem) + p * S::kRowBytes + (d0 / kSB) * static_cast<int>(sizeof(SA));
       const float scale = __half2float(*reinterpret_cast<const __half*>(smem + blk));
       // The slice's codes, 4 a word, by 4-byte loads from the word they start in (they start 0 or 2 bytes
-      // into it: a row is whole words, a block 34 bytes), shifted into place.
-      const int c0 = blk + 2 + d0 % 32;
+      // into it: a row is whole words, a block an even number of bytes), shifted into place.
+      const int c0 = blk + 2 + d0 % kSB;
       const auto* words = reinterpret_cast<const uint32_t*>(smem + (c0 & ~3));
       const uint32_t shift = 8 * (c0 & 3);
       uint32_t codes[S::kSlice / 4 + 1];
@@ -435,9 +437,10 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
     for (int k = 0; k < S::kHeadsAWarp; ++k) {  // B
       const int h = warp + S::kWarps * k;
       if (h >= G) break;
-      float x[2];
+      constexpr int kR = S::kStage > 32 ? S::kStage / 32 : 1;  // a lane's positions of the stage
+      float x[kR];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < kR; ++r) {
         const int p = lane + 32 * r;
         x[r] = -INFINITY;
         if (p < n) {
@@ -447,10 +450,13 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
           x[r] = g.softcap > 0.0f ? g.softcap * tanhf(v / g.softcap) : v;
         }
       }
-      const float mm = fmaxf(m_run[k], warp_max(fmaxf(x[0], x[1])));
+      float xm = x[0];
+#pragma unroll
+      for (int r = 1; r < kR; ++r) xm = fmaxf(xm, x[r]);
+      const float mm = fmaxf(m_run[k], warp_max(xm));
       float sum = 0.0f;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < kR; ++r) {
         const int p = lane + 32 * r;
         const float e = x[r] == -INFINITY ? 0.0f : expf(x[r] - mm);
         if (p < S::kStage) es[h * S::kStage + p] = e;
@@ -471,7 +477,7 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
       for (int p = pg; p < n; p += S::kPg) {
         float2 v;
         if constexpr (kRaw) {
-          v = q8_staged_pair(vb + p * S::kRowBytes, 2 * dp);
+          v = q8_staged_pair<kKvBlock<SA>>(vb + p * S::kRowBytes, 2 * dp);
         } else {
           v = load_pair(vb + p * S::kRowBytes + dp * 2 * sizeof(SA), SA{});
         }
@@ -482,7 +488,7 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
         }
       }
     }
-    if (s0 + S::kStage < c1) land(stage ^ 1);  // q8_0: the next stage's values, loaded at the top
+    if (s0 + S::kStage < c1) land(stage ^ 1);  // 8-bit: the next stage's values, loaded at the top
     __syncthreads();                           // before the next stage's copies land in this one's buffers
   }
   // An empty chunk's copies (zeros) must land before the buffers are reused below: every thread's, so a
@@ -564,35 +570,49 @@ cudaError_t launch_staged_for_group(const Context& ctx, const ops::Attention& op
 }
 
 // The staged kernel takes head dims of 33 to 256 that are whole 16-byte vectors of 16-byte-aligned pools;
-// q8_0 pools (whole blocks, 2-byte aligned: cuda::supports) all of 33 to 256, loaded 2 bytes a load.
+// 8-bit pools (whole blocks, 2-byte aligned: cuda::supports) all of 33 to 256, loaded 2 bytes a load.
 bool staged_eligible(const ops::Attention& op, const Geometry& g) {
-  if (op.k_pool.type == DType::q8_0) return g.head_dim > 32 && g.head_dim <= 256;
+  if (op.k_pool.type == DType::q8_0 || op.k_pool.type == DType::q8_64) {
+    return g.head_dim > 32 && g.head_dim <= 256;
+  }
   const int64_t esize = op.k_pool.type == DType::f16 ? 2 : 4;
   return g.head_dim > 32 && g.head_dim <= 256 && (g.head_dim * esize) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(op.k_pool.data) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(op.v_pool.data) % 16 == 0;
 }
 
-// q8_0 pools are staged as they are (Staged<D, KvQ8>) where a row is D = 64, 128 or 256 values, so whole
-// 4-byte words of 4-byte-aligned pools; other head dims stage f32 values.
+// Whether the staged kernel of head dim D stages rows of SA as they are: every type but the 8-bit blocks,
+// and those whose rows of D values are whole 4-byte words (q8_0: D of 64, 128 or 256; q8_64: 128 or 256).
+template <int D, class SA>
+inline constexpr bool kStagedAsIs = !kKvQ8<SA> || (D / kKvBlock<SA> * sizeof(SA)) % 4 == 0;
+
+// 8-bit pools are staged as they are (Staged<D, KvQ8B<B>>) where a row is D = 64, 128 or 256 values and
+// kStagedAsIs (whole 4-byte words of 4-byte-aligned pools); other head dims stage f32 values.
 bool staged_raw(const ops::Attention& op, const Geometry& g) {
-  return op.k_pool.type == DType::q8_0 && (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) &&
-         reinterpret_cast<uintptr_t>(op.k_pool.data) % 4 == 0 &&
+  const bool wide = g.head_dim == 128 || g.head_dim == 256;
+  const bool as_is =
+      op.k_pool.type == DType::q8_0 ? wide || g.head_dim == 64 : op.k_pool.type == DType::q8_64 && wide;
+  return as_is && reinterpret_cast<uintptr_t>(op.k_pool.data) % 4 == 0 &&
          reinterpret_cast<uintptr_t>(op.v_pool.data) % 4 == 0;
 }
 
-// Positions a stage of the staged kernel that takes these rows, staged as SA.
+// The fewest positions a chunk of the staged kernel that takes these rows, staged as SA.
 template <class SA>
-int64_t staged_stage(int64_t head_dim) {
-  return head_dim <= 64    ? Staged<64, SA>::kStage
-         : head_dim <= 128 ? Staged<128, SA>::kStage
-                           : Staged<256, SA>::kStage;
+int64_t staged_min_chunk(int64_t head_dim) {
+  if (head_dim <= 64) {
+    if constexpr (kStagedAsIs<64, SA>) return Staged<64, SA>::kMinChunk;
+    return 0;  // not staged so (staged_raw)
+  }
+  return head_dim <= 128 ? Staged<128, SA>::kMinChunk : Staged<256, SA>::kMinChunk;
 }
 
 template <class KV, class SA>
 cudaError_t launch_staged_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                        float* partial, unsigned* done) {
-  if (g.head_dim <= 64) return launch_staged_for_group<64, KV, SA>(ctx, op, g, partial, done);
+  if (g.head_dim <= 64) {
+    if constexpr (kStagedAsIs<64, SA>) return launch_staged_for_group<64, KV, SA>(ctx, op, g, partial, done);
+    return cudaErrorNotSupported;  // not staged so (staged_raw)
+  }
   if (g.head_dim <= 128) return launch_staged_for_group<128, KV, SA>(ctx, op, g, partial, done);
   return launch_staged_for_group<256, KV, SA>(ctx, op, g, partial, done);
 }
@@ -606,18 +626,20 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   // the block tables' total length bounds the grid, and each token splits its own span into as many chunks
   // of at least min_chunk positions as fit (live_chunks), the grid's other blocks returning at once. A short
   // span thus takes one chunk and writes its result without the merge.
-  // The staged kernel's chunks hold at least four of its stages (256 positions of f16 rows of up to 128
-  // dims), the unstaged kernel's 16 (four a warp).
-  // Under CudaOptions::batch_invariant the split ignores how many blocks the batch has: a token's chunks are
-  // then as many as its own span fills, up to kMaxChunks (the block tables' length bounds every token's
-  // span, so the capacity below never clamps a token's live_chunks), and its sums are the same alone or
-  // among any others.
+  // The staged kernel's chunks hold at least Staged::kMinChunk positions (four stages; 256 positions of f16
+  // rows of up to 128 dims, and of 8-bit ones, whose stages are 128 positions), the unstaged kernel's 16
+  // (four a warp). Under CudaOptions::batch_invariant the split ignores how many blocks the batch has: a
+  // token's chunks are then as many as its own span fills, up to kMaxChunks (the block tables' length bounds
+  // every token's span, so the capacity below never clamps a token's live_chunks), and its sums are the same
+  // alone or among any others.
   const bool staged = staged_eligible(op, g), raw = staged_raw(op, g);
-  const bool f16 = op.k_pool.type == DType::f16;
-  const int64_t min_chunk = !staged ? 16
-                            : f16   ? 4 * staged_stage<__half>(g.head_dim)
-                            : raw   ? 4 * staged_stage<KvQ8>(g.head_dim)
-                                    : 4 * staged_stage<float>(g.head_dim);
+  const bool f16 = op.k_pool.type == DType::f16, q8_64 = op.k_pool.type == DType::q8_64;
+  const bool q8 = op.k_pool.type == DType::q8_0 || q8_64;
+  const int64_t min_chunk = !staged        ? 16
+                            : f16          ? staged_min_chunk<__half>(g.head_dim)
+                            : raw && q8_64 ? staged_min_chunk<KvQ8x64>(g.head_dim)
+                            : raw          ? staged_min_chunk<KvQ8>(g.head_dim)
+                                           : staged_min_chunk<float>(g.head_dim);
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
@@ -634,16 +656,21 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
     done = static_cast<unsigned*>(ctx.scratch(kSlotCounters, sizeof(unsigned) * blocks));
     if (partial == nullptr || done == nullptr) return cudaErrorMemoryAllocation;
   }
-  const bool q8 = op.k_pool.type == DType::q8_0;
   if (staged) {
+    if (q8_64) {
+      return raw ? launch_staged_for_head_dim<KvQ8x64, KvQ8x64>(ctx, op, g, partial, done)
+                 : launch_staged_for_head_dim<KvQ8x64, float>(ctx, op, g, partial, done);
+    }
     return f16   ? launch_staged_for_head_dim<__half, __half>(ctx, op, g, partial, done)
            : raw ? launch_staged_for_head_dim<KvQ8, KvQ8>(ctx, op, g, partial, done)
            : q8  ? launch_staged_for_head_dim<KvQ8, float>(ctx, op, g, partial, done)
                  : launch_staged_for_head_dim<float, float>(ctx, op, g, partial, done);
   }
-  // q8_0 pools past 32 dims take the staged kernel: the unstaged one only rows of 32.
-  if (q8)
-    return g.head_dim <= 32 ? launch_for_group<1, KvQ8>(ctx, op, g, partial, done) : cudaErrorNotSupported;
+  // 8-bit pools past 32 dims take the staged kernel: the unstaged one only q8_0 rows of 32.
+  if (q8) {
+    return !q8_64 && g.head_dim <= 32 ? launch_for_group<1, KvQ8>(ctx, op, g, partial, done)
+                                      : cudaErrorNotSupported;
+  }
   return f16 ? launch_for_head_dim<__half>(ctx, op, g, partial, done)
              : launch_for_head_dim<float>(ctx, op, g, partial, done);
 }

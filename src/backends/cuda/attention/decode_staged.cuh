@@ -1,5 +1,5 @@
 // Internal to the decode attention kernels (attention_decode.cu): the staged kernel's geometry a head dim and
-// staged type (Staged: f16 and f32 rows in 16-byte copies, q8_0 rows as they lie in the pool), and the reads
+// staged type (Staged: f16 and f32 rows in 16-byte copies, 8-bit rows as they lie in the pool), and the reads
 // of its staged rows.
 #pragma once
 
@@ -22,6 +22,7 @@ struct Staged {
   static constexpr int kRowVecs = D / kVec;                       // vectors a row
   static constexpr int kRowBytes = D * static_cast<int>(sizeof(KV)) + 16;
   static constexpr int kStage = D * sizeof(KV) <= 256 ? 64 : D * sizeof(KV) <= 512 ? 32 : 16;  // positions
+  static constexpr int kMinChunk = 4 * kStage;  // the fewest positions a chunk (attention_decode)
   // Threads a block: 16 warps for rows of up to 256 bytes, whose states fit the 128 registers a thread that
   // allows; 8 beyond.
   static constexpr int kThreads = D * sizeof(KV) <= 256 ? 512 : 256;
@@ -41,17 +42,21 @@ struct Staged {
   static_assert(sizeof(float) * (kPg - 1) * kDecodeGroup * D <= kKvBytes);
 };
 
-// q8_0 rows staged as they lie in the pool: head_dim / 32 blocks of 34 bytes, whole 4-byte words when
-// head_dim is D, a multiple of 64 (staged_raw), copied 4 bytes a copy, a stage's copies spread evenly over
-// the threads. Step A takes a slice of kSlice values of one block (q . codes, then times the block's scale),
-// step C a pair of codes with their block's scale.
-template <int D>
-struct Staged<D, KvQ8> {
-  static constexpr int kPoolRowBytes = D / 32 * static_cast<int>(sizeof(KvQ8));
+// 8-bit rows (KvQ8B<B>) staged as they lie in the pool: head_dim / B blocks of B + 2 bytes, whole 4-byte
+// words when head_dim is D and that is a multiple of 64 (q8_0) or of 128 (q8_64) (staged_raw), copied 4 bytes
+// a copy, a stage's copies spread evenly over the threads. Step A takes a slice of kSlice values of one block
+// (q . codes, then times the block's scale), step C a pair of codes with their block's scale.
+template <int D, int B>
+struct Staged<D, KvQ8B<B>> {
+  static constexpr int kPoolRowBytes = D / B * static_cast<int>(sizeof(KvQ8B<B>));
   static constexpr int kRowVecs = kPoolRowBytes / 4;  // copies a row
   // An odd number of words a staged row: step A's 32 positions a warp hit 32 distinct banks.
   static constexpr int kRowBytes = kRowVecs % 2 == 1 ? kPoolRowBytes : kPoolRowBytes + 4;
-  static constexpr int kStage = D <= 128 ? 64 : 32;
+  // Stages of 128 positions up to 128 dims (17 KB of K and V, about f16's 64 positions): the kernel waits on
+  // its stages' copies and barriers, not on bytes, so each stage carries as many bytes as f16's. Chunks of
+  // 256 positions at least, as f16's.
+  static constexpr int kStage = D <= 128 ? 128 : 32;
+  static constexpr int kMinChunk = D <= 128 ? 256 : 4 * kStage;
   static constexpr int kThreads = D <= 128 ? 512 : 256;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kHeadsAWarp = (kDecodeGroup + kWarps - 1) / kWarps;
@@ -65,21 +70,22 @@ struct Staged<D, KvQ8> {
     return kKvBytes +
            sizeof(float) * (size_t(g) * D + size_t(kTpp) * g * kStage + size_t(g) * kStage + 3 * g);
   }
-  static_assert(D % 64 == 0 && kSlice % 8 == 0 && 32 % kSlice == 0 && kThreads % (D / 2) == 0);
+  static_assert(kPoolRowBytes % 4 == 0 && kSlice % 8 == 0 && B % kSlice == 0 && kThreads % (D / 2) == 0);
 };
 
-// The two q8_0 codes of a 16-bit word, in f32, exactly and with no integer-to-float conversion: each code +
+// The two 8-bit codes of a 16-bit word, in f32, exactly and with no integer-to-float conversion: each code +
 // 128 becomes the mantissa of a float of exponent 23 (2^23 + code + 128), from which 2^23 + 128 is taken.
 __device__ inline float2 q8_pair(uint32_t w) {
   const uint32_t u = w ^ 0x8080u;
   return make_float2(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)) - 8388736.0f,
                      __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)) - 8388736.0f);
 }
-// Values d, d + 1 (d even) of a staged q8_0 row, in f32: the same products as kv_value's.
+// Values d, d + 1 (d even) of a staged row of KvQ8B<B> blocks, in f32: the same products as kv_value's.
+template <int B>
 __device__ inline float2 q8_staged_pair(const unsigned char* row, int d) {
-  const unsigned char* b = row + (d / 32) * sizeof(KvQ8);
+  const unsigned char* b = row + (d / B) * sizeof(KvQ8B<B>);
   const float scale = __half2float(*reinterpret_cast<const __half*>(b));
-  const float2 c = q8_pair(*reinterpret_cast<const uint16_t*>(b + 2 + d % 32));
+  const float2 c = q8_pair(*reinterpret_cast<const uint16_t*>(b + 2 + d % B));
   return make_float2(scale * c.x, scale * c.y);
 }
 

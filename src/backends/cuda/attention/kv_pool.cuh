@@ -1,50 +1,62 @@
 // The K/V pools as the attention kernels read them (attention/attention.cu, attention/attention_decode.cu;
-// norm_rope/rope.cu's KV write writes q8_0 blocks as KvQ8 too): pools of f32, f16 or q8_0, [head_dim, n_kv,
-// block_size, n_blocks], whose row (slot, KV head) is row slot * n_kv + kvh. A kernel takes the pool's
-// element type KV (float, __half, or KvQ8 for q8_0), finds a row with kv_row and reads its values with
-// kv_value (q8_0: or kv_load_run, several at a time), so that one kernel body serves the three; the prefill
-// kernels' shared-memory chunks of q8_0 pools are kv_q8_chunk's and kv_q8_half_rows'.
+// norm_rope/rope.cu's KV write writes the 8-bit blocks as KvQ8B too): pools of f32, f16, q8_0 or q8_64,
+// [head_dim, n_kv, block_size, n_blocks], whose row (slot, KV head) is row slot * n_kv + kvh. A kernel takes
+// the pool's element type KV (float, __half, KvQ8 for q8_0 or KvQ8x64 for q8_64), finds a row with kv_row and
+// reads its values with kv_value (8-bit blocks: or kv_load_run, several at a time), so that one kernel body
+// serves them all; the prefill kernels' shared-memory chunks of 8-bit pools are kv_q8_chunk's and
+// kv_q8_half_rows'.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
 
 namespace kiln::cuda {
 
-// A block of a q8_0 pool's row: 32 values, value i = code i * the f16 scale, as core/quant's reference
-// quantizer writes it (norm_rope/rope.cu's kv_write: the same bits). A row is head_dim / 32 of them, 34 bytes
-// each, so rows and blocks are only 2-byte aligned.
-struct KvQ8 {
-  uint16_t d;     // f16 scale
-  int8_t qs[32];  // codes, in element order
+// A block of an 8-bit pool's row: B values (q8_0: 32, q8_64: 64), value i = code i * the f16 scale, as
+// core/quant's reference quantizer writes it (norm_rope/rope.cu's kv_write: the same bits). A row is
+// head_dim / B of them, B + 2 bytes each, so rows and blocks are only 2-byte aligned.
+template <int B>
+struct KvQ8B {
+  uint16_t d;    // f16 scale
+  int8_t qs[B];  // codes, in element order
 };
-static_assert(sizeof(KvQ8) == 34 && alignof(KvQ8) == 2);
+using KvQ8 = KvQ8B<32>;     // q8_0
+using KvQ8x64 = KvQ8B<64>;  // q8_64
+static_assert(sizeof(KvQ8) == 34 && alignof(KvQ8) == 2 && sizeof(KvQ8x64) == 66 && alignof(KvQ8x64) == 2);
 
+// Whether a pool's element type KV is an 8-bit block, and the values an element holds (B; 1 for the float
+// types).
 template <class KV>
-inline constexpr bool kKvQ8 = std::is_same_v<KV, KvQ8>;
+inline constexpr bool kKvQ8 = false;
+template <int B>
+inline constexpr bool kKvQ8<KvQ8B<B>> = true;
+template <class KV>
+inline constexpr int kKvBlock = 1;
+template <int B>
+inline constexpr int kKvBlock<KvQ8B<B>> = B;
 
 // Row slot * n_kv + kvh of a pool.
 template <class KV>
 __device__ inline const KV* kv_row(const KV* pool, int64_t slot, int64_t kvh, int64_t n_kv,
                                    int64_t head_dim) {
-  const int64_t elems = kKvQ8<KV> ? head_dim / 32 : head_dim;  // pool elements a row
+  const int64_t elems = head_dim / kKvBlock<KV>;  // pool elements a row
   return pool + (slot * n_kv + kvh) * elems;
 }
 
-// Value d of a row, in f32 (exact: a q8_0 value is an 8-bit code times an f16, 19 bits at most).
+// Value d of a row, in f32 (exact: an 8-bit block's value is an 8-bit code times an f16, 19 bits at most).
 __device__ inline float kv_value(const float* row, int64_t d) { return row[d]; }
 __device__ inline float kv_value(const __half* row, int64_t d) { return __half2float(row[d]); }
-__device__ inline float kv_value(const KvQ8* row, int64_t d) {
-  const KvQ8& b = row[d >> 5];  // d >= 0: its block and code by shift and mask
-  return __half2float(__ushort_as_half(b.d)) * static_cast<float>(b.qs[d & 31]);
+template <int B>
+__device__ inline float kv_value(const KvQ8B<B>* row, int64_t d) {
+  const KvQ8B<B>& b = row[d / B];  // d >= 0, B a power of two: its block and code by shift and mask
+  return __half2float(__ushort_as_half(b.d)) * static_cast<float>(b.qs[d % B]);
 }
 
-// Values d .. d + N - 1 of a q8_0 row (N 4 or 8, d a multiple of N: they share a block), as loaded: the
+// Values d .. d + N - 1 of an 8-bit row (N 4 or 8, d a multiple of N: they share a block), as loaded: the
 // block's scale and the codes, four a word (code i in byte i % 4 of q[i / 4]). The codes are 2-byte aligned
 // (a row starts at an even byte, a block's codes 2 bytes into it, d is even), so they take 2-byte loads.
 // Zero-initialised, the values are zeros.
@@ -53,10 +65,10 @@ struct KvQ8Run {
   uint32_t d;  // f16 scale
   uint32_t q[N / 4];
 };
-template <int N>
-__device__ inline KvQ8Run<N> kv_load_run(const KvQ8* row, int64_t d) {
-  const KvQ8& b = row[d >> 5];
-  const auto* q = reinterpret_cast<const uint16_t*>(b.qs + (d & 31));
+template <int N, int B>
+__device__ inline KvQ8Run<N> kv_load_run(const KvQ8B<B>* row, int64_t d) {
+  const KvQ8B<B>& b = row[d / B];
+  const auto* q = reinterpret_cast<const uint16_t*>(b.qs + d % B);
   KvQ8Run<N> x;
   x.d = b.d;
 #pragma unroll
@@ -76,10 +88,11 @@ __device__ __forceinline__ __half to_half_sat(float v) {
   return __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
 }
 
-// The exact prefill kernel's chunk of a q8_0 pool (attention.cu's load_chunk): rows p0 .. p0 + n - 1 of a
+// The exact prefill kernel's chunk of an 8-bit pool (attention.cu's load_chunk): rows p0 .. p0 + n - 1 of a
 // sequence (table: its block table; rows of blocks given back, < 0, are skipped) of KV head kvh into shared
 // memory as f32 (chunk[j * head_dim + d]), 8 values of a block a load.
-__device__ inline void kv_q8_chunk(float* chunk, const KvQ8* pool, const int32_t* table, int32_t p0,
+template <int B>
+__device__ inline void kv_q8_chunk(float* chunk, const KvQ8B<B>* pool, const int32_t* table, int32_t p0,
                                    int32_t n, int64_t kvh, int64_t n_kv, int64_t head_dim,
                                    int64_t block_size) {
   const int64_t vecs = head_dim / 8;
@@ -96,13 +109,14 @@ __device__ inline void kv_q8_chunk(float* chunk, const KvQ8* pool, const int32_t
   }
 }
 
-// The tensor-core prefill kernel's rows of a q8_0 pool (attention.cu's load_chunk): rows j0, j0 + kStep, ...
-// (kIters of them; slots[j]: row j's pool slot, or -1) of KV head kvh, values d .. d + 7 of each (a block's),
-// to f16 (to_half_sat) at out + i * kStep * ld, zeros for slot -1 and where `on` is false (dims past
-// head_dim); every load of a batch of rows before its first store.
-template <int kIters, int kStep>
-__device__ inline void kv_q8_half_rows(__half* out, int ld, const KvQ8* pool, const int32_t* slots, int j0,
-                                       int64_t d, bool on, int64_t kvh, int64_t n_kv, int64_t head_dim) {
+// The tensor-core prefill kernel's rows of an 8-bit pool (attention.cu's load_chunk): rows j0, j0 + kStep,
+// ... (kIters of them; slots[j]: row j's pool slot, or -1) of KV head kvh, values d .. d + 7 of each (a
+// block's), to f16 (to_half_sat) at out + i * kStep * ld, zeros for slot -1 and where `on` is false (dims
+// past head_dim); every load of a batch of rows before its first store.
+template <int kIters, int kStep, int B>
+__device__ inline void kv_q8_half_rows(__half* out, int ld, const KvQ8B<B>* pool, const int32_t* slots,
+                                       int j0, int64_t d, bool on, int64_t kvh, int64_t n_kv,
+                                       int64_t head_dim) {
   constexpr int kBatch = kIters < 4 ? kIters : 4;  // rows in flight a thread
 #pragma unroll
   for (int i0 = 0; i0 < kIters; i0 += kBatch) {

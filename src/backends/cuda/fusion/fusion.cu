@@ -115,8 +115,8 @@ bool add_norm_pair(const ops::Op& a, const ops::Op& b) {
 }
 
 // RoPE of q and of k, then the KV write of that k into the pools rope_kv_write writes (rope_kv_write_pools:
-// f16, f32, or q8_0 both; rope_after, which asks here, gives q8_0 pools a GEMV that stores plainly and
-// rope_kv_write after it).
+// f16, f32, or q8_0 or q8_64 both; rope_after, which asks here, gives 8-bit pools a GEMV that stores plainly
+// and rope_kv_write after it).
 bool rope_kv_triple(const ops::Op& a, const ops::Op& b, const ops::Op& c) {
   const auto* rq = std::get_if<ops::Rope>(&a);
   const auto* rk = std::get_if<ops::Rope>(&b);

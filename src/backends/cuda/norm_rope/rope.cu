@@ -1,6 +1,6 @@
 // RoPE and the KV write on CUDA, alone and fused (RoPE of q and k with the KV write of k and v: run_fused's
-// rope_kv_write, into f16, f32 or q8_0 pools; q8_0 blocks quantized as the reference quantizes). Bound by
-// memory traffic: one pass over their operands, f32 arithmetic with the angles in double (as the CPU
+// rope_kv_write, into f16, f32, q8_0 or q8_64 pools; 8-bit blocks quantized as the reference quantizes).
+// Bound by memory traffic: one pass over their operands, f32 arithmetic with the angles in double (as the CPU
 // backend), rows addressed through their views' strides.
 #include <cuda_fp16.h>
 
@@ -140,11 +140,11 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
   }
 }
 
-// ---- KV write into q8_0 pools: a warp a block of 32 values ----
+// ---- KV write into 8-bit pools (q8_0, q8_64): a warp a block of B values ----
 
-// The warp's 32 values x (element i in lane i) as one q8_0 block at *b, bit for bit as the reference
-// quantizer writes them (core/quant/quant_legacy.cpp's quantize_row_q8, which the CPU backend's KV write
-// calls), every step of its arithmetic in the same order and rounding:
+// The warp's B values (element 32 * i + lane in x[i] of that lane) as one 8-bit block at *b, bit for bit as
+// the reference quantizer writes them (core/quant/quant_legacy.cpp's quantize_row_q8, which the CPU backend's
+// KV write calls), every step of its arithmetic in the same order and rounding:
 //   amax: its fold amax = amax > |x| ? amax : |x| from 0 in element order, so that a NaN element is kept only
 //     until the next replaces it: the maximum of the elements after the last NaN, NaN if the last is one;
 //   d = amax / 127 and id = d != 0 ? 1 / d : 0, in f32 (the scale stored is d rounded to f16, the codes use
@@ -153,41 +153,60 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
 //     then its low byte (a d too small for its 1 / d reaches it).
 // Where d is NaN (the last element NaN, every code 0), the f16 scale keeps the NaN x86 makes: that element's
 // magnitude, quieted, its top payload bits.
-__device__ inline void put_q8(float x, KvQ8* b, int lane) {
-  const unsigned nan = __ballot_sync(0xffffffffu, x != x);
-  const int last_nan = nan == 0 ? -1 : 31 - __clz(nan);
-  float amax = lane > last_nan ? fabsf(x) : 0.0f;
+template <int B>
+__device__ inline void put_q8(const float (&x)[B / 32], KvQ8B<B>* b, int lane) {
+  constexpr int kN = B / 32;
+  int last_nan = -1;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const unsigned nan = __ballot_sync(0xffffffffu, x[i] != x[i]);
+    if (nan != 0) last_nan = 32 * i + 31 - __clz(nan);
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    if (32 * i + lane > last_nan) amax = fmaxf(amax, fabsf(x[i]));
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (last_nan == 31) amax = __uint_as_float(0x7fc00000u);
+  if (last_nan == B - 1) amax = __uint_as_float(0x7fc00000u);
   const float d = __fdiv_rn(amax, 127.0f);
   const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-  const float r = roundf(__fmul_rn(x, id));
-  const int32_t t = r >= -2147483648.0f && r < 2147483648.0f ? static_cast<int32_t>(r) : INT32_MIN;
-  b->qs[lane] = static_cast<int8_t>(t);
-  const unsigned last = __shfl_sync(0xffffffffu, __float_as_uint(x), 31);
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const float r = roundf(__fmul_rn(x[i], id));
+    const int32_t t = r >= -2147483648.0f && r < 2147483648.0f ? static_cast<int32_t>(r) : INT32_MIN;
+    b->qs[32 * i + lane] = static_cast<int8_t>(t);
+  }
+  const unsigned last = __shfl_sync(0xffffffffu, __float_as_uint(x[kN - 1]), 31);
   if (lane == 0) {
-    b->d = last_nan == 31 ? static_cast<uint16_t>(0x7e00u | ((last >> 13) & 0x3ffu))
-                          : __half_as_ushort(__float2half_rn(d));
+    b->d = last_nan == B - 1 ? static_cast<uint16_t>(0x7e00u | ((last >> 13) & 0x3ffu))
+                             : __half_as_ushort(__float2half_rn(d));
   }
 }
 
 // A warp a block w of k's `total` (row w / blocks_a_row, h + n_kv * t, its block w % blocks_a_row) and the
-// same block of v, into the pools at the token's slot (the pools' rows: whole blocks, kv_pool.cuh's KvQ8).
+// same block of v, into the pools at the token's slot (the pools' rows: whole blocks, kv_pool.cuh's KvQ8B).
 // blockDim.x is a multiple of 32, so a warp's lanes take the same trips.
+template <int B>
 __global__ void __launch_bounds__(kThreads)
-    kv_write_q8_kernel(Rows k, Rows v, KvQ8* k_pool, KvQ8* v_pool, const int32_t* slots, int64_t blocks_a_row,
-                       int64_t n_kv, int64_t total) {
+    kv_write_q8_kernel(Rows k, Rows v, KvQ8B<B>* k_pool, KvQ8B<B>* v_pool, const int32_t* slots,
+                       int64_t blocks_a_row, int64_t n_kv, int64_t total) {
   pdl_begin();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
   for (int64_t w = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; w < total; w += warps) {
     const DivMod rb = divmod(w, blocks_a_row), th = divmod(rb.q, n_kv);  // row rb.q = h + n_kv * t
-    const int64_t row = rb.q, h = th.r, t = th.q, d = rb.r * 32 + lane;
+    const int64_t row = rb.q, h = th.r, t = th.q;
     const int64_t at = (int64_t{slots[t]} * n_kv + h) * blocks_a_row + rb.r;
-    const float kx = k.row_as<const float>(row)[d], vx = v.row_as<const float>(row)[d];
-    put_q8(kx, k_pool + at, lane);
-    put_q8(vx, v_pool + at, lane);
+    float kx[B / 32], vx[B / 32];
+#pragma unroll
+    for (int i = 0; i < B / 32; ++i) {
+      const int64_t d = rb.r * B + 32 * i + lane;
+      kx[i] = k.row_as<const float>(row)[d], vx[i] = v.row_as<const float>(row)[d];
+    }
+    put_q8<B>(kx, k_pool + at, lane);
+    put_q8<B>(vx, v_pool + at, lane);
   }
 }
 
@@ -358,25 +377,27 @@ __global__ void __launch_bounds__(kThreads)
   if (!waited) pdl_begin();
 }
 
-// ---- fused into q8_0 pools: a warp a head row ----
+// ---- fused into 8-bit pools: a warp a head row ----
 
 constexpr int kQ8RopeMaxDim = 256;  // the longest head row rope_kv_write_q8_kernel stages
 
-// RoPE of q and k and the KV write into q8_0 pools, a warp a head row of a token: q's heads' rows (rotated
-// into q_dst), k's (rotated into k_dst, and each block of 32 of them into the K pool), then v's (into the V
-// pool). The warp stages its row in shared memory before writing any of it, so that a rotation in place reads
-// the row as it was (NeoX pairs lie 32 lanes or more apart); the rotation is rope_rotate on the pair, and the
-// blocks put_q8 of the rotated values, as rope_kernel and kv_write_q8_kernel apart: the same bits. A token's
-// rows split among gridDim.y blocks, rows_per_split each, each of which computes the token's table.
+// RoPE of q and k and the KV write into 8-bit pools (blocks of B values), a warp a head row of a token: q's
+// heads' rows (rotated into q_dst), k's (rotated into k_dst, and each block of B of them into the K pool),
+// then v's (into the V pool). The warp stages its row in shared memory before writing any of it, so that a
+// rotation in place reads the row as it was (NeoX pairs lie 32 lanes or more apart); the rotation is
+// rope_rotate on the pair, and the blocks put_q8 of the rotated values, as rope_kernel and kv_write_q8_kernel
+// apart: the same bits. A token's rows split among gridDim.y blocks, rows_per_split each, each of which
+// computes the token's table.
+template <int B>
 __global__ void __launch_bounds__(kThreads)
-    rope_kv_write_q8_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, KvQ8* k_pool, KvQ8* v_pool,
-                            const int32_t* slots, const int32_t* positions, const float* factors,
-                            ops::RopeParams p, RopeFreqs fr, int head_dim, int n_heads, int n_kv,
-                            int64_t n_tokens, int rows_per_split) {
+    rope_kv_write_q8_kernel(Rows q, Rows q_dst, Rows k, Rows k_dst, Rows v, KvQ8B<B>* k_pool,
+                            KvQ8B<B>* v_pool, const int32_t* slots, const int32_t* positions,
+                            const float* factors, ops::RopeParams p, RopeFreqs fr, int head_dim, int n_heads,
+                            int n_kv, int64_t n_tokens, int rows_per_split) {
   __shared__ float2 cs_sn[kMaxRopePairs];
   __shared__ float staged[kThreads / 32][kQ8RopeMaxDim];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int warps = static_cast<int>(blockDim.x / 32), blocks_a_row = head_dim / 32;
+  const int warps = static_cast<int>(blockDim.x / 32), blocks_a_row = head_dim / B;
   const int rot = n_heads + n_kv, rows = rot + n_kv;
   const int lo = static_cast<int>(blockIdx.y) * rows_per_split, hi = min(rows, lo + rows_per_split);
   const int half = p.n_rot / 2;
@@ -393,7 +414,10 @@ __global__ void __launch_bounds__(kThreads)
         const int h = r - rot;
         const float* vr = v.row_as<const float>(h + int64_t{n_kv} * t);
         for (int b = 0; b < blocks_a_row; ++b) {
-          put_q8(vr[32 * b + lane], v_pool + (slot_row + h) * blocks_a_row + b, lane);
+          float x[B / 32];
+#pragma unroll
+          for (int i = 0; i < B / 32; ++i) x[i] = vr[B * b + 32 * i + lane];
+          put_q8<B>(x, v_pool + (slot_row + h) * blocks_a_row + b, lane);
         }
         continue;
       }
@@ -405,16 +429,20 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
       float* yr = (is_k ? k_dst : q_dst).row_as<float>(row);
       for (int b = 0; b < blocks_a_row; ++b) {
-        const int d = 32 * b + lane;
-        float y = row_s[d];
-        if (d < p.n_rot) {  // else a dim passed through
-          const int i = normal ? d / 2 : d % half;
-          const int a = normal ? 2 * i : i, pb = normal ? 2 * i + 1 : i + half;
-          const float2 rotated = rope_rotate(row_s[a], row_s[pb], cs_sn[i]);
-          y = d == a ? rotated.x : rotated.y;
+        float y[B / 32];
+#pragma unroll
+        for (int j = 0; j < B / 32; ++j) {
+          const int d = B * b + 32 * j + lane;
+          y[j] = row_s[d];
+          if (d < p.n_rot) {  // else a dim passed through
+            const int i = normal ? d / 2 : d % half;
+            const int a = normal ? 2 * i : i, pb = normal ? 2 * i + 1 : i + half;
+            const float2 rotated = rope_rotate(row_s[a], row_s[pb], cs_sn[i]);
+            y[j] = d == a ? rotated.x : rotated.y;
+          }
+          yr[d] = y[j];
         }
-        yr[d] = y;
-        if (is_k) put_q8(y, k_pool + (slot_row + h) * blocks_a_row + b, lane);
+        if (is_k) put_q8<B>(y, k_pool + (slot_row + h) * blocks_a_row + b, lane);
       }
       __syncwarp();  // row_s is read before the warp's next row fills it
     }
@@ -440,11 +468,11 @@ bool rope_kv_write_float_pools(const ops::KvWrite& kv) {
 }
 
 namespace {
-// q8_0 pools rope_kv_write_q8_kernel writes: rows of whole blocks, staged whole.
+// 8-bit pools rope_kv_write_q8_kernel writes: both q8_0 or both q8_64, rows of whole blocks, staged whole.
 bool rope_kv_write_q8_pools(const ops::KvWrite& kv) {
   const int64_t head_dim = kv.k.ne[0];
-  return kv.k_pool.type == DType::q8_0 && kv.v_pool.type == DType::q8_0 && head_dim % 32 == 0 &&
-         head_dim <= kQ8RopeMaxDim;
+  const int64_t block = kv.k_pool.type == DType::q8_0 ? 32 : kv.k_pool.type == DType::q8_64 ? 64 : 0;
+  return block > 0 && kv.v_pool.type == kv.k_pool.type && head_dim % block == 0 && head_dim <= kQ8RopeMaxDim;
 }
 }  // namespace
 
@@ -477,8 +505,15 @@ cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op) {
   const Rows k = rows_of(op.k), v = rows_of(op.v);
   if (op.k_pool.type == DType::q8_0) {  // and v_pool (cuda::supports)
     // A warp a block: as many threads as values, as the float pools' kernel.
-    (void)launch_kernel(ctx, kv_write_q8_kernel, grid, kThreads, 0, k, v, static_cast<KvQ8*>(op.k_pool.data),
-                        static_cast<KvQ8*>(op.v_pool.data), slots, head_dim / 32, n_kv, total / 32);
+    (void)launch_kernel(ctx, kv_write_q8_kernel<32>, grid, kThreads, 0, k, v,
+                        static_cast<KvQ8*>(op.k_pool.data), static_cast<KvQ8*>(op.v_pool.data), slots,
+                        head_dim / 32, n_kv, total / 32);
+    return launched();
+  }
+  if (op.k_pool.type == DType::q8_64) {  // and v_pool: a warp a block, half as many threads as values
+    (void)launch_kernel(ctx, kv_write_q8_kernel<64>, grid_for(total / 2, kThreads), kThreads, 0, k, v,
+                        static_cast<KvQ8x64*>(op.k_pool.data), static_cast<KvQ8x64*>(op.v_pool.data), slots,
+                        head_dim / 64, n_kv, total / 64);
     return launched();
   }
   with_pool_types(op, [&](auto k_elem, auto v_elem) {
@@ -554,13 +589,22 @@ cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rop
     const int64_t per_split = (rows + splits - 1) / splits;
     const dim3 grid(grid_for(n_tokens, 1), static_cast<unsigned>((rows + per_split - 1) / per_split));
     const int threads = static_cast<int>(std::min<int64_t>(kThreads, 32 * per_split));
-    (void)launch_kernel(
-        ctx, rope_kv_write_q8_kernel, grid, threads, 0, rows_of(q.x), rows_of(q.dst), rows_of(k.x),
-        rows_of(k.dst), rows_of(kv.v), static_cast<KvQ8*>(kv.k_pool.data), static_cast<KvQ8*>(kv.v_pool.data),
-        static_cast<const int32_t*>(kv.slots.data), static_cast<const int32_t*>(q.positions.data),
-        static_cast<const float*>(q.freq_factors.tensor.data), q.p,
-        host_rope_freqs(q.p, q.freq_factors.tensor.data), static_cast<int>(head_dim),
-        static_cast<int>(n_heads), static_cast<int>(n_kv), n_tokens, static_cast<int>(per_split));
+    const auto launch = [&](auto* pool_elem) {
+      using KV = std::remove_pointer_t<decltype(pool_elem)>;
+      (void)launch_kernel(
+          ctx, rope_kv_write_q8_kernel<kKvBlock<KV>>, grid, threads, 0, rows_of(q.x), rows_of(q.dst),
+          rows_of(k.x), rows_of(k.dst), rows_of(kv.v), static_cast<KV*>(kv.k_pool.data),
+          static_cast<KV*>(kv.v_pool.data), static_cast<const int32_t*>(kv.slots.data),
+          static_cast<const int32_t*>(q.positions.data),
+          static_cast<const float*>(q.freq_factors.tensor.data), q.p,
+          host_rope_freqs(q.p, q.freq_factors.tensor.data), static_cast<int>(head_dim),
+          static_cast<int>(n_heads), static_cast<int>(n_kv), n_tokens, static_cast<int>(per_split));
+    };
+    if (kv.k_pool.type == DType::q8_64) {
+      launch(static_cast<KvQ8x64*>(nullptr));
+    } else {
+      launch(static_cast<KvQ8*>(nullptr));
+    }
     return launched();
   }
   if (rope_vec_ok(q, k, kv)) return rope_kv_write_vec(ctx, q, k, kv);
