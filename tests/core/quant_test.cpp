@@ -78,7 +78,8 @@ double error_bound(DType type, const float* b, int n, float x) {
     case DType::q4_1: return asymmetric(15);
     case DType::q5_1: return asymmetric(31);
     case DType::q8_0:
-    case DType::q8_1: return 0.5 * amax / 127 + amax * kF16Eps + slack;
+    case DType::q8_1:
+    case DType::q8_64: return 0.5 * amax / 127 + amax * kF16Eps + slack;
     case DType::q8_k: return 0.5 * amax / 127 + slack;
     case DType::f16:
       return std::max(std::fabs(x) * kF16Eps, std::ldexp(1.0, -25));  // 2^-25: subnormal half-step
@@ -116,7 +117,7 @@ TEST_P(QuantRoundTrip, ErrorWithinBound) {
 INSTANTIATE_TEST_SUITE_P(Quant, QuantRoundTrip,
                          ::testing::Values(DType::f32, DType::f16, DType::bf16, DType::q4_0, DType::q4_1,
                                            DType::q5_0, DType::q5_1, DType::q8_0, DType::q8_1, DType::q8_k,
-                                           DType::f8_e4m3),
+                                           DType::f8_e4m3, DType::q8_64),
                          [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
 
 TEST(Quant, EveryQuantizerHasRoundTripCoverage) {
@@ -124,7 +125,7 @@ TEST(Quant, EveryQuantizerHasRoundTripCoverage) {
   const DTypeInfo* table = dtype_table(&count);
   int with_quantizer = 0;
   for (int i = 0; i < count; ++i) with_quantizer += table[i].quantize_row != nullptr;
-  EXPECT_EQ(with_quantizer, 11) << "add the new quantizer to QuantRoundTrip";
+  EXPECT_EQ(with_quantizer, 12) << "add the new quantizer to QuantRoundTrip";
 }
 
 TEST(Quant, ZeroBlocksStayZero) {
