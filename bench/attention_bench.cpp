@@ -4,7 +4,8 @@
 // table (or JSON lines with --json): us per call, TFLOP/s of the causal products (4 x head_dim flops per
 // query head and position seen), and for decode the K/V bytes read per second.
 //   build/<preset>/tests/attention_bench [--device cpu|cuda] [--json] [--shape 8b|135m|HxKVxD]
-//       [--prefill 512,2048] [--decode 1x128,1x1024,16x1024] [--kv-type f16|f32] [--block 16] [--exact]
+//       [--prefill 512,2048] [--decode 1x128,1x1024,16x1024] [--kv-type f16|f32|q8_0|q8_64] [--block 16]
+//       [--exact]
 // Default: the Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128), f16 pools, the fast precision
 // (the engine's default on a GPU; --exact: the f32 path).
 #include <algorithm>
@@ -70,6 +71,15 @@ DeviceTensor make_pool(Backend& b, const Options& o, int64_t n_blocks, std::mt19
   }
   std::vector<float> h(static_cast<size_t>(n));
   for (auto& v : h) v = uni(rng);
+  if (o.kv_type == DType::q8_0 || o.kv_type == DType::q8_64) {  // rows quantized by the reference quantizer
+    const int64_t row_bytes = *dtype_row_bytes(o.kv_type, o.shape.head_dim), rows = n / o.shape.head_dim;
+    std::vector<uint8_t> q(static_cast<size_t>(rows * row_bytes));
+    for (int64_t r = 0; r < rows; ++r) {
+      dtype_info(o.kv_type).quantize_row(h.data() + r * o.shape.head_dim, q.data() + r * row_bytes,
+                                         o.shape.head_dim);
+    }
+    return upload(b, o.kv_type, q, o.shape.head_dim, o.shape.n_kv, o.block_size, n_blocks);
+  }
   return upload(b, DType::f32, h, o.shape.head_dim, o.shape.n_kv, o.block_size, n_blocks);
 }
 
@@ -127,8 +137,8 @@ void bench_case(Backend& b, const Options& o, const char* kind, int64_t n_seqs, 
   double seen = 0.0;
   for (int32_t t : positions) seen += t + 1;
   const double tflops = 4.0 * static_cast<double>(s.head_dim * s.n_heads) * seen / sec / 1e12;
-  const double kv_bytes = 2.0 * static_cast<double>(n_seqs * ctx * s.n_kv * s.head_dim) *
-                          static_cast<double>(dtype_info(o.kv_type).type_size);
+  const double kv_bytes = 2.0 * static_cast<double>(n_seqs * ctx * s.n_kv) *
+                          static_cast<double>(*dtype_row_bytes(o.kv_type, s.head_dim));
   const double gbs = kv_bytes / sec / 1e9;
   if (o.json) {
     std::printf(
@@ -174,11 +184,11 @@ int main(int argc, char** argv) {
     o.shape = {h, kv, d};
   }
   const std::string kv_type = list_arg(argc, argv, "--kv-type", {"f16"}).at(0);
-  if (kv_type != "f16" && kv_type != "f32") {
-    std::fprintf(stderr, "--kv-type: %s is not f16 or f32\n", kv_type.c_str());
+  if (kv_type != "f16" && kv_type != "f32" && kv_type != "q8_0" && kv_type != "q8_64") {
+    std::fprintf(stderr, "--kv-type: %s is not f16, f32, q8_0 or q8_64\n", kv_type.c_str());
     return 2;
   }
-  o.kv_type = kv_type == "f16" ? DType::f16 : DType::f32;
+  o.kv_type = *dtype_from_name(kv_type);
   o.block_size = std::stoll(list_arg(argc, argv, "--block", {"16"}).at(0));
   if (o.block_size < 1) {
     std::fprintf(stderr, "--block: must be at least 1\n");
