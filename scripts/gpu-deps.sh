@@ -122,7 +122,7 @@ if [ "${1:-}" = "--kiln-binaries" ]; then
   fi
   want="$want$base_hash"
   stamp="$("$KILN_ROOT/scripts/tree-hash.sh") $want"
-  packed="$(cat "$pack_dir/tree.sha256" 2>/dev/null) $(cat "$pack_dir/binaries" 2>/dev/null)"
+  packed="$(cat "$pack_dir/tree.sha256" 2>/dev/null || true) $(cat "$pack_dir/binaries" 2>/dev/null || true)"
   if [ ! -f "$pack_dir/kiln-cuda.tar.xz" ] || [ "$packed" != "$stamp" ]; then
     say "building $want(cuda-dev) for the GPU machine"
     targets=()
@@ -149,7 +149,7 @@ if [ "${1:-}" = "--kiln-binaries" ]; then
     if [ -n "$base_hash" ]; then
       files=$(for f in $files; do
         echo "$f"
-        [ -e "$stage/base/$(basename "$f")" ] && echo "base/$(basename "$f")"
+        if [ -e "$stage/base/$(basename "$f")" ]; then echo "base/$(basename "$f")"; fi
       done)
     fi
     tar cf - -C "$stage" $files | xz -T1 --lzma2=preset=9,dict=192MiB >"$pack_dir/kiln-cuda.tar.xz"
