@@ -599,10 +599,9 @@ bool staged_raw(const ops::Attention& op, const Geometry& g) {
 // The fewest positions a chunk of the staged kernel that takes these rows, staged as SA.
 template <class SA>
 int64_t staged_min_chunk(int64_t head_dim) {
-  if (head_dim <= 64) {
-    if constexpr (kStagedAsIs<64, SA>) return Staged<64, SA>::kMinChunk;
-    return 0;  // not staged so (staged_raw)
-  }
+  if constexpr (kStagedAsIs<64, SA>) {
+    if (head_dim <= 64) return Staged<64, SA>::kMinChunk;
+  }  // else rows of 64 are not staged so (staged_raw)
   return head_dim <= 128 ? Staged<128, SA>::kMinChunk : Staged<256, SA>::kMinChunk;
 }
 
