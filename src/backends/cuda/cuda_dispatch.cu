@@ -17,7 +17,7 @@ bool pool_type(const Tensor& t) { return t.type == DType::f32 || t.type == DType
 // another type), rows of whole blocks of 32 or 64, 2-byte aligned (a block's f16 scale is read as one).
 bool q8_pools(const Tensor& k, const Tensor& v) {
   const auto q8 = [](const Tensor& t) {
-    const int64_t block = t.type == DType::q8_0 ? 32 : t.type == DType::q8_64 ? 64 : 0;
+    const int64_t block = kv_q8_block(t.type);
     return block > 0 && t.ne[0] % block == 0 && reinterpret_cast<uintptr_t>(t.data) % 2 == 0;
   };
   return q8(k) && q8(v) && k.type == v.type;

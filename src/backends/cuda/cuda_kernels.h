@@ -17,6 +17,10 @@
 
 namespace kiln::cuda {
 
+// The values a block of an 8-bit KV pool type holds (attention/kv_pool.cuh's KvQ8B<B>): 32 for q8_0, 64 for
+// q8_64; 0 for any other type.
+inline int64_t kv_q8_block(DType type) { return type == DType::q8_0 ? 32 : type == DType::q8_64 ? 64 : 0; }
+
 // The weights of the next matmuls of a program (up to three ranges, each 16-byte aligned and a multiple of
 // 16 bytes long; empty ranges have no bytes). A GEMV's blocks send them toward L2 as they finish their own
 // rows (weights_ahead, fusion/fusion.cu), so that the next GEMV's loads hit L2 while its launch and the

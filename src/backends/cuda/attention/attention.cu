@@ -597,11 +597,9 @@ cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geome
 // 16-byte-aligned pools (8-bit: whole blocks, read 2 bytes a load from 2-byte-aligned pools), into
 // 8-byte-aligned rows.
 bool mma_eligible(const Context& ctx, const ops::Attention& op, const Geometry& g) {
-  const bool q8 = op.k_pool.type == DType::q8_0 || op.k_pool.type == DType::q8_64;
-  const int64_t vec = op.k_pool.type == DType::q8_0    ? 32
-                      : op.k_pool.type == DType::q8_64 ? 64
-                      : op.k_pool.type == DType::f16   ? 8
-                                                       : 4;
+  const int64_t q8_block = kv_q8_block(op.k_pool.type);
+  const bool q8 = q8_block > 0;
+  const int64_t vec = q8 ? q8_block : op.k_pool.type == DType::f16 ? 8 : 4;
   const auto aligned = [&](const Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.data) % (q8 ? 2 : 16) == 0;
   };

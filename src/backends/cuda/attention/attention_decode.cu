@@ -572,9 +572,7 @@ cudaError_t launch_staged_for_group(const Context& ctx, const ops::Attention& op
 // The staged kernel takes head dims of 33 to 256 that are whole 16-byte vectors of 16-byte-aligned pools;
 // 8-bit pools (whole blocks, 2-byte aligned: cuda::supports) all of 33 to 256, loaded 2 bytes a load.
 bool staged_eligible(const ops::Attention& op, const Geometry& g) {
-  if (op.k_pool.type == DType::q8_0 || op.k_pool.type == DType::q8_64) {
-    return g.head_dim > 32 && g.head_dim <= 256;
-  }
+  if (kv_q8_block(op.k_pool.type) > 0) return g.head_dim > 32 && g.head_dim <= 256;
   const int64_t esize = op.k_pool.type == DType::f16 ? 2 : 4;
   return g.head_dim > 32 && g.head_dim <= 256 && (g.head_dim * esize) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(op.k_pool.data) % 16 == 0 &&
@@ -589,10 +587,9 @@ inline constexpr bool kStagedAsIs = !kKvQ8<SA> || (D / kKvBlock<SA> * sizeof(SA)
 // 8-bit pools are staged as they are (Staged<D, KvQ8B<B>>) where a row is D = 64, 128 or 256 values and
 // kStagedAsIs (whole 4-byte words of 4-byte-aligned pools); other head dims stage f32 values.
 bool staged_raw(const ops::Attention& op, const Geometry& g) {
-  const bool wide = g.head_dim == 128 || g.head_dim == 256;
-  const bool as_is =
-      op.k_pool.type == DType::q8_0 ? wide || g.head_dim == 64 : op.k_pool.type == DType::q8_64 && wide;
-  return as_is && reinterpret_cast<uintptr_t>(op.k_pool.data) % 4 == 0 &&
+  const int64_t block = kv_q8_block(op.k_pool.type);
+  return block > 0 && (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) &&
+         g.head_dim / block * (block + 2) % 4 == 0 && reinterpret_cast<uintptr_t>(op.k_pool.data) % 4 == 0 &&
          reinterpret_cast<uintptr_t>(op.v_pool.data) % 4 == 0;
 }
 
@@ -633,7 +630,7 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   // alone or among any others.
   const bool staged = staged_eligible(op, g), raw = staged_raw(op, g);
   const bool f16 = op.k_pool.type == DType::f16, q8_64 = op.k_pool.type == DType::q8_64;
-  const bool q8 = op.k_pool.type == DType::q8_0 || q8_64;
+  const bool q8 = kv_q8_block(op.k_pool.type) > 0;
   const int64_t min_chunk = !staged        ? 16
                             : f16          ? staged_min_chunk<__half>(g.head_dim)
                             : raw && q8_64 ? staged_min_chunk<KvQ8x64>(g.head_dim)

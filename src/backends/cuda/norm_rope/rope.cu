@@ -471,7 +471,7 @@ namespace {
 // 8-bit pools rope_kv_write_q8_kernel writes: both q8_0 or both q8_64, rows of whole blocks, staged whole.
 bool rope_kv_write_q8_pools(const ops::KvWrite& kv) {
   const int64_t head_dim = kv.k.ne[0];
-  const int64_t block = kv.k_pool.type == DType::q8_0 ? 32 : kv.k_pool.type == DType::q8_64 ? 64 : 0;
+  const int64_t block = kv_q8_block(kv.k_pool.type);
   return block > 0 && kv.v_pool.type == kv.k_pool.type && head_dim % block == 0 && head_dim <= kQ8RopeMaxDim;
 }
 }  // namespace
