@@ -18,6 +18,10 @@
 #   attn      tests/attention_bench (the 8B shape's attention op: prefill of 512 to 4096 tokens, decode) beside
 #             PyTorch's flash and cuDNN attention on the same prefill shapes (bench/attention_peer.py), then
 #             ncu's view of the prefill kernel at 2048 tokens
+#   attndecode the decode attention kernel alone (tests/attention_bench --decode DECODE_CASES, default 1x32768,
+#             1x8192,16x4096) for each KV type of KV_TYPES (default f16 q8_0 q8_64), this build's beside a packed
+#             base build's (build/cuda-dev/base/attention_bench), then ncu's view of the staged kernel at 1x32768
+#             for f16 and q8_64 (NCU_DECODE=0: not)
 #   ncu       ncu sections (speed of light, occupancy, warp states, memory) of one kernel in matmul_bench:
 #             NCU_KERNEL (default mmq_kernel) on NCU_CASES (type:KxN:m ...)
 #   ltprobe   bench/cublaslt_probe.cu: cuBLAS's bf16 GEMMs on the 8B's shapes at 9 to 64 tokens, its default and every
@@ -242,7 +246,7 @@ if [ "$prebuilt" = 1 ] && [ ${#targets[@]} -eq 0 ]; then
       cudatests) need cuda_tests cuda_tests ;;
       sanitize) need "${SANITIZE_TESTS:-ops_tests}" "${SANITIZE_TESTS:-ops_tests}" ;;
       bench | mmq | ncu | tune) need matmul_bench matmul_bench ;;
-      attn) need attention_bench attention_bench ;;
+      attn | attndecode) need attention_bench attention_bench ;;
       trace) need kiln_cuda_trace libkiln_cuda_trace.so ;;
     esac
   done
@@ -354,6 +358,27 @@ for step in "${steps[@]}"; do
           "$bin/tests/attention_bench" --device cuda --prefill 2048 --decode '' 2>&1 |
           grep -vE "^==PROF==|^ *$|^ *-+[ -]*$" | head -150
       } 2>&1 | tee "$out/attn.md" || status=1
+      ;;
+    attndecode)
+      {
+        for kv in ${KV_TYPES:-f16 q8_0 q8_64}; do
+          for b in "$bin/tests/attention_bench" "$bin/base/attention_bench"; do
+            [ -x "$b" ] || continue
+            echo "## --kv-type $kv: $b"
+            "$b" --device cuda --kv-type "$kv" --prefill '' --decode "${DECODE_CASES:-1x32768,1x8192,16x4096}"
+          done
+        done
+        if [ "${NCU_DECODE:-1}" = 1 ]; then
+          for kv in f16 q8_64; do
+            echo "## ncu: attention_staged_kernel, --kv-type $kv, 1x32768"
+            ncu --clock-control none --kernel-name regex:attention_staged --launch-skip 2 --launch-count 1 \
+              --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+              --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+              "$bin/tests/attention_bench" --device cuda --kv-type "$kv" --prefill '' --decode 1x32768 2>&1 |
+              grep -vE "^==PROF==|^ *$|^ *-+[ -]*$" | head -120
+          done
+        fi
+      } 2>&1 | tee "$out/attndecode.md" || status=1
       ;;
     ltprobe)
       { nvcc -O2 -arch=sm_90a -std=c++20 bench/cublaslt_probe.cu -lcublasLt -lcublas -o /tmp/cublaslt_probe &&

@@ -108,8 +108,9 @@ fi
 # of the GPU machine's time). Made again whenever the tree's hash or the set of binaries has changed.
 # KILN_BINARIES="cuda_tests": those targets beside kiln instead. KILN_BASE=DIR: binaries built from an earlier
 # tree (DIR/kiln, DIR/matmul_bench, stripped) packed beside them as base/ (unpacked as build/cuda-dev/base/: the
-# ab step's KILN_BIN, the bench step's BENCH_BASE, the trace step's TRACE_BASE), for A/B runs in one call; each
-# follows its twin in the stream, and a base kiln adds about 15 MB.
+# ab step's KILN_BIN, the bench step's BENCH_BASE, the trace step's TRACE_BASE, the attndecode step's
+# base/attention_bench), for A/B runs in one call; each follows its twin in the stream, and a base kiln adds
+# about 15 MB.
 if [ "${1:-}" = "--kiln-binaries" ]; then
   command -v nvcc >/dev/null || die "--kiln-binaries needs nvcc (the CUDA toolkit) on the PATH"
   pack_dir="$KILN_ROOT/.gpu-kiln"

@@ -255,6 +255,9 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
   float* corr = es + G * S::kStage;                          // [G] this stage's rescale of acc
   float* ms = corr + G;                                      // [G] running max, at the end
   float* ls = ms + G;                                        // [G] running sum, at the end
+  // Raw 8-bit rows: [2][kStage] the pool rows (slot * n_kv + kvh) of the positions of the stage each KV
+  // buffer takes next, ~0u past the chunk: one block-table read a position rather than one a copy.
+  auto* stage_rows = reinterpret_cast<uint32_t*>(ls + G);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const BlockWork w = block_work<G>(positions, seq, bt_indptr, bt_indices, g);
   if (w.past) return;
@@ -264,8 +267,7 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
 
   // This thread's copies: 16 bytes at vector cv of rows cr, cr + kRows, ... of a stage; of raw 8-bit rows,
   // whose words a row do not divide the threads, word e % kRowVecs of row e / kRowVecs for e = tid, tid +
-  // kThreads,
-  // ... below a stage's words.
+  // kThreads, ... below a stage's words.
   constexpr int kRows = S::kThreads / S::kRowVecs;
   const int cr = tid / S::kRowVecs, cv = tid % S::kRowVecs;
   // Pool elements a row, and this thread's copies' element of a row (8-bit in registers: blocks of kB values,
@@ -279,27 +281,30 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
     row_stride = g.n_kv * row_elems;
     col = kvh * row_elems + cv * S::kVec / kB;
   }
-  int64_t src[S::kCopies];  // element (raw 8-bit: byte) offsets in the pools of this thread's copies, or -1
-  auto find = [&](int64_t s0) {
-#pragma unroll
-    for (int i = 0; i < S::kCopies; ++i) {
-      if constexpr (kRaw) {  // byte offsets
-        const int e = tid + S::kThreads * i, r = e / S::kRowVecs;
+  int64_t src[kRaw ? 1 : S::kCopies];  // element offsets in the pools of this thread's copies, or -1
+  // The copies of the stage of positions from s0, for KV buffer `buf`: raw rows into stage_rows (a thread a
+  // position; read by issue after a barrier), the others' offsets into src.
+  auto find = [&](int64_t s0, int buf) {
+    if constexpr (kRaw) {
+      for (int r = tid; r < S::kStage; r += S::kThreads) {
         const int64_t p = s0 + r;
-        src[i] = -1;
-        if (r < S::kStage && p < c1) {
+        uint32_t row = ~0u;
+        if (p < c1) {
           const DivMod pb = divmod(p, g.block_size);
-          src[i] = ((int64_t{table[pb.q]} * g.block_size + pb.r) * g.n_kv + kvh) * S::kPoolRowBytes +
-                   4 * (e % S::kRowVecs);
+          row = static_cast<uint32_t>((int64_t{table[pb.q]} * g.block_size + pb.r) * g.n_kv + kvh);
         }
-        continue;
+        stage_rows[buf * S::kStage + r] = row;
       }
-      const int64_t p = s0 + cr + kRows * i;
-      if (p < c1 && dim_on) {
-        const DivMod pb = divmod(p, g.block_size);
-        src[i] = (int64_t{table[pb.q]} * g.block_size + pb.r) * row_stride + col;
-      } else {
-        src[i] = -1;
+    } else {
+#pragma unroll
+      for (int i = 0; i < S::kCopies; ++i) {
+        const int64_t p = s0 + cr + kRows * i;
+        if (p < c1 && dim_on) {
+          const DivMod pb = divmod(p, g.block_size);
+          src[i] = (int64_t{table[pb.q]} * g.block_size + pb.r) * row_stride + col;
+        } else {
+          src[i] = -1;
+        }
       }
     }
   };
@@ -311,27 +316,30 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
     unsigned char* vb = kb + S::kStage * S::kRowBytes;
 #pragma unroll
     for (int i = 0; i < S::kCopies; ++i) {
-      const bool on = src[i] >= 0;
       if constexpr (kRaw) {
         const int e = tid + S::kThreads * i, r = e / S::kRowVecs;
         if (r >= S::kStage) continue;  // the last round's threads past the stage
+        const uint32_t row = stage_rows[stage * S::kStage + r];
+        const bool on = row != ~0u;
+        const int64_t at = int64_t{row} * S::kPoolRowBytes + 4 * (e % S::kRowVecs);
         const int off = r * S::kRowBytes + 4 * (e % S::kRowVecs);
         const auto* kp = reinterpret_cast<const unsigned char*>(k_pool);
         const auto* vp = reinterpret_cast<const unsigned char*>(v_pool);
-        cp_async4_zfill(kb + off, on ? kp + src[i] : kp, on);
-        cp_async4_zfill(vb + off, on ? vp + src[i] : vp, on);
-        continue;
-      }
-      const int off = (cr + kRows * i) * S::kRowBytes + cv * 16;
-      if constexpr (kInRegs) {
-        kq[i] = vq[i] = KvQ8Run<4>{};
-        if (on) {
-          kq[i] = kv_load_run<4>(k_pool + src[i], cv * S::kVec % kB);
-          vq[i] = kv_load_run<4>(v_pool + src[i], cv * S::kVec % kB);
-        }
+        cp_async4_zfill(kb + off, on ? kp + at : kp, on);
+        cp_async4_zfill(vb + off, on ? vp + at : vp, on);
       } else {
-        cp_async16_zfill(kb + off, on ? k_pool + src[i] : k_pool, on);
-        cp_async16_zfill(vb + off, on ? v_pool + src[i] : v_pool, on);
+        const bool on = src[i] >= 0;
+        const int off = (cr + kRows * i) * S::kRowBytes + cv * 16;
+        if constexpr (kInRegs) {
+          kq[i] = vq[i] = KvQ8Run<4>{};
+          if (on) {
+            kq[i] = kv_load_run<4>(k_pool + src[i], cv * S::kVec % kB);
+            vq[i] = kv_load_run<4>(v_pool + src[i], cv * S::kVec % kB);
+          }
+        } else {
+          cp_async16_zfill(kb + off, on ? k_pool + src[i] : k_pool, on);
+          cp_async16_zfill(vb + off, on ? v_pool + src[i] : v_pool, on);
+        }
       }
     }
     cp_async_commit();
@@ -351,15 +359,17 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
       }
     }
   };
-  find(c0);
+  find(c0, 0);
   pdl_wait();
+  if constexpr (kRaw) __syncthreads();  // stage_rows[0] is written
   issue(0);
   land(0);
-  if (c0 + S::kStage < c1) find(c0 + S::kStage);
+  if (c0 + S::kStage < c1) find(c0 + S::kStage, 1);
   for (int e = tid; e < G * D; e += S::kThreads) {
     const int h = e / D, d = e % D;
     qs[e] = h < n_q && d < g.head_dim ? q.row_as<const float>(h0 + h + g.n_heads * t)[d] * g.scale : 0.0f;
   }
+  if constexpr (kRaw) __syncthreads();  // stage_rows[1] is written
 
   // Step B's state: warp w holds heads w, w + S::kWarps, ...
   float m_run[S::kHeadsAWarp], l_run[S::kHeadsAWarp];
@@ -373,7 +383,7 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
     const int n = static_cast<int>(min(int64_t{S::kStage}, c1 - s0));
     if (s0 + S::kStage < c1) {
       issue(stage ^ 1);
-      if (s0 + 2 * S::kStage < c1) find(s0 + 2 * S::kStage);
+      if (s0 + 2 * S::kStage < c1) find(s0 + 2 * S::kStage, stage);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -585,10 +595,12 @@ template <int D, class SA>
 inline constexpr bool kStagedAsIs = !kKvQ8<SA> || (D / kKvBlock<SA> * sizeof(SA)) % 4 == 0;
 
 // 8-bit pools are staged as they are (Staged<D, KvQ8B<B>>) where a row is D = 64, 128 or 256 values and
-// kStagedAsIs (whole 4-byte words of 4-byte-aligned pools); other head dims stage f32 values.
+// kStagedAsIs (whole 4-byte words of 4-byte-aligned pools), and the pool's rows fit the kernel's 32-bit row
+// numbers (stage_rows); other head dims stage f32 values.
 bool staged_raw(const ops::Attention& op, const Geometry& g) {
   const int64_t block = kv_q8_block(op.k_pool.type);
-  return block > 0 && (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) &&
+  const int64_t rows = op.k_pool.ne[1] * op.k_pool.ne[2] * op.k_pool.ne[3];
+  return block > 0 && (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) && rows < 0xffffffffLL &&
          g.head_dim / block * (block + 2) % 4 == 0 && reinterpret_cast<uintptr_t>(op.k_pool.data) % 4 == 0 &&
          reinterpret_cast<uintptr_t>(op.v_pool.data) % 4 == 0;
 }
@@ -616,12 +628,17 @@ cudaError_t launch_staged_for_head_dim(const Context& ctx, const ops::Attention&
 }  // namespace
 
 cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geometry g) {
-  // Split the positions when the blocks alone would not fill the device four times over: decode is bound by
-  // the latency of each warp's walk over its positions more than by bytes. The longest context a token may
-  // see bounds the useful split: the positions live on the device (a recorded step replays with others), so
-  // the block tables' total length bounds the grid, and each token splits its own span into as many chunks
-  // of at least min_chunk positions as fit (live_chunks), the grid's other blocks returning at once. A short
-  // span thus takes one chunk and writes its result without the merge.
+  // Split the positions when the blocks alone would not fill the device: decode is bound by the latency of
+  // each block's walk over its positions more than by bytes. The staged kernel (one block a multiprocessor:
+  // its registers and shared memory) aims at two waves: a block's fixed costs (the step metadata, the first
+  // stage's wait, the merge) favour fewer, longer chunks, and at 32,768 positions of the 8B shape 33 chunks
+  // (two full waves of 264 blocks) took 103.6 us (f16) and 94.2 (q8_64) where 64 (3.9 waves) took 124.4
+  // and 110.6, and 17 (a wave and 4 blocks) 164.0 and 140.8. The unstaged kernel, of small blocks, many a
+  // multiprocessor, aims at four times the multiprocessors. The longest context a token may see bounds the
+  // useful split: the positions live on the device (a recorded step replays with others), so the block
+  // tables' total length bounds the grid, and each token splits its own span into as many chunks of at
+  // least min_chunk positions as fit (live_chunks), the grid's other blocks returning at once. A short span
+  // thus takes one chunk and writes its result without the merge.
   // The staged kernel's chunks hold at least Staged::kMinChunk positions (four stages; 256 positions of f16
   // rows of up to 128 dims, and of 8-bit ones, whose stages are 128 positions), the unstaged kernel's 16
   // (four a warp). Under CudaOptions::batch_invariant the split ignores how many blocks the batch has: a
@@ -639,8 +656,9 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
+  const int64_t waves = staged ? 2 : 4;
   const int64_t want =
-      ctx.options.batch_invariant ? kMaxChunks : (4 * int64_t{ctx.n_sms} + blocks - 1) / blocks;
+      ctx.options.batch_invariant ? kMaxChunks : (waves * int64_t{ctx.n_sms} + blocks - 1) / blocks;
   g.n_chunks =
       std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, kMaxChunks}));
   g.min_chunk = min_chunk;
