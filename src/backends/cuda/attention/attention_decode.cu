@@ -656,9 +656,9 @@ cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geome
   const int64_t hpb = heads_per_block(g.group);
   const int64_t blocks = g.n_tokens * g.n_kv * ((g.group + hpb - 1) / hpb);
   const int64_t capacity = std::max<int64_t>(1, op.bt_indices.ne[0]) * g.block_size;
-  const int64_t waves = staged ? 2 : 4;
+  const int64_t per_sm = staged ? 2 : 4;  // blocks a multiprocessor the split aims at
   const int64_t want =
-      ctx.options.batch_invariant ? kMaxChunks : (waves * int64_t{ctx.n_sms} + blocks - 1) / blocks;
+      ctx.options.batch_invariant ? kMaxChunks : (per_sm * int64_t{ctx.n_sms} + blocks - 1) / blocks;
   g.n_chunks =
       std::max<int64_t>(1, std::min<int64_t>({want, (capacity + min_chunk - 1) / min_chunk, kMaxChunks}));
   g.min_chunk = min_chunk;
