@@ -66,7 +66,8 @@ struct Staged<D, KvQ8B<B>> {
   static constexpr int kPg = 2 * kThreads / D;
   static constexpr size_t kKvBytes =
       std::max(size_t{4} * kStage * kRowBytes, sizeof(float) * (kPg - 1) * kDecodeGroup * D);
-  // ... and the pool rows of two stages (attention_staged_kernel's stage_rows).
+  // As the other types' (the stages, q, the scores, the softmax state), and the pool rows of two stages
+  // (attention_staged_kernel's stage_rows).
   static size_t shared_bytes(int g) {
     return kKvBytes +
            sizeof(float) * (size_t(g) * D + size_t(kTpp) * g * kStage + size_t(g) * kStage + 3 * g) +
