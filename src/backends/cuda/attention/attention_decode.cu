@@ -321,8 +321,9 @@ __global__ void __launch_bounds__(Staged<D, SA>::kThreads, 1)
         if (r >= S::kStage) continue;  // the last round's threads past the stage
         const uint32_t row = stage_rows[stage * S::kStage + r];
         const bool on = row != ~0u;
-        const int64_t at = int64_t{row} * S::kPoolRowBytes + 4 * (e % S::kRowVecs);
-        const int off = r * S::kRowBytes + 4 * (e % S::kRowVecs);
+        const int word = 4 * (e % S::kRowVecs);  // the copy's byte in the row
+        const int64_t at = int64_t{row} * S::kPoolRowBytes + word;
+        const int off = r * S::kRowBytes + word;
         const auto* kp = reinterpret_cast<const unsigned char*>(k_pool);
         const auto* vp = reinterpret_cast<const unsigned char*>(v_pool);
         cp_async4_zfill(kb + off, on ? kp + at : kp, on);
