@@ -265,11 +265,10 @@ cudaError_t kv_write(const Context& ctx, const ops::KvWrite& op);
 // rope of q, rope of k (same positions and parameters), then kv_write of the rotated k and v.
 cudaError_t rope_kv_write(const Context& ctx, const ops::Rope& q, const ops::Rope& k, const ops::KvWrite& kv);
 // Whether rope_kv_write takes a RoPE of these parameters, and these pools: f16 or f32 each, or q8_0 or q8_64
-// both (head rows of at most 256 values). The GEMVs that apply RoPE in their stores write the float pools
-// alone (rope_kv_write_float_pools): over 8-bit pools the GEMV stores plainly and rope_kv_write follows it.
+// both (head rows of at most 256 values). The GEMVs that apply RoPE in their stores write the same pools
+// (8-bit ones a head row at a time: matmul/gemv.cuh).
 bool rope_supported(const ops::RopeParams& p);
 bool rope_kv_write_pools(const ops::KvWrite& kv);
-bool rope_kv_write_float_pools(const ops::KvWrite& kv);
 // attention/attention.cu (head_dim <= 256)
 bool attention_supported(const ops::Attention& op);
 // With xh: also the result in 16 bits for the GEMM after (bf16, or f16 saturated when f16; as add_rms_norm),

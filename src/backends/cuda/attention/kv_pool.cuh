@@ -82,6 +82,50 @@ __device__ inline float kv_run_value(const KvQ8Run<N>& x, int i) {
   return __half2float(__ushort_as_half(static_cast<uint16_t>(x.d))) * static_cast<float>(code);
 }
 
+// The warp's B values (element 32 * i + lane in x[i] of that lane) as one 8-bit block at *b, bit for bit as
+// the reference quantizer writes them (core/quant/quant_legacy.cpp's quantize_row_q8, which the CPU backend's
+// KV write calls; norm_rope/rope.cu's KV write and the rotating GEMV's stores, matmul/gemv.cuh), every step
+// of its arithmetic in the same order and rounding:
+//   amax: its fold amax = amax > |x| ? amax : |x| from 0 in element order, so that a NaN element is kept only
+//     until the next replaces it: the maximum of the elements after the last NaN, NaN if the last is one;
+//   d = amax / 127 and id = d != 0 ? 1 / d : 0, in f32 (the scale stored is d rounded to f16, the codes use
+//     the unrounded id);
+//   q = (int8_t) roundf(x * id) as x86 converts: a truncation to int32 (INT32_MIN for NaN or out of range),
+//     then its low byte (a d too small for its 1 / d reaches it).
+// Where d is NaN (the last element NaN, every code 0), the f16 scale keeps the NaN x86 makes: that element's
+// magnitude, quieted, its top payload bits.
+template <int B>
+__device__ inline void put_q8(const float (&x)[B / 32], KvQ8B<B>* b, int lane) {
+  constexpr int kN = B / 32;
+  int last_nan = -1;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const unsigned nan = __ballot_sync(0xffffffffu, x[i] != x[i]);
+    if (nan != 0) last_nan = 32 * i + 31 - __clz(nan);
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    if (32 * i + lane > last_nan) amax = fmaxf(amax, fabsf(x[i]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (last_nan == B - 1) amax = __uint_as_float(0x7fc00000u);
+  const float d = __fdiv_rn(amax, 127.0f);
+  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const float r = roundf(__fmul_rn(x[i], id));
+    const int32_t t = r >= -2147483648.0f && r < 2147483648.0f ? static_cast<int32_t>(r) : INT32_MIN;
+    b->qs[32 * i + lane] = static_cast<int8_t>(t);
+  }
+  const unsigned last = __shfl_sync(0xffffffffu, __float_as_uint(x[kN - 1]), 31);
+  if (lane == 0) {
+    b->d = last_nan == B - 1 ? static_cast<uint16_t>(0x7e00u | ((last >> 13) & 0x3ffu))
+                             : __half_as_ushort(__float2half_rn(d));
+  }
+}
+
 // A value to f16 for the tensor cores, saturated: a pool value past f16's range (an f32 pool's, or a q8_0
 // code times a large scale) becomes its largest, not an infinity.
 __device__ __forceinline__ __half to_half_sat(float v) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/attention/kv_pool.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
@@ -62,7 +63,8 @@ struct GemvPair {
 // block's rows are whole pairs of dims (normal layout, every dim of a head rotated), rotated in place with
 // the cos/sin of the token's position (the frequencies made on the host, RopeFreqs, passed beside the
 // arguments, or else on the device from p and the frequency factors), and the rows of k and v also go to the
-// pools at the token's slot (pools: [head_dim, n_kv, block_size, n_blocks], f32 or f16).
+// pools at the token's slot (pools: [head_dim, n_kv, block_size, n_blocks], f32 or f16; or 8-bit blocks,
+// a head row at a time, by the block whose rows complete it).
 struct GemvRope {
   bool on;
   ops::RopeParams p;
@@ -72,6 +74,11 @@ struct GemvRope {
   void* k_pool;
   void* v_pool;
   bool k16, v16;  // the pools hold f16 (else f32)
+  // 8-bit pools (q8_0, q8_64: KvQ8B<q8_block>; 0: float pools): a head row of k or v goes to its pool once
+  // every block of its rows has stored them, by the block that stores the last (q8_rows: the rows stored
+  // a token, KV head and k/v, [tokens][n_kv][2], zero before the launch and left zero).
+  int q8_block;
+  unsigned* q8_rows;
   int head_dim;
   int n_kv;
   // The part of Q, K and V that the launch's first part is (0; 2: a launch of V alone, whose weight has
@@ -114,10 +121,14 @@ struct GemvArgs {
   GemvRope rope;
 };
 
+// What a GEMV's stores do with RoPE (a template argument of the kernels, kRope): nothing; rotate and write
+// the float pools (f16, f32); rotate and write 8-bit pools a head row at a time (GemvRope::q8_block), whose
+// count and quantization take registers the float pools' instances should not pay for.
+inline constexpr int kNoRope = 0, kRopeFloat = 1, kRopeQ8 = 2;
 // The frequencies of a GEMV that rotates (kRope: GemvRope), a kernel argument of its own; nothing else.
 struct NoRope {};
-template <bool kRope>
-using RopeArg = std::conditional_t<kRope, RopeFreqs, NoRope>;
+template <int kRope>
+using RopeArg = std::conditional_t<kRope != kNoRope, RopeFreqs, NoRope>;
 
 // Block `block` of `blocks`' share of `ahead`: its bytes split evenly over the blocks in 16-byte units, a
 // 128-byte line a thread sent toward L2.
@@ -207,6 +218,52 @@ __device__ __forceinline__ void butterfly(float (&v)[kValues], int lane, int& at
   }
 }
 
+// A head row of k or v into an 8-bit pool of blocks of B values: `src`, the row as every block stored it in
+// the part's f32 destination (read from L2, past the fences of the blocks that stored it), a warp a block,
+// put_q8's bits, into `dst`, the row's blocks at the token's slot.
+template <int B>
+__device__ __forceinline__ void gemv_q8_head(const float* src, void* dst, int head_dim, int lane) {
+  auto* out = static_cast<KvQ8B<B>*>(dst);
+  for (int b = 0; b < head_dim / B; ++b) {
+    float x[B / 32];
+#pragma unroll
+    for (int i = 0; i < B / 32; ++i) x[i] = __ldcg(src + b * B + 32 * i + lane);
+    put_q8<B>(x, out + b, lane);
+  }
+}
+
+// The 8-bit pools' part of a rotating GEMV's stores, past the lanes' own (`on`: this lane stored an element
+// of the head row at `src`, whose blocks go to `dst` and whose stored rows `count` counts): each stored row
+// counts towards its head row (a lane's stores, then a fence, then its count: a row counted is visible to the
+// last), and the warp quantizes every head row a lane of it completed (gemv_q8_head). A call of its own, of
+// scalars only (a struct by reference would be copied to the stack from the kernel's parameters), so that
+// the GEMV around it keeps its registers.
+inline __device__ __noinline__ void gemv_q8_count(const float* src, void* dst, unsigned* count, int head_dim,
+                                                  int q8_block, bool on, int lane) {
+  bool last = false;
+  if (on) {
+    __threadfence();
+    last = atomicAdd(count, 1u) == static_cast<unsigned>(head_dim) - 1;
+    if (last) *count = 0;  // every row of it has counted: zero for the next launch
+  }
+  unsigned lasts = __ballot_sync(0xffffffffu, last);
+  if (lasts == 0) return;
+  __threadfence();
+  while (lasts != 0) {
+    const int from = __ffs(lasts) - 1;
+    lasts &= lasts - 1;
+    const auto* row = reinterpret_cast<const float*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src), from));
+    auto* out =
+        reinterpret_cast<void*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(dst), from));
+    if (q8_block == 64) {
+      gemv_q8_head<64>(row, out, head_dim, lane);
+    } else {
+      gemv_q8_head<32>(row, out, head_dim, lane);
+    }
+  }
+}
+
 // The block's sums of its threads' partial products acc[r][c] (rows row0 + r, columns q0 + c < q0 + cols),
 // stored into the part's destination. Each warp sums its lanes by butterfly: at each step a lane keeps half
 // of the values and adds its partner's half, so kRows x kCols sums take 2 * values - 1 shuffles instead of 5
@@ -217,8 +274,8 @@ __device__ __forceinline__ void butterfly(float (&v)[kValues], int lane, int& at
 // kRows / 2 x kCols threads stores a gate value, its up value and their activation. kRope (GemvRope; kRows
 // even, row0 a multiple of kRows): warp 0's lanes sum the values, the lanes of a pair's two rows swap their
 // sums, and each stores its element of the rotated pair (q, k) or its value (v), and k's and v's also to the
-// pools.
-template <int kRows, int kCols, bool kPair = false, bool kRope = false>
+// float pools, or, to 8-bit pools, the warp whose stores complete a head row quantizes it (gemv_q8_head).
+template <int kRows, int kCols, bool kPair = false, int kRope = kNoRope>
 __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
                                            float (&red)[kGemvThreads / 32][kRows][kCols],
                                            const GemvPart& part, DType dst_type, int64_t row0, int64_t q0,
@@ -251,7 +308,7 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
     }
     return;
   }
-  if constexpr (kRope) {
+  if constexpr (kRope != kNoRope) {
     static_assert(kRows % 2 == 0, "whole pairs of rows");
     if (warp != 0) return;
     const int r = (lane / kCols) % kRows, c = lane % kCols;
@@ -259,18 +316,21 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
 #pragma unroll
     for (int i = 0; i < kGemvThreads / 32; ++i) s += red[i][r][c];
     const float other = __shfl_xor_sync(0xffffffffu, s, kCols);  // row r ^ 1's
-    if (lane >= kValues || c >= cols || row0 + r >= part.n) return;
+    const bool on = lane < kValues && c < cols && row0 + r < part.n;
     const int64_t i = row0 + r, q = q0 + c;
     float y = s;
-    if (rope_at.part < 2) {
+    if (on && rope_at.part < 2) {
       const float2 cs = rope_at.ready ? rope_at.cs : gemv_rope_cs(rope, freqs, i, q);
       const bool even = r % 2 == 0;
       const float2 yy = rope_rotate(even ? s : other, even ? other : s, cs);
       y = even ? yy.x : yy.y;
     }
-    reinterpret_cast<float*>(part.dst.row(q))[i] = y;
-    if (rope_at.part > 0) {
-      const int h = static_cast<int>(i) / rope.head_dim, d = static_cast<int>(i) - h * rope.head_dim;
+    if (on) reinterpret_cast<float*>(part.dst.row(q))[i] = y;
+    if (rope_at.part == 0) return;
+    const int h = static_cast<int>(i / rope.head_dim);
+    if constexpr (kRope == kRopeFloat) {
+      if (!on) return;
+      const int d = static_cast<int>(i) - h * rope.head_dim;
       const int64_t at = (int64_t{rope.slots[q]} * rope.n_kv + h) * rope.head_dim + d;
       const bool k = rope_at.part == 1;
       void* pool = k ? rope.k_pool : rope.v_pool;
@@ -278,6 +338,14 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
         static_cast<__half*>(pool)[at] = __float2half_rn(y);
       else
         static_cast<float*>(pool)[at] = y;
+    } else {
+      const int kv = rope_at.part - 1;                                       // 0: k, 1: v
+      const int64_t head = on ? int64_t{rope.slots[q]} * rope.n_kv + h : 0;  // q past the batch: not read
+      const int64_t block_bytes = rope.q8_block == 64 ? sizeof(KvQ8B<64>) : sizeof(KvQ8B<32>);
+      auto* pool = static_cast<char*>(kv == 0 ? rope.k_pool : rope.v_pool);
+      gemv_q8_count(reinterpret_cast<const float*>(part.dst.row(q)) + int64_t{h} * rope.head_dim,
+                    pool + head * (rope.head_dim / rope.q8_block) * block_bytes,
+                    rope.q8_rows + (q * rope.n_kv + h) * 2 + kv, rope.head_dim, rope.q8_block, on, lane);
     }
     return;
   }

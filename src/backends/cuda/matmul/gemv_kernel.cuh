@@ -124,12 +124,14 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
 // col_split). A is the alignment every block of the weight starts at (Quant<T>::kAlign or kSafeAlign). kQ8:
 // the integer path (a.xq, a.xds), else f32 x. A with kGrouped: rows in grouped form
 // (matmul/dequant.cuh's legacy_block), 16-byte aligned. kPair (kRows >= 2, a.pair.on): the block's rows are
-// kRows / 2 rows of the first matrix from row0 and the same rows of the second (GemvPair). kRope (kRows
-// even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), the frequencies in `freqs`.
-template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kPair = false, bool kRope = false>
+// kRows / 2 rows of the first matrix from row0 and the same rows of the second (GemvPair). kRope (kRopeFloat
+// or kRopeQ8, by the pools; kRows even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), the
+// frequencies in `freqs`.
+template <DType T, int A, int kCols, int kRows, int kUnroll, bool kQ8, bool kPair = false,
+          int kRope = kNoRope>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<kRope> freqs) {
   static_assert(!kPair || kRows >= 2, "a paired block holds a row of each matrix at least");
-  static_assert(!kRope || (!kPair && kRows % 2 == 0), "a rotating block holds whole pairs of rows");
+  static_assert(kRope == kNoRope || (!kPair && kRows % 2 == 0), "a rotating block holds whole pairs of rows");
   __shared__ float red[kGemvThreads / 32][kRows][kCols];
   constexpr int kHalf = kPair ? kRows / 2 : 1;
   constexpr bool paired = kPair;
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<
   }
   const int64_t g_first = static_cast<int64_t>(blockIdx.y) * a.col_split + blockIdx.x % a.col_split;
   RopeAt rope_at{part_index + a.rope.first_part};
-  if constexpr (kRope) {
+  if constexpr (kRope != kNoRope) {
     if (threadIdx.x < 32 && g_first < a.n_groups) {
       const int64_t q0 = g_first * a.m;
       rope_at =
@@ -260,8 +262,14 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
   if constexpr (kGroupedType<T>) {
     if (access == Access::grouped) {
       if constexpr (kMayRope) {
+        if (a.rope.on && a.rope.q8_block != 0) {
+          (void)launch_kernel(ctx, gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, kQ8, false, kRopeQ8>,
+                              grid, kGemvThreads, 0, a, *rope);
+          return;
+        }
         if (a.rope.on) {
-          (void)launch_kernel(ctx, gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, kQ8, false, true>,
+          (void)launch_kernel(ctx,
+                              gemv_kernel<T, 16 | kGrouped, kCols, kRows, kUnroll, kQ8, false, kRopeFloat>,
                               grid, kGemvThreads, 0, a, *rope);
           return;
         }
@@ -273,8 +281,14 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
   }
   if (access == Access::natural) {
     if constexpr (kMayRope && !kQ8) {
+      if (a.rope.on && a.rope.q8_block != 0) {
+        (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, kRopeQ8>,
+                            grid, kGemvThreads, 0, a, *rope);
+        return;
+      }
       if (a.rope.on) {
-        (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, true>,
+        (void)launch_kernel(ctx,
+                            gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, kRopeFloat>,
                             grid, kGemvThreads, 0, a, *rope);
         return;
       }

@@ -191,11 +191,12 @@ __device__ __forceinline__ Item item_at(const GemvArgs& a, unsigned item) {
 // Blocks a multiprocessor must hold (registers): a one-column launch of one or two rows a block is many short
 // blocks (a small model's matmuls), which run in one wave only when the device holds them all at once. With
 // RoPE (kRope), whose store takes more registers, 8: at 12 the kernel spilled.
-template <int kCols, int kRows, bool kRope = false>
-inline constexpr int kStagedMinBlocks = kCols == 1 && kRows <= 2 ? (kRope ? 8 : 12) : 1;
+template <int kCols, int kRows, int kRope = kNoRope>
+inline constexpr int kStagedMinBlocks = kCols == 1 && kRows <= 2 ? (kRope != kNoRope ? 8 : 12) : 1;
 
-// kRope (kRows even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), as gemv_kernel.
-template <DType T, int kCols, int kRows, bool kRope>
+// kRope (kRopeFloat or kRopeQ8; kRows even, a.rope.on): Q, K and V with RoPE and the KV write (GemvRope), as
+// gemv_kernel.
+template <DType T, int kCols, int kRows, int kRope>
 __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, kRope>)
     gemv_staged_kernel(GemvArgs a, unsigned n_items, RopeArg<kRope> freqs) {
   using S = Staged<T>;
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
   // kRope: the cos/sin of the item being multiplied (rope_at) and of the next (rope_next), each made while
   // its first segment is on its way: the first item's before the wait, a later one's as it is issued.
   RopeAt rope_at, rope_next;
-  if constexpr (kRope) {
+  if constexpr (kRope != kNoRope) {
     if (threadIdx.x < 32 && item < n_items) {
       const Item first = item_at<kRows>(a, item);
       rope_at = gemv_rope_ahead<kRows, kCols>(a, freqs, first.part_index, first.row0, first.part.n, first.q0,
@@ -285,7 +286,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
     int next_seg = seg + 1;
     if (next_seg == n_seg) next_seg = 0, next_item += gridDim.x;
     issue(next_item, next_seg, slot ^ 1);
-    if constexpr (kRope) {
+    if constexpr (kRope != kNoRope) {
       if (next_seg == 0 && next_item < n_items && threadIdx.x < 32) {
         const Item n = kKeepItem ? next : item_at<kRows>(a, next_item);
         rope_next = gemv_rope_ahead<kRows, kCols>(a, freqs, n.part_index, n.row0, n.part.n, n.q0, n.cols);
@@ -333,10 +334,10 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
       }
     }
     if (next_seg == 0) {  // the item's last segment
-      if constexpr (kRope) {
+      if constexpr (kRope != kNoRope) {
         rope_at.part = it.part_index + a.rope.first_part;
-        gemv_store<kRows, kCols, false, true>(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair,
-                                              a.more[0], a.rope, freqs, rope_at);
+        gemv_store<kRows, kCols, false, kRope>(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair,
+                                               a.more[0], a.rope, freqs, rope_at);
         rope_at = rope_next;
       } else {
         gemv_store(acc, red, it.part, a.dst_type, it.row0, it.q0, it.cols, a.pair, a.more[0]);
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(kGemvThreads, kStagedMinBlocks<kCols, kRows, k
   }
 }
 
-template <DType T, int kCols, int kRows, bool kRope>
+template <DType T, int kCols, int kRows, int kRope>
 void launch_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, const RopeArg<kRope>& freqs) {
   const auto kernel = gemv_staged_kernel<T, kCols, kRows, kRope>;
   constexpr size_t smem = 2 * kRows * seg_bytes<T>();
@@ -380,9 +381,11 @@ void launch_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, co
 template <DType T, int kCols, int kRows>
 void launch_gemv_staged(const Context& ctx, const GemvArgs& a, int64_t row_blocks, const RopeFreqs* rope) {
   if constexpr (kRows % 2 == 0) {
-    if (a.rope.on) return launch_staged<T, kCols, kRows, true>(ctx, a, row_blocks, *rope);
+    if (a.rope.on && a.rope.q8_block != 0)
+      return launch_staged<T, kCols, kRows, kRopeQ8>(ctx, a, row_blocks, *rope);
+    if (a.rope.on) return launch_staged<T, kCols, kRows, kRopeFloat>(ctx, a, row_blocks, *rope);
   }
-  launch_staged<T, kCols, kRows, false>(ctx, a, row_blocks, NoRope{});
+  launch_staged<T, kCols, kRows, kNoRope>(ctx, a, row_blocks, NoRope{});
 }
 
 // The types with an integer path (KILN_CUDA_Q8_TYPES) are the staged ones (kStagedType).

@@ -303,8 +303,9 @@ bool gemv_rope_ok(const Context& ctx, std::span<const ops::Matmul* const> group,
 
 namespace {
 
-// The GemvRope of `rope` (but for `on`, which launch_gemv sets) and its frequencies.
-RopeFreqs rope_args(GemvArgs& a, const RopeOps& rope) {
+// The GemvRope of `rope` (but for `on`, which launch_gemv sets) and its frequencies; `in_stores`: whether
+// the GEMV may write the pools (rope_kv_write_pools; 8-bit ones: and their row counts had).
+RopeFreqs rope_args(const Context& ctx, GemvArgs& a, const RopeOps& rope, bool& in_stores) {
   const ops::KvWrite& kv = *rope.kv;
   a.rope.p = rope.q->p;
   a.rope.factors = static_cast<const float*>(rope.q->freq_factors.tensor.data);
@@ -316,6 +317,14 @@ RopeFreqs rope_args(GemvArgs& a, const RopeOps& rope) {
   a.rope.v16 = kv.v_pool.type == DType::f16;
   a.rope.head_dim = static_cast<int>(rope.q->x.ne[0]);
   a.rope.n_kv = static_cast<int>(kv.k.ne[1]);
+  a.rope.q8_block = static_cast<int>(kv_q8_block(kv.k_pool.type));
+  a.rope.q8_rows = nullptr;
+  in_stores = rope_kv_write_pools(kv);
+  if (in_stores && a.rope.q8_block > 0) {
+    a.rope.q8_rows = static_cast<unsigned*>(
+        ctx.scratch(kSlotCounters, sizeof(unsigned) * 2 * kv.k.ne[1] * kv.k.ne[2]));  // [tokens][n_kv][2]
+    in_stores = a.rope.q8_rows != nullptr;
+  }
   return host_rope_freqs(rope.q->p, rope.q->freq_factors.tensor.data);
 }
 
@@ -323,8 +332,8 @@ RopeFreqs rope_args(GemvArgs& a, const RopeOps& rope) {
 // rope_kv_write after it.
 cudaError_t launch_gemv_rope(const Context& ctx, GemvArgs a, const Tensor& w, bool q8, bool grouped,
                              const RopeOps& rope) {
-  const RopeFreqs freqs = rope_args(a, rope);
-  const bool in_stores = rope_kv_write_float_pools(*rope.kv);
+  bool in_stores = false;
+  const RopeFreqs freqs = rope_args(ctx, a, rope, in_stores);
   bool roped = false;
   if (const cudaError_t err = launch_gemv(ctx, a, w, q8, grouped, in_stores ? &freqs : nullptr, &roped);
       err != cudaSuccess || roped)
@@ -348,13 +357,14 @@ cudaError_t launch_qkv_rope(const Context& ctx, std::span<const ops::Matmul* con
   const ops::Matmul& v = *group[2];
   GemvArgs b = group_args(group.subspan(2));
   b.xq = a.xq, b.xds = a.xds;
-  const RopeFreqs freqs = rope_args(a, rope);
-  (void)rope_args(b, rope);
+  bool in_stores = false;
+  const RopeFreqs freqs = rope_args(ctx, a, rope, in_stores);
+  (void)rope_args(ctx, b, rope, in_stores);
   b.rope.first_part = 2;
   bool qk_rotates = false, v_rotates = false;
   (void)launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w), &freqs, &qk_rotates, true);
   (void)launch_gemv(ctx, b, v.w.tensor, q8, grouped(v.w), &freqs, &v_rotates, true);
-  const bool rotate = qk_rotates && v_rotates && rope_kv_write_float_pools(*rope.kv);
+  const bool rotate = qk_rotates && v_rotates && in_stores;
   if (const cudaError_t err =
           launch_gemv(ctx, a, first.w.tensor, q8, grouped(first.w), rotate ? &freqs : nullptr);
       err != cudaSuccess) {

@@ -142,49 +142,6 @@ __global__ void kv_write_kernel(Rows k, Rows v, void* k_pool, void* v_pool, cons
 
 // ---- KV write into 8-bit pools (q8_0, q8_64): a warp a block of B values ----
 
-// The warp's B values (element 32 * i + lane in x[i] of that lane) as one 8-bit block at *b, bit for bit as
-// the reference quantizer writes them (core/quant/quant_legacy.cpp's quantize_row_q8, which the CPU backend's
-// KV write calls), every step of its arithmetic in the same order and rounding:
-//   amax: its fold amax = amax > |x| ? amax : |x| from 0 in element order, so that a NaN element is kept only
-//     until the next replaces it: the maximum of the elements after the last NaN, NaN if the last is one;
-//   d = amax / 127 and id = d != 0 ? 1 / d : 0, in f32 (the scale stored is d rounded to f16, the codes use
-//     the unrounded id);
-//   q = (int8_t) roundf(x * id) as x86 converts: a truncation to int32 (INT32_MIN for NaN or out of range),
-//     then its low byte (a d too small for its 1 / d reaches it).
-// Where d is NaN (the last element NaN, every code 0), the f16 scale keeps the NaN x86 makes: that element's
-// magnitude, quieted, its top payload bits.
-template <int B>
-__device__ inline void put_q8(const float (&x)[B / 32], KvQ8B<B>* b, int lane) {
-  constexpr int kN = B / 32;
-  int last_nan = -1;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    const unsigned nan = __ballot_sync(0xffffffffu, x[i] != x[i]);
-    if (nan != 0) last_nan = 32 * i + 31 - __clz(nan);
-  }
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    if (32 * i + lane > last_nan) amax = fmaxf(amax, fabsf(x[i]));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (last_nan == B - 1) amax = __uint_as_float(0x7fc00000u);
-  const float d = __fdiv_rn(amax, 127.0f);
-  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    const float r = roundf(__fmul_rn(x[i], id));
-    const int32_t t = r >= -2147483648.0f && r < 2147483648.0f ? static_cast<int32_t>(r) : INT32_MIN;
-    b->qs[32 * i + lane] = static_cast<int8_t>(t);
-  }
-  const unsigned last = __shfl_sync(0xffffffffu, __float_as_uint(x[kN - 1]), 31);
-  if (lane == 0) {
-    b->d = last_nan == B - 1 ? static_cast<uint16_t>(0x7e00u | ((last >> 13) & 0x3ffu))
-                             : __half_as_ushort(__float2half_rn(d));
-  }
-}
-
 // A warp a block w of k's `total` (row w / blocks_a_row, h + n_kv * t, its block w % blocks_a_row) and the
 // same block of v, into the pools at the token's slot (the pools' rows: whole blocks, kv_pool.cuh's KvQ8B).
 // blockDim.x is a multiple of 32, so a warp's lanes take the same trips.
@@ -462,11 +419,6 @@ cudaError_t rope(const Context& ctx, const ops::Rope& op) {
   return launched();
 }
 
-bool rope_kv_write_float_pools(const ops::KvWrite& kv) {
-  const auto float_pool = [](const Tensor& t) { return t.type == DType::f32 || t.type == DType::f16; };
-  return float_pool(kv.k_pool) && float_pool(kv.v_pool);
-}
-
 namespace {
 // 8-bit pools rope_kv_write_q8_kernel writes: both q8_0 or both q8_64, rows of whole blocks, staged whole.
 bool rope_kv_write_q8_pools(const ops::KvWrite& kv) {
@@ -474,11 +426,13 @@ bool rope_kv_write_q8_pools(const ops::KvWrite& kv) {
   const int64_t block = kv_q8_block(kv.k_pool.type);
   return block > 0 && kv.v_pool.type == kv.k_pool.type && head_dim % block == 0 && head_dim <= kQ8RopeMaxDim;
 }
+bool float_pools(const ops::KvWrite& kv) {
+  const auto float_pool = [](const Tensor& t) { return t.type == DType::f32 || t.type == DType::f16; };
+  return float_pool(kv.k_pool) && float_pool(kv.v_pool);
+}
 }  // namespace
 
-bool rope_kv_write_pools(const ops::KvWrite& kv) {
-  return rope_kv_write_float_pools(kv) || rope_kv_write_q8_pools(kv);
-}
+bool rope_kv_write_pools(const ops::KvWrite& kv) { return float_pools(kv) || rope_kv_write_q8_pools(kv); }
 
 namespace {
 // f(KT{}, VT{}): the K and V pools' element types (f16 or f32 each), as the KV-writing kernels' template
