@@ -95,7 +95,8 @@
 #   fp8       FP8 weights on CUDA: the op harness's weight cases (f8_e4m3 among them; ops_tests in BUILD_TARGETS)
 #             and cuda_tests' row-form and stacked cases, then the Llama-3-8B shape's random BF16 folder written
 #             as FP8 by kiln quantize (compressed-tensors, per channel) and, unless prep made it, as a BF16 GGUF by
-#             kiln convert; kiln bench of the two side by side (pp2048, tg128, and --batch 64), with each one's
+#             kiln convert; kiln bench of the two side by side (pp2048, tg128, and --batch 64; FP8's batch also on
+#             cuBLASLt's GEMM, KILN_CUDA_WGMMA=0), with each one's
 #             step profile and a 2,048-token prompt's ops timed alone (KILN_CUDA_PROFILE)
 #             (FP8_PROFILE=0: the two benches alone; FP8_BENCH=0: the folders made, nothing run)
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
@@ -679,9 +680,10 @@ PY
         "$bin/tests/ops_tests" --gtest_brief=1 \
           --gtest_filter='OpHarness.Matmul*:OpHarness.GetRows*:OpHarness.MoeMatmul*:OpHarness.BatchInvariant*' 2>&1 |
           tail -5
-        # The row form of one-scale-a-row weights against the file's form (cuda_tests in BUILD_TARGETS).
-        [ -x "$bin/tests/cuda_tests" ] && "$bin/tests/cuda_tests" --gtest_brief=1 --gtest_filter='CudaGemv.Fp8*:CudaStack.*' 2>&1 |
-          tail -5
+        # The row form of one-scale-a-row weights against the file's form, and the e4m3 GEMM against the exact
+        # products of its codes (cuda_tests in BUILD_TARGETS).
+        [ -x "$bin/tests/cuda_tests" ] && "$bin/tests/cuda_tests" --gtest_brief=1 \
+          --gtest_filter='CudaGemv.Fp8*:CudaStack.*:CudaFp8Gemm.*' 2>&1 | tail -5
         while prep_running; do sleep 5; done
         bf16=/tmp/kiln-models/llama3-8b-bf16.gguf folder=/tmp/kiln-models/llama3-8b-folder
         fp8=/tmp/kiln-models/llama3-8b-fp8
@@ -700,6 +702,11 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
           [ -e "$m" ] || { echo "$m: not here (prep with PREP_ONLY=llama3-8b-bf16)"; continue; }
           echo "## $m"
           "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 2 2>&1 | grep -E "^\||^kiln: cuda"
+          # The FP8 decode batch on cuBLASLt's e4m3 GEMM instead of the warpgroup kernel (Hopper), beside it.
+          if [ "$m" = "$fp8" ]; then
+            echo "KILN_CUDA_WGMMA=0:"
+            KILN_CUDA_WGMMA=0 "$k" bench -m "$m" -d cuda -p 0 -n 128 --batch 64 -r 2 2>&1 | grep -E "bs64"
+          fi
           [ "${FP8_PROFILE:-1}" = 1 ] || continue
           # Where a step's time goes (host launch against the GPU's wait), and whether steps replay as graphs.
           KILN_STEP_PROFILE=1 "$k" bench -m "$m" -d cuda -p 2048 -n 128 --batch 64 -r 1 2>&1 |

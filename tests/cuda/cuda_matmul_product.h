@@ -1,9 +1,11 @@
-// What the CUDA matmul tests share: one Matmul run on a backend, its f32 result brought back.
+// What the CUDA matmul tests share: one Matmul run on a backend, its f32 result brought back; FP8 weights.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "backends/backend.h"
@@ -25,6 +27,27 @@ inline std::vector<float> matmul_product(Backend& b, const ops::Weight& w, const
   EXPECT_TRUE(b.download(out.data(), dt, out.size() * 4).ok());
   EXPECT_TRUE(b.synchronize().ok());
   return out;
+}
+
+// f8_e4m3 rows of `scales` scales each (1: a per-channel checkpoint's; 4: 128-element blocks'), each scale a
+// positive normal, the codes any but NaN (0x7F, 0xFF).
+inline std::vector<uint8_t> f8_blocks(int64_t k, int64_t n, int scales, std::mt19937_64& rng) {
+  std::vector<uint8_t> w(static_cast<size_t>(k / 32 * 36 * n));
+  std::uniform_int_distribution<int> code(0, 253);
+  std::uniform_real_distribution<float> scale(1e-3f, 1e-2f);
+  for (int64_t j = 0; j < n; ++j) {
+    std::vector<float> d(static_cast<size_t>(scales));
+    for (float& v : d) v = scale(rng);
+    for (int64_t b = 0; b < k / 32; ++b) {
+      uint8_t* block = w.data() + (j * (k / 32) + b) * 36;
+      std::memcpy(block, &d[static_cast<size_t>(b * scales / (k / 32))], 4);
+      for (int e = 0; e < 32; ++e) {
+        const int q = code(rng);
+        block[4 + e] = static_cast<uint8_t>(q >= 0x7F ? q + 1 : q);
+      }
+    }
+  }
+  return w;
 }
 
 }  // namespace kiln

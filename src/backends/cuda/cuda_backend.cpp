@@ -104,10 +104,12 @@ class CudaBackend final : public Backend {
     // Programmatic dependent launches (sm_90 and newer) unless options.pdl is off. Measured on an H100 with
     // the launch trigger after the GEMV's and attention's main loops: decode 2% faster on an 8B model, 7-13%
     // on a 135M one (docs/cuda.md).
-    int major = 0;
+    int major = 0, minor = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     ctx_.pdl = major >= 9 && options.pdl;
     ctx_.clusters = major >= 9;
+    ctx_.wgmma = major == 9 && minor == 0;
     ctx_.scratch_fn = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaBackend*>(self)->scratch(slot, bytes);
     };

@@ -36,6 +36,7 @@ struct Context {
   cublasHandle_t cublas = nullptr;
   int n_sms = 0;          // multiprocessors of the device
   bool clusters = false;  // thread-block clusters (sm_90 and newer)
+  bool wgmma = false;     // warpgroup tensor-core products (sm_90 alone: compute capability 9.0)
   // Kernels launched through cuda_launch.cuh's launch_kernel() overlap their predecessor's tail
   // (options.pdl on a device that has it).
   bool pdl = false;

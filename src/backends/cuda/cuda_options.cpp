@@ -39,17 +39,18 @@ CudaOptions cuda_options_from_env() {
   o.pdl = on_unless_zero("KILN_CUDA_PDL", o.pdl);
   o.fuse = on_unless_zero("KILN_CUDA_FUSE", o.fuse);
   o.mmq = on_unless_zero("KILN_CUDA_MMQ", o.mmq);
+  o.wgmma = on_unless_zero("KILN_CUDA_WGMMA", o.wgmma);
   o.profile = variable("KILN_CUDA_PROFILE") == "1";
   return o;
 }
 
 std::string describe(const CudaOptions& o) {
   return fmt::format(
-      "precision {} batch_invariant {} graphs {} pdl {} fuse {} mmq {} (from {} rows) profile {} "
+      "precision {} batch_invariant {} graphs {} pdl {} fuse {} mmq {} (from {} rows) wgmma {} profile {} "
       "staged_gemv {} staged_gemv_grid {} gemv_rows {} "
       "grouped_weights {} stack_weights {} gemv_rope {} gemv_rope_split {}",
       o.precision == ops::Precision::precision_fast ? "fast" : "exact", o.batch_invariant, o.graphs, o.pdl,
-      o.fuse, o.mmq, o.mmq_min_cols, o.profile, o.staged_gemv, o.staged_gemv_grid, o.gemv_rows,
+      o.fuse, o.mmq, o.mmq_min_cols, o.wgmma, o.profile, o.staged_gemv, o.staged_gemv_grid, o.gemv_rows,
       o.grouped_weights, o.stack_weights, o.gemv_rope, o.gemv_rope_split);
 }
 

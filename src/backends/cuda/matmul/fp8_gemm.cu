@@ -10,7 +10,8 @@
 // - x is rounded per token to e4m3 with the scale amax / 448.
 // - cuBLASLt multiplies the codes on the e4m3 tensor cores with f32 accumulation and applies both scale
 //   vectors to the accumulators (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F): D[j, i] = sw[j] sx[i] sum_k
-//   qw[j, k] qx[i, k], in f32, rounded once to dst's type.
+//   qw[j, k] qx[i, k], in f32, rounded once to dst's type. A decode batch's 9 to 64 rows on Hopper take
+//   fp8_wgmma.cu's kernel instead, the same products split over k across the whole device.
 // Rounding x to 3 mantissa bits costs about 2.5% relative error a product: the backend's fast tolerance for
 // this weight type (Backend::fast_tolerance).
 #include <cublasLt.h>
@@ -134,21 +135,6 @@ bool lt_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 // into scratch first.
 std::atomic<bool> refused{false}, refused_in_place{false};
 
-// The operands of one cuBLASLt e4m3 GEMM, column-major: A = the weight's codes (k x n, leading dimension lda)
-// transposed, B = x's codes (k x m, leading dimension k), D (n x m, f32, leading dimension ldd), each with
-// its vector of scales.
-struct LtOperands {
-  const uint8_t* a;
-  int64_t lda;
-  const float* a_scales;
-  const uint8_t* b;
-  const float* b_scales;
-  float* d;
-  int64_t ldd;
-  int64_t n, m, k;
-  void* workspace;
-};
-
 // cuBLASLt's algorithm for a GEMM shape, asked of its heuristic once (a call of the heuristic costs far more
 // host time than the GEMM's launch, and a prompt's steps, not replayed as graphs, call every weight's GEMM),
 // for operands aligned to 16 bytes at least (kLtAlign: each call's are).
@@ -161,16 +147,18 @@ std::mutex algo_mutex;
 std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
 constexpr uint32_t kLtAlign = 16;
 
-// D = diag(a_scales) A^T B diag(b_scales) on the e4m3 tensor cores; false where cuBLASLt takes no such GEMM.
+// The GEMM of `o` on the e4m3 tensor cores, column-major: A = the weight's codes (k x n, leading dimension
+// ldw) transposed, B = x's codes (k x m), D (n x m), each operand with its vector of scales; false where
+// cuBLASLt takes no such GEMM.
 // The products accumulate in the tensor cores' own accumulators (CUBLASLT_MATMUL_DESC_FAST_ACCUM), without
 // the promotion to f32 every few blocks of k: inference's choice (vLLM's, TensorRT-LLM's), well inside this
 // path's tolerance.
-bool lt_gemm(const Context& ctx, const LtOperands& o) {
+bool lt_gemm(const Context& ctx, const Fp8Operands& o, void* workspace) {
   LtDesc desc;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-  const void* a_scale = o.a_scales;
-  const void* b_scale = o.b_scales;
+  const void* a_scale = o.w_scales;
+  const void* b_scale = o.x_scales;
   const uint64_t ws_bytes = kLtWorkspace;
   const int8_t fast_accum = 1;
   bool ok = lt_ok(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
@@ -187,14 +175,14 @@ bool lt_gemm(const Context& ctx, const LtOperands& o) {
             lt_ok(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
                                                  sizeof b_scale)) &&
             lt_ok(cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, static_cast<uint64_t>(o.k),
-                                             static_cast<uint64_t>(o.n), o.lda)) &&
+                                             static_cast<uint64_t>(o.n), o.ldw)) &&
             lt_ok(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(o.k),
                                              static_cast<uint64_t>(o.m), o.k)) &&
             lt_ok(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(o.n),
                                              static_cast<uint64_t>(o.m), o.ldd));
   if (!ok) return false;
   const auto lt = static_cast<cublasLtHandle_t>(ctx.lt());
-  const AlgoKey key{lt, o.n, o.m, o.k, o.lda, o.ldd};
+  const AlgoKey key{lt, o.n, o.m, o.k, o.ldw, o.ldd};
   cublasLtMatmulAlgo_t algo{};
   bool cached = false;
   {
@@ -223,8 +211,8 @@ bool lt_gemm(const Context& ctx, const LtOperands& o) {
     algos.emplace(key, algo);
   }
   const float one = 1.0f, zero = 0.0f;
-  return lt_ok(cublasLtMatmul(lt, desc.op, &one, o.a, desc.a, o.b, desc.b, &zero, o.d, desc.d, o.d, desc.d,
-                              &algo, o.workspace, kLtWorkspace, ctx.stream));
+  return lt_ok(cublasLtMatmul(lt, desc.op, &one, o.w, desc.a, o.x, desc.b, &zero, o.d, desc.d, o.d, desc.d,
+                              &algo, workspace, kLtWorkspace, ctx.stream));
 }
 
 }  // namespace
@@ -284,12 +272,25 @@ cudaError_t fp8_gemm_f32(const Context& ctx, const ops::Weight& weight, const Fp
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const float* a_scales = row_scales != nullptr ? row_scales : w_scales;
-  LtOperands o{wbuf, k, a_scales, x.codes, x.scales, d, ldd, n, m, k, ws};
+  Fp8Operands o{wbuf, k, a_scales, false, x.codes, x.scales, d, ldd, n, m, k};
+  if (row_form && aligned(w_rows + 16, 16) && w.nb[1] % 16 == 0) {
+    o.w = w_rows + 16;
+    o.ldw = w.nb[1];
+    o.w_constant = true;
+  }
+  // 9 to 64 rows on Hopper: the warpgroup kernel (fp8_wgmma.cu), on codes in place or rewritten above;
+  // cuBLASLt where the driver encodes no tensor map for the operands or the runtime refuses the cluster
+  // launch.
+  if ((o.w_constant || !row_form) && fp8_wgmma_applies(ctx, m)) {
+    const cudaError_t e = fp8_wgmma_gemm(ctx, o);
+    if (e != cudaErrorInvalidClusterSize && e != cudaErrorNotSupported) return e;
+    cudaGetLastError();
+  }
   bool done = false;
   if (row_form && !refused_in_place.load()) {
-    o.a = w_rows + 16;
-    o.lda = w.nb[1];
-    done = lt_gemm(ctx, o);
+    o.w = w_rows + 16;
+    o.ldw = w.nb[1];
+    done = lt_gemm(ctx, o, ws);
     if (!done) refused_in_place.store(true);
   }
   if (!done && row_form) {  // the codes packed, as a weight in the file's form has them
@@ -299,10 +300,10 @@ cudaError_t fp8_gemm_f32(const Context& ctx, const ops::Weight& weight, const Fp
         e != cudaSuccess) {
       return e;
     }
-    o.a = wbuf;
-    o.lda = k;
+    o.w = wbuf;
+    o.ldw = k;
   }
-  if (!done && !lt_gemm(ctx, o)) {
+  if (!done && !lt_gemm(ctx, o, ws)) {
     refused.store(true);
     return cudaErrorNotSupported;
   }

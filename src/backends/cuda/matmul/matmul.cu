@@ -15,8 +15,10 @@
 // |                              |            |         | rows fit; else the integer GEMV up to 16         |
 // | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | yes        | 1-16    | integer GEMV (staged: rows in grouped form, m 1) |
 // | other types                  | yes        | 1-8     | exact GEMV                                       |
-// | f8_e4m3, n and k multiples  | yes        | beyond  | cuBLASLt e4m3 GEMM (fp8_gemm.cu): x rounded per  |
-// | of 16 (not batch-invariant)  |            |         | token, both scale vectors on the accumulators    |
+// | f8_e4m3, n and k multiples  | yes        | 9-64    | x rounded per token to e4m3; on Hopper the       |
+// | of 16 (not batch-invariant)  |            |         | warpgroup kernel split over k (fp8_wgmma.cu)     |
+// |                              | yes        | beyond  | cuBLASLt e4m3 GEMM (fp8_gemm.cu), both scale     |
+// |                              |            |         | vectors on the accumulators (also 9-64 elsewhere)|
 // | bf16                         | yes        | beyond  | cublasGemmEx, bf16 weight and x, f32 accumulate  |
 // | f32                          | yes        | beyond  | cublasGemmEx in TF32                             |
 // | f16, block types             | yes        | beyond  | cublasGemmEx in f16 (the weight dequantized into |

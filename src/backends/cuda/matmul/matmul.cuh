@@ -56,9 +56,30 @@ cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out);
 // `rounded`: op.x as fp8_round_x left it (a fused group's matmuls share it); null: rounded here.
 cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded = nullptr);
 // The GEMM alone: d (f32, column j of token i at d[i * ldd + j]) = the weight times the m rows of x, scratch
-// slots W and Partial; cudaErrorNotSupported where cuBLASLt refuses it.
+// slots W and Partial; cudaErrorNotSupported where cuBLASLt refuses it (fp8_wgmma.cu's kernel takes 9 to 64
+// rows on Hopper).
 cudaError_t fp8_gemm_f32(const Context& ctx, const ops::Weight& weight, const Fp8X& x, int64_t m, float* d,
                          int64_t ldd);
+
+// One e4m3 GEMM's operands: d (f32, column j of row i at d[i * ldd + j]) = sx[i] sw[j] sum_k x[i, k] w[j, k],
+// x's m rows of codes at x + i * k, the weight's n rows at w + j * ldw (16-byte aligned, k a multiple of 16).
+// w_constant: the codes lie where the weight does (not rewritten into scratch by this stream).
+struct Fp8Operands {
+  const uint8_t* w;
+  int64_t ldw;
+  const float* w_scales;
+  bool w_constant;
+  const uint8_t* x;
+  const float* x_scales;
+  float* d;
+  int64_t ldd;
+  int64_t n, m, k;
+};
+// The warpgroup e4m3 GEMM (fp8_wgmma.cu): whether it takes m rows of x here (a Hopper device, a build with
+// its sm_90a code, a driver that encodes tensor maps, kGemvMaxCols < m <= 64), and the GEMM
+// (cudaErrorNotSupported where no tensor map describes the operands).
+bool fp8_wgmma_applies(const Context& ctx, int64_t m);
+cudaError_t fp8_wgmma_gemm(const Context& ctx, const Fp8Operands& o);
 
 // One matmul through cuBLAS (matmul_gemm.cu): x converted to the GEMM's input type, the weight in place or
 // dequantized into scratch, the f32 result converted into dst where dst is not f32 with equally spaced rows.
