@@ -2,7 +2,10 @@
 """What FP8 weights cost a model: `kiln quantize FOLDER OUT FP8` (per-channel e4m3, compressed-tensors) against
 the model's BF16 folder, beside FP8 rounded by GPTQ (`--method gptq`, with an importance matrix of
 `kiln imatrix --full` over --calib, another text than the one scored) and Q8_0 of the same folder, by
-`kiln perplexity --kl-divergence`. The FP8 folders both take dynamic per-token activations.
+`kiln perplexity --kl-divergence`. The FP8 folders take dynamic per-token activations, but for one whose
+activation scales are static (a scale a projection: the largest input --calib gave it / 448, from the same
+importance matrix). Only a backend that rounds activations to e4m3 (CUDA at the fast precision: --device cuda
+--fast) tells the two apart; the CPU multiplies FP8 weights by f32 activations.
 
     python3 bench/fp8_quality.py --model ~/.cache/kiln/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 
@@ -70,6 +73,9 @@ def main() -> None:
     if not (gptq / "config.json").exists():
         run(a.kiln, "quantize", bf16, gptq, "FP8", "--imatrix", full, "--method", "gptq", "--fp8-activations",
             "dynamic", "-d", a.device, *threads)
+    static = work / f"fp8-static-{a.calib.name}-{a.ctx}x{a.calib_chunks}"
+    if not (static / "config.json").exists():
+        run(a.kiln, "quantize", bf16, static, "FP8", "--imatrix", full, "--fp8-activations", "static")
     if not q8.exists():
         run(a.kiln, "quantize", bf16, q8, "Q8_0")
 
@@ -82,7 +88,9 @@ def main() -> None:
           f"{'' if a.fast else ', --exact'}; GPTQ calibrated on {a.calib_chunks} x {a.ctx} tokens of {a.calib.name}\n")
     print("| weights | mean KLD | KLD p99 | same top | ppl | BF16 ppl |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, path in (("FP8 e4m3, per channel", fp8), ("FP8 e4m3, per channel, GPTQ", gptq), ("Q8_0", q8)):
+    rows = (("FP8 e4m3, per channel", fp8), ("FP8 e4m3, per channel, static activations", static),
+            ("FP8 e4m3, per channel, GPTQ", gptq), ("Q8_0", q8))
+    for name, path in rows:
         r = json.loads(run(a.kiln, "perplexity", "-m", path, *common, "--kl-divergence-base", base,
                            "--kl-divergence"))
         print(f"| {name} | {r['kld']['value']:.5f} | {r['kld_percentiles']['p99']:.4f} | "

@@ -98,7 +98,11 @@
 #             kiln convert; kiln bench of the two side by side (pp2048, tg128, and --batch 64; FP8's batch also on
 #             cuBLASLt's GEMM, KILN_CUDA_WGMMA=0), with each one's
 #             step profile and a 2,048-token prompt's ops timed alone (KILN_CUDA_PROFILE)
-#             (FP8_PROFILE=0: the two benches alone; FP8_BENCH=0: the folders made, nothing run)
+#             (FP8_PROFILE=0: the two benches alone; FP8_BENCH=0: the folders made, nothing run; FP8_STATIC=1:
+#             a third folder with static activation scales, from kiln imatrix's ranges, benched beside them)
+#   fp8quality bench/fp8_quality.py on CUDA at the fast precision: the default model's BF16 source (dequantized
+#             from .gpu-model's parts by transformers) against FP8 with dynamic and static activations, FP8 by
+#             GPTQ, and Q8_0: mean KLD, same top, perplexity
 #   quanttypes bench/gpu_quant_types.py: every type kiln quantize writes, made here from the default model (dequantized
 #             to F16) and from a random model of Qwen2.5-1.5B's shape, each file's tg128 on the GPU
 #   burst     kiln serve on CUDA (the default model, --parallel 64) under bursts of 10x and 50x the slots (BURST_SPECS: REQUESTS:PROMPT_TOKENS ...)
@@ -686,18 +690,30 @@ PY
           --gtest_filter='CudaGemv.Fp8*:CudaStack.*:CudaFp8Gemm.*' 2>&1 | tail -5
         while prep_running; do sleep 5; done
         bf16=/tmp/kiln-models/llama3-8b-bf16.gguf folder=/tmp/kiln-models/llama3-8b-folder
-        fp8=/tmp/kiln-models/llama3-8b-fp8
-        if [ ! -e "$fp8/config.json" ]; then
+        fp8=/tmp/kiln-models/llama3-8b-fp8 static=/tmp/kiln-models/llama3-8b-fp8-static
+        models=("$bf16" "$fp8")
+        if [ "${FP8_STATIC:-0}" = 1 ]; then models+=("$static"); fi
+        if [ ! -e "$fp8/config.json" ] || { [ "${FP8_STATIC:-0}" = 1 ] && [ ! -e "$static/config.json" ]; }; then
           [ -e "$folder/config.json" ] || python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'bench')
 from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), Path('.gpu-deps/tokenizer'))"
-          echo "## kiln quantize FOLDER OUT FP8, $(nproc) threads"
-          TIMEFORMAT="%R s"
-          { time "$k" quantize "$folder" "$fp8" FP8 -t "$(nproc)"; } 2>&1 | tail -2
+          if [ ! -e "$fp8/config.json" ]; then
+            echo "## kiln quantize FOLDER OUT FP8, $(nproc) threads"
+            TIMEFORMAT="%R s"
+            { time "$k" quantize "$folder" "$fp8" FP8 -t "$(nproc)"; } 2>&1 | tail -2
+          fi
+          # Static activation scales (FP8_STATIC=1): the input ranges of 4 x 512 tokens of this tree's text.
+          if [ "${FP8_STATIC:-0}" = 1 ] && [ ! -e "$static/config.json" ]; then
+            cat docs/*.md src/*/*.cpp >/tmp/fp8-calib.txt
+            "$k" imatrix -m "$folder" -f /tmp/fp8-calib.txt -o /tmp/kiln-models/llama3-8b.imatrix.gguf -c 512 \
+              --chunks 4 --no-ppl -d cuda 2>&1 | tail -1
+            "$k" quantize "$folder" "$static" FP8 --imatrix /tmp/kiln-models/llama3-8b.imatrix.gguf \
+              -t "$(nproc)" 2>&1 | tail -1
+          fi
           # The BF16 side from the same folder when prep has not made it, so that one call compares the two.
           [ -e "$bf16" ] || "$k" convert "$folder" "$bf16" --type bf16 2>&1 | tail -1
           rm -rf "$folder"
         fi
-        for m in "$bf16" "$fp8"; do
+        for m in "${models[@]}"; do
           [ "${FP8_BENCH:-1}" = 1 ] || break
           [ -e "$m" ] || { echo "$m: not here (prep with PREP_ONLY=llama3-8b-bf16)"; continue; }
           echo "## $m"
@@ -715,6 +731,22 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
           KILN_CUDA_PROFILE=1 "$k" bench -m "$m" -d cuda -p 2048 -n 0 -r 3 2>&1 | grep -A22 "profile:" | sed "s/^/  /"
         done
       } 2>&1 | tee "$out/fp8.md" || status=1
+      ;;
+    fp8quality)
+      # What FP8 costs the default model on CUDA at the fast precision (the e4m3 tensor cores; activations
+      # rounded per token, or by static scales): bench/fp8_quality.py, its BF16 source dequantized here from the
+      # GGUF file of .gpu-model's parts.
+      {
+        m=/tmp/kiln-models/default.gguf
+        [ -e "$m" ] || { echo "$m: not here (.gpu-model's parts, gathered first)"; exit 1; }
+        text=/usr/share/common-licenses/GPL-3 calib=/usr/share/common-licenses/GPL-2
+        if [ ! -e "$text" ] || [ ! -e "$calib" ]; then  # this tree's docs scored, its sources calibrate
+          cat docs/*.md >/tmp/fp8-text.txt && cat src/*/*.cpp >/tmp/fp8-calib.txt
+          text=/tmp/fp8-text.txt calib=/tmp/fp8-calib.txt
+        fi
+        PYTHONUNBUFFERED=1 python3 bench/fp8_quality.py --model "$m" --kiln "$bin/tools/kiln/kiln" --device cuda \
+          --fast --text "$text" --calib "$calib"
+      } 2>&1 | tee "$out/fp8quality.md" || status=1
       ;;
     quanttypes)
       python3 bench/gpu_quant_types.py --build "$bin" --model /tmp/kiln-models/default.gguf --qwen-shape \

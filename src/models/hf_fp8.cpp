@@ -59,7 +59,7 @@ Status check_format(const std::string& format, const std::string& source) {
 }
 
 // One of compressed-tensors' config_groups: 8-bit float weights, symmetric, a tensor, channel or block
-// scale; activations unquantized or 8-bit float (their scales are not used: the CPU multiplies in f32).
+// scale; activations unquantized or 8-bit float (a static scale is each weight's `input_scale`).
 Status compressed_tensors_group(const hf::JsonObject& g, Fp8Config& out) {
   if (g.has("format")) {
     KILN_ASSIGN_OR_RETURN(const std::string format, g.get_string("format"));
@@ -91,7 +91,8 @@ Status compressed_tensors_group(const hf::JsonObject& g, Fp8Config& out) {
     KILN_ASSIGN_OR_RETURN(const std::string a_strategy, as.get_string_or("strategy", "tensor"));
     if (a_strategy != "tensor" && a_strategy != "token")
       return not_supported(as.source(), "strategy", "\"" + a_strategy + "\"");
-    KILN_TRY(as.get_bool_or("dynamic", false));
+    KILN_ASSIGN_OR_RETURN(const bool dynamic, as.get_bool_or("dynamic", false));
+    if (!dynamic && a_strategy == "tensor") out.static_activations = true;
   }
   if (const json* o = g.find("output_activations"); o != nullptr)
     return not_supported(g.source(), "output_activations", shown(*o));
@@ -132,7 +133,9 @@ Result<Fp8Config> modelopt(const hf::JsonObject& q) {
     return invalid_argument("{}: modelopt without a quant_algo", q.source());
   }
   if (algo != "FP8") return not_supported(q.source(), "quant_algo", "\"" + algo + "\"");
-  return Fp8Config{Method::modelopt, ".weight_scale", 0, 0, q.source()};
+  Fp8Config out{Method::modelopt, ".weight_scale", 0, 0, q.source()};
+  out.static_activations = true;  // Model Optimizer's FP8 calibrates an input_scale a weight
+  return out;
 }
 
 Result<Fp8Config> fine_grained_fp8(const hf::JsonObject& q) {
@@ -142,6 +145,7 @@ Result<Fp8Config> fine_grained_fp8(const hf::JsonObject& q) {
   KILN_ASSIGN_OR_RETURN(const std::string scheme, q.get_string_or("activation_scheme", "dynamic"));
   if (scheme != "dynamic" && scheme != "static")
     return not_supported(q.source(), "activation_scheme", "\"" + scheme + "\"");
+  out.static_activations = scheme == "static";
   if (q.has("weight_block_size")) {
     out.block_rows = out.block_cols = 0;
     KILN_TRY(read_block(q.find("weight_block_size"), q.source(), "weight_block_size", out));
@@ -230,7 +234,7 @@ Result<Fp8Weights> Fp8Weights::collect(Fp8Config cfg, const safetensors::Model& 
       return invalid_argument("{}: scale {} is {} (F32, BF16 or F16 expected)", d, name,
                               safetensors::dtype_name(t->dtype));
     }
-    if (!weight_scale) {  // an activation scale: kept nowhere yet, but it must be one sane number
+    if (!weight_scale) {  // an activation scale: one finite positive number, kept if its weight is FP8
       if (t->n_elements != 1 || t->shape.size() > 1) {
         return invalid_argument("{}: activation scale {} has shape [{}] ([] or [1] expected)", d, name,
                                 fmt::join(t->shape, ", "));
@@ -239,6 +243,10 @@ Result<Fp8Weights> Fp8Weights::collect(Fp8Config cfg, const safetensors::Model& 
       if (!std::isfinite(v) || v <= 0.0f)
         return invalid_argument("{}: activation scale {} is {} (a finite positive value expected)", d, name,
                                 v);
+      const std::string weight = name.substr(0, name.size() - kInputScale.size()) + ".weight";
+      const safetensors::Tensor* w = weights.find(weight);
+      if (out.cfg_.static_activations && w != nullptr && w->dtype == Dtype::dtype_f8_e4m3)
+        out.input_scales_[weight] = v;
       continue;
     }
     if (!name.ends_with(out.cfg_.scale_suffix)) {

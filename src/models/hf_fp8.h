@@ -11,7 +11,8 @@
 // - "quant_method": "fp8" (DeepSeek-V3, Qwen3-FP8): `<module>.weight_scale_inv` per block (weight_block_size,
 //   128x128 by default), which despite its name multiplies the quants.
 // Every one of these scales becomes one scale per 32 values of a row. Activation scales (`input_scale`) are
-// checked and dropped, since the CPU multiplies in f32; KV-cache scales (`k_scale`, `v_scale`) are dropped.
+// checked and kept by their weight (input_scales()): what a backend rounds x to e4m3 with (ops::Weight);
+// KV-cache scales (`k_scale`, `v_scale`) are dropped.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,9 @@ struct Fp8Config {
   // The block of a block scale, [rows, columns] of the weight; 0 where the config declares no block scales.
   int64_t block_rows = 0, block_cols = 0;
   std::string source;  // where the config was read, for errors
+  // Activations are rounded with the checkpoint's static scales (`input_scale`), not per token: declared so
+  // by compressed-tensors (dynamic false, per tensor), Model Optimizer (always), "fp8" (activation_scheme).
+  bool static_activations = false;
 };
 
 // The FP8 form of a folder: config.json's quantization_config (`top` is the top-level config), else
@@ -62,6 +66,9 @@ class Fp8Weights {
   Status append_blocks(const safetensors::Tensor& w, std::vector<uint8_t>& bytes) const;
   // `w`'s values, q * scale, as f32: the f8_e4m3 blocks' values exactly. Errors as append_blocks.
   Result<std::vector<float>> dequantize(const safetensors::Tensor& w) const;
+  // The static activation scales of F8_E4M3 weights (where the config declares them static), by the
+  // weight's name ("<module>.weight" -> "<module>.input_scale"'s value).
+  const std::unordered_map<std::string, float>& input_scales() const { return input_scales_; }
 
  private:
   // `w`'s scale for each of its blocks of 32: out * in / 32 values, row by row.
@@ -71,6 +78,7 @@ class Fp8Weights {
   Fp8Config cfg_;
   std::string dir_;
   std::unordered_map<std::string, const safetensors::Tensor*> scales_;  // weight name -> its scale
+  std::unordered_map<std::string, float> input_scales_;
   std::unordered_set<std::string> side_;
 };
 

@@ -483,6 +483,22 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
     KILN_ASSIGN_OR_RETURN(gguf::TensorInfo info, materialize(pt, ctx, *storage));
     infos.push_back(std::move(info));
   }
+  if (options.activation_scales) {
+    std::map<std::string, Pending> experts;  // an expert's scale has no tensor of its own: left out
+    for (const auto& [weight, scale] : fp8.input_scales()) {
+      KILN_ASSIGN_OR_RETURN(const std::string g, gguf_name(weight, spec, cls, experts, nullptr));
+      if (!g.ends_with(".weight")) continue;
+      gguf::TensorInfo info;
+      info.name = g.substr(0, g.size() - 7) + ".input_scale";
+      info.shape = {1};
+      info.type = DType::f32;
+      const auto* b = reinterpret_cast<const uint8_t*>(&scale);
+      storage->buffers.emplace_back(b, b + sizeof(float));
+      info.data = storage->buffers.back().data();
+      info.n_bytes = sizeof(float);
+      infos.push_back(std::move(info));
+    }
+  }
   for (auto& [name, values] : md.tensors()) {
     gguf::TensorInfo info;
     info.name = name;

@@ -79,6 +79,10 @@ struct Options {
   // true: every tensor becomes f32 (what the BF16 checks compare against); false: kept as stored (F32, F16,
   // BF16), 1-d tensors always f32.
   bool force_f32 = false;
+  // true: each FP8 weight's static activation scale is the tensor "<its GGUF name less .weight>.input_scale"
+  // (F32 [1]), which blocks::WeightLoader gives to the weight; false: they are left out (a GGUF written from
+  // the import has no such tensors).
+  bool activation_scales = false;
 };
 
 // Loads the folder `dir` as a GGUF file in memory. `spec_for` finds the HfSpec (and GGUF architecture name)

@@ -150,7 +150,10 @@ std::string supported_architectures();
 // A Hugging Face folder (config.json + safetensors) as a GGUF file in memory, with the tensor names and
 // metadata of the GGUF architecture that config.json's class maps to (models/hf_import.h); load_model() runs
 // it, and gguf::copy_into() + Writer save it. force_f32: every tensor as f32 (else as stored; 1-d tensors
-// f32). Errors: an unsupported class (listing the supported ones), and the folder's own errors.
-Result<std::shared_ptr<const gguf::File>> import_hf_folder(const std::string& dir, bool force_f32 = false);
+// f32). activation_scales: FP8 weights' static activation scales as tensors of their own (for a model to run;
+// hf_import::Options). Errors: an unsupported class (listing the supported ones), and the folder's own
+// errors.
+Result<std::shared_ptr<const gguf::File>> import_hf_folder(const std::string& dir, bool force_f32 = false,
+                                                           bool activation_scales = false);
 
 }  // namespace kiln

@@ -61,7 +61,8 @@ Result<std::unique_ptr<Model>> load_model(std::shared_ptr<const gguf::File> file
                        supported_architectures());
 }
 
-Result<std::shared_ptr<const gguf::File>> import_hf_folder(const std::string& dir, bool force_f32) {
+Result<std::shared_ptr<const gguf::File>> import_hf_folder(const std::string& dir, bool force_f32,
+                                                           bool activation_scales) {
   auto lookup = [](const std::string& cls) -> Result<std::pair<std::string, const hf_import::HfSpec*>> {
     for (const Entry& e : kArchitectures) {
       for (std::string_view c : e.arch->hf.hf_classes) {
@@ -71,7 +72,7 @@ Result<std::shared_ptr<const gguf::File>> import_hf_folder(const std::string& di
     }
     return unimplemented("architecture \"{}\" is not supported (supported: {})", cls, hf_classes());
   };
-  return hf_import::import(dir, lookup, hf_import::Options{force_f32});
+  return hf_import::import(dir, lookup, hf_import::Options{force_f32, activation_scales});
 }
 
 }  // namespace kiln

@@ -64,6 +64,8 @@ int32_t Plan::first_kv_head(int32_t rank) const {
 
 Result<Part> Plan::part(const std::string& name, DType type, const int64_t ne[4], int32_t rank) const {
   if (rank < 0 || rank >= world_) return invalid_argument("tensor parallelism: rank {} of {}", rank, world_);
+  // An FP8 weight's static activation scale (one number) holds for every part of its weight.
+  if (std::string_view(name).ends_with(".input_scale")) return Part{Axis::replicated, 0, 0, {}};
   const std::string_view m = module_of(name);
   const bool bias = std::string_view(name).ends_with(".bias");
   // The part, and the extent the weight must have along its axis (the shape's, so that a mislabelled weight

@@ -2,6 +2,9 @@
 
 #include <fmt/ranges.h>
 
+#include <cmath>
+#include <cstring>
+
 namespace kiln::blocks {
 
 Result<ops::Weight> WeightLoader::get_optional(const std::string& name, WeightRole role, int64_t ne0,
@@ -51,6 +54,7 @@ Result<std::vector<ops::Weight>> WeightLoader::get_group(std::span<const GroupPa
                         backend_->prepare_weight_group(logicals, names, role, read_done()));
   std::vector<ops::Weight> weights;
   for (size_t i = 0; i < handles.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(handles[i]->weight.input_scale, input_scale(logicals[i], names[i], role));
     weights.push_back(handles[i]->weight);
     keep(std::move(handles[i]), logicals[i]);
   }
@@ -98,9 +102,30 @@ Backend::ReadDone WeightLoader::read_done() const {
 Result<ops::Weight> WeightLoader::prepare(const Tensor& logical, const std::string& name, WeightRole role) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> h,
                         backend_->prepare_weight_reporting(logical, name, role, read_done()));
+  KILN_ASSIGN_OR_RETURN(h->weight.input_scale, input_scale(logical, name, role));
   const ops::Weight w = h->weight;
   keep(std::move(h), logical);
   return w;
+}
+
+Result<float> WeightLoader::input_scale(const Tensor& logical, const std::string& name,
+                                        WeightRole role) const {
+  if (logical.type != DType::f8_e4m3 || role != WeightRole::weight_role_matmul) return 0.0f;
+  std::string_view stem(name);
+  if (const size_t part = stem.find('['); part != std::string_view::npos) stem = stem.substr(0, part);
+  if (!stem.ends_with(".weight")) return 0.0f;
+  stem.remove_suffix(7);
+  const std::string scale_name = std::string(stem) + ".input_scale";
+  const gguf::TensorInfo* t = file_.find_tensor(scale_name);
+  if (t == nullptr) return 0.0f;
+  float v = 0.0f;
+  if (t->type == DType::f32 && t->shape == std::vector<int64_t>{1} && t->n_bytes == sizeof v)
+    std::memcpy(&v, t->data, sizeof v);
+  if (!std::isfinite(v) || v <= 0.0f) {
+    return invalid_argument("{}: tensor {} ({} [{}]) is not an activation scale (one finite positive f32)",
+                            file_.name(), scale_name, dtype_name(t->type), fmt::join(t->shape, ", "));
+  }
+  return v;
 }
 
 void WeightLoader::keep(std::unique_ptr<WeightHandle> h, const Tensor& logical) {

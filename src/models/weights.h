@@ -61,6 +61,10 @@ class WeightLoader {
  private:
   Result<Tensor> find(const std::string& name, const std::vector<int64_t>& expected);
   Result<ops::Weight> prepare(const Tensor& logical, const std::string& name, WeightRole role);
+  // The static activation scale of the f8_e4m3 matrix `name` (or a part of one, "name[part]"): the file's
+  // "<name less .weight>.input_scale" (hf_import::Options::activation_scales), else 0. invalid_argument
+  // naming that tensor when it is not one finite positive f32.
+  Result<float> input_scale(const Tensor& logical, const std::string& name, WeightRole role) const;
   // A matrix of a group as get_group prepares it: the view of its rows, counted once over the tensor's parts.
   Result<Tensor> find_part(const GroupPart& part, int64_t ne0);
   // Hands the file pages of `logical` back once the backend holds its own copy, and keeps the handle.

@@ -39,9 +39,13 @@ class PreparedWeight {
 // A weight operand: the logical tensor (its GGUF type and shape, in memory the backend can read: the mapped
 // file for the CPU, a device copy for a GPU) and the backend's prepared form of it, when it made one.
 // Converts from a plain Tensor (no prepared form), as tests and activations-as-weights use it.
+// input_scale: an FP8 checkpoint's static activation scale for this weight (`input_scale`), > 0; 0 where it
+// has none. A backend that rounds x to e4m3 for an f8_e4m3 weight rounds x / input_scale (saturating at 448)
+// instead of each token by its own largest value; one that multiplies by f32 x ignores it.
 struct Weight {
   Tensor tensor;
   const PreparedWeight* prepared = nullptr;
+  float input_scale = 0.0f;
   Weight() = default;
   Weight(const Tensor& t) : tensor(t) {}  // NOLINT(google-explicit-constructor): a plain tensor is a weight
 };

@@ -77,7 +77,7 @@ Status Engine::Impl::load(const EngineOptions& opt) {
   const bool folder = std::filesystem::is_directory(opt.model_path, ec);
   std::shared_ptr<gguf::File> gguf_file;  // a GGUF file's, while it loads (released metadata below)
   if (folder) {
-    KILN_ASSIGN_OR_RETURN(file, import_hf_folder(opt.model_path));
+    KILN_ASSIGN_OR_RETURN(file, import_hf_folder(opt.model_path, false, /*activation_scales=*/true));
   } else {
     KILN_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(opt.model_path));
     gguf_file = std::make_shared<gguf::File>(std::move(f));

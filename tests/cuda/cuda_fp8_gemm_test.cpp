@@ -99,5 +99,94 @@ TEST(CudaFp8Gemm, GivesTheExactProductsOfTheRoundedCodes) {
   }
 }
 
+// A checkpoint's static activation scale (ops::Weight::input_scale): x is rounded as x / scale, saturating at
+// 448, for one matmul, and a group on one x (Q, K and V) rounds it with the largest of their scales, as one
+// stacked GEMM (9 to 64 rows) and as GEMMs apart (a prefill). x holds values past 448 times the scale, so a
+// per-token rounding misses the exact products by far more than the tolerance.
+TEST(CudaFp8Gemm, StaticActivationScalesRoundXAsTheCheckpointSays) {
+  CudaOptions options = cuda_options_from_env();
+  options.precision = ops::Precision::precision_fast;
+  auto made = make_cuda_backend(0, options);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Backend& b = **made;
+  std::mt19937_64 rng(23);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const int64_t k = 512;
+  const std::vector<int64_t> ns = {256, 64, 64};
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<Tensor> logicals;
+  for (const int64_t n : ns) {
+    bytes.push_back(f8_blocks(k, n, 1, rng));
+    logicals.push_back(make_tensor(DType::f8_e4m3, bytes.back().data(), k, n));
+  }
+  const std::vector<std::string> names = {"blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                          "blk.0.attn_v.weight"};
+  auto group = b.prepare_weight_group(logicals, names, WeightRole::weight_role_matmul, {});
+  ASSERT_TRUE(group.ok()) << group.status().to_string();
+  const float scales[3] = {2.0f / kF8E4M3Max, 3.0f / kF8E4M3Max, 2.5f / kF8E4M3Max};
+  std::vector<ops::Weight> w;
+  for (size_t i = 0; i < ns.size(); ++i) {
+    w.push_back((*group)[i]->weight);
+    w.back().input_scale = scales[i];
+  }
+  // Weight i's values: one scale a row times its codes' values.
+  const auto value = [&](size_t i, int64_t j, int64_t e) {
+    const uint8_t* block = bytes[i].data() + (j * (k / 32) + e / 32) * 36;
+    float d = 0;
+    std::memcpy(&d, block, 4);
+    return double{d} * f8_e4m3_to_f32(block[4 + e % 32]);
+  };
+  for (const int64_t m : {9, 64, 100}) {
+    std::vector<float> x(static_cast<size_t>(k * m));
+    for (float& v : x) v = uni(rng) * (uni(rng) > 0.9f ? 4.0f : 1.0f);  // a tenth up to 4: past 2 and 3
+    // x as the given scale rounds it: the codes' values times the scale.
+    const auto rounded = [&](float scale) {
+      std::vector<double> xv(x.size());
+      for (size_t e = 0; e < x.size(); ++e) {
+        const float q = std::clamp(x[e] / scale, -kF8E4M3Max, kF8E4M3Max);
+        xv[e] = double{scale} * f8_e4m3_to_f32(f32_to_f8_e4m3(q));
+      }
+      return xv;
+    };
+    // Worst error of `got` (weight i's product) against the exact products on x rounded by `scale`.
+    const auto worst = [&](size_t i, const std::vector<float>& got, float scale) {
+      const std::vector<double> xv = rounded(scale);
+      double out = 0;
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < ns[i]; ++j) {
+          double sum = 0, size = 0;
+          for (int64_t e = 0; e < k; ++e) {
+            const double p = value(i, j, e) * xv[static_cast<size_t>(r * k + e)];
+            sum += p;
+            size += std::fabs(p);
+          }
+          out = std::max(out, std::fabs(got[static_cast<size_t>(r * ns[i] + j)] - sum) / size);
+        }
+      }
+      return out;
+    };
+    // One matmul: its own scale.
+    EXPECT_LE(worst(0, matmul_product(b, w[0], x.data(), m), scales[0]), 1e-3) << "m " << m;
+    // Q, K and V on one x, as one program: the largest scale, 3 / 448.
+    auto xb = b.allocate(x.size() * 4).value();
+    const Tensor xt = make_tensor(DType::f32, *xb, 0, k, m);
+    ASSERT_TRUE(b.upload(xt, x.data(), x.size() * 4).ok());
+    std::vector<std::unique_ptr<Buffer>> dbs;
+    Program p;
+    for (size_t i = 0; i < ns.size(); ++i) {
+      dbs.push_back(b.allocate(static_cast<size_t>(ns[i] * m * 4)).value());
+      ASSERT_TRUE(p.add(ops::Matmul{w[i], xt, make_tensor(DType::f32, *dbs.back(), 0, ns[i], m)}).ok());
+    }
+    p.n_tokens = static_cast<int32_t>(m);
+    ASSERT_TRUE(b.run(p).ok());
+    for (size_t i = 0; i < ns.size(); ++i) {
+      std::vector<float> got(static_cast<size_t>(ns[i] * m));
+      ASSERT_TRUE(b.download(got.data(), make_tensor(DType::f32, *dbs[i], 0, ns[i], m), got.size() * 4).ok());
+      ASSERT_TRUE(b.synchronize().ok());
+      EXPECT_LE(worst(i, got, scales[1]), 1e-3) << "part " << i << " m " << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln

@@ -449,6 +449,65 @@ std::vector<float> logits(std::shared_ptr<const gguf::File> file, ops::Precision
   return host;
 }
 
+// Static activation scales become "<weight>.input_scale" tensors when asked for (a model to run), which the
+// loaded model's weights carry; a folder whose config declares dynamic activations keeps none of them, nor
+// does an import for a writer.
+TEST(HfFp8, StaticActivationScalesReachTheWeights) {
+  const std::pair<std::string, std::string> projections[] = {
+      // HF module, GGUF weight
+      {"self_attn.q_proj", "attn_q"},      {"self_attn.k_proj", "attn_k"}, {"self_attn.v_proj", "attn_v"},
+      {"self_attn.o_proj", "attn_output"}, {"mlp.gate_proj", "ffn_gate"},  {"mlp.up_proj", "ffn_up"},
+      {"mlp.down_proj", "ffn_down"}};
+  const auto scale_of = [](size_t i) { return 0.05f + 0.01f * static_cast<float>(i); };
+  Scheme st{compressed_tensors(
+      "tensor", {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false}})};
+  st.scale = Scale::tensor;
+  st.input_scales = true;
+  Folder f = llama(st, "static");
+  for (size_t i = 0; i < std::size(projections); ++i) {
+    StTensor* t = f.find("model.layers.0." + projections[i].first + ".input_scale");
+    ASSERT_NE(t, nullptr) << projections[i].first;
+    t->bytes = f32_bytes({scale_of(i)});
+  }
+  f.write();
+  auto plain = import_hf_folder(f.dir.string());
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ((*plain)->tensors().size(), 11u);
+  auto file = import_hf_folder(f.dir.string(), false, /*activation_scales=*/true);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  EXPECT_EQ((*file)->tensors().size(), 18u);
+  BackendOptions bo;
+  bo.n_threads = 1;
+  auto cpu = make_backend("cpu", bo);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  auto model = load_model(*file, **cpu);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  std::map<std::string, float> got;
+  for (const auto& h : (*model)->weights()) got[h->name] = h->weight.input_scale;
+  for (size_t i = 0; i < std::size(projections); ++i) {
+    const std::string stem = "blk.0." + projections[i].second;
+    const gguf::TensorInfo* t = (*file)->find_tensor(stem + ".input_scale");
+    ASSERT_NE(t, nullptr) << stem;
+    EXPECT_EQ(t->type, DType::f32);
+    EXPECT_EQ(t->shape, std::vector<int64_t>{1});
+    ASSERT_TRUE(got.contains(stem + ".weight")) << stem;
+    EXPECT_FLOAT_EQ(got[stem + ".weight"], scale_of(i)) << stem;
+  }
+  EXPECT_EQ(got.at("blk.0.attn_norm.weight"), 0.0f);
+
+  // The same tensors under a config of dynamic activations: not static scales, left out.
+  Scheme dy{compressed_tensors(
+      "tensor", {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}})};
+  dy.scale = Scale::tensor;
+  dy.input_scales = true;
+  const Folder g = llama(dy, "dynamic");
+  g.write();
+  auto dynamic = import_hf_folder(g.dir.string(), false, true);
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status().to_string();
+  EXPECT_EQ((*dynamic)->tensors().size(), 11u);
+  EXPECT_EQ((*dynamic)->find_tensor("blk.0.attn_q.input_scale"), nullptr);
+}
+
 // The FP8 model runs on the CPU in both precisions, with the logits of the same weights in f32.
 TEST(HfFp8, RunsOnTheCpu) {
   Scheme s{compressed_tensors("channel")};

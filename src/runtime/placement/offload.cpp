@@ -82,6 +82,7 @@ Status run_on_device(std::span<const ops::Op> matmuls, std::span<const Tensor> s
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<WeightHandle> w,
                           device.prepare_weight(staged.empty() ? m.w.tensor : staged[i], "offloaded",
                                                 WeightRole::weight_role_matmul));
+    w->weight.input_scale = m.w.input_scale;
     prof.wait_ms += ms_since(t0);
     prof.weight_bytes += static_cast<uint64_t>(m.w.tensor.row_bytes() * m.w.tensor.ne[1]);
     KILN_ASSIGN_OR_RETURN(const Tensor dst, device_copy(m.dst, /*upload=*/false));

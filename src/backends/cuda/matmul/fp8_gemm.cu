@@ -7,7 +7,8 @@
 //   (a scale a block of 32: 128 x 128 block checkpoints, or a weight not prepared) is rewritten into scratch
 //   as plain e4m3 rows and one f32 scale a row, the row's largest block scale, a block of a smaller scale
 //   rounded again to it.
-// - x is rounded per token to e4m3 with the scale amax / 448.
+// - x is rounded per token to e4m3 with the scale amax / 448, or with the checkpoint's static scale
+//   (ops::Weight::input_scale) where it has one.
 // - cuBLASLt multiplies the codes on the e4m3 tensor cores with f32 accumulation and applies both scale
 //   vectors to the accumulators (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F): D[j, i] = sw[j] sx[i] sum_k
 //   qw[j, k] qx[i, k], in f32, rounded once to dst's type. A decode batch's 9 to 64 rows on Hopper take
@@ -67,8 +68,9 @@ __global__ void fp8_row_scales(const uint8_t* w, int64_t nb1, int64_t n, float* 
   if (j < n) scales[j] = *reinterpret_cast<const float*>(w + j * nb1 + 12);
 }
 
-// Row i of x (blockIdx.x) as k e4m3 codes at codes + i * k (k a multiple of 4), and its scale amax / 448 (1
-// for a row of zeros). A decode batch's rows are few blocks: each thread loads its kXVec groups of 4 at once
+// Row i of x (blockIdx.x) as k e4m3 codes at codes + i * k (k a multiple of 4), and its scale: `fixed` (a
+// static scale, x / fixed saturating at 448), else amax / 448 (1 for a row of zeros). A decode batch's rows
+// are few blocks: each thread loads its kXVec groups of 4 at once
 // and keeps them for the rounding, so that a block waits on memory once (a loop of dependent loads took
 // about 30 us a row of 4096 on an H100, longer than the GEMM); k past kXThreads * kXVec * 4 is read again.
 constexpr int kXThreads = 1024, kXVec = 4;
@@ -81,7 +83,8 @@ __device__ __forceinline__ float amax4(float a, float4 u) {
   return fmaxf(fmaxf(a, fmaxf(fabsf(u.x), fabsf(u.y))), fmaxf(fabsf(u.z), fabsf(u.w)));
 }
 template <bool kVec>
-__global__ void __launch_bounds__(kXThreads) fp8_x_rows(Rows x, int64_t k, uint8_t* codes, float* scales) {
+__global__ void __launch_bounds__(kXThreads)
+    fp8_x_rows(Rows x, int64_t k, float fixed, uint8_t* codes, float* scales) {
   __shared__ float smem[32];
   const int64_t i = blockIdx.x;
   const float* row = x.row_as<const float>(i);
@@ -94,10 +97,13 @@ __global__ void __launch_bounds__(kXThreads) fp8_x_rows(Rows x, int64_t k, uint8
     v[j] = e < k ? x_group<kVec>(row, e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     amax = amax4(amax, v[j]);
   }
-  for (int64_t e = per_pass + 4 * threadIdx.x; e < k; e += 4 * kXThreads)
-    amax = amax4(amax, x_group<kVec>(row, e));
-  amax = block_max(amax, smem);
-  const float s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
+  float s = fixed;
+  if (s <= 0.0f) {  // the same for every thread of the grid
+    for (int64_t e = per_pass + 4 * threadIdx.x; e < k; e += 4 * kXThreads)
+      amax = amax4(amax, x_group<kVec>(row, e));
+    amax = block_max(amax, smem);
+    s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
+  }
   if (threadIdx.x == 0) scales[i] = s;
   uint8_t* out = codes + i * k;
   const auto put = [&](int64_t e, float4 u) {
@@ -224,7 +230,7 @@ bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op) {
          op.x.n_rows() > kGemvMaxCols;
 }
 
-cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out) {
+cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, float scale, Fp8X* out) {
   const int64_t k = x.ne[0], m = x.n_rows();
   const int64_t x_codes = (m * k + 255) / 256 * 256;
   auto* xbuf = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(x_codes + m * 4)));
@@ -233,12 +239,21 @@ cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out) {
   const Rows rows = rows_of(x);
   const auto grid = static_cast<unsigned>(m);
   if (rows_aligned16(rows)) {
-    fp8_x_rows<true><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, xbuf, x_scales);
+    fp8_x_rows<true><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, scale, xbuf, x_scales);
   } else {
-    fp8_x_rows<false><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, xbuf, x_scales);
+    fp8_x_rows<false><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, scale, xbuf, x_scales);
   }
   *out = {xbuf, x_scales};
   return cudaGetLastError();
+}
+
+float fp8_group_scale(std::span<const ops::Matmul* const> group) {
+  float scale = 0.0f;
+  for (const ops::Matmul* op : group) {
+    if (op->w.input_scale <= 0.0f) return 0.0f;
+    scale = std::max(scale, op->w.input_scale);
+  }
+  return scale;
 }
 
 cudaError_t fp8_row_scale_vector(const Context& ctx, const void* rows, int64_t nb1, int64_t n, float* out) {
@@ -315,7 +330,7 @@ cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* roun
   Fp8X x{};
   if (rounded != nullptr) {
     x = *rounded;
-  } else if (const cudaError_t e = fp8_round_x(ctx, op.x, &x); e != cudaSuccess) {
+  } else if (const cudaError_t e = fp8_round_x(ctx, op.x, op.w.input_scale, &x); e != cudaSuccess) {
     return e;
   }
   float* d = nullptr;

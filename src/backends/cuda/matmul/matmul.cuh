@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -47,12 +48,17 @@ int64_t leading_dim(const Tensor& t, int elem);
 // batch-invariant, more than kGemvMaxCols rows of x, k and n multiples of 16), and the GEMM, which fails
 // (cudaErrorNotSupported) where cuBLASLt has no algorithm for it: matmul_gemm then takes its other path.
 bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op);
-// x rounded per token to e4m3 (codes [k, rows] and a scale a row) in scratch slot X, for the GEMMs on it.
+// x rounded to e4m3 (codes [k, rows] and a scale a row) in scratch slot X, for the GEMMs on it: each row by
+// its own largest value (scale 0), or all by a static scale (ops::Weight::input_scale), saturating.
 struct Fp8X {
   const uint8_t* codes;
   const float* scales;
 };
-cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, Fp8X* out);
+cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, float scale, Fp8X* out);
+// The static scale that a group of matmuls on one x (Q, K and V; gate and up) rounds it with: the largest of
+// their weights' input_scale, so that no value saturates that would not under its own (vLLM's choice for
+// its fused projections); 0 (per token) unless each has one.
+float fp8_group_scale(std::span<const ops::Matmul* const> group);
 // `rounded`: op.x as fp8_round_x left it (a fused group's matmuls share it); null: rounded here.
 cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded = nullptr);
 // The GEMM alone: d (f32, column j of token i at d[i * ldd + j]) = the weight times the m rows of x, scratch

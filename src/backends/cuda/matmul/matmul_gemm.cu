@@ -397,7 +397,10 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
     bool shared = std::all_of(group.begin(), group.end(),
                               [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
     if (shared) {
-      if (const cudaError_t err = fp8_round_x(ctx, group[0]->x, &x); err != cudaSuccess) return err;
+      if (const cudaError_t err = fp8_round_x(ctx, group[0]->x, fp8_group_scale(group), &x);
+          err != cudaSuccess) {
+        return err;
+      }
     }
     if (shared && stacked(group)) {  // Q, K and V as one GEMM
       const ops::Weight whole = stacked_weight(group);
