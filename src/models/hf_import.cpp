@@ -484,15 +484,34 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
     infos.push_back(std::move(info));
   }
   if (options.activation_scales) {
+    // By GGUF stem ("blk.3.attn_q"). Projections that read one x (Q, K and V; gate and up) take the largest
+    // of their scales, so that x rounds the same whether they run as one group or apart (vLLM's choice for
+    // its fused projections).
+    std::map<std::string, float> scales;
     std::map<std::string, Pending> experts;  // an expert's scale has no tensor of its own: left out
     for (const auto& [weight, scale] : fp8.input_scales()) {
       KILN_ASSIGN_OR_RETURN(const std::string g, gguf_name(weight, spec, cls, experts, nullptr));
-      if (!g.ends_with(".weight")) continue;
+      if (g.ends_with(".weight")) scales[g.substr(0, g.size() - 7)] = scale;
+    }
+    const auto shared_input = [](std::string_view stem) -> std::string {
+      const size_t dot = stem.rfind('.');
+      const std::string_view blk = stem.substr(0, dot + 1), m = stem.substr(dot + 1);
+      if (m == "attn_q" || m == "attn_k" || m == "attn_v") return std::string(blk) + "qkv";
+      if (m == "ffn_gate" || m == "ffn_up") return std::string(blk) + "gate_up";
+      return std::string(stem);
+    };
+    std::map<std::string, float> largest;
+    for (const auto& [stem, scale] : scales) {
+      float& l = largest[shared_input(stem)];
+      l = std::max(l, scale);
+    }
+    for (const auto& [stem, scale] : scales) {
+      const float v = largest[shared_input(stem)];
       gguf::TensorInfo info;
-      info.name = g.substr(0, g.size() - 7) + ".input_scale";
+      info.name = stem + ".input_scale";
       info.shape = {1};
       info.type = DType::f32;
-      const auto* b = reinterpret_cast<const uint8_t*>(&scale);
+      const auto* b = reinterpret_cast<const uint8_t*>(&v);
       storage->buffers.emplace_back(b, b + sizeof(float));
       info.data = storage->buffers.back().data();
       info.n_bytes = sizeof(float);

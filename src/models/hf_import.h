@@ -80,8 +80,9 @@ struct Options {
   // BF16), 1-d tensors always f32.
   bool force_f32 = false;
   // true: each FP8 weight's static activation scale is the tensor "<its GGUF name less .weight>.input_scale"
-  // (F32 [1]), which blocks::WeightLoader gives to the weight; false: they are left out (a GGUF written from
-  // the import has no such tensors).
+  // (F32 [1]), which blocks::WeightLoader gives to the weight, the largest of Q's, K's and V's for each of
+  // them and of gate's and up's for both (one x each); false: they are left out (a GGUF written from the
+  // import has no such tensors).
   bool activation_scales = false;
 };
 
