@@ -483,6 +483,18 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
     KILN_ASSIGN_OR_RETURN(gguf::TensorInfo info, materialize(pt, ctx, *storage));
     infos.push_back(std::move(info));
   }
+  // An f32 tensor [values.size()] of its own bytes.
+  const auto f32_tensor = [&](const std::string& name, const std::vector<float>& values) {
+    gguf::TensorInfo info;
+    info.name = name;
+    info.shape = {static_cast<int64_t>(values.size())};
+    info.type = DType::f32;
+    const auto* b = reinterpret_cast<const uint8_t*>(values.data());
+    storage->buffers.emplace_back(b, b + values.size() * sizeof(float));
+    info.data = storage->buffers.back().data();
+    info.n_bytes = storage->buffers.back().size();
+    infos.push_back(std::move(info));
+  };
   if (options.activation_scales) {
     // By GGUF stem ("blk.3.attn_q"). Projections that read one x (Q, K and V; gate and up) take the largest
     // of their scales, so that x rounds the same whether they run as one group or apart (vLLM's choice for
@@ -505,30 +517,9 @@ Result<std::shared_ptr<const gguf::File>> import(const std::string& dir, const S
       float& l = largest[shared_input(stem)];
       l = std::max(l, scale);
     }
-    for (const auto& [stem, scale] : scales) {
-      const float v = largest[shared_input(stem)];
-      gguf::TensorInfo info;
-      info.name = stem + ".input_scale";
-      info.shape = {1};
-      info.type = DType::f32;
-      const auto* b = reinterpret_cast<const uint8_t*>(&v);
-      storage->buffers.emplace_back(b, b + sizeof(float));
-      info.data = storage->buffers.back().data();
-      info.n_bytes = sizeof(float);
-      infos.push_back(std::move(info));
-    }
+    for (const auto& kv : scales) f32_tensor(kv.first + ".input_scale", {largest[shared_input(kv.first)]});
   }
-  for (auto& [name, values] : md.tensors()) {
-    gguf::TensorInfo info;
-    info.name = name;
-    info.shape = {static_cast<int64_t>(values.size())};
-    info.type = DType::f32;
-    const auto* b = reinterpret_cast<const uint8_t*>(values.data());
-    storage->buffers.emplace_back(b, b + values.size() * sizeof(float));
-    info.data = storage->buffers.back().data();
-    info.n_bytes = storage->buffers.back().size();
-    infos.push_back(std::move(info));
-  }
+  for (auto& [name, values] : md.tensors()) f32_tensor(name, values);
   std::sort(infos.begin(), infos.end(), [](const gguf::TensorInfo& a, const gguf::TensorInfo& b) {
     return order_key(a.name) < order_key(b.name);
   });

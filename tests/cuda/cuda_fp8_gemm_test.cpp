@@ -106,6 +106,7 @@ TEST(CudaFp8Gemm, GivesTheExactProductsOfTheRoundedCodes) {
 TEST(CudaFp8Gemm, StaticActivationScalesRoundXAsTheCheckpointSays) {
   CudaOptions options = cuda_options_from_env();
   options.precision = ops::Precision::precision_fast;
+  options.fuse = true;  // Q, K and V as a group (apart, each would round by its own scale)
   auto made = make_cuda_backend(0, options);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   Backend& b = **made;
