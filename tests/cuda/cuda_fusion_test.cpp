@@ -34,6 +34,15 @@ cuda::Context fast_context() {
   ctx.fast = true;
   return ctx;
 }
+// The same with a cuBLASLt handle (a stand-in, never called), which the e4m3 GEMM of FP8 weights needs.
+cuda::Context fp8_context() {
+  cuda::Context ctx = fast_context();
+  ctx.lt_fn = [](void*) -> void* {
+    static int handle;
+    return &handle;
+  };
+  return ctx;
+}
 
 constexpr int64_t kEmbd = 256, kHead = 64, kHeads = 4, kKvHeads = 2, kFf = 384, kBlock = 16;
 // Token t of a step is at position 37 + 29t: from t = 8 on, a span of more than 256 positions, which a decode
@@ -55,6 +64,9 @@ struct LayerOptions {
   bool prefill = false;
   int64_t ff = kFf;             // the gate and up matmuls' rows (down's k)
   std::optional<DType> v_type;  // V's weight type when not the layer's (a Q4_K_M layer's Q6_K V)
+  // FP8 weights' static activation scale (ops::Weight::input_scale; one for the layer, as Q/K/V's and gate
+  // and up's are one at import); 0: x rounded per token.
+  float input_scale = 0.0f;
 };
 
 // One attention + FFN input half of a layer, laid out in one device buffer: the same offsets on every
@@ -230,12 +242,18 @@ Layer make_layer(Backend& b, int64_t m, DType wtype, uint64_t seed, bool prepare
   const auto weight = [&](size_t at, int64_t rows, int64_t k = kEmbd,
                           std::optional<DType> other = std::nullopt) {
     const DType type = other.value_or(wtype);
-    if (!prepared) return ops::Weight(make_tensor(type, buf, at, k, rows));
+    const float input_scale = type == DType::f8_e4m3 ? opt.input_scale : 0.0f;
+    if (!prepared) {
+      ops::Weight w(make_tensor(type, buf, at, k, rows));
+      w.input_scale = input_scale;
+      return w;
+    }
     auto made =
         b.prepare_weight(make_tensor(type, host.data() + at, k, rows), "w", WeightRole::weight_role_matmul);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     if (!made.ok()) return ops::Weight();
     L.weights.push_back(std::move(made).value());
+    L.weights.back()->weight.input_scale = input_scale;
     return L.weights.back()->weight;
   };
   const Tensor q = make_tensor(DType::f32, buf, q_at, kHead, kHeads, m),
@@ -338,7 +356,8 @@ void expect_fused_as_alone(int64_t m, DType wtype, bool prepared, const LayerOpt
       << dtype_name(wtype) << (prepared ? " prepared" : "") << " m " << m << " pool " << dtype_name(opt.pool)
       << " n_rot " << opt.n_rot << (opt.layout == ops::RopeLayout::rope_layout_neox ? " neox" : "")
       << (opt.factors ? " factors" : "") << (opt.act_in_place ? " act in place" : "")
-      << (opt.prefill ? " prefill" : "") << " ff " << opt.ff << (tweak.name == nullptr ? "" : " with ")
+      << (opt.prefill ? " prefill" : "") << " ff " << opt.ff
+      << (opt.input_scale > 0.0f ? " static scales" : "") << (tweak.name == nullptr ? "" : " with ")
       << (tweak.name == nullptr ? "" : tweak.name) << ": first differing byte";
 }
 
@@ -388,6 +407,24 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   fp8_in_place.act_in_place = true;
   for (const int64_t m : {1, 3, 8, 12}) expect_fused_as_alone(m, DType::f8_e4m3, true);
   expect_fused_as_alone(1, DType::f8_e4m3, true, fp8_in_place);
+  // Beyond the GEMV the add + norm and the gated activation round x to e4m3 for the GEMMs as they write it,
+  // per token or by the static scales: decode batches (kiln's e4m3 kernel on Hopper) and prefills (cuBLASLt).
+  LayerOptions fp8_static;
+  fp8_static.input_scale = 0.004f;
+  LayerOptions fp8_prefill;
+  fp8_prefill.prefill = true;
+  LayerOptions fp8_prefill_static = fp8_prefill;
+  fp8_prefill_static.input_scale = 0.004f;
+  for (const int64_t m : {20, 64}) {
+    for (const LayerOptions& opt : {LayerOptions{}, fp8_static, fp8_in_place}) {
+      expect_fused_as_alone(m, DType::f8_e4m3, true, opt);
+    }
+  }
+  for (const int64_t m : {40, 100}) {
+    for (const LayerOptions& opt : {fp8_prefill, fp8_prefill_static}) {
+      expect_fused_as_alone(m, DType::f8_e4m3, true, opt);
+    }
+  }
   // f16 and f32 weights (the GEMV's matmul groups), and a gated activation written over its gate.
   for (const int64_t m : {1, 3}) {
     for (const DType wtype : {DType::f16, DType::f32}) expect_fused_as_alone(m, wtype, false);
@@ -617,11 +654,11 @@ TEST(CudaFusion, DecodeStepsArePaddedToGraphSizes) {
 }
 
 // The length of each fused sequence (0: an op alone) in the order a backend would run the program.
-std::vector<size_t> fused_lengths(const Program& program) {
+std::vector<size_t> fused_lengths(const Program& program, const cuda::Context& ctx = fast_context()) {
   const std::vector<ops::Op>& ops = program.ops();
   std::vector<size_t> lengths;
   for (size_t i = 0; i < ops.size();) {
-    const size_t n = cuda::fused_length(fast_context(), std::span(ops).subspan(i));
+    const size_t n = cuda::fused_length(ctx, std::span(ops).subspan(i));
     lengths.push_back(n);
     i += n > 0 ? n : 1;
   }
@@ -683,6 +720,38 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::vector<ops::Op> ops = L.program.ops();
     std::get<ops::Matmul>(ops[15]).x = std::get<ops::GatedAct>(ops[14]).up;
     EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
+  }
+  // FP8 weights beyond the GEMV (the e4m3 GEMM): the add + norm and the activation round x to e4m3 for the
+  // GEMMs that read it, which join them, per token or by static scales, the activation written apart or over
+  // its gate; the prefill's attention writes nothing for the output projection, which rounds its own x.
+  {
+    for (const float input_scale : {0.0f, 0.004f}) {
+      for (const bool in_place : {false, true}) {
+        LayerOptions opt;
+        opt.input_scale = input_scale;
+        opt.act_in_place = in_place;
+        Layer L = make_layer(**b, 20, DType::f8_e4m3, 1, false, opt);
+        EXPECT_EQ(fused_lengths(L.program, fp8_context()), (std::vector<size_t>{5, 3, 0, 0, 4, 2, 0}))
+            << "fp8, scale " << input_scale << (in_place ? ", act in place" : "");
+      }
+    }
+    LayerOptions prefill;
+    prefill.prefill = true;
+    Layer P = make_layer(**b, 40, DType::f8_e4m3, 1, false, prefill);
+    EXPECT_EQ(fused_lengths(P.program, fp8_context()), (std::vector<size_t>{5, 3, 0, 0, 4, 2, 0}))
+        << "fp8 prefill";
+    // Without cuBLASLt the FP8 matmuls take the dequantizing GEMM: the norm and the activation write x in
+    // f16.
+    Layer D = make_layer(**b, 20, DType::f8_e4m3, 1);
+    EXPECT_EQ(fused_lengths(D.program), (std::vector<size_t>{5, 3, 0, 0, 4, 2, 0})) << "fp8 dequantized";
+    // A gated activation whose rows are not 16-byte aligned rounds nothing: it and down run apart.
+    std::vector<ops::Op> ops = P.program.ops();
+    auto& glu = std::get<ops::GatedAct>(ops[14]);
+    auto& down = std::get<ops::Matmul>(ops[15]);
+    ASSERT_EQ(down.x.data, glu.dst.data);
+    glu.dst.data = static_cast<char*>(glu.dst.data) + 4;
+    down.x = glu.dst;
+    EXPECT_EQ(cuda::fused_length(fp8_context(), std::span(ops).subspan(14)), 0u) << "fp8, act misaligned";
   }
   // q8_0 pools: the same sequences as f16 pools (Q/K/V's GEMV then the RoPE + KV-write kernel, in one
   // sequence), for bf16 and q8_0 weights; a prefill's RoPE q, RoPE k and KV write as one kernel.

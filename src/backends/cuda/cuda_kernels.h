@@ -211,12 +211,19 @@ cudaError_t glu_gemv_group(const Context& ctx, const ops::GatedAct& glu,
 // count, where the conversion kernel would read the f32 result back (the 8B's pp2048: 96 conversions of 14.5
 // to 21.7 us each). Not the e4m3 GEMM of FP8 weights, which rounds f32 x itself.
 bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op);
+// Whether matmuls on one x each take the e4m3 GEMM of FP8 weights (x rounded to e4m3 once for them): the
+// add + norm or the gated activation that produces x then rounds it as it writes it (add_norm_gemm_group,
+// glu_gemm_group), where the rounding kernel would read the f32 result back (the 8B's pp2048: 2048 x 14336
+// values for down, 2048 x 4096 for Q/K/V and for gate and up, each layer).
+bool gemm_takes_e4m3_x(const Context& ctx, std::span<const ops::Matmul* const> group);
 // A residual add and the RMSNorm of its sum, then 1-3 matmuls on the norm's f32 result that take the GEMM in
 // 16 bits (gemm_takes_half_x; one input type): the norm's kernel also writes that result in the GEMM's type,
-// rounded as the GEMM's own conversion rounds it, so no conversion kernel runs (the same bits).
+// rounded as the GEMM's own conversion rounds it, so no conversion kernel runs (the same bits). Or matmuls
+// that take the e4m3 GEMM (gemm_takes_e4m3_x): the kernel rounds the result to e4m3 as fp8_round_x would.
 cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                                 std::span<const ops::Matmul* const> group);
-// The same for a gated activation (f32 dst) and the matmul(s) on its result.
+// The same for a gated activation (f32 dst; for the e4m3 GEMM, gated_act_rounds_e4m3) and the matmul(s) on
+// its result.
 cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group);
 // The same for a prefill's attention (attention_writes_half) and the matmul on its result (the output
@@ -232,19 +239,32 @@ cudaError_t attention_gemv_group(const Context& ctx, const ops::Attention& att,
 cudaError_t moe_matmul(const Context& ctx, const ops::MoeMatmul& op);
 // norm_rope/norm.cu (rms_norm, layer_norm, add_rms_norm) and elementwise/elementwise.cu (the rest):
 // row-wise and elementwise ops, MoE routing and mixing
+//
+// A result also rounded to e4m3 for the FP8 GEMM, as its own rounding kernel would (matmul/fp8_round.cuh):
+// row r's codes at codes + r * n, its scale at scales[r]: `fixed` where it is a static scale (> 0), else the
+// row's largest magnitude / 448.
+struct E4m3Out {
+  uint8_t* codes;
+  float* scales;
+  float fixed;
+};
 cudaError_t rms_norm(const Context& ctx, const ops::RmsNorm& op);
 cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op);
 // binary (add, no broadcast, f32 dst) then rms_norm of its dst; with xq / xds (an f32 norm dst, n a multiple
 // of 32) also that result rounded to 8 bits for the integer GEMV, in quantize_x's layout (matmul/matmul.cu).
 // With xh (n a multiple of 8): also that result in 16 bits for a GEMM (bf16, or f16 saturated when f16), row
-// r at xh + r * n.
+// r at xh + r * n. With e4 (an f32 norm dst): also that result in e4m3 (E4m3Out).
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
-                         int* xq = nullptr, float2* xds = nullptr, uint16_t* xh = nullptr, bool f16 = false);
+                         int* xq = nullptr, float2* xds = nullptr, uint16_t* xh = nullptr, bool f16 = false,
+                         const E4m3Out* e4 = nullptr);
 cudaError_t softmax(const Context& ctx, const ops::Softmax& op);
 // With xq / xds (an f32 dst, n a multiple of 32): also the result rounded to 8 bits, as add_rms_norm; with
-// xh, also in 16 bits, as add_rms_norm.
+// xh, also in 16 bits, as add_rms_norm; with e4 (only where gated_act_rounds_e4m3), also in e4m3.
 cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq = nullptr, float2* xds = nullptr,
-                      uint16_t* xh = nullptr, bool f16 = false);
+                      uint16_t* xh = nullptr, bool f16 = false, const E4m3Out* e4 = nullptr);
+// Whether gated_act rounds its result to e4m3 (a row a block): f32 rows of a multiple of 4 elements, 16-byte
+// aligned, a gate of the up's shape.
+bool gated_act_rounds_e4m3(const ops::GatedAct& op);
 cudaError_t binary(const Context& ctx, const ops::Binary& op);
 cudaError_t scale(const Context& ctx, const ops::Scale& op);
 cudaError_t argmax(const Context& ctx, const ops::Argmax& op);

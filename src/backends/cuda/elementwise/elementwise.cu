@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_round_q8.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
+#include "backends/cuda/matmul/fp8_round.cuh"
 
 namespace kiln::cuda {
 
@@ -157,6 +158,54 @@ __global__ void gated_act4_kernel(Rows gate, Rows up, Rows dst, Store st, ops::G
   }
 }
 
+// The same, also rounded to e4m3 for the FP8 GEMM (E4m3Out), a block a row: a thread's first kActVec groups
+// of 4 kept in registers until the row's scale is known (its largest magnitude, over the block); groups past
+// them, read back from dst (this thread's own stores: the gate may be dst).
+constexpr int kActVec = 4;
+__global__ void __launch_bounds__(1024)
+    gated_act_e4m3_kernel(Rows gate, Rows up, Rows dst, ops::GluKind kind, int64_t n, E4m3Out e4) {
+  pdl_begin();
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const float* gr = gate.row_as<const float>(r);
+  const float* ur = up.row_as<const float>(r);
+  float* yr = dst.row_as<float>(r);
+  const int64_t step = 4 * int64_t{blockDim.x}, first = 4 * int64_t{threadIdx.x};
+  const auto act4 = [&](int64_t e) {
+    const float4 g = *reinterpret_cast<const float4*>(gr + e);
+    const float4 u = *reinterpret_cast<const float4*>(ur + e);
+    const float4 v = make_float4(glu_times(kind, g.x, u.x), glu_times(kind, g.y, u.y),
+                                 glu_times(kind, g.z, u.z), glu_times(kind, g.w, u.w));
+    *reinterpret_cast<float4*>(yr + e) = v;
+    return v;
+  };
+  const auto amax4 = [](float a, float4 v) {
+    return fmaxf(fmaxf(a, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+  };
+  float4 v[kActVec];
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kActVec; ++j) {
+    const int64_t e = first + j * step;
+    v[j] = e < n ? act4(e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    amax = amax4(amax, v[j]);
+  }
+  for (int64_t e = first + kActVec * step; e < n; e += step) amax = amax4(amax, act4(e));
+  if (e4.fixed <= 0.0f) amax = block_max(amax, red);
+  const float s = fp8_row_scale(amax, e4.fixed);
+  if (threadIdx.x == 0) e4.scales[r] = s;
+  uint8_t* out = e4.codes + r * n;
+#pragma unroll
+  for (int j = 0; j < kActVec; ++j) {
+    const int64_t e = first + j * step;
+    if (e < n) *reinterpret_cast<uint32_t*>(out + e) = fp8_codes4(v[j].x, v[j].y, v[j].z, v[j].w, s);
+  }
+  for (int64_t e = first + kActVec * step; e < n; e += step) {
+    const float4 y = *reinterpret_cast<const float4*>(yr + e);
+    *reinterpret_cast<uint32_t*>(out + e) = fp8_codes4(y.x, y.y, y.z, y.w, s);
+  }
+}
+
 __global__ void binary_kernel(Rows a, Rows b, Rows dst, Store st, bool mul, bool b_one_row, int64_t n,
                               int64_t total) {
   pdl_begin();
@@ -252,9 +301,24 @@ cudaError_t argmax(const Context& ctx, const ops::Argmax& op) {
   return launched();
 }
 
+bool gated_act_rounds_e4m3(const ops::GatedAct& op) {
+  const int64_t n = op.up.ne[0];
+  return op.dst.type == DType::f32 && op.gate.ne[0] == n && n % 4 == 0 && op.up.n_rows() <= 0x7fffffff &&
+         rows_aligned16(rows_of(op.gate)) && rows_aligned16(rows_of(op.up)) &&
+         rows_aligned16(rows_of(op.dst));
+}
+
 cudaError_t gated_act(const Context& ctx, const ops::GatedAct& op, int* xq, float2* xds, uint16_t* xh,
-                      bool f16) {
+                      bool f16, const E4m3Out* e4) {
   const int64_t n = op.up.ne[0], total = n * op.up.n_rows();
+  if (e4 != nullptr) {
+    if (!gated_act_rounds_e4m3(op) || xq != nullptr || xh != nullptr) return cudaErrorInvalidValue;
+    // Threads enough for each to hold kActVec groups of the row, at most 1024.
+    const int threads = row_threads(std::max<int64_t>(1, n / (4 * kActVec)));
+    (void)launch_kernel(ctx, gated_act_e4m3_kernel, static_cast<unsigned>(op.up.n_rows()), threads, 0,
+                        rows_of(op.gate), rows_of(op.up), rows_of(op.dst), op.kind, n, *e4);
+    return launched();
+  }
   if (xq != nullptr && (n % 32 != 0 || op.dst.type != DType::f32)) return cudaErrorInvalidValue;
   const bool broadcast = op.gate.ne[0] == 1 && n > 1;
   const Rows gate = rows_of(op.gate), up = rows_of(op.up), dst = rows_of(op.dst);

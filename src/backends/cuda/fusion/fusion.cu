@@ -195,23 +195,27 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
       if (const size_t v = v_rope_after(ctx, ops.subspan(2 + n), group, n)) return 2 + n + v;
       return 2 + n + rope_after(ctx, ops.subspan(2 + n), group, n);
     }
-    // ... or the GEMMs that read it in 16 bits, which the norm's kernel writes for them.
+    // ... or the GEMMs that read it in 16 bits, which the norm's kernel writes for them, or in e4m3, which it
+    // rounds it to for them.
     if (const size_t n = gemm_run(ctx, ops.subspan(2), group);
-        n > 0 && same_view(group[0]->x, norm.dst) && gemm_takes_half_x(ctx, *group[0])) {
+        n > 0 && same_view(group[0]->x, norm.dst) &&
+        (gemm_takes_half_x(ctx, *group[0]) || gemm_takes_e4m3_x(ctx, std::span(group, n)))) {
       return 2 + n;
     }
     return 2;
   }
   if (const auto* glu = std::get_if<ops::GatedAct>(&ops[0]); glu != nullptr && glu->dst.type == DType::f32) {
     // A gated activation and the integer GEMVs that read its result, which its kernel rounds for them, or the
-    // GEMMs that read it in 16 bits, which its kernel writes for them.
+    // GEMMs that read it in 16 bits or e4m3, which its kernel writes for them.
     const ops::Matmul* group[3] = {};
     if (const size_t n = gemv_run(ctx, ops.subspan(1), group);
         n > 0 && same_view(group[0]->x, glu->dst) && takes_q8(ctx, *group[0]) && glu->up.ne[0] % 32 == 0) {
       return 1 + n;
     }
     if (const size_t n = gemm_run(ctx, ops.subspan(1), group);
-        n > 0 && same_view(group[0]->x, glu->dst) && gemm_takes_half_x(ctx, *group[0])) {
+        n > 0 && same_view(group[0]->x, glu->dst) &&
+        (gemm_takes_half_x(ctx, *group[0]) ||
+         (gemm_takes_e4m3_x(ctx, std::span(group, n)) && gated_act_rounds_e4m3(*glu)))) {
       return 1 + n;
     }
   }

@@ -28,6 +28,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/matmul/dequant.cuh"
+#include "backends/cuda/matmul/fp8_round.cuh"
 #include "backends/cuda/matmul/matmul.cuh"
 
 namespace kiln::cuda {
@@ -35,7 +36,6 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kE4M3Max = 448.0f;
 constexpr size_t kLtWorkspace = size_t{32} << 20;
 
 __device__ inline uint8_t to_e4m3(float v) {
@@ -97,21 +97,16 @@ __global__ void __launch_bounds__(kXThreads)
     v[j] = e < k ? x_group<kVec>(row, e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     amax = amax4(amax, v[j]);
   }
-  float s = fixed;
-  if (s <= 0.0f) {  // the same for every thread of the grid
+  if (fixed <= 0.0f) {  // the same for every thread of the grid
     for (int64_t e = per_pass + 4 * threadIdx.x; e < k; e += 4 * kXThreads)
       amax = amax4(amax, x_group<kVec>(row, e));
     amax = block_max(amax, smem);
-    s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
   }
+  const float s = fp8_row_scale(amax, fixed);
   if (threadIdx.x == 0) scales[i] = s;
   uint8_t* out = codes + i * k;
   const auto put = [&](int64_t e, float4 u) {
-    const uint32_t word = static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.x, s))) |
-                          static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.y, s))) << 8 |
-                          static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.z, s))) << 16 |
-                          static_cast<uint32_t>(to_e4m3(__fdiv_rn(u.w, s))) << 24;
-    *reinterpret_cast<uint32_t*>(out + e) = word;
+    *reinterpret_cast<uint32_t*>(out + e) = fp8_codes4(u.x, u.y, u.z, u.w, s);
   };
 #pragma unroll
   for (int j = 0; j < kXVec; ++j) {
@@ -230,20 +225,26 @@ bool fp8_gemm_applies(const Context& ctx, const ops::Matmul& op) {
          op.x.n_rows() > kGemvMaxCols;
 }
 
-cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, float scale, Fp8X* out) {
-  const int64_t k = x.ne[0], m = x.n_rows();
+cudaError_t fp8_x_room(const Context& ctx, int64_t k, int64_t m, float fixed, E4m3Out* out) {
   const int64_t x_codes = (m * k + 255) / 256 * 256;
   auto* xbuf = static_cast<uint8_t*>(ctx.scratch(kSlotX, static_cast<size_t>(x_codes + m * 4)));
   if (xbuf == nullptr) return cudaErrorMemoryAllocation;
-  auto* x_scales = reinterpret_cast<float*>(xbuf + x_codes);
+  *out = {xbuf, reinterpret_cast<float*>(xbuf + x_codes), fixed};
+  return cudaSuccess;
+}
+
+cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, float scale, Fp8X* out) {
+  const int64_t k = x.ne[0], m = x.n_rows();
+  E4m3Out room{};
+  if (const cudaError_t e = fp8_x_room(ctx, k, m, scale, &room); e != cudaSuccess) return e;
   const Rows rows = rows_of(x);
   const auto grid = static_cast<unsigned>(m);
   if (rows_aligned16(rows)) {
-    fp8_x_rows<true><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, scale, xbuf, x_scales);
+    fp8_x_rows<true><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, scale, room.codes, room.scales);
   } else {
-    fp8_x_rows<false><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, scale, xbuf, x_scales);
+    fp8_x_rows<false><<<grid, kXThreads, 0, ctx.stream>>>(rows, k, scale, room.codes, room.scales);
   }
-  *out = {xbuf, x_scales};
+  *out = {room.codes, room.scales};
   return cudaGetLastError();
 }
 

@@ -55,12 +55,20 @@ struct Fp8X {
   const float* scales;
 };
 cudaError_t fp8_round_x(const Context& ctx, const Tensor& x, float scale, Fp8X* out);
+// The room fp8_round_x takes for m rows of k (slot X), for a kernel that rounds x as it writes it (E4m3Out,
+// `fixed` its static scale or 0).
+cudaError_t fp8_x_room(const Context& ctx, int64_t k, int64_t m, float fixed, E4m3Out* out);
 // The static scale that a group of matmuls on one x (Q, K and V; gate and up) rounds it with: the largest of
 // their weights' input_scale, so that no value saturates that would not under its own (vLLM's choice for
 // its fused projections); 0 (per token) unless each has one.
 float fp8_group_scale(std::span<const ops::Matmul* const> group);
 // `rounded`: op.x as fp8_round_x left it (a fused group's matmuls share it); null: rounded here.
 cudaError_t fp8_gemm(const Context& ctx, const ops::Matmul& op, const Fp8X* rounded = nullptr);
+// 1-3 matmuls on one x that each take the e4m3 GEMM (fp8_gemm_applies), x rounded once with the group's
+// scale (fp8_group_scale), or as `rounded` gives it: Q/K/V stacked as one GEMM (WeightLayout), the others a
+// GEMM each. A GEMM cuBLASLt refuses runs, with the rest of the group, on the dequantizing path from f32 x.
+cudaError_t fp8_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group,
+                           const Fp8X* rounded = nullptr);
 // The GEMM alone: d (f32, column j of token i at d[i * ldd + j]) = the weight times the m rows of x, scratch
 // slots W and Partial; cudaErrorNotSupported where cuBLASLt refuses it (fp8_wgmma.cu's kernel takes 9 to 64
 // rows on Hopper).

@@ -389,38 +389,46 @@ cudaError_t stacked_gemm(const Context& ctx, std::span<const ops::Matmul* const>
 
 }  // namespace
 
+cudaError_t fp8_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group,
+                           const Fp8X* rounded) {
+  Fp8X x{};
+  if (rounded != nullptr) {
+    x = *rounded;
+  } else if (const cudaError_t err = fp8_round_x(ctx, group[0]->x, fp8_group_scale(group), &x);
+             err != cudaSuccess) {
+    return err;
+  }
+  bool shared = true;
+  if (stacked(group)) {  // Q, K and V as one GEMM
+    const ops::Weight whole = stacked_weight(group);
+    const int64_t n = whole.tensor.ne[1], m = group[0]->x.n_rows();
+    auto* d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
+    if (d == nullptr) return cudaErrorMemoryAllocation;
+    const cudaError_t err = fp8_gemm_f32(ctx, whole, x, m, d, n);
+    if (err == cudaSuccess) return split_stacked(ctx, group, d);
+    if (err != cudaErrorNotSupported) return err;
+    shared = false;  // refused: the dequantizing path, matmul by matmul
+  }
+  for (const ops::Matmul* op : group) {
+    cudaError_t err = shared ? fp8_gemm(ctx, *op, &x) : matmul_gemm(ctx, *op);
+    if (err == cudaErrorNotSupported) {
+      // cuBLASLt refused: this matmul and the rest of the group as single matmuls, which then take the
+      // dequantizing path and convert x into slot X, over the shared rounding.
+      shared = false;
+      err = matmul_gemm(ctx, *op);
+    }
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* const> group) {
   // FP8 weights take the e4m3 GEMM a matmul at a time on x rounded once, not the dequantizing GEMM that a
   // stack or a shared converted x would send them to.
   if (fp8_gemm_applies(ctx, *group[0])) {
-    Fp8X x{};
-    bool shared = std::all_of(group.begin(), group.end(),
-                              [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
-    if (shared) {
-      if (const cudaError_t err = fp8_round_x(ctx, group[0]->x, fp8_group_scale(group), &x);
-          err != cudaSuccess) {
-        return err;
-      }
-    }
-    if (shared && stacked(group)) {  // Q, K and V as one GEMM
-      const ops::Weight whole = stacked_weight(group);
-      const int64_t n = whole.tensor.ne[1], m = group[0]->x.n_rows();
-      auto* d = static_cast<float*>(ctx.scratch(kSlotDst, static_cast<size_t>(n * m * 4)));
-      if (d == nullptr) return cudaErrorMemoryAllocation;
-      const cudaError_t err = fp8_gemm_f32(ctx, whole, x, m, d, n);
-      if (err == cudaSuccess) return split_stacked(ctx, group, d);
-      if (err != cudaErrorNotSupported) return err;
-      shared = false;  // refused: the dequantizing path, matmul by matmul
-    }
+    if (gemm_takes_e4m3_x(ctx, group)) return fp8_gemm_group(ctx, group);
     for (const ops::Matmul* op : group) {
-      cudaError_t err = shared ? fp8_gemm(ctx, *op, &x) : matmul_gemm(ctx, *op);
-      if (err == cudaErrorNotSupported) {
-        // cuBLASLt refused: this matmul and the rest of the group as single matmuls, which then take the
-        // dequantizing path and convert x into slot X, over the shared rounding.
-        shared = false;
-        err = matmul_gemm(ctx, *op);
-      }
-      if (err != cudaSuccess) return err;
+      if (const cudaError_t err = matmul_gemm(ctx, *op); err != cudaSuccess) return err;
     }
     return cudaSuccess;
   }
@@ -432,6 +440,11 @@ cudaError_t matmul_gemm_group(const Context& ctx, std::span<const ops::Matmul* c
     err = gemm_on(ctx, *op, x);
   }
   return err;
+}
+
+bool gemm_takes_e4m3_x(const Context& ctx, std::span<const ops::Matmul* const> group) {
+  return !group.empty() && std::all_of(group.begin(), group.end(),
+                                       [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
 }
 
 bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op) {
@@ -464,10 +477,31 @@ cudaError_t produced_gemm_group(const Context& ctx, std::span<const ops::Matmul*
   return cudaSuccess;
 }
 
+// 1-3 matmuls on one x that take the e4m3 GEMM (gemm_takes_e4m3_x), x rounded by the kernel that produces
+// it: produce(e4) launches that kernel, given the room fp8_round_x would round into and the group's scale.
+template <class Produce>
+cudaError_t produced_fp8_group(const Context& ctx, std::span<const ops::Matmul* const> group,
+                               Produce&& produce) {
+  const Tensor& x = group[0]->x;
+  E4m3Out e4{};
+  if (const cudaError_t err = fp8_x_room(ctx, x.ne[0], x.n_rows(), fp8_group_scale(group), &e4);
+      err != cudaSuccess) {
+    return err;
+  }
+  if (const cudaError_t err = produce(e4); err != cudaSuccess) return err;
+  const Fp8X rounded{e4.codes, e4.scales};
+  return fp8_gemm_group(ctx, group, &rounded);
+}
+
 }  // namespace
 
 cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                                 std::span<const ops::Matmul* const> group) {
+  if (gemm_takes_e4m3_x(ctx, group)) {
+    return produced_fp8_group(ctx, group, [&](const E4m3Out& e4) {
+      return add_rms_norm(ctx, add, norm, nullptr, nullptr, nullptr, false, &e4);
+    });
+  }
   return produced_gemm_group(ctx, group, [&](uint16_t* xh, bool f16) {
     return add_rms_norm(ctx, add, norm, nullptr, nullptr, xh, f16);
   });
@@ -475,6 +509,12 @@ cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, cons
 
 cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group) {
+  if (gemm_takes_e4m3_x(ctx, group)) {
+    if (!gated_act_rounds_e4m3(glu)) return cudaErrorInvalidValue;
+    return produced_fp8_group(ctx, group, [&](const E4m3Out& e4) {
+      return gated_act(ctx, glu, nullptr, nullptr, nullptr, false, &e4);
+    });
+  }
   return produced_gemm_group(
       ctx, group, [&](uint16_t* xh, bool f16) { return gated_act(ctx, glu, nullptr, nullptr, xh, f16); });
 }

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_round_q8.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
+#include "backends/cuda/matmul/fp8_round.cuh"
 
 namespace kiln::cuda {
 
@@ -71,30 +72,35 @@ __device__ inline Part part_of(int64_t n, int64_t slice, bool packed) {
 }
 
 // The sum over a row's slices, in rank order, of each slice's sum of v (a block's sum: warp sums, then the
-// sum of the warps' in one warp); every thread gets it. `red` holds 32 floats, `part` 2 * kNormMaxCluster
-// (cluster: the slices' sums, by the parity of the row's turn `turn`); the block synchronises.
+// sum of the warps' in one warp); every thread gets it. kMax: the largest v instead. `red` holds 32 floats,
+// `part` 2 * kNormMaxCluster (cluster: the slices' sums, by the parity of the exchange `turn`: consecutive
+// exchanges of a block, one or two a row, take alternate halves); the block synchronises.
 //
 // In a cluster (all of whose blocks have started: cluster_started) each block writes its sum into every
 // block's `part` (st.shared::cluster), then one cluster barrier (release / acquire) makes them visible, and
 // each block adds its own copy: after the barrier no block reads another's shared memory, so none waits for
 // the others to have read before it exits. A block can be one row ahead of another (it passes the next
-// barrier only once all have arrived at it, after their reads of this row), hence the two halves of `part`.
+// barrier only once all have arrived at it, after their reads of this exchange), hence the two halves of
+// `part`.
+template <bool kMax = false>
 __device__ inline float slices_sum(float v, float* red, float* part, const Part& P, int64_t turn = 0) {
+  const auto op = [](float a, float b) { return kMax ? fmaxf(a, b) : a + b; };
+  const float none = kMax ? -INFINITY : 0.0f;
   if (P.packed) {
-    v = warp_sum(v);
+    v = kMax ? warp_max(v) : warp_sum(v);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = P.nt / 32;
     __syncthreads();  // red and part may still be read by a previous call
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = lane < warps ? red[P.rank * warps + lane] : 0.0f;
-    v = warp_sum(v);
+    v = lane < warps ? red[P.rank * warps + lane] : none;
+    v = kMax ? warp_max(v) : warp_sum(v);
     if (P.tid == 0) part[P.rank] = v;
     __syncthreads();
-    float s = 0.0f;
-    for (int64_t j = 0; j < P.n_parts; ++j) s += part[j];
+    float s = none;
+    for (int64_t j = 0; j < P.n_parts; ++j) s = op(s, part[j]);
     return s;
   }
-  v = block_sum(v, red);
+  v = kMax ? block_max(v, red) : block_sum(v, red);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
   const unsigned n = cl.num_blocks();
@@ -107,8 +113,8 @@ __device__ inline float slices_sum(float v, float* red, float* part, const Part&
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
   }
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-  float s = 0.0f;
-  for (unsigned j = 0; j < n; ++j) s += mine[j];
+  float s = none;
+  for (unsigned j = 0; j < n; ++j) s = op(s, mine[j]);
   return s;
 #else
   return v;
@@ -152,22 +158,46 @@ __device__ inline void load_norm_weight(const float* w, float w_add, const Slice
   for (int k = 0; k < kSlots; ++k) g[k] = w != nullptr && s.at(k) < s.hi ? w[s.at(k)] + w_add : 1.0f;
 }
 
+// A row's result also rounded to e4m3 for the FP8 GEMM (E4m3Out's row r): codes[i] for element i, *scale
+// the row's scale; codes null: none.
+struct E4m3Row {
+  uint8_t* codes;
+  float* scale;
+  float fixed;
+};
+// The exchange numbers of a row's turn: one a row (its sum of squares), or two with an e4m3 row rounded by
+// its largest value (the sum, then the largest value).
+__device__ inline int64_t sum_turn(const E4m3Row& e4, int64_t turn) {
+  return e4.codes != nullptr && e4.fixed <= 0.0f ? 2 * turn : turn;
+}
+// The scale of an e4m3 row from this thread's largest |v| (the row's, taken over the slices when it is not
+// static), written by the row's first thread.
+__device__ inline float e4m3_row_scale(const E4m3Row& e4, float amax, float* red, float* part, const Part& P,
+                                       int64_t turn) {
+  if (e4.fixed <= 0.0f) amax = slices_sum<true>(amax, red, part, P, 2 * turn + 1);
+  const float sc = fp8_row_scale(amax, e4.fixed);
+  if (P.rank == 0 && P.tid == 0) *e4.scale = sc;
+  return sc;
+}
+
 // dst slice = x * inv_rms * g, the row's sum of squares taken over the cluster. xq / xds (optional; n a
 // multiple of 32, st f32): the result also rounded to 8 bits per block of 32 for the integer GEMV, as
 // quantize_x_kernel (matmul/matmul.cu) rounds it: a warp holds a block's 32 values. half.row (optional): the
-// result also in 16 bits for the GEMM (store_half). sum_row (optional): x is also stored there, after the
-// sums (a cluster's barrier then waits for no global store of this thread). turn: the row's turn in the
-// block.
+// result also in 16 bits for the GEMM (store_half). e4.codes (optional; st f32): the result also rounded to
+// e4m3 as fp8_x_rows (matmul/fp8_gemm.cu) rounds it, each value computed again for its code. sum_row
+// (optional): x is also stored there, after the sums (a cluster's barrier then waits for no global store of
+// this thread). turn: the row's turn in the block.
 template <int kSlots>
 __device__ inline void rms_norm_regs(const float (&x)[kSlots], const float (&g)[kSlots], const Slice& s,
                                      char* yr, Store st, int64_t n, float eps, float* red, float* part,
-                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half, float* sum_row,
-                                     int64_t turn) {
+                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half, E4m3Row e4,
+                                     float* sum_row, int64_t turn) {
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) ss += x[k] * x[k];  // zero past the slice
-  ss = slices_sum(ss, red, part, P, turn);
+  ss = slices_sum(ss, red, part, P, sum_turn(e4, turn));
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  float amax = 0.0f;
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
     const int64_t i = s.at(k);
@@ -177,23 +207,39 @@ __device__ inline void rms_norm_regs(const float (&x)[kSlots], const float (&g)[
     store(st, yr, i, v);
     if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
     if (half.row != nullptr) store_half(half, i, v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+  if (e4.codes == nullptr) return;
+  const float sc = e4m3_row_scale(e4, amax, red, part, P, turn);
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int64_t i = s.at(k);
+    if (i >= s.hi) break;
+    e4.codes[i] = fp8_code(x[k] * inv * g[k], sc);
   }
 }
 // The same for slices longer than the registers hold: x read twice (a caller may have written it just
 // before: each thread reads only the elements it wrote).
 __device__ inline void rms_norm_loop(const float* xr, const Slice& s, char* yr, Store st, const float* w,
                                      int64_t n, float eps, float w_add, float* red, float* part,
-                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half, int64_t turn) {
+                                     const Part& P, int8_t* xq, float2* xds, HalfCopy half, E4m3Row e4,
+                                     int64_t turn) {
   float ss = 0.0f;
   for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) ss += xr[i] * xr[i];
-  ss = slices_sum(ss, red, part, P, turn);
+  ss = slices_sum(ss, red, part, P, sum_turn(e4, turn));
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  const auto value = [&](int64_t i) { return xr[i] * inv * (w != nullptr ? w[i] + w_add : 1.0f); };
+  float amax = 0.0f;
   for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) {
-    const float v = xr[i] * inv * (w != nullptr ? w[i] + w_add : 1.0f);
+    const float v = value(i);
     store(st, yr, i, v);
     if (xq != nullptr) round_q8(v, xq + i, xds + i / 32);
     if (half.row != nullptr) store_half(half, i, v);
+    amax = fmaxf(amax, fabsf(v));
   }
+  if (e4.codes == nullptr) return;
+  const float sc = e4m3_row_scale(e4, amax, red, part, P, turn);
+  for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) e4.codes[i] = fp8_code(value(i), sc);
 }
 
 // Rows r = blockIdx.x / cluster, ... (every block of a cluster walks the same rows); packed: blockIdx.x, ...
@@ -224,9 +270,9 @@ __global__ void __launch_bounds__(kMaxThreads)
       float v[kSlots];
       load_slice(xr, s, v);
       if (!kEarly) load_norm_weight(w, w_add, s, g);
-      rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, part, P, nullptr, nullptr, {}, nullptr, turn);
+      rms_norm_regs(v, g, s, dst.row(r), st, n, eps, red, part, P, nullptr, nullptr, {}, {}, nullptr, turn);
     } else {
-      rms_norm_loop(xr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, nullptr, nullptr, {}, turn);
+      rms_norm_loop(xr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, nullptr, nullptr, {}, {}, turn);
     }
   }
 }
@@ -255,14 +301,15 @@ __global__ void layer_norm_kernel(Rows x, Rows dst, const float* w, const float*
 // sum = a + b, then dst = rms_norm(sum) as rms_norm_kernel (the same slices and clusters, so the same bits).
 // kOut says what the kernel writes beside dst (a template parameter, so that each kernel holds the registers
 // of its own copy alone: at 1024 threads, 64 a thread): q8, xq / xds (see rms_norm_regs; row r's at xq + r *
-// n and xds + r * n / 32); half, xh the result in 16 bits (f16: as f16, else bf16), row r at xh + r * n.
+// n and xds + r * n / 32); half, xh the result in 16 bits (f16: as f16, else bf16), row r at xh + r * n;
+// e4m3, e4 the result rounded for the FP8 GEMM (row r's codes at e4.codes + r * n, its scale e4.scales[r]).
 // kMaxThreads: the block's bound (see norm_shape).
-enum class NormOut : uint8_t { plain, q8, half };
+enum class NormOut : uint8_t { plain, q8, half, e4m3 };
 template <NormOut kOut, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads)
     add_rms_norm_kernel(Rows a, Rows b, Rows sum, Rows dst, Store st, const float* w, int64_t n, float eps,
                         float w_add, int64_t n_rows, int64_t slice, bool packed, int8_t* xq, float2* xds,
-                        uint16_t* xh, bool f16) {
+                        uint16_t* xh, bool f16, E4m3Out e4) {
   constexpr int kSlots = norm_slots(kMaxThreads);
   __shared__ float red[32], part[2 * kNormMaxCluster];
   // Before the wait: as rms_norm_kernel's.
@@ -282,6 +329,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     int8_t* q = kOut == NormOut::q8 && xq != nullptr ? xq + r * n : nullptr;
     float2* ds = kOut == NormOut::q8 && xds != nullptr ? xds + r * (n / 32) : nullptr;
     const HalfCopy half{kOut == NormOut::half ? reinterpret_cast<char*>(xh + r * n) : nullptr, f16};
+    const E4m3Row row_e4 = kOut == NormOut::e4m3 ? E4m3Row{e4.codes + r * n, e4.scales + r, e4.fixed}
+                                                 : E4m3Row{nullptr, nullptr, 0.0f};
     if (regs) {
       float va[kSlots], vb[kSlots];
       load_slice(ar, s, va);
@@ -293,10 +342,11 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (!kEarly && s.at(k) < s.hi) sr[s.at(k)] = va[k];
       }
       // The small-block kernel stores the sum as the norm's results, after the row's sum of squares.
-      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, part, P, q, ds, half, kEarly ? sr : nullptr, turn);
+      rms_norm_regs(va, g, s, dst.row(r), st, n, eps, red, part, P, q, ds, half, row_e4,
+                    kEarly ? sr : nullptr, turn);
     } else {
       for (int64_t i = s.lo + s.tid; i < s.hi; i += s.nt) sr[i] = ar[i] + br[i];
-      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, q, ds, half, turn);
+      rms_norm_loop(sr, s, dst.row(r), st, w, n, eps, w_add, red, part, P, q, ds, half, row_e4, turn);
     }
   }
 }
@@ -353,12 +403,13 @@ cudaError_t layer_norm(const Context& ctx, const ops::LayerNorm& op) {
 
 namespace {
 using AddNormKernel = void (*)(Rows, Rows, Rows, Rows, Store, const float*, int64_t, float, float, int64_t,
-                               int64_t, bool, int8_t*, float2*, uint16_t*, bool);
+                               int64_t, bool, int8_t*, float2*, uint16_t*, bool, E4m3Out);
 template <int kMaxThreads>
 AddNormKernel add_rms_norm_for(NormOut out) {
   switch (out) {
     case NormOut::q8: return add_rms_norm_kernel<NormOut::q8, kMaxThreads>;
     case NormOut::half: return add_rms_norm_kernel<NormOut::half, kMaxThreads>;
+    case NormOut::e4m3: return add_rms_norm_kernel<NormOut::e4m3, kMaxThreads>;
     case NormOut::plain: break;
   }
   return add_rms_norm_kernel<NormOut::plain, kMaxThreads>;
@@ -369,18 +420,21 @@ AddNormKernel add_rms_norm_for(NormOut out, int threads) {
 }  // namespace
 
 cudaError_t add_rms_norm(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm, int* xq,
-                         float2* xds, uint16_t* xh, bool f16) {
+                         float2* xds, uint16_t* xh, bool f16, const E4m3Out* e4) {
   const int64_t n = add.a.ne[0], rows = add.a.n_rows();
+  if (e4 != nullptr && norm.dst.type != DType::f32) return cudaErrorInvalidValue;
   const NormShape sh = norm_shape(ctx, n, rows);
-  (void)launch_kernel_cluster(
-      ctx,
-      add_rms_norm_for(xh != nullptr   ? NormOut::half
-                       : xq != nullptr ? NormOut::q8
-                                       : NormOut::plain,
-                       sh.threads),
-      sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a), rows_of(add.b.tensor), rows_of(add.dst),
-      rows_of(norm.dst), store_of(norm.dst.type), static_cast<const float*>(norm.w.tensor.data), n, norm.eps,
-      norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed, reinterpret_cast<int8_t*>(xq), xds, xh, f16);
+  (void)launch_kernel_cluster(ctx,
+                              add_rms_norm_for(e4 != nullptr   ? NormOut::e4m3
+                                               : xh != nullptr ? NormOut::half
+                                               : xq != nullptr ? NormOut::q8
+                                                               : NormOut::plain,
+                                               sh.threads),
+                              sh.grid, sh.threads, 0, sh.cluster, rows_of(add.a), rows_of(add.b.tensor),
+                              rows_of(add.dst), rows_of(norm.dst), store_of(norm.dst.type),
+                              static_cast<const float*>(norm.w.tensor.data), n, norm.eps,
+                              norm.add_one ? 1.0f : 0.0f, rows, sh.slice, sh.packed,
+                              reinterpret_cast<int8_t*>(xq), xds, xh, f16, e4 != nullptr ? *e4 : E4m3Out{});
   return launched();
 }
 
