@@ -1,11 +1,14 @@
 // The add + RMSNorm and the gated activation that round their results to e4m3 for the FP8 GEMMs after them
 // (cuda::E4m3Out: add_norm_gemm_group, glu_gemm_group) give the GEMMs the codes and scales that the rounding
 // kernel of the ops one by one gives (fp8_x_rows): an FFN half-layer of FP8 weights in row form, at the
-// widths where the kernels take their other paths, run with fusion and without, bit for bit. Rows of 4096
-// (a norm's slices in registers: a cluster a row for 20 tokens, packed into one block a row for 200) and
-// 8192 (packed, each slice read twice: longer than the 1024-thread kernel's registers hold); activation rows
-// of 20,480 (each thread's groups past its registers read back from dst) and of 2,048; per token and with
-// static scales (the checkpoint's input_scale, saturating), the activation written apart and over its gate.
+// widths where the kernels take their other paths, run with fusion and without, bit for bit, in steps of at
+// least the device's multiprocessors in rows (fewer keep the kernels apart: cuda::produced_e4m3_x). Rows of
+// 4096 (a norm's slices in registers, packed into one block a row), 8192 (packed, each slice read twice:
+// longer than the 1024-thread kernel's registers hold) and 16384 (a cluster of blocks a row, the row's
+// largest value exchanged between them); activation rows of 20,480 (each thread's groups past its registers
+// read back from dst) and shorter; per token and with static scales (the checkpoint's input_scale,
+// saturating), the activation written apart and over its gate.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -113,8 +116,10 @@ std::vector<uint8_t> run_ffn(bool fuse, const FfnShape& s, int64_t m, const FfnH
 TEST(CudaFp8Fusion, NormAndActivationRoundXAsTheRoundingKernel) {
   // Static scales: h's values reach about 3 (some saturate at 0.005 x 448), the activation's far more.
   const Scales per_token{}, fixed{0.005f, 2.0e4f};
-  for (const FfnShape s : {FfnShape{4096, 20480}, FfnShape{8192, 2048}}) {
-    for (const int64_t m : {20, 200}) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const FfnShape s : {FfnShape{4096, 20480}, FfnShape{8192, 2048}, FfnShape{16384, 1024}}) {
+    for (const int64_t m : {int64_t{sms}, int64_t{sms} * 2 + 5}) {
       const FfnHost host = make_host(s, m);
       for (const Scales sc : {per_token, fixed}) {
         for (const bool in_place : {false, true}) {

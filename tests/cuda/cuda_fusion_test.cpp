@@ -34,9 +34,12 @@ cuda::Context fast_context() {
   ctx.fast = true;
   return ctx;
 }
-// The same with a cuBLASLt handle (a stand-in, never called), which the e4m3 GEMM of FP8 weights needs.
-cuda::Context fp8_context() {
+// The same with a cuBLASLt handle (a stand-in, never called), which the e4m3 GEMM of FP8 weights needs, on a
+// device of `sms` multiprocessors (a step of as many rows rounds x for the e4m3 GEMM in the kernel that
+// produces it).
+cuda::Context fp8_context(int sms = 16) {
   cuda::Context ctx = fast_context();
+  ctx.n_sms = sms;
   ctx.lt_fn = [](void*) -> void* {
     static int handle;
     return &handle;
@@ -407,8 +410,9 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
   fp8_in_place.act_in_place = true;
   for (const int64_t m : {1, 3, 8, 12}) expect_fused_as_alone(m, DType::f8_e4m3, true);
   expect_fused_as_alone(1, DType::f8_e4m3, true, fp8_in_place);
-  // Beyond the GEMV the add + norm and the gated activation round x to e4m3 for the GEMMs as they write it,
-  // per token or by the static scales: decode batches (kiln's e4m3 kernel on Hopper) and prefills (cuBLASLt).
+  // Beyond the GEMV, x rounded apart for the e4m3 GEMMs: decode batches (kiln's e4m3 kernel on Hopper) and
+  // a prefill, per token or by the static scales; from as many rows as the device has multiprocessors the
+  // add + norm and the gated activation round it as they write it (prefills of 160 and 200 tokens).
   LayerOptions fp8_static;
   fp8_static.input_scale = 0.004f;
   LayerOptions fp8_prefill;
@@ -420,7 +424,7 @@ TEST(CudaFusion, FusedLayerIsBitIdenticalToOpByOp) {
       expect_fused_as_alone(m, DType::f8_e4m3, true, opt);
     }
   }
-  for (const int64_t m : {40, 100}) {
+  for (const int64_t m : {40, 160, 200}) {
     for (const LayerOptions& opt : {fp8_prefill, fp8_prefill_static}) {
       expect_fused_as_alone(m, DType::f8_e4m3, true, opt);
     }
@@ -721,9 +725,11 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     std::get<ops::Matmul>(ops[15]).x = std::get<ops::GatedAct>(ops[14]).up;
     EXPECT_EQ(cuda::fused_length(fast_context(), std::span(ops).subspan(14)), 0u) << "q8_0 m " << m;
   }
-  // FP8 weights beyond the GEMV (the e4m3 GEMM): the add + norm and the activation round x to e4m3 for the
-  // GEMMs that read it, which join them, per token or by static scales, the activation written apart or over
-  // its gate; the prefill's attention writes nothing for the output projection, which rounds its own x.
+  // FP8 weights beyond the GEMV (the e4m3 GEMM), a step of at least the device's multiprocessors in rows: the
+  // add + norm and the activation round x to e4m3 for the GEMMs that read it, which join them, per token or
+  // by static scales, the activation written apart or over its gate; the prefill's attention writes nothing
+  // for the output projection, which rounds its own x. Fewer rows: the norm and the activation alone, Q/K/V
+  // and gate/up each one group on x rounded apart.
   {
     for (const float input_scale : {0.0f, 0.004f}) {
       for (const bool in_place : {false, true}) {
@@ -740,6 +746,9 @@ TEST(CudaFusion, SequencesFuseWhereTheyShould) {
     Layer P = make_layer(**b, 40, DType::f8_e4m3, 1, false, prefill);
     EXPECT_EQ(fused_lengths(P.program, fp8_context()), (std::vector<size_t>{5, 3, 0, 0, 4, 2, 0}))
         << "fp8 prefill";
+    Layer F = make_layer(**b, 20, DType::f8_e4m3, 1);
+    EXPECT_EQ(fused_lengths(F.program, fp8_context(132)), (std::vector<size_t>{2, 3, 3, 0, 0, 2, 2, 0, 0, 0}))
+        << "fp8, fewer rows than multiprocessors";
     // Without cuBLASLt the FP8 matmuls take the dequantizing GEMM: the norm and the activation write x in
     // f16.
     Layer D = make_layer(**b, 20, DType::f8_e4m3, 1);

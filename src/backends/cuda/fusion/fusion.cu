@@ -199,7 +199,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     // rounds it to for them.
     if (const size_t n = gemm_run(ctx, ops.subspan(2), group);
         n > 0 && same_view(group[0]->x, norm.dst) &&
-        (gemm_takes_half_x(ctx, *group[0]) || gemm_takes_e4m3_x(ctx, std::span(group, n)))) {
+        (gemm_takes_half_x(ctx, *group[0]) || produced_e4m3_x(ctx, std::span(group, n)))) {
       return 2 + n;
     }
     return 2;
@@ -215,7 +215,7 @@ size_t fused_length(const Context& ctx, std::span<const ops::Op> ops) {
     if (const size_t n = gemm_run(ctx, ops.subspan(1), group);
         n > 0 && same_view(group[0]->x, glu->dst) &&
         (gemm_takes_half_x(ctx, *group[0]) ||
-         (gemm_takes_e4m3_x(ctx, std::span(group, n)) && gated_act_rounds_e4m3(*glu)))) {
+         (produced_e4m3_x(ctx, std::span(group, n)) && gated_act_rounds_e4m3(*glu)))) {
       return 1 + n;
     }
   }

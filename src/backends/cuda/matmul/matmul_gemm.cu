@@ -447,6 +447,10 @@ bool gemm_takes_e4m3_x(const Context& ctx, std::span<const ops::Matmul* const> g
                                        [&](const ops::Matmul* op) { return fp8_gemm_applies(ctx, *op); });
 }
 
+bool produced_e4m3_x(const Context& ctx, std::span<const ops::Matmul* const> group) {
+  return gemm_takes_e4m3_x(ctx, group) && group[0]->x.n_rows() >= ctx.n_sms;
+}
+
 bool gemm_takes_half_x(const Context& ctx, const ops::Matmul& op) {
   // The e4m3 GEMM rounds f32 x itself (fp8_gemm.cu).
   return !takes_gemv(ctx, op) && !fp8_gemm_applies(ctx, op) && gemm_input_type(ctx, op) != DType::f32;
@@ -477,7 +481,7 @@ cudaError_t produced_gemm_group(const Context& ctx, std::span<const ops::Matmul*
   return cudaSuccess;
 }
 
-// 1-3 matmuls on one x that take the e4m3 GEMM (gemm_takes_e4m3_x), x rounded by the kernel that produces
+// 1-3 matmuls on one x that take the e4m3 GEMM (produced_e4m3_x), x rounded by the kernel that produces
 // it: produce(e4) launches that kernel, given the room fp8_round_x would round into and the group's scale.
 template <class Produce>
 cudaError_t produced_fp8_group(const Context& ctx, std::span<const ops::Matmul* const> group,
@@ -497,7 +501,7 @@ cudaError_t produced_fp8_group(const Context& ctx, std::span<const ops::Matmul* 
 
 cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, const ops::RmsNorm& norm,
                                 std::span<const ops::Matmul* const> group) {
-  if (gemm_takes_e4m3_x(ctx, group)) {
+  if (produced_e4m3_x(ctx, group)) {
     return produced_fp8_group(ctx, group, [&](const E4m3Out& e4) {
       return add_rms_norm(ctx, add, norm, nullptr, nullptr, nullptr, false, &e4);
     });
@@ -509,7 +513,7 @@ cudaError_t add_norm_gemm_group(const Context& ctx, const ops::Binary& add, cons
 
 cudaError_t glu_gemm_group(const Context& ctx, const ops::GatedAct& glu,
                            std::span<const ops::Matmul* const> group) {
-  if (gemm_takes_e4m3_x(ctx, group)) {
+  if (produced_e4m3_x(ctx, group)) {
     if (!gated_act_rounds_e4m3(glu)) return cudaErrorInvalidValue;
     return produced_fp8_group(ctx, group, [&](const E4m3Out& e4) {
       return gated_act(ctx, glu, nullptr, nullptr, nullptr, false, &e4);
