@@ -81,7 +81,8 @@ def main() -> None:
         res = subprocess.run([str(x) for x in (a.kiln, "quantize", bf16, q8, "Q8_0")], capture_output=True,
                              text=True)
         if res.returncode != 0:
-            # A BF16 folder whose tokenizer kiln writes no GGUF form of (a newer transformers' save of it):
+            # A BF16 folder whose tokenizer has no GGUF form (transformers 4.x saves SmolLM2's with byte
+            # fallback to unk for the 21 bytes its vocabulary lacks):
             # Q8_0 of the GGUF file itself (the same source weights) as the reference row.
             print(f"Q8_0 of the BF16 folder failed ({res.stderr.strip()[-200:]}); requantizing {a.model.name}",
                   file=sys.stderr)

@@ -42,11 +42,26 @@ bool in_byte_alphabet(std::string_view s) {
   return unicode::byte_level_to_bytes(s, bytes);
 }
 
+// Whether a byte-level vocabulary lacks the character of some byte: only then can byte fallback (or unk) act.
+bool byte_char_missing(const Vocab& v) {
+  return std::any_of(v.byte_char_ids.begin(), v.byte_char_ids.end(), [](int32_t id) { return id < 0; });
+}
+// The bytes whose characters a byte-level vocabulary lacks, as "0x04, 0x06, ..." (the first 8).
+std::string missing_bytes(const Vocab& v) {
+  std::string out;
+  int n = 0;
+  for (size_t b = 0; b < v.byte_char_ids.size(); ++b) {
+    if (v.byte_char_ids[b] >= 0) continue;
+    if (n < 8) out += fmt::format("{}0x{:02x}", out.empty() ? "" : ", ", b);
+    ++n;
+  }
+  if (n > 8) out += fmt::format(" and {} more", n - 8);
+  return out;
+}
+
 // True when unknown characters can reach BPE's unk token (byte fallback does not cover every byte).
 bool unk_reachable(const Vocab& v) {
-  if (v.model == TokenizerModel::byte_level_bpe) {
-    return std::any_of(v.byte_char_ids.begin(), v.byte_char_ids.end(), [](int32_t id) { return id < 0; });
-  }
+  if (v.model == TokenizerModel::byte_level_bpe) return byte_char_missing(v);
   return !v.byte_fallback ||
          std::any_of(v.byte_ids.begin(), v.byte_ids.end(), [](int32_t id) { return id < 0; });
 }
@@ -61,12 +76,17 @@ int32_t spm_reader_unk(const Vocab& v) {
 Status check_expressible(const Vocab& v) {
   constexpr std::string_view where = "write_gguf_tokenizer";
   if (v.model == TokenizerModel::byte_level_bpe) {
-    if (v.spm_escape_spaces || v.spm_prepend_segments || v.spm_split_metaspace || v.add_space_prefix ||
-        v.byte_fallback) {
+    if (v.spm_escape_spaces || v.spm_prepend_segments || v.spm_split_metaspace || v.add_space_prefix) {
+      return unimplemented("{}: a byte-level tokenizer with SentencePiece space handling has no GGUF form",
+                           where);
+    }
+    // Byte fallback never acts where every byte has its character in the vocabulary (transformers 4.x
+    // writes it so for a GGUF "gpt2" vocabulary of a Llama model): the GGUF form leaves it out.
+    if (v.byte_fallback && byte_char_missing(v)) {
       return unimplemented(
-          "{}: a byte-level tokenizer with SentencePiece space handling or byte fallback "
-          "has no GGUF form",
-          where);
+          "{}: a byte-level tokenizer with byte fallback for bytes missing from its vocabulary ({}) has no "
+          "GGUF form",
+          where, missing_bytes(v));
     }
     if (v.strip_space_prefix) {
       return unimplemented("{}: a byte-level tokenizer whose decoder strips a leading space has no GGUF form",
@@ -75,8 +95,8 @@ Status check_expressible(const Vocab& v) {
     if (v.model_unk >= 0 && unk_reachable(v)) {
       return unimplemented(
           "{}: a byte-level tokenizer that emits unk (id {}) for bytes missing from its "
-          "vocabulary has no GGUF form",
-          where, v.model_unk);
+          "vocabulary ({}) has no GGUF form",
+          where, v.model_unk, missing_bytes(v));
     }
     return Status::ok_status();
   }

@@ -247,6 +247,36 @@ TEST(GgufExport, ByteLevelJsonRoundTrip) {
   EXPECT_EQ(back.token_type(263), TokenType::user_defined);
 }
 
+// transformers 4.x saves a GGUF "gpt2" vocabulary of a Llama model (SmolLM2) with a Llama decoder chain and
+// byte_fallback on; every byte has its character in the vocabulary, so byte fallback never acts and the GGUF
+// form (which has no such flag) encodes alike. With a byte's character missing it could act: an error.
+TEST(GgufExport, ByteLevelWithByteFallbackThatNeverActs) {
+  nlohmann::json j = byte_level_json(byte_level_regex());
+  j["model"]["byte_fallback"] = true;
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}};
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders",
+                   {{{"type", "ByteFallback"}},
+                    {{"type", "Fuse"}},
+                    {{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                    {{"type", "ByteLevel"}}}}};
+  const Tokenizer tok = from_json(j);
+  const Tokenizer back = reload(export_bytes(tok, tok.n_vocab()));
+  expect_same_tokenizer(tok, back);
+  EXPECT_EQ(back.encode("hello world<|end|>[[x]]", false, true),
+            (Ids{259, 260, 'o', 'r', 'l', 'd', 262, 263}));
+
+  j["model"]["vocab"].erase("x");  // byte 0x78's character; its id named by another key
+  j["model"]["vocab"]["<x>"] = 'x';
+  const Tokenizer gap = from_json(j);
+  gguf::Writer w;
+  const Status st = write_gguf_tokenizer(gap, w, gap.n_vocab());
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::unimplemented);
+  EXPECT_NE(st.message().find("byte fallback"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("(0x78)"), std::string::npos) << st.message();
+}
+
 TEST(GgufExport, ByteLevelKeysAndMergesAsLlamaCppWritesThem) {
   const Tokenizer tok = from_json(byte_level_json(byte_level_regex()));
   const auto bytes = export_bytes(tok, tok.n_vocab());
