@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -128,11 +129,9 @@ TEST(CudaFp8Fusion, NormAndActivationRoundXAsTheRoundingKernel) {
                                      alone = run_ffn(false, s, m, host, sc, in_place);
           ASSERT_EQ(fused.size(), alone.size());
           ASSERT_FALSE(fused.empty());
-          size_t first_diff = fused.size();
-          for (size_t i = 0; i < fused.size() && first_diff == fused.size(); ++i) {
-            if (fused[i] != alone[i]) first_diff = i;
-          }
-          EXPECT_EQ(first_diff, fused.size())
+          const auto first_diff =
+              std::mismatch(fused.begin(), fused.end(), alone.begin()).first - fused.begin();
+          EXPECT_EQ(first_diff, std::ssize(fused))
               << "n " << s.n << " ff " << s.ff << " m " << m << (sc.gate_up > 0.0f ? " static" : " per token")
               << (in_place ? " in place" : "") << ": first differing byte";
         }

@@ -179,9 +179,6 @@ __global__ void __launch_bounds__(1024)
     *reinterpret_cast<float4*>(yr + e) = v;
     return v;
   };
-  const auto amax4 = [](float a, float4 v) {
-    return fmaxf(fmaxf(a, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
-  };
   float4 v[kActVec];
   float amax = 0.0f;
 #pragma unroll

@@ -38,10 +38,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kLtWorkspace = size_t{32} << 20;
 
-__device__ inline uint8_t to_e4m3(float v) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
-
 // Row j of the weight (k / 32 blocks of 36 bytes, a scale and 32 codes, at w + j * nb1: the file's form) as k
 // codes at codes + j * k, and its scale.
 __global__ void fp8_weight_rows(const uint8_t* w, int64_t nb1, int64_t k, uint8_t* codes, float* scales) {
@@ -58,7 +54,7 @@ __global__ void fp8_weight_rows(const uint8_t* w, int64_t nb1, int64_t k, uint8_
   for (int64_t e = threadIdx.x; e < k; e += blockDim.x) {
     const float d = scale_of(e / 32);
     const uint8_t q = row[(e / 32) * 36 + 4 + e % 32];
-    out[e] = d == d_max || d_max == 0.0f ? q : to_e4m3(__fdiv_rn(__fmul_rn(d, e4m3_to_f32(q)), d_max));
+    out[e] = d == d_max || d_max == 0.0f ? q : fp8_code(__fmul_rn(d, e4m3_to_f32(q)), d_max);
   }
 }
 
@@ -78,9 +74,6 @@ template <bool kVec>
 __device__ __forceinline__ float4 x_group(const float* row, int64_t e) {
   if constexpr (kVec) return __ldg(reinterpret_cast<const float4*>(row + e));
   return make_float4(row[e], row[e + 1], row[e + 2], row[e + 3]);
-}
-__device__ __forceinline__ float amax4(float a, float4 u) {
-  return fmaxf(fmaxf(a, fmaxf(fabsf(u.x), fabsf(u.y))), fmaxf(fabsf(u.z), fabsf(u.w)));
 }
 template <bool kVec>
 __global__ void __launch_bounds__(kXThreads)

@@ -19,6 +19,11 @@ __device__ __forceinline__ float fp8_row_scale(float amax, float fixed) {
   return amax > 0.0f ? __fdiv_rn(amax, kE4M3Max) : 1.0f;
 }
 
+// The largest of a and the magnitudes of u's four values (a row's largest value, four at a time).
+__device__ __forceinline__ float amax4(float a, float4 u) {
+  return fmaxf(fmaxf(a, fmaxf(fabsf(u.x), fabsf(u.y))), fmaxf(fabsf(u.z), fabsf(u.w)));
+}
+
 // v / s as an e4m3 code, saturating.
 __device__ __forceinline__ uint8_t fp8_code(float v, float s) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3));
