@@ -8,7 +8,8 @@
 // | KILN_CUDA_PDL=0    | 1       | pdl     | no programmatic dependent launch (sm_90 and newer only anyway) |
 // | KILN_CUDA_FUSE=0   | 1       | fuse    | every op its own kernel (fused sequences: run_fused)           |
 // | KILN_CUDA_MMQ=0    | 1       | mmq     | K-quant batches take the integer GEMV or cuBLAS, not mmq       |
-// | KILN_CUDA_WGMMA=0  | 1       | wgmma   | FP8 batches of 9-64 rows take cuBLASLt, not fp8_wgmma (Hopper) |
+// | KILN_CUDA_WGMMA=0  | 1       | wgmma   | no warpgroup kernels (Hopper): FP8 batches of 9-64 rows take   |
+// |                    |         |         | cuBLASLt, prefill attention mma.sync                           |
 // | KILN_CUDA_PROFILE=1| 0       | profile | each op timed alone, a table printed when the backend goes     |
 //
 // precision comes from BackendOptions, batch_invariant from the engine. The other fields have no variable:
@@ -46,10 +47,12 @@ struct CudaOptions {
   // Decode steps (few tokens a request) captured and replayed as CUDA graphs, up to this many kept at once
   // (a server's batch changes size as requests come and go; each size is a graph); 0: none.
   int graphs = 32;
-  bool pdl = true;       // programmatic dependent launches where the device has them (sm_90 and newer)
-  bool fuse = true;      // the sequences cuda::run_fused knows run as one kernel each
-  bool mmq = true;       // batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols)
-  bool wgmma = true;     // FP8 batches of 9-64 rows take the warpgroup kernel on Hopper (matmul/fp8_wgmma.cu)
+  bool pdl = true;   // programmatic dependent launches where the device has them (sm_90 and newer)
+  bool fuse = true;  // the sequences cuda::run_fused knows run as one kernel each
+  bool mmq = true;   // batches of K-quant weights take the integer tensor-core kernel (kMmqMaxCols)
+  // The warpgroup (wgmma) kernels on Hopper: FP8 batches of 9-64 rows (matmul/fp8_wgmma.cu) and prefill
+  // attention of head dims 65-128 (attention/attention.cu).
+  bool wgmma = true;
   bool profile = false;  // each op timed alone (events and a wait), summed per kind, printed to stderr
   // ---- fields only (tests, bench/matmul_bench) ----
   // The integer GEMV copies weight rows to shared memory ahead of use (cp.async) where their alignment

@@ -9,6 +9,7 @@
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/cuda_rowmath.cuh"
+#include "backends/cuda/wgmma.cuh"
 
 namespace kiln::cuda {
 
@@ -265,14 +266,24 @@ __device__ __forceinline__ int32_t chunk_slot(const int32_t* table, int32_t p, i
   return table[p / bs] * bs + p % bs;
 }
 
-// The K and V rows of a chunk (slots[j]: position j's pool slot, or -1) into shared memory as f16 (ks / vs[j
-// * ld + d], d < D); rows of slot -1 and dims past head_dim are zero (they must not be NaN: P is 0 there).
-// f16 pools are copied by cp.async (the caller commits and waits): a thread reads its rows' slots first, so
-// that their shared-memory loads overlap (a copy is ordered after every load before it), and each row's
-// offset serves its K and its V copy. f32 and 8-bit pools are loaded, converted and stored, K then V, every
-// load of a batch of rows issued before its first store (8-bit: kv_q8_half_rows, a thread's 8 values one
-// block's).
-template <int D, int W, class KV>
+// Where value d of chunk row j lies in a K or V buffer of the tensor-core kernels, in halves. Padded (kSwz
+// false): rows of ld halves. Swizzled (the warpgroup kernel's operands): 64 dims of the rows a region (rows
+// of 128 bytes, D / 64 regions one after the other), each row's 16-byte pieces in the 128-byte swizzle (piece
+// c of row j at c ^ (j % 8)).
+template <int D, bool kSwz>
+__device__ __forceinline__ int chunk_at(int j, int d, int ld) {
+  if constexpr (kSwz) return d / 64 * (kMmaChunk * 64) + j * 64 + ((d % 64 / 8) ^ (j % 8)) * 8 + d % 8;
+  return j * ld + d;
+}
+
+// The K and V rows of a chunk (slots[j]: position j's pool slot, or -1) into shared memory as f16 (ks / vs at
+// chunk_at(j, d), d < D); rows of slot -1 and dims past head_dim are zero (they must not be NaN: P is 0
+// there). f16 pools are copied by cp.async (the caller commits and waits): a thread reads its rows' slots
+// first, so that their shared-memory loads overlap (a copy is ordered after every load before it), and each
+// row's offset serves its K and its V copy. f32 and 8-bit pools are loaded, converted and stored, K then V,
+// every load of a batch of rows issued before its first store (8-bit: kv_q8_half_rows, a thread's 8 values
+// one block's).
+template <int D, int W, bool kSwz, class KV>
 __device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_pool, const KV* v_pool,
                                   const int32_t* slots, int64_t kvh, const Geometry& g) {
   constexpr int kVec = 8;  // elements a store: 16 bytes of f16
@@ -280,8 +291,12 @@ __device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_po
   constexpr int kThreads = W * 32;
   constexpr int kStep = kThreads / kVecs;  // rows a pass of the block
   constexpr int kIters = kMmaChunk / kStep;
-  // A thread takes the same 16 bytes of rows j0, j0 + kStep, ...
+  // Swizzled rows are 64 halves apart in a region, and rows kStep apart share their swizzle.
+  static_assert(!kSwz || kStep % 8 == 0);
+  if constexpr (kSwz) ld = 64;
+  // A thread takes the same 16 bytes of rows j0, j0 + kStep, ...: row j0 + i kStep at first + i kStep ld.
   const int j0 = threadIdx.x / kVecs, d = (threadIdx.x % kVecs) * kVec;
+  const int first = chunk_at<D, kSwz>(j0, d, ld);
   const bool dim_on = d < g.head_dim;
   const auto row_stride = static_cast<uint32_t>(g.n_kv * g.head_dim);
   const int64_t base = kvh * g.head_dim + d;
@@ -294,21 +309,19 @@ __device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_po
       const bool valid = slot[i] >= 0;
       // A slot is at least 0 here: one 32 x 32 -> 64-bit product.
       const int64_t off = valid ? base + int64_t{static_cast<uint32_t>(slot[i])} * int64_t{row_stride} : 0;
-      const int64_t at = (j0 + i * kStep) * ld + d;
+      const int at = first + i * kStep * ld;
       cp_async16_zfill(ks + at, k_pool + off, valid);
       cp_async16_zfill(vs + at, v_pool + off, valid);
     }
   } else if constexpr (kKvQ8<KV>) {
-    kv_q8_half_rows<kIters, kStep>(ks + j0 * ld + d, ld, k_pool, slots, j0, d, dim_on, kvh, g.n_kv,
-                                   g.head_dim);
-    kv_q8_half_rows<kIters, kStep>(vs + j0 * ld + d, ld, v_pool, slots, j0, d, dim_on, kvh, g.n_kv,
-                                   g.head_dim);
+    kv_q8_half_rows<kIters, kStep>(ks + first, ld, k_pool, slots, j0, d, dim_on, kvh, g.n_kv, g.head_dim);
+    kv_q8_half_rows<kIters, kStep>(vs + first, ld, v_pool, slots, j0, d, dim_on, kvh, g.n_kv, g.head_dim);
   } else {
     constexpr int kBatch = kIters < 4 ? kIters : 4;  // rows in flight a thread
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
       const KV* pool = kv == 0 ? k_pool : v_pool;
-      __half* out = (kv == 0 ? ks : vs) + j0 * ld + d;
+      __half* out = (kv == 0 ? ks : vs) + first;
 #pragma unroll
       for (int i0 = 0; i0 < kIters; i0 += kBatch) {
         float4 a[kBatch], b[kBatch];
@@ -335,26 +348,40 @@ __device__ inline void load_chunk(__half* ks, __half* vs, int ld, const KV* k_po
   }
 }
 
-// Shared memory of the tensor-core kernel: K and V of two chunks (the one being multiplied and the next, in
-// flight), rows padded by 16 bytes.
-template <int D>
+// Shared memory of the tensor-core kernels: K and V of two chunks (the one being multiplied and the next, in
+// flight); mma.sync's rows padded by 16 bytes, the warpgroup kernel's swizzled (chunk_at) with 1 KB to align
+// them.
+template <int D, int kWg>
 constexpr size_t mma_shared_bytes() {
-  return sizeof(__half) * 2 * 2 * kMmaChunk * (D + 8);
+  return kWg ? sizeof(__half) * 2 * 2 * kMmaChunk * D + 1024 : sizeof(__half) * 2 * 2 * kMmaChunk * (D + 8);
 }
 
 // kCap: the softcap applies (a template parameter, so that the kernel without it is that much shorter).
-template <int D, int W, class KV, bool kCap>
-__global__ void __launch_bounds__(W * 32)
+// kWg 0: mma.sync, as above. kWg 2 or 3 (D = 128, W = 4; Hopper, sm_90a): the block is one warpgroup whose
+// products are wgmma, with the registers of kWg blocks an SM: S = Q K^T as m64n64k16 and O += P V as
+// m64n128k16, Q and P from the same registers as mma.sync's A fragments, K and V from swizzled chunks
+// (chunk_at). S, P and O keep mma.sync's fragment layout, so all else is the same code.
+template <int D, int W, class KV, bool kCap, int kWg>
+__global__ void __launch_bounds__(W * 32, kWg ? kWg : 1)
     attention_mma_kernel(Rows q, const KV* k_pool, const KV* v_pool, const int32_t* positions,
                          const int32_t* seq, const int32_t* bt_indptr, const int32_t* bt_indices, Rows dst,
                          Geometry g, int64_t tile_tokens, int64_t heads_per_tile, uint16_t* xh, bool f16) {
+  static_assert(!kWg || (W == 4 && D == 128), "the warpgroup kernel: one warpgroup, head dims up to 128");
+#if !defined(KILN_WGMMA)
+  if constexpr (kWg) {
+    __trap();  // built without sm_90a: attention() never launches this
+    return;
+  }
+#endif
   pdl_begin();
-  constexpr int kLd = D + 8;  // shared row length (halves): 16 bytes of padding
-  constexpr int kBuf = kMmaChunk * kLd;
+  constexpr int kLd = kWg ? 64 : D + 8;  // shared row length (halves): 16 bytes of padding, or swizzled
+  constexpr int kBuf = kWg ? kMmaChunk * D : kMmaChunk * kLd;
   extern __shared__ __align__(16) unsigned char mma_shm[];
-  __half* ks = reinterpret_cast<__half*>(mma_shm);  // [2][kMmaChunk][kLd]
-  __half* vs = ks + 2 * kBuf;                       // [2][kMmaChunk][kLd]
-  __shared__ int32_t slots[2][kMmaChunk];           // the pool slots of the chunks in ks / vs
+  // [2][kBuf] each; the swizzled chunks 1 KB aligned.
+  __half* ks = reinterpret_cast<__half*>(
+      mma_shm + (kWg ? (1024 - static_cast<uint32_t>(__cvta_generic_to_shared(mma_shm)) % 1024) % 1024 : 0));
+  __half* vs = ks + 2 * kBuf;
+  __shared__ int32_t slots[2][kMmaChunk];  // the pool slots of the chunks in ks / vs
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gr = lane / 4, tq = lane % 4;  // the fragment row and column pair of this lane
   const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
@@ -415,7 +442,8 @@ __global__ void __launch_bounds__(W * 32)
     if (!opens_turn(seq, positions, t0, f, t1, g, lo, hi)) continue;
     const int32_t* table = bt_indices + bt_indptr[s];
     const bool mine = row_seq[0] == s || row_seq[1] == s;
-    const bool warp_in = __any_sync(0xffffffffu, mine);
+    // The warpgroup's products take all of its warps: it skips a sequence none of its rows is of.
+    const bool warp_in = kWg ? __syncthreads_or(mine) != 0 : __any_sync(0xffffffffu, mine);
     const int32_t c_first = lo / kMmaChunk * kMmaChunk;
     const int32_t n_c = (hi - c_first) / kMmaChunk + 1;
     // The chunks are a two-stage pipeline: while chunk c is multiplied, chunk c + 1's K and V are in flight
@@ -428,7 +456,7 @@ __global__ void __launch_bounds__(W * 32)
       if (n_c > 1) next_slot = chunk_slot(table, c_first + kMmaChunk + threadIdx.x, lo, hi, g);
     }
     __syncthreads();
-    load_chunk<D, W>(ks, vs, kLd, k_pool, v_pool, slots[0], kvh, g);
+    load_chunk<D, W, kWg>(ks, vs, kLd, k_pool, v_pool, slots[0], kvh, g);
     cp_async_commit();
     for (int32_t c = 0; c < n_c; ++c) {
       const int32_t c0 = c_first + c * kMmaChunk;
@@ -439,10 +467,13 @@ __global__ void __launch_bounds__(W * 32)
       }
       __syncthreads();  // slots[nb_] written; buffer nb_ (chunk c - 1) no longer read
       if (c + 1 < n_c) {
-        load_chunk<D, W>(ks + nb_ * kBuf, vs + nb_ * kBuf, kLd, k_pool, v_pool, slots[nb_], kvh, g);
+        load_chunk<D, W, kWg>(ks + nb_ * kBuf, vs + nb_ * kBuf, kLd, k_pool, v_pool, slots[nb_], kvh, g);
       }
       cp_async_commit();
       cp_async_wait<1>();  // chunk c's copies have landed
+#ifdef KILN_WGMMA
+      if constexpr (kWg) fence_proxy_async_shared();  // ... where the products read them
+#endif
       __syncthreads();
       if (!warp_in) continue;
       const __half* kc = ks + (c & 1) * kBuf;
@@ -450,8 +481,26 @@ __global__ void __launch_bounds__(W * 32)
       // S = Q K^T: sc[nb] holds positions c0 + 8nb + 2tq (+1) of rows gr (0, 1) and gr + 8 (2, 3). K's B
       // fragments by ldmatrix: matrix i holds positions 8nb .., dims 16kk + 8i .. (two kk a load).
       float sc[kMmaChunk / 8][4];
+#ifdef KILN_WGMMA
+      if constexpr (kWg) {
+        // Dims 64 r .. 64 r + 63 of the chunk's K rows are region r; a k16 step is 32 bytes of a row.
+        static_assert(kMmaChunk == 64);
+        auto& s_acc = reinterpret_cast<float(&)[kMmaChunk / 2]>(sc);
 #pragma unroll
-      for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+        for (int e = 0; e < kMmaChunk / 2; ++e) s_acc[e] = 0.0f;
+        const auto k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kc));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          wgmma_f16_m64n64k16<0>(s_acc, qa[kk],
+                                 smem_desc_sw128(k_addr + kk / 4 * (kMmaChunk * 128) + kk % 4 * 32));
+        }
+        wgmma_commit_and_wait();
+        wgmma_pin(s_acc);
+      }
+#endif
+#pragma unroll
+      for (int nb = 0; nb < kMmaChunk / 8 && !kWg; ++nb) {
         sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
         const __half* kr = kc + (8 * nb + lane % 8) * kLd + 8 * (lane / 8);
 #pragma unroll
@@ -524,10 +573,33 @@ __global__ void __launch_bounds__(W * 32)
           o[nb][2] *= scale_o[1], o[nb][3] *= scale_o[1];
         }
       }
-      // O += P V, 16 positions a step: P's A fragment from the S registers, V's B fragments by ldmatrix.trans
-      // (matrix i: positions 16kk + 8(i % 2) .., dims 16 db + 8(i / 2) ..).
+      // O += P V, 16 positions a step: P's A fragment from the S registers, V's B fragments by
+      // ldmatrix.trans (matrix i: positions 16kk + 8(i % 2) .., dims 16 db + 8(i / 2) ..); on the
+      // warpgroup, V's rows as an N-major operand (dims along the rows, 64-dim regions kMmaChunk rows
+      // apart, 16 positions a step).
+#ifdef KILN_WGMMA
+      if constexpr (kWg) {
+        uint32_t pa[kMmaChunk / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
+        for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
+          pa[kk][0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
+          pa[kk][1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
+          pa[kk][2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+          pa[kk][3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+        }
+        auto& o_acc = reinterpret_cast<float(&)[D / 2]>(o);
+        const auto v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(vc));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
+          wgmma_f16_m64n128k16<1>(o_acc, pa[kk], smem_desc_sw128(v_addr + kk * 16 * 128, kMmaChunk * 128));
+        }
+        wgmma_commit_and_wait();
+        wgmma_pin(o_acc);
+      }
+#endif
+#pragma unroll
+      for (int kk = 0; kk < kMmaChunk / 16 && !kWg; ++kk) {
         const uint32_t pa[4] = {pack_half2(sc[2 * kk][0], sc[2 * kk][1]),
                                 pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
                                 pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
@@ -569,27 +641,37 @@ __global__ void __launch_bounds__(W * 32)
   }
 }
 
-template <int D, int W, class KV>
+// The tensor-core kernels' tiles of `rows` query rows (consecutive tokens x query heads of one KV head) and
+// their blocks.
+struct MmaGrid {
+  int64_t heads_per_tile, tile_tokens, blocks;
+};
+MmaGrid mma_grid(const Geometry& g, int64_t rows) {
+  MmaGrid m{};
+  m.heads_per_tile = std::min<int64_t>(g.group, rows);
+  m.tile_tokens = std::max<int64_t>(1, rows / m.heads_per_tile);
+  const int64_t tiles = (g.n_tokens + m.tile_tokens - 1) / m.tile_tokens;
+  m.blocks = tiles * g.n_kv * ((g.group + m.heads_per_tile - 1) / m.heads_per_tile);
+  return m;
+}
+
+template <int D, int W, class KV, int kWg>
 cudaError_t launch_mma(const Context& ctx, const ops::Attention& op, const Geometry& g, uint16_t* xh,
                        bool f16) {
-  constexpr int64_t kRows = 16 * W;  // query rows a block
-  const int64_t heads_per_tile = std::min<int64_t>(g.group, kRows);
-  const int64_t tile_tokens = std::max<int64_t>(1, kRows / heads_per_tile);
-  const int64_t tiles = (g.n_tokens + tile_tokens - 1) / tile_tokens;
-  const int64_t tiles_per_kv = (g.group + heads_per_tile - 1) / heads_per_tile;
-  auto* kernel =
-      g.softcap > 0.0f ? attention_mma_kernel<D, W, KV, true> : attention_mma_kernel<D, W, KV, false>;
-  constexpr size_t shm = mma_shared_bytes<D>();
+  const MmaGrid grid = mma_grid(g, 16 * W);
+  auto* kernel = g.softcap > 0.0f ? attention_mma_kernel<D, W, KV, true, kWg>
+                                  : attention_mma_kernel<D, W, KV, false, kWg>;
+  constexpr size_t shm = mma_shared_bytes<D, kWg>();
   if (const cudaError_t e = allow_dynamic_shared(reinterpret_cast<const void*>(kernel), shm);
       e != cudaSuccess) {
     return e;
   }
   (void)launch_kernel(
-      ctx, kernel, static_cast<unsigned>(tiles * g.n_kv * tiles_per_kv), W * 32, shm, rows_of(op.q),
+      ctx, kernel, static_cast<unsigned>(grid.blocks), W * 32, shm, rows_of(op.q),
       static_cast<const KV*>(op.k_pool.data), static_cast<const KV*>(op.v_pool.data),
       static_cast<const int32_t*>(op.positions.data), static_cast<const int32_t*>(op.seq.data),
       static_cast<const int32_t*>(op.bt_indptr.data), static_cast<const int32_t*>(op.bt_indices.data),
-      rows_of(op.dst), g, tile_tokens, heads_per_tile, xh, f16);
+      rows_of(op.dst), g, grid.tile_tokens, grid.heads_per_tile, xh, f16);
   return cudaGetLastError();
 }
 
@@ -610,11 +692,32 @@ bool mma_eligible(const Context& ctx, const ops::Attention& op, const Geometry& 
          aligned(op.k_pool) && aligned(op.v_pool) && y8;
 }
 
+// Whether the warpgroup kernel runs here: on Hopper (ctx.wgmma) from a build for sm_90a, unless
+// CudaOptions::wgmma is off.
+bool wgmma_applies(const Context& ctx) {
+  if (!ctx.wgmma || !ctx.options.wgmma) return false;
+  static const bool built = [] {
+    cudaFuncAttributes attr{};
+    const bool ok =
+        cudaFuncGetAttributes(&attr, attention_mma_kernel<128, 4, __half, false, 3>) == cudaSuccess &&
+        attr.binaryVersion == 90;
+    cudaGetLastError();
+    return ok;
+  }();
+  return built;
+}
+
+// Head dims up to 64 take mma.sync's kernel of 64 dims; larger ones, on Hopper, the warpgroup kernel: with
+// the registers of 3 blocks an SM (168) where the grid is more than 2 blocks an SM, else of 2 (no spills).
+// H100, the 8B's heads (attention_bench), us: 512 tokens (256 blocks) 26.8 at 2 blocks an SM, 33.8 at 3
+// (mma.sync 32.2); 2,048 tokens 176.6 and 164.0 (mma.sync 215.6).
 template <class KV>
 cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                     uint16_t* xh, bool f16) {
-  if (g.head_dim <= 64) return launch_mma<64, kMmaWarps, KV>(ctx, op, g, xh, f16);
-  return launch_mma<128, kMmaWarps, KV>(ctx, op, g, xh, f16);
+  if (g.head_dim <= 64) return launch_mma<64, kMmaWarps, KV, 0>(ctx, op, g, xh, f16);
+  if (!wgmma_applies(ctx)) return launch_mma<128, kMmaWarps, KV, 0>(ctx, op, g, xh, f16);
+  return mma_grid(g, 64).blocks > 2 * ctx.n_sms ? launch_mma<128, 4, KV, 3>(ctx, op, g, xh, f16)
+                                                : launch_mma<128, 4, KV, 2>(ctx, op, g, xh, f16);
 }
 
 Geometry geometry_of(const ops::Attention& op) {

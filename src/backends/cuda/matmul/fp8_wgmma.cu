@@ -30,6 +30,7 @@
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/matmul/matmul.cuh"
+#include "backends/cuda/wgmma.cuh"
 
 namespace kiln::cuda {
 
@@ -49,10 +50,6 @@ constexpr int kSmem = kStages * kStageBytes + 1024;
 // pairs) land in distinct banks.
 constexpr int kPartStride = kN + 8;
 static_assert((kRows + kMaxSplit) * kPartStride * 4 <= kStages * kStageBytes);
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define KILN_WGMMA 1
-#endif
 
 #ifdef KILN_WGMMA
 // acc (64 x 128 f32, the warpgroup's fragments) += A (64 x 32 e4m3) B^T (128 x 32 e4m3), both K-major in
@@ -79,19 +76,6 @@ __device__ __forceinline__ void wgmma_64x128x32(float (&d)[64], uint64_t a, uint
         "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
         "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b));
-}
-
-// Keeps the compiler from moving the accumulators' uses across the asynchronous products' fence and wait.
-__device__ __forceinline__ void pin(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// A shared-memory matrix descriptor for a K-major tile in the 128-byte swizzle: rows of 128 bytes, 8-row
-// atoms 1 KB apart.
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | uint64_t{1} << 16 | uint64_t{1024 >> 4} << 32 |
-         uint64_t{1} << 62;
 }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
@@ -174,15 +158,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int slot = static_cast<int>(s % kStages);
     mbar_wait(bar0 + 8 * slot, static_cast<unsigned>((s / kStages) & 1));
     const uint32_t stage = base + static_cast<uint32_t>(slot) * kStageBytes;
-    pin(acc);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_pin(acc);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kStageK / 32; ++kk) {
       wgmma_64x128x32(acc, smem_desc_sw128(stage + kWBytes + 32 * kk), smem_desc_sw128(stage + 32 * kk));
     }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    pin(acc);
+    wgmma_commit_and_wait();
+    wgmma_pin(acc);
     if (const int64_t next = s + kStages; next < n_stages) {
       __syncthreads();  // the warpgroup's products on this slot are done before it is refilled
       if (leader) {
