@@ -707,10 +707,11 @@ bool wgmma_applies(const Context& ctx) {
   return built;
 }
 
-// Head dims up to 64 take mma.sync's kernel of 64 dims; larger ones, on Hopper, the warpgroup kernel: with
-// the registers of 3 blocks an SM (168) where the grid is more than 2 blocks an SM, else of 2 (no spills).
-// H100, the 8B's heads (attention_bench), us: 512 tokens (256 blocks) 26.8 at 2 blocks an SM, 33.8 at 3
-// (mma.sync 32.2); 2,048 tokens 176.6 and 164.0 (mma.sync 215.6).
+// Head dims up to 64 take mma.sync's kernel of 64 dims (a 64-dim warpgroup build missed the reference on long
+// contexts over f32 and 8-bit pools, cause not found: not built); larger ones, on Hopper, the warpgroup
+// kernel: with the registers of 3 blocks an SM (168) where the grid is more than 2 blocks an SM, else of 2
+// (no spills). H100, the 8B's heads (attention_bench), us: 512 tokens (256 blocks) 26.8 at 2 blocks an
+// SM, 33.8 at 3 (mma.sync 32.2); 2,048 tokens 176.6 and 164.0 (mma.sync 215.6).
 template <class KV>
 cudaError_t launch_mma_for_head_dim(const Context& ctx, const ops::Attention& op, const Geometry& g,
                                     uint16_t* xh, bool f16) {
