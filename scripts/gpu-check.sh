@@ -15,9 +15,10 @@
 #   mmq       the K-quant matmuls of 2 to 64 tokens (MMQ_M; the 8B's shapes) by the integer GEMV / cuBLAS
 #             (KILN_CUDA_MMQ=0), by the integer tensor-core kernel from 5 tokens (the default), and from 2
 #             (matmul_bench --mmq-min 2)
-#   attn      tests/attention_bench (the 8B shape's attention op: prefill of 512 to 4096 tokens, decode) beside
-#             PyTorch's flash and cuDNN attention on the same prefill shapes (bench/attention_peer.py), then
-#             ncu's view of the prefill kernel at 2048 tokens
+#   attn      tests/attention_bench (the 8B shape's attention op: prefill of 512 to 4096 tokens, decode), again
+#             with KILN_CUDA_WGMMA=0 (mma.sync where Hopper takes wgmma), beside PyTorch's flash and cuDNN attention
+#             on the same prefill shapes (bench/attention_peer.py), then ncu's view of the prefill kernel at 2048
+#             tokens
 #   attndecode the decode attention kernel alone (tests/attention_bench --decode DECODE_CASES, default 1x32768,
 #             1x8192,16x4096) for each KV type of KV_TYPES (default f16 q8_0 q8_64), this build's beside a packed
 #             base build's (build/cuda-dev/base/attention_bench), then ncu's view of the staged kernel at 1x32768
@@ -356,6 +357,8 @@ for step in "${steps[@]}"; do
     attn)
       {
         "$bin/tests/attention_bench" --device cuda ${ATTN_ARGS:---prefill 512,2048,4096}
+        echo "KILN_CUDA_WGMMA=0 (mma.sync in place of the warpgroup kernel on Hopper):"
+        KILN_CUDA_WGMMA=0 "$bin/tests/attention_bench" --device cuda ${ATTN_ARGS:---prefill 512,2048,4096}
         python3 bench/attention_peer.py || true
         ncu --clock-control none --kernel-name regex:attention_mma --launch-skip 1 --launch-count 1 \
           --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
