@@ -1348,7 +1348,8 @@ TEST(OpHarness, AttentionPrefill) {
 // tolerance of the exact result) and exactly: a 200-token prompt, a 130-token chunk continuing a 260-token
 // sequence, and a decode token, so that tiles of query rows span several 64-position chunks, sequences share
 // a tile, and windows start mid-chunk; f32, f16, q8_0 and q8_64 pools, GQA, MQA and plain heads, head dims
-// 64, 96, 128 and 192.
+// 64, 96, 128 and 192. 64 query heads over 32 KV heads give CUDA's tensor-core kernel 352 blocks, more than
+// two a multiprocessor of an H100 or H200 (its Hopper form then has the registers of three blocks an SM).
 TEST(OpHarness, AttentionPrefillLong) {
   Rng rng(33);
   struct Case {
@@ -1361,7 +1362,8 @@ TEST(OpHarness, AttentionPrefillLong) {
                         {DType::f16, 8, 1, 128, 8, 4.0f, 0},    {DType::f16, 6, 2, 96, 16, 0.0f, 100},
                         {DType::f32, 4, 2, 128, 32, 0.0f, 70},  {DType::q8_0, 8, 1, 128, 8, 4.0f, 0},
                         {DType::q8_0, 6, 2, 96, 16, 0.0f, 100}, {DType::q8_64, 8, 2, 128, 16, 0.0f, 0},
-                        {DType::q8_64, 6, 2, 192, 8, 4.0f, 70}};
+                        {DType::q8_64, 6, 2, 192, 8, 4.0f, 70}, {DType::f16, 64, 32, 128, 16, 0.0f, 0},
+                        {DType::f32, 64, 32, 128, 8, 4.0f, 0}};
   for (const Case& c : cases) {
     for (bool qx : {true, false}) {
       const int64_t lens[] = {200, 260, 71};
