@@ -1,6 +1,7 @@
-// Internal to the CUDA attention kernels (attention/attention.cu: the op and prefill;
-// attention/attention_decode.cu: decode): the shape of one Attention op as the kernels take it (and, by
-// attention/kv_pool.cuh, the K/V pools' elements as they read them).
+// Internal to the CUDA attention kernels (attention/attention.cu: the op and the exact prefill kernel;
+// attention/attention_prefill.cu: prefill on tensor cores; attention/attention_decode.cu: decode): the shape
+// of one Attention op as the kernels take it (and, by attention/kv_pool.cuh, the K/V pools' elements as they
+// read them).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -39,5 +40,28 @@ __host__ __device__ inline int64_t live_chunks(int64_t span, const Geometry& g) 
 // Decode-shaped batches (one or a few tokens a sequence): the split-KV kernels
 // (attention/attention_decode.cu). Chooses g.n_chunks.
 cudaError_t attention_decode(const Context& ctx, const ops::Attention& op, Geometry g);
+
+// Whether token f of the tile's tokens [t0, t1) is the first of its sequence s = seq[f] there, which opens
+// s's turn; if so, [lo, hi]: the positions any token of s in the tile sees (causal, window).
+__device__ inline bool opens_turn(const int32_t* seq, const int32_t* positions, int64_t t0, int64_t f,
+                                  int64_t t1, const Geometry& g, int32_t& lo, int32_t& hi) {
+  const int32_t s = seq[f];
+  bool first = true;
+  for (int64_t e = t0; e < f && first; ++e) first = seq[e] != s;
+  if (!first) return false;
+  lo = INT32_MAX, hi = -1;
+  for (int64_t e = f; e < t1; ++e) {
+    if (seq[e] != s) continue;
+    hi = max(hi, positions[e]);
+    lo = min(lo, g.window > 0 ? max(0, positions[e] - g.window + 1) : 0);
+  }
+  return true;
+}
+
+// Prefill-shaped batches at the fast precision (attention/attention_prefill.cu): whether the tensor-core
+// kernels take the op, and their launch.
+bool mma_eligible(const Context& ctx, const ops::Attention& op, const Geometry& g);
+cudaError_t attention_prefill_mma(const Context& ctx, const ops::Attention& op, const Geometry& g,
+                                  uint16_t* xh, bool f16);
 
 }  // namespace kiln::cuda

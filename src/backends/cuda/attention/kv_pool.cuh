@@ -1,10 +1,10 @@
-// The K/V pools as the attention kernels read them (attention/attention.cu, attention/attention_decode.cu;
-// norm_rope/rope.cu's KV write writes the 8-bit blocks as KvQ8B too): pools of f32, f16, q8_0 or q8_64,
-// [head_dim, n_kv, block_size, n_blocks], whose row (slot, KV head) is row slot * n_kv + kvh. A kernel takes
-// the pool's element type KV (float, __half, KvQ8 for q8_0 or KvQ8x64 for q8_64), finds a row with kv_row and
-// reads its values with kv_value (8-bit blocks: or kv_load_run, several at a time), so that one kernel body
-// serves them all; the prefill kernels' shared-memory chunks of 8-bit pools are kv_q8_chunk's and
-// kv_q8_half_rows'.
+// The K/V pools as the attention kernels read them (attention/attention.cu, attention_prefill.cu,
+// attention_decode.cu; norm_rope/rope.cu's KV write writes the 8-bit blocks as KvQ8B too): pools of f32, f16,
+// q8_0 or q8_64, [head_dim, n_kv, block_size, n_blocks], whose row (slot, KV head) is row slot * n_kv + kvh.
+// A kernel takes the pool's element type KV (float, __half, KvQ8 for q8_0 or KvQ8x64 for q8_64), finds a row
+// with kv_row and reads its values with kv_value (8-bit blocks: or kv_load_run, several at a time), so that
+// one kernel body serves them all; the prefill kernels' shared-memory chunks of 8-bit pools are kv_q8_chunk's
+// and kv_q8_half_rows'.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -153,7 +153,8 @@ __device__ inline void kv_q8_chunk(float* chunk, const KvQ8B<B>* pool, const int
   }
 }
 
-// The tensor-core prefill kernel's rows of an 8-bit pool (attention.cu's load_chunk): rows j0, j0 + kStep,
+// The tensor-core prefill kernel's rows of an 8-bit pool (attention_prefill.cu's load_chunk): rows j0, j0 +
+// kStep,
 // ... (kIters of them; slots[j]: row j's pool slot, or -1) of KV head kvh, values d .. d + 7 of each (a
 // block's), to f16 (to_half_sat) at out + i * kStep * ld, zeros for slot -1 and where `on` is false (dims
 // past head_dim); every load of a batch of rows before its first store.
