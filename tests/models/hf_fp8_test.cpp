@@ -122,6 +122,12 @@ struct Folder {
   }
 };
 
+// The folders fresh_dir made for the running test, removed when it ends (HfFp8::TearDown).
+std::vector<std::filesystem::path>& made_dirs() {
+  static std::vector<std::filesystem::path> dirs;
+  return dirs;
+}
+
 // A folder of its own for each test and name (tests may run in parallel processes).
 std::filesystem::path fresh_dir(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -129,8 +135,20 @@ std::filesystem::path fresh_dir(const std::string& name) {
       std::filesystem::temp_directory_path() / ("kiln_hf_fp8_" + std::string(info->test_suite_name()) + "_" +
                                                 info->name() + "_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
+  made_dirs().push_back(d);
   return d;
 }
+
+class HfFp8 : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const std::filesystem::path& d : made_dirs()) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+    made_dirs().clear();
+  }
+};
 
 // Adds the F8_E4M3 weight `name` [out, in] quantized from random values under `s`, its scale, and its values.
 void add_fp8(Folder& f, const Scheme& s, const std::string& name, int64_t out, int64_t in,
@@ -287,7 +305,7 @@ void expect_llama(const Folder& f, bool force_f32 = false) {
   EXPECT_EQ((*file)->tensors().size(), 11u);
 }
 
-TEST(HfFp8, CompressedTensorsPerChannel) {
+TEST_F(HfFp8, CompressedTensorsPerChannel) {
   Scheme s{compressed_tensors("channel")};
   s.scale_dtype = "BF16";
   s.kv_scales = true;
@@ -296,7 +314,7 @@ TEST(HfFp8, CompressedTensorsPerChannel) {
   expect_llama(f);
 }
 
-TEST(HfFp8, CompressedTensorsPerTensor) {
+TEST_F(HfFp8, CompressedTensorsPerTensor) {
   Scheme s{compressed_tensors(
       "tensor", {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false}})};
   s.scale = Scale::tensor;
@@ -307,7 +325,7 @@ TEST(HfFp8, CompressedTensorsPerTensor) {
 }
 
 // 160 x 224 weights: the last block of 128 rows and of 128 columns is partial.
-TEST(HfFp8, CompressedTensorsPerBlock) {
+TEST_F(HfFp8, CompressedTensorsPerBlock) {
   Scheme s{compressed_tensors(
       "block", {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}})};
   s.scale = Scale::block;
@@ -316,7 +334,7 @@ TEST(HfFp8, CompressedTensorsPerBlock) {
   expect_llama(f);
 }
 
-TEST(HfFp8, ModelOptimizer) {
+TEST_F(HfFp8, ModelOptimizer) {
   Scheme s{{{"quant_method", "modelopt"}, {"quant_algo", "FP8"}, {"kv_cache_quant_algo", "FP8"}}};
   s.scale = Scale::tensor;
   s.scalar_shape = true;
@@ -328,7 +346,7 @@ TEST(HfFp8, ModelOptimizer) {
 }
 
 // Older Model Optimizer folders: no quantization_config, an hf_quant_config.json beside config.json.
-TEST(HfFp8, ModelOptimizerQuantConfigFile) {
+TEST_F(HfFp8, ModelOptimizerQuantConfigFile) {
   Scheme s;
   s.scale = Scale::tensor;
   s.scalar_shape = true;
@@ -343,7 +361,7 @@ TEST(HfFp8, ModelOptimizerQuantConfigFile) {
 }
 
 // DeepSeek-V3 / Qwen3-FP8: weight_scale_inv per 128x128 block, multiplying the quants.
-TEST(HfFp8, Fp8WeightScaleInv) {
+TEST_F(HfFp8, Fp8WeightScaleInv) {
   Scheme s{{{"quant_method", "fp8"},
             {"fmt", "e4m3"},
             {"activation_scheme", "dynamic"},
@@ -356,7 +374,7 @@ TEST(HfFp8, Fp8WeightScaleInv) {
 }
 
 // What `kiln convert`'s checks import: the same values as f32.
-TEST(HfFp8, ForceF32IsTheDequantizedValues) {
+TEST_F(HfFp8, ForceF32IsTheDequantizedValues) {
   Scheme s{compressed_tensors("block")};
   s.scale = Scale::block;
   const Folder f = llama(s);
@@ -365,7 +383,7 @@ TEST(HfFp8, ForceF32IsTheDequantizedValues) {
 }
 
 // Stacked experts: each expert's rows with its own per-channel scale.
-TEST(HfFp8, ExpertsKeepTheirScales) {
+TEST_F(HfFp8, ExpertsKeepTheirScales) {
   constexpr int64_t kExperts = 3, kExpertFf = 64;
   const Scheme s{compressed_tensors("channel")};
   std::mt19937 rng(3);
@@ -452,7 +470,7 @@ std::vector<float> logits(std::shared_ptr<const gguf::File> file, ops::Precision
 // Static activation scales become "<weight>.input_scale" tensors when asked for (a model to run), which the
 // loaded model's weights carry (the projections on one x their largest); a folder whose config declares
 // dynamic activations keeps none of them, nor does an import for a writer.
-TEST(HfFp8, StaticActivationScalesReachTheWeights) {
+TEST_F(HfFp8, StaticActivationScalesReachTheWeights) {
   const std::pair<std::string, std::string> projections[] = {
       // HF module, GGUF weight
       {"self_attn.q_proj", "attn_q"},      {"self_attn.k_proj", "attn_k"}, {"self_attn.v_proj", "attn_v"},
@@ -511,7 +529,7 @@ TEST(HfFp8, StaticActivationScalesReachTheWeights) {
 }
 
 // The FP8 model runs on the CPU in both precisions, with the logits of the same weights in f32.
-TEST(HfFp8, RunsOnTheCpu) {
+TEST_F(HfFp8, RunsOnTheCpu) {
   Scheme s{compressed_tensors("channel")};
   const Folder f = llama(s);
   f.write();
@@ -546,13 +564,13 @@ void expect_error(const Folder& f, const std::vector<std::string>& needles,
 
 const Scheme kChannel{compressed_tensors("channel")};
 
-TEST(HfFp8, MissingScale) {
+TEST_F(HfFp8, MissingScale) {
   Folder f = llama(kChannel);
   f.erase("model.layers.0.self_attn.q_proj.weight_scale");
   expect_error(f, {"model.layers.0.self_attn.q_proj.weight has no scale", "q_proj.weight_scale is missing"});
 }
 
-TEST(HfFp8, ScaleNotFinitePositive) {
+TEST_F(HfFp8, ScaleNotFinitePositive) {
   for (const float bad :
        {0.0f, -0.5f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     SCOPED_TRACE(bad);
@@ -563,7 +581,7 @@ TEST(HfFp8, ScaleNotFinitePositive) {
   }
 }
 
-TEST(HfFp8, ScaleOfNoKnownShape) {
+TEST_F(HfFp8, ScaleOfNoKnownShape) {
   Folder f = llama(kChannel);
   f.find("model.layers.0.self_attn.q_proj.weight_scale")->shape = {160};  // [out] is not [out, 1]
   expect_error(f, {"model.layers.0.self_attn.q_proj.weight_scale has shape [160]", "[160, 1] per channel"});
@@ -575,7 +593,7 @@ TEST(HfFp8, ScaleOfNoKnownShape) {
   expect_error(g, {"mlp.down_proj.weight_scale has shape [1, 4]", "[2, 2] per 128x128 block"});
 }
 
-TEST(HfFp8, NanCodes) {
+TEST_F(HfFp8, NanCodes) {
   for (const uint8_t nan : {uint8_t{0x7f}, uint8_t{0xff}}) {
     Folder f = llama(kChannel, "nan");
     f.find("model.layers.0.self_attn.v_proj.weight")->bytes[2 * kEmbd + 5] = nan;
@@ -584,7 +602,7 @@ TEST(HfFp8, NanCodes) {
   }
 }
 
-TEST(HfFp8, Fp8WithoutQuantizationConfig) {
+TEST_F(HfFp8, Fp8WithoutQuantizationConfig) {
   Folder f = llama(kChannel);
   f.config.erase("quantization_config");
   expect_error(f, {"model.layers.0.self_attn.q_proj.weight is F8_E4M3", "no FP8 quantization_config"});
@@ -596,14 +614,14 @@ TEST(HfFp8, Fp8WithoutQuantizationConfig) {
   expect_error(g, {"q_proj.weight_scale is an FP8 scale", "no FP8 quantization_config"});
 }
 
-TEST(HfFp8, OneDimensionalFp8) {
+TEST_F(HfFp8, OneDimensionalFp8) {
   Folder f = llama(kChannel);
   *f.find("model.norm.weight") =
       StTensor{"model.norm.weight", "F8_E4M3", {kEmbd}, std::vector<uint8_t>(kEmbd, 0x38)};
   expect_error(f, {"FP8 weight model.norm.weight has shape [160]", "must be matrices"});
 }
 
-TEST(HfFp8, ScaleWithoutItsWeight) {
+TEST_F(HfFp8, ScaleWithoutItsWeight) {
   Folder f = llama(kChannel);
   f.tensors.push_back({"model.layers.0.mlp.extra.weight_scale", "F32", {4, 1}, f32_bytes({1, 1, 1, 1})});
   expect_error(f,
@@ -614,7 +632,7 @@ TEST(HfFp8, ScaleWithoutItsWeight) {
   expect_error(g, {"o_proj.weight_scale belongs to model.layers.0.self_attn.o_proj.weight, which is BF16"});
 }
 
-TEST(HfFp8, ColumnsNotAMultipleOf32) {
+TEST_F(HfFp8, ColumnsNotAMultipleOf32) {
   Folder f = llama(kChannel, "ff", 200);
   expect_error(f, {"model.layers.0.mlp.down_proj.weight has 200 columns", "multiple of 32"});
   Scheme s{compressed_tensors("block")};
@@ -624,7 +642,7 @@ TEST(HfFp8, ColumnsNotAMultipleOf32) {
   expect_error(llama(s, "block48"), {"has 128x48 block scales", "multiple of 32"});
 }
 
-TEST(HfFp8, BadActivationScale) {
+TEST_F(HfFp8, BadActivationScale) {
   Scheme s{compressed_tensors("tensor", {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}})};
   s.scale = Scale::tensor;
   s.input_scales = true;
@@ -634,7 +652,7 @@ TEST(HfFp8, BadActivationScale) {
   expect_error(f, {"activation scale model.layers.0.mlp.up_proj.input_scale is 0"});
 }
 
-TEST(HfFp8, ScaleOfTheOtherMethodsName) {
+TEST_F(HfFp8, ScaleOfTheOtherMethodsName) {
   Scheme s{compressed_tensors("channel")};
   s.suffix = ".weight_scale_inv";
   expect_error(llama(s),
@@ -642,7 +660,7 @@ TEST(HfFp8, ScaleOfTheOtherMethodsName) {
 }
 
 // Any quantization other than the FP8 forms: unimplemented, naming the method or field, listing what loads.
-TEST(HfFp8, OtherQuantizationsAreNamed) {
+TEST_F(HfFp8, OtherQuantizationsAreNamed) {
   json int_weights = compressed_tensors("channel");
   int_weights["config_groups"]["group_0"]["weights"]["type"] = "int";
   json four_bits = compressed_tensors("channel");
