@@ -100,7 +100,8 @@
 #             cuBLASLt's GEMM, KILN_CUDA_WGMMA=0), with each one's
 #             step profile and a 2,048-token prompt's ops timed alone (KILN_CUDA_PROFILE)
 #             (FP8_PROFILE=0: the two benches alone; FP8_BENCH=0: the folders made, nothing run; FP8_STATIC=1:
-#             a third folder with static activation scales, from kiln imatrix's ranges, benched beside them)
+#             a third folder with static activation scales, from kiln imatrix's ranges, benched beside them;
+#             FP8_KV=1: decode at 32,768 positions (--depth) of the FP8 folder with f16 and q8_64 KV, two rounds)
 #   fp8quality bench/fp8_quality.py on CUDA at the fast precision: the default model's BF16 source (dequantized
 #             from .gpu-model's parts by transformers) against FP8 with dynamic and static activations, FP8 by
 #             GPTQ, and Q8_0: mean KLD, same top, perplexity
@@ -725,6 +726,15 @@ from gpu_generate import make_folder; make_folder('llama3-8b', Path('$folder'), 
           if [ "$m" = "$fp8" ]; then
             echo "KILN_CUDA_WGMMA=0:"
             KILN_CUDA_WGMMA=0 "$k" bench -m "$m" -d cuda -p 0 -n 128 --batch 64 -r 2 2>&1 | grep -E "bs64"
+          fi
+          # The 8-bit KV cache against f16 at a long context, on the FP8 weights (FP8_KV=1).
+          if [ "$m" = "$fp8" ] && [ "${FP8_KV:-0}" = 1 ]; then
+            for rep in 1 2; do
+              for t in f16 q8_64; do
+                echo "--kv-type $t, round $rep: $("$k" bench -m "$m" -d cuda --kv-type "$t" -p 0 -n 128 --depth 32768 \
+                  -r 2 2>&1 | grep -E "^\| .*tg128" | awk -F'|' '{print $8}')"
+              done
+            done
           fi
           [ "${FP8_PROFILE:-1}" = 1 ] || continue
           # Where a step's time goes (host launch against the GPU's wait), and whether steps replay as graphs.
