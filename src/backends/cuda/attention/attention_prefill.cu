@@ -167,6 +167,166 @@ constexpr size_t mma_shared_bytes() {
   return kWg ? sizeof(__half) * 2 * 2 * kMmaChunk * D + 1024 : sizeof(__half) * 2 * 2 * kMmaChunk * (D + 8);
 }
 
+// The shared row length of a chunk buffer, in halves: rows padded by 16 bytes (mma.sync), or swizzled rows of
+// 64 halves (the warpgroup kernel, chunk_at).
+template <int D, int kWg>
+constexpr int kMmaLd = kWg ? 64 : D + 8;
+
+// S = Q K^T of one chunk: sc[nb] holds positions 8nb + 2tq (+1) of the warp's rows gr (0, 1) and gr + 8 (2,
+// 3). mma.sync: K's B fragments by ldmatrix (matrix i holds positions 8nb .., dims 16kk + 8i ..: two kk a
+// load); the warpgroup: m64n64k16 on the swizzled chunk (dims 64 r .. 64 r + 63 of the rows are region r; a
+// k16 step is 32 bytes of a row).
+template <int D, int kWg>
+__device__ __forceinline__ void chunk_scores(float (&sc)[kMmaChunk / 8][4], const uint32_t (&qa)[D / 16][4],
+                                             const __half* kc, int lane) {
+  constexpr int kLd = kMmaLd<D, kWg>;
+#ifdef KILN_WGMMA
+  if constexpr (kWg) {
+    static_assert(kMmaChunk == 64);
+    auto& s_acc = reinterpret_cast<float(&)[kMmaChunk / 2]>(sc);
+#pragma unroll
+    for (int e = 0; e < kMmaChunk / 2; ++e) s_acc[e] = 0.0f;
+    const auto k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kc));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wgmma_f16_m64n64k16<0>(s_acc, qa[kk],
+                             smem_desc_sw128(k_addr + kk / 4 * (kMmaChunk * 128) + kk % 4 * 32));
+    }
+    wgmma_commit_and_wait();
+    wgmma_pin(s_acc);
+  }
+#endif
+#pragma unroll
+  for (int nb = 0; nb < kMmaChunk / 8 && !kWg; ++nb) {
+    sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+    const __half* kr = kc + (8 * nb + lane % 8) * kLd + 8 * (lane / 8);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, kr + 16 * kk);
+      mma_f16(sc[nb], qa[kk], kb[0], kb[1]);
+      mma_f16(sc[nb], qa[kk + 1], kb[2], kb[3]);
+    }
+  }
+}
+
+// Softcap, mask, and the online softmax of each of the warp's rows (row_seq, row_pos, row_lo: its two rows'
+// sequence, position and first position seen) over chunk c0 of sequence s: sc becomes P, m and l (the rows'
+// maxima and this lane's share of their sums) move on, and O is rescaled to the new maxima. A chunk that
+// every row of the warp sees whole (most of a causal prefill's) needs no mask.
+template <int D, bool kCap>
+__device__ __forceinline__ void chunk_softmax(float (&sc)[kMmaChunk / 8][4], float (&o)[D / 8][4],
+                                              float (&m)[2], float (&l)[2], const int32_t (&row_seq)[2],
+                                              const int32_t (&row_pos)[2], const int32_t (&row_lo)[2],
+                                              int32_t s, int32_t c0, float cap2, int tq) {
+  if constexpr (kCap) {
+#pragma unroll
+    for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nb][e] = cap2 * tanhf(sc[nb][e] / cap2);
+    }
+  }
+  bool whole = true;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    whole = whole && row_seq[i] == s && c0 >= row_lo[i] && c0 + kMmaChunk - 1 <= row_pos[i];
+  }
+  if (!__all_sync(0xffffffffu, whole)) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int32_t p = c0 + 8 * nb + 2 * tq + cc;
+          const bool on = row_seq[i] == s && p >= row_lo[i] && p <= row_pos[i];
+          if (!on) sc[nb][2 * i + cc] = -INFINITY;
+        }
+      }
+    }
+  }
+  float scale_o[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < kMmaChunk / 8; ++nb) mx = fmaxf(mx, fmaxf(sc[nb][2 * i], sc[nb][2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mm = fmaxf(m[i], mx);
+    // Nothing seen yet (mm = -inf): P is 0 and the state stays as it is.
+    scale_o[i] = mm == -INFINITY ? 1.0f : exp2_ftz(m[i] - mm);
+    const float sub = mm == -INFINITY ? 0.0f : mm;  // exp2(-inf - 0) = 0
+    float sum = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const float e = exp2_ftz(sc[nb][2 * i + cc] - sub);
+        sc[nb][2 * i + cc] = e;
+        sum += e;
+      }
+    }
+    l[i] = l[i] * scale_o[i] + sum;
+    m[i] = mm;
+  }
+  // O times 1 is O: a warp none of whose rows' maxima moved (most chunks past a row's first few) skips it.
+  if (__any_sync(0xffffffffu, scale_o[0] != 1.0f || scale_o[1] != 1.0f)) {
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+      o[nb][0] *= scale_o[0], o[nb][1] *= scale_o[0];
+      o[nb][2] *= scale_o[1], o[nb][3] *= scale_o[1];
+    }
+  }
+}
+
+// O += P V over one chunk, 16 positions a step, P's A fragments from the S registers: mma.sync with V's B
+// fragments by ldmatrix.trans (matrix i: positions 16kk + 8(i % 2) .., dims 16 db + 8(i / 2) ..); the
+// warpgroup with V's rows as an N-major operand of m64n128k16 (dims along the rows, 64-dim regions kMmaChunk
+// rows apart).
+template <int D, int kWg>
+__device__ __forceinline__ void chunk_pv(float (&o)[D / 8][4], const float (&sc)[kMmaChunk / 8][4],
+                                         const __half* vc, int lane) {
+  constexpr int kLd = kMmaLd<D, kWg>;
+#ifdef KILN_WGMMA
+  if constexpr (kWg) {
+    uint32_t pa[kMmaChunk / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
+      pa[kk][0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
+      pa[kk][1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
+      pa[kk][2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      pa[kk][3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+    }
+    auto& o_acc = reinterpret_cast<float(&)[D / 2]>(o);
+    const auto v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(vc));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
+      wgmma_f16_m64n128k16<1>(o_acc, pa[kk], smem_desc_sw128(v_addr + kk * 16 * 128, kMmaChunk * 128));
+    }
+    wgmma_commit_and_wait();
+    wgmma_pin(o_acc);
+  }
+#endif
+#pragma unroll
+  for (int kk = 0; kk < kMmaChunk / 16 && !kWg; ++kk) {
+    const uint32_t pa[4] = {
+        pack_half2(sc[2 * kk][0], sc[2 * kk][1]), pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
+        pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+    const int mat = lane / 8, r8 = lane % 8;
+    const __half* vrow = vc + (16 * kk + 8 * (mat % 2) + r8) * kLd + 8 * (mat / 2);
+#pragma unroll
+    for (int db = 0; db < D / 16; ++db) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, vrow + 16 * db);
+      mma_f16(o[2 * db], pa, vb[0], vb[1]);
+      mma_f16(o[2 * db + 1], pa, vb[2], vb[3]);
+    }
+  }
+}
+
 // kCap: the softcap applies (a template parameter, so that the kernel without it is that much shorter).
 // kWg 0: mma.sync, as above. kWg 2 or 3 (D = 128, W = 4; Hopper, sm_90a): the block is one warpgroup whose
 // products are wgmma, with the registers of kWg blocks an SM: S = Q K^T as m64n64k16 and O += P V as
@@ -185,7 +345,7 @@ __global__ void __launch_bounds__(W * 32, kWg ? kWg : 1)
   }
 #endif
   pdl_begin();
-  constexpr int kLd = kWg ? 64 : D + 8;  // shared row length (halves): 16 bytes of padding, or swizzled
+  constexpr int kLd = kMmaLd<D, kWg>;
   constexpr int kBuf = kWg ? kMmaChunk * D : kMmaChunk * kLd;
   extern __shared__ __align__(16) unsigned char mma_shm[];
   // [2][kBuf] each; the swizzled chunks 1 KB aligned.
@@ -289,142 +449,10 @@ __global__ void __launch_bounds__(W * 32, kWg ? kWg : 1)
       if (!warp_in) continue;
       const __half* kc = ks + (c & 1) * kBuf;
       const __half* vc = vs + (c & 1) * kBuf;
-      // S = Q K^T: sc[nb] holds positions c0 + 8nb + 2tq (+1) of rows gr (0, 1) and gr + 8 (2, 3). K's B
-      // fragments by ldmatrix: matrix i holds positions 8nb .., dims 16kk + 8i .. (two kk a load).
       float sc[kMmaChunk / 8][4];
-#ifdef KILN_WGMMA
-      if constexpr (kWg) {
-        // Dims 64 r .. 64 r + 63 of the chunk's K rows are region r; a k16 step is 32 bytes of a row.
-        static_assert(kMmaChunk == 64);
-        auto& s_acc = reinterpret_cast<float(&)[kMmaChunk / 2]>(sc);
-#pragma unroll
-        for (int e = 0; e < kMmaChunk / 2; ++e) s_acc[e] = 0.0f;
-        const auto k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kc));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          wgmma_f16_m64n64k16<0>(s_acc, qa[kk],
-                                 smem_desc_sw128(k_addr + kk / 4 * (kMmaChunk * 128) + kk % 4 * 32));
-        }
-        wgmma_commit_and_wait();
-        wgmma_pin(s_acc);
-      }
-#endif
-#pragma unroll
-      for (int nb = 0; nb < kMmaChunk / 8 && !kWg; ++nb) {
-        sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
-        const __half* kr = kc + (8 * nb + lane % 8) * kLd + 8 * (lane / 8);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk += 2) {
-          uint32_t kb[4];
-          ldmatrix_x4(kb, kr + 16 * kk);
-          mma_f16(sc[nb], qa[kk], kb[0], kb[1]);
-          mma_f16(sc[nb], qa[kk + 1], kb[2], kb[3]);
-        }
-      }
-      // Softcap, mask, and the online softmax of each row. A chunk that every row of the warp sees whole
-      // (most of a causal prefill's) needs no mask.
-      if constexpr (kCap) {
-#pragma unroll
-        for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[nb][e] = cap2 * tanhf(sc[nb][e] / cap2);
-        }
-      }
-      bool whole = true;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        whole = whole && row_seq[i] == s && c0 >= row_lo[i] && c0 + kMmaChunk - 1 <= row_pos[i];
-      }
-      if (!__all_sync(0xffffffffu, whole)) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-#pragma unroll
-          for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-              const int32_t p = c0 + 8 * nb + 2 * tq + cc;
-              const bool on = row_seq[i] == s && p >= row_lo[i] && p <= row_pos[i];
-              if (!on) sc[nb][2 * i + cc] = -INFINITY;
-            }
-          }
-        }
-      }
-      float scale_o[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nb = 0; nb < kMmaChunk / 8; ++nb) mx = fmaxf(mx, fmaxf(sc[nb][2 * i], sc[nb][2 * i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mm = fmaxf(m[i], mx);
-        // Nothing seen yet (mm = -inf): P is 0 and the state stays as it is.
-        scale_o[i] = mm == -INFINITY ? 1.0f : exp2_ftz(m[i] - mm);
-        const float sub = mm == -INFINITY ? 0.0f : mm;  // exp2(-inf - 0) = 0
-        float sum = 0.0f;
-#pragma unroll
-        for (int nb = 0; nb < kMmaChunk / 8; ++nb) {
-#pragma unroll
-          for (int cc = 0; cc < 2; ++cc) {
-            const float e = exp2_ftz(sc[nb][2 * i + cc] - sub);
-            sc[nb][2 * i + cc] = e;
-            sum += e;
-          }
-        }
-        l[i] = l[i] * scale_o[i] + sum;
-        m[i] = mm;
-      }
-      // O times 1 is O: a warp none of whose rows' maxima moved (most chunks past a row's first few) skips
-      // it.
-      if (__any_sync(0xffffffffu, scale_o[0] != 1.0f || scale_o[1] != 1.0f)) {
-#pragma unroll
-        for (int nb = 0; nb < D / 8; ++nb) {
-          o[nb][0] *= scale_o[0], o[nb][1] *= scale_o[0];
-          o[nb][2] *= scale_o[1], o[nb][3] *= scale_o[1];
-        }
-      }
-      // O += P V, 16 positions a step: P's A fragment from the S registers, V's B fragments by
-      // ldmatrix.trans (matrix i: positions 16kk + 8(i % 2) .., dims 16 db + 8(i / 2) ..); on the
-      // warpgroup, V's rows as an N-major operand (dims along the rows, 64-dim regions kMmaChunk rows
-      // apart, 16 positions a step).
-#ifdef KILN_WGMMA
-      if constexpr (kWg) {
-        uint32_t pa[kMmaChunk / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
-          pa[kk][0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
-          pa[kk][1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
-          pa[kk][2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-          pa[kk][3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-        }
-        auto& o_acc = reinterpret_cast<float(&)[D / 2]>(o);
-        const auto v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(vc));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kMmaChunk / 16; ++kk) {
-          wgmma_f16_m64n128k16<1>(o_acc, pa[kk], smem_desc_sw128(v_addr + kk * 16 * 128, kMmaChunk * 128));
-        }
-        wgmma_commit_and_wait();
-        wgmma_pin(o_acc);
-      }
-#endif
-#pragma unroll
-      for (int kk = 0; kk < kMmaChunk / 16 && !kWg; ++kk) {
-        const uint32_t pa[4] = {pack_half2(sc[2 * kk][0], sc[2 * kk][1]),
-                                pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
-                                pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-        const int mat = lane / 8, r8 = lane % 8;
-        const __half* vrow = vc + (16 * kk + 8 * (mat % 2) + r8) * kLd + 8 * (mat / 2);
-#pragma unroll
-        for (int db = 0; db < D / 16; ++db) {
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, vrow + 16 * db);
-          mma_f16(o[2 * db], pa, vb[0], vb[1]);
-          mma_f16(o[2 * db + 1], pa, vb[2], vb[3]);
-        }
-      }
+      chunk_scores<D, kWg>(sc, qa, kc, lane);
+      chunk_softmax<D, kCap>(sc, o, m, l, row_seq, row_pos, row_lo, s, c0, cap2, tq);
+      chunk_pv<D, kWg>(o, sc, vc, lane);
     }
   }
   // Each row's sum over its four lanes, then dst = O / l; with xh, dst also in 16 bits for the GEMM after
