@@ -25,7 +25,9 @@ using safetensors::Dtype;
 constexpr std::string_view kSupported =
     "kiln loads FP8 (float8_e4m3fn) checkpoints: quant_method compressed-tensors (format float-quantized, "
     "8-bit "
-    "float weights, tensor, channel or block scales), modelopt (quant_algo FP8), fp8 (fmt e4m3)";
+    "float weights, tensor, channel or block scales), modelopt (quant_algo FP8), fp8 (fmt e4m3: tensor "
+    "scales, "
+    "or block scales with a weight_block_size)";
 
 Status not_supported(const std::string& source, std::string_view field, const std::string& value) {
   return unimplemented("{}: {} {} is not supported; {}", source, field, value, kSupported);
@@ -138,18 +140,18 @@ Result<Fp8Config> modelopt(const hf::JsonObject& q) {
   return out;
 }
 
+// "fp8": with a weight_block_size (DeepSeek-V3, Qwen3-FP8), a weight_scale_inv per block; without one
+// (AutoFP8's folders, and vLLM's reading of the same config), a weight_scale per tensor.
 Result<Fp8Config> fine_grained_fp8(const hf::JsonObject& q) {
-  Fp8Config out{Method::fp8, ".weight_scale_inv", 128, 128, q.source()};
+  const bool blocks = q.has("weight_block_size");
+  Fp8Config out{Method::fp8, blocks ? ".weight_scale_inv" : ".weight_scale", 0, 0, q.source()};
   KILN_ASSIGN_OR_RETURN(const std::string fmt, q.get_string_or("fmt", "e4m3"));
   if (fmt != "e4m3") return not_supported(q.source(), "fmt", "\"" + fmt + "\"");
   KILN_ASSIGN_OR_RETURN(const std::string scheme, q.get_string_or("activation_scheme", "dynamic"));
   if (scheme != "dynamic" && scheme != "static")
     return not_supported(q.source(), "activation_scheme", "\"" + scheme + "\"");
   out.static_activations = scheme == "static";
-  if (q.has("weight_block_size")) {
-    out.block_rows = out.block_cols = 0;
-    KILN_TRY(read_block(q.find("weight_block_size"), q.source(), "weight_block_size", out));
-  }
+  if (blocks) KILN_TRY(read_block(q.find("weight_block_size"), q.source(), "weight_block_size", out));
   return out;
 }
 
@@ -172,7 +174,10 @@ bool float_scale_type(Dtype d) {
 // The side tensors' name endings (the weight scales first: ".weight_scale" is no ending of "_inv").
 constexpr std::string_view kWeightScaleInv = ".weight_scale_inv", kWeightScale = ".weight_scale",
                            kInputScale = ".input_scale";
-constexpr std::string_view kKvScales[] = {".k_scale", ".v_scale", ".kv_scale"};
+// KV-cache scales, which kiln does not use: compressed-tensors' and Model Optimizer's names, and AutoFP8's
+// (the k and v projections' output_scale).
+constexpr std::string_view kKvScales[] = {".k_scale", ".v_scale", ".kv_scale", "k_proj.output_scale",
+                                          "v_proj.output_scale"};
 
 }  // namespace
 

@@ -373,6 +373,31 @@ TEST_F(HfFp8, Fp8WeightScaleInv) {
   expect_llama(f);
 }
 
+// AutoFP8's folders: "fp8" without a weight_block_size, a weight_scale and an input_scale per tensor, both
+// 0-d (vLLM reads the same config so); with its static KV-cache scheme, the k and v projections'
+// output_scale, which kiln leaves aside as it does other KV-cache scales.
+TEST_F(HfFp8, Fp8PerTensor) {
+  Scheme s{{{"quant_method", "fp8"},
+            {"activation_scheme", "static"},
+            {"ignored_layers", {"lm_head"}},
+            {"kv_cache_scheme", "static"}}};
+  s.scale = Scale::tensor;
+  s.scalar_shape = true;
+  s.input_scales = true;
+  Folder f = llama(s);
+  for (const char* proj : {"k_proj", "v_proj"}) {
+    f.tensors.push_back(
+        {std::string("model.layers.0.self_attn.") + proj + ".output_scale", "F32", {}, f32_bytes({0.02f})});
+  }
+  f.write();
+  expect_llama(f);
+  // activation_scheme "static": the engine's import carries each projection's input_scale.
+  auto file = import_hf_folder(f.dir.string(), false, /*activation_scales=*/true);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  EXPECT_EQ((*file)->tensors().size(), 18u);
+  EXPECT_NE((*file)->find_tensor("blk.0.attn_q.input_scale"), nullptr);
+}
+
 // What `kiln convert`'s checks import: the same values as f32.
 TEST_F(HfFp8, ForceF32IsTheDequantizedValues) {
   Scheme s{compressed_tensors("block")};
