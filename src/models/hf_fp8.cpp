@@ -140,10 +140,11 @@ Result<Fp8Config> modelopt(const hf::JsonObject& q) {
   return out;
 }
 
-// "fp8": with a weight_block_size (DeepSeek-V3, Qwen3-FP8), a weight_scale_inv per block; without one
-// (AutoFP8's folders, and vLLM's reading of the same config), a weight_scale per tensor.
+// "fp8": with a weight_block_size (DeepSeek-V3, Qwen3-FP8), a weight_scale_inv per block; without one, or
+// with null (AutoFP8's folders, and vLLM's reading of the same config), a weight_scale per tensor.
 Result<Fp8Config> fine_grained_fp8(const hf::JsonObject& q) {
-  const bool blocks = q.has("weight_block_size");
+  const json* block = q.find("weight_block_size");
+  const bool blocks = block != nullptr && !block->is_null();
   Fp8Config out{Method::fp8, blocks ? ".weight_scale_inv" : ".weight_scale", 0, 0, q.source()};
   KILN_ASSIGN_OR_RETURN(const std::string fmt, q.get_string_or("fmt", "e4m3"));
   if (fmt != "e4m3") return not_supported(q.source(), "fmt", "\"" + fmt + "\"");
@@ -151,7 +152,7 @@ Result<Fp8Config> fine_grained_fp8(const hf::JsonObject& q) {
   if (scheme != "dynamic" && scheme != "static")
     return not_supported(q.source(), "activation_scheme", "\"" + scheme + "\"");
   out.static_activations = scheme == "static";
-  if (blocks) KILN_TRY(read_block(q.find("weight_block_size"), q.source(), "weight_block_size", out));
+  if (blocks) KILN_TRY(read_block(block, q.source(), "weight_block_size", out));
   return out;
 }
 

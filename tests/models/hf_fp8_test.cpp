@@ -396,6 +396,13 @@ TEST_F(HfFp8, Fp8PerTensor) {
   ASSERT_TRUE(file.ok()) << file.status().to_string();
   EXPECT_EQ((*file)->tensors().size(), 18u);
   EXPECT_NE((*file)->find_tensor("blk.0.attn_q.input_scale"), nullptr);
+
+  // A weight_block_size of null is none.
+  Scheme n{{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", nullptr}}};
+  n.scale = Scale::tensor;
+  const Folder g = llama(n, "null_block");
+  g.write();
+  expect_llama(g);
 }
 
 // What `kiln convert`'s checks import: the same values as f32.
