@@ -8,11 +8,12 @@
 //   block ([ceil(out/bo), ceil(in/bi)], block_structure [bo, bi]);
 // - NVIDIA Model Optimizer ("quant_method": "modelopt" with "quant_algo": "FP8", or hf_quant_config.json's
 //   {"quantization": {"quant_algo": "FP8"}}): `<module>.weight_scale` per tensor;
-// - "quant_method": "fp8" (DeepSeek-V3, Qwen3-FP8): `<module>.weight_scale_inv` per block (weight_block_size,
-//   128x128 by default), which despite its name multiplies the quants.
+// - "quant_method": "fp8": with a weight_block_size (DeepSeek-V3, Qwen3-FP8), `<module>.weight_scale_inv` per
+//   block, which despite its name multiplies the quants; without one (AutoFP8), `<module>.weight_scale` per
+//   tensor.
 // Every one of these scales becomes one scale per 32 values of a row. Activation scales (`input_scale`) are
 // checked and kept by their weight (input_scales()): what a backend rounds x to e4m3 with (ops::Weight);
-// KV-cache scales (`k_scale`, `v_scale`) are dropped.
+// KV-cache scales (`k_scale`, `v_scale`, AutoFP8's k and v projections' `output_scale`) are dropped.
 #pragma once
 
 #include <cstdint>

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -182,6 +183,25 @@ def test_kiln_runs_the_folder(fp8_folder):
                "-d", "cpu")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip(), res.stderr
+
+
+def test_inspect_names_the_quantization(fp8_folder, bf16_folder):
+    """`kiln inspect` says how kiln reads the folder's quantization (method, the weight scales by grain, the
+    activations) and sums its tensors by type; a plain folder has no quantization line."""
+    scheme, folder = fp8_folder
+    n = 30 * len(PROJECTIONS)  # SmolLM2-135M's layers x projections
+    want = {"channel": f"(compressed-tensors), weight scales *.weight_scale: {n} per channel; activations rounded "
+                       "per token",
+            "tensor": f"(modelopt), weight scales *.weight_scale: {n} per tensor; activations static (input_scale)",
+            "block": f"(fp8), weight scales *.weight_scale_inv: {n} per 128x128 block; activations rounded per "
+                     "token"}[scheme]
+    res = kiln("inspect", folder)
+    assert res.returncode == 0, res.stderr
+    assert f"quantization:   FP8 e4m3 {want}" in res.stdout, res.stdout
+    assert re.search(rf"^  F8_E4M3 +{n} tensors ", res.stdout, re.M), res.stdout
+    res = kiln("inspect", bf16_folder)
+    assert res.returncode == 0, res.stderr
+    assert "quantization:" not in res.stdout and re.search(r"^  BF16 +\d+ tensors ", res.stdout, re.M), res.stdout
 
 
 def test_logits_match_the_bf16_folder(fp8_folder, base_file):

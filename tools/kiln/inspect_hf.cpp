@@ -3,11 +3,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "formats/hf_config.h"
 #include "formats/safetensors.h"
 #include "inspect_util.h"
+#include "models/hf_fp8.h"
 
 namespace kiln::cli {
 namespace {
@@ -56,6 +61,51 @@ void print_tokenizer(const hf::ModelFolder& folder) {
   }
 }
 
+// The quantization config.json (or hf_quant_config.json) declares, as kiln reads it: the FP8 form and its
+// weight scales by grain (each scale's shape), or why kiln does not load the folder.
+void print_quantization(const hf::ModelConfig& c, const std::string& dir, const safetensors::Model& weights) {
+  using Method = hf_import::Fp8Config::Method;
+  const Result<hf_import::Fp8Config> q = hf_import::read_fp8_config(c, dir);
+  if (!q.ok()) {
+    std::printf("\nquantization:   not loadable: %s\n", q.status().message().c_str());
+    return;
+  }
+  if (q->method == Method::none) return;
+  const char* method = q->method == Method::compressed_tensors ? "compressed-tensors"
+                       : q->method == Method::modelopt         ? "modelopt"
+                                                               : "fp8";
+  std::map<std::string, size_t> grains;  // "per channel" -> weights
+  for (const safetensors::Tensor* t : weights.tensors()) {
+    if (!t->name.ends_with(q->scale_suffix)) continue;
+    const std::vector<int64_t>& sh = t->shape;
+    ++grains[t->n_elements == 1             ? "per tensor"
+             : sh.size() == 2 && sh[1] == 1 ? "per channel"
+                                            : fmt::format("per {}x{} block", q->block_rows, q->block_cols)];
+  }
+  std::string scales;
+  for (const auto& [grain, n] : grains)
+    scales += fmt::format("{}{} {}", scales.empty() ? "" : ", ", n, grain);
+  std::printf("\nquantization:   FP8 e4m3 (%s), weight scales *%s: %s; activations %s\n", method,
+              q->scale_suffix.c_str(), scales.empty() ? "none" : scales.c_str(),
+              q->static_activations ? "static (input_scale)" : "rounded per token");
+}
+
+// Tensors by type: "F8_E4M3  210 tensors  100.44 MiB", most bytes first.
+void print_tensor_summary(const safetensors::Model& weights) {
+  std::map<std::string, std::pair<size_t, uint64_t>> by_type;
+  for (const safetensors::Tensor* t : weights.tensors()) {
+    auto& [count, bytes] = by_type[safetensors::dtype_name(t->dtype)];
+    ++count;
+    bytes += t->data.size();
+  }
+  std::vector<std::pair<std::string, std::pair<size_t, uint64_t>>> rows(by_type.begin(), by_type.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  for (const auto& [type, cb] : rows) {
+    std::printf("  %-7s %5zu tensors  %s\n", type.c_str(), cb.first, human_bytes(cb.second).c_str());
+  }
+}
+
 }  // namespace
 
 Status inspect_hf_dir(const std::string& dir, bool show_tensors) {
@@ -67,9 +117,12 @@ Status inspect_hf_dir(const std::string& dir, bool show_tensors) {
   std::printf("format:         Hugging Face, %zu safetensors file(s), %zu tensors, %s\n",
               weights.shards().size(), weights.n_tensors(), human_bytes(total).c_str());
   print_config(folder.config);
+  print_quantization(folder.config, dir, weights);
   print_tokenizer(folder);
-  if (show_tensors) {
-    std::printf("\ntensors (%zu, %s):\n", weights.n_tensors(), human_bytes(total).c_str());
+  std::printf("\ntensors (%zu, %s):\n", weights.n_tensors(), human_bytes(total).c_str());
+  if (!show_tensors) {
+    print_tensor_summary(weights);
+  } else {
     std::printf("  %-48s %-7s %-24s %s\n", "name", "type", "shape", "bytes");
     for (const safetensors::Tensor* t : weights.tensors()) {
       std::printf("  %-48s %-7s %-24s %s\n", t->name.c_str(), safetensors::dtype_name(t->dtype),
