@@ -11,8 +11,8 @@ Checked: `kiln run` generates from each folder; kiln on the per-channel folder i
 of it (q * scale, in f32) is: KL divergence ~1e-6, the same top token everywhere; `kiln perplexity
 --kl-divergence` of each folder against the BF16 folder over 3 chunks of 256 tokens of a license text (381 scored
 tokens): mean KL divergence and same-top fraction within the bounds in SCHEMES; `kiln inspect` names each folder's
-form; `kiln convert` refuses an FP8 folder
-without --type and writes it dequantized with one; a scale of 0 is an error naming the tensor and the element.
+form; `kiln convert` refuses an FP8 folder without --type and writes it dequantized with one; a scale of 0 is an
+error naming the tensor and the element.
 `kiln quantize FOLDER OUT FP8` writes the per-channel folder byte for byte, and with --imatrix (kiln imatrix's input
 ranges) static per-tensor activation scales; with --method gptq and an importance matrix of kiln imatrix --full (made
 from another text than the one scored) the same scales and codes chosen by GPTQ, which score a lower KLD against the
