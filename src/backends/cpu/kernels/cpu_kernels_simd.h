@@ -92,14 +92,14 @@ struct Ymm {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
   }
-  // kL e4m3fn codes, each as its value / 256: the code's bits moved into an f16's (sign to bit 15, exponent
-  // and mantissa from bit 7: f16's exponent bias is 8 more than e4m3's), exact for normal and subnormal codes
-  // alike (NaN codes are refused at load).
+  // kL e4m3fn codes, each as its value / 256: the code's bits moved into an f16's (exponent and mantissa from
+  // bit 7: f16's exponent bias is 8 more than e4m3's; sign to bit 15), exact for normal and subnormal codes
+  // alike (NaN codes are refused at load). Shifted left by 7, the sign lands on bit 14, the top bit of f16's
+  // exponent, which e4m3's never reaches; adding that bit to itself carries it to bit 15.
   static KILN_INLINE V load_e4m3_div256(const void* p) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
-                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7));
-    return _mm256_cvtph_ps(h);
+    const __m128i t =
+        _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 7);
+    return _mm256_cvtph_ps(_mm_add_epi16(t, _mm_and_si128(t, _mm_set1_epi16(0x4000))));
   }
   static KILN_INLINE V load_u8(const void* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -209,10 +209,9 @@ struct Zmm {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
   }
   static KILN_INLINE V load_e4m3_div256(const void* p) {  // as Ymm's
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
-                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7));
-    return _mm512_cvtph_ps(h);
+    const __m256i t =
+        _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7);
+    return _mm512_cvtph_ps(_mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000))));
   }
   static KILN_INLINE V load_u8(const void* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
