@@ -24,10 +24,8 @@ using safetensors::Dtype;
 
 constexpr std::string_view kSupported =
     "kiln loads FP8 (float8_e4m3fn) checkpoints: quant_method compressed-tensors (format float-quantized, "
-    "8-bit "
-    "float weights, tensor, channel or block scales), modelopt (quant_algo FP8), fp8 (fmt e4m3: tensor "
-    "scales, "
-    "or block scales with a weight_block_size)";
+    "8-bit float weights, tensor, channel or block scales), modelopt (quant_algo FP8), fp8 (fmt e4m3: "
+    "tensor scales, or block scales with a weight_block_size)";
 
 Status not_supported(const std::string& source, std::string_view field, const std::string& value) {
   return unimplemented("{}: {} {} is not supported; {}", source, field, value, kSupported);

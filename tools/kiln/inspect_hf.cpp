@@ -77,10 +77,13 @@ void print_quantization(const hf::ModelConfig& c, const std::string& dir, const 
   std::map<std::string, size_t> grains;  // "per channel" -> weights
   for (const safetensors::Tensor* t : weights.tensors()) {
     if (!t->name.ends_with(q->scale_suffix)) continue;
+    const std::string stem = t->name.substr(0, t->name.size() - q->scale_suffix.size());
+    const safetensors::Tensor* w = weights.find(stem + ".weight");
     const std::vector<int64_t>& sh = t->shape;
-    ++grains[t->n_elements == 1             ? "per tensor"
-             : sh.size() == 2 && sh[1] == 1 ? "per channel"
-                                            : fmt::format("per {}x{} block", q->block_rows, q->block_cols)];
+    const bool channel = w != nullptr && !w->shape.empty() && sh == std::vector<int64_t>{w->shape[0], 1};
+    ++grains[t->n_elements == 1 ? "per tensor"
+             : channel          ? "per channel"
+                                : fmt::format("per {}x{} block", q->block_rows, q->block_cols)];
   }
   std::string scales;
   for (const auto& [grain, n] : grains)
