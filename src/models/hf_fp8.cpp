@@ -180,6 +180,15 @@ constexpr std::string_view kKvScales[] = {".k_scale", ".v_scale", ".kv_scale", "
 
 }  // namespace
 
+ScaleGrain scale_grain(const std::vector<int64_t>& scale, int64_t out, int64_t in, const Fp8Config& cfg) {
+  const int64_t br = cfg.block_rows, bc = cfg.block_cols;
+  if (scale.empty() || scale == std::vector<int64_t>{1}) return ScaleGrain::tensor;
+  if (scale == std::vector<int64_t>{out, 1}) return ScaleGrain::channel;
+  if (br > 0 && scale == std::vector<int64_t>{(out + br - 1) / br, (in + bc - 1) / bc})
+    return ScaleGrain::block;
+  return ScaleGrain::unknown;
+}
+
 Result<Fp8Config> read_fp8_config(const hf::ModelConfig& top, const std::string& dir) {
   const json* qc = top.find("quantization_config");
   const std::string source = top.source() + " quantization_config";
@@ -298,14 +307,15 @@ Result<std::vector<float>> Fp8Weights::block_scales(const safetensors::Tensor& w
   int64_t row_div = 0, row_stride = 0, col_div = 1;
   const std::vector<int64_t>& sh = s.shape;
   const int64_t br = cfg_.block_rows, bc = cfg_.block_cols;
-  if (s.n_elements == 1 && (sh.empty() || sh == std::vector<int64_t>{1})) {
+  const ScaleGrain grain = scale_grain(sh, out, in, cfg_);
+  if (grain == ScaleGrain::tensor) {
     row_div = out;  // per tensor: one scale
     col_div = nb;
-  } else if (sh == std::vector<int64_t>{out, 1}) {
+  } else if (grain == ScaleGrain::channel) {
     row_div = 1;  // per output channel
     row_stride = 1;
     col_div = nb;
-  } else if (br > 0 && sh == std::vector<int64_t>{(out + br - 1) / br, (in + bc - 1) / bc}) {
+  } else if (grain == ScaleGrain::block) {
     if (bc % quant::kQK != 0) {
       return invalid_argument(
           "{}: FP8 weight {} has {}x{} block scales: {} columns are not a multiple of {} "

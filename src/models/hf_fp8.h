@@ -42,6 +42,11 @@ struct Fp8Config {
   bool static_activations = false;
 };
 
+// The grain of a weight scale of shape `scale` for an [out, in] weight under `cfg`: one value ([] or [1]),
+// one a row ([out, 1]), one a cfg block ([ceil(out / rows), ceil(in / cols)]), or none of these.
+enum class ScaleGrain { tensor, channel, block, unknown };
+ScaleGrain scale_grain(const std::vector<int64_t>& scale, int64_t out, int64_t in, const Fp8Config& cfg);
+
 // The FP8 form of a folder: config.json's quantization_config (`top` is the top-level config), else
 // hf_quant_config.json beside it; Method::none when neither is there. Errors: unimplemented for any other
 // quantization (awq, gptq, bitsandbytes, integer or 4-bit schemes, e5m2...), naming the method and the field,

@@ -79,11 +79,15 @@ void print_quantization(const hf::ModelConfig& c, const std::string& dir, const 
     if (!t->name.ends_with(q->scale_suffix)) continue;
     const std::string stem = t->name.substr(0, t->name.size() - q->scale_suffix.size());
     const safetensors::Tensor* w = weights.find(stem + ".weight");
-    const std::vector<int64_t>& sh = t->shape;
-    const bool channel = w != nullptr && !w->shape.empty() && sh == std::vector<int64_t>{w->shape[0], 1};
-    ++grains[t->n_elements == 1 ? "per tensor"
-             : channel          ? "per channel"
-                                : fmt::format("per {}x{} block", q->block_rows, q->block_cols)];
+    if (w == nullptr || w->shape.size() != 2) continue;  // the loader names such a scale
+    switch (hf_import::scale_grain(t->shape, w->shape[0], w->shape[1], *q)) {
+      case hf_import::ScaleGrain::tensor: ++grains["per tensor"]; break;
+      case hf_import::ScaleGrain::channel: ++grains["per channel"]; break;
+      case hf_import::ScaleGrain::block:
+        ++grains[fmt::format("per {}x{} block", q->block_rows, q->block_cols)];
+        break;
+      case hf_import::ScaleGrain::unknown: ++grains["of another shape"]; break;
+    }
   }
   std::string scales;
   for (const auto& [grain, n] : grains)
