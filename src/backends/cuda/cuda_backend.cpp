@@ -633,8 +633,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendOpti
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaOptions& options) {
   if (options.gemv_rows != 0 && options.gemv_rows != 1 && options.gemv_rows != 2 && options.gemv_rows != 4 &&
-      options.gemv_rows != 8) {
-    return invalid_argument("cuda: gemv_rows is {}; 0 (by shape), 1, 2, 4 or 8", options.gemv_rows);
+      options.gemv_rows != 8 && options.gemv_rows != 16) {
+    return invalid_argument("cuda: gemv_rows is {}; 0 (by shape), 1, 2, 4, 8 or 16", options.gemv_rows);
   }
   if (options.mmq_min_cols < 2 || options.mmq_min_cols > kMmqMaxCols) {
     return invalid_argument("cuda: mmq_min_cols is {}; 2 to {}", options.mmq_min_cols, kMmqMaxCols);

@@ -59,7 +59,10 @@ struct CudaOptions {
   // allows (K-quant rows, rows in grouped form); false: it loads them directly.
   bool staged_gemv = true;
   int staged_gemv_grid = 0;  // > 0: at most this many blocks a staged GEMV launch; else the device's fill
-  int gemv_rows = 0;         // 1, 2, 4 or 8: the rows a block of one-column GEMVs; 0: by shape
+  // 1, 2, 4 or 8: the rows a block of one-column GEMVs (FP8 rows on the CUDA cores); 16: FP8 rows on the
+  // tensor cores where they can, for any tokens (others by shape); 0: by shape (FP8 rows of 5 to 8 tokens on
+  // the tensor cores where they can)
+  int gemv_rows = 0;
   int mmq_min_cols = kMmqMinCols;  // the fewest x rows that take mmq (2 .. kMmqMaxCols)
   // Matmul weights of the legacy block types and of Q6_K held in grouped form (cuda_kernels.h: WeightLayout);
   // false: in the file's.

@@ -272,9 +272,17 @@ inline __device__ __noinline__ void gemv_q8_count(const float* src, void* dst, u
 // Ends with `red` written and read: a later call must follow a __syncthreads(). kPair (pair.on): the block's
 // rows are kRows / 2 rows of `part` (the gate) from row0 and the same rows of `up`, and each of the first
 // kRows / 2 x kCols threads stores a gate value, its up value and their activation. kRope (GemvRope; kRows
-// even, row0 a multiple of kRows): warp 0's lanes sum the values, the lanes of a pair's two rows swap their
-// sums, and each stores its element of the rotated pair (q, k) or its value (v), and k's and v's also to the
-// float pools, or, to 8-bit pools, the warp whose stores complete a head row quantizes it (gemv_q8_head).
+// even, row0 a multiple of kRows): a thread a value (warp 0's lanes up to 32 values) sums it, the threads of
+// a pair's two rows swap their sums, and each stores its element of the rotated pair (q, k) or its value (v),
+// and k's and v's also to the float pools, or, to 8-bit pools, the warp whose stores complete a head row
+// quantizes it (gemv_q8_head). gemv_store sums each warp's values into `red`, then gemv_store_sums (which a
+// kernel whose warps wrote `red` themselves, the FP8 tensor-core GEMV, calls alone) does the rest.
+template <int kRows, int kCols, bool kPair = false, int kRope = kNoRope>
+__device__ __forceinline__ void gemv_store_sums(float (&red)[kGemvThreads / 32][kRows][kCols],
+                                                const GemvPart& part, DType dst_type, int64_t row0,
+                                                int64_t q0, int cols, const GemvPair& pair,
+                                                const GemvPart& up, const GemvRope& rope = {},
+                                                const RopeArg<kRope>& freqs = {}, const RopeAt& rope_at = {});
 template <int kRows, int kCols, bool kPair = false, int kRope = kNoRope>
 __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
                                            float (&red)[kGemvThreads / 32][kRows][kCols],
@@ -292,6 +300,19 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
   int at = 0;  // the value this lane holds in v[0] at the end
   butterfly<0>(v, lane, at);
   if (lane % (32 / kValues) == 0) red[warp][at / kCols][at % kCols] = v[0];
+  gemv_store_sums<kRows, kCols, kPair, kRope>(red, part, dst_type, row0, q0, cols, pair, up, rope, freqs,
+                                              rope_at);
+}
+
+template <int kRows, int kCols, bool kPair, int kRope>
+__device__ __forceinline__ void gemv_store_sums(float (&red)[kGemvThreads / 32][kRows][kCols],
+                                                const GemvPart& part, DType dst_type, int64_t row0,
+                                                int64_t q0, int cols, const GemvPair& pair,
+                                                const GemvPart& up, const GemvRope& rope,
+                                                const RopeArg<kRope>& freqs, const RopeAt& rope_at) {
+  constexpr int kValues = kRows * kCols;
+  static_assert(kValues <= kGemvThreads, "at most a thread a value");
+  const int lane = threadIdx.x % 32;
   __syncthreads();
   if constexpr (kPair) {
     constexpr int kHalf = kRows / 2;
@@ -310,13 +331,15 @@ __device__ __forceinline__ void gemv_store(float (&acc)[kRows][kCols],
   }
   if constexpr (kRope != kNoRope) {
     static_assert(kRows % 2 == 0, "whole pairs of rows");
-    if (warp != 0) return;
-    const int r = (lane / kCols) % kRows, c = lane % kCols;
+    // Value v = threadIdx.x, in the warps that hold one (warp 0 alone up to 32 values); row r ^ 1's value
+    // is v ^ kCols, in the same warp.
+    if (threadIdx.x >= (kValues + 31) / 32 * 32) return;
+    const int v = static_cast<int>(threadIdx.x), r = (v / kCols) % kRows, c = v % kCols;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < kGemvThreads / 32; ++i) s += red[i][r][c];
     const float other = __shfl_xor_sync(0xffffffffu, s, kCols);  // row r ^ 1's
-    const bool on = lane < kValues && c < cols && row0 + r < part.n;
+    const bool on = v < kValues && c < cols && row0 + r < part.n;
     const int64_t i = row0 + r, q = q0 + c;
     float y = s;
     if (on && rope_at.part < 2) {

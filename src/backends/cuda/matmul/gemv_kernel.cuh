@@ -16,6 +16,7 @@
 #include "backends/cuda/matmul/dequant.cuh"
 #include "backends/cuda/matmul/dot_q8.cuh"
 #include "backends/cuda/matmul/gemv.cuh"
+#include "backends/cuda/mma.cuh"
 
 namespace kiln::cuda {
 
@@ -118,6 +119,97 @@ __device__ __forceinline__ void gemv_q8_partial(const uint8_t* const (&rows)[kRo
   }
 }
 
+// ---- FP8 rows on the tensor cores: 1 to 8 columns, 16 rows a block (fp8_mma_gemv) ----
+
+// Whether a GEMV launch of T weights with kRows rows a block and kCols columns takes fp8_mma_sums: FP8 in
+// row form, 16 rows, one column or up to 8 (B's columns).
+template <DType T, int A, int kCols, int kRows>
+inline constexpr bool kFp8Mma = T == DType::f8_e4m3 && (A & kGrouped) != 0 && kRows == 16 &&
+                                (kCols == 1 || kCols == 8);
+inline constexpr int kFp8MmaChunk = 64;  // bytes of k a warp's step takes from each of its 16 rows
+inline constexpr int kFp8MmaUnroll = 4;  // steps a warp keeps in flight
+// The fewest tokens that take it. Measured on an H100 (matmul_bench --types f8_e4m3, us, CUDA cores against
+// tensor cores; the 8B's weights, k x rows): one token 43.9 / 57.7 on 4096 x 28672 and 23.5 / 48.4 on
+// 14336 x 4096 (the CUDA-core GEMV streams at 99% and 93% of the copy bandwidth there); 4 tokens 96.4 / 60.8
+// and 53.7 / 57.5; 8 tokens 140.6 / 69.9 and 83.6 / 63.2, 23.4 / 17.6 on 4096 x 4096, 33.6 / 21.3 on
+// 4096 x 6144. The CUDA cores' FMAs grow with the tokens, the tensor cores' cost barely does.
+inline constexpr int kFp8MmaMinCols = 5;
+inline constexpr float kFp8MmaXScale = 1.0f / 16.0f;  // x's factor before f16 (see fp8_mma_sums)
+
+// Two e4m3 codes (the low 16 bits of `pair`) as an f16 pair, exactly (f16 holds every e4m3 value).
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFF), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
+}
+
+// A block's 16 FP8 rows in row form (codes at ra / rb: row g and row g + 8 of lane l, g = l / 4) times `cols`
+// f32 columns (1 to 8; lane l's, x_g, at xg), on m16n8k16 products: the A operand the rows' codes converted
+// to f16 pairs (the card's e4m3x2 conversion, one instruction for two weights), the B operand x in f16,
+// column c token c (columns past `cols` zero), so that 8 tokens cost what one does, where the CUDA-core
+// GEMV's FMAs grow with the tokens (kFp8MmaMinCols). A warp's step is 64 bytes of k: lane (g, t) reads the
+// 16 bytes at 16t of rows g and g + 8, and its four products take them word by word, word q's bytes 0-1 as
+// A's columns 2t, 2t + 1 and bytes 2-3 as 2t + 8, 2t + 9 (any order of k serves, x read in the same order). x
+// is scaled by 2^-4 before its rounding to f16 (and the sums back), so that values up to 2^20 stay finite
+// (f16 alone ends at 65504); below 2^-10 its f16 is subnormal, off by at most 2^-21 (absolute), against the
+// 2^-4 relative steps of the weights. The warps take the steps in turn (warp w: w, w + 4, ...); each warp's
+// sums, times the rows' scales, go to red[warp] (the C fragment: rows g and g + 8, columns 2t and 2t + 1;
+// with one column the lanes of t = 0 alone). A token's sums do not depend on the other columns. The fast
+// precision only: x's rounding to f16 is an approximation the exact GEMV does not make.
+template <int kRows, int kCols>
+__device__ __forceinline__ void fp8_mma_sums(const uint8_t* ra, const uint8_t* rb, const float* xg, int cols,
+                                             int64_t k, float (&red)[kGemvThreads / 32][kRows][kCols]) {
+  static_assert(kRows == 16 && (kCols == 1 || kCols == 8), "an m16n8 product's rows and columns");
+  constexpr int kWarps = kGemvThreads / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const bool has_x = g < cols;  // B's column g
+  const int64_t steps = k / kFp8MmaChunk;
+  float c[4] = {};
+  for (int64_t s0 = warp; s0 < steps; s0 += kWarps * kFp8MmaUnroll) {
+    uint4 wa[kFp8MmaUnroll], wb[kFp8MmaUnroll];
+#pragma unroll
+    for (int u = 0; u < kFp8MmaUnroll; ++u) {
+      const int64_t at = (s0 + int64_t{u} * kWarps) * kFp8MmaChunk + 16 * t;
+      if (s0 + u * kWarps < steps) {
+        wa[u] = ld_u128<16>(ra + at);
+        wb[u] = ld_u128<16>(rb + at);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kFp8MmaUnroll; ++u) {
+      const int64_t at = (s0 + int64_t{u} * kWarps) * kFp8MmaChunk + 16 * t;
+      if (s0 + u * kWarps >= steps) break;
+      float4 xv[4] = {};
+      if (has_x) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xv[q] = __ldg(reinterpret_cast<const float4*>(xg + at) + q);
+      }
+      const uint32_t a[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, b[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t frag[4] = {e4m3x2_to_half2(a[q]), e4m3x2_to_half2(b[q]), e4m3x2_to_half2(a[q] >> 16),
+                                  e4m3x2_to_half2(b[q] >> 16)};
+        mma_f16(c, frag, pack_half2(xv[q].x * kFp8MmaXScale, xv[q].y * kFp8MmaXScale),
+                pack_half2(xv[q].z * kFp8MmaXScale, xv[q].w * kFp8MmaXScale));
+      }
+    }
+  }
+  // The rows' scales: 4 bytes before the codes (dequant.cuh's row form).
+  const float da = __uint_as_float(ld_u32<4>(ra - 4)), db = __uint_as_float(ld_u32<4>(rb - 4));
+  if constexpr (kCols == 1) {
+    if (t == 0) {
+      red[warp][g][0] = c[0] * (1.0f / kFp8MmaXScale) * da;
+      red[warp][g + 8][0] = c[2] * (1.0f / kFp8MmaXScale) * db;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      red[warp][g][2 * t + i] = c[i] * (1.0f / kFp8MmaXScale) * da;
+      red[warp][g + 8][2 * t + i] = c[2 + i] * (1.0f / kFp8MmaXScale) * db;
+    }
+  }
+}
+
 // Block: kRows consecutive weight rows, its kGemvThreads threads splitting k (split-k inside the block: many
 // small blocks fill the device evenly, with no tail of a last partial wave); the threads' sums meet through
 // warp shuffles and shared memory, in a fixed order. Grid: (row blocks x col_split, column groups /
@@ -196,6 +288,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<
         x[c] = {a.xq + i * (a.k / 4), a.xds + i * (a.k / 32)};
       }
       gemv_q8_partial<T, A, kCols, kRows, kUnroll>(rows, x, cols, a, acc);
+    } else if constexpr (kFp8Mma<T, A, kCols, kRows>) {
+      bool real = false;
+      const int g = static_cast<int>(threadIdx.x % 32) / 4;
+      const auto* xg = reinterpret_cast<const float*>(a.x.row(divmod(q0 + min(g, cols - 1), a.x_div).q));
+      fp8_mma_sums<kRows, kCols>(row_of(g, real) + expert + 16, row_of(g + 8, real) + expert + 16, xg, cols,
+                                 a.k, red);
     } else {
       const float* x[kCols];
 #pragma unroll
@@ -207,8 +305,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, RopeArg<
     if constexpr (!kQ8) {
       if (ahead) prefetch_ahead(a.ahead, blockIdx.x, gridDim.x), ahead = false;
     }
-    gemv_store<kRows, kCols, kPair, kRope>(acc, red, part, a.dst_type, row0, q0, cols, a.pair, a.more[0],
-                                           a.rope, freqs, rope_at);
+    if constexpr (kFp8Mma<T, A, kCols, kRows>) {
+      gemv_store_sums<kRows, kCols, kPair, kRope>(red, part, a.dst_type, row0, q0, cols, a.pair, a.more[0],
+                                                  a.rope, freqs, rope_at);
+    } else {
+      gemv_store<kRows, kCols, kPair, kRope>(acc, red, part, a.dst_type, row0, q0, cols, a.pair, a.more[0],
+                                             a.rope, freqs, rope_at);
+    }
     rope_at.ready = false;  // made for the first column group only
     __syncthreads();        // red is reused by the next column group
   }
@@ -248,8 +351,10 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
         return;
       }
     }
-    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, false, true>, pair_grid,
-                        kGemvThreads, 0, a, NoRope{});
+    if constexpr (kRows != 16) {
+      (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, false, true>,
+                          pair_grid, kGemvThreads, 0, a, NoRope{});
+    }
     return;
   }
   if constexpr (kQ8 && kStagedType<T>) {
@@ -279,26 +384,38 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
       return;
     }
   }
-  if (access == Access::natural) {
-    if constexpr (kMayRope && !kQ8) {
-      if (a.rope.on && a.rope.q8_block != 0) {
-        (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, kRopeQ8>,
-                            grid, kGemvThreads, 0, a, *rope);
-        return;
+  if constexpr (kRows != 16) {  // FP8 rows on the tensor cores: row form alone (fp8_mma_gemv)
+    if (access == Access::natural) {
+      if constexpr (kMayRope && !kQ8) {
+        if (a.rope.on && a.rope.q8_block != 0) {
+          (void)launch_kernel(ctx,
+                              gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, kRopeQ8>,
+                              grid, kGemvThreads, 0, a, *rope);
+          return;
+        }
+        if (a.rope.on) {
+          (void)launch_kernel(ctx,
+                              gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, kRopeFloat>,
+                              grid, kGemvThreads, 0, a, *rope);
+          return;
+        }
       }
-      if (a.rope.on) {
-        (void)launch_kernel(ctx,
-                            gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8, false, kRopeFloat>,
-                            grid, kGemvThreads, 0, a, *rope);
-        return;
-      }
+      (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8>, grid,
+                          kGemvThreads, 0, a, NoRope{});
+    } else {
+      (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll, kQ8>, grid,
+                          kGemvThreads, 0, a, NoRope{});
     }
-    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kAlign, kCols, kRows, kUnroll, kQ8>, grid, kGemvThreads,
-                        0, a, NoRope{});
-  } else {
-    (void)launch_kernel(ctx, gemv_kernel<T, Quant<T>::kSafeAlign, kCols, kRows, kUnroll, kQ8>, grid,
-                        kGemvThreads, 0, a, NoRope{});
   }
+}
+
+// Whether a GEMV of FP8 rows takes the tensor cores (fp8_mma_sums): the fast precision (x rounded to f16),
+// not batch-invariant (which keeps one kernel for every m, the exact GEMV), rows in row form, 1 to 8 columns
+// in one group, no expert ids, k a multiple of kFp8MmaChunk and x 16-byte aligned, on sm_90 and newer, where
+// it is measured (the e4m3 conversion is in hardware from sm_89, which keeps the CUDA-core GEMV).
+inline bool fp8_mma_gemv(const Context& ctx, const GemvArgs& a, Access access) {
+  return ctx.fast && !ctx.options.batch_invariant && ctx.clusters && access == Access::grouped &&
+         a.n_groups == 1 && !a.use_ids && a.k % kFp8MmaChunk == 0 && a.x_vec;
 }
 
 // Rows a block: more rows make fewer, larger blocks, and each x value loaded from L1 serves them all (x is
@@ -307,9 +424,16 @@ void launch_gemv_shape(const Context& ctx, GemvArgs a, Access access, const Rope
 // four or eight columns.
 template <DType T, bool kQ8, bool kPair>
 void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, const RopeFreqs* rope) {
+  const int forced = ctx.options.gemv_rows;  // tests and tuning (bench/matmul_bench --gemv-rows)
+  // FP8 rows on the tensor cores from kFp8MmaMinCols tokens, or for any under gemv_rows 16 (tests).
+  if constexpr (T == DType::f8_e4m3 && !kQ8) {
+    if ((forced == 16 || (forced == 0 && a.m >= kFp8MmaMinCols)) && fp8_mma_gemv(ctx, a, access)) {
+      if (a.m > 1) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 16, 1, kPair>(ctx, a, access, rope);
+      return launch_gemv_shape<T, kQ8, 1, 16, 1, kPair>(ctx, a, access, rope);
+    }
+  }
   if (a.m > 4) return launch_gemv_shape<T, kQ8, kGemvMaxCols, 4, 1, kPair>(ctx, a, access, rope);
   if (a.m > 1) return launch_gemv_shape<T, kQ8, 4, 4, 1, kPair>(ctx, a, access, rope);
-  const int forced = ctx.options.gemv_rows;  // tests and tuning (bench/matmul_bench --gemv-rows)
   // Measured on an H100 (scripts/gpu-check.sh tune): eight rows from 4096 up (84% of the copy bandwidth on
   // the 8B's gate/up/down in bf16, 67% on 4096 x 4096); two on the short k/v projections (1024 rows), where
   // eight leave too few blocks. On the exact path, rows of at most kShortK elements (a small model's: 576 and
@@ -321,7 +445,7 @@ void launch_gemv_rows(const Context& ctx, const GemvArgs& a, Access access, cons
   int64_t n = a.n;  // all the rows of the launch
   for (int i = 1; i < a.n_parts; ++i) n += a.more[i - 1].n;
   const bool short_rows = !kQ8 && a.k <= kShortK;
-  const int rows = forced != 0 ? forced : n >= 4096 || short_rows ? 8 : n >= 1024 ? 2 : 1;
+  const int rows = forced != 0 && forced != 16 ? forced : n >= 4096 || short_rows ? 8 : n >= 1024 ? 2 : 1;
   switch (rows) {
     case 8: return launch_gemv_shape<T, kQ8, 1, 8, 1, kPair>(ctx, a, access, rope);
     case 4: return launch_gemv_shape<T, kQ8, 1, 4, 2, kPair>(ctx, a, access, rope);

@@ -15,6 +15,8 @@
 // |                              |            |         | rows fit; else the integer GEMV up to 16         |
 // | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | yes        | 1-16    | integer GEMV (staged: rows in grouped form, m 1) |
 // | other types                  | yes        | 1-8     | exact GEMV                                       |
+// | f8_e4m3 in row form, k a     | yes        | 5-8     | on sm_90 f16 tensor cores, x rounded to f16      |
+// | multiple of 64 (not b.-inv.) |            |         | (gemv_kernel.cuh's fp8_mma_sums)                 |
 // | f8_e4m3, n and k multiples  | yes        | 9-64    | x rounded per token to e4m3; on Hopper the       |
 // | of 16 (not batch-invariant)  |            |         | warpgroup kernel split over k (fp8_wgmma.cu)     |
 // |                              | yes        | beyond  | cuBLASLt e4m3 GEMM (fp8_gemm.cu), both scale     |
